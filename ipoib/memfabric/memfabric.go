@@ -1,0 +1,315 @@
+// Package memfabric is an in-memory InfiniBand UD fabric connecting any
+// number of ipoib.Port values in one process. The shim's unit tests and the
+// library tests use it; it applies the same receive checks as the simulated
+// fabric (IB MTU, P_Key, unknown QPN) and counts its drops, but has no wire
+// format. A multicast packet reaches every other port joined to the group,
+// never the sending port (the shim delivers locally itself).
+package memfabric
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+
+	"github.com/eipoib/eipoibd/ipoib"
+)
+
+// Drop reasons counted by a Port.
+const (
+	DropOversize    = "oversize"
+	DropUnknownQPN  = "unknown_qpn"
+	DropPKey        = "pkey_mismatch"
+	DropQueueFull   = "rx_queue_full"
+	DropNoRoute     = "no_route"
+	DropBadMeta     = "bad_meta"
+	DropBufferSmall = "rx_buffer_small"
+)
+
+// queueLen is the receive queue of a port in packets.
+const queueLen = 1024
+
+// Fabric connects ports. The zero value is not usable; call New.
+type Fabric struct {
+	mu    sync.RWMutex
+	mtu   int
+	ports map[ipoib.GID]*Port
+	pool  sync.Pool
+}
+
+// New returns an empty fabric with IB MTU mtu (2048 or 4096).
+func New(mtu int) (*Fabric, error) {
+	if _, err := ipoib.IPMTU(mtu); err != nil {
+		return nil, fmt.Errorf("memfabric: %w", err)
+	}
+	f := &Fabric{mtu: mtu, ports: make(map[ipoib.GID]*Port)}
+	f.pool.New = func() any { b := make([]byte, mtu); return &b }
+	return f, nil
+}
+
+type packet struct {
+	data *[]byte
+	n    int
+	meta ipoib.RxMeta
+}
+
+// Port is one port on a Fabric. It implements ipoib.Port.
+type Port struct {
+	f      *Fabric
+	gid    ipoib.GID
+	rx     chan packet
+	done   chan struct{}
+	closed atomic.Bool
+
+	mu      sync.RWMutex
+	qps     map[uint32]ipoib.PKey
+	groups  map[ipoib.GID]bool
+	nextQPN uint32
+
+	txPackets, txBytes, rxPackets, rxBytes atomic.Uint64
+	dropMu                                 sync.Mutex
+	drops                                  map[string]uint64
+}
+
+var _ ipoib.Port = (*Port)(nil)
+
+// NewPort attaches a port with GID gid.
+func (f *Fabric) NewPort(gid ipoib.GID) (*Port, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.ports[gid]; ok {
+		return nil, fmt.Errorf("memfabric: GID %s already attached", gid)
+	}
+	p := &Port{
+		f: f, gid: gid,
+		rx:      make(chan packet, queueLen),
+		done:    make(chan struct{}),
+		qps:     make(map[uint32]ipoib.PKey),
+		groups:  make(map[ipoib.GID]bool),
+		nextQPN: 0x48,
+		drops:   make(map[string]uint64),
+	}
+	f.ports[gid] = p
+	return p, nil
+}
+
+func (p *Port) drop(reason string) {
+	p.dropMu.Lock()
+	p.drops[reason]++
+	p.dropMu.Unlock()
+}
+
+// BatchSize is the largest batch Read and Write move at once.
+func (p *Port) BatchSize() int { return 64 }
+
+// LocalGID returns the port GID.
+func (p *Port) LocalGID() ipoib.GID { return p.gid }
+
+// MTU returns the fabric's IB MTU.
+func (p *Port) MTU() int { return p.f.mtu }
+
+// AllocQP creates a QP in partition pkey.
+func (p *Port) AllocQP(pkey ipoib.PKey) (uint32, error) {
+	if !pkey.IsValid() {
+		return 0, fmt.Errorf("memfabric: invalid P_Key %s", pkey)
+	}
+	if p.closed.Load() {
+		return 0, net.ErrClosed
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for range ipoib.MaxQPN {
+		q := p.nextQPN
+		p.nextQPN++
+		if p.nextQPN >= ipoib.MaxQPN {
+			p.nextQPN = 0x48
+		}
+		if _, used := p.qps[q]; !used {
+			p.qps[q] = pkey
+			return q, nil
+		}
+	}
+	return 0, errors.New("memfabric: out of QPNs")
+}
+
+// FreeQP destroys a QP.
+func (p *Port) FreeQP(qpn uint32) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, ok := p.qps[qpn]; !ok {
+		return fmt.Errorf("memfabric: QPN %#x not allocated", qpn)
+	}
+	delete(p.qps, qpn)
+	return nil
+}
+
+// Join attaches the port to mgid.
+func (p *Port) Join(mgid ipoib.GID) error {
+	if !mgid.IsMulticast() {
+		return fmt.Errorf("memfabric: %s is not an MGID", mgid)
+	}
+	p.mu.Lock()
+	p.groups[mgid] = true
+	p.mu.Unlock()
+	return nil
+}
+
+// Leave detaches the port from mgid.
+func (p *Port) Leave(mgid ipoib.GID) error {
+	p.mu.Lock()
+	delete(p.groups, mgid)
+	p.mu.Unlock()
+	return nil
+}
+
+// Joined reports whether the port is attached to mgid (for tests).
+func (p *Port) Joined(mgid ipoib.GID) bool {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	return p.groups[mgid]
+}
+
+// Counters returns a snapshot of the counters.
+func (p *Port) Counters() ipoib.PortCounters {
+	c := ipoib.PortCounters{
+		TxPackets: p.txPackets.Load(), TxBytes: p.txBytes.Load(),
+		RxPackets: p.rxPackets.Load(), RxBytes: p.rxBytes.Load(),
+		Drops: make(map[string]uint64),
+	}
+	p.dropMu.Lock()
+	for k, v := range p.drops {
+		c.Drops[k] = v
+	}
+	p.dropMu.Unlock()
+	return c
+}
+
+// Close detaches the port; blocked and later Reads and Writes return
+// net.ErrClosed.
+func (p *Port) Close() error {
+	if p.closed.Swap(true) {
+		return nil
+	}
+	p.f.mu.Lock()
+	delete(p.f.ports, p.gid)
+	p.f.mu.Unlock()
+	close(p.done)
+	return nil
+}
+
+// Write sends a batch. A packet the fabric refuses (oversize, bad metadata)
+// is counted and skipped; n counts the packets handed to the fabric.
+func (p *Port) Write(bufs [][]byte, meta []ipoib.TxMeta, offset int) (int, error) {
+	if p.closed.Load() {
+		return 0, net.ErrClosed
+	}
+	n := 0
+	for i, b := range bufs {
+		payload := b[offset:]
+		m := meta[i]
+		if len(payload) > p.f.mtu {
+			p.drop(DropOversize)
+			continue
+		}
+		p.mu.RLock()
+		_, own := p.qps[m.SrcQPN]
+		p.mu.RUnlock()
+		if !own || !m.PKey.IsValid() {
+			p.drop(DropBadMeta)
+			continue
+		}
+		p.txPackets.Add(1)
+		p.txBytes.Add(uint64(len(payload)))
+		rm := ipoib.RxMeta{Src: ipoib.MakeHwAddr(0, m.SrcQPN, p.gid), DstQPN: m.Dst.QPN(), PKey: m.PKey}
+		p.f.mu.RLock()
+		if m.Dst.QPN() == ipoib.MulticastQPN {
+			rm.MGID = m.Dst.GID()
+			for _, q := range p.f.ports {
+				if q != p {
+					q.deliver(payload, rm)
+				}
+			}
+		} else if q, ok := p.f.ports[m.Dst.GID()]; ok {
+			q.deliver(payload, rm)
+		} else {
+			p.drop(DropNoRoute)
+		}
+		p.f.mu.RUnlock()
+		n++
+	}
+	return n, nil
+}
+
+// deliver applies the receive checks and queues a copy of payload.
+func (p *Port) deliver(payload []byte, m ipoib.RxMeta) {
+	if p.closed.Load() {
+		return
+	}
+	p.mu.RLock()
+	if m.DstQPN == ipoib.MulticastQPN {
+		joined := p.groups[m.MGID]
+		p.mu.RUnlock()
+		if !joined {
+			return // not a member: the switch never sends it here
+		}
+		if !ipoib.CanTalk(m.PKey, ipoib.MGIDPKey(m.MGID)) {
+			p.drop(DropPKey)
+			return
+		}
+	} else {
+		pk, ok := p.qps[m.DstQPN]
+		p.mu.RUnlock()
+		if !ok {
+			p.drop(DropUnknownQPN)
+			return
+		}
+		if !ipoib.CanTalk(m.PKey, pk) {
+			p.drop(DropPKey)
+			return
+		}
+	}
+	buf := p.f.pool.Get().(*[]byte)
+	n := copy(*buf, payload)
+	select {
+	case p.rx <- packet{data: buf, n: n, meta: m}:
+	default:
+		p.f.pool.Put(buf)
+		p.drop(DropQueueFull)
+	}
+}
+
+// Read blocks for at least one packet and returns up to len(bufs). A
+// packet larger than its buffer is dropped and counted.
+func (p *Port) Read(bufs [][]byte, sizes []int, meta []ipoib.RxMeta, offset int) (int, error) {
+	var pk packet
+	select {
+	case pk = <-p.rx:
+	case <-p.done:
+		return 0, net.ErrClosed
+	}
+	n := 0
+	for {
+		if pk.n > len(bufs[n])-offset {
+			p.drop(DropBufferSmall)
+		} else {
+			sizes[n] = copy(bufs[n][offset:], (*pk.data)[:pk.n])
+			meta[n] = pk.meta
+			p.rxPackets.Add(1)
+			p.rxBytes.Add(uint64(sizes[n]))
+			n++
+		}
+		p.f.pool.Put(pk.data)
+		if n == len(bufs) {
+			return n, nil
+		}
+		select {
+		case pk = <-p.rx:
+		default:
+			if n == 0 {
+				return p.Read(bufs, sizes, meta, offset)
+			}
+			return n, nil
+		}
+	}
+}

@@ -1,0 +1,154 @@
+package memfabric
+
+import (
+	"errors"
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/eipoib/eipoibd/ipoib"
+)
+
+func gid(s string) ipoib.GID { return ipoib.GID(netip.MustParseAddr(s).As16()) }
+
+func twoPorts(t *testing.T) (*Port, *Port) {
+	t.Helper()
+	f, err := New(2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := f.NewPort(gid("fe80::a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := f.NewPort(gid("fe80::b"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close(); b.Close() })
+	return a, b
+}
+
+func send(t *testing.T, p *Port, payload []byte, m ipoib.TxMeta) {
+	t.Helper()
+	buf := append(make([]byte, ipoib.Headroom), payload...)
+	if _, err := p.Write([][]byte{buf}, []ipoib.TxMeta{m}, ipoib.Headroom); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// recv reads one packet or fails after a second.
+func recv(t *testing.T, p *Port) ([]byte, ipoib.RxMeta) {
+	t.Helper()
+	type res struct {
+		b []byte
+		m ipoib.RxMeta
+	}
+	ch := make(chan res, 1)
+	go func() {
+		bufs := [][]byte{make([]byte, 4200)}
+		sizes := []int{0}
+		meta := []ipoib.RxMeta{{}}
+		n, err := p.Read(bufs, sizes, meta, 64)
+		if err != nil || n != 1 {
+			ch <- res{}
+			return
+		}
+		ch <- res{bufs[0][64 : 64+sizes[0]], meta[0]}
+	}()
+	select {
+	case r := <-ch:
+		return r.b, r.m
+	case <-time.After(time.Second):
+		t.Fatal("no packet")
+	}
+	return nil, ipoib.RxMeta{}
+}
+
+func TestUnicastAndChecks(t *testing.T) {
+	a, b := twoPorts(t)
+	qa, _ := a.AllocQP(0xffff)
+	qb, _ := b.AllocQP(0xffff)
+	qb2, _ := b.AllocQP(0x8001)
+	send(t, a, []byte{8, 0, 0, 0, 1, 2, 3, 4}, ipoib.TxMeta{Dst: ipoib.MakeHwAddr(0, qb, b.LocalGID()), SrcQPN: qa, PKey: 0xffff})
+	got, m := recv(t, b)
+	if string(got) != "\x08\x00\x00\x00\x01\x02\x03\x04" || m.Src != ipoib.MakeHwAddr(0, qa, a.LocalGID()) || m.DstQPN != qb {
+		t.Fatalf("got %x %+v", got, m)
+	}
+	// P_Key mismatch, unknown QPN, oversize: all dropped and counted.
+	send(t, a, []byte{8, 0, 0, 0}, ipoib.TxMeta{Dst: ipoib.MakeHwAddr(0, qb2, b.LocalGID()), SrcQPN: qa, PKey: 0xffff})
+	send(t, a, []byte{8, 0, 0, 0}, ipoib.TxMeta{Dst: ipoib.MakeHwAddr(0, 0x999, b.LocalGID()), SrcQPN: qa, PKey: 0xffff})
+	send(t, a, make([]byte, 2049), ipoib.TxMeta{Dst: ipoib.MakeHwAddr(0, qb, b.LocalGID()), SrcQPN: qa, PKey: 0xffff})
+	if d := b.Counters().Drops; d[DropPKey] != 1 || d[DropUnknownQPN] != 1 {
+		t.Fatalf("receiver drops %v", d)
+	}
+	if d := a.Counters().Drops; d[DropOversize] != 1 {
+		t.Fatalf("sender drops %v", d)
+	}
+	if c := b.Counters(); c.RxPackets != 1 || c.RxBytes != 8 {
+		t.Fatalf("rx counters %+v", c)
+	}
+}
+
+func TestMulticast(t *testing.T) {
+	a, b := twoPorts(t)
+	qa, _ := a.AllocQP(0xffff)
+	bc := ipoib.BroadcastMGID(0xffff, ipoib.ScopeLinkLocal)
+	m := ipoib.TxMeta{Dst: ipoib.MakeHwAddr(0, ipoib.MulticastQPN, bc), SrcQPN: qa, PKey: 0xffff}
+	send(t, a, []byte{8, 0, 0, 0, 9}, m) // b not joined: not delivered
+	if err := b.Join(bc); err != nil {
+		t.Fatal(err)
+	}
+	if !b.Joined(bc) {
+		t.Fatal("Joined = false after Join")
+	}
+	send(t, a, []byte{8, 0, 0, 0, 7}, m)
+	got, rm := recv(t, b)
+	if got[4] != 7 || rm.DstQPN != ipoib.MulticastQPN || rm.MGID != bc {
+		t.Fatalf("got %x %+v", got, rm)
+	}
+	if b.Counters().RxPackets != 1 {
+		t.Fatalf("non-member received: %+v", b.Counters())
+	}
+	// Wrong partition on the group's P_Key is a P_Key drop.
+	qa2, _ := a.AllocQP(0x8001)
+	send(t, a, []byte{8, 0, 0, 0}, ipoib.TxMeta{Dst: m.Dst, SrcQPN: qa2, PKey: 0x8001})
+	if b.Counters().Drops[DropPKey] != 1 {
+		t.Fatalf("drops %v", b.Counters().Drops)
+	}
+}
+
+func TestCloseAndQPs(t *testing.T) {
+	a, b := twoPorts(t)
+	q, err := a.AllocQP(0xffff)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.AllocQP(0x8000); err == nil {
+		t.Fatal("invalid P_Key accepted")
+	}
+	if err := a.FreeQP(q); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.FreeQP(q); err == nil {
+		t.Fatal("double free accepted")
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := b.Read([][]byte{make([]byte, 100)}, []int{0}, []ipoib.RxMeta{{}}, 0)
+		done <- err
+	}()
+	b.Close()
+	select {
+	case err := <-done:
+		if !errors.Is(err, net.ErrClosed) {
+			t.Fatalf("Read after Close: %v", err)
+		}
+	case <-time.After(time.Second):
+		t.Fatal("Read did not return after Close")
+	}
+	if _, err := b.Write(nil, nil, 0); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("Write after Close: %v", err)
+	}
+}

@@ -1,0 +1,71 @@
+package ipoib
+
+// RxMeta describes one received UD packet.
+type RxMeta struct {
+	// Src is the sender: its source QPN and source GID (flags zero).
+	Src HwAddr
+	// DstQPN is the receiving QP, or MulticastQPN for a multicast packet.
+	DstQPN uint32
+	// MGID is the destination group of a multicast packet.
+	MGID GID
+	// PKey is the P_Key the packet carried.
+	PKey PKey
+}
+
+// TxMeta describes one UD packet to send.
+type TxMeta struct {
+	// Dst is the destination QPN + GID. For multicast the QPN is
+	// MulticastQPN and the GID is the MGID.
+	Dst HwAddr
+	// SrcQPN is the sending VIF's QP, allocated with AllocQP.
+	SrcQPN uint32
+	// PKey is the partition the packet is sent in.
+	PKey PKey
+}
+
+// Headroom is the space a Port may use in front of offset in Write buffers
+// for its transport headers (BTH 12 + DETH 8, rounded up).
+const Headroom = 32
+
+// Port is one IB port with UD QPs, the fabric side of the shim. It is
+// batch-shaped: each call moves up to BatchSize packets.
+//
+// In Write, bufs[i][offset:] holds the IPoIB header and payload; bytes
+// before offset (at least Headroom) are scratch space for the port. In
+// Read, the port writes the IPoIB header and payload at bufs[i][offset:],
+// sets sizes[i] and meta[i], and returns how many it filled; offset leaves
+// room for the shim to push an Ethernet header in place.
+//
+// After Close, Read and Write return net.ErrClosed.
+type Port interface {
+	Read(bufs [][]byte, sizes []int, meta []RxMeta, offset int) (n int, err error)
+	Write(bufs [][]byte, meta []TxMeta, offset int) (n int, err error)
+	BatchSize() int
+
+	// AllocQP creates a UD QP in partition pkey and returns its QPN.
+	AllocQP(pkey PKey) (qpn uint32, err error)
+	// FreeQP destroys a QP created by AllocQP.
+	FreeQP(qpn uint32) error
+
+	// Join attaches the port to a multicast group; Leave detaches it.
+	// Joining twice is harmless, as is leaving a group not joined.
+	Join(mgid GID) error
+	Leave(mgid GID) error
+
+	// LocalGID is the port GID (the GID half of every local LIMAC).
+	LocalGID() GID
+	// MTU is the IB MTU (2048 or 4096); the IPoIB MTU is 4 less.
+	MTU() int
+	// Counters returns a snapshot of the port's counters.
+	Counters() PortCounters
+
+	Close() error
+}
+
+// PortCounters is a snapshot of a port's traffic and drop counters. Drops
+// is keyed by reason, e.g. "bad_icrc", "unknown_qpn".
+type PortCounters struct {
+	TxPackets, TxBytes uint64
+	RxPackets, RxBytes uint64
+	Drops              map[string]uint64
+}

@@ -1,0 +1,352 @@
+package mactrans
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/eipoib/eipoibd/arpndp"
+	"github.com/eipoib/eipoibd/internal/clock"
+	"github.com/eipoib/eipoibd/internal/ether"
+	"github.com/eipoib/eipoibd/ipoib"
+)
+
+var _ arpndp.Translator = (*View)(nil)
+
+var (
+	localGID  = ipoib.GID(netip.MustParseAddr("fe80::1").As16())
+	remoteGID = ipoib.GID(netip.MustParseAddr("fe80::2").As16())
+	t0        = time.Unix(1_000_000, 0)
+)
+
+func mac(i int) ether.MAC { return ether.MAC{0x52, 0x54, 0, byte(i >> 16), byte(i >> 8), byte(i)} }
+
+// allocator hands out QPNs and counts calls.
+type allocator struct{ n atomic.Uint32 }
+
+func (a *allocator) alloc(ipoib.PKey) (uint32, error) { return 0x100 + a.n.Add(1), nil }
+
+func TestVIFCreateLookupBound(t *testing.T) {
+	tbl := NewVIFTable(localGID, 2)
+	var al allocator
+	v, created, err := tbl.Create(VIFKey{mac(1), 0}, 0xffff, false, t0, al.alloc)
+	if err != nil || !created {
+		t.Fatal(err)
+	}
+	if v.LIMAC != ipoib.MakeHwAddr(0, v.QPN, localGID) {
+		t.Fatalf("LIMAC %s", v.LIMAC)
+	}
+	if again, created, _ := tbl.Create(VIFKey{mac(1), 0}, 0xffff, false, t0, al.alloc); created || again != v {
+		t.Fatal("second Create made a new VIF")
+	}
+	// Same MAC on another VLAN is another VIF.
+	if _, created, err := tbl.Create(VIFKey{mac(1), 10}, 0x800a, false, t0, al.alloc); err != nil || !created {
+		t.Fatal("per-VLAN VIF not created", err)
+	}
+	if _, _, err := tbl.Create(VIFKey{mac(2), 0}, 0xffff, false, t0, al.alloc); !errors.Is(err, ErrFull) {
+		t.Fatalf("third VIF: %v, want ErrFull", err)
+	}
+	if c := tbl.Counters(); c.Overflow != 1 || c.Created != 2 {
+		t.Fatalf("counters %+v", c)
+	}
+	if got, ok := tbl.LookupQPN(v.QPN); !ok || got != v {
+		t.Fatal("LookupQPN")
+	}
+	if _, ok := tbl.Lookup(VIFKey{mac(2), 0}); ok {
+		t.Fatal("refused VIF present")
+	}
+	if al.n.Load() != 2 {
+		t.Fatalf("%d QPs allocated, want 2 (none for the refused VIF)", al.n.Load())
+	}
+	if r, ok := tbl.Remove(VIFKey{mac(1), 10}); !ok || tbl.Len() != 1 {
+		t.Fatal("Remove", r)
+	}
+	if _, ok := tbl.LookupQPN(0x102); ok {
+		t.Fatal("removed VIF still found by QPN")
+	}
+}
+
+func TestVIFAllocError(t *testing.T) {
+	tbl := NewVIFTable(localGID, 4)
+	_, _, err := tbl.Create(VIFKey{mac(1), 0}, 0xffff, false, t0, func(ipoib.PKey) (uint32, error) { return 0, errors.New("no QPs") })
+	if err == nil || tbl.Len() != 0 {
+		t.Fatalf("err %v len %d", err, tbl.Len())
+	}
+}
+
+func TestVIFExpire(t *testing.T) {
+	clk := clock.NewFake(t0)
+	tbl := NewVIFTable(localGID, 10)
+	var al allocator
+	busy, _, _ := tbl.Create(VIFKey{mac(1), 0}, 0xffff, false, clk.Now(), al.alloc)
+	idle, _, _ := tbl.Create(VIFKey{mac(2), 0}, 0xffff, false, clk.Now(), al.alloc)
+	static, _, _ := tbl.Create(VIFKey{mac(3), 0}, 0xffff, true, clk.Now(), al.alloc)
+	clk.Advance(200 * time.Second)
+	busy.Touch(clk.Now())
+	clk.Advance(200 * time.Second)
+	gone := tbl.Expire(clk.Now(), 300*time.Second)
+	if len(gone) != 1 || gone[0] != idle {
+		t.Fatalf("expired %v, want only the idle VIF", gone)
+	}
+	if _, ok := tbl.LookupQPN(idle.QPN); ok {
+		t.Fatal("expired VIF found by QPN")
+	}
+	if _, ok := tbl.Lookup(static.Key); !ok {
+		t.Fatal("static VIF aged out")
+	}
+	if tbl.Len() != 2 || tbl.Counters().Aged != 1 {
+		t.Fatalf("len %d counters %+v", tbl.Len(), tbl.Counters())
+	}
+}
+
+func TestVIFConcurrentCreate(t *testing.T) {
+	tbl := NewVIFTable(localGID, 1024)
+	var al allocator
+	var wg sync.WaitGroup
+	for g := 0; g < 8; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 200; i++ {
+				if _, _, err := tbl.Create(VIFKey{mac(i), 0}, 0xffff, false, t0, al.alloc); err != nil {
+					t.Error(err)
+				}
+				tbl.Lookup(VIFKey{mac(i), 0})
+			}
+		}()
+	}
+	wg.Wait()
+	if tbl.Len() != 200 || al.n.Load() != 200 {
+		t.Fatalf("len %d allocs %d, want 200 each", tbl.Len(), al.n.Load())
+	}
+}
+
+func TestDeriveREMAC(t *testing.T) {
+	m := DeriveREMAC(remoteGID, 0x48, 0)
+	if m[0]&0x02 == 0 || m[0]&0x01 != 0 {
+		t.Fatalf("REMAC %s not locally administered unicast", m)
+	}
+	if DeriveREMAC(remoteGID, 0x48, 0) != m {
+		t.Fatal("not deterministic")
+	}
+	if DeriveREMAC(remoteGID, 0x49, 0) == m || DeriveREMAC(remoteGID, 0x48, 1) == m {
+		t.Fatal("QPN or attempt does not change the REMAC")
+	}
+	// 100k endpoints: every one locally administered unicast.
+	for q := uint32(0); q < 100_000; q++ {
+		if r := DeriveREMAC(remoteGID, q, 0); r[0]&0x03 != 0x02 {
+			t.Fatalf("REMAC %s for QPN %d", r, q)
+		}
+	}
+}
+
+func TestNeighLearn(t *testing.T) {
+	clk := clock.NewFake(t0)
+	tbl := NewNeighTable(100)
+	hw := ipoib.MakeHwAddr(0, 0x48, remoteGID)
+	n, err := tbl.Learn(0xffff, hw, clk.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n.REMAC != DeriveREMAC(remoteGID, 0x48, 0) {
+		t.Fatalf("REMAC %s", n.REMAC)
+	}
+	// The connected-mode flag does not make another endpoint.
+	if n2, _ := tbl.Learn(0xffff, ipoib.MakeHwAddr(ipoib.FlagConnected, 0x48, remoteGID), clk.Now()); n2 != n {
+		t.Fatal("flags byte changed the identity")
+	}
+	if got, ok := tbl.LookupREMAC(0xffff, n.REMAC); !ok || got != n {
+		t.Fatal("LookupREMAC")
+	}
+	// Partitions are separate: same endpoint in 0x8001 is another entry,
+	// and not found by the other partition's lookups.
+	if _, ok := tbl.LookupREMAC(0x8001, n.REMAC); ok {
+		t.Fatal("entry leaked into another partition")
+	}
+	n3, _ := tbl.Learn(0x0001, hw, clk.Now()) // limited member key, same partition as 0x8001
+	if n3 == n || n3.PKey != 0x8001 || tbl.Len() != 2 {
+		t.Fatalf("partition entry %+v len %d", n3, tbl.Len())
+	}
+	if got, ok := tbl.LookupRIMAC(0x8001, hw); !ok || got != n3 {
+		t.Fatal("LookupRIMAC normalises the P_Key")
+	}
+	// A forgotten endpoint comes back with the same REMAC (restarts, LID
+	// changes and aging are invisible to guests).
+	clk.Advance(time.Hour)
+	if gone := tbl.Expire(clk.Now(), time.Minute); gone != 2 || tbl.Len() != 0 {
+		t.Fatalf("expired %d, len %d", gone, tbl.Len())
+	}
+	n4, _ := tbl.Learn(0xffff, hw, clk.Now())
+	if n4.REMAC != n.REMAC {
+		t.Fatal("REMAC not stable across re-learning")
+	}
+}
+
+func TestNeighCollision(t *testing.T) {
+	tbl := NewNeighTable(100)
+	fixed := ether.MAC{0x02, 0, 0, 0, 0, 1}
+	tbl.derive = func(g ipoib.GID, q uint32, attempt int) ether.MAC {
+		m := fixed
+		m[5] += byte(attempt)
+		return m
+	}
+	a, _ := tbl.Learn(0xffff, ipoib.MakeHwAddr(0, 1, remoteGID), t0)
+	b, _ := tbl.Learn(0xffff, ipoib.MakeHwAddr(0, 2, remoteGID), t0)
+	if a == b || a.REMAC == b.REMAC {
+		t.Fatalf("collision merged: %s %s", a.REMAC, b.REMAC)
+	}
+	if tbl.Counters().Collisions != 1 {
+		t.Fatalf("collisions %d", tbl.Counters().Collisions)
+	}
+	if got, _ := tbl.LookupREMAC(0xffff, b.REMAC); got.RIMAC.QPN() != 2 {
+		t.Fatal("second endpoint not reachable by its REMAC")
+	}
+	// Exhaust every attempt: refused and counted, never merged.
+	tbl.derive = func(ipoib.GID, uint32, int) ether.MAC { return fixed }
+	if _, err := tbl.Learn(0xffff, ipoib.MakeHwAddr(0, 3, remoteGID), t0); err == nil {
+		t.Fatal("unresolvable collision accepted")
+	}
+	if tbl.Counters().Unresolved != 1 {
+		t.Fatalf("unresolved %d", tbl.Counters().Unresolved)
+	}
+}
+
+func TestNeighEviction(t *testing.T) {
+	clk := clock.NewFake(t0)
+	tbl := NewNeighTable(50)
+	for i := 0; i < 200; i++ {
+		clk.Advance(time.Second)
+		if _, err := tbl.Learn(0xffff, ipoib.MakeHwAddr(0, uint32(i), remoteGID), clk.Now()); err != nil {
+			t.Fatal(err)
+		}
+		if tbl.Len() > 50 {
+			t.Fatalf("len %d over bound", tbl.Len())
+		}
+	}
+	if c := tbl.Counters(); c.Evicted != 150 || c.Learned != 200 {
+		t.Fatalf("counters %+v", c)
+	}
+	// The newest entry always survives its own insertion.
+	if _, ok := tbl.LookupRIMAC(0xffff, ipoib.MakeHwAddr(0, 199, remoteGID)); !ok {
+		t.Fatal("newest entry evicted")
+	}
+}
+
+func TestNeighConcurrent(t *testing.T) {
+	tbl := NewNeighTable(1000)
+	var wg sync.WaitGroup
+	for g := 0; g < 4; g++ {
+		wg.Add(1)
+		go func(g int) {
+			defer wg.Done()
+			for i := 0; i < 2000; i++ {
+				hw := ipoib.MakeHwAddr(0, uint32(i%1500), remoteGID)
+				n, err := tbl.Learn(0xffff, hw, t0.Add(time.Duration(i)*time.Second))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if g == 0 && i%100 == 0 {
+					tbl.Expire(t0.Add(time.Duration(i)*time.Second), time.Hour)
+				}
+				tbl.LookupREMAC(0xffff, n.REMAC)
+			}
+		}(g)
+	}
+	wg.Wait()
+	if tbl.Len() > 1000 {
+		t.Fatalf("len %d over bound", tbl.Len())
+	}
+}
+
+func TestView(t *testing.T) {
+	vifs := NewVIFTable(localGID, 10)
+	neigh := NewNeighTable(10)
+	var al allocator
+	v, _, _ := vifs.Create(VIFKey{mac(1), 10}, 0x800a, false, t0, al.alloc)
+	view := &View{VIFs: vifs, Neigh: neigh, Clock: clock.NewFake(t0), GID: localGID, VLAN: 10, PKey: 0x800a}
+	if hw, ok := view.EthToIB(mac(1)); !ok || hw != v.LIMAC {
+		t.Fatal("LEMAC → LIMAC")
+	}
+	if m, ok := view.IBToEth(v.LIMAC); !ok || m != mac(1) {
+		t.Fatal("LIMAC → LEMAC")
+	}
+	remote := ipoib.MakeHwAddr(0, 0x77, remoteGID)
+	remac, ok := view.IBToEth(remote)
+	if !ok || remac != DeriveREMAC(remoteGID, 0x77, 0) {
+		t.Fatal("RIMAC → REMAC learning")
+	}
+	if hw, ok := view.EthToIB(remac); !ok || hw != remote {
+		t.Fatal("REMAC → RIMAC")
+	}
+	if _, ok := view.EthToIB(mac(9)); ok {
+		t.Fatal("unknown MAC translated")
+	}
+	// Our VIF seen from another VLAN's view is not that VLAN's guest.
+	other := &View{VIFs: vifs, Neigh: neigh, Clock: view.Clock, GID: localGID, VLAN: 20, PKey: 0x8014}
+	if _, ok := other.EthToIB(mac(1)); ok {
+		t.Fatal("VIF visible in another VLAN")
+	}
+}
+
+func benchNeigh(b *testing.B, size, active int) {
+	tbl := NewNeighTable(size)
+	remacs := make([]ether.MAC, size)
+	for i := 0; i < size; i++ {
+		n, err := tbl.Learn(0xffff, ipoib.MakeHwAddr(0, uint32(i), remoteGID), t0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		remacs[i] = n.REMAC
+	}
+	b.ReportAllocs()
+	b.SetBytes(1)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if _, ok := tbl.LookupREMAC(0xffff, remacs[i%active]); !ok {
+			b.Fatal("miss")
+		}
+	}
+}
+
+// BenchmarkNeighLookup shows the REMAC lookup at 1,000 and 100,000
+// entries: "active=1000" cycles over 1,000 destinations in both (the cost of
+// the lookup itself, which should not grow with the table), "active=all"
+// over every entry (at 100,000 that is dominated by cache misses).
+func BenchmarkNeighLookup(b *testing.B) {
+	for _, n := range []int{1000, 100_000} {
+		b.Run(fmt.Sprintf("entries=%d/active=1000", n), func(b *testing.B) { benchNeigh(b, n, 1000) })
+		b.Run(fmt.Sprintf("entries=%d/active=all", n), func(b *testing.B) { benchNeigh(b, n, n) })
+	}
+}
+
+func BenchmarkNeighLearnKnown(b *testing.B) {
+	tbl := NewNeighTable(1000)
+	hw := ipoib.MakeHwAddr(0, 0x48, remoteGID)
+	tbl.Learn(0xffff, hw, t0)
+	b.ReportAllocs()
+	b.SetBytes(1)
+	for i := 0; i < b.N; i++ {
+		tbl.Learn(0xffff, hw, t0)
+	}
+}
+
+func BenchmarkVIFLookup(b *testing.B) {
+	tbl := NewVIFTable(localGID, 1024)
+	var al allocator
+	for i := 0; i < 1024; i++ {
+		tbl.Create(VIFKey{mac(i), 0}, 0xffff, false, t0, al.alloc)
+	}
+	b.ResetTimer()
+	b.ReportAllocs()
+	b.SetBytes(1)
+	for i := 0; i < b.N; i++ {
+		if _, ok := tbl.Lookup(VIFKey{mac(i % 1024), 0}); !ok {
+			b.Fatal("miss")
+		}
+	}
+}

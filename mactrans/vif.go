@@ -1,0 +1,170 @@
+// Package mactrans keeps eIPoIB's translation tables: the VIF table mapping
+// a local guest's Ethernet MAC (LEMAC) and VLAN to its own UD QP and 20-byte
+// IPoIB address (LIMAC), and the neighbour table mapping each remote IPoIB
+// endpoint (RIMAC) to the stable Ethernet MAC shown to guests (REMAC), per
+// partition. Lookups on the hot path are lock-free and allocation-free
+// (sharded copy-on-write maps); writes are serialised per table. Both
+// tables are bounded, age entries with an injected clock and count what
+// they refuse or evict.
+package mactrans
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/eipoib/eipoibd/internal/ether"
+	"github.com/eipoib/eipoibd/ipoib"
+)
+
+// Errors of the tables.
+var (
+	ErrFull   = errors.New("mactrans: table full")
+	ErrExists = errors.New("mactrans: entry exists")
+)
+
+// VIFKey identifies a local guest interface: its MAC on one VLAN.
+type VIFKey struct {
+	MAC  ether.MAC
+	VLAN uint16
+}
+
+// VIF is a local guest's virtual interface on the IB port: its own UD QP.
+// Fields other than the last-use time never change after creation.
+type VIF struct {
+	Key    VIFKey
+	PKey   ipoib.PKey
+	QPN    uint32
+	LIMAC  ipoib.HwAddr
+	Static bool // declared ahead of time; never aged out
+
+	lastUsed atomic.Int64 // unix nanoseconds
+}
+
+// Touch records use at now (cheap enough for the hot path: one atomic
+// store, skipped while the stamp is under a second old).
+func (v *VIF) Touch(now time.Time) { touch(&v.lastUsed, now) }
+
+// LastUsed returns the last Touch time.
+func (v *VIF) LastUsed() time.Time { return time.Unix(0, v.lastUsed.Load()) }
+
+func touch(stamp *atomic.Int64, now time.Time) {
+	n := now.UnixNano()
+	if n-stamp.Load() >= int64(time.Second) {
+		stamp.Store(n)
+	}
+}
+
+// VIFCounters is a snapshot of a VIF table's counters.
+type VIFCounters struct {
+	Created, Removed, Aged, Overflow uint64
+}
+
+// VIFTable maps (LEMAC, VLAN) → VIF and QPN → VIF.
+//
+// Bound and eviction policy: at most max VIFs exist. When the table is full
+// a new source MAC is refused (ErrFull, counted as overflow) and nothing is
+// evicted: a MAC flood must not push real guests off the fabric. Idle
+// dynamic VIFs are removed by Expire, which makes room again.
+type VIFTable struct {
+	gid   ipoib.GID
+	max   int
+	byKey *shardMap[VIFKey, *VIF]
+	byQPN *shardMap[uint32, *VIF]
+
+	mu    sync.Mutex // serialises writers
+	count int
+
+	created, removed, aged, overflow atomic.Uint64
+}
+
+// NewVIFTable returns an empty table for the port with GID gid.
+func NewVIFTable(gid ipoib.GID, max int) *VIFTable {
+	return &VIFTable{gid: gid, max: max, byKey: newShardMap[VIFKey, *VIF](), byQPN: newShardMap[uint32, *VIF]()}
+}
+
+// Lookup returns the VIF of (mac, vlan). It takes no lock.
+func (t *VIFTable) Lookup(k VIFKey) (*VIF, bool) { return t.byKey.load(k) }
+
+// LookupQPN returns the VIF owning qpn. It takes no lock.
+func (t *VIFTable) LookupQPN(qpn uint32) (*VIF, bool) { return t.byQPN.load(qpn) }
+
+// Create returns the VIF of k, creating it when missing: alloc is called
+// (under the table lock, so once per VIF) to allocate its QP in pkey.
+// created reports whether a new VIF was made.
+func (t *VIFTable) Create(k VIFKey, pkey ipoib.PKey, static bool, now time.Time, alloc func(ipoib.PKey) (uint32, error)) (v *VIF, created bool, err error) {
+	if v, ok := t.byKey.load(k); ok {
+		return v, false, nil
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if v, ok := t.byKey.load(k); ok {
+		return v, false, nil
+	}
+	if t.count >= t.max {
+		t.overflow.Add(1)
+		return nil, false, fmt.Errorf("%w: %d VIFs (max)", ErrFull, t.max)
+	}
+	qpn, err := alloc(pkey)
+	if err != nil {
+		return nil, false, fmt.Errorf("mactrans: allocate QP for %s vlan %d: %w", k.MAC, k.VLAN, err)
+	}
+	v = &VIF{Key: k, PKey: pkey, QPN: qpn, LIMAC: ipoib.MakeHwAddr(0, qpn, t.gid), Static: static}
+	v.lastUsed.Store(now.UnixNano())
+	t.byQPN.store(qpn, v)
+	t.byKey.store(k, v)
+	t.count++
+	t.created.Add(1)
+	return v, true, nil
+}
+
+// Remove deletes the VIF of k and returns it, so the caller frees its QP.
+func (t *VIFTable) Remove(k VIFKey) (*VIF, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	v, ok := t.byKey.load(k)
+	if !ok {
+		return nil, false
+	}
+	t.byKey.remove(k)
+	t.byQPN.remove(v.QPN)
+	t.count--
+	t.removed.Add(1)
+	return v, true
+}
+
+// Expire removes the dynamic VIFs unused for idle or longer and returns
+// them, so the caller frees their QPs.
+func (t *VIFTable) Expire(now time.Time, idle time.Duration) []*VIF {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	cut := now.Add(-idle).UnixNano()
+	gone := t.byKey.deleteWhere(func(_ VIFKey, v *VIF) bool { return !v.Static && v.lastUsed.Load() <= cut })
+	for _, v := range gone {
+		t.byQPN.remove(v.QPN)
+	}
+	t.count -= len(gone)
+	t.aged.Add(uint64(len(gone)))
+	return gone
+}
+
+// All returns every VIF (for shutdown and the control API).
+func (t *VIFTable) All() []*VIF {
+	var out []*VIF
+	t.byKey.rangeAll(func(_ VIFKey, v *VIF) bool { out = append(out, v); return true })
+	return out
+}
+
+// Len returns the number of VIFs.
+func (t *VIFTable) Len() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.count
+}
+
+// Counters returns a snapshot of the counters.
+func (t *VIFTable) Counters() VIFCounters {
+	return VIFCounters{Created: t.created.Load(), Removed: t.removed.Load(), Aged: t.aged.Load(), Overflow: t.overflow.Load()}
+}
