@@ -26,23 +26,23 @@ type Reason uint8
 
 // Rejection reasons.
 const (
-	ErrTruncated     Reason = iota + 1 // shorter than its headers say
-	ErrBadLength                       // a length field disagrees with the packet
-	ErrBadHwType                       // ARP hardware type not 1 or 32, or not matching the direction
-	ErrBadHwLen                        // ARP hardware length not 6 or 20, or not matching the type
-	ErrBadProto                        // ARP protocol not IPv4/4 bytes
-	ErrBadOp                           // ARP opcode not 1–4
-	ErrNotNDP                          // not an NDP message this package rewrites
-	ErrOptLenZero                      // an NDP or DHCP option of length 0
-	ErrOptOverrun                      // an option runs past the packet
-	ErrBadOptLen                       // a link-layer option of the wrong size
-	ErrTooManyOpts                     // more link-layer options than an NDP message may carry
-	ErrUnknownAddr                     // a MAC or IPoIB address the tables do not know
-	ErrNoRoom                          // the buffer lacks the capacity to grow
-	ErrNotDHCP                         // not a DHCPv4 message over UDP/IPv4
-	ErrBadCookie                       // missing DHCP magic cookie
-	ErrNoEnd                           // DHCP options without an END option
-	ErrBadChecksum                     // the packet arrived with a wrong checksum; rewriting would hide that
+	ErrTruncated   Reason = iota + 1 // shorter than its headers say
+	ErrBadLength                     // a length field disagrees with the packet
+	ErrBadHwType                     // ARP hardware type not 1 or 32, or not matching the direction
+	ErrBadHwLen                      // ARP hardware length not 6 or 20, or not matching the type
+	ErrBadProto                      // ARP protocol not IPv4/4 bytes
+	ErrBadOp                         // ARP opcode not 1–4
+	ErrNotNDP                        // not an NDP message this package rewrites
+	ErrOptLenZero                    // an NDP or DHCP option of length 0
+	ErrOptOverrun                    // an option runs past the packet
+	ErrBadOptLen                     // a link-layer option of the wrong size
+	ErrTooManyOpts                   // more link-layer options than an NDP message may carry
+	ErrUnknownAddr                   // a MAC or IPoIB address the tables do not know
+	ErrNoRoom                        // the buffer lacks the capacity to grow
+	ErrNotDHCP                       // not a DHCPv4 message over UDP/IPv4
+	ErrBadCookie                     // missing DHCP magic cookie
+	ErrNoEnd                         // DHCP options without an END option
+	ErrBadChecksum                   // the packet arrived with a wrong checksum; rewriting would hide that
 	numReasons
 )
 
