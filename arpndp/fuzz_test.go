@@ -67,7 +67,7 @@ func FuzzARPToEth(f *testing.F) {
 // and checksum) when asked, so that it reaches the option parser.
 func fixNDP(in []byte, fix bool) []byte {
 	b := roomy(in)
-	if fix && IsNDP(b) {
+	if fix && IsNDP(b) && len(b) >= 44 {
 		finishICMPv6(b)
 	}
 	return b

@@ -42,8 +42,11 @@ type Port interface {
 	Write(bufs [][]byte, meta []TxMeta, offset int) (n int, err error)
 	BatchSize() int
 
-	// AllocQP creates a UD QP in partition pkey and returns its QPN.
-	AllocQP(pkey PKey) (qpn uint32, err error)
+	// AllocQP creates a UD QP in partition pkey and returns its QPN. hint
+	// is the QPN the caller would like (0 for none); a backend that can
+	// choose QPNs uses it when free, so that a guest keeps its LIMAC across
+	// daemon restarts. Hardware backends ignore it.
+	AllocQP(pkey PKey, hint uint32) (qpn uint32, err error)
 	// FreeQP destroys a QP created by AllocQP.
 	FreeQP(qpn uint32) error
 

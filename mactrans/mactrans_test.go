@@ -28,7 +28,7 @@ func mac(i int) ether.MAC { return ether.MAC{0x52, 0x54, 0, byte(i >> 16), byte(
 // allocator hands out QPNs and counts calls.
 type allocator struct{ n atomic.Uint32 }
 
-func (a *allocator) alloc(ipoib.PKey) (uint32, error) { return 0x100 + a.n.Add(1), nil }
+func (a *allocator) alloc(ipoib.PKey, uint32) (uint32, error) { return 0x100 + a.n.Add(1), nil }
 
 func TestVIFCreateLookupBound(t *testing.T) {
 	tbl := NewVIFTable(localGID, 2)
@@ -72,7 +72,7 @@ func TestVIFCreateLookupBound(t *testing.T) {
 
 func TestVIFAllocError(t *testing.T) {
 	tbl := NewVIFTable(localGID, 4)
-	_, _, err := tbl.Create(VIFKey{mac(1), 0}, 0xffff, false, t0, func(ipoib.PKey) (uint32, error) { return 0, errors.New("no QPs") })
+	_, _, err := tbl.Create(VIFKey{mac(1), 0}, 0xffff, false, t0, func(ipoib.PKey, uint32) (uint32, error) { return 0, errors.New("no QPs") })
 	if err == nil || tbl.Len() != 0 {
 		t.Fatalf("err %v len %d", err, tbl.Len())
 	}
@@ -122,6 +122,23 @@ func TestVIFConcurrentCreate(t *testing.T) {
 	wg.Wait()
 	if tbl.Len() != 200 || al.n.Load() != 200 {
 		t.Fatalf("len %d allocs %d, want 200 each", tbl.Len(), al.n.Load())
+	}
+}
+
+func TestQPNHint(t *testing.T) {
+	k := VIFKey{mac(1), 0}
+	h := QPNHint(k)
+	if h < 2 || h >= ipoib.MaxQPN || QPNHint(k) != h {
+		t.Fatalf("hint %#x", h)
+	}
+	if QPNHint(VIFKey{mac(1), 10}) == h || QPNHint(VIFKey{mac(2), 0}) == h {
+		t.Fatal("VLAN or MAC does not change the hint")
+	}
+	var got uint32
+	tbl := NewVIFTable(localGID, 4)
+	tbl.Create(k, 0xffff, false, t0, func(_ ipoib.PKey, hint uint32) (uint32, error) { got = hint; return hint, nil })
+	if got != h {
+		t.Fatalf("Create passed hint %#x, want %#x", got, h)
 	}
 }
 

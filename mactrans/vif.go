@@ -92,9 +92,10 @@ func (t *VIFTable) Lookup(k VIFKey) (*VIF, bool) { return t.byKey.load(k) }
 func (t *VIFTable) LookupQPN(qpn uint32) (*VIF, bool) { return t.byQPN.load(qpn) }
 
 // Create returns the VIF of k, creating it when missing: alloc is called
-// (under the table lock, so once per VIF) to allocate its QP in pkey.
+// (under the table lock, so once per VIF) to allocate its QP in pkey,
+// with QPNHint(k) as the wished-for QPN.
 // created reports whether a new VIF was made.
-func (t *VIFTable) Create(k VIFKey, pkey ipoib.PKey, static bool, now time.Time, alloc func(ipoib.PKey) (uint32, error)) (v *VIF, created bool, err error) {
+func (t *VIFTable) Create(k VIFKey, pkey ipoib.PKey, static bool, now time.Time, alloc func(pkey ipoib.PKey, hint uint32) (uint32, error)) (v *VIF, created bool, err error) {
 	if v, ok := t.byKey.load(k); ok {
 		return v, false, nil
 	}
@@ -107,7 +108,7 @@ func (t *VIFTable) Create(k VIFKey, pkey ipoib.PKey, static bool, now time.Time,
 		t.overflow.Add(1)
 		return nil, false, fmt.Errorf("%w: %d VIFs (max)", ErrFull, t.max)
 	}
-	qpn, err := alloc(pkey)
+	qpn, err := alloc(pkey, QPNHint(k))
 	if err != nil {
 		return nil, false, fmt.Errorf("mactrans: allocate QP for %s vlan %d: %w", k.MAC, k.VLAN, err)
 	}
@@ -118,6 +119,23 @@ func (t *VIFTable) Create(k VIFKey, pkey ipoib.PKey, static bool, now time.Time,
 	t.count++
 	t.created.Add(1)
 	return v, true, nil
+}
+
+// QPNHint returns the QPN a VIF would like: 24 bits of FNV-1a over MAC and
+// VLAN, never 0, 1 or the multicast QPN. With a backend that honours it, a
+// guest keeps its QPN, hence its LIMAC and its REMAC on every other
+// hypervisor, across daemon restarts.
+func QPNHint(k VIFKey) uint32 {
+	h := uint32(2166136261) // FNV-1a 32 offset basis
+	for _, c := range [8]byte{k.MAC[0], k.MAC[1], k.MAC[2], k.MAC[3], k.MAC[4], k.MAC[5], byte(k.VLAN >> 8), byte(k.VLAN)} {
+		h ^= uint32(c)
+		h *= 16777619 // FNV-1a 32 prime
+	}
+	q := h>>8 ^ h&0xff // fold to 24 bits
+	if q < 2 || q >= ipoib.MaxQPN {
+		q = 2
+	}
+	return q
 }
 
 // Remove deletes the VIF of k and returns it, so the caller frees its QP.

@@ -109,8 +109,9 @@ func (p *Port) LocalGID() ipoib.GID { return p.gid }
 // MTU returns the fabric's IB MTU.
 func (p *Port) MTU() int { return p.f.mtu }
 
-// AllocQP creates a QP in partition pkey.
-func (p *Port) AllocQP(pkey ipoib.PKey) (uint32, error) {
+// AllocQP creates a QP in partition pkey, numbered hint when that is a
+// free valid QPN.
+func (p *Port) AllocQP(pkey ipoib.PKey, hint uint32) (uint32, error) {
 	if !pkey.IsValid() {
 		return 0, fmt.Errorf("memfabric: invalid P_Key %s", pkey)
 	}
@@ -119,6 +120,10 @@ func (p *Port) AllocQP(pkey ipoib.PKey) (uint32, error) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if _, used := p.qps[hint]; hint > 1 && hint < ipoib.MaxQPN && !used {
+		p.qps[hint] = pkey
+		return hint, nil
+	}
 	for range ipoib.MaxQPN {
 		q := p.nextQPN
 		p.nextQPN++

@@ -68,9 +68,9 @@ func recv(t *testing.T, p *Port) ([]byte, ipoib.RxMeta) {
 
 func TestUnicastAndChecks(t *testing.T) {
 	a, b := twoPorts(t)
-	qa, _ := a.AllocQP(0xffff)
-	qb, _ := b.AllocQP(0xffff)
-	qb2, _ := b.AllocQP(0x8001)
+	qa, _ := a.AllocQP(0xffff, 0)
+	qb, _ := b.AllocQP(0xffff, 0)
+	qb2, _ := b.AllocQP(0x8001, 0)
 	send(t, a, []byte{8, 0, 0, 0, 1, 2, 3, 4}, ipoib.TxMeta{Dst: ipoib.MakeHwAddr(0, qb, b.LocalGID()), SrcQPN: qa, PKey: 0xffff})
 	got, m := recv(t, b)
 	if string(got) != "\x08\x00\x00\x00\x01\x02\x03\x04" || m.Src != ipoib.MakeHwAddr(0, qa, a.LocalGID()) || m.DstQPN != qb {
@@ -93,7 +93,7 @@ func TestUnicastAndChecks(t *testing.T) {
 
 func TestMulticast(t *testing.T) {
 	a, b := twoPorts(t)
-	qa, _ := a.AllocQP(0xffff)
+	qa, _ := a.AllocQP(0xffff, 0)
 	bc := ipoib.BroadcastMGID(0xffff, ipoib.ScopeLinkLocal)
 	m := ipoib.TxMeta{Dst: ipoib.MakeHwAddr(0, ipoib.MulticastQPN, bc), SrcQPN: qa, PKey: 0xffff}
 	send(t, a, []byte{8, 0, 0, 0, 9}, m) // b not joined: not delivered
@@ -112,7 +112,7 @@ func TestMulticast(t *testing.T) {
 		t.Fatalf("non-member received: %+v", b.Counters())
 	}
 	// Wrong partition on the group's P_Key is a P_Key drop.
-	qa2, _ := a.AllocQP(0x8001)
+	qa2, _ := a.AllocQP(0x8001, 0)
 	send(t, a, []byte{8, 0, 0, 0}, ipoib.TxMeta{Dst: m.Dst, SrcQPN: qa2, PKey: 0x8001})
 	if b.Counters().Drops[DropPKey] != 1 {
 		t.Fatalf("drops %v", b.Counters().Drops)
@@ -121,12 +121,18 @@ func TestMulticast(t *testing.T) {
 
 func TestCloseAndQPs(t *testing.T) {
 	a, b := twoPorts(t)
-	q, err := a.AllocQP(0xffff)
+	q, err := a.AllocQP(0xffff, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.AllocQP(0x8000); err == nil {
+	if _, err := a.AllocQP(0x8000, 0); err == nil {
 		t.Fatal("invalid P_Key accepted")
+	}
+	if h, err := a.AllocQP(0xffff, 0x1234); err != nil || h != 0x1234 {
+		t.Fatalf("hinted QP %#x, %v", h, err)
+	}
+	if h, _ := a.AllocQP(0xffff, 0x1234); h == 0x1234 {
+		t.Fatal("hint reused a QPN in use")
 	}
 	if err := a.FreeQP(q); err != nil {
 		t.Fatal(err)

@@ -1,0 +1,607 @@
+// Package simfabric is the simulated InfiniBand UD fabric, eipoibd's
+// default backend: each Port is one IB port bound to an underlay interface,
+// its GID the interface's IPv6 link-local address, and every IB packet one
+// UDP datagram on port 4791 carrying a RoCEv2-style UD SEND-only (BTH,
+// DETH, IPoIB payload, ICRC). MGIDs are IPv6 multicast groups on the
+// underlay. The exact format is in DESIGN.md; other implementations
+// interoperate with it from that text alone.
+//
+// Receive path: recvmmsg straight into the caller's buffers, BTH and DETH
+// landing in the headroom → Decode (opcode, TVer, ICRC, pad) → Q_Key, QPN,
+// group and P_Key checks → payload left in place at offset. Send path:
+// BTH+DETH written into the headroom, pad and ICRC appended → faults →
+// sendmmsg. Every drop has a counter.
+package simfabric
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/net/ipv6"
+	"golang.org/x/sys/unix"
+
+	"github.com/eipoib/eipoibd/ipoib"
+)
+
+// Drop reasons counted by a Port. The first ones are the DecodeError
+// values, so a decode failure indexes the same array.
+const (
+	DropQKey = int(numDecodeErrors) + iota
+	DropPKey
+	DropUnknownQPN
+	DropNotJoined
+	DropOversize
+	DropNoRoom
+	DropBadMeta
+	DropPortDown
+	DropNoPktinfo
+	DropFaultLoss
+	DropSendError
+	DropBadSource
+	numDrops
+)
+
+// DropNames are the counter names of the drop reasons, by index.
+var DropNames = func() [numDrops]string {
+	var n [numDrops]string
+	for e := DecodeError(1); e < numDecodeErrors; e++ {
+		n[e] = e.String()
+	}
+	n[DropQKey] = "qkey_mismatch"
+	n[DropPKey] = "pkey_mismatch"
+	n[DropUnknownQPN] = "unknown_qpn"
+	n[DropNotJoined] = "not_joined"
+	n[DropOversize] = "oversize"
+	n[DropNoRoom] = "no_room"
+	n[DropBadMeta] = "bad_meta"
+	n[DropPortDown] = "port_down"
+	n[DropNoPktinfo] = "no_pktinfo"
+	n[DropFaultLoss] = "fault_loss"
+	n[DropSendError] = "send_error"
+	n[DropBadSource] = "bad_source"
+	return n
+}()
+
+// TailRoom is what Write needs after each payload: pad and ICRC.
+const TailRoom = 3 + ICRCLen
+
+// Faults are injected on send, for tests; all zero (off) by default.
+// Probabilities are in [0, 1].
+type Faults struct {
+	Loss    float64 // drop the packet
+	Dup     float64 // send it twice
+	Reorder float64 // hold it back and send it after the next one
+	Corrupt float64 // flip a byte after the ICRC was computed
+}
+
+// Validate checks the probabilities.
+func (f Faults) Validate() error {
+	for _, p := range []struct {
+		n string
+		v float64
+	}{{"loss", f.Loss}, {"dup", f.Dup}, {"reorder", f.Reorder}, {"corrupt", f.Corrupt}} {
+		if p.v < 0 || p.v > 1 {
+			return fmt.Errorf("simfabric: fault %s=%v is not a probability in [0,1]", p.n, p.v)
+		}
+	}
+	return nil
+}
+
+// Config configures a Port.
+type Config struct {
+	Underlay string // interface name
+	IBMTU    int    // 2048 or 4096
+	Faults   Faults
+	// DADWait bounds the wait for the link-local address to leave the
+	// tentative state; 0 means 5 s.
+	DADWait time.Duration
+}
+
+// Port is one IB port on the simulated fabric. It implements ipoib.Port.
+// Read and Write may each be used by one goroutine at a time.
+type Port struct {
+	ifi    *net.Interface
+	gid    ipoib.GID
+	mtu    int
+	faults Faults
+	conn   *net.UDPConn
+	pc     *ipv6.PacketConn
+	closed atomic.Bool
+	down   atomic.Bool
+
+	mu      sync.RWMutex
+	qps     map[uint32]ipoib.PKey
+	groups  map[ipoib.GID]bool
+	nextQPN uint32
+	psn     atomic.Uint32
+
+	rmu    sync.Mutex // Read state
+	rcodec Codec
+	rmsgs  []ipv6.Message
+	rbufs  [][1][]byte
+	wmu    sync.Mutex // Write state
+	wcodec Codec
+	wmsgs  []ipv6.Message
+	wbufs  [][1][]byte
+	addrs  map[ipoib.GID]*net.UDPAddr
+	held   []byte // a reordered packet waiting for the next send
+	heldTo *net.UDPAddr
+	rng    *rand.Rand
+
+	txPackets, txBytes, rxPackets, rxBytes atomic.Uint64
+	drops                                  [numDrops]atomic.Uint64
+}
+
+var _ ipoib.Port = (*Port)(nil)
+
+const batch = 64
+
+// Open binds a port to cfg.Underlay. It fails with a message naming the
+// problem when the interface is missing, has no IPv6 link-local address,
+// or its MTU cannot carry the IB MTU plus 72 bytes unfragmented.
+func Open(cfg Config) (*Port, error) {
+	if _, err := ipoib.IPMTU(cfg.IBMTU); err != nil {
+		return nil, fmt.Errorf("simfabric: %w", err)
+	}
+	if err := cfg.Faults.Validate(); err != nil {
+		return nil, err
+	}
+	ifi, err := net.InterfaceByName(cfg.Underlay)
+	if err != nil {
+		return nil, fmt.Errorf("simfabric: underlay %q: %w", cfg.Underlay, err)
+	}
+	if need := cfg.IBMTU + UnderlayExtra; ifi.MTU < need {
+		return nil, fmt.Errorf("simfabric: underlay %s MTU %d is below IB MTU %d + %d = %d; raise it (ip link set %s mtu %d)",
+			ifi.Name, ifi.MTU, cfg.IBMTU, UnderlayExtra, need, ifi.Name, need)
+	}
+	wait := cfg.DADWait
+	if wait == 0 {
+		wait = 5 * time.Second
+	}
+	gid, err := linkLocal(ifi, wait)
+	if err != nil {
+		return nil, err
+	}
+	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		err := c.Control(func(fd uintptr) {
+			if serr = unix.BindToDevice(int(fd), ifi.Name); serr != nil {
+				return
+			}
+			if serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEADDR, 1); serr != nil {
+				return
+			}
+			serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IPV6, unix.IPV6_RECVPKTINFO, 1)
+		})
+		if err != nil {
+			return err
+		}
+		return serr
+	}}
+	pconn, err := lc.ListenPacket(context.Background(), "udp6", fmt.Sprintf("[::]:%d", UDPPort))
+	if err != nil {
+		return nil, fmt.Errorf("simfabric: listen on UDP %d on %s: %w", UDPPort, ifi.Name, err)
+	}
+	conn := pconn.(*net.UDPConn)
+	pc := ipv6.NewPacketConn(conn)
+	if err := pc.SetMulticastInterface(ifi); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("simfabric: multicast interface %s: %w", ifi.Name, err)
+	}
+	if err := pc.SetMulticastLoopback(false); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("simfabric: multicast loopback: %w", err)
+	}
+	p := &Port{
+		ifi: ifi, gid: gid, mtu: cfg.IBMTU, faults: cfg.Faults, conn: conn, pc: pc,
+		qps: make(map[uint32]ipoib.PKey), groups: make(map[ipoib.GID]bool),
+		nextQPN: 0x100 + rand.Uint32N(0xff0000),
+		rmsgs:   make([]ipv6.Message, batch), rbufs: make([][1][]byte, batch),
+		wmsgs: make([]ipv6.Message, 0, 2*batch+1), wbufs: make([][1][]byte, 2*batch+1),
+		addrs: make(map[ipoib.GID]*net.UDPAddr),
+		rng:   rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
+	}
+	for i := range p.rmsgs {
+		p.rmsgs[i].OOB = make([]byte, unix.CmsgSpace(unix.SizeofInet6Pktinfo))
+	}
+	return p, nil
+}
+
+// linkLocal returns the interface's IPv6 link-local address once it is no
+// longer tentative (duplicate address detection), waiting up to wait.
+func linkLocal(ifi *net.Interface, wait time.Duration) (ipoib.GID, error) {
+	deadline := time.Now().Add(wait)
+	for {
+		link, err := netlink.LinkByIndex(ifi.Index)
+		if err != nil {
+			return ipoib.GID{}, fmt.Errorf("simfabric: underlay %s: %w", ifi.Name, err)
+		}
+		addrs, err := netlink.AddrList(link, netlink.FAMILY_V6)
+		if err != nil {
+			return ipoib.GID{}, fmt.Errorf("simfabric: addresses of %s: %w", ifi.Name, err)
+		}
+		tentative := false
+		for _, a := range addrs {
+			if a.IP.IsLinkLocalUnicast() {
+				if a.Flags&(unix.IFA_F_TENTATIVE|unix.IFA_F_DADFAILED) == 0 {
+					return ipoib.GID(a.IP.To16()), nil
+				}
+				tentative = true
+			}
+		}
+		if time.Now().After(deadline) {
+			if tentative {
+				return ipoib.GID{}, fmt.Errorf("simfabric: underlay %s link-local address still tentative after %s (DAD)", ifi.Name, wait)
+			}
+			return ipoib.GID{}, fmt.Errorf("simfabric: underlay %s has no IPv6 link-local address (is it up, with IPv6 enabled?)", ifi.Name)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (p *Port) drop(reason int) { p.drops[reason].Add(1) }
+
+// BatchSize is the largest batch moved per call.
+func (p *Port) BatchSize() int { return batch }
+
+// LocalGID is the underlay's link-local address.
+func (p *Port) LocalGID() ipoib.GID { return p.gid }
+
+// MTU is the IB MTU.
+func (p *Port) MTU() int { return p.mtu }
+
+// Underlay returns the underlay interface name.
+func (p *Port) Underlay() string { return p.ifi.Name }
+
+// SetDown sets the injected port-down fault: while down, nothing is sent
+// or delivered (counted as port_down).
+func (p *Port) SetDown(down bool) { p.down.Store(down) }
+
+// IsDown reports the injected port-down fault.
+func (p *Port) IsDown() bool { return p.down.Load() }
+
+// AllocQP creates a QP in partition pkey, numbered hint when that is free.
+func (p *Port) AllocQP(pkey ipoib.PKey, hint uint32) (uint32, error) {
+	if !pkey.IsValid() {
+		return 0, fmt.Errorf("simfabric: invalid P_Key %s", pkey)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, used := p.qps[hint]; hint > 1 && hint < ipoib.MaxQPN && !used {
+		p.qps[hint] = pkey
+		return hint, nil
+	}
+	for range ipoib.MaxQPN {
+		q := p.nextQPN
+		p.nextQPN++
+		if p.nextQPN >= ipoib.MaxQPN {
+			p.nextQPN = 2
+		}
+		if _, used := p.qps[q]; !used {
+			p.qps[q] = pkey
+			return q, nil
+		}
+	}
+	return 0, errors.New("simfabric: out of QPNs")
+}
+
+// FreeQP destroys a QP.
+func (p *Port) FreeQP(qpn uint32) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, ok := p.qps[qpn]; !ok {
+		return fmt.Errorf("simfabric: QPN %#x not allocated", qpn)
+	}
+	delete(p.qps, qpn)
+	return nil
+}
+
+// Join joins the IPv6 group mgid on the underlay.
+func (p *Port) Join(mgid ipoib.GID) error {
+	if !mgid.IsMulticast() {
+		return fmt.Errorf("simfabric: %s is not an MGID", mgid)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.groups[mgid] {
+		return nil
+	}
+	if err := p.pc.JoinGroup(p.ifi, &net.UDPAddr{IP: mgid[:]}); err != nil {
+		return fmt.Errorf("simfabric: join %s on %s: %w", mgid, p.ifi.Name, err)
+	}
+	p.groups[mgid] = true
+	return nil
+}
+
+// Leave leaves the IPv6 group mgid.
+func (p *Port) Leave(mgid ipoib.GID) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.groups[mgid] {
+		return nil
+	}
+	delete(p.groups, mgid)
+	if err := p.pc.LeaveGroup(p.ifi, &net.UDPAddr{IP: mgid[:]}); err != nil {
+		return fmt.Errorf("simfabric: leave %s on %s: %w", mgid, p.ifi.Name, err)
+	}
+	return nil
+}
+
+// Joined returns the joined MGIDs.
+func (p *Port) Joined() []ipoib.GID {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	out := make([]ipoib.GID, 0, len(p.groups))
+	for g := range p.groups {
+		out = append(out, g)
+	}
+	return out
+}
+
+// Counters returns a snapshot of the counters.
+func (p *Port) Counters() ipoib.PortCounters {
+	c := ipoib.PortCounters{
+		TxPackets: p.txPackets.Load(), TxBytes: p.txBytes.Load(),
+		RxPackets: p.rxPackets.Load(), RxBytes: p.rxBytes.Load(),
+		Drops: make(map[string]uint64),
+	}
+	for i := range p.drops {
+		if v := p.drops[i].Load(); v != 0 {
+			c.Drops[DropNames[i]] = v
+		}
+	}
+	return c
+}
+
+// Close closes the socket; Read and Write then return net.ErrClosed.
+func (p *Port) Close() error {
+	if p.closed.Swap(true) {
+		return nil
+	}
+	return p.conn.Close()
+}
+
+func (p *Port) udpAddr(g ipoib.GID) *net.UDPAddr {
+	a, ok := p.addrs[g]
+	if !ok {
+		if len(p.addrs) > 65536 {
+			clear(p.addrs) // bound the cache; it refills on demand
+		}
+		a = &net.UDPAddr{IP: append(net.IP(nil), g[:]...), Port: UDPPort, Zone: p.ifi.Name}
+		p.addrs[g] = a
+	}
+	return a
+}
+
+// Write sends a batch. bufs[i][offset:] is the IPoIB header and payload;
+// HeaderLen bytes before offset and TailRoom bytes of capacity after the
+// payload are used. A packet refused locally is counted and skipped; n
+// counts the packets handed to the kernel.
+func (p *Port) Write(bufs [][]byte, meta []ipoib.TxMeta, offset int) (int, error) {
+	if p.closed.Load() {
+		return 0, net.ErrClosed
+	}
+	if offset < HeaderLen {
+		return 0, fmt.Errorf("simfabric: write offset %d below header length %d", offset, HeaderLen)
+	}
+	p.wmu.Lock()
+	defer p.wmu.Unlock()
+	if p.down.Load() {
+		for range bufs {
+			p.drop(DropPortDown)
+		}
+		return 0, nil
+	}
+	src := [16]byte(p.gid)
+	msgs := p.wmsgs[:0]
+	for i, b := range bufs {
+		m := &meta[i]
+		payload := len(b) - offset
+		switch {
+		case payload > p.mtu:
+			p.drop(DropOversize)
+			continue
+		case cap(b)-len(b) < TailRoom:
+			p.drop(DropNoRoom)
+			continue
+		case !m.PKey.IsValid():
+			p.drop(DropBadMeta)
+			continue
+		}
+		dstGID := m.Dst.GID()
+		dst := [16]byte(dstGID)
+		pkt := Packet{PKey: uint16(m.PKey), DestQPN: m.Dst.QPN(), PSN: p.psn.Add(1) & 0xffffff, QKey: ipoib.QKey, SrcQPN: m.SrcQPN}
+		out := p.wcodec.Encode(b, offset, &pkt, &src, &dst, UDPPort, UDPPort)
+		to := p.udpAddr(dstGID)
+		p.txPackets.Add(1)
+		p.txBytes.Add(uint64(payload))
+		msgs = p.faulty(msgs, out, to)
+	}
+	if p.held != nil && len(msgs) > 0 {
+		msgs = p.add(msgs, p.held, p.heldTo)
+		p.held = nil
+	}
+	if len(msgs) == 0 {
+		return 0, nil
+	}
+	sent, err := p.pc.WriteBatch(msgs, 0)
+	if err != nil {
+		if p.closed.Load() {
+			return 0, net.ErrClosed
+		}
+		// A send error (no route, no buffer) loses these packets, as a
+		// full HCA send queue would; count and go on.
+		for range msgs[max(sent, 0):] {
+			p.drop(DropSendError)
+		}
+	}
+	return len(bufs), nil
+}
+
+func (p *Port) add(msgs []ipv6.Message, b []byte, to *net.UDPAddr) []ipv6.Message {
+	i := len(msgs)
+	p.wbufs[i][0] = b
+	return append(msgs, ipv6.Message{Buffers: p.wbufs[i][:], Addr: to})
+}
+
+// faulty appends the packet to msgs, applying the configured faults.
+func (p *Port) faulty(msgs []ipv6.Message, out []byte, to *net.UDPAddr) []ipv6.Message {
+	f := &p.faults
+	if f.Loss == 0 && f.Dup == 0 && f.Reorder == 0 && f.Corrupt == 0 {
+		return p.add(msgs, out, to)
+	}
+	if f.Loss > 0 && p.rng.Float64() < f.Loss {
+		p.drop(DropFaultLoss)
+		return msgs
+	}
+	if f.Corrupt > 0 && p.rng.Float64() < f.Corrupt {
+		out[HeaderLen+p.rng.IntN(len(out)-HeaderLen)] ^= 0x40
+	}
+	if f.Reorder > 0 && p.held == nil && p.rng.Float64() < f.Reorder {
+		p.held = append([]byte(nil), out...)
+		p.heldTo = to
+		return msgs
+	}
+	msgs = p.add(msgs, out, to)
+	if f.Dup > 0 && p.rng.Float64() < f.Dup {
+		msgs = p.add(msgs, out, to)
+	}
+	return msgs
+}
+
+// pktinfoDst extracts the destination address from an IPV6_PKTINFO
+// control message.
+func pktinfoDst(oob []byte) (dst [16]byte, ok bool) {
+	for len(oob) >= unix.SizeofCmsghdr {
+		h := (*unix.Cmsghdr)(unsafe.Pointer(&oob[0]))
+		l := int(h.Len)
+		if l < unix.SizeofCmsghdr || l > len(oob) {
+			return dst, false
+		}
+		if h.Level == unix.IPPROTO_IPV6 && h.Type == unix.IPV6_PKTINFO && l >= unix.CmsgLen(unix.SizeofInet6Pktinfo) {
+			copy(dst[:], oob[unix.CmsgLen(0):])
+			return dst, true
+		}
+		oob = oob[min(unix.CmsgSpace(l-unix.CmsgLen(0)), len(oob)):]
+	}
+	return dst, false
+}
+
+// Read receives a batch straight into bufs: the BTH and DETH land in the
+// headroom (offset must be at least HeaderLen) and the IPoIB payload at
+// bufs[i][offset:]. Packets that fail a check are counted and skipped.
+func (p *Port) Read(bufs [][]byte, sizes []int, meta []ipoib.RxMeta, offset int) (int, error) {
+	if offset < HeaderLen {
+		return 0, fmt.Errorf("simfabric: read offset %d below header length %d", offset, HeaderLen)
+	}
+	p.rmu.Lock()
+	defer p.rmu.Unlock()
+	for {
+		k := min(len(bufs), len(p.rmsgs))
+		msgs := p.rmsgs[:k]
+		for i := range msgs {
+			p.rbufs[i][0] = bufs[i][offset-HeaderLen:]
+			msgs[i].Buffers = p.rbufs[i][:]
+			msgs[i].OOB = msgs[i].OOB[:cap(msgs[i].OOB)]
+		}
+		got, err := p.pc.ReadBatch(msgs, 0)
+		if err != nil {
+			if p.closed.Load() || errors.Is(err, net.ErrClosed) {
+				return 0, net.ErrClosed
+			}
+			return 0, fmt.Errorf("simfabric: receive: %w", err)
+		}
+		n := 0
+		for i := 0; i < got; i++ {
+			l, ok := p.accept(&msgs[i], bufs[i][offset-HeaderLen:], &meta[n])
+			if !ok {
+				continue
+			}
+			if n != i { // compact over a dropped packet
+				copy(bufs[n][offset:], bufs[i][offset:offset+l])
+			}
+			sizes[n] = l
+			n++
+		}
+		if n > 0 {
+			return n, nil
+		}
+	}
+}
+
+// accept checks one received datagram (b is its buffer, starting with the
+// BTH) and fills rm; it returns the payload length.
+func (p *Port) accept(m *ipv6.Message, b []byte, rm *ipoib.RxMeta) (int, bool) {
+	if p.down.Load() {
+		p.drop(DropPortDown)
+		return 0, false
+	}
+	if m.Flags&unix.MSG_TRUNC != 0 {
+		p.drop(DropOversize)
+		return 0, false
+	}
+	ua, ok := m.Addr.(*net.UDPAddr)
+	if !ok || len(ua.IP) != net.IPv6len || !ua.IP.IsLinkLocalUnicast() {
+		p.drop(DropBadSource)
+		return 0, false
+	}
+	src := [16]byte(ua.IP)
+	dst, ok := pktinfoDst(m.OOB[:m.NN])
+	if !ok {
+		p.drop(DropNoPktinfo)
+		return 0, false
+	}
+	var pkt Packet
+	if err := p.rcodec.Decode(b[:m.N], &src, &dst, uint16(ua.Port), UDPPort, &pkt); err != nil {
+		p.drop(int(err.(DecodeError)))
+		return 0, false
+	}
+	if pkt.QKey != ipoib.QKey {
+		p.drop(DropQKey)
+		return 0, false
+	}
+	if len(pkt.Payload) > p.mtu {
+		p.drop(DropOversize)
+		return 0, false
+	}
+	pk := ipoib.PKey(pkt.PKey)
+	*rm = ipoib.RxMeta{Src: ipoib.MakeHwAddr(0, pkt.SrcQPN, ipoib.GID(src)), DstQPN: pkt.DestQPN, PKey: pk}
+	p.mu.RLock()
+	if pkt.DestQPN == ipoib.MulticastQPN {
+		mgid := ipoib.GID(dst)
+		joined := p.groups[mgid]
+		p.mu.RUnlock()
+		if !joined {
+			p.drop(DropNotJoined)
+			return 0, false
+		}
+		if !ipoib.CanTalk(pk, ipoib.MGIDPKey(mgid)) {
+			p.drop(DropPKey)
+			return 0, false
+		}
+		rm.MGID = mgid
+	} else {
+		qpk, ok := p.qps[pkt.DestQPN]
+		p.mu.RUnlock()
+		if !ok {
+			p.drop(DropUnknownQPN)
+			return 0, false
+		}
+		if !ipoib.CanTalk(pk, qpk) {
+			p.drop(DropPKey)
+			return 0, false
+		}
+	}
+	p.rxPackets.Add(1)
+	p.rxBytes.Add(uint64(len(pkt.Payload)))
+	return len(pkt.Payload), true
+}
