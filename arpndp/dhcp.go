@@ -36,14 +36,16 @@ var magicCookie = [4]byte{99, 130, 83, 99}
 
 // dhcpMsg holds the offsets of a validated DHCP packet.
 type dhcpMsg struct {
-	ihl   int // IPv4 header length
-	bootp int // start of the BOOTP message
-	end   int // IPv4 total length
+	ihl      int // IPv4 header length
+	bootp    int // start of the BOOTP message
+	end      int // IPv4 total length
+	endOpt   int // the END option
+	clientID int // the client-identifier option, or -1
 }
 
-// parseDHCP validates IPv4, UDP and the DHCP fixed part and checksums.
-func parseDHCP(pkt []byte) (dhcpMsg, error) {
-	var m dhcpMsg
+// parseDHCP validates IPv4, UDP, the DHCP fixed part, the options and
+// the checksums.
+func parseDHCP(pkt []byte) (m dhcpMsg, err error) {
 	if len(pkt) < 20 {
 		return m, ErrTruncated
 	}
@@ -79,7 +81,8 @@ func parseDHCP(pkt []byte) (dhcpMsg, error) {
 	if [4]byte(pkt[m.bootp+bootpFixedLen:]) != magicCookie {
 		return m, ErrBadCookie
 	}
-	return m, nil
+	m.clientID, m.endOpt, err = findOption(pkt, m, optClientID)
+	return m, err
 }
 
 func udpSum(pkt []byte, m dhcpMsg) uint16 {
@@ -176,10 +179,7 @@ func DHCPToIB(pkt []byte) ([]byte, error) {
 	if b[0] != bootRequest || b[1] != HwTypeEthernet || b[2] != 6 {
 		return nil, ErrBadHwType
 	}
-	cid, endOpt, err := findOption(pkt, m, optClientID)
-	if err != nil {
-		return nil, err
-	}
+	cid, endOpt := m.clientID, m.endOpt
 	mac := ether.MAC(b[28:34])
 	out := pkt[:m.end]
 	if cid < 0 {
@@ -210,8 +210,8 @@ func DHCPClientID(pkt []byte) (ether.MAC, bool) {
 	if err != nil {
 		return ether.MAC{}, false
 	}
-	at, _, err := findOption(pkt, m, optClientID)
-	if err != nil || at < 0 || pkt[at+1] != 7 || pkt[at+2] != HwTypeEthernet {
+	at := m.clientID
+	if at < 0 || pkt[at+1] != 7 || pkt[at+2] != HwTypeEthernet {
 		return ether.MAC{}, false
 	}
 	return ether.MAC(pkt[at+3 : at+9]), true
@@ -228,9 +228,6 @@ func DHCPToEth(pkt []byte, mac ether.MAC) error {
 	b := pkt[m.bootp:]
 	if b[0] != bootReply || b[1] != HwTypeInfiniBand {
 		return ErrBadHwType
-	}
-	if _, _, err := findOption(pkt, m, optClientID); err != nil {
-		return err
 	}
 	b[1], b[2] = HwTypeEthernet, 6
 	clear(b[28:44])

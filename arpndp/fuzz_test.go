@@ -157,12 +157,8 @@ func dhcpSeeds(f *testing.F) {
 
 func checkDHCPOutput(t *testing.T, out []byte) {
 	t.Helper()
-	m, err := parseDHCP(out)
-	if err != nil || m.end != len(out) {
+	if m, err := parseDHCP(out); err != nil || m.end != len(out) {
 		t.Fatalf("invalid output: %v", err)
-	}
-	if _, _, err := findOption(out, m, optClientID); err != nil {
-		t.Fatalf("output options invalid: %v", err)
 	}
 }
 
@@ -177,8 +173,7 @@ func FuzzDHCPToIB(f *testing.F) {
 		checkDHCPOutput(t, out)
 		if _, ok := DHCPClientID(out); !ok && out[28+1] == HwTypeInfiniBand {
 			// A client-id that was present but not type 1 is kept as is.
-			m, _ := parseDHCP(out)
-			if at, _, _ := findOption(out, m, optClientID); at < 0 {
+			if m, _ := parseDHCP(out); m.clientID < 0 {
 				t.Fatal("no client-identifier after DHCPToIB")
 			}
 		}
