@@ -11,6 +11,7 @@ package arpndp
 
 import (
 	"encoding/binary"
+	"github.com/eipoib/eipoibd/internal/csum"
 
 	"github.com/eipoib/eipoibd/internal/ether"
 )
@@ -71,7 +72,7 @@ func parseDHCP(pkt []byte) (m dhcpMsg, err error) {
 	if int(binary.BigEndian.Uint16(udp[4:6])) != m.end-m.ihl {
 		return m, ErrBadLength
 	}
-	if fold(sum(0, pkt[:m.ihl])) != 0 || !udpChecksumOK(pkt, m) {
+	if csum.Fold(csum.Sum(0, pkt[:m.ihl])) != 0 || !udpChecksumOK(pkt, m) {
 		return m, ErrBadChecksum
 	}
 	m.bootp = m.ihl + 8
@@ -86,8 +87,8 @@ func parseDHCP(pkt []byte) (m dhcpMsg, err error) {
 }
 
 func udpSum(pkt []byte, m dhcpMsg) uint16 {
-	acc := pseudoSum(pkt[12:16], pkt[16:20], protoUDP, m.end-m.ihl)
-	return fold(sum(acc, pkt[m.ihl:m.end]))
+	acc := csum.Pseudo(pkt[12:16], pkt[16:20], protoUDP, m.end-m.ihl)
+	return csum.Fold(csum.Sum(acc, pkt[m.ihl:m.end]))
 }
 
 func udpChecksumOK(pkt []byte, m dhcpMsg) bool {
@@ -193,8 +194,7 @@ func DHCPToIB(pkt []byte) ([]byte, error) {
 		m.end += clientIDLen
 		binary.BigEndian.PutUint16(out[2:4], uint16(m.end))
 		binary.BigEndian.PutUint16(out[m.ihl+4:], uint16(m.end-m.ihl))
-		out[10], out[11] = 0, 0
-		binary.BigEndian.PutUint16(out[10:12], fold(sum(0, out[:m.ihl])))
+		csum.IPv4Header(out[:m.ihl])
 	}
 	b = out[m.bootp:]
 	b[1], b[2] = HwTypeInfiniBand, 0

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"github.com/eipoib/eipoibd/internal/csum"
 	"slices"
 	"testing"
 
@@ -93,7 +94,7 @@ func TestDHCPBadInput(t *testing.T) {
 	fix := func(b []byte) []byte {
 		// Recompute the checksums so that only the intended fault remains.
 		b[10], b[11] = 0, 0
-		binary.BigEndian.PutUint16(b[10:12], fold(sum(0, b[:ihl])))
+		binary.BigEndian.PutUint16(b[10:12], csum.Fold(csum.Sum(0, b[:ihl])))
 		b[ihl+6], b[ihl+7] = 0, 0
 		m := dhcpMsg{ihl: ihl, end: int(binary.BigEndian.Uint16(b[2:4]))}
 		binary.BigEndian.PutUint16(b[ihl+6:], udpSum(b, m))

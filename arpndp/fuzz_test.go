@@ -3,6 +3,7 @@ package arpndp
 import (
 	"bytes"
 	"encoding/binary"
+	"github.com/eipoib/eipoibd/internal/csum"
 	"testing"
 )
 
@@ -140,7 +141,7 @@ func fixDHCP(in []byte, fix bool) []byte {
 		ihl := int(b[0]&0x0f) * 4
 		if ihl >= 20 && len(b) >= ihl+8 {
 			b[10], b[11] = 0, 0
-			binary.BigEndian.PutUint16(b[10:12], fold(sum(0, b[:ihl])))
+			binary.BigEndian.PutUint16(b[10:12], csum.Fold(csum.Sum(0, b[:ihl])))
 			b[ihl+6], b[ihl+7] = 0, 0
 		}
 	}

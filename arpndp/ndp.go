@@ -10,6 +10,7 @@ package arpndp
 
 import (
 	"encoding/binary"
+	"github.com/eipoib/eipoibd/internal/csum"
 
 	"github.com/eipoib/eipoibd/internal/ether"
 	"github.com/eipoib/eipoibd/ipoib"
@@ -206,8 +207,8 @@ func finishICMPv6(pkt []byte) {
 	binary.BigEndian.PutUint16(pkt[4:6], uint16(plen))
 	icmp := pkt[ipv6HdrLen:]
 	icmp[2], icmp[3] = 0, 0
-	acc := pseudoSum(pkt[8:24], pkt[24:40], protoICMPv6, plen)
-	binary.BigEndian.PutUint16(icmp[2:4], fold(sum(acc, icmp)))
+	acc := csum.Pseudo(pkt[8:24], pkt[24:40], protoICMPv6, plen)
+	binary.BigEndian.PutUint16(icmp[2:4], csum.Fold(csum.Sum(acc, icmp)))
 }
 
 // ICMPv6ChecksumOK reports whether the ICMPv6 checksum of an IPv6 packet
@@ -220,6 +221,6 @@ func ICMPv6ChecksumOK(pkt []byte) bool {
 	if end > len(pkt) || end < ipv6HdrLen+4 {
 		return false
 	}
-	acc := pseudoSum(pkt[8:24], pkt[24:40], protoICMPv6, end-ipv6HdrLen)
-	return fold(sum(acc, pkt[ipv6HdrLen:end])) == 0
+	acc := csum.Pseudo(pkt[8:24], pkt[24:40], protoICMPv6, end-ipv6HdrLen)
+	return csum.Fold(csum.Sum(acc, pkt[ipv6HdrLen:end])) == 0
 }

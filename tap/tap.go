@@ -1,0 +1,217 @@
+// Package tap is the guest side of eipoibd: the Device interface the shim
+// reads Ethernet frames from and writes them to, a Linux TAP device created
+// over netlink and moved in batches, and an in-memory Device for tests.
+package tap
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"syscall"
+	"unsafe"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/eipoib/eipoibd/internal/ether"
+)
+
+// Device moves Ethernet frames in batches. Read fills bufs[i][offset:],
+// sets sizes[i] and returns how many it filled, blocking for the first;
+// offset leaves headroom. Write sends bufs[i][offset:]. After Close both
+// return net.ErrClosed.
+type Device interface {
+	Read(bufs [][]byte, sizes []int, offset int) (int, error)
+	Write(bufs [][]byte, offset int) (int, error)
+	BatchSize() int
+	// SetCarrier reports the fabric port's state to the kernel.
+	SetCarrier(up bool) error
+	Close() error
+}
+
+// Config describes the TAP to create.
+type Config struct {
+	Name string
+	MAC  ether.MAC // zero: keep the kernel's random one
+	MTU  int
+}
+
+// TAP is a Linux TAP device (IFF_TAP|IFF_NO_PI, not persistent: it goes
+// away with the process). Read and Write may each be used by one goroutine
+// at a time.
+type TAP struct {
+	name string
+	file *os.File
+	rc   syscall.RawConn
+	link netlink.Link
+
+	// Read and Write state, used by the pre-bound callbacks below so that
+	// a batch allocates nothing.
+	rbufs  [][]byte
+	rsizes []int
+	roff   int
+	rn     int
+	rerr   error
+	readFn func(fd uintptr) bool
+
+	wbufs   [][]byte
+	woff    int
+	wn      int
+	werrs   uint64
+	writeFn func(fd uintptr) bool
+}
+
+var _ Device = (*TAP)(nil)
+
+// Create makes the TAP, sets its MAC and MTU and brings it up.
+func Create(cfg Config) (*TAP, error) {
+	if cfg.Name == "" || len(cfg.Name) >= unix.IFNAMSIZ {
+		return nil, fmt.Errorf("tap: bad interface name %q (1 to %d characters)", cfg.Name, unix.IFNAMSIZ-1)
+	}
+	if _, err := netlink.LinkByName(cfg.Name); err == nil {
+		return nil, fmt.Errorf("tap: interface %s already exists", cfg.Name)
+	}
+	la := netlink.NewLinkAttrs()
+	la.Name = cfg.Name
+	tt := &netlink.Tuntap{
+		LinkAttrs:  la,
+		Mode:       netlink.TUNTAP_MODE_TAP,
+		Flags:      netlink.TUNTAP_NO_PI | netlink.TUNTAP_TUN_EXCL,
+		Queues:     1,
+		NonPersist: true,
+	}
+	if err := netlink.LinkAdd(tt); err != nil {
+		return nil, fmt.Errorf("tap: create %s: %w", cfg.Name, err)
+	}
+	t := &TAP{name: cfg.Name, file: tt.Fds[0], link: tt}
+	fail := func(err error) (*TAP, error) { t.file.Close(); return nil, err }
+	rc, err := t.file.SyscallConn()
+	if err != nil {
+		return fail(fmt.Errorf("tap: %s: %w", cfg.Name, err))
+	}
+	t.rc = rc
+	if !cfg.MAC.IsZero() {
+		if err := netlink.LinkSetHardwareAddr(tt, net.HardwareAddr(cfg.MAC[:])); err != nil {
+			return fail(fmt.Errorf("tap: set MAC of %s: %w", cfg.Name, err))
+		}
+	}
+	if cfg.MTU > 0 {
+		if err := netlink.LinkSetMTU(tt, cfg.MTU); err != nil {
+			return fail(fmt.Errorf("tap: set MTU %d on %s: %w", cfg.MTU, cfg.Name, err))
+		}
+	}
+	if err := netlink.LinkSetUp(tt); err != nil {
+		return fail(fmt.Errorf("tap: bring %s up: %w", cfg.Name, err))
+	}
+	t.readFn = t.readBatch
+	t.writeFn = t.writeBatch
+	return t, nil
+}
+
+// Name returns the interface name.
+func (t *TAP) Name() string { return t.name }
+
+// Link returns the netlink link (for enslaving it to a bridge).
+func (t *TAP) Link() netlink.Link { return t.link }
+
+// BatchSize is the largest batch per call.
+func (t *TAP) BatchSize() int { return 64 }
+
+func closedErr(err error) error {
+	if errors.Is(err, fs.ErrClosed) || errors.Is(err, net.ErrClosed) {
+		return net.ErrClosed
+	}
+	return err
+}
+
+// readBatch reads frames until the batch is full or the queue is empty; it
+// returns false to wait for readiness when it got nothing.
+func (t *TAP) readBatch(fd uintptr) bool {
+	for t.rn < len(t.rbufs) {
+		n, err := unix.Read(int(fd), t.rbufs[t.rn][t.roff:])
+		if err == unix.EINTR {
+			continue
+		}
+		if err == unix.EAGAIN {
+			return t.rn > 0
+		}
+		if err != nil {
+			t.rerr = err
+			return true
+		}
+		t.rsizes[t.rn] = n
+		t.rn++
+	}
+	return true
+}
+
+// Read reads a batch of frames.
+func (t *TAP) Read(bufs [][]byte, sizes []int, offset int) (int, error) {
+	t.rbufs, t.rsizes, t.roff, t.rn, t.rerr = bufs, sizes, offset, 0, nil
+	err := t.rc.Read(t.readFn)
+	t.rbufs, t.rsizes = nil, nil
+	if err != nil {
+		return 0, closedErr(err)
+	}
+	if t.rn == 0 && t.rerr != nil {
+		return 0, fmt.Errorf("tap: read %s: %w", t.name, t.rerr)
+	}
+	return t.rn, nil
+}
+
+func (t *TAP) writeBatch(fd uintptr) bool {
+	for t.wn < len(t.wbufs) {
+		_, err := unix.Write(int(fd), t.wbufs[t.wn][t.woff:])
+		switch err {
+		case unix.EINTR:
+			continue
+		case unix.EAGAIN:
+			return false
+		case nil:
+		default:
+			t.werrs++ // the kernel refused this frame (e.g. EINVAL); skip it
+		}
+		t.wn++
+	}
+	return true
+}
+
+// Write writes a batch of frames. Frames the kernel refuses are skipped and
+// counted (WriteErrors).
+func (t *TAP) Write(bufs [][]byte, offset int) (int, error) {
+	t.wbufs, t.woff, t.wn = bufs, offset, 0
+	err := t.rc.Write(t.writeFn)
+	t.wbufs = nil
+	if err != nil {
+		return t.wn, closedErr(err)
+	}
+	return t.wn, nil
+}
+
+// WriteErrors returns how many frames the kernel refused. Call it from
+// the writing goroutine.
+func (t *TAP) WriteErrors() uint64 { return t.werrs }
+
+// SetCarrier turns the TAP's carrier on or off (TUNSETCARRIER), so that
+// the bridge and guests see the fabric port's state.
+func (t *TAP) SetCarrier(up bool) error {
+	var v int32
+	if up {
+		v = 1
+	}
+	var errno syscall.Errno
+	if err := t.rc.Control(func(fd uintptr) {
+		_, _, errno = unix.Syscall(unix.SYS_IOCTL, fd, unix.TUNSETCARRIER, uintptr(unsafe.Pointer(&v)))
+	}); err != nil {
+		return closedErr(err)
+	}
+	if errno != 0 {
+		return fmt.Errorf("tap: set carrier of %s: %w", t.name, errno)
+	}
+	return nil
+}
+
+// Close removes the TAP (it is not persistent).
+func (t *TAP) Close() error { return t.file.Close() }
