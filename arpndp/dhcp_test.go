@@ -4,11 +4,12 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
-	"github.com/eipoib/eipoibd/internal/csum"
 	"slices"
 	"testing"
 
 	"github.com/gopacket/gopacket/layers"
+
+	"github.com/eipoib/eipoibd/internal/csum"
 )
 
 func TestSetBroadcastFlag(t *testing.T) {

@@ -3,8 +3,9 @@ package arpndp
 import (
 	"bytes"
 	"encoding/binary"
-	"github.com/eipoib/eipoibd/internal/csum"
 	"testing"
+
+	"github.com/eipoib/eipoibd/internal/csum"
 )
 
 // Every fuzz target checks that the rewriter never panics and that each
