@@ -1,0 +1,224 @@
+package shim
+
+// Frames to an unknown REMAC: eth_ipoib dropped them; here up to
+// pendingPerDst frames per destination wait (as the kernel's neighbour
+// queue does) while the shim resolves the packet's destination IP on the
+// guest's behalf: an ARP request or neighbour solicitation from the
+// guest's own VIF. REMACs are derived from (GID, QPN), so once the
+// endpoint answers, its REMAC is the one the guest used and the queue is
+// sent. Unresolved after resolveTries, the frames are dropped and counted.
+
+import (
+	"encoding/binary"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/eipoib/eipoibd/arpndp"
+	"github.com/eipoib/eipoibd/internal/csum"
+	"github.com/eipoib/eipoibd/internal/ether"
+	"github.com/eipoib/eipoibd/ipoib"
+	"github.com/eipoib/eipoibd/mactrans"
+)
+
+const (
+	pendingPerDst   = 3
+	maxPendingDsts  = 256
+	resolveTries    = 3
+	resolveInterval = time.Second
+	pendingBufSize  = ipoib.Headroom + ipoib.HeaderLen + ipoib.MTU4092 + 64
+)
+
+type pendingKey struct {
+	pkey ipoib.PKey
+	mac  ether.MAC
+}
+
+type pendingEntry struct {
+	p      *partition
+	vif    *mactrans.VIF
+	source netip.Addr // the guest's address, sender of the resolution
+	target netip.Addr // the address to resolve
+	bufs   [pendingPerDst][]byte
+	meta   [pendingPerDst]ipoib.TxMeta
+	n      int
+	tries  int
+	next   time.Time
+}
+
+// pendingQueue is touched only off the fast path (unknown destinations).
+type pendingQueue struct {
+	mu    sync.Mutex
+	m     map[pendingKey]*pendingEntry
+	count atomic.Int32 // len(m), read lock-free by the RX loop
+}
+
+func (q *pendingQueue) init() { q.m = make(map[pendingKey]*pendingEntry) }
+
+// dropAll empties the queue, counting every frame.
+func (q *pendingQueue) dropAll(c *counters) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for k, e := range q.m {
+		c.c[DropUnresolved].Add(uint64(e.n))
+		delete(q.m, k)
+	}
+	q.count.Store(0)
+}
+
+// enqueue holds the IPoIB packet pkt (ipoib.Headroom bytes before the
+// header) for the unknown REMAC dst, starting a resolution when the
+// destination is new. With pkt nil it only starts the resolution.
+func (s *Shim) enqueue(p *partition, vif *mactrans.VIF, dst ether.MAC, pkt []byte, m ipoib.TxMeta, source, target netip.Addr, now time.Time) {
+	q := &s.pending
+	q.mu.Lock()
+	k := pendingKey{p.pkey, dst}
+	e, ok := q.m[k]
+	if !ok {
+		if len(q.m) >= maxPendingDsts || !target.IsValid() || target.IsUnspecified() {
+			q.mu.Unlock()
+			s.ctr.inc(DropUnresolved)
+			return
+		}
+		e = &pendingEntry{p: p, vif: vif, source: source, target: target, next: now}
+		q.m[k] = e
+		q.count.Store(int32(len(q.m)))
+	}
+	if pkt == nil { // resolve only
+		q.mu.Unlock()
+		if !ok {
+			s.resolveTick(now)
+		}
+		return
+	}
+	if e.n == pendingPerDst {
+		q.mu.Unlock()
+		s.ctr.inc(DropUnresolved)
+		return
+	}
+	if e.bufs[e.n] == nil {
+		e.bufs[e.n] = make([]byte, 0, pendingBufSize)
+	}
+	e.bufs[e.n] = append(e.bufs[e.n][:0], pkt...)
+	e.meta[e.n] = m
+	e.n++
+	q.mu.Unlock()
+	s.ctr.inc(TxQueued)
+	if !ok {
+		s.resolveTick(now)
+	}
+}
+
+// resolveTick sends due resolutions and expires the hopeless.
+func (s *Shim) resolveTick(now time.Time) {
+	q := &s.pending
+	if q.count.Load() == 0 {
+		return
+	}
+	type req struct {
+		p              *partition
+		vif            *mactrans.VIF
+		source, target netip.Addr
+	}
+	var due []req
+	q.mu.Lock()
+	for k, e := range q.m {
+		if now.Before(e.next) {
+			continue
+		}
+		if e.tries == resolveTries {
+			s.ctr.c[DropUnresolved].Add(uint64(e.n))
+			delete(q.m, k)
+			continue
+		}
+		e.tries++
+		e.next = now.Add(resolveInterval)
+		due = append(due, req{e.p, e.vif, e.source, e.target})
+	}
+	q.count.Store(int32(len(q.m)))
+	q.mu.Unlock()
+	for _, r := range due {
+		s.sendResolve(r.p, r.vif, r.source, r.target)
+	}
+}
+
+// flushResolved sends the queued frames whose destination is now known.
+func (s *Shim) flushResolved() {
+	q := &s.pending
+	var bufs [][]byte
+	var meta []ipoib.TxMeta
+	q.mu.Lock()
+	for k, e := range q.m {
+		n, ok := s.neigh.LookupREMAC(k.pkey, k.mac)
+		if !ok {
+			continue
+		}
+		for i := 0; i < e.n; i++ {
+			e.meta[i].Dst = n.RIMAC.WithoutFlags()
+			bufs = append(bufs, e.bufs[i])
+			meta = append(meta, e.meta[i])
+		}
+		delete(q.m, k)
+	}
+	q.count.Store(int32(len(q.m)))
+	q.mu.Unlock()
+	if len(bufs) > 0 {
+		s.writePort(bufs, meta)
+	}
+}
+
+// writePort sends packets laid out with ipoib.Headroom before the header.
+func (s *Shim) writePort(bufs [][]byte, meta []ipoib.TxMeta) {
+	s.portMu.Lock()
+	n, err := s.port.Write(bufs, meta, ipoib.Headroom)
+	s.portMu.Unlock()
+	if err == nil {
+		s.ctr.c[TxPackets].Add(uint64(n))
+	}
+}
+
+// sendResolve asks the fabric for target's address from the guest's VIF:
+// an IPoIB ARP request to the broadcast group, or a neighbour solicitation
+// with an IPoIB source link-layer option to the solicited-node group.
+func (s *Shim) sendResolve(p *partition, vif *mactrans.VIF, source, target netip.Addr) {
+	buf := make([]byte, ipoib.Headroom, ipoib.Headroom+ipoib.HeaderLen+128)
+	m := ipoib.TxMeta{SrcQPN: vif.QPN, PKey: p.pkey}
+	if target.Is4() {
+		buf = binary.BigEndian.AppendUint16(buf, ether.TypeARP)
+		buf = append(buf, 0, 0)
+		buf = binary.BigEndian.AppendUint16(buf, arpndp.HwTypeInfiniBand)
+		buf = binary.BigEndian.AppendUint16(buf, ether.TypeIPv4)
+		buf = append(buf, ipoib.HwAddrLen, 4, 0, arpndp.OpRequest)
+		buf = append(buf, vif.LIMAC[:]...)
+		s4 := source.As4()
+		buf = append(buf, s4[:]...)
+		buf = append(buf, make([]byte, ipoib.HwAddrLen)...)
+		t4 := target.As4()
+		buf = append(buf, t4[:]...)
+		m.Dst = ipoib.MakeHwAddr(0, ipoib.MulticastQPN, p.bcast)
+	} else {
+		if !source.Is6() || source.IsUnspecified() {
+			return
+		}
+		group := solicitedNode(target)
+		buf = binary.BigEndian.AppendUint16(buf, ether.TypeIPv6)
+		buf = append(buf, 0, 0)
+		ip := len(buf)
+		const plen = 24 + 24 // NS + IPoIB source link-layer option
+		buf = append(buf, 0x60, 0, 0, 0, 0, plen, 58, 255)
+		s16, g16, t16 := source.As16(), group.As16(), target.As16()
+		buf = append(buf, s16[:]...)
+		buf = append(buf, g16[:]...)
+		buf = append(buf, arpndp.TypeNeighborSolicitation, 0, 0, 0, 0, 0, 0, 0)
+		buf = append(buf, t16[:]...)
+		buf = append(buf, arpndp.OptSLLA, 3, 0, 0)
+		buf = append(buf, vif.LIMAC[:]...)
+		icmp := buf[ip+40:]
+		sum := csum.Fold(csum.Sum(csum.Pseudo(s16[:], g16[:], 58, plen), icmp))
+		binary.BigEndian.PutUint16(icmp[2:4], sum)
+		m.Dst = ipoib.MakeHwAddr(0, ipoib.MulticastQPN, ipoib.IPv6MGID(group, p.pkey, s.cfg.Scope))
+	}
+	s.ctr.inc(TxResolveSent)
+	s.writePort([][]byte{buf}, []ipoib.TxMeta{m})
+}

@@ -1,0 +1,144 @@
+package shim
+
+// RX: fabric → TAP. Per packet: IPoIB header → partition from the P_Key →
+// source QPN+GID to its REMAC (learned on first sight) → destination from
+// the receiving VIF's QP, or the MGID's multicast MAC → ARP/NDP/DHCP
+// rewrite in place → the Ethernet header (tagged with the partition's
+// VLAN) pushed over the IPoIB header. The batch goes to the device in one
+// Write.
+
+import (
+	"time"
+
+	"github.com/eipoib/eipoibd/arpndp"
+	"github.com/eipoib/eipoibd/internal/ether"
+	"github.com/eipoib/eipoibd/ipoib"
+)
+
+// rxOffset is where the port puts the IPoIB header: room for its own
+// headers before, and for the Ethernet header that replaces it.
+const rxOffset = 64
+
+func (s *Shim) rxLoop() error {
+	bs := s.port.BatchSize()
+	bufs := make([][]byte, bs)
+	for i := range bufs {
+		bufs[i] = make([]byte, rxOffset+s.port.MTU()+64)
+	}
+	sizes := make([]int, bs)
+	meta := make([]ipoib.RxMeta, bs)
+	out := make([][]byte, 0, bs)
+	for {
+		n, err := s.port.Read(bufs, sizes, meta, rxOffset)
+		if err != nil {
+			return err
+		}
+		now := s.clk.Now()
+		out = out[:0]
+		for i := 0; i < n; i++ {
+			s.ctr.inc(RxPackets)
+			if f := s.rx(bufs[i], sizes[i], &meta[i], now); f != nil {
+				out = append(out, f)
+			}
+		}
+		if len(out) > 0 {
+			s.writeDev(out)
+		}
+		if s.pending.count.Load() > 0 {
+			s.flushResolved()
+		}
+	}
+}
+
+// writeDev writes frames to the device and counts them.
+func (s *Shim) writeDev(frames [][]byte) {
+	s.devMu.Lock()
+	n, err := s.dev.Write(frames, 0)
+	s.devMu.Unlock()
+	if err != nil {
+		return
+	}
+	s.ctr.c[RxFrames].Add(uint64(n))
+	if n < len(frames) {
+		s.ctr.c[DropTAPWrite].Add(uint64(len(frames) - n))
+	}
+}
+
+func rxEtherType(et uint16) bool {
+	switch et {
+	case ether.TypeIPv4, ether.TypeIPv6, ether.TypeARP, ether.TypeRARP:
+		return true
+	}
+	return false
+}
+
+// rx translates one packet at buf[rxOffset:rxOffset+n] into a frame.
+func (s *Shim) rx(buf []byte, n int, m *ipoib.RxMeta, now time.Time) []byte {
+	pay := buf[rxOffset : rxOffset+n]
+	h := ipoib.Header(pay)
+	if !h.IsValid() {
+		s.ctr.inc(DropRxBadHeader)
+		return nil
+	}
+	et := h.EtherType()
+	if !rxEtherType(et) {
+		s.ctr.inc(DropEtherType)
+		return nil
+	}
+	p := s.byPKey[m.PKey.Full()]
+	if p == nil {
+		s.ctr.inc(DropRxUnknownPKey)
+		return nil
+	}
+	nb, err := s.neigh.Learn(p.pkey, m.Src, now)
+	if err != nil {
+		s.ctr.inc(DropRxNeighbour)
+		return nil
+	}
+	var dst ether.MAC
+	if m.DstQPN == ipoib.MulticastQPN {
+		mac, ok := ipoib.MGIDToMAC(m.MGID)
+		if !ok {
+			s.ctr.inc(DropRxMulticast)
+			return nil
+		}
+		dst = mac
+	} else {
+		vif, ok := s.vifs.LookupQPN(m.DstQPN)
+		if !ok || vif.Key.VLAN != p.vlan {
+			s.ctr.inc(DropRxUnknownVIF)
+			return nil
+		}
+		vif.Touch(now)
+		dst = vif.Key.MAC
+	}
+	ip := pay[ipoib.HeaderLen:]
+	switch et {
+	case ether.TypeARP, ether.TypeRARP:
+		ip, err = arpndp.ARPToEth(ip, p.view)
+	case ether.TypeIPv6:
+		if arpndp.IsNDP(ip) {
+			ip, err = arpndp.NDPToEth(ip, p.view)
+		}
+	case ether.TypeIPv4:
+		if s.cfg.DHCP == DHCPRFC4390 && arpndp.IsDHCPServer(ip) {
+			mac, ok := arpndp.DHCPClientID(ip)
+			if !ok {
+				mac = dst
+			}
+			err = arpndp.DHCPToEth(ip, mac)
+		}
+	}
+	if err != nil {
+		s.ctr.rxRewrite.Count(err)
+		s.ctr.inc(DropRxRewrite)
+		return nil
+	}
+	hl := ether.HeaderLen
+	if p.vlan != 0 {
+		hl = ether.VLANHeaderLen
+	}
+	start := rxOffset + ipoib.HeaderLen - hl
+	ether.PutHeader(buf[start:], dst, nb.REMAC, p.vlan, et)
+	return buf[start : rxOffset+ipoib.HeaderLen+len(ip)]
+}

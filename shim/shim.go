@@ -1,0 +1,328 @@
+// Package shim is the eIPoIB engine: it moves frames between a guest-facing
+// Ethernet device (a TAP) and an IB port speaking IPoIB. TX strips the
+// Ethernet header, picks the sending VIF (one UD QP per guest MAC and VLAN,
+// created on first sight: promiscuous-mode emulation), maps the destination
+// MAC to a RIMAC or MGID and rewrites ARP/NDP/DHCP payloads; RX does the
+// reverse, deriving a stable REMAC for every remote endpoint. Frames to an
+// unknown REMAC wait in a bounded queue while the shim resolves their
+// destination. Oversized IP packets are fragmented or answered with ICMP,
+// never blackholed. Everything dropped is counted; nothing is logged or
+// allocated per frame.
+package shim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/eipoib/eipoibd/internal/clock"
+	"github.com/eipoib/eipoibd/internal/ether"
+	"github.com/eipoib/eipoibd/ipoib"
+	"github.com/eipoib/eipoibd/mactrans"
+	"github.com/eipoib/eipoibd/tap"
+)
+
+// DHCP modes.
+const (
+	// DHCPBroadcast sets the BROADCAST flag on guests' DHCP requests so
+	// that servers broadcast their replies (the default).
+	DHCPBroadcast = "broadcast"
+	// DHCPRFC4390 also rewrites requests to the IPoIB form of RFC 4390
+	// (htype 32, hlen 0, client-identifier) and restores the replies, for
+	// servers that insist on it.
+	DHCPRFC4390 = "rfc4390"
+)
+
+// Config configures a Shim. Zero fields take the defaults shown.
+type Config struct {
+	Device tap.Device
+	Port   ipoib.Port
+	Logger *slog.Logger // slog.Default()
+	Clock  clock.Clock  // the wall clock
+
+	MaxVIFs       int           // 1024
+	MaxNeighbours int           // 65536
+	VIFIdle       time.Duration // 300 s, the Linux bridge's FDB aging time
+	NeighTTL      time.Duration // 600 s
+	// Partitions maps VLAN IDs to P_Keys; untagged (VLAN 0) is always the
+	// default partition 0xFFFF and cannot be remapped.
+	Partitions map[uint16]ipoib.PKey
+	Scope      uint8  // MGID scope, ipoib.ScopeLinkLocal
+	DHCP       string // DHCPBroadcast
+	// Housekeeping is the period of aging, resolution retries and the
+	// carrier check; 0 means 250 ms.
+	Housekeeping time.Duration
+}
+
+// partition is one VLAN ↔ P_Key pairing with its own groups and view.
+type partition struct {
+	vlan  uint16
+	pkey  ipoib.PKey
+	bcast ipoib.GID
+	view  *mactrans.View
+}
+
+// Shim is the engine. Create it with New and start it with Run.
+type Shim struct {
+	cfg    Config
+	log    *slog.Logger
+	clk    clock.Clock
+	dev    tap.Device
+	port   ipoib.Port
+	ipMTU  int
+	vifs   *mactrans.VIFTable
+	neigh  *mactrans.NeighTable
+	byVLAN [4096]*partition // by VLAN ID; nil: unmapped
+	byPKey map[ipoib.PKey]*partition
+
+	devMu  sync.Mutex // serialises writes to the device
+	portMu sync.Mutex // serialises writes to the port
+
+	groups  groupSet
+	pending pendingQueue
+	ctr     counters
+
+	icmpBuf []byte // TX loop's buffer for ICMP too-big replies
+
+	vifLimitLogged      atomic.Int64 // unix seconds of the last "VIF limit" warning
+	carrier, carrierSet atomic.Bool
+}
+
+// New validates cfg and builds a shim; it does not touch the port yet.
+func New(cfg Config) (*Shim, error) {
+	if cfg.Device == nil || cfg.Port == nil {
+		return nil, errors.New("shim: Device and Port are required")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.Real{}
+	}
+	if cfg.MaxVIFs == 0 {
+		cfg.MaxVIFs = 1024
+	}
+	if cfg.MaxVIFs < 1 || cfg.MaxVIFs > 1<<20 {
+		return nil, fmt.Errorf("shim: max VIFs %d out of range 1..%d", cfg.MaxVIFs, 1<<20)
+	}
+	if cfg.MaxNeighbours == 0 {
+		cfg.MaxNeighbours = 65536
+	}
+	if cfg.VIFIdle == 0 {
+		cfg.VIFIdle = 300 * time.Second
+	}
+	if cfg.NeighTTL == 0 {
+		cfg.NeighTTL = 600 * time.Second
+	}
+	if cfg.Scope == 0 {
+		cfg.Scope = ipoib.ScopeLinkLocal
+	}
+	if cfg.Housekeeping == 0 {
+		cfg.Housekeeping = 250 * time.Millisecond
+	}
+	switch cfg.DHCP {
+	case "":
+		cfg.DHCP = DHCPBroadcast
+	case DHCPBroadcast, DHCPRFC4390:
+	default:
+		return nil, fmt.Errorf("shim: DHCP mode %q: want %q or %q", cfg.DHCP, DHCPBroadcast, DHCPRFC4390)
+	}
+	ipMTU, err := ipoib.IPMTU(cfg.Port.MTU())
+	if err != nil {
+		return nil, fmt.Errorf("shim: %w", err)
+	}
+	gid := cfg.Port.LocalGID()
+	s := &Shim{
+		cfg: cfg, log: cfg.Logger, clk: cfg.Clock, dev: cfg.Device, port: cfg.Port, ipMTU: ipMTU,
+		vifs:    mactrans.NewVIFTable(gid, cfg.MaxVIFs),
+		neigh:   mactrans.NewNeighTable(cfg.MaxNeighbours),
+		byPKey:  make(map[ipoib.PKey]*partition),
+		icmpBuf: make([]byte, ether.VLANHeaderLen+ipv6MinMTU),
+	}
+	add := func(vlan uint16, pkey ipoib.PKey) error {
+		if vlan > 4094 {
+			return fmt.Errorf("shim: VLAN %d out of range 1..4094", vlan)
+		}
+		if !pkey.IsValid() {
+			return fmt.Errorf("shim: VLAN %d: invalid P_Key %s", vlan, pkey)
+		}
+		full := pkey.Full()
+		if s.byVLAN[vlan] != nil {
+			return fmt.Errorf("shim: VLAN %d mapped twice", vlan)
+		}
+		if other, ok := s.byPKey[full]; ok {
+			return fmt.Errorf("shim: VLANs %d and %d both map to P_Key %s", other.vlan, vlan, full)
+		}
+		p := &partition{vlan: vlan, pkey: full, bcast: ipoib.BroadcastMGID(full, cfg.Scope)}
+		p.view = &mactrans.View{VIFs: s.vifs, Neigh: s.neigh, Clock: s.clk, GID: gid, VLAN: vlan, PKey: full}
+		s.byVLAN[vlan] = p
+		s.byPKey[full] = p
+		return nil
+	}
+	if err := add(0, ipoib.DefaultPKey); err != nil {
+		return nil, err
+	}
+	for vlan, pkey := range cfg.Partitions {
+		if vlan == 0 {
+			return nil, errors.New("shim: VLAN 0 (untagged) is always the default partition 0xffff")
+		}
+		if err := add(vlan, pkey); err != nil {
+			return nil, err
+		}
+	}
+	s.groups.init()
+	s.pending.init()
+	return s, nil
+}
+
+// IPMTU is the IPoIB MTU: the largest IP packet carried unfragmented.
+func (s *Shim) IPMTU() int { return s.ipMTU }
+
+// Run joins each partition's broadcast and all-nodes groups, then moves
+// traffic until ctx ends or the device or port fails. On return the
+// device is closed (the in-flight batch finished), queued frames dropped
+// and counted, QPs freed and groups left; the caller closes the port.
+func (s *Shim) Run(ctx context.Context) error {
+	for _, p := range s.byPKey {
+		if err := s.groups.join(s.port, p.bcast); err != nil {
+			return err
+		}
+		if err := s.groups.join(s.port, ipoib.IPv6MGID(allNodes, p.pkey, s.cfg.Scope)); err != nil {
+			return err
+		}
+	}
+	s.followCarrier()
+	errc := make(chan error, 3)
+	var wg sync.WaitGroup // TX and housekeeping; RX ends when the caller closes the port
+	loop := func(name string, wait bool, f func() error) {
+		if wait {
+			wg.Add(1)
+		}
+		go func() {
+			if wait {
+				defer wg.Done()
+			}
+			err := f()
+			if errors.Is(err, net.ErrClosed) {
+				err = nil
+			}
+			if err != nil {
+				err = fmt.Errorf("shim: %s: %w", name, err)
+			}
+			errc <- err
+		}()
+	}
+	hctx, stopHouse := context.WithCancel(ctx)
+	loop("tx", true, s.txLoop)
+	loop("rx", false, s.rxLoop)
+	loop("housekeeping", true, func() error { return s.housekeeping(hctx) })
+	s.log.Info("shim running", "gid", s.port.LocalGID(), "ib_mtu", s.port.MTU(), "ipoib_mtu", s.ipMTU, "partitions", len(s.byPKey), "max_vifs", s.cfg.MaxVIFs)
+	var err error
+	select {
+	case <-ctx.Done():
+	case err = <-errc:
+	}
+	stopHouse()
+	s.dev.Close() // the TX loop finishes its batch and leaves
+	wg.Wait()
+	s.pending.dropAll(&s.ctr)
+	s.stopPort()
+	return err
+}
+
+// stopPort frees every QP and leaves every group.
+func (s *Shim) stopPort() {
+	for _, v := range s.vifs.All() {
+		if _, ok := s.vifs.Remove(v.Key); ok {
+			if err := s.port.FreeQP(v.QPN); err != nil {
+				s.log.Warn("free QP", "qpn", v.QPN, "err", err)
+			}
+		}
+	}
+	s.groups.leaveAll(s.port, s.log)
+	s.log.Info("shim stopped", "counters_tx_frames", s.Get(TxFrames), "counters_rx_frames", s.Get(RxFrames))
+}
+
+// carrierPort is implemented by ports that can report being down.
+type carrierPort interface{ IsDown() bool }
+
+// followCarrier sets the device carrier from the port state.
+func (s *Shim) followCarrier() {
+	up := true
+	if cp, ok := s.port.(carrierPort); ok {
+		up = !cp.IsDown()
+	}
+	if up == s.carrier.Load() && s.carrierSet.Load() {
+		return
+	}
+	if err := s.dev.SetCarrier(up); err != nil {
+		if !errors.Is(err, net.ErrClosed) {
+			s.log.Warn("set carrier", "up", up, "err", err)
+		}
+		return
+	}
+	s.carrier.Store(up)
+	s.carrierSet.Store(true)
+	s.log.Info("link state", "up", up)
+}
+
+// housekeeping ages tables, retries and expires resolutions and follows
+// the port state.
+func (s *Shim) housekeeping(ctx context.Context) error {
+	t := time.NewTicker(s.cfg.Housekeeping)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		now := s.clk.Now()
+		for _, v := range s.vifs.Expire(now, s.cfg.VIFIdle) {
+			s.ctr.inc(VIFsAged)
+			if err := s.port.FreeQP(v.QPN); err != nil {
+				s.log.Warn("free QP of aged VIF", "mac", v.Key.MAC, "vlan", v.Key.VLAN, "err", err)
+			}
+			s.log.Info("VIF aged out", "mac", v.Key.MAC, "vlan", v.Key.VLAN, "qpn", v.QPN)
+		}
+		s.neigh.Expire(now, s.cfg.NeighTTL)
+		s.resolveTick(now)
+		s.followCarrier()
+	}
+}
+
+// DeclareVIF creates the VIF of a guest MAC ahead of its first frame, e.g.
+// from the bridge's forwarding database at start-up, so that traffic to
+// it is received before it speaks.
+func (s *Shim) DeclareVIF(mac ether.MAC, vlan uint16) error {
+	if int(vlan) >= len(s.byVLAN) || s.byVLAN[vlan] == nil {
+		return fmt.Errorf("shim: VLAN %d has no P_Key", vlan)
+	}
+	p := s.byVLAN[vlan]
+	if mac.IsMulticast() || mac.IsZero() {
+		return fmt.Errorf("shim: %s is not a unicast MAC", mac)
+	}
+	_, err := s.vif(p, mac, s.clk.Now())
+	return err
+}
+
+// vif returns (creating when new) the VIF of a guest MAC in p.
+func (s *Shim) vif(p *partition, mac ether.MAC, now time.Time) (*mactrans.VIF, error) {
+	v, created, err := s.vifs.Create(mactrans.VIFKey{MAC: mac, VLAN: p.vlan}, p.pkey, false, now, s.port.AllocQP)
+	if err != nil {
+		return nil, err
+	}
+	if created {
+		s.ctr.inc(VIFsCreated)
+		s.log.Info("VIF created", "mac", mac, "vlan", p.vlan, "pkey", p.pkey, "qpn", fmt.Sprintf("%#06x", v.QPN), "limac", v.LIMAC)
+	}
+	return v, nil
+}
+
+// VIFs returns the current VIFs.
+func (s *Shim) VIFs() []*mactrans.VIF { return s.vifs.All() }

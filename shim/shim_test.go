@@ -1,0 +1,445 @@
+package shim
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/gopacket/gopacket"
+	"github.com/gopacket/gopacket/layers"
+
+	"github.com/eipoib/eipoibd/internal/clock"
+	"github.com/eipoib/eipoibd/internal/ether"
+	"github.com/eipoib/eipoibd/ipoib"
+	"github.com/eipoib/eipoibd/ipoib/memfabric"
+	"github.com/eipoib/eipoibd/mactrans"
+	"github.com/eipoib/eipoibd/tap"
+)
+
+// hv is one hypervisor: a shim between an in-memory TAP and a port on an
+// in-memory fabric.
+type hv struct {
+	s    *Shim
+	dev  *tap.Mem
+	port *memfabric.Port
+	clk  *clock.Fake
+	done chan error
+	stop context.CancelFunc
+}
+
+func gidOf(s string) ipoib.GID { return ipoib.GID(netip.MustParseAddr(s).As16()) }
+
+func newHV(t *testing.T, f *memfabric.Fabric, gid string, mod func(*Config)) *hv {
+	t.Helper()
+	port, err := f.NewPort(gidOf(gid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &hv{dev: tap.NewMem(256), port: port, clk: clock.NewFake(time.Unix(1e6, 0)), done: make(chan error, 1)}
+	cfg := Config{Device: h.dev, Port: port, Clock: h.clk, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Housekeeping: 10 * time.Millisecond}
+	if mod != nil {
+		mod(&cfg)
+	}
+	h.s, err = New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	h.stop = cancel
+	go func() { h.done <- h.s.Run(ctx) }()
+	t.Cleanup(func() { h.shutdown(t) })
+	deadline := time.Now().Add(time.Second)
+	for !h.dev.Carrier() {
+		if time.Now().After(deadline) {
+			t.Fatal("carrier never came up")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return h
+}
+
+func (h *hv) shutdown(t *testing.T) {
+	if h.stop == nil {
+		return
+	}
+	h.stop()
+	h.stop = nil
+	select {
+	case err := <-h.done:
+		if err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Error("Run did not return")
+	}
+	h.port.Close()
+}
+
+// recv returns the next frame the shim delivered to guests.
+func (h *hv) recv(t *testing.T) gopacket.Packet {
+	t.Helper()
+	select {
+	case f := <-h.dev.Sent():
+		return gopacket.NewPacket(f, layers.LayerTypeEthernet, gopacket.Default)
+	case <-time.After(2 * time.Second):
+		t.Fatal("no frame delivered")
+	}
+	return nil
+}
+
+// quiet asserts that nothing is delivered for a while.
+func (h *hv) quiet(t *testing.T) {
+	t.Helper()
+	select {
+	case f := <-h.dev.Sent():
+		t.Fatalf("unexpected frame %x", f)
+	case <-time.After(100 * time.Millisecond):
+	}
+}
+
+// waitCounter waits until a counter reaches want.
+func (h *hv) waitCounter(t *testing.T, c Counter, want uint64) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Second)
+	for h.s.Get(c) < want {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s = %d, want %d (counters %v)", c, h.s.Get(c), want, h.s.Counters())
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func serialize(t *testing.T, ls ...gopacket.SerializableLayer) []byte {
+	t.Helper()
+	buf := gopacket.NewSerializeBuffer()
+	if err := gopacket.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true}, ls...); err != nil {
+		t.Fatal(err)
+	}
+	return append([]byte(nil), buf.Bytes()...)
+}
+
+var (
+	macA1 = ether.MAC{0x52, 0x54, 0, 0, 0xa, 1}
+	macA2 = ether.MAC{0x52, 0x54, 0, 0, 0xa, 2}
+	macB1 = ether.MAC{0x52, 0x54, 0, 0, 0xb, 1}
+	ipA1  = netip.MustParseAddr("10.0.0.1")
+	ipA2  = netip.MustParseAddr("10.0.0.3")
+	ipB1  = netip.MustParseAddr("10.0.0.2")
+)
+
+func eth(src, dst ether.MAC, et layers.EthernetType) *layers.Ethernet {
+	return &layers.Ethernet{SrcMAC: src[:], DstMAC: dst[:], EthernetType: et}
+}
+
+func arpFrame(t *testing.T, op uint16, sha ether.MAC, spa netip.Addr, dst, tha ether.MAC, tpa netip.Addr) []byte {
+	return serialize(t, eth(sha, dst, layers.EthernetTypeARP), &layers.ARP{
+		AddrType: layers.LinkTypeEthernet, Protocol: layers.EthernetTypeIPv4, HwAddressSize: 6, ProtAddressSize: 4,
+		Operation: op, SourceHwAddress: sha[:], SourceProtAddress: spa.AsSlice(), DstHwAddress: tha[:], DstProtAddress: tpa.AsSlice(),
+	})
+}
+
+func udpFrame(t *testing.T, src, dst ether.MAC, sip, dip netip.Addr, size int, df bool) []byte {
+	ip := &layers.IPv4{Version: 4, TTL: 64, Protocol: layers.IPProtocolUDP, SrcIP: sip.AsSlice(), DstIP: dip.AsSlice(), Id: 7}
+	if df {
+		ip.Flags = layers.IPv4DontFragment
+	}
+	udp := &layers.UDP{SrcPort: 5000, DstPort: 6000}
+	udp.SetNetworkLayerForChecksum(ip)
+	payload := make([]byte, size)
+	for i := range payload {
+		payload[i] = byte(i)
+	}
+	return serialize(t, eth(src, dst, layers.EthernetTypeIPv4), ip, udp, gopacket.Payload(payload))
+}
+
+// resolveRemote makes hypervisor b learn guest macA1 of a (by an ARP
+// request from it) and returns the REMAC b's guests see for it.
+func arpExchange(t *testing.T, a, b *hv) (remacA1, remacB1 ether.MAC) {
+	t.Helper()
+	a.dev.Inject(arpFrame(t, layers.ARPRequest, macA1, ipA1, ether.Broadcast, ether.MAC{}, ipB1))
+	p := b.recv(t)
+	arp := p.Layer(layers.LayerTypeARP).(*layers.ARP)
+	e := p.Layer(layers.LayerTypeEthernet).(*layers.Ethernet)
+	remacA1 = ether.MAC(arp.SourceHwAddress)
+	if ether.MAC(e.SrcMAC) != remacA1 || !ether.MAC(e.DstMAC).IsBroadcast() || arp.Operation != layers.ARPRequest {
+		t.Fatalf("request as delivered: eth %s→%s arp %+v", e.SrcMAC, e.DstMAC, arp)
+	}
+	vif, ok := a.s.vifs.Lookup(mactrans.VIFKey{MAC: macA1})
+	if !ok {
+		t.Fatal("no VIF for the sender")
+	}
+	if want := mactrans.DeriveREMAC(a.port.LocalGID(), vif.QPN, 0); remacA1 != want {
+		t.Fatalf("REMAC %s, want %s", remacA1, want)
+	}
+	if netip.AddrFrom4([4]byte(arp.DstProtAddress)) != ipB1 || !ether.MAC(arp.DstHwAddress).IsZero() {
+		t.Fatalf("target %v %x", arp.DstProtAddress, arp.DstHwAddress)
+	}
+	b.dev.Inject(arpFrame(t, layers.ARPReply, macB1, ipB1, remacA1, remacA1, ipA1))
+	p = a.recv(t)
+	arp = p.Layer(layers.LayerTypeARP).(*layers.ARP)
+	e = p.Layer(layers.LayerTypeEthernet).(*layers.Ethernet)
+	remacB1 = ether.MAC(arp.SourceHwAddress)
+	if ether.MAC(e.DstMAC) != macA1 || ether.MAC(arp.DstHwAddress) != macA1 || arp.Operation != layers.ARPReply || ether.MAC(e.SrcMAC) != remacB1 {
+		t.Fatalf("reply as delivered: eth %s→%s arp %+v", e.SrcMAC, e.DstMAC, arp)
+	}
+	return remacA1, remacB1
+}
+
+func pair(t *testing.T, mod func(*Config)) (*hv, *hv) {
+	f, err := memfabric.New(2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return newHV(t, f, "fe80::a", mod), newHV(t, f, "fe80::b", mod)
+}
+
+func TestARPAndUnicast(t *testing.T) {
+	a, b := pair(t, nil)
+	_, remacB1 := arpExchange(t, a, b)
+	a.dev.Inject(udpFrame(t, macA1, remacB1, ipA1, ipB1, 100, true))
+	p := b.recv(t)
+	e := p.Layer(layers.LayerTypeEthernet).(*layers.Ethernet)
+	udp, ok := p.Layer(layers.LayerTypeUDP).(*layers.UDP)
+	if !ok || ether.MAC(e.DstMAC) != macB1 || len(udp.Payload) != 100 || udp.Payload[99] != 99 {
+		t.Fatalf("unicast as delivered: %v", p)
+	}
+	if a.s.Get(TxBroadcast) != 1 || a.s.Get(VIFsCreated) != 1 || b.s.Get(VIFsCreated) != 1 {
+		t.Fatalf("counters A %v B %v", a.s.Counters(), b.s.Counters())
+	}
+}
+
+func TestTwoGuestsTwoQPs(t *testing.T) {
+	a, b := pair(t, nil)
+	a.dev.Inject(arpFrame(t, layers.ARPRequest, macA1, ipA1, ether.Broadcast, ether.MAC{}, ipB1))
+	a.dev.Inject(arpFrame(t, layers.ARPRequest, macA2, ipA2, ether.Broadcast, ether.MAC{}, ipB1))
+	s1 := b.recv(t).Layer(layers.LayerTypeEthernet).(*layers.Ethernet).SrcMAC
+	s2 := b.recv(t).Layer(layers.LayerTypeEthernet).(*layers.Ethernet).SrcMAC
+	v1, _ := a.s.vifs.Lookup(mactrans.VIFKey{MAC: macA1})
+	v2, _ := a.s.vifs.Lookup(mactrans.VIFKey{MAC: macA2})
+	if v1.QPN == v2.QPN || s1.String() == s2.String() {
+		t.Fatalf("guests share QPN %#x / REMAC %s", v1.QPN, s1)
+	}
+	// Broadcast reaches a port once, not once per VIF.
+	b.quiet(t)
+}
+
+func ndpFrame(t *testing.T, src ether.MAC, sip, dip netip.Addr, dst ether.MAC, typ layers.ICMPv6TypeCode, body gopacket.SerializableLayer) []byte {
+	ip := &layers.IPv6{Version: 6, HopLimit: 255, NextHeader: layers.IPProtocolICMPv6, SrcIP: sip.AsSlice(), DstIP: dip.AsSlice()}
+	icmp := &layers.ICMPv6{TypeCode: typ}
+	icmp.SetNetworkLayerForChecksum(ip)
+	return serialize(t, eth(src, dst, layers.EthernetTypeIPv6), ip, icmp, body)
+}
+
+func TestNDP(t *testing.T) {
+	a, b := pair(t, nil)
+	la, lb := netip.MustParseAddr("fd00::a1"), netip.MustParseAddr("fd00::b1")
+	sn := solicitedNode(lb)
+	// B's guest has an address: seeing it joins its solicited-node group.
+	b.dev.Inject(ndpFrame(t, macB1, lb, netip.MustParseAddr("ff02::2"), ether.MAC{0x33, 0x33, 0, 0, 0, 2},
+		layers.CreateICMPv6TypeCode(layers.ICMPv6TypeRouterSolicitation, 0), &layers.ICMPv6RouterSolicitation{}))
+	deadline := time.Now().Add(time.Second)
+	for !b.port.Joined(ipoib.IPv6MGID(sn, 0xffff, 2)) {
+		if time.Now().After(deadline) {
+			t.Fatal("solicited-node group not joined")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	ns := &layers.ICMPv6NeighborSolicitation{TargetAddress: lb.AsSlice(), Options: layers.ICMPv6Options{{Type: layers.ICMPv6OptSourceAddress, Data: macA1[:]}}}
+	a.dev.Inject(ndpFrame(t, macA1, la, sn, ether.MAC{0x33, 0x33, 0xff, 0, 0, 0xb1}, layers.CreateICMPv6TypeCode(layers.ICMPv6TypeNeighborSolicitation, 0), ns))
+	p := b.recv(t)
+	e := p.Layer(layers.LayerTypeEthernet).(*layers.Ethernet)
+	icmp := p.Layer(layers.LayerTypeICMPv6).(*layers.ICMPv6)
+	icmp.SetNetworkLayerForChecksum(p.NetworkLayer())
+	if err, res := icmp.VerifyChecksum(); err != nil || !res.Valid {
+		t.Fatalf("NS checksum as delivered: %v", err)
+	}
+	got := p.Layer(layers.LayerTypeICMPv6NeighborSolicitation).(*layers.ICMPv6NeighborSolicitation)
+	if ether.MAC(e.DstMAC) != (ether.MAC{0x33, 0x33, 0xff, 0, 0, 0xb1}) || len(got.Options) != 1 || ether.MAC(got.Options[0].Data) != ether.MAC(e.SrcMAC) {
+		t.Fatalf("NS as delivered: %v", p)
+	}
+	remacA1 := ether.MAC(e.SrcMAC)
+	na := &layers.ICMPv6NeighborAdvertisement{Flags: 0x60, TargetAddress: lb.AsSlice(), Options: layers.ICMPv6Options{{Type: layers.ICMPv6OptTargetAddress, Data: macB1[:]}}}
+	b.dev.Inject(ndpFrame(t, macB1, lb, la, remacA1, layers.CreateICMPv6TypeCode(layers.ICMPv6TypeNeighborAdvertisement, 0), na))
+	p = a.recv(t)
+	gotNA := p.Layer(layers.LayerTypeICMPv6NeighborAdvertisement).(*layers.ICMPv6NeighborAdvertisement)
+	e = p.Layer(layers.LayerTypeEthernet).(*layers.Ethernet)
+	if ether.MAC(e.DstMAC) != macA1 || len(gotNA.Options) != 1 || ether.MAC(gotNA.Options[0].Data) != ether.MAC(e.SrcMAC) {
+		t.Fatalf("NA as delivered: %v", p)
+	}
+}
+
+func TestDropsCounted(t *testing.T) {
+	a, b := pair(t, func(c *Config) { c.MaxVIFs = 2 })
+	a.dev.Inject([]byte{1, 2, 3})                                                                                            // runt
+	a.dev.Inject(serialize(t, eth(macA1, ether.Broadcast, layers.EthernetType(0x88cc)), gopacket.Payload(make([]byte, 46)))) // LLDP
+	a.dev.Inject(serialize(t, &layers.Ethernet{SrcMAC: macA1[:], DstMAC: ether.Broadcast[:], EthernetType: layers.EthernetTypeDot1Q},
+		&layers.Dot1Q{VLANIdentifier: 77, Type: layers.EthernetTypeARP}, gopacket.Payload(make([]byte, 28)))) // unmapped VLAN
+	a.dev.Inject(udpFrame(t, ether.Broadcast, ether.Broadcast, ipA1, ipB1, 10, false)) // multicast source
+	bad := udpFrame(t, macA1, ether.Broadcast, ipA1, ipB1, 10, false)
+	bad[14+3] = 0xff // IPv4 total length past the frame
+	a.dev.Inject(bad)
+	for i := byte(0); i < 3; i++ { // third MAC exceeds --max-vifs 2
+		a.dev.Inject(arpFrame(t, layers.ARPRequest, ether.MAC{2, 0, 0, 0, 0, i + 1}, ipA1, ether.Broadcast, ether.MAC{}, ipB1))
+	}
+	a.waitCounter(t, DropVIFLimit, 1)
+	for c, want := range map[Counter]uint64{DropRunt: 1, DropEtherType: 1, DropVLANUnmapped: 1, DropBadSrcMAC: 1, DropBadIP: 1, VIFsCreated: 2} {
+		if got := a.s.Get(c); got != want {
+			t.Errorf("%s = %d, want %d", c, got, want)
+		}
+	}
+	b.recv(t)
+	b.recv(t)
+	b.quiet(t)
+}
+
+func TestUnknownREMACQueuedAndResolved(t *testing.T) {
+	a, b := pair(t, nil)
+	// Both sides know each other (ARP), then A forgets B (restart, aging):
+	// A's guest still uses B1's REMAC.
+	_, remacB1 := arpExchange(t, a, b)
+	a.s.neigh.Expire(a.clk.Now().Add(time.Hour), time.Minute)
+	a.dev.Inject(udpFrame(t, macA1, remacB1, ipA1, ipB1, 64, true))
+	a.waitCounter(t, TxQueued, 1)
+	// The shim asks on the guest's behalf; B's guest answers.
+	p := b.recv(t)
+	arp := p.Layer(layers.LayerTypeARP).(*layers.ARP)
+	if arp.Operation != layers.ARPRequest || netip.AddrFrom4([4]byte(arp.DstProtAddress)) != ipB1 || netip.AddrFrom4([4]byte(arp.SourceProtAddress)) != ipA1 {
+		t.Fatalf("resolution as delivered: %+v", arp)
+	}
+	b.dev.Inject(arpFrame(t, layers.ARPReply, macB1, ipB1, ether.MAC(arp.SourceHwAddress), ether.MAC(arp.SourceHwAddress), ipA1))
+	a.recv(t) // the reply reaches the guest too (harmless)
+	p = b.recv(t)
+	if udp, ok := p.Layer(layers.LayerTypeUDP).(*layers.UDP); !ok || len(udp.Payload) != 64 {
+		t.Fatalf("queued frame not delivered: %v", p)
+	}
+	if a.s.Get(TxResolveSent) != 1 || a.s.Get(DropUnresolved) != 0 {
+		t.Fatalf("counters %v", a.s.Counters())
+	}
+	// Nobody answers for an unknown MAC: dropped and counted after the tries.
+	a.dev.Inject(udpFrame(t, macA1, ether.MAC{2, 9, 9, 9, 9, 9}, ipA1, netip.MustParseAddr("10.0.0.99"), 64, true))
+	a.waitCounter(t, TxQueued, 2)
+	for i := 0; i < resolveTries+1; i++ {
+		a.clk.Advance(resolveInterval)
+		time.Sleep(30 * time.Millisecond)
+	}
+	a.waitCounter(t, DropUnresolved, 1)
+	if got := a.s.Get(TxResolveSent); got != 1+resolveTries {
+		t.Fatalf("resolutions sent %d, want %d", got, 1+resolveTries)
+	}
+}
+
+func TestOversize(t *testing.T) {
+	a, b := pair(t, nil)
+	_, remacB1 := arpExchange(t, a, b)
+	mtu := a.s.IPMTU()
+	if mtu != ipoib.MTU2044 {
+		t.Fatalf("IPoIB MTU %d", mtu)
+	}
+	// IPv4 with DF: ICMP fragmentation needed, next-hop MTU 2044.
+	a.dev.Inject(udpFrame(t, macA1, remacB1, ipA1, ipB1, 3000, true))
+	p := a.recv(t)
+	icmp, ok := p.Layer(layers.LayerTypeICMPv4).(*layers.ICMPv4)
+	if !ok || icmp.TypeCode != layers.CreateICMPv4TypeCode(3, 4) || icmp.Seq != uint16(mtu) {
+		t.Fatalf("not a fragmentation-needed with MTU %d: %v", mtu, p)
+	}
+	if ip := p.Layer(layers.LayerTypeIPv4).(*layers.IPv4); ip.SrcIP.String() != ipB1.String() || ip.DstIP.String() != ipA1.String() {
+		t.Fatalf("ICMP addresses %s → %s", ip.SrcIP, ip.DstIP)
+	}
+	// IPv4 without DF: fragmented; both fragments arrive and reassemble.
+	a.dev.Inject(udpFrame(t, macA1, remacB1, ipA1, ipB1, 3000, false))
+	var total int
+	for i := 0; i < 2; i++ {
+		ip := b.recv(t).Layer(layers.LayerTypeIPv4).(*layers.IPv4)
+		if int(ip.Length) > mtu {
+			t.Fatalf("fragment of %d bytes over MTU %d", ip.Length, mtu)
+		}
+		total += len(ip.Payload)
+		if (i == 0) != (ip.Flags&layers.IPv4MoreFragments != 0) {
+			t.Fatalf("fragment %d flags %v", i, ip.Flags)
+		}
+	}
+	if total != 8+3000 || a.s.Get(TxFragmented) != 1 {
+		t.Fatalf("fragments carry %d bytes", total)
+	}
+	// IPv6: packet too big.
+	la, lb := netip.MustParseAddr("fd00::a1"), netip.MustParseAddr("fd00::b1")
+	ip6 := &layers.IPv6{Version: 6, HopLimit: 64, NextHeader: layers.IPProtocolUDP, SrcIP: la.AsSlice(), DstIP: lb.AsSlice()}
+	udp := &layers.UDP{SrcPort: 1, DstPort: 2}
+	udp.SetNetworkLayerForChecksum(ip6)
+	a.dev.Inject(serialize(t, eth(macA1, remacB1, layers.EthernetTypeIPv6), ip6, udp, gopacket.Payload(make([]byte, 3000))))
+	p = a.recv(t)
+	ptb, ok := p.Layer(layers.LayerTypeICMPv6).(*layers.ICMPv6)
+	if !ok || ptb.TypeCode.Type() != layers.ICMPv6TypePacketTooBig {
+		t.Fatalf("not a packet-too-big: %v", p)
+	}
+	ptb.SetNetworkLayerForChecksum(p.NetworkLayer())
+	if err, res := ptb.VerifyChecksum(); err != nil || !res.Valid {
+		t.Fatal("packet-too-big checksum")
+	}
+	if got := int(ptb.LayerPayload()[0])<<24 | int(ptb.LayerPayload()[1])<<16 | int(ptb.LayerPayload()[2])<<8 | int(ptb.LayerPayload()[3]); got != mtu {
+		t.Fatalf("packet-too-big MTU %d", got)
+	}
+	if len(p.Data()) > 14+1280 {
+		t.Fatalf("packet-too-big of %d bytes exceeds the IPv6 minimum MTU", len(p.Data())-14)
+	}
+}
+
+func TestVIFAgingAndShutdown(t *testing.T) {
+	a, b := pair(t, func(c *Config) { c.VIFIdle = time.Minute })
+	arpExchange(t, a, b)
+	v, _ := a.s.vifs.Lookup(mactrans.VIFKey{MAC: macA1})
+	a.clk.Advance(2 * time.Minute)
+	a.waitCounter(t, VIFsAged, 1)
+	if _, ok := a.s.vifs.Lookup(mactrans.VIFKey{MAC: macA1}); ok {
+		t.Fatal("idle VIF still present")
+	}
+	// Its QP was freed: the same QPN can be allocated again.
+	if q, err := a.port.AllocQP(0xffff, v.QPN); err != nil || q != v.QPN {
+		t.Fatalf("QPN %#x not freed (%#x, %v)", v.QPN, q, err)
+	}
+	a.port.FreeQP(v.QPN)
+	// Shutdown frees every QP and leaves every group.
+	vb, _ := b.s.vifs.Lookup(mactrans.VIFKey{MAC: macB1})
+	bc := ipoib.BroadcastMGID(0xffff, 2)
+	if !b.port.Joined(bc) {
+		t.Fatal("broadcast group not joined")
+	}
+	b.shutdown(t)
+	if b.port.Joined(bc) {
+		t.Fatal("broadcast group still joined after shutdown")
+	}
+	if err := b.port.FreeQP(vb.QPN); err == nil {
+		t.Fatal("QP still allocated after shutdown")
+	}
+	if _, err := b.dev.Read([][]byte{make([]byte, 10)}, []int{0}, 0); err != net.ErrClosed {
+		t.Fatalf("device not closed: %v", err)
+	}
+}
+
+func TestFromFabricBadInput(t *testing.T) {
+	a, b := pair(t, nil)
+	arpExchange(t, a, b)
+	v, _ := a.s.vifs.Lookup(mactrans.VIFKey{MAC: macA1})
+	qb, _ := b.port.AllocQP(0xffff, 0)
+	send := func(payload []byte, dstQPN uint32, pkey ipoib.PKey) {
+		buf := append(make([]byte, ipoib.Headroom), payload...)
+		if _, err := b.port.Write([][]byte{buf}, []ipoib.TxMeta{{Dst: ipoib.MakeHwAddr(0, dstQPN, a.port.LocalGID()), SrcQPN: qb, PKey: pkey}}, ipoib.Headroom); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send([]byte{8, 0, 0, 1, 0x45}, v.QPN, 0xffff)                     // reserved bits set
+	send([]byte{0x88, 0xcc, 0, 0, 1, 2, 3}, v.QPN, 0xffff)            // LLDP over IPoIB
+	send([]byte{8, 6, 0, 0, 0, 32, 8, 0, 20, 4, 0, 1}, v.QPN, 0xffff) // truncated ARP
+	send([]byte{8, 0, 0}, v.QPN, 0xffff)                              // shorter than the IPoIB header
+	a.waitCounter(t, RxPackets, 5)                                    // 1 from the ARP exchange
+	for c, want := range map[Counter]uint64{DropRxBadHeader: 2, DropEtherType: 1, DropRxRewrite: 1} {
+		if got := a.s.Get(c); got != want {
+			t.Errorf("%s = %d, want %d", c, got, want)
+		}
+	}
+	a.quiet(t)
+}

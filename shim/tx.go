@@ -1,0 +1,264 @@
+package shim
+
+// TX: TAP → fabric. Per frame: Ethernet header checks → partition from the
+// VLAN → the source MAC's VIF (created on first sight) → destination MAC
+// to RIMAC/MGID → ARP/NDP/DHCP rewrite in place → MTU → the 4-byte IPoIB
+// header written over the end of the Ethernet header. The batch goes to
+// the port in one Write; nothing here allocates or logs per frame.
+
+import (
+	"encoding/binary"
+	"net/netip"
+	"time"
+
+	"github.com/eipoib/eipoibd/arpndp"
+	"github.com/eipoib/eipoibd/internal/ether"
+	"github.com/eipoib/eipoibd/ipoib"
+	"github.com/eipoib/eipoibd/mactrans"
+)
+
+const (
+	// devHeadroom is reserved before each frame read from the device;
+	// the IPoIB packet handed to the port starts ipoib.Headroom before its
+	// header, which sits at devHeadroom+headerLen-4.
+	devHeadroom = 64
+	// devBufSize holds any frame the device can produce plus room for
+	// payload growth and the port's tail.
+	devBufSize = devHeadroom + 65536 + 256
+	// maxFrags is enough fragments for the largest IPv4 packet at the
+	// smallest IPoIB MTU.
+	maxFrags = 65536/(ipoib.MTU2044-60) + 2
+)
+
+// txBatch collects the packets of one TX batch.
+type txBatch struct {
+	bufs  [][]byte
+	meta  []ipoib.TxMeta
+	frags [][]byte // fragment buffers
+	nfrag int
+}
+
+func (b *txBatch) add(pkt []byte, m ipoib.TxMeta) {
+	b.bufs = append(b.bufs, pkt)
+	b.meta = append(b.meta, m)
+}
+
+func (s *Shim) flushTx(b *txBatch) {
+	if len(b.bufs) > 0 {
+		s.writePort(b.bufs, b.meta)
+	}
+	b.bufs, b.meta, b.nfrag = b.bufs[:0], b.meta[:0], 0
+}
+
+func (s *Shim) txLoop() error {
+	bs := s.dev.BatchSize()
+	bufs := make([][]byte, bs)
+	for i := range bufs {
+		bufs[i] = make([]byte, devBufSize)
+	}
+	sizes := make([]int, bs)
+	b := &txBatch{
+		bufs:  make([][]byte, 0, bs+maxFrags),
+		meta:  make([]ipoib.TxMeta, 0, bs+maxFrags),
+		frags: make([][]byte, maxFrags),
+	}
+	for i := range b.frags {
+		b.frags[i] = make([]byte, ipoib.Headroom+ipoib.HeaderLen+ipoib.MTU4092+64)
+	}
+	for {
+		n, err := s.dev.Read(bufs, sizes, devHeadroom)
+		if err != nil {
+			return err
+		}
+		now := s.clk.Now()
+		for i := 0; i < n; i++ {
+			s.ctr.inc(TxFrames)
+			s.tx(b, bufs[i], sizes[i], now)
+		}
+		s.flushTx(b)
+	}
+}
+
+// ipBounds checks the IP header against the Ethernet payload and returns
+// the packet without Ethernet padding; ok is false when inconsistent.
+func ipBounds(et uint16, pay []byte) ([]byte, bool) {
+	switch et {
+	case ether.TypeIPv4:
+		if len(pay) < 20 || pay[0]>>4 != 4 || int(pay[0]&0x0f) < 5 {
+			return nil, false
+		}
+		tl := int(binary.BigEndian.Uint16(pay[2:4]))
+		if tl < int(pay[0]&0x0f)*4 || tl > len(pay) {
+			return nil, false
+		}
+		return pay[:tl], true
+	case ether.TypeIPv6:
+		if len(pay) < 40 || pay[0]>>4 != 6 {
+			return nil, false
+		}
+		tl := 40 + int(binary.BigEndian.Uint16(pay[4:6]))
+		if tl > len(pay) {
+			return nil, false
+		}
+		return pay[:tl], true
+	case ether.TypeARP, ether.TypeRARP:
+		return pay, true
+	}
+	return nil, false
+}
+
+// ipAddrs returns the source and destination IP of an IP packet, or the
+// sender and target of an ARP packet (either link layer).
+func ipAddrs(et uint16, pay []byte) (src, dst netip.Addr) {
+	switch et {
+	case ether.TypeIPv4:
+		return netip.AddrFrom4([4]byte(pay[12:16])), netip.AddrFrom4([4]byte(pay[16:20]))
+	case ether.TypeIPv6:
+		return netip.AddrFrom16([16]byte(pay[8:24])), netip.AddrFrom16([16]byte(pay[24:40]))
+	}
+	a := arpndp.ARP(pay)
+	if a.Validate() != nil {
+		return
+	}
+	return netip.AddrFrom4(a.SenderIP()), netip.AddrFrom4(a.TargetIP())
+}
+
+// multicastMGID maps a multicast frame to its MGID from the IP destination.
+func (s *Shim) multicastMGID(p *partition, et uint16, pay []byte) (ipoib.GID, bool) {
+	switch et {
+	case ether.TypeIPv4:
+		if d := netip.AddrFrom4([4]byte(pay[16:20])); d.IsMulticast() {
+			return ipoib.IPv4MGID(d, p.pkey, s.cfg.Scope), true
+		}
+	case ether.TypeIPv6:
+		if d := netip.AddrFrom16([16]byte(pay[24:40])); d.IsMulticast() {
+			return ipoib.IPv6MGID(d, p.pkey, s.cfg.Scope), true
+		}
+	}
+	return ipoib.GID{}, false
+}
+
+// tx translates one frame at buf[devHeadroom:devHeadroom+n].
+func (s *Shim) tx(b *txBatch, buf []byte, n int, now time.Time) {
+	f := ether.Frame(buf[devHeadroom : devHeadroom+n])
+	if !f.IsValid() {
+		s.ctr.inc(DropRunt)
+		return
+	}
+	p := s.byVLAN[f.VLAN()]
+	if p == nil {
+		s.ctr.inc(DropVLANUnmapped)
+		return
+	}
+	src, dst := f.Src(), f.Dst()
+	if src.IsMulticast() || src.IsZero() {
+		s.ctr.inc(DropBadSrcMAC)
+		return
+	}
+	et := f.EtherType()
+	payStart := devHeadroom + f.HeaderLen()
+	pay, ok := ipBounds(et, buf[payStart:devHeadroom+n])
+	if !ok {
+		if et == ether.TypeIPv4 || et == ether.TypeIPv6 {
+			s.ctr.inc(DropBadIP)
+		} else {
+			s.ctr.inc(DropEtherType)
+		}
+		return
+	}
+	vif, err := s.vif(p, src, now)
+	if err != nil {
+		s.ctr.inc(DropVIFLimit)
+		s.warnVIFLimit(now, err)
+		return
+	}
+	vif.Touch(now)
+	m := ipoib.TxMeta{SrcQPN: vif.QPN, PKey: p.pkey}
+	unknown := false
+	var source, target netip.Addr
+	switch {
+	case dst.IsBroadcast():
+		m.Dst = ipoib.MakeHwAddr(0, ipoib.MulticastQPN, p.bcast)
+		s.ctr.inc(TxBroadcast)
+	case dst.IsMulticast():
+		mgid, ok := s.multicastMGID(p, et, pay)
+		if !ok {
+			s.ctr.inc(DropBadIP)
+			return
+		}
+		m.Dst = ipoib.MakeHwAddr(0, ipoib.MulticastQPN, mgid)
+		s.ctr.inc(TxMulticast)
+	default:
+		if nb, ok := s.neigh.LookupREMAC(p.pkey, dst); ok {
+			nb.Touch(now)
+			m.Dst = nb.RIMAC.WithoutFlags()
+		} else if _, local := s.vifs.Lookup(mactrans.VIFKey{MAC: dst, VLAN: p.vlan}); local {
+			s.ctr.inc(DropDstLocal)
+			return
+		} else {
+			unknown = true
+			source, target = ipAddrs(et, pay)
+		}
+	}
+	switch et {
+	case ether.TypeARP, ether.TypeRARP:
+		pay, err = arpndp.ARPToIB(pay, p.view)
+	case ether.TypeIPv6:
+		s.snoopIPv6(p, pay)
+		if arpndp.IsNDP(pay) {
+			pay, err = arpndp.NDPToIB(pay, p.view)
+		}
+	case ether.TypeIPv4:
+		if arpndp.IsDHCPClient(pay) {
+			if s.cfg.DHCP == DHCPRFC4390 {
+				pay, err = arpndp.DHCPToIB(pay)
+			} else {
+				err = arpndp.SetBroadcastFlag(pay)
+			}
+		}
+	}
+	if err != nil {
+		s.ctr.txRewrite.Count(err)
+		s.ctr.inc(DropTxRewrite)
+		return
+	}
+	if len(pay) > s.ipMTU {
+		if unknown {
+			s.ctr.inc(DropUnresolved)
+			s.enqueue(p, vif, dst, nil, m, source, target, now)
+			return
+		}
+		s.tooBig(b, f, et, pay, m)
+		return
+	}
+	hdr := payStart - ipoib.HeaderLen
+	ipoib.PutHeader(buf[hdr:], et)
+	pkt := buf[hdr-ipoib.Headroom : payStart+len(pay)]
+	if unknown {
+		s.enqueue(p, vif, dst, pkt, m, source, target, now)
+		return
+	}
+	b.add(pkt, m)
+}
+
+// snoopIPv6 joins the solicited-node groups NDP needs: of the guest's
+// source address, and of the target of its duplicate address detection.
+func (s *Shim) snoopIPv6(p *partition, pay []byte) {
+	src := netip.AddrFrom16([16]byte(pay[8:24]))
+	if !src.IsUnspecified() {
+		s.joinSolicited(p, src)
+		return
+	}
+	if len(pay) >= 64 && pay[6] == 58 && pay[40] == arpndp.TypeNeighborSolicitation {
+		s.joinSolicited(p, netip.AddrFrom16([16]byte(pay[48:64])))
+	}
+}
+
+// warnVIFLimit logs the VIF limit at most once a minute.
+func (s *Shim) warnVIFLimit(now time.Time, err error) {
+	last := s.vifLimitLogged.Load()
+	if now.Unix()-last < 60 || !s.vifLimitLogged.CompareAndSwap(last, now.Unix()) {
+		return
+	}
+	s.log.Warn("new guest MAC refused", "err", err, "dropped_so_far", s.Get(DropVIFLimit))
+}
