@@ -84,6 +84,9 @@ func (s *Shim) Counters() map[string]uint64 {
 	for k, v := range s.ctr.rxRewrite.Snapshot() {
 		m["rx_rewrite_"+k] = v
 	}
+	m["groups"] = uint64(len(s.groups.list()))
+	m["groups_overflow"] = s.groups.overflow.Load()
+	m["pending"] = uint64(s.pending.count.Load())
 	vc := s.vifs.Counters()
 	m["vifs"] = uint64(s.vifs.Len())
 	m["vifs_overflow"] = vc.Overflow

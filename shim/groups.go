@@ -87,19 +87,27 @@ func solicitedNode(a netip.Addr) netip.Addr {
 }
 
 // joinSolicited joins the solicited-node group of a guest's IPv6 address
-// so that neighbour solicitations for it arrive: until IGMP/MLD snooping,
-// this is how NDP gets its groups. Cheap when already joined.
+// so that neighbour solicitations for it arrive: until full IGMP/MLD
+// snooping, this is how NDP gets its groups. Cheap when already joined.
 func (s *Shim) joinSolicited(p *partition, a netip.Addr) {
 	if !a.Is6() || a.IsUnspecified() || a.IsMulticast() {
 		return
 	}
-	mgid := ipoib.IPv6MGID(solicitedNode(a), p.pkey, s.cfg.Scope)
+	s.joinGroup(p, solicitedNode(a))
+}
+
+// solicitedPrefix is ff02::1:ff00:0/104 (RFC 4291 §2.7.1).
+var solicitedPrefix = netip.MustParsePrefix("ff02::1:ff00:0/104")
+
+// joinGroup joins the MGID of an IPv6 group in partition p.
+func (s *Shim) joinGroup(p *partition, group netip.Addr) {
+	mgid := ipoib.IPv6MGID(group, p.pkey, s.cfg.Scope)
 	if s.groups.has(mgid) {
 		return
 	}
 	if err := s.groups.join(s.port, mgid); err != nil {
-		s.log.Warn("join solicited-node group", "addr", a, "err", err)
+		s.log.Warn("join group", "group", group, "err", err)
 		return
 	}
-	s.log.Info("joined solicited-node group", "addr", a, "mgid", mgid, "pkey", p.pkey)
+	s.log.Info("joined group", "group", group, "mgid", mgid, "pkey", p.pkey)
 }

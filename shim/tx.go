@@ -15,6 +15,7 @@ import (
 	"github.com/eipoib/eipoibd/internal/ether"
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/mactrans"
+	"github.com/eipoib/eipoibd/snoop"
 )
 
 const (
@@ -241,9 +242,18 @@ func (s *Shim) tx(b *txBatch, buf []byte, n int, now time.Time) {
 	b.add(pkt, m)
 }
 
-// snoopIPv6 joins the solicited-node groups NDP needs: of the guest's
-// source address, and of the target of its duplicate address detection.
+// snoopIPv6 joins the solicited-node groups NDP needs: those the guest
+// reports by MLD, that of its source address, and that of the target of
+// its duplicate address detection.
 func (s *Shim) snoopIPv6(p *partition, pay []byte) {
+	if snoop.IsMLDReport(pay) {
+		groups, _ := snoop.MLDJoins(pay)
+		for _, g := range groups {
+			if solicitedPrefix.Contains(g) {
+				s.joinGroup(p, g)
+			}
+		}
+	}
 	src := netip.AddrFrom16([16]byte(pay[8:24]))
 	if !src.IsUnspecified() {
 		s.joinSolicited(p, src)

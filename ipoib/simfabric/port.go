@@ -139,11 +139,15 @@ type Port struct {
 
 	txPackets, txBytes, rxPackets, rxBytes atomic.Uint64
 	drops                                  [numDrops]atomic.Uint64
+	rxOverflow                             atomic.Uint64 // kernel receive-queue drops (SO_RXQ_OVFL)
 }
 
 var _ ipoib.Port = (*Port)(nil)
 
-const batch = 64
+const (
+	batch        = 64
+	socketBuffer = 8 << 20
+)
 
 // Open binds a port to cfg.Underlay. It fails with a message naming the
 // problem when the interface is missing, has no IPv6 link-local address,
@@ -157,7 +161,7 @@ func Open(cfg Config) (*Port, error) {
 	}
 	ifi, err := net.InterfaceByName(cfg.Underlay)
 	if err != nil {
-		return nil, fmt.Errorf("simfabric: underlay %q: %w", cfg.Underlay, err)
+		return nil, fmt.Errorf("simfabric: underlay interface %q not found", cfg.Underlay)
 	}
 	if need := cfg.IBMTU + UnderlayExtra; ifi.MTU < need {
 		return nil, fmt.Errorf("simfabric: underlay %s MTU %d is below IB MTU %d + %d = %d; raise it (ip link set %s mtu %d)",
@@ -180,7 +184,21 @@ func Open(cfg Config) (*Port, error) {
 			if serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEADDR, 1); serr != nil {
 				return
 			}
-			serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IPV6, unix.IPV6_RECVPKTINFO, 1)
+			if serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IPV6, unix.IPV6_RECVPKTINFO, 1); serr != nil {
+				return
+			}
+			// Count what the kernel drops on a full receive queue.
+			if serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RXQ_OVFL, 1); serr != nil {
+				return
+			}
+			// Deep socket buffers absorb bursts (an HCA's receive queue
+			// does the same); FORCE works as root, the plain one up to
+			// the sysctl limits otherwise.
+			for _, o := range [][2]int{{unix.SO_RCVBUFFORCE, unix.SO_RCVBUF}, {unix.SO_SNDBUFFORCE, unix.SO_SNDBUF}} {
+				if unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, o[0], socketBuffer) != nil {
+					_ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, o[1], socketBuffer)
+				}
+			}
 		})
 		if err != nil {
 			return err
@@ -211,7 +229,7 @@ func Open(cfg Config) (*Port, error) {
 		rng:   rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
 	}
 	for i := range p.rmsgs {
-		p.rmsgs[i].OOB = make([]byte, unix.CmsgSpace(unix.SizeofInet6Pktinfo))
+		p.rmsgs[i].OOB = make([]byte, unix.CmsgSpace(unix.SizeofInet6Pktinfo)+unix.CmsgSpace(4))
 	}
 	return p, nil
 }
@@ -359,6 +377,9 @@ func (p *Port) Counters() ipoib.PortCounters {
 			c.Drops[DropNames[i]] = v
 		}
 	}
+	if v := p.rxOverflow.Load(); v != 0 {
+		c.Drops["rx_queue_overflow"] = v
+	}
 	return c
 }
 
@@ -478,22 +499,27 @@ func (p *Port) faulty(msgs []ipv6.Message, out []byte, to *net.UDPAddr) []ipv6.M
 	return msgs
 }
 
-// pktinfoDst extracts the destination address from an IPV6_PKTINFO
-// control message.
-func pktinfoDst(oob []byte) (dst [16]byte, ok bool) {
+// parseOOB extracts the destination address (IPV6_PKTINFO) and the
+// kernel's cumulative receive-queue drop count (SO_RXQ_OVFL, when the
+// kernel sent one) from the control messages of a datagram.
+func parseOOB(oob []byte) (dst [16]byte, ok bool, ovfl uint32, hasOvfl bool) {
 	for len(oob) >= unix.SizeofCmsghdr {
 		h := (*unix.Cmsghdr)(unsafe.Pointer(&oob[0]))
 		l := int(h.Len)
 		if l < unix.SizeofCmsghdr || l > len(oob) {
-			return dst, false
+			return
 		}
-		if h.Level == unix.IPPROTO_IPV6 && h.Type == unix.IPV6_PKTINFO && l >= unix.CmsgLen(unix.SizeofInet6Pktinfo) {
-			copy(dst[:], oob[unix.CmsgLen(0):])
-			return dst, true
+		data := oob[unix.CmsgLen(0):l]
+		switch {
+		case h.Level == unix.IPPROTO_IPV6 && h.Type == unix.IPV6_PKTINFO && len(data) >= unix.SizeofInet6Pktinfo:
+			copy(dst[:], data)
+			ok = true
+		case h.Level == unix.SOL_SOCKET && h.Type == unix.SO_RXQ_OVFL && len(data) >= 4:
+			ovfl, hasOvfl = *(*uint32)(unsafe.Pointer(&data[0])), true
 		}
 		oob = oob[min(unix.CmsgSpace(l-unix.CmsgLen(0)), len(oob)):]
 	}
-	return dst, false
+	return
 }
 
 // Read receives a batch straight into bufs: the BTH and DETH land in the
@@ -555,7 +581,10 @@ func (p *Port) accept(m *ipv6.Message, b []byte, rm *ipoib.RxMeta) (int, bool) {
 		return 0, false
 	}
 	src := [16]byte(ua.IP)
-	dst, ok := pktinfoDst(m.OOB[:m.NN])
+	dst, ok, ovfl, hasOvfl := parseOOB(m.OOB[:m.NN])
+	if hasOvfl {
+		p.rxOverflow.Store(uint64(ovfl))
+	}
 	if !ok {
 		p.drop(DropNoPktinfo)
 		return 0, false

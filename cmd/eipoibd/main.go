@@ -1,0 +1,243 @@
+// Command eipoibd gives a Linux hypervisor an Ethernet NIC (a TAP device)
+// whose traffic travels over an InfiniBand fabric as standard IPoIB. It
+// parses flags, wires the fabric port, the TAP, the bridge and the shim
+// together, serves metrics and handles signals; the logic lives in the
+// packages.
+//
+//	eipoibd run --underlay IFACE [--name eib0] [--bridge BR] [--ib-mtu 4096]
+//	            [--max-vifs N] [--fabric sim] [--metrics ADDR] ...
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/eipoib/eipoibd/internal/metrics"
+	"github.com/eipoib/eipoibd/ipoib"
+	"github.com/eipoib/eipoibd/ipoib/simfabric"
+	"github.com/eipoib/eipoibd/shim"
+	"github.com/eipoib/eipoibd/tap"
+	"github.com/eipoib/eipoibd/vswitch"
+)
+
+const usage = `usage: eipoibd run --underlay IFACE [flags]
+
+Runs in the foreground: creates the TAP, binds the IB port and moves
+traffic until SIGINT or SIGTERM. Flags:
+`
+
+// errHelp ends the program successfully after printing the usage.
+var errHelp = errors.New("help")
+
+// usageError is a bad command line: exit status 2.
+type usageError struct{ msg string }
+
+func (e usageError) Error() string { return e.msg }
+
+func main() {
+	if err := run(os.Args[1:], os.Stderr); err != nil && err != errHelp {
+		fmt.Fprintf(os.Stderr, "eipoibd: %v\n", err)
+		var ue usageError
+		if errors.As(err, &ue) {
+			os.Exit(2)
+		}
+		os.Exit(1)
+	}
+}
+
+// options are the parsed flags of "run".
+type options struct {
+	underlay, name, bridge, fabric, metrics, logLevel, dhcp, faults string
+	ibMTU, maxVIFs, maxNeigh                                         int
+	vifIdle                                                          time.Duration
+}
+
+func parse(args []string, stderr io.Writer) (*options, error) {
+	if len(args) == 0 || args[0] != "run" {
+		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
+			args = []string{"run", "-h"}
+		} else {
+			return nil, usageError{`missing command: use "eipoibd run --underlay IFACE" (eipoibd run -h lists the flags)`}
+		}
+	}
+	o := &options{}
+	fs := flag.NewFlagSet("eipoibd run", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.StringVar(&o.underlay, "underlay", "", "underlay interface of the simulated fabric (required)")
+	fs.StringVar(&o.name, "name", "eib0", "name of the TAP interface to create")
+	fs.StringVar(&o.bridge, "bridge", "", "existing Linux bridge to enslave the TAP to")
+	fs.IntVar(&o.ibMTU, "ib-mtu", 4096, "IB MTU, 2048 or 4096 (the IPoIB MTU is 4 less)")
+	fs.IntVar(&o.maxVIFs, "max-vifs", 1024, "most guest MACs (one UD QP each) per port")
+	fs.IntVar(&o.maxNeigh, "max-neighbours", 65536, "most remote IPoIB endpoints remembered")
+	fs.DurationVar(&o.vifIdle, "vif-idle", 300*time.Second, "idle time after which a guest's VIF is removed")
+	fs.StringVar(&o.fabric, "fabric", "sim", "fabric backend: sim (the simulated UD fabric)")
+	fs.StringVar(&o.metrics, "metrics", "", "listen address for Prometheus metrics, e.g. 127.0.0.1:9474 (off when empty)")
+	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&o.dhcp, "dhcp", shim.DHCPBroadcast, "DHCP handling: broadcast or rfc4390")
+	fs.StringVar(&o.faults, "fault", "", "simulated fabric faults, e.g. loss=0.01,dup=0.01,reorder=0.01,corrupt=0.01")
+	if err := fs.Parse(args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprint(stderr, usage)
+			fs.SetOutput(stderr)
+			fs.PrintDefaults()
+			return nil, errHelp
+		}
+		return nil, usageError{err.Error() + " (eipoibd run -h lists the flags)"}
+	}
+	if fs.NArg() > 0 {
+		return nil, usageError{fmt.Sprintf("unexpected argument %q", fs.Arg(0))}
+	}
+	switch {
+	case o.underlay == "":
+		return nil, usageError{"--underlay is required (the interface the simulated fabric runs over)"}
+	case o.fabric != "sim":
+		return nil, usageError{fmt.Sprintf("--fabric %q: only \"sim\" is available", o.fabric)}
+	case o.ibMTU != 2048 && o.ibMTU != 4096:
+		return nil, usageError{fmt.Sprintf("--ib-mtu %d: want 2048 or 4096", o.ibMTU)}
+	case o.maxVIFs < 1 || o.maxVIFs > 1<<20:
+		return nil, usageError{fmt.Sprintf("--max-vifs %d: want 1 to %d", o.maxVIFs, 1<<20)}
+	case o.maxNeigh < 1:
+		return nil, usageError{fmt.Sprintf("--max-neighbours %d: want at least 1", o.maxNeigh)}
+	case o.vifIdle < time.Second:
+		return nil, usageError{fmt.Sprintf("--vif-idle %s: want at least 1s", o.vifIdle)}
+	case o.dhcp != shim.DHCPBroadcast && o.dhcp != shim.DHCPRFC4390:
+		return nil, usageError{fmt.Sprintf("--dhcp %q: want broadcast or rfc4390", o.dhcp)}
+	}
+	return o, nil
+}
+
+// parseFaults parses "loss=0.01,dup=0.02".
+func parseFaults(s string) (simfabric.Faults, error) {
+	var f simfabric.Faults
+	if s == "" {
+		return f, nil
+	}
+	for _, kv := range strings.Split(s, ",") {
+		k, v, ok := strings.Cut(kv, "=")
+		p, err := strconv.ParseFloat(v, 64)
+		if !ok || err != nil {
+			return f, usageError{fmt.Sprintf("--fault %q: want name=probability", kv)}
+		}
+		switch k {
+		case "loss":
+			f.Loss = p
+		case "dup":
+			f.Dup = p
+		case "reorder":
+			f.Reorder = p
+		case "corrupt":
+			f.Corrupt = p
+		default:
+			return f, usageError{fmt.Sprintf("--fault %q: unknown fault (loss, dup, reorder, corrupt)", k)}
+		}
+	}
+	if err := f.Validate(); err != nil {
+		return f, usageError{err.Error()}
+	}
+	return f, nil
+}
+
+func run(args []string, stderr io.Writer) error {
+	o, err := parse(args, stderr)
+	if err != nil {
+		return err
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
+		return usageError{fmt.Sprintf("--log-level %q: want debug, info, warn or error", o.logLevel)}
+	}
+	faults, err := parseFaults(o.faults)
+	if err != nil {
+		return err
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+
+	port, err := simfabric.Open(simfabric.Config{Underlay: o.underlay, IBMTU: o.ibMTU, Faults: faults})
+	if err != nil {
+		return err
+	}
+	defer port.Close()
+	ipMTU, _ := ipoib.IPMTU(o.ibMTU)
+	dev, err := tap.Create(tap.Config{Name: o.name, MTU: ipMTU})
+	if err != nil {
+		return err
+	}
+	defer dev.Close()
+	log.Info("started", "tap", o.name, "underlay", o.underlay, "gid", port.LocalGID(), "ib_mtu", o.ibMTU, "ipoib_mtu", ipMTU)
+
+	sh, err := shim.New(shim.Config{
+		Device: dev, Port: port, Logger: log,
+		MaxVIFs: o.maxVIFs, MaxNeighbours: o.maxNeigh, VIFIdle: o.vifIdle, DHCP: o.dhcp,
+	})
+	if err != nil {
+		return err
+	}
+	if o.bridge != "" {
+		if err := vswitch.AttachBridge(o.name, o.bridge); err != nil {
+			return err
+		}
+		log.Info("attached to bridge", "tap", o.name, "bridge", o.bridge)
+		// Guests the bridge already knows get their VIFs now, so traffic
+		// to them flows before they speak (after a restart, for one).
+		guests, err := vswitch.BridgeGuests(o.bridge, o.name)
+		if err != nil {
+			log.Warn("read bridge FDB", "err", err)
+		}
+		for _, g := range guests {
+			if err := sh.DeclareVIF(g.MAC, g.VLAN); err != nil {
+				log.Warn("declare VIF from bridge FDB", "mac", g.MAC, "vlan", g.VLAN, "err", err)
+			}
+		}
+	}
+	if o.metrics != "" {
+		ln, err := net.Listen("tcp", o.metrics)
+		if err != nil {
+			return fmt.Errorf("--metrics %s: %w", o.metrics, err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", metrics.Handler(sh.Counters))
+		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		go srv.Serve(ln)
+		defer srv.Close()
+		log.Info("serving metrics", "addr", ln.Addr().String())
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	// SIGUSR1 toggles the simulated port down and up (a test hook: the
+	// TAP's carrier follows); SIGUSR2 logs the counters.
+	sig := make(chan os.Signal, 4)
+	signal.Notify(sig, syscall.SIGUSR1, syscall.SIGUSR2)
+	go func() {
+		for s := range sig {
+			if s == syscall.SIGUSR1 {
+				port.SetDown(!port.IsDown())
+				log.Info("simulated port state toggled", "down", port.IsDown())
+				continue
+			}
+			args := []any{}
+			for k, v := range sh.Counters() {
+				if v != 0 {
+					args = append(args, k, v)
+				}
+			}
+			log.Info("counters", args...)
+		}
+	}()
+	err = sh.Run(ctx)
+	port.Close()
+	log.Info("stopped", "tap_removed", o.name)
+	return err
+}
