@@ -1,30 +1,41 @@
-# eipoibd — see README.md. `make test` is what CI runs.
+# eipoibd — see README.md. `make demo` shows it working; `make test` is
+# what CI runs. Both install what they need (run as root on Debian).
+SHELL       := /bin/bash
 GO          ?= go
 GOBIN       := $(shell $(GO) env GOPATH)/bin
 STATICCHECK := $(GOBIN)/staticcheck
-STATICCHECK_VERSION := v0.8.2
+export STATICCHECK_VERSION := v0.8.2
 FUZZTIME    ?= 60s
 
-.PHONY: test deps lint unit fuzz bench
+.PHONY: demo test deps lint unit build fuzz bench
 
-## test: install what the tests need, then lint and run every test.
+## demo: two hypervisors with two guests each on the simulated fabric.
+demo:
+	./scripts/demo.sh
+
+## test: install what the tests need, lint, run every test (netns ones too).
 test: deps lint unit
 
-## deps: Go modules and the linters (Debian packages come with the netns tests).
+## deps: Debian tools for the netns tests, Go modules, staticcheck.
 deps:
-	$(GO) mod download
-	@test -x $(STATICCHECK) || $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
+	./scripts/deps.sh --lint
 
 ## lint: gofmt, go vet and staticcheck must be clean.
 lint:
-	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	@out=$$(gofmt -l $$(git ls-files -co --exclude-standard '*.go' 2>/dev/null || find . -name '*.go')); \
 		if [ -n "$$out" ]; then echo "gofmt needed: $$out"; exit 1; fi
 	$(GO) vet ./...
 	$(STATICCHECK) ./...
 
-## unit: every Go test, with the race detector.
+## unit: every Go test; the race detector on all but the netns tests,
+## which drive real daemons and tools.
 unit:
-	$(GO) test -race -count=1 ./...
+	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v /test/netns)
+	$(GO) test -count=1 -v ./test/netns/ 2>&1 | grep -Ev '^=== (RUN|PAUSE|CONT)'; exit $${PIPESTATUS[0]}
+
+## build: the daemon in bin/.
+build:
+	$(GO) build -o bin/eipoibd ./cmd/eipoibd
 
 ## fuzz: run every fuzz target for FUZZTIME (default 60s) each.
 fuzz:

@@ -20,6 +20,7 @@ const (
 	TxICMPTooBig                     // ICMP fragmentation-needed / ICMPv6 packet-too-big sent to guests
 	TxQueued                         // frames queued while their destination was resolved
 	TxResolveSent                    // ARP/NS sent on a guest's behalf
+	TxQueries                        // MLD general queries sent to guests
 	RxPackets                        // packets read from the port
 	RxFrames                         // frames written to the TAP
 	VIFsCreated                      // VIFs created for new source MACs
@@ -47,7 +48,7 @@ const (
 var counterNames = [numCounters]string{
 	TxFrames: "tx_frames", TxPackets: "tx_packets", TxBroadcast: "tx_broadcast", TxMulticast: "tx_multicast",
 	TxFragmented: "tx_fragmented", TxICMPTooBig: "tx_icmp_too_big", TxQueued: "tx_queued", TxResolveSent: "tx_resolve_sent",
-	RxPackets: "rx_packets", RxFrames: "rx_frames", VIFsCreated: "vifs_created", VIFsAged: "vifs_aged",
+	TxQueries: "tx_queries", RxPackets: "rx_packets", RxFrames: "rx_frames", VIFsCreated: "vifs_created", VIFsAged: "vifs_aged",
 	DropRunt: "drop_runt", DropEtherType: "drop_ethertype", DropVLANUnmapped: "drop_vlan_unmapped",
 	DropBadSrcMAC: "drop_bad_src_mac", DropVIFLimit: "drop_vif_limit", DropBadIP: "drop_bad_ip",
 	DropTooBig: "drop_too_big", DropDstLocal: "drop_dst_local", DropUnresolved: "drop_unresolved",

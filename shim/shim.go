@@ -54,6 +54,9 @@ type Config struct {
 	Partitions map[uint16]ipoib.PKey
 	Scope      uint8  // MGID scope, ipoib.ScopeLinkLocal
 	DHCP       string // DHCPBroadcast
+	// QueryInterval is the period of the MLD general queries to guests;
+	// 0 means 125 s (RFC 3810's default).
+	QueryInterval time.Duration
 	// Housekeeping is the period of aging, resolution retries and the
 	// carrier check; 0 means 250 ms.
 	Housekeeping time.Duration
@@ -121,6 +124,9 @@ func New(cfg Config) (*Shim, error) {
 	}
 	if cfg.Scope == 0 {
 		cfg.Scope = ipoib.ScopeLinkLocal
+	}
+	if cfg.QueryInterval == 0 {
+		cfg.QueryInterval = 125 * time.Second
 	}
 	if cfg.Housekeeping == 0 {
 		cfg.Housekeeping = 250 * time.Millisecond
@@ -276,11 +282,17 @@ func (s *Shim) followCarrier() {
 func (s *Shim) housekeeping(ctx context.Context) error {
 	t := time.NewTicker(s.cfg.Housekeeping)
 	defer t.Stop()
+	s.sendQueries()
+	nextQuery := s.clk.Now().Add(s.cfg.QueryInterval)
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
+		}
+		if now := s.clk.Now(); !now.Before(nextQuery) {
+			s.sendQueries()
+			nextQuery = now.Add(s.cfg.QueryInterval)
 		}
 		now := s.clk.Now()
 		for _, v := range s.vifs.Expire(now, s.cfg.VIFIdle) {

@@ -79,25 +79,39 @@ func (h *hv) shutdown(t *testing.T) {
 	h.port.Close()
 }
 
-// recv returns the next frame the shim delivered to guests.
-func (h *hv) recv(t *testing.T) gopacket.Packet {
-	t.Helper()
-	select {
-	case f := <-h.dev.Sent():
-		return gopacket.NewPacket(f, layers.LayerTypeEthernet, gopacket.Default)
-	case <-time.After(2 * time.Second):
-		t.Fatal("no frame delivered")
-	}
-	return nil
+// isQuery reports whether p is the shim's own MLD general query.
+func isQuery(p gopacket.Packet) bool {
+	return p.Layer(layers.LayerTypeMLDv2MulticastListenerQuery) != nil
 }
 
-// quiet asserts that nothing is delivered for a while.
+// recv returns the next frame the shim delivered to guests, skipping the
+// shim's MLD queries.
+func (h *hv) recv(t *testing.T) gopacket.Packet {
+	t.Helper()
+	for {
+		select {
+		case f := <-h.dev.Sent():
+			if p := gopacket.NewPacket(f, layers.LayerTypeEthernet, gopacket.Default); !isQuery(p) {
+				return p
+			}
+		case <-time.After(2 * time.Second):
+			t.Fatal("no frame delivered")
+		}
+	}
+}
+
+// quiet asserts that nothing but queries is delivered for a while.
 func (h *hv) quiet(t *testing.T) {
 	t.Helper()
-	select {
-	case f := <-h.dev.Sent():
-		t.Fatalf("unexpected frame %x", f)
-	case <-time.After(100 * time.Millisecond):
+	for {
+		select {
+		case f := <-h.dev.Sent():
+			if !isQuery(gopacket.NewPacket(f, layers.LayerTypeEthernet, gopacket.Default)) {
+				t.Fatalf("unexpected frame %x", f)
+			}
+		case <-time.After(100 * time.Millisecond):
+			return
+		}
 	}
 }
 
@@ -385,6 +399,48 @@ func TestOversize(t *testing.T) {
 	}
 	if len(p.Data()) > 14+1280 {
 		t.Fatalf("packet-too-big of %d bytes exceeds the IPv6 minimum MTU", len(p.Data())-14)
+	}
+}
+
+func TestQuerier(t *testing.T) {
+	a, _ := pair(t, func(c *Config) { c.QueryInterval = time.Minute })
+	deadline := time.Now().Add(2 * time.Second)
+	queries := 0
+	for queries < 2 && time.Now().Before(deadline) {
+		select {
+		case f := <-a.dev.Sent():
+			p := gopacket.NewPacket(f, layers.LayerTypeEthernet, gopacket.Default)
+			if !isQuery(p) {
+				t.Fatalf("unexpected frame %v", p)
+			}
+			if ip := p.Layer(layers.LayerTypeIPv6).(*layers.IPv6); !ip.SrcIP.IsLinkLocalUnicast() || ip.HopLimit != 1 {
+				t.Fatalf("query from %s hop limit %d", ip.SrcIP, ip.HopLimit)
+			}
+			queries++
+			if queries == 1 {
+				a.clk.Advance(time.Minute) // the next one is due
+			}
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	if queries != 2 || a.s.Get(TxQueries) != 2 {
+		t.Fatalf("%d queries seen, counter %d; want 2 (start-up and one interval)", queries, a.s.Get(TxQueries))
+	}
+	// A guest's MLDv2 report makes the port join its solicited-node group.
+	grp := netip.MustParseAddr("ff02::1:ff00:a1")
+	ip := &layers.IPv6{Version: 6, HopLimit: 1, NextHeader: layers.IPProtocolICMPv6, SrcIP: netip.MustParseAddr("fe80::a1").AsSlice(), DstIP: netip.MustParseAddr("ff02::16").AsSlice()}
+	icmp := &layers.ICMPv6{TypeCode: layers.CreateICMPv6TypeCode(layers.ICMPv6TypeMLDv2MulticastListenerReportMessageV2, 0)}
+	icmp.SetNetworkLayerForChecksum(ip)
+	report := []byte{0, 0, 0, 1, 4, 0, 0, 0}
+	report = append(report, grp.AsSlice()...)
+	a.dev.Inject(serialize(t, eth(macA1, ether.MAC{0x33, 0x33, 0, 0, 0, 0x16}, layers.EthernetTypeIPv6), ip, icmp, gopacket.Payload(report)))
+	mgid := ipoib.IPv6MGID(grp, 0xffff, 2)
+	deadline = time.Now().Add(time.Second)
+	for !a.port.Joined(mgid) {
+		if time.Now().After(deadline) {
+			t.Fatalf("group %s not joined after the report", grp)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
 

@@ -5,6 +5,10 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/gopacket/gopacket"
+	"github.com/gopacket/gopacket/layers"
 )
 
 func unhex(t testing.TB, s string) []byte {
@@ -65,4 +69,28 @@ func FuzzMLDJoins(f *testing.F) {
 			}
 		}
 	})
+}
+
+func TestMLDv2Query(t *testing.T) {
+	src := netip.MustParseAddr("fe80::1")
+	b := AppendMLDv2Query(nil, src, time.Second)
+	if len(b) != MLDv2QueryLen {
+		t.Fatalf("length %d", len(b))
+	}
+	p := gopacket.NewPacket(b, layers.LayerTypeIPv6, gopacket.Default)
+	if el := p.ErrorLayer(); el != nil {
+		t.Fatal(el.Error())
+	}
+	q, ok := p.Layer(layers.LayerTypeMLDv2MulticastListenerQuery).(*layers.MLDv2MulticastListenerQueryMessage)
+	if !ok || !q.MulticastAddress.IsUnspecified() || q.QueriersRobustnessVariable != 2 || q.QueriersQueryIntervalCode != 125 || q.MaximumResponseCode != 1000 {
+		t.Fatalf("query as decoded: %+v", p)
+	}
+	icmp := p.Layer(layers.LayerTypeICMPv6).(*layers.ICMPv6)
+	icmp.SetNetworkLayerForChecksum(p.NetworkLayer())
+	if err, res := icmp.VerifyChecksum(); err != nil || !res.Valid {
+		t.Fatal("checksum")
+	}
+	if ip := p.Layer(layers.LayerTypeIPv6).(*layers.IPv6); ip.HopLimit != 1 || ip.DstIP.String() != "ff02::1" {
+		t.Fatalf("IPv6 header %+v", ip)
+	}
 }

@@ -8,6 +8,7 @@ import (
 	"sort"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
@@ -41,6 +42,6 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 // Go runtime's.
 func Handler(snapshot func() map[string]uint64) http.Handler {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collector{snapshot}, prometheus.NewGoCollector())
+	reg.MustRegister(collector{snapshot}, collectors.NewGoCollector())
 	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
 }

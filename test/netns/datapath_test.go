@@ -1,0 +1,371 @@
+package netns
+
+import (
+	"crypto/rand"
+	"encoding/json"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// iperf runs iperf3 TCP for 5 s from client to server (reverse: the other
+// way) and checks for errors and non-zero throughput.
+func iperf(t *testing.T, server, client *guest, reverse bool) float64 {
+	t.Helper()
+	srv := exec.Command("ip", "netns", "exec", server.ns, "iperf3", "-s", "-1")
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// A one-off server exits after the test; wait for it, so the next
+	// one can listen on the port.
+	defer func() { srv.Process.Kill(); srv.Wait() }()
+	args := []string{"iperf3", "-J", "-t", "5", "-c", server.ip4}
+	if reverse {
+		args = append(args, "-R")
+	}
+	var out string
+	var err error
+	for i := 0; i < 50; i++ { // the server needs a moment to listen
+		out, err = shErr(in(client.ns, args...)...)
+		if !strings.Contains(out, "Connection refused") {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	var res struct {
+		Error string `json:"error"`
+		End   struct {
+			SumReceived struct {
+				BitsPerSecond float64 `json:"bits_per_second"`
+			} `json:"sum_received"`
+		} `json:"end"`
+	}
+	if jerr := json.Unmarshal([]byte(out), &res); jerr != nil || err != nil || res.Error != "" {
+		t.Fatalf("iperf3 %v: %v %s\n%s", args, err, res.Error, out)
+	}
+	if res.End.SumReceived.BitsPerSecond <= 0 {
+		t.Fatalf("iperf3 %v: zero throughput", args)
+	}
+	return res.End.SumReceived.BitsPerSecond
+}
+
+func TestTwoHypervisors(t *testing.T) {
+	tp := newTopo(t, 2, false)
+	h1, h2 := tp.hvs[0], tp.hvs[1]
+	g11, g12, g21, g22 := h1.guests[0], h1.guests[1], h2.guests[0], h2.guests[1]
+
+	// Capture the underlay while the guests resolve each other and ping.
+	pcap := filepath.Join(t.TempDir(), "ul.pcapng")
+	os.WriteFile(pcap, nil, 0o644) // tshark runs as root but may drop privileges
+	os.Chmod(filepath.Dir(pcap), 0o777)
+	cap := exec.Command("ip", "netns", "exec", h1.ns, "tshark", "-q", "-i", h1.underlay, "-f", "udp port 4791", "-w", pcap)
+	if err := cap.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitCapture(t, cap, pcap)
+
+	t.Run("ping", func(t *testing.T) {
+		ping(t, g11, g21.ip4)
+		ping(t, g12, g22.ip4)
+		ping(t, g22, g11.ip4)
+	})
+	t.Run("ping6", func(t *testing.T) {
+		ping(t, g11, g21.ip6)
+		ping(t, g22, g12.ip6)
+	})
+	t.Run("arping", func(t *testing.T) {
+		sh(t, in(g12.ns, "arping", "-c", "3", "-w", "5", "-I", "eth0", g21.ip4)...)
+	})
+	t.Run("same hypervisor", func(t *testing.T) {
+		ping(t, g11, g12.ip4)
+		ping(t, g21, g22.ip6)
+	})
+	time.Sleep(300 * time.Millisecond)
+	cap.Process.Signal(syscall.SIGINT)
+	cap.Wait()
+	t.Run("wire", func(t *testing.T) { checkWire(t, pcap, g11, g12) })
+
+	t.Run("iperf3", func(t *testing.T) {
+		fwd := iperf(t, g21, g11, false)
+		rev := iperf(t, g21, g11, true)
+		t.Logf("iperf3 TCP g11→g21 %.0f Mbit/s, g21→g11 %.0f Mbit/s", fwd/1e6, rev/1e6)
+	})
+
+	m := h1.metrics(t)
+	if m["tx_frames"] == 0 || m["rx_frames"] == 0 || m["vifs"] < 2 {
+		t.Errorf("counters of h1: tx_frames %v rx_frames %v vifs %v", m["tx_frames"], m["rx_frames"], m["vifs"])
+	}
+	h1.stop(t, true)
+	h2.stop(t, true)
+	if !strings.Contains(h1.log(), "shim stopped") {
+		t.Errorf("no clean shutdown in the log:\n%s", h1.log())
+	}
+}
+
+// waitCapture waits until tshark writes its capture header.
+func waitCapture(t *testing.T, cmd *exec.Cmd, pcap string) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		if fi, err := os.Stat(pcap); err == nil && fi.Size() > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			cmd.Process.Kill()
+			t.Fatal("tshark did not start capturing")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// bcastGroup is the default partition's broadcast MGID (RFC 4391 §4).
+const bcastGroup = "ff12:401b:ffff::ffff:ffff"
+
+// checkWire asserts what the fabric carried, as tshark decodes it.
+func checkWire(t *testing.T, pcap string, g1, g2 *guest) {
+	out := stdout(t, "tshark", "-r", pcap, "-T", "fields", "-E", "separator=|",
+		"-e", "frame.protocols", "-e", "infiniband.bth.opcode", "-e", "infiniband.bth.destqp",
+		"-e", "infiniband.deth.q_key", "-e", "infiniband.deth.srcqp", "-e", "ipv6.dst",
+		"-e", "arp.hw.type", "-e", "arp.opcode", "-e", "ip.src", "-e", "arp.src.proto_ipv4")
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) < 10 {
+		t.Fatalf("only %d packets captured:\n%s", len(lines), out)
+	}
+	qpnOf := map[string]map[string]bool{g1.ip4: {}, g2.ip4: {}}
+	var arps, bcasts int
+	for _, l := range lines {
+		f := strings.Split(l, "|")
+		if len(f) != 10 {
+			t.Fatalf("bad tshark line %q", l)
+		}
+		proto, opcode, dqp, qkey, sqp, dst, hwtype, arpOp, ipSrc, arpSrc := f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9]
+		if !strings.Contains(proto, ":udp:infiniband:ethertype:") || opcode != "100" {
+			t.Errorf("not an IPoIB UD SEND-only: %q", l)
+		}
+		if qkey != "0x0000000000000b1b" && qkey != "0x00000b1b" {
+			t.Errorf("Q_Key %s, want 0x0b1b: %q", qkey, l)
+		}
+		if strings.Contains(proto, ":arp") {
+			arps++
+			if hwtype != "32" {
+				t.Errorf("ARP hardware type %s, want InfiniBand (32): %q", hwtype, l)
+			}
+			// Requests go to the broadcast group, except the unicast
+			// re-validation probes of a stale entry.
+			if arpOp == "1" && !strings.HasPrefix(dst, "fe80:") {
+				bcasts++
+				if dst != bcastGroup {
+					t.Errorf("ARP request to %s, not the broadcast group: %q", dst, l)
+				}
+			}
+		}
+		if strings.HasPrefix(dst, "ff") && dqp != "0x00ffffff" && dqp != "0xffffff" {
+			t.Errorf("multicast to %s with destination QPN %s, want 0xFFFFFF: %q", dst, dqp, l)
+		}
+		src := ipSrc
+		if src == "" {
+			src = arpSrc
+		}
+		if q, ok := qpnOf[src]; ok {
+			q[sqp] = true
+		}
+	}
+	if arps == 0 || bcasts == 0 {
+		t.Errorf("%d ARP packets, %d requests captured", arps, bcasts)
+	}
+	for ip, q := range qpnOf {
+		if len(q) != 1 {
+			t.Errorf("guest %s sent from QPNs %v, want exactly one", ip, q)
+		}
+	}
+	var q1, q2 string
+	for q := range qpnOf[g1.ip4] {
+		q1 = q
+	}
+	for q := range qpnOf[g2.ip4] {
+		q2 = q
+	}
+	if q1 == "" || q1 == q2 {
+		t.Errorf("guests %s and %s on one hypervisor share source QPN %q", g1.ip4, g2.ip4, q1)
+	}
+}
+
+func TestThreeHypervisorsOverBridge(t *testing.T) {
+	tp := newTopo(t, 3, true)
+	for _, a := range tp.hvs {
+		for _, b := range tp.hvs {
+			if a != b {
+				ping(t, a.guests[0], b.guests[1].ip4)
+				ping(t, a.guests[1], b.guests[0].ip6)
+			}
+		}
+	}
+	sh(t, in(tp.hvs[2].guests[0].ns, "arping", "-c", "2", "-w", "5", "-I", "eth0", tp.hvs[0].guests[1].ip4)...)
+}
+
+func TestRestart(t *testing.T) {
+	tp := newTopo(t, 2, false)
+	h1, h2 := tp.hvs[0], tp.hvs[1]
+	ping(t, h2.guests[0], h1.guests[0].ip4)
+	ping(t, h1.guests[1], h2.guests[1].ip6)
+	h1.stop(t, true)
+	h1.start(t)
+	restarted := time.Now()
+	for _, c := range []struct {
+		from *guest
+		to   string
+	}{
+		// IPv6 to a restarted guest that has not spoken since: its
+		// solicited-node group comes back through the shim's MLD query.
+		{h2.guests[1], h1.guests[0].ip6},
+		{h2.guests[0], h1.guests[0].ip4},
+		{h1.guests[1], h2.guests[1].ip6},
+		{h1.guests[0], h2.guests[0].ip4},
+	} {
+		for {
+			if _, err := shErr(in(c.from.ns, "ping", "-c", "1", "-W", "1", c.to)...); err == nil {
+				break
+			}
+			if time.Since(restarted) > 5*time.Second {
+				t.Fatalf("ping %s → %s not back within 5 s of the restart\n%s", c.from.ip4, c.to, h1.log())
+			}
+		}
+	}
+	t.Logf("pings back %v after the restart", time.Since(restarted).Round(time.Millisecond))
+}
+
+func TestBadInput(t *testing.T) {
+	tp := newTopo(t, 2, false)
+	h1, h2 := tp.hvs[0], tp.hvs[1]
+	ping(t, h1.guests[0], h2.guests[0].ip4)
+	before := h1.metrics(t)
+
+	// Garbage to the fabric port, from the other hypervisor.
+	gid := strings.Fields(sh(t, in(h1.ns, "ip", "-6", "-o", "addr", "show", "dev", h1.underlay, "scope", "link")...))[3]
+	gid = strings.Split(gid, "/")[0]
+	nsDo(t, h2.ns, func() {
+		c, err := net.DialUDP("udp6", nil, &net.UDPAddr{IP: net.ParseIP(gid), Port: 4791, Zone: h2.underlay})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		for i := 0; i < 50; i++ {
+			b := make([]byte, 1+i*13%200)
+			rand.Read(b)
+			if i%2 == 0 && len(b) > 4 {
+				b[0] = 0x64 // looks like UD SEND-only: reaches the ICRC check
+				b = b[:len(b)&^3]
+			}
+			c.Write(b)
+		}
+	})
+
+	// Truncated and oversized frames into the TAP, from the hypervisor's
+	// own stack (raw packet socket on eib0). The TAP's MTU is raised so
+	// that the kernel lets the oversized ones through.
+	sh(t, in(h1.ns, "ip", "link", "set", "eib0", "mtu", "9000")...)
+	nsDo(t, h1.ns, func() {
+		ifi, err := net.InterfaceByName("eib0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer unix.Close(fd)
+		sa := &unix.SockaddrLinklayer{Ifindex: ifi.Index, Halen: 6}
+		send := func(b []byte) {
+			if err := unix.Sendto(fd, b, 0, sa); err != nil {
+				t.Fatalf("send %d-byte frame: %v", len(b), err)
+			}
+		}
+		src := []byte{0x02, 0xee, 0, 0, 0, 1}
+		hdr := append([]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, src...)
+		for i := 0; i < 5; i++ {
+			// Shorter than their headers say: a cut 802.1Q tag, an
+			// IPv4 header of 6 bytes, an ARP packet of 10.
+			send(append(append([]byte(nil), hdr...), 0x81, 0x00, 0x00))
+			send(append(append([]byte(nil), hdr...), 0x08, 0x00, 0x45, 0, 0, 20, 0, 0))
+			send(append(append([]byte(nil), hdr...), 0x08, 0x06, 0, 1, 8, 0, 6, 4, 0, 1, 2, 0xee))
+		}
+		big := make([]byte, 8000)
+		copy(big, []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff})
+		copy(big[6:], src)
+		big[12], big[13] = 0x88, 0xb5 // local experimental ethertype
+		for i := 0; i < 5; i++ {
+			send(big)
+		}
+		// An oversized IPv4 packet with DF and a bogus total length.
+		ip := big[14:]
+		ip[0], ip[2], ip[3], ip[6] = 0x45, 0x1f, 0x40, 0x40
+		big[12], big[13] = 0x08, 0x00
+		send(big)
+	})
+	deadline := time.Now().Add(5 * time.Second)
+	var after map[string]float64
+	for {
+		after = h1.metrics(t)
+		bad := after["port_drop_truncated"] + after["port_drop_bad_opcode"] + after["port_drop_bad_icrc"] + after["port_drop_bad_pad"] + after["port_drop_bad_tver"] -
+			before["port_drop_truncated"] - before["port_drop_bad_opcode"] - before["port_drop_bad_icrc"] - before["port_drop_bad_pad"] - before["port_drop_bad_tver"]
+		if bad >= 50 && after["drop_runt"]-before["drop_runt"] >= 5 && after["drop_ethertype"]-before["drop_ethertype"] >= 5 &&
+			after["drop_bad_ip"]-before["drop_bad_ip"] >= 6 && after["tx_rewrite_truncated"]-before["tx_rewrite_truncated"] >= 5 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("bad input not counted: fabric %v, runt %v, ethertype %v, bad_ip %v, truncated ARP %v", bad,
+				after["drop_runt"]-before["drop_runt"], after["drop_ethertype"]-before["drop_ethertype"], after["drop_bad_ip"]-before["drop_bad_ip"],
+				after["tx_rewrite_truncated"]-before["tx_rewrite_truncated"])
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	select {
+	case err := <-h1.done:
+		t.Fatalf("eipoibd died on bad input: %v\n%s", err, h1.log())
+	default:
+	}
+	ping(t, h1.guests[0], h2.guests[0].ip4)
+	ping(t, h2.guests[1], h1.guests[1].ip6)
+	t.Logf("counters after bad input: %v", after)
+}
+
+// TestOversize raises the MTU on one hypervisor's guest side above the
+// IPoIB MTU (4092) and checks that big packets are never blackholed: IPv4
+// without DF is fragmented by the shim, IPv4 with DF gets "fragmentation
+// needed" with MTU 4092, IPv6 gets "packet too big" and then works through
+// source fragmentation.
+func TestOversize(t *testing.T) {
+	tp := newTopo(t, 2, false)
+	h1, h2 := tp.hvs[0], tp.hvs[1]
+	g11, g21 := h1.guests[0], h2.guests[0]
+	for _, l := range []string{"eib0", "vg1", "vg2", "br0"} {
+		sh(t, in(h1.ns, "ip", "link", "set", l, "mtu", "9000")...)
+	}
+	sh(t, in(g11.ns, "ip", "link", "set", "eth0", "mtu", "9000")...)
+	// The far side is configured right: the IPoIB MTU end to end.
+	for _, l := range []string{"vg1", "vg2"} {
+		sh(t, in(h2.ns, "ip", "link", "set", l, "mtu", "4092")...)
+	}
+	for _, g := range h2.guests {
+		sh(t, in(g.ns, "ip", "link", "set", "eth0", "mtu", "4092")...)
+	}
+	ping(t, g11, g21.ip4)
+	ping(t, g11, g21.ip4, "-M", "dont", "-s", "6000")
+	out, err := shErr(in(g11.ns, "ping", "-c", "3", "-i", "0.2", "-W", "1", "-M", "do", "-s", "6000", g21.ip4)...)
+	if err == nil || !strings.Contains(out, "mtu = 4092") && !strings.Contains(out, "mtu=4092") {
+		t.Fatalf("DF ping of 6000 bytes: want fragmentation needed with MTU 4092, got %v\n%s", err, out)
+	}
+	shErr(in(g11.ns, "ping", "-6", "-c", "1", "-W", "1", "-s", "6000", g21.ip6)...) // learns the PMTU
+	ping(t, g11, g21.ip6, "-s", "6000")
+	m := h1.metrics(t)
+	if m["tx_fragmented"] < 3 || m["tx_icmp_too_big"] < 2 {
+		t.Fatalf("tx_fragmented %v, tx_icmp_too_big %v", m["tx_fragmented"], m["tx_icmp_too_big"])
+	}
+}

@@ -1,0 +1,326 @@
+// Package netns holds eipoibd's end-to-end tests: real daemons, Linux
+// bridges, guests in network namespaces and real tools (ping, arping,
+// iperf3, tshark). They need root; with EIPOIB_REQUIRE_NETNS=1 (as CI
+// sets) a missing prerequisite fails the tests instead of skipping them.
+package netns
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netns"
+)
+
+var (
+	daemonBin string // built once by TestMain
+	buildErr  error
+	nsSeq     atomic.Int32
+)
+
+// tools the tests run.
+var tools = []string{"ip", "ping", "arping", "iperf3", "tshark"}
+
+func TestMain(m *testing.M) {
+	if os.Geteuid() == 0 {
+		dir, err := os.MkdirTemp("", "eipoibd-netns")
+		if err == nil {
+			daemonBin = filepath.Join(dir, "eipoibd")
+			out, err := exec.Command("go", "build", "-o", daemonBin, "github.com/eipoib/eipoibd/cmd/eipoibd").CombinedOutput()
+			if err != nil {
+				buildErr = fmt.Errorf("build eipoibd: %v\n%s", err, out)
+			}
+			defer os.RemoveAll(dir)
+		} else {
+			buildErr = err
+		}
+	}
+	code := m.Run()
+	os.Exit(code)
+}
+
+// require skips (locally) or fails (EIPOIB_REQUIRE_NETNS=1) without root
+// or tools.
+func require(t *testing.T) {
+	t.Helper()
+	var missing []string
+	if os.Geteuid() != 0 {
+		missing = append(missing, "root")
+	}
+	for _, tool := range tools {
+		if _, err := exec.LookPath(tool); err != nil {
+			missing = append(missing, tool)
+		}
+	}
+	if len(missing) > 0 {
+		msg := "netns tests need " + strings.Join(missing, ", ") + " (make test installs the tools; run as root)"
+		if os.Getenv("EIPOIB_REQUIRE_NETNS") == "1" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+}
+
+// sh runs a command and fails the test on error.
+func sh(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := shErr(args...)
+	if err != nil {
+		t.Fatalf("%s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return out
+}
+
+// stdout runs a command and returns its standard output only.
+func stdout(t *testing.T, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, args[0], args[1:]...).Output()
+	if err != nil {
+		t.Fatalf("%s: %v", strings.Join(args, " "), err)
+	}
+	return string(out)
+}
+
+func shErr(args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, args[0], args[1:]...).CombinedOutput()
+	return string(out), err
+}
+
+// in runs a command in namespace ns.
+func in(ns string, args ...string) []string {
+	return append([]string{"ip", "netns", "exec", ns}, args...)
+}
+
+// nsDo runs fn with the calling thread in namespace ns (for sockets made
+// by the test itself).
+func nsDo(t *testing.T, ns string, fn func()) {
+	t.Helper()
+	runtime.LockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		runtime.UnlockOSThread()
+		t.Fatal(err)
+	}
+	defer orig.Close()
+	h, err := netns.GetFromName(ns)
+	if err != nil {
+		runtime.UnlockOSThread()
+		t.Fatal(err)
+	}
+	defer h.Close()
+	if err := netns.Set(h); err != nil {
+		runtime.UnlockOSThread()
+		t.Fatal(err)
+	}
+	defer func() {
+		if netns.Set(orig) == nil {
+			runtime.UnlockOSThread() // a thread left in ns dies with the goroutine
+		}
+	}()
+	fn()
+}
+
+type guest struct {
+	ns, ip4, ip6 string
+}
+
+type hypervisor struct {
+	name, ns, underlay string
+	guests             []*guest
+	cmd                *exec.Cmd
+	logPath            string
+	done               chan error
+	extra              []string
+}
+
+type topo struct {
+	t   *testing.T
+	pfx string
+	hvs []*hypervisor
+}
+
+// newTopo builds n hypervisors, each with a Linux bridge and two guests
+// (10.77.0.HG/24, fd77::HG/64), joined by an underlay: a veth pair for two
+// hypervisors unless viaBridge, else a Linux bridge in its own namespace.
+// The daemons are started before the guests get their addresses, as when
+// guests boot on a running hypervisor.
+func newTopo(t *testing.T, n int, viaBridge bool, extra ...string) *topo {
+	t.Helper()
+	require(t)
+	tp := &topo{t: t, pfx: fmt.Sprintf("e%d%d", os.Getpid()%1000, nsSeq.Add(1))}
+	var all []string
+	addNS := func(name string) string {
+		ns := tp.pfx + name
+		sh(t, "ip", "netns", "add", ns)
+		all = append(all, ns)
+		sh(t, in(ns, "ip", "link", "set", "lo", "up")...)
+		return ns
+	}
+	t.Cleanup(func() {
+		for _, h := range tp.hvs {
+			h.stop(t, false)
+		}
+		for _, ns := range all {
+			shErr("ip", "netns", "delete", ns)
+		}
+	})
+	for i := 1; i <= n; i++ {
+		h := &hypervisor{name: fmt.Sprintf("h%d", i), underlay: fmt.Sprintf("ul%d", i), extra: extra}
+		h.ns = addNS(h.name)
+		tp.hvs = append(tp.hvs, h)
+	}
+	if n == 2 && !viaBridge {
+		sh(t, "ip", "link", "add", "ul1", "netns", tp.hvs[0].ns, "type", "veth", "peer", "name", "ul2", "netns", tp.hvs[1].ns)
+	} else {
+		u := addNS("ul")
+		sh(t, in(u, "ip", "link", "add", "ubr", "mtu", "9000", "type", "bridge")...)
+		sh(t, in(u, "ip", "link", "set", "ubr", "up")...)
+		for _, h := range tp.hvs {
+			sh(t, "ip", "link", "add", h.underlay, "netns", h.ns, "type", "veth", "peer", "name", "p"+h.name, "netns", u)
+			sh(t, in(u, "ip", "link", "set", "p"+h.name, "mtu", "9000", "master", "ubr", "up")...)
+		}
+	}
+	for i, h := range tp.hvs {
+		sh(t, in(h.ns, "ip", "link", "set", h.underlay, "mtu", "9000", "up")...)
+		sh(t, in(h.ns, "ip", "link", "add", "br0", "type", "bridge")...)
+		sh(t, in(h.ns, "ip", "link", "set", "br0", "up")...)
+		for g := 1; g <= 2; g++ {
+			gs := &guest{ns: addNS(fmt.Sprintf("h%dg%d", i+1, g)), ip4: fmt.Sprintf("10.77.0.%d%d", i+1, g), ip6: fmt.Sprintf("fd77::%d%d", i+1, g)}
+			vg := fmt.Sprintf("vg%d", g)
+			sh(t, "ip", "link", "add", "eth0", "netns", gs.ns, "type", "veth", "peer", "name", vg, "netns", h.ns)
+			sh(t, in(h.ns, "ip", "link", "set", vg, "master", "br0", "up")...)
+			sh(t, in(gs.ns, "ip", "link", "set", "eth0", "up")...)
+			h.guests = append(h.guests, gs)
+		}
+	}
+	for _, h := range tp.hvs {
+		h.start(t)
+	}
+	for _, h := range tp.hvs {
+		for _, g := range h.guests {
+			sh(t, in(g.ns, "ip", "addr", "add", g.ip4+"/24", "dev", "eth0")...)
+			sh(t, in(g.ns, "ip", "addr", "add", g.ip6+"/64", "dev", "eth0", "nodad")...)
+		}
+	}
+	return tp
+}
+
+// start runs eipoibd in the hypervisor and waits until it moves traffic.
+func (h *hypervisor) start(t *testing.T) {
+	t.Helper()
+	h.logPath = filepath.Join(t.TempDir(), h.name+".log")
+	logf, err := os.Create(h.logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := append([]string{daemonBin, "run", "--underlay", h.underlay, "--bridge", "br0", "--metrics", "127.0.0.1:9474"}, h.extra...)
+	h.cmd = exec.Command("ip", in(h.ns, args...)[1:]...)
+	h.cmd.Stdout, h.cmd.Stderr = logf, logf
+	if err := h.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	h.done = make(chan error, 1)
+	go func() { h.done <- h.cmd.Wait(); logf.Close() }()
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(h.log(), "shim running") {
+		select {
+		case err := <-h.done:
+			t.Fatalf("eipoibd in %s exited: %v\n%s", h.name, err, h.log())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("eipoibd in %s did not start:\n%s", h.name, h.log())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (h *hypervisor) log() string {
+	b, _ := os.ReadFile(h.logPath)
+	return string(b)
+}
+
+// stop sends SIGTERM and waits; with check, it asserts a clean exit and
+// that the TAP is gone.
+func (h *hypervisor) stop(t *testing.T, check bool) {
+	t.Helper()
+	if h.cmd == nil {
+		return
+	}
+	h.cmd.Process.Signal(syscall.SIGTERM)
+	var err error
+	select {
+	case err = <-h.done:
+	case <-time.After(10 * time.Second):
+		h.cmd.Process.Kill()
+		err = <-h.done
+		if check {
+			t.Errorf("eipoibd in %s did not stop on SIGTERM", h.name)
+		}
+	}
+	h.cmd = nil
+	if !check {
+		return
+	}
+	if err != nil {
+		t.Errorf("eipoibd in %s exited with %v\n%s", h.name, err, h.log())
+	}
+	if out, err := shErr(in(h.ns, "ip", "link", "show", "eib0")...); err == nil {
+		t.Errorf("TAP eib0 still present after shutdown: %s", out)
+	}
+}
+
+// metrics reads the daemon's Prometheus counters.
+func (h *hypervisor) metrics(t *testing.T) map[string]float64 {
+	t.Helper()
+	var conn net.Conn
+	var err error
+	nsDo(t, h.ns, func() { conn, err = net.DialTimeout("tcp", "127.0.0.1:9474", 2*time.Second) })
+	if err != nil {
+		t.Fatalf("metrics of %s: %v", h.name, err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(5 * time.Second))
+	fmt.Fprint(conn, "GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("metrics of %s: %v", h.name, err)
+	}
+	defer resp.Body.Close()
+	m := make(map[string]float64)
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) == 2 && strings.HasPrefix(f[0], "eipoibd_") {
+			v, _ := strconv.ParseFloat(f[1], 64)
+			m[strings.TrimPrefix(f[0], "eipoibd_")] = v
+		}
+	}
+	return m
+}
+
+// ping pings dst from guest g, count times, and fails the test on loss.
+func ping(t *testing.T, g *guest, dst string, extra ...string) {
+	t.Helper()
+	args := append([]string{"ping", "-c", "3", "-i", "0.2", "-W", "2"}, extra...)
+	sh(t, in(g.ns, append(args, dst)...)...)
+}
