@@ -24,6 +24,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/eipoib/eipoibd/internal/ether"
 	"github.com/eipoib/eipoibd/internal/metrics"
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/ipoib/simfabric"
@@ -59,7 +60,7 @@ func main() {
 
 // options are the parsed flags of "run".
 type options struct {
-	underlay, name, bridge, fabric, metrics, logLevel, dhcp, faults string
+	underlay, name, bridge, fabric, metrics, logLevel, dhcp, faults, mac string
 	ibMTU, maxVIFs, maxNeigh                                        int
 	vifIdle                                                         time.Duration
 }
@@ -77,6 +78,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.SetOutput(io.Discard)
 	fs.StringVar(&o.underlay, "underlay", "", "underlay interface of the simulated fabric (required)")
 	fs.StringVar(&o.name, "name", "eib0", "name of the TAP interface to create")
+	fs.StringVar(&o.mac, "mac", "", "MAC of the TAP (default: a random one from the kernel)")
 	fs.StringVar(&o.bridge, "bridge", "", "existing Linux bridge to enslave the TAP to")
 	fs.IntVar(&o.ibMTU, "ib-mtu", 4096, "IB MTU, 2048 or 4096 (the IPoIB MTU is 4 less)")
 	fs.IntVar(&o.maxVIFs, "max-vifs", 1024, "most guest MACs (one UD QP each) per port")
@@ -163,14 +165,19 @@ func run(args []string, stderr io.Writer) error {
 		return err
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
-
+	var mac ether.MAC
+	if o.mac != "" {
+		if mac, err = ether.ParseMAC(o.mac); err != nil || mac.IsMulticast() || mac.IsZero() {
+			return usageError{fmt.Sprintf("--mac %q: want a unicast MAC like 02:00:00:00:00:01", o.mac)}
+		}
+	}
 	port, err := simfabric.Open(simfabric.Config{Underlay: o.underlay, IBMTU: o.ibMTU, Faults: faults})
 	if err != nil {
 		return err
 	}
 	defer port.Close()
 	ipMTU, _ := ipoib.IPMTU(o.ibMTU)
-	dev, err := tap.Create(tap.Config{Name: o.name, MTU: ipMTU})
+	dev, err := tap.Create(tap.Config{Name: o.name, MTU: ipMTU, MAC: mac})
 	if err != nil {
 		return err
 	}

@@ -280,6 +280,17 @@ func (p *Port) MTU() int { return p.mtu }
 // Underlay returns the underlay interface name.
 func (p *Port) Underlay() string { return p.ifi.Name }
 
+// SetFaults replaces the injected send faults.
+func (p *Port) SetFaults(f Faults) error {
+	if err := f.Validate(); err != nil {
+		return err
+	}
+	p.wmu.Lock()
+	p.faults = f
+	p.wmu.Unlock()
+	return nil
+}
+
 // SetDown sets the injected port-down fault: while down, nothing is sent
 // or delivered (counted as port_down).
 func (p *Port) SetDown(down bool) { p.down.Store(down) }

@@ -242,8 +242,11 @@ func TestRestart(t *testing.T) {
 }
 
 func TestBadInput(t *testing.T) {
-	tp := newTopo(t, 2, false)
+	tp := newTopo(t, 2, false, "--mac", "02:00:00:00:01:01")
 	h1, h2 := tp.hvs[0], tp.hvs[1]
+	if out := sh(t, in(h1.ns, "ip", "link", "show", "eib0")...); !strings.Contains(out, "02:00:00:00:01:01") || !strings.Contains(out, "mtu 4092") {
+		t.Fatalf("TAP without the --mac address or the IPoIB MTU: %s", out)
+	}
 	ping(t, h1.guests[0], h2.guests[0].ip4)
 	before := h1.metrics(t)
 
@@ -334,6 +337,20 @@ func TestBadInput(t *testing.T) {
 	ping(t, h1.guests[0], h2.guests[0].ip4)
 	ping(t, h2.guests[1], h1.guests[1].ip6)
 	t.Logf("counters after bad input: %v", after)
+
+	// The TAP's carrier follows the port: SIGUSR1 toggles the simulated
+	// port down and up.
+	for _, down := range []bool{true, false} {
+		h1.cmd.Process.Signal(syscall.SIGUSR1)
+		deadline := time.Now().Add(3 * time.Second)
+		for strings.Contains(sh(t, in(h1.ns, "ip", "link", "show", "eib0")...), "NO-CARRIER") != down {
+			if time.Now().After(deadline) {
+				t.Fatalf("carrier not %v after the port went down=%v", !down, down)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	ping(t, h1.guests[0], h2.guests[0].ip4)
 }
 
 // TestOversize raises the MTU on one hypervisor's guest side above the

@@ -13,7 +13,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -21,7 +20,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netns"
+	"github.com/eipoib/eipoibd/internal/nstest"
 )
 
 var (
@@ -31,7 +30,7 @@ var (
 )
 
 // tools the tests run.
-var tools = []string{"ip", "ping", "arping", "iperf3", "tshark"}
+var tools = []string{"ping", "arping", "iperf3", "tshark"}
 
 func TestMain(m *testing.M) {
 	if os.Geteuid() == 0 {
@@ -51,40 +50,21 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// require skips (locally) or fails (EIPOIB_REQUIRE_NETNS=1) without root
-// or tools.
+// require checks root and the tools, and that the daemon was built.
 func require(t *testing.T) {
 	t.Helper()
-	var missing []string
-	if os.Geteuid() != 0 {
-		missing = append(missing, "root")
-	}
-	for _, tool := range tools {
-		if _, err := exec.LookPath(tool); err != nil {
-			missing = append(missing, tool)
-		}
-	}
-	if len(missing) > 0 {
-		msg := "netns tests need " + strings.Join(missing, ", ") + " (make test installs the tools; run as root)"
-		if os.Getenv("EIPOIB_REQUIRE_NETNS") == "1" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
+	nstest.Require(t, tools...)
 	if buildErr != nil {
 		t.Fatal(buildErr)
 	}
 }
 
-// sh runs a command and fails the test on error.
-func sh(t *testing.T, args ...string) string {
-	t.Helper()
-	out, err := shErr(args...)
-	if err != nil {
-		t.Fatalf("%s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	return out
-}
+var (
+	sh    = nstest.Must
+	shErr = nstest.Run
+	in    = nstest.In
+	nsDo  = nstest.Do
+)
 
 // stdout runs a command and returns its standard output only.
 func stdout(t *testing.T, args ...string) string {
@@ -96,47 +76,6 @@ func stdout(t *testing.T, args ...string) string {
 		t.Fatalf("%s: %v", strings.Join(args, " "), err)
 	}
 	return string(out)
-}
-
-func shErr(args ...string) (string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, args[0], args[1:]...).CombinedOutput()
-	return string(out), err
-}
-
-// in runs a command in namespace ns.
-func in(ns string, args ...string) []string {
-	return append([]string{"ip", "netns", "exec", ns}, args...)
-}
-
-// nsDo runs fn with the calling thread in namespace ns (for sockets made
-// by the test itself).
-func nsDo(t *testing.T, ns string, fn func()) {
-	t.Helper()
-	runtime.LockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		runtime.UnlockOSThread()
-		t.Fatal(err)
-	}
-	defer orig.Close()
-	h, err := netns.GetFromName(ns)
-	if err != nil {
-		runtime.UnlockOSThread()
-		t.Fatal(err)
-	}
-	defer h.Close()
-	if err := netns.Set(h); err != nil {
-		runtime.UnlockOSThread()
-		t.Fatal(err)
-	}
-	defer func() {
-		if netns.Set(orig) == nil {
-			runtime.UnlockOSThread() // a thread left in ns dies with the goroutine
-		}
-	}()
-	fn()
 }
 
 type guest struct {

@@ -1,0 +1,52 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"strings"
+	"testing"
+)
+
+// Bad command lines exit with one line naming the problem (status 2);
+// runtime failures such as a missing underlay are plain errors (status 1).
+func TestBadCommandLines(t *testing.T) {
+	tests := []struct {
+		args  []string
+		want  string
+		usage bool
+	}{
+		{nil, "missing command", true},
+		{[]string{"start"}, "missing command", true},
+		{[]string{"run"}, "--underlay is required", true},
+		{[]string{"run", "--underlay", "x", "--ib-mtu", "1500"}, "--ib-mtu 1500", true},
+		{[]string{"run", "--underlay", "x", "--max-vifs", "0"}, "--max-vifs 0", true},
+		{[]string{"run", "--underlay", "x", "--fabric", "verbs"}, `--fabric "verbs"`, true},
+		{[]string{"run", "--underlay", "x", "--dhcp", "nope"}, `--dhcp "nope"`, true},
+		{[]string{"run", "--underlay", "x", "--fault", "loss=2"}, "loss=2", true},
+		{[]string{"run", "--underlay", "x", "--fault", "jitter=0.1"}, "unknown fault", true},
+		{[]string{"run", "--underlay", "x", "--log-level", "loud"}, "--log-level", true},
+		{[]string{"run", "--underlay", "x", "--mac", "01:00:5e:00:00:01"}, "--mac", true},
+		{[]string{"run", "--underlay", "x", "--bogus"}, "-bogus", true},
+		{[]string{"run", "--underlay", "x", "extra"}, `unexpected argument "extra"`, true},
+		{[]string{"run", "--underlay", "no-such-if0"}, `underlay interface "no-such-if0" not found`, false},
+	}
+	for _, tc := range tests {
+		var stderr bytes.Buffer
+		err := run(tc.args, &stderr)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: error %v, want one containing %q", tc.args, err, tc.want)
+			continue
+		}
+		if strings.Contains(err.Error(), "\n") {
+			t.Errorf("%v: error spans lines: %q", tc.args, err)
+		}
+		var ue usageError
+		if errors.As(err, &ue) != tc.usage {
+			t.Errorf("%v: usage error %v, want %v", tc.args, !tc.usage, tc.usage)
+		}
+	}
+	var stderr bytes.Buffer
+	if err := run([]string{"run", "-h"}, &stderr); err != errHelp || !strings.Contains(stderr.String(), "--underlay") && !strings.Contains(stderr.String(), "-underlay") {
+		t.Errorf("-h: %v\n%s", err, stderr.String())
+	}
+}

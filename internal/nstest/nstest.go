@@ -1,0 +1,106 @@
+// Package nstest holds the helpers of eipoibd's tests that need network
+// namespaces: the root/tool check that skips locally and fails in CI
+// (EIPOIB_REQUIRE_NETNS=1), namespace creation, and running Go code or
+// commands inside a namespace.
+package nstest
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netns"
+)
+
+func init() {
+	// Debian keeps ip and arping in the sbin directories, which a
+	// non-login PATH may lack.
+	os.Setenv("PATH", os.Getenv("PATH")+":/usr/sbin:/sbin")
+}
+
+// Require skips the test (locally) or fails it (EIPOIB_REQUIRE_NETNS=1)
+// without root or one of the tools.
+func Require(t testing.TB, tools ...string) {
+	t.Helper()
+	var missing []string
+	if os.Geteuid() != 0 {
+		missing = append(missing, "root")
+	}
+	for _, tool := range append([]string{"ip"}, tools...) {
+		if _, err := exec.LookPath(tool); err != nil {
+			missing = append(missing, tool)
+		}
+	}
+	if len(missing) == 0 {
+		return
+	}
+	msg := "needs " + strings.Join(missing, ", ") + " (make test installs the tools; run as root)"
+	if os.Getenv("EIPOIB_REQUIRE_NETNS") == "1" {
+		t.Fatal(msg)
+	}
+	t.Skip(msg)
+}
+
+// Run runs a command and returns its combined output.
+func Run(args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, args[0], args[1:]...).CombinedOutput()
+	return string(out), err
+}
+
+// Must runs a command and fails the test on error.
+func Must(t testing.TB, args ...string) string {
+	t.Helper()
+	out, err := Run(args...)
+	if err != nil {
+		t.Fatalf("%s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return out
+}
+
+// In prefixes a command to run in namespace ns.
+func In(ns string, args ...string) []string {
+	return append([]string{"ip", "netns", "exec", ns}, args...)
+}
+
+// Add creates namespace ns with loopback up and deletes it at cleanup.
+func Add(t testing.TB, ns string) {
+	t.Helper()
+	Must(t, "ip", "netns", "add", ns)
+	t.Cleanup(func() { Run("ip", "netns", "delete", ns) })
+	Must(t, In(ns, "ip", "link", "set", "lo", "up")...)
+}
+
+// Do runs fn with the calling thread in namespace ns, for sockets and
+// netlink calls made by the test itself.
+func Do(t testing.TB, ns string, fn func()) {
+	t.Helper()
+	runtime.LockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		runtime.UnlockOSThread()
+		t.Fatal(err)
+	}
+	defer orig.Close()
+	h, err := netns.GetFromName(ns)
+	if err != nil {
+		runtime.UnlockOSThread()
+		t.Fatal(err)
+	}
+	defer h.Close()
+	if err := netns.Set(h); err != nil {
+		runtime.UnlockOSThread()
+		t.Fatal(err)
+	}
+	defer func() {
+		if netns.Set(orig) == nil {
+			runtime.UnlockOSThread() // a thread left in ns dies with its goroutine
+		}
+	}()
+	fn()
+}

@@ -1,0 +1,223 @@
+package simfabric
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/eipoib/eipoibd/internal/nstest"
+	"github.com/eipoib/eipoibd/ipoib"
+)
+
+// pair opens a port in each of two namespaces joined by a veth.
+func pair(t *testing.T, mtu int) (a, b *Port, nsA, nsB string) {
+	t.Helper()
+	nstest.Require(t)
+	pfx := fmt.Sprintf("sf%d", os.Getpid()%10000)
+	nsA, nsB = pfx+"a", pfx+"b"
+	nstest.Add(t, nsA)
+	nstest.Add(t, nsB)
+	nstest.Must(t, "ip", "link", "add", "ula", "netns", nsA, "type", "veth", "peer", "name", "ulb", "netns", nsB)
+	nstest.Must(t, nstest.In(nsA, "ip", "link", "set", "ula", "mtu", fmt.Sprint(mtu), "up")...)
+	nstest.Must(t, nstest.In(nsB, "ip", "link", "set", "ulb", "mtu", fmt.Sprint(mtu), "up")...)
+	var err error
+	nstest.Do(t, nsA, func() { a, err = Open(Config{Underlay: "ula", IBMTU: 2048}) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	nstest.Do(t, nsB, func() { b, err = Open(Config{Underlay: "ulb", IBMTU: 2048}) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close(); b.Close() })
+	return a, b, nsA, nsB
+}
+
+func send(t *testing.T, p *Port, payload []byte, m ipoib.TxMeta) {
+	t.Helper()
+	buf := make([]byte, 64, 64+len(payload)+TailRoom)
+	buf = append(buf, payload...)
+	if _, err := p.Write([][]byte{buf}, []ipoib.TxMeta{m}, 64); err != nil {
+		t.Fatal(err)
+	}
+}
+
+type rx struct {
+	payload []byte
+	meta    ipoib.RxMeta
+}
+
+// reader collects what a port receives.
+func reader(p *Port) <-chan rx {
+	ch := make(chan rx, 64)
+	go func() {
+		bufs := [][]byte{make([]byte, 4200), make([]byte, 4200)}
+		sizes := make([]int, 2)
+		meta := make([]ipoib.RxMeta, 2)
+		for {
+			n, err := p.Read(bufs, sizes, meta, 64)
+			if err != nil {
+				close(ch)
+				return
+			}
+			for i := 0; i < n; i++ {
+				ch <- rx{append([]byte(nil), bufs[i][64:64+sizes[i]]...), meta[i]}
+			}
+		}
+	}()
+	return ch
+}
+
+func expect(t *testing.T, ch <-chan rx, what string) rx {
+	t.Helper()
+	select {
+	case r := <-ch:
+		return r
+	case <-time.After(2 * time.Second):
+		t.Fatalf("%s: nothing received", what)
+	}
+	return rx{}
+}
+
+func none(t *testing.T, ch <-chan rx, what string) {
+	t.Helper()
+	select {
+	case r := <-ch:
+		t.Fatalf("%s: received %x", what, r.payload)
+	case <-time.After(200 * time.Millisecond):
+	}
+}
+
+func waitDrop(t *testing.T, p *Port, reason string, want uint64) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Second)
+	for p.Counters().Drops[reason] < want {
+		if time.Now().After(deadline) {
+			t.Fatalf("drop %s = %d, want %d (%v)", reason, p.Counters().Drops[reason], want, p.Counters().Drops)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestPortOverVeth(t *testing.T) {
+	a, b, _, _ := pair(t, 9000)
+	qa, _ := a.AllocQP(0xffff, 0)
+	qb, _ := b.AllocQP(0xffff, 0x1234)
+	if qb != 0x1234 {
+		t.Fatalf("hinted QPN %#x", qb)
+	}
+	qb2, _ := b.AllocQP(0x8001, 0)
+	got := reader(b)
+	to := func(qpn uint32) ipoib.HwAddr { return ipoib.MakeHwAddr(0, qpn, b.LocalGID()) }
+
+	// Unicast, with an odd length (padding) and the maximum payload.
+	send(t, a, []byte{8, 0, 0, 0, 1, 2, 3}, ipoib.TxMeta{Dst: to(qb), SrcQPN: qa, PKey: 0xffff})
+	r := expect(t, got, "unicast")
+	if string(r.payload) != "\x08\x00\x00\x00\x01\x02\x03" || r.meta.Src != ipoib.MakeHwAddr(0, qa, a.LocalGID()) || r.meta.DstQPN != qb || r.meta.PKey != 0xffff {
+		t.Fatalf("got %x %+v", r.payload, r.meta)
+	}
+	send(t, a, make([]byte, 2048), ipoib.TxMeta{Dst: to(qb), SrcQPN: qa, PKey: 0xffff})
+	if r := expect(t, got, "2048 bytes"); len(r.payload) != 2048 {
+		t.Fatalf("MTU-sized payload arrived as %d bytes", len(r.payload))
+	}
+	send(t, a, make([]byte, 2049), ipoib.TxMeta{Dst: to(qb), SrcQPN: qa, PKey: 0xffff})
+	waitDrop(t, a, "oversize", 1)
+
+	// Multicast: only once joined.
+	mgid := ipoib.BroadcastMGID(0xffff, ipoib.ScopeLinkLocal)
+	bc := ipoib.TxMeta{Dst: ipoib.MakeHwAddr(0, ipoib.MulticastQPN, mgid), SrcQPN: qa, PKey: 0xffff}
+	send(t, a, []byte{8, 6, 0, 0}, bc)
+	none(t, got, "multicast before join")
+	if err := b.Join(mgid); err != nil {
+		t.Fatal(err)
+	}
+	send(t, a, []byte{8, 6, 0, 0}, bc)
+	if r := expect(t, got, "multicast"); r.meta.DstQPN != ipoib.MulticastQPN || r.meta.MGID != mgid {
+		t.Fatalf("multicast meta %+v", r.meta)
+	}
+
+	// Receive checks: P_Key, unknown QPN.
+	send(t, a, []byte{8, 0, 0, 0}, ipoib.TxMeta{Dst: to(qb2), SrcQPN: qa, PKey: 0xffff})
+	send(t, a, []byte{8, 0, 0, 0}, ipoib.TxMeta{Dst: to(0x999), SrcQPN: qa, PKey: 0xffff})
+	waitDrop(t, b, "pkey_mismatch", 1)
+	waitDrop(t, b, "unknown_qpn", 1)
+
+	// Q_Key mismatch and corruption, crafted by hand.
+	raw := func(qkey uint32, corrupt bool) {
+		src, dst := [16]byte(a.LocalGID()), [16]byte(b.LocalGID())
+		buf := make([]byte, 64, 128)
+		buf = append(buf, 8, 0, 0, 0)
+		out := new(Codec).Encode(buf, 64, &Packet{PKey: 0xffff, DestQPN: qb, QKey: qkey, SrcQPN: qa}, &src, &dst, UDPPort, UDPPort)
+		if corrupt {
+			out[len(out)-6] ^= 1
+		}
+		a.wmu.Lock()
+		_, err := a.conn.WriteToUDP(out, a.udpAddr(b.LocalGID()))
+		a.wmu.Unlock()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	raw(0x1234, false)
+	raw(ipoib.QKey, true)
+	waitDrop(t, b, "qkey_mismatch", 1)
+	waitDrop(t, b, "bad_icrc", 1)
+	none(t, got, "bad packets")
+
+	// Faults.
+	uni := ipoib.TxMeta{Dst: to(qb), SrcQPN: qa, PKey: 0xffff}
+	a.SetFaults(Faults{Loss: 1})
+	send(t, a, []byte{8, 0, 0, 0}, uni)
+	waitDrop(t, a, "fault_loss", 1)
+	none(t, got, "loss")
+	a.SetFaults(Faults{Dup: 1})
+	send(t, a, []byte{8, 0, 0, 0, 0xd}, uni)
+	expect(t, got, "dup 1")
+	expect(t, got, "dup 2")
+	a.SetFaults(Faults{Corrupt: 1})
+	send(t, a, []byte{8, 0, 0, 0}, uni)
+	waitDrop(t, b, "bad_icrc", 2)
+	a.SetFaults(Faults{Reorder: 1})
+	send(t, a, []byte{8, 0, 0, 0, 1}, uni)
+	none(t, got, "held back")
+	send(t, a, []byte{8, 0, 0, 0, 2}, uni)
+	if r1, r2 := expect(t, got, "reorder 1"), expect(t, got, "reorder 2"); r1.payload[4] != 2 || r2.payload[4] != 1 {
+		t.Fatalf("reorder: %x then %x", r1.payload, r2.payload)
+	}
+	a.SetFaults(Faults{})
+	if err := a.SetFaults(Faults{Loss: 2}); err == nil {
+		t.Fatal("loss=2 accepted")
+	}
+	a.SetDown(true)
+	send(t, a, []byte{8, 0, 0, 0}, uni)
+	waitDrop(t, a, "port_down", 1)
+	a.SetDown(false)
+	b.SetDown(true)
+	send(t, a, []byte{8, 0, 0, 0}, uni)
+	waitDrop(t, b, "port_down", 1)
+	b.SetDown(false)
+	none(t, got, "port down")
+
+	// Close: Read and Write return net.ErrClosed.
+	b.Close()
+	if _, ok := <-got; ok {
+		t.Fatal("reader got a packet after Close")
+	}
+	if _, err := b.Write(nil, nil, 64); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("Write after Close: %v", err)
+	}
+}
+
+func TestUnderlayMTUTooSmall(t *testing.T) {
+	_, _, nsA, _ := pair(t, 9000)
+	nstest.Must(t, nstest.In(nsA, "ip", "link", "set", "ula", "mtu", "1500")...)
+	var err error
+	nstest.Do(t, nsA, func() { _, err = Open(Config{Underlay: "ula", IBMTU: 4096}) })
+	if err == nil || !strings.Contains(err.Error(), "1500") || !strings.Contains(err.Error(), "4168") {
+		t.Fatalf("want an error naming 1500 and 4168, got %v", err)
+	}
+}
