@@ -225,3 +225,32 @@ func FuzzHeader(f *testing.F) {
 		}
 	})
 }
+
+func TestQPTable(t *testing.T) {
+	tbl := NewQPTable(0)
+	q, err := tbl.Alloc(0xffff, 0)
+	if err != nil || q < 2 {
+		t.Fatalf("first QPN %#x, %v (0 and 1 are special)", q, err)
+	}
+	if h, _ := tbl.Alloc(0x8001, 0x4242); h != 0x4242 {
+		t.Fatalf("hint not honoured: %#x", h)
+	}
+	if h, _ := tbl.Alloc(0x8001, 0x4242); h == 0x4242 {
+		t.Fatal("hint honoured twice")
+	}
+	if h, _ := tbl.Alloc(0xffff, MulticastQPN); h == MulticastQPN {
+		t.Fatal("multicast QPN handed out")
+	}
+	if p, ok := tbl.PKey(0x4242); !ok || p != 0x8001 {
+		t.Fatalf("PKey = %s, %v", p, ok)
+	}
+	if _, err := tbl.Alloc(0x8000, 0); err == nil {
+		t.Fatal("invalid P_Key accepted")
+	}
+	if err := tbl.Free(0x4242); err != nil || tbl.Free(0x4242) == nil {
+		t.Fatal("Free twice")
+	}
+	if _, ok := tbl.PKey(0x4242); ok {
+		t.Fatal("freed QP still known")
+	}
+}

@@ -61,8 +61,8 @@ func main() {
 // options are the parsed flags of "run".
 type options struct {
 	underlay, name, bridge, fabric, metrics, logLevel, dhcp, faults, mac string
-	ibMTU, maxVIFs, maxNeigh                                        int
-	vifIdle                                                         time.Duration
+	ibMTU, maxVIFs, maxNeigh                                             int
+	vifIdle                                                              time.Duration
 }
 
 func parse(args []string, stderr io.Writer) (*options, error) {

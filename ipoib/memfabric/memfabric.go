@@ -7,7 +7,6 @@
 package memfabric
 
 import (
-	"errors"
 	"fmt"
 	"net"
 	"sync"
@@ -62,10 +61,9 @@ type Port struct {
 	done   chan struct{}
 	closed atomic.Bool
 
-	mu      sync.RWMutex
-	qps     map[uint32]ipoib.PKey
-	groups  map[ipoib.GID]bool
-	nextQPN uint32
+	mu     sync.RWMutex
+	qps    *ipoib.QPTable
+	groups map[ipoib.GID]bool
 
 	txPackets, txBytes, rxPackets, rxBytes atomic.Uint64
 	dropMu                                 sync.Mutex
@@ -83,12 +81,11 @@ func (f *Fabric) NewPort(gid ipoib.GID) (*Port, error) {
 	}
 	p := &Port{
 		f: f, gid: gid,
-		rx:      make(chan packet, queueLen),
-		done:    make(chan struct{}),
-		qps:     make(map[uint32]ipoib.PKey),
-		groups:  make(map[ipoib.GID]bool),
-		nextQPN: 0x48,
-		drops:   make(map[string]uint64),
+		rx:     make(chan packet, queueLen),
+		done:   make(chan struct{}),
+		qps:    ipoib.NewQPTable(0x48),
+		groups: make(map[ipoib.GID]bool),
+		drops:  make(map[string]uint64),
 	}
 	f.ports[gid] = p
 	return p, nil
@@ -112,42 +109,18 @@ func (p *Port) MTU() int { return p.f.mtu }
 // AllocQP creates a QP in partition pkey, numbered hint when that is a
 // free valid QPN.
 func (p *Port) AllocQP(pkey ipoib.PKey, hint uint32) (uint32, error) {
-	if !pkey.IsValid() {
-		return 0, fmt.Errorf("memfabric: invalid P_Key %s", pkey)
-	}
 	if p.closed.Load() {
 		return 0, net.ErrClosed
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if _, used := p.qps[hint]; hint > 1 && hint < ipoib.MaxQPN && !used {
-		p.qps[hint] = pkey
-		return hint, nil
+	q, err := p.qps.Alloc(pkey, hint)
+	if err != nil {
+		return 0, fmt.Errorf("memfabric: %w", err)
 	}
-	for range ipoib.MaxQPN {
-		q := p.nextQPN
-		p.nextQPN++
-		if p.nextQPN >= ipoib.MaxQPN {
-			p.nextQPN = 0x48
-		}
-		if _, used := p.qps[q]; !used {
-			p.qps[q] = pkey
-			return q, nil
-		}
-	}
-	return 0, errors.New("memfabric: out of QPNs")
+	return q, nil
 }
 
 // FreeQP destroys a QP.
-func (p *Port) FreeQP(qpn uint32) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if _, ok := p.qps[qpn]; !ok {
-		return fmt.Errorf("memfabric: QPN %#x not allocated", qpn)
-	}
-	delete(p.qps, qpn)
-	return nil
-}
+func (p *Port) FreeQP(qpn uint32) error { return p.qps.Free(qpn) }
 
 // Join attaches the port to mgid.
 func (p *Port) Join(mgid ipoib.GID) error {
@@ -217,10 +190,7 @@ func (p *Port) Write(bufs [][]byte, meta []ipoib.TxMeta, offset int) (int, error
 			p.drop(DropOversize)
 			continue
 		}
-		p.mu.RLock()
-		_, own := p.qps[m.SrcQPN]
-		p.mu.RUnlock()
-		if !own || !m.PKey.IsValid() {
+		if _, own := p.qps.PKey(m.SrcQPN); !own || !m.PKey.IsValid() {
 			p.drop(DropBadMeta)
 			continue
 		}
@@ -251,8 +221,8 @@ func (p *Port) deliver(payload []byte, m ipoib.RxMeta) {
 	if p.closed.Load() {
 		return
 	}
-	p.mu.RLock()
 	if m.DstQPN == ipoib.MulticastQPN {
+		p.mu.RLock()
 		joined := p.groups[m.MGID]
 		p.mu.RUnlock()
 		if !joined {
@@ -263,8 +233,7 @@ func (p *Port) deliver(payload []byte, m ipoib.RxMeta) {
 			return
 		}
 	} else {
-		pk, ok := p.qps[m.DstQPN]
-		p.mu.RUnlock()
+		pk, ok := p.qps.PKey(m.DstQPN)
 		if !ok {
 			p.drop(DropUnknownQPN)
 			return

@@ -118,11 +118,10 @@ type Port struct {
 	closed atomic.Bool
 	down   atomic.Bool
 
-	mu      sync.RWMutex
-	qps     map[uint32]ipoib.PKey
-	groups  map[ipoib.GID]bool
-	nextQPN uint32
-	psn     atomic.Uint32
+	qps    *ipoib.QPTable
+	mu     sync.RWMutex // guards groups
+	groups map[ipoib.GID]bool
+	psn    atomic.Uint32
 
 	rmu    sync.Mutex // Read state
 	rcodec Codec
@@ -221,9 +220,8 @@ func Open(cfg Config) (*Port, error) {
 	}
 	p := &Port{
 		ifi: ifi, gid: gid, mtu: cfg.IBMTU, faults: cfg.Faults, conn: conn, pc: pc,
-		qps: make(map[uint32]ipoib.PKey), groups: make(map[ipoib.GID]bool),
-		nextQPN: 0x100 + rand.Uint32N(0xff0000),
-		rmsgs:   make([]ipv6.Message, batch), rbufs: make([][1][]byte, batch),
+		qps: ipoib.NewQPTable(0x100 + rand.Uint32N(0xff0000)), groups: make(map[ipoib.GID]bool),
+		rmsgs: make([]ipv6.Message, batch), rbufs: make([][1][]byte, batch),
 		wmsgs: make([]ipv6.Message, 0, 2*batch+1), wbufs: make([][1][]byte, 2*batch+1),
 		addrs: make(map[ipoib.GID]*net.UDPAddr),
 		rng:   rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
@@ -300,39 +298,15 @@ func (p *Port) IsDown() bool { return p.down.Load() }
 
 // AllocQP creates a QP in partition pkey, numbered hint when that is free.
 func (p *Port) AllocQP(pkey ipoib.PKey, hint uint32) (uint32, error) {
-	if !pkey.IsValid() {
-		return 0, fmt.Errorf("simfabric: invalid P_Key %s", pkey)
+	q, err := p.qps.Alloc(pkey, hint)
+	if err != nil {
+		return 0, fmt.Errorf("simfabric: %w", err)
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if _, used := p.qps[hint]; hint > 1 && hint < ipoib.MaxQPN && !used {
-		p.qps[hint] = pkey
-		return hint, nil
-	}
-	for range ipoib.MaxQPN {
-		q := p.nextQPN
-		p.nextQPN++
-		if p.nextQPN >= ipoib.MaxQPN {
-			p.nextQPN = 2
-		}
-		if _, used := p.qps[q]; !used {
-			p.qps[q] = pkey
-			return q, nil
-		}
-	}
-	return 0, errors.New("simfabric: out of QPNs")
+	return q, nil
 }
 
 // FreeQP destroys a QP.
-func (p *Port) FreeQP(qpn uint32) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if _, ok := p.qps[qpn]; !ok {
-		return fmt.Errorf("simfabric: QPN %#x not allocated", qpn)
-	}
-	delete(p.qps, qpn)
-	return nil
-}
+func (p *Port) FreeQP(qpn uint32) error { return p.qps.Free(qpn) }
 
 // Join joins the IPv6 group mgid on the underlay.
 func (p *Port) Join(mgid ipoib.GID) error {
@@ -615,9 +589,9 @@ func (p *Port) accept(m *ipv6.Message, b []byte, rm *ipoib.RxMeta) (int, bool) {
 	}
 	pk := ipoib.PKey(pkt.PKey)
 	*rm = ipoib.RxMeta{Src: ipoib.MakeHwAddr(0, pkt.SrcQPN, ipoib.GID(src)), DstQPN: pkt.DestQPN, PKey: pk}
-	p.mu.RLock()
 	if pkt.DestQPN == ipoib.MulticastQPN {
 		mgid := ipoib.GID(dst)
+		p.mu.RLock()
 		joined := p.groups[mgid]
 		p.mu.RUnlock()
 		if !joined {
@@ -630,8 +604,7 @@ func (p *Port) accept(m *ipv6.Message, b []byte, rm *ipoib.RxMeta) (int, bool) {
 		}
 		rm.MGID = mgid
 	} else {
-		qpk, ok := p.qps[pkt.DestQPN]
-		p.mu.RUnlock()
+		qpk, ok := p.qps.PKey(pkt.DestQPN)
 		if !ok {
 			p.drop(DropUnknownQPN)
 			return 0, false
