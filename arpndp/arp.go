@@ -1,7 +1,7 @@
 package arpndp
 
 // ARP/RARP rewriting. Ethernet ARP (RFC 826) is hardware type 1 with 6-byte
-// addresses, 28 bytes for IPv4; IPoIB ARP (RFC 4391 §8) is hardware type 32
+// addresses, 28 bytes for IPv4; IPoIB ARP (RFC 4391 §9.2) is hardware type 32
 // with 20-byte addresses, 56 bytes. Both carry IPv4 only.
 
 import (

@@ -7,7 +7,7 @@ import (
 )
 
 // RFC 826 Ethernet ARP request 10.0.0.1 (52:54:00:00:00:01) asking for
-// 10.0.0.2, and its RFC 4391 §8 IPoIB form: hardware type 32, length 20,
+// 10.0.0.2, and its RFC 4391 §9.2 IPoIB form: hardware type 32, length 20,
 // sender LIMAC 00:00:01:48:fe80::1, target address zero. Checked by hand.
 const (
 	arpEthRequest = `0001 0800 06 04 0001 | 525400000001 | 0a000001 | 000000000000 | 0a000002`
@@ -23,12 +23,12 @@ const (
 
 func TestARPVectors(t *testing.T) {
 	tr := newTr()
-	// RFC 4391 §8: Ethernet request → IPoIB request.
+	// RFC 4391 §9.2: Ethernet request → IPoIB request.
 	got, err := ARPToIB(roomy(unhex(t, arpEthRequest)), tr)
 	if err != nil || !bytes.Equal(got, unhex(t, arpIBRequest)) {
 		t.Fatalf("ARPToIB = %x, %v\nwant     %x", got, err, unhex(t, arpIBRequest))
 	}
-	// RFC 4391 §8: IPoIB reply → Ethernet reply.
+	// RFC 4391 §9.2: IPoIB reply → Ethernet reply.
 	got, err = ARPToEth(roomy(unhex(t, arpIBReply)), tr)
 	if err != nil || !bytes.Equal(got, unhex(t, arpEthReply)) {
 		t.Fatalf("ARPToEth = %x, %v\nwant      %x", got, err, unhex(t, arpEthReply))

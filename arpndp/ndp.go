@@ -2,7 +2,7 @@ package arpndp
 
 // NDP rewriting (RFC 4861). The source/target link-layer address options
 // (types 1 and 2) are 8 bytes on Ethernet (RFC 2464 §6: type, length 1,
-// MAC) and 24 bytes on IPoIB (RFC 4391 §9.1.1: type, length 3, 2 bytes of
+// MAC) and 24 bytes on IPoIB (RFC 4391 §9.3.1: type, length 3, 2 bytes of
 // zero pad, the 20-byte address). Rewriting grows or shrinks the packet by
 // 16 bytes per option; the IPv6 payload length and the ICMPv6 checksum are
 // fixed afterwards. Other options (prefix, MTU, redirected header, …) pass

@@ -8,7 +8,7 @@ import (
 
 func TestNDPVector(t *testing.T) {
 	// RFC 4861 §4.3 NS with RFC 2464 §6 SLLA (type 1, length 1) becomes the
-	// RFC 4391 §9.1.1 option: type 1, length 3, 2 zero bytes, 20-byte address.
+	// RFC 4391 §9.3.1 option: type 1, length 3, 2 zero bytes, 20-byte address.
 	body := ndpBodies()[TypeNeighborSolicitation]
 	eth := ndpPacket(TypeNeighborSolicitation, body, ethOpt(OptSLLA, guestMAC))
 	want := ndpPacket(TypeNeighborSolicitation, body, unhex(t, `01 03 0000 00000148 fe800000000000000000000000000001`))

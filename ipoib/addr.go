@@ -26,7 +26,7 @@ func (g GID) IsMulticast() bool { return g[0] == 0xff }
 // Addr returns the GID as an IPv6 address.
 func (g GID) Addr() netip.Addr { return netip.AddrFrom16(g) }
 
-// HwAddrLen is the length of an IPoIB hardware address (RFC 4391 §9.1.1).
+// HwAddrLen is the length of an IPoIB hardware address (RFC 4391 §9.1).
 const HwAddrLen = 20
 
 // Flag bits of the first byte of an HwAddr.
@@ -43,7 +43,7 @@ const MulticastQPN = 0xFFFFFF
 const MaxQPN = 0xFFFFFF
 
 // HwAddr is the 20-byte IPoIB hardware address: 1 byte of flags (reserved
-// bits), a 24-bit QPN and the 16-byte port GID (RFC 4391 §9.1.1). It is
+// bits), a 24-bit QPN and the 16-byte port GID (RFC 4391 §9.1). It is
 // comparable and usable as a map key.
 type HwAddr [HwAddrLen]byte
 
@@ -118,7 +118,7 @@ func PutHeader(b []byte, etherType uint16) {
 	b[2], b[3] = 0, 0
 }
 
-// MTUs of the IPoIB UD link: the IB MTU less the 4-byte header (RFC 4391 §5).
+// MTUs of the IPoIB UD link: the IB MTU less the 4-byte header (RFC 4391 §7).
 const (
 	MTU2044 = 2044 // IB MTU 2048
 	MTU4092 = 4092 // IB MTU 4096
