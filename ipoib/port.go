@@ -50,9 +50,13 @@ type Port interface {
 	// FreeQP destroys a QP created by AllocQP.
 	FreeQP(qpn uint32) error
 
-	// Join attaches the port to a multicast group; Leave detaches it.
-	// Joining twice is harmless, as is leaving a group not joined.
+	// Join attaches the port to a multicast group as a full member (it
+	// receives the group's traffic); JoinSendOnly as a send-only member
+	// (IBA 10.5.2.3: allowed to send, receives nothing). Leave detaches it
+	// either way. Joining twice is harmless, as is leaving a group not
+	// joined; a full join upgrades a send-only one.
 	Join(mgid GID) error
+	JoinSendOnly(mgid GID) error
 	Leave(mgid GID) error
 
 	// LocalGID is the port GID (the GID half of every local LIMAC).

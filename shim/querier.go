@@ -1,9 +1,11 @@
 package shim
 
-// The shim queries the guests for their IPv6 multicast groups (MLDv2
-// general queries, RFC 3810) at start-up and every query interval. Their
-// reports tell it which solicited-node groups to join, so NDP keeps
-// working for guests that were configured before the daemon (re)started.
+// The shim is the querier towards its guests (RFC 3376 §6, RFC 3810 §7):
+// IGMPv3 and MLDv2 general queries at start-up and every query interval,
+// and group-specific queries when a guest leaves, so memberships stay
+// fresh without a multicast router and leaves take effect within the
+// leave time. The answers are snooped on TX. The queries go to guests
+// only, never onto the fabric.
 
 import (
 	"net/netip"
@@ -14,12 +16,10 @@ import (
 	"github.com/eipoib/eipoibd/snoop"
 )
 
-// queryMaxResp is how soon guests must answer a query.
-const queryMaxResp = time.Second
-
 // querierAddrs returns the MAC and link-local address the queries come
 // from: a locally administered MAC derived from the port GID, and its
-// EUI-64 link-local address.
+// EUI-64 link-local address. (IGMP queries come from 0.0.0.0, as a
+// snooping switch's do.)
 func (s *Shim) querierAddrs() (ether.MAC, netip.Addr) {
 	mac := mactrans.DeriveREMAC(s.port.LocalGID(), 0, 0)
 	var a [16]byte
@@ -29,15 +29,47 @@ func (s *Shim) querierAddrs() (ether.MAC, netip.Addr) {
 	return mac, netip.AddrFrom16(a)
 }
 
-// sendQueries sends an MLDv2 general query into every partition.
-func (s *Shim) sendQueries() {
+// queryFrame builds a query frame into partition p: for group invalid a
+// general query of the given family, else a group-specific one; guests
+// answer within maxResp.
+func (s *Shim) queryFrame(p *partition, v6 bool, group netip.Addr, maxResp time.Duration) []byte {
 	mac, src := s.querierAddrs()
-	frames := make([][]byte, 0, len(s.byPKey))
+	t := s.snoop.Timers()
+	f := make([]byte, ether.VLANHeaderLen, ether.VLANHeaderLen+snoop.MLDv2QueryLen)
+	if v6 {
+		dst := ether.MAC{0x33, 0x33, 0, 0, 0, 1}
+		if group.IsValid() {
+			g := group.As16()
+			dst = ether.MAC{0x33, 0x33, g[12], g[13], g[14], g[15]}
+		}
+		hl := ether.PutHeader(f, dst, mac, p.vlan, ether.TypeIPv6)
+		return snoop.AppendMLDv2Query(f[:hl], src, group, uint8(t.Robustness), t.QueryInterval, maxResp)
+	}
+	dst := ether.MAC{0x01, 0, 0x5e, 0, 0, 1}
+	if group.IsValid() {
+		g := group.As4()
+		dst = ether.MAC{0x01, 0, 0x5e, g[1] & 0x7f, g[2], g[3]}
+	}
+	hl := ether.PutHeader(f, dst, mac, p.vlan, ether.TypeIPv4)
+	return snoop.AppendIGMPv3Query(f[:hl], group, uint8(t.Robustness), t.QueryInterval, maxResp)
+}
+
+// sendQueries sends IGMPv3 and MLDv2 general queries into every partition.
+func (s *Shim) sendQueries() {
+	frames := make([][]byte, 0, 2*len(s.byPKey))
+	resp := s.snoop.Timers().QueryResponseInterval
 	for _, p := range s.byPKey {
-		f := make([]byte, ether.VLANHeaderLen, ether.VLANHeaderLen+snoop.MLDv2QueryLen)
-		hl := ether.PutHeader(f, ether.MAC{0x33, 0x33, 0, 0, 0, 1}, mac, p.vlan, ether.TypeIPv6)
-		frames = append(frames, snoop.AppendMLDv2Query(f[:hl], src, queryMaxResp))
+		frames = append(frames, s.queryFrame(p, false, netip.Addr{}, resp), s.queryFrame(p, true, netip.Addr{}, resp))
 	}
 	s.writeDev(frames)
 	s.ctr.c[TxQueries].Add(uint64(len(frames)))
+}
+
+// mcastQuery is the snooping table's Query: a group-specific query after
+// a leave, answered within the last member query interval (RFC 3376
+// §6.6.3.1, RFC 3810 §7.6.3.1).
+func (s *Shim) mcastQuery(k snoop.Key) {
+	f := s.queryFrame(s.byVLAN[k.Scope], k.Group.Is6(), k.Group, s.snoop.Timers().LastMemberQueryInterval)
+	s.writeDev([][]byte{f})
+	s.ctr.inc(TxQueries)
 }

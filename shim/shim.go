@@ -24,6 +24,7 @@ import (
 	"github.com/eipoib/eipoibd/internal/ether"
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/mactrans"
+	"github.com/eipoib/eipoibd/snoop"
 	"github.com/eipoib/eipoibd/tap"
 )
 
@@ -54,9 +55,10 @@ type Config struct {
 	Partitions map[uint16]ipoib.PKey
 	Scope      uint8  // MGID scope, ipoib.ScopeLinkLocal
 	DHCP       string // DHCPBroadcast
-	// QueryInterval is the period of the MLD general queries to guests;
-	// 0 means 125 s (RFC 3810's default).
-	QueryInterval time.Duration
+	// Multicast are the IGMP/MLD snooping and querier timers; zero
+	// fields take the RFC 3376/3810 defaults (125 s queries, 260 s
+	// membership, 2 s leave).
+	Multicast snoop.Timers
 	// Housekeeping is the period of aging, resolution retries and the
 	// carrier check; 0 means 250 ms.
 	Housekeeping time.Duration
@@ -87,6 +89,7 @@ type Shim struct {
 	portMu sync.Mutex // serialises writes to the port
 
 	groups  groupSet
+	snoop   *snoop.Table
 	pending pendingQueue
 	ctr     counters
 
@@ -125,8 +128,9 @@ func New(cfg Config) (*Shim, error) {
 	if cfg.Scope == 0 {
 		cfg.Scope = ipoib.ScopeLinkLocal
 	}
-	if cfg.QueryInterval == 0 {
-		cfg.QueryInterval = 125 * time.Second
+	cfg.Multicast = cfg.Multicast.WithDefaults()
+	if err := cfg.Multicast.Validate(); err != nil {
+		return nil, fmt.Errorf("shim: %w", err)
 	}
 	if cfg.Housekeeping == 0 {
 		cfg.Housekeeping = 250 * time.Millisecond
@@ -183,23 +187,23 @@ func New(cfg Config) (*Shim, error) {
 	}
 	s.groups.init()
 	s.pending.init()
+	s.snoop = snoop.NewTable(cfg.Multicast, maxGroups, snoop.Actions{Join: s.mcastJoin, Leave: s.mcastLeave, Query: s.mcastQuery})
 	return s, nil
 }
 
 // IPMTU is the IPoIB MTU: the largest IP packet carried unfragmented.
 func (s *Shim) IPMTU() int { return s.ipMTU }
 
-// Run joins each partition's broadcast and all-nodes groups, then moves
+// Run joins each partition's broadcast, all-nodes and all-hosts groups, then moves
 // traffic until ctx ends or the device or port fails. On return the
 // device is closed (the in-flight batch finished), queued frames dropped
 // and counted, QPs freed and groups left; the caller closes the port.
 func (s *Shim) Run(ctx context.Context) error {
 	for _, p := range s.byPKey {
-		if err := s.groups.join(s.port, p.bcast); err != nil {
-			return err
-		}
-		if err := s.groups.join(s.port, ipoib.IPv6MGID(allNodes, p.pkey, s.cfg.Scope)); err != nil {
-			return err
+		for _, mgid := range []ipoib.GID{p.bcast, s.groupMGID(p, allNodes), s.groupMGID(p, allHosts)} {
+			if err := s.groups.join(s.port, mgid, true); err != nil {
+				return err
+			}
 		}
 	}
 	s.followCarrier()
@@ -283,18 +287,22 @@ func (s *Shim) housekeeping(ctx context.Context) error {
 	t := time.NewTicker(s.cfg.Housekeeping)
 	defer t.Stop()
 	s.sendQueries()
-	nextQuery := s.clk.Now().Add(s.cfg.QueryInterval)
+	nextQuery := s.clk.Now().Add(s.cfg.Multicast.QueryInterval)
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
 		}
-		if now := s.clk.Now(); !now.Before(nextQuery) {
-			s.sendQueries()
-			nextQuery = now.Add(s.cfg.QueryInterval)
-		}
 		now := s.clk.Now()
+		if !now.Before(nextQuery) {
+			s.sendQueries()
+			nextQuery = now.Add(s.cfg.Multicast.QueryInterval)
+		}
+		s.snoop.Tick(now)
+		for _, mgid := range s.groups.expireSendOnly(s.port, now, s.cfg.Multicast.MembershipInterval()) {
+			s.log.Info("left idle send-only group", "mgid", mgid)
+		}
 		for _, v := range s.vifs.Expire(now, s.cfg.VIFIdle) {
 			s.ctr.inc(VIFsAged)
 			if err := s.port.FreeQP(v.QPN); err != nil {

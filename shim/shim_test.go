@@ -2,6 +2,7 @@ package shim
 
 import (
 	"context"
+	"encoding/binary"
 	"io"
 	"log/slog"
 	"net"
@@ -13,6 +14,7 @@ import (
 	"github.com/gopacket/gopacket/layers"
 
 	"github.com/eipoib/eipoibd/internal/clock"
+	"github.com/eipoib/eipoibd/internal/csum"
 	"github.com/eipoib/eipoibd/internal/ether"
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/ipoib/memfabric"
@@ -79,9 +81,13 @@ func (h *hv) shutdown(t *testing.T) {
 	h.port.Close()
 }
 
-// isQuery reports whether p is the shim's own MLD general query.
+// isQuery reports whether p is one of the shim's own IGMP/MLD queries.
 func isQuery(p gopacket.Packet) bool {
-	return p.Layer(layers.LayerTypeMLDv2MulticastListenerQuery) != nil
+	if p.Layer(layers.LayerTypeMLDv2MulticastListenerQuery) != nil {
+		return true
+	}
+	ip, ok := p.Layer(layers.LayerTypeIPv4).(*layers.IPv4)
+	return ok && ip.Protocol == layers.IPProtocolIGMP && len(ip.Payload) > 0 && ip.Payload[0] == 0x11
 }
 
 // recv returns the next frame the shim delivered to guests, skipping the
@@ -402,46 +408,145 @@ func TestOversize(t *testing.T) {
 	}
 }
 
-func TestQuerier(t *testing.T) {
-	a, _ := pair(t, func(c *Config) { c.QueryInterval = time.Minute })
-	deadline := time.Now().Add(2 * time.Second)
-	queries := 0
-	for queries < 2 && time.Now().Before(deadline) {
+// nextQuery returns the next query the shim sends its guests.
+func (h *hv) nextQuery(t *testing.T) gopacket.Packet {
+	t.Helper()
+	for {
 		select {
-		case f := <-a.dev.Sent():
-			p := gopacket.NewPacket(f, layers.LayerTypeEthernet, gopacket.Default)
-			if !isQuery(p) {
-				t.Fatalf("unexpected frame %v", p)
+		case f := <-h.dev.Sent():
+			if p := gopacket.NewPacket(f, layers.LayerTypeEthernet, gopacket.Default); isQuery(p) {
+				return p
 			}
-			if ip := p.Layer(layers.LayerTypeIPv6).(*layers.IPv6); !ip.SrcIP.IsLinkLocalUnicast() || ip.HopLimit != 1 {
-				t.Fatalf("query from %s hop limit %d", ip.SrcIP, ip.HopLimit)
-			}
-			queries++
-			if queries == 1 {
-				a.clk.Advance(time.Minute) // the next one is due
-			}
-		case <-time.After(50 * time.Millisecond):
+		case <-time.After(2 * time.Second):
+			t.Fatal("no query")
 		}
 	}
-	if queries != 2 || a.s.Get(TxQueries) != 2 {
-		t.Fatalf("%d queries seen, counter %d; want 2 (start-up and one interval)", queries, a.s.Get(TxQueries))
+}
+
+func TestQuerierGeneral(t *testing.T) {
+	a, _ := pair(t, func(c *Config) { c.Multicast.QueryInterval = time.Minute })
+	kinds := map[string]int{}
+	for i := 0; i < 4; i++ {
+		p := a.nextQuery(t)
+		if ip, ok := p.Layer(layers.LayerTypeIPv6).(*layers.IPv6); ok {
+			if !ip.SrcIP.IsLinkLocalUnicast() || ip.HopLimit != 1 || ip.DstIP.String() != "ff02::1" {
+				t.Fatalf("MLD query from %s to %s hop limit %d", ip.SrcIP, ip.DstIP, ip.HopLimit)
+			}
+			kinds["mld"]++
+		} else {
+			if ip := p.Layer(layers.LayerTypeIPv4).(*layers.IPv4); ip.TTL != 1 || ip.DstIP.String() != "224.0.0.1" {
+				t.Fatalf("IGMP query to %s TTL %d", ip.DstIP, ip.TTL)
+			}
+			kinds["igmp"]++
+		}
+		if i == 1 {
+			a.clk.Advance(time.Minute) // the next pair is due
+		}
 	}
-	// A guest's MLDv2 report makes the port join its solicited-node group.
-	grp := netip.MustParseAddr("ff02::1:ff00:a1")
+	if kinds["mld"] != 2 || kinds["igmp"] != 2 || a.s.Get(TxQueries) != 4 {
+		t.Fatalf("queries %v, counter %d; want an IGMP and an MLD query at start-up and after one interval", kinds, a.s.Get(TxQueries))
+	}
+}
+
+func mldReport(t *testing.T, src ether.MAC, recType byte, group netip.Addr) []byte {
 	ip := &layers.IPv6{Version: 6, HopLimit: 1, NextHeader: layers.IPProtocolICMPv6, SrcIP: netip.MustParseAddr("fe80::a1").AsSlice(), DstIP: netip.MustParseAddr("ff02::16").AsSlice()}
 	icmp := &layers.ICMPv6{TypeCode: layers.CreateICMPv6TypeCode(layers.ICMPv6TypeMLDv2MulticastListenerReportMessageV2, 0)}
 	icmp.SetNetworkLayerForChecksum(ip)
-	report := []byte{0, 0, 0, 1, 4, 0, 0, 0}
-	report = append(report, grp.AsSlice()...)
-	a.dev.Inject(serialize(t, eth(macA1, ether.MAC{0x33, 0x33, 0, 0, 0, 0x16}, layers.EthernetTypeIPv6), ip, icmp, gopacket.Payload(report)))
-	mgid := ipoib.IPv6MGID(grp, 0xffff, 2)
-	deadline = time.Now().Add(time.Second)
-	for !a.port.Joined(mgid) {
+	report := append([]byte{0, 0, 0, 1, recType, 0, 0, 0}, group.AsSlice()...)
+	return serialize(t, eth(src, ether.MAC{0x33, 0x33, 0, 0, 0, 0x16}, layers.EthernetTypeIPv6), ip, icmp, gopacket.Payload(report))
+}
+
+func igmpReport(t *testing.T, src ether.MAC, recType byte, group netip.Addr) []byte {
+	ip := &layers.IPv4{Version: 4, TTL: 1, Protocol: layers.IPProtocolIGMP, SrcIP: ipA1.AsSlice(), DstIP: netip.MustParseAddr("224.0.0.22").AsSlice()}
+	igmp := append([]byte{0x22, 0, 0, 0, 0, 0, 0, 1, recType, 0, 0, 0}, group.AsSlice()...)
+	binary.BigEndian.PutUint16(igmp[2:], csum.Fold(csum.Sum(0, igmp)))
+	return serialize(t, eth(src, ether.MAC{1, 0, 0x5e, 0, 0, 0x16}, layers.EthernetTypeIPv4), ip, gopacket.Payload(igmp))
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Second)
+	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("group %s not joined after the report", grp)
+			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(time.Millisecond)
 	}
+}
+
+// TestSnooping: reports join MGIDs, a leave triggers group-specific
+// queries and, unanswered, leaves the MGID after the leave time;
+// multicast from a guest reaches the members' hypervisors only, through
+// a send-only join on the sender's.
+func TestSnooping(t *testing.T) {
+	f, err := memfabric.New(2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := newHV(t, f, "fe80::a", nil)
+	b := newHV(t, f, "fe80::b", nil)
+	c := newHV(t, f, "fe80::c", nil)
+	g4, g6 := netip.MustParseAddr("239.1.1.1"), netip.MustParseAddr("ff15::1234")
+	m4, m6 := ipoib.IPv4MGID(g4, 0xffff, 2), ipoib.IPv6MGID(g6, 0xffff, 2)
+	a.dev.Inject(igmpReport(t, macA1, 4, g4)) // CHANGE_TO_EXCLUDE({}): join
+	a.dev.Inject(mldReport(t, macA1, 4, g6))
+	waitFor(t, "joins on a", func() bool { return a.port.Joined(m4) && a.port.Joined(m6) })
+	// Three: the two groups and the solicited-node group of the MLD
+	// report's own source address.
+	if a.s.Get(McastJoins) != 3 {
+		t.Fatalf("joins %d", a.s.Get(McastJoins))
+	}
+
+	// c sends to both groups: a receives with the right MACs, b nothing;
+	// c is a send-only member, not a full one.
+	c.dev.Inject(udpFrame(t, macB1, ether.MAC{1, 0, 0x5e, 1, 1, 1}, ipB1, g4, 100, false))
+	p := a.recv(t)
+	if e := p.Layer(layers.LayerTypeEthernet).(*layers.Ethernet); e.DstMAC.String() != "01:00:5e:01:01:01" {
+		t.Fatalf("IPv4 multicast delivered to %s", e.DstMAC)
+	}
+	ip6 := &layers.IPv6{Version: 6, HopLimit: 5, NextHeader: layers.IPProtocolUDP, SrcIP: netip.MustParseAddr("fd00::c1").AsSlice(), DstIP: g6.AsSlice()}
+	udp := &layers.UDP{SrcPort: 1, DstPort: 2}
+	udp.SetNetworkLayerForChecksum(ip6)
+	c.dev.Inject(serialize(t, eth(macB1, ether.MAC{0x33, 0x33, 0, 0, 0x12, 0x34}, layers.EthernetTypeIPv6), ip6, udp, gopacket.Payload([]byte("hi"))))
+	p = a.recv(t)
+	if e := p.Layer(layers.LayerTypeEthernet).(*layers.Ethernet); e.DstMAC.String() != "33:33:00:00:12:34" {
+		t.Fatalf("IPv6 multicast delivered to %s", e.DstMAC)
+	}
+	b.quiet(t)
+	if c.port.Joined(m4) || !c.port.SendOnly(m4) || !c.port.SendOnly(m6) || b.port.Joined(m4) || b.port.SendOnly(m4) {
+		t.Fatalf("memberships: c full %v send-only %v/%v, b %v/%v", c.port.Joined(m4), c.port.SendOnly(m4), c.port.SendOnly(m6), b.port.Joined(m4), b.port.SendOnly(m4))
+	}
+
+	// A leave (CHANGE_TO_INCLUDE({})): a group-specific query to the group;
+	// nobody answers, and after the leave time (2 s) the MGID is left.
+	a.dev.Inject(igmpReport(t, macA1, 3, g4))
+	q := a.nextQuery(t)
+	if ip := q.Layer(layers.LayerTypeIPv4).(*layers.IPv4); ip.DstIP.String() != "239.1.1.1" {
+		t.Fatalf("group-specific query to %s", ip.DstIP)
+	}
+	if !a.port.Joined(m4) {
+		t.Fatal("left before the leave time")
+	}
+	a.clk.Advance(2 * time.Second)
+	waitFor(t, "leave after the leave time", func() bool { return !a.port.Joined(m4) })
+	if !a.port.Joined(m6) || a.s.Get(McastLeaves) != 1 {
+		t.Fatalf("IPv6 group left too, or leaves %d", a.s.Get(McastLeaves))
+	}
+	// The static groups survive a guest's leave of them.
+	a.dev.Inject(mldReport(t, macA1, 3, allNodes))
+	a.clk.Advance(3 * time.Second)
+	time.Sleep(50 * time.Millisecond)
+	if !a.port.Joined(ipoib.IPv6MGID(allNodes, 0xffff, 2)) {
+		t.Fatal("all-nodes group left on a guest's request")
+	}
+	// Malformed reports are dropped and counted.
+	bad := igmpReport(t, macA1, 4, g4)
+	bad[14+20+8] = 9 // record type 9 (the frame is padded to 60 bytes)
+	a.dev.Inject(bad)
+	a.waitCounter(t, DropBadMcastReport, 1)
+	// Send-only memberships are left after a membership interval unused.
+	c.clk.Advance(261 * time.Second)
+	waitFor(t, "send-only expiry", func() bool { return !c.port.SendOnly(m4) && !c.port.SendOnly(m6) })
 }
 
 func TestVIFAgingAndShutdown(t *testing.T) {

@@ -188,6 +188,7 @@ func (s *Shim) tx(b *txBatch, buf []byte, n int, now time.Time) {
 			return
 		}
 		m.Dst = ipoib.MakeHwAddr(0, ipoib.MulticastQPN, mgid)
+		s.sendTo(mgid, now)
 		s.ctr.inc(TxMulticast)
 	default:
 		if nb, ok := s.neigh.LookupREMAC(p.pkey, dst); ok {
@@ -205,11 +206,16 @@ func (s *Shim) tx(b *txBatch, buf []byte, n int, now time.Time) {
 	case ether.TypeARP, ether.TypeRARP:
 		pay, err = arpndp.ARPToIB(pay, p.view)
 	case ether.TypeIPv6:
-		s.snoopIPv6(p, pay)
+		if !s.snoopIPv6(p, pay, now) {
+			return
+		}
 		if arpndp.IsNDP(pay) {
 			pay, err = arpndp.NDPToIB(pay, p.view)
 		}
 	case ether.TypeIPv4:
+		if snoop.IsIGMP(pay) && !s.snoopRecords(p, snoop.ParseIGMP, pay, now) {
+			return
+		}
 		if arpndp.IsDHCPClient(pay) {
 			if s.cfg.DHCP == DHCPRFC4390 {
 				pay, err = arpndp.DHCPToIB(pay)
@@ -242,26 +248,41 @@ func (s *Shim) tx(b *txBatch, buf []byte, n int, now time.Time) {
 	b.add(pkt, m)
 }
 
-// snoopIPv6 joins the solicited-node groups NDP needs: those the guest
-// reports by MLD, that of its source address, and that of the target of
-// its duplicate address detection.
-func (s *Shim) snoopIPv6(p *partition, pay []byte) {
-	if snoop.IsMLDReport(pay) {
-		groups, _ := snoop.MLDJoins(pay)
-		for _, g := range groups {
-			if solicitedPrefix.Contains(g) {
-				s.joinGroup(p, g)
-			}
-		}
+// snoopIPv6 records the memberships an IPv6 packet from a guest shows:
+// those its MLD reports and dones state, the solicited-node group of its
+// source address, and that of the target of its duplicate address
+// detection. It reports false for a malformed MLD message (dropped).
+func (s *Shim) snoopIPv6(p *partition, pay []byte, now time.Time) bool {
+	if snoop.IsMLD(pay) && !s.snoopRecords(p, snoop.ParseMLD, pay, now) {
+		return false
 	}
 	src := netip.AddrFrom16([16]byte(pay[8:24]))
 	if !src.IsUnspecified() {
-		s.joinSolicited(p, src)
-		return
+		if !src.IsMulticast() {
+			s.member(p, solicitedNode(src), false, now)
+		}
+		return true
 	}
 	if len(pay) >= 64 && pay[6] == 58 && pay[40] == arpndp.TypeNeighborSolicitation {
-		s.joinSolicited(p, netip.AddrFrom16([16]byte(pay[48:64])))
+		s.member(p, solicitedNode(netip.AddrFrom16([16]byte(pay[48:64]))), false, now)
 	}
+	return true
+}
+
+// snoopRecords feeds the records of a guest's IGMP or MLD message to the
+// snooping table; it reports false (counted) for a malformed one.
+func (s *Shim) snoopRecords(p *partition, parse func([]byte) ([]snoop.Record, error), pay []byte, now time.Time) bool {
+	recs, err := parse(pay)
+	if err != nil {
+		s.ctr.inc(DropBadMcastReport)
+		return false
+	}
+	for _, r := range recs {
+		if r.Group != allNodes && r.Group != allHosts {
+			s.member(p, r.Group, r.Leave, now)
+		}
+	}
+	return true
 }
 
 // warnVIFLimit logs the VIF limit at most once a minute.

@@ -1,11 +1,14 @@
-// Package snoop watches what guests send to learn what the fabric side
-// must do for them: which IPv6 multicast groups they listen to (MLD
-// reports), so that the port joins the matching MGIDs. Reports are parsed
-// with gopacket's layers rather than by hand; they are rare, so the
-// allocation this costs stays off the per-frame path.
+// Package snoop watches the IGMP and MLD messages guests send, to learn
+// which multicast groups they listen to, and builds the queries the shim
+// sends them as querier. Reports are parsed with gopacket's layers (group
+// records included) rather than by hand; they are rare, so the allocation
+// this costs stays off the per-frame path. Table is the membership state
+// machine (RFC 3376 §6 and RFC 3810 §7 as a snooping switch applies
+// them): one for both protocols, driven by an injected clock.
 package snoop
 
 import (
+	"encoding/binary"
 	"errors"
 	"net/netip"
 
@@ -13,16 +16,23 @@ import (
 	"github.com/gopacket/gopacket/layers"
 )
 
-// Errors of MLDJoins.
+// Errors of the parsers.
 var (
-	ErrNotMLDReport = errors.New("snoop: not an MLD report")
-	ErrMalformed    = errors.New("snoop: malformed MLD report")
+	ErrNotReport = errors.New("snoop: not a membership report or leave")
+	ErrMalformed = errors.New("snoop: malformed membership message")
 )
 
-// IsMLDReport is a cheap pre-check on an IPv6 packet: ICMPv6 type 131
-// (MLDv1 report) or 143 (MLDv2 report), directly or after a hop-by-hop
-// options header (where MLD's router alert lives).
-func IsMLDReport(pkt []byte) bool {
+// Record is one group a report speaks of: joined (or still joined), or
+// left.
+type Record struct {
+	Group netip.Addr
+	Leave bool
+}
+
+// IsMLD is a cheap pre-check on an IPv6 packet: an MLD report (131, 143)
+// or done (132), directly or after a hop-by-hop options header (where
+// MLD's router alert lives).
+func IsMLD(pkt []byte) bool {
 	if len(pkt) < 41 || pkt[0]>>4 != 6 {
 		return false
 	}
@@ -34,47 +44,73 @@ func IsMLDReport(pkt []byte) bool {
 		nh = pkt[40]
 		off += 8 * (int(pkt[41]) + 1)
 	}
-	return nh == 58 && len(pkt) > off && (pkt[off] == 131 || pkt[off] == 143)
+	return nh == 58 && len(pkt) > off && (pkt[off] == 131 || pkt[off] == 132 || pkt[off] == 143)
 }
 
-// MLDJoins returns the groups an MLD report (an IPv6 packet) says the
-// sender listens to: the address of an MLDv1 report, and each MLDv2
-// record that is not a leave (CHANGE_TO_INCLUDE or IS_INCLUDE with no
-// sources, or BLOCK_OLD_SOURCES).
-func MLDJoins(pkt []byte) ([]netip.Addr, error) {
-	if !IsMLDReport(pkt) {
-		return nil, ErrNotMLDReport
+// ParseMLD returns the records of an MLDv1 report or done, or an MLDv2
+// report (an IPv6 packet).
+func ParseMLD(pkt []byte) ([]Record, error) {
+	if !IsMLD(pkt) {
+		return nil, ErrNotReport
 	}
-	p := gopacket.NewPacket(pkt, layers.LayerTypeIPv6, gopacket.DecodeOptions{Lazy: true, NoCopy: true})
-	if el := p.ErrorLayer(); el != nil {
+	tl := 40 + int(binary.BigEndian.Uint16(pkt[4:6]))
+	if tl > len(pkt) {
+		return nil, ErrMalformed
+	}
+	p := gopacket.NewPacket(pkt[:tl], layers.LayerTypeIPv6, gopacket.DecodeOptions{Lazy: true, NoCopy: true})
+	if p.ErrorLayer() != nil {
 		return nil, ErrMalformed
 	}
 	if l, ok := p.Layer(layers.LayerTypeMLDv1MulticastListenerReport).(*layers.MLDv1MulticastListenerReportMessage); ok {
-		a, ok := netip.AddrFromSlice(l.MulticastAddress)
-		if !ok || !a.Is6() || !a.IsMulticast() {
-			return nil, ErrMalformed
-		}
-		return []netip.Addr{a}, nil
+		return oneRecord(l.MulticastAddress, false, false)
+	}
+	if l, ok := p.Layer(layers.LayerTypeMLDv1MulticastListenerDone).(*layers.MLDv1MulticastListenerDoneMessage); ok {
+		return oneRecord(l.MulticastAddress, true, false)
 	}
 	l, ok := p.Layer(layers.LayerTypeMLDv2MulticastListenerReport).(*layers.MLDv2MulticastListenerReportMessage)
-	if !ok {
+	if !ok || len(l.MulticastAddressRecords) != int(l.NumberOfMulticastAddressRecords) {
 		return nil, ErrMalformed
 	}
-	var out []netip.Addr
+	out := make([]Record, 0, len(l.MulticastAddressRecords))
 	for _, r := range l.MulticastAddressRecords {
-		a, ok := netip.AddrFromSlice(r.MulticastAddress)
-		if !ok || !a.Is6() || !a.IsMulticast() {
-			return nil, ErrMalformed
+		rec, keep, err := v3Record(r.MulticastAddress, uint8(r.RecordType), int(r.N), false)
+		if err != nil {
+			return nil, err
 		}
-		switch r.RecordType {
-		case layers.MLDv2MulticastAddressRecordTypeModeIsIncluded, layers.MLDv2MulticastAddressRecordTypeChangeToIncludeMode:
-			if r.N == 0 {
-				continue // include nothing: a leave
-			}
-		case layers.MLDv2MulticastAddressRecordTypeBlockOldSources:
-			continue
+		if keep {
+			out = append(out, rec)
 		}
-		out = append(out, a)
 	}
 	return out, nil
+}
+
+// oneRecord is the record of a v1/v2 message about one group.
+func oneRecord(ip []byte, leave, v4 bool) ([]Record, error) {
+	a, ok := netip.AddrFromSlice(ip)
+	if !ok || a.Unmap().Is4() != v4 || !a.IsMulticast() {
+		return nil, ErrMalformed
+	}
+	return []Record{{Group: a.Unmap(), Leave: leave}}, nil
+}
+
+// v3Record interprets an IGMPv3/MLDv2 group record at group granularity
+// (a snooping switch forwards whole groups): CHANGE_TO_INCLUDE or
+// IS_INCLUDE with no sources is a leave, BLOCK_OLD_SOURCES changes
+// nothing, everything else is a join.
+func v3Record(ip []byte, typ uint8, sources int, v4 bool) (Record, bool, error) {
+	a, ok := netip.AddrFromSlice(ip)
+	if !ok || a.Unmap().Is4() != v4 || !a.IsMulticast() {
+		return Record{}, false, ErrMalformed
+	}
+	r := Record{Group: a.Unmap()}
+	switch typ {
+	case 1, 3: // MODE_IS_INCLUDE, CHANGE_TO_INCLUDE_MODE
+		r.Leave = sources == 0
+	case 2, 4, 5: // MODE_IS_EXCLUDE, CHANGE_TO_EXCLUDE_MODE, ALLOW_NEW_SOURCES
+	case 6: // BLOCK_OLD_SOURCES
+		return r, false, nil
+	default:
+		return r, false, ErrMalformed
+	}
+	return r, true, nil
 }

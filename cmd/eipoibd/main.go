@@ -29,6 +29,7 @@ import (
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/ipoib/simfabric"
 	"github.com/eipoib/eipoibd/shim"
+	"github.com/eipoib/eipoibd/snoop"
 	"github.com/eipoib/eipoibd/tap"
 	"github.com/eipoib/eipoibd/vswitch"
 )
@@ -61,6 +62,8 @@ func main() {
 // options are the parsed flags of "run".
 type options struct {
 	underlay, name, bridge, fabric, metrics, logLevel, dhcp, faults, mac string
+	ovsBridge, ovsDB, vlanPKey                                           string
+	mcast                                                                snoop.Timers
 	ibMTU, maxVIFs, maxNeigh                                             int
 	vifIdle                                                              time.Duration
 }
@@ -88,6 +91,13 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.metrics, "metrics", "", "listen address for Prometheus metrics, e.g. 127.0.0.1:9474 (off when empty)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&o.dhcp, "dhcp", shim.DHCPBroadcast, "DHCP handling: broadcast or rfc4390")
+	fs.StringVar(&o.ovsBridge, "ovs-bridge", "", "Open vSwitch bridge to attach the TAP to as a trunk port (detached on shutdown)")
+	fs.StringVar(&o.ovsDB, "ovs-db", "", "OVSDB remote for --ovs-bridge (default: ovs-vsctl's, $OVS_RUNDIR/db.sock)")
+	fs.StringVar(&o.vlanPKey, "vlan-pkey", "", "VLAN to P_Key map, e.g. 10=0x800a,20=0x8014 (untagged is always 0xffff)")
+	fs.DurationVar(&o.mcast.QueryInterval, "mcast-query-interval", 125*time.Second, "IGMP/MLD general query interval towards guests")
+	fs.DurationVar(&o.mcast.QueryResponseInterval, "mcast-response-interval", 10*time.Second, "maximum response time of general queries")
+	fs.DurationVar(&o.mcast.LastMemberQueryInterval, "mcast-last-member-interval", time.Second, "interval of group-specific queries after a leave")
+	fs.IntVar(&o.mcast.Robustness, "mcast-robustness", 2, "robustness variable: queries after a leave, and the membership interval factor")
 	fs.StringVar(&o.faults, "fault", "", "simulated fabric faults, e.g. loss=0.01,dup=0.01,reorder=0.01,corrupt=0.01")
 	if err := fs.Parse(args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -116,8 +126,37 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 		return nil, usageError{fmt.Sprintf("--vif-idle %s: want at least 1s", o.vifIdle)}
 	case o.dhcp != shim.DHCPBroadcast && o.dhcp != shim.DHCPRFC4390:
 		return nil, usageError{fmt.Sprintf("--dhcp %q: want broadcast or rfc4390", o.dhcp)}
+	case o.bridge != "" && o.ovsBridge != "":
+		return nil, usageError{"--bridge and --ovs-bridge exclude each other: the TAP has one switch"}
+	}
+	if err := o.mcast.WithDefaults().Validate(); err != nil {
+		return nil, usageError{"--mcast-*: " + strings.TrimPrefix(err.Error(), "snoop: ")}
 	}
 	return o, nil
+}
+
+// parseVLANPKeys parses "10=0x800a,20=0x8014".
+func parseVLANPKeys(s string) (map[uint16]ipoib.PKey, error) {
+	m := make(map[uint16]ipoib.PKey)
+	if s == "" {
+		return m, nil
+	}
+	for _, kv := range strings.Split(s, ",") {
+		v, p, ok := strings.Cut(kv, "=")
+		vlan, err := strconv.ParseUint(v, 10, 16)
+		if !ok || err != nil || vlan < 1 || vlan > 4094 {
+			return nil, usageError{fmt.Sprintf("--vlan-pkey %q: want VLAN=P_Key with VLAN 1..4094, e.g. 10=0x800a", kv)}
+		}
+		pkey, err := ipoib.ParsePKey(p)
+		if err != nil {
+			return nil, usageError{fmt.Sprintf("--vlan-pkey %q: %s", kv, strings.TrimPrefix(err.Error(), "ipoib: "))}
+		}
+		if _, dup := m[uint16(vlan)]; dup {
+			return nil, usageError{fmt.Sprintf("--vlan-pkey: VLAN %d given twice", vlan)}
+		}
+		m[uint16(vlan)] = pkey
+	}
+	return m, nil
 }
 
 // parseFaults parses "loss=0.01,dup=0.02".
@@ -164,6 +203,10 @@ func run(args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	partitions, err := parseVLANPKeys(o.vlanPKey)
+	if err != nil {
+		return err
+	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	var mac ether.MAC
 	if o.mac != "" {
@@ -187,9 +230,24 @@ func run(args []string, stderr io.Writer) error {
 	sh, err := shim.New(shim.Config{
 		Device: dev, Port: port, Logger: log,
 		MaxVIFs: o.maxVIFs, MaxNeighbours: o.maxNeigh, VIFIdle: o.vifIdle, DHCP: o.dhcp,
+		Partitions: partitions, Multicast: o.mcast,
 	})
 	if err != nil {
 		return err
+	}
+	if o.ovsBridge != "" {
+		ovs := vswitch.OVS{DB: o.ovsDB}
+		if err := ovs.Attach(o.name, o.ovsBridge); err != nil {
+			return err
+		}
+		log.Info("attached to Open vSwitch bridge", "tap", o.name, "bridge", o.ovsBridge)
+		defer func() {
+			if err := ovs.Detach(o.name, o.ovsBridge); err != nil {
+				log.Warn("detach from Open vSwitch", "err", err)
+			} else {
+				log.Info("detached from Open vSwitch bridge", "bridge", o.ovsBridge)
+			}
+		}()
 	}
 	if o.bridge != "" {
 		if err := vswitch.AttachBridge(o.name, o.bridge); err != nil {

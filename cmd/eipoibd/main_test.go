@@ -27,6 +27,12 @@ func TestBadCommandLines(t *testing.T) {
 		{[]string{"run", "--underlay", "x", "--log-level", "loud"}, "--log-level", true},
 		{[]string{"run", "--underlay", "x", "--mac", "01:00:5e:00:00:01"}, "--mac", true},
 		{[]string{"run", "--underlay", "x", "--bogus"}, "-bogus", true},
+		{[]string{"run", "--underlay", "x", "--vlan-pkey", "10"}, `--vlan-pkey "10"`, true},
+		{[]string{"run", "--underlay", "x", "--vlan-pkey", "5000=0x8001"}, `--vlan-pkey "5000=0x8001"`, true},
+		{[]string{"run", "--underlay", "x", "--vlan-pkey", "10=0x8000"}, "invalid partition", true},
+		{[]string{"run", "--underlay", "x", "--vlan-pkey", "10=0x800a,10=0x800b"}, "VLAN 10 given twice", true},
+		{[]string{"run", "--underlay", "x", "--bridge", "br0", "--ovs-bridge", "ovsbr"}, "exclude each other", true},
+		{[]string{"run", "--underlay", "x", "--mcast-robustness", "9"}, "robustness 9", true},
 		{[]string{"run", "--underlay", "x", "extra"}, `unexpected argument "extra"`, true},
 		{[]string{"run", "--underlay", "no-such-if0"}, `underlay interface "no-such-if0" not found`, false},
 	}
@@ -44,6 +50,9 @@ func TestBadCommandLines(t *testing.T) {
 		if errors.As(err, &ue) != tc.usage {
 			t.Errorf("%v: usage error %v, want %v", tc.args, !tc.usage, tc.usage)
 		}
+	}
+	if m, err := parseVLANPKeys("10=0x800a,20=0x8014"); err != nil || len(m) != 2 || m[10] != 0x800a || m[20] != 0x8014 {
+		t.Errorf("parseVLANPKeys = %v, %v", m, err)
 	}
 	var stderr bytes.Buffer
 	if err := run([]string{"run", "-h"}, &stderr); err != errHelp || !strings.Contains(stderr.String(), "--underlay") && !strings.Contains(stderr.String(), "-underlay") {

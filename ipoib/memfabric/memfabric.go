@@ -61,9 +61,10 @@ type Port struct {
 	done   chan struct{}
 	closed atomic.Bool
 
-	mu     sync.RWMutex
-	qps    *ipoib.QPTable
-	groups map[ipoib.GID]bool
+	mu       sync.RWMutex
+	qps      *ipoib.QPTable
+	groups   map[ipoib.GID]bool
+	sendOnly map[ipoib.GID]bool
 
 	txPackets, txBytes, rxPackets, rxBytes atomic.Uint64
 	dropMu                                 sync.Mutex
@@ -81,11 +82,12 @@ func (f *Fabric) NewPort(gid ipoib.GID) (*Port, error) {
 	}
 	p := &Port{
 		f: f, gid: gid,
-		rx:     make(chan packet, queueLen),
-		done:   make(chan struct{}),
-		qps:    ipoib.NewQPTable(0x48),
-		groups: make(map[ipoib.GID]bool),
-		drops:  make(map[string]uint64),
+		rx:       make(chan packet, queueLen),
+		done:     make(chan struct{}),
+		qps:      ipoib.NewQPTable(0x48),
+		groups:   make(map[ipoib.GID]bool),
+		sendOnly: make(map[ipoib.GID]bool),
+		drops:    make(map[string]uint64),
 	}
 	f.ports[gid] = p
 	return p, nil
@@ -129,14 +131,37 @@ func (p *Port) Join(mgid ipoib.GID) error {
 	}
 	p.mu.Lock()
 	p.groups[mgid] = true
+	delete(p.sendOnly, mgid)
 	p.mu.Unlock()
 	return nil
+}
+
+// JoinSendOnly records a send-only membership: nothing is delivered.
+func (p *Port) JoinSendOnly(mgid ipoib.GID) error {
+	if !mgid.IsMulticast() {
+		return fmt.Errorf("memfabric: %s is not an MGID", mgid)
+	}
+	p.mu.Lock()
+	if !p.groups[mgid] {
+		p.sendOnly[mgid] = true
+	}
+	p.mu.Unlock()
+	return nil
+}
+
+// SendOnly reports whether the port is a send-only member of mgid (for
+// tests).
+func (p *Port) SendOnly(mgid ipoib.GID) bool {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	return p.sendOnly[mgid]
 }
 
 // Leave detaches the port from mgid.
 func (p *Port) Leave(mgid ipoib.GID) error {
 	p.mu.Lock()
 	delete(p.groups, mgid)
+	delete(p.sendOnly, mgid)
 	p.mu.Unlock()
 	return nil
 }

@@ -118,10 +118,11 @@ type Port struct {
 	closed atomic.Bool
 	down   atomic.Bool
 
-	qps    *ipoib.QPTable
-	mu     sync.RWMutex // guards groups
-	groups map[ipoib.GID]bool
-	psn    atomic.Uint32
+	qps      *ipoib.QPTable
+	mu       sync.RWMutex // guards groups and sendOnly
+	groups   map[ipoib.GID]bool
+	sendOnly map[ipoib.GID]bool
+	psn      atomic.Uint32
 
 	rmu    sync.Mutex // Read state
 	rcodec Codec
@@ -220,7 +221,7 @@ func Open(cfg Config) (*Port, error) {
 	}
 	p := &Port{
 		ifi: ifi, gid: gid, mtu: cfg.IBMTU, faults: cfg.Faults, conn: conn, pc: pc,
-		qps: ipoib.NewQPTable(0x100 + rand.Uint32N(0xff0000)), groups: make(map[ipoib.GID]bool),
+		qps: ipoib.NewQPTable(0x100 + rand.Uint32N(0xff0000)), groups: make(map[ipoib.GID]bool), sendOnly: make(map[ipoib.GID]bool),
 		rmsgs: make([]ipv6.Message, batch), rbufs: make([][1][]byte, batch),
 		wmsgs: make([]ipv6.Message, 0, 2*batch+1), wbufs: make([][1][]byte, 2*batch+1),
 		addrs: make(map[ipoib.GID]*net.UDPAddr),
@@ -322,13 +323,31 @@ func (p *Port) Join(mgid ipoib.GID) error {
 		return fmt.Errorf("simfabric: join %s on %s: %w", mgid, p.ifi.Name, err)
 	}
 	p.groups[mgid] = true
+	delete(p.sendOnly, mgid)
 	return nil
 }
 
-// Leave leaves the IPv6 group mgid.
+// JoinSendOnly records a send-only membership of mgid. Sending to an
+// IPv6 group needs no membership on the underlay, so nothing is joined
+// there: the port receives none of the group's traffic, as a send-only
+// member on a real fabric.
+func (p *Port) JoinSendOnly(mgid ipoib.GID) error {
+	if !mgid.IsMulticast() {
+		return fmt.Errorf("simfabric: %s is not an MGID", mgid)
+	}
+	p.mu.Lock()
+	if !p.groups[mgid] {
+		p.sendOnly[mgid] = true
+	}
+	p.mu.Unlock()
+	return nil
+}
+
+// Leave leaves the IPv6 group mgid, or drops a send-only membership.
 func (p *Port) Leave(mgid ipoib.GID) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	delete(p.sendOnly, mgid)
 	if !p.groups[mgid] {
 		return nil
 	}

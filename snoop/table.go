@@ -1,0 +1,196 @@
+package snoop
+
+import (
+	"fmt"
+	"net/netip"
+	"sync"
+	"time"
+)
+
+// Timers are the membership timers of RFC 3376 §8 (IGMPv3) and RFC 3810
+// §9 (MLDv2), which share their defaults.
+type Timers struct {
+	Robustness              int           // 2
+	QueryInterval           time.Duration // 125 s
+	QueryResponseInterval   time.Duration // 10 s
+	LastMemberQueryInterval time.Duration // 1 s
+	LastMemberQueryCount    int           // Robustness
+}
+
+// WithDefaults fills zero fields with the RFC defaults.
+func (t Timers) WithDefaults() Timers {
+	if t.Robustness == 0 {
+		t.Robustness = 2
+	}
+	if t.QueryInterval == 0 {
+		t.QueryInterval = 125 * time.Second
+	}
+	if t.QueryResponseInterval == 0 {
+		t.QueryResponseInterval = 10 * time.Second
+	}
+	if t.LastMemberQueryInterval == 0 {
+		t.LastMemberQueryInterval = time.Second
+	}
+	if t.LastMemberQueryCount == 0 {
+		t.LastMemberQueryCount = t.Robustness
+	}
+	return t
+}
+
+// Validate checks the timers are usable (after WithDefaults).
+func (t Timers) Validate() error {
+	switch {
+	case t.Robustness < 1 || t.Robustness > 7:
+		return fmt.Errorf("snoop: robustness %d out of range 1..7", t.Robustness)
+	case t.QueryResponseInterval >= t.QueryInterval:
+		return fmt.Errorf("snoop: query response interval %s must be below the query interval %s", t.QueryResponseInterval, t.QueryInterval)
+	case t.LastMemberQueryInterval < 100*time.Millisecond || t.LastMemberQueryInterval > 25*time.Second:
+		return fmt.Errorf("snoop: last member query interval %s out of range 100ms..25s", t.LastMemberQueryInterval)
+	case t.QueryResponseInterval > 25*time.Second || t.QueryResponseInterval < 100*time.Millisecond:
+		return fmt.Errorf("snoop: query response interval %s out of range 100ms..25s", t.QueryResponseInterval)
+	case t.QueryInterval > 3000*time.Second:
+		return fmt.Errorf("snoop: query interval %s above 3000s", t.QueryInterval)
+	}
+	return nil
+}
+
+// MembershipInterval is how long a group lives without a report:
+// robustness × query interval + query response interval (260 s).
+func (t Timers) MembershipInterval() time.Duration {
+	return time.Duration(t.Robustness)*t.QueryInterval + t.QueryResponseInterval
+}
+
+// LeaveTime is how long a group lives after a leave with no report in
+// answer to the group-specific queries: count × interval (2 s).
+func (t Timers) LeaveTime() time.Duration {
+	return time.Duration(t.LastMemberQueryCount) * t.LastMemberQueryInterval
+}
+
+// Key is a group in one scope (the shim uses the VLAN of a partition).
+type Key struct {
+	Scope uint16
+	Group netip.Addr
+}
+
+// Actions are what the table asks of its owner; each is called without
+// the table's lock held.
+type Actions struct {
+	Join  func(Key) // the group's first member appeared
+	Leave func(Key) // the group's last member is gone
+	Query func(Key) // send a group-specific query
+}
+
+type member struct {
+	expires     time.Time
+	queriesLeft int
+	nextQuery   time.Time
+}
+
+// Table is the membership state machine for IGMP and MLD alike: a report
+// creates or refreshes a group for the membership interval; a leave
+// starts group-specific queries and shortens the group's life to the
+// leave time unless a report answers. It is safe for concurrent use.
+type Table struct {
+	t   Timers
+	act Actions
+	max int
+
+	mu       sync.Mutex
+	m        map[Key]*member
+	overflow uint64
+}
+
+// NewTable returns an empty table of at most max groups.
+func NewTable(t Timers, max int, act Actions) *Table {
+	return &Table{t: t.WithDefaults(), act: act, max: max, m: make(map[Key]*member)}
+}
+
+// Timers returns the table's timers.
+func (t *Table) Timers() Timers { return t.t }
+
+// Report records that a member of k exists at now.
+func (t *Table) Report(k Key, now time.Time) {
+	t.mu.Lock()
+	m, ok := t.m[k]
+	if !ok {
+		if len(t.m) >= t.max {
+			t.overflow++
+			t.mu.Unlock()
+			return
+		}
+		m = &member{}
+		t.m[k] = m
+	}
+	m.expires = now.Add(t.t.MembershipInterval())
+	m.queriesLeft = 0
+	t.mu.Unlock()
+	if !ok && t.act.Join != nil {
+		t.act.Join(k)
+	}
+}
+
+// Leave records that a member of k left at now: the remaining members,
+// if any, are asked to report.
+func (t *Table) Leave(k Key, now time.Time) {
+	t.mu.Lock()
+	m, ok := t.m[k]
+	if !ok || m.queriesLeft > 0 {
+		t.mu.Unlock()
+		return
+	}
+	if exp := now.Add(t.t.LeaveTime()); exp.Before(m.expires) {
+		m.expires = exp
+	}
+	m.queriesLeft = t.t.LastMemberQueryCount - 1
+	m.nextQuery = now.Add(t.t.LastMemberQueryInterval)
+	t.mu.Unlock()
+	if t.act.Query != nil {
+		t.act.Query(k)
+	}
+}
+
+// Tick expires groups and sends due group-specific queries.
+func (t *Table) Tick(now time.Time) {
+	var gone, query []Key
+	t.mu.Lock()
+	for k, m := range t.m {
+		switch {
+		case !now.Before(m.expires):
+			delete(t.m, k)
+			gone = append(gone, k)
+		case m.queriesLeft > 0 && !now.Before(m.nextQuery):
+			m.queriesLeft--
+			m.nextQuery = now.Add(t.t.LastMemberQueryInterval)
+			query = append(query, k)
+		}
+	}
+	t.mu.Unlock()
+	for _, k := range query {
+		if t.act.Query != nil {
+			t.act.Query(k)
+		}
+	}
+	for _, k := range gone {
+		if t.act.Leave != nil {
+			t.act.Leave(k)
+		}
+	}
+}
+
+// Groups returns the groups with members.
+func (t *Table) Groups() []Key {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make([]Key, 0, len(t.m))
+	for k := range t.m {
+		out = append(out, k)
+	}
+	return out
+}
+
+// Overflow returns how many new groups were refused for the bound.
+func (t *Table) Overflow() uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.overflow
+}

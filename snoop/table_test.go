@@ -1,0 +1,107 @@
+package snoop
+
+import (
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/eipoib/eipoibd/internal/clock"
+)
+
+type recorder struct{ joins, leaves, queries []Key }
+
+func (r *recorder) actions() Actions {
+	return Actions{
+		Join:  func(k Key) { r.joins = append(r.joins, k) },
+		Leave: func(k Key) { r.leaves = append(r.leaves, k) },
+		Query: func(k Key) { r.queries = append(r.queries, k) },
+	}
+}
+
+func TestTimersDefaults(t *testing.T) {
+	tm := Timers{}.WithDefaults()
+	if tm.MembershipInterval() != 260*time.Second || tm.LeaveTime() != 2*time.Second || tm.Validate() != nil {
+		t.Fatalf("RFC 3376 §8 defaults: MI %s, leave %s, %v", tm.MembershipInterval(), tm.LeaveTime(), tm.Validate())
+	}
+	for _, bad := range []Timers{{Robustness: 9}, {QueryInterval: 5 * time.Second, QueryResponseInterval: 10 * time.Second}, {LastMemberQueryInterval: time.Millisecond}} {
+		if bad.WithDefaults().Validate() == nil {
+			t.Errorf("%+v accepted", bad)
+		}
+	}
+}
+
+func TestTableLifecycle(t *testing.T) {
+	clk := clock.NewFake(time.Unix(1e6, 0))
+	var r recorder
+	tbl := NewTable(Timers{}, 10, r.actions())
+	g := Key{0, netip.MustParseAddr("239.1.1.1")}
+	tbl.Report(g, clk.Now())
+	tbl.Report(g, clk.Now()) // a second member: no second join
+	if len(r.joins) != 1 {
+		t.Fatalf("joins %v", r.joins)
+	}
+	// Refreshed by reports, the group outlives the membership interval.
+	for i := 0; i < 5; i++ {
+		clk.Advance(125 * time.Second)
+		tbl.Report(g, clk.Now())
+		tbl.Tick(clk.Now())
+	}
+	if len(r.leaves) != 0 {
+		t.Fatal("refreshed group left")
+	}
+	// A leave: a group-specific query at once and one more a second later;
+	// a report in between keeps the group.
+	tbl.Leave(g, clk.Now())
+	if len(r.queries) != 1 {
+		t.Fatalf("queries %v", r.queries)
+	}
+	clk.Advance(500 * time.Millisecond)
+	tbl.Report(g, clk.Now())
+	clk.Advance(3 * time.Second)
+	tbl.Tick(clk.Now())
+	if len(r.leaves) != 0 || len(r.queries) != 1 {
+		t.Fatalf("answered leave: leaves %v queries %v", r.leaves, r.queries)
+	}
+	// A leave nobody answers: the second query, then gone after the leave time.
+	tbl.Leave(g, clk.Now())
+	clk.Advance(time.Second)
+	tbl.Tick(clk.Now())
+	if len(r.queries) != 3 || len(r.leaves) != 0 {
+		t.Fatalf("queries %v leaves %v", r.queries, r.leaves)
+	}
+	clk.Advance(time.Second)
+	tbl.Tick(clk.Now())
+	if len(r.leaves) != 1 || r.leaves[0] != g || len(tbl.Groups()) != 0 {
+		t.Fatalf("leaves %v groups %v", r.leaves, tbl.Groups())
+	}
+	// Silent members expire after the membership interval.
+	tbl.Report(g, clk.Now())
+	clk.Advance(259 * time.Second)
+	tbl.Tick(clk.Now())
+	if len(r.leaves) != 1 {
+		t.Fatal("expired early")
+	}
+	clk.Advance(time.Second)
+	tbl.Tick(clk.Now())
+	if len(r.leaves) != 2 {
+		t.Fatal("not expired after the membership interval")
+	}
+	// Leaves of unknown groups do nothing.
+	tbl.Leave(Key{0, netip.MustParseAddr("ff15::1")}, clk.Now())
+	if len(r.queries) != 3 {
+		t.Fatal("query for an unknown group")
+	}
+}
+
+func TestTableScopesAndBound(t *testing.T) {
+	var r recorder
+	tbl := NewTable(Timers{}, 2, r.actions())
+	now := time.Unix(1e6, 0)
+	g := netip.MustParseAddr("ff15::1234")
+	tbl.Report(Key{10, g}, now)
+	tbl.Report(Key{20, g}, now) // same group, other partition: its own state
+	tbl.Report(Key{30, g}, now) // over the bound
+	if len(r.joins) != 2 || tbl.Overflow() != 1 {
+		t.Fatalf("joins %v overflow %d", r.joins, tbl.Overflow())
+	}
+}
