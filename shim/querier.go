@@ -54,10 +54,13 @@ func (s *Shim) queryFrame(p *partition, v6 bool, group netip.Addr, maxResp time.
 	return snoop.AppendIGMPv3Query(f[:hl], group, uint8(t.Robustness), t.QueryInterval, maxResp)
 }
 
-// sendQueries sends IGMPv3 and MLDv2 general queries into every partition.
-func (s *Shim) sendQueries() {
+// sendQueries sends IGMPv3 and MLDv2 general queries into every
+// partition, answered within resp. The start-up queries ask for answers
+// within the last member query interval rather than the query response
+// interval: after a (re)start the shim knows no memberships, and NDP to
+// silent guests needs their solicited-node groups back at once.
+func (s *Shim) sendQueries(resp time.Duration) {
 	frames := make([][]byte, 0, 2*len(s.byPKey))
-	resp := s.snoop.Timers().QueryResponseInterval
 	for _, p := range s.byPKey {
 		frames = append(frames, s.queryFrame(p, false, netip.Addr{}, resp), s.queryFrame(p, true, netip.Addr{}, resp))
 	}

@@ -286,7 +286,7 @@ func (s *Shim) followCarrier() {
 func (s *Shim) housekeeping(ctx context.Context) error {
 	t := time.NewTicker(s.cfg.Housekeeping)
 	defer t.Stop()
-	s.sendQueries()
+	s.sendQueries(s.cfg.Multicast.LastMemberQueryInterval)
 	nextQuery := s.clk.Now().Add(s.cfg.Multicast.QueryInterval)
 	for {
 		select {
@@ -296,7 +296,7 @@ func (s *Shim) housekeeping(ctx context.Context) error {
 		}
 		now := s.clk.Now()
 		if !now.Before(nextQuery) {
-			s.sendQueries()
+			s.sendQueries(s.cfg.Multicast.QueryResponseInterval)
 			nextQuery = now.Add(s.cfg.Multicast.QueryInterval)
 		}
 		s.snoop.Tick(now)
