@@ -30,7 +30,7 @@ var (
 )
 
 // tools the tests run.
-var tools = []string{"ping", "arping", "iperf3", "tshark"}
+var tools = []string{"ping", "arping", "iperf3", "tshark", "iperf", "tcpdump"}
 
 func TestMain(m *testing.M) {
 	if os.Geteuid() == 0 {
@@ -158,6 +158,8 @@ func newTopo(t *testing.T, n int, viaBridge bool, extra ...string) *topo {
 		for _, g := range h.guests {
 			sh(t, in(g.ns, "ip", "addr", "add", g.ip4+"/24", "dev", "eth0")...)
 			sh(t, in(g.ns, "ip", "addr", "add", g.ip6+"/64", "dev", "eth0", "nodad")...)
+			// No default route: IPv4 multicast needs one of its own.
+			sh(t, in(g.ns, "ip", "route", "add", "224.0.0.0/4", "dev", "eth0")...)
 		}
 	}
 	return tp

@@ -1,0 +1,200 @@
+package netns
+
+import (
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/eipoib/eipoibd/ipoib"
+)
+
+// joined reports whether hypervisor h's port is a member of mgid: the
+// simulated fabric joins MGIDs as IPv6 groups on the underlay.
+func joined(t *testing.T, h *hypervisor, mgid ipoib.GID) bool {
+	t.Helper()
+	out := sh(t, in(h.ns, "ip", "-6", "maddr", "show", "dev", h.underlay)...)
+	for _, f := range strings.Fields(out) {
+		if a, err := netip.ParseAddr(f); err == nil && a == mgid.Addr() {
+			return true
+		}
+	}
+	return false
+}
+
+func waitJoined(t *testing.T, h *hypervisor, mgid ipoib.GID, want bool, within time.Duration) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for joined(t, h, mgid) != want {
+		if time.Since(start) > within {
+			t.Fatalf("%s: member of %s = %v after %s, want %v\n%s", h.name, mgid, !want, within, want, h.log())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return time.Since(start)
+}
+
+// receiver is an iperf 2 multicast server in a guest.
+type receiver struct {
+	cmd *exec.Cmd
+	out string
+}
+
+func startReceiver(t *testing.T, g *guest, group string) *receiver {
+	t.Helper()
+	r := &receiver{out: filepath.Join(t.TempDir(), "iperf-"+g.ns+".log")}
+	f, err := os.Create(r.out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"iperf", "-s", "-u", "-B", group, "-i", "1"}
+	if strings.Contains(group, ":") {
+		args = append(args, "-V")
+	}
+	r.cmd = exec.Command("ip", in(g.ns, args...)[1:]...)
+	r.cmd.Stdout, r.cmd.Stderr = f, f
+	if err := r.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.stop(); f.Close() })
+	return r
+}
+
+func (r *receiver) stop() {
+	if r.cmd.Process != nil && r.cmd.ProcessState == nil {
+		r.cmd.Process.Signal(syscall.SIGTERM)
+		r.cmd.Wait()
+	}
+}
+
+var datagrams = regexp.MustCompile(`\d+/\s*(\d+)\s+\(`)
+
+// received returns the datagrams of the largest report the receiver has
+// printed so far (a stream's total), and how many reports it printed.
+func (r *receiver) received() (most, reports int) {
+	b, _ := os.ReadFile(r.out)
+	for _, m := range datagrams.FindAllStringSubmatch(string(b), -1) {
+		v, _ := strconv.Atoi(m[1])
+		most = max(most, v)
+		reports++
+	}
+	return most, reports
+}
+
+// send runs an iperf 2 multicast client for 2 s at 1 Mbit/s.
+func send(t *testing.T, g *guest, group string) {
+	t.Helper()
+	args := []string{"iperf", "-c", group, "-u", "-T", "2", "-t", "2", "-b", "1M"}
+	if strings.Contains(group, ":") {
+		args = append(args, "-V")
+	}
+	sh(t, in(g.ns, args...)...)
+}
+
+// sniff returns the UDP packets to group seen on a guest's eth0 for the
+// duration of fn, one tcpdump line each.
+func sniff(t *testing.T, g *guest, group string, fn func()) []string {
+	t.Helper()
+	// Data only: group-specific queries go to the group address and reach
+	// every port of the bridge, members or not, as they should.
+	cmd := exec.Command("ip", in(g.ns, "tcpdump", "-i", "eth0", "-n", "-l", "-e", "udp and dst "+group)[1:]...)
+	out := filepath.Join(t.TempDir(), "tcpdump.log")
+	f, _ := os.Create(out)
+	cmd.Stdout = f
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond) // tcpdump opens its socket
+	fn()
+	time.Sleep(300 * time.Millisecond)
+	cmd.Process.Signal(syscall.SIGINT)
+	cmd.Wait()
+	f.Close()
+	b, _ := os.ReadFile(out)
+	var lines []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.TrimSpace(l) != "" {
+			lines = append(lines, l)
+		}
+	}
+	return lines
+}
+
+// TestMulticast: receivers on two hypervisors, a sender on a third.
+// Members receive; a guest that did not join receives nothing; a
+// hypervisor without members never joins the MGID (the sender's is a
+// send-only member); after a receiver stops, its hypervisor leaves the
+// MGID within the leave time (2 s) and gets no more traffic. With IPv4
+// (IGMP) and IPv6 (MLD, an ff15:: group); NDP keeps working throughout.
+func TestMulticast(t *testing.T) {
+	tp := newTopo(t, 3, true)
+	h1, h2, h3 := tp.hvs[0], tp.hvs[1], tp.hvs[2]
+	// A snooping Linux bridge floods multicast for the maximum response
+	// time after a general query (it waits for the reports before it
+	// prunes); the shims' start-up queries ask for answers within 1 s.
+	time.Sleep(2 * time.Second)
+	for _, tc := range []struct {
+		name, group string
+		mgid        ipoib.GID
+	}{
+		{"IPv4", "239.1.1.1", ipoib.IPv4MGID(netip.MustParseAddr("239.1.1.1"), 0xffff, ipoib.ScopeLinkLocal)},
+		{"IPv6", "ff15::1234", ipoib.IPv6MGID(netip.MustParseAddr("ff15::1234"), 0xffff, ipoib.ScopeLinkLocal)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r1 := startReceiver(t, h1.guests[0], tc.group)
+			r2 := startReceiver(t, h2.guests[0], tc.group)
+			waitJoined(t, h1, tc.mgid, true, 5*time.Second)
+			waitJoined(t, h2, tc.mgid, true, 5*time.Second)
+
+			sender := h3.guests[0]
+			if seen := sniff(t, h1.guests[1], tc.group, func() { send(t, sender, tc.group) }); len(seen) != 0 {
+				t.Errorf("guest %s did not join but saw %d packets to %s:\n%s", h1.guests[1].ns, len(seen), tc.group, strings.Join(seen, "\n"))
+			}
+			deadline := time.Now().Add(3 * time.Second)
+			for {
+				n1, _ := r1.received()
+				n2, _ := r2.received()
+				if n1 >= 100 && n2 >= 100 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("members received %d and %d datagrams, want ≥ 100 of ~180", n1, n2)
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			if joined(t, h3, tc.mgid) {
+				t.Errorf("%s has no member but joined %s", h3.name, tc.mgid)
+			}
+
+			// The receiver on h2 stops: its kernel leaves the group, the
+			// shim's group-specific queries go unanswered, and h2 leaves
+			// the MGID within the leave time.
+			r2.stop()
+			took := waitJoined(t, h2, tc.mgid, false, 2*time.Second+time.Second)
+			t.Logf("%s left %s %s after the receiver stopped", h2.name, tc.mgid, took.Round(10*time.Millisecond))
+			_, before := r1.received()
+			rx := func(h *hypervisor) float64 { return h.metrics(t)["rx_packets"] }
+			h2rx := rx(h2)
+			send(t, sender, tc.group)
+			time.Sleep(500 * time.Millisecond)
+			if got := rx(h2) - h2rx; got > 10 { // a little NDP/IGMP may pass
+				t.Errorf("%s still receives after leaving: %v packets", h2.name, got)
+			}
+			time.Sleep(time.Second) // the receiver reports each second
+			if _, after := r1.received(); after <= before {
+				t.Errorf("the remaining member stopped receiving")
+			}
+			r1.stop()
+		})
+	}
+	t.Run("NDP", func(t *testing.T) {
+		ping(t, h1.guests[0], h3.guests[1].ip6)
+		ping(t, h3.guests[0], h2.guests[1].ip6)
+	})
+}
