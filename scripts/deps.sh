@@ -4,7 +4,8 @@
 # modules and staticcheck.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-declare -A pkg=([ip]=iproute2 [ping]=iputils-ping [arping]=arping [iperf3]=iperf3 [tshark]=tshark [ethtool]=ethtool)
+declare -A pkg=([ip]=iproute2 [ping]=iputils-ping [arping]=arping [iperf3]=iperf3 [iperf]=iperf [tshark]=tshark
+  [tcpdump]=tcpdump [ethtool]=ethtool [ovs-vsctl]=openvswitch-switch [ovs-vswitchd]=openvswitch-switch)
 missing=()
 for cmd in "${!pkg[@]}"; do
   command -v "$cmd" >/dev/null 2>&1 || missing+=("${pkg[$cmd]}")
@@ -17,7 +18,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   echo "deps: installing ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
-  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  apt-get install -y -qq --no-install-recommends $(printf '%s\n' "${missing[@]}" | sort -u) >/dev/null
 fi
 go mod download
 if [ "${1:-}" = "--lint" ]; then

@@ -604,3 +604,50 @@ func TestFromFabricBadInput(t *testing.T) {
 	}
 	a.quiet(t)
 }
+
+// TestVLANPartitions: VLAN 10 ↔ 0x800a, 20 ↔ 0x8014. A tagged broadcast
+// reaches the other hypervisor tagged with its VLAN and nothing of the
+// other partition; unicast across partitions is refused on receive by the
+// P_Key check; an unmapped VLAN is dropped and counted.
+func TestVLANPartitions(t *testing.T) {
+	a, b := pair(t, func(c *Config) { c.Partitions = map[uint16]ipoib.PKey{10: 0x800a, 20: 0x8014} })
+	tagged := func(vlan uint16, src ether.MAC, op uint16, dst, tha ether.MAC, spa, tpa netip.Addr) []byte {
+		return serialize(t, &layers.Ethernet{SrcMAC: src[:], DstMAC: dst[:], EthernetType: layers.EthernetTypeDot1Q},
+			&layers.Dot1Q{VLANIdentifier: vlan, Type: layers.EthernetTypeARP},
+			&layers.ARP{AddrType: layers.LinkTypeEthernet, Protocol: layers.EthernetTypeIPv4, HwAddressSize: 6, ProtAddressSize: 4,
+				Operation: op, SourceHwAddress: src[:], SourceProtAddress: spa.AsSlice(), DstHwAddress: tha[:], DstProtAddress: tpa.AsSlice()})
+	}
+	a.dev.Inject(tagged(10, macA1, layers.ARPRequest, ether.Broadcast, ether.MAC{}, ipA1, ipB1))
+	p := b.recv(t)
+	d, ok := p.Layer(layers.LayerTypeDot1Q).(*layers.Dot1Q)
+	if !ok || d.VLANIdentifier != 10 {
+		t.Fatalf("broadcast delivered untagged or on the wrong VLAN: %v", p)
+	}
+	b.quiet(t) // once, and only in VLAN 10
+	remac := ether.MAC(p.Layer(layers.LayerTypeARP).(*layers.ARP).SourceHwAddress)
+	va, _ := a.s.vifs.Lookup(mactrans.VIFKey{MAC: macA1, VLAN: 10})
+	if va.PKey != 0x800a {
+		t.Fatalf("VIF of VLAN 10 in partition %s", va.PKey)
+	}
+	// B's VLAN 20 guest answers to that REMAC: B has no such neighbour in
+	// partition 0x8014, so nothing crosses (it waits for resolution).
+	b.dev.Inject(tagged(20, macB1, layers.ARPReply, remac, remac, ipB1, ipA1))
+	a.quiet(t)
+	// A packet from B's VLAN 20 QP straight to A's VLAN 10 QP: the fabric's
+	// receive P_Key check drops it.
+	vb, _, err := b.s.vifs.Create(mactrans.VIFKey{MAC: macB1, VLAN: 20}, 0x8014, false, time.Now(), b.port.AllocQP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := append(make([]byte, ipoib.Headroom), 8, 0, 0, 0)
+	b.port.Write([][]byte{buf}, []ipoib.TxMeta{{Dst: va.LIMAC, SrcQPN: vb.QPN, PKey: 0x8014}}, ipoib.Headroom)
+	waitFor(t, "P_Key drop", func() bool { return a.port.Counters().Drops[memfabric.DropPKey] == 1 })
+	a.quiet(t)
+	a.dev.Inject(tagged(30, macA1, layers.ARPRequest, ether.Broadcast, ether.MAC{}, ipA1, ipB1))
+	a.waitCounter(t, DropVLANUnmapped, 1)
+	for _, bad := range []map[uint16]ipoib.PKey{{0: 0x8001}, {10: 0x8000}, {10: 0x800a, 11: 0x000a}, {5000: 0x8001}} {
+		if _, err := New(Config{Device: tap.NewMem(1), Port: a.port, Partitions: bad}); err == nil {
+			t.Errorf("partitions %v accepted", bad)
+		}
+	}
+}

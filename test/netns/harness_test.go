@@ -30,7 +30,8 @@ var (
 )
 
 // tools the tests run.
-var tools = []string{"ping", "arping", "iperf3", "tshark", "iperf", "tcpdump"}
+var tools = []string{"ping", "arping", "iperf3", "tshark", "iperf", "tcpdump", "ethtool",
+	"ovs-vsctl", "ovsdb-tool", "ovsdb-server", "ovs-vswitchd", "ovs-appctl"}
 
 func TestMain(m *testing.M) {
 	if os.Geteuid() == 0 {
@@ -89,6 +90,7 @@ type hypervisor struct {
 	logPath            string
 	done               chan error
 	extra              []string
+	switchArgs         []string // --bridge or --ovs-bridge and their arguments
 }
 
 type topo struct {
@@ -97,16 +99,30 @@ type topo struct {
 	hvs []*hypervisor
 }
 
+// topoOpts shape a topology.
+type topoOpts struct {
+	n         int      // hypervisors
+	viaBridge bool     // underlay: a Linux bridge even for two hypervisors
+	ovs       []bool   // per hypervisor: Open vSwitch instead of a Linux bridge
+	tags      [][]int  // per hypervisor, per guest: OVS access VLAN (0: untagged)
+	extra     []string // more eipoibd flags, for every hypervisor
+}
+
 // newTopo builds n hypervisors, each with a Linux bridge and two guests
 // (10.77.0.HG/24, fd77::HG/64), joined by an underlay: a veth pair for two
 // hypervisors unless viaBridge, else a Linux bridge in its own namespace.
 // The daemons are started before the guests get their addresses, as when
 // guests boot on a running hypervisor.
 func newTopo(t *testing.T, n int, viaBridge bool, extra ...string) *topo {
+	return newTopoOpts(t, topoOpts{n: n, viaBridge: viaBridge, extra: extra})
+}
+
+func newTopoOpts(t *testing.T, o topoOpts) *topo {
 	t.Helper()
 	require(t)
 	tp := &topo{t: t, pfx: fmt.Sprintf("e%d%d", os.Getpid()%1000, nsSeq.Add(1))}
 	var all []string
+	var ovsDirs []string
 	addNS := func(name string) string {
 		ns := tp.pfx + name
 		sh(t, "ip", "netns", "add", ns)
@@ -118,16 +134,19 @@ func newTopo(t *testing.T, n int, viaBridge bool, extra ...string) *topo {
 		for _, h := range tp.hvs {
 			h.stop(t, false)
 		}
+		for _, dir := range ovsDirs {
+			stopOVS(dir)
+		}
 		for _, ns := range all {
 			shErr("ip", "netns", "delete", ns)
 		}
 	})
-	for i := 1; i <= n; i++ {
-		h := &hypervisor{name: fmt.Sprintf("h%d", i), underlay: fmt.Sprintf("ul%d", i), extra: extra}
+	for i := 1; i <= o.n; i++ {
+		h := &hypervisor{name: fmt.Sprintf("h%d", i), underlay: fmt.Sprintf("ul%d", i), extra: o.extra}
 		h.ns = addNS(h.name)
 		tp.hvs = append(tp.hvs, h)
 	}
-	if n == 2 && !viaBridge {
+	if o.n == 2 && !o.viaBridge {
 		sh(t, "ip", "link", "add", "ul1", "netns", tp.hvs[0].ns, "type", "veth", "peer", "name", "ul2", "netns", tp.hvs[1].ns)
 	} else {
 		u := addNS("ul")
@@ -140,13 +159,40 @@ func newTopo(t *testing.T, n int, viaBridge bool, extra ...string) *topo {
 	}
 	for i, h := range tp.hvs {
 		sh(t, in(h.ns, "ip", "link", "set", h.underlay, "mtu", "9000", "up")...)
-		sh(t, in(h.ns, "ip", "link", "add", "br0", "type", "bridge")...)
-		sh(t, in(h.ns, "ip", "link", "set", "br0", "up")...)
+		useOVS := i < len(o.ovs) && o.ovs[i]
+		var vsctl func(args ...string) string
+		if useOVS {
+			dir := startOVS(t, h.ns)
+			ovsDirs = append(ovsDirs, dir)
+			db := "unix:" + filepath.Join(dir, "db.sock")
+			vsctl = func(args ...string) string {
+				return sh(t, append([]string{"ovs-vsctl", "--timeout=10", "--db=" + db}, args...)...)
+			}
+			vsctl("add-br", "obr", "--", "set", "bridge", "obr", "datapath_type=netdev")
+			sh(t, in(h.ns, "ip", "link", "set", "obr", "up")...)
+			h.switchArgs = []string{"--ovs-bridge", "obr", "--ovs-db", db}
+		} else {
+			sh(t, in(h.ns, "ip", "link", "add", "br0", "type", "bridge")...)
+			sh(t, in(h.ns, "ip", "link", "set", "br0", "up")...)
+			h.switchArgs = []string{"--bridge", "br0"}
+		}
 		for g := 1; g <= 2; g++ {
 			gs := &guest{ns: addNS(fmt.Sprintf("h%dg%d", i+1, g)), ip4: fmt.Sprintf("10.77.0.%d%d", i+1, g), ip6: fmt.Sprintf("fd77::%d%d", i+1, g)}
 			vg := fmt.Sprintf("vg%d", g)
 			sh(t, "ip", "link", "add", "eth0", "netns", gs.ns, "type", "veth", "peer", "name", vg, "netns", h.ns)
-			sh(t, in(h.ns, "ip", "link", "set", vg, "master", "br0", "up")...)
+			if useOVS {
+				args := []string{"add-port", "obr", vg}
+				if i < len(o.tags) && o.tags[i][g-1] != 0 {
+					args = append(args, fmt.Sprintf("tag=%d", o.tags[i][g-1]))
+				}
+				vsctl(args...)
+				// The userspace datapath needs checksums filled in.
+				sh(t, in(h.ns, "ethtool", "-K", vg, "tx", "off")...)
+				sh(t, in(gs.ns, "ethtool", "-K", "eth0", "tx", "off")...)
+				sh(t, in(h.ns, "ip", "link", "set", vg, "up")...)
+			} else {
+				sh(t, in(h.ns, "ip", "link", "set", vg, "master", "br0", "up")...)
+			}
 			sh(t, in(gs.ns, "ip", "link", "set", "eth0", "up")...)
 			h.guests = append(h.guests, gs)
 		}
@@ -165,6 +211,32 @@ func newTopo(t *testing.T, n int, viaBridge bool, extra ...string) *topo {
 	return tp
 }
 
+// startOVS starts a private ovsdb-server and ovs-vswitchd (userspace
+// datapath) in namespace ns and returns their run directory.
+func startOVS(t *testing.T, ns string) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "eipoib-ovs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := func(f string) string { return filepath.Join(dir, f) }
+	sh(t, "ovsdb-tool", "create", p("conf.db"), "/usr/share/openvswitch/vswitch.ovsschema")
+	sh(t, in(ns, "ovsdb-server", p("conf.db"), "--remote=punix:"+p("db.sock"), "--pidfile="+p("ovsdb-server.pid"),
+		"--unixctl="+p("ovsdb-server.ctl"), "--log-file="+p("ovsdb-server.log"), "--detach")...)
+	sh(t, "ovs-vsctl", "--timeout=10", "--db=unix:"+p("db.sock"), "--no-wait", "init")
+	sh(t, in(ns, "env", "OVS_RUNDIR="+dir, "ovs-vswitchd", "unix:"+p("db.sock"), "--pidfile="+p("ovs-vswitchd.pid"),
+		"--unixctl="+p("ovs-vswitchd.ctl"), "--log-file="+p("ovs-vswitchd.log"), "--detach")...)
+	return dir
+}
+
+// stopOVS stops the daemons of startOVS and removes their directory.
+func stopOVS(dir string) {
+	for _, d := range []string{"ovs-vswitchd", "ovsdb-server"} {
+		shErr("ovs-appctl", "-t", filepath.Join(dir, d+".ctl"), "exit")
+	}
+	os.RemoveAll(dir)
+}
+
 // start runs eipoibd in the hypervisor and waits until it moves traffic.
 func (h *hypervisor) start(t *testing.T) {
 	t.Helper()
@@ -173,7 +245,8 @@ func (h *hypervisor) start(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	args := append([]string{daemonBin, "run", "--underlay", h.underlay, "--bridge", "br0", "--metrics", "127.0.0.1:9474"}, h.extra...)
+	args := append([]string{daemonBin, "run", "--underlay", h.underlay, "--metrics", "127.0.0.1:9474"}, h.switchArgs...)
+	args = append(args, h.extra...)
 	h.cmd = exec.Command("ip", in(h.ns, args...)[1:]...)
 	h.cmd.Stdout, h.cmd.Stderr = logf, logf
 	if err := h.cmd.Start(); err != nil {
