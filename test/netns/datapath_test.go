@@ -62,14 +62,7 @@ func TestTwoHypervisors(t *testing.T) {
 	g11, g12, g21, g22 := h1.guests[0], h1.guests[1], h2.guests[0], h2.guests[1]
 
 	// Capture the underlay while the guests resolve each other and ping.
-	pcap := filepath.Join(t.TempDir(), "ul.pcapng")
-	os.WriteFile(pcap, nil, 0o644) // tshark runs as root but may drop privileges
-	os.Chmod(filepath.Dir(pcap), 0o777)
-	cap := exec.Command("ip", "netns", "exec", h1.ns, "tshark", "-q", "-i", h1.underlay, "-f", "udp port 4791", "-w", pcap)
-	if err := cap.Start(); err != nil {
-		t.Fatal(err)
-	}
-	waitCapture(t, cap, pcap)
+	pcap, stopCapture := capture(t, h1)
 
 	t.Run("ping", func(t *testing.T) {
 		ping(t, g11, g21.ip4)
@@ -88,8 +81,7 @@ func TestTwoHypervisors(t *testing.T) {
 		ping(t, g21, g22.ip6)
 	})
 	time.Sleep(300 * time.Millisecond)
-	cap.Process.Signal(syscall.SIGINT)
-	cap.Wait()
+	stopCapture()
 	t.Run("wire", func(t *testing.T) { checkWire(t, pcap, g11, g12) })
 
 	t.Run("iperf3", func(t *testing.T) {
@@ -107,6 +99,21 @@ func TestTwoHypervisors(t *testing.T) {
 	if !strings.Contains(h1.log(), "shim stopped") {
 		t.Errorf("no clean shutdown in the log:\n%s", h1.log())
 	}
+}
+
+// capture starts tshark on the hypervisor's underlay (fabric packets
+// only) and returns the capture file and a function that ends it.
+func capture(t *testing.T, h *hypervisor) (string, func()) {
+	t.Helper()
+	pcap := filepath.Join(t.TempDir(), "ul.pcapng")
+	os.WriteFile(pcap, nil, 0o644) // tshark runs as root but may drop privileges
+	os.Chmod(filepath.Dir(pcap), 0o777)
+	cmd := exec.Command("ip", "netns", "exec", h.ns, "tshark", "-q", "-i", h.underlay, "-f", "udp port 4791", "-w", pcap)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitCapture(t, cmd, pcap)
+	return pcap, func() { cmd.Process.Signal(syscall.SIGINT); cmd.Wait() }
 }
 
 // waitCapture waits until tshark writes its capture header.

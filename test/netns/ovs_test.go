@@ -1,11 +1,7 @@
 package netns
 
 import (
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 )
 
@@ -33,14 +29,7 @@ func TestOVSVLANs(t *testing.T) {
 		t.Fatalf("TAP not on the OVS bridge: %s", out)
 	}
 
-	pcap := filepath.Join(t.TempDir(), "ul.pcapng")
-	os.WriteFile(pcap, nil, 0o644)
-	os.Chmod(filepath.Dir(pcap), 0o777)
-	capture := exec.Command("ip", "netns", "exec", h1.ns, "tshark", "-q", "-i", h1.underlay, "-f", "udp port 4791", "-w", pcap)
-	if err := capture.Start(); err != nil {
-		t.Fatal(err)
-	}
-	waitCapture(t, capture, pcap)
+	pcap, stopCapture := capture(t, h1)
 
 	ping(t, h1.guests[0], h2.guests[0].ip4) // VLAN 10
 	ping(t, h1.guests[1], h2.guests[1].ip4) // VLAN 20
@@ -51,8 +40,7 @@ func TestOVSVLANs(t *testing.T) {
 			t.Errorf("VLAN %s reached %s in another VLAN:\n%s", c[0].ip4, c[1].ip4, out)
 		}
 	}
-	capture.Process.Signal(syscall.SIGINT)
-	capture.Wait()
+	stopCapture()
 
 	out := stdout(t, "tshark", "-r", pcap, "-T", "fields", "-E", "separator=|", "-e", "infiniband.bth.p_key", "-e", "ipv6.dst")
 	pkeys, dsts := map[string]bool{}, map[string]bool{}
