@@ -214,6 +214,13 @@ func (s *Shim) member(p *partition, group netip.Addr, leave bool, now time.Time)
 	}
 }
 
+// fullMember reports, without locking, whether the port is a full member
+// of group's MGID in partition p.
+func (s *Shim) fullMember(p *partition, group netip.Addr) bool {
+	st, ok := s.groups.lookup(s.groupMGID(p, group))
+	return ok && !st.sendOnly
+}
+
 // sendTo makes sure the port may send to mgid: a member already, or a
 // send-only member from now on.
 func (s *Shim) sendTo(mgid ipoib.GID, now time.Time) {

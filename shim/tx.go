@@ -258,8 +258,10 @@ func (s *Shim) snoopIPv6(p *partition, pay []byte, now time.Time) bool {
 	}
 	src := netip.AddrFrom16([16]byte(pay[8:24]))
 	if !src.IsUnspecified() {
-		if !src.IsMulticast() {
-			s.member(p, solicitedNode(src), false, now)
+		// Per frame, so only when the group is not joined yet: once it
+		// is, the guest's MLD answers to the queries keep it alive.
+		if sn := solicitedNode(src); !src.IsMulticast() && !s.fullMember(p, sn) {
+			s.member(p, sn, false, now)
 		}
 		return true
 	}
