@@ -217,6 +217,15 @@ func DHCPClientID(pkt []byte) (ether.MAC, bool) {
 	return ether.MAC(pkt[at+3 : at+9]), true
 }
 
+// DHCPXID returns the transaction ID of a valid DHCP message.
+func DHCPXID(pkt []byte) (uint32, bool) {
+	m, err := parseDHCP(pkt)
+	if err != nil {
+		return 0, false
+	}
+	return binary.BigEndian.Uint32(pkt[m.bootp+4:]), true
+}
+
 // DHCPToEth restores a server reply written for an IPoIB client (htype 32,
 // hlen 0, zero chaddr) for the Ethernet guest with MAC mac: htype 1, hlen
 // 6, chaddr = mac. The length does not change.

@@ -76,6 +76,9 @@ func TestDHCPToEth(t *testing.T) {
 	if !ok || mac != guestMAC {
 		t.Fatalf("client-id %s %v", mac, ok)
 	}
+	if xid, ok := DHCPXID(pkt); !ok || xid != 0x12345678 {
+		t.Fatalf("xid %#x %v", xid, ok)
+	}
 	n := len(pkt)
 	if err := DHCPToEth(pkt, mac); err != nil {
 		t.Fatal(err)

@@ -186,12 +186,16 @@ func FuzzDHCPToEth(f *testing.F) {
 	dhcpSeeds(f)
 	f.Fuzz(func(t *testing.T, in []byte, fix bool) {
 		b := fixDHCP(in, fix)
+		xid, xok := DHCPXID(b)
 		if err := DHCPToEth(b, guestMAC); err != nil {
 			mustReason(t, err)
 			return
 		}
 		m, _ := parseDHCP(b)
 		checkDHCPOutput(t, b[:m.end])
+		if x, ok := DHCPXID(b); !xok || !ok || x != xid {
+			t.Fatalf("xid %#x/%v before, %#x/%v after", xid, xok, x, ok)
+		}
 	})
 }
 

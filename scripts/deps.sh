@@ -5,7 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 declare -A pkg=([ip]=iproute2 [ping]=iputils-ping [arping]=arping [iperf3]=iperf3 [iperf]=iperf [tshark]=tshark
-  [tcpdump]=tcpdump [ethtool]=ethtool [ovs-vsctl]=openvswitch-switch [ovs-vswitchd]=openvswitch-switch)
+  [tcpdump]=tcpdump [ethtool]=ethtool [ovs-vsctl]=openvswitch-switch [ovs-vswitchd]=openvswitch-switch
+  [dnsmasq]=dnsmasq-base [dhclient]=isc-dhcp-client)
 missing=()
 for cmd in "${!pkg[@]}"; do
   command -v "$cmd" >/dev/null 2>&1 || missing+=("${pkg[$cmd]}")

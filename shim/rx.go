@@ -122,11 +122,7 @@ func (s *Shim) rx(buf []byte, n int, m *ipoib.RxMeta, now time.Time) []byte {
 		}
 	case ether.TypeIPv4:
 		if s.cfg.DHCP == DHCPRFC4390 && arpndp.IsDHCPServer(ip) {
-			mac, ok := arpndp.DHCPClientID(ip)
-			if !ok {
-				mac = dst
-			}
-			err = arpndp.DHCPToEth(ip, mac)
+			err = s.dhcpReplyToEth(ip, dst, now)
 		}
 	}
 	if err != nil {
@@ -141,4 +137,25 @@ func (s *Shim) rx(buf []byte, n int, m *ipoib.RxMeta, now time.Time) []byte {
 	start := rxOffset + ipoib.HeaderLen - hl
 	ether.PutHeader(buf[start:], dst, nb.REMAC, p.vlan, et)
 	return buf[start : rxOffset+ipoib.HeaderLen+len(ip)]
+}
+
+// dhcpReplyToEth restores an RFC 4390 reply for the Ethernet guest that
+// asked: the MAC remembered for its transaction ID, else the one in a
+// type-1 client-identifier, else the frame's unicast destination. A reply
+// for nobody known is refused.
+func (s *Shim) dhcpReplyToEth(ip []byte, dst ether.MAC, now time.Time) error {
+	mac, ok := ether.MAC{}, false
+	if xid, xok := arpndp.DHCPXID(ip); xok {
+		mac, ok = s.xids.lookup(xid, now)
+	}
+	if !ok {
+		mac, ok = arpndp.DHCPClientID(ip)
+	}
+	if !ok && !dst.IsMulticast() {
+		mac, ok = dst, true
+	}
+	if !ok {
+		return arpndp.ErrUnknownAddr
+	}
+	return arpndp.DHCPToEth(ip, mac)
 }

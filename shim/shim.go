@@ -91,6 +91,7 @@ type Shim struct {
 	groups  groupSet
 	snoop   *snoop.Table
 	pending pendingQueue
+	xids    dhcpXIDs
 	ctr     counters
 
 	icmpBuf []byte // TX loop's buffer for ICMP too-big replies

@@ -218,6 +218,9 @@ func (s *Shim) tx(b *txBatch, buf []byte, n int, now time.Time) {
 		}
 		if arpndp.IsDHCPClient(pay) {
 			if s.cfg.DHCP == DHCPRFC4390 {
+				if xid, ok := arpndp.DHCPXID(pay); ok {
+					s.xids.remember(xid, src, now)
+				}
 				pay, err = arpndp.DHCPToIB(pay)
 			} else {
 				err = arpndp.SetBroadcastFlag(pay)

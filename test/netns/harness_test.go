@@ -61,10 +61,11 @@ func require(t *testing.T) {
 }
 
 var (
-	sh    = nstest.Must
-	shErr = nstest.Run
-	in    = nstest.In
-	nsDo  = nstest.Do
+	nstestRequire = nstest.Require
+	sh            = nstest.Must
+	shErr         = nstest.Run
+	in            = nstest.In
+	nsDo          = nstest.Do
 )
 
 // stdout runs a command and returns its standard output only.
