@@ -254,3 +254,34 @@ func TestQPTable(t *testing.T) {
 		t.Fatal("freed QP still known")
 	}
 }
+
+func TestGroupTable(t *testing.T) {
+	tbl := NewGroupTable()
+	g := BroadcastMGID(0xffff, ScopeLinkLocal)
+	attached, detached := 0, 0
+	attach := func() error { attached++; return nil }
+	detach := func() error { detached++; return nil }
+	if err := tbl.JoinSendOnly(g); err != nil || !tbl.SendOnly(g) || tbl.Full(g) {
+		t.Fatal("send-only join")
+	}
+	tbl.Join(g, attach)
+	tbl.Join(g, attach)
+	if attached != 1 || !tbl.Full(g) || tbl.SendOnly(g) {
+		t.Fatalf("full join: attached %d", attached)
+	}
+	tbl.JoinSendOnly(g) // a full member stays one
+	if tbl.SendOnly(g) {
+		t.Fatal("full membership downgraded")
+	}
+	tbl.Leave(g, detach)
+	tbl.Leave(g, detach)
+	if detached != 1 || tbl.Full(g) {
+		t.Fatalf("leave: detached %d", detached)
+	}
+	if err := tbl.Join(GID{0xfe, 0x80}, nil); err == nil {
+		t.Fatal("unicast GID joined")
+	}
+	if err := tbl.Join(g, func() error { return ErrNoQPN }); err == nil || tbl.Full(g) {
+		t.Fatal("failed attach recorded as a membership")
+	}
+}

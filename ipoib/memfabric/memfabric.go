@@ -61,10 +61,8 @@ type Port struct {
 	done   chan struct{}
 	closed atomic.Bool
 
-	mu       sync.RWMutex
-	qps      *ipoib.QPTable
-	groups   map[ipoib.GID]bool
-	sendOnly map[ipoib.GID]bool
+	qps    *ipoib.QPTable
+	groups *ipoib.GroupTable
 
 	txPackets, txBytes, rxPackets, rxBytes atomic.Uint64
 	dropMu                                 sync.Mutex
@@ -82,12 +80,11 @@ func (f *Fabric) NewPort(gid ipoib.GID) (*Port, error) {
 	}
 	p := &Port{
 		f: f, gid: gid,
-		rx:       make(chan packet, queueLen),
-		done:     make(chan struct{}),
-		qps:      ipoib.NewQPTable(0x48),
-		groups:   make(map[ipoib.GID]bool),
-		sendOnly: make(map[ipoib.GID]bool),
-		drops:    make(map[string]uint64),
+		rx:     make(chan packet, queueLen),
+		done:   make(chan struct{}),
+		qps:    ipoib.NewQPTable(0x48),
+		groups: ipoib.NewGroupTable(),
+		drops:  make(map[string]uint64),
 	}
 	f.ports[gid] = p
 	return p, nil
@@ -125,53 +122,20 @@ func (p *Port) AllocQP(pkey ipoib.PKey, hint uint32) (uint32, error) {
 func (p *Port) FreeQP(qpn uint32) error { return p.qps.Free(qpn) }
 
 // Join attaches the port to mgid.
-func (p *Port) Join(mgid ipoib.GID) error {
-	if !mgid.IsMulticast() {
-		return fmt.Errorf("memfabric: %s is not an MGID", mgid)
-	}
-	p.mu.Lock()
-	p.groups[mgid] = true
-	delete(p.sendOnly, mgid)
-	p.mu.Unlock()
-	return nil
-}
+func (p *Port) Join(mgid ipoib.GID) error { return p.groups.Join(mgid, nil) }
 
 // JoinSendOnly records a send-only membership: nothing is delivered.
-func (p *Port) JoinSendOnly(mgid ipoib.GID) error {
-	if !mgid.IsMulticast() {
-		return fmt.Errorf("memfabric: %s is not an MGID", mgid)
-	}
-	p.mu.Lock()
-	if !p.groups[mgid] {
-		p.sendOnly[mgid] = true
-	}
-	p.mu.Unlock()
-	return nil
-}
+func (p *Port) JoinSendOnly(mgid ipoib.GID) error { return p.groups.JoinSendOnly(mgid) }
 
 // SendOnly reports whether the port is a send-only member of mgid (for
 // tests).
-func (p *Port) SendOnly(mgid ipoib.GID) bool {
-	p.mu.RLock()
-	defer p.mu.RUnlock()
-	return p.sendOnly[mgid]
-}
+func (p *Port) SendOnly(mgid ipoib.GID) bool { return p.groups.SendOnly(mgid) }
 
 // Leave detaches the port from mgid.
-func (p *Port) Leave(mgid ipoib.GID) error {
-	p.mu.Lock()
-	delete(p.groups, mgid)
-	delete(p.sendOnly, mgid)
-	p.mu.Unlock()
-	return nil
-}
+func (p *Port) Leave(mgid ipoib.GID) error { return p.groups.Leave(mgid, nil) }
 
 // Joined reports whether the port is attached to mgid (for tests).
-func (p *Port) Joined(mgid ipoib.GID) bool {
-	p.mu.RLock()
-	defer p.mu.RUnlock()
-	return p.groups[mgid]
-}
+func (p *Port) Joined(mgid ipoib.GID) bool { return p.groups.Full(mgid) }
 
 // Counters returns a snapshot of the counters.
 func (p *Port) Counters() ipoib.PortCounters {
@@ -247,10 +211,7 @@ func (p *Port) deliver(payload []byte, m ipoib.RxMeta) {
 		return
 	}
 	if m.DstQPN == ipoib.MulticastQPN {
-		p.mu.RLock()
-		joined := p.groups[m.MGID]
-		p.mu.RUnlock()
-		if !joined {
+		if !p.groups.Full(m.MGID) {
 			return // not a member: the switch never sends it here
 		}
 		if !ipoib.CanTalk(m.PKey, ipoib.MGIDPKey(m.MGID)) {

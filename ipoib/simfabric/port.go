@@ -118,11 +118,9 @@ type Port struct {
 	closed atomic.Bool
 	down   atomic.Bool
 
-	qps      *ipoib.QPTable
-	mu       sync.RWMutex // guards groups and sendOnly
-	groups   map[ipoib.GID]bool
-	sendOnly map[ipoib.GID]bool
-	psn      atomic.Uint32
+	qps    *ipoib.QPTable
+	groups *ipoib.GroupTable
+	psn    atomic.Uint32
 
 	rmu    sync.Mutex // Read state
 	rcodec Codec
@@ -221,7 +219,7 @@ func Open(cfg Config) (*Port, error) {
 	}
 	p := &Port{
 		ifi: ifi, gid: gid, mtu: cfg.IBMTU, faults: cfg.Faults, conn: conn, pc: pc,
-		qps: ipoib.NewQPTable(0x100 + rand.Uint32N(0xff0000)), groups: make(map[ipoib.GID]bool), sendOnly: make(map[ipoib.GID]bool),
+		qps: ipoib.NewQPTable(0x100 + rand.Uint32N(0xff0000)), groups: ipoib.NewGroupTable(),
 		rmsgs: make([]ipv6.Message, batch), rbufs: make([][1][]byte, batch),
 		wmsgs: make([]ipv6.Message, 0, 2*batch+1), wbufs: make([][1][]byte, 2*batch+1),
 		addrs: make(map[ipoib.GID]*net.UDPAddr),
@@ -311,62 +309,28 @@ func (p *Port) FreeQP(qpn uint32) error { return p.qps.Free(qpn) }
 
 // Join joins the IPv6 group mgid on the underlay.
 func (p *Port) Join(mgid ipoib.GID) error {
-	if !mgid.IsMulticast() {
-		return fmt.Errorf("simfabric: %s is not an MGID", mgid)
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.groups[mgid] {
+	return p.groups.Join(mgid, func() error {
+		if err := p.pc.JoinGroup(p.ifi, &net.UDPAddr{IP: mgid[:]}); err != nil {
+			return fmt.Errorf("simfabric: join %s on %s: %w", mgid, p.ifi.Name, err)
+		}
 		return nil
-	}
-	if err := p.pc.JoinGroup(p.ifi, &net.UDPAddr{IP: mgid[:]}); err != nil {
-		return fmt.Errorf("simfabric: join %s on %s: %w", mgid, p.ifi.Name, err)
-	}
-	p.groups[mgid] = true
-	delete(p.sendOnly, mgid)
-	return nil
+	})
 }
 
 // JoinSendOnly records a send-only membership of mgid. Sending to an
 // IPv6 group needs no membership on the underlay, so nothing is joined
 // there: the port receives none of the group's traffic, as a send-only
 // member on a real fabric.
-func (p *Port) JoinSendOnly(mgid ipoib.GID) error {
-	if !mgid.IsMulticast() {
-		return fmt.Errorf("simfabric: %s is not an MGID", mgid)
-	}
-	p.mu.Lock()
-	if !p.groups[mgid] {
-		p.sendOnly[mgid] = true
-	}
-	p.mu.Unlock()
-	return nil
-}
+func (p *Port) JoinSendOnly(mgid ipoib.GID) error { return p.groups.JoinSendOnly(mgid) }
 
 // Leave leaves the IPv6 group mgid, or drops a send-only membership.
 func (p *Port) Leave(mgid ipoib.GID) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	delete(p.sendOnly, mgid)
-	if !p.groups[mgid] {
+	return p.groups.Leave(mgid, func() error {
+		if err := p.pc.LeaveGroup(p.ifi, &net.UDPAddr{IP: mgid[:]}); err != nil {
+			return fmt.Errorf("simfabric: leave %s on %s: %w", mgid, p.ifi.Name, err)
+		}
 		return nil
-	}
-	delete(p.groups, mgid)
-	if err := p.pc.LeaveGroup(p.ifi, &net.UDPAddr{IP: mgid[:]}); err != nil {
-		return fmt.Errorf("simfabric: leave %s on %s: %w", mgid, p.ifi.Name, err)
-	}
-	return nil
-}
-
-// Joined returns the joined MGIDs.
-func (p *Port) Joined() []ipoib.GID {
-	p.mu.RLock()
-	defer p.mu.RUnlock()
-	out := make([]ipoib.GID, 0, len(p.groups))
-	for g := range p.groups {
-		out = append(out, g)
-	}
-	return out
+	})
 }
 
 // Counters returns a snapshot of the counters.
@@ -610,10 +574,7 @@ func (p *Port) accept(m *ipv6.Message, b []byte, rm *ipoib.RxMeta) (int, bool) {
 	*rm = ipoib.RxMeta{Src: ipoib.MakeHwAddr(0, pkt.SrcQPN, ipoib.GID(src)), DstQPN: pkt.DestQPN, PKey: pk}
 	if pkt.DestQPN == ipoib.MulticastQPN {
 		mgid := ipoib.GID(dst)
-		p.mu.RLock()
-		joined := p.groups[mgid]
-		p.mu.RUnlock()
-		if !joined {
+		if !p.groups.Full(mgid) {
 			p.drop(DropNotJoined)
 			return 0, false
 		}
