@@ -153,17 +153,6 @@ func (g *groupSet) counts() (full, sendOnly int) {
 	return
 }
 
-// Groups returns the MGIDs the port is a full member of.
-func (s *Shim) Groups() []ipoib.GID {
-	var out []ipoib.GID
-	for mgid, st := range *s.groups.m.Load() {
-		if !st.sendOnly {
-			out = append(out, mgid)
-		}
-	}
-	return out
-}
-
 // solicitedNode returns ff02::1:ffXX:XXXX for a unicast IPv6 address
 // (RFC 4291 §2.7.1).
 func solicitedNode(a netip.Addr) netip.Addr {

@@ -344,6 +344,3 @@ func (s *Shim) vif(p *partition, mac ether.MAC, now time.Time) (*mactrans.VIF, e
 	}
 	return v, nil
 }
-
-// VIFs returns the current VIFs.
-func (s *Shim) VIFs() []*mactrans.VIF { return s.vifs.All() }

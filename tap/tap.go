@@ -45,7 +45,6 @@ type TAP struct {
 	name string
 	file *os.File
 	rc   syscall.RawConn
-	link netlink.Link
 
 	// Read and Write state, used by the pre-bound callbacks below so that
 	// a batch allocates nothing.
@@ -58,8 +57,8 @@ type TAP struct {
 
 	wbufs   [][]byte
 	woff    int
-	wn      int
-	werrs   uint64
+	wn      int // frames dealt with
+	wok     int // of which the kernel accepted
 	writeFn func(fd uintptr) bool
 }
 
@@ -85,7 +84,7 @@ func Create(cfg Config) (*TAP, error) {
 	if err := netlink.LinkAdd(tt); err != nil {
 		return nil, fmt.Errorf("tap: create %s: %w", cfg.Name, err)
 	}
-	t := &TAP{name: cfg.Name, file: tt.Fds[0], link: tt}
+	t := &TAP{name: cfg.Name, file: tt.Fds[0]}
 	fail := func(err error) (*TAP, error) { t.file.Close(); return nil, err }
 	rc, err := t.file.SyscallConn()
 	if err != nil {
@@ -109,12 +108,6 @@ func Create(cfg Config) (*TAP, error) {
 	t.writeFn = t.writeBatch
 	return t, nil
 }
-
-// Name returns the interface name.
-func (t *TAP) Name() string { return t.name }
-
-// Link returns the netlink link (for enslaving it to a bridge).
-func (t *TAP) Link() netlink.Link { return t.link }
 
 // BatchSize is the largest batch per call.
 func (t *TAP) BatchSize() int { return 64 }
@@ -170,29 +163,25 @@ func (t *TAP) writeBatch(fd uintptr) bool {
 		case unix.EAGAIN:
 			return false
 		case nil:
-		default:
-			t.werrs++ // the kernel refused this frame (e.g. EINVAL); skip it
+			t.wok++
+		default: // the kernel refused this frame (e.g. EINVAL): skip it
 		}
 		t.wn++
 	}
 	return true
 }
 
-// Write writes a batch of frames. Frames the kernel refuses are skipped and
-// counted (WriteErrors).
+// Write writes a batch of frames and returns how many the kernel
+// accepted; refused ones are skipped, so the caller counts them.
 func (t *TAP) Write(bufs [][]byte, offset int) (int, error) {
-	t.wbufs, t.woff, t.wn = bufs, offset, 0
+	t.wbufs, t.woff, t.wn, t.wok = bufs, offset, 0, 0
 	err := t.rc.Write(t.writeFn)
 	t.wbufs = nil
 	if err != nil {
-		return t.wn, closedErr(err)
+		return t.wok, closedErr(err)
 	}
-	return t.wn, nil
+	return t.wok, nil
 }
-
-// WriteErrors returns how many frames the kernel refused. Call it from
-// the writing goroutine.
-func (t *TAP) WriteErrors() uint64 { return t.werrs }
 
 // SetCarrier turns the TAP's carrier on or off (TUNSETCARRIER), so that
 // the bridge and guests see the fabric port's state.

@@ -274,9 +274,6 @@ func (p *Port) LocalGID() ipoib.GID { return p.gid }
 // MTU is the IB MTU.
 func (p *Port) MTU() int { return p.mtu }
 
-// Underlay returns the underlay interface name.
-func (p *Port) Underlay() string { return p.ifi.Name }
-
 // SetFaults replaces the injected send faults.
 func (p *Port) SetFaults(f Faults) error {
 	if err := f.Validate(); err != nil {
