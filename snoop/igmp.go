@@ -60,15 +60,7 @@ func ParseIGMP(pkt []byte) ([]Record, error) {
 	if !ok || l.Type != igmpV3Report || len(l.GroupRecords) != int(l.NumberOfGroupRecords) {
 		return nil, ErrMalformed
 	}
-	out := make([]Record, 0, len(l.GroupRecords))
-	for _, r := range l.GroupRecords {
-		rec, keep, err := v3Record(r.MulticastAddress, uint8(r.Type), int(r.NumberOfSources), true)
-		if err != nil {
-			return nil, err
-		}
-		if keep {
-			out = append(out, rec)
-		}
-	}
-	return out, nil
+	return v3Records(l.GroupRecords, func(r layers.IGMPv3GroupRecord) ([]byte, uint8, int) {
+		return r.MulticastAddress, uint8(r.Type), int(r.NumberOfSources)
+	}, true)
 }

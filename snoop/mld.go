@@ -71,9 +71,18 @@ func ParseMLD(pkt []byte) ([]Record, error) {
 	if !ok || len(l.MulticastAddressRecords) != int(l.NumberOfMulticastAddressRecords) {
 		return nil, ErrMalformed
 	}
-	out := make([]Record, 0, len(l.MulticastAddressRecords))
-	for _, r := range l.MulticastAddressRecords {
-		rec, keep, err := v3Record(r.MulticastAddress, uint8(r.RecordType), int(r.N), false)
+	return v3Records(l.MulticastAddressRecords, func(r layers.MLDv2MulticastAddressRecord) ([]byte, uint8, int) {
+		return r.MulticastAddress, uint8(r.RecordType), int(r.N)
+	}, false)
+}
+
+// v3Records interprets the group records of an IGMPv3 or MLDv2 report,
+// whose gopacket types differ only in field names.
+func v3Records[R any](recs []R, fields func(R) (group []byte, typ uint8, sources int), v4 bool) ([]Record, error) {
+	out := make([]Record, 0, len(recs))
+	for _, r := range recs {
+		group, typ, sources := fields(r)
+		rec, keep, err := v3Record(group, typ, sources, v4)
 		if err != nil {
 			return nil, err
 		}
