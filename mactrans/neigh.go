@@ -48,9 +48,6 @@ type Neighbour struct {
 // Touch records traffic from or to the neighbour at now.
 func (n *Neighbour) Touch(now time.Time) { touch(&n.lastSeen, now) }
 
-// LastSeen returns the last Touch time.
-func (n *Neighbour) LastSeen() time.Time { return time.Unix(0, n.lastSeen.Load()) }
-
 type remacKey struct {
 	pkey ipoib.PKey
 	mac  ether.MAC

@@ -47,9 +47,6 @@ type VIF struct {
 // store, skipped while the stamp is under a second old).
 func (v *VIF) Touch(now time.Time) { touch(&v.lastUsed, now) }
 
-// LastUsed returns the last Touch time.
-func (v *VIF) LastUsed() time.Time { return time.Unix(0, v.lastUsed.Load()) }
-
 func touch(stamp *atomic.Int64, now time.Time) {
 	n := now.UnixNano()
 	if n-stamp.Load() >= int64(time.Second) {
