@@ -285,7 +285,7 @@ func (s *Shim) followCarrier() {
 // housekeeping ages tables, retries and expires resolutions and follows
 // the port state.
 func (s *Shim) housekeeping(ctx context.Context) error {
-	t := time.NewTicker(s.cfg.Housekeeping)
+	t := time.NewTimer(s.cfg.Housekeeping)
 	defer t.Stop()
 	s.sendQueries(s.cfg.Multicast.LastMemberQueryInterval)
 	nextQuery := s.clk.Now().Add(s.cfg.Multicast.QueryInterval)
@@ -296,6 +296,7 @@ func (s *Shim) housekeeping(ctx context.Context) error {
 		case <-t.C:
 		}
 		now := s.clk.Now()
+		t.Reset(s.nextHousekeeping(now))
 		if !now.Before(nextQuery) {
 			s.sendQueries(s.cfg.Multicast.QueryResponseInterval)
 			nextQuery = now.Add(s.cfg.Multicast.QueryInterval)
@@ -315,6 +316,18 @@ func (s *Shim) housekeeping(ctx context.Context) error {
 		s.resolveTick(now)
 		s.followCarrier()
 	}
+}
+
+// nextHousekeeping returns the wait until the next pass: the period, or
+// less when a membership expires or a group-specific query is due
+// sooner, so that leaves take effect within the leave time and not one
+// period later.
+func (s *Shim) nextHousekeeping(now time.Time) time.Duration {
+	wait := s.cfg.Housekeeping
+	if d, ok := s.snoop.NextDeadline(); ok {
+		wait = min(wait, max(d.Sub(now), time.Millisecond))
+	}
+	return wait
 }
 
 // DeclareVIF creates the VIF of a guest MAC ahead of its first frame, e.g.

@@ -177,6 +177,24 @@ func (t *Table) Tick(now time.Time) {
 	}
 }
 
+// NextDeadline returns the earliest time Tick has something to do: a
+// group expiring or a group-specific query due; ok is false when no
+// group has members.
+func (t *Table) NextDeadline() (next time.Time, ok bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, m := range t.m {
+		d := m.expires
+		if m.queriesLeft > 0 && m.nextQuery.Before(d) {
+			d = m.nextQuery
+		}
+		if !ok || d.Before(next) {
+			next, ok = d, true
+		}
+	}
+	return next, ok
+}
+
 // Groups returns the groups with members.
 func (t *Table) Groups() []Key {
 	t.mu.Lock()

@@ -64,6 +64,9 @@ func TestTableLifecycle(t *testing.T) {
 	}
 	// A leave nobody answers: the second query, then gone after the leave time.
 	tbl.Leave(g, clk.Now())
+	if d, ok := tbl.NextDeadline(); !ok || !d.Equal(clk.Now().Add(time.Second)) {
+		t.Fatalf("next deadline %v %v, want the second query 1 s on", d, ok)
+	}
 	clk.Advance(time.Second)
 	tbl.Tick(clk.Now())
 	if len(r.queries) != 3 || len(r.leaves) != 0 {
@@ -73,6 +76,9 @@ func TestTableLifecycle(t *testing.T) {
 	tbl.Tick(clk.Now())
 	if len(r.leaves) != 1 || r.leaves[0] != g || len(tbl.Groups()) != 0 {
 		t.Fatalf("leaves %v groups %v", r.leaves, tbl.Groups())
+	}
+	if _, ok := tbl.NextDeadline(); ok {
+		t.Fatal("deadline with no groups")
 	}
 	// Silent members expire after the membership interval.
 	tbl.Report(g, clk.Now())
