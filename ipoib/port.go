@@ -28,13 +28,21 @@ type TxMeta struct {
 const Headroom = 32
 
 // Port is one IB port with UD QPs, the fabric side of the shim. It is
-// batch-shaped: each call moves up to BatchSize packets.
+// batch-shaped: Read fills up to len(bufs) packets; Write takes a batch of
+// any length and moves it BatchSize packets per system call (or work
+// request batch), so a caller never has to split its batches.
 //
 // In Write, bufs[i][offset:] holds the IPoIB header and payload; bytes
-// before offset (at least Headroom) are scratch space for the port. In
-// Read, the port writes the IPoIB header and payload at bufs[i][offset:],
-// sets sizes[i] and meta[i], and returns how many it filled; offset leaves
-// room for the shim to push an Ethernet header in place.
+// before offset (at least Headroom) are scratch space for the port.
+// meta[i].SrcQPN must be a QP allocated on this port and meta[i].PKey its
+// partition: any other packet is refused and counted, never sent. Write
+// returns how many packets the port accepted; the others are counted
+// under the port's drop reasons.
+//
+// In Read, the port writes the IPoIB header and payload at
+// bufs[i][offset:], sets sizes[i] and meta[i], and returns how many it
+// filled; offset leaves room for the shim to push an Ethernet header in
+// place.
 //
 // After Close, Read and Write return net.ErrClosed.
 type Port interface {

@@ -165,11 +165,17 @@ func (p *Port) Close() error {
 	return nil
 }
 
-// Write sends a batch. A packet the fabric refuses (oversize, bad metadata)
-// is counted and skipped; n counts the packets handed to the fabric.
+// Write sends a batch of any length. A packet the port refuses (oversize,
+// bad metadata or a source QP it did not allocate) is counted and skipped;
+// n counts the packets handed to the fabric (one to a GID no port has is
+// lost there, counted as no_route, as the simulated fabric's kernel
+// accepts a datagram to an absent peer).
 func (p *Port) Write(bufs [][]byte, meta []ipoib.TxMeta, offset int) (int, error) {
 	if p.closed.Load() {
 		return 0, net.ErrClosed
+	}
+	if len(meta) < len(bufs) {
+		return 0, fmt.Errorf("memfabric: write of %d packets with %d metadata", len(bufs), len(meta))
 	}
 	n := 0
 	for i, b := range bufs {
@@ -179,7 +185,7 @@ func (p *Port) Write(bufs [][]byte, meta []ipoib.TxMeta, offset int) (int, error
 			p.drop(DropOversize)
 			continue
 		}
-		if _, own := p.qps.PKey(m.SrcQPN); !own || !m.PKey.IsValid() {
+		if pk, own := p.qps.PKey(m.SrcQPN); !own || !m.PKey.IsValid() || pk != m.PKey {
 			p.drop(DropBadMeta)
 			continue
 		}

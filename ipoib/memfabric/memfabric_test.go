@@ -158,3 +158,54 @@ func TestCloseAndQPs(t *testing.T) {
 		t.Fatalf("Write after Close: %v", err)
 	}
 }
+
+// TestWriteAnyBatchLength: one Write of 1,000 packets is delivered whole,
+// each packet once, and n and the counters say so; a packet from a freed
+// QP or from a QP of another partition is refused (bad_meta), as on the
+// simulated fabric.
+func TestWriteAnyBatchLength(t *testing.T) {
+	a, b := twoPorts(t)
+	qa, _ := a.AllocQP(0xffff, 0)
+	freed, _ := a.AllocQP(0xffff, 0)
+	if err := a.FreeQP(freed); err != nil {
+		t.Fatal(err)
+	}
+	qb, _ := b.AllocQP(0xffff, 0)
+	const total = 1000
+	bufs := make([][]byte, total+2)
+	meta := make([]ipoib.TxMeta, total+2)
+	for i := range bufs {
+		bufs[i] = append(make([]byte, ipoib.Headroom), 8, 0, 0, 0, byte(i>>8), byte(i))
+		meta[i] = ipoib.TxMeta{Dst: ipoib.MakeHwAddr(0, qb, b.LocalGID()), SrcQPN: qa, PKey: 0xffff}
+	}
+	meta[total].SrcQPN = freed
+	meta[total+1].PKey = 0x8001
+	if n, err := a.Write(bufs, meta, ipoib.Headroom); err != nil || n != total {
+		t.Fatalf("Write of %d: n %d, err %v; want %d", total+2, n, err, total)
+	}
+	seen := make(map[int]bool)
+	rb := make([][]byte, 64)
+	for i := range rb {
+		rb[i] = make([]byte, 128)
+	}
+	sizes, rm := make([]int, 64), make([]ipoib.RxMeta, 64)
+	for len(seen) < total {
+		n, err := b.Read(rb, sizes, rm, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, buf := range rb[:n] {
+			i := int(buf[68])<<8 | int(buf[69])
+			if seen[i] || i >= total {
+				t.Fatalf("packet %d received twice or refused one delivered", i)
+			}
+			seen[i] = true
+		}
+	}
+	if c := a.Counters(); c.TxPackets != total || c.Drops[DropBadMeta] != 2 {
+		t.Fatalf("sender counters %+v, want %d packets and 2 bad_meta", c, total)
+	}
+	if c := b.Counters(); c.RxPackets != total || len(c.Drops) != 0 {
+		t.Fatalf("receiver counters %+v, want %d packets, no drops", c, total)
+	}
+}

@@ -131,9 +131,14 @@ type Port struct {
 	wmsgs  []ipv6.Message
 	wbufs  [][1][]byte
 	addrs  map[ipoib.GID]*net.UDPAddr
+	worig  []int  // per message of the chunk: its index in bufs, -1 for a held one
 	held   []byte // a reordered packet waiting for the next send
 	heldTo *net.UDPAddr
-	rng    *rand.Rand
+	// heldFrom is the chunk index of a packet held in this chunk, -1
+	// when the held packet (if any) came from an earlier one.
+	heldFrom int
+	heldBuf  []byte // reused storage of held
+	rng      *rand.Rand
 
 	txPackets, txBytes, rxPackets, rxBytes atomic.Uint64
 	drops                                  [numDrops]atomic.Uint64
@@ -222,6 +227,7 @@ func Open(cfg Config) (*Port, error) {
 		qps: ipoib.NewQPTable(0x100 + rand.Uint32N(0xff0000)), groups: ipoib.NewGroupTable(),
 		rmsgs: make([]ipv6.Message, batch), rbufs: make([][1][]byte, batch),
 		wmsgs: make([]ipv6.Message, 0, 2*batch+1), wbufs: make([][1][]byte, 2*batch+1),
+		worig: make([]int, 0, 2*batch+1), heldFrom: -1,
 		addrs: make(map[ipoib.GID]*net.UDPAddr),
 		rng:   rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
 	}
@@ -368,10 +374,14 @@ func (p *Port) udpAddr(g ipoib.GID) *net.UDPAddr {
 	return a
 }
 
-// Write sends a batch. bufs[i][offset:] is the IPoIB header and payload;
-// HeaderLen bytes before offset and TailRoom bytes of capacity after the
-// payload are used. A packet refused locally is counted and skipped; n
-// counts the packets handed to the kernel.
+// Write sends a batch of any length, up to BatchSize packets per system
+// call. bufs[i][offset:] is the IPoIB header and payload; HeaderLen bytes
+// before offset and TailRoom bytes of capacity after the payload are
+// used. n counts the packets the port accepted: handed to the kernel, or
+// held back by the reorder fault to go out with the next send. A packet
+// refused locally (oversize, no room, bad metadata or a source QP this
+// port did not allocate, port down), lost by the loss fault or refused by
+// the kernel is counted under its drop reason and not in n.
 func (p *Port) Write(bufs [][]byte, meta []ipoib.TxMeta, offset int) (int, error) {
 	if p.closed.Load() {
 		return 0, net.ErrClosed
@@ -379,16 +389,34 @@ func (p *Port) Write(bufs [][]byte, meta []ipoib.TxMeta, offset int) (int, error
 	if offset < HeaderLen {
 		return 0, fmt.Errorf("simfabric: write offset %d below header length %d", offset, HeaderLen)
 	}
+	if len(meta) < len(bufs) {
+		return 0, fmt.Errorf("simfabric: write of %d packets with %d metadata", len(bufs), len(meta))
+	}
 	p.wmu.Lock()
 	defer p.wmu.Unlock()
-	if p.down.Load() {
-		for range bufs {
-			p.drop(DropPortDown)
+	n := 0
+	for len(bufs) > 0 {
+		k := min(len(bufs), batch)
+		sent, err := p.writeChunk(bufs[:k], meta[:k], offset)
+		n += sent
+		if err != nil {
+			return n, err
 		}
+		bufs, meta = bufs[k:], meta[k:]
+	}
+	return n, nil
+}
+
+// writeChunk sends at most batch packets; call with wmu held.
+func (p *Port) writeChunk(bufs [][]byte, meta []ipoib.TxMeta, offset int) (int, error) {
+	if p.down.Load() {
+		p.drops[DropPortDown].Add(uint64(len(bufs)))
 		return 0, nil
 	}
+	var size [batch]int // payload length of each accepted packet, 0 if refused
 	src := [16]byte(p.gid)
 	msgs := p.wmsgs[:0]
+	p.worig = p.worig[:0]
 	for i, b := range bufs {
 		m := &meta[i]
 		payload := len(b) - offset
@@ -399,7 +427,7 @@ func (p *Port) Write(bufs [][]byte, meta []ipoib.TxMeta, offset int) (int, error
 		case cap(b)-len(b) < TailRoom:
 			p.drop(DropNoRoom)
 			continue
-		case !m.PKey.IsValid():
+		case !p.ownQP(m):
 			p.drop(DropBadMeta)
 			continue
 		}
@@ -407,43 +435,67 @@ func (p *Port) Write(bufs [][]byte, meta []ipoib.TxMeta, offset int) (int, error
 		dst := [16]byte(dstGID)
 		pkt := Packet{PKey: uint16(m.PKey), DestQPN: m.Dst.QPN(), PSN: p.psn.Add(1) & 0xffffff, QKey: ipoib.QKey, SrcQPN: m.SrcQPN}
 		out := p.wcodec.Encode(b, offset, &pkt, &src, &dst, UDPPort, UDPPort)
-		to := p.udpAddr(dstGID)
-		p.txPackets.Add(1)
-		p.txBytes.Add(uint64(payload))
-		msgs = p.faulty(msgs, out, to)
+		before := len(msgs)
+		msgs = p.faulty(msgs, out, p.udpAddr(dstGID), i)
+		if len(msgs) > before || p.heldFrom == i {
+			size[i] = payload
+		}
 	}
-	if p.held != nil && len(msgs) > 0 {
-		msgs = p.add(msgs, p.held, p.heldTo)
+	if p.held != nil && p.heldFrom < 0 && len(msgs) > 0 {
+		msgs = p.add(msgs, p.held, p.heldTo, -1)
 		p.held = nil
 	}
-	if len(msgs) == 0 {
-		return 0, nil
-	}
-	sent, err := p.pc.WriteBatch(msgs, 0)
-	if err != nil {
+	p.heldFrom = -1 // from here on, a held packet belongs to an earlier call
+	for off := 0; off < len(msgs); {
+		sent, err := p.pc.WriteBatch(msgs[off:], 0)
+		off += max(sent, 0)
+		if err == nil {
+			continue
+		}
 		if p.closed.Load() {
 			return 0, net.ErrClosed
 		}
-		// A send error (no route, no buffer) loses these packets, as a
-		// full HCA send queue would; count and go on.
-		for range msgs[max(sent, 0):] {
-			p.drop(DropSendError)
+		// A send error (no route, no buffer) loses this packet, as a
+		// full HCA send queue would; count it and send the rest.
+		p.drop(DropSendError)
+		if o := p.worig[off]; o >= 0 {
+			size[o] = 0
+		}
+		off++
+	}
+	n := 0
+	for _, l := range size[:len(bufs)] {
+		if l > 0 {
+			n++
+			p.txPackets.Add(1)
+			p.txBytes.Add(uint64(l))
 		}
 	}
-	return len(bufs), nil
+	return n, nil
 }
 
-func (p *Port) add(msgs []ipv6.Message, b []byte, to *net.UDPAddr) []ipv6.Message {
+// ownQP reports whether m names a QP of this port and that QP's P_Key: a
+// QP freed (or never allocated) cannot send, as on a real HCA.
+func (p *Port) ownQP(m *ipoib.TxMeta) bool {
+	pk, ok := p.qps.PKey(m.SrcQPN)
+	return ok && m.PKey.IsValid() && pk == m.PKey
+}
+
+// add appends a message for b, sent on behalf of bufs[orig] of the
+// current chunk (-1: a packet held back by an earlier call).
+func (p *Port) add(msgs []ipv6.Message, b []byte, to *net.UDPAddr, orig int) []ipv6.Message {
 	i := len(msgs)
 	p.wbufs[i][0] = b
+	p.worig = append(p.worig, orig)
 	return append(msgs, ipv6.Message{Buffers: p.wbufs[i][:], Addr: to})
 }
 
-// faulty appends the packet to msgs, applying the configured faults.
-func (p *Port) faulty(msgs []ipv6.Message, out []byte, to *net.UDPAddr) []ipv6.Message {
+// faulty appends the packet (bufs[orig] of the chunk) to msgs, applying
+// the configured faults.
+func (p *Port) faulty(msgs []ipv6.Message, out []byte, to *net.UDPAddr, orig int) []ipv6.Message {
 	f := &p.faults
 	if f.Loss == 0 && f.Dup == 0 && f.Reorder == 0 && f.Corrupt == 0 {
-		return p.add(msgs, out, to)
+		return p.add(msgs, out, to, orig)
 	}
 	if f.Loss > 0 && p.rng.Float64() < f.Loss {
 		p.drop(DropFaultLoss)
@@ -453,13 +505,14 @@ func (p *Port) faulty(msgs []ipv6.Message, out []byte, to *net.UDPAddr) []ipv6.M
 		out[HeaderLen+p.rng.IntN(len(out)-HeaderLen)] ^= 0x40
 	}
 	if f.Reorder > 0 && p.held == nil && p.rng.Float64() < f.Reorder {
-		p.held = append([]byte(nil), out...)
-		p.heldTo = to
+		p.held = append(p.heldBuf[:0], out...)
+		p.heldBuf = p.held
+		p.heldTo, p.heldFrom = to, orig
 		return msgs
 	}
-	msgs = p.add(msgs, out, to)
+	msgs = p.add(msgs, out, to, orig)
 	if f.Dup > 0 && p.rng.Float64() < f.Dup {
-		msgs = p.add(msgs, out, to)
+		msgs = p.add(msgs, out, to, orig)
 	}
 	return msgs
 }

@@ -221,3 +221,88 @@ func TestUnderlayMTUTooSmall(t *testing.T) {
 		t.Fatalf("want an error naming 1500 and 4168, got %v", err)
 	}
 }
+
+// batchOf returns n packets with headroom and tail room, packet i
+// carrying i in its payload, all to dst from src.
+func batchOf(n int, m ipoib.TxMeta) ([][]byte, []ipoib.TxMeta) {
+	bufs := make([][]byte, n)
+	meta := make([]ipoib.TxMeta, n)
+	for i := range bufs {
+		b := make([]byte, 64, 64+8+TailRoom)
+		bufs[i] = append(b, 8, 0, 0, 0, byte(i>>8), byte(i))
+		meta[i] = m
+	}
+	return bufs, meta
+}
+
+// TestWriteAnyBatchLength: one Write of 1,000 packets (far more than the
+// 2×64+1 messages one system call takes) is sent whole, each packet once,
+// and n and the counters say so. Before Write chunked its batches, this
+// panicked with an index out of range.
+func TestWriteAnyBatchLength(t *testing.T) {
+	a, b, _, _ := pair(t, 9000)
+	qa, _ := a.AllocQP(0xffff, 0)
+	qb, _ := b.AllocQP(0xffff, 0)
+	got := reader(b)
+	const total = 1000
+	bufs, meta := batchOf(total, ipoib.TxMeta{Dst: ipoib.MakeHwAddr(0, qb, b.LocalGID()), SrcQPN: qa, PKey: 0xffff})
+	n, err := a.Write(bufs, meta, 64)
+	if err != nil || n != total {
+		t.Fatalf("Write of %d: n %d, err %v", total, n, err)
+	}
+	seen := make(map[int]bool)
+	for len(seen) < total {
+		r := expect(t, got, fmt.Sprintf("packet %d of %d", len(seen)+1, total))
+		i := int(r.payload[4])<<8 | int(r.payload[5])
+		if seen[i] {
+			t.Fatalf("packet %d received twice", i)
+		}
+		seen[i] = true
+	}
+	if c := a.Counters(); c.TxPackets != total || len(c.Drops) != 0 {
+		t.Fatalf("sender counters %+v, want %d packets and no drops", c, total)
+	}
+	if c := b.Counters(); c.RxPackets != total || len(c.Drops) != 0 {
+		t.Fatalf("receiver counters %+v, want %d packets and no drops", c, total)
+	}
+}
+
+// TestWriteCountsAccepted: n and tx_packets count only the packets the
+// port accepted; a packet from a QP the port did not allocate (or has
+// freed), from a QP of another partition, or lost by a fault is counted
+// as a drop instead, and never reaches the wire.
+func TestWriteCountsAccepted(t *testing.T) {
+	a, b, _, _ := pair(t, 9000)
+	qa, _ := a.AllocQP(0xffff, 0)
+	freed, _ := a.AllocQP(0xffff, 0)
+	if err := a.FreeQP(freed); err != nil {
+		t.Fatal(err)
+	}
+	qb, _ := b.AllocQP(0xffff, 0)
+	got := reader(b)
+	dst := ipoib.MakeHwAddr(0, qb, b.LocalGID())
+	bufs, meta := batchOf(4, ipoib.TxMeta{Dst: dst, SrcQPN: qa, PKey: 0xffff})
+	meta[1].SrcQPN = freed
+	meta[2].PKey = 0x8001 // not qa's partition
+	if n, err := a.Write(bufs, meta, 64); err != nil || n != 2 {
+		t.Fatalf("Write: n %d, err %v; want 2 of 4 accepted", n, err)
+	}
+	for i := 0; i < 2; i++ {
+		r := expect(t, got, "accepted packet")
+		if idx := r.payload[5]; idx != 0 && idx != 3 {
+			t.Fatalf("refused packet %d reached the wire", idx)
+		}
+	}
+	none(t, got, "refused packets")
+	if c := a.Counters(); c.TxPackets != 2 || c.Drops["bad_meta"] != 2 {
+		t.Fatalf("counters %+v, want 2 sent and 2 bad_meta", c)
+	}
+	a.SetFaults(Faults{Loss: 1})
+	bufs, meta = batchOf(3, ipoib.TxMeta{Dst: dst, SrcQPN: qa, PKey: 0xffff})
+	if n, err := a.Write(bufs, meta, 64); err != nil || n != 0 {
+		t.Fatalf("Write under total loss: n %d, err %v; want 0", n, err)
+	}
+	if c := a.Counters(); c.TxPackets != 2 || c.Drops["fault_loss"] != 3 {
+		t.Fatalf("counters %+v, want still 2 sent and 3 fault_loss", c)
+	}
+}
