@@ -9,14 +9,20 @@ import (
 // Counter indexes the shim's counters.
 type Counter int
 
-// The shim's counters. Drops are named drop_*; every frame or packet the
-// shim does not deliver is counted in exactly one of them.
+// The shim's counters. Drops are named drop_*. Every frame read from the
+// TAP ends in exactly one of tx_forwarded, tx_fragmented, tx_icmp_too_big
+// or a TX drop (while queued for a resolution it is in pending_frames);
+// every packet read from the port ends in exactly one of rx_frames or an
+// RX drop.
 const (
 	TxFrames           Counter = iota // frames read from the TAP
-	TxPackets                         // IPoIB packets handed to the port (fragments counted each)
+	TxForwarded                       // frames sent on as one IPoIB packet (at once or after a resolution)
+	TxPackets                         // IPoIB packets the port accepted (fragments and resolutions included)
+	TxPortRefused                     // packets the port refused or lost (see its port_drop_* counters)
 	TxBroadcast                       // of which to the broadcast group
 	TxMulticast                       // of which to another MGID
 	TxFragmented                      // IPv4 packets fragmented to the IPoIB MTU
+	TxFragments                       // fragments made of them
 	TxICMPTooBig                      // ICMP fragmentation-needed / ICMPv6 packet-too-big sent to guests
 	TxQueued                          // frames queued while their destination was resolved
 	TxResolveSent                     // ARP/NS sent on a guest's behalf
@@ -24,11 +30,11 @@ const (
 	McastJoins                        // groups joined for snooped members
 	McastLeaves                       // groups left when their last member went
 	RxPackets                         // packets read from the port
-	RxFrames                          // frames written to the TAP
+	RxFrames                          // received packets written to the TAP as frames
 	VIFsCreated                       // VIFs created for new source MACs
 	VIFsAged                          // VIFs removed as idle
 	DropRunt                          // TX frame shorter than its Ethernet header
-	DropEtherType                     // ethertype IPoIB does not carry (TX) or unknown (RX)
+	DropEtherType                     // TX: ethertype IPoIB does not carry
 	DropVLANUnmapped                  // TX frame on a VLAN with no P_Key
 	DropBadSrcMAC                     // multicast or zero source MAC
 	DropVIFLimit                      // no VIF: --max-vifs reached or QP allocation failed
@@ -36,29 +42,33 @@ const (
 	DropTooBig                        // oversized and neither fragmentable nor answerable
 	DropDstLocal                      // unicast to a local guest (the bridge delivers those)
 	DropUnresolved                    // destination not resolved in time, or queue full
+	DropVIFGone                       // queued for a resolution while the guest's VIF aged out
 	DropTxRewrite                     // ARP/NDP/DHCP rewrite refused (see rewrite counters)
 	DropRxRewrite                     // same, on receive
 	DropRxBadHeader                   // IPoIB header missing or reserved bits set
+	DropRxEtherType                   // RX: ethertype other than IPv4, IPv6, ARP, RARP
 	DropRxUnknownPKey                 // P_Key with no partition here
 	DropRxUnknownVIF                  // unicast to a QPN that is no VIF of that partition
 	DropRxMulticast                   // MGID that maps to no Ethernet multicast MAC
 	DropRxNeighbour                   // source could not get a REMAC
-	DropTAPWrite                      // frames the kernel refused on the TAP
+	DropTAPWrite                      // received frames the kernel refused on the TAP
+	DropLocalTAPWrite                 // the shim's own frames to guests (queries, ICMP) the kernel refused
 	DropBadMcastReport                // malformed IGMP/MLD report or leave from a guest
+	DropNoGroup                       // multicast to a group the port could not join (group table full)
 	numCounters
 )
 
 var counterNames = [numCounters]string{
-	TxFrames: "tx_frames", TxPackets: "tx_packets", TxBroadcast: "tx_broadcast", TxMulticast: "tx_multicast",
+	TxFrames: "tx_frames", TxForwarded: "tx_forwarded", TxPackets: "tx_packets", TxPortRefused: "tx_port_refused", TxFragments: "tx_fragments", TxBroadcast: "tx_broadcast", TxMulticast: "tx_multicast",
 	TxFragmented: "tx_fragmented", TxICMPTooBig: "tx_icmp_too_big", TxQueued: "tx_queued", TxResolveSent: "tx_resolve_sent",
 	TxQueries: "tx_queries", McastJoins: "mcast_joins", McastLeaves: "mcast_leaves", RxPackets: "rx_packets", RxFrames: "rx_frames", VIFsCreated: "vifs_created", VIFsAged: "vifs_aged",
 	DropRunt: "drop_runt", DropEtherType: "drop_ethertype", DropVLANUnmapped: "drop_vlan_unmapped",
 	DropBadSrcMAC: "drop_bad_src_mac", DropVIFLimit: "drop_vif_limit", DropBadIP: "drop_bad_ip",
-	DropTooBig: "drop_too_big", DropDstLocal: "drop_dst_local", DropUnresolved: "drop_unresolved",
-	DropTxRewrite: "drop_tx_rewrite", DropRxRewrite: "drop_rx_rewrite", DropRxBadHeader: "drop_rx_bad_header",
+	DropTooBig: "drop_too_big", DropDstLocal: "drop_dst_local", DropUnresolved: "drop_unresolved", DropVIFGone: "drop_vif_gone",
+	DropTxRewrite: "drop_tx_rewrite", DropRxRewrite: "drop_rx_rewrite", DropRxBadHeader: "drop_rx_bad_header", DropRxEtherType: "drop_rx_ethertype",
 	DropRxUnknownPKey: "drop_rx_unknown_pkey", DropRxUnknownVIF: "drop_rx_unknown_vif",
-	DropRxMulticast: "drop_rx_multicast", DropRxNeighbour: "drop_rx_neighbour", DropTAPWrite: "drop_tap_write",
-	DropBadMcastReport: "drop_bad_mcast_report",
+	DropRxMulticast: "drop_rx_multicast", DropRxNeighbour: "drop_rx_neighbour", DropTAPWrite: "drop_tap_write", DropLocalTAPWrite: "drop_local_tap_write",
+	DropBadMcastReport: "drop_bad_mcast_report", DropNoGroup: "drop_no_group",
 }
 
 // String returns the counter's metric name.
@@ -92,10 +102,12 @@ func (s *Shim) Counters() map[string]uint64 {
 	full, sendOnly := s.groups.counts()
 	m["groups"] = uint64(full)
 	m["groups_send_only"] = uint64(sendOnly)
-	m["snooped_groups"] = uint64(len(s.snoop.Groups()))
-	m["snooped_groups_overflow"] = s.snoop.Overflow()
+	m["snooped_groups"] = uint64(s.snoop.Len())
+	m["snooped_groups_overflow"], m["snooped_groups_join_failed"] = s.snoop.Overflow()
 	m["groups_overflow"] = s.groups.overflow.Load()
+	m["groups_send_only_evicted"] = s.groups.evicted.Load()
 	m["pending"] = uint64(s.pending.count.Load())
+	m["pending_frames"] = uint64(s.pending.frames.Load())
 	vc := s.vifs.Counters()
 	m["vifs"] = uint64(s.vifs.Len())
 	m["vifs_overflow"] = vc.Overflow

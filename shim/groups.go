@@ -8,7 +8,9 @@ package shim
 // a membership interval without traffic.
 
 import (
+	"errors"
 	"fmt"
+	"math"
 	"log/slog"
 	"net/netip"
 	"sync"
@@ -24,25 +26,43 @@ var (
 	allHosts = netip.MustParseAddr("224.0.0.1")
 )
 
-// maxGroups bounds the MGIDs one port joins.
-const maxGroups = 4096
+// Bounds on the MGIDs one port joins. Send-only memberships have their
+// own, smaller bound and the least recently used one makes room for a new
+// one; a full membership needing room evicts send-only ones too, so a
+// guest sending to thousands of groups can never keep other guests from
+// joining theirs.
+const (
+	maxGroups   = 4096 // full and send-only together
+	maxSendOnly = 256  // of which send-only
+)
 
-// groupState is one joined MGID.
+// groupState is one joined MGID. sendOnly never changes: an upgrade to a
+// full membership replaces the state.
 type groupState struct {
-	static   bool         // joined for the partition's lifetime
-	sendOnly bool         // a send-only membership
+	sendOnly bool
+	refs     int          // full memberships using the MGID (static ones never released); under groupSet.mu
 	lastUsed atomic.Int64 // unix ns of the last send (send-only groups)
 }
 
-// groupSet is the set of MGIDs the port has joined. lookup is lock-free
-// (a copy-on-write map); changes are rare.
+// groupSet is the set of MGIDs the port has joined. Full memberships are
+// reference-counted: several snooped groups can map to one MGID (IPv6
+// groups that differ only in scope or flags share the low 80 bits), and
+// the MGID is left when the last one goes. lookup is lock-free (a
+// copy-on-write map); changes are serialised by mu, which is held across
+// the port call so that the port and the set never disagree.
 type groupSet struct {
-	mu       sync.Mutex
-	m        atomic.Pointer[map[ipoib.GID]*groupState]
-	overflow atomic.Uint64
+	mu          sync.Mutex
+	m           atomic.Pointer[map[ipoib.GID]*groupState]
+	max, maxSO  int
+	sendOnlyLen int // under mu
+	overflow    atomic.Uint64
+	evicted     atomic.Uint64 // send-only memberships evicted for room
 }
 
-func (g *groupSet) init() { g.m.Store(&map[ipoib.GID]*groupState{}) }
+func (g *groupSet) init(max, maxSendOnly int) {
+	g.max, g.maxSO = max, maxSendOnly
+	g.m.Store(&map[ipoib.GID]*groupState{})
+}
 
 func (g *groupSet) lookup(mgid ipoib.GID) (*groupState, bool) {
 	st, ok := (*g.m.Load())[mgid]
@@ -60,73 +80,154 @@ func (g *groupSet) edit(fn func(m map[ipoib.GID]*groupState)) {
 	g.m.Store(&m)
 }
 
-// join makes the port a full member of mgid (upgrading a send-only
-// membership).
+// errGroupsFull is returned when no room can be made for a membership.
+var errGroupsFull = errors.New("shim: multicast group table full")
+
+// makeRoom evicts least recently used send-only memberships until a new
+// membership fits: under the total bound, and for a send-only one under
+// the send-only bound too. Call with mu held.
+func (g *groupSet) makeRoom(port ipoib.Port, sendOnly bool) error {
+	m := *g.m.Load()
+	need := len(m) - g.max + 1 // entries to evict for the total bound
+	if sendOnly {
+		need = max(need, g.sendOnlyLen-g.maxSO+1)
+	}
+	if need <= 0 {
+		return nil
+	}
+	if need > g.sendOnlyLen {
+		g.overflow.Add(1)
+		return fmt.Errorf("%w: %d groups, %d of them full memberships", errGroupsFull, len(m), len(m)-g.sendOnlyLen)
+	}
+	for ; need > 0; need-- {
+		var lru ipoib.GID
+		oldest := int64(math.MaxInt64)
+		for mgid, st := range *g.m.Load() {
+			if st.sendOnly && st.lastUsed.Load() < oldest {
+				lru, oldest = mgid, st.lastUsed.Load()
+			}
+		}
+		if err := g.remove(port, lru); err != nil {
+			return err
+		}
+		g.evicted.Add(1)
+	}
+	return nil
+}
+
+// remove leaves mgid on the port and forgets it; call with mu held.
+func (g *groupSet) remove(port ipoib.Port, mgid ipoib.GID) error {
+	st, ok := g.lookup(mgid)
+	if !ok {
+		return nil
+	}
+	if st.sendOnly {
+		g.sendOnlyLen--
+	}
+	g.edit(func(m map[ipoib.GID]*groupState) { delete(m, mgid) })
+	if err := port.Leave(mgid); err != nil {
+		return fmt.Errorf("shim: leave %s: %w", mgid, err)
+	}
+	return nil
+}
+
+// join adds a full membership of mgid (upgrading a send-only one); a
+// static one is never released.
 func (g *groupSet) join(port ipoib.Port, mgid ipoib.GID, static bool) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	st, ok := g.lookup(mgid)
-	if ok && !st.sendOnly {
-		st.static = st.static || static
-		return nil
+	refs := 1
+	if static {
+		refs = math.MaxInt32 // never released
 	}
-	if !ok && len(*g.m.Load()) >= maxGroups {
-		g.overflow.Add(1)
-		return fmt.Errorf("shim: %d multicast groups joined (max)", maxGroups)
+	st, ok := g.lookup(mgid)
+	switch {
+	case ok && !st.sendOnly:
+		st.refs = min(st.refs+refs, math.MaxInt32)
+		return nil
+	case !ok:
+		if err := g.makeRoom(port, false); err != nil {
+			return err
+		}
 	}
 	if err := port.Join(mgid); err != nil {
 		return fmt.Errorf("shim: join %s: %w", mgid, err)
 	}
-	g.edit(func(m map[ipoib.GID]*groupState) { m[mgid] = &groupState{static: static} })
+	if ok {
+		g.sendOnlyLen--
+	}
+	g.edit(func(m map[ipoib.GID]*groupState) { m[mgid] = &groupState{refs: refs} })
 	return nil
 }
 
-// joinSendOnly makes the port a send-only member of mgid.
+// joinSendOnly makes the port a send-only member of mgid, unless it is a
+// member already.
 func (g *groupSet) joinSendOnly(port ipoib.Port, mgid ipoib.GID, now time.Time) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if _, ok := g.lookup(mgid); ok {
 		return nil
 	}
-	if len(*g.m.Load()) >= maxGroups {
-		g.overflow.Add(1)
-		return fmt.Errorf("shim: %d multicast groups joined (max)", maxGroups)
+	if err := g.makeRoom(port, true); err != nil {
+		return err
 	}
 	if err := port.JoinSendOnly(mgid); err != nil {
 		return fmt.Errorf("shim: send-only join %s: %w", mgid, err)
 	}
 	st := &groupState{sendOnly: true}
 	st.lastUsed.Store(now.UnixNano())
+	g.sendOnlyLen++
 	g.edit(func(m map[ipoib.GID]*groupState) { m[mgid] = st })
 	return nil
 }
 
-// leave leaves a non-static group.
+// leave releases one full membership of mgid, leaving the MGID with the
+// last.
 func (g *groupSet) leave(port ipoib.Port, mgid ipoib.GID) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	st, ok := g.lookup(mgid)
-	if !ok || st.static {
+	if !ok || st.sendOnly {
 		return nil
 	}
-	g.edit(func(m map[ipoib.GID]*groupState) { delete(m, mgid) })
-	return port.Leave(mgid)
+	if st.refs--; st.refs > 0 {
+		return nil
+	}
+	return g.remove(port, mgid)
 }
 
 // expireSendOnly leaves the send-only groups unused for idle and returns
-// them.
-func (g *groupSet) expireSendOnly(port ipoib.Port, now time.Time, idle time.Duration) []ipoib.GID {
-	var gone []ipoib.GID
+// how many. Each is checked under the lock, so a group that became a full
+// membership meanwhile is kept.
+func (g *groupSet) expireSendOnly(port ipoib.Port, now time.Time, idle time.Duration) (int, error) {
 	cut := now.Add(-idle).UnixNano()
+	if !g.anyIdle(cut) {
+		return 0, nil
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	n := 0
+	var first error
 	for mgid, st := range *g.m.Load() {
 		if st.sendOnly && st.lastUsed.Load() <= cut {
-			gone = append(gone, mgid)
+			if err := g.remove(port, mgid); err != nil && first == nil {
+				first = err
+			}
+			n++
 		}
 	}
-	for _, mgid := range gone {
-		g.leave(port, mgid)
+	return n, first
+}
+
+// anyIdle reports, without locking, whether a send-only group was unused
+// since cut.
+func (g *groupSet) anyIdle(cut int64) bool {
+	for _, st := range *g.m.Load() {
+		if st.sendOnly && st.lastUsed.Load() <= cut {
+			return true
+		}
 	}
-	return gone
+	return false
 }
 
 // leaveAll leaves every group.
@@ -139,18 +240,14 @@ func (g *groupSet) leaveAll(port ipoib.Port, log *slog.Logger) {
 		}
 	}
 	g.m.Store(&map[ipoib.GID]*groupState{})
+	g.sendOnlyLen = 0
 }
 
 // counts returns the full and send-only memberships.
 func (g *groupSet) counts() (full, sendOnly int) {
-	for _, st := range *g.m.Load() {
-		if st.sendOnly {
-			sendOnly++
-		} else {
-			full++
-		}
-	}
-	return
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(*g.m.Load()) - g.sendOnlyLen, g.sendOnlyLen
 }
 
 // solicitedNode returns ff02::1:ffXX:XXXX for a unicast IPv6 address
@@ -169,15 +266,18 @@ func (s *Shim) groupMGID(p *partition, group netip.Addr) ipoib.GID {
 }
 
 // mcastJoin is the snooping table's Join: the first guest of a group.
-func (s *Shim) mcastJoin(k snoop.Key) {
+func (s *Shim) mcastJoin(k snoop.Key) error {
 	p := s.byVLAN[k.Scope]
 	mgid := s.groupMGID(p, k.Group)
 	if err := s.groups.join(s.port, mgid, false); err != nil {
-		s.log.Warn("join group", "group", k.Group, "vlan", k.Scope, "err", err)
-		return
+		if s.groupWarn.allow(s.clk.Now()) {
+			s.log.Warn("join of a snooped group refused", "group", k.Group, "vlan", k.Scope, "err", err, "suppressed", s.groupWarn.take())
+		}
+		return err
 	}
 	s.ctr.inc(McastJoins)
-	s.log.Info("joined group", "group", k.Group, "vlan", p.vlan, "pkey", p.pkey, "mgid", mgid)
+	s.log.Debug("joined group", "group", k.Group, "vlan", p.vlan, "pkey", p.pkey, "mgid", mgid)
+	return nil
 }
 
 // mcastLeave is the snooping table's Leave: the last guest left.
@@ -189,7 +289,7 @@ func (s *Shim) mcastLeave(k snoop.Key) {
 		return
 	}
 	s.ctr.inc(McastLeaves)
-	s.log.Info("left group", "group", k.Group, "vlan", p.vlan, "pkey", p.pkey, "mgid", mgid)
+	s.log.Debug("left group", "group", k.Group, "vlan", p.vlan, "pkey", p.pkey, "mgid", mgid)
 }
 
 // member records a guest's membership of group (from a report, or the
@@ -211,15 +311,21 @@ func (s *Shim) fullMember(p *partition, group netip.Addr) bool {
 }
 
 // sendTo makes sure the port may send to mgid: a member already, or a
-// send-only member from now on.
-func (s *Shim) sendTo(mgid ipoib.GID, now time.Time) {
+// send-only member from now on. It reports false when the port cannot be
+// a member (the frame is then dropped: a UD QP may only send to a group
+// it joined).
+func (s *Shim) sendTo(mgid ipoib.GID, now time.Time) bool {
 	if st, ok := s.groups.lookup(mgid); ok {
 		if n := now.UnixNano(); st.sendOnly && n-st.lastUsed.Load() >= int64(time.Second) {
 			st.lastUsed.Store(n)
 		}
-		return
+		return true
 	}
 	if err := s.groups.joinSendOnly(s.port, mgid, now); err != nil {
-		s.log.Warn("send-only join", "mgid", mgid, "err", err)
+		if s.groupWarn.allow(now) {
+			s.log.Warn("send-only join refused", "mgid", mgid, "err", err, "suppressed", s.groupWarn.take())
+		}
+		return false
 	}
+	return true
 }

@@ -64,7 +64,7 @@ func (s *Shim) sendQueries(resp time.Duration) {
 	for _, p := range s.byPKey {
 		frames = append(frames, s.queryFrame(p, false, netip.Addr{}, resp), s.queryFrame(p, true, netip.Addr{}, resp))
 	}
-	s.writeDev(frames)
+	s.writeLocal(frames)
 	s.ctr.c[TxQueries].Add(uint64(len(frames)))
 }
 
@@ -73,6 +73,6 @@ func (s *Shim) sendQueries(resp time.Duration) {
 // §6.6.3.1, RFC 3810 §7.6.3.1).
 func (s *Shim) mcastQuery(k snoop.Key) {
 	f := s.queryFrame(s.byVLAN[k.Scope], k.Group.Is6(), k.Group, s.snoop.Timers().LastMemberQueryInterval)
-	s.writeDev([][]byte{f})
+	s.writeLocal([][]byte{f})
 	s.ctr.inc(TxQueries)
 }

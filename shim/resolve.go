@@ -49,12 +49,27 @@ type pendingEntry struct {
 
 // pendingQueue is touched only off the fast path (unknown destinations).
 type pendingQueue struct {
-	mu    sync.Mutex
-	m     map[pendingKey]*pendingEntry
-	count atomic.Int32 // len(m), read lock-free by the RX loop
+	mu      sync.Mutex
+	m       map[pendingKey]*pendingEntry
+	nframes int          // frames held, under mu
+	count   atomic.Int32 // len(m), read lock-free by the RX loop
+	frames  atomic.Int32 // nframes, for the counters
 }
 
 func (q *pendingQueue) init() { q.m = make(map[pendingKey]*pendingEntry) }
+
+// publish updates the lock-free copies of the sizes; call with mu held.
+func (q *pendingQueue) publish() {
+	q.count.Store(int32(len(q.m)))
+	q.frames.Store(int32(q.nframes))
+}
+
+// forget deletes an entry whose frames are sent or dropped; call with mu
+// held.
+func (q *pendingQueue) forget(k pendingKey, e *pendingEntry) {
+	q.nframes -= e.n
+	delete(q.m, k)
+}
 
 // dropAll empties the queue, counting every frame.
 func (q *pendingQueue) dropAll(c *counters) {
@@ -62,15 +77,23 @@ func (q *pendingQueue) dropAll(c *counters) {
 	defer q.mu.Unlock()
 	for k, e := range q.m {
 		c.c[DropUnresolved].Add(uint64(e.n))
-		delete(q.m, k)
+		q.forget(k, e)
 	}
-	q.count.Store(0)
+	q.publish()
+}
+
+// vifLive reports whether v is still the VIF owning its QP (not aged out).
+func (s *Shim) vifLive(v *mactrans.VIF) bool {
+	cur, ok := s.vifs.LookupQPN(v.QPN)
+	return ok && cur == v
 }
 
 // enqueue holds the IPoIB packet pkt (ipoib.Headroom bytes before the
 // header) for the unknown REMAC dst, starting a resolution when the
-// destination is new. With pkt nil it only starts the resolution.
-func (s *Shim) enqueue(p *partition, vif *mactrans.VIF, dst ether.MAC, pkt []byte, m ipoib.TxMeta, source, target netip.Addr, now time.Time) {
+// destination is new, and reports whether pkt was queued (the caller
+// counts a frame that was not). With pkt nil it only starts the
+// resolution.
+func (s *Shim) enqueue(p *partition, vif *mactrans.VIF, dst ether.MAC, pkt []byte, m ipoib.TxMeta, source, target netip.Addr, now time.Time) bool {
 	q := &s.pending
 	q.mu.Lock()
 	k := pendingKey{p.pkey, dst}
@@ -78,39 +101,35 @@ func (s *Shim) enqueue(p *partition, vif *mactrans.VIF, dst ether.MAC, pkt []byt
 	if !ok {
 		if len(q.m) >= maxPendingDsts || !target.IsValid() || target.IsUnspecified() {
 			q.mu.Unlock()
-			s.ctr.inc(DropUnresolved)
-			return
+			return false
 		}
 		e = &pendingEntry{p: p, vif: vif, source: source, target: target, next: now}
 		q.m[k] = e
-		q.count.Store(int32(len(q.m)))
 	}
-	if pkt == nil { // resolve only
-		q.mu.Unlock()
-		if !ok {
-			s.resolveTick(now)
+	queued := false
+	if pkt != nil && e.n < pendingPerDst {
+		if e.bufs[e.n] == nil {
+			e.bufs[e.n] = make([]byte, 0, pendingBufSize)
 		}
-		return
+		e.bufs[e.n] = append(e.bufs[e.n][:0], pkt...)
+		e.meta[e.n] = m
+		e.n++
+		q.nframes++
+		queued = true
 	}
-	if e.n == pendingPerDst {
-		q.mu.Unlock()
-		s.ctr.inc(DropUnresolved)
-		return
-	}
-	if e.bufs[e.n] == nil {
-		e.bufs[e.n] = make([]byte, 0, pendingBufSize)
-	}
-	e.bufs[e.n] = append(e.bufs[e.n][:0], pkt...)
-	e.meta[e.n] = m
-	e.n++
+	q.publish()
 	q.mu.Unlock()
-	s.ctr.inc(TxQueued)
+	if queued {
+		s.ctr.inc(TxQueued)
+	}
 	if !ok {
 		s.resolveTick(now)
 	}
+	return queued
 }
 
-// resolveTick sends due resolutions and expires the hopeless.
+// resolveTick sends due resolutions and expires the hopeless. Call with
+// live held for reading.
 func (s *Shim) resolveTick(now time.Time) {
 	q := &s.pending
 	if q.count.Load() == 0 {
@@ -127,16 +146,20 @@ func (s *Shim) resolveTick(now time.Time) {
 		if now.Before(e.next) {
 			continue
 		}
-		if e.tries == resolveTries {
+		switch {
+		case !s.vifLive(e.vif):
+			s.ctr.c[DropVIFGone].Add(uint64(e.n))
+			q.forget(k, e)
+		case e.tries == resolveTries:
 			s.ctr.c[DropUnresolved].Add(uint64(e.n))
-			delete(q.m, k)
-			continue
+			q.forget(k, e)
+		default:
+			e.tries++
+			e.next = now.Add(resolveInterval)
+			due = append(due, req{e.p, e.vif, e.source, e.target})
 		}
-		e.tries++
-		e.next = now.Add(resolveInterval)
-		due = append(due, req{e.p, e.vif, e.source, e.target})
 	}
-	q.count.Store(int32(len(q.m)))
+	q.publish()
 	q.mu.Unlock()
 	for _, r := range due {
 		s.sendResolve(r.p, r.vif, r.source, r.target)
@@ -144,6 +167,7 @@ func (s *Shim) resolveTick(now time.Time) {
 }
 
 // flushResolved sends the queued frames whose destination is now known.
+// Call with live held for reading.
 func (s *Shim) flushResolved() {
 	q := &s.pending
 	var bufs [][]byte
@@ -154,28 +178,34 @@ func (s *Shim) flushResolved() {
 		if !ok {
 			continue
 		}
+		if !s.vifLive(e.vif) {
+			s.ctr.c[DropVIFGone].Add(uint64(e.n))
+			q.forget(k, e)
+			continue
+		}
 		for i := 0; i < e.n; i++ {
 			e.meta[i].Dst = n.RIMAC.WithoutFlags()
 			bufs = append(bufs, e.bufs[i])
 			meta = append(meta, e.meta[i])
 		}
-		delete(q.m, k)
+		s.ctr.c[TxForwarded].Add(uint64(e.n))
+		q.forget(k, e)
 	}
-	q.count.Store(int32(len(q.m)))
+	q.publish()
 	q.mu.Unlock()
 	if len(bufs) > 0 {
 		s.writePort(bufs, meta)
 	}
 }
 
-// writePort sends packets laid out with ipoib.Headroom before the header.
+// writePort sends packets laid out with ipoib.Headroom before the header
+// and counts what the port accepted and refused.
 func (s *Shim) writePort(bufs [][]byte, meta []ipoib.TxMeta) {
 	s.portMu.Lock()
-	n, err := s.port.Write(bufs, meta, ipoib.Headroom)
+	n, _ := s.port.Write(bufs, meta, ipoib.Headroom)
 	s.portMu.Unlock()
-	if err == nil {
-		s.ctr.c[TxPackets].Add(uint64(n))
-	}
+	s.ctr.c[TxPackets].Add(uint64(n))
+	s.ctr.c[TxPortRefused].Add(uint64(len(bufs) - n))
 }
 
 // sendResolve asks the fabric for target's address from the guest's VIF:

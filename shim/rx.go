@@ -42,25 +42,34 @@ func (s *Shim) rxLoop() error {
 			}
 		}
 		if len(out) > 0 {
-			s.writeDev(out)
+			n := s.writeDev(out)
+			s.ctr.c[RxFrames].Add(uint64(n))
+			s.ctr.c[DropTAPWrite].Add(uint64(len(out) - n))
 		}
 		if s.pending.count.Load() > 0 {
+			s.live.RLock()
 			s.flushResolved()
+			s.live.RUnlock()
 		}
 	}
 }
 
-// writeDev writes frames to the device and counts them.
-func (s *Shim) writeDev(frames [][]byte) {
+// writeDev writes frames to the device and returns how many it took.
+func (s *Shim) writeDev(frames [][]byte) int {
 	s.devMu.Lock()
 	n, err := s.dev.Write(frames, 0)
 	s.devMu.Unlock()
 	if err != nil {
-		return
+		return 0
 	}
-	s.ctr.c[RxFrames].Add(uint64(n))
-	if n < len(frames) {
-		s.ctr.c[DropTAPWrite].Add(uint64(len(frames) - n))
+	return n
+}
+
+// writeLocal writes the shim's own frames to guests (queries, ICMP),
+// counting those the device refused.
+func (s *Shim) writeLocal(frames [][]byte) {
+	if n := s.writeDev(frames); n < len(frames) {
+		s.ctr.c[DropLocalTAPWrite].Add(uint64(len(frames) - n))
 	}
 }
 
@@ -82,17 +91,12 @@ func (s *Shim) rx(buf []byte, n int, m *ipoib.RxMeta, now time.Time) []byte {
 	}
 	et := h.EtherType()
 	if !rxEtherType(et) {
-		s.ctr.inc(DropEtherType)
+		s.ctr.inc(DropRxEtherType)
 		return nil
 	}
 	p := s.byPKey[m.PKey.Full()]
 	if p == nil {
 		s.ctr.inc(DropRxUnknownPKey)
-		return nil
-	}
-	nb, err := s.neigh.Learn(p.pkey, m.Src, now)
-	if err != nil {
-		s.ctr.inc(DropRxNeighbour)
 		return nil
 	}
 	var dst ether.MAC
@@ -113,6 +117,7 @@ func (s *Shim) rx(buf []byte, n int, m *ipoib.RxMeta, now time.Time) []byte {
 		dst = vif.Key.MAC
 	}
 	ip := pay[ipoib.HeaderLen:]
+	var err error
 	switch et {
 	case ether.TypeARP, ether.TypeRARP:
 		ip, err = arpndp.ARPToEth(ip, p.view)
@@ -128,6 +133,13 @@ func (s *Shim) rx(buf []byte, n int, m *ipoib.RxMeta, now time.Time) []byte {
 	if err != nil {
 		s.ctr.rxRewrite.Count(err)
 		s.ctr.inc(DropRxRewrite)
+		return nil
+	}
+	// Only an accepted packet teaches the table its sender: dropped ones
+	// must not insert or evict entries.
+	nb, err := s.neigh.Learn(p.pkey, m.Src, now)
+	if err != nil {
+		s.ctr.inc(DropRxNeighbour)
 		return nil
 	}
 	hl := ether.HeaderLen

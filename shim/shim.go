@@ -87,6 +87,10 @@ type Shim struct {
 
 	devMu  sync.Mutex // serialises writes to the device
 	portMu sync.Mutex // serialises writes to the port
+	// live is held for reading by whoever sends from VIFs' QPs (a TX
+	// batch, a resolution, a flush of queued frames) and for writing
+	// by aging, which frees QPs: a QP is never freed under a sender.
+	live sync.RWMutex
 
 	groups  groupSet
 	snoop   *snoop.Table
@@ -96,9 +100,34 @@ type Shim struct {
 
 	icmpBuf []byte // TX loop's buffer for ICMP too-big replies
 
-	vifLimitLogged      atomic.Int64 // unix seconds of the last "VIF limit" warning
+	vifWarn, groupWarn  warnLimit // limit warnings a guest can cause per frame
 	carrier, carrierSet atomic.Bool
 }
+
+// warnInterval is the least time between two warnings of one kind that a
+// guest can provoke per frame (limits reached).
+const warnInterval = time.Minute
+
+// warnLimit lets a warning through at most once per warnInterval and
+// counts the ones it holds back, to be reported with the next.
+type warnLimit struct {
+	last       atomic.Int64  // unix ns of the last warning let through
+	suppressed atomic.Uint64 // held back since
+}
+
+// allow reports whether a warning may be logged at now; if not, it counts
+// one more suppressed.
+func (w *warnLimit) allow(now time.Time) bool {
+	n, last := now.UnixNano(), w.last.Load()
+	if last != 0 && n-last < int64(warnInterval) || !w.last.CompareAndSwap(last, n) {
+		w.suppressed.Add(1)
+		return false
+	}
+	return true
+}
+
+// take returns and resets the number of suppressed warnings.
+func (w *warnLimit) take() uint64 { return w.suppressed.Swap(0) }
 
 // New validates cfg and builds a shim; it does not touch the port yet.
 func New(cfg Config) (*Shim, error) {
@@ -186,7 +215,7 @@ func New(cfg Config) (*Shim, error) {
 			return nil, err
 		}
 	}
-	s.groups.init()
+	s.groups.init(maxGroups, maxSendOnly)
 	s.pending.init()
 	s.snoop = snoop.NewTable(cfg.Multicast, maxGroups, snoop.Actions{Join: s.mcastJoin, Leave: s.mcastLeave, Query: s.mcastQuery})
 	return s, nil
@@ -198,26 +227,26 @@ func (s *Shim) IPMTU() int { return s.ipMTU }
 // Run joins each partition's broadcast, all-nodes and all-hosts groups, then moves
 // traffic until ctx ends or the device or port fails. On return the
 // device is closed (the in-flight batch finished), queued frames dropped
-// and counted, QPs freed and groups left; the caller closes the port.
+// and counted, QPs freed, groups left and the port closed; every
+// goroutine Run started has ended. If a join fails at start-up, the groups
+// already joined are left before Run returns the error.
 func (s *Shim) Run(ctx context.Context) error {
 	for _, p := range s.byPKey {
 		for _, mgid := range []ipoib.GID{p.bcast, s.groupMGID(p, allNodes), s.groupMGID(p, allHosts)} {
 			if err := s.groups.join(s.port, mgid, true); err != nil {
+				s.groups.leaveAll(s.port, s.log)
+				s.port.Close()
 				return err
 			}
 		}
 	}
 	s.followCarrier()
 	errc := make(chan error, 3)
-	var wg sync.WaitGroup // TX and housekeeping; RX ends when the caller closes the port
-	loop := func(name string, wait bool, f func() error) {
-		if wait {
-			wg.Add(1)
-		}
+	var wg, rx sync.WaitGroup
+	loop := func(name string, wg *sync.WaitGroup, f func() error) {
+		wg.Add(1)
 		go func() {
-			if wait {
-				defer wg.Done()
-			}
+			defer wg.Done()
 			err := f()
 			if errors.Is(err, net.ErrClosed) {
 				err = nil
@@ -229,9 +258,9 @@ func (s *Shim) Run(ctx context.Context) error {
 		}()
 	}
 	hctx, stopHouse := context.WithCancel(ctx)
-	loop("tx", true, s.txLoop)
-	loop("rx", false, s.rxLoop)
-	loop("housekeeping", true, func() error { return s.housekeeping(hctx) })
+	loop("tx", &wg, s.txLoop)
+	loop("rx", &rx, s.rxLoop)
+	loop("housekeeping", &wg, func() error { return s.housekeeping(hctx) })
 	s.log.Info("shim running", "gid", s.port.LocalGID(), "ib_mtu", s.port.MTU(), "ipoib_mtu", s.ipMTU, "partitions", len(s.byPKey), "max_vifs", s.cfg.MaxVIFs)
 	var err error
 	select {
@@ -243,6 +272,8 @@ func (s *Shim) Run(ctx context.Context) error {
 	wg.Wait()
 	s.pending.dropAll(&s.ctr)
 	s.stopPort()
+	s.port.Close() // the RX loop leaves
+	rx.Wait()
 	return err
 }
 
@@ -302,19 +333,34 @@ func (s *Shim) housekeeping(ctx context.Context) error {
 			nextQuery = now.Add(s.cfg.Multicast.QueryInterval)
 		}
 		s.snoop.Tick(now)
-		for _, mgid := range s.groups.expireSendOnly(s.port, now, s.cfg.Multicast.MembershipInterval()) {
-			s.log.Info("left idle send-only group", "mgid", mgid)
+		if n, err := s.groups.expireSendOnly(s.port, now, s.cfg.Multicast.MembershipInterval()); err != nil {
+			s.log.Warn("leave idle send-only groups", "left", n, "err", err)
+		} else if n > 0 {
+			s.log.Debug("left idle send-only groups", "left", n)
 		}
-		for _, v := range s.vifs.Expire(now, s.cfg.VIFIdle) {
-			s.ctr.inc(VIFsAged)
-			if err := s.port.FreeQP(v.QPN); err != nil {
-				s.log.Warn("free QP of aged VIF", "mac", v.Key.MAC, "vlan", v.Key.VLAN, "err", err)
-			}
-			s.log.Info("VIF aged out", "mac", v.Key.MAC, "vlan", v.Key.VLAN, "qpn", v.QPN)
-		}
+		s.ageVIFs(now)
 		s.neigh.Expire(now, s.cfg.NeighTTL)
+		s.live.RLock()
 		s.resolveTick(now)
+		s.live.RUnlock()
 		s.followCarrier()
+	}
+}
+
+// ageVIFs removes the VIFs idle for VIFIdle and frees their QPs. It holds
+// live for writing, so no batch is sending from a QP while it is freed.
+func (s *Shim) ageVIFs(now time.Time) {
+	s.live.Lock()
+	gone := s.vifs.Expire(now, s.cfg.VIFIdle)
+	for _, v := range gone {
+		if err := s.port.FreeQP(v.QPN); err != nil {
+			s.log.Warn("free QP of aged VIF", "mac", v.Key.MAC, "vlan", v.Key.VLAN, "err", err)
+		}
+	}
+	s.live.Unlock()
+	for _, v := range gone {
+		s.ctr.inc(VIFsAged)
+		s.log.Info("VIF aged out", "mac", v.Key.MAC, "vlan", v.Key.VLAN, "qpn", v.QPN)
 	}
 }
 

@@ -597,7 +597,7 @@ func TestFromFabricBadInput(t *testing.T) {
 	send([]byte{8, 6, 0, 0, 0, 32, 8, 0, 20, 4, 0, 1}, v.QPN, 0xffff) // truncated ARP
 	send([]byte{8, 0, 0}, v.QPN, 0xffff)                              // shorter than the IPoIB header
 	a.waitCounter(t, RxPackets, 5)                                    // 1 from the ARP exchange
-	for c, want := range map[Counter]uint64{DropRxBadHeader: 2, DropEtherType: 1, DropRxRewrite: 1} {
+	for c, want := range map[Counter]uint64{DropRxBadHeader: 2, DropRxEtherType: 1, DropRxRewrite: 1} {
 		if got := a.s.Get(c); got != want {
 			t.Errorf("%s = %d, want %d", c, got, want)
 		}

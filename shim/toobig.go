@@ -20,10 +20,16 @@ const (
 	icmpv6Header = 8
 )
 
+// fragmentable reports whether an oversized packet may be fragmented
+// here: IPv4 without DF.
+func fragmentable(et uint16, pay []byte) bool {
+	return et == ether.TypeIPv4 && pay[6]&0x40 == 0
+}
+
 // tooBig handles an IP packet longer than the IPoIB MTU.
 func (s *Shim) tooBig(b *txBatch, f ether.Frame, et uint16, pay []byte, m ipoib.TxMeta) {
 	switch {
-	case et == ether.TypeIPv4 && pay[6]&0x40 == 0:
+	case fragmentable(et, pay):
 		s.fragment(b, pay, m)
 	case et == ether.TypeIPv4 || et == ether.TypeIPv6:
 		s.icmpTooBig(f, et, pay)
@@ -58,6 +64,7 @@ func (s *Shim) fragment(b *txBatch, pay []byte, m ipoib.TxMeta) {
 		binary.BigEndian.PutUint16(ip[6:8], flags)
 		csum.IPv4Header(ip[:hl])
 		b.add(fb[:ipoib.Headroom+ipoib.HeaderLen+hl+n], m)
+		s.ctr.inc(TxFragments)
 	}
 	s.ctr.inc(TxFragmented)
 }
@@ -114,5 +121,5 @@ func (s *Shim) icmpTooBig(f ether.Frame, et uint16, pay []byte) {
 		binary.BigEndian.PutUint16(icmp[2:4], csum.Fold(csum.Sum(csum.Pseudo(s16[:], d16[:], 58, plen), icmp)))
 	}
 	s.ctr.inc(TxICMPTooBig)
-	s.writeDev([][]byte{buf[:hl+n]})
+	s.writeLocal([][]byte{buf[:hl+n]})
 }

@@ -72,11 +72,13 @@ func (s *Shim) txLoop() error {
 			return err
 		}
 		now := s.clk.Now()
+		s.live.RLock()
 		for i := 0; i < n; i++ {
 			s.ctr.inc(TxFrames)
 			s.tx(b, bufs[i], sizes[i], now)
 		}
 		s.flushTx(b)
+		s.live.RUnlock()
 	}
 }
 
@@ -170,7 +172,9 @@ func (s *Shim) tx(b *txBatch, buf []byte, n int, now time.Time) {
 	vif, err := s.vif(p, src, now)
 	if err != nil {
 		s.ctr.inc(DropVIFLimit)
-		s.warnVIFLimit(now, err)
+		if s.vifWarn.allow(now) {
+			s.log.Warn("new guest MAC refused", "mac", src, "vlan", p.vlan, "err", err, "suppressed", s.vifWarn.take())
+		}
 		return
 	}
 	vif.Touch(now)
@@ -187,8 +191,11 @@ func (s *Shim) tx(b *txBatch, buf []byte, n int, now time.Time) {
 			s.ctr.inc(DropBadIP)
 			return
 		}
+		if !s.sendTo(mgid, now) {
+			s.ctr.inc(DropNoGroup)
+			return
+		}
 		m.Dst = ipoib.MakeHwAddr(0, ipoib.MulticastQPN, mgid)
-		s.sendTo(mgid, now)
 		s.ctr.inc(TxMulticast)
 	default:
 		if nb, ok := s.neigh.LookupREMAC(p.pkey, dst); ok {
@@ -233,7 +240,9 @@ func (s *Shim) tx(b *txBatch, buf []byte, n int, now time.Time) {
 		return
 	}
 	if len(pay) > s.ipMTU {
-		if unknown {
+		if unknown && fragmentable(et, pay) {
+			// Fragments are not queued: resolve, and let the guest's
+			// retransmission find the destination known.
 			s.ctr.inc(DropUnresolved)
 			s.enqueue(p, vif, dst, nil, m, source, target, now)
 			return
@@ -245,9 +254,12 @@ func (s *Shim) tx(b *txBatch, buf []byte, n int, now time.Time) {
 	ipoib.PutHeader(buf[hdr:], et)
 	pkt := buf[hdr-ipoib.Headroom : payStart+len(pay)]
 	if unknown {
-		s.enqueue(p, vif, dst, pkt, m, source, target, now)
+		if !s.enqueue(p, vif, dst, pkt, m, source, target, now) {
+			s.ctr.inc(DropUnresolved)
+		}
 		return
 	}
+	s.ctr.inc(TxForwarded)
 	b.add(pkt, m)
 }
 
@@ -288,13 +300,4 @@ func (s *Shim) snoopRecords(p *partition, parse func([]byte) ([]snoop.Record, er
 		}
 	}
 	return true
-}
-
-// warnVIFLimit logs the VIF limit at most once a minute.
-func (s *Shim) warnVIFLimit(now time.Time, err error) {
-	last := s.vifLimitLogged.Load()
-	if now.Unix()-last < 60 || !s.vifLimitLogged.CompareAndSwap(last, now.Unix()) {
-		return
-	}
-	s.log.Warn("new guest MAC refused", "err", err, "dropped_so_far", s.Get(DropVIFLimit))
 }

@@ -72,12 +72,17 @@ type Key struct {
 	Group netip.Addr
 }
 
-// Actions are what the table asks of its owner; each is called without
-// the table's lock held.
+// Actions are what the table asks of its owner. Join and Leave are called
+// with the table's lock held, in the order of the state changes they
+// follow, so a leave can never overtake a later join of the same group;
+// they must not call back into the table. A Join that fails leaves the
+// group unrecorded (the next report tries again), so the table never
+// claims a group its owner did not join. Query is called without the
+// lock.
 type Actions struct {
-	Join  func(Key) // the group's first member appeared
-	Leave func(Key) // the group's last member is gone
-	Query func(Key) // send a group-specific query
+	Join  func(Key) error // the group's first member appeared
+	Leave func(Key)       // the group's last member is gone
+	Query func(Key)       // send a group-specific query
 }
 
 type member struct {
@@ -97,7 +102,8 @@ type Table struct {
 
 	mu       sync.Mutex
 	m        map[Key]*member
-	overflow uint64
+	overflow uint64 // new groups refused for the bound
+	failed   uint64 // joins the owner refused
 }
 
 // NewTable returns an empty table of at most max groups.
@@ -111,22 +117,24 @@ func (t *Table) Timers() Timers { return t.t }
 // Report records that a member of k exists at now.
 func (t *Table) Report(k Key, now time.Time) {
 	t.mu.Lock()
+	defer t.mu.Unlock()
 	m, ok := t.m[k]
 	if !ok {
 		if len(t.m) >= t.max {
 			t.overflow++
-			t.mu.Unlock()
 			return
+		}
+		if t.act.Join != nil {
+			if err := t.act.Join(k); err != nil {
+				t.failed++
+				return
+			}
 		}
 		m = &member{}
 		t.m[k] = m
 	}
 	m.expires = now.Add(t.t.MembershipInterval())
 	m.queriesLeft = 0
-	t.mu.Unlock()
-	if !ok && t.act.Join != nil {
-		t.act.Join(k)
-	}
 }
 
 // Leave records that a member of k left at now: the remaining members,
@@ -151,13 +159,15 @@ func (t *Table) Leave(k Key, now time.Time) {
 
 // Tick expires groups and sends due group-specific queries.
 func (t *Table) Tick(now time.Time) {
-	var gone, query []Key
+	var query []Key
 	t.mu.Lock()
 	for k, m := range t.m {
 		switch {
 		case !now.Before(m.expires):
 			delete(t.m, k)
-			gone = append(gone, k)
+			if t.act.Leave != nil {
+				t.act.Leave(k)
+			}
 		case m.queriesLeft > 0 && !now.Before(m.nextQuery):
 			m.queriesLeft--
 			m.nextQuery = now.Add(t.t.LastMemberQueryInterval)
@@ -168,11 +178,6 @@ func (t *Table) Tick(now time.Time) {
 	for _, k := range query {
 		if t.act.Query != nil {
 			t.act.Query(k)
-		}
-	}
-	for _, k := range gone {
-		if t.act.Leave != nil {
-			t.act.Leave(k)
 		}
 	}
 }
@@ -206,9 +211,17 @@ func (t *Table) Groups() []Key {
 	return out
 }
 
-// Overflow returns how many new groups were refused for the bound.
-func (t *Table) Overflow() uint64 {
+// Len returns the number of groups with members.
+func (t *Table) Len() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.overflow
+	return len(t.m)
+}
+
+// Overflow returns how many new groups were refused for the bound, and
+// how many because the owner's Join failed.
+func (t *Table) Overflow() (bound, joinFailed uint64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.overflow, t.failed
 }

@@ -1,7 +1,11 @@
 package snoop
 
 import (
+	"errors"
 	"net/netip"
+	"runtime"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -12,7 +16,7 @@ type recorder struct{ joins, leaves, queries []Key }
 
 func (r *recorder) actions() Actions {
 	return Actions{
-		Join:  func(k Key) { r.joins = append(r.joins, k) },
+		Join:  func(k Key) error { r.joins = append(r.joins, k); return nil },
 		Leave: func(k Key) { r.leaves = append(r.leaves, k) },
 		Query: func(k Key) { r.queries = append(r.queries, k) },
 	}
@@ -107,7 +111,69 @@ func TestTableScopesAndBound(t *testing.T) {
 	tbl.Report(Key{10, g}, now)
 	tbl.Report(Key{20, g}, now) // same group, other partition: its own state
 	tbl.Report(Key{30, g}, now) // over the bound
-	if len(r.joins) != 2 || tbl.Overflow() != 1 {
-		t.Fatalf("joins %v overflow %d", r.joins, tbl.Overflow())
+	if bound, _ := tbl.Overflow(); len(r.joins) != 2 || bound != 1 || tbl.Len() != 2 {
+		t.Fatalf("joins %v overflow %d len %d", r.joins, bound, tbl.Len())
+	}
+}
+
+// TestTableFailedJoin: a group whose Join fails is not recorded, so the
+// next report tries again instead of the table claiming a membership the
+// port does not have.
+func TestTableFailedJoin(t *testing.T) {
+	fail := true
+	var joins int
+	tbl := NewTable(Timers{}, 10, Actions{Join: func(Key) error {
+		joins++
+		if fail {
+			return errors.New("no room")
+		}
+		return nil
+	}})
+	k := Key{0, netip.MustParseAddr("239.1.1.1")}
+	now := time.Unix(1e6, 0)
+	tbl.Report(k, now)
+	if _, failed := tbl.Overflow(); tbl.Len() != 0 || failed != 1 {
+		t.Fatalf("after a failed join: %d groups, %d failed", tbl.Len(), failed)
+	}
+	fail = false
+	tbl.Report(k, now)
+	if tbl.Len() != 1 || joins != 2 {
+		t.Fatalf("after a successful join: %d groups, %d join calls", tbl.Len(), joins)
+	}
+}
+
+// TestTableJoinLeaveOrder: with reports and expiries racing, the owner's
+// view (joined by Join, unjoined by Leave) always ends equal to the
+// table's. When the actions ran outside the lock, a Tick's Leave could
+// land after a concurrent Report's Join, leaving the owner unjoined while
+// the table said joined.
+func TestTableJoinLeaveOrder(t *testing.T) {
+	k := Key{0, netip.MustParseAddr("239.1.1.1")}
+	var joined atomic.Int32 // the owner's state, changed only by the actions
+	act := Actions{
+		Join: func(Key) error {
+			if !joined.CompareAndSwap(0, 1) {
+				return errors.New("join of a joined group")
+			}
+			return nil
+		},
+		Leave: func(Key) {
+			runtime.Gosched() // widen the window a late leave needs
+			joined.Store(0)
+		},
+	}
+	tm := Timers{QueryInterval: 2 * time.Second, QueryResponseInterval: time.Second}
+	tbl := NewTable(tm, 10, act)
+	base := time.Unix(1e6, 0)
+	for i := 0; i < 2000; i++ {
+		now := base.Add(time.Duration(i) * time.Hour) // every Tick expires the group
+		var wg sync.WaitGroup
+		wg.Add(2)
+		go func() { defer wg.Done(); tbl.Tick(now) }()
+		go func() { defer wg.Done(); tbl.Report(k, now) }()
+		wg.Wait()
+		if got, want := joined.Load() == 1, tbl.Len() == 1; got != want {
+			t.Fatalf("round %d: owner joined %v, table has the group %v", i, got, want)
+		}
 	}
 }
