@@ -18,6 +18,7 @@ import (
 	"github.com/eipoib/eipoibd/arpndp"
 	"github.com/eipoib/eipoibd/internal/csum"
 	"github.com/eipoib/eipoibd/internal/ether"
+	"github.com/eipoib/eipoibd/internal/header"
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/mactrans"
 )
@@ -234,18 +235,17 @@ func (s *Shim) sendResolve(p *partition, vif *mactrans.VIF, source, target netip
 		group := solicitedNode(target)
 		buf = binary.BigEndian.AppendUint16(buf, ether.TypeIPv6)
 		buf = append(buf, 0, 0)
-		ip := len(buf)
 		const plen = 24 + 24 // NS + IPoIB source link-layer option
-		buf = append(buf, 0x60, 0, 0, 0, 0, plen, 58, 255)
-		s16, g16, t16 := source.As16(), group.As16(), target.As16()
-		buf = append(buf, s16[:]...)
-		buf = append(buf, g16[:]...)
+		start := len(buf)
+		buf = buf[:start+header.IPv6Len]
+		ip := header.EncodeIPv6(buf[start:], header.IPv6Fields{PayloadLen: plen, NextHeader: header.ProtoICMPv6, HopLimit: 255, Src: source, Dst: group})
+		t16 := target.As16()
 		buf = append(buf, arpndp.TypeNeighborSolicitation, 0, 0, 0, 0, 0, 0, 0)
 		buf = append(buf, t16[:]...)
 		buf = append(buf, arpndp.OptSLLA, 3, 0, 0)
 		buf = append(buf, vif.LIMAC[:]...)
-		icmp := buf[ip+40:]
-		sum := csum.Fold(csum.Sum(csum.Pseudo(s16[:], g16[:], 58, plen), icmp))
+		icmp := buf[start+header.IPv6Len:]
+		sum := csum.Fold(csum.Sum(csum.Pseudo(ip.SrcBytes(), ip.DstBytes(), header.ProtoICMPv6, plen), icmp))
 		binary.BigEndian.PutUint16(icmp[2:4], sum)
 		m.Dst = ipoib.MakeHwAddr(0, ipoib.MulticastQPN, ipoib.IPv6MGID(group, p.pkey, s.cfg.Scope))
 	}

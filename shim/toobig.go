@@ -4,7 +4,7 @@ package shim
 // IPv6 get ICMP "fragmentation needed" / "packet too big" back to the
 // guest with the IPoIB MTU, so path MTU discovery converges; IPv4 without
 // DF is fragmented to the IPoIB MTU here (RFC 791 §3.2, options copied to
-// every fragment).
+// non-first fragments only when their copied flag is set).
 
 import (
 	"encoding/binary"
@@ -12,25 +12,26 @@ import (
 
 	"github.com/eipoib/eipoibd/internal/csum"
 	"github.com/eipoib/eipoibd/internal/ether"
+	"github.com/eipoib/eipoibd/internal/header"
 	"github.com/eipoib/eipoibd/ipoib"
 )
 
 const (
-	ipv6MinMTU   = 1280
-	icmpv6Header = 8
+	ipv6MinMTU = 1280
+	icmpHeader = 8 // ICMP and ICMPv6 alike
 )
 
 // fragmentable reports whether an oversized packet may be fragmented
 // here: IPv4 without DF.
 func fragmentable(et uint16, pay []byte) bool {
-	return et == ether.TypeIPv4 && pay[6]&0x40 == 0
+	return et == ether.TypeIPv4 && !header.IPv4(pay).DontFragment()
 }
 
 // tooBig handles an IP packet longer than the IPoIB MTU.
 func (s *Shim) tooBig(b *txBatch, f ether.Frame, et uint16, pay []byte, m ipoib.TxMeta) {
 	switch {
 	case fragmentable(et, pay):
-		s.fragment(b, pay, m)
+		s.fragment(b, header.IPv4(pay), m)
 	case et == ether.TypeIPv4 || et == ether.TypeIPv6:
 		s.icmpTooBig(f, et, pay)
 	default:
@@ -38,14 +39,20 @@ func (s *Shim) tooBig(b *txBatch, f ether.Frame, et uint16, pay []byte, m ipoib.
 	}
 }
 
-// fragment splits an IPv4 packet into fragments that fit the IPoIB MTU.
-func (s *Shim) fragment(b *txBatch, pay []byte, m ipoib.TxMeta) {
-	hl := int(pay[0]&0x0f) * 4
-	data := pay[hl:]
-	per := (s.ipMTU - hl) &^ 7
-	fo := binary.BigEndian.Uint16(pay[6:8])
-	origOff, origMF := int(fo&0x1fff), fo&0x2000 != 0
-	for off := 0; off < len(data); off += per {
+// fragment splits an IPv4 packet into fragments that fit the IPoIB MTU
+// (RFC 791 §3.2): the first carries the whole header, the others only the
+// options whose copied flag is set. A packet that is itself a fragment
+// keeps its offset and MF flag in the pieces.
+func (s *Shim) fragment(b *txBatch, ip header.IPv4, m ipoib.TxMeta) {
+	data := ip.Payload()
+	origOff, origMF := ip.FragmentOffset(), ip.MoreFragments()
+	var later [header.IPv4MaxLen]byte // the header of non-first fragments
+	copy(later[:], ip[:header.IPv4MinLen])
+	laterLen := header.IPv4MinLen + ip.CopiedOptions(later[header.IPv4MinLen:])
+	later[0] = 0x40 | byte(laterLen/4)
+	hdr := ip[:ip.HeaderLen()]
+	for off := 0; off < len(data); {
+		per := (s.ipMTU - len(hdr)) &^ 7
 		end := min(off+per, len(data))
 		if b.nfrag == len(b.frags) {
 			s.flushTx(b)
@@ -53,18 +60,16 @@ func (s *Shim) fragment(b *txBatch, pay []byte, m ipoib.TxMeta) {
 		fb := b.frags[b.nfrag]
 		b.nfrag++
 		ipoib.PutHeader(fb[ipoib.Headroom:], ether.TypeIPv4)
-		ip := fb[ipoib.Headroom+ipoib.HeaderLen:]
-		copy(ip, pay[:hl])
-		n := copy(ip[hl:], data[off:end])
-		binary.BigEndian.PutUint16(ip[2:4], uint16(hl+n))
-		flags := uint16(origOff + off/8)
-		if end < len(data) || origMF {
-			flags |= 0x2000
-		}
-		binary.BigEndian.PutUint16(ip[6:8], flags)
-		csum.IPv4Header(ip[:hl])
+		frag := header.IPv4(fb[ipoib.Headroom+ipoib.HeaderLen:])
+		hl := copy(frag, hdr)
+		n := copy(frag[hl:], data[off:end])
+		frag.SetTotalLen(hl + n)
+		frag.SetFragment(origOff+off, end < len(data) || origMF)
+		frag.SetChecksum()
 		b.add(fb[:ipoib.Headroom+ipoib.HeaderLen+hl+n], m)
 		s.ctr.inc(TxFragments)
+		off = end
+		hdr = later[:laterLen]
 	}
 	s.ctr.inc(TxFragmented)
 }
@@ -75,9 +80,9 @@ func (s *Shim) fragment(b *txBatch, pay []byte, m ipoib.TxMeta) {
 func (s *Shim) icmpTooBig(f ether.Frame, et uint16, pay []byte) {
 	var src, dst netip.Addr
 	if et == ether.TypeIPv4 {
-		src, dst = netip.AddrFrom4([4]byte(pay[16:20])), netip.AddrFrom4([4]byte(pay[12:16]))
+		src, dst = header.IPv4(pay).Dst(), header.IPv4(pay).Src()
 	} else {
-		src, dst = netip.AddrFrom16([16]byte(pay[24:40])), netip.AddrFrom16([16]byte(pay[8:24]))
+		src, dst = header.IPv6(pay).Dst(), header.IPv6(pay).Src()
 	}
 	if src.IsMulticast() || dst.IsMulticast() || dst.IsUnspecified() || f.Dst().IsMulticast() {
 		s.ctr.inc(DropTooBig)
@@ -86,39 +91,26 @@ func (s *Shim) icmpTooBig(f ether.Frame, et uint16, pay []byte) {
 	buf := s.icmpBuf // owned by the TX loop
 	clear(buf)
 	hl := ether.PutHeader(buf, f.Src(), f.Dst(), f.VLAN(), et)
-	ip := buf[hl:]
 	var n int
 	if et == ether.TypeIPv4 {
-		ihl := int(pay[0]&0x0f) * 4
-		quote := pay[:ihl+8]
-		n = 20 + 8 + len(quote)
-		ip[0], ip[1] = 0x45, 0
-		binary.BigEndian.PutUint16(ip[2:4], uint16(n))
-		ip[8], ip[9] = 64, 1 // TTL, ICMP
-		s4, d4 := src.As4(), dst.As4()
-		copy(ip[12:16], s4[:])
-		copy(ip[16:20], d4[:])
-		csum.IPv4Header(ip[:20])
-		icmp := ip[20:n]
+		quote := pay[:header.IPv4(pay).HeaderLen()+8]
+		n = header.IPv4MinLen + icmpHeader + len(quote)
+		header.EncodeIPv4(buf[hl:], header.IPv4Fields{TotalLen: n, TTL: 64, Protocol: header.ProtoICMP, Src: src, Dst: dst})
+		icmp := buf[hl+header.IPv4MinLen : hl+n]
 		icmp[0], icmp[1] = 3, 4 // destination unreachable, fragmentation needed
 		binary.BigEndian.PutUint16(icmp[6:8], uint16(s.ipMTU))
-		copy(icmp[8:], quote)
+		copy(icmp[icmpHeader:], quote)
 		binary.BigEndian.PutUint16(icmp[2:4], csum.Fold(csum.Sum(0, icmp)))
 	} else {
-		quote := pay[:min(len(pay), ipv6MinMTU-40-icmpv6Header)]
-		plen := icmpv6Header + len(quote)
-		n = 40 + plen
-		ip[0] = 0x60
-		binary.BigEndian.PutUint16(ip[4:6], uint16(plen))
-		ip[6], ip[7] = 58, 64
-		s16, d16 := src.As16(), dst.As16()
-		copy(ip[8:24], s16[:])
-		copy(ip[24:40], d16[:])
-		icmp := ip[40:n]
+		quote := pay[:min(len(pay), ipv6MinMTU-header.IPv6Len-icmpHeader)]
+		plen := icmpHeader + len(quote)
+		n = header.IPv6Len + plen
+		ip := header.EncodeIPv6(buf[hl:], header.IPv6Fields{PayloadLen: plen, NextHeader: header.ProtoICMPv6, HopLimit: 64, Src: src, Dst: dst})
+		icmp := buf[hl+header.IPv6Len : hl+n]
 		icmp[0], icmp[1] = 2, 0 // packet too big
 		binary.BigEndian.PutUint32(icmp[4:8], uint32(s.ipMTU))
-		copy(icmp[8:], quote)
-		binary.BigEndian.PutUint16(icmp[2:4], csum.Fold(csum.Sum(csum.Pseudo(s16[:], d16[:], 58, plen), icmp)))
+		copy(icmp[icmpHeader:], quote)
+		binary.BigEndian.PutUint16(icmp[2:4], csum.Fold(csum.Sum(csum.Pseudo(ip.SrcBytes(), ip.DstBytes(), header.ProtoICMPv6, plen), icmp)))
 	}
 	s.ctr.inc(TxICMPTooBig)
 	s.writeLocal([][]byte{buf[:hl+n]})

@@ -7,12 +7,12 @@ package shim
 // the port in one Write; nothing here allocates or logs per frame.
 
 import (
-	"encoding/binary"
 	"net/netip"
 	"time"
 
 	"github.com/eipoib/eipoibd/arpndp"
 	"github.com/eipoib/eipoibd/internal/ether"
+	"github.com/eipoib/eipoibd/internal/header"
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/mactrans"
 	"github.com/eipoib/eipoibd/snoop"
@@ -29,6 +29,10 @@ const (
 	// maxFrags is enough fragments for the largest IPv4 packet at the
 	// smallest IPoIB MTU.
 	maxFrags = 65536/(ipoib.MTU2044-60) + 2
+	// nsTarget and nsLen locate the target address of a neighbour
+	// solicitation in its ICMPv6 message (RFC 4861 §4.3).
+	nsTarget = 8
+	nsLen    = nsTarget + 16
 )
 
 // txBatch collects the packets of one TX batch.
@@ -87,37 +91,25 @@ func (s *Shim) txLoop() error {
 func ipBounds(et uint16, pay []byte) ([]byte, bool) {
 	switch et {
 	case ether.TypeIPv4:
-		if len(pay) < 20 || pay[0]>>4 != 4 || int(pay[0]&0x0f) < 5 {
-			return nil, false
-		}
-		tl := int(binary.BigEndian.Uint16(pay[2:4]))
-		if tl < int(pay[0]&0x0f)*4 || tl > len(pay) {
-			return nil, false
-		}
-		return pay[:tl], true
+		return header.ParseIPv4(pay)
 	case ether.TypeIPv6:
-		if len(pay) < 40 || pay[0]>>4 != 6 {
-			return nil, false
-		}
-		tl := 40 + int(binary.BigEndian.Uint16(pay[4:6]))
-		if tl > len(pay) {
-			return nil, false
-		}
-		return pay[:tl], true
+		return header.ParseIPv6(pay)
 	case ether.TypeARP, ether.TypeRARP:
 		return pay, true
 	}
 	return nil, false
 }
 
-// ipAddrs returns the source and destination IP of an IP packet, or the
-// sender and target of an ARP packet (either link layer).
+// ipAddrs returns the source and destination IP of an IP packet checked by
+// ipBounds, or the sender and target of an ARP packet (either link layer).
 func ipAddrs(et uint16, pay []byte) (src, dst netip.Addr) {
 	switch et {
 	case ether.TypeIPv4:
-		return netip.AddrFrom4([4]byte(pay[12:16])), netip.AddrFrom4([4]byte(pay[16:20]))
+		h := header.IPv4(pay)
+		return h.Src(), h.Dst()
 	case ether.TypeIPv6:
-		return netip.AddrFrom16([16]byte(pay[8:24])), netip.AddrFrom16([16]byte(pay[24:40]))
+		h := header.IPv6(pay)
+		return h.Src(), h.Dst()
 	}
 	a := arpndp.ARP(pay)
 	if a.Validate() != nil {
@@ -130,11 +122,11 @@ func ipAddrs(et uint16, pay []byte) (src, dst netip.Addr) {
 func (s *Shim) multicastMGID(p *partition, et uint16, pay []byte) (ipoib.GID, bool) {
 	switch et {
 	case ether.TypeIPv4:
-		if d := netip.AddrFrom4([4]byte(pay[16:20])); d.IsMulticast() {
+		if d := header.IPv4(pay).Dst(); d.IsMulticast() {
 			return ipoib.IPv4MGID(d, p.pkey, s.cfg.Scope), true
 		}
 	case ether.TypeIPv6:
-		if d := netip.AddrFrom16([16]byte(pay[24:40])); d.IsMulticast() {
+		if d := header.IPv6(pay).Dst(); d.IsMulticast() {
 			return ipoib.IPv6MGID(d, p.pkey, s.cfg.Scope), true
 		}
 	}
@@ -271,7 +263,8 @@ func (s *Shim) snoopIPv6(p *partition, pay []byte, now time.Time) bool {
 	if snoop.IsMLD(pay) && !s.snoopRecords(p, snoop.ParseMLD, pay, now) {
 		return false
 	}
-	src := netip.AddrFrom16([16]byte(pay[8:24]))
+	ip := header.IPv6(pay)
+	src := ip.Src()
 	if !src.IsUnspecified() {
 		// Per frame, so only when the group is not joined yet: once it
 		// is, the guest's MLD answers to the queries keep it alive.
@@ -280,8 +273,8 @@ func (s *Shim) snoopIPv6(p *partition, pay []byte, now time.Time) bool {
 		}
 		return true
 	}
-	if len(pay) >= 64 && pay[6] == 58 && pay[40] == arpndp.TypeNeighborSolicitation {
-		s.member(p, solicitedNode(netip.AddrFrom16([16]byte(pay[48:64]))), false, now)
+	if icmp := ip.Payload(); ip.NextHeader() == header.ProtoICMPv6 && len(icmp) >= nsLen && icmp[0] == arpndp.TypeNeighborSolicitation {
+		s.member(p, solicitedNode(netip.AddrFrom16([16]byte(icmp[nsTarget:nsLen]))), false, now)
 	}
 	return true
 }
