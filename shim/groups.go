@@ -10,8 +10,8 @@ package shim
 import (
 	"errors"
 	"fmt"
-	"math"
 	"log/slog"
+	"math"
 	"net/netip"
 	"sync"
 	"sync/atomic"
