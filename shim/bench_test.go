@@ -10,21 +10,36 @@ import (
 	"github.com/gopacket/gopacket"
 	"github.com/gopacket/gopacket/layers"
 
+	"github.com/eipoib/eipoibd/internal/clock"
 	"github.com/eipoib/eipoibd/internal/ether"
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/ipoib/memfabric"
 	"github.com/eipoib/eipoibd/tap"
 )
 
-// benchShim is a shim that is not running: the benchmarks call the
-// per-frame functions directly.
+// stillShim is a shim on a port of f that is not running: tests and
+// benchmarks call the per-frame functions directly.
+func stillShim(tb testing.TB, f *memfabric.Fabric, gid string, mod func(*Config)) (*Shim, *memfabric.Port) {
+	tb.Helper()
+	port, err := f.NewPort(gidOf(gid))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cfg := Config{Device: tap.NewMem(1024), Port: port, Clock: clock.NewFake(time.Unix(1e6, 0)), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	if mod != nil {
+		mod(&cfg)
+	}
+	s, err := New(cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return s, port
+}
+
+// benchShim is a still shim that knows one remote endpoint.
 func benchShim(b *testing.B) (*Shim, ether.MAC) {
 	f, _ := memfabric.New(4096)
-	port, _ := f.NewPort(gidOf("fe80::a"))
-	s, err := New(Config{Device: tap.NewMem(1), Port: port, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		b.Fatal(err)
-	}
+	s, _ := stillShim(b, f, "fe80::a", nil)
 	nb, err := s.neigh.Learn(0xffff, ipoib.MakeHwAddr(0, 0x77, gidOf("fe80::b")), time.Now())
 	if err != nil {
 		b.Fatal(err)
@@ -32,12 +47,15 @@ func benchShim(b *testing.B) (*Shim, ether.MAC) {
 	return s, nb.REMAC
 }
 
-func udpPacket(b *testing.B, size int) []byte {
-	ip := &layers.IPv4{Version: 4, TTL: 64, Protocol: layers.IPProtocolUDP, SrcIP: ipA1.AsSlice(), DstIP: ipB1.AsSlice()}
+// udpPacket is an IPv4/UDP packet of size payload bytes from sip to dip.
+func udpPacket(tb testing.TB, sip, dip netip.Addr, size int) []byte {
+	ip := &layers.IPv4{Version: 4, TTL: 64, Protocol: layers.IPProtocolUDP, SrcIP: sip.AsSlice(), DstIP: dip.AsSlice()}
 	udp := &layers.UDP{SrcPort: 1, DstPort: 2}
 	udp.SetNetworkLayerForChecksum(ip)
 	buf := gopacket.NewSerializeBuffer()
-	gopacket.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true}, ip, udp, gopacket.Payload(make([]byte, size)))
+	if err := gopacket.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true}, ip, udp, gopacket.Payload(make([]byte, size))); err != nil {
+		tb.Fatal(err)
+	}
 	return buf.Bytes()
 }
 
@@ -45,7 +63,7 @@ func udpPacket(b *testing.B, size int) []byte {
 // guest to a known REMAC.
 func BenchmarkTx(b *testing.B) {
 	s, remac := benchShim(b)
-	ip := udpPacket(b, 1400)
+	ip := udpPacket(b, ipA1, ipB1, 1400)
 	frame := make([]byte, ether.HeaderLen+len(ip))
 	ether.PutHeader(frame, remac, macA1, 0, ether.TypeIPv4)
 	copy(frame[ether.HeaderLen:], ip)
@@ -92,7 +110,7 @@ func BenchmarkRx(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	pkt := append([]byte{8, 0, 0, 0}, udpPacket(b, 1400)...)
+	pkt := append([]byte{8, 0, 0, 0}, udpPacket(b, ipA1, ipB1, 1400)...)
 	buf := make([]byte, rxOffset+4096+64)
 	m := ipoib.RxMeta{Src: ipoib.MakeHwAddr(0, 0x77, gidOf("fe80::b")), DstQPN: v.QPN, PKey: 0xffff}
 	now := time.Now()

@@ -43,6 +43,19 @@ type txBatch struct {
 	nfrag int
 }
 
+// newTxBatch returns a batch for up to bs frames and their fragments.
+func newTxBatch(bs int) *txBatch {
+	b := &txBatch{
+		bufs:  make([][]byte, 0, bs+maxFrags),
+		meta:  make([]ipoib.TxMeta, 0, bs+maxFrags),
+		frags: make([][]byte, maxFrags),
+	}
+	for i := range b.frags {
+		b.frags[i] = make([]byte, ipoib.Headroom+ipoib.HeaderLen+ipoib.MTU4092+64)
+	}
+	return b
+}
+
 func (b *txBatch) add(pkt []byte, m ipoib.TxMeta) {
 	b.bufs = append(b.bufs, pkt)
 	b.meta = append(b.meta, m)
@@ -62,14 +75,7 @@ func (s *Shim) txLoop() error {
 		bufs[i] = make([]byte, devBufSize)
 	}
 	sizes := make([]int, bs)
-	b := &txBatch{
-		bufs:  make([][]byte, 0, bs+maxFrags),
-		meta:  make([]ipoib.TxMeta, 0, bs+maxFrags),
-		frags: make([][]byte, maxFrags),
-	}
-	for i := range b.frags {
-		b.frags[i] = make([]byte, ipoib.Headroom+ipoib.HeaderLen+ipoib.MTU4092+64)
-	}
+	b := newTxBatch(bs)
 	for {
 		n, err := s.dev.Read(bufs, sizes, devHeadroom)
 		if err != nil {
