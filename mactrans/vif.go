@@ -34,11 +34,10 @@ type VIFKey struct {
 // VIF is a local guest's virtual interface on the IB port: its own UD QP.
 // Fields other than the last-use time never change after creation.
 type VIF struct {
-	Key    VIFKey
-	PKey   ipoib.PKey
-	QPN    uint32
-	LIMAC  ipoib.HwAddr
-	Static bool // declared ahead of time; never aged out
+	Key   VIFKey
+	PKey  ipoib.PKey
+	QPN   uint32
+	LIMAC ipoib.HwAddr
 
 	lastUsed atomic.Int64 // unix nanoseconds
 }
@@ -64,7 +63,7 @@ type VIFCounters struct {
 // Bound and eviction policy: at most max VIFs exist. When the table is full
 // a new source MAC is refused (ErrFull, counted as overflow) and nothing is
 // evicted: a MAC flood must not push real guests off the fabric. Idle
-// dynamic VIFs are removed by Expire, which makes room again.
+// VIFs are removed by Expire, which makes room again.
 type VIFTable struct {
 	gid   ipoib.GID
 	max   int
@@ -92,7 +91,7 @@ func (t *VIFTable) LookupQPN(qpn uint32) (*VIF, bool) { return t.byQPN.load(qpn)
 // (under the table lock, so once per VIF) to allocate its QP in pkey,
 // with QPNHint(k) as the wished-for QPN.
 // created reports whether a new VIF was made.
-func (t *VIFTable) Create(k VIFKey, pkey ipoib.PKey, static bool, now time.Time, alloc func(pkey ipoib.PKey, hint uint32) (uint32, error)) (v *VIF, created bool, err error) {
+func (t *VIFTable) Create(k VIFKey, pkey ipoib.PKey, now time.Time, alloc func(pkey ipoib.PKey, hint uint32) (uint32, error)) (v *VIF, created bool, err error) {
 	if v, ok := t.byKey.load(k); ok {
 		return v, false, nil
 	}
@@ -109,7 +108,7 @@ func (t *VIFTable) Create(k VIFKey, pkey ipoib.PKey, static bool, now time.Time,
 	if err != nil {
 		return nil, false, fmt.Errorf("mactrans: allocate QP for %s vlan %d: %w", k.MAC, k.VLAN, err)
 	}
-	v = &VIF{Key: k, PKey: pkey, QPN: qpn, LIMAC: ipoib.MakeHwAddr(0, qpn, t.gid), Static: static}
+	v = &VIF{Key: k, PKey: pkey, QPN: qpn, LIMAC: ipoib.MakeHwAddr(0, qpn, t.gid)}
 	v.lastUsed.Store(now.UnixNano())
 	t.byQPN.store(qpn, v)
 	t.byKey.store(k, v)
@@ -150,13 +149,13 @@ func (t *VIFTable) Remove(k VIFKey) (*VIF, bool) {
 	return v, true
 }
 
-// Expire removes the dynamic VIFs unused for idle or longer and returns
+// Expire removes the VIFs unused for idle or longer and returns
 // them, so the caller frees their QPs.
 func (t *VIFTable) Expire(now time.Time, idle time.Duration) []*VIF {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	cut := now.Add(-idle).UnixNano()
-	gone := t.byKey.deleteWhere(func(_ VIFKey, v *VIF) bool { return !v.Static && v.lastUsed.Load() <= cut })
+	gone := t.byKey.deleteWhere(func(_ VIFKey, v *VIF) bool { return v.lastUsed.Load() <= cut })
 	for _, v := range gone {
 		t.byQPN.remove(v.QPN)
 	}

@@ -393,7 +393,7 @@ func (s *Shim) DeclareVIF(mac ether.MAC, vlan uint16) error {
 
 // vif returns (creating when new) the VIF of a guest MAC in p.
 func (s *Shim) vif(p *partition, mac ether.MAC, now time.Time) (*mactrans.VIF, error) {
-	v, created, err := s.vifs.Create(mactrans.VIFKey{MAC: mac, VLAN: p.vlan}, p.pkey, false, now, s.port.AllocQP)
+	v, created, err := s.vifs.Create(mactrans.VIFKey{MAC: mac, VLAN: p.vlan}, p.pkey, now, s.port.AllocQP)
 	if err != nil {
 		return nil, err
 	}

@@ -200,17 +200,6 @@ func (t *Table) NextDeadline() (next time.Time, ok bool) {
 	return next, ok
 }
 
-// Groups returns the groups with members.
-func (t *Table) Groups() []Key {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	out := make([]Key, 0, len(t.m))
-	for k := range t.m {
-		out = append(out, k)
-	}
-	return out
-}
-
 // Len returns the number of groups with members.
 func (t *Table) Len() int {
 	t.mu.Lock()

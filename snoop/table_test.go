@@ -78,8 +78,8 @@ func TestTableLifecycle(t *testing.T) {
 	}
 	clk.Advance(time.Second)
 	tbl.Tick(clk.Now())
-	if len(r.leaves) != 1 || r.leaves[0] != g || len(tbl.Groups()) != 0 {
-		t.Fatalf("leaves %v groups %v", r.leaves, tbl.Groups())
+	if len(r.leaves) != 1 || r.leaves[0] != g || tbl.Len() != 0 {
+		t.Fatalf("leaves %v groups %d", r.leaves, tbl.Len())
 	}
 	if _, ok := tbl.NextDeadline(); ok {
 		t.Fatal("deadline with no groups")

@@ -35,7 +35,6 @@ func AttachBridge(port, br string) error {
 type Guest struct {
 	MAC  ether.MAC
 	VLAN uint16
-	Port string
 }
 
 // BridgeGuests returns the dynamic FDB entries of bridge br learned on
@@ -63,11 +62,7 @@ func BridgeGuests(br, except string) ([]Guest, error) {
 		if mac.IsMulticast() || mac.IsZero() {
 			continue
 		}
-		name := ""
-		if l, err := netlink.LinkByIndex(e.LinkIndex); err == nil {
-			name = l.Attrs().Name
-		}
-		out = append(out, Guest{MAC: mac, VLAN: uint16(e.Vlan), Port: name})
+		out = append(out, Guest{MAC: mac, VLAN: uint16(e.Vlan)})
 	}
 	return out, nil
 }
