@@ -82,6 +82,17 @@ type counters struct {
 
 func (c *counters) inc(k Counter) { c.c[k].Add(1) }
 
+// gauges are the Counters names that are levels, which go up and down,
+// rather than totals.
+var gauges = map[string]bool{
+	"vifs": true, "neighbours": true, "groups": true, "groups_send_only": true,
+	"snooped_groups": true, "pending": true, "pending_frames": true,
+}
+
+// IsGauge reports whether the Counters name is a level (a table size or
+// queue depth) rather than a running total.
+func IsGauge(name string) bool { return gauges[name] }
+
 // Get returns one counter.
 func (s *Shim) Get(k Counter) uint64 { return s.ctr.c[k].Load() }
 

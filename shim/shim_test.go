@@ -652,3 +652,25 @@ func TestVLANPartitions(t *testing.T) {
 	}
 }
 
+// TestGauges: the levels in Counters (table sizes, queue depths) are
+// exported as gauges, totals are not, and every gauge name exists.
+func TestGauges(t *testing.T) {
+	f, _ := memfabric.New(2048)
+	s, _ := stillShim(t, f, "fe80::a", nil)
+	c := s.Counters()
+	for name := range gauges {
+		if _, ok := c[name]; !ok {
+			t.Errorf("gauge %s not in Counters", name)
+		}
+	}
+	for _, name := range []string{"vifs", "neighbours", "groups", "groups_send_only", "snooped_groups", "pending", "pending_frames"} {
+		if !IsGauge(name) {
+			t.Errorf("%s is a level but exported as a counter", name)
+		}
+	}
+	for _, name := range []string{"tx_frames", "drop_unresolved", "groups_send_only_evicted", "port_rx_packets"} {
+		if IsGauge(name) {
+			t.Errorf("%s is a total but exported as a gauge", name)
+		}
+	}
+}

@@ -272,7 +272,7 @@ func run(args []string, stderr io.Writer) error {
 			return fmt.Errorf("--metrics %s: %w", o.metrics, err)
 		}
 		mux := http.NewServeMux()
-		mux.Handle("/metrics", metrics.Handler(sh.Counters))
+		mux.Handle("/metrics", metrics.Handler(sh.Counters, shim.IsGauge))
 		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		go srv.Serve(ln)
 		defer srv.Close()

@@ -1,6 +1,6 @@
 // Package metrics exports counters snapshots as Prometheus metrics: each
-// name becomes eipoibd_<name>, a counter, except the table sizes, which
-// are gauges.
+// name becomes eipoibd_<name>, a counter, or a gauge for the names the
+// snapshot's owner says are levels (table sizes, queue depths).
 package metrics
 
 import (
@@ -12,11 +12,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
-// gauges are the snapshot names that can go down.
-var gauges = map[string]bool{"vifs": true, "neighbours": true, "groups": true, "pending": true}
-
 type collector struct {
 	snapshot func() map[string]uint64
+	isGauge  func(name string) bool
 }
 
 func (c collector) Describe(ch chan<- *prometheus.Desc) { prometheus.DescribeByCollect(c, ch) }
@@ -30,7 +28,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	sort.Strings(names)
 	for _, k := range names {
 		typ := prometheus.CounterValue
-		if gauges[k] {
+		if c.isGauge(k) {
 			typ = prometheus.GaugeValue
 		}
 		d := prometheus.NewDesc("eipoibd_"+k, "eipoibd "+k, nil, nil)
@@ -39,9 +37,9 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 }
 
 // Handler returns an HTTP handler serving the snapshot's metrics, plus the
-// Go runtime's.
-func Handler(snapshot func() map[string]uint64) http.Handler {
+// Go runtime's; isGauge tells the levels from the totals.
+func Handler(snapshot func() map[string]uint64, isGauge func(name string) bool) http.Handler {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collector{snapshot}, collectors.NewGoCollector())
+	reg.MustRegister(collector{snapshot, isGauge}, collectors.NewGoCollector())
 	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
 }

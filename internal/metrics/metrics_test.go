@@ -8,7 +8,7 @@ import (
 )
 
 func TestHandler(t *testing.T) {
-	h := Handler(func() map[string]uint64 { return map[string]uint64{"tx_frames": 7, "vifs": 2} })
+	h := Handler(func() map[string]uint64 { return map[string]uint64{"tx_frames": 7, "vifs": 2} }, func(n string) bool { return n == "vifs" })
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
 	body, _ := io.ReadAll(rec.Body)
