@@ -1,0 +1,165 @@
+package netns
+
+import (
+	"bufio"
+	"bytes"
+	"net"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// captureOn starts tcpdump on iface in namespace ns with a capture filter,
+// waits until it listens, and returns the capture file and a function
+// that ends the capture. Immediate mode and -U write every packet as it
+// comes: in buffered mode packets still in the kernel's ring when the
+// capture ends are lost.
+func captureOn(t *testing.T, ns, iface, filter string) (string, func()) {
+	t.Helper()
+	pcap := filepath.Join(t.TempDir(), iface+".pcap")
+	cmd := exec.Command("ip", "netns", "exec", ns, "tcpdump", "--immediate-mode", "-U", "-Z", "root", "-i", iface, "-w", pcap, filter)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	listening := make(chan bool, 1)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			if strings.Contains(sc.Text(), "listening on") {
+				listening <- true
+			}
+		}
+	}()
+	select {
+	case <-listening:
+	case <-time.After(15 * time.Second):
+		cmd.Process.Kill()
+		t.Fatal("tcpdump did not start listening")
+	}
+	return pcap, func() { cmd.Process.Signal(unix.SIGINT); cmd.Wait() }
+}
+
+// TestFragmentReassembly: a guest behind a 9000-byte bridge sends a
+// 6000-byte UDP datagram without DF, with IP options (record route, not
+// copied; router alert, copied), to a guest on the other hypervisor. The
+// shim fragments it to the IPoIB MTU, and the receiving guest's kernel
+// (a real receiver) reassembles it and delivers the payload byte for
+// byte. As the receiving hypervisor's TAP shows them (the fragments as
+// the sending shim made them), every fragment's header checksum is good,
+// the offsets tile the datagram exactly, the first fragment carries both
+// options and the others only router alert (RFC 791 §3.2).
+func TestFragmentReassembly(t *testing.T) {
+	tp := newTopo(t, 2, false)
+	h1, h2 := tp.hvs[0], tp.hvs[1]
+	src, dst := h1.guests[0], h2.guests[0]
+	for _, l := range []string{"eib0", "vg1", "vg2", "br0"} {
+		sh(t, in(h1.ns, "ip", "link", "set", l, "mtu", "9000")...)
+	}
+	sh(t, in(src.ns, "ip", "link", "set", "eth0", "mtu", "9000")...)
+	// The receiving side is at the IPoIB MTU end to end, so its bridge
+	// has no reason to refragment.
+	for _, l := range []string{"vg1", "vg2"} {
+		sh(t, in(h2.ns, "ip", "link", "set", l, "mtu", "4092")...)
+	}
+	sh(t, in(dst.ns, "ip", "link", "set", "eth0", "mtu", "4092")...)
+
+	var conn *net.UDPConn
+	nsDo(t, dst.ns, func() {
+		var err error
+		conn, err = net.ListenUDP("udp4", &net.UDPAddr{Port: 7777})
+		if err != nil {
+			t.Fatal(err)
+		}
+	})
+	defer conn.Close()
+	// What the receiving shim writes into its TAP is exactly what the
+	// sending shim put on the fabric.
+	pcap, stop := captureOn(t, h2.ns, "eib0", "ip and not icmp")
+
+	payload := make([]byte, 6000)
+	for i := range payload {
+		payload[i] = byte(i*31 + i>>8)
+	}
+	// Record route (7, length 11, pointer 4, two slots), router alert
+	// (0x94, length 4), one end-of-options byte: 16 bytes of options.
+	opts := []byte{7, 11, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0x94, 4, 0, 0, 0}
+	nsDo(t, src.ns, func() {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer unix.Close(fd)
+		if err := unix.SetsockoptString(fd, unix.IPPROTO_IP, unix.IP_OPTIONS, string(opts)); err != nil {
+			t.Fatalf("IP_OPTIONS: %v", err)
+		}
+		if err := unix.SetsockoptInt(fd, unix.IPPROTO_IP, unix.IP_MTU_DISCOVER, unix.IP_PMTUDISC_DONT); err != nil {
+			t.Fatal(err)
+		}
+		to := &unix.SockaddrInet4{Port: 7777, Addr: [4]byte(net.ParseIP(dst.ip4).To4())}
+		if err := unix.Sendto(fd, payload, 0, to); err != nil {
+			t.Fatalf("send: %v", err)
+		}
+	})
+	conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	got := make([]byte, 9000)
+	n, _, err := conn.ReadFromUDP(got)
+	if err != nil {
+		t.Fatalf("datagram not received: %v\n%v", err, h1.metrics(t))
+	}
+	if !bytes.Equal(got[:n], payload) {
+		t.Fatalf("reassembled datagram differs: %d bytes, want %d", n, len(payload))
+	}
+	time.Sleep(200 * time.Millisecond)
+	stop()
+
+	out := stdout(t, "tshark", "-r", pcap, "-o", "ip.defragment:FALSE", "-o", "ip.check_checksum:TRUE", "-T", "fields", "-E", "separator=|",
+		"-e", "ip.hdr_len", "-e", "ip.len", "-e", "ip.frag_offset", "-e", "ip.flags.mf", "-e", "ip.checksum.status", "-e", "ip.opt.type")
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) < 2 {
+		t.Fatalf("%d fragments on the receiving TAP, want at least 2:\n%s", len(lines), out)
+	}
+	next := 0 // the offset (bytes) the next fragment must start at
+	for i, l := range lines {
+		f := strings.Split(l, "|")
+		if len(f) != 6 {
+			t.Fatalf("bad tshark line %q", l)
+		}
+		hl, _ := strconv.Atoi(f[0])
+		total, _ := strconv.Atoi(f[1])
+		off, _ := strconv.Atoi(f[2])
+		off *= 8 // tshark shows the field's 8-byte units
+		mf := f[3] == "1" || f[3] == "True"
+		if f[4] != "1" && f[4] != "Good" {
+			t.Errorf("fragment %d: header checksum status %q, want good", i, f[4])
+		}
+		if off != next {
+			t.Errorf("fragment %d at offset %d, want %d", i, off, next)
+		}
+		next = off + total - hl
+		if mf != (i < len(lines)-1) {
+			t.Errorf("fragment %d: MF %v", i, mf)
+		}
+		if total > 4092 {
+			t.Errorf("fragment %d of %d bytes exceeds the IPoIB MTU", i, total)
+		}
+		wantHL, wantOpts := 24, "148" // router alert only
+		if i == 0 {
+			wantHL, wantOpts = 36, "7,148,0"
+		}
+		if hl != wantHL || f[5] != wantOpts {
+			t.Errorf("fragment %d: header %d bytes, options %q; want %d, %q", i, hl, f[5], wantHL, wantOpts)
+		}
+	}
+	if next != 8+len(payload) {
+		t.Errorf("fragments carry %d bytes, want %d", next, 8+len(payload))
+	}
+}
