@@ -6,6 +6,7 @@ import (
 	"net"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"testing"
@@ -83,7 +84,7 @@ func TestFragmentReassembly(t *testing.T) {
 	defer conn.Close()
 	// What the receiving shim writes into its TAP is exactly what the
 	// sending shim put on the fabric.
-	pcap, stop := captureOn(t, h2.ns, "eib0", "ip and not icmp")
+	pcap, stop := captureOn(t, h2.ns, "eib0", "ip src "+src.ip4+" and ip dst "+dst.ip4+" and not icmp")
 
 	payload := make([]byte, 6000)
 	for i := range payload {
@@ -127,8 +128,15 @@ func TestFragmentReassembly(t *testing.T) {
 	if len(lines) < 2 {
 		t.Fatalf("%d fragments on the receiving TAP, want at least 2:\n%s", len(lines), out)
 	}
-	next := 0 // the offset (bytes) the next fragment must start at
-	for i, l := range lines {
+	// The TAP may show them out of order (the shim writes one frame per
+	// system call, from whichever CPU it runs on): check them by offset.
+	type frag struct {
+		hl, total, off int
+		mf             bool
+		status, opts   string
+	}
+	var frags []frag
+	for _, l := range lines {
 		f := strings.Split(l, "|")
 		if len(f) != 6 {
 			t.Fatalf("bad tshark line %q", l)
@@ -136,27 +144,30 @@ func TestFragmentReassembly(t *testing.T) {
 		hl, _ := strconv.Atoi(f[0])
 		total, _ := strconv.Atoi(f[1])
 		off, _ := strconv.Atoi(f[2])
-		off *= 8 // tshark shows the field's 8-byte units
-		mf := f[3] == "1" || f[3] == "True"
-		if f[4] != "1" && f[4] != "Good" {
-			t.Errorf("fragment %d: header checksum status %q, want good", i, f[4])
+		frags = append(frags, frag{hl, total, off * 8, f[3] == "1" || f[3] == "True", f[4], f[5]}) // tshark shows 8-byte units
+	}
+	sort.Slice(frags, func(i, j int) bool { return frags[i].off < frags[j].off })
+	next := 0 // the offset (bytes) the next fragment must start at
+	for i, f := range frags {
+		if f.status != "1" && f.status != "Good" {
+			t.Errorf("fragment %d: header checksum status %q, want good", i, f.status)
 		}
-		if off != next {
-			t.Errorf("fragment %d at offset %d, want %d", i, off, next)
+		if f.off != next {
+			t.Errorf("fragment %d at offset %d, want %d", i, f.off, next)
 		}
-		next = off + total - hl
-		if mf != (i < len(lines)-1) {
-			t.Errorf("fragment %d: MF %v", i, mf)
+		next = f.off + f.total - f.hl
+		if f.mf != (i < len(frags)-1) {
+			t.Errorf("fragment %d: MF %v", i, f.mf)
 		}
-		if total > 4092 {
-			t.Errorf("fragment %d of %d bytes exceeds the IPoIB MTU", i, total)
+		if f.total > 4092 {
+			t.Errorf("fragment %d of %d bytes exceeds the IPoIB MTU", i, f.total)
 		}
 		wantHL, wantOpts := 24, "148" // router alert only
 		if i == 0 {
 			wantHL, wantOpts = 36, "7,148,0"
 		}
-		if hl != wantHL || f[5] != wantOpts {
-			t.Errorf("fragment %d: header %d bytes, options %q; want %d, %q", i, hl, f[5], wantHL, wantOpts)
+		if f.hl != wantHL || f.opts != wantOpts {
+			t.Errorf("fragment %d: header %d bytes, options %q; want %d, %q", i, f.hl, f.opts, wantHL, wantOpts)
 		}
 	}
 	if next != 8+len(payload) {
