@@ -184,6 +184,9 @@ func DHCPToIB(pkt []byte) ([]byte, error) {
 	mac := ether.MAC(b[28:34])
 	out := pkt[:m.end]
 	if cid < 0 {
+		if m.end+clientIDLen > 0xffff {
+			return nil, ErrBadLength // the IPv4 total length would wrap
+		}
 		if cap(pkt) < m.end+clientIDLen {
 			return nil, ErrNoRoom
 		}

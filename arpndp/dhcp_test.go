@@ -128,6 +128,9 @@ func TestDHCPBadInput(t *testing.T) {
 		{"option past packet", mutate(func(b []byte) { b[28+240+1] = 200 }), ErrOptOverrun},
 		{"bad UDP checksum", func() []byte { b := append([]byte(nil), req...); b[40]++; return b }(), ErrBadChecksum},
 		{"IPoIB request", mutate(func(b []byte) { b[29] = HwTypeInfiniBand }), ErrBadHwType},
+		// Adding the 9-byte client-identifier would take the IPv4 total
+		// length past 65535 (it used to wrap and leave a broken packet).
+		{"too long for a client-identifier", dhcpOfLength(t, 0xffff-clientIDLen+1), ErrBadLength},
 	}
 	var c Counters
 	for _, tc := range tests {
@@ -139,6 +142,11 @@ func TestDHCPBadInput(t *testing.T) {
 	}
 	if c.Get(ErrTruncated) != 3 {
 		t.Errorf("counters %v", c.Snapshot())
+	}
+	if out, err := DHCPToIB(dhcpOfLength(t, 0xffff-clientIDLen)); err != nil || len(out) != 0xffff {
+		t.Errorf("longest packet that takes a client-identifier: %d bytes, %v", len(out), err)
+	} else {
+		checkUDP(t, out)
 	}
 	if _, err := DHCPToIB(slices.Clip(append([]byte(nil), req...))); !errors.Is(err, ErrNoRoom) {
 		t.Errorf("no capacity: %v", err)

@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/eipoib/eipoibd/internal/csum"
+	"github.com/eipoib/eipoibd/internal/ether"
+	"github.com/eipoib/eipoibd/ipoib"
 )
 
 // Every fuzz target checks that the rewriter never panics and that each
@@ -28,6 +30,35 @@ func arpSeeds(f *testing.F) {
 	f.Add([]byte{})
 }
 
+// arpWant is what converting a to the other link layer and back must
+// give: every field as it was, except a target hardware address the
+// translator does not know (zero, broadcast, or a stranger in a request),
+// which comes back zero.
+func arpWant(a ARP, known bool) []byte {
+	want := append([]byte(nil), a[:a.Len()]...)
+	if !known {
+		clear(ARP(want).TargetHw())
+	}
+	return want
+}
+
+// checkARPFields checks that out, in the other link layer, carries in's
+// opcode and protocol addresses and the translated hardware addresses.
+func checkARPFields(t *testing.T, in, out ARP, htype uint16, sha, tha []byte) {
+	t.Helper()
+	if err := out.Validate(); err != nil || out.HwType() != htype || len(out) != out.Len() {
+		t.Fatalf("invalid output %x: %v", []byte(out), err)
+	}
+	if binary.BigEndian.Uint16(out[2:4]) != 0x0800 || out[5] != 4 || out.Op() != in.Op() ||
+		out.SenderIP() != in.SenderIP() || out.TargetIP() != in.TargetIP() ||
+		!bytes.Equal(out.SenderHw(), sha) || !bytes.Equal(out.TargetHw(), tha) {
+		t.Fatalf("fields of %x not carried into %x", []byte(in[:in.Len()]), []byte(out))
+	}
+}
+
+// The round trips: Ethernet → IPoIB → Ethernet and IPoIB → Ethernet →
+// IPoIB restore htype, ptype, hlen, plen, op and all four addresses.
+
 func FuzzARPToIB(f *testing.F) {
 	arpSeeds(f)
 	tr := newTr()
@@ -37,15 +68,22 @@ func FuzzARPToIB(f *testing.F) {
 			mustReason(t, err)
 			return
 		}
-		if err := ARP(out).Validate(); err != nil || ARP(out).HwType() != HwTypeInfiniBand || len(out) != ARPIBLen {
-			t.Fatalf("invalid output %x: %v", out, err)
+		a := ARP(in)
+		if len(out) != ARPIBLen || a.HwType() != HwTypeEthernet {
+			t.Fatalf("%d-byte output from hardware type %d", len(out), a.HwType())
 		}
+		sha, _ := tr.EthToIB(ether.MAC(a.SenderHw()))
+		tha, known := tr.EthToIB(ether.MAC(a.TargetHw()))
+		if !known && !isRequest(a.Op()) && !ether.MAC(a.TargetHw()).IsZero() && !ether.MAC(a.TargetHw()).IsBroadcast() {
+			t.Fatalf("reply to unknown target %x accepted", a.TargetHw())
+		}
+		checkARPFields(t, a, out, HwTypeInfiniBand, sha[:], tha[:])
 		back, err := ARPToEth(roomy(out), tr)
 		if err != nil {
 			t.Fatalf("output does not convert back: %v", err)
 		}
-		if !bytes.Equal(back[:14], in[:14]) || !bytes.Equal(back[24:28], in[24:28]) {
-			t.Fatalf("round trip %x → %x", in[:28], back)
+		if want := arpWant(a, known); !bytes.Equal(back, want) {
+			t.Fatalf("round trip\n got %x\nwant %x", back, want)
 		}
 	})
 }
@@ -59,8 +97,22 @@ func FuzzARPToEth(f *testing.F) {
 			mustReason(t, err)
 			return
 		}
-		if err := ARP(out).Validate(); err != nil || ARP(out).HwType() != HwTypeEthernet || len(out) != ARPEthLen {
-			t.Fatalf("invalid output %x: %v", out, err)
+		a := ARP(in)
+		if len(out) != ARPEthLen || a.HwType() != HwTypeInfiniBand {
+			t.Fatalf("%d-byte output from hardware type %d", len(out), a.HwType())
+		}
+		sha, _ := tr.IBToEth(ipoib.HwAddr(a.SenderHw()))
+		tha, known := tr.IBToEth(ipoib.HwAddr(a.TargetHw()))
+		if !known && !isRequest(a.Op()) && !ipoib.HwAddr(a.TargetHw()).IsZero() {
+			t.Fatalf("reply to unknown target %x accepted", a.TargetHw())
+		}
+		checkARPFields(t, a, out, HwTypeEthernet, sha[:], tha[:])
+		back, err := ARPToIB(roomy(out), tr)
+		if err != nil {
+			t.Fatalf("output does not convert back: %v", err)
+		}
+		if want := arpWant(a, known); !bytes.Equal(back, want) {
+			t.Fatalf("round trip\n got %x\nwant %x", back, want)
 		}
 	})
 }
@@ -157,28 +209,76 @@ func dhcpSeeds(f *testing.F) {
 	f.Add([]byte{0x45, 0, 0, 20}, true)
 }
 
-func checkDHCPOutput(t *testing.T, out []byte) {
+func checkDHCPOutput(t *testing.T, out []byte) dhcpMsg {
 	t.Helper()
-	if m, err := parseDHCP(out); err != nil || m.end != len(out) {
+	m, err := parseDHCP(out)
+	if err != nil || m.end != len(out) {
 		t.Fatalf("invalid output: %v", err)
+	}
+	return m
+}
+
+// sameExcept fails unless a and b are equal outside the byte ranges
+// skip (pairs of offsets, start and end).
+func sameExcept(t *testing.T, a, b []byte, skip ...int) {
+	t.Helper()
+	if len(a) != len(b) {
+		t.Fatalf("length %d, was %d", len(b), len(a))
+	}
+	for i := range a {
+		changed := false
+		for j := 0; j < len(skip); j += 2 {
+			changed = changed || i >= skip[j] && i < skip[j+1]
+		}
+		if !changed && a[i] != b[i] {
+			t.Fatalf("byte %d changed: %#02x → %#02x", i, a[i], b[i])
+		}
 	}
 }
 
 func FuzzDHCPToIB(f *testing.F) {
 	dhcpSeeds(f)
 	f.Fuzz(func(t *testing.T, in []byte, fix bool) {
-		out, err := DHCPToIB(fixDHCP(in, fix))
+		b := fixDHCP(in, fix)
+		orig, _ := parseDHCP(b) // DHCPToIB succeeds only when this does
+		was := append([]byte(nil), b...)
+		out, err := DHCPToIB(b)
 		if err != nil {
 			mustReason(t, err)
 			return
 		}
-		checkDHCPOutput(t, out)
-		if _, ok := DHCPClientID(out); !ok && out[28+1] == HwTypeInfiniBand {
-			// A client-id that was present but not type 1 is kept as is.
-			if m, _ := parseDHCP(out); m.clientID < 0 {
-				t.Fatal("no client-identifier after DHCPToIB")
+		m := checkDHCPOutput(t, out)
+		bp := m.bootp
+		// RFC 4390 §2.1: htype 32, hlen 0, chaddr zero, BROADCAST set, a
+		// client-identifier present.
+		if out[bp+1] != HwTypeInfiniBand || out[bp+2] != 0 || !bytes.Equal(out[bp+28:bp+44], make([]byte, 16)) ||
+			binary.BigEndian.Uint16(out[bp+10:])&flagBroadcast == 0 || m.clientID < 0 {
+			t.Fatalf("not the IPoIB form: htype %d hlen %d chaddr %x flags %#04x client-id at %d",
+				out[bp+1], out[bp+2], out[bp+28:bp+44], binary.BigEndian.Uint16(out[bp+10:]), m.clientID)
+		}
+		// Nothing else changes: the fixed part but htype, hlen, flags and
+		// chaddr; the options, but for a client-identifier (type 1 and the
+		// guest's MAC) inserted before END when there was none.
+		if bp != orig.bootp || out[bp+10]&0x7f != was[bp+10]&0x7f {
+			t.Fatalf("flags %#04x from %#04x", binary.BigEndian.Uint16(out[bp+10:]), binary.BigEndian.Uint16(was[bp+10:]))
+		}
+		wantLen, head := orig.end, orig.end
+		if orig.clientID < 0 {
+			wantLen, head = orig.end+clientIDLen, orig.endOpt
+			cid := append([]byte{optClientID, 7, HwTypeEthernet}, was[bp+28:bp+34]...)
+			if m.clientID != orig.endOpt || !bytes.Equal(out[m.clientID:m.clientID+clientIDLen], cid) ||
+				!bytes.Equal(out[orig.endOpt+clientIDLen:], was[orig.endOpt:orig.end]) {
+				t.Fatalf("client-identifier %x at %d, END was at %d", out[m.clientID:m.clientID+clientIDLen], m.clientID, orig.endOpt)
 			}
 		}
+		if len(out) != wantLen {
+			t.Fatalf("length %d, want %d", len(out), wantLen)
+		}
+		ihl := orig.ihl
+		sameExcept(t, was[:head], out[:head],
+			2, 4, 10, 12, // IPv4 total length, header checksum
+			ihl+4, ihl+8, // UDP length, checksum
+			bp+1, bp+3, bp+10, bp+11, bp+28, bp+44) // htype, hlen, flags (high byte), chaddr
 	})
 }
 
@@ -203,11 +303,20 @@ func FuzzSetBroadcastFlag(f *testing.F) {
 	dhcpSeeds(f)
 	f.Fuzz(func(t *testing.T, in []byte, fix bool) {
 		b := fixDHCP(in, fix)
+		was := append([]byte(nil), b...)
 		if err := SetBroadcastFlag(b); err != nil {
 			mustReason(t, err)
 			return
 		}
-		m, _ := parseDHCP(b)
-		checkDHCPOutput(t, b[:m.end])
+		m, err := parseDHCP(b)
+		if err != nil {
+			t.Fatalf("output does not parse: %v", err)
+		}
+		flags := binary.BigEndian.Uint16(b[m.bootp+10:])
+		if want := binary.BigEndian.Uint16(was[m.bootp+10:]) | flagBroadcast; flags != want {
+			t.Fatalf("flags %#04x, want %#04x", flags, want)
+		}
+		// Only the flags and the UDP checksum change.
+		sameExcept(t, was, b, m.bootp+10, m.bootp+11, m.ihl+6, m.ihl+8)
 	})
 }

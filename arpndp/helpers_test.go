@@ -10,6 +10,7 @@ import (
 	"github.com/gopacket/gopacket"
 	"github.com/gopacket/gopacket/layers"
 
+	"github.com/eipoib/eipoibd/internal/csum"
 	"github.com/eipoib/eipoibd/internal/ether"
 	"github.com/eipoib/eipoibd/ipoib"
 )
@@ -152,6 +153,28 @@ func dhcpReply(t testing.TB) []byte {
 		},
 	}
 	return serializeDHCP(t, d, 67, 68, "10.0.0.1", "255.255.255.255")
+}
+
+// dhcpOfLength returns an Ethernet guest's DHCPDISCOVER without a
+// client-identifier, grown with PAD options to n bytes of IPv4.
+func dhcpOfLength(t testing.TB, n int) []byte {
+	t.Helper()
+	req := dhcpRequest(t, false)
+	endOpt := len(req) - 1
+	for req[endOpt] != optEnd {
+		endOpt--
+	}
+	b := make([]byte, 0, n+256)
+	b = append(b, req[:endOpt]...)
+	b = append(b, make([]byte, n-len(req))...)
+	b = append(b, req[endOpt:]...)
+	binary.BigEndian.PutUint16(b[2:4], uint16(n))
+	binary.BigEndian.PutUint16(b[24:26], uint16(n-20))
+	csum.IPv4Header(b[:20])
+	b[26], b[27] = 0, 0
+	m := dhcpMsg{ihl: 20, end: n}
+	binary.BigEndian.PutUint16(b[26:28], udpSum(b, m))
+	return b
 }
 
 func serializeDHCP(t testing.TB, d *layers.DHCPv4, sp, dp int, src, dst string) []byte {

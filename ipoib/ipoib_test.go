@@ -155,7 +155,12 @@ func TestPKey(t *testing.T) {
 	if p, err := ParsePKey("0x800a"); err != nil || p != 0x800a {
 		t.Errorf("ParsePKey = %s, %v", p, err)
 	}
-	for _, bad := range []string{"0x8000", "0", "0x10000", "ten"} {
+	for _, s := range []string{"010", "0010"} { // decimal, not octal
+		if p, err := ParsePKey(s); err != nil || p != 10 {
+			t.Errorf("ParsePKey(%q) = %s, %v; want 0x000a", s, p, err)
+		}
+	}
+	for _, bad := range []string{"0x8000", "0", "0x10000", "ten", "0b1010", "0o12", "0x80_0a", "1_0", "0x", "+10"} {
 		if _, err := ParsePKey(bad); err == nil {
 			t.Errorf("ParsePKey(%q) accepted", bad)
 		}

@@ -39,8 +39,14 @@ func CanTalk(a, b PKey) bool {
 }
 
 // ParsePKey parses a P_Key in hex (0x8001) or decimal and rejects invalid ones.
+// Nothing else: strconv's base 0 would read 010 as octal 8, and accept
+// 0b and 0o prefixes and underscores.
 func ParsePKey(s string) (PKey, error) {
-	v, err := strconv.ParseUint(s, 0, 16)
+	base, digits := 10, s
+	if len(s) > 2 && s[0] == '0' && (s[1] == 'x' || s[1] == 'X') {
+		base, digits = 16, s[2:]
+	}
+	v, err := strconv.ParseUint(digits, base, 16)
 	if err != nil {
 		return 0, fmt.Errorf("ipoib: bad P_Key %q: want 16-bit number like 0x8001", s)
 	}

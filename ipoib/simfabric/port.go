@@ -607,8 +607,16 @@ func (p *Port) accept(m *ipv6.Message, b []byte, rm *ipoib.RxMeta) (int, bool) {
 		p.drop(DropNoPktinfo)
 		return 0, false
 	}
+	return p.check(b[:m.N], &src, &dst, uint16(ua.Port), rm)
+}
+
+// check verifies the UDP payload b (starting with the BTH) of a datagram
+// from src, UDP port sport, to dst: decode, Q_Key, size, destination QP
+// or group, P_Key. It counts a failure, or fills rm and returns the
+// payload length.
+func (p *Port) check(b []byte, src, dst *[16]byte, sport uint16, rm *ipoib.RxMeta) (int, bool) {
 	var pkt Packet
-	if err := p.rcodec.Decode(b[:m.N], &src, &dst, uint16(ua.Port), UDPPort, &pkt); err != nil {
+	if err := p.rcodec.Decode(b, src, dst, sport, UDPPort, &pkt); err != nil {
 		p.drop(int(err.(DecodeError)))
 		return 0, false
 	}
@@ -621,9 +629,9 @@ func (p *Port) accept(m *ipv6.Message, b []byte, rm *ipoib.RxMeta) (int, bool) {
 		return 0, false
 	}
 	pk := ipoib.PKey(pkt.PKey)
-	*rm = ipoib.RxMeta{Src: ipoib.MakeHwAddr(0, pkt.SrcQPN, ipoib.GID(src)), DstQPN: pkt.DestQPN, PKey: pk}
+	*rm = ipoib.RxMeta{Src: ipoib.MakeHwAddr(0, pkt.SrcQPN, ipoib.GID(*src)), DstQPN: pkt.DestQPN, PKey: pk}
 	if pkt.DestQPN == ipoib.MulticastQPN {
-		mgid := ipoib.GID(dst)
+		mgid := ipoib.GID(*dst)
 		if !p.groups.Full(mgid) {
 			p.drop(DropNotJoined)
 			return 0, false
