@@ -220,10 +220,7 @@ func FuzzTx(f *testing.F) {
 		f.Add(frame, uint16(tail), s.rfc4390)
 	}
 	buf := make([]byte, devBufSize)
-	b := &txBatch{bufs: make([][]byte, 0, 1+maxFrags), meta: make([]ipoib.TxMeta, 0, 1+maxFrags), frags: make([][]byte, maxFrags)}
-	for i := range b.frags {
-		b.frags[i] = make([]byte, ipoib.Headroom+ipoib.HeaderLen+ipoib.MTU4092+64)
-	}
+	b := newTxBatch(1)
 	// The frame is frame followed by tail zeros: long frames (oversize,
 	// fragmentation) from short inputs, which the fuzzer minimizes in
 	// reasonable time (its minimizer is quadratic in a []byte's length).
