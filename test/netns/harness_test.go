@@ -217,6 +217,32 @@ func newTopoOpts(t *testing.T, o topoOpts) *topo {
 	return tp
 }
 
+// linkMAC returns the MAC address of interface dev in namespace ns.
+func linkMAC(t *testing.T, ns, dev string) net.HardwareAddr {
+	t.Helper()
+	out := strings.TrimSpace(sh(t, in(ns, "cat", "/sys/class/net/"+dev+"/address")...))
+	mac, err := net.ParseMAC(out)
+	if err != nil {
+		t.Fatalf("MAC of %s in %s: %v", dev, ns, err)
+	}
+	return mac
+}
+
+// mac returns the MAC address of the guest's eth0.
+func (g *guest) mac(t *testing.T) net.HardwareAddr { return linkMAC(t, g.ns, "eth0") }
+
+var vifCreated = regexp.MustCompile(`msg="VIF created" mac=(\S+) vlan=(\d+)`)
+
+// vifMACs returns how many VIFs the daemon's log says it created for
+// each source MAC (any VLAN).
+func (h *hypervisor) vifMACs() map[string]int {
+	n := map[string]int{}
+	for _, m := range vifCreated.FindAllStringSubmatch(h.log(), -1) {
+		n[m[1]]++
+	}
+	return n
+}
+
 // startOVS starts a private ovsdb-server and ovs-vswitchd (userspace
 // datapath) in namespace ns and returns their run directory.
 func startOVS(t *testing.T, ns string) string {
@@ -443,4 +469,39 @@ func sortedKeys(m map[int]bool) []int {
 	}
 	sort.Ints(k)
 	return k
+}
+
+// dropWatch remembers the drop counters (drop_*, port_drop_*) of some
+// daemons, to assert later that healthy traffic dropped nothing.
+type dropWatch struct {
+	hvs    []*hypervisor
+	before []map[string]float64
+}
+
+func isDrop(name string) bool {
+	return strings.HasPrefix(name, "drop_") || strings.HasPrefix(name, "port_drop_")
+}
+
+// watchDrops snapshots the drop counters of hvs.
+func watchDrops(t *testing.T, hvs ...*hypervisor) *dropWatch {
+	t.Helper()
+	w := &dropWatch{hvs: hvs}
+	for _, h := range hvs {
+		w.before = append(w.before, h.metrics(t))
+	}
+	return w
+}
+
+// check fails the test, naming each one, if any drop counter rose since
+// watchDrops.
+func (w *dropWatch) check(t *testing.T) {
+	t.Helper()
+	for i, h := range w.hvs {
+		after := h.metrics(t)
+		for name, v := range after {
+			if isDrop(name) && v > w.before[i][name] {
+				t.Errorf("%s: %s rose by %v (%v → %v) during healthy traffic", h.name, name, v-w.before[i][name], w.before[i][name], v)
+			}
+		}
+	}
 }
