@@ -350,10 +350,9 @@ func TestBadInput(t *testing.T) {
 	before := h1.metrics(t)
 
 	// Garbage to the fabric port, from the other hypervisor.
-	gid := strings.Fields(sh(t, in(h1.ns, "ip", "-6", "-o", "addr", "show", "dev", h1.underlay, "scope", "link")...))[3]
-	gid = strings.Split(gid, "/")[0]
+	gid := h1.gid(t)
 	nsDo(t, h2.ns, func() {
-		c, err := net.DialUDP("udp6", nil, &net.UDPAddr{IP: net.ParseIP(gid), Port: 4791, Zone: h2.underlay})
+		c, err := net.DialUDP("udp6", nil, &net.UDPAddr{IP: gid.AsSlice(), Port: 4791, Zone: h2.underlay})
 		if err != nil {
 			t.Fatal(err)
 		}

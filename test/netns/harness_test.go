@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -90,7 +91,8 @@ type hypervisor struct {
 	name, ns, underlay string
 	guests             []*guest
 	cmd                *exec.Cmd
-	logPath            string
+	logDir, logPath    string
+	starts             int
 	done               chan error
 	extra              []string
 	switchArgs         []string // --bridge or --ovs-bridge and their arguments
@@ -126,6 +128,7 @@ func newTopoOpts(t *testing.T, o topoOpts) *topo {
 	tp := &topo{t: t, pfx: fmt.Sprintf("e%d%d", os.Getpid()%1000, nsSeq.Add(1))}
 	var all []string
 	var ovsDirs []string
+	logDir := t.TempDir() // before the cleanup below, which reads the logs
 	addNS := func(name string) string {
 		ns := tp.pfx + name
 		sh(t, "ip", "netns", "add", ns)
@@ -148,7 +151,7 @@ func newTopoOpts(t *testing.T, o topoOpts) *topo {
 		}
 	})
 	for i := 1; i <= o.n; i++ {
-		h := &hypervisor{name: fmt.Sprintf("h%d", i), underlay: fmt.Sprintf("ul%d", i), extra: o.extra}
+		h := &hypervisor{name: fmt.Sprintf("h%d", i), underlay: fmt.Sprintf("ul%d", i), extra: o.extra, logDir: logDir}
 		h.ns = addNS(h.name)
 		tp.hvs = append(tp.hvs, h)
 	}
@@ -231,7 +234,7 @@ func linkMAC(t *testing.T, ns, dev string) net.HardwareAddr {
 // mac returns the MAC address of the guest's eth0.
 func (g *guest) mac(t *testing.T) net.HardwareAddr { return linkMAC(t, g.ns, "eth0") }
 
-var vifCreated = regexp.MustCompile(`msg="VIF created" mac=(\S+) vlan=(\d+)`)
+var vifCreated = regexp.MustCompile(`msg="VIF created" mac=(\S+) vlan=(\d+) pkey=\S+ qpn=0x([0-9a-f]+)`)
 
 // vifMACs returns how many VIFs the daemon's log says it created for
 // each source MAC (any VLAN).
@@ -241,6 +244,57 @@ func (h *hypervisor) vifMACs() map[string]int {
 		n[m[1]]++
 	}
 	return n
+}
+
+// vifQPN returns the QPN the daemon's log says the VIF of (mac, vlan)
+// got, or 0.
+func (h *hypervisor) vifQPN(mac string, vlan int) uint32 {
+	var qpn uint64
+	for _, m := range vifCreated.FindAllStringSubmatch(h.log(), -1) {
+		if m[1] == mac && m[2] == strconv.Itoa(vlan) {
+			qpn, _ = strconv.ParseUint(m[3], 16, 32)
+		}
+	}
+	return uint32(qpn)
+}
+
+// gid returns the hypervisor's port GID: its underlay's IPv6 link-local
+// address.
+func (h *hypervisor) gid(t *testing.T) netip.Addr {
+	t.Helper()
+	out := sh(t, in(h.ns, "ip", "-6", "-o", "addr", "show", "dev", h.underlay, "scope", "link")...)
+	f := strings.Fields(out)
+	if len(f) < 4 {
+		t.Fatalf("no link-local address on %s: %s", h.underlay, out)
+	}
+	return netip.MustParsePrefix(f[3]).Addr()
+}
+
+// sniff returns the packets matching a tcpdump filter seen on a guest's
+// eth0 for the duration of fn, one tcpdump line each.
+func sniff(t *testing.T, g *guest, filter string, fn func()) []string {
+	t.Helper()
+	cmd := exec.Command("ip", in(g.ns, "tcpdump", "-i", "eth0", "-n", "-l", "-e", filter)[1:]...)
+	out := filepath.Join(t.TempDir(), "tcpdump.log")
+	f, _ := os.Create(out)
+	cmd.Stdout = f
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond) // tcpdump opens its socket
+	fn()
+	time.Sleep(300 * time.Millisecond)
+	cmd.Process.Signal(syscall.SIGINT)
+	cmd.Wait()
+	f.Close()
+	b, _ := os.ReadFile(out)
+	var lines []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.TrimSpace(l) != "" {
+			lines = append(lines, l)
+		}
+	}
+	return lines
 }
 
 // startOVS starts a private ovsdb-server and ovs-vswitchd (userspace
@@ -272,7 +326,8 @@ func stopOVS(dir string) {
 // start runs eipoibd in the hypervisor and waits until it moves traffic.
 func (h *hypervisor) start(t *testing.T) {
 	t.Helper()
-	h.logPath = filepath.Join(t.TempDir(), h.name+".log")
+	h.starts++
+	h.logPath = filepath.Join(h.logDir, fmt.Sprintf("%s-%d.log", h.name, h.starts))
 	logf, err := os.Create(h.logPath)
 	if err != nil {
 		t.Fatal(err)
