@@ -3,12 +3,15 @@ package netns
 import (
 	"crypto/rand"
 	"encoding/json"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -309,35 +312,82 @@ func TestThreeHypervisorsOverBridge(t *testing.T) {
 	sh(t, in(tp.hvs[2].guests[0].ns, "arping", "-c", "2", "-w", "5", "-I", "eth0", tp.hvs[0].guests[1].ip4)...)
 }
 
+// TestRestart restarts one hypervisor's daemon and measures, per path,
+// the time from the new daemon's start to the first ping reply. Paths
+// whose ends had resolved each other come back through the shim's
+// resolution queue; IPv6 to a restarted guest that has not spoken since
+// needs its solicited-node group, which comes back when the guest answers
+// the shim's start-up MLD query (within its 1 s response time).
 func TestRestart(t *testing.T) {
 	tp := newTopo(t, 2, false)
 	h1, h2 := tp.hvs[0], tp.hvs[1]
 	ping(t, h2.guests[0], h1.guests[0].ip4)
 	ping(t, h1.guests[1], h2.guests[1].ip6)
+	stopping := time.Now()
 	h1.stop(t, true)
-	h1.start(t)
 	restarted := time.Now()
-	for _, c := range []struct {
-		from *guest
-		to   string
+	h1.start(t)
+	running := time.Since(restarted)
+	paths := []struct {
+		from   *guest
+		to     string
+		within time.Duration // bound on the first reply, from the restart
 	}{
-		// IPv6 to a restarted guest that has not spoken since: its
-		// solicited-node group comes back through the shim's MLD query.
-		{h2.guests[1], h1.guests[0].ip6},
-		{h2.guests[0], h1.guests[0].ip4},
-		{h1.guests[1], h2.guests[1].ip6},
-		{h1.guests[0], h2.guests[0].ip4},
-	} {
-		for {
-			if _, err := shErr(in(c.from.ns, "ping", "-c", "1", "-W", "1", c.to)...); err == nil {
-				break
-			}
-			if time.Since(restarted) > 5*time.Second {
-				t.Fatalf("ping %s → %s not back within 5 s of the restart\n%s", c.from.ip4, c.to, h1.log())
-			}
+		{h2.guests[1], h1.guests[0].ip6, restartMLDBound},
+		{h2.guests[0], h1.guests[0].ip4, restartResolvedBound},
+		{h1.guests[1], h2.guests[1].ip6, restartResolvedBound},
+		{h1.guests[0], h2.guests[0].ip4, restartResolvedBound},
+	}
+	took := make([]time.Duration, len(paths))
+	errs := make([]error, len(paths))
+	var wg sync.WaitGroup
+	for i, p := range paths {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var at time.Time
+			at, errs[i] = firstReply(p.from, p.to, 10*time.Second)
+			took[i] = at.Sub(restarted)
+		}()
+	}
+	wg.Wait()
+	t.Logf("daemon stopped in %v, running %v after its restart", restarted.Sub(stopping).Round(time.Millisecond), running.Round(time.Millisecond))
+	for i, p := range paths {
+		if errs[i] != nil {
+			t.Errorf("ping %s → %s: no reply within 10 s of the restart: %v", p.from.ns, p.to, errs[i])
+			continue
+		}
+		t.Logf("ping %s → %s: first reply %v after the restart (bound %v)", p.from.ns, p.to, took[i].Round(time.Millisecond), p.within)
+		if took[i] > p.within {
+			t.Errorf("ping %s → %s: first reply %v after the restart, want within %v", p.from.ns, p.to, took[i].Round(time.Millisecond), p.within)
 		}
 	}
-	t.Logf("pings back %v after the restart", time.Since(restarted).Round(time.Millisecond))
+}
+
+// Bounds of TestRestart, from the restart (the new daemon's exec) to the
+// first reply; the README quotes them. Measured on a loaded two-core
+// machine: 70–340 ms for resolved paths (the daemon is running after
+// 40–160 ms, then one resolution through the queue); 0.12–1.35 s for the
+// MLD path, whose worst case is the query's 1 s maximum response time
+// plus one neighbour solicitation retransmission (1 s).
+const (
+	restartResolvedBound = 500 * time.Millisecond
+	restartMLDBound      = 2500 * time.Millisecond
+)
+
+var pingStamp = regexp.MustCompile(`(?m)^\[(\d+)\.(\d{6})\] \d+ bytes from `)
+
+// firstReply pings dst from g every 10 ms until the first reply and
+// returns when it arrived (ping -D's timestamp).
+func firstReply(g *guest, dst string, within time.Duration) (time.Time, error) {
+	out, err := shErr(in(g.ns, "ping", "-D", "-n", "-i", "0.01", "-c", "1", "-w", strconv.Itoa(int(within.Seconds())), dst)...)
+	m := pingStamp.FindStringSubmatch(out)
+	if m == nil {
+		return time.Time{}, fmt.Errorf("%v\n%s", err, out)
+	}
+	sec, _ := strconv.ParseInt(m[1], 10, 64)
+	usec, _ := strconv.ParseInt(m[2], 10, 64)
+	return time.Unix(sec, usec*1000), nil
 }
 
 func TestBadInput(t *testing.T) {
