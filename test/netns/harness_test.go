@@ -107,6 +107,7 @@ type topo struct {
 // topoOpts shape a topology.
 type topoOpts struct {
 	n         int      // hypervisors
+	guests    int      // per hypervisor (default and at least 2)
 	viaBridge bool     // underlay: a Linux bridge even for two hypervisors
 	ovs       []bool   // per hypervisor: Open vSwitch instead of a Linux bridge
 	tags      [][]int  // per hypervisor, per guest: OVS access VLAN (0: untagged)
@@ -114,8 +115,9 @@ type topoOpts struct {
 }
 
 // newTopo builds n hypervisors, each with a Linux bridge and two guests
-// (10.77.0.HG/24, fd77::HG/64), joined by an underlay: a veth pair for two
-// hypervisors unless viaBridge, else a Linux bridge in its own namespace.
+// (10.77.0.HG/24, fd77::HG/64; newTopoOpts can add more), joined by an
+// underlay: a veth pair for two hypervisors unless viaBridge, else a
+// Linux bridge in its own namespace.
 // The daemons are started before the guests get their addresses, as when
 // guests boot on a running hypervisor.
 func newTopo(t *testing.T, n int, viaBridge bool, extra ...string) *topo {
@@ -185,13 +187,13 @@ func newTopoOpts(t *testing.T, o topoOpts) *topo {
 			sh(t, in(h.ns, "ip", "link", "set", "br0", "up")...)
 			h.switchArgs = []string{"--bridge", "br0"}
 		}
-		for g := 1; g <= 2; g++ {
+		for g := 1; g <= max(o.guests, 2); g++ {
 			gs := &guest{ns: addNS(fmt.Sprintf("h%dg%d", i+1, g)), ip4: fmt.Sprintf("10.77.0.%d%d", i+1, g), ip6: fmt.Sprintf("fd77::%d%d", i+1, g)}
 			vg := fmt.Sprintf("vg%d", g)
 			sh(t, "ip", "link", "add", "eth0", "netns", gs.ns, "type", "veth", "peer", "name", vg, "netns", h.ns)
 			if useOVS {
 				args := []string{"add-port", "obr", vg}
-				if i < len(o.tags) && o.tags[i][g-1] != 0 {
+				if i < len(o.tags) && g <= len(o.tags[i]) && o.tags[i][g-1] != 0 {
 					args = append(args, fmt.Sprintf("tag=%d", o.tags[i][g-1]))
 				}
 				vsctl(args...)
@@ -218,6 +220,16 @@ func newTopoOpts(t *testing.T, o topoOpts) *topo {
 		}
 	}
 	return tp
+}
+
+// abridge keeps the first head and last tail lines of a long log.
+func abridge(log string, head, tail int) string {
+	lines := strings.Split(log, "\n")
+	if len(lines) <= head+tail {
+		return log
+	}
+	return strings.Join(lines[:head], "\n") + fmt.Sprintf("\n[… %d lines …]\n", len(lines)-head-tail) +
+		strings.Join(lines[len(lines)-tail:], "\n")
 }
 
 // linkMAC returns the MAC address of interface dev in namespace ns.
@@ -446,7 +458,7 @@ func (tp *topo) dump() {
 			sort.Strings(nz)
 			ctrs = fmt.Sprint(strings.Join(nz, " "), " ", err)
 		}
-		tp.t.Logf("%s: eipoibd log:\n%s\ncounters (non-zero): %s", h.name, h.log(), ctrs)
+		tp.t.Logf("%s: eipoibd log:\n%s\ncounters (non-zero): %s", h.name, abridge(h.log(), 60, 20), ctrs)
 	}
 }
 

@@ -1,6 +1,7 @@
 package netns
 
 import (
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -183,4 +184,125 @@ func TestMulticast(t *testing.T) {
 		ping(t, h1.guests[0], h3.guests[1].ip6)
 		ping(t, h3.guests[0], h2.guests[1].ip6)
 	})
+}
+
+// TestSendOnlyFlood: a guest on h1 sends one datagram to each of 5,000
+// IPv4 and 5,000 IPv6 groups nobody joined, making h1's port a send-only
+// member of each. Afterwards h1 must still serve real memberships: a
+// second guest's IGMP join receives a stream from h2, and a new IPv6
+// address on a third guest (its solicited-node group) answers ping -6
+// from h2. The flood is not logged per frame: h1's log grows by a few
+// lines at most.
+func TestSendOnlyFlood(t *testing.T) {
+	tp := newTopoOpts(t, topoOpts{n: 2, guests: 3})
+	h1, h2 := tp.hvs[0], tp.hvs[1]
+	flooder, listener, third := h1.guests[0], h1.guests[1], h1.guests[2]
+	// The guests answer the start-up queries within 1 s: their joins are
+	// logged before the log is measured.
+	time.Sleep(2 * time.Second)
+	logBefore := strings.Count(h1.log(), "\n")
+
+	floodGroups(t, flooder, h1, 5000)
+	m := h1.metrics(t)
+	t.Logf("after the flood: groups %v, groups_send_only %v, groups_overflow %v", m["groups"], m["groups_send_only"], m["groups_overflow"])
+
+	t.Run("IGMP join", func(t *testing.T) {
+		const group = "239.77.0.1"
+		mgid := ipoib.IPv4MGID(netip.MustParseAddr(group), 0xffff, ipoib.ScopeLinkLocal)
+		r := startReceiver(t, listener, group)
+		deadline := time.Now().Add(3 * time.Second)
+		for !joined(t, h1, mgid) && time.Now().Before(deadline) {
+			time.Sleep(50 * time.Millisecond)
+		}
+		if !joined(t, h1, mgid) {
+			t.Errorf("%s did not join %s within 3 s of %s's IGMP join", h1.name, mgid, listener.ns)
+		}
+		send(t, h2.guests[0], group)
+		time.Sleep(1500 * time.Millisecond) // the receiver reports each second
+		if n, _ := r.received(); n < 100 {
+			t.Errorf("%s joined %s but received %d datagrams of ~170 from %s, want ≥ 100", listener.ns, group, n, h2.guests[0].ns)
+		}
+	})
+
+	t.Run("new IPv6 address", func(t *testing.T) {
+		const addr = "fd77::1:13"
+		sh(t, in(third.ns, "ip", "addr", "add", addr+"/64", "dev", "eth0", "nodad")...)
+		// The guest reports its solicited-node group right away; h2's
+		// guest finds the address with a solicitation to that group.
+		time.Sleep(500 * time.Millisecond)
+		ping(t, h2.guests[0], addr)
+	})
+
+	t.Run("log", func(t *testing.T) {
+		log := h1.log()
+		if grew := strings.Count(log, "\n") - logBefore; grew > 5 {
+			added := strings.SplitAfter(log, "\n")[logBefore:]
+			byMsg := map[string]int{}
+			for _, m := range logMsg.FindAllStringSubmatch(strings.Join(added, ""), -1) {
+				byMsg[m[1]]++
+			}
+			t.Errorf("%s's log grew by %d lines from the flood on, want ≤ 5; by message: %v; the first:\n%s",
+				h1.name, grew, byMsg, strings.Join(added[:min(10, len(added))], ""))
+		}
+	})
+}
+
+var logMsg = regexp.MustCompile(`level=\S+ msg=("[^"]*"|\S+)`)
+
+// floodGroups sends, from guest g on hypervisor h, one UDP datagram to
+// each of n IPv4 groups (239.0.0.1 on) and n IPv6 groups (ff15::1 on),
+// in bursts, each sent once the shim has read the one before, so that no
+// frame is lost in the TAP's queue (the kernel's drop counter of h's TAP
+// must not move).
+func floodGroups(t *testing.T, g *guest, h *hypervisor, n int) {
+	t.Helper()
+	var c4, c6 net.PacketConn
+	var zone string
+	nsDo(t, g.ns, func() {
+		var err error
+		if c4, err = net.ListenPacket("udp4", g.ip4+":0"); err != nil {
+			t.Fatal(err)
+		}
+		if c6, err = net.ListenPacket("udp6", "["+g.ip6+"]:0"); err != nil {
+			t.Fatal(err)
+		}
+		ifi, err := net.InterfaceByName("eth0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		zone = strconv.Itoa(ifi.Index) // the name would be looked up in the test's namespace
+	})
+	defer c4.Close()
+	defer c6.Close()
+	tapDrops := func() string {
+		return strings.Fields(sh(t, in(h.ns, "cat", "/sys/class/net/eib0/statistics/tx_dropped")...))[0]
+	}
+	drops0, base := tapDrops(), h.metrics(t)["tx_frames"]
+	msg := []byte("send-only")
+	const burst = 250
+	start := time.Now()
+	for i := 1; i <= n; i++ {
+		g4 := &net.UDPAddr{IP: net.IPv4(239, byte(i>>16), byte(i>>8), byte(i)), Port: 5999}
+		g6 := &net.UDPAddr{IP: net.IP{0xff, 0x15, 13: byte(i >> 16), 14: byte(i >> 8), 15: byte(i)}, Port: 5999, Zone: zone}
+		if _, err := c4.WriteTo(msg, g4); err != nil {
+			t.Fatalf("send to %s: %v", g4, err)
+		}
+		if _, err := c6.WriteTo(msg, g6); err != nil {
+			t.Fatalf("send to %s: %v", g6, err)
+		}
+		if i%burst != 0 && i != n {
+			continue
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for h.metrics(t)["tx_frames"]-base < float64(2*i) {
+			if time.Now().After(deadline) {
+				t.Fatalf("the shim read %v frames of the %d sent (TAP drops %s → %s)", h.metrics(t)["tx_frames"]-base, 2*i, drops0, tapDrops())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	if d := tapDrops(); d != drops0 {
+		t.Fatalf("the kernel dropped frames to the TAP during the flood: %s → %s", drops0, d)
+	}
+	t.Logf("flooded %d IPv4 and %d IPv6 groups in %v", n, n, time.Since(start).Round(time.Millisecond))
 }
