@@ -21,6 +21,8 @@ func TestDHCP(t *testing.T) {
 			nstestRequire(t, "dnsmasq", "dhclient")
 			tp := newTopo(t, 2, false, "--dhcp", mode)
 			h1, h2 := tp.hvs[0], tp.hvs[1]
+			drops := watchDrops(t, h1, h2)
+			defer drops.check(t)
 			server, client := h2.guests[0], h1.guests[1]
 			dir := t.TempDir()
 			srv := exec.Command("ip", in(server.ns, "dnsmasq", "--no-daemon", "--port=0", "--interface=eth0", "--bind-interfaces",

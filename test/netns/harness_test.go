@@ -529,6 +529,19 @@ func pingN(t *testing.T, g *guest, dst string, n int, extra ...string) {
 	}
 }
 
+var arpingSummary = regexp.MustCompile(`(\d+) packets transmitted, (\d+) packets received`)
+
+// arping sends n ARP requests from guest g for dst (arping -c n) and
+// fails the test unless all n were answered, once each.
+func arping(t *testing.T, g *guest, dst string, n int) {
+	t.Helper()
+	out, err := shErr(in(g.ns, "arping", "-c", strconv.Itoa(n), "-w", strconv.Itoa(n+3), "-I", "eth0", dst)...)
+	m := arpingSummary.FindStringSubmatch(out)
+	if err != nil || m == nil || m[1] != strconv.Itoa(n) || m[2] != m[1] || !strings.Contains(out, "(0 extra)") {
+		t.Fatalf("arping %s → %s: want %d of %d answered (%v)\n%s", g.ns, dst, n, n, err, out)
+	}
+}
+
 func sortedKeys(m map[int]bool) []int {
 	var k []int
 	for v := range m {
@@ -538,8 +551,9 @@ func sortedKeys(m map[int]bool) []int {
 	return k
 }
 
-// dropWatch remembers the drop counters (drop_*, port_drop_*) of some
-// daemons, to assert later that healthy traffic dropped nothing.
+// dropWatch remembers the counters of some daemons, to assert later
+// that their drop counters (drop_*, port_drop_*) rose by exactly what was
+// expected: nothing, during healthy traffic.
 type dropWatch struct {
 	hvs    []*hypervisor
 	before []map[string]float64
@@ -549,7 +563,7 @@ func isDrop(name string) bool {
 	return strings.HasPrefix(name, "drop_") || strings.HasPrefix(name, "port_drop_")
 }
 
-// watchDrops snapshots the drop counters of hvs.
+// watchDrops snapshots the counters of hvs.
 func watchDrops(t *testing.T, hvs ...*hypervisor) *dropWatch {
 	t.Helper()
 	w := &dropWatch{hvs: hvs}
@@ -559,15 +573,43 @@ func watchDrops(t *testing.T, hvs ...*hypervisor) *dropWatch {
 	return w
 }
 
+// rises are expected counter rises, by hypervisor name and counter.
+type rises map[string]map[string]float64
+
 // check fails the test, naming each one, if any drop counter rose since
 // watchDrops.
 func (w *dropWatch) check(t *testing.T) {
 	t.Helper()
+	w.expect(t, nil, 0)
+}
+
+// expect waits up to within until every counter in want rose by its
+// amount, then fails the test unless each did so exactly and no other
+// drop counter rose.
+func (w *dropWatch) expect(t *testing.T, want rises, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
 	for i, h := range w.hvs {
-		after := h.metrics(t)
+		var after map[string]float64
+		for {
+			after = h.metrics(t)
+			short := false
+			for name, n := range want[h.name] {
+				short = short || after[name]-w.before[i][name] < n
+			}
+			if !short || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
 		for name, v := range after {
-			if isDrop(name) && v > w.before[i][name] {
-				t.Errorf("%s: %s rose by %v (%v → %v) during healthy traffic", h.name, name, v-w.before[i][name], w.before[i][name], v)
+			if d, n := v-w.before[i][name], want[h.name][name]; d != n && (isDrop(name) || n != 0) {
+				t.Errorf("%s: %s rose by %v (%v → %v), want %v", h.name, name, d, w.before[i][name], v, n)
+			}
+		}
+		for name, n := range want[h.name] {
+			if _, ok := after[name]; !ok && n != 0 {
+				t.Errorf("%s: no counter %s, want a rise of %v", h.name, name, n)
 			}
 		}
 	}

@@ -74,28 +74,72 @@ func (r *receiver) stop() {
 	}
 }
 
-var datagrams = regexp.MustCompile(`\d+/\s*(\d+)\s+\(`)
+var (
+	streamStart  = regexp.MustCompile(`(?m)connected with \S+ port \d+$`)
+	streamReport = regexp.MustCompile(`(\d+)/\s*(\d+)\s+\(`)
+	sentCount    = regexp.MustCompile(`Sent (\d+) datagrams`)
+)
 
-// received returns the datagrams of the largest report the receiver has
-// printed so far (a stream's total), and how many reports it printed.
-func (r *receiver) received() (most, reports int) {
+// stream is what an iperf 2 receiver reported of one sender's stream:
+// the lost and total datagrams of its largest report, the whole stream's.
+type stream struct{ lost, total int }
+
+// streams returns the streams the receiver reported so far, in the order
+// they began.
+func (r *receiver) streams() []stream {
 	b, _ := os.ReadFile(r.out)
-	for _, m := range datagrams.FindAllStringSubmatch(string(b), -1) {
-		v, _ := strconv.Atoi(m[1])
-		most = max(most, v)
-		reports++
+	var ss []stream
+	for _, l := range strings.Split(string(b), "\n") {
+		if streamStart.MatchString(l) {
+			ss = append(ss, stream{})
+		} else if m := streamReport.FindStringSubmatch(l); m != nil && len(ss) > 0 {
+			lost, _ := strconv.Atoi(m[1])
+			total, _ := strconv.Atoi(m[2])
+			if s := &ss[len(ss)-1]; total >= s.total {
+				s.lost, s.total = lost, total
+			}
+		}
 	}
-	return most, reports
+	return ss
 }
 
-// send runs an iperf 2 multicast client for 2 s at 1 Mbit/s.
-func send(t *testing.T, g *guest, group string) {
+// expectStream waits up to 3 s for the receiver's report of its i-th
+// stream (from 0) and fails unless it holds every one of the sent
+// datagrams, none lost.
+func (r *receiver) expectStream(t *testing.T, g *guest, i, sent int) {
+	t.Helper()
+	deadline := time.Now().Add(3 * time.Second)
+	var ss []stream
+	for {
+		ss = r.streams()
+		if len(ss) > i && ss[i].total >= sent || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if len(ss) <= i {
+		t.Errorf("%s reported %d streams, want stream %d of %d datagrams", g.ns, len(ss), i+1, sent)
+	} else if ss[i].lost != 0 || ss[i].total != sent {
+		t.Errorf("%s: stream %d: %d lost of %d, want all %d sent received", g.ns, i+1, ss[i].lost, ss[i].total, sent)
+	}
+}
+
+// send runs an iperf 2 multicast client for 2 s at 1 Mbit/s and returns
+// the data datagrams it sent: all it counts but the last, the
+// end-of-stream marker, which receivers do not count.
+func send(t *testing.T, g *guest, group string) int {
 	t.Helper()
 	args := []string{"iperf", "-c", group, "-u", "-T", "2", "-t", "2", "-b", "1M"}
 	if strings.Contains(group, ":") {
 		args = append(args, "-V")
 	}
-	sh(t, in(g.ns, args...)...)
+	out := sh(t, in(g.ns, args...)...)
+	m := sentCount.FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("%v: no count of datagrams sent:\n%s", args, out)
+	}
+	n, _ := strconv.Atoi(m[1])
+	return n - 1
 }
 
 // TestMulticast: receivers on two hypervisors, a sender on a third.
@@ -107,6 +151,8 @@ func send(t *testing.T, g *guest, group string) {
 func TestMulticast(t *testing.T) {
 	tp := newTopo(t, 3, true)
 	h1, h2, h3 := tp.hvs[0], tp.hvs[1], tp.hvs[2]
+	drops := watchDrops(t, h1, h2, h3)
+	defer drops.check(t)
 	// A snooping Linux bridge floods multicast for the maximum response
 	// time after a general query (it waits for the reports before it
 	// prunes); the shims' start-up queries ask for answers within 1 s.
@@ -132,8 +178,9 @@ func TestMulticast(t *testing.T) {
 			// should.
 			data := "udp and dst " + tc.group
 			var seen3 []string
+			var sent int
 			seen1 := sniff(t, h1.guests[1], data, func() {
-				seen3 = sniff(t, h3.guests[1], data, func() { send(t, sender, tc.group) })
+				seen3 = sniff(t, h3.guests[1], data, func() { sent = send(t, sender, tc.group) })
 			})
 			for _, c := range []struct {
 				g    *guest
@@ -143,18 +190,8 @@ func TestMulticast(t *testing.T) {
 					t.Errorf("guest %s did not join but saw %d packets to %s:\n%s", c.g.ns, len(c.seen), tc.group, strings.Join(c.seen, "\n"))
 				}
 			}
-			deadline := time.Now().Add(3 * time.Second)
-			for {
-				n1, _ := r1.received()
-				n2, _ := r2.received()
-				if n1 >= 100 && n2 >= 100 {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("members received %d and %d datagrams, want ≥ 100 of ~180", n1, n2)
-				}
-				time.Sleep(100 * time.Millisecond)
-			}
+			r1.expectStream(t, h1.guests[0], 0, sent)
+			r2.expectStream(t, h2.guests[0], 0, sent)
 			if joined(t, h3, tc.mgid) {
 				t.Errorf("%s has no member but joined %s", h3.name, tc.mgid)
 			}
@@ -165,18 +202,14 @@ func TestMulticast(t *testing.T) {
 			r2.stop()
 			took := waitJoined(t, h2, tc.mgid, false, 2*time.Second+time.Second)
 			t.Logf("%s left %s %s after the receiver stopped", h2.name, tc.mgid, took.Round(10*time.Millisecond))
-			_, before := r1.received()
 			rx := func(h *hypervisor) float64 { return h.metrics(t)["rx_packets"] }
 			h2rx := rx(h2)
-			send(t, sender, tc.group)
+			sent = send(t, sender, tc.group)
 			time.Sleep(500 * time.Millisecond)
 			if got := rx(h2) - h2rx; got > 10 { // a little NDP/IGMP may pass
 				t.Errorf("%s still receives after leaving: %v packets", h2.name, got)
 			}
-			time.Sleep(time.Second) // the receiver reports each second
-			if _, after := r1.received(); after <= before {
-				t.Errorf("the remaining member stopped receiving")
-			}
+			r1.expectStream(t, h1.guests[0], 1, sent) // the remaining member
 			r1.stop()
 		})
 	}
@@ -217,11 +250,7 @@ func TestSendOnlyFlood(t *testing.T) {
 		if !joined(t, h1, mgid) {
 			t.Errorf("%s did not join %s within 3 s of %s's IGMP join", h1.name, mgid, listener.ns)
 		}
-		send(t, h2.guests[0], group)
-		time.Sleep(1500 * time.Millisecond) // the receiver reports each second
-		if n, _ := r.received(); n < 100 {
-			t.Errorf("%s joined %s but received %d datagrams of ~170 from %s, want ≥ 100", listener.ns, group, n, h2.guests[0].ns)
-		}
+		r.expectStream(t, listener, 0, send(t, h2.guests[0], group))
 	})
 
 	t.Run("new IPv6 address", func(t *testing.T) {

@@ -38,6 +38,7 @@ func TestOVSVLANs(t *testing.T) {
 		extra: []string{"--vlan-pkey", "10=0x800a,20=0x8014"},
 	})
 	h1, h2 := tp.hvs[0], tp.hvs[1]
+	drops := watchDrops(t, h1, h2)
 	if out := sh(t, "ovs-vsctl", "--db="+h1.ovsDB(), "list-ports", "obr"); !strings.Contains(out, "eib0") {
 		t.Fatalf("TAP not on the OVS bridge: %s", out)
 	}
@@ -61,7 +62,9 @@ func TestOVSVLANs(t *testing.T) {
 		t.Errorf("frames on unmapped VLANs: %v", m["drop_vlan_unmapped"])
 	}
 
-	t.Run("P_Key check on receive", func(t *testing.T) { forgePartition(t, h2, h1) })
+	t.Run("P_Key check on receive", func(t *testing.T) { forgePartition(t, h2, h1, forged) })
+	// Nothing else was dropped, on either side.
+	drops.expect(t, rises{h1.name: {"port_drop_pkey_mismatch": forged}}, 0)
 
 	// Shutdown detaches the TAP from OVS.
 	h1.stop(t, true)
@@ -136,13 +139,16 @@ func checkPartitions(t *testing.T, pcap string, tp *topo) {
 	t.Logf("packets by P_Key: %v", counts)
 }
 
+// forged is how many packets TestOVSVLANs forges into the wrong partition.
+const forged = 20
+
 // forgePartition sends, from hypervisor from, fabric packets with a
 // valid ICRC to the QP of to's VLAN-20 guest (P_Key 0x8014): an ICMP echo
 // request in its own partition, which the guest must receive (so the
 // packets are well formed and addressed right), then the same in
-// partition 0x800a (VLAN 10), which to's port must drop on its P_Key
-// check, each one counted, and the guest must not see.
-func forgePartition(t *testing.T, from, to *hypervisor) {
+// partition 0x800a (VLAN 10), n of them, which to's port must drop on
+// its P_Key check, each one counted, and the guest must not see.
+func forgePartition(t *testing.T, from, to *hypervisor, n int) {
 	target, src20, src10 := to.guests[1], from.guests[1], from.guests[0]
 	mac := target.mac(t)
 	qpn := mactrans.QPNHint(mactrans.VIFKey{MAC: ether.MAC(mac), VLAN: 20})
@@ -168,9 +174,8 @@ func forgePartition(t *testing.T, from, to *hypervisor) {
 			len(seen), drops, strings.Join(seen, "\n"))
 	}
 	// In partition 0x800a, from the VLAN-10 guest's QP: dropped on receive.
-	const n = 20
 	seen, drops := send(0x800a, src10, 10, n)
-	if len(seen) != 0 || drops != n {
+	if len(seen) != 0 || drops != float64(n) {
 		t.Errorf("%d forged packets in partition 0x800a to a QP of 0x8014: port_drop_pkey_mismatch +%v, the guest saw %d; want +%d and none\n%s",
 			n, drops, len(seen), n, strings.Join(seen, "\n"))
 	}
@@ -227,6 +232,8 @@ func sendFabric(t *testing.T, from, to *hypervisor, p simfabric.Packet, payload 
 func TestLinuxBridgeAndOVS(t *testing.T) {
 	tp := newTopoOpts(t, topoOpts{n: 2, ovs: []bool{false, true}})
 	h1, h2 := tp.hvs[0], tp.hvs[1]
+	drops := watchDrops(t, h1, h2)
+	defer drops.check(t)
 	ping(t, h1.guests[0], h2.guests[0].ip4)
 	ping(t, h2.guests[1], h1.guests[1].ip4)
 	ping(t, h1.guests[1], h2.guests[0].ip6)
