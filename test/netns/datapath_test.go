@@ -3,20 +3,29 @@ package netns
 import (
 	"crypto/rand"
 	"encoding/json"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/eipoib/eipoibd/ipoib/simfabric"
 	"golang.org/x/sys/unix"
 )
 
-// iperf runs iperf3 TCP for 5 s from client to server (reverse: the other
-// way) and checks for errors and non-zero throughput.
+// iperf runs iperf3 TCP for 3 s from client to server (reverse: the other
+// way), checks for errors and that bytes were received, no more than were
+// sent, and returns the throughput. iperf3 cannot say more: its receiver
+// stops counting when the sender's end-of-test message overtakes the data
+// still in flight, so its sent and received totals differ even over a bare
+// veth (tcpBytes checks the exact count).
 func iperf(t *testing.T, server, client *guest, reverse bool) float64 {
 	t.Helper()
 	srv := exec.Command("ip", "netns", "exec", server.ns, "iperf3", "-s", "-1")
@@ -26,34 +35,90 @@ func iperf(t *testing.T, server, client *guest, reverse bool) float64 {
 	// A one-off server exits after the test; wait for it, so the next
 	// one can listen on the port.
 	defer func() { srv.Process.Kill(); srv.Wait() }()
-	args := []string{"iperf3", "-J", "-t", "5", "-c", server.ip4}
+	args := []string{"iperf3", "-J", "-t", "3", "-c", server.ip4}
 	if reverse {
 		args = append(args, "-R")
 	}
-	var out string
-	var err error
-	for i := 0; i < 50; i++ { // the server needs a moment to listen
-		out, err = shErr(in(client.ns, args...)...)
-		if !strings.Contains(out, "Connection refused") {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
+	out, err := retryConnect(client, args, "Connection refused")
+	type sum struct {
+		Bytes         int64   `json:"bytes"`
+		BitsPerSecond float64 `json:"bits_per_second"`
 	}
 	var res struct {
 		Error string `json:"error"`
 		End   struct {
-			SumReceived struct {
-				BitsPerSecond float64 `json:"bits_per_second"`
-			} `json:"sum_received"`
+			SumSent     sum `json:"sum_sent"`
+			SumReceived sum `json:"sum_received"`
 		} `json:"end"`
 	}
 	if jerr := json.Unmarshal([]byte(out), &res); jerr != nil || err != nil || res.Error != "" {
 		t.Fatalf("iperf3 %v: %v %s\n%s", args, err, res.Error, out)
 	}
-	if res.End.SumReceived.BitsPerSecond <= 0 {
-		t.Fatalf("iperf3 %v: zero throughput", args)
+	if sent, rcvd := res.End.SumSent.Bytes, res.End.SumReceived.Bytes; rcvd == 0 || rcvd > sent {
+		t.Fatalf("iperf3 %v: %d bytes sent, %d received", args, sent, rcvd)
 	}
 	return res.End.SumReceived.BitsPerSecond
+}
+
+// retryConnect runs a client command in guest g until its output no
+// longer says refused: a server started just before needs a moment to
+// listen.
+func retryConnect(g *guest, args []string, refused string) (string, error) {
+	var out string
+	var err error
+	for i := 0; i < 50; i++ {
+		out, err = shErr(in(g.ns, args...)...)
+		if !strings.Contains(out, refused) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return out, err
+}
+
+// tcpBytes sends n bytes over one TCP connection from client to server
+// with iperf 2, whose server counts what it reads up to the end of the
+// stream, and fails unless both ends counted exactly n.
+func tcpBytes(t *testing.T, server, client *guest, n int64) {
+	t.Helper()
+	var srvOut strings.Builder
+	srv := exec.Command("ip", in(server.ns, "iperf", "-s", "-y", "C", "-P", "1")[1:]...)
+	srv.Stdout, srv.Stderr = &srvOut, &srvOut
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- srv.Wait() }()
+	defer func() { srv.Process.Kill(); <-done }()
+	args := []string{"iperf", "-y", "C", "-n", strconv.FormatInt(n, 10), "-c", server.ip4}
+	out, err := retryConnect(client, args, "connect failed")
+	if err != nil {
+		t.Fatalf("%v: %v\n%s", args, err, out)
+	}
+	select { // the server exits after its one client (-P 1)
+	case <-done:
+		done <- nil
+	case <-time.After(10 * time.Second):
+		t.Fatalf("iperf server in %s did not finish:\n%s", server.ns, srvOut.String())
+	}
+	sent, rcvd := csvBytes(out), csvBytes(srvOut.String())
+	if sent != n || rcvd != n {
+		t.Fatalf("TCP %s → %s: %d bytes sent, %d received, want %d both\nclient: %s\nserver: %s",
+			client.ip4, server.ip4, sent, rcvd, n, out, srvOut.String())
+	}
+}
+
+// csvBytes returns the bytes transferred in an iperf 2 CSV report
+// (-y C: date,src,sport,dst,dport,id,interval,bytes,bits/s), or -1.
+func csvBytes(out string) int64 {
+	for _, l := range strings.Split(out, "\n") {
+		if f := strings.Split(strings.TrimSpace(l), ","); len(f) == 9 {
+			if v, err := strconv.ParseInt(f[7], 10, 64); err == nil {
+				return v
+			}
+		}
+	}
+	return -1
 }
 
 func TestTwoHypervisors(t *testing.T) {
@@ -61,6 +126,8 @@ func TestTwoHypervisors(t *testing.T) {
 	h1, h2 := tp.hvs[0], tp.hvs[1]
 	g11, g12, g21, g22 := h1.guests[0], h1.guests[1], h2.guests[0], h2.guests[1]
 
+	// Healthy traffic, from resolution to full speed: no drop counted.
+	drops := watchDrops(t, h1, h2)
 	// Capture the underlay while the guests resolve each other and ping.
 	pcap, stopCapture := capture(t, h1)
 
@@ -74,7 +141,7 @@ func TestTwoHypervisors(t *testing.T) {
 		ping(t, g22, g12.ip6)
 	})
 	t.Run("arping", func(t *testing.T) {
-		sh(t, in(g12.ns, "arping", "-c", "3", "-w", "5", "-I", "eth0", g21.ip4)...)
+		arping(t, g12, g21.ip4, 3)
 	})
 	t.Run("same hypervisor", func(t *testing.T) {
 		ping(t, g11, g12.ip4)
@@ -82,17 +149,49 @@ func TestTwoHypervisors(t *testing.T) {
 	})
 	time.Sleep(300 * time.Millisecond)
 	stopCapture()
-	t.Run("wire", func(t *testing.T) { checkWire(t, pcap, g11, g12) })
+	t.Run("wire", func(t *testing.T) {
+		checkWire(t, pcap, g11, g12)
+		checkARPing(t, pcap, g12, g21, 3)
+	})
 
 	t.Run("iperf3", func(t *testing.T) {
 		fwd := iperf(t, g21, g11, false)
 		rev := iperf(t, g21, g11, true)
 		t.Logf("iperf3 TCP g11→g21 %.0f Mbit/s, g21→g11 %.0f Mbit/s", fwd/1e6, rev/1e6)
 	})
+	t.Run("TCP bytes", func(t *testing.T) {
+		tcpBytes(t, g21, g11, 64<<20)
+		tcpBytes(t, g11, g21, 64<<20)
+	})
+	drops.check(t)
 
-	m := h1.metrics(t)
-	if m["tx_frames"] == 0 || m["rx_frames"] == 0 || m["vifs"] < 2 {
-		t.Errorf("counters of h1: tx_frames %v rx_frames %v vifs %v", m["tx_frames"], m["rx_frames"], m["vifs"])
+	for _, h := range tp.hvs {
+		m := h.metrics(t)
+		// The port sent every packet the shim handed it and the shim read
+		// every packet the port accepted.
+		if m["tx_packets"] == 0 || m["port_tx_packets"] != m["tx_packets"] || m["port_rx_packets"] != m["rx_packets"] {
+			t.Errorf("%s: tx_packets %v, port_tx_packets %v; rx_packets %v, port_rx_packets %v", h.name,
+				m["tx_packets"], m["port_tx_packets"], m["rx_packets"], m["port_rx_packets"])
+		}
+		// One VIF per source MAC, none aged: each guest's, and those of
+		// the hypervisor's own br0 and eib0 when their IPv6 stacks spoke
+		// (DAD, MLD) in time; one neighbour per remote guest.
+		vifs := h.vifMACs()
+		own := map[string]bool{linkMAC(t, h.ns, "br0").String(): true, linkMAC(t, h.ns, "eib0").String(): true}
+		for _, g := range h.guests {
+			if mac := g.mac(t).String(); vifs[mac] != 1 {
+				t.Errorf("%s: %d VIFs for guest %s (%s), want 1", h.name, vifs[mac], g.ip4, mac)
+			}
+			own[g.mac(t).String()] = true
+		}
+		for mac, n := range vifs {
+			if !own[mac] || n != 1 {
+				t.Errorf("%s: %d VIFs for %s, not one of its guests' or its own MACs", h.name, n, mac)
+			}
+		}
+		if m["vifs"] != float64(len(vifs)) || m["vifs_created"] != m["vifs"] || m["neighbours"] != 2 {
+			t.Errorf("%s: vifs %v (created %v), the log names %d; neighbours %v, want 2", h.name, m["vifs"], m["vifs_created"], len(vifs), m["neighbours"])
+		}
 	}
 	h1.stop(t, true)
 	h2.stop(t, true)
@@ -204,8 +303,31 @@ func checkWire(t *testing.T, pcap string, g1, g2 *guest) {
 	}
 }
 
+// checkARPing asserts that the capture holds exactly n ARP requests from
+// guest a for b's address and n replies: what arping -c n sent and got,
+// each crossing the fabric once.
+func checkARPing(t *testing.T, pcap string, a, b *guest, n int) {
+	t.Helper()
+	out := stdout(t, "tshark", "-r", pcap, "-Y", "arp", "-T", "fields", "-E", "separator=|",
+		"-e", "arp.opcode", "-e", "arp.src.proto_ipv4", "-e", "arp.dst.proto_ipv4")
+	var req, rep int
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		switch l {
+		case "1|" + a.ip4 + "|" + b.ip4:
+			req++
+		case "2|" + b.ip4 + "|" + a.ip4:
+			rep++
+		}
+	}
+	if req != n || rep != n {
+		t.Errorf("arping %s → %s: %d requests and %d replies on the wire, want %d each\n%s", a.ip4, b.ip4, req, rep, n, out)
+	}
+}
+
 func TestThreeHypervisorsOverBridge(t *testing.T) {
 	tp := newTopo(t, 3, true)
+	drops := watchDrops(t, tp.hvs...)
+	defer drops.check(t)
 	for _, a := range tp.hvs {
 		for _, b := range tp.hvs {
 			if a != b {
@@ -214,38 +336,85 @@ func TestThreeHypervisorsOverBridge(t *testing.T) {
 			}
 		}
 	}
-	sh(t, in(tp.hvs[2].guests[0].ns, "arping", "-c", "2", "-w", "5", "-I", "eth0", tp.hvs[0].guests[1].ip4)...)
+	arping(t, tp.hvs[2].guests[0], tp.hvs[0].guests[1].ip4, 2)
 }
 
+// TestRestart restarts one hypervisor's daemon and measures, per path,
+// the time from the new daemon's start to the first ping reply. Paths
+// whose ends had resolved each other come back through the shim's
+// resolution queue; IPv6 to a restarted guest that has not spoken since
+// needs its solicited-node group, which comes back when the guest answers
+// the shim's start-up MLD query (within its 1 s response time).
 func TestRestart(t *testing.T) {
 	tp := newTopo(t, 2, false)
 	h1, h2 := tp.hvs[0], tp.hvs[1]
 	ping(t, h2.guests[0], h1.guests[0].ip4)
 	ping(t, h1.guests[1], h2.guests[1].ip6)
+	stopping := time.Now()
 	h1.stop(t, true)
-	h1.start(t)
 	restarted := time.Now()
-	for _, c := range []struct {
-		from *guest
-		to   string
+	h1.start(t)
+	running := time.Since(restarted)
+	paths := []struct {
+		from   *guest
+		to     string
+		within time.Duration // bound on the first reply, from the restart
 	}{
-		// IPv6 to a restarted guest that has not spoken since: its
-		// solicited-node group comes back through the shim's MLD query.
-		{h2.guests[1], h1.guests[0].ip6},
-		{h2.guests[0], h1.guests[0].ip4},
-		{h1.guests[1], h2.guests[1].ip6},
-		{h1.guests[0], h2.guests[0].ip4},
-	} {
-		for {
-			if _, err := shErr(in(c.from.ns, "ping", "-c", "1", "-W", "1", c.to)...); err == nil {
-				break
-			}
-			if time.Since(restarted) > 5*time.Second {
-				t.Fatalf("ping %s → %s not back within 5 s of the restart\n%s", c.from.ip4, c.to, h1.log())
-			}
+		{h2.guests[1], h1.guests[0].ip6, restartMLDBound},
+		{h2.guests[0], h1.guests[0].ip4, restartResolvedBound},
+		{h1.guests[1], h2.guests[1].ip6, restartResolvedBound},
+		{h1.guests[0], h2.guests[0].ip4, restartResolvedBound},
+	}
+	took := make([]time.Duration, len(paths))
+	errs := make([]error, len(paths))
+	var wg sync.WaitGroup
+	for i, p := range paths {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var at time.Time
+			at, errs[i] = firstReply(p.from, p.to, 10*time.Second)
+			took[i] = at.Sub(restarted)
+		}()
+	}
+	wg.Wait()
+	t.Logf("daemon stopped in %v, running %v after its restart", restarted.Sub(stopping).Round(time.Millisecond), running.Round(time.Millisecond))
+	for i, p := range paths {
+		if errs[i] != nil {
+			t.Errorf("ping %s → %s: no reply within 10 s of the restart: %v", p.from.ns, p.to, errs[i])
+			continue
+		}
+		t.Logf("ping %s → %s: first reply %v after the restart (bound %v)", p.from.ns, p.to, took[i].Round(time.Millisecond), p.within)
+		if took[i] > p.within {
+			t.Errorf("ping %s → %s: first reply %v after the restart, want within %v", p.from.ns, p.to, took[i].Round(time.Millisecond), p.within)
 		}
 	}
-	t.Logf("pings back %v after the restart", time.Since(restarted).Round(time.Millisecond))
+}
+
+// Bounds of TestRestart, from the restart (the new daemon's exec) to the
+// first reply; the README quotes them. Measured on a loaded two-core
+// machine: 70–340 ms for resolved paths (the daemon is running after
+// 40–160 ms, then one resolution through the queue); 0.12–1.35 s for the
+// MLD path, whose worst case is the query's 1 s maximum response time
+// plus one neighbour solicitation retransmission (1 s).
+const (
+	restartResolvedBound = 500 * time.Millisecond
+	restartMLDBound      = 2500 * time.Millisecond
+)
+
+var pingStamp = regexp.MustCompile(`(?m)^\[(\d+)\.(\d{6})\] \d+ bytes from `)
+
+// firstReply pings dst from g every 10 ms until the first reply and
+// returns when it arrived (ping -D's timestamp).
+func firstReply(g *guest, dst string, within time.Duration) (time.Time, error) {
+	out, err := shErr(in(g.ns, "ping", "-D", "-n", "-i", "0.01", "-c", "1", "-w", strconv.Itoa(int(within.Seconds())), dst)...)
+	m := pingStamp.FindStringSubmatch(out)
+	if m == nil {
+		return time.Time{}, fmt.Errorf("%v\n%s", err, out)
+	}
+	sec, _ := strconv.ParseInt(m[1], 10, 64)
+	usec, _ := strconv.ParseInt(m[2], 10, 64)
+	return time.Unix(sec, usec*1000), nil
 }
 
 func TestBadInput(t *testing.T) {
@@ -255,17 +424,21 @@ func TestBadInput(t *testing.T) {
 		t.Fatalf("TAP without the --mac address or the IPoIB MTU: %s", out)
 	}
 	ping(t, h1.guests[0], h2.guests[0].ip4)
-	before := h1.metrics(t)
+	watch := watchDrops(t, h1, h2)
 
-	// Garbage to the fabric port, from the other hypervisor.
-	gid := strings.Fields(sh(t, in(h1.ns, "ip", "-6", "-o", "addr", "show", "dev", h1.underlay, "scope", "link")...))[3]
-	gid = strings.Split(gid, "/")[0]
+	// Garbage to the fabric port, from the other hypervisor. The fabric's
+	// own decoder says which drop counter each datagram must land in.
+	want := map[string]float64{}
+	src, dst := h2.gid(t), h1.gid(t)
 	nsDo(t, h2.ns, func() {
-		c, err := net.DialUDP("udp6", nil, &net.UDPAddr{IP: net.ParseIP(gid), Port: 4791, Zone: h2.underlay})
+		c, err := net.DialUDP("udp6", nil, &net.UDPAddr{IP: dst.AsSlice(), Port: simfabric.UDPPort, Zone: h2.underlay})
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer c.Close()
+		sport := uint16(c.LocalAddr().(*net.UDPAddr).Port)
+		s16, d16 := src.As16(), dst.As16()
+		var codec simfabric.Codec
 		for i := 0; i < 50; i++ {
 			b := make([]byte, 1+i*13%200)
 			rand.Read(b)
@@ -273,6 +446,12 @@ func TestBadInput(t *testing.T) {
 				b[0] = 0x64 // looks like UD SEND-only: reaches the ICRC check
 				b = b[:len(b)&^3]
 			}
+			var p simfabric.Packet
+			err := codec.Decode(b, &s16, &d16, sport, simfabric.UDPPort, &p)
+			if err == nil {
+				continue // a valid ICRC by chance (2^-32): not garbage
+			}
+			want["port_drop_"+err.(simfabric.DecodeError).String()]++
 			c.Write(b)
 		}
 	})
@@ -319,23 +498,15 @@ func TestBadInput(t *testing.T) {
 		big[12], big[13] = 0x08, 0x00
 		send(big)
 	})
-	deadline := time.Now().Add(5 * time.Second)
-	var after map[string]float64
-	for {
-		after = h1.metrics(t)
-		bad := after["port_drop_truncated"] + after["port_drop_bad_opcode"] + after["port_drop_bad_icrc"] + after["port_drop_bad_pad"] + after["port_drop_bad_tver"] -
-			before["port_drop_truncated"] - before["port_drop_bad_opcode"] - before["port_drop_bad_icrc"] - before["port_drop_bad_pad"] - before["port_drop_bad_tver"]
-		if bad >= 50 && after["drop_runt"]-before["drop_runt"] >= 5 && after["drop_ethertype"]-before["drop_ethertype"] >= 5 &&
-			after["drop_bad_ip"]-before["drop_bad_ip"] >= 6 && after["tx_rewrite_truncated"]-before["tx_rewrite_truncated"] >= 5 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("bad input not counted: fabric %v, runt %v, ethertype %v, bad_ip %v, truncated ARP %v", bad,
-				after["drop_runt"]-before["drop_runt"], after["drop_ethertype"]-before["drop_ethertype"], after["drop_bad_ip"]-before["drop_bad_ip"],
-				after["tx_rewrite_truncated"]-before["tx_rewrite_truncated"])
-		}
-		time.Sleep(100 * time.Millisecond)
+	// Each frame into the TAP lands in one drop counter: 5 cut 802.1Q
+	// tags are runts, 5 short IPv4 headers and the oversized IPv4 packet
+	// with a bogus length are bad IP, 5 short ARP packets are refused by
+	// the rewrite (as truncated), 5 oversized frames have an ethertype
+	// IPoIB does not carry. h2 drops nothing.
+	for k, v := range map[string]float64{"drop_runt": 5, "drop_bad_ip": 6, "drop_tx_rewrite": 5, "tx_rewrite_truncated": 5, "drop_ethertype": 5} {
+		want[k] = v
 	}
+	watch.expect(t, rises{h1.name: want}, 5*time.Second)
 	select {
 	case err := <-h1.done:
 		t.Fatalf("eipoibd died on bad input: %v\n%s", err, h1.log())
@@ -343,7 +514,6 @@ func TestBadInput(t *testing.T) {
 	}
 	ping(t, h1.guests[0], h2.guests[0].ip4)
 	ping(t, h2.guests[1], h1.guests[1].ip6)
-	t.Logf("counters after bad input: %v", after)
 
 	// The TAP's carrier follows the port: SIGUSR1 toggles the simulated
 	// port down and up.
@@ -369,6 +539,8 @@ func TestOversize(t *testing.T) {
 	tp := newTopo(t, 2, false)
 	h1, h2 := tp.hvs[0], tp.hvs[1]
 	g11, g21 := h1.guests[0], h2.guests[0]
+	drops := watchDrops(t, h1, h2)
+	defer drops.check(t)
 	for _, l := range []string{"eib0", "vg1", "vg2", "br0"} {
 		sh(t, in(h1.ns, "ip", "link", "set", l, "mtu", "9000")...)
 	}
@@ -388,8 +560,12 @@ func TestOversize(t *testing.T) {
 	}
 	shErr(in(g11.ns, "ping", "-6", "-c", "1", "-W", "1", "-s", "6000", g21.ip6)...) // learns the PMTU
 	ping(t, g11, g21.ip6, "-s", "6000")
+	// The shim fragmented the 3 requests sent without DF (the replies come
+	// from a guest at the IPoIB MTU, which fragments them itself), and
+	// answered too big twice: the first DF request (the guest then knows
+	// the path MTU and sends no more) and the IPv6 one that taught it.
 	m := h1.metrics(t)
-	if m["tx_fragmented"] < 3 || m["tx_icmp_too_big"] < 2 {
-		t.Fatalf("tx_fragmented %v, tx_icmp_too_big %v", m["tx_fragmented"], m["tx_icmp_too_big"])
+	if m["tx_fragmented"] != 3 || m["tx_icmp_too_big"] != 2 {
+		t.Fatalf("tx_fragmented %v, want 3; tx_icmp_too_big %v, want 2", m["tx_fragmented"], m["tx_icmp_too_big"])
 	}
 }

@@ -1,9 +1,12 @@
 package netns
 
 import (
+	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -18,6 +21,8 @@ func TestDHCP(t *testing.T) {
 			nstestRequire(t, "dnsmasq", "dhclient")
 			tp := newTopo(t, 2, false, "--dhcp", mode)
 			h1, h2 := tp.hvs[0], tp.hvs[1]
+			drops := watchDrops(t, h1, h2)
+			defer drops.check(t)
 			server, client := h2.guests[0], h1.guests[1]
 			dir := t.TempDir()
 			srv := exec.Command("ip", in(server.ns, "dnsmasq", "--no-daemon", "--port=0", "--interface=eth0", "--bind-interfaces",
@@ -33,9 +38,8 @@ func TestDHCP(t *testing.T) {
 			shErr("pkill", "-F", filepath.Join(dir, "dhclient.pid"))
 			stopCapture()
 			b, _ := os.ReadFile(lease)
-			if !strings.Contains(out, "DHCPACK of 10.77.0.1") || !strings.Contains(string(b), "fixed-address 10.77.0.1") {
-				t.Fatalf("no lease from 10.77.0.100-150:\n%s\n%s", out, b)
-			}
+			d, _ := os.ReadFile(filepath.Join(dir, "dnsmasq.leases"))
+			checkLease(t, mode, out, string(b), string(d), server.ip4, client.mac(t))
 			hw := stdout(t, "tshark", "-r", pcap, "-Y", "dhcp", "-T", "fields", "-E", "occurrence=f", "-e", "dhcp.hw.type", "-e", "dhcp.flags.bc")
 			want := "0x01\t1" // Ethernet, BROADCAST flag
 			if mode == "rfc4390" {
@@ -50,5 +54,49 @@ func TestDHCP(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+var (
+	dhcpACK      = regexp.MustCompile(`(?m)^DHCPACK of (\S+) from (\S+)$`)
+	fixedAddress = regexp.MustCompile(`(?m)^\s*fixed-address (\S+);$`)
+)
+
+// checkLease asserts that dhclient (its output and lease file) and
+// dnsmasq (its lease file) agree on one address of the range
+// 10.77.0.100–150 from server, and that dnsmasq recorded the client by
+// its MAC: as the hardware address (Ethernet, BROADCAST flag), or, after
+// the RFC 4390 translation (hardware type 32, no address), as the
+// client-identifier the shim added, type 1 + the MAC.
+func checkLease(t *testing.T, mode, out, clientLease, serverLeases, server string, mac net.HardwareAddr) {
+	t.Helper()
+	ack := dhcpACK.FindStringSubmatch(out)
+	fixed := fixedAddress.FindAllStringSubmatch(clientLease, -1)
+	if ack == nil || len(fixed) != 1 {
+		t.Fatalf("no DHCPACK or not one lease:\n%s\n%s", out, clientLease)
+	}
+	addr, err := netip.ParseAddr(ack[1])
+	if err != nil || ack[2] != server {
+		t.Fatalf("DHCPACK of %q from %s, want an address from %s", ack[1], ack[2], server)
+	}
+	if lo, hi := netip.MustParseAddr("10.77.0.100"), netip.MustParseAddr("10.77.0.150"); addr.Less(lo) || hi.Less(addr) {
+		t.Errorf("leased %s, outside dnsmasq's range %s–%s", addr, lo, hi)
+	}
+	if fixed[0][1] != addr.String() {
+		t.Errorf("dhclient acknowledged %s but its lease file holds %s", addr, fixed[0][1])
+	}
+	// dnsmasq: expiry, hardware address, IP address, hostname, client-id.
+	lines := strings.Split(strings.TrimSpace(serverLeases), "\n")
+	if len(lines) != 1 || len(strings.Fields(lines[0])) != 5 {
+		t.Fatalf("dnsmasq's lease file, want one lease:\n%s", serverLeases)
+	}
+	f := strings.Fields(lines[0])
+	hw, cid := mac.String(), "*"
+	if mode == "rfc4390" {
+		hw, cid = "20-", "01:"+mac.String()
+	}
+	if f[1] != hw || f[2] != addr.String() || f[4] != cid {
+		t.Errorf("dnsmasq leased %s to hardware address %s, client-id %s; want %s to %s, client-id %s",
+			f[2], f[1], f[4], addr, hw, cid)
 	}
 }

@@ -10,9 +10,12 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"sort"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -88,7 +91,8 @@ type hypervisor struct {
 	name, ns, underlay string
 	guests             []*guest
 	cmd                *exec.Cmd
-	logPath            string
+	logDir, logPath    string
+	starts             int
 	done               chan error
 	extra              []string
 	switchArgs         []string // --bridge or --ovs-bridge and their arguments
@@ -103,6 +107,7 @@ type topo struct {
 // topoOpts shape a topology.
 type topoOpts struct {
 	n         int      // hypervisors
+	guests    int      // per hypervisor (default and at least 2)
 	viaBridge bool     // underlay: a Linux bridge even for two hypervisors
 	ovs       []bool   // per hypervisor: Open vSwitch instead of a Linux bridge
 	tags      [][]int  // per hypervisor, per guest: OVS access VLAN (0: untagged)
@@ -110,8 +115,9 @@ type topoOpts struct {
 }
 
 // newTopo builds n hypervisors, each with a Linux bridge and two guests
-// (10.77.0.HG/24, fd77::HG/64), joined by an underlay: a veth pair for two
-// hypervisors unless viaBridge, else a Linux bridge in its own namespace.
+// (10.77.0.HG/24, fd77::HG/64; newTopoOpts can add more), joined by an
+// underlay: a veth pair for two hypervisors unless viaBridge, else a
+// Linux bridge in its own namespace.
 // The daemons are started before the guests get their addresses, as when
 // guests boot on a running hypervisor.
 func newTopo(t *testing.T, n int, viaBridge bool, extra ...string) *topo {
@@ -124,6 +130,7 @@ func newTopoOpts(t *testing.T, o topoOpts) *topo {
 	tp := &topo{t: t, pfx: fmt.Sprintf("e%d%d", os.Getpid()%1000, nsSeq.Add(1))}
 	var all []string
 	var ovsDirs []string
+	logDir := t.TempDir() // before the cleanup below, which reads the logs
 	addNS := func(name string) string {
 		ns := tp.pfx + name
 		sh(t, "ip", "netns", "add", ns)
@@ -132,6 +139,9 @@ func newTopoOpts(t *testing.T, o topoOpts) *topo {
 		return ns
 	}
 	t.Cleanup(func() {
+		if t.Failed() {
+			tp.dump()
+		}
 		for _, h := range tp.hvs {
 			h.stop(t, false)
 		}
@@ -143,7 +153,7 @@ func newTopoOpts(t *testing.T, o topoOpts) *topo {
 		}
 	})
 	for i := 1; i <= o.n; i++ {
-		h := &hypervisor{name: fmt.Sprintf("h%d", i), underlay: fmt.Sprintf("ul%d", i), extra: o.extra}
+		h := &hypervisor{name: fmt.Sprintf("h%d", i), underlay: fmt.Sprintf("ul%d", i), extra: o.extra, logDir: logDir}
 		h.ns = addNS(h.name)
 		tp.hvs = append(tp.hvs, h)
 	}
@@ -177,13 +187,13 @@ func newTopoOpts(t *testing.T, o topoOpts) *topo {
 			sh(t, in(h.ns, "ip", "link", "set", "br0", "up")...)
 			h.switchArgs = []string{"--bridge", "br0"}
 		}
-		for g := 1; g <= 2; g++ {
+		for g := 1; g <= max(o.guests, 2); g++ {
 			gs := &guest{ns: addNS(fmt.Sprintf("h%dg%d", i+1, g)), ip4: fmt.Sprintf("10.77.0.%d%d", i+1, g), ip6: fmt.Sprintf("fd77::%d%d", i+1, g)}
 			vg := fmt.Sprintf("vg%d", g)
 			sh(t, "ip", "link", "add", "eth0", "netns", gs.ns, "type", "veth", "peer", "name", vg, "netns", h.ns)
 			if useOVS {
 				args := []string{"add-port", "obr", vg}
-				if i < len(o.tags) && o.tags[i][g-1] != 0 {
+				if i < len(o.tags) && g <= len(o.tags[i]) && o.tags[i][g-1] != 0 {
 					args = append(args, fmt.Sprintf("tag=%d", o.tags[i][g-1]))
 				}
 				vsctl(args...)
@@ -210,6 +220,93 @@ func newTopoOpts(t *testing.T, o topoOpts) *topo {
 		}
 	}
 	return tp
+}
+
+// abridge keeps the first head and last tail lines of a long log.
+func abridge(log string, head, tail int) string {
+	lines := strings.Split(log, "\n")
+	if len(lines) <= head+tail {
+		return log
+	}
+	return strings.Join(lines[:head], "\n") + fmt.Sprintf("\n[… %d lines …]\n", len(lines)-head-tail) +
+		strings.Join(lines[len(lines)-tail:], "\n")
+}
+
+// linkMAC returns the MAC address of interface dev in namespace ns.
+func linkMAC(t *testing.T, ns, dev string) net.HardwareAddr {
+	t.Helper()
+	out := strings.TrimSpace(sh(t, in(ns, "cat", "/sys/class/net/"+dev+"/address")...))
+	mac, err := net.ParseMAC(out)
+	if err != nil {
+		t.Fatalf("MAC of %s in %s: %v", dev, ns, err)
+	}
+	return mac
+}
+
+// mac returns the MAC address of the guest's eth0.
+func (g *guest) mac(t *testing.T) net.HardwareAddr { return linkMAC(t, g.ns, "eth0") }
+
+var vifCreated = regexp.MustCompile(`msg="VIF created" mac=(\S+) vlan=(\d+) pkey=\S+ qpn=0x([0-9a-f]+)`)
+
+// vifMACs returns how many VIFs the daemon's log says it created for
+// each source MAC (any VLAN).
+func (h *hypervisor) vifMACs() map[string]int {
+	n := map[string]int{}
+	for _, m := range vifCreated.FindAllStringSubmatch(h.log(), -1) {
+		n[m[1]]++
+	}
+	return n
+}
+
+// vifQPN returns the QPN the daemon's log says the VIF of (mac, vlan)
+// got, or 0.
+func (h *hypervisor) vifQPN(mac string, vlan int) uint32 {
+	var qpn uint64
+	for _, m := range vifCreated.FindAllStringSubmatch(h.log(), -1) {
+		if m[1] == mac && m[2] == strconv.Itoa(vlan) {
+			qpn, _ = strconv.ParseUint(m[3], 16, 32)
+		}
+	}
+	return uint32(qpn)
+}
+
+// gid returns the hypervisor's port GID: its underlay's IPv6 link-local
+// address.
+func (h *hypervisor) gid(t *testing.T) netip.Addr {
+	t.Helper()
+	out := sh(t, in(h.ns, "ip", "-6", "-o", "addr", "show", "dev", h.underlay, "scope", "link")...)
+	f := strings.Fields(out)
+	if len(f) < 4 {
+		t.Fatalf("no link-local address on %s: %s", h.underlay, out)
+	}
+	return netip.MustParsePrefix(f[3]).Addr()
+}
+
+// sniff returns the packets matching a tcpdump filter seen on a guest's
+// eth0 for the duration of fn, one tcpdump line each.
+func sniff(t *testing.T, g *guest, filter string, fn func()) []string {
+	t.Helper()
+	cmd := exec.Command("ip", in(g.ns, "tcpdump", "-i", "eth0", "-n", "-l", "-e", filter)[1:]...)
+	out := filepath.Join(t.TempDir(), "tcpdump.log")
+	f, _ := os.Create(out)
+	cmd.Stdout = f
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond) // tcpdump opens its socket
+	fn()
+	time.Sleep(300 * time.Millisecond)
+	cmd.Process.Signal(syscall.SIGINT)
+	cmd.Wait()
+	f.Close()
+	b, _ := os.ReadFile(out)
+	var lines []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.TrimSpace(l) != "" {
+			lines = append(lines, l)
+		}
+	}
+	return lines
 }
 
 // startOVS starts a private ovsdb-server and ovs-vswitchd (userspace
@@ -241,7 +338,8 @@ func stopOVS(dir string) {
 // start runs eipoibd in the hypervisor and waits until it moves traffic.
 func (h *hypervisor) start(t *testing.T) {
 	t.Helper()
-	h.logPath = filepath.Join(t.TempDir(), h.name+".log")
+	h.starts++
+	h.logPath = filepath.Join(h.logDir, fmt.Sprintf("%s-%d.log", h.name, h.starts))
 	logf, err := os.Create(h.logPath)
 	if err != nil {
 		t.Fatal(err)
@@ -307,18 +405,26 @@ func (h *hypervisor) stop(t *testing.T, check bool) {
 // metrics reads the daemon's Prometheus counters.
 func (h *hypervisor) metrics(t *testing.T) map[string]float64 {
 	t.Helper()
+	m, err := h.readMetrics(t)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func (h *hypervisor) readMetrics(t testing.TB) (map[string]float64, error) {
 	var conn net.Conn
 	var err error
 	nsDo(t, h.ns, func() { conn, err = net.DialTimeout("tcp", "127.0.0.1:9474", 2*time.Second) })
 	if err != nil {
-		t.Fatalf("metrics of %s: %v", h.name, err)
+		return nil, fmt.Errorf("metrics of %s: %w", h.name, err)
 	}
 	defer conn.Close()
 	conn.SetDeadline(time.Now().Add(5 * time.Second))
 	fmt.Fprint(conn, "GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
 	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
 	if err != nil {
-		t.Fatalf("metrics of %s: %v", h.name, err)
+		return nil, fmt.Errorf("metrics of %s: %w", h.name, err)
 	}
 	defer resp.Body.Close()
 	m := make(map[string]float64)
@@ -330,12 +436,181 @@ func (h *hypervisor) metrics(t *testing.T) map[string]float64 {
 			m[strings.TrimPrefix(f[0], "eipoibd_")] = v
 		}
 	}
-	return m
+	return m, nil
 }
 
-// ping pings dst from guest g, count times, and fails the test on loss.
+// dump logs each running daemon's log and non-zero counters, for a
+// failed test.
+func (tp *topo) dump() {
+	for _, h := range tp.hvs {
+		if h.logPath == "" {
+			continue
+		}
+		ctrs := "(daemon stopped)"
+		if h.cmd != nil {
+			m, err := h.readMetrics(tp.t)
+			var nz []string
+			for k, v := range m {
+				if v != 0 && !strings.HasPrefix(k, "go_") {
+					nz = append(nz, fmt.Sprintf("%s=%v", k, v))
+				}
+			}
+			sort.Strings(nz)
+			ctrs = fmt.Sprint(strings.Join(nz, " "), " ", err)
+		}
+		tp.t.Logf("%s: eipoibd log:\n%s\ncounters (non-zero): %s", h.name, abridge(h.log(), 60, 20), ctrs)
+	}
+}
+
+// pingResult is what one ping run printed: requests sent, replies
+// received, and which sequence numbers were answered.
+type pingResult struct {
+	tx, rx, dups int
+	seqs         map[int]bool
+	out          string
+}
+
+var (
+	pingSummary = regexp.MustCompile(`(\d+) packets transmitted, (\d+) received(?:, \+(\d+) duplicates)?`)
+	pingReply   = regexp.MustCompile(`(?m)^\d+ bytes from .*icmp_seq=(\d+) .*time=`)
+)
+
+// runPing runs ping from g to dst until n replies arrive or deadline
+// passes (ping -c n -w deadline). With a deadline ping sends one more
+// request whenever fewer than n replies are back by the next interval, so
+// a lost request shows as a missing sequence number and a late reply as
+// more requests transmitted than n.
+func runPing(g *guest, dst string, n int, deadline time.Duration, extra ...string) (pingResult, error) {
+	args := []string{"ping", "-c", strconv.Itoa(n), "-i", "0.2", "-w", strconv.Itoa(int(deadline.Seconds()))}
+	out, err := shErr(in(g.ns, append(append(args, extra...), dst)...)...)
+	r := pingResult{seqs: map[int]bool{}, out: out}
+	if m := pingSummary.FindStringSubmatch(out); m != nil {
+		r.tx, _ = strconv.Atoi(m[1])
+		r.rx, _ = strconv.Atoi(m[2])
+		r.dups, _ = strconv.Atoi(m[3])
+	}
+	for _, m := range pingReply.FindAllStringSubmatch(out, -1) {
+		seq, _ := strconv.Atoi(m[1])
+		r.seqs[seq] = true
+	}
+	return r, err
+}
+
+// lossless reports whether n of n replies came back: the first n
+// requests each answered once.
+func (r pingResult) lossless(n int) bool {
+	for seq := 1; seq <= n; seq++ {
+		if !r.seqs[seq] {
+			return false
+		}
+	}
+	return r.rx == n && r.dups == 0
+}
+
+// ping pings dst from guest g 3 times and fails the test unless all 3
+// requests, the first one included, got their replies: no loss is
+// expected wherever it is used. The first request to a destination the
+// shim never resolved waits in its resolution queue and must arrive too.
 func ping(t *testing.T, g *guest, dst string, extra ...string) {
 	t.Helper()
-	args := append([]string{"ping", "-c", "3", "-i", "0.2", "-W", "2"}, extra...)
-	sh(t, in(g.ns, append(args, dst)...)...)
+	pingN(t, g, dst, 3, extra...)
+}
+
+// pingN is ping with n requests.
+func pingN(t *testing.T, g *guest, dst string, n int, extra ...string) {
+	t.Helper()
+	r, err := runPing(g, dst, n, time.Duration(n)*200*time.Millisecond+5*time.Second, extra...)
+	if err != nil || !r.lossless(n) {
+		t.Fatalf("ping %s → %s %v: replies to %v of requests 1–%d (%d transmitted, %d received, %d duplicates), want each answered once (%v)\n%s",
+			g.ns, dst, extra, sortedKeys(r.seqs), n, r.tx, r.rx, r.dups, err, r.out)
+	}
+	if r.tx > n { // late, not lost: logged, as it shows a stalled path
+		t.Logf("ping %s → %s: all %d answered, but late enough that ping sent %d\n%s", g.ns, dst, n, r.tx, r.out)
+	}
+}
+
+var arpingSummary = regexp.MustCompile(`(\d+) packets transmitted, (\d+) packets received`)
+
+// arping sends n ARP requests from guest g for dst (arping -c n) and
+// fails the test unless all n were answered, once each.
+func arping(t *testing.T, g *guest, dst string, n int) {
+	t.Helper()
+	out, err := shErr(in(g.ns, "arping", "-c", strconv.Itoa(n), "-w", strconv.Itoa(n+3), "-I", "eth0", dst)...)
+	m := arpingSummary.FindStringSubmatch(out)
+	if err != nil || m == nil || m[1] != strconv.Itoa(n) || m[2] != m[1] || !strings.Contains(out, "(0 extra)") {
+		t.Fatalf("arping %s → %s: want %d of %d answered (%v)\n%s", g.ns, dst, n, n, err, out)
+	}
+}
+
+func sortedKeys(m map[int]bool) []int {
+	var k []int
+	for v := range m {
+		k = append(k, v)
+	}
+	sort.Ints(k)
+	return k
+}
+
+// dropWatch remembers the counters of some daemons, to assert later
+// that their drop counters (drop_*, port_drop_*) rose by exactly what was
+// expected: nothing, during healthy traffic.
+type dropWatch struct {
+	hvs    []*hypervisor
+	before []map[string]float64
+}
+
+func isDrop(name string) bool {
+	return strings.HasPrefix(name, "drop_") || strings.HasPrefix(name, "port_drop_")
+}
+
+// watchDrops snapshots the counters of hvs.
+func watchDrops(t *testing.T, hvs ...*hypervisor) *dropWatch {
+	t.Helper()
+	w := &dropWatch{hvs: hvs}
+	for _, h := range hvs {
+		w.before = append(w.before, h.metrics(t))
+	}
+	return w
+}
+
+// rises are expected counter rises, by hypervisor name and counter.
+type rises map[string]map[string]float64
+
+// check fails the test, naming each one, if any drop counter rose since
+// watchDrops.
+func (w *dropWatch) check(t *testing.T) {
+	t.Helper()
+	w.expect(t, nil, 0)
+}
+
+// expect waits up to within until every counter in want rose by its
+// amount, then fails the test unless each did so exactly and no other
+// drop counter rose.
+func (w *dropWatch) expect(t *testing.T, want rises, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for i, h := range w.hvs {
+		var after map[string]float64
+		for {
+			after = h.metrics(t)
+			short := false
+			for name, n := range want[h.name] {
+				short = short || after[name]-w.before[i][name] < n
+			}
+			if !short || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		for name, v := range after {
+			if d, n := v-w.before[i][name], want[h.name][name]; d != n && (isDrop(name) || n != 0) {
+				t.Errorf("%s: %s rose by %v (%v → %v), want %v", h.name, name, d, w.before[i][name], v, n)
+			}
+		}
+		for name, n := range want[h.name] {
+			if _, ok := after[name]; !ok && n != 0 {
+				t.Errorf("%s: no counter %s, want a rise of %v", h.name, name, n)
+			}
+		}
+	}
 }
