@@ -250,3 +250,65 @@ func EncodeIPv6(b []byte, f IPv6Fields) IPv6 {
 	copy(h[ipv6Dst:], d[:])
 	return IPv6(b)
 }
+
+// TCP offsets, sizes and flags (RFC 9293 §3.1).
+const (
+	TCPMinLen      = 20
+	tcpSeq         = 4
+	tcpDataOff     = 12
+	tcpFlags       = 13
+	TCPChecksumOff = 16 // where the checksum sits in the header
+	ProtoTCP       = 6
+
+	TCPFlagFIN = 0x01
+	TCPFlagSYN = 0x02
+	TCPFlagRST = 0x04
+	TCPFlagPSH = 0x08
+	TCPFlagACK = 0x10
+	TCPFlagURG = 0x20
+	TCPFlagECE = 0x40
+	TCPFlagCWR = 0x80
+)
+
+// TCP is a view of a TCP segment, header first.
+type TCP []byte
+
+// ParseTCP checks that b starts with a TCP header whose data offset fits
+// b.
+func ParseTCP(b []byte) (TCP, bool) {
+	if len(b) < TCPMinLen {
+		return nil, false
+	}
+	h := TCP(b)
+	if hl := h.HeaderLen(); hl < TCPMinLen || hl > len(b) {
+		return nil, false
+	}
+	return h, true
+}
+
+// HeaderLen is the header length in bytes (data offset × 4).
+func (h TCP) HeaderLen() int { return int(h[tcpDataOff]>>4) * 4 }
+
+// Seq is the sequence number.
+func (h TCP) Seq() uint32 { return binary.BigEndian.Uint32(h[tcpSeq:]) }
+
+// SetSeq sets the sequence number.
+func (h TCP) SetSeq(v uint32) { binary.BigEndian.PutUint32(h[tcpSeq:], v) }
+
+// Flags are the control bits.
+func (h TCP) Flags() uint8 { return h[tcpFlags] }
+
+// SetFlags sets the control bits.
+func (h TCP) SetFlags(f uint8) { h[tcpFlags] = f }
+
+// SetChecksum stores a checksum.
+func (h TCP) SetChecksum(v uint16) { binary.BigEndian.PutUint16(h[TCPChecksumOff:], v) }
+
+// SetID sets the IPv4 identification field.
+func (h IPv4) SetID(id uint16) { binary.BigEndian.PutUint16(h[ipv4ID:], id) }
+
+// SrcBytes is the source address as bytes, for checksums.
+func (h IPv4) SrcBytes() []byte { return h[ipv4Src : ipv4Src+4] }
+
+// DstBytes is the destination address as bytes, for checksums.
+func (h IPv4) DstBytes() []byte { return h[ipv4Dst : ipv4Dst+4] }

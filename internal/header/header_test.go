@@ -171,3 +171,37 @@ func FuzzParseIPv6(f *testing.F) {
 		_, _ = h.Src(), h.Dst()
 	})
 }
+
+func TestTCP(t *testing.T) {
+	tcp := &layers.TCP{SrcPort: 1, DstPort: 2, Seq: 0xfffffff0, ACK: true, PSH: true, Window: 9,
+		Options: []layers.TCPOption{{OptionType: layers.TCPOptionKindNop}, {OptionType: layers.TCPOptionKindNop},
+			{OptionType: layers.TCPOptionKindTimestamps, OptionLength: 10, OptionData: make([]byte, 8)}}}
+	buf := gopacket.NewSerializeBuffer()
+	if err := gopacket.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true}, tcp, gopacket.Payload("data")); err != nil {
+		t.Fatal(err)
+	}
+	h, ok := ParseTCP(buf.Bytes())
+	if !ok || h.HeaderLen() != 32 || h.Seq() != 0xfffffff0 || h.Flags() != TCPFlagACK|TCPFlagPSH {
+		t.Fatalf("ParseTCP: ok %v hl %d seq %#x flags %#x", ok, h.HeaderLen(), h.Seq(), h.Flags())
+	}
+	h.SetSeq(7)
+	h.SetFlags(TCPFlagACK | TCPFlagFIN)
+	h.SetChecksum(0xbeef)
+	g := gopacket.NewPacket(h, layers.LayerTypeTCP, gopacket.Default).Layer(layers.LayerTypeTCP).(*layers.TCP)
+	if g.Seq != 7 || !g.FIN || g.PSH || g.Checksum != 0xbeef || string(g.Payload) != "data" {
+		t.Fatalf("gopacket reads %+v", g)
+	}
+	for _, bad := range [][]byte{h[:19], append([]byte(nil), h[:20]...)} {
+		if len(bad) == 20 {
+			bad[12] = 0x40 // data offset 4: below the minimum
+		}
+		if _, ok := ParseTCP(bad); ok {
+			t.Errorf("ParseTCP accepted %x", bad)
+		}
+	}
+	long := append([]byte(nil), h[:20]...)
+	long[12] = 0xf0 // 60-byte header in 20 bytes
+	if _, ok := ParseTCP(long); ok {
+		t.Error("header longer than the segment accepted")
+	}
+}
