@@ -14,6 +14,7 @@ import (
 	"github.com/eipoib/eipoibd/internal/ether"
 	"github.com/eipoib/eipoibd/mactrans"
 	"github.com/eipoib/eipoibd/snoop"
+	"github.com/eipoib/eipoibd/tap"
 )
 
 // querierAddrs returns the MAC and link-local address the queries come
@@ -29,29 +30,29 @@ func (s *Shim) querierAddrs() (ether.MAC, netip.Addr) {
 	return mac, netip.AddrFrom16(a)
 }
 
-// queryFrame builds a query frame into partition p: for group invalid a
-// general query of the given family, else a group-specific one; guests
-// answer within maxResp.
+// queryFrame builds a query frame into partition p, tap.Headroom bytes
+// into the returned buffer: for group invalid a general query of the
+// given family, else a group-specific one; guests answer within maxResp.
 func (s *Shim) queryFrame(p *partition, v6 bool, group netip.Addr, maxResp time.Duration) []byte {
 	mac, src := s.querierAddrs()
 	t := s.snoop.Timers()
-	f := make([]byte, ether.VLANHeaderLen, ether.VLANHeaderLen+snoop.MLDv2QueryLen)
+	f := make([]byte, tap.Headroom+ether.VLANHeaderLen, tap.Headroom+ether.VLANHeaderLen+snoop.MLDv2QueryLen)
 	if v6 {
 		dst := ether.MAC{0x33, 0x33, 0, 0, 0, 1}
 		if group.IsValid() {
 			g := group.As16()
 			dst = ether.MAC{0x33, 0x33, g[12], g[13], g[14], g[15]}
 		}
-		hl := ether.PutHeader(f, dst, mac, p.vlan, ether.TypeIPv6)
-		return snoop.AppendMLDv2Query(f[:hl], src, group, uint8(t.Robustness), t.QueryInterval, maxResp)
+		hl := ether.PutHeader(f[tap.Headroom:], dst, mac, p.vlan, ether.TypeIPv6)
+		return snoop.AppendMLDv2Query(f[:tap.Headroom+hl], src, group, uint8(t.Robustness), t.QueryInterval, maxResp)
 	}
 	dst := ether.MAC{0x01, 0, 0x5e, 0, 0, 1}
 	if group.IsValid() {
 		g := group.As4()
 		dst = ether.MAC{0x01, 0, 0x5e, g[1] & 0x7f, g[2], g[3]}
 	}
-	hl := ether.PutHeader(f, dst, mac, p.vlan, ether.TypeIPv4)
-	return snoop.AppendIGMPv3Query(f[:hl], group, uint8(t.Robustness), t.QueryInterval, maxResp)
+	hl := ether.PutHeader(f[tap.Headroom:], dst, mac, p.vlan, ether.TypeIPv4)
+	return snoop.AppendIGMPv3Query(f[:tap.Headroom+hl], group, uint8(t.Robustness), t.QueryInterval, maxResp)
 }
 
 // sendQueries sends IGMPv3 and MLDv2 general queries into every

@@ -13,10 +13,12 @@ import (
 	"github.com/eipoib/eipoibd/arpndp"
 	"github.com/eipoib/eipoibd/internal/ether"
 	"github.com/eipoib/eipoibd/ipoib"
+	"github.com/eipoib/eipoibd/tap"
 )
 
 // rxOffset is where the port puts the IPoIB header: room for its own
-// headers before, and for the Ethernet header that replaces it.
+// headers before, and for the Ethernet header that replaces it and the
+// device's headroom before that.
 const rxOffset = 64
 
 func (s *Shim) rxLoop() error {
@@ -38,7 +40,9 @@ func (s *Shim) rxLoop() error {
 		for i := 0; i < n; i++ {
 			s.ctr.inc(RxPackets)
 			if f := s.rx(bufs[i], sizes[i], &meta[i], now); f != nil {
-				out = append(out, f)
+				// The frame with the device's headroom in front of it.
+				start := cap(bufs[i]) - cap(f)
+				out = append(out, bufs[i][start-tap.Headroom:start+len(f)])
 			}
 		}
 		if len(out) > 0 {
@@ -54,10 +58,11 @@ func (s *Shim) rxLoop() error {
 	}
 }
 
-// writeDev writes frames to the device and returns how many it took.
+// writeDev writes frames, each tap.Headroom bytes into its buffer, to the
+// device and returns how many it took.
 func (s *Shim) writeDev(frames [][]byte) int {
 	s.devMu.Lock()
-	n, err := s.dev.Write(frames, 0)
+	n, err := s.dev.Write(frames, tap.Headroom)
 	s.devMu.Unlock()
 	if err != nil {
 		return 0
@@ -65,8 +70,8 @@ func (s *Shim) writeDev(frames [][]byte) int {
 	return n
 }
 
-// writeLocal writes the shim's own frames to guests (queries, ICMP),
-// counting those the device refused.
+// writeLocal writes the shim's own frames to guests (queries, ICMP; each
+// tap.Headroom bytes into its buffer), counting those the device refused.
 func (s *Shim) writeLocal(frames [][]byte) {
 	if n := s.writeDev(frames); n < len(frames) {
 		s.ctr.c[DropLocalTAPWrite].Add(uint64(len(frames) - n))

@@ -182,7 +182,7 @@ func New(cfg Config) (*Shim, error) {
 		vifs:    mactrans.NewVIFTable(gid, cfg.MaxVIFs),
 		neigh:   mactrans.NewNeighTable(cfg.MaxNeighbours),
 		byPKey:  make(map[ipoib.PKey]*partition),
-		icmpBuf: make([]byte, ether.VLANHeaderLen+ipv6MinMTU),
+		icmpBuf: make([]byte, tap.Headroom+ether.VLANHeaderLen+ipv6MinMTU),
 	}
 	add := func(vlan uint16, pkey ipoib.PKey) error {
 		if vlan > 4094 {

@@ -14,6 +14,7 @@ import (
 	"github.com/eipoib/eipoibd/internal/ether"
 	"github.com/eipoib/eipoibd/internal/header"
 	"github.com/eipoib/eipoibd/ipoib"
+	"github.com/eipoib/eipoibd/tap"
 )
 
 const (
@@ -88,7 +89,7 @@ func (s *Shim) icmpTooBig(f ether.Frame, et uint16, pay []byte) {
 		s.ctr.inc(DropTooBig)
 		return
 	}
-	buf := s.icmpBuf // owned by the TX loop
+	buf := s.icmpBuf[tap.Headroom:] // owned by the TX loop
 	clear(buf)
 	hl := ether.PutHeader(buf, f.Src(), f.Dst(), f.VLAN(), et)
 	var n int
@@ -113,5 +114,5 @@ func (s *Shim) icmpTooBig(f ether.Frame, et uint16, pay []byte) {
 		binary.BigEndian.PutUint16(icmp[2:4], csum.Fold(csum.Sum(csum.Pseudo(ip.SrcBytes(), ip.DstBytes(), header.ProtoICMPv6, plen), icmp)))
 	}
 	s.ctr.inc(TxICMPTooBig)
-	s.writeLocal([][]byte{buf[:hl+n]})
+	s.writeLocal([][]byte{s.icmpBuf[:tap.Headroom+hl+n]})
 }

@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"net"
 	"os"
+	"sync/atomic"
 	"syscall"
 	"unsafe"
 
@@ -20,8 +21,10 @@ import (
 
 // Device moves Ethernet frames in batches. Read fills bufs[i][offset:],
 // sets sizes[i] and returns how many it filled, blocking for the first;
-// offset leaves headroom. Write sends bufs[i][offset:]. After Close both
-// return net.ErrClosed.
+// offset leaves headroom (at least Headroom). Write sends bufs[i][offset:]
+// and returns how many frames the device took; the Headroom bytes before
+// offset are the device's scratch space. After Close both return
+// net.ErrClosed.
 type Device interface {
 	Read(bufs [][]byte, sizes []int, offset int) (int, error)
 	Write(bufs [][]byte, offset int) (int, error)
@@ -35,16 +38,31 @@ type Device interface {
 type Config struct {
 	Name string
 	MAC  ether.MAC // zero: keep the kernel's random one
-	MTU  int
+	MTU  int       // the IPoIB MTU; segments are cut to fit it
+	// Offload turns on the vnet header with checksum offload and TSO:
+	// TCP super-frames are read whole and cut here, partial checksums
+	// completed here, and runs of received segments are written as
+	// super-frames. Read buffers must then hold 64 KB plus headroom.
+	Offload bool
 }
 
 // TAP is a Linux TAP device (IFF_TAP|IFF_NO_PI, not persistent: it goes
 // away with the process). Read and Write may each be used by one goroutine
 // at a time.
 type TAP struct {
-	name string
-	file *os.File
-	rc   syscall.RawConn
+	name    string
+	file    *os.File
+	rc      syscall.RawConn
+	mtu     int
+	offload bool
+
+	seg    segmenter // Read's super-frame being cut
+	segBuf []byte    // its storage
+	gro    coalescer // Write's super-frames
+
+	drops                 [2]atomic.Uint64 // bad vnet header, bad GSO
+	gsoRead, gsoCut       atomic.Uint64
+	groWritten, groMerged atomic.Uint64
 
 	// Read and Write state, used by the pre-bound callbacks below so that
 	// a batch allocates nothing.
@@ -81,11 +99,26 @@ func Create(cfg Config) (*TAP, error) {
 		Queues:     1,
 		NonPersist: true,
 	}
+	if cfg.Offload {
+		tt.Flags |= netlink.TUNTAP_VNET_HDR
+	}
 	if err := netlink.LinkAdd(tt); err != nil {
 		return nil, fmt.Errorf("tap: create %s: %w", cfg.Name, err)
 	}
-	t := &TAP{name: cfg.Name, file: tt.Fds[0]}
+	t := &TAP{name: cfg.Name, file: tt.Fds[0], mtu: cfg.MTU, offload: cfg.Offload}
 	fail := func(err error) (*TAP, error) { t.file.Close(); return nil, err }
+	if cfg.Offload {
+		if t.mtu <= 0 {
+			return fail(fmt.Errorf("tap: %s: offloads need the MTU to cut segments to", cfg.Name))
+		}
+		// What the kernel may hand us: partial checksums and TCP
+		// super-frames (and ECN on them). The bridge then forwards
+		// guests' TSO frames whole instead of segmenting them first.
+		if _, _, errno := unix.Syscall(unix.SYS_IOCTL, t.file.Fd(), unix.TUNSETOFFLOAD, tunFCsum|tunFTSO4|tunFTSO6|tunFTSOECN); errno != 0 {
+			return fail(fmt.Errorf("tap: enable offloads on %s (TUNSETOFFLOAD): %w", cfg.Name, errno))
+		}
+		t.segBuf = make([]byte, maxSuperFrame)
+	}
 	rc, err := t.file.SyscallConn()
 	if err != nil {
 		return fail(fmt.Errorf("tap: %s: %w", cfg.Name, err))
@@ -123,7 +156,17 @@ func closedErr(err error) error {
 // returns false to wait for readiness when it got nothing.
 func (t *TAP) readBatch(fd uintptr) bool {
 	for t.rn < len(t.rbufs) {
-		n, err := unix.Read(int(fd), t.rbufs[t.rn][t.roff:])
+		if !t.seg.done() { // segments of a super-frame first
+			t.rsizes[t.rn] = t.seg.cut(t.rbufs[t.rn][t.roff:])
+			t.rn++
+			t.gsoCut.Add(1)
+			continue
+		}
+		start := t.roff
+		if t.offload {
+			start -= vnetHdrLen // the header lands in the headroom
+		}
+		n, err := unix.Read(int(fd), t.rbufs[t.rn][start:])
 		if err == unix.EINTR {
 			continue
 		}
@@ -134,14 +177,75 @@ func (t *TAP) readBatch(fd uintptr) bool {
 			t.rerr = err
 			return true
 		}
+		if t.offload {
+			if err := t.unpack(t.rbufs[t.rn][start : start+n]); err != nil {
+				t.drop(err)
+				continue
+			}
+			if !t.seg.done() {
+				continue // cut from the next turn on
+			}
+			n -= vnetHdrLen
+		}
 		t.rsizes[t.rn] = n
 		t.rn++
 	}
 	return true
 }
 
-// Read reads a batch of frames.
+// unpack handles the vnet header of a frame read with offloads: a partial
+// checksum is completed in place; a super-frame is moved out and handed
+// to the segmenter.
+func (t *TAP) unpack(b []byte) error {
+	if len(b) < vnetHdrLen {
+		return errBadVnet
+	}
+	h := decodeVnet(b)
+	frame := b[vnetHdrLen:]
+	if h.gsoType == unix.VIRTIO_NET_HDR_GSO_NONE {
+		if h.flags&unix.VIRTIO_NET_HDR_F_NEEDS_CSUM != 0 {
+			return completeChecksum(frame, h)
+		}
+		return nil
+	}
+	n := copy(t.segBuf, frame)
+	if err := t.seg.start(t.segBuf[:n], h, t.mtu); err != nil {
+		return err
+	}
+	t.gsoRead.Add(1)
+	return nil
+}
+
+// drop counts a frame refused for err.
+func (t *TAP) drop(err error) {
+	if err == errBadGSO {
+		t.drops[1].Add(1)
+	} else {
+		t.drops[0].Add(1)
+	}
+}
+
+// Counters returns the offload counters: frames refused for a bad vnet
+// header or an inconsistent super-frame, super-frames read and the
+// segments cut from them, super-frames written and the segments merged
+// into them.
+func (t *TAP) Counters() map[string]uint64 {
+	return map[string]uint64{
+		"drop_" + errBadVnet.Error(): t.drops[0].Load(),
+		"drop_" + errBadGSO.Error():  t.drops[1].Load(),
+		"gso_frames_read":            t.gsoRead.Load(),
+		"gso_segments_cut":           t.gsoCut.Load(),
+		"gro_frames_written":         t.groWritten.Load(),
+		"gro_segments_merged":        t.groMerged.Load(),
+	}
+}
+
+// Read reads a batch of frames. With offloads, a super-frame becomes as
+// many segments as it takes, across calls when the batch is full.
 func (t *TAP) Read(bufs [][]byte, sizes []int, offset int) (int, error) {
+	if t.offload && offset < vnetHdrLen {
+		return 0, fmt.Errorf("tap: read offset %d below the vnet header's %d bytes", offset, vnetHdrLen)
+	}
 	t.rbufs, t.rsizes, t.roff, t.rn, t.rerr = bufs, sizes, offset, 0, nil
 	err := t.rc.Read(t.readFn)
 	t.rbufs, t.rsizes = nil, nil
@@ -156,17 +260,30 @@ func (t *TAP) Read(bufs [][]byte, sizes []int, offset int) (int, error) {
 
 func (t *TAP) writeBatch(fd uintptr) bool {
 	for t.wn < len(t.wbufs) {
-		_, err := unix.Write(int(fd), t.wbufs[t.wn][t.woff:])
+		out, k := t.wbufs[t.wn][t.woff:], 1
+		if t.offload {
+			if k = run(t.wbufs[t.wn:], t.woff); k > 1 {
+				out = t.gro.merge(t.wbufs[t.wn:t.wn+k], t.woff)
+			} else {
+				out = t.wbufs[t.wn][t.woff-vnetHdrLen:]
+				clear(out[:vnetHdrLen]) // no offload asked for this one
+			}
+		}
+		_, err := unix.Write(int(fd), out)
 		switch err {
 		case unix.EINTR:
 			continue
 		case unix.EAGAIN:
 			return false
 		case nil:
-			t.wok++
+			t.wok += k
+			if k > 1 {
+				t.groWritten.Add(1)
+				t.groMerged.Add(uint64(k))
+			}
 		default: // the kernel refused this frame (e.g. EINVAL): skip it
 		}
-		t.wn++
+		t.wn += k
 	}
 	return true
 }
@@ -174,6 +291,9 @@ func (t *TAP) writeBatch(fd uintptr) bool {
 // Write writes a batch of frames and returns how many the kernel
 // accepted; refused ones are skipped, so the caller counts them.
 func (t *TAP) Write(bufs [][]byte, offset int) (int, error) {
+	if t.offload && offset < vnetHdrLen {
+		return 0, fmt.Errorf("tap: write offset %d below the vnet header's %d bytes", offset, vnetHdrLen)
+	}
 	t.wbufs, t.woff, t.wn, t.wok = bufs, offset, 0, 0
 	err := t.rc.Write(t.writeFn)
 	t.wbufs = nil

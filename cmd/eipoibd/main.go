@@ -66,6 +66,7 @@ type options struct {
 	mcast                                                                snoop.Timers
 	ibMTU, maxVIFs, maxNeigh                                             int
 	vifIdle                                                              time.Duration
+	offload                                                              bool
 }
 
 func parse(args []string, stderr io.Writer) (*options, error) {
@@ -98,6 +99,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.mcast.QueryResponseInterval, "mcast-response-interval", 10*time.Second, "maximum response time of general queries")
 	fs.DurationVar(&o.mcast.LastMemberQueryInterval, "mcast-last-member-interval", time.Second, "interval of group-specific queries after a leave")
 	fs.IntVar(&o.mcast.Robustness, "mcast-robustness", 2, "robustness variable: queries after a leave, and the membership interval factor")
+	fs.BoolVar(&o.offload, "offload", true, "TAP offloads: read guests' TCP super-frames whole and cut them here, write received segment runs as super-frames")
 	fs.StringVar(&o.faults, "fault", "", "simulated fabric faults, e.g. loss=0.01,dup=0.01,reorder=0.01,corrupt=0.01")
 	if err := fs.Parse(args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -220,7 +222,7 @@ func run(args []string, stderr io.Writer) error {
 	}
 	defer port.Close()
 	ipMTU, _ := ipoib.IPMTU(o.ibMTU)
-	dev, err := tap.Create(tap.Config{Name: o.name, MTU: ipMTU, MAC: mac})
+	dev, err := tap.Create(tap.Config{Name: o.name, MTU: ipMTU, MAC: mac, Offload: o.offload})
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,364 @@
+package tap
+
+// Offloads (IFF_VNET_HDR): every frame crossing the TAP carries a
+// virtio_net_hdr. Reading, the kernel hands over TCP super-frames of up to
+// 64 KB (TSO) and frames whose checksum is only partial (checksum
+// offload); the segmenter cuts a super-frame into segments that fit the
+// IPoIB MTU, with their own IP lengths, IDs, sequence numbers, flags and
+// checksums, and partial checksums are completed. Writing, consecutive
+// segments of one TCP flow are coalesced into one super-frame with a GSO
+// header (GRO), after their checksums are verified, so a corrupted segment
+// is never laundered into a valid one. The shape follows wireguard-go's
+// tun offload, which does the same for IP packets; this is the Ethernet
+// frame version (802.1Q tags included).
+
+import (
+	"encoding/binary"
+	"errors"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/eipoib/eipoibd/internal/csum"
+	"github.com/eipoib/eipoibd/internal/ether"
+	"github.com/eipoib/eipoibd/internal/header"
+)
+
+// Headroom is what Write needs before offset in every buffer: room for
+// the virtio_net_hdr a TAP with offloads puts in front of a frame.
+const Headroom = vnetHdrLen
+
+// TUNSETOFFLOAD flags (include/uapi/linux/if_tun.h).
+const (
+	tunFCsum   = 0x01
+	tunFTSO4   = 0x02
+	tunFTSO6   = 0x04
+	tunFTSOECN = 0x08
+)
+
+// vnetHdrLen is sizeof(struct virtio_net_hdr) (include/uapi/linux/
+// virtio_net.h), the TUN default (TUNSETVNETHDRSZ).
+const vnetHdrLen = 10
+
+// maxSuperFrame bounds a super-frame: 64 KB of IP plus the Ethernet
+// header with a VLAN tag.
+const maxSuperFrame = 65535 + ether.VLANHeaderLen
+
+// maxCoalesce bounds the segments merged into one super-frame.
+const maxCoalesce = 64
+
+// vnetHdr is struct virtio_net_hdr. TUN uses the legacy layout in the
+// host's byte order unless told otherwise (TUNSETVNETLE/BE).
+type vnetHdr struct {
+	flags      uint8
+	gsoType    uint8
+	hdrLen     uint16
+	gsoSize    uint16
+	csumStart  uint16
+	csumOffset uint16
+}
+
+func decodeVnet(b []byte) vnetHdr {
+	return vnetHdr{
+		flags: b[0], gsoType: b[1],
+		hdrLen:     binary.NativeEndian.Uint16(b[2:]),
+		gsoSize:    binary.NativeEndian.Uint16(b[4:]),
+		csumStart:  binary.NativeEndian.Uint16(b[6:]),
+		csumOffset: binary.NativeEndian.Uint16(b[8:]),
+	}
+}
+
+func (h vnetHdr) encode(b []byte) {
+	b[0], b[1] = h.flags, h.gsoType
+	binary.NativeEndian.PutUint16(b[2:], h.hdrLen)
+	binary.NativeEndian.PutUint16(b[4:], h.gsoSize)
+	binary.NativeEndian.PutUint16(b[6:], h.csumStart)
+	binary.NativeEndian.PutUint16(b[8:], h.csumOffset)
+}
+
+// Offload drop reasons, counted by the TAP.
+var (
+	errBadVnet = errors.New("bad_vnet_header") // a header the kernel would not send
+	errBadGSO  = errors.New("bad_gso")         // a super-frame that is not one TCP flow's
+)
+
+// completeChecksum finishes a partial checksum (VIRTIO_NET_HDR_F_NEEDS_CSUM):
+// the field at csumStart+csumOffset holds the pseudo-header sum, and the
+// one's complement of the sum from csumStart to the end goes there.
+func completeChecksum(frame []byte, h vnetHdr) error {
+	start, at := int(h.csumStart), int(h.csumStart)+int(h.csumOffset)
+	if at+2 > len(frame) || start > at {
+		return errBadVnet
+	}
+	initial := binary.BigEndian.Uint16(frame[at:])
+	frame[at], frame[at+1] = 0, 0
+	binary.BigEndian.PutUint16(frame[at:], csum.Fold(csum.Sum(uint32(initial), frame[start:])))
+	return nil
+}
+
+// segmenter cuts one TCP super-frame into segments. Its zero value has
+// nothing to cut.
+type segmenter struct {
+	frame  []byte // the super-frame; nil when done
+	l3, l4 int    // IP and TCP header offsets
+	hdrLen int    // all headers
+	mss    int
+	v6     bool
+	next   int // offset in frame of the next segment's payload
+	seg    int // index of the next segment
+	id     uint16
+	seq    uint32
+	flags  uint8
+}
+
+// done reports whether the segmenter has nothing left to cut.
+func (s *segmenter) done() bool { return s.frame == nil }
+
+// start checks a super-frame against its header and prepares to cut it
+// into segments whose IP packets fit mtu. frame must stay untouched until
+// done.
+func (s *segmenter) start(frame []byte, h vnetHdr, mtu int) error {
+	if h.gsoType&^unix.VIRTIO_NET_HDR_GSO_ECN != unix.VIRTIO_NET_HDR_GSO_TCPV4 && h.gsoType&^unix.VIRTIO_NET_HDR_GSO_ECN != unix.VIRTIO_NET_HDR_GSO_TCPV6 {
+		return errBadGSO
+	}
+	f := ether.Frame(frame)
+	if !f.IsValid() {
+		return errBadGSO
+	}
+	l3, l4 := f.HeaderLen(), int(h.csumStart)
+	v6 := h.gsoType&^unix.VIRTIO_NET_HDR_GSO_ECN == unix.VIRTIO_NET_HDR_GSO_TCPV6
+	switch {
+	case !v6 && f.EtherType() == ether.TypeIPv4:
+		ip, ok := header.ParseIPv4(frame[l3:])
+		if !ok || ip.Protocol() != header.ProtoTCP || l4 != l3+ip.HeaderLen() || len(ip) != len(frame)-l3 {
+			return errBadGSO
+		}
+		s.id = ip.ID()
+	case v6 && f.EtherType() == ether.TypeIPv6:
+		ip, ok := header.ParseIPv6(frame[l3:])
+		if !ok || len(ip) != len(frame)-l3 || tcpAfterIPv6(ip) != l4-l3 {
+			return errBadGSO
+		}
+	default:
+		return errBadGSO
+	}
+	if h.flags&unix.VIRTIO_NET_HDR_F_NEEDS_CSUM == 0 || int(h.csumOffset) != header.TCPChecksumOff || l4 > len(frame) {
+		return errBadGSO
+	}
+	tcp, ok := header.ParseTCP(frame[l4:])
+	if !ok {
+		return errBadGSO
+	}
+	hdrLen := l4 + tcp.HeaderLen()
+	mss := min(int(h.gsoSize), mtu-(hdrLen-l3))
+	if mss <= 0 || hdrLen >= len(frame) {
+		return errBadGSO
+	}
+	*s = segmenter{frame: frame, l3: l3, l4: l4, hdrLen: hdrLen, mss: mss, v6: v6, next: hdrLen,
+		id: s.id, seq: tcp.Seq(), flags: tcp.Flags()}
+	return nil
+}
+
+// tcpAfterIPv6 returns the offset of the TCP header in an IPv6 packet,
+// after any hop-by-hop, routing and destination options headers, or -1.
+func tcpAfterIPv6(ip header.IPv6) int {
+	nh, off := ip.NextHeader(), header.IPv6Len
+	for {
+		switch nh {
+		case header.ProtoTCP:
+			return off
+		case 0, 43, 60: // hop-by-hop, routing, destination options (RFC 8200 §4)
+			if off+2 > len(ip) {
+				return -1
+			}
+			nh, off = ip[off], off+(int(ip[off+1])+1)*8
+		default:
+			return -1
+		}
+	}
+}
+
+// cut writes the next segment into dst (which must hold hdrLen+mss
+// bytes) and returns its length.
+func (s *segmenter) cut(dst []byte) int {
+	end := min(s.next+s.mss, len(s.frame))
+	n := copy(dst, s.frame[:s.hdrLen])
+	n += copy(dst[n:], s.frame[s.next:end])
+	seg := dst[:n]
+	plen := n - s.l4 // TCP header and payload
+	var sum uint32
+	if s.v6 {
+		ip := header.IPv6(seg[s.l3:])
+		ip.SetPayloadLen(n - s.l3 - header.IPv6Len)
+		sum = csum.Pseudo(ip.SrcBytes(), ip.DstBytes(), header.ProtoTCP, plen)
+	} else {
+		ip := header.IPv4(seg[s.l3:])
+		ip.SetTotalLen(n - s.l3)
+		ip.SetID(s.id + uint16(s.seg))
+		ip.SetChecksum()
+		sum = csum.Pseudo(ip.SrcBytes(), ip.DstBytes(), header.ProtoTCP, plen)
+	}
+	tcp := header.TCP(seg[s.l4:])
+	tcp.SetSeq(s.seq + uint32(s.next-s.hdrLen))
+	flags := s.flags
+	if s.seg > 0 {
+		flags &^= header.TCPFlagCWR // congestion window reduced: said once
+	}
+	if end < len(s.frame) {
+		flags &^= header.TCPFlagFIN | header.TCPFlagPSH // only the last segment ends or pushes
+	}
+	tcp.SetFlags(flags)
+	tcp.SetChecksum(0)
+	tcp.SetChecksum(csum.Fold(csum.Sum(sum, seg[s.l4:])))
+	s.seg++
+	s.next = end
+	if end == len(s.frame) {
+		s.frame = nil
+	}
+	return n
+}
+
+// tcpSeg is a frame carrying one TCP segment that may be coalesced: plain
+// IPv4 (no options, not a fragment) or IPv6 (TCP right after the fixed
+// header), ACK with at most PSH besides, some payload and a valid
+// checksum.
+type tcpSeg struct {
+	f      []byte
+	l3, l4 int
+	hl     int // all headers
+	v6     bool
+	seq    uint32
+	flags  uint8
+}
+
+func (s *tcpSeg) payload() int { return len(s.f) - s.hl }
+
+// parseTCPSeg reports whether f is a frame that may be coalesced.
+func parseTCPSeg(f []byte) (tcpSeg, bool) {
+	ef := ether.Frame(f)
+	if !ef.IsValid() {
+		return tcpSeg{}, false
+	}
+	s := tcpSeg{f: f, l3: ef.HeaderLen()}
+	var sum uint32
+	switch ef.EtherType() {
+	case ether.TypeIPv4:
+		ip, ok := header.ParseIPv4(f[s.l3:])
+		if !ok || len(ip) != len(f)-s.l3 || ip.HeaderLen() != header.IPv4MinLen || ip.Protocol() != header.ProtoTCP || ip.MoreFragments() || ip.FragmentOffset() != 0 {
+			return tcpSeg{}, false
+		}
+		s.l4 = s.l3 + header.IPv4MinLen
+		sum = csum.Pseudo(ip.SrcBytes(), ip.DstBytes(), header.ProtoTCP, len(f)-s.l4)
+	case ether.TypeIPv6:
+		ip, ok := header.ParseIPv6(f[s.l3:])
+		if !ok || len(ip) != len(f)-s.l3 || ip.NextHeader() != header.ProtoTCP {
+			return tcpSeg{}, false
+		}
+		s.l4, s.v6 = s.l3+header.IPv6Len, true
+		sum = csum.Pseudo(ip.SrcBytes(), ip.DstBytes(), header.ProtoTCP, len(f)-s.l4)
+	default:
+		return tcpSeg{}, false
+	}
+	tcp, ok := header.ParseTCP(f[s.l4:])
+	if !ok {
+		return tcpSeg{}, false
+	}
+	s.hl, s.seq, s.flags = s.l4+tcp.HeaderLen(), tcp.Seq(), tcp.Flags()
+	if s.flags&^header.TCPFlagPSH != header.TCPFlagACK || s.payload() == 0 || csum.Fold(csum.Sum(sum, f[s.l4:])) != 0 {
+		return tcpSeg{}, false
+	}
+	return s, true
+}
+
+// follows reports whether b continues a's flow right after a, so that
+// a run of segments of size mss can take it.
+func follows(a, b *tcpSeg, mss int) bool {
+	if a.hl != b.hl || a.l4 != b.l4 || a.v6 != b.v6 || a.flags&header.TCPFlagPSH != 0 ||
+		b.seq != a.seq+uint32(a.payload()) || a.payload() != mss || b.payload() > mss {
+		return false
+	}
+	x, y := a.f, b.f
+	// Ethernet header, then IP without its lengths, ID and checksum.
+	if string(x[:a.l3]) != string(y[:a.l3]) {
+		return false
+	}
+	ipx, ipy := x[a.l3:a.l4], y[a.l3:a.l4]
+	if a.v6 {
+		if string(ipx[:4]) != string(ipy[:4]) || string(ipx[6:]) != string(ipy[6:]) {
+			return false
+		}
+	} else if string(ipx[:2]) != string(ipy[:2]) || string(ipx[6:10]) != string(ipy[6:10]) || string(ipx[12:]) != string(ipy[12:]) {
+		return false
+	}
+	// TCP without sequence number, PSH and checksum: ports, ACK, window,
+	// options all equal.
+	tx, ty := x[a.l4:a.hl], y[a.l4:a.hl]
+	return string(tx[:4]) == string(ty[:4]) && string(tx[8:13]) == string(ty[8:13]) &&
+		tx[13]&^header.TCPFlagPSH == ty[13]&^header.TCPFlagPSH &&
+		string(tx[14:16]) == string(ty[14:16]) && string(tx[18:]) == string(ty[18:])
+}
+
+// coalescer merges runs of segments into super-frames.
+type coalescer struct {
+	buf []byte // vnet header and super-frame
+}
+
+// run returns how many frames at the start of frames form one run that
+// can be coalesced (1 if the first cannot be).
+func run(frames [][]byte, off int) int {
+	first, ok := parseTCPSeg(frames[0][off:])
+	if !ok {
+		return 1
+	}
+	mss, total := first.payload(), len(first.f)-first.l3
+	prev := first
+	k := 1
+	for ; k < len(frames) && k < maxCoalesce; k++ {
+		next, ok := parseTCPSeg(frames[k][off:])
+		if !ok || !follows(&prev, &next, mss) || total+next.payload() > 65535 {
+			break
+		}
+		total += next.payload()
+		prev = next
+	}
+	return k
+}
+
+// merge builds the super-frame of frames (a run from run, at least two)
+// behind its GSO header and returns it.
+func (c *coalescer) merge(frames [][]byte, off int) []byte {
+	first, _ := parseTCPSeg(frames[0][off:])
+	if c.buf == nil {
+		c.buf = make([]byte, vnetHdrLen+maxSuperFrame)
+	}
+	n := vnetHdrLen + copy(c.buf[vnetHdrLen:], first.f)
+	flags := first.flags
+	for _, f := range frames[1:] {
+		f = f[off:]
+		n += copy(c.buf[n:], f[first.hl:])
+		flags |= f[first.l4+13] & header.TCPFlagPSH
+	}
+	sf := c.buf[vnetHdrLen:n]
+	tcpLen := len(sf) - first.l4
+	h := vnetHdr{flags: unix.VIRTIO_NET_HDR_F_NEEDS_CSUM, hdrLen: uint16(first.hl), gsoSize: uint16(first.payload()),
+		csumStart: uint16(first.l4), csumOffset: header.TCPChecksumOff}
+	var sum uint32
+	if first.v6 {
+		ip := header.IPv6(sf[first.l3:])
+		ip.SetPayloadLen(len(sf) - first.l3 - header.IPv6Len)
+		sum = csum.Pseudo(ip.SrcBytes(), ip.DstBytes(), header.ProtoTCP, tcpLen)
+		h.gsoType = unix.VIRTIO_NET_HDR_GSO_TCPV6
+	} else {
+		ip := header.IPv4(sf[first.l3:])
+		ip.SetTotalLen(len(sf) - first.l3)
+		ip.SetChecksum()
+		sum = csum.Pseudo(ip.SrcBytes(), ip.DstBytes(), header.ProtoTCP, tcpLen)
+		h.gsoType = unix.VIRTIO_NET_HDR_GSO_TCPV4
+	}
+	tcp := header.TCP(sf[first.l4:])
+	tcp.SetFlags(flags)
+	// A partial checksum: the folded pseudo-header sum, not complemented;
+	// whoever segments or delivers the frame completes it.
+	tcp.SetChecksum(^csum.Fold(sum))
+	h.encode(c.buf)
+	return c.buf[:n]
+}
