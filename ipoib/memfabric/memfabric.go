@@ -166,7 +166,9 @@ func (p *Port) Close() error {
 }
 
 // Write sends a batch of any length. A packet the port refuses (oversize,
-// bad metadata or a source QP it did not allocate) is counted and skipped;
+// bad metadata: a source QP it did not allocate, another P_Key than the
+// QP's, a destination QPN that is 0xFFFFFF when the GID is no MGID or the
+// reverse) is counted and skipped;
 // n counts the packets handed to the fabric (one to a GID no port has is
 // lost there, counted as no_route, as the simulated fabric's kernel
 // accepts a datagram to an absent peer).
@@ -185,7 +187,7 @@ func (p *Port) Write(bufs [][]byte, meta []ipoib.TxMeta, offset int) (int, error
 			p.drop(DropOversize)
 			continue
 		}
-		if pk, own := p.qps.PKey(m.SrcQPN); !own || !m.PKey.IsValid() || pk != m.PKey {
+		if pk, own := p.qps.PKey(m.SrcQPN); !own || !m.PKey.IsValid() || pk != m.PKey || (m.Dst.QPN() == ipoib.MulticastQPN) != m.Dst.GID().IsMulticast() {
 			p.drop(DropBadMeta)
 			continue
 		}

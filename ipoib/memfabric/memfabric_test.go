@@ -161,8 +161,8 @@ func TestCloseAndQPs(t *testing.T) {
 
 // TestWriteAnyBatchLength: one Write of 1,000 packets is delivered whole,
 // each packet once, and n and the counters say so; a packet from a freed
-// QP or from a QP of another partition is refused (bad_meta), as on the
-// simulated fabric.
+// QP, from a QP of another partition or with QPN 0xFFFFFF to a unicast
+// GID is refused (bad_meta), as on the simulated fabric.
 func TestWriteAnyBatchLength(t *testing.T) {
 	a, b := twoPorts(t)
 	qa, _ := a.AllocQP(0xffff, 0)
@@ -172,16 +172,17 @@ func TestWriteAnyBatchLength(t *testing.T) {
 	}
 	qb, _ := b.AllocQP(0xffff, 0)
 	const total = 1000
-	bufs := make([][]byte, total+2)
-	meta := make([]ipoib.TxMeta, total+2)
+	bufs := make([][]byte, total+3)
+	meta := make([]ipoib.TxMeta, total+3)
 	for i := range bufs {
 		bufs[i] = append(make([]byte, ipoib.Headroom), 8, 0, 0, 0, byte(i>>8), byte(i))
 		meta[i] = ipoib.TxMeta{Dst: ipoib.MakeHwAddr(0, qb, b.LocalGID()), SrcQPN: qa, PKey: 0xffff}
 	}
 	meta[total].SrcQPN = freed
 	meta[total+1].PKey = 0x8001
+	meta[total+2].Dst = ipoib.MakeHwAddr(0, ipoib.MulticastQPN, b.LocalGID()) // 0xFFFFFF to a unicast GID
 	if n, err := a.Write(bufs, meta, ipoib.Headroom); err != nil || n != total {
-		t.Fatalf("Write of %d: n %d, err %v; want %d", total+2, n, err, total)
+		t.Fatalf("Write of %d: n %d, err %v; want %d", total+3, n, err, total)
 	}
 	seen := make(map[int]bool)
 	rb := make([][]byte, 64)
@@ -202,8 +203,8 @@ func TestWriteAnyBatchLength(t *testing.T) {
 			seen[i] = true
 		}
 	}
-	if c := a.Counters(); c.TxPackets != total || c.Drops[DropBadMeta] != 2 {
-		t.Fatalf("sender counters %+v, want %d packets and 2 bad_meta", c, total)
+	if c := a.Counters(); c.TxPackets != total || c.Drops[DropBadMeta] != 3 {
+		t.Fatalf("sender counters %+v, want %d packets and 3 bad_meta", c, total)
 	}
 	if c := b.Counters(); c.RxPackets != total || len(c.Drops) != 0 {
 		t.Fatalf("receiver counters %+v, want %d packets, no drops", c, total)

@@ -113,6 +113,7 @@ func FuzzCheck(f *testing.F) {
 	seed(gidA, mgLimited, 0x000a, ipoib.MulticastQPN, ipoib.QKey, up)
 	seed(gidA, mgSend, 0xffff, ipoib.MulticastQPN, ipoib.QKey, up)
 	seed(gidA, mgFull, 0xffff, qpFull, ipoib.QKey, up)
+	seed(gidA, gid, 0xffff, ipoib.MulticastQPN, ipoib.QKey, up)
 	seed(gidA, gid, 0xffff, qpFull, ipoib.QKey, make([]byte, 2048))
 	seed(gidA, gid, 0xffff, qpFull, ipoib.QKey, make([]byte, 2049))
 	f.Add(gidA[:], gidB[:], uint16(UDPPort), []byte{0x64, 0x30, 0xff, 0xff, 0, 0, 0, 0x49, 0, 0, 0, 0, 0, 0, 0x0b, 0x1b, 0, 0, 0, 0, 0, 0, 0, 0}, true)
@@ -154,6 +155,9 @@ func FuzzCheck(f *testing.F) {
 				nope("qkey_mismatch")
 			case len(body)-HeaderLen-pad > p.mtu:
 				nope("oversize")
+			}
+			if (dqpn == ipoib.MulticastQPN) != ipoib.GID(dst).IsMulticast() {
+				nope("bad_dest_qpn")
 			}
 			if dqpn == ipoib.MulticastQPN {
 				if !p.groups.Full(dst) {
@@ -274,4 +278,25 @@ func FuzzParseOOB(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestDestQPNRule: a packet to an MGID must carry destination QPN
+// 0xFFFFFF and a unicast one must not (IBA 9.8.1); either mix-up is
+// dropped as bad_dest_qpn, even to a joined group or an existing QP.
+func TestDestQPNRule(t *testing.T) {
+	p := checkPort(t)
+	up := []byte{8, 0, 0, 0, 0x45, 0, 0, 20}
+	gid := [16]byte(gidB)
+	var rm ipoib.RxMeta
+	for _, c := range []struct {
+		dst  [16]byte
+		dqpn uint32
+	}{{mgFull, qpFull}, {gid, ipoib.MulticastQPN}} {
+		if _, ok := p.check(datagram(0xffff, c.dqpn, 0x77, ipoib.QKey, up, &gidA, &c.dst), &gidA, &c.dst, 0xc000, &rm); ok {
+			t.Errorf("to %x with QPN %#x accepted", c.dst, c.dqpn)
+		}
+	}
+	if got := p.Counters().Drops["bad_dest_qpn"]; got != 2 {
+		t.Fatalf("bad_dest_qpn %d, want 2 (%v)", got, p.Counters().Drops)
+	}
 }

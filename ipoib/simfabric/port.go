@@ -47,6 +47,7 @@ const (
 	DropFaultLoss
 	DropSendError
 	DropBadSource
+	DropBadDestQPN
 	numDrops
 )
 
@@ -68,6 +69,7 @@ var DropNames = func() [numDrops]string {
 	n[DropFaultLoss] = "fault_loss"
 	n[DropSendError] = "send_error"
 	n[DropBadSource] = "bad_source"
+	n[DropBadDestQPN] = "bad_dest_qpn"
 	return n
 }()
 
@@ -474,11 +476,12 @@ func (p *Port) writeChunk(bufs [][]byte, meta []ipoib.TxMeta, offset int) (int, 
 	return n, nil
 }
 
-// ownQP reports whether m names a QP of this port and that QP's P_Key: a
-// QP freed (or never allocated) cannot send, as on a real HCA.
+// ownQP reports whether m names a QP of this port and that QP's P_Key (a
+// QP freed or never allocated cannot send, as on a real HCA), and a
+// destination QPN that is 0xFFFFFF exactly when the GID is an MGID.
 func (p *Port) ownQP(m *ipoib.TxMeta) bool {
 	pk, ok := p.qps.PKey(m.SrcQPN)
-	return ok && m.PKey.IsValid() && pk == m.PKey
+	return ok && m.PKey.IsValid() && pk == m.PKey && (m.Dst.QPN() == ipoib.MulticastQPN) == m.Dst.GID().IsMulticast()
 }
 
 // add appends a message for b, sent on behalf of bufs[orig] of the
@@ -630,6 +633,12 @@ func (p *Port) check(b []byte, src, dst *[16]byte, sport uint16, rm *ipoib.RxMet
 	}
 	pk := ipoib.PKey(pkt.PKey)
 	*rm = ipoib.RxMeta{Src: ipoib.MakeHwAddr(0, pkt.SrcQPN, ipoib.GID(*src)), DstQPN: pkt.DestQPN, PKey: pk}
+	// IBA 9.8.1: a multicast packet's destination QP is 0xFFFFFF, and
+	// 0xFFFFFF is never a unicast one.
+	if (pkt.DestQPN == ipoib.MulticastQPN) != ipoib.GID(*dst).IsMulticast() {
+		p.drop(DropBadDestQPN)
+		return 0, false
+	}
 	if pkt.DestQPN == ipoib.MulticastQPN {
 		mgid := ipoib.GID(*dst)
 		if !p.groups.Full(mgid) {

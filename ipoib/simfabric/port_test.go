@@ -269,8 +269,9 @@ func TestWriteAnyBatchLength(t *testing.T) {
 
 // TestWriteCountsAccepted: n and tx_packets count only the packets the
 // port accepted; a packet from a QP the port did not allocate (or has
-// freed), from a QP of another partition, or lost by a fault is counted
-// as a drop instead, and never reaches the wire.
+// freed), from a QP of another partition, to an MGID with a unicast QPN,
+// or lost by a fault is counted as a drop instead, and never reaches the
+// wire.
 func TestWriteCountsAccepted(t *testing.T) {
 	a, b, _, _ := pair(t, 9000)
 	qa, _ := a.AllocQP(0xffff, 0)
@@ -281,11 +282,12 @@ func TestWriteCountsAccepted(t *testing.T) {
 	qb, _ := b.AllocQP(0xffff, 0)
 	got := reader(b)
 	dst := ipoib.MakeHwAddr(0, qb, b.LocalGID())
-	bufs, meta := batchOf(4, ipoib.TxMeta{Dst: dst, SrcQPN: qa, PKey: 0xffff})
+	bufs, meta := batchOf(5, ipoib.TxMeta{Dst: dst, SrcQPN: qa, PKey: 0xffff})
 	meta[1].SrcQPN = freed
-	meta[2].PKey = 0x8001 // not qa's partition
+	meta[2].PKey = 0x8001                                                                    // not qa's partition
+	meta[4].Dst = ipoib.MakeHwAddr(0, qb, ipoib.BroadcastMGID(0xffff, ipoib.ScopeLinkLocal)) // an MGID with a unicast QPN
 	if n, err := a.Write(bufs, meta, 64); err != nil || n != 2 {
-		t.Fatalf("Write: n %d, err %v; want 2 of 4 accepted", n, err)
+		t.Fatalf("Write: n %d, err %v; want 2 of 5 accepted", n, err)
 	}
 	for i := 0; i < 2; i++ {
 		r := expect(t, got, "accepted packet")
@@ -294,8 +296,8 @@ func TestWriteCountsAccepted(t *testing.T) {
 		}
 	}
 	none(t, got, "refused packets")
-	if c := a.Counters(); c.TxPackets != 2 || c.Drops["bad_meta"] != 2 {
-		t.Fatalf("counters %+v, want 2 sent and 2 bad_meta", c)
+	if c := a.Counters(); c.TxPackets != 2 || c.Drops["bad_meta"] != 3 {
+		t.Fatalf("counters %+v, want 2 sent and 3 bad_meta", c)
 	}
 	a.SetFaults(Faults{Loss: 1})
 	bufs, meta = batchOf(3, ipoib.TxMeta{Dst: dst, SrcQPN: qa, PKey: 0xffff})
