@@ -456,3 +456,43 @@ func FuzzCoalesce(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkSegment64K cuts a 64 KB TCP super-frame into the segments of
+// a 4,092-byte IPoIB MTU, as the TAP does for every super-frame a guest
+// sends (per super-frame).
+func BenchmarkSegment64K(b *testing.B) {
+	full := tcpFrame(b, false, 0, 1, 1, header.TCPFlagACK, pattern(65535-20-32))
+	f, h := superFrame(b, full, false, 4040)
+	dst := make([]byte, 70000)
+	var s segmenter
+	b.ReportAllocs()
+	b.SetBytes(int64(len(f)))
+	for i := 0; i < b.N; i++ {
+		if err := s.start(f, h, 4092); err != nil {
+			b.Fatal(err)
+		}
+		for !s.done() {
+			s.cut(dst)
+		}
+	}
+}
+
+// BenchmarkCoalesce64K merges the 16 segments of 64 KB of one flow into a
+// super-frame, checksums verified, as the TAP does on write (per
+// super-frame).
+func BenchmarkCoalesce64K(b *testing.B) {
+	segs := segments(b, false, 0, 16, 4040, 4040)
+	var c coalescer
+	size := 0
+	for _, s := range segs {
+		size += len(s) - Headroom
+	}
+	b.ReportAllocs()
+	b.SetBytes(int64(size))
+	for i := 0; i < b.N; i++ {
+		if k := run(segs, Headroom); k != len(segs) {
+			b.Fatalf("run of %d", k)
+		}
+		c.merge(segs, Headroom)
+	}
+}
