@@ -17,6 +17,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
 	"strconv"
@@ -66,7 +67,7 @@ type options struct {
 	mcast                                                                snoop.Timers
 	ibMTU, maxVIFs, maxNeigh                                             int
 	vifIdle                                                              time.Duration
-	offload                                                              bool
+	offload, pprof                                                       bool
 }
 
 func parse(args []string, stderr io.Writer) (*options, error) {
@@ -100,6 +101,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.mcast.LastMemberQueryInterval, "mcast-last-member-interval", time.Second, "interval of group-specific queries after a leave")
 	fs.IntVar(&o.mcast.Robustness, "mcast-robustness", 2, "robustness variable: queries after a leave, and the membership interval factor")
 	fs.BoolVar(&o.offload, "offload", true, "TAP offloads: read guests' TCP super-frames whole and cut them here, write received segment runs as super-frames")
+	fs.BoolVar(&o.pprof, "pprof", false, "also serve Go's profiles at /debug/pprof/ on the --metrics address")
 	fs.StringVar(&o.faults, "fault", "", "simulated fabric faults, e.g. loss=0.01,dup=0.01,reorder=0.01,corrupt=0.01")
 	if err := fs.Parse(args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -128,6 +130,8 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 		return nil, usageError{fmt.Sprintf("--vif-idle %s: want at least 1s", o.vifIdle)}
 	case o.dhcp != shim.DHCPBroadcast && o.dhcp != shim.DHCPRFC4390:
 		return nil, usageError{fmt.Sprintf("--dhcp %q: want broadcast or rfc4390", o.dhcp)}
+	case o.pprof && o.metrics == "":
+		return nil, usageError{"--pprof serves on the --metrics address: give --metrics too"}
 	case o.bridge != "" && o.ovsBridge != "":
 		return nil, usageError{"--bridge and --ovs-bridge exclude each other: the TAP has one switch"}
 	}
@@ -275,6 +279,12 @@ func run(args []string, stderr io.Writer) error {
 		}
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", metrics.Handler(sh.Counters, shim.IsGauge))
+		if o.pprof {
+			mux.HandleFunc("/debug/pprof/", pprof.Index)
+			mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+			mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+			mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		}
 		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		go srv.Serve(ln)
 		defer srv.Close()
