@@ -77,11 +77,19 @@ mkdir -p "$RAW"
 # --- processes and namespaces, removed on any exit -----------------------------
 P=eb$$
 NS=()
+exec 3>&1 4>&2
 declare -A RUNNING=() # pid → what, for the processes this script started and has not reaped
 # x runs a command in a namespace. Not for background processes: "x … &"
 # forks a subshell, and $! would be its PID, not the command's; those use
 # "ip netns exec", which execs the command in the same process.
 x() { ip netns exec "$@"; }
+
+# run runs a measuring client in the background and waits for it. Bash
+# defers a trap until a foreground command ends, and skips a SIGINT trap
+# altogether when that command catches SIGINT itself (iperf3 and ping do,
+# and then exit normally), so Ctrl-C would not stop the run; the wait
+# builtin returns at once on a trapped signal and the trap runs.
+run() { "$@" & wait "$!"; }
 
 # reap stops one of our processes (SIGTERM, SIGKILL after 10 s) and reaps it,
 # so its PID is never signalled again once the kernel may reuse it.
@@ -101,6 +109,7 @@ reap() {
 cleanup() {
   local rc=$? pids ns pid
   set +e
+  exec 1>&3 2>&4 # a trap can run inside a redirected measurement
   trap - INT TERM
   for pid in "${!RUNNING[@]}"; do reap "$pid"; done
   # Anything still inside our namespaces was started by this script too.
@@ -216,7 +225,7 @@ connected() {
   local g
   for g in 1 2; do ip -n "$P-g$g" neigh flush dev eth0; done
   for _ in $(seq 20); do
-    x "$P-g1" ping -c 1 -W 1 10.88.0.2 >/dev/null 2>&1 && return 0
+    run x "$P-g1" ping -c 1 -W 1 10.88.0.2 >/dev/null 2>&1 && return 0
   done
   return 1
 }
@@ -227,7 +236,7 @@ iperf() {
   local name=$1; shift
   local try
   for try in 1 2 3; do
-    if timeout --foreground $((BENCH_TIME + BENCH_UDP_TIME + 30)) ip netns exec "$P-g1" \
+    if run timeout $((BENCH_TIME + BENCH_UDP_TIME + 30)) ip netns exec "$P-g1" \
       iperf3 -c 10.88.0.2 -J "$@" >"$RAW/$name.json" 2>"$RAW/$name.err"; then
       [ -s "$RAW/$name.err" ] || rm -f "$RAW/$name.err"
       return 0
@@ -238,7 +247,7 @@ iperf() {
   return 1
 }
 
-gbps() { jq -r '.end.sum_received.bits_per_second / 1e9 * 100 | round / 100' "$RAW/$1.json"; }
+gbps() { jq -r '.end.sum_received.bits_per_second' "$RAW/$1.json" | awk '{ printf "%.2f", $1 / 1e9 }'; }
 
 # cpu_ticks sums utime+stime of the forwarder's processes.
 cpu_ticks() {
@@ -337,7 +346,7 @@ udp_search() {
 }
 
 ping_test() {
-  if x "$P-g1" ping -c "$BENCH_PING_COUNT" -i 0.01 -W 1 10.88.0.2 >"$RAW/$F-ping.txt" 2>&1 ||
+  if run x "$P-g1" ping -c "$BENCH_PING_COUNT" -i 0.01 -W 1 10.88.0.2 >"$RAW/$F-ping.txt" 2>&1 ||
     grep -q 'time=' "$RAW/$F-ping.txt"; then
     V[$F.rtt]=$(grep -o 'time=[0-9.]*' "$RAW/$F-ping.txt" | cut -d= -f2 | sort -g |
       awk '{ a[NR] = $1 } END { if (NR == 0) { print "err"; exit }
