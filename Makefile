@@ -7,7 +7,7 @@ STATICCHECK := $(GOBIN)/staticcheck
 export STATICCHECK_VERSION := v0.8.2
 FUZZTIME    ?= 60s
 
-.PHONY: demo test deps lint unit build fuzz bench
+.PHONY: demo test deps lint unit build fuzz bench bench-go bench-net
 
 ## demo: two hypervisors with two guests each on the simulated fabric.
 demo:
@@ -41,6 +41,18 @@ build:
 fuzz:
 	./scripts/fuzz.sh $(FUZZTIME)
 
-## bench: the benchmarks, allocations included.
+## bench: the Go micro-benchmarks, then the network benchmark (in turn,
+## even under -j: run together they would skew each other's numbers).
 bench:
+	$(MAKE) bench-go
+	$(MAKE) bench-net
+
+## bench-go: the Go benchmarks, allocations included.
+bench-go:
 	$(GO) test -run '^$$' -bench . -benchmem ./...
+
+## bench-net: eipoibd against kernel VXLAN and a socat tunnel between two
+## guests on two hypervisors (root; BENCH_TIME seconds a test, default 10);
+## results in bench/results/<UTC timestamp>/.
+bench-net: build
+	./scripts/bench.sh
