@@ -83,4 +83,6 @@ type PortCounters struct {
 	TxPackets, TxBytes uint64
 	RxPackets, RxBytes uint64
 	Drops              map[string]uint64
+	// Stats are the backend's other counters by name, e.g. "tx_trains".
+	Stats map[string]uint64
 }

@@ -142,5 +142,8 @@ func (s *Shim) Counters() map[string]uint64 {
 	for k, v := range pc.Drops {
 		m["port_drop_"+k] = v
 	}
+	for k, v := range pc.Stats {
+		m["port_"+k] = v
+	}
 	return m
 }

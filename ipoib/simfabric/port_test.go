@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/eipoib/eipoibd/internal/nstest"
 	"github.com/eipoib/eipoibd/ipoib"
 )
@@ -306,5 +308,72 @@ func TestWriteCountsAccepted(t *testing.T) {
 	}
 	if c := a.Counters(); c.TxPackets != 2 || c.Drops["fault_loss"] != 3 {
 		t.Fatalf("counters %+v, want still 2 sent and 3 fault_loss", c)
+	}
+}
+
+// TestTrains: packets to one destination with one length (the last of a
+// run may be shorter) leave as UDP GSO trains, and every packet arrives
+// once, intact, with its own metadata. When the kernel refuses a train
+// the port falls back to single datagrams for good, losing nothing.
+func TestTrains(t *testing.T) {
+	a, b, _, _ := pair(t, 9000)
+	qa, _ := a.AllocQP(0xffff, 0)
+	qb, _ := b.AllocQP(0xffff, 0)
+	qb2, _ := b.AllocQP(0xffff, 0)
+	got := reader(b)
+	// 40 packets of 1,000 bytes to qb, 3 of 500 to qb2, one of 1,000 to
+	// qb, all to b's GID (the QPN is inside the packet): a train of 40,
+	// one of 3 (a longer packet cannot follow shorter ones) and a single
+	// datagram.
+	var bufs [][]byte
+	var meta []ipoib.TxMeta
+	dst := b.LocalGID()
+	for i := 0; i < 44; i++ {
+		size, q := 1000, qb
+		if i >= 40 && i < 43 {
+			size, q = 500, qb2
+		}
+		buf := make([]byte, 64, 64+size+TailRoom)
+		p := make([]byte, size)
+		p[0], p[4] = 8, byte(i)
+		bufs = append(bufs, append(buf, p...))
+		meta = append(meta, ipoib.TxMeta{Dst: ipoib.MakeHwAddr(0, q, dst), SrcQPN: qa, PKey: 0xffff})
+	}
+	check := func(what string) {
+		t.Helper()
+		if n, err := a.Write(bufs, meta, 64); err != nil || n != len(bufs) {
+			t.Fatalf("%s: Write n %d, err %v", what, n, err)
+		}
+		seen := make(map[byte]bool)
+		for len(seen) < len(bufs) {
+			r := expect(t, got, fmt.Sprintf("%s: packet %d of %d", what, len(seen)+1, len(bufs)))
+			i := r.payload[4]
+			wantQ, wantLen := qb, 1000
+			if i >= 40 && i < 43 {
+				wantQ, wantLen = qb2, 500
+			}
+			if seen[i] || len(r.payload) != wantLen || r.meta.DstQPN != wantQ || r.meta.Src != ipoib.MakeHwAddr(0, qa, a.LocalGID()) {
+				t.Fatalf("%s: packet %d: %d bytes to %#x (seen %v)", what, i, len(r.payload), r.meta.DstQPN, seen[i])
+			}
+			seen[i] = true
+		}
+	}
+	check("trains")
+	if s := a.Counters().Stats; s["tx_trains"] != 2 || s["tx_train_packets"] != 43 || s["tx_gso_fallbacks"] != 0 {
+		t.Fatalf("stats %v, want 2 trains (40 and 3 packets), no fallback", s)
+	}
+	// A socket that sends zero UDP checksums may not send GSO trains
+	// (udp_send_skb: EINVAL with sk_no_check_tx), so the kernel refuses.
+	rc, err := a.conn.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc.Control(func(fd uintptr) { err = unix.SetsockoptInt(int(fd), unix.IPPROTO_UDP, unix.UDP_NO_CHECK6_TX, 1) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("fallback")
+	if s := a.Counters().Stats; s["tx_trains"] != 2 || s["tx_gso_fallbacks"] != 1 || len(a.Counters().Drops) != 0 {
+		t.Fatalf("stats %v drops %v, want one fallback, no more trains, no drops", s, a.Counters().Drops)
 	}
 }
