@@ -134,7 +134,7 @@ type Port struct {
 	wmsgs  []ipv6.Message
 	wbufs  [][1][]byte
 	addrs  map[ipoib.GID]*net.UDPAddr
-	worig  []int  // per message of the chunk: its index in bufs, -1 for a held one
+	worig  []int // per message of the chunk: its index in bufs, -1 for a held one
 	// UDP GSO trains (see trains): on until the kernel refuses one.
 	gso       bool
 	tmsgs     []ipv6.Message
@@ -142,8 +142,8 @@ type Port struct {
 	trainBufs [][]byte
 	trainOOB  [][]byte
 	trainIOV  [][1][]byte
-	held   []byte // a reordered packet waiting for the next send
-	heldTo *net.UDPAddr
+	held      []byte // a reordered packet waiting for the next send
+	heldTo    *net.UDPAddr
 	// heldFrom is the chunk index of a packet held in this chunk, -1
 	// when the held packet (if any) came from an earlier one.
 	heldFrom int
