@@ -265,16 +265,15 @@ func FuzzParseOOB(f *testing.F) {
 		if mode&4 == 0 {
 			extra()
 		}
-		dst, ok, o, hasO := parseOOB(b)
-		if !ok || dst != a || hasO != (mode&1 != 0) || (hasO && o != ovfl) {
-			t.Fatalf("parseOOB(%x) = %x %v %d %v; want %x, overflow %d %v", b, dst, ok, o, hasO, a, ovfl, mode&1 != 0)
+		r := parseOOB(b)
+		if !r.ok || r.dst != a || r.hasOvfl != (mode&1 != 0) || (r.hasOvfl && r.ovfl != ovfl) {
+			t.Fatalf("parseOOB(%x) = %+v; want %x, overflow %d %v", b, r, a, ovfl, mode&1 != 0)
 		}
 		// Cut short anywhere: never a panic, and a truncated PKTINFO is
 		// not used.
 		for n := range b {
-			dst, ok, _, _ := parseOOB(b[:n])
-			if ok && dst != a {
-				t.Fatalf("parseOOB(%x) found %x", b[:n], dst)
+			if r := parseOOB(b[:n]); r.ok && r.dst != a {
+				t.Fatalf("parseOOB(%x) found %x", b[:n], r.dst)
 			}
 		}
 	})

@@ -127,8 +127,11 @@ type Port struct {
 
 	rmu    sync.Mutex // Read state
 	rcodec Codec
-	rmsgs  []ipv6.Message
-	rbufs  [][1][]byte
+	rmsgs  []ipv6.Message // datagrams of the last receive, rgot of them
+	rbufs  [][1][]byte    // their buffers (a merged train can be 64 KB)
+	rinfo  []rxInfo
+	rcur   int // the datagram Read hands out packets from
+	rgot   int
 	wmu    sync.Mutex // Write state
 	wcodec Codec
 	wmsgs  []ipv6.Message
@@ -153,6 +156,7 @@ type Port struct {
 	txPackets, txBytes, rxPackets, rxBytes atomic.Uint64
 	drops                                  [numDrops]atomic.Uint64
 	trainsSent, trainPackets, gsoFallback  atomic.Uint64
+	groMerged, groPackets                  atomic.Uint64 // received merged datagrams (UDP GRO)
 	rxOverflow                             atomic.Uint64 // kernel receive-queue drops (SO_RXQ_OVFL)
 }
 
@@ -165,6 +169,9 @@ const (
 	// UDP_MAX_SEGMENTS (64 on older kernels) and one IPv6 payload.
 	maxTrain      = 64
 	maxTrainBytes = 65000
+	// rxBatch datagrams are received per system call, each up to a
+	// merged train (UDP GRO): 16 × 64 KB of buffers.
+	rxBatch = 16
 )
 
 // Open binds a port to cfg.Underlay. It fails with a message naming the
@@ -210,6 +217,11 @@ func Open(cfg Config) (*Port, error) {
 			if serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_UDP, unix.UDP_NO_CHECK6_RX, 1); serr != nil {
 				return
 			}
+			// Take trains whole (UDP GRO): one queued datagram, cut
+			// here, instead of one per packet. Without it (older
+			// kernels) datagrams come one by one, which Read handles
+			// the same way.
+			_ = unix.SetsockoptInt(int(fd), unix.IPPROTO_UDP, unix.UDP_GRO, 1)
 			// Count what the kernel drops on a full receive queue.
 			if serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RXQ_OVFL, 1); serr != nil {
 				return
@@ -245,7 +257,7 @@ func Open(cfg Config) (*Port, error) {
 	p := &Port{
 		ifi: ifi, gid: gid, mtu: cfg.IBMTU, faults: cfg.Faults, conn: conn, pc: pc,
 		qps: ipoib.NewQPTable(0x100 + rand.Uint32N(0xff0000)), groups: ipoib.NewGroupTable(),
-		rmsgs: make([]ipv6.Message, batch), rbufs: make([][1][]byte, batch),
+		rmsgs: make([]ipv6.Message, rxBatch), rbufs: make([][1][]byte, rxBatch), rinfo: make([]rxInfo, rxBatch),
 		wmsgs: make([]ipv6.Message, 0, 2*batch+1), wbufs: make([][1][]byte, 2*batch+1),
 		worig: make([]int, 0, 2*batch+1), heldFrom: -1,
 		gso: true, tmsgs: make([]ipv6.Message, 0, 2*batch+1), tspan: make([]span, 0, 2*batch+1), trainIOV: make([][1][]byte, 2*batch+1),
@@ -253,7 +265,8 @@ func Open(cfg Config) (*Port, error) {
 		rng:   rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
 	}
 	for i := range p.rmsgs {
-		p.rmsgs[i].OOB = make([]byte, unix.CmsgSpace(unix.SizeofInet6Pktinfo)+unix.CmsgSpace(4))
+		p.rmsgs[i].OOB = make([]byte, unix.CmsgSpace(unix.SizeofInet6Pktinfo)+2*unix.CmsgSpace(4))
+		p.rbufs[i][0] = make([]byte, maxTrainBytes+ICRCLen+HeaderLen+4)
 	}
 	return p, nil
 }
@@ -376,6 +389,8 @@ func (p *Port) Counters() ipoib.PortCounters {
 		"tx_trains":        p.trainsSent.Load(),
 		"tx_train_packets": p.trainPackets.Load(),
 		"tx_gso_fallbacks": p.gsoFallback.Load(),
+		"rx_trains":        p.groMerged.Load(),
+		"rx_train_packets": p.groPackets.Load(),
 	}
 	return c
 }
@@ -647,10 +662,17 @@ func (p *Port) faulty(msgs []ipv6.Message, out []byte, to *net.UDPAddr, orig int
 	return msgs
 }
 
-// parseOOB extracts the destination address (IPV6_PKTINFO) and the
-// kernel's cumulative receive-queue drop count (SO_RXQ_OVFL, when the
-// kernel sent one) from the control messages of a datagram.
-func parseOOB(oob []byte) (dst [16]byte, ok bool, ovfl uint32, hasOvfl bool) {
+// oobInfo is what the control messages of a received datagram say.
+type oobInfo struct {
+	dst     [16]byte // destination address (IPV6_PKTINFO)
+	ok      bool     // dst was there
+	ovfl    uint32   // the kernel's cumulative receive-queue drops (SO_RXQ_OVFL)
+	hasOvfl bool
+	seg     int // the datagrams' size when UDP GRO merged several (UDP_GRO), else 0
+}
+
+// parseOOB reads the control messages of a datagram.
+func parseOOB(oob []byte) (o oobInfo) {
 	for len(oob) >= unix.SizeofCmsghdr {
 		h := (*unix.Cmsghdr)(unsafe.Pointer(&oob[0]))
 		l := int(h.Len)
@@ -660,19 +682,24 @@ func parseOOB(oob []byte) (dst [16]byte, ok bool, ovfl uint32, hasOvfl bool) {
 		data := oob[unix.CmsgLen(0):l]
 		switch {
 		case h.Level == unix.IPPROTO_IPV6 && h.Type == unix.IPV6_PKTINFO && len(data) >= unix.SizeofInet6Pktinfo:
-			copy(dst[:], data)
-			ok = true
+			copy(o.dst[:], data)
+			o.ok = true
 		case h.Level == unix.SOL_SOCKET && h.Type == unix.SO_RXQ_OVFL && len(data) >= 4:
-			ovfl, hasOvfl = *(*uint32)(unsafe.Pointer(&data[0])), true
+			o.ovfl, o.hasOvfl = *(*uint32)(unsafe.Pointer(&data[0])), true
+		case h.Level == unix.SOL_UDP && h.Type == unix.UDP_GRO && len(data) >= 4:
+			o.seg = int(*(*int32)(unsafe.Pointer(&data[0])))
 		}
 		oob = oob[min(unix.CmsgSpace(l-unix.CmsgLen(0)), len(oob)):]
 	}
 	return
 }
 
-// Read receives a batch straight into bufs: the BTH and DETH land in the
-// headroom (offset must be at least HeaderLen) and the IPoIB payload at
-// bufs[i][offset:]. Packets that fail a check are counted and skipped.
+// Read receives datagrams into the port's buffers, where UDP GRO may
+// have merged a train of them into one, and hands out one packet per
+// buffer: the BTH and DETH land in the headroom (offset must be at least
+// HeaderLen) and the IPoIB payload at bufs[i][offset:]. Packets of a
+// merged datagram that do not fit this call's bufs wait for the next.
+// Packets that fail a check are counted and skipped.
 func (p *Port) Read(bufs [][]byte, sizes []int, meta []ipoib.RxMeta, offset int) (int, error) {
 	if offset < HeaderLen {
 		return 0, fmt.Errorf("simfabric: read offset %d below header length %d", offset, HeaderLen)
@@ -680,10 +707,18 @@ func (p *Port) Read(bufs [][]byte, sizes []int, meta []ipoib.RxMeta, offset int)
 	p.rmu.Lock()
 	defer p.rmu.Unlock()
 	for {
-		k := min(len(bufs), len(p.rmsgs))
-		msgs := p.rmsgs[:k]
+		n := 0
+		for ; p.rcur < p.rgot && n < len(bufs); p.rcur++ {
+			n += p.split(&p.rmsgs[p.rcur], &p.rinfo[p.rcur], bufs[n:], sizes[n:], meta[n:], offset)
+			if p.rinfo[p.rcur].off < p.rmsgs[p.rcur].N {
+				break // bufs are full: the rest of this datagram next time
+			}
+		}
+		if n > 0 {
+			return n, nil
+		}
+		msgs := p.rmsgs
 		for i := range msgs {
-			p.rbufs[i][0] = bufs[i][offset-HeaderLen:]
 			msgs[i].Buffers = p.rbufs[i][:]
 			msgs[i].OOB = msgs[i].OOB[:cap(msgs[i].OOB)]
 		}
@@ -694,50 +729,82 @@ func (p *Port) Read(bufs [][]byte, sizes []int, meta []ipoib.RxMeta, offset int)
 			}
 			return 0, fmt.Errorf("simfabric: receive: %w", err)
 		}
-		n := 0
-		for i := 0; i < got; i++ {
-			l, ok := p.accept(&msgs[i], bufs[i][offset-HeaderLen:], &meta[n])
-			if !ok {
-				continue
-			}
-			if n != i { // compact over a dropped packet
-				copy(bufs[n][offset:], bufs[i][offset:offset+l])
-			}
-			sizes[n] = l
-			n++
-		}
-		if n > 0 {
-			return n, nil
+		p.rcur, p.rgot = 0, got
+		for i := range msgs[:got] {
+			p.rinfo[i] = p.inspect(&msgs[i])
 		}
 	}
 }
 
-// accept checks one received datagram (b is its buffer, starting with the
-// BTH) and fills rm; it returns the payload length.
-func (p *Port) accept(m *ipv6.Message, b []byte, rm *ipoib.RxMeta) (int, bool) {
-	if p.down.Load() {
-		p.drop(DropPortDown)
-		return 0, false
+// rxInfo is what inspect learned of a received datagram, and how far
+// split has got through it.
+type rxInfo struct {
+	oobInfo
+	src   [16]byte
+	sport uint16
+	good  bool // addresses and framing fine: its packets go to check
+	off   int  // next byte split hands out
+}
+
+// inspect checks what a received datagram's addresses, flags and control
+// messages say, once for all the packets UDP GRO may have merged into it.
+// A datagram refused here is counted once per packet in it.
+func (p *Port) inspect(m *ipv6.Message) rxInfo {
+	r := rxInfo{oobInfo: parseOOB(m.OOB[:m.NN])}
+	if r.hasOvfl {
+		p.rxOverflow.Store(uint64(r.ovfl))
 	}
-	if m.Flags&unix.MSG_TRUNC != 0 {
-		p.drop(DropOversize)
-		return 0, false
+	if r.seg <= 0 || r.seg > m.N {
+		r.seg = m.N
 	}
-	ua, ok := m.Addr.(*net.UDPAddr)
-	if !ok || len(ua.IP) != net.IPv6len || !ua.IP.IsLinkLocalUnicast() {
-		p.drop(DropBadSource)
-		return 0, false
+	ua, isUDP := m.Addr.(*net.UDPAddr)
+	reason := -1
+	switch {
+	case p.down.Load():
+		reason = DropPortDown
+	case m.Flags&unix.MSG_TRUNC != 0:
+		reason = DropOversize
+	case !isUDP || len(ua.IP) != net.IPv6len || !ua.IP.IsLinkLocalUnicast():
+		reason = DropBadSource
+	case !r.ok:
+		reason = DropNoPktinfo
+	case m.N == 0:
+		reason = int(ErrTruncated)
 	}
-	src := [16]byte(ua.IP)
-	dst, ok, ovfl, hasOvfl := parseOOB(m.OOB[:m.NN])
-	if hasOvfl {
-		p.rxOverflow.Store(uint64(ovfl))
+	if reason >= 0 {
+		p.drops[reason].Add(uint64(max((m.N+r.seg-1)/max(r.seg, 1), 1)))
+		r.off = m.N
+		return r
 	}
-	if !ok {
-		p.drop(DropNoPktinfo)
-		return 0, false
+	r.src, r.sport, r.good = [16]byte(ua.IP), uint16(ua.Port), true
+	if r.seg < m.N {
+		p.groMerged.Add(1)
+		p.groPackets.Add(uint64((m.N + r.seg - 1) / r.seg))
 	}
-	return p.check(b[:m.N], &src, &dst, uint16(ua.Port), rm)
+	return r
+}
+
+// split copies the packets of datagram m, from r.off on, into bufs (the
+// BTH at offset-HeaderLen), checks each, and returns how many it filled;
+// it stops when bufs are full.
+func (p *Port) split(m *ipv6.Message, r *rxInfo, bufs [][]byte, sizes []int, meta []ipoib.RxMeta, offset int) int {
+	n := 0
+	data := m.Buffers[0][:m.N]
+	for r.off < len(data) && n < len(bufs) {
+		pkt := data[r.off:min(r.off+r.seg, len(data))]
+		r.off += len(pkt)
+		b := bufs[n][offset-HeaderLen:]
+		if len(pkt) > len(b) {
+			p.drop(DropOversize)
+			continue
+		}
+		copy(b, pkt)
+		if l, ok := p.check(b[:len(pkt)], &r.src, &r.dst, r.sport, &meta[n]); ok {
+			sizes[n] = l
+			n++
+		}
+	}
+	return n
 }
 
 // check verifies the UDP payload b (starting with the BTH) of a datagram

@@ -362,6 +362,10 @@ func TestTrains(t *testing.T) {
 	if s := a.Counters().Stats; s["tx_trains"] != 2 || s["tx_train_packets"] != 43 || s["tx_gso_fallbacks"] != 0 {
 		t.Fatalf("stats %v, want 2 trains (40 and 3 packets), no fallback", s)
 	}
+	// Over a veth the trains reach the receiving socket whole (UDP GRO).
+	if s := b.Counters().Stats; s["rx_trains"] != 2 || s["rx_train_packets"] != 43 {
+		t.Fatalf("receiver stats %v, want the 2 trains of 43 packets received whole", s)
+	}
 	// A socket that sends zero UDP checksums may not send GSO trains
 	// (udp_send_skb: EINVAL with sk_no_check_tx), so the kernel refuses.
 	rc, err := a.conn.SyscallConn()
