@@ -91,8 +91,18 @@ func completeChecksum(frame []byte, h vnetHdr) error {
 	}
 	initial := binary.BigEndian.Uint16(frame[at:])
 	frame[at], frame[at+1] = 0, 0
-	binary.BigEndian.PutUint16(frame[at:], csum.Fold(csum.Sum(uint32(initial), frame[start:])))
+	binary.BigEndian.PutUint16(frame[at:], nonZero(csum.Fold(csum.Sum(uint32(initial), frame[start:]))))
 	return nil
+}
+
+// nonZero maps a computed checksum of 0 to its other form, 0xFFFF: for
+// UDP, 0 means "no checksum" (and is invalid over IPv6, RFC 8200 §8.1),
+// as the kernel's skb_checksum_help does (CSUM_MANGLED_0).
+func nonZero(c uint16) uint16 {
+	if c == 0 {
+		return 0xffff
+	}
+	return c
 }
 
 // segmenter cuts one TCP super-frame into segments. Its zero value has
@@ -108,6 +118,13 @@ type segmenter struct {
 	id     uint16
 	seq    uint32
 	flags  uint8
+	// seed is the pseudo-header sum the kernel left in the checksum
+	// field for the whole TCP length tcpLen. Segments take it and swap
+	// the length, as the kernel's own segmentation does: the addresses
+	// in it are the final ones even behind a routing header or a source
+	// route option, which the header's own addresses are not.
+	seed   uint16
+	tcpLen int
 }
 
 // done reports whether the segmenter has nothing left to cut.
@@ -135,7 +152,7 @@ func (s *segmenter) start(frame []byte, h vnetHdr, mtu int) error {
 		s.id = ip.ID()
 	case v6 && f.EtherType() == ether.TypeIPv6:
 		ip, ok := header.ParseIPv6(frame[l3:])
-		if !ok || len(ip) != len(frame)-l3 || tcpAfterIPv6(ip) != l4-l3 {
+		if !ok || len(ip) != len(frame)-l3 || l4 <= l3 || tcpAfterIPv6(ip) != l4-l3 {
 			return errBadGSO
 		}
 	default:
@@ -154,7 +171,8 @@ func (s *segmenter) start(frame []byte, h vnetHdr, mtu int) error {
 		return errBadGSO
 	}
 	*s = segmenter{frame: frame, l3: l3, l4: l4, hdrLen: hdrLen, mss: mss, v6: v6, next: hdrLen,
-		id: s.id, seq: tcp.Seq(), flags: tcp.Flags()}
+		id: s.id, seq: tcp.Seq(), flags: tcp.Flags(),
+		seed: binary.BigEndian.Uint16(frame[l4+header.TCPChecksumOff:]), tcpLen: len(frame) - l4}
 	return nil
 }
 
@@ -185,18 +203,18 @@ func (s *segmenter) cut(dst []byte) int {
 	n += copy(dst[n:], s.frame[s.next:end])
 	seg := dst[:n]
 	plen := n - s.l4 // TCP header and payload
-	var sum uint32
 	if s.v6 {
 		ip := header.IPv6(seg[s.l3:])
 		ip.SetPayloadLen(n - s.l3 - header.IPv6Len)
-		sum = csum.Pseudo(ip.SrcBytes(), ip.DstBytes(), header.ProtoTCP, plen)
 	} else {
 		ip := header.IPv4(seg[s.l3:])
 		ip.SetTotalLen(n - s.l3)
 		ip.SetID(s.id + uint16(s.seg))
 		ip.SetChecksum()
-		sum = csum.Pseudo(ip.SrcBytes(), ip.DstBytes(), header.ProtoTCP, plen)
 	}
+	// The seed with the whole length taken out (one's complement: add
+	// its complement) and this segment's put in.
+	sum := uint32(s.seed) + uint32(^uint16(s.tcpLen)) + uint32(plen)
 	tcp := header.TCP(seg[s.l4:])
 	tcp.SetSeq(s.seq + uint32(s.next-s.hdrLen))
 	flags := s.flags
@@ -243,7 +261,8 @@ func parseTCPSeg(f []byte) (tcpSeg, bool) {
 	switch ef.EtherType() {
 	case ether.TypeIPv4:
 		ip, ok := header.ParseIPv4(f[s.l3:])
-		if !ok || len(ip) != len(f)-s.l3 || ip.HeaderLen() != header.IPv4MinLen || ip.Protocol() != header.ProtoTCP || ip.MoreFragments() || ip.FragmentOffset() != 0 {
+		if !ok || len(ip) != len(f)-s.l3 || ip.HeaderLen() != header.IPv4MinLen || ip.Protocol() != header.ProtoTCP || ip.MoreFragments() || ip.FragmentOffset() != 0 ||
+			csum.Fold(csum.Sum(0, ip[:header.IPv4MinLen])) != 0 { // merging rewrites the header: verify it first
 			return tcpSeg{}, false
 		}
 		s.l4 = s.l3 + header.IPv4MinLen

@@ -186,22 +186,50 @@ func TestSegment(t *testing.T) {
 	}
 }
 
+// TestSegmentSeed: segment checksums follow the pseudo-header sum the
+// kernel left in the checksum field, not the header's addresses: behind
+// an IPv6 routing header or an IPv4 source route the pseudo-header holds
+// the final destination (RFC 8200 §8.1), which the header does not.
+func TestSegmentSeed(t *testing.T) {
+	f, h := superFrame(t, tcpFrame(t, false, 0, 1, 1, header.TCPFlagACK, pattern(5000)), false, 1000)
+	st, _ := parseAnyTCP(f)
+	ip := header.IPv4(f[st.l3:])
+	final := []byte{10, 9, 9, 9}
+	seed := csum.Pseudo(ip.SrcBytes(), final, header.ProtoTCP, len(f)-st.l4)
+	header.TCP(f[st.l4:]).SetChecksum(^csum.Fold(seed))
+	var s segmenter
+	if err := s.start(f, h, 4092); err != nil {
+		t.Fatal(err)
+	}
+	dst := make([]byte, 70000)
+	for i := 0; !s.done(); i++ {
+		n := s.cut(dst)
+		sum := csum.Pseudo(ip.SrcBytes(), final, header.ProtoTCP, n-st.l4)
+		if csum.Fold(csum.Sum(sum, dst[st.l4:n])) != 0 {
+			t.Fatalf("segment %d does not verify against the final destination", i)
+		}
+	}
+}
+
 // TestSegmentRefuses: super-frames that are not one TCP flow's, or whose
 // header does not match them, are refused.
 func TestSegmentRefuses(t *testing.T) {
 	good, h := superFrame(t, tcpFrame(t, false, 0, 1, 1, header.TCPFlagACK, pattern(5000)), false, 1000)
+	good6, h6 := superFrame(t, tcpFrame(t, true, 0, 1, 1, header.TCPFlagACK, pattern(5000)), true, 1000)
 	var s segmenter
 	for name, c := range map[string]struct {
 		f []byte
 		h vnetHdr
 	}{
-		"UDP GSO":             {good, vnetHdr{flags: h.flags, gsoType: unix.VIRTIO_NET_HDR_GSO_UDP, csumStart: h.csumStart, csumOffset: h.csumOffset, gsoSize: 1000}},
-		"TCPv6 on IPv4":       {good, vnetHdr{flags: h.flags, gsoType: unix.VIRTIO_NET_HDR_GSO_TCPV6, csumStart: h.csumStart, csumOffset: h.csumOffset, gsoSize: 1000}},
-		"csum start off":      {good, vnetHdr{flags: h.flags, gsoType: h.gsoType, csumStart: h.csumStart + 4, csumOffset: h.csumOffset, gsoSize: 1000}},
-		"no NEEDS_CSUM":       {good, vnetHdr{gsoType: h.gsoType, csumStart: h.csumStart, csumOffset: h.csumOffset, gsoSize: 1000}},
-		"zero MSS":            {good, vnetHdr{flags: h.flags, gsoType: h.gsoType, csumStart: h.csumStart, csumOffset: h.csumOffset}},
-		"truncated":           {good[:60], h},
-		"IPv4 length too big": {good[:len(good)-1], h},
+		"UDP GSO":                               {good, vnetHdr{flags: h.flags, gsoType: unix.VIRTIO_NET_HDR_GSO_UDP, csumStart: h.csumStart, csumOffset: h.csumOffset, gsoSize: 1000}},
+		"TCPv6 on IPv4":                         {good, vnetHdr{flags: h.flags, gsoType: unix.VIRTIO_NET_HDR_GSO_TCPV6, csumStart: h.csumStart, csumOffset: h.csumOffset, gsoSize: 1000}},
+		"csum start off":                        {good, vnetHdr{flags: h.flags, gsoType: h.gsoType, csumStart: h.csumStart + 4, csumOffset: h.csumOffset, gsoSize: 1000}},
+		"no NEEDS_CSUM":                         {good, vnetHdr{gsoType: h.gsoType, csumStart: h.csumStart, csumOffset: h.csumOffset, gsoSize: 1000}},
+		"zero MSS":                              {good, vnetHdr{flags: h.flags, gsoType: h.gsoType, csumStart: h.csumStart, csumOffset: h.csumOffset}},
+		"truncated":                             {good[:60], h},
+		"IPv4 length too big":                   {good[:len(good)-1], h},
+		"IPv6, csum start before the IP header": {good6, vnetHdr{flags: h6.flags, gsoType: h6.gsoType, csumStart: 13, csumOffset: 16, gsoSize: 1000}},
+		"IPv6, no TCP header at csum start":     {good6, vnetHdr{flags: h6.flags, gsoType: h6.gsoType, csumStart: 14 + 40 + 8, csumOffset: 16, gsoSize: 1000}},
 	} {
 		if err := s.start(c.f, c.h, 4092); err == nil {
 			t.Errorf("%s: accepted", name)
@@ -230,6 +258,21 @@ func TestCompleteChecksum(t *testing.T) {
 	}
 	if completeChecksum(f, vnetHdr{csumStart: uint16(len(f)), csumOffset: 6}) == nil {
 		t.Fatal("checksum field past the frame accepted")
+	}
+	// A datagram whose checksum computes to 0 gets 0xFFFF: 0 would mean
+	// "no checksum" (and is invalid over IPv6).
+	seed := ^csum.Fold(pseudo)
+	binary.BigEndian.PutUint16(f[14+20+6:], 0)
+	w := f[42:44] // the payload's first word (an even offset in the sum)
+	binary.BigEndian.PutUint16(w, 0)
+	f0 := ^csum.Fold(csum.Sum(uint32(seed), f[34:])) // the folded sum without that word
+	binary.BigEndian.PutUint16(w, 0xffff-f0)
+	binary.BigEndian.PutUint16(f[14+20+6:], seed)
+	if err := completeChecksum(f, vnetHdr{flags: unix.VIRTIO_NET_HDR_F_NEEDS_CSUM, csumStart: 34, csumOffset: 6}); err != nil {
+		t.Fatal(err)
+	}
+	if got := binary.BigEndian.Uint16(f[14+20+6:]); got != 0xffff {
+		t.Fatalf("a checksum computing to 0 was written as %#04x, want 0xffff", got)
 	}
 }
 
@@ -298,6 +341,10 @@ func TestCoalesceBreaks(t *testing.T) {
 	base := func() [][]byte { return segments(t, false, 0, 4, 1000, 1000) }
 	cases := map[string]func(s [][]byte) int{
 		"bad checksum": func(s [][]byte) int { s[2][len(s[2])-1] ^= 1; return 2 },
+		"bad IPv4 header checksum": func(s [][]byte) int {
+			s[1][Headroom+14+8]-- // TTL, header checksum left stale
+			return 1
+		},
 		"other flow": func(s [][]byte) int {
 			f := s[2][Headroom:]
 			st, _ := parseAnyTCP(f)
@@ -378,6 +425,20 @@ func FuzzSegment(f *testing.F) {
 		var s segmenter
 		if s.start(frame, h, 4092) != nil {
 			return
+		}
+		// The seed the kernel would have left: the pseudo-header sum of
+		// the header's addresses and the whole TCP length.
+		var seed uint32
+		if s.v6 {
+			ip := header.IPv6(frame[s.l3:])
+			seed = csum.Pseudo(ip.SrcBytes(), ip.DstBytes(), header.ProtoTCP, len(frame)-s.l4)
+		} else {
+			ip := header.IPv4(frame[s.l3:])
+			seed = csum.Pseudo(ip.SrcBytes(), ip.DstBytes(), header.ProtoTCP, len(frame)-s.l4)
+		}
+		header.TCP(frame[s.l4:]).SetChecksum(^csum.Fold(seed))
+		if err := s.start(frame, h, 4092); err != nil {
+			t.Fatalf("accepted, then refused after the seed was written: %v", err)
 		}
 		l3, l4, hl := s.l3, s.l4, s.hdrLen
 		total := 0

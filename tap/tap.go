@@ -77,6 +77,7 @@ type TAP struct {
 	woff    int
 	wn      int // frames dealt with
 	wok     int // of which the kernel accepted
+	wsingle int // frames before this index are written one by one
 	writeFn func(fd uintptr) bool
 }
 
@@ -262,7 +263,10 @@ func (t *TAP) writeBatch(fd uintptr) bool {
 	for t.wn < len(t.wbufs) {
 		out, k := t.wbufs[t.wn][t.woff:], 1
 		if t.offload {
-			if k = run(t.wbufs[t.wn:], t.woff); k > 1 {
+			if t.wn >= t.wsingle {
+				k = run(t.wbufs[t.wn:], t.woff)
+			}
+			if k > 1 {
 				out = t.gro.merge(t.wbufs[t.wn:t.wn+k], t.woff)
 			} else {
 				out = t.wbufs[t.wn][t.woff-vnetHdrLen:]
@@ -281,7 +285,12 @@ func (t *TAP) writeBatch(fd uintptr) bool {
 				t.groWritten.Add(1)
 				t.groMerged.Add(uint64(k))
 			}
-		default: // the kernel refused this frame (e.g. EINVAL): skip it
+		default:
+			if k > 1 { // a merged run refused: try its frames one by one
+				t.wsingle = t.wn + k
+				continue
+			}
+			// the kernel refused this frame (e.g. EINVAL): skip it
 		}
 		t.wn += k
 	}
@@ -294,7 +303,7 @@ func (t *TAP) Write(bufs [][]byte, offset int) (int, error) {
 	if t.offload && offset < vnetHdrLen {
 		return 0, fmt.Errorf("tap: write offset %d below the vnet header's %d bytes", offset, vnetHdrLen)
 	}
-	t.wbufs, t.woff, t.wn, t.wok = bufs, offset, 0, 0
+	t.wbufs, t.woff, t.wn, t.wok, t.wsingle = bufs, offset, 0, 0, 0
 	err := t.rc.Write(t.writeFn)
 	t.wbufs = nil
 	if err != nil {
