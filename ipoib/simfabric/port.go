@@ -567,9 +567,9 @@ func (p *Port) trains(msgs []ipv6.Message) ([]ipv6.Message, []span) {
 }
 
 // send sends out (each message standing for the messages of its span in
-// orig) and clears size for the packets lost. A train the kernel refuses
-// turns trains off for the port (the underlay cannot do UDP GSO) and its
-// packets go again one by one.
+// orig) and clears size for the packets lost. A refused train's packets
+// go again one by one; when the refusal is the kernel's word on GSO
+// itself, trains are off for the port from then on.
 func (p *Port) send(out []ipv6.Message, spans []span, orig []ipv6.Message, size *[batch]int) error {
 	// lost counts a packet the kernel refused: a send error (no route,
 	// no buffer) loses it, as a full HCA send queue would.
@@ -602,7 +602,11 @@ func (p *Port) send(out []ipv6.Message, spans []span, orig []ipv6.Message, size 
 			lost(s.from)
 			continue
 		}
-		if p.gso { // trains of this chunk already built fail the same way
+		// The kernel refuses GSO itself (no UDP GSO, or not with this
+		// socket or device): trains off for good. Other errors (no
+		// buffer, link down) are passing: the train's packets go one
+		// by one this time only.
+		if p.gso && (errors.Is(err, unix.EIO) || errors.Is(err, unix.EINVAL) || errors.Is(err, unix.EOPNOTSUPP)) {
 			p.gso = false
 			p.gsoFallback.Add(1)
 		}
