@@ -19,8 +19,8 @@ const (
 	TxForwarded                       // frames sent on as one IPoIB packet (at once or after a resolution)
 	TxPackets                         // IPoIB packets the port accepted (fragments and resolutions included)
 	TxPortRefused                     // packets the port refused or lost (see its port_drop_* counters)
-	TxBroadcast                       // of which to the broadcast group
-	TxMulticast                       // of which to another MGID
+	TxBroadcast                       // of tx_forwarded, those to the broadcast group
+	TxMulticast                       // of tx_forwarded, those to another MGID
 	TxFragmented                      // IPv4 packets fragmented to the IPoIB MTU
 	TxFragments                       // fragments made of them
 	TxICMPTooBig                      // ICMP fragmentation-needed / ICMPv6 packet-too-big sent to guests

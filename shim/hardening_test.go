@@ -555,3 +555,31 @@ func TestFragmentOptions(t *testing.T) {
 		t.Fatalf("reassembled payload differs (%d bytes, want %d)", len(whole.Payload), len(orig.Payload()))
 	}
 }
+
+// TestQueuedFramesOfTwoGuests: two guests' frames wait for one
+// destination; the first guest's VIF ages out meanwhile. When the
+// destination answers, only the second guest's frame is sent, from its
+// own QP, and the first is dropped as drop_vif_gone.
+func TestQueuedFramesOfTwoGuests(t *testing.T) {
+	f, _ := memfabric.New(2048)
+	s, _ := stillShim(t, f, "fe80::a", func(c *Config) { c.VIFIdle = time.Minute })
+	far, _ := f.NewPort(gidOf("fe80::b"))
+	qfar, _ := far.AllocQP(0xffff, 0)
+	remac := mactrans.DeriveREMAC(far.LocalGID(), qfar, 0)
+	b := newTxBatch(2)
+	txFrame(s, b, udpFrame(t, macA1, remac, ipA1, ipB1, 64, true))
+	s.clk.(interface{ Advance(time.Duration) }).Advance(50 * time.Second)
+	txFrame(s, b, udpFrame(t, macA2, remac, ipA2, ipB1, 64, true))
+	v2, _ := s.vifs.Lookup(mactrans.VIFKey{MAC: macA2})
+	s.ageVIFs(s.clk.Now().Add(20 * time.Second)) // A1 idle 70 s: gone; A2 idle 20 s: kept
+	if _, ok := s.vifs.Lookup(mactrans.VIFKey{MAC: macA1}); ok {
+		t.Fatal("A1's VIF did not age out")
+	}
+	rxPacket(s, append([]byte{8, 0, 0, 0}, udpPacket(t, ipB1, ipA2, 10)...),
+		ipoib.RxMeta{Src: ipoib.MakeHwAddr(0, qfar, far.LocalGID()), DstQPN: ipoib.MulticastQPN, MGID: s.byVLAN[0].bcast, PKey: 0xffff})
+	s.flushResolved()
+	got := readAll(t, far, 1)
+	if got[0].Src.QPN() != v2.QPN || s.Get(DropVIFGone) != 1 || s.Get(TxForwarded) != 1 {
+		t.Fatalf("sent from QPN %#x (A2's %#x); counters %v", got[0].Src.QPN(), v2.QPN, s.Counters())
+	}
+}

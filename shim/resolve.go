@@ -43,6 +43,7 @@ type pendingEntry struct {
 	target netip.Addr // the address to resolve
 	bufs   [pendingPerDst][]byte
 	meta   [pendingPerDst]ipoib.TxMeta
+	vifs   [pendingPerDst]*mactrans.VIF // each frame's sender: guests share a destination
 	n      int
 	tries  int
 	next   time.Time
@@ -114,6 +115,7 @@ func (s *Shim) enqueue(p *partition, vif *mactrans.VIF, dst ether.MAC, pkt []byt
 		}
 		e.bufs[e.n] = append(e.bufs[e.n][:0], pkt...)
 		e.meta[e.n] = m
+		e.vifs[e.n] = vif
 		e.n++
 		q.nframes++
 		queued = true
@@ -179,17 +181,16 @@ func (s *Shim) flushResolved() {
 		if !ok {
 			continue
 		}
-		if !s.vifLive(e.vif) {
-			s.ctr.c[DropVIFGone].Add(uint64(e.n))
-			q.forget(k, e)
-			continue
-		}
 		for i := 0; i < e.n; i++ {
+			if !s.vifLive(e.vifs[i]) { // its guest's QP is gone: never send from it
+				s.ctr.inc(DropVIFGone)
+				continue
+			}
 			e.meta[i].Dst = n.RIMAC.WithoutFlags()
 			bufs = append(bufs, e.bufs[i])
 			meta = append(meta, e.meta[i])
+			s.ctr.inc(TxForwarded)
 		}
-		s.ctr.c[TxForwarded].Add(uint64(e.n))
 		q.forget(k, e)
 	}
 	q.publish()
@@ -247,7 +248,11 @@ func (s *Shim) sendResolve(p *partition, vif *mactrans.VIF, source, target netip
 		icmp := buf[start+header.IPv6Len:]
 		sum := csum.Fold(csum.Sum(csum.Pseudo(ip.SrcBytes(), ip.DstBytes(), header.ProtoICMPv6, plen), icmp))
 		binary.BigEndian.PutUint16(icmp[2:4], sum)
-		m.Dst = ipoib.MakeHwAddr(0, ipoib.MulticastQPN, ipoib.IPv6MGID(group, p.pkey, s.cfg.Scope))
+		mgid := ipoib.IPv6MGID(group, p.pkey, s.cfg.Scope)
+		if !s.sendTo(mgid, s.clk.Now()) { // a UD QP sends only to groups it joined
+			return
+		}
+		m.Dst = ipoib.MakeHwAddr(0, ipoib.MulticastQPN, mgid)
 	}
 	s.ctr.inc(TxResolveSent)
 	s.writePort([][]byte{buf}, []ipoib.TxMeta{m})

@@ -141,7 +141,10 @@ func (s *Shim) rx(buf []byte, n int, m *ipoib.RxMeta, now time.Time) []byte {
 		return nil
 	}
 	// Only an accepted packet teaches the table its sender: dropped ones
-	// must not insert or evict entries.
+	// must not insert or evict entries. (The ARP/NDP rewrite above has
+	// already learned the addresses in its payload, which are the
+	// sender's own in every valid message; a rewrite that fails after
+	// that is the one case left.)
 	nb, err := s.neigh.Learn(p.pkey, m.Src, now)
 	if err != nil {
 		s.ctr.inc(DropRxNeighbour)

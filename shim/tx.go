@@ -178,11 +178,12 @@ func (s *Shim) tx(b *txBatch, buf []byte, n int, now time.Time) {
 	vif.Touch(now)
 	m := ipoib.TxMeta{SrcQPN: vif.QPN, PKey: p.pkey}
 	unknown := false
+	kind := Counter(-1) // TxBroadcast or TxMulticast, counted when sent on
 	var source, target netip.Addr
 	switch {
 	case dst.IsBroadcast():
 		m.Dst = ipoib.MakeHwAddr(0, ipoib.MulticastQPN, p.bcast)
-		s.ctr.inc(TxBroadcast)
+		kind = TxBroadcast
 	case dst.IsMulticast():
 		mgid, ok := s.multicastMGID(p, et, pay)
 		if !ok {
@@ -194,7 +195,7 @@ func (s *Shim) tx(b *txBatch, buf []byte, n int, now time.Time) {
 			return
 		}
 		m.Dst = ipoib.MakeHwAddr(0, ipoib.MulticastQPN, mgid)
-		s.ctr.inc(TxMulticast)
+		kind = TxMulticast
 	default:
 		if nb, ok := s.neigh.LookupREMAC(p.pkey, dst); ok {
 			nb.Touch(now)
@@ -258,6 +259,9 @@ func (s *Shim) tx(b *txBatch, buf []byte, n int, now time.Time) {
 		return
 	}
 	s.ctr.inc(TxForwarded)
+	if kind >= 0 {
+		s.ctr.inc(kind)
+	}
 	b.add(pkt, m)
 }
 
