@@ -8,7 +8,7 @@
 #
 # Forwarders, one after the other (only the forwarder is replaced):
 #   (a) eipoibd on the simulated fabric, IB MTU 4096, offloads on (default)
-#   (b) eipoibd --offload=false (a row of n/a while the daemon lacks the flag)
+#   (b) eipoibd --offload=false
 #   (c) kernel VXLAN over the underlay's IPv6 link-local addresses
 #   (d) socat: a TAP and a UDP socket, the naive user-space tunnel
 # Measures: iperf3 TCP with 1 and 4 streams, both directions; the highest
@@ -383,9 +383,6 @@ declare -A LABEL=(
   [d]="(d) socat TAP ↔ UDP"
 )
 declare -A SHORT=([a]="(a) eipoibd" [b]="(b) eipoibd, offload off" [c]="(c) kernel VXLAN" [d]="(d) socat")
-help=$("$BIN" run -h 2>&1 || true)
-HAVE_OFFLOAD=0
-[[ $help == *offload* ]] && HAVE_OFFLOAD=1
 
 for F in a b c d; do
   [[ " $BENCH_FORWARDERS " == *" $F "* ]] || continue
@@ -395,11 +392,6 @@ for F in a b c d; do
       if eipoibd_up; then measure; else V[$F.tcp1]="err: eipoibd did not start"; fi
       user_down ;;
     b)
-      if [ "$HAVE_OFFLOAD" -eq 0 ]; then
-        echo "   n/a: bin/eipoibd has no --offload flag"
-        V[$F.tcp1]="n/a (no --offload flag)"
-        continue
-      fi
       if eipoibd_up --offload=false; then measure; else V[$F.tcp1]="err: eipoibd did not start"; fi
       user_down ;;
     c) vxlan_up; measure; vxlan_down ;;
@@ -413,8 +405,6 @@ num() { [[ ${V[$1]:-} =~ ^[0-9.]+$ ]]; }
 ratio() { # F1 F2 → tcp1 of F1 / tcp1 of F2
   if num "$1.tcp1" && num "$2.tcp1" && awk -v d="${V[$2.tcp1]}" 'BEGIN { exit !(d > 0) }'; then
     awk -v a="${V[$1.tcp1]}" -v b="${V[$2.tcp1]}" 'BEGIN { printf "%.2f", a / b }'
-  elif [ "$1" = b ] && [ "$HAVE_OFFLOAD" -eq 0 ]; then
-    echo "n/a (no --offload flag)"
   else
     echo "n/a"
   fi
