@@ -139,14 +139,13 @@ type Port struct {
 	addrs  map[ipoib.GID]*net.UDPAddr
 	worig  []int // per message of the chunk: its index in bufs, -1 for a held one
 	// UDP GSO trains (see trains): on until the kernel refuses one.
-	gso       bool
-	tmsgs     []ipv6.Message
-	tspan     []span
-	trainBufs [][]byte
-	trainOOB  [][]byte
-	trainIOV  [][1][]byte
-	held      []byte // a reordered packet waiting for the next send
-	heldTo    *net.UDPAddr
+	gso      bool
+	tmsgs    []ipv6.Message
+	tspan    []span
+	trainOOB [][]byte   // per train: its UDP_SEGMENT control message
+	trainIOV [][][]byte // per train: its packets, sent as one iovec list
+	held     []byte     // a reordered packet waiting for the next send
+	heldTo   *net.UDPAddr
 	// heldFrom is the chunk index of a packet held in this chunk, -1
 	// when the held packet (if any) came from an earlier one.
 	heldFrom int
@@ -260,7 +259,7 @@ func Open(cfg Config) (*Port, error) {
 		rmsgs: make([]ipv6.Message, rxBatch), rbufs: make([][1][]byte, rxBatch), rinfo: make([]rxInfo, rxBatch),
 		wmsgs: make([]ipv6.Message, 0, 2*batch+1), wbufs: make([][1][]byte, 2*batch+1),
 		worig: make([]int, 0, 2*batch+1), heldFrom: -1,
-		gso: true, tmsgs: make([]ipv6.Message, 0, 2*batch+1), tspan: make([]span, 0, 2*batch+1), trainIOV: make([][1][]byte, 2*batch+1),
+		gso: true, tmsgs: make([]ipv6.Message, 0, 2*batch+1), tspan: make([]span, 0, 2*batch+1),
 		addrs: make(map[ipoib.GID]*net.UDPAddr),
 		rng:   rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
 	}
@@ -525,8 +524,8 @@ func (p *Port) faulted() bool {
 }
 
 // trains replaces each run of messages to one address with equal
-// lengths (the last may be shorter) by one message carrying them end to
-// end with a UDP_SEGMENT control message: the kernel sends the train as
+// lengths (the last may be shorter) by one message gathering them end to
+// end (an iovec per packet) with a UDP_SEGMENT control message: the kernel sends the train as
 // one super-datagram and cuts it into the same datagrams at the device
 // (UDP GSO), one traversal of the stack instead of one per packet.
 func (p *Port) trains(msgs []ipv6.Message) ([]ipv6.Message, []span) {
@@ -543,21 +542,21 @@ func (p *Port) trains(msgs []ipv6.Message) ([]ipv6.Message, []span) {
 		if j-i == 1 {
 			out = append(out, msgs[i])
 		} else {
-			if nt == len(p.trainBufs) {
-				p.trainBufs = append(p.trainBufs, make([]byte, maxTrainBytes))
+			if nt == len(p.trainOOB) {
 				p.trainOOB = append(p.trainOOB, make([]byte, unix.CmsgSpace(2)))
+				p.trainIOV = append(p.trainIOV, make([][]byte, 0, maxTrain))
 			}
-			b := p.trainBufs[nt][:0]
+			iov := p.trainIOV[nt][:0]
 			for _, m := range msgs[i:j] {
-				b = append(b, m.Buffers[0]...)
+				iov = append(iov, m.Buffers[0]) // the kernel gathers them: no copy
 			}
-			p.trainIOV[nt][0] = b
+			p.trainIOV[nt] = iov
 			oob := p.trainOOB[nt]
 			h := (*unix.Cmsghdr)(unsafe.Pointer(&oob[0]))
 			h.Level, h.Type = unix.SOL_UDP, unix.UDP_SEGMENT
 			h.SetLen(unix.CmsgLen(2))
 			*(*uint16)(unsafe.Pointer(&oob[unix.CmsgLen(0)])) = uint16(seg)
-			out = append(out, ipv6.Message{Buffers: p.trainIOV[nt][:], OOB: oob, Addr: msgs[i].Addr})
+			out = append(out, ipv6.Message{Buffers: iov, OOB: oob, Addr: msgs[i].Addr})
 			nt++
 		}
 		spans = append(spans, span{i, j})
