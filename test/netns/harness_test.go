@@ -33,7 +33,7 @@ var (
 )
 
 // tools the tests run.
-var tools = []string{"ping", "arping", "iperf3", "tshark", "iperf", "tcpdump", "ethtool",
+var tools = []string{"ping", "arping", "nstat", "iperf3", "tshark", "iperf", "tcpdump", "ethtool",
 	"ovs-vsctl", "ovsdb-tool", "ovsdb-server", "ovs-vswitchd", "ovs-appctl"}
 
 func TestMain(m *testing.M) {
