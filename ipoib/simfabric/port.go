@@ -127,8 +127,7 @@ type Port struct {
 
 	rmu    sync.Mutex // Read state
 	rcodec Codec
-	rmsgs  []ipv6.Message // datagrams of the last receive, rgot of them
-	rbufs  [][1][]byte    // their buffers (a merged train can be 64 KB)
+	rcv    *receiver // datagrams of the last receive, rgot of them (a merged train can be 64 KB)
 	rinfo  []rxInfo
 	rcur   int // the datagram Read hands out packets from
 	rgot   int
@@ -136,7 +135,8 @@ type Port struct {
 	wcodec Codec
 	wmsgs  []ipv6.Message
 	wbufs  [][1][]byte
-	addrs  map[ipoib.GID]*net.UDPAddr
+	snd    *sender
+	addrs  map[ipoib.GID]*peer
 	worig  []int // per message of the chunk: its index in bufs, -1 for a held one
 	// UDP GSO trains (see trains): on until the kernel refuses one.
 	gso      bool
@@ -145,7 +145,7 @@ type Port struct {
 	trainOOB [][]byte   // per train: its UDP_SEGMENT control message
 	trainIOV [][][]byte // per train: its packets, sent as one iovec list
 	held     []byte     // a reordered packet waiting for the next send
-	heldTo   *net.UDPAddr
+	heldTo   *peer
 	// heldFrom is the chunk index of a packet held in this chunk, -1
 	// when the held packet (if any) came from an earlier one.
 	heldFrom int
@@ -256,17 +256,20 @@ func Open(cfg Config) (*Port, error) {
 	p := &Port{
 		ifi: ifi, gid: gid, mtu: cfg.IBMTU, faults: cfg.Faults, conn: conn, pc: pc,
 		qps: ipoib.NewQPTable(0x100 + rand.Uint32N(0xff0000)), groups: ipoib.NewGroupTable(),
-		rmsgs: make([]ipv6.Message, rxBatch), rbufs: make([][1][]byte, rxBatch), rinfo: make([]rxInfo, rxBatch),
+		rinfo: make([]rxInfo, rxBatch),
 		wmsgs: make([]ipv6.Message, 0, 2*batch+1), wbufs: make([][1][]byte, 2*batch+1),
 		worig: make([]int, 0, 2*batch+1), heldFrom: -1,
 		gso: true, tmsgs: make([]ipv6.Message, 0, 2*batch+1), tspan: make([]span, 0, 2*batch+1),
-		addrs: make(map[ipoib.GID]*net.UDPAddr),
+		addrs: make(map[ipoib.GID]*peer),
 		rng:   rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
 	}
-	for i := range p.rmsgs {
-		p.rmsgs[i].OOB = make([]byte, unix.CmsgSpace(unix.SizeofInet6Pktinfo)+2*unix.CmsgSpace(4))
-		p.rbufs[i][0] = make([]byte, maxTrainBytes+ICRCLen+HeaderLen+4)
+	rc, err := conn.SyscallConn()
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("simfabric: %w", err)
 	}
+	p.snd = newSender(rc, 2*batch+1)
+	p.rcv = newReceiver(rc, rxBatch, maxTrainBytes+ICRCLen+HeaderLen+4, unix.CmsgSpace(unix.SizeofInet6Pktinfo)+2*unix.CmsgSpace(4))
 	return p, nil
 }
 
@@ -402,13 +405,13 @@ func (p *Port) Close() error {
 	return p.conn.Close()
 }
 
-func (p *Port) udpAddr(g ipoib.GID) *net.UDPAddr {
+func (p *Port) udpAddr(g ipoib.GID) *peer {
 	a, ok := p.addrs[g]
 	if !ok {
 		if len(p.addrs) > 65536 {
 			clear(p.addrs) // bound the cache; it refills on demand
 		}
-		a = &net.UDPAddr{IP: append(net.IP(nil), g[:]...), Port: UDPPort, Zone: p.ifi.Name}
+		a = newPeer(g, p.ifi.Index)
 		p.addrs[g] = a
 	}
 	return a
@@ -579,7 +582,7 @@ func (p *Port) send(out []ipv6.Message, spans []span, orig []ipv6.Message, size 
 		}
 	}
 	for off := 0; off < len(out); off++ {
-		sent, err := p.pc.WriteBatch(out[off:], 0)
+		sent, err := p.snd.send(out[off:])
 		if err == nil && sent <= 0 {
 			err = io.ErrNoProgress
 		}
@@ -610,7 +613,7 @@ func (p *Port) send(out []ipv6.Message, spans []span, orig []ipv6.Message, size 
 			p.gsoFallback.Add(1)
 		}
 		for k := s.from; k < s.to; k++ {
-			if _, err := p.pc.WriteBatch(orig[k:k+1], 0); err != nil {
+			if _, err := p.snd.send(orig[k : k+1]); err != nil {
 				if p.closed.Load() {
 					return net.ErrClosed
 				}
@@ -631,7 +634,7 @@ func (p *Port) ownQP(m *ipoib.TxMeta) bool {
 
 // add appends a message for b, sent on behalf of bufs[orig] of the
 // current chunk (-1: a packet held back by an earlier call).
-func (p *Port) add(msgs []ipv6.Message, b []byte, to *net.UDPAddr, orig int) []ipv6.Message {
+func (p *Port) add(msgs []ipv6.Message, b []byte, to *peer, orig int) []ipv6.Message {
 	i := len(msgs)
 	p.wbufs[i][0] = b
 	p.worig = append(p.worig, orig)
@@ -640,7 +643,7 @@ func (p *Port) add(msgs []ipv6.Message, b []byte, to *net.UDPAddr, orig int) []i
 
 // faulty appends the packet (bufs[orig] of the chunk) to msgs, applying
 // the configured faults.
-func (p *Port) faulty(msgs []ipv6.Message, out []byte, to *net.UDPAddr, orig int) []ipv6.Message {
+func (p *Port) faulty(msgs []ipv6.Message, out []byte, to *peer, orig int) []ipv6.Message {
 	f := &p.faults
 	if f.Loss == 0 && f.Dup == 0 && f.Reorder == 0 && f.Corrupt == 0 {
 		return p.add(msgs, out, to, orig)
@@ -712,20 +715,16 @@ func (p *Port) Read(bufs [][]byte, sizes []int, meta []ipoib.RxMeta, offset int)
 	for {
 		n := 0
 		for ; p.rcur < p.rgot && n < len(bufs); p.rcur++ {
-			n += p.split(&p.rmsgs[p.rcur], &p.rinfo[p.rcur], bufs[n:], sizes[n:], meta[n:], offset)
-			if p.rinfo[p.rcur].off < p.rmsgs[p.rcur].N {
+			data, _, _, _ := p.rcv.datagram(p.rcur)
+			n += p.split(data, &p.rinfo[p.rcur], bufs[n:], sizes[n:], meta[n:], offset)
+			if p.rinfo[p.rcur].off < len(data) {
 				break // bufs are full: the rest of this datagram next time
 			}
 		}
 		if n > 0 {
 			return n, nil
 		}
-		msgs := p.rmsgs
-		for i := range msgs {
-			msgs[i].Buffers = p.rbufs[i][:]
-			msgs[i].OOB = msgs[i].OOB[:cap(msgs[i].OOB)]
-		}
-		got, err := p.pc.ReadBatch(msgs, 0)
+		got, err := p.rcv.recv()
 		if err != nil {
 			if p.closed.Load() || errors.Is(err, net.ErrClosed) {
 				return 0, net.ErrClosed
@@ -733,8 +732,8 @@ func (p *Port) Read(bufs [][]byte, sizes []int, meta []ipoib.RxMeta, offset int)
 			return 0, fmt.Errorf("simfabric: receive: %w", err)
 		}
 		p.rcur, p.rgot = 0, got
-		for i := range msgs[:got] {
-			p.rinfo[i] = p.inspect(&msgs[i])
+		for i := 0; i < got; i++ {
+			p.rinfo[i] = p.inspect(p.rcv.datagram(i))
 		}
 	}
 }
@@ -752,47 +751,47 @@ type rxInfo struct {
 // inspect checks what a received datagram's addresses, flags and control
 // messages say, once for all the packets UDP GRO may have merged into it.
 // A datagram refused here is counted once per packet in it.
-func (p *Port) inspect(m *ipv6.Message) rxInfo {
-	r := rxInfo{oobInfo: parseOOB(m.OOB[:m.NN])}
+func (p *Port) inspect(data, oob []byte, flags int, sa *unix.RawSockaddrInet6) rxInfo {
+	n := len(data)
+	r := rxInfo{oobInfo: parseOOB(oob)}
 	if r.hasOvfl {
 		p.rxOverflow.Store(uint64(r.ovfl))
 	}
-	if r.seg <= 0 || r.seg > m.N {
-		r.seg = m.N
+	if r.seg <= 0 || r.seg > n {
+		r.seg = n
 	}
-	ua, isUDP := m.Addr.(*net.UDPAddr)
 	reason := -1
 	switch {
 	case p.down.Load():
 		reason = DropPortDown
-	case m.Flags&unix.MSG_TRUNC != 0:
+	case flags&unix.MSG_TRUNC != 0:
 		reason = DropOversize
-	case !isUDP || len(ua.IP) != net.IPv6len || !ua.IP.IsLinkLocalUnicast():
+	case sa.Family != unix.AF_INET6 || !net.IP(sa.Addr[:]).IsLinkLocalUnicast():
 		reason = DropBadSource
 	case !r.ok:
 		reason = DropNoPktinfo
-	case m.N == 0:
+	case n == 0:
 		reason = int(ErrTruncated)
 	}
 	if reason >= 0 {
-		p.drops[reason].Add(uint64(max((m.N+r.seg-1)/max(r.seg, 1), 1)))
-		r.off = m.N
+		p.drops[reason].Add(uint64(max((n+r.seg-1)/max(r.seg, 1), 1)))
+		r.off = n
 		return r
 	}
-	r.src, r.sport, r.good = [16]byte(ua.IP), uint16(ua.Port), true
-	if r.seg < m.N {
+	port := (*[2]byte)(unsafe.Pointer(&sa.Port))
+	r.src, r.sport, r.good = sa.Addr, uint16(port[0])<<8|uint16(port[1]), true
+	if r.seg < n {
 		p.groMerged.Add(1)
-		p.groPackets.Add(uint64((m.N + r.seg - 1) / r.seg))
+		p.groPackets.Add(uint64((n + r.seg - 1) / r.seg))
 	}
 	return r
 }
 
-// split copies the packets of datagram m, from r.off on, into bufs (the
+// split copies the packets of a datagram, from r.off on, into bufs (the
 // BTH at offset-HeaderLen), checks each, and returns how many it filled;
 // it stops when bufs are full.
-func (p *Port) split(m *ipv6.Message, r *rxInfo, bufs [][]byte, sizes []int, meta []ipoib.RxMeta, offset int) int {
+func (p *Port) split(data []byte, r *rxInfo, bufs [][]byte, sizes []int, meta []ipoib.RxMeta, offset int) int {
 	n := 0
-	data := m.Buffers[0][:m.N]
 	for r.off < len(data) && n < len(bufs) {
 		pkt := data[r.off:min(r.off+r.seg, len(data))]
 		r.off += len(pkt)

@@ -1,0 +1,179 @@
+package simfabric
+
+// The socket calls: sendmmsg and recvmmsg straight through x/sys, with
+// message headers, iovecs and socket addresses built once and reused, so
+// that moving a batch allocates nothing and takes no lock. (x/net's batch
+// API allocates a net.UDPAddr per received datagram and looks up the
+// address's zone under a global lock per sent one.)
+
+import (
+	"net"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/net/ipv6"
+	"golang.org/x/sys/unix"
+)
+
+// mmsghdr is struct mmsghdr (sendmmsg(2)): a message header and the bytes
+// the kernel moved for it.
+type mmsghdr struct {
+	hdr unix.Msghdr
+	n   uint32
+	_   [4]byte
+}
+
+// peer is a destination's socket address, built once per GID; it is the
+// net.Addr of the messages the send path builds.
+type peer struct {
+	sa unix.RawSockaddrInet6
+}
+
+// Network is "udp6".
+func (*peer) Network() string { return "udp6" }
+
+// String is the peer's address.
+func (p *peer) String() string { return net.IP(p.sa.Addr[:]).String() }
+
+// newPeer returns the socket address of gid, port 4791, on interface
+// ifindex (a link-local or link-scope multicast address needs its scope).
+func newPeer(gid [16]byte, ifindex int) *peer {
+	p := &peer{sa: unix.RawSockaddrInet6{Family: unix.AF_INET6, Addr: gid, Scope_id: uint32(ifindex)}}
+	port := (*[2]byte)(unsafe.Pointer(&p.sa.Port))
+	port[0], port[1] = UDPPort>>8, UDPPort&0xff // network byte order
+	return p
+}
+
+// sender calls sendmmsg for the send path; its function value is bound
+// once so that a call allocates nothing.
+type sender struct {
+	rc   syscall.RawConn
+	hdrs []mmsghdr
+	iovs []unix.Iovec
+	k    int // messages to send
+	n    int // sent
+	err  error
+	fn   func(fd uintptr) bool
+}
+
+func newSender(rc syscall.RawConn, msgs int) *sender {
+	s := &sender{rc: rc, hdrs: make([]mmsghdr, msgs), iovs: make([]unix.Iovec, msgs)}
+	s.fn = s.call
+	return s
+}
+
+func (s *sender) call(fd uintptr) bool {
+	r, _, e := unix.Syscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&s.hdrs[0])), uintptr(s.k), 0, 0, 0)
+	if e == unix.EAGAIN {
+		return false // wait until writable
+	}
+	s.n, s.err = 0, nil
+	if e != 0 {
+		s.err = e
+	} else {
+		s.n = int(r)
+	}
+	return true
+}
+
+// send sends msgs (each with a *peer address, and buffers that are not
+// empty) and returns how many the kernel took. An error is about the
+// first message not taken.
+func (s *sender) send(msgs []ipv6.Message) (int, error) {
+	iov := s.iovs[:0]
+	for _, m := range msgs {
+		for _, b := range m.Buffers {
+			iov = append(iov, unix.Iovec{Base: &b[0]})
+			iov[len(iov)-1].SetLen(len(b))
+		}
+	}
+	if cap(iov) > cap(s.iovs) {
+		s.iovs = iov // grown once (a batch with more buffers than before)
+	}
+	at := 0
+	for i, m := range msgs {
+		h := &s.hdrs[i].hdr
+		pe := m.Addr.(*peer)
+		h.Name, h.Namelen = (*byte)(unsafe.Pointer(&pe.sa)), unix.SizeofSockaddrInet6
+		h.Iov = &iov[at]
+		h.SetIovlen(len(m.Buffers))
+		at += len(m.Buffers)
+		if len(m.OOB) > 0 {
+			h.Control = &m.OOB[0]
+			h.SetControllen(len(m.OOB))
+		} else {
+			h.Control = nil
+			h.SetControllen(0)
+		}
+	}
+	s.k = len(msgs)
+	if err := s.rc.Write(s.fn); err != nil {
+		return 0, err
+	}
+	return s.n, s.err
+}
+
+// receiver calls recvmmsg for the receive path into buffers set up once.
+type receiver struct {
+	rc   syscall.RawConn
+	hdrs []mmsghdr
+	iovs []unix.Iovec
+	sas  []unix.RawSockaddrInet6
+	bufs [][]byte
+	oobs [][]byte
+	n    int
+	err  error
+	fn   func(fd uintptr) bool
+}
+
+func newReceiver(rc syscall.RawConn, msgs, size, oob int) *receiver {
+	r := &receiver{rc: rc, hdrs: make([]mmsghdr, msgs), iovs: make([]unix.Iovec, msgs),
+		sas: make([]unix.RawSockaddrInet6, msgs), bufs: make([][]byte, msgs), oobs: make([][]byte, msgs)}
+	for i := range r.hdrs {
+		r.bufs[i], r.oobs[i] = make([]byte, size), make([]byte, oob)
+		r.iovs[i].Base = &r.bufs[i][0]
+		r.iovs[i].SetLen(size)
+		h := &r.hdrs[i].hdr
+		h.Name = (*byte)(unsafe.Pointer(&r.sas[i]))
+		h.Iov = &r.iovs[i]
+		h.SetIovlen(1)
+		h.Control = &r.oobs[i][0]
+	}
+	r.fn = r.call
+	return r
+}
+
+func (r *receiver) call(fd uintptr) bool {
+	for i := range r.hdrs { // what the kernel may fill, each time
+		h := &r.hdrs[i].hdr
+		h.Namelen = unix.SizeofSockaddrInet6
+		h.SetControllen(len(r.oobs[i]))
+		h.Flags = 0
+	}
+	n, _, e := unix.Syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&r.hdrs[0])), uintptr(len(r.hdrs)), 0, 0, 0)
+	if e == unix.EAGAIN {
+		return false // wait until readable
+	}
+	r.n, r.err = 0, nil
+	if e != 0 {
+		r.err = e
+	} else {
+		r.n = int(n)
+	}
+	return true
+}
+
+// recv receives up to len(hdrs) datagrams and returns how many.
+func (r *receiver) recv() (int, error) {
+	if err := r.rc.Read(r.fn); err != nil {
+		return 0, err
+	}
+	return r.n, r.err
+}
+
+// datagram describes received datagram i: its bytes, control data,
+// flags and source.
+func (r *receiver) datagram(i int) (data, oob []byte, flags int, src *unix.RawSockaddrInet6) {
+	h := &r.hdrs[i]
+	return r.bufs[i][:h.n], r.oobs[i][:h.hdr.Controllen], int(h.hdr.Flags), &r.sas[i]
+}
