@@ -28,10 +28,12 @@ lint:
 	$(STATICCHECK) ./...
 
 ## unit: every Go test; the race detector on all but the netns tests,
-## which drive real daemons and tools.
+## which drive real daemons and tools, with the TAP's offloads on (the
+## default) and then off.
 unit:
 	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v /test/netns)
 	$(GO) test -count=1 -v ./test/netns/ 2>&1 | grep -Ev '^=== (RUN|PAUSE|CONT)'; exit $${PIPESTATUS[0]}
+	EIPOIB_NETNS_OFFLOAD=false $(GO) test -count=1 -v ./test/netns/ 2>&1 | grep -Ev '^=== (RUN|PAUSE|CONT)'; exit $${PIPESTATUS[0]}
 
 ## build: the daemon in bin/.
 build:

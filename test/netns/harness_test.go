@@ -345,6 +345,12 @@ func (h *hypervisor) start(t *testing.T) {
 		t.Fatal(err)
 	}
 	args := append([]string{daemonBin, "run", "--underlay", h.underlay, "--metrics", "127.0.0.1:9474"}, h.switchArgs...)
+	// EIPOIB_NETNS_OFFLOAD=false runs the whole suite with the TAP's
+	// offloads off (make test runs it both ways); a test's own flags,
+	// after it, win.
+	if v := os.Getenv("EIPOIB_NETNS_OFFLOAD"); v != "" {
+		args = append(args, "--offload="+v)
+	}
 	args = append(args, h.extra...)
 	h.cmd = exec.Command("ip", in(h.ns, args...)[1:]...)
 	h.cmd.Stdout, h.cmd.Stderr = logf, logf
