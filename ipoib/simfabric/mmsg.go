@@ -63,17 +63,18 @@ func newSender(rc syscall.RawConn, msgs int) *sender {
 }
 
 func (s *sender) call(fd uintptr) bool {
-	r, _, e := unix.Syscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&s.hdrs[0])), uintptr(s.k), 0, 0, 0)
-	if e == unix.EAGAIN {
-		return false // wait until writable
-	}
-	s.n, s.err = 0, nil
+	s.n, s.err = mmsg(unix.SYS_SENDMMSG, fd, s.hdrs[:s.k])
+	return s.err != unix.EAGAIN // false: wait until writable
+}
+
+// mmsg makes the sendmmsg or recvmmsg system call trap on hdrs and
+// returns how many messages moved, or the error (EAGAIN: none yet).
+func mmsg(trap, fd uintptr, hdrs []mmsghdr) (int, error) {
+	n, _, e := unix.Syscall6(trap, fd, uintptr(unsafe.Pointer(&hdrs[0])), uintptr(len(hdrs)), 0, 0, 0)
 	if e != 0 {
-		s.err = e
-	} else {
-		s.n = int(r)
+		return 0, e
 	}
-	return true
+	return int(n), nil
 }
 
 // send sends msgs (each with a *peer address, and buffers that are not
@@ -150,17 +151,8 @@ func (r *receiver) call(fd uintptr) bool {
 		h.SetControllen(len(r.oobs[i]))
 		h.Flags = 0
 	}
-	n, _, e := unix.Syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&r.hdrs[0])), uintptr(len(r.hdrs)), 0, 0, 0)
-	if e == unix.EAGAIN {
-		return false // wait until readable
-	}
-	r.n, r.err = 0, nil
-	if e != 0 {
-		r.err = e
-	} else {
-		r.n = int(n)
-	}
-	return true
+	r.n, r.err = mmsg(unix.SYS_RECVMMSG, fd, r.hdrs)
+	return r.err != unix.EAGAIN // false: wait until readable
 }
 
 // recv receives up to len(hdrs) datagrams and returns how many.

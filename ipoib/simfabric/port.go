@@ -489,9 +489,12 @@ func (p *Port) writeChunk(bufs [][]byte, meta []ipoib.TxMeta, offset int) (int, 
 		p.held = nil
 	}
 	p.heldFrom = -1 // from here on, a held packet belongs to an earlier call
-	out, spans := msgs, p.singles(len(msgs))
+	var out []ipv6.Message
+	var spans []span
 	if p.gso && !p.faulted() {
 		out, spans = p.trains(msgs)
+	} else {
+		out, spans = msgs, p.singles(len(msgs))
 	}
 	if err := p.send(out, spans, msgs, &size); err != nil {
 		return 0, err
