@@ -322,11 +322,11 @@ type coalescer struct {
 }
 
 // run returns how many frames at the start of frames form one run that
-// can be coalesced (1 if the first cannot be).
-func run(frames [][]byte, off int) int {
+// can be coalesced (1 if the first cannot be), and the first one parsed.
+func run(frames [][]byte, off int) (int, tcpSeg) {
 	first, ok := parseTCPSeg(frames[0][off:])
 	if !ok {
-		return 1
+		return 1, first
 	}
 	mss, total := first.payload(), len(first.f)-first.l3
 	prev := first
@@ -339,13 +339,12 @@ func run(frames [][]byte, off int) int {
 		total += next.payload()
 		prev = next
 	}
-	return k
+	return k, first
 }
 
-// merge builds the super-frame of frames (a run from run, at least two)
-// behind its GSO header and returns it.
-func (c *coalescer) merge(frames [][]byte, off int) []byte {
-	first, _ := parseTCPSeg(frames[0][off:])
+// merge builds the super-frame of frames (a run from run, at least two,
+// whose first run parsed) behind its GSO header and returns it.
+func (c *coalescer) merge(first tcpSeg, frames [][]byte, off int) []byte {
 	if c.buf == nil {
 		c.buf = make([]byte, vnetHdrLen+maxSuperFrame)
 	}

@@ -303,11 +303,12 @@ func segments(t testing.TB, v6 bool, vlan uint16, n, mss, last int) [][]byte {
 func TestCoalesceRoundTrip(t *testing.T) {
 	for _, v6 := range []bool{false, true} {
 		segs := segments(t, v6, 7, 12, 4000, 1234)
-		if k := run(segs, Headroom); k != len(segs) {
+		k, first := run(segs, Headroom)
+		if k != len(segs) {
 			t.Fatalf("run of %d, want %d", k, len(segs))
 		}
 		var c coalescer
-		out := c.merge(segs, Headroom)
+		out := c.merge(first, segs, Headroom)
 		h := decodeVnet(out)
 		wantType := uint8(unix.VIRTIO_NET_HDR_GSO_TCPV4)
 		if v6 {
@@ -365,7 +366,7 @@ func TestCoalesceBreaks(t *testing.T) {
 		if want < 1 {
 			want = 1
 		}
-		if got := run(s, Headroom); got != want {
+		if got, _ := run(s, Headroom); got != want {
 			t.Errorf("%s: run of %d, want %d", name, got, want)
 		}
 	}
@@ -487,7 +488,7 @@ func FuzzCoalesce(f *testing.F) {
 			fr := append(make([]byte, Headroom), hdr...)
 			frames = append(frames, append(fr, pattern(int([]uint16{la, lb, lc}[i])%9000)...))
 		}
-		k := run(frames, Headroom)
+		k, first := run(frames, Headroom)
 		if k < 1 || k > len(frames) {
 			t.Fatalf("run of %d in %d frames", k, len(frames))
 		}
@@ -495,7 +496,7 @@ func FuzzCoalesce(f *testing.F) {
 			return
 		}
 		var co coalescer
-		out := co.merge(frames[:k], Headroom)
+		out := co.merge(first, frames[:k], Headroom)
 		var s segmenter
 		if err := s.start(append([]byte(nil), out[vnetHdrLen:]...), decodeVnet(out), 65535); err != nil {
 			t.Fatalf("merged super-frame refused: %v", err)
@@ -551,9 +552,10 @@ func BenchmarkCoalesce64K(b *testing.B) {
 	b.ReportAllocs()
 	b.SetBytes(int64(size))
 	for i := 0; i < b.N; i++ {
-		if k := run(segs, Headroom); k != len(segs) {
+		k, first := run(segs, Headroom)
+		if k != len(segs) {
 			b.Fatalf("run of %d", k)
 		}
-		c.merge(segs, Headroom)
+		c.merge(first, segs, Headroom)
 	}
 }

@@ -263,11 +263,12 @@ func (t *TAP) writeBatch(fd uintptr) bool {
 	for t.wn < len(t.wbufs) {
 		out, k := t.wbufs[t.wn][t.woff:], 1
 		if t.offload {
+			var first tcpSeg
 			if t.wn >= t.wsingle {
-				k = run(t.wbufs[t.wn:], t.woff)
+				k, first = run(t.wbufs[t.wn:], t.woff)
 			}
 			if k > 1 {
-				out = t.gro.merge(t.wbufs[t.wn:t.wn+k], t.woff)
+				out = t.gro.merge(first, t.wbufs[t.wn:t.wn+k], t.woff)
 			} else {
 				out = t.wbufs[t.wn][t.woff-vnetHdrLen:]
 				clear(out[:vnetHdrLen]) // no offload asked for this one
