@@ -21,6 +21,49 @@ type TxMeta struct {
 	SrcQPN uint32
 	// PKey is the partition the packet is sent in.
 	PKey PKey
+	// GSO marks a TCP super-packet; zero for an ordinary packet. Only a
+	// port whose Offloads report TSO is given super-packets.
+	GSO GSO
+}
+
+// GSOType is the kind of super-packet in TxMeta.GSO.
+type GSOType uint8
+
+// The super-packet kinds.
+const (
+	GSONone  GSOType = iota // an ordinary packet, at most the IB MTU
+	GSOTCPv4                // IPv4 TCP super-packet
+	GSOTCPv6                // IPv6 TCP super-packet
+)
+
+// GSO describes a TCP super-packet handed to a port whole: the 4-byte IPoIB
+// header, the IP header (IPv6 extension headers included), the TCP header
+// and a payload the port cuts into Size-byte segments, as a Linux GSO skb
+// or an HCA's LSO work request is cut. Each segment carries copies of the
+// headers with the IP length, the IPv4 ID (one more per segment), the TCP
+// sequence number and the flags fixed up (FIN and PSH on the last segment
+// only, CWR on the first only). The TCP checksum field holds the
+// pseudo-header sum over the super-packet's whole TCP length, as Linux
+// leaves it in a CHECKSUM_PARTIAL GSO skb (virtio_net_hdr NEEDS_CSUM):
+// each segment's checksum is computed from it with the segment's length,
+// and each IPv4 header checksum from scratch.
+type GSO struct {
+	Type GSOType
+	// L4 is the offset of the TCP header from the start of the IPoIB
+	// header.
+	L4 uint16
+	// Size is the TCP payload of each segment but the last (the MSS);
+	// the caller keeps a segment within the IPoIB MTU.
+	Size uint16
+}
+
+// Offloads says what a port takes beyond ordinary packets.
+type Offloads struct {
+	// TSO: the port takes TCP super-packets (TxMeta.GSO) of up to
+	// MaxSuper bytes from offset and cuts them itself; Headroom still
+	// applies in front of offset.
+	TSO      bool
+	MaxSuper int
 }
 
 // Headroom is the space a Port may use in front of offset in Write buffers
@@ -71,6 +114,9 @@ type Port interface {
 	LocalGID() GID
 	// MTU is the IB MTU (2048 or 4096); the IPoIB MTU is 4 less.
 	MTU() int
+	// Offloads says whether the port takes super-packets; the shim cuts
+	// them to the MTU itself for a port that does not.
+	Offloads() Offloads
 	// Counters returns a snapshot of the port's counters.
 	Counters() PortCounters
 
@@ -86,3 +132,7 @@ type PortCounters struct {
 	// Stats are the backend's other counters by name, e.g. "tx_trains".
 	Stats map[string]uint64
 }
+
+// MaxSuperPacket is the largest super-packet: an IPoIB header and the
+// largest IP packet.
+const MaxSuperPacket = HeaderLen + 65535

@@ -105,6 +105,9 @@ func (p *Port) LocalGID() ipoib.GID { return p.gid }
 // MTU returns the fabric's IB MTU.
 func (p *Port) MTU() int { return p.f.mtu }
 
+// Offloads reports no TSO: the shim cuts super-frames for this port.
+func (p *Port) Offloads() ipoib.Offloads { return ipoib.Offloads{} }
+
 // AllocQP creates a QP in partition pkey, numbered hint when that is a
 // free valid QPN.
 func (p *Port) AllocQP(pkey ipoib.PKey, hint uint32) (uint32, error) {

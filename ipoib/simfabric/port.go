@@ -316,6 +316,9 @@ func (p *Port) LocalGID() ipoib.GID { return p.gid }
 // MTU is the IB MTU.
 func (p *Port) MTU() int { return p.mtu }
 
+// Offloads reports no TSO: the shim cuts super-frames for this port.
+func (p *Port) Offloads() ipoib.Offloads { return ipoib.Offloads{} }
+
 // SetFaults replaces the injected send faults.
 func (p *Port) SetFaults(f Faults) error {
 	if err := f.Validate(); err != nil {
