@@ -20,6 +20,7 @@ import (
 
 	"github.com/eipoib/eipoibd/internal/csum"
 	"github.com/eipoib/eipoibd/internal/ether"
+	"github.com/eipoib/eipoibd/internal/gso"
 	"github.com/eipoib/eipoibd/internal/header"
 )
 
@@ -78,7 +79,7 @@ func (h vnetHdr) encode(b []byte) {
 // Offload drop reasons, counted by the TAP.
 var (
 	errBadVnet = errors.New("bad_vnet_header") // a header the kernel would not send
-	errBadGSO  = errors.New("bad_gso")         // a super-frame that is not one TCP flow's
+	errBadGSO  = gso.ErrBad                    // a super-frame that is not one TCP flow's
 )
 
 // completeChecksum finishes a partial checksum (VIRTIO_NET_HDR_F_NEEDS_CSUM):
@@ -105,134 +106,35 @@ func nonZero(c uint16) uint16 {
 	return c
 }
 
-// segmenter cuts one TCP super-frame into segments. Its zero value has
-// nothing to cut.
-type segmenter struct {
-	frame  []byte // the super-frame; nil when done
-	l3, l4 int    // IP and TCP header offsets
-	hdrLen int    // all headers
-	mss    int
-	v6     bool
-	next   int // offset in frame of the next segment's payload
-	seg    int // index of the next segment
-	id     uint16
-	seq    uint32
-	flags  uint8
-	// seed is the pseudo-header sum the kernel left in the checksum
-	// field for the whole TCP length tcpLen. Segments take it and swap
-	// the length, as the kernel's own segmentation does: the addresses
-	// in it are the final ones even behind a routing header or a source
-	// route option, which the header's own addresses are not.
-	seed   uint16
-	tcpLen int
-}
+// segmenter cuts the TCP super-frames read from the TAP into segments.
+type segmenter struct{ gso.Segmenter }
 
-// done reports whether the segmenter has nothing left to cut.
-func (s *segmenter) done() bool { return s.frame == nil }
-
-// start checks a super-frame against its header and prepares to cut it
-// into segments whose IP packets fit mtu. frame must stay untouched until
-// done.
+// start checks a super-frame against its vnet header and prepares to cut
+// it into segments whose IP packets fit mtu. frame must stay untouched
+// until Done.
 func (s *segmenter) start(frame []byte, h vnetHdr, mtu int) error {
-	if h.gsoType&^unix.VIRTIO_NET_HDR_GSO_ECN != unix.VIRTIO_NET_HDR_GSO_TCPV4 && h.gsoType&^unix.VIRTIO_NET_HDR_GSO_ECN != unix.VIRTIO_NET_HDR_GSO_TCPV6 {
-		return errBadGSO
+	l3, v6, err := checkSuper(frame, h)
+	if err != nil {
+		return err
 	}
+	return s.Start(frame, l3, int(h.csumStart), v6, int(h.gsoSize), mtu)
+}
+
+// checkSuper checks what a vnet header says of a super-frame against its
+// Ethernet header and returns the IP header's offset and version.
+func checkSuper(frame []byte, h vnetHdr) (l3 int, v6 bool, err error) {
 	f := ether.Frame(frame)
-	if !f.IsValid() {
-		return errBadGSO
+	if !f.IsValid() || h.flags&unix.VIRTIO_NET_HDR_F_NEEDS_CSUM == 0 || int(h.csumOffset) != header.TCPChecksumOff {
+		return 0, false, errBadGSO
 	}
-	l3, l4 := f.HeaderLen(), int(h.csumStart)
-	v6 := h.gsoType&^unix.VIRTIO_NET_HDR_GSO_ECN == unix.VIRTIO_NET_HDR_GSO_TCPV6
 	switch {
-	case !v6 && f.EtherType() == ether.TypeIPv4:
-		ip, ok := header.ParseIPv4(frame[l3:])
-		if !ok || ip.Protocol() != header.ProtoTCP || l4 != l3+ip.HeaderLen() || len(ip) != len(frame)-l3 {
-			return errBadGSO
-		}
-		s.id = ip.ID()
-	case v6 && f.EtherType() == ether.TypeIPv6:
-		ip, ok := header.ParseIPv6(frame[l3:])
-		if !ok || len(ip) != len(frame)-l3 || l4 <= l3 || tcpAfterIPv6(ip) != l4-l3 {
-			return errBadGSO
-		}
+	case h.gsoType&^unix.VIRTIO_NET_HDR_GSO_ECN == unix.VIRTIO_NET_HDR_GSO_TCPV4 && f.EtherType() == ether.TypeIPv4:
+	case h.gsoType&^unix.VIRTIO_NET_HDR_GSO_ECN == unix.VIRTIO_NET_HDR_GSO_TCPV6 && f.EtherType() == ether.TypeIPv6:
+		v6 = true
 	default:
-		return errBadGSO
+		return 0, false, errBadGSO
 	}
-	if h.flags&unix.VIRTIO_NET_HDR_F_NEEDS_CSUM == 0 || int(h.csumOffset) != header.TCPChecksumOff || l4 > len(frame) {
-		return errBadGSO
-	}
-	tcp, ok := header.ParseTCP(frame[l4:])
-	if !ok {
-		return errBadGSO
-	}
-	hdrLen := l4 + tcp.HeaderLen()
-	mss := min(int(h.gsoSize), mtu-(hdrLen-l3))
-	if mss <= 0 || hdrLen >= len(frame) {
-		return errBadGSO
-	}
-	*s = segmenter{frame: frame, l3: l3, l4: l4, hdrLen: hdrLen, mss: mss, v6: v6, next: hdrLen,
-		id: s.id, seq: tcp.Seq(), flags: tcp.Flags(),
-		seed: binary.BigEndian.Uint16(frame[l4+header.TCPChecksumOff:]), tcpLen: len(frame) - l4}
-	return nil
-}
-
-// tcpAfterIPv6 returns the offset of the TCP header in an IPv6 packet,
-// after any hop-by-hop, routing and destination options headers, or -1.
-func tcpAfterIPv6(ip header.IPv6) int {
-	nh, off := ip.NextHeader(), header.IPv6Len
-	for {
-		switch nh {
-		case header.ProtoTCP:
-			return off
-		case 0, 43, 60: // hop-by-hop, routing, destination options (RFC 8200 §4)
-			if off+2 > len(ip) {
-				return -1
-			}
-			nh, off = ip[off], off+(int(ip[off+1])+1)*8
-		default:
-			return -1
-		}
-	}
-}
-
-// cut writes the next segment into dst (which must hold hdrLen+mss
-// bytes) and returns its length.
-func (s *segmenter) cut(dst []byte) int {
-	end := min(s.next+s.mss, len(s.frame))
-	n := copy(dst, s.frame[:s.hdrLen])
-	n += copy(dst[n:], s.frame[s.next:end])
-	seg := dst[:n]
-	plen := n - s.l4 // TCP header and payload
-	if s.v6 {
-		ip := header.IPv6(seg[s.l3:])
-		ip.SetPayloadLen(n - s.l3 - header.IPv6Len)
-	} else {
-		ip := header.IPv4(seg[s.l3:])
-		ip.SetTotalLen(n - s.l3)
-		ip.SetID(s.id + uint16(s.seg))
-		ip.SetChecksum()
-	}
-	// The seed with the whole length taken out (one's complement: add
-	// its complement) and this segment's put in.
-	sum := uint32(s.seed) + uint32(^uint16(s.tcpLen)) + uint32(plen)
-	tcp := header.TCP(seg[s.l4:])
-	tcp.SetSeq(s.seq + uint32(s.next-s.hdrLen))
-	flags := s.flags
-	if s.seg > 0 {
-		flags &^= header.TCPFlagCWR // congestion window reduced: said once
-	}
-	if end < len(s.frame) {
-		flags &^= header.TCPFlagFIN | header.TCPFlagPSH // only the last segment ends or pushes
-	}
-	tcp.SetFlags(flags)
-	tcp.SetChecksum(0)
-	tcp.SetChecksum(csum.Fold(csum.Sum(sum, seg[s.l4:])))
-	s.seg++
-	s.next = end
-	if end == len(s.frame) {
-		s.frame = nil
-	}
-	return n
+	return f.HeaderLen(), v6, nil
 }
 
 // tcpSeg is a frame carrying one TCP segment that may be coalesced: plain

@@ -158,8 +158,8 @@ func TestSegment(t *testing.T) {
 		}
 		var got []byte
 		dst := make([]byte, 70000)
-		for i := 0; !s.done(); i++ {
-			n := s.cut(dst)
+		for i := 0; !s.Done(); i++ {
+			n := s.Cut(dst)
 			seg := dst[:n]
 			tcp := verify(t, seg, c.v6)
 			st, _ := parseAnyTCP(seg)
@@ -169,7 +169,7 @@ func TestSegment(t *testing.T) {
 			if tcp.Seq != 1000+uint32(len(got)) {
 				t.Fatalf("segment %d: seq %d, want %d", i, tcp.Seq, 1000+len(got))
 			}
-			last := s.done()
+			last := s.Done()
 			if tcp.CWR != (i == 0) || tcp.PSH != last || tcp.FIN != last || !tcp.ACK {
 				t.Fatalf("segment %d (last %v): CWR %v PSH %v FIN %v ACK %v", i, last, tcp.CWR, tcp.PSH, tcp.FIN, tcp.ACK)
 			}
@@ -202,8 +202,8 @@ func TestSegmentSeed(t *testing.T) {
 		t.Fatal(err)
 	}
 	dst := make([]byte, 70000)
-	for i := 0; !s.done(); i++ {
-		n := s.cut(dst)
+	for i := 0; !s.Done(); i++ {
+		n := s.Cut(dst)
 		sum := csum.Pseudo(ip.SrcBytes(), final, header.ProtoTCP, n-st.l4)
 		if csum.Fold(csum.Sum(sum, dst[st.l4:n])) != 0 {
 			t.Fatalf("segment %d does not verify against the final destination", i)
@@ -323,8 +323,8 @@ func TestCoalesceRoundTrip(t *testing.T) {
 			t.Fatal(err)
 		}
 		dst := make([]byte, 70000)
-		for i := 0; !s.done(); i++ {
-			n := s.cut(dst)
+		for i := 0; !s.Done(); i++ {
+			n := s.Cut(dst)
 			orig, _ := parseAnyTCP(segs[i][Headroom:])
 			st, _ := parseAnyTCP(dst[:n])
 			verify(t, dst[:n], v6)
@@ -427,29 +427,31 @@ func FuzzSegment(f *testing.F) {
 		if s.start(frame, h, 4092) != nil {
 			return
 		}
+		l3, v6, _ := checkSuper(frame, h)
+		l4 := int(h.csumStart)
 		// The seed the kernel would have left: the pseudo-header sum of
 		// the header's addresses and the whole TCP length.
 		var seed uint32
-		if s.v6 {
-			ip := header.IPv6(frame[s.l3:])
-			seed = csum.Pseudo(ip.SrcBytes(), ip.DstBytes(), header.ProtoTCP, len(frame)-s.l4)
+		if v6 {
+			ip := header.IPv6(frame[l3:])
+			seed = csum.Pseudo(ip.SrcBytes(), ip.DstBytes(), header.ProtoTCP, len(frame)-l4)
 		} else {
-			ip := header.IPv4(frame[s.l3:])
-			seed = csum.Pseudo(ip.SrcBytes(), ip.DstBytes(), header.ProtoTCP, len(frame)-s.l4)
+			ip := header.IPv4(frame[l3:])
+			seed = csum.Pseudo(ip.SrcBytes(), ip.DstBytes(), header.ProtoTCP, len(frame)-l4)
 		}
-		header.TCP(frame[s.l4:]).SetChecksum(^csum.Fold(seed))
+		header.TCP(frame[l4:]).SetChecksum(^csum.Fold(seed))
 		if err := s.start(frame, h, 4092); err != nil {
 			t.Fatalf("accepted, then refused after the seed was written: %v", err)
 		}
-		l3, l4, hl := s.l3, s.l4, s.hdrLen
+		hl := s.HdrLen()
 		total := 0
-		for i := 0; !s.done(); i++ {
-			n := s.cut(dst)
+		for i := 0; !s.Done(); i++ {
+			n := s.Cut(dst)
 			if n-l3 > 4092 {
 				t.Fatalf("segment %d: IP packet of %d bytes", i, n-l3)
 			}
 			var sum uint32
-			if s.v6 {
+			if v6 {
 				ip := header.IPv6(dst[l3:n])
 				sum = csum.Pseudo(ip.SrcBytes(), ip.DstBytes(), header.ProtoTCP, n-l4)
 			} else {
@@ -503,17 +505,17 @@ func FuzzCoalesce(f *testing.F) {
 		}
 		dst := make([]byte, maxSuperFrame+100)
 		for i := 0; i < k; i++ {
-			if s.done() {
+			if s.Done() {
 				t.Fatalf("%d segments from a run of %d", i, k)
 			}
-			n := s.cut(dst)
+			n := s.Cut(dst)
 			cut, _ := parseAnyTCP(dst[:n])
 			orig, _ := parseAnyTCP(frames[i][Headroom:])
 			if !bytes.Equal(dst[cut.hl:n], orig.f[orig.hl:]) {
 				t.Fatalf("segment %d payload differs", i)
 			}
 		}
-		if !s.done() {
+		if !s.Done() {
 			t.Fatalf("more segments than the run of %d", k)
 		}
 	})
@@ -533,8 +535,8 @@ func BenchmarkSegment64K(b *testing.B) {
 		if err := s.start(f, h, 4092); err != nil {
 			b.Fatal(err)
 		}
-		for !s.done() {
-			s.cut(dst)
+		for !s.Done() {
+			s.Cut(dst)
 		}
 	}
 }

@@ -157,8 +157,8 @@ func closedErr(err error) error {
 // returns false to wait for readiness when it got nothing.
 func (t *TAP) readBatch(fd uintptr) bool {
 	for t.rn < len(t.rbufs) {
-		if !t.seg.done() { // segments of a super-frame first
-			t.rsizes[t.rn] = t.seg.cut(t.rbufs[t.rn][t.roff:])
+		if !t.seg.Done() { // segments of a super-frame first
+			t.rsizes[t.rn] = t.seg.Cut(t.rbufs[t.rn][t.roff:])
 			t.rn++
 			t.gsoCut.Add(1)
 			continue
@@ -183,7 +183,7 @@ func (t *TAP) readBatch(fd uintptr) bool {
 				t.drop(err)
 				continue
 			}
-			if !t.seg.done() {
+			if !t.seg.Done() {
 				continue // cut from the next turn on
 			}
 			n -= vnetHdrLen
