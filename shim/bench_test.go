@@ -81,7 +81,7 @@ func benchTx(b *testing.B, s *Shim, frame []byte) {
 	b.SetBytes(int64(len(frame)))
 	for i := 0; i < b.N; i++ {
 		copy(buf[devHeadroom:], frame)
-		s.tx(batch, buf, len(frame), now)
+		s.tx(batch, buf, len(frame), tap.Super{}, now)
 		if len(batch.bufs) != 1 {
 			b.Fatalf("frame not translated: %v", s.Counters())
 		}
@@ -161,7 +161,7 @@ func BenchmarkTx64K(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		for j := range bufs {
 			copy(bufs[j][devHeadroom:], frame)
-			s.tx(batch, bufs[j], len(frame), now)
+			s.tx(batch, bufs[j], len(frame), tap.Super{}, now)
 		}
 		if len(batch.bufs) != segs {
 			b.Fatalf("%d of %d segments translated: %v", len(batch.bufs), segs, s.Counters())

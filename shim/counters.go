@@ -17,10 +17,12 @@ type Counter int
 const (
 	TxFrames           Counter = iota // frames read from the TAP
 	TxForwarded                       // frames sent on as one IPoIB packet (at once or after a resolution)
-	TxPackets                         // IPoIB packets the port accepted (fragments and resolutions included)
+	TxPackets                         // IPoIB packets the port accepted (fragments and resolutions included; a super-frame once)
 	TxPortRefused                     // packets the port refused or lost (see its port_drop_* counters)
 	TxBroadcast                       // of tx_forwarded, those to the broadcast group
 	TxMulticast                       // of tx_forwarded, those to another MGID
+	TxSuper                           // of tx_forwarded, TCP super-frames the port took whole to cut itself
+	TxSuperSegments                   // the segments the port is to cut them into
 	TxFragmented                      // IPv4 packets fragmented to the IPoIB MTU
 	TxFragments                       // fragments made of them
 	TxICMPTooBig                      // ICMP fragmentation-needed / ICMPv6 packet-too-big sent to guests
@@ -55,11 +57,12 @@ const (
 	DropLocalTAPWrite                 // the shim's own frames to guests (queries, ICMP) the kernel refused
 	DropBadMcastReport                // malformed IGMP/MLD report or leave from a guest
 	DropNoGroup                       // multicast to a group the port could not join (group table full)
+	DropSuperGroup                    // a TCP super-frame to a broadcast or multicast MAC
 	numCounters
 )
 
 var counterNames = [numCounters]string{
-	TxFrames: "tx_frames", TxForwarded: "tx_forwarded", TxPackets: "tx_packets", TxPortRefused: "tx_port_refused", TxFragments: "tx_fragments", TxBroadcast: "tx_broadcast", TxMulticast: "tx_multicast",
+	TxFrames: "tx_frames", TxForwarded: "tx_forwarded", TxPackets: "tx_packets", TxPortRefused: "tx_port_refused", TxFragments: "tx_fragments", TxBroadcast: "tx_broadcast", TxMulticast: "tx_multicast", TxSuper: "tx_super", TxSuperSegments: "tx_super_segments",
 	TxFragmented: "tx_fragmented", TxICMPTooBig: "tx_icmp_too_big", TxQueued: "tx_queued", TxResolveSent: "tx_resolve_sent",
 	TxQueries: "tx_queries", McastJoins: "mcast_joins", McastLeaves: "mcast_leaves", RxPackets: "rx_packets", RxFrames: "rx_frames", VIFsCreated: "vifs_created", VIFsAged: "vifs_aged",
 	DropRunt: "drop_runt", DropEtherType: "drop_ethertype", DropVLANUnmapped: "drop_vlan_unmapped",
@@ -69,6 +72,7 @@ var counterNames = [numCounters]string{
 	DropRxUnknownPKey: "drop_rx_unknown_pkey", DropRxUnknownVIF: "drop_rx_unknown_vif",
 	DropRxMulticast: "drop_rx_multicast", DropRxNeighbour: "drop_rx_neighbour", DropTAPWrite: "drop_tap_write", DropLocalTAPWrite: "drop_local_tap_write",
 	DropBadMcastReport: "drop_bad_mcast_report", DropNoGroup: "drop_no_group",
+	DropSuperGroup: "drop_super_group",
 }
 
 // String returns the counter's metric name.
@@ -81,6 +85,8 @@ type counters struct {
 }
 
 func (c *counters) inc(k Counter) { c.c[k].Add(1) }
+
+func (c *counters) add(k Counter, n uint64) { c.c[k].Add(n) }
 
 // gauges are the Counters names that are levels, which go up and down,
 // rather than totals.

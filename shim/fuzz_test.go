@@ -234,7 +234,7 @@ func FuzzTx(f *testing.F) {
 		n := copy(buf[devHeadroom:], frame) + int(tail)
 		frames, drops, queued, icmp := s.Get(TxFrames), fuzzDrops(s), s.Get(TxQueued), s.Get(TxICMPTooBig)
 		s.ctr.inc(TxFrames) // as txLoop does
-		s.tx(b, buf, n, e.now)
+		s.tx(b, buf, n, tap.Super{}, e.now)
 		for i, pkt := range b.bufs {
 			h := ipoib.Header(pkt[min(ipoib.Headroom, len(pkt)):])
 			if !h.IsValid() || !rxEtherType(h.EtherType()) || len(h) > s.port.MTU() || !b.meta[i].PKey.IsValid() {

@@ -34,7 +34,7 @@ func txFrame(s *Shim, b *txBatch, frame []byte) {
 	buf := make([]byte, devBufSize)
 	copy(buf[devHeadroom:], frame)
 	s.ctr.inc(TxFrames)
-	s.tx(b, buf, len(frame), s.clk.Now())
+	s.tx(b, buf, len(frame), tap.Super{}, s.clk.Now())
 }
 
 // rxPacket runs one IPoIB packet through the RX path of a still shim and

@@ -16,6 +16,7 @@ import (
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/mactrans"
 	"github.com/eipoib/eipoibd/snoop"
+	"github.com/eipoib/eipoibd/tap"
 )
 
 const (
@@ -68,6 +69,17 @@ func (s *Shim) flushTx(b *txBatch) {
 	b.bufs, b.meta, b.nfrag = b.bufs[:0], b.meta[:0], 0
 }
 
+// superReader returns the device as a SuperReader when the port cuts TCP
+// super-packets itself, so that super-frames cross the shim whole; nil
+// when the device cuts them.
+func (s *Shim) superReader() tap.SuperReader {
+	sr, ok := s.dev.(tap.SuperReader)
+	if o := s.port.Offloads(); ok && o.TSO && o.MaxSuper >= ipoib.MaxSuperPacket {
+		return sr
+	}
+	return nil
+}
+
 func (s *Shim) txLoop() error {
 	bs := s.dev.BatchSize()
 	bufs := make([][]byte, bs)
@@ -75,9 +87,17 @@ func (s *Shim) txLoop() error {
 		bufs[i] = make([]byte, devBufSize)
 	}
 	sizes := make([]int, bs)
+	sr := s.superReader()
+	super := make([]tap.Super, bs) // all zero unless sr fills them
 	b := newTxBatch(bs)
 	for {
-		n, err := s.dev.Read(bufs, sizes, devHeadroom)
+		var n int
+		var err error
+		if sr != nil {
+			n, err = sr.ReadSuper(bufs, sizes, super, devHeadroom)
+		} else {
+			n, err = s.dev.Read(bufs, sizes, devHeadroom)
+		}
 		if err != nil {
 			return err
 		}
@@ -85,7 +105,7 @@ func (s *Shim) txLoop() error {
 		s.live.RLock()
 		for i := 0; i < n; i++ {
 			s.ctr.inc(TxFrames)
-			s.tx(b, bufs[i], sizes[i], now)
+			s.tx(b, bufs[i], sizes[i], super[i], now)
 		}
 		s.flushTx(b)
 		s.live.RUnlock()
@@ -139,8 +159,9 @@ func (s *Shim) multicastMGID(p *partition, et uint16, pay []byte) (ipoib.GID, bo
 	return ipoib.GID{}, false
 }
 
-// tx translates one frame at buf[devHeadroom:devHeadroom+n].
-func (s *Shim) tx(b *txBatch, buf []byte, n int, now time.Time) {
+// tx translates one frame at buf[devHeadroom:devHeadroom+n]; sup
+// describes a TCP super-frame to hand to the port whole.
+func (s *Shim) tx(b *txBatch, buf []byte, n int, sup tap.Super, now time.Time) {
 	f := ether.Frame(buf[devHeadroom : devHeadroom+n])
 	if !f.IsValid() {
 		s.ctr.inc(DropRunt)
@@ -238,7 +259,19 @@ func (s *Shim) tx(b *txBatch, buf []byte, n int, now time.Time) {
 		s.ctr.inc(DropTxRewrite)
 		return
 	}
-	if len(pay) > s.ipMTU {
+	segs := 0 // of a super-frame
+	if sup.L4 != 0 {
+		if segs = s.superMeta(&m, f, pay, sup, kind); segs == 0 {
+			return
+		}
+		if unknown {
+			// Not queued, as fragments are not: resolve, and let TCP's
+			// retransmission find the destination known.
+			s.ctr.inc(DropUnresolved)
+			s.enqueue(p, vif, dst, nil, m, source, target, now)
+			return
+		}
+	} else if len(pay) > s.ipMTU {
 		if unknown && fragmentable(et, pay) {
 			// Fragments are not queued: resolve, and let the guest's
 			// retransmission find the destination known.
@@ -262,7 +295,30 @@ func (s *Shim) tx(b *txBatch, buf []byte, n int, now time.Time) {
 	if kind >= 0 {
 		s.ctr.inc(kind)
 	}
+	if sup.L4 != 0 {
+		s.ctr.inc(TxSuper)
+		s.ctr.add(TxSuperSegments, uint64(segs))
+	}
 	b.add(pkt, m)
+}
+
+// superMeta describes a TCP super-frame (checked by the device) to the
+// port, with segments cut to the IPoIB MTU, and returns how many segments
+// the port will cut; 0 (counted) when the frame goes to a group, where
+// TCP never goes.
+func (s *Shim) superMeta(m *ipoib.TxMeta, f ether.Frame, pay []byte, sup tap.Super, kind Counter) int {
+	if kind >= 0 {
+		s.ctr.inc(DropSuperGroup)
+		return 0
+	}
+	l4 := int(sup.L4) - f.HeaderLen() // from the IP header
+	hdrs := l4 + header.TCP(pay[l4:]).HeaderLen()
+	size := min(int(sup.Size), s.ipMTU-hdrs)
+	m.GSO = ipoib.GSO{Type: ipoib.GSOTCPv4, L4: uint16(ipoib.HeaderLen + l4), Size: uint16(size)}
+	if sup.V6 {
+		m.GSO.Type = ipoib.GSOTCPv6
+	}
+	return (len(pay) - hdrs + size - 1) / size
 }
 
 // snoopIPv6 records the memberships an IPv6 packet from a guest shows:

@@ -4,28 +4,46 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+
+	"github.com/eipoib/eipoibd/internal/ether"
+	"github.com/eipoib/eipoibd/internal/gso"
 )
 
 // Mem is an in-memory Device for tests: Inject plays a guest sending a
-// frame into the TAP, Sent yields the frames the shim wrote (what guests
-// receive).
+// frame into the TAP (InjectSuper a TCP super-frame, as a guest with TSO
+// does), Sent yields the frames the shim wrote (what guests receive).
 type Mem struct {
-	in      chan []byte
+	in      chan memFrame
+	seg     gso.Segmenter // a super-frame Read is cutting
 	out     chan []byte
 	done    chan struct{}
 	once    sync.Once
 	carrier atomic.Bool
 }
 
-var _ Device = (*Mem)(nil)
+// memFrame is a frame queued for the shim, with how to cut it when it is
+// a super-frame.
+type memFrame struct {
+	b []byte
+	s Super
+}
+
+var _ SuperReader = (*Mem)(nil)
 
 // NewMem returns an in-memory device with queues of n frames.
 func NewMem(n int) *Mem {
-	return &Mem{in: make(chan []byte, n), out: make(chan []byte, n), done: make(chan struct{})}
+	return &Mem{in: make(chan memFrame, n), out: make(chan []byte, n), done: make(chan struct{})}
 }
 
 // Inject queues a frame for the shim to read.
-func (m *Mem) Inject(frame []byte) { m.in <- append([]byte(nil), frame...) }
+func (m *Mem) Inject(frame []byte) { m.in <- memFrame{b: append([]byte(nil), frame...)} }
+
+// InjectSuper queues a TCP super-frame, its checksum field holding the
+// pseudo-header sum as a TSO guest leaves it; Read cuts it as the TAP
+// does, ReadSuper hands it over whole.
+func (m *Mem) InjectSuper(frame []byte, s Super) {
+	m.in <- memFrame{b: append([]byte(nil), frame...), s: s}
+}
 
 // Sent returns the channel of frames the shim wrote.
 func (m *Mem) Sent() <-chan []byte { return m.out }
@@ -36,27 +54,56 @@ func (m *Mem) Carrier() bool { return m.carrier.Load() }
 // BatchSize is the largest batch per call.
 func (m *Mem) BatchSize() int { return 16 }
 
-// Read returns queued frames, blocking for the first.
+// Read returns queued frames, blocking for the first; super-frames are
+// cut into segments.
 func (m *Mem) Read(bufs [][]byte, sizes []int, offset int) (int, error) {
-	var f []byte
-	select {
-	case f = <-m.in:
-	case <-m.done:
-		return 0, net.ErrClosed
-	}
+	return m.read(bufs, sizes, nil, offset)
+}
+
+// ReadSuper returns queued frames, super-frames whole.
+func (m *Mem) ReadSuper(bufs [][]byte, sizes []int, super []Super, offset int) (int, error) {
+	return m.read(bufs, sizes, super, offset)
+}
+
+func (m *Mem) read(bufs [][]byte, sizes []int, super []Super, offset int) (int, error) {
 	n := 0
-	for {
-		sizes[n] = copy(bufs[n][offset:], f)
+	for n < len(bufs) {
+		if !m.seg.Done() {
+			sizes[n] = m.seg.Cut(bufs[n][offset:])
+			if super != nil {
+				super[n] = Super{}
+			}
+			n++
+			continue
+		}
+		var f memFrame
+		if n == 0 {
+			select {
+			case f = <-m.in:
+			case <-m.done:
+				return 0, net.ErrClosed
+			}
+		} else {
+			select {
+			case f = <-m.in:
+			default:
+				return n, nil
+			}
+		}
+		if f.s.L4 != 0 && super == nil {
+			// Size is within the MTU already.
+			if err := m.seg.Start(f.b, ether.Frame(f.b).HeaderLen(), int(f.s.L4), f.s.V6, int(f.s.Size), 1<<16); err != nil {
+				panic("tap.Mem: the test injected a bad super-frame: " + err.Error())
+			}
+			continue
+		}
+		sizes[n] = copy(bufs[n][offset:], f.b)
+		if super != nil {
+			super[n] = f.s
+		}
 		n++
-		if n == len(bufs) {
-			return n, nil
-		}
-		select {
-		case f = <-m.in:
-		default:
-			return n, nil
-		}
 	}
+	return n, nil
 }
 
 // Write queues copies of the frames on Sent; a full queue drops them.

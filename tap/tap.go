@@ -34,6 +34,28 @@ type Device interface {
 	Close() error
 }
 
+// Super says how to cut a TCP super-frame that ReadSuper returned whole;
+// its zero value marks an ordinary frame. The frame's TCP checksum field
+// holds the pseudo-header sum over its whole TCP length (see gso).
+type Super struct {
+	// L4 is the offset of the TCP header in the frame.
+	L4 uint16
+	// Size is the TCP payload of each segment but the last, cut to the
+	// TAP's MTU.
+	Size uint16
+	// V6 is set for IPv6, clear for IPv4.
+	V6 bool
+}
+
+// SuperReader is a Device that can hand over TCP super-frames whole, for
+// a fabric port that cuts them itself.
+type SuperReader interface {
+	Device
+	// ReadSuper is Read, except that a TCP super-frame comes whole with
+	// how to cut it in super[i] (zero for an ordinary frame).
+	ReadSuper(bufs [][]byte, sizes []int, super []Super, offset int) (int, error)
+}
+
 // Config describes the TAP to create.
 type Config struct {
 	Name string
@@ -68,6 +90,7 @@ type TAP struct {
 	// a batch allocates nothing.
 	rbufs  [][]byte
 	rsizes []int
+	rsuper []Super // nil: cut super-frames here
 	roff   int
 	rn     int
 	rerr   error
@@ -81,7 +104,7 @@ type TAP struct {
 	writeFn func(fd uintptr) bool
 }
 
-var _ Device = (*TAP)(nil)
+var _ SuperReader = (*TAP)(nil)
 
 // Create makes the TAP, sets its MAC and MTU and brings it up.
 func Create(cfg Config) (*TAP, error) {
@@ -178,8 +201,9 @@ func (t *TAP) readBatch(fd uintptr) bool {
 			t.rerr = err
 			return true
 		}
+		var sup Super
 		if t.offload {
-			if err := t.unpack(t.rbufs[t.rn][start : start+n]); err != nil {
+			if sup, err = t.unpack(t.rbufs[t.rn][start : start+n]); err != nil {
 				t.drop(err)
 				continue
 			}
@@ -189,32 +213,44 @@ func (t *TAP) readBatch(fd uintptr) bool {
 			n -= vnetHdrLen
 		}
 		t.rsizes[t.rn] = n
+		if t.rsuper != nil {
+			t.rsuper[t.rn] = sup
+		}
 		t.rn++
 	}
 	return true
 }
 
 // unpack handles the vnet header of a frame read with offloads: a partial
-// checksum is completed in place; a super-frame is moved out and handed
-// to the segmenter.
-func (t *TAP) unpack(b []byte) error {
+// checksum is completed in place; a super-frame is checked and, for
+// ReadSuper, described in place, else moved out and handed to the
+// segmenter.
+func (t *TAP) unpack(b []byte) (Super, error) {
 	if len(b) < vnetHdrLen {
-		return errBadVnet
+		return Super{}, errBadVnet
 	}
 	h := decodeVnet(b)
 	frame := b[vnetHdrLen:]
 	if h.gsoType == unix.VIRTIO_NET_HDR_GSO_NONE {
 		if h.flags&unix.VIRTIO_NET_HDR_F_NEEDS_CSUM != 0 {
-			return completeChecksum(frame, h)
+			return Super{}, completeChecksum(frame, h)
 		}
-		return nil
+		return Super{}, nil
+	}
+	if t.rsuper != nil {
+		var s segmenter // checks only: nothing is cut
+		if err := s.start(frame, h, t.mtu); err != nil {
+			return Super{}, err
+		}
+		t.gsoRead.Add(1)
+		return Super{L4: h.csumStart, Size: uint16(s.MSS()), V6: h.gsoType&^unix.VIRTIO_NET_HDR_GSO_ECN == unix.VIRTIO_NET_HDR_GSO_TCPV6}, nil
 	}
 	n := copy(t.segBuf, frame)
 	if err := t.seg.start(t.segBuf[:n], h, t.mtu); err != nil {
-		return err
+		return Super{}, err
 	}
 	t.gsoRead.Add(1)
-	return nil
+	return Super{}, nil
 }
 
 // drop counts a frame refused for err.
@@ -244,12 +280,28 @@ func (t *TAP) Counters() map[string]uint64 {
 // Read reads a batch of frames. With offloads, a super-frame becomes as
 // many segments as it takes, across calls when the batch is full.
 func (t *TAP) Read(bufs [][]byte, sizes []int, offset int) (int, error) {
+	return t.read(bufs, sizes, nil, offset)
+}
+
+// ReadSuper reads a batch of frames, super-frames whole (bufs must then
+// hold 64 KB past offset): super[i] says how to cut frame i. Segments
+// still pending from an earlier Read come first, as ordinary frames.
+// Without offloads it is Read.
+func (t *TAP) ReadSuper(bufs [][]byte, sizes []int, super []Super, offset int) (int, error) {
+	if len(super) < len(bufs) {
+		return 0, fmt.Errorf("tap: read of %d frames with %d super entries", len(bufs), len(super))
+	}
+	clear(super[:len(bufs)])
+	return t.read(bufs, sizes, super, offset)
+}
+
+func (t *TAP) read(bufs [][]byte, sizes []int, super []Super, offset int) (int, error) {
 	if t.offload && offset < vnetHdrLen {
 		return 0, fmt.Errorf("tap: read offset %d below the vnet header's %d bytes", offset, vnetHdrLen)
 	}
-	t.rbufs, t.rsizes, t.roff, t.rn, t.rerr = bufs, sizes, offset, 0, nil
+	t.rbufs, t.rsizes, t.rsuper, t.roff, t.rn, t.rerr = bufs, sizes, super, offset, 0, nil
 	err := t.rc.Read(t.readFn)
-	t.rbufs, t.rsizes = nil, nil
+	t.rbufs, t.rsizes, t.rsuper = nil, nil, nil
 	if err != nil {
 		return 0, closedErr(err)
 	}

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/eipoib/eipoibd/internal/gso"
 	"github.com/eipoib/eipoibd/ipoib"
 )
 
@@ -24,6 +25,7 @@ const (
 	DropNoRoute     = "no_route"
 	DropBadMeta     = "bad_meta"
 	DropBufferSmall = "rx_buffer_small"
+	DropBadGSO      = "bad_gso"
 )
 
 // queueLen is the receive queue of a port in packets.
@@ -33,6 +35,7 @@ const queueLen = 1024
 type Fabric struct {
 	mu    sync.RWMutex
 	mtu   int
+	tso   bool
 	ports map[ipoib.GID]*Port
 	pool  sync.Pool
 }
@@ -105,8 +108,17 @@ func (p *Port) LocalGID() ipoib.GID { return p.gid }
 // MTU returns the fabric's IB MTU.
 func (p *Port) MTU() int { return p.f.mtu }
 
-// Offloads reports no TSO: the shim cuts super-frames for this port.
-func (p *Port) Offloads() ipoib.Offloads { return ipoib.Offloads{} }
+// SetTSO makes the fabric's ports take TCP super-packets and cut them, as
+// a port with LSO does; call it before attaching ports.
+func (f *Fabric) SetTSO(on bool) { f.tso = on }
+
+// Offloads reports TSO when the fabric was set to take super-packets.
+func (p *Port) Offloads() ipoib.Offloads {
+	if p.f.tso {
+		return ipoib.Offloads{TSO: true, MaxSuper: ipoib.MaxSuperPacket}
+	}
+	return ipoib.Offloads{}
+}
 
 // AllocQP creates a QP in partition pkey, numbered hint when that is a
 // free valid QPN.
@@ -174,7 +186,9 @@ func (p *Port) Close() error {
 // reverse) is counted and skipped;
 // n counts the packets handed to the fabric (one to a GID no port has is
 // lost there, counted as no_route, as the simulated fabric's kernel
-// accepts a datagram to an absent peer).
+// accepts a datagram to an absent peer). On a fabric set to TSO, a TCP
+// super-packet is cut into segments, each sent and counted as a packet;
+// one that cannot be cut is counted as bad_gso.
 func (p *Port) Write(bufs [][]byte, meta []ipoib.TxMeta, offset int) (int, error) {
 	if p.closed.Load() {
 		return 0, net.ErrClosed
@@ -186,34 +200,53 @@ func (p *Port) Write(bufs [][]byte, meta []ipoib.TxMeta, offset int) (int, error
 	for i, b := range bufs {
 		payload := b[offset:]
 		m := meta[i]
-		if len(payload) > p.f.mtu {
-			p.drop(DropOversize)
-			continue
-		}
 		if pk, own := p.qps.PKey(m.SrcQPN); !own || !m.PKey.IsValid() || pk != m.PKey || (m.Dst.QPN() == ipoib.MulticastQPN) != m.Dst.GID().IsMulticast() {
 			p.drop(DropBadMeta)
 			continue
 		}
-		p.txPackets.Add(1)
-		p.txBytes.Add(uint64(len(payload)))
-		rm := ipoib.RxMeta{Src: ipoib.MakeHwAddr(0, m.SrcQPN, p.gid), DstQPN: m.Dst.QPN(), PKey: m.PKey}
-		p.f.mu.RLock()
-		if m.Dst.QPN() == ipoib.MulticastQPN {
-			rm.MGID = m.Dst.GID()
-			for _, q := range p.f.ports {
-				if q != p {
-					q.deliver(payload, rm)
-				}
+		if m.GSO.Type == ipoib.GSONone {
+			if len(payload) > p.f.mtu {
+				p.drop(DropOversize)
+				continue
 			}
-		} else if q, ok := p.f.ports[m.Dst.GID()]; ok {
-			q.deliver(payload, rm)
-		} else {
-			p.drop(DropNoRoute)
+			p.send(payload, m)
+			n++
+			continue
 		}
-		p.f.mu.RUnlock()
+		var seg gso.Segmenter
+		if !p.f.tso || seg.Start(payload, ipoib.HeaderLen, int(m.GSO.L4), m.GSO.Type == ipoib.GSOTCPv6, int(m.GSO.Size), p.f.mtu-ipoib.HeaderLen) != nil {
+			p.drop(DropBadGSO)
+			continue
+		}
+		buf := p.f.pool.Get().(*[]byte)
+		for !seg.Done() {
+			p.send((*buf)[:seg.Cut(*buf)], m)
+		}
+		p.f.pool.Put(buf)
 		n++
 	}
 	return n, nil
+}
+
+// send hands one packet to the fabric.
+func (p *Port) send(payload []byte, m ipoib.TxMeta) {
+	p.txPackets.Add(1)
+	p.txBytes.Add(uint64(len(payload)))
+	rm := ipoib.RxMeta{Src: ipoib.MakeHwAddr(0, m.SrcQPN, p.gid), DstQPN: m.Dst.QPN(), PKey: m.PKey}
+	p.f.mu.RLock()
+	defer p.f.mu.RUnlock()
+	if m.Dst.QPN() == ipoib.MulticastQPN {
+		rm.MGID = m.Dst.GID()
+		for _, q := range p.f.ports {
+			if q != p {
+				q.deliver(payload, rm)
+			}
+		}
+	} else if q, ok := p.f.ports[m.Dst.GID()]; ok {
+		q.deliver(payload, rm)
+	} else {
+		p.drop(DropNoRoute)
+	}
 }
 
 // deliver applies the receive checks and queues a copy of payload.

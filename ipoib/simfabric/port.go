@@ -30,6 +30,7 @@ import (
 	"golang.org/x/net/ipv6"
 	"golang.org/x/sys/unix"
 
+	"github.com/eipoib/eipoibd/internal/gso"
 	"github.com/eipoib/eipoibd/ipoib"
 )
 
@@ -49,6 +50,7 @@ const (
 	DropSendError
 	DropBadSource
 	DropBadDestQPN
+	DropBadGSO
 	numDrops
 )
 
@@ -71,6 +73,7 @@ var DropNames = func() [numDrops]string {
 	n[DropSendError] = "send_error"
 	n[DropBadSource] = "bad_source"
 	n[DropBadDestQPN] = "bad_dest_qpn"
+	n[DropBadGSO] = "bad_gso"
 	return n
 }()
 
@@ -133,6 +136,10 @@ type Port struct {
 	rgot   int
 	wmu    sync.Mutex // Write state
 	wcodec Codec
+	chunk  chunk
+	cutter gso.Segmenter
+	segBuf [][]byte // storage of the segments cut from super-packets, one per chunk entry
+	segOff int      // the offset segBuf was made for
 	wmsgs  []ipv6.Message
 	wbufs  [][1][]byte
 	snd    *sender
@@ -316,8 +323,12 @@ func (p *Port) LocalGID() ipoib.GID { return p.gid }
 // MTU is the IB MTU.
 func (p *Port) MTU() int { return p.mtu }
 
-// Offloads reports no TSO: the shim cuts super-frames for this port.
-func (p *Port) Offloads() ipoib.Offloads { return ipoib.Offloads{} }
+// Offloads reports TSO: the port cuts TCP super-packets itself, straight
+// into the UDP GSO trains it sends, as the kernel's GSO would for a
+// device.
+func (p *Port) Offloads() ipoib.Offloads {
+	return ipoib.Offloads{TSO: true, MaxSuper: ipoib.MaxSuperPacket}
+}
 
 // SetFaults replaces the injected send faults.
 func (p *Port) SetFaults(f Faults) error {
@@ -423,11 +434,14 @@ func (p *Port) udpAddr(g ipoib.GID) *peer {
 // Write sends a batch of any length, up to BatchSize packets per system
 // call. bufs[i][offset:] is the IPoIB header and payload; HeaderLen bytes
 // before offset and TailRoom bytes of capacity after the payload are
-// used. n counts the packets the port accepted: handed to the kernel, or
+// used. A TCP super-packet (meta[i].GSO) is cut into segments here, in
+// the port's own buffers. n counts the packets the port accepted (a
+// super-packet when all its segments were): handed to the kernel, or
 // held back by the reorder fault to go out with the next send. A packet
 // refused locally (oversize, no room, bad metadata or a source QP this
-// port did not allocate, port down), lost by the loss fault or refused by
-// the kernel is counted under its drop reason and not in n.
+// port did not allocate, a super-packet that does not parse, port down),
+// lost by the loss fault or refused by the kernel is counted under its
+// drop reason and not in n; the port's packet counters count segments.
 func (p *Port) Write(bufs [][]byte, meta []ipoib.TxMeta, offset int) (int, error) {
 	if p.closed.Load() {
 		return 0, net.ErrClosed
@@ -440,24 +454,126 @@ func (p *Port) Write(bufs [][]byte, meta []ipoib.TxMeta, offset int) (int, error
 	}
 	p.wmu.Lock()
 	defer p.wmu.Unlock()
-	n := 0
-	for len(bufs) > 0 {
-		k := min(len(bufs), batch)
-		sent, err := p.writeChunk(bufs[:k], meta[:k], offset)
-		n += sent
-		if err != nil {
-			return n, err
+	c := &p.chunk
+	c.reset()
+	for i, b := range bufs {
+		m := &meta[i]
+		if m.GSO.Type == ipoib.GSONone {
+			c.add(b, m, i)
+			if c.full() {
+				if err := p.flush(offset); err != nil {
+					return c.n, err
+				}
+			}
+			continue
 		}
-		bufs, meta = bufs[k:], meta[k:]
+		if !p.ownQP(m) {
+			p.drop(DropBadMeta)
+			continue
+		}
+		if p.cutter.Start(b[offset:], ipoib.HeaderLen, int(m.GSO.L4), m.GSO.Type == ipoib.GSOTCPv6, int(m.GSO.Size), p.mtu-ipoib.HeaderLen) != nil {
+			p.drop(DropBadGSO)
+			continue
+		}
+		sm := *m
+		sm.GSO = ipoib.GSO{}
+		for !p.cutter.Done() {
+			buf := p.segment(len(c.bufs), offset)
+			k := p.cutter.Cut(buf[offset:])
+			c.add(buf[:offset+k], &sm, i)
+			if c.full() {
+				if err := p.flush(offset); err != nil {
+					return c.n, err
+				}
+			}
+		}
 	}
-	return n, nil
+	if err := p.flush(offset); err != nil {
+		return c.n, err
+	}
+	c.finish()
+	return c.n, nil
 }
 
-// writeChunk sends at most batch packets; call with wmu held.
-func (p *Port) writeChunk(bufs [][]byte, meta []ipoib.TxMeta, offset int) (int, error) {
+// segment returns the storage of chunk entry k's segment, with offset
+// bytes of headroom.
+func (p *Port) segment(k, offset int) []byte {
+	if p.segBuf == nil || p.segOff != offset {
+		p.segBuf, p.segOff = make([][]byte, batch), offset
+		for i := range p.segBuf {
+			p.segBuf[i] = make([]byte, offset+p.mtu+TailRoom)
+		}
+	}
+	return p.segBuf[k]
+}
+
+// flush sends the chunk's packets; call with wmu held.
+func (p *Port) flush(offset int) error {
+	c := &p.chunk
+	if len(c.bufs) == 0 {
+		return nil
+	}
+	var ok [batch]bool
+	err := p.writeChunk(c.bufs, c.meta, offset, &ok)
+	c.tally(ok[:len(c.bufs)])
+	c.bufs, c.meta, c.orig = c.bufs[:0], c.meta[:0], c.orig[:0]
+	return err
+}
+
+// chunk gathers up to batch packets for one writeChunk, each with the
+// index in Write's batch of the packet it is (or is a segment of), and
+// counts the packets of the batch accepted whole.
+type chunk struct {
+	bufs [][]byte
+	meta []ipoib.TxMeta
+	orig []int
+	n    int  // packets of the batch accepted
+	cur  int  // the packet whose entries are being tallied, -1 for none
+	ok   bool // all of cur's entries so far were accepted
+}
+
+func (c *chunk) reset() {
+	if c.bufs == nil {
+		c.bufs, c.meta, c.orig = make([][]byte, 0, batch), make([]ipoib.TxMeta, 0, batch), make([]int, 0, batch)
+	}
+	c.bufs, c.meta, c.orig = c.bufs[:0], c.meta[:0], c.orig[:0]
+	c.n, c.cur = 0, -1
+}
+
+func (c *chunk) add(b []byte, m *ipoib.TxMeta, orig int) {
+	c.bufs = append(c.bufs, b)
+	c.meta = append(c.meta, *m)
+	c.orig = append(c.orig, orig)
+}
+
+func (c *chunk) full() bool { return len(c.bufs) == batch }
+
+// tally counts the entries sent (ok[k] for entry k) by the packet they
+// belong to; a packet's entries are consecutive, and may span chunks.
+func (c *chunk) tally(ok []bool) {
+	for k, o := range c.orig[:len(ok)] {
+		if o != c.cur {
+			c.finish()
+			c.cur, c.ok = o, true
+		}
+		c.ok = c.ok && ok[k]
+	}
+}
+
+// finish counts the packet being tallied.
+func (c *chunk) finish() {
+	if c.cur >= 0 && c.ok {
+		c.n++
+	}
+	c.cur = -1
+}
+
+// writeChunk sends at most batch packets and sets ok[i] for each one
+// accepted; call with wmu held.
+func (p *Port) writeChunk(bufs [][]byte, meta []ipoib.TxMeta, offset int, ok *[batch]bool) error {
 	if p.down.Load() {
 		p.drops[DropPortDown].Add(uint64(len(bufs)))
-		return 0, nil
+		return nil
 	}
 	var size [batch]int // payload length of each accepted packet, 0 if refused
 	src := [16]byte(p.gid)
@@ -500,17 +616,16 @@ func (p *Port) writeChunk(bufs [][]byte, meta []ipoib.TxMeta, offset int) (int, 
 		out, spans = msgs, p.singles(len(msgs))
 	}
 	if err := p.send(out, spans, msgs, &size); err != nil {
-		return 0, err
+		return err
 	}
-	n := 0
-	for _, l := range size[:len(bufs)] {
+	for i, l := range size[:len(bufs)] {
 		if l > 0 {
-			n++
+			ok[i] = true
 			p.txPackets.Add(1)
 			p.txBytes.Add(uint64(l))
 		}
 	}
-	return n, nil
+	return nil
 }
 
 // span is the messages [from, to) of a chunk that one message sends.

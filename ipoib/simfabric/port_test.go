@@ -1,6 +1,7 @@
 package simfabric
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"net"
@@ -11,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/eipoib/eipoibd/internal/gsotest"
 	"github.com/eipoib/eipoibd/internal/nstest"
 	"github.com/eipoib/eipoibd/ipoib"
 )
@@ -410,4 +412,58 @@ func TestSocketPathAllocs(t *testing.T) {
 	if allocs := testing.AllocsPerRun(50, round); allocs != 0 {
 		t.Fatalf("%.1f allocations per batch sent and received, want 0", allocs)
 	}
+}
+
+// TestSuperPackets: a TCP super-packet is cut by the port into segments
+// that fit the IB MTU, sent as one UDP GSO train, and arrive carrying the
+// super-packet's payload with valid checksums; Write counts it as one
+// packet, the port's counters count the segments. One that does not parse
+// is refused and counted as bad_gso.
+func TestSuperPackets(t *testing.T) {
+	a, b, _, _ := pair(t, 9000)
+	qa, _ := a.AllocQP(0xffff, 0)
+	qb, _ := b.AllocQP(0xffff, 0)
+	got := reader(b)
+	payload := gsotest.Pattern(30000)
+	for _, v6 := range []bool{false, true} {
+		ipoibHdr := []byte{0x08, 0x00, 0, 0}
+		if v6 {
+			ipoibHdr[0], ipoibHdr[1] = 0x86, 0xdd
+		}
+		pkt, l4 := gsotest.Super(t, ipoibHdr, v6, payload)
+		m := ipoib.TxMeta{Dst: ipoib.MakeHwAddr(0, qb, b.LocalGID()), SrcQPN: qa, PKey: 0xffff,
+			GSO: ipoib.GSO{Type: ipoib.GSOTCPv4, L4: uint16(l4), Size: 1000}}
+		if v6 {
+			m.GSO.Type = ipoib.GSOTCPv6
+		}
+		before, trains := a.Counters().TxPackets, a.Counters().Stats["tx_trains"]
+		buf := append(make([]byte, 64, 64+len(pkt)+TailRoom), pkt...)
+		if n, err := a.Write([][]byte{buf}, []ipoib.TxMeta{m}, 64); n != 1 || err != nil {
+			t.Fatalf("v6 %v: Write %d, %v; want 1 accepted", v6, n, err)
+		}
+		var segs [][]byte
+		for len(segs) < 30 {
+			r := expect(t, got, fmt.Sprintf("v6 %v: segment %d of 30", v6, len(segs)+1))
+			if r.meta.DstQPN != qb || r.meta.Src != ipoib.MakeHwAddr(0, qa, a.LocalGID()) {
+				t.Fatalf("v6 %v: segment to %#x from %v", v6, r.meta.DstQPN, r.meta.Src)
+			}
+			segs = append(segs, r.payload)
+		}
+		none(t, got, "after the 30 segments")
+		if back := gsotest.Reassemble(t, segs, ipoib.HeaderLen, v6, 2044); !bytes.Equal(back, payload) {
+			t.Fatalf("v6 %v: the segments carry %d bytes that differ from the %d sent", v6, len(back), len(payload))
+		}
+		if c := a.Counters(); c.TxPackets-before != 30 || c.Stats["tx_trains"]-trains != 1 {
+			t.Fatalf("v6 %v: %d packets in %d trains sent, want 30 in 1", v6, c.TxPackets-before, c.Stats["tx_trains"]-trains)
+		}
+	}
+	pkt, l4 := gsotest.Super(t, []byte{0x08, 0x00, 0, 0}, false, payload)
+	m := ipoib.TxMeta{Dst: ipoib.MakeHwAddr(0, qb, b.LocalGID()), SrcQPN: qa, PKey: 0xffff,
+		GSO: ipoib.GSO{Type: ipoib.GSOTCPv6, L4: uint16(l4), Size: 1000}} // IPv4 described as IPv6
+	buf := append(make([]byte, 64, 64+len(pkt)+TailRoom), pkt...)
+	if n, err := a.Write([][]byte{buf}, []ipoib.TxMeta{m}, 64); n != 0 || err != nil {
+		t.Fatalf("bad super-packet: Write %d, %v; want 0 accepted", n, err)
+	}
+	waitDrop(t, a, "bad_gso", 1)
+	none(t, got, "a refused super-packet")
 }

@@ -1,0 +1,117 @@
+// Package gsotest builds TCP super-packets as a guest with TSO hands them
+// over and checks the segments cut from them, for the tests of every
+// package that cuts them (tap, the ports, the shim).
+package gsotest
+
+import (
+	"bytes"
+	"net"
+	"testing"
+
+	"github.com/gopacket/gopacket"
+	"github.com/gopacket/gopacket/layers"
+
+	"github.com/eipoib/eipoibd/internal/csum"
+	"github.com/eipoib/eipoibd/internal/header"
+)
+
+// Seq is the sequence number of a super-packet's first byte.
+const Seq = 1000
+
+// Super returns link (the link header, copied as is) followed by an IPv4
+// or IPv6 TCP packet from 10.0.0.1 / fd00::1 port 40000 to 10.0.0.2 /
+// fd00::2 port 5201 carrying payload with ACK|PSH, its TCP checksum
+// field holding the pseudo-header sum over the whole TCP length as Linux
+// leaves it for TSO; l4 is the TCP header's offset.
+func Super(tb testing.TB, link []byte, v6 bool, payload []byte) (pkt []byte, l4 int) {
+	tb.Helper()
+	tcp := &layers.TCP{SrcPort: 40000, DstPort: 5201, Seq: Seq, Ack: 777, Window: 500, ACK: true, PSH: true,
+		Options: []layers.TCPOption{{OptionType: layers.TCPOptionKindTimestamps, OptionLength: 10, OptionData: []byte{0, 0, 0, 1, 0, 0, 0, 2}}}}
+	var ip gopacket.SerializableLayer
+	if v6 {
+		ip6 := &layers.IPv6{Version: 6, HopLimit: 64, NextHeader: layers.IPProtocolTCP, SrcIP: net.ParseIP("fd00::1"), DstIP: net.ParseIP("fd00::2")}
+		tcp.SetNetworkLayerForChecksum(ip6)
+		ip, l4 = ip6, len(link)+header.IPv6Len
+	} else {
+		ip4 := &layers.IPv4{Version: 4, TTL: 64, Id: 7, Flags: layers.IPv4DontFragment, Protocol: layers.IPProtocolTCP,
+			SrcIP: net.IP{10, 0, 0, 1}, DstIP: net.IP{10, 0, 0, 2}}
+		tcp.SetNetworkLayerForChecksum(ip4)
+		ip, l4 = ip4, len(link)+header.IPv4MinLen
+	}
+	buf := gopacket.NewSerializeBuffer()
+	if err := gopacket.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true}, ip, tcp, gopacket.Payload(payload)); err != nil {
+		tb.Fatal(err)
+	}
+	pkt = append(append([]byte(nil), link...), buf.Bytes()...)
+	var sum uint32
+	if v6 {
+		h := header.IPv6(pkt[len(link):])
+		sum = csum.Pseudo(h.SrcBytes(), h.DstBytes(), header.ProtoTCP, len(pkt)-l4)
+	} else {
+		h := header.IPv4(pkt[len(link):])
+		sum = csum.Pseudo(h.SrcBytes(), h.DstBytes(), header.ProtoTCP, len(pkt)-l4)
+	}
+	header.TCP(pkt[l4:]).SetChecksum(^csum.Fold(sum))
+	return pkt, l4
+}
+
+// Reassemble checks segments cut from a packet built by Super (each
+// starting with the same link header of length l3) as a receiver would:
+// each IP packet at most mtu bytes with a correct length, IPv4 header
+// checksum and TCP checksum, sequence numbers following on from Seq, PSH
+// on the last segment only, and link headers equal; it returns the
+// payload they carry, in order.
+func Reassemble(tb testing.TB, segs [][]byte, l3 int, v6 bool, mtu int) []byte {
+	tb.Helper()
+	var out []byte
+	for i, s := range segs {
+		if len(s)-l3 > mtu {
+			tb.Fatalf("segment %d: IP packet of %d bytes, MTU %d", i, len(s)-l3, mtu)
+		}
+		if !bytes.Equal(s[:l3], segs[0][:l3]) {
+			tb.Fatalf("segment %d: link header %x, first %x", i, s[:l3], segs[0][:l3])
+		}
+		var l4 int
+		var sum uint32
+		if v6 {
+			ip, ok := header.ParseIPv6(s[l3:])
+			if !ok || len(ip) != len(s)-l3 {
+				tb.Fatalf("segment %d: bad IPv6 length", i)
+			}
+			l4 = l3 + header.IPv6Len
+			sum = csum.Pseudo(ip.SrcBytes(), ip.DstBytes(), header.ProtoTCP, len(s)-l4)
+		} else {
+			ip, ok := header.ParseIPv4(s[l3:])
+			if !ok || len(ip) != len(s)-l3 || csum.Fold(csum.Sum(0, ip[:ip.HeaderLen()])) != 0 {
+				tb.Fatalf("segment %d: bad IPv4 header", i)
+			}
+			l4 = l3 + ip.HeaderLen()
+			sum = csum.Pseudo(ip.SrcBytes(), ip.DstBytes(), header.ProtoTCP, len(s)-l4)
+		}
+		if csum.Fold(csum.Sum(sum, s[l4:])) != 0 {
+			tb.Fatalf("segment %d: TCP checksum does not verify", i)
+		}
+		tcp, ok := header.ParseTCP(s[l4:])
+		if !ok {
+			tb.Fatalf("segment %d: bad TCP header", i)
+		}
+		if tcp.Seq() != Seq+uint32(len(out)) {
+			tb.Fatalf("segment %d: seq %d, want %d", i, tcp.Seq(), Seq+len(out))
+		}
+		if psh := tcp.Flags()&header.TCPFlagPSH != 0; psh != (i == len(segs)-1) {
+			tb.Fatalf("segment %d of %d: PSH %v", i, len(segs), psh)
+		}
+		out = append(out, s[l4+tcp.HeaderLen():]...)
+	}
+	return out
+}
+
+// Pattern returns n bytes that differ from one offset to the next, so a
+// misplaced or repeated chunk shows.
+func Pattern(n int) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(i*7 + i/251)
+	}
+	return b
+}
