@@ -98,8 +98,6 @@ type Shim struct {
 	xids    dhcpXIDs
 	ctr     counters
 
-	icmpBuf []byte // TX loop's buffer for ICMP too-big replies
-
 	vifWarn, groupWarn  warnLimit // limit warnings a guest can cause per frame
 	carrier, carrierSet atomic.Bool
 }
@@ -179,10 +177,9 @@ func New(cfg Config) (*Shim, error) {
 	gid := cfg.Port.LocalGID()
 	s := &Shim{
 		cfg: cfg, log: cfg.Logger, clk: cfg.Clock, dev: cfg.Device, port: cfg.Port, ipMTU: ipMTU,
-		vifs:    mactrans.NewVIFTable(gid, cfg.MaxVIFs),
-		neigh:   mactrans.NewNeighTable(cfg.MaxNeighbours),
-		byPKey:  make(map[ipoib.PKey]*partition),
-		icmpBuf: make([]byte, tap.Headroom+ether.VLANHeaderLen+ipv6MinMTU),
+		vifs:   mactrans.NewVIFTable(gid, cfg.MaxVIFs),
+		neigh:  mactrans.NewNeighTable(cfg.MaxNeighbours),
+		byPKey: make(map[ipoib.PKey]*partition),
 	}
 	add := func(vlan uint16, pkey ipoib.PKey) error {
 		if vlan > 4094 {
@@ -241,7 +238,8 @@ func (s *Shim) Run(ctx context.Context) error {
 		}
 	}
 	s.followCarrier()
-	errc := make(chan error, 3)
+	txq := s.txQueues()
+	errc := make(chan error, len(txq)+2)
 	var wg, rx sync.WaitGroup
 	loop := func(name string, wg *sync.WaitGroup, f func() error) {
 		wg.Add(1)
@@ -258,10 +256,12 @@ func (s *Shim) Run(ctx context.Context) error {
 		}()
 	}
 	hctx, stopHouse := context.WithCancel(ctx)
-	loop("tx", &wg, s.txLoop)
+	for i, q := range txq {
+		loop(fmt.Sprintf("tx queue %d", i), &wg, func() error { return s.txLoop(q) })
+	}
 	loop("rx", &rx, s.rxLoop)
 	loop("housekeeping", &wg, func() error { return s.housekeeping(hctx) })
-	s.log.Info("shim running", "gid", s.port.LocalGID(), "ib_mtu", s.port.MTU(), "ipoib_mtu", s.ipMTU, "partitions", len(s.byPKey), "max_vifs", s.cfg.MaxVIFs)
+	s.log.Info("shim running", "gid", s.port.LocalGID(), "ib_mtu", s.port.MTU(), "ipoib_mtu", s.ipMTU, "partitions", len(s.byPKey), "max_vifs", s.cfg.MaxVIFs, "tx_workers", len(txq))
 	var err error
 	select {
 	case <-ctx.Done():

@@ -45,6 +45,9 @@ func newHV(t *testing.T, f *memfabric.Fabric, gid string, mod func(*Config)) *hv
 	cfg := Config{Device: h.dev, Port: port, Clock: h.clk, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Housekeeping: 10 * time.Millisecond}
 	if mod != nil {
 		mod(&cfg)
+		if m, ok := cfg.Device.(*tap.Mem); ok {
+			h.dev = m
+		}
 	}
 	h.s, err = New(cfg)
 	if err != nil {

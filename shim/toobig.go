@@ -34,7 +34,7 @@ func (s *Shim) tooBig(b *txBatch, f ether.Frame, et uint16, pay []byte, m ipoib.
 	case fragmentable(et, pay):
 		s.fragment(b, header.IPv4(pay), m)
 	case et == ether.TypeIPv4 || et == ether.TypeIPv6:
-		s.icmpTooBig(f, et, pay)
+		s.icmpTooBig(b, f, et, pay)
 	default:
 		s.ctr.inc(DropTooBig)
 	}
@@ -78,7 +78,7 @@ func (s *Shim) fragment(b *txBatch, ip header.IPv4, m ipoib.TxMeta) {
 // icmpTooBig answers the guest with ICMP fragmentation-needed (IPv4, RFC
 // 1191) or ICMPv6 packet-too-big (RFC 4443 §3.2) carrying the IPoIB MTU,
 // sent from the packet's destination as a router on the path would.
-func (s *Shim) icmpTooBig(f ether.Frame, et uint16, pay []byte) {
+func (s *Shim) icmpTooBig(b *txBatch, f ether.Frame, et uint16, pay []byte) {
 	var src, dst netip.Addr
 	if et == ether.TypeIPv4 {
 		src, dst = header.IPv4(pay).Dst(), header.IPv4(pay).Src()
@@ -89,7 +89,7 @@ func (s *Shim) icmpTooBig(f ether.Frame, et uint16, pay []byte) {
 		s.ctr.inc(DropTooBig)
 		return
 	}
-	buf := s.icmpBuf[tap.Headroom:] // owned by the TX loop
+	buf := b.icmp[tap.Headroom:]
 	clear(buf)
 	hl := ether.PutHeader(buf, f.Src(), f.Dst(), f.VLAN(), et)
 	var n int
@@ -114,5 +114,5 @@ func (s *Shim) icmpTooBig(f ether.Frame, et uint16, pay []byte) {
 		binary.BigEndian.PutUint16(icmp[2:4], csum.Fold(csum.Sum(csum.Pseudo(ip.SrcBytes(), ip.DstBytes(), header.ProtoICMPv6, plen), icmp)))
 	}
 	s.ctr.inc(TxICMPTooBig)
-	s.writeLocal([][]byte{s.icmpBuf[:tap.Headroom+hl+n]})
+	s.writeLocal([][]byte{b.icmp[:tap.Headroom+hl+n]})
 }

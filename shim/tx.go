@@ -36,12 +36,14 @@ const (
 	nsLen    = nsTarget + 16
 )
 
-// txBatch collects the packets of one TX batch.
+// txBatch collects the packets of one TX batch; each TX worker has its
+// own.
 type txBatch struct {
 	bufs  [][]byte
 	meta  []ipoib.TxMeta
 	frags [][]byte // fragment buffers
 	nfrag int
+	icmp  []byte // an ICMP too-big reply to a guest
 }
 
 // newTxBatch returns a batch for up to bs frames and their fragments.
@@ -50,6 +52,7 @@ func newTxBatch(bs int) *txBatch {
 		bufs:  make([][]byte, 0, bs+maxFrags),
 		meta:  make([]ipoib.TxMeta, 0, bs+maxFrags),
 		frags: make([][]byte, maxFrags),
+		icmp:  make([]byte, tap.Headroom+ether.VLANHeaderLen+ipv6MinMTU),
 	}
 	for i := range b.frags {
 		b.frags[i] = make([]byte, ipoib.Headroom+ipoib.HeaderLen+ipoib.MTU4092+64)
@@ -69,25 +72,41 @@ func (s *Shim) flushTx(b *txBatch) {
 	b.bufs, b.meta, b.nfrag = b.bufs[:0], b.meta[:0], 0
 }
 
-// superReader returns the device as a SuperReader when the port cuts TCP
+// superReader returns dev as a SuperReader when the port cuts TCP
 // super-packets itself, so that super-frames cross the shim whole; nil
 // when the device cuts them.
-func (s *Shim) superReader() tap.SuperReader {
-	sr, ok := s.dev.(tap.SuperReader)
+func (s *Shim) superReader(dev tap.Device) tap.SuperReader {
+	sr, ok := dev.(tap.SuperReader)
 	if o := s.port.Offloads(); ok && o.TSO && o.MaxSuper >= ipoib.MaxSuperPacket {
 		return sr
 	}
 	return nil
 }
 
-func (s *Shim) txLoop() error {
-	bs := s.dev.BatchSize()
+// txQueues are the devices TX workers read, one each: the device's queues
+// when it has several, else the device.
+func (s *Shim) txQueues() []tap.Device {
+	if mq, ok := s.dev.(tap.MultiQueue); ok {
+		var qs []tap.Device
+		for _, q := range mq.Queues() {
+			qs = append(qs, q)
+		}
+		return qs
+	}
+	return []tap.Device{s.dev}
+}
+
+// txLoop is one TX worker: it reads batches from dev, translates them and
+// hands them to the port. Workers share the tables (each locked) and
+// nothing else.
+func (s *Shim) txLoop(dev tap.Device) error {
+	bs := dev.BatchSize()
 	bufs := make([][]byte, bs)
 	for i := range bufs {
 		bufs[i] = make([]byte, devBufSize)
 	}
 	sizes := make([]int, bs)
-	sr := s.superReader()
+	sr := s.superReader(dev)
 	super := make([]tap.Super, bs) // all zero unless sr fills them
 	b := newTxBatch(bs)
 	for {
@@ -96,7 +115,7 @@ func (s *Shim) txLoop() error {
 		if sr != nil {
 			n, err = sr.ReadSuper(bufs, sizes, super, devHeadroom)
 		} else {
-			n, err = s.dev.Read(bufs, sizes, devHeadroom)
+			n, err = dev.Read(bufs, sizes, devHeadroom)
 		}
 		if err != nil {
 			return err

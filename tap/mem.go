@@ -12,9 +12,17 @@ import (
 // Mem is an in-memory Device for tests: Inject plays a guest sending a
 // frame into the TAP (InjectSuper a TCP super-frame, as a guest with TSO
 // does), Sent yields the frames the shim wrote (what guests receive).
+// NewMemQueues makes one with several queues (Queue(i).Inject feeds
+// queue i); they share Sent, the carrier and Close.
 type Mem struct {
-	in      chan memFrame
-	seg     gso.Segmenter // a super-frame Read is cutting
+	in     chan memFrame
+	seg    gso.Segmenter // a super-frame Read is cutting
+	queues []*Mem
+	*memShared
+}
+
+// memShared is what a Mem's queues share.
+type memShared struct {
 	out     chan []byte
 	done    chan struct{}
 	once    sync.Once
@@ -28,11 +36,32 @@ type memFrame struct {
 	s Super
 }
 
-var _ SuperReader = (*Mem)(nil)
+var _ MultiQueue = (*Mem)(nil)
 
 // NewMem returns an in-memory device with queues of n frames.
-func NewMem(n int) *Mem {
-	return &Mem{in: make(chan memFrame, n), out: make(chan []byte, n), done: make(chan struct{})}
+func NewMem(n int) *Mem { return NewMemQueues(n, 1) }
+
+// NewMemQueues returns an in-memory device with q queues of n frames.
+func NewMemQueues(n, q int) *Mem {
+	sh := &memShared{out: make(chan []byte, n), done: make(chan struct{})}
+	m := &Mem{in: make(chan memFrame, n), memShared: sh}
+	m.queues = []*Mem{m}
+	for i := 1; i < q; i++ {
+		m.queues = append(m.queues, &Mem{in: make(chan memFrame, n), memShared: sh})
+	}
+	return m
+}
+
+// Queue returns queue i, itself a Mem (0 is m).
+func (m *Mem) Queue(i int) *Mem { return m.queues[i] }
+
+// Queues returns the queues as devices.
+func (m *Mem) Queues() []SuperReader {
+	qs := make([]SuperReader, len(m.queues))
+	for i, q := range m.queues {
+		qs[i] = q
+	}
+	return qs
 }
 
 // Inject queues a frame for the shim to read.

@@ -56,11 +56,22 @@ type SuperReader interface {
 	ReadSuper(bufs [][]byte, sizes []int, super []Super, offset int) (int, error)
 }
 
+// MultiQueue is a Device with several queues, each a device of its own
+// that one goroutine reads; the first is the Device's own.
+type MultiQueue interface {
+	Device
+	Queues() []SuperReader
+}
+
 // Config describes the TAP to create.
 type Config struct {
 	Name string
 	MAC  ether.MAC // zero: keep the kernel's random one
 	MTU  int       // the IPoIB MTU; segments are cut to fit it
+	// Queues is the number of queues (IFF_MULTI_QUEUE when more than
+	// one): the kernel spreads guests' flows over them by hash, so that
+	// as many goroutines can read them in parallel. 0 means 1.
+	Queues int
 	// Offload turns on the vnet header with checksum offload and TSO:
 	// TCP super-frames are read whole and cut here, partial checksums
 	// completed here, and runs of received segments are written as
@@ -69,22 +80,32 @@ type Config struct {
 }
 
 // TAP is a Linux TAP device (IFF_TAP|IFF_NO_PI, not persistent: it goes
-// away with the process). Read and Write may each be used by one goroutine
-// at a time.
+// away with the process), with one or more queues (IFF_MULTI_QUEUE). The
+// TAP's own Read, ReadSuper and Write use its first queue; Queue gives
+// each queue as a device of its own. Each queue may be read by one
+// goroutine and written by one goroutine at a time.
 type TAP struct {
 	name    string
-	file    *os.File
-	rc      syscall.RawConn
 	mtu     int
 	offload bool
-
-	seg    segmenter // Read's super-frame being cut
-	segBuf []byte    // its storage
-	gro    coalescer // Write's super-frames
+	queues  []*Queue
 
 	drops                 [2]atomic.Uint64 // bad vnet header, bad GSO
 	gsoRead, gsoCut       atomic.Uint64
 	groWritten, groMerged atomic.Uint64
+}
+
+// Queue is one queue of a TAP: its own file descriptor, which the kernel
+// feeds with the frames of the flows it hashes to it. Closing the TAP
+// closes every queue.
+type Queue struct {
+	t    *TAP
+	file *os.File
+	rc   syscall.RawConn
+
+	seg    segmenter // Read's super-frame being cut
+	segBuf []byte    // its storage
+	gro    coalescer // Write's super-frames
 
 	// Read and Write state, used by the pre-bound callbacks below so that
 	// a batch allocates nothing.
@@ -104,7 +125,11 @@ type TAP struct {
 	writeFn func(fd uintptr) bool
 }
 
-var _ SuperReader = (*TAP)(nil)
+var (
+	_ SuperReader = (*TAP)(nil)
+	_ MultiQueue  = (*TAP)(nil)
+	_ SuperReader = (*Queue)(nil)
+)
 
 // Create makes the TAP, sets its MAC and MTU and brings it up.
 func Create(cfg Config) (*TAP, error) {
@@ -114,40 +139,58 @@ func Create(cfg Config) (*TAP, error) {
 	if _, err := netlink.LinkByName(cfg.Name); err == nil {
 		return nil, fmt.Errorf("tap: interface %s already exists", cfg.Name)
 	}
+	queues := max(cfg.Queues, 1)
 	la := netlink.NewLinkAttrs()
 	la.Name = cfg.Name
 	tt := &netlink.Tuntap{
 		LinkAttrs:  la,
 		Mode:       netlink.TUNTAP_MODE_TAP,
 		Flags:      netlink.TUNTAP_NO_PI | netlink.TUNTAP_TUN_EXCL,
-		Queues:     1,
+		Queues:     queues,
 		NonPersist: true,
+	}
+	if queues > 1 {
+		// Each queue attaches to the device the first one made, which
+		// IFF_TUN_EXCL refuses; the name was checked free above.
+		tt.Flags = netlink.TUNTAP_MULTI_QUEUE_DEFAULTS
 	}
 	if cfg.Offload {
 		tt.Flags |= netlink.TUNTAP_VNET_HDR
 	}
 	if err := netlink.LinkAdd(tt); err != nil {
-		return nil, fmt.Errorf("tap: create %s: %w", cfg.Name, err)
+		return nil, fmt.Errorf("tap: create %s (%d queues): %w", cfg.Name, queues, err)
 	}
-	t := &TAP{name: cfg.Name, file: tt.Fds[0], mtu: cfg.MTU, offload: cfg.Offload}
-	fail := func(err error) (*TAP, error) { t.file.Close(); return nil, err }
-	if cfg.Offload {
-		if t.mtu <= 0 {
-			return fail(fmt.Errorf("tap: %s: offloads need the MTU to cut segments to", cfg.Name))
+	t := &TAP{name: cfg.Name, mtu: cfg.MTU, offload: cfg.Offload}
+	fail := func(err error) (*TAP, error) {
+		for _, f := range tt.Fds {
+			f.Close()
 		}
+		return nil, err
+	}
+	if cfg.Offload && t.mtu <= 0 {
+		return fail(fmt.Errorf("tap: %s: offloads need the MTU to cut segments to", cfg.Name))
+	}
+	for _, f := range tt.Fds {
+		q := &Queue{t: t, file: f}
+		rc, err := f.SyscallConn()
+		if err != nil {
+			return fail(fmt.Errorf("tap: %s: %w", cfg.Name, err))
+		}
+		q.rc, q.readFn, q.writeFn = rc, q.readBatch, q.writeBatch
+		if cfg.Offload {
+			q.segBuf = make([]byte, maxSuperFrame)
+		}
+		t.queues = append(t.queues, q)
+	}
+	if cfg.Offload {
 		// What the kernel may hand us: partial checksums and TCP
 		// super-frames (and ECN on them). The bridge then forwards
 		// guests' TSO frames whole instead of segmenting them first.
-		if _, _, errno := unix.Syscall(unix.SYS_IOCTL, t.file.Fd(), unix.TUNSETOFFLOAD, tunFCsum|tunFTSO4|tunFTSO6|tunFTSOECN); errno != 0 {
-			return fail(fmt.Errorf("tap: enable offloads on %s (TUNSETOFFLOAD): %w", cfg.Name, errno))
+		// The features are the device's: one queue sets them for all.
+		if err := t.queues[0].ioctl(unix.TUNSETOFFLOAD, tunFCsum|tunFTSO4|tunFTSO6|tunFTSOECN); err != nil {
+			return fail(fmt.Errorf("tap: enable offloads on %s (TUNSETOFFLOAD): %w", cfg.Name, err))
 		}
-		t.segBuf = make([]byte, maxSuperFrame)
 	}
-	rc, err := t.file.SyscallConn()
-	if err != nil {
-		return fail(fmt.Errorf("tap: %s: %w", cfg.Name, err))
-	}
-	t.rc = rc
 	if !cfg.MAC.IsZero() {
 		if err := netlink.LinkSetHardwareAddr(tt, net.HardwareAddr(cfg.MAC[:])); err != nil {
 			return fail(fmt.Errorf("tap: set MAC of %s: %w", cfg.Name, err))
@@ -161,13 +204,40 @@ func Create(cfg Config) (*TAP, error) {
 	if err := netlink.LinkSetUp(tt); err != nil {
 		return fail(fmt.Errorf("tap: bring %s up: %w", cfg.Name, err))
 	}
-	t.readFn = t.readBatch
-	t.writeFn = t.writeBatch
 	return t, nil
 }
 
+// ioctl issues a TUN ioctl whose argument is an integer, not a pointer,
+// on the queue's file.
+func (q *Queue) ioctl(req uint, arg uintptr) error {
+	var errno syscall.Errno
+	if err := q.rc.Control(func(fd uintptr) {
+		_, _, errno = unix.Syscall(unix.SYS_IOCTL, fd, uintptr(req), arg)
+	}); err != nil {
+		return closedErr(err)
+	}
+	if errno != 0 {
+		return errno
+	}
+	return nil
+}
+
+// Queues returns the TAP's queues.
+func (t *TAP) Queues() []SuperReader {
+	qs := make([]SuperReader, len(t.queues))
+	for i, q := range t.queues {
+		qs[i] = q
+	}
+	return qs
+}
+
 // BatchSize is the largest batch per call.
-func (t *TAP) BatchSize() int { return 64 }
+func (t *TAP) BatchSize() int { return batchSize }
+
+// BatchSize is the largest batch per call.
+func (q *Queue) BatchSize() int { return batchSize }
+
+const batchSize = 64
 
 func closedErr(err error) error {
 	if errors.Is(err, fs.ErrClosed) || errors.Is(err, net.ErrClosed) {
@@ -178,45 +248,45 @@ func closedErr(err error) error {
 
 // readBatch reads frames until the batch is full or the queue is empty; it
 // returns false to wait for readiness when it got nothing.
-func (t *TAP) readBatch(fd uintptr) bool {
-	for t.rn < len(t.rbufs) {
-		if !t.seg.Done() { // segments of a super-frame first
-			t.rsizes[t.rn] = t.seg.Cut(t.rbufs[t.rn][t.roff:])
-			t.rn++
-			t.gsoCut.Add(1)
+func (q *Queue) readBatch(fd uintptr) bool {
+	for q.rn < len(q.rbufs) {
+		if !q.seg.Done() { // segments of a super-frame first
+			q.rsizes[q.rn] = q.seg.Cut(q.rbufs[q.rn][q.roff:])
+			q.rn++
+			q.t.gsoCut.Add(1)
 			continue
 		}
-		start := t.roff
-		if t.offload {
+		start := q.roff
+		if q.t.offload {
 			start -= vnetHdrLen // the header lands in the headroom
 		}
-		n, err := unix.Read(int(fd), t.rbufs[t.rn][start:])
+		n, err := unix.Read(int(fd), q.rbufs[q.rn][start:])
 		if err == unix.EINTR {
 			continue
 		}
 		if err == unix.EAGAIN {
-			return t.rn > 0
+			return q.rn > 0
 		}
 		if err != nil {
-			t.rerr = err
+			q.rerr = err
 			return true
 		}
 		var sup Super
-		if t.offload {
-			if sup, err = t.unpack(t.rbufs[t.rn][start : start+n]); err != nil {
-				t.drop(err)
+		if q.t.offload {
+			if sup, err = q.unpack(q.rbufs[q.rn][start : start+n]); err != nil {
+				q.t.drop(err)
 				continue
 			}
-			if !t.seg.Done() {
+			if !q.seg.Done() {
 				continue // cut from the next turn on
 			}
 			n -= vnetHdrLen
 		}
-		t.rsizes[t.rn] = n
-		if t.rsuper != nil {
-			t.rsuper[t.rn] = sup
+		q.rsizes[q.rn] = n
+		if q.rsuper != nil {
+			q.rsuper[q.rn] = sup
 		}
-		t.rn++
+		q.rn++
 	}
 	return true
 }
@@ -225,7 +295,7 @@ func (t *TAP) readBatch(fd uintptr) bool {
 // checksum is completed in place; a super-frame is checked and, for
 // ReadSuper, described in place, else moved out and handed to the
 // segmenter.
-func (t *TAP) unpack(b []byte) (Super, error) {
+func (q *Queue) unpack(b []byte) (Super, error) {
 	if len(b) < vnetHdrLen {
 		return Super{}, errBadVnet
 	}
@@ -237,19 +307,19 @@ func (t *TAP) unpack(b []byte) (Super, error) {
 		}
 		return Super{}, nil
 	}
-	if t.rsuper != nil {
+	if q.rsuper != nil {
 		var s segmenter // checks only: nothing is cut
-		if err := s.start(frame, h, t.mtu); err != nil {
+		if err := s.start(frame, h, q.t.mtu); err != nil {
 			return Super{}, err
 		}
-		t.gsoRead.Add(1)
+		q.t.gsoRead.Add(1)
 		return Super{L4: h.csumStart, Size: uint16(s.MSS()), V6: h.gsoType&^unix.VIRTIO_NET_HDR_GSO_ECN == unix.VIRTIO_NET_HDR_GSO_TCPV6}, nil
 	}
-	n := copy(t.segBuf, frame)
-	if err := t.seg.start(t.segBuf[:n], h, t.mtu); err != nil {
+	n := copy(q.segBuf, frame)
+	if err := q.seg.start(q.segBuf[:n], h, q.t.mtu); err != nil {
 		return Super{}, err
 	}
-	t.gsoRead.Add(1)
+	q.t.gsoRead.Add(1)
 	return Super{}, nil
 }
 
@@ -277,52 +347,69 @@ func (t *TAP) Counters() map[string]uint64 {
 	}
 }
 
+// Read reads a batch of frames from the first queue. With offloads, a
+// super-frame becomes as many segments as it takes, across calls when the
+// batch is full.
+func (t *TAP) Read(bufs [][]byte, sizes []int, offset int) (int, error) {
+	return t.queues[0].Read(bufs, sizes, offset)
+}
+
+// ReadSuper is the first queue's ReadSuper.
+func (t *TAP) ReadSuper(bufs [][]byte, sizes []int, super []Super, offset int) (int, error) {
+	return t.queues[0].ReadSuper(bufs, sizes, super, offset)
+}
+
+// Write writes a batch of frames to the first queue (see Queue.Write).
+func (t *TAP) Write(bufs [][]byte, offset int) (int, error) {
+	return t.queues[0].Write(bufs, offset)
+}
+
 // Read reads a batch of frames. With offloads, a super-frame becomes as
 // many segments as it takes, across calls when the batch is full.
-func (t *TAP) Read(bufs [][]byte, sizes []int, offset int) (int, error) {
-	return t.read(bufs, sizes, nil, offset)
+func (q *Queue) Read(bufs [][]byte, sizes []int, offset int) (int, error) {
+	return q.read(bufs, sizes, nil, offset)
 }
 
 // ReadSuper reads a batch of frames, super-frames whole (bufs must then
 // hold 64 KB past offset): super[i] says how to cut frame i. Segments
 // still pending from an earlier Read come first, as ordinary frames.
 // Without offloads it is Read.
-func (t *TAP) ReadSuper(bufs [][]byte, sizes []int, super []Super, offset int) (int, error) {
+func (q *Queue) ReadSuper(bufs [][]byte, sizes []int, super []Super, offset int) (int, error) {
 	if len(super) < len(bufs) {
 		return 0, fmt.Errorf("tap: read of %d frames with %d super entries", len(bufs), len(super))
 	}
 	clear(super[:len(bufs)])
-	return t.read(bufs, sizes, super, offset)
+	return q.read(bufs, sizes, super, offset)
 }
 
-func (t *TAP) read(bufs [][]byte, sizes []int, super []Super, offset int) (int, error) {
-	if t.offload && offset < vnetHdrLen {
+func (q *Queue) read(bufs [][]byte, sizes []int, super []Super, offset int) (int, error) {
+	if q.t.offload && offset < vnetHdrLen {
 		return 0, fmt.Errorf("tap: read offset %d below the vnet header's %d bytes", offset, vnetHdrLen)
 	}
-	t.rbufs, t.rsizes, t.rsuper, t.roff, t.rn, t.rerr = bufs, sizes, super, offset, 0, nil
-	err := t.rc.Read(t.readFn)
-	t.rbufs, t.rsizes, t.rsuper = nil, nil, nil
+	q.rbufs, q.rsizes, q.rsuper, q.roff, q.rn, q.rerr = bufs, sizes, super, offset, 0, nil
+	err := q.rc.Read(q.readFn)
+	q.rbufs, q.rsizes, q.rsuper = nil, nil, nil
 	if err != nil {
 		return 0, closedErr(err)
 	}
-	if t.rn == 0 && t.rerr != nil {
-		return 0, fmt.Errorf("tap: read %s: %w", t.name, t.rerr)
+	if q.rn == 0 && q.rerr != nil {
+		return 0, fmt.Errorf("tap: read %s: %w", q.t.name, q.rerr)
 	}
-	return t.rn, nil
+	return q.rn, nil
 }
 
-func (t *TAP) writeBatch(fd uintptr) bool {
-	for t.wn < len(t.wbufs) {
-		out, k := t.wbufs[t.wn][t.woff:], 1
-		if t.offload {
+func (q *Queue) writeBatch(fd uintptr) bool {
+	for q.wn < len(q.wbufs) {
+		out, k := q.wbufs[q.wn][q.woff:], 1
+		if q.t.offload {
 			var first tcpSeg
-			if t.wn >= t.wsingle {
-				k, first = run(t.wbufs[t.wn:], t.woff)
+			if q.wn >= q.wsingle {
+				k, first = run(q.wbufs[q.wn:], q.woff)
 			}
 			if k > 1 {
-				out = t.gro.merge(first, t.wbufs[t.wn:t.wn+k], t.woff)
+				out = q.gro.merge(first, q.wbufs[q.wn:q.wn+k], q.woff)
 			} else {
-				out = t.wbufs[t.wn][t.woff-vnetHdrLen:]
+				out = q.wbufs[q.wn][q.woff-vnetHdrLen:]
 				clear(out[:vnetHdrLen]) // no offload asked for this one
 			}
 		}
@@ -333,36 +420,36 @@ func (t *TAP) writeBatch(fd uintptr) bool {
 		case unix.EAGAIN:
 			return false
 		case nil:
-			t.wok += k
+			q.wok += k
 			if k > 1 {
-				t.groWritten.Add(1)
-				t.groMerged.Add(uint64(k))
+				q.t.groWritten.Add(1)
+				q.t.groMerged.Add(uint64(k))
 			}
 		default:
 			if k > 1 { // a merged run refused: try its frames one by one
-				t.wsingle = t.wn + k
+				q.wsingle = q.wn + k
 				continue
 			}
 			// the kernel refused this frame (e.g. EINVAL): skip it
 		}
-		t.wn += k
+		q.wn += k
 	}
 	return true
 }
 
 // Write writes a batch of frames and returns how many the kernel
 // accepted; refused ones are skipped, so the caller counts them.
-func (t *TAP) Write(bufs [][]byte, offset int) (int, error) {
-	if t.offload && offset < vnetHdrLen {
+func (q *Queue) Write(bufs [][]byte, offset int) (int, error) {
+	if q.t.offload && offset < vnetHdrLen {
 		return 0, fmt.Errorf("tap: write offset %d below the vnet header's %d bytes", offset, vnetHdrLen)
 	}
-	t.wbufs, t.woff, t.wn, t.wok, t.wsingle = bufs, offset, 0, 0, 0
-	err := t.rc.Write(t.writeFn)
-	t.wbufs = nil
+	q.wbufs, q.woff, q.wn, q.wok, q.wsingle = bufs, offset, 0, 0, 0
+	err := q.rc.Write(q.writeFn)
+	q.wbufs = nil
 	if err != nil {
-		return t.wok, closedErr(err)
+		return q.wok, closedErr(err)
 	}
-	return t.wok, nil
+	return q.wok, nil
 }
 
 // SetCarrier turns the TAP's carrier on or off (TUNSETCARRIER), so that
@@ -373,7 +460,7 @@ func (t *TAP) SetCarrier(up bool) error {
 		v = 1
 	}
 	var errno syscall.Errno
-	if err := t.rc.Control(func(fd uintptr) {
+	if err := t.queues[0].rc.Control(func(fd uintptr) {
 		_, _, errno = unix.Syscall(unix.SYS_IOCTL, fd, unix.TUNSETCARRIER, uintptr(unsafe.Pointer(&v)))
 	}); err != nil {
 		return closedErr(err)
@@ -384,5 +471,20 @@ func (t *TAP) SetCarrier(up bool) error {
 	return nil
 }
 
-// Close removes the TAP (it is not persistent).
-func (t *TAP) Close() error { return t.file.Close() }
+// SetCarrier is the TAP's SetCarrier.
+func (q *Queue) SetCarrier(up bool) error { return q.t.SetCarrier(up) }
+
+// Close removes the TAP (it is not persistent): every queue is closed,
+// and blocked reads and writes return net.ErrClosed.
+func (t *TAP) Close() error {
+	var first error
+	for _, q := range t.queues {
+		if err := q.file.Close(); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// Close closes this queue only; the device goes when the TAP is closed.
+func (q *Queue) Close() error { return q.file.Close() }

@@ -20,6 +20,7 @@ import (
 	"net/http/pprof"
 	"os"
 	"os/signal"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -40,6 +41,10 @@ const usage = `usage: eipoibd run --underlay IFACE [flags]
 Runs in the foreground: creates the TAP, binds the IB port and moves
 traffic until SIGINT or SIGTERM. Flags:
 `
+
+// maxQueues bounds --queues: the kernel's limit on TUN queues
+// (MAX_TAP_QUEUES, drivers/net/tun.c).
+const maxQueues = 256
 
 // errHelp ends the program successfully after printing the usage.
 var errHelp = errors.New("help")
@@ -65,7 +70,7 @@ type options struct {
 	underlay, name, bridge, fabric, metrics, logLevel, dhcp, faults, mac string
 	ovsBridge, ovsDB, vlanPKey                                           string
 	mcast                                                                snoop.Timers
-	ibMTU, maxVIFs, maxNeigh                                             int
+	ibMTU, maxVIFs, maxNeigh, queues                                     int
 	vifIdle                                                              time.Duration
 	offload, pprof                                                       bool
 }
@@ -101,6 +106,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.mcast.LastMemberQueryInterval, "mcast-last-member-interval", time.Second, "interval of group-specific queries after a leave")
 	fs.IntVar(&o.mcast.Robustness, "mcast-robustness", 2, "robustness variable: queries after a leave, and the membership interval factor")
 	fs.BoolVar(&o.offload, "offload", true, "TAP offloads: read guests' TCP super-frames whole and cut them here, write received segment runs as super-frames")
+	fs.IntVar(&o.queues, "queues", runtime.NumCPU(), "TAP queues, each read by its own TX worker (the kernel spreads guests' flows over them)")
 	fs.BoolVar(&o.pprof, "pprof", false, "also serve Go's profiles at /debug/pprof/ on the --metrics address")
 	fs.StringVar(&o.faults, "fault", "", "simulated fabric faults, e.g. loss=0.01,dup=0.01,reorder=0.01,corrupt=0.01")
 	if err := fs.Parse(args[1:]); err != nil {
@@ -124,6 +130,8 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 		return nil, usageError{fmt.Sprintf("--ib-mtu %d: want 2048 or 4096", o.ibMTU)}
 	case o.maxVIFs < 1 || o.maxVIFs > 1<<20:
 		return nil, usageError{fmt.Sprintf("--max-vifs %d: want 1 to %d", o.maxVIFs, 1<<20)}
+	case o.queues < 1 || o.queues > maxQueues:
+		return nil, usageError{fmt.Sprintf("--queues %d: want 1 to %d", o.queues, maxQueues)}
 	case o.maxNeigh < 1:
 		return nil, usageError{fmt.Sprintf("--max-neighbours %d: want at least 1", o.maxNeigh)}
 	case o.vifIdle < time.Second:
@@ -226,7 +234,7 @@ func run(args []string, stderr io.Writer) error {
 	}
 	defer port.Close()
 	ipMTU, _ := ipoib.IPMTU(o.ibMTU)
-	dev, err := tap.Create(tap.Config{Name: o.name, MTU: ipMTU, MAC: mac, Offload: o.offload})
+	dev, err := tap.Create(tap.Config{Name: o.name, MTU: ipMTU, MAC: mac, Offload: o.offload, Queues: o.queues})
 	if err != nil {
 		return err
 	}

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -177,6 +178,11 @@ func TestTwoHypervisors(t *testing.T) {
 		// One VIF per source MAC, none aged: each guest's, and those of
 		// the hypervisor's own br0 and eib0 when their IPv6 stacks spoke
 		// (DAD, MLD) in time; one neighbour per remote guest.
+		// The TAP has a queue per CPU (--queues' default), each with
+		// its TX worker.
+		if q := strings.Fields(sh(t, in(h.ns, "ls", "/sys/class/net/eib0/queues")...)); len(q) != 2*runtime.NumCPU() {
+			t.Errorf("%s: eib0 queues %v, want rx and tx for each of %d CPUs", h.name, q, runtime.NumCPU())
+		}
 		vifs := h.vifMACs()
 		own := map[string]bool{linkMAC(t, h.ns, "br0").String(): true, linkMAC(t, h.ns, "eib0").String(): true}
 		for _, g := range h.guests {
