@@ -12,19 +12,27 @@
 #   (c) kernel VXLAN over the underlay's IPv6 link-local addresses
 #   (d) socat: a TAP and a UDP socket, the naive user-space tunnel
 # Measures: iperf3 TCP with 1 and 4 streams, both directions; the highest
-# rate of 64-byte UDP datagrams received with < 0.1 % loss; median ping
+# rate of 64-byte UDP datagrams received with < 0.1 % loss (bin/udprate,
+# built from cmd/udprate: a paced sendmmsg sender in g1 whose UDP GSO
+# buffers g1's eth0 cuts into single datagrams, a counting recvmmsg
+# receiver in g2; iperf3 -u cannot offer more than ~80 kpps); median ping
 # RTT; for the user-space forwarders CPU seconds per Gbit (one TCP stream
 # g1 → g2) and peak RSS.
 #
 # Results go to bench/results/<UTC timestamp>/: table.md, plot.png,
-# machine.txt, data.tsv and raw/ (iperf3 JSON, ping output, daemon logs).
+# machine.txt, data.tsv and raw/ (iperf3 and udprate JSON, ping output,
+# daemon logs).
 #
 # Knobs (environment): BENCH_TIME (s per TCP test, default 10),
 # BENCH_UDP_TIME (s per step of the UDP rate search, default 3 or
 # BENCH_TIME if smaller), BENCH_UDP_START (first rate tried, pps, default
 # 20000), BENCH_UDP_STEPS (bisection steps, default 4), BENCH_UDP_TRIES
-# (tries before a rate counts as lossy, default 2), BENCH_PING_COUNT
-# (default 200, 10 ms apart), BENCH_FORWARDERS (subset of "a b c d").
+# (tries before a rate counts as lossy, default 2), BENCH_UDP_LOSS (the
+# loss threshold, percent, default 0.1), BENCH_UDP_FLOWS (sender sockets,
+# each its own source port and thread, default 2), BENCH_UDP_GSO
+# (datagrams per sent buffer, cut in g1's eth0; 0 sends them one by one;
+# default 32), BENCH_PING_COUNT (default 200, 10 ms apart),
+# BENCH_FORWARDERS (subset of "a b c d").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,15 +44,17 @@ BENCH_UDP_MIN=${BENCH_UDP_MIN:-1000}
 BENCH_UDP_STEPS=${BENCH_UDP_STEPS:-4}
 BENCH_UDP_TRIES=${BENCH_UDP_TRIES:-2}
 BENCH_UDP_LOSS=${BENCH_UDP_LOSS:-0.1} # percent
+BENCH_UDP_FLOWS=${BENCH_UDP_FLOWS:-2}
+BENCH_UDP_GSO=${BENCH_UDP_GSO:-32}
 BENCH_PING_COUNT=${BENCH_PING_COUNT:-200}
 BENCH_FORWARDERS=${BENCH_FORWARDERS:-a b c d}
-IPERF_WINDOW=4M # socket buffers: on 2 busy cores, scheduling gaps must not count as loss
+UDP_PORT=5300
 
 [ "$(id -u)" -eq 0 ] || { echo "bench: run as root (network namespaces)" >&2; exit 1; }
 STARTED=$SECONDS
 
 # --- what the benchmark needs ------------------------------------------------
-declare -A pkg=([ip]=iproute2 [ping]=iputils-ping [iperf3]=iperf3 [socat]=socat [gnuplot]=gnuplot-nox [jq]=jq)
+declare -A pkg=([ip]=iproute2 [ping]=iputils-ping [iperf3]=iperf3 [socat]=socat [gnuplot]=gnuplot-nox [jq]=jq [ethtool]=ethtool)
 missing=()
 for cmd in "${!pkg[@]}"; do
   command -v "$cmd" >/dev/null 2>&1 || missing+=("${pkg[$cmd]}")
@@ -56,7 +66,9 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 go build -o bin/eipoibd ./cmd/eipoibd
+go build -o bin/udprate ./cmd/udprate
 BIN=$PWD/bin/eipoibd
+UDPRATE=$PWD/bin/udprate
 
 OUT=bench/results/$(date -u +%Y%m%dT%H%M%SZ)
 RAW=$OUT/raw
@@ -71,7 +83,8 @@ mkdir -p "$RAW"
   echo "load:     $(cut -d' ' -f1-3 /proc/loadavg) (1/5/15 min, at the start)"
   echo "tools:    $(iperf3 --version | head -1); $(socat -V | awk '/socat version/ {print "socat", $3}'); $(go version)"
   echo "settings: BENCH_TIME=$BENCH_TIME BENCH_UDP_TIME=$BENCH_UDP_TIME BENCH_UDP_START=$BENCH_UDP_START" \
-    "BENCH_UDP_STEPS=$BENCH_UDP_STEPS BENCH_UDP_TRIES=$BENCH_UDP_TRIES BENCH_PING_COUNT=$BENCH_PING_COUNT"
+    "BENCH_UDP_STEPS=$BENCH_UDP_STEPS BENCH_UDP_TRIES=$BENCH_UDP_TRIES BENCH_UDP_LOSS=$BENCH_UDP_LOSS" \
+    "BENCH_UDP_FLOWS=$BENCH_UDP_FLOWS BENCH_UDP_GSO=$BENCH_UDP_GSO BENCH_PING_COUNT=$BENCH_PING_COUNT"
 } >"$OUT/machine.txt"
 
 # --- processes and namespaces, removed on any exit -----------------------------
@@ -141,6 +154,9 @@ for h in 1 2; do
   ip -n "$P-g$h" link set eth0 up
   ip -n "$P-g$h" addr add "10.88.0.$h/24" dev eth0
 done
+# udprate's GSO buffers leave g1 as single datagrams, as from a NIC that
+# segments: every forwarder sees 64-byte frames.
+ip netns exec "$P-g1" ethtool -K eth0 tx-udp-segmentation off >/dev/null
 # The underlays' link-local addresses, once DAD is done: the port GIDs of
 # the simulated fabric, and the tunnel endpoints of VXLAN and socat.
 declare -A LL
@@ -279,52 +295,75 @@ tcp_tests() {
   echo "   TCP Gbit/s: 1 stream ${V[$F.tcp1]} / -R ${V[$F.tcp1R]}; 4 streams ${V[$F.tcp4]} / -R ${V[$F.tcp4R]}"
 }
 
-# udp_trial sends 64-byte datagrams at $1 pps for BENCH_UDP_TIME and sets
-# TRIAL_PASS (loss below BENCH_UDP_LOSS), TRIAL_RECV and TRIAL_SENT (pps);
+# udp_trial sends 64-byte datagrams at $1 pps for BENCH_UDP_TIME (udprate,
+# the receiver in g2, the sender in g1) and sets TRIAL_PASS (loss below
+# BENCH_UDP_LOSS), TRIAL_RECV (pps), TRIAL_LIMITED (the sender fell short
+# of the rate by more than 5 %: "true" or "false") and TRIAL_RXLIMIT (1 when
+# most of the loss was the receiving socket's overflow, not the path's);
 # a lossy rate gets BENCH_UDP_TRIES tries, the best one counts.
 udp_trial() {
-  local rate=$1 try res pass recv sent loss
-  TRIAL_PASS=0 TRIAL_RECV=0 TRIAL_SENT=0
+  local rate=$1 try name rpid res pass recv sent loss limited drops
+  TRIAL_PASS=0 TRIAL_RECV=0 TRIAL_LIMITED=false TRIAL_RXLIMIT=0
   for ((try = 1; try <= BENCH_UDP_TRIES; try++)); do
     sleep 0.3
-    iperf "$F-udp-$rate-$try" -u -l 64 -b $((rate * 64 * 8)) -t "$BENCH_UDP_TIME" -w "$IPERF_WINDOW" || continue
-    # iperf3 counts as lost the datagrams missing from the sequence the
-    # server saw; received = that sequence's length less the lost ones.
-    res=$(jq -r --arg max "$BENCH_UDP_LOSS" '.end as $e | [
-        (if $e.sum_received.lost_percent < ($max | tonumber) then 1 else 0 end),
-        (($e.sum_received.packets - $e.sum_received.lost_packets) / $e.sum_received.seconds | round),
-        ($e.sum_sent.packets / $e.sum_sent.seconds | round),
-        ($e.sum_received.lost_percent * 1000 | round / 1000)] | @tsv' "$RAW/$F-udp-$rate-$try.json") || continue
-    read -r pass recv sent loss <<<"$res"
-    echo "   UDP $rate pps: sent $sent, received $recv pps, loss $loss %"
-    TRIAL_RECV=$recv TRIAL_SENT=$sent
+    name=$F-udp-$rate-$try
+    # The receiver stops on the sender's end datagrams, or 1 s after the
+    # last datagram if they were lost.
+    ip netns exec "$P-g2" "$UDPRATE" recv --listen "10.88.0.2:$UDP_PORT" \
+      --duration $((BENCH_UDP_TIME + 10))s --idle 1s >"$RAW/$name-recv.json" 2>"$RAW/$name-recv.err" &
+    rpid=$!
+    RUNNING[$rpid]="udprate recv"
+    for _ in $(seq 50); do grep -q listening "$RAW/$name-recv.err" && break; sleep 0.1; done
+    if ! run timeout $((BENCH_UDP_TIME + 30)) ip netns exec "$P-g1" "$UDPRATE" send --to "10.88.0.2:$UDP_PORT" \
+      --rate "$rate" --size 64 --duration "${BENCH_UDP_TIME}s" --flows "$BENCH_UDP_FLOWS" --gso "$BENCH_UDP_GSO" \
+      >"$RAW/$name-send.json" 2>"$RAW/$name-send.err"; then
+      echo "   ($name: sender failed: $(cat "$RAW/$name-send.err"))" >&2
+      reap "$rpid"
+      continue
+    fi
+    wait "$rpid" || true
+    unset "RUNNING[$rpid]"
+    [ -s "$RAW/$name-send.err" ] || rm -f "$RAW/$name-send.err"
+    # Loss: the datagrams the sender sent that the receiver never got
+    # (duplicates do not make up for them).
+    res=$(jq -rs --arg max "$BENCH_UDP_LOSS" '(.[0] | select(.mode == "send")) as $s | (.[1] | select(.mode == "recv")) as $r |
+        (if $s.sent > 0 then ($s.sent - $r.received) * 100 / $s.sent else 100 end) as $loss | [
+        (if $loss < ($max | tonumber) then 1 else 0 end),
+        ($r.pps | round), ($s.pps | round), ($loss * 1000 | round / 1000), $s.sender_limited,
+        (if $s.sent > $r.received and $r.socket_drops * 2 >= $s.sent - $r.received then 1 else 0 end)] | @tsv' \
+      "$RAW/$name-send.json" "$RAW/$name-recv.json") && [ -n "$res" ] || continue
+    read -r pass recv sent loss limited drops <<<"$res"
+    echo "   UDP $rate pps: sent $sent$([ "$limited" = true ] && echo " (sender-limited)"), received $recv pps, loss $loss %$([ "$drops" -eq 1 ] && echo " (mostly the receiver's socket overflowing)")"
+    TRIAL_RECV=$recv TRIAL_LIMITED=$limited TRIAL_RXLIMIT=$drops
     if [ "$pass" -eq 1 ]; then TRIAL_PASS=1; break; fi
   done
 }
 
-# udp_search doubles the rate until a loss of 0.1 % or more (or until the
-# iperf3 client cannot send faster), then bisects between the last good
+# udp_search doubles the rate until a loss of BENCH_UDP_LOSS % or more (or
+# until the sender cannot send faster), then bisects between the last good
 # and the first lossy rate; the result is the received pps of the best
-# good rate, "≥" when the sender was the limit.
+# good rate, "≥ …, sender-limited" when the sender was the limit, and
+# "receiver-limited" noted when the first lossy rate lost mostly in the
+# receiving socket.
 udp_search() {
-  local good=0 good_recv=0 bad=0 rate=$BENCH_UDP_START limited="" mid
+  local good=0 good_recv=0 bad=0 bad_rx=0 rate=$BENCH_UDP_START limited="" mid
   udp_trial "$rate"
   if [ "$TRIAL_PASS" -eq 1 ]; then
     while :; do
       good=$rate good_recv=$TRIAL_RECV
-      if [ "$TRIAL_SENT" -lt $((rate * 9 / 10)) ]; then limited="≥"; break; fi
+      if [ "$TRIAL_LIMITED" = true ]; then limited="≥ "; break; fi
       rate=$((rate * 2))
       [ "$rate" -le "$BENCH_UDP_MAX" ] || break
       udp_trial "$rate"
-      [ "$TRIAL_PASS" -eq 1 ] || { bad=$rate; break; }
+      [ "$TRIAL_PASS" -eq 1 ] || { bad=$rate bad_rx=$TRIAL_RXLIMIT; break; }
     done
   else
-    bad=$rate
+    bad=$rate bad_rx=$TRIAL_RXLIMIT
     while [ $((rate / 2)) -ge "$BENCH_UDP_MIN" ]; do
       rate=$((rate / 2))
       udp_trial "$rate"
       if [ "$TRIAL_PASS" -eq 1 ]; then good=$rate good_recv=$TRIAL_RECV; break; fi
-      bad=$rate
+      bad=$rate bad_rx=$TRIAL_RXLIMIT
     done
   fi
   if [ "$good" -gt 0 ] && [ "$bad" -gt 0 ] && [ -z "$limited" ]; then
@@ -334,7 +373,7 @@ udp_search() {
       if [ "$TRIAL_PASS" -eq 1 ]; then
         good=$mid
         [ "$TRIAL_RECV" -gt "$good_recv" ] && good_recv=$TRIAL_RECV
-      else bad=$mid; fi
+      else bad=$mid bad_rx=$TRIAL_RXLIMIT; fi
     done
   fi
   if [ "$good" -eq 0 ]; then
@@ -342,6 +381,8 @@ udp_search() {
   else
     V[$F.udp]="$limited$(awk -v p="$good_recv" 'BEGIN { printf "%.1f", p / 1000 }')"
   fi
+  if [ -n "$limited" ]; then V[$F.udp]+=", sender-limited"
+  elif [ "$bad_rx" -eq 1 ]; then V[$F.udp]+=", receiver-limited"; fi
   echo "   UDP 64 B: ${V[$F.udp]} kpps received with < $BENCH_UDP_LOSS % loss"
 }
 
@@ -442,9 +483,11 @@ ratio() { # F1 F2 → tcp1 of F1 / tcp1 of F2
   fi
   echo
   echo "UDP: the highest rate received with less than $BENCH_UDP_LOSS % loss, by doubling from"
-  echo "$BENCH_UDP_START pps and bisecting $BENCH_UDP_STEPS steps, $BENCH_UDP_TIME s a step; \"≥\" where the"
-  echo "iperf3 client could not send faster. CPU: utime+stime of both processes over the"
-  echo "1-stream → test, per Gbit received. Load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)."
+  echo "$BENCH_UDP_START pps and bisecting $BENCH_UDP_STEPS steps, $BENCH_UDP_TIME s a step (udprate, $BENCH_UDP_FLOWS flows,"
+  echo "GSO buffers of $BENCH_UDP_GSO cut in g1's eth0); \"≥ …, sender-limited\" where the sender could not"
+  echo "send faster, \"receiver-limited\" where the first lossy rate lost mostly in g2's socket."
+  echo "Sender, receiver and forwarder share the machine's $(nproc) cores. CPU: utime+stime of both"
+  echo "processes over the 1-stream → test, per Gbit received. Load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)."
 } >"$OUT/table.md"
 
 # The plot: TCP throughput per forwarder ("-" where there is no number).
