@@ -35,9 +35,10 @@ unit:
 	$(GO) test -count=1 -v ./test/netns/ 2>&1 | grep -Ev '^=== (RUN|PAUSE|CONT)'; exit $${PIPESTATUS[0]}
 	EIPOIB_NETNS_OFFLOAD=false $(GO) test -count=1 -v ./test/netns/ 2>&1 | grep -Ev '^=== (RUN|PAUSE|CONT)'; exit $${PIPESTATUS[0]}
 
-## build: the daemon in bin/.
+## build: the daemon and the benchmark's UDP generator in bin/
 build:
 	$(GO) build -o bin/eipoibd ./cmd/eipoibd
+	$(GO) build -o bin/udprate ./cmd/udprate
 
 ## fuzz: run every fuzz target for FUZZTIME (default 60s) each.
 fuzz:

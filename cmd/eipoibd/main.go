@@ -10,9 +10,9 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
+	"github.com/eipoib/eipoibd/internal/cli"
 	"io"
 	"log/slog"
 	"net"
@@ -47,22 +47,13 @@ traffic until SIGINT or SIGTERM. Flags:
 const maxQueues = 256
 
 // errHelp ends the program successfully after printing the usage.
-var errHelp = errors.New("help")
+var errHelp = cli.ErrHelp
 
 // usageError is a bad command line: exit status 2.
-type usageError struct{ msg string }
-
-func (e usageError) Error() string { return e.msg }
+type usageError = cli.UsageError
 
 func main() {
-	if err := run(os.Args[1:], os.Stderr); err != nil && err != errHelp {
-		fmt.Fprintf(os.Stderr, "eipoibd: %v\n", err)
-		var ue usageError
-		if errors.As(err, &ue) {
-			os.Exit(2)
-		}
-		os.Exit(1)
-	}
+	cli.Exit("eipoibd", run(os.Args[1:], os.Stderr))
 }
 
 // options are the parsed flags of "run".
@@ -80,7 +71,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
 			args = []string{"run", "-h"}
 		} else {
-			return nil, usageError{`missing command: use "eipoibd run --underlay IFACE" (eipoibd run -h lists the flags)`}
+			return nil, usageError{Msg: `missing command: use "eipoibd run --underlay IFACE" (eipoibd run -h lists the flags)`}
 		}
 	}
 	o := &options{}
@@ -109,42 +100,33 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.queues, "queues", runtime.NumCPU(), "TAP queues, each read by its own TX worker (the kernel spreads guests' flows over them)")
 	fs.BoolVar(&o.pprof, "pprof", false, "also serve Go's profiles at /debug/pprof/ on the --metrics address")
 	fs.StringVar(&o.faults, "fault", "", "simulated fabric faults, e.g. loss=0.01,dup=0.01,reorder=0.01,corrupt=0.01")
-	if err := fs.Parse(args[1:]); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprint(stderr, usage)
-			fs.SetOutput(stderr)
-			fs.PrintDefaults()
-			return nil, errHelp
-		}
-		return nil, usageError{err.Error() + " (eipoibd run -h lists the flags)"}
-	}
-	if fs.NArg() > 0 {
-		return nil, usageError{fmt.Sprintf("unexpected argument %q", fs.Arg(0))}
+	if err := cli.Parse(fs, args[1:], usage, stderr, "eipoibd run -h lists the flags"); err != nil {
+		return nil, err
 	}
 	switch {
 	case o.underlay == "":
-		return nil, usageError{"--underlay is required (the interface the simulated fabric runs over)"}
+		return nil, usageError{Msg: "--underlay is required (the interface the simulated fabric runs over)"}
 	case o.fabric != "sim":
-		return nil, usageError{fmt.Sprintf("--fabric %q: only \"sim\" is available", o.fabric)}
+		return nil, usageError{Msg: fmt.Sprintf("--fabric %q: only \"sim\" is available", o.fabric)}
 	case o.ibMTU != 2048 && o.ibMTU != 4096:
-		return nil, usageError{fmt.Sprintf("--ib-mtu %d: want 2048 or 4096", o.ibMTU)}
+		return nil, usageError{Msg: fmt.Sprintf("--ib-mtu %d: want 2048 or 4096", o.ibMTU)}
 	case o.maxVIFs < 1 || o.maxVIFs > 1<<20:
-		return nil, usageError{fmt.Sprintf("--max-vifs %d: want 1 to %d", o.maxVIFs, 1<<20)}
+		return nil, usageError{Msg: fmt.Sprintf("--max-vifs %d: want 1 to %d", o.maxVIFs, 1<<20)}
 	case o.queues < 1 || o.queues > maxQueues:
-		return nil, usageError{fmt.Sprintf("--queues %d: want 1 to %d", o.queues, maxQueues)}
+		return nil, usageError{Msg: fmt.Sprintf("--queues %d: want 1 to %d", o.queues, maxQueues)}
 	case o.maxNeigh < 1:
-		return nil, usageError{fmt.Sprintf("--max-neighbours %d: want at least 1", o.maxNeigh)}
+		return nil, usageError{Msg: fmt.Sprintf("--max-neighbours %d: want at least 1", o.maxNeigh)}
 	case o.vifIdle < time.Second:
-		return nil, usageError{fmt.Sprintf("--vif-idle %s: want at least 1s", o.vifIdle)}
+		return nil, usageError{Msg: fmt.Sprintf("--vif-idle %s: want at least 1s", o.vifIdle)}
 	case o.dhcp != shim.DHCPBroadcast && o.dhcp != shim.DHCPRFC4390:
-		return nil, usageError{fmt.Sprintf("--dhcp %q: want broadcast or rfc4390", o.dhcp)}
+		return nil, usageError{Msg: fmt.Sprintf("--dhcp %q: want broadcast or rfc4390", o.dhcp)}
 	case o.pprof && o.metrics == "":
-		return nil, usageError{"--pprof serves on the --metrics address: give --metrics too"}
+		return nil, usageError{Msg: "--pprof serves on the --metrics address: give --metrics too"}
 	case o.bridge != "" && o.ovsBridge != "":
-		return nil, usageError{"--bridge and --ovs-bridge exclude each other: the TAP has one switch"}
+		return nil, usageError{Msg: "--bridge and --ovs-bridge exclude each other: the TAP has one switch"}
 	}
 	if err := o.mcast.WithDefaults().Validate(); err != nil {
-		return nil, usageError{"--mcast-*: " + strings.TrimPrefix(err.Error(), "snoop: ")}
+		return nil, usageError{Msg: "--mcast-*: " + strings.TrimPrefix(err.Error(), "snoop: ")}
 	}
 	return o, nil
 }
@@ -159,14 +141,14 @@ func parseVLANPKeys(s string) (map[uint16]ipoib.PKey, error) {
 		v, p, ok := strings.Cut(kv, "=")
 		vlan, err := strconv.ParseUint(v, 10, 16)
 		if !ok || err != nil || vlan < 1 || vlan > 4094 {
-			return nil, usageError{fmt.Sprintf("--vlan-pkey %q: want VLAN=P_Key with VLAN 1..4094, e.g. 10=0x800a", kv)}
+			return nil, usageError{Msg: fmt.Sprintf("--vlan-pkey %q: want VLAN=P_Key with VLAN 1..4094, e.g. 10=0x800a", kv)}
 		}
 		pkey, err := ipoib.ParsePKey(p)
 		if err != nil {
-			return nil, usageError{fmt.Sprintf("--vlan-pkey %q: %s", kv, strings.TrimPrefix(err.Error(), "ipoib: "))}
+			return nil, usageError{Msg: fmt.Sprintf("--vlan-pkey %q: %s", kv, strings.TrimPrefix(err.Error(), "ipoib: "))}
 		}
 		if _, dup := m[uint16(vlan)]; dup {
-			return nil, usageError{fmt.Sprintf("--vlan-pkey: VLAN %d given twice", vlan)}
+			return nil, usageError{Msg: fmt.Sprintf("--vlan-pkey: VLAN %d given twice", vlan)}
 		}
 		m[uint16(vlan)] = pkey
 	}
@@ -183,7 +165,7 @@ func parseFaults(s string) (simfabric.Faults, error) {
 		k, v, ok := strings.Cut(kv, "=")
 		p, err := strconv.ParseFloat(v, 64)
 		if !ok || err != nil {
-			return f, usageError{fmt.Sprintf("--fault %q: want name=probability", kv)}
+			return f, usageError{Msg: fmt.Sprintf("--fault %q: want name=probability", kv)}
 		}
 		switch k {
 		case "loss":
@@ -195,11 +177,11 @@ func parseFaults(s string) (simfabric.Faults, error) {
 		case "corrupt":
 			f.Corrupt = p
 		default:
-			return f, usageError{fmt.Sprintf("--fault %q: unknown fault (loss, dup, reorder, corrupt)", k)}
+			return f, usageError{Msg: fmt.Sprintf("--fault %q: unknown fault (loss, dup, reorder, corrupt)", k)}
 		}
 	}
 	if err := f.Validate(); err != nil {
-		return f, usageError{err.Error()}
+		return f, usageError{Msg: err.Error()}
 	}
 	return f, nil
 }
@@ -211,7 +193,7 @@ func run(args []string, stderr io.Writer) error {
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
-		return usageError{fmt.Sprintf("--log-level %q: want debug, info, warn or error", o.logLevel)}
+		return usageError{Msg: fmt.Sprintf("--log-level %q: want debug, info, warn or error", o.logLevel)}
 	}
 	faults, err := parseFaults(o.faults)
 	if err != nil {
@@ -225,7 +207,7 @@ func run(args []string, stderr io.Writer) error {
 	var mac ether.MAC
 	if o.mac != "" {
 		if mac, err = ether.ParseMAC(o.mac); err != nil || mac.IsMulticast() || mac.IsZero() {
-			return usageError{fmt.Sprintf("--mac %q: want a unicast MAC like 02:00:00:00:00:01", o.mac)}
+			return usageError{Msg: fmt.Sprintf("--mac %q: want a unicast MAC like 02:00:00:00:00:01", o.mac)}
 		}
 	}
 	port, err := simfabric.Open(simfabric.Config{Underlay: o.underlay, IBMTU: o.ibMTU, Faults: faults})

@@ -13,9 +13,9 @@ package main
 
 import (
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
+	"github.com/eipoib/eipoibd/internal/cli"
 	"io"
 	"net/netip"
 	"os"
@@ -25,12 +25,10 @@ import (
 )
 
 // usageError is a bad command line: exit status 2.
-type usageError struct{ msg string }
-
-func (e usageError) Error() string { return e.msg }
+type usageError = cli.UsageError
 
 // errHelp ends the program successfully after printing the usage.
-var errHelp = errors.New("help")
+var errHelp = cli.ErrHelp
 
 const usage = `usage: udprate recv --listen ADDR:PORT --duration D [flags]
        udprate send --to ADDR:PORT --rate PPS (--duration D | --count N) [flags]
@@ -40,14 +38,7 @@ Flags:
 const maxBatch = 1024 // UIO_MAXIOV, the most messages an mmsg call takes
 
 func main() {
-	if err := run(os.Args[1:], os.Stdout, os.Stderr); err != nil && err != errHelp {
-		fmt.Fprintf(os.Stderr, "udprate: %v\n", err)
-		var ue usageError
-		if errors.As(err, &ue) {
-			os.Exit(2)
-		}
-		os.Exit(1)
-	}
+	cli.Exit("udprate", run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
 // command is a parsed command line: one of send and recv is set.
@@ -62,7 +53,7 @@ func parse(args []string, stderr io.Writer) (*command, error) {
 			fmt.Fprint(stderr, usage)
 			return nil, errHelp
 		}
-		return nil, usageError{`missing command: want "send" or "recv" (udprate send -h lists the flags)`}
+		return nil, usageError{Msg: `missing command: want "send" or "recv" (udprate send -h lists the flags)`}
 	}
 	var (
 		addr           string
@@ -89,40 +80,31 @@ func parse(args []string, stderr io.Writer) (*command, error) {
 	fs.DurationVar(&dur, "duration", 0, "how long to run, e.g. 3s (send: 0 with --count is no limit)")
 	fs.IntVar(&batch, "batch", 64, fmt.Sprintf("most datagrams a sendmmsg or recvmmsg call, 1 to %d", maxBatch))
 	fs.IntVar(&sockbuf, "sockbuf", 4<<20, "socket buffer bytes (forced past the sysctl limits as root)")
-	if err := fs.Parse(args[1:]); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprint(stderr, usage)
-			fs.SetOutput(stderr)
-			fs.PrintDefaults()
-			return nil, errHelp
-		}
-		return nil, usageError{err.Error() + " (udprate " + args[0] + " -h lists the flags)"}
-	}
-	if fs.NArg() > 0 {
-		return nil, usageError{fmt.Sprintf("unexpected argument %q", fs.Arg(0))}
+	if err := cli.Parse(fs, args[1:], usage, stderr, "udprate "+args[0]+" -h lists the flags"); err != nil {
+		return nil, err
 	}
 	addrFlag := map[bool]string{true: "--to", false: "--listen"}[args[0] == "send"]
 	ap, err := netip.ParseAddrPort(addr)
 	switch {
 	case addr == "":
-		return nil, usageError{addrFlag + " is required (ADDR:PORT, e.g. 10.88.0.2:5300 or [fe80::1%eth0]:5300)"}
+		return nil, usageError{Msg: addrFlag + " is required (ADDR:PORT, e.g. 10.88.0.2:5300 or [fe80::1%eth0]:5300)"}
 	case err != nil:
-		return nil, usageError{fmt.Sprintf("%s %q: want ADDR:PORT, e.g. 10.88.0.2:5300", addrFlag, addr)}
+		return nil, usageError{Msg: fmt.Sprintf("%s %q: want ADDR:PORT, e.g. 10.88.0.2:5300", addrFlag, addr)}
 	case args[0] == "send" && ap.Port() == 0:
-		return nil, usageError{fmt.Sprintf("--to %q: want a port from 1 to 65535", addr)}
+		return nil, usageError{Msg: fmt.Sprintf("--to %q: want a port from 1 to 65535", addr)}
 	case batch < 1 || batch > maxBatch:
-		return nil, usageError{fmt.Sprintf("--batch %d: want 1 to %d", batch, maxBatch)}
+		return nil, usageError{Msg: fmt.Sprintf("--batch %d: want 1 to %d", batch, maxBatch)}
 	case sockbuf < 0:
-		return nil, usageError{fmt.Sprintf("--sockbuf %d: want 0 (the system's default) or more", sockbuf)}
+		return nil, usageError{Msg: fmt.Sprintf("--sockbuf %d: want 0 (the system's default) or more", sockbuf)}
 	case dur < 0:
-		return nil, usageError{fmt.Sprintf("--duration %s: want a positive duration", dur)}
+		return nil, usageError{Msg: fmt.Sprintf("--duration %s: want a positive duration", dur)}
 	}
 	if args[0] == "recv" {
 		switch {
 		case dur == 0:
-			return nil, usageError{"--duration is required (how long to listen, e.g. 5s)"}
+			return nil, usageError{Msg: "--duration is required (how long to listen, e.g. 5s)"}
 		case idle < 0:
-			return nil, usageError{fmt.Sprintf("--idle %s: want 0 (off) or a positive duration", idle)}
+			return nil, usageError{Msg: fmt.Sprintf("--idle %s: want 0 (off) or a positive duration", idle)}
 		}
 		return &command{recv: &udprate.RecvConfig{Listen: ap, Duration: dur, Idle: idle, Batch: batch, SockBuf: sockbuf}}, nil
 	}
@@ -130,19 +112,19 @@ func parse(args []string, stderr io.Writer) (*command, error) {
 	fs.Visit(func(f *flag.Flag) { rateSet = rateSet || f.Name == "rate" })
 	switch {
 	case !rateSet:
-		return nil, usageError{"--rate is required (datagrams per second, 0 for as fast as possible)"}
+		return nil, usageError{Msg: "--rate is required (datagrams per second, 0 for as fast as possible)"}
 	case rate < 0 || rate > 1e9:
-		return nil, usageError{fmt.Sprintf("--rate %g: want 0 (as fast as possible) to 1e9 datagrams/s", rate)}
+		return nil, usageError{Msg: fmt.Sprintf("--rate %g: want 0 (as fast as possible) to 1e9 datagrams/s", rate)}
 	case size < udprate.HeaderLen || size > udprate.MaxSize:
-		return nil, usageError{fmt.Sprintf("--size %d: want %d to %d bytes", size, udprate.HeaderLen, udprate.MaxSize)}
+		return nil, usageError{Msg: fmt.Sprintf("--size %d: want %d to %d bytes", size, udprate.HeaderLen, udprate.MaxSize)}
 	case flows < 1 || flows > udprate.MaxFlows:
-		return nil, usageError{fmt.Sprintf("--flows %d: want 1 to %d", flows, udprate.MaxFlows)}
+		return nil, usageError{Msg: fmt.Sprintf("--flows %d: want 1 to %d", flows, udprate.MaxFlows)}
 	case gso < 0 || gso > udprate.MaxGSO:
-		return nil, usageError{fmt.Sprintf("--gso %d: want 0 or 1 (off) to %d", gso, udprate.MaxGSO)}
+		return nil, usageError{Msg: fmt.Sprintf("--gso %d: want 0 or 1 (off) to %d", gso, udprate.MaxGSO)}
 	case gso*size > udprate.MaxSize:
-		return nil, usageError{fmt.Sprintf("--gso %d: want --gso × --size (%d) at most %d bytes", gso, size, udprate.MaxSize)}
+		return nil, usageError{Msg: fmt.Sprintf("--gso %d: want --gso × --size (%d) at most %d bytes", gso, size, udprate.MaxSize)}
 	case dur == 0 && count == 0:
-		return nil, usageError{"--duration or --count is required (when to stop)"}
+		return nil, usageError{Msg: "--duration or --count is required (when to stop)"}
 	}
 	return &command{send: &udprate.SendConfig{To: ap, Rate: rate, Size: size, Flows: flows,
 		Duration: dur, Count: count, Batch: batch, GSO: gso, SockBuf: sockbuf}}, nil
