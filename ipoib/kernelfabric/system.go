@@ -66,10 +66,12 @@ func (System) AddChild(c ChildSpec) error {
 
 // DelLink is RTM_DELLINK.
 func (System) DelLink(index int) error {
-	return netlink.LinkDel(&netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: index}})
+	return netlink.LinkDel(byIndex(index))
 }
 
-func byIndex(index int) netlink.Link { return &netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: index}} }
+func byIndex(index int) netlink.Link {
+	return &netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: index}}
+}
 
 // SetUp sets IFF_UP.
 func (System) SetUp(index int) error { return netlink.LinkSetUp(byIndex(index)) }
