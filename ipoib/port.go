@@ -3,7 +3,15 @@ package ipoib
 // RxMeta describes one received UD packet.
 type RxMeta struct {
 	// Src is the sender: its source QPN and source GID (flags zero).
+	// It is zero when SrcUnknown is set.
 	Src HwAddr
+	// SrcUnknown says the port cannot tell the sender: the kernel's
+	// IPoIB driver hands packet sockets no source address. The shim then
+	// finds the sender from the ARP/NDP payloads it has seen (the
+	// sender's address is in every ARP packet and most NDP ones) and the
+	// packet's source IP, and resolves a source it has not seen instead
+	// of guessing.
+	SrcUnknown bool
 	// DstQPN is the receiving QP, or MulticastQPN for a multicast packet.
 	DstQPN uint32
 	// MGID is the destination group of a multicast packet.

@@ -15,49 +15,50 @@ type Counter int
 // every packet read from the port ends in exactly one of rx_frames or an
 // RX drop.
 const (
-	TxFrames           Counter = iota // frames read from the TAP
-	TxForwarded                       // frames sent on as one IPoIB packet (at once or after a resolution)
-	TxPackets                         // IPoIB packets the port accepted (fragments and resolutions included; a super-frame once)
-	TxPortRefused                     // packets the port refused or lost (see its port_drop_* counters)
-	TxBroadcast                       // of tx_forwarded, those to the broadcast group
-	TxMulticast                       // of tx_forwarded, those to another MGID
-	TxSuper                           // of tx_forwarded, TCP super-frames the port took whole to cut itself
-	TxSuperSegments                   // the segments the port is to cut them into
-	TxFragmented                      // IPv4 packets fragmented to the IPoIB MTU
-	TxFragments                       // fragments made of them
-	TxICMPTooBig                      // ICMP fragmentation-needed / ICMPv6 packet-too-big sent to guests
-	TxQueued                          // frames queued while their destination was resolved
-	TxResolveSent                     // ARP/NS sent on a guest's behalf
-	TxQueries                         // IGMP/MLD queries sent to guests
-	McastJoins                        // groups joined for snooped members
-	McastLeaves                       // groups left when their last member went
-	RxPackets                         // packets read from the port
-	RxFrames                          // received packets written to the TAP as frames
-	VIFsCreated                       // VIFs created for new source MACs
-	VIFsAged                          // VIFs removed as idle
-	DropRunt                          // TX frame shorter than its Ethernet header
-	DropEtherType                     // TX: ethertype IPoIB does not carry
-	DropVLANUnmapped                  // TX frame on a VLAN with no P_Key
-	DropBadSrcMAC                     // multicast or zero source MAC
-	DropVIFLimit                      // no VIF: --max-vifs reached or QP allocation failed
-	DropBadIP                         // IP header inconsistent with the frame
-	DropTooBig                        // oversized and neither fragmentable nor answerable
-	DropDstLocal                      // unicast to a local guest (the bridge delivers those)
-	DropUnresolved                    // destination not resolved in time, or queue full
-	DropVIFGone                       // queued for a resolution while the guest's VIF aged out
-	DropTxRewrite                     // ARP/NDP/DHCP rewrite refused (see rewrite counters)
-	DropRxRewrite                     // same, on receive
-	DropRxBadHeader                   // IPoIB header missing or reserved bits set
-	DropRxEtherType                   // RX: ethertype other than IPv4, IPv6, ARP, RARP
-	DropRxUnknownPKey                 // P_Key with no partition here
-	DropRxUnknownVIF                  // unicast to a QPN that is no VIF of that partition
-	DropRxMulticast                   // MGID that maps to no Ethernet multicast MAC
-	DropRxNeighbour                   // source could not get a REMAC
-	DropTAPWrite                      // received frames the kernel refused on the TAP
-	DropLocalTAPWrite                 // the shim's own frames to guests (queries, ICMP) the kernel refused
-	DropBadMcastReport                // malformed IGMP/MLD report or leave from a guest
-	DropNoGroup                       // multicast to a group the port could not join (group table full)
-	DropSuperGroup                    // a TCP super-frame to a broadcast or multicast MAC
+	TxFrames            Counter = iota // frames read from the TAP
+	TxForwarded                        // frames sent on as one IPoIB packet (at once or after a resolution)
+	TxPackets                          // IPoIB packets the port accepted (fragments and resolutions included; a super-frame once)
+	TxPortRefused                      // packets the port refused or lost (see its port_drop_* counters)
+	TxBroadcast                        // of tx_forwarded, those to the broadcast group
+	TxMulticast                        // of tx_forwarded, those to another MGID
+	TxSuper                            // of tx_forwarded, TCP super-frames the port took whole to cut itself
+	TxSuperSegments                    // the segments the port is to cut them into
+	TxFragmented                       // IPv4 packets fragmented to the IPoIB MTU
+	TxFragments                        // fragments made of them
+	TxICMPTooBig                       // ICMP fragmentation-needed / ICMPv6 packet-too-big sent to guests
+	TxQueued                           // frames queued while their destination was resolved
+	TxResolveSent                      // ARP/NS sent on a guest's behalf
+	TxQueries                          // IGMP/MLD queries sent to guests
+	McastJoins                         // groups joined for snooped members
+	McastLeaves                        // groups left when their last member went
+	RxPackets                          // packets read from the port
+	RxFrames                           // received packets written to the TAP as frames
+	VIFsCreated                        // VIFs created for new source MACs
+	VIFsAged                           // VIFs removed as idle
+	DropRunt                           // TX frame shorter than its Ethernet header
+	DropEtherType                      // TX: ethertype IPoIB does not carry
+	DropVLANUnmapped                   // TX frame on a VLAN with no P_Key
+	DropBadSrcMAC                      // multicast or zero source MAC
+	DropVIFLimit                       // no VIF: --max-vifs reached or QP allocation failed
+	DropBadIP                          // IP header inconsistent with the frame
+	DropTooBig                         // oversized and neither fragmentable nor answerable
+	DropDstLocal                       // unicast to a local guest (the bridge delivers those)
+	DropUnresolved                     // destination not resolved in time, or queue full
+	DropVIFGone                        // queued for a resolution while the guest's VIF aged out
+	DropTxRewrite                      // ARP/NDP/DHCP rewrite refused (see rewrite counters)
+	DropRxRewrite                      // same, on receive
+	DropRxBadHeader                    // IPoIB header missing or reserved bits set
+	DropRxEtherType                    // RX: ethertype other than IPv4, IPv6, ARP, RARP
+	DropRxUnknownPKey                  // P_Key with no partition here
+	DropRxUnknownVIF                   // unicast to a QPN that is no VIF of that partition
+	DropRxMulticast                    // MGID that maps to no Ethernet multicast MAC
+	DropRxNeighbour                    // source could not get a REMAC
+	DropTAPWrite                       // received frames the kernel refused on the TAP
+	DropLocalTAPWrite                  // the shim's own frames to guests (queries, ICMP) the kernel refused
+	DropBadMcastReport                 // malformed IGMP/MLD report or leave from a guest
+	DropNoGroup                        // multicast to a group the port could not join (group table full)
+	DropSuperGroup                     // a TCP super-frame to a broadcast or multicast MAC
+	DropRxUnknownSource                // sender unknown to the port and never seen in ARP/NDP (a resolution is sent)
 	numCounters
 )
 
@@ -72,7 +73,8 @@ var counterNames = [numCounters]string{
 	DropRxUnknownPKey: "drop_rx_unknown_pkey", DropRxUnknownVIF: "drop_rx_unknown_vif",
 	DropRxMulticast: "drop_rx_multicast", DropRxNeighbour: "drop_rx_neighbour", DropTAPWrite: "drop_tap_write", DropLocalTAPWrite: "drop_local_tap_write",
 	DropBadMcastReport: "drop_bad_mcast_report", DropNoGroup: "drop_no_group",
-	DropSuperGroup: "drop_super_group",
+	DropSuperGroup:      "drop_super_group",
+	DropRxUnknownSource: "drop_rx_unknown_source",
 }
 
 // String returns the counter's metric name.

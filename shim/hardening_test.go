@@ -83,8 +83,8 @@ func readAll(t *testing.T, p *memfabric.Port, n int) []ipoib.RxMeta {
 // port Write. On the simulated fabric that Write used to panic past 129
 // packets, killing the daemon from the RX goroutine.
 func TestManyDestinationsResolveInOneBatch(t *testing.T) {
-	f, _ := memfabric.New(4096)
-	s, _ := stillShim(t, f, "fe80::a", nil)
+	f := memFab(t, 4096)
+	s, _ := stillShim(t, f.Fabric, "fe80::a", nil)
 	far, err := f.NewPort(gidOf("fe80::b"))
 	if err != nil {
 		t.Fatal(err)
@@ -158,7 +158,7 @@ func (w *syncBuffer) String() string {
 // the join and the solicited-node group were refused, and a warning was
 // logged per frame.
 func TestSendOnlyFlood(t *testing.T) {
-	f, _ := memfabric.New(2048)
+	f := memFab(t, 2048)
 	var logs syncBuffer
 	a := newHV(t, f, "fe80::a", func(c *Config) { c.Logger = slog.New(slog.NewTextHandler(&logs, nil)) })
 	b := newHV(t, f, "fe80::b", nil)
@@ -214,7 +214,7 @@ func TestSendOnlyFlood(t *testing.T) {
 // recently used goes first; an idle send-only membership upgraded to a
 // full one is not expired.
 func TestGroupSet(t *testing.T) {
-	f, _ := memfabric.New(2048)
+	f := memFab(t, 2048)
 	port, _ := f.NewPort(gidOf("fe80::a"))
 	var g groupSet
 	g.init(4, 2)
@@ -271,8 +271,8 @@ func TestGroupSet(t *testing.T) {
 // refuses the QPN. Queued frames of a VIF that aged out are dropped as
 // drop_vif_gone, never sent from the freed QP.
 func TestAgingWaitsForBatch(t *testing.T) {
-	f, _ := memfabric.New(2048)
-	s, port := stillShim(t, f, "fe80::a", func(c *Config) { c.VIFIdle = time.Minute })
+	f := memFab(t, 2048)
+	s, port := stillShim(t, f.Fabric, "fe80::a", func(c *Config) { c.VIFIdle = time.Minute })
 	far, _ := f.NewPort(gidOf("fe80::b"))
 	qfar, _ := far.AllocQP(0xffff, 0)
 	v, _ := s.vif(s.byVLAN[0], macA1, s.clk.Now())
@@ -343,7 +343,7 @@ func (p *flakyPort) Read(bufs [][]byte, sizes []int, meta []ipoib.RxMeta, offset
 // TestRunLifetimes: a start-up join failure leaves the groups already
 // joined; a normal Run returns only after its RX loop has ended.
 func TestRunLifetimes(t *testing.T) {
-	f, _ := memfabric.New(2048)
+	f := memFab(t, 2048)
 	for _, failAt := range []int{2, 0} {
 		mp, _ := f.NewPort(gidOf(fmt.Sprintf("fe80::%d", failAt+1)))
 		port := &flakyPort{Port: mp, failAt: failAt}
@@ -478,8 +478,8 @@ func TestConservation(t *testing.T) {
 // unknown VIF, refused rewrite) teach the neighbour table nothing; an
 // accepted one does.
 func TestLearnOnlyAccepted(t *testing.T) {
-	f, _ := memfabric.New(2048)
-	s, _ := stillShim(t, f, "fe80::a", nil)
+	f := memFab(t, 2048)
+	s, _ := stillShim(t, f.Fabric, "fe80::a", nil)
 	v, _ := s.vif(s.byVLAN[0], macA1, s.clk.Now())
 	from := func(q uint32) ipoib.HwAddr { return ipoib.MakeHwAddr(0, q, gidOf("fe80::b")) }
 	for i, c := range []struct {
@@ -561,8 +561,8 @@ func TestFragmentOptions(t *testing.T) {
 // destination answers, only the second guest's frame is sent, from its
 // own QP, and the first is dropped as drop_vif_gone.
 func TestQueuedFramesOfTwoGuests(t *testing.T) {
-	f, _ := memfabric.New(2048)
-	s, _ := stillShim(t, f, "fe80::a", func(c *Config) { c.VIFIdle = time.Minute })
+	f := memFab(t, 2048)
+	s, _ := stillShim(t, f.Fabric, "fe80::a", func(c *Config) { c.VIFIdle = time.Minute })
 	far, _ := f.NewPort(gidOf("fe80::b"))
 	qfar, _ := far.AllocQP(0xffff, 0)
 	remac := mactrans.DeriveREMAC(far.LocalGID(), qfar, 0)

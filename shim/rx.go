@@ -145,17 +145,26 @@ func (s *Shim) rx(buf []byte, n int, m *ipoib.RxMeta, now time.Time) []byte {
 	// already learned the addresses in its payload, which are the
 	// sender's own in every valid message; a rewrite that fails after
 	// that is the one case left.)
-	nb, err := s.neigh.Learn(p.pkey, m.Src, now)
-	if err != nil {
-		s.ctr.inc(DropRxNeighbour)
-		return nil
+	var src ether.MAC
+	if m.SrcUnknown { // the port cannot tell: see srcip.go
+		var ok bool
+		if src, ok = s.sourceOf(p, et, ip, m, now); !ok {
+			return nil
+		}
+	} else {
+		nb, err := s.neigh.Learn(p.pkey, m.Src, now)
+		if err != nil {
+			s.ctr.inc(DropRxNeighbour)
+			return nil
+		}
+		src = nb.REMAC
 	}
 	hl := ether.HeaderLen
 	if p.vlan != 0 {
 		hl = ether.VLANHeaderLen
 	}
 	start := rxOffset + ipoib.HeaderLen - hl
-	ether.PutHeader(buf[start:], dst, nb.REMAC, p.vlan, et)
+	ether.PutHeader(buf[start:], dst, src, p.vlan, et)
 	return buf[start : rxOffset+ipoib.HeaderLen+len(ip)]
 }
 

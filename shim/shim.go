@@ -95,6 +95,7 @@ type Shim struct {
 	groups  groupSet
 	snoop   *snoop.Table
 	pending pendingQueue
+	srcs    srcTable // source IP → REMAC, for ports that cannot tell senders
 	xids    dhcpXIDs
 	ctr     counters
 
@@ -212,6 +213,7 @@ func New(cfg Config) (*Shim, error) {
 			return nil, err
 		}
 	}
+	s.srcs.max = cfg.MaxNeighbours
 	s.groups.init(maxGroups, maxSendOnly)
 	s.pending.init()
 	s.snoop = snoop.NewTable(cfg.Multicast, maxGroups, snoop.Actions{Join: s.mcastJoin, Leave: s.mcastLeave, Query: s.mcastQuery})

@@ -27,7 +27,7 @@ import (
 type hv struct {
 	s    *Shim
 	dev  *tap.Mem
-	port *memfabric.Port
+	port testPort
 	clk  *clock.Fake
 	done chan error
 	stop context.CancelFunc
@@ -35,12 +35,10 @@ type hv struct {
 
 func gidOf(s string) ipoib.GID { return ipoib.GID(netip.MustParseAddr(s).As16()) }
 
-func newHV(t *testing.T, f *memfabric.Fabric, gid string, mod func(*Config)) *hv {
+func newHV(t *testing.T, f fabric, gid string, mod func(*Config)) *hv {
 	t.Helper()
-	port, err := f.NewPort(gidOf(gid))
-	if err != nil {
-		t.Fatal(err)
-	}
+	port := f.port(t, gidOf(gid))
+	var err error
 	h := &hv{dev: tap.NewMem(256), port: port, clk: clock.NewFake(time.Unix(1e6, 0)), done: make(chan error, 1)}
 	cfg := Config{Device: h.dev, Port: port, Clock: h.clk, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Housekeeping: 10 * time.Millisecond}
 	if mod != nil {
@@ -213,41 +211,45 @@ func arpExchange(t *testing.T, a, b *hv) (remacA1, remacB1 ether.MAC) {
 }
 
 func pair(t *testing.T, mod func(*Config)) (*hv, *hv) {
-	f, err := memfabric.New(2048)
-	if err != nil {
-		t.Fatal(err)
-	}
+	return pairOn(t, memFab(t, 2048), mod)
+}
+
+func pairOn(t *testing.T, f fabric, mod func(*Config)) (*hv, *hv) {
 	return newHV(t, f, "fe80::a", mod), newHV(t, f, "fe80::b", mod)
 }
 
 func TestARPAndUnicast(t *testing.T) {
-	a, b := pair(t, nil)
-	_, remacB1 := arpExchange(t, a, b)
-	a.dev.Inject(udpFrame(t, macA1, remacB1, ipA1, ipB1, 100, true))
-	p := b.recv(t)
-	e := p.Layer(layers.LayerTypeEthernet).(*layers.Ethernet)
-	udp, ok := p.Layer(layers.LayerTypeUDP).(*layers.UDP)
-	if !ok || ether.MAC(e.DstMAC) != macB1 || len(udp.Payload) != 100 || udp.Payload[99] != 99 {
-		t.Fatalf("unicast as delivered: %v", p)
-	}
-	if a.s.Get(TxBroadcast) != 1 || a.s.Get(VIFsCreated) != 1 || b.s.Get(VIFsCreated) != 1 {
-		t.Fatalf("counters A %v B %v", a.s.Counters(), b.s.Counters())
-	}
+	forEachBackend(t, func(t *testing.T, f fabric) {
+		a, b := pairOn(t, f, nil)
+		_, remacB1 := arpExchange(t, a, b)
+		a.dev.Inject(udpFrame(t, macA1, remacB1, ipA1, ipB1, 100, true))
+		p := b.recv(t)
+		e := p.Layer(layers.LayerTypeEthernet).(*layers.Ethernet)
+		udp, ok := p.Layer(layers.LayerTypeUDP).(*layers.UDP)
+		if !ok || ether.MAC(e.DstMAC) != macB1 || len(udp.Payload) != 100 || udp.Payload[99] != 99 {
+			t.Fatalf("unicast as delivered: %v", p)
+		}
+		if a.s.Get(TxBroadcast) != 1 || a.s.Get(VIFsCreated) != 1 || b.s.Get(VIFsCreated) != 1 {
+			t.Fatalf("counters A %v B %v", a.s.Counters(), b.s.Counters())
+		}
+	})
 }
 
 func TestTwoGuestsTwoQPs(t *testing.T) {
-	a, b := pair(t, nil)
-	a.dev.Inject(arpFrame(t, layers.ARPRequest, macA1, ipA1, ether.Broadcast, ether.MAC{}, ipB1))
-	a.dev.Inject(arpFrame(t, layers.ARPRequest, macA2, ipA2, ether.Broadcast, ether.MAC{}, ipB1))
-	s1 := b.recv(t).Layer(layers.LayerTypeEthernet).(*layers.Ethernet).SrcMAC
-	s2 := b.recv(t).Layer(layers.LayerTypeEthernet).(*layers.Ethernet).SrcMAC
-	v1, _ := a.s.vifs.Lookup(mactrans.VIFKey{MAC: macA1})
-	v2, _ := a.s.vifs.Lookup(mactrans.VIFKey{MAC: macA2})
-	if v1.QPN == v2.QPN || s1.String() == s2.String() {
-		t.Fatalf("guests share QPN %#x / REMAC %s", v1.QPN, s1)
-	}
-	// Broadcast reaches a port once, not once per VIF.
-	b.quiet(t)
+	forEachBackend(t, func(t *testing.T, f fabric) {
+		a, b := pairOn(t, f, nil)
+		a.dev.Inject(arpFrame(t, layers.ARPRequest, macA1, ipA1, ether.Broadcast, ether.MAC{}, ipB1))
+		a.dev.Inject(arpFrame(t, layers.ARPRequest, macA2, ipA2, ether.Broadcast, ether.MAC{}, ipB1))
+		s1 := b.recv(t).Layer(layers.LayerTypeEthernet).(*layers.Ethernet).SrcMAC
+		s2 := b.recv(t).Layer(layers.LayerTypeEthernet).(*layers.Ethernet).SrcMAC
+		v1, _ := a.s.vifs.Lookup(mactrans.VIFKey{MAC: macA1})
+		v2, _ := a.s.vifs.Lookup(mactrans.VIFKey{MAC: macA2})
+		if v1.QPN == v2.QPN || s1.String() == s2.String() {
+			t.Fatalf("guests share QPN %#x / REMAC %s", v1.QPN, s1)
+		}
+		// Broadcast reaches a port once, not once per VIF.
+		b.quiet(t)
+	})
 }
 
 func ndpFrame(t *testing.T, src ether.MAC, sip, dip netip.Addr, dst ether.MAC, typ layers.ICMPv6TypeCode, body gopacket.SerializableLayer) []byte {
@@ -258,41 +260,43 @@ func ndpFrame(t *testing.T, src ether.MAC, sip, dip netip.Addr, dst ether.MAC, t
 }
 
 func TestNDP(t *testing.T) {
-	a, b := pair(t, nil)
-	la, lb := netip.MustParseAddr("fd00::a1"), netip.MustParseAddr("fd00::b1")
-	sn := solicitedNode(lb)
-	// B's guest has an address: seeing it joins its solicited-node group.
-	b.dev.Inject(ndpFrame(t, macB1, lb, netip.MustParseAddr("ff02::2"), ether.MAC{0x33, 0x33, 0, 0, 0, 2},
-		layers.CreateICMPv6TypeCode(layers.ICMPv6TypeRouterSolicitation, 0), &layers.ICMPv6RouterSolicitation{}))
-	deadline := time.Now().Add(time.Second)
-	for !b.port.Joined(ipoib.IPv6MGID(sn, 0xffff, 2)) {
-		if time.Now().After(deadline) {
-			t.Fatal("solicited-node group not joined")
+	forEachBackend(t, func(t *testing.T, f fabric) {
+		a, b := pairOn(t, f, nil)
+		la, lb := netip.MustParseAddr("fd00::a1"), netip.MustParseAddr("fd00::b1")
+		sn := solicitedNode(lb)
+		// B's guest has an address: seeing it joins its solicited-node group.
+		b.dev.Inject(ndpFrame(t, macB1, lb, netip.MustParseAddr("ff02::2"), ether.MAC{0x33, 0x33, 0, 0, 0, 2},
+			layers.CreateICMPv6TypeCode(layers.ICMPv6TypeRouterSolicitation, 0), &layers.ICMPv6RouterSolicitation{}))
+		deadline := time.Now().Add(time.Second)
+		for !b.port.Joined(ipoib.IPv6MGID(sn, 0xffff, 2)) {
+			if time.Now().After(deadline) {
+				t.Fatal("solicited-node group not joined")
+			}
+			time.Sleep(time.Millisecond)
 		}
-		time.Sleep(time.Millisecond)
-	}
-	ns := &layers.ICMPv6NeighborSolicitation{TargetAddress: lb.AsSlice(), Options: layers.ICMPv6Options{{Type: layers.ICMPv6OptSourceAddress, Data: macA1[:]}}}
-	a.dev.Inject(ndpFrame(t, macA1, la, sn, ether.MAC{0x33, 0x33, 0xff, 0, 0, 0xb1}, layers.CreateICMPv6TypeCode(layers.ICMPv6TypeNeighborSolicitation, 0), ns))
-	p := b.recv(t)
-	e := p.Layer(layers.LayerTypeEthernet).(*layers.Ethernet)
-	icmp := p.Layer(layers.LayerTypeICMPv6).(*layers.ICMPv6)
-	icmp.SetNetworkLayerForChecksum(p.NetworkLayer())
-	if err, res := icmp.VerifyChecksum(); err != nil || !res.Valid {
-		t.Fatalf("NS checksum as delivered: %v", err)
-	}
-	got := p.Layer(layers.LayerTypeICMPv6NeighborSolicitation).(*layers.ICMPv6NeighborSolicitation)
-	if ether.MAC(e.DstMAC) != (ether.MAC{0x33, 0x33, 0xff, 0, 0, 0xb1}) || len(got.Options) != 1 || ether.MAC(got.Options[0].Data) != ether.MAC(e.SrcMAC) {
-		t.Fatalf("NS as delivered: %v", p)
-	}
-	remacA1 := ether.MAC(e.SrcMAC)
-	na := &layers.ICMPv6NeighborAdvertisement{Flags: 0x60, TargetAddress: lb.AsSlice(), Options: layers.ICMPv6Options{{Type: layers.ICMPv6OptTargetAddress, Data: macB1[:]}}}
-	b.dev.Inject(ndpFrame(t, macB1, lb, la, remacA1, layers.CreateICMPv6TypeCode(layers.ICMPv6TypeNeighborAdvertisement, 0), na))
-	p = a.recv(t)
-	gotNA := p.Layer(layers.LayerTypeICMPv6NeighborAdvertisement).(*layers.ICMPv6NeighborAdvertisement)
-	e = p.Layer(layers.LayerTypeEthernet).(*layers.Ethernet)
-	if ether.MAC(e.DstMAC) != macA1 || len(gotNA.Options) != 1 || ether.MAC(gotNA.Options[0].Data) != ether.MAC(e.SrcMAC) {
-		t.Fatalf("NA as delivered: %v", p)
-	}
+		ns := &layers.ICMPv6NeighborSolicitation{TargetAddress: lb.AsSlice(), Options: layers.ICMPv6Options{{Type: layers.ICMPv6OptSourceAddress, Data: macA1[:]}}}
+		a.dev.Inject(ndpFrame(t, macA1, la, sn, ether.MAC{0x33, 0x33, 0xff, 0, 0, 0xb1}, layers.CreateICMPv6TypeCode(layers.ICMPv6TypeNeighborSolicitation, 0), ns))
+		p := b.recv(t)
+		e := p.Layer(layers.LayerTypeEthernet).(*layers.Ethernet)
+		icmp := p.Layer(layers.LayerTypeICMPv6).(*layers.ICMPv6)
+		icmp.SetNetworkLayerForChecksum(p.NetworkLayer())
+		if err, res := icmp.VerifyChecksum(); err != nil || !res.Valid {
+			t.Fatalf("NS checksum as delivered: %v", err)
+		}
+		got := p.Layer(layers.LayerTypeICMPv6NeighborSolicitation).(*layers.ICMPv6NeighborSolicitation)
+		if ether.MAC(e.DstMAC) != (ether.MAC{0x33, 0x33, 0xff, 0, 0, 0xb1}) || len(got.Options) != 1 || ether.MAC(got.Options[0].Data) != ether.MAC(e.SrcMAC) {
+			t.Fatalf("NS as delivered: %v", p)
+		}
+		remacA1 := ether.MAC(e.SrcMAC)
+		na := &layers.ICMPv6NeighborAdvertisement{Flags: 0x60, TargetAddress: lb.AsSlice(), Options: layers.ICMPv6Options{{Type: layers.ICMPv6OptTargetAddress, Data: macB1[:]}}}
+		b.dev.Inject(ndpFrame(t, macB1, lb, la, remacA1, layers.CreateICMPv6TypeCode(layers.ICMPv6TypeNeighborAdvertisement, 0), na))
+		p = a.recv(t)
+		gotNA := p.Layer(layers.LayerTypeICMPv6NeighborAdvertisement).(*layers.ICMPv6NeighborAdvertisement)
+		e = p.Layer(layers.LayerTypeEthernet).(*layers.Ethernet)
+		if ether.MAC(e.DstMAC) != macA1 || len(gotNA.Options) != 1 || ether.MAC(gotNA.Options[0].Data) != ether.MAC(e.SrcMAC) {
+			t.Fatalf("NA as delivered: %v", p)
+		}
+	})
 }
 
 func TestDropsCounted(t *testing.T) {
@@ -320,39 +324,41 @@ func TestDropsCounted(t *testing.T) {
 }
 
 func TestUnknownREMACQueuedAndResolved(t *testing.T) {
-	a, b := pair(t, nil)
-	// Both sides know each other (ARP), then A forgets B (restart, aging):
-	// A's guest still uses B1's REMAC.
-	_, remacB1 := arpExchange(t, a, b)
-	a.s.neigh.Expire(a.clk.Now().Add(time.Hour), time.Minute)
-	a.dev.Inject(udpFrame(t, macA1, remacB1, ipA1, ipB1, 64, true))
-	a.waitCounter(t, TxQueued, 1)
-	// The shim asks on the guest's behalf; B's guest answers.
-	p := b.recv(t)
-	arp := p.Layer(layers.LayerTypeARP).(*layers.ARP)
-	if arp.Operation != layers.ARPRequest || netip.AddrFrom4([4]byte(arp.DstProtAddress)) != ipB1 || netip.AddrFrom4([4]byte(arp.SourceProtAddress)) != ipA1 {
-		t.Fatalf("resolution as delivered: %+v", arp)
-	}
-	b.dev.Inject(arpFrame(t, layers.ARPReply, macB1, ipB1, ether.MAC(arp.SourceHwAddress), ether.MAC(arp.SourceHwAddress), ipA1))
-	a.recv(t) // the reply reaches the guest too (harmless)
-	p = b.recv(t)
-	if udp, ok := p.Layer(layers.LayerTypeUDP).(*layers.UDP); !ok || len(udp.Payload) != 64 {
-		t.Fatalf("queued frame not delivered: %v", p)
-	}
-	if a.s.Get(TxResolveSent) != 1 || a.s.Get(DropUnresolved) != 0 {
-		t.Fatalf("counters %v", a.s.Counters())
-	}
-	// Nobody answers for an unknown MAC: dropped and counted after the tries.
-	a.dev.Inject(udpFrame(t, macA1, ether.MAC{2, 9, 9, 9, 9, 9}, ipA1, netip.MustParseAddr("10.0.0.99"), 64, true))
-	a.waitCounter(t, TxQueued, 2)
-	for i := 0; i < resolveTries+1; i++ {
-		a.clk.Advance(resolveInterval)
-		time.Sleep(30 * time.Millisecond)
-	}
-	a.waitCounter(t, DropUnresolved, 1)
-	if got := a.s.Get(TxResolveSent); got != 1+resolveTries {
-		t.Fatalf("resolutions sent %d, want %d", got, 1+resolveTries)
-	}
+	forEachBackend(t, func(t *testing.T, f fabric) {
+		a, b := pairOn(t, f, nil)
+		// Both sides know each other (ARP), then A forgets B (restart, aging):
+		// A's guest still uses B1's REMAC.
+		_, remacB1 := arpExchange(t, a, b)
+		a.s.neigh.Expire(a.clk.Now().Add(time.Hour), time.Minute)
+		a.dev.Inject(udpFrame(t, macA1, remacB1, ipA1, ipB1, 64, true))
+		a.waitCounter(t, TxQueued, 1)
+		// The shim asks on the guest's behalf; B's guest answers.
+		p := b.recv(t)
+		arp := p.Layer(layers.LayerTypeARP).(*layers.ARP)
+		if arp.Operation != layers.ARPRequest || netip.AddrFrom4([4]byte(arp.DstProtAddress)) != ipB1 || netip.AddrFrom4([4]byte(arp.SourceProtAddress)) != ipA1 {
+			t.Fatalf("resolution as delivered: %+v", arp)
+		}
+		b.dev.Inject(arpFrame(t, layers.ARPReply, macB1, ipB1, ether.MAC(arp.SourceHwAddress), ether.MAC(arp.SourceHwAddress), ipA1))
+		a.recv(t) // the reply reaches the guest too (harmless)
+		p = b.recv(t)
+		if udp, ok := p.Layer(layers.LayerTypeUDP).(*layers.UDP); !ok || len(udp.Payload) != 64 {
+			t.Fatalf("queued frame not delivered: %v", p)
+		}
+		if a.s.Get(TxResolveSent) != 1 || a.s.Get(DropUnresolved) != 0 {
+			t.Fatalf("counters %v", a.s.Counters())
+		}
+		// Nobody answers for an unknown MAC: dropped and counted after the tries.
+		a.dev.Inject(udpFrame(t, macA1, ether.MAC{2, 9, 9, 9, 9, 9}, ipA1, netip.MustParseAddr("10.0.0.99"), 64, true))
+		a.waitCounter(t, TxQueued, 2)
+		for i := 0; i < resolveTries+1; i++ {
+			a.clk.Advance(resolveInterval)
+			time.Sleep(30 * time.Millisecond)
+		}
+		a.waitCounter(t, DropUnresolved, 1)
+		if got := a.s.Get(TxResolveSent); got != 1+resolveTries {
+			t.Fatalf("resolutions sent %d, want %d", got, 1+resolveTries)
+		}
+	})
 }
 
 func TestOversize(t *testing.T) {
@@ -482,106 +488,123 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // multicast from a guest reaches the members' hypervisors only, through
 // a send-only join on the sender's.
 func TestSnooping(t *testing.T) {
-	f, err := memfabric.New(2048)
-	if err != nil {
-		t.Fatal(err)
-	}
-	a := newHV(t, f, "fe80::a", nil)
-	b := newHV(t, f, "fe80::b", nil)
-	c := newHV(t, f, "fe80::c", nil)
-	g4, g6 := netip.MustParseAddr("239.1.1.1"), netip.MustParseAddr("ff15::1234")
-	m4, m6 := ipoib.IPv4MGID(g4, 0xffff, 2), ipoib.IPv6MGID(g6, 0xffff, 2)
-	a.dev.Inject(igmpReport(t, macA1, 4, g4)) // CHANGE_TO_EXCLUDE({}): join
-	a.dev.Inject(mldReport(t, macA1, 4, g6))
-	waitFor(t, "joins on a", func() bool { return a.port.Joined(m4) && a.port.Joined(m6) })
-	// Three: the two groups and the solicited-node group of the MLD
-	// report's own source address.
-	if a.s.Get(McastJoins) != 3 {
-		t.Fatalf("joins %d", a.s.Get(McastJoins))
-	}
+	forEachBackend(t, func(t *testing.T, f fabric) {
+		a := newHV(t, f, "fe80::a", nil)
+		b := newHV(t, f, "fe80::b", nil)
+		c := newHV(t, f, "fe80::c", nil)
+		g4, g6 := netip.MustParseAddr("239.1.1.1"), netip.MustParseAddr("ff15::1234")
+		m4, m6 := ipoib.IPv4MGID(g4, 0xffff, 2), ipoib.IPv6MGID(g6, 0xffff, 2)
+		a.dev.Inject(igmpReport(t, macA1, 4, g4)) // CHANGE_TO_EXCLUDE({}): join
+		a.dev.Inject(mldReport(t, macA1, 4, g6))
+		waitFor(t, "joins on a", func() bool { return a.port.Joined(m4) && a.port.Joined(m6) })
+		// Three: the two groups and the solicited-node group of the MLD
+		// report's own source address.
+		if a.s.Get(McastJoins) != 3 {
+			t.Fatalf("joins %d", a.s.Get(McastJoins))
+		}
 
-	// c sends to both groups: a receives with the right MACs, b nothing;
-	// c is a send-only member, not a full one.
-	c.dev.Inject(udpFrame(t, macB1, ether.MAC{1, 0, 0x5e, 1, 1, 1}, ipB1, g4, 100, false))
-	p := a.recv(t)
-	if e := p.Layer(layers.LayerTypeEthernet).(*layers.Ethernet); e.DstMAC.String() != "01:00:5e:01:01:01" {
-		t.Fatalf("IPv4 multicast delivered to %s", e.DstMAC)
-	}
-	ip6 := &layers.IPv6{Version: 6, HopLimit: 5, NextHeader: layers.IPProtocolUDP, SrcIP: netip.MustParseAddr("fd00::c1").AsSlice(), DstIP: g6.AsSlice()}
-	udp := &layers.UDP{SrcPort: 1, DstPort: 2}
-	udp.SetNetworkLayerForChecksum(ip6)
-	c.dev.Inject(serialize(t, eth(macB1, ether.MAC{0x33, 0x33, 0, 0, 0x12, 0x34}, layers.EthernetTypeIPv6), ip6, udp, gopacket.Payload([]byte("hi"))))
-	p = a.recv(t)
-	if e := p.Layer(layers.LayerTypeEthernet).(*layers.Ethernet); e.DstMAC.String() != "33:33:00:00:12:34" {
-		t.Fatalf("IPv6 multicast delivered to %s", e.DstMAC)
-	}
-	b.quiet(t)
-	if c.port.Joined(m4) || !c.port.SendOnly(m4) || !c.port.SendOnly(m6) || b.port.Joined(m4) || b.port.SendOnly(m4) {
-		t.Fatalf("memberships: c full %v send-only %v/%v, b %v/%v", c.port.Joined(m4), c.port.SendOnly(m4), c.port.SendOnly(m6), b.port.Joined(m4), b.port.SendOnly(m4))
-	}
+		// c's guest announces its addresses (a gratuitous ARP, an
+		// unsolicited advertisement) as a booting host does: a port that
+		// cannot tell senders learns them from these.
+		c.dev.Inject(arpFrame(t, layers.ARPRequest, macB1, ipB1, ether.Broadcast, ether.MAC{}, ipB1))
+		a.recv(t)
+		b.recv(t)
+		c1 := netip.MustParseAddr("fd00::c1")
+		na := &layers.ICMPv6NeighborAdvertisement{Flags: 0x20, TargetAddress: c1.AsSlice(), Options: layers.ICMPv6Options{{Type: layers.ICMPv6OptTargetAddress, Data: macB1[:]}}}
+		c.dev.Inject(ndpFrame(t, macB1, c1, netip.MustParseAddr("ff02::1"), ether.MAC{0x33, 0x33, 0, 0, 0, 1}, layers.CreateICMPv6TypeCode(layers.ICMPv6TypeNeighborAdvertisement, 0), na))
+		a.recv(t)
+		b.recv(t)
 
-	// A leave (CHANGE_TO_INCLUDE({})): a group-specific query to the group;
-	// nobody answers, and after the leave time (2 s) the MGID is left.
-	a.dev.Inject(igmpReport(t, macA1, 3, g4))
-	q := a.nextQuery(t)
-	if ip := q.Layer(layers.LayerTypeIPv4).(*layers.IPv4); ip.DstIP.String() != "239.1.1.1" {
-		t.Fatalf("group-specific query to %s", ip.DstIP)
-	}
-	if !a.port.Joined(m4) {
-		t.Fatal("left before the leave time")
-	}
-	a.clk.Advance(2 * time.Second)
-	waitFor(t, "leave after the leave time", func() bool { return !a.port.Joined(m4) })
-	if !a.port.Joined(m6) || a.s.Get(McastLeaves) != 1 {
-		t.Fatalf("IPv6 group left too, or leaves %d", a.s.Get(McastLeaves))
-	}
-	// The static groups survive a guest's leave of them.
-	a.dev.Inject(mldReport(t, macA1, 3, allNodes))
-	a.clk.Advance(3 * time.Second)
-	time.Sleep(50 * time.Millisecond)
-	if !a.port.Joined(ipoib.IPv6MGID(allNodes, 0xffff, 2)) {
-		t.Fatal("all-nodes group left on a guest's request")
-	}
-	// Malformed reports are dropped and counted.
-	bad := igmpReport(t, macA1, 4, g4)
-	bad[14+20+8] = 9 // record type 9 (the frame is padded to 60 bytes)
-	a.dev.Inject(bad)
-	a.waitCounter(t, DropBadMcastReport, 1)
-	// Send-only memberships are left after a membership interval unused.
-	c.clk.Advance(261 * time.Second)
-	waitFor(t, "send-only expiry", func() bool { return !c.port.SendOnly(m4) && !c.port.SendOnly(m6) })
+		// c sends to both groups: a receives with the right MACs, b nothing;
+		// c is a send-only member, not a full one.
+		c.dev.Inject(udpFrame(t, macB1, ether.MAC{1, 0, 0x5e, 1, 1, 1}, ipB1, g4, 100, false))
+		p := a.recv(t)
+		if e := p.Layer(layers.LayerTypeEthernet).(*layers.Ethernet); e.DstMAC.String() != "01:00:5e:01:01:01" {
+			t.Fatalf("IPv4 multicast delivered to %s", e.DstMAC)
+		}
+		ip6 := &layers.IPv6{Version: 6, HopLimit: 5, NextHeader: layers.IPProtocolUDP, SrcIP: netip.MustParseAddr("fd00::c1").AsSlice(), DstIP: g6.AsSlice()}
+		udp := &layers.UDP{SrcPort: 1, DstPort: 2}
+		udp.SetNetworkLayerForChecksum(ip6)
+		c.dev.Inject(serialize(t, eth(macB1, ether.MAC{0x33, 0x33, 0, 0, 0x12, 0x34}, layers.EthernetTypeIPv6), ip6, udp, gopacket.Payload([]byte("hi"))))
+		p = a.recv(t)
+		if e := p.Layer(layers.LayerTypeEthernet).(*layers.Ethernet); e.DstMAC.String() != "33:33:00:00:12:34" {
+			t.Fatalf("IPv6 multicast delivered to %s", e.DstMAC)
+		}
+		b.quiet(t)
+		if c.port.Joined(m4) || !c.port.SendOnly(m4) || !c.port.SendOnly(m6) || b.port.Joined(m4) || b.port.SendOnly(m4) {
+			t.Fatalf("memberships: c full %v send-only %v/%v, b %v/%v", c.port.Joined(m4), c.port.SendOnly(m4), c.port.SendOnly(m6), b.port.Joined(m4), b.port.SendOnly(m4))
+		}
+
+		// A leave (CHANGE_TO_INCLUDE({})): a group-specific query to the group;
+		// nobody answers, and after the leave time (2 s) the MGID is left.
+		a.dev.Inject(igmpReport(t, macA1, 3, g4))
+		q := a.nextQuery(t)
+		if ip := q.Layer(layers.LayerTypeIPv4).(*layers.IPv4); ip.DstIP.String() != "239.1.1.1" {
+			t.Fatalf("group-specific query to %s", ip.DstIP)
+		}
+		if !a.port.Joined(m4) {
+			t.Fatal("left before the leave time")
+		}
+		a.clk.Advance(2 * time.Second)
+		waitFor(t, "leave after the leave time", func() bool { return !a.port.Joined(m4) })
+		if !a.port.Joined(m6) || a.s.Get(McastLeaves) != 1 {
+			t.Fatalf("IPv6 group left too, or leaves %d", a.s.Get(McastLeaves))
+		}
+		// The static groups survive a guest's leave of them.
+		a.dev.Inject(mldReport(t, macA1, 3, allNodes))
+		a.clk.Advance(3 * time.Second)
+		time.Sleep(50 * time.Millisecond)
+		if !a.port.Joined(ipoib.IPv6MGID(allNodes, 0xffff, 2)) {
+			t.Fatal("all-nodes group left on a guest's request")
+		}
+		// Malformed reports are dropped and counted.
+		bad := igmpReport(t, macA1, 4, g4)
+		bad[14+20+8] = 9 // record type 9 (the frame is padded to 60 bytes)
+		a.dev.Inject(bad)
+		a.waitCounter(t, DropBadMcastReport, 1)
+		// Send-only memberships are left after a membership interval unused.
+		c.clk.Advance(261 * time.Second)
+		waitFor(t, "send-only expiry", func() bool { return !c.port.SendOnly(m4) && !c.port.SendOnly(m6) })
+	})
 }
 
 func TestVIFAgingAndShutdown(t *testing.T) {
-	a, b := pair(t, func(c *Config) { c.VIFIdle = time.Minute })
-	arpExchange(t, a, b)
-	v, _ := a.s.vifs.Lookup(mactrans.VIFKey{MAC: macA1})
-	a.clk.Advance(2 * time.Minute)
-	a.waitCounter(t, VIFsAged, 1)
-	if _, ok := a.s.vifs.Lookup(mactrans.VIFKey{MAC: macA1}); ok {
-		t.Fatal("idle VIF still present")
-	}
-	// Its QP was freed: the same QPN can be allocated again.
-	if q, err := a.port.AllocQP(0xffff, v.QPN); err != nil || q != v.QPN {
-		t.Fatalf("QPN %#x not freed (%#x, %v)", v.QPN, q, err)
-	}
-	a.port.FreeQP(v.QPN)
-	// Shutdown frees every QP and leaves every group.
-	vb, _ := b.s.vifs.Lookup(mactrans.VIFKey{MAC: macB1})
-	bc := ipoib.BroadcastMGID(0xffff, 2)
-	if !b.port.Joined(bc) {
-		t.Fatal("broadcast group not joined")
-	}
-	b.shutdown(t)
-	if b.port.Joined(bc) {
-		t.Fatal("broadcast group still joined after shutdown")
-	}
-	if err := b.port.FreeQP(vb.QPN); err == nil {
-		t.Fatal("QP still allocated after shutdown")
-	}
-	if _, err := b.dev.Read([][]byte{make([]byte, 10)}, []int{0}, 0); err != net.ErrClosed {
-		t.Fatalf("device not closed: %v", err)
-	}
+	forEachBackend(t, func(t *testing.T, f fabric) {
+		a, b := pairOn(t, f, func(c *Config) { c.VIFIdle = time.Minute })
+		arpExchange(t, a, b)
+		v, _ := a.s.vifs.Lookup(mactrans.VIFKey{MAC: macA1})
+		a.clk.Advance(2 * time.Minute)
+		a.waitCounter(t, VIFsAged, 1)
+		if _, ok := a.s.vifs.Lookup(mactrans.VIFKey{MAC: macA1}); ok {
+			t.Fatal("idle VIF still present")
+		}
+		// Its QP was freed.
+		if err := a.port.FreeQP(v.QPN); err == nil {
+			t.Fatalf("QPN %#x not freed", v.QPN)
+		}
+		if f.hints() { // and the same QPN can be allocated again
+			if q, err := a.port.AllocQP(0xffff, v.QPN); err != nil || q != v.QPN {
+				t.Fatalf("QPN %#x not reusable (%#x, %v)", v.QPN, q, err)
+			}
+			a.port.FreeQP(v.QPN)
+		}
+		// Shutdown frees every QP and leaves every group.
+		vb, _ := b.s.vifs.Lookup(mactrans.VIFKey{MAC: macB1})
+		bc := ipoib.BroadcastMGID(0xffff, 2)
+		if !b.port.Joined(bc) {
+			t.Fatal("broadcast group not joined")
+		}
+		b.shutdown(t)
+		if b.port.Joined(bc) {
+			t.Fatal("broadcast group still joined after shutdown")
+		}
+		if err := b.port.FreeQP(vb.QPN); err == nil {
+			t.Fatal("QP still allocated after shutdown")
+		}
+		if _, err := b.dev.Read([][]byte{make([]byte, 10)}, []int{0}, 0); err != net.ErrClosed {
+			t.Fatalf("device not closed: %v", err)
+		}
+	})
 }
 
 func TestFromFabricBadInput(t *testing.T) {
@@ -613,53 +636,57 @@ func TestFromFabricBadInput(t *testing.T) {
 // other partition; unicast across partitions is refused on receive by the
 // P_Key check; an unmapped VLAN is dropped and counted.
 func TestVLANPartitions(t *testing.T) {
-	a, b := pair(t, func(c *Config) { c.Partitions = map[uint16]ipoib.PKey{10: 0x800a, 20: 0x8014} })
-	tagged := func(vlan uint16, src ether.MAC, op uint16, dst, tha ether.MAC, spa, tpa netip.Addr) []byte {
-		return serialize(t, &layers.Ethernet{SrcMAC: src[:], DstMAC: dst[:], EthernetType: layers.EthernetTypeDot1Q},
-			&layers.Dot1Q{VLANIdentifier: vlan, Type: layers.EthernetTypeARP},
-			&layers.ARP{AddrType: layers.LinkTypeEthernet, Protocol: layers.EthernetTypeIPv4, HwAddressSize: 6, ProtAddressSize: 4,
-				Operation: op, SourceHwAddress: src[:], SourceProtAddress: spa.AsSlice(), DstHwAddress: tha[:], DstProtAddress: tpa.AsSlice()})
-	}
-	a.dev.Inject(tagged(10, macA1, layers.ARPRequest, ether.Broadcast, ether.MAC{}, ipA1, ipB1))
-	p := b.recv(t)
-	d, ok := p.Layer(layers.LayerTypeDot1Q).(*layers.Dot1Q)
-	if !ok || d.VLANIdentifier != 10 {
-		t.Fatalf("broadcast delivered untagged or on the wrong VLAN: %v", p)
-	}
-	b.quiet(t) // once, and only in VLAN 10
-	remac := ether.MAC(p.Layer(layers.LayerTypeARP).(*layers.ARP).SourceHwAddress)
-	va, _ := a.s.vifs.Lookup(mactrans.VIFKey{MAC: macA1, VLAN: 10})
-	if va.PKey != 0x800a {
-		t.Fatalf("VIF of VLAN 10 in partition %s", va.PKey)
-	}
-	// B's VLAN 20 guest answers to that REMAC: B has no such neighbour in
-	// partition 0x8014, so nothing crosses (it waits for resolution).
-	b.dev.Inject(tagged(20, macB1, layers.ARPReply, remac, remac, ipB1, ipA1))
-	a.quiet(t)
-	// A packet from B's VLAN 20 QP straight to A's VLAN 10 QP: the fabric's
-	// receive P_Key check drops it.
-	vb, _, err := b.s.vifs.Create(mactrans.VIFKey{MAC: macB1, VLAN: 20}, 0x8014, time.Now(), b.port.AllocQP)
-	if err != nil {
-		t.Fatal(err)
-	}
-	buf := append(make([]byte, ipoib.Headroom), 8, 0, 0, 0)
-	b.port.Write([][]byte{buf}, []ipoib.TxMeta{{Dst: va.LIMAC, SrcQPN: vb.QPN, PKey: 0x8014}}, ipoib.Headroom)
-	waitFor(t, "P_Key drop", func() bool { return a.port.Counters().Drops[memfabric.DropPKey] == 1 })
-	a.quiet(t)
-	a.dev.Inject(tagged(30, macA1, layers.ARPRequest, ether.Broadcast, ether.MAC{}, ipA1, ipB1))
-	a.waitCounter(t, DropVLANUnmapped, 1)
-	for _, bad := range []map[uint16]ipoib.PKey{{0: 0x8001}, {10: 0x8000}, {10: 0x800a, 11: 0x000a}, {5000: 0x8001}} {
-		if _, err := New(Config{Device: tap.NewMem(1), Port: a.port, Partitions: bad}); err == nil {
-			t.Errorf("partitions %v accepted", bad)
+	forEachBackend(t, func(t *testing.T, f fabric) {
+		a, b := pairOn(t, f, func(c *Config) { c.Partitions = map[uint16]ipoib.PKey{10: 0x800a, 20: 0x8014} })
+		tagged := func(vlan uint16, src ether.MAC, op uint16, dst, tha ether.MAC, spa, tpa netip.Addr) []byte {
+			return serialize(t, &layers.Ethernet{SrcMAC: src[:], DstMAC: dst[:], EthernetType: layers.EthernetTypeDot1Q},
+				&layers.Dot1Q{VLANIdentifier: vlan, Type: layers.EthernetTypeARP},
+				&layers.ARP{AddrType: layers.LinkTypeEthernet, Protocol: layers.EthernetTypeIPv4, HwAddressSize: 6, ProtAddressSize: 4,
+					Operation: op, SourceHwAddress: src[:], SourceProtAddress: spa.AsSlice(), DstHwAddress: tha[:], DstProtAddress: tpa.AsSlice()})
 		}
-	}
+		a.dev.Inject(tagged(10, macA1, layers.ARPRequest, ether.Broadcast, ether.MAC{}, ipA1, ipB1))
+		p := b.recv(t)
+		d, ok := p.Layer(layers.LayerTypeDot1Q).(*layers.Dot1Q)
+		if !ok || d.VLANIdentifier != 10 {
+			t.Fatalf("broadcast delivered untagged or on the wrong VLAN: %v", p)
+		}
+		b.quiet(t) // once, and only in VLAN 10
+		remac := ether.MAC(p.Layer(layers.LayerTypeARP).(*layers.ARP).SourceHwAddress)
+		va, _ := a.s.vifs.Lookup(mactrans.VIFKey{MAC: macA1, VLAN: 10})
+		if va.PKey != 0x800a {
+			t.Fatalf("VIF of VLAN 10 in partition %s", va.PKey)
+		}
+		// B's VLAN 20 guest answers to that REMAC: B has no such neighbour in
+		// partition 0x8014, so nothing crosses (it waits for resolution).
+		b.dev.Inject(tagged(20, macB1, layers.ARPReply, remac, remac, ipB1, ipA1))
+		a.quiet(t)
+		// A packet from B's VLAN 20 QP straight to A's VLAN 10 QP: the fabric's
+		// receive P_Key check drops it.
+		vb, _, err := b.s.vifs.Create(mactrans.VIFKey{MAC: macB1, VLAN: 20}, 0x8014, time.Now(), b.port.AllocQP)
+		if err != nil {
+			t.Fatal(err)
+		}
+		buf := append(make([]byte, ipoib.Headroom), 8, 0, 0, 0)
+		b.port.Write([][]byte{buf}, []ipoib.TxMeta{{Dst: va.LIMAC, SrcQPN: vb.QPN, PKey: 0x8014}}, ipoib.Headroom)
+		if f.countsPKeyDrops() {
+			waitFor(t, "P_Key drop", func() bool { return a.port.Counters().Drops[memfabric.DropPKey] == 1 })
+		}
+		a.quiet(t)
+		a.dev.Inject(tagged(30, macA1, layers.ARPRequest, ether.Broadcast, ether.MAC{}, ipA1, ipB1))
+		a.waitCounter(t, DropVLANUnmapped, 1)
+		for _, bad := range []map[uint16]ipoib.PKey{{0: 0x8001}, {10: 0x8000}, {10: 0x800a, 11: 0x000a}, {5000: 0x8001}} {
+			if _, err := New(Config{Device: tap.NewMem(1), Port: a.port, Partitions: bad}); err == nil {
+				t.Errorf("partitions %v accepted", bad)
+			}
+		}
+	})
 }
 
 // TestGauges: the levels in Counters (table sizes, queue depths) are
 // exported as gauges, totals are not, and every gauge name exists.
 func TestGauges(t *testing.T) {
-	f, _ := memfabric.New(2048)
-	s, _ := stillShim(t, f, "fe80::a", nil)
+	f := memFab(t, 2048)
+	s, _ := stillShim(t, f.Fabric, "fe80::a", nil)
 	c := s.Counters()
 	for name := range gauges {
 		if _, ok := c[name]; !ok {

@@ -9,7 +9,6 @@ import (
 
 	"github.com/eipoib/eipoibd/internal/ether"
 	"github.com/eipoib/eipoibd/internal/gsotest"
-	"github.com/eipoib/eipoibd/ipoib/memfabric"
 	"github.com/eipoib/eipoibd/tap"
 )
 
@@ -22,10 +21,7 @@ import (
 func TestSuperFrames(t *testing.T) {
 	for _, tso := range []bool{false, true} {
 		t.Run(fmt.Sprintf("tso=%v", tso), func(t *testing.T) {
-			f, err := memfabric.New(4096)
-			if err != nil {
-				t.Fatal(err)
-			}
+			f := memFab(t, 4096)
 			f.SetTSO(tso)
 			a, b := newHV(t, f, "fe80::a", nil), newHV(t, f, "fe80::b", nil)
 			_, remacB1 := arpExchange(t, a, b)
@@ -87,10 +83,7 @@ func TestSuperFrames(t *testing.T) {
 // reach the far guest, each once, and are all counted as forwarded (run
 // with -race, this also checks the workers share only locked state).
 func TestTxQueues(t *testing.T) {
-	f, err := memfabric.New(2048)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := memFab(t, 2048)
 	big := func(q int) func(*Config) {
 		return func(c *Config) { c.Device = tap.NewMemQueues(2048, q) }
 	}

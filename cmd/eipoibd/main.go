@@ -59,7 +59,7 @@ func main() {
 // options are the parsed flags of "run".
 type options struct {
 	underlay, name, bridge, fabric, metrics, logLevel, dhcp, faults, mac string
-	ovsBridge, ovsDB, vlanPKey                                           string
+	ovsBridge, ovsDB, vlanPKey, ibDev                                    string
 	mcast                                                                snoop.Timers
 	ibMTU, maxVIFs, maxNeigh, queues                                     int
 	vifIdle                                                              time.Duration
@@ -85,7 +85,8 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.maxVIFs, "max-vifs", 1024, "most guest MACs (one UD QP each) per port")
 	fs.IntVar(&o.maxNeigh, "max-neighbours", 65536, "most remote IPoIB endpoints remembered")
 	fs.DurationVar(&o.vifIdle, "vif-idle", 300*time.Second, "idle time after which a guest's VIF is removed")
-	fs.StringVar(&o.fabric, "fabric", "sim", "fabric backend: sim (the simulated UD fabric)")
+	fs.StringVar(&o.fabric, "fabric", "sim", "fabric backend: sim (the simulated UD fabric) or kernel (the kernel's IPoIB driver, with --ib-dev)")
+	fs.StringVar(&o.ibDev, "ib-dev", "", "IPoIB parent interface of --fabric kernel, e.g. ib0")
 	fs.StringVar(&o.metrics, "metrics", "", "listen address for Prometheus metrics, e.g. 127.0.0.1:9474 (off when empty)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&o.dhcp, "dhcp", shim.DHCPBroadcast, "DHCP handling: broadcast or rfc4390")
@@ -104,10 +105,8 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 		return nil, err
 	}
 	switch {
-	case o.underlay == "":
-		return nil, usageError{Msg: "--underlay is required (the interface the simulated fabric runs over)"}
-	case o.fabric != "sim":
-		return nil, usageError{Msg: fmt.Sprintf("--fabric %q: only \"sim\" is available", o.fabric)}
+	case checkFabric(o) != nil:
+		return nil, checkFabric(o)
 	case o.ibMTU != 2048 && o.ibMTU != 4096:
 		return nil, usageError{Msg: fmt.Sprintf("--ib-mtu %d: want 2048 or 4096", o.ibMTU)}
 	case o.maxVIFs < 1 || o.maxVIFs > 1<<20:
@@ -210,18 +209,18 @@ func run(args []string, stderr io.Writer) error {
 			return usageError{Msg: fmt.Sprintf("--mac %q: want a unicast MAC like 02:00:00:00:00:01", o.mac)}
 		}
 	}
-	port, err := simfabric.Open(simfabric.Config{Underlay: o.underlay, IBMTU: o.ibMTU, Faults: faults})
+	port, err := openFabric(o, faults, log)
 	if err != nil {
 		return err
 	}
 	defer port.Close()
-	ipMTU, _ := ipoib.IPMTU(o.ibMTU)
+	ipMTU, _ := ipoib.IPMTU(port.MTU())
 	dev, err := tap.Create(tap.Config{Name: o.name, MTU: ipMTU, MAC: mac, Offload: o.offload, Queues: o.queues})
 	if err != nil {
 		return err
 	}
 	defer dev.Close()
-	log.Info("started", "tap", o.name, "underlay", o.underlay, "gid", port.LocalGID(), "ib_mtu", o.ibMTU, "ipoib_mtu", ipMTU)
+	log.Info("started", "tap", o.name, "underlay", o.underlay, "gid", port.LocalGID(), "ib_mtu", port.MTU(), "ipoib_mtu", ipMTU)
 
 	sh, err := shim.New(shim.Config{
 		Device: dev, Port: port, Logger: log,
@@ -290,8 +289,7 @@ func run(args []string, stderr io.Writer) error {
 	go func() {
 		for s := range sig {
 			if s == syscall.SIGUSR1 {
-				port.SetDown(!port.IsDown())
-				log.Info("simulated port state toggled", "down", port.IsDown())
+				toggleDown(port, log)
 				continue
 			}
 			args := []any{}

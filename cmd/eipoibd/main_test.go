@@ -21,6 +21,8 @@ func TestBadCommandLines(t *testing.T) {
 		{[]string{"run", "--underlay", "x", "--ib-mtu", "1500"}, "--ib-mtu 1500", true},
 		{[]string{"run", "--underlay", "x", "--max-vifs", "0"}, "--max-vifs 0", true},
 		{[]string{"run", "--underlay", "x", "--fabric", "verbs"}, `--fabric "verbs"`, true},
+		{[]string{"run", "--fabric", "kernel"}, "--fabric kernel needs --ib-dev", true},
+		{[]string{"run", "--fabric", "kernel", "--ib-dev", "ib0", "--underlay", "x"}, "are for --fabric sim", true},
 		{[]string{"run", "--underlay", "x", "--dhcp", "nope"}, `--dhcp "nope"`, true},
 		{[]string{"run", "--underlay", "x", "--fault", "loss=2"}, "loss=2", true},
 		{[]string{"run", "--underlay", "x", "--fault", "jitter=0.1"}, "unknown fault", true},

@@ -1,0 +1,52 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+
+	"github.com/eipoib/eipoibd/ipoib"
+	"github.com/eipoib/eipoibd/ipoib/kernelfabric"
+	"github.com/eipoib/eipoibd/ipoib/simfabric"
+)
+
+// checkFabric validates the backend flags: --underlay for sim, --ib-dev
+// for kernel.
+func checkFabric(o *options) error {
+	switch o.fabric {
+	case "sim":
+		if o.underlay == "" {
+			return usageError{Msg: "--underlay is required (the interface the simulated fabric runs over)"}
+		}
+	case "kernel":
+		if o.ibDev == "" {
+			return usageError{Msg: "--fabric kernel needs --ib-dev (the IPoIB parent interface, e.g. ib0)"}
+		}
+		if o.faults != "" || o.underlay != "" {
+			return usageError{Msg: "--fault and --underlay are for --fabric sim"}
+		}
+	default:
+		return usageError{Msg: fmt.Sprintf("--fabric %q: want sim or kernel", o.fabric)}
+	}
+	return nil
+}
+
+// openFabric opens the port of the chosen backend. The kernel backend
+// takes its MTU from the parent interface, not --ib-mtu.
+func openFabric(o *options, faults simfabric.Faults, log *slog.Logger) (ipoib.Port, error) {
+	if o.fabric == "kernel" {
+		return kernelfabric.New(kernelfabric.Config{Kernel: kernelfabric.System{}, Parent: o.ibDev, Logger: log})
+	}
+	return simfabric.Open(simfabric.Config{Underlay: o.underlay, IBMTU: o.ibMTU, Faults: faults})
+}
+
+// toggleDown flips the simulated port down or up (SIGUSR1); other backends
+// follow their real link state and ignore it.
+func toggleDown(port ipoib.Port, log *slog.Logger) {
+	sp, ok := port.(*simfabric.Port)
+	if !ok {
+		log.Info("SIGUSR1 ignored: only the simulated port can be toggled")
+		return
+	}
+	sp.SetDown(!sp.IsDown())
+	log.Info("simulated port state toggled", "down", sp.IsDown())
+}

@@ -1,0 +1,102 @@
+// Package kernelfabric is the kernel IPoIB backend of ipoib.Port: one
+// datagram-mode IPoIB child interface per VIF (its own UD QP, so its own
+// QPN and 20-byte address, as Mellanox's eIPoIB gave each guest), created
+// over netlink on the parent (ib0), and one AF_PACKET SOCK_DGRAM socket per
+// child that sends with a 20-byte sockaddr_ll destination and receives
+// what the child's QP receives. The host's own stack is kept off the
+// children (no addresses, IPv6 off, NOARP, no forwarding).
+//
+// Everything it asks of the kernel goes through the small Kernel interface:
+// System is the real one (netlink, packet sockets, sysctls, ethtool) and
+// package kernelfabric/fakekernel is a fake that behaves as the kernel code
+// does, so that the backend and the shim over it are tested here, without
+// InfiniBand hardware. docs/kernel-backend.md cites the kernel function
+// behind each rule.
+//
+// The kernel gives no source address on receive (IPoIB has no
+// header_ops->parse, so sll_halen is 0): received packets carry
+// ipoib.RxMeta.SrcUnknown and the shim finds the sender from ARP/NDP.
+package kernelfabric
+
+import "github.com/eipoib/eipoibd/ipoib"
+
+// Link is what the backend needs to know of a network interface.
+type Link struct {
+	Index       int
+	ParentIndex int    // IFLA_LINK: the parent of an IPoIB child, 0 for others
+	Name        string // IFLA_IFNAME
+	Kind        string // IFLA_INFO_KIND, "ipoib" for IPoIB interfaces
+	MTU         int
+	HwAddr      ipoib.HwAddr // the 20-byte IPoIB address (flags, QPN, GID)
+	Up          bool         // IFF_UP
+	Carrier     bool         // operationally up (carrier on)
+}
+
+// ChildSpec is an IPoIB child to create (RTM_NEWLINK, kind "ipoib"):
+// always datagram mode, user-multicast off.
+type ChildSpec struct {
+	Name   string
+	Parent int        // parent ifindex (IFLA_LINK)
+	PKey   ipoib.PKey // IFLA_IPOIB_PKEY; the driver sets the full-membership bit
+}
+
+// Msg is one message of a batch on a packet socket: an optional header
+// iovec (the virtio_net_hdr of a socket with PACKET_VNET_HDR), the data
+// iovec, and the socket address (struct sockaddr_ll bytes).
+type Msg struct {
+	// Name holds the sockaddr_ll: Send reads Name[:NameLen], Recv writes
+	// it and sets NameLen to what the kernel returned.
+	Name    []byte
+	NameLen int
+	Hdr     []byte // optional first iovec
+	Buf     []byte
+	N       int  // bytes moved (Hdr included)
+	Trunc   bool // Recv: the datagram was longer than Hdr+Buf (MSG_TRUNC)
+}
+
+// Socket is an AF_PACKET SOCK_DGRAM socket bound to one interface with
+// protocol ETH_P_ALL.
+type Socket interface {
+	// Send is sendmmsg(2): it returns how many messages the kernel took;
+	// an error is about the first message not taken.
+	Send(msgs []Msg) (int, error)
+	// Recv is recvmmsg(2): it blocks for at least one datagram and
+	// returns how many it filled; net.ErrClosed after Close.
+	Recv(msgs []Msg) (int, error)
+	// AddMembership and DropMembership are setsockopt(SOL_PACKET,
+	// PACKET_ADD_MEMBERSHIP / PACKET_DROP_MEMBERSHIP) with the given
+	// struct packet_mreq_max bytes.
+	AddMembership(mreq []byte) error
+	DropMembership(mreq []byte) error
+	Close() error
+}
+
+// Kernel is the backend's boundary with the kernel.
+type Kernel interface {
+	LinkByName(name string) (Link, error)
+	Links() ([]Link, error)
+	// AddChild creates an IPoIB child (RTM_NEWLINK); it is down.
+	AddChild(c ChildSpec) error
+	// DelLink deletes an interface (RTM_DELLINK).
+	DelLink(index int) error
+	// SetUp sets IFF_UP; SetNoARP sets IFF_NOARP.
+	SetUp(index int) error
+	SetNoARP(index int) error
+	// Mode returns an IPoIB interface's mode, "datagram" or "connected"
+	// (/sys/class/net/NAME/mode).
+	Mode(name string) (string, error)
+	// WriteSysctl writes value to /proc/sys/path.
+	WriteSysctl(path, value string) error
+	// TSO reports whether the interface has TCP segmentation offload on
+	// (ETHTOOL_GTSO).
+	TSO(name string) (bool, error)
+	// DisableGRO turns generic receive offload off (ETHTOOL_SGRO), so
+	// that packet sockets see datagrams as they arrived, never merged.
+	DisableGRO(name string) error
+	// SubscribeLinks sends every link change until done is closed
+	// (RTNLGRP_LINK).
+	SubscribeLinks(done <-chan struct{}) (<-chan Link, error)
+	// OpenPacket opens a packet socket bound to ifindex, with
+	// PACKET_VNET_HDR set when vnet is true.
+	OpenPacket(ifindex int, vnet bool) (Socket, error)
+}

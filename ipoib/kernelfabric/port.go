@@ -1,0 +1,811 @@
+package kernelfabric
+
+// TX: each packet's source VIF is an IPoIB child; its socket sends the IP
+// payload with a sockaddr_ll naming the child, the ethertype and the
+// 20-byte destination (the driver pushes the IPoIB header itself).
+// Multicast leaves from the partition's group child, the one child that
+// joins groups, so that no sibling child receives a copy of a guest's own
+// multicast (the HCA replicates multicast to every attached QP of the
+// port; the driver drops only what its own QP sent). Consecutive packets
+// of one child go in one sendmmsg.
+//
+// RX: one goroutine per child reads its socket with recvmmsg. The kernel
+// says only the packet type (host, broadcast, multicast) and the
+// ethertype: the port restores the IPoIB header, takes the destination QPN
+// from the child, the MGID from the packet type and destination IP, and
+// marks the source unknown. Broadcast and multicast are taken from the
+// group child only: every child receives its partition's broadcast group
+// (the driver joins it on open) and the all-hosts group (the IPv4 stack
+// joins it), and each packet must reach the TAP once.
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/eipoib/eipoibd/ipoib"
+)
+
+// Drop reasons counted by a Port.
+const (
+	DropOversize     = "oversize"
+	DropBadMeta      = "bad_meta"
+	DropSendError    = "send_error"
+	DropBadSockaddr  = "bad_sockaddr"
+	DropTruncated    = "truncated"
+	DropBadVnetHdr   = "bad_vnet_hdr"
+	DropRxSuper      = "rx_super_packet"
+	DropPktType      = "pkttype"
+	DropBadMcast     = "bad_multicast"
+	DropNotJoined    = "not_joined"
+	DropEmpty        = "empty"
+	DropQueueFull    = "rx_queue_full"
+	DropBufferSmall  = "rx_buffer_small"
+	DropRecvError    = "recv_error"
+	DropMcastNoGroup = "no_group_child"
+)
+
+// Stats counted by a Port beside its drops.
+const (
+	// StatMcastCopies counts broadcast/multicast copies received on VIF
+	// children and dropped as duplicates of the group child's copy.
+	StatMcastCopies = "rx_mcast_copies"
+	// StatSuperPackets counts super-packets handed to the kernel.
+	StatSuperPackets = "tx_super_packets"
+	// StatMTUChanges counts parent MTU changes seen after start-up.
+	StatMTUChanges = "parent_mtu_changes"
+	// StatReclaimed counts children of a previous run deleted at start.
+	StatReclaimed = "children_reclaimed"
+)
+
+const (
+	batchSize = 64
+	queueLen  = 1024
+	// rxHead is the room kept in front of a received datagram for the
+	// IPoIB header the port restores.
+	rxHead = ipoib.HeaderLen
+)
+
+// Config configures a Port.
+type Config struct {
+	Kernel Kernel
+	// Parent is the IPoIB interface the children hang from (ib0).
+	Parent string
+	// Scope is the MGID scope of the parent's broadcast group
+	// (ipoib.ScopeLinkLocal by default); the driver joins only groups
+	// of that scope and P_Key.
+	Scope  uint8
+	Logger *slog.Logger
+}
+
+// child is one IPoIB child interface and its packet socket.
+type child struct {
+	name  string
+	index int
+	qpn   uint32
+	pkey  ipoib.PKey
+	group bool // the partition's multicast child
+	vnet  bool // PACKET_VNET_HDR on its socket
+	sock  Socket
+}
+
+type rxPacket struct {
+	buf   *[]byte
+	start int
+	n     int
+	meta  ipoib.RxMeta
+}
+
+// Port is an ipoib.Port over the kernel's IPoIB driver.
+type Port struct {
+	k      Kernel
+	log    *slog.Logger
+	parent Link
+	gid    ipoib.GID
+	mtu    int
+	scope  uint8
+	// tso: the children have TSO; decided on the first child, under
+	// setup, before any Write.
+	tso, tsoKnown bool
+
+	mu     sync.RWMutex // children; held for reading by Write, for writing to add or remove
+	byQPN  map[uint32]*child
+	groupC map[ipoib.PKey]*child
+	all    map[string]*child
+	seq    int
+	setup  sync.Mutex // serialises child creation
+
+	groups *ipoib.GroupTable
+	down   atomic.Bool
+	closed atomic.Bool
+	done   chan struct{}
+	rx     chan rxPacket
+	pool   sync.Pool
+	wg     sync.WaitGroup
+
+	txMu   sync.Mutex
+	names  [batchSize][SockaddrLLIPoIBLen]byte
+	vhdrs  [batchSize][VnetHdrLen]byte
+	msgs   [batchSize]Msg
+	txSrcs [batchSize]*child
+
+	txPackets, txBytes, rxPackets, rxBytes atomic.Uint64
+	ctrMu                                  sync.Mutex
+	drops, stats                           map[string]uint64
+}
+
+var _ ipoib.Port = (*Port)(nil)
+
+// New opens the backend on cfg.Parent: it checks the parent is an IPoIB
+// interface in datagram mode with an IPoIB MTU of 2044 or 4092, deletes
+// children a previous run left behind, and follows the parent's carrier.
+func New(cfg Config) (*Port, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Scope == 0 {
+		cfg.Scope = ipoib.ScopeLinkLocal
+	}
+	k := cfg.Kernel
+	parent, err := k.LinkByName(cfg.Parent)
+	if err != nil {
+		return nil, fmt.Errorf("kernel: look up %s: %w", cfg.Parent, err)
+	}
+	if parent.Kind != "ipoib" {
+		return nil, fmt.Errorf("kernel: %s is not an IPoIB interface (kind %q)", parent.Name, parent.Kind)
+	}
+	if parent.ParentIndex != 0 {
+		return nil, fmt.Errorf("kernel: %s is an IPoIB child: the driver creates no children of children; use its parent", parent.Name)
+	}
+	mode, err := k.Mode(parent.Name)
+	if err != nil {
+		return nil, fmt.Errorf("kernel: read mode of %s: %w", parent.Name, err)
+	}
+	if mode != "datagram" {
+		return nil, fmt.Errorf("kernel: %s is in %s mode: eipoibd needs datagram mode (echo datagram > /sys/class/net/%s/mode)", parent.Name, mode, parent.Name)
+	}
+	mtu := parent.MTU + ipoib.HeaderLen
+	if _, err := ipoib.IPMTU(mtu); err != nil {
+		return nil, fmt.Errorf("kernel: %s MTU %d: want the datagram MTU 2044 or 4092 (IB MTU - 4)", parent.Name, parent.MTU)
+	}
+	p := &Port{
+		k: k, log: cfg.Logger, parent: parent, gid: parent.HwAddr.GID(), mtu: mtu, scope: cfg.Scope,
+		byQPN: make(map[uint32]*child), groupC: make(map[ipoib.PKey]*child), all: make(map[string]*child),
+		groups: ipoib.NewGroupTable(), done: make(chan struct{}), rx: make(chan rxPacket, queueLen),
+		drops: make(map[string]uint64), stats: make(map[string]uint64),
+	}
+	p.pool.New = func() any { b := make([]byte, VnetHdrLen+mtu+rxHead); return &b }
+	p.down.Store(!parent.Carrier)
+	if err := p.reclaim(); err != nil {
+		return nil, err
+	}
+	// The default partition's group child, made now: the shim asks for
+	// Offloads before it creates anything.
+	if _, err := p.groupChild(ipoib.DefaultPKey); err != nil {
+		return nil, err
+	}
+	updates, err := k.SubscribeLinks(p.done)
+	if err != nil {
+		return nil, fmt.Errorf("kernel: subscribe to link changes of %s: %w", parent.Name, err)
+	}
+	p.wg.Add(1)
+	go p.follow(updates)
+	return p, nil
+}
+
+// reclaim deletes the children named as ours that a crashed run left.
+func (p *Port) reclaim() error {
+	links, err := p.k.Links()
+	if err != nil {
+		return fmt.Errorf("kernel: list links to reclaim children of %s: %w", p.parent.Name, err)
+	}
+	for _, l := range links {
+		if l.ParentIndex != p.parent.Index || !isOurs(p.parent.Name, l.Name) {
+			continue
+		}
+		if err := p.k.DelLink(l.Index); err != nil {
+			return fmt.Errorf("kernel: delete leftover child %s: %w", l.Name, err)
+		}
+		p.stat(StatReclaimed)
+		p.log.Info("deleted a child left by a previous run", "child", l.Name)
+	}
+	return nil
+}
+
+// isOurs reports whether name is one ChildName or GroupChildName gives.
+func isOurs(parent, name string) bool {
+	rest, ok := strings.CutPrefix(name, parent+".")
+	if !ok || len(rest) < 2 || (rest[0] != 'e' && rest[0] != 'm') {
+		return false
+	}
+	for _, c := range rest[1:] {
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// follow tracks the parent's carrier and MTU.
+func (p *Port) follow(updates <-chan Link) {
+	defer p.wg.Done()
+	for l := range updates {
+		if l.Index != p.parent.Index {
+			continue
+		}
+		if down := !l.Carrier; p.down.Swap(down) != down {
+			p.log.Info("parent carrier", "dev", l.Name, "up", !down)
+		}
+		if l.MTU != p.parent.MTU && l.MTU != 0 {
+			p.stat(StatMTUChanges)
+			p.log.Warn("parent MTU changed; restart eipoibd to follow it", "dev", l.Name, "mtu", l.MTU, "in_use", p.parent.MTU)
+		}
+	}
+}
+
+func (p *Port) drop(reason string) { p.count(p.drops, reason) }
+func (p *Port) stat(name string)   { p.count(p.stats, name) }
+func (p *Port) count(m map[string]uint64, k string) {
+	p.ctrMu.Lock()
+	m[k]++
+	p.ctrMu.Unlock()
+}
+
+// IsDown reports the parent's carrier being off; the shim takes the TAP's
+// carrier down with it.
+func (p *Port) IsDown() bool { return p.down.Load() }
+
+// BatchSize is the largest batch Read returns and Write moves per call.
+func (p *Port) BatchSize() int { return batchSize }
+
+// LocalGID is the parent's port GID, shared by every child.
+func (p *Port) LocalGID() ipoib.GID { return p.gid }
+
+// MTU is the IB MTU: the parent's datagram MTU plus the IPoIB header.
+func (p *Port) MTU() int { return p.mtu }
+
+// Offloads reports TSO when the children have it (the HCA does UD LSO);
+// super-packets then go to the kernel whole, with a virtio_net_hdr.
+func (p *Port) Offloads() ipoib.Offloads {
+	if !p.tso {
+		return ipoib.Offloads{}
+	}
+	return ipoib.Offloads{TSO: true, MaxSuper: ipoib.MaxSuperPacket}
+}
+
+// Counters returns a snapshot of the counters.
+func (p *Port) Counters() ipoib.PortCounters {
+	c := ipoib.PortCounters{
+		TxPackets: p.txPackets.Load(), TxBytes: p.txBytes.Load(),
+		RxPackets: p.rxPackets.Load(), RxBytes: p.rxBytes.Load(),
+		Drops: make(map[string]uint64), Stats: make(map[string]uint64),
+	}
+	p.ctrMu.Lock()
+	for k, v := range p.drops {
+		c.Drops[k] = v
+	}
+	for k, v := range p.stats {
+		c.Stats[k] = v
+	}
+	p.ctrMu.Unlock()
+	return c
+}
+
+// createChild creates, configures and brings up a child, opens its
+// socket and starts reading it. On failure nothing is left behind.
+func (p *Port) createChild(name string, pkey ipoib.PKey, group bool) (c *child, err error) {
+	k := p.k
+	spec := ChildSpec{Name: name, Parent: p.parent.Index, PKey: pkey.Full()}
+	if err := k.AddChild(spec); err != nil {
+		return nil, fmt.Errorf("kernel: create child %s (pkey %s): %w", name, pkey.Full(), err)
+	}
+	l, err := k.LinkByName(name)
+	if err != nil {
+		return nil, fmt.Errorf("kernel: look up new child %s: %w", name, err)
+	}
+	defer func() {
+		if err != nil {
+			if derr := k.DelLink(l.Index); derr != nil {
+				p.log.Warn("delete half-made child", "child", name, "err", derr)
+			}
+		}
+	}()
+	// Before the link comes up, so that IPv6 never gives it an address.
+	for _, s := range hostOffSysctls(name) {
+		if err := k.WriteSysctl(s[0], s[1]); err != nil {
+			return nil, fmt.Errorf("kernel: set %s=%s on %s: %w", s[0], s[1], name, err)
+		}
+	}
+	if err := k.SetNoARP(l.Index); err != nil {
+		return nil, fmt.Errorf("kernel: set NOARP on %s: %w", name, err)
+	}
+	if err := k.DisableGRO(name); err != nil {
+		return nil, fmt.Errorf("kernel: turn GRO off on %s: %w", name, err)
+	}
+	if err := k.SetUp(l.Index); err != nil {
+		return nil, fmt.Errorf("kernel: bring up %s: %w", name, err)
+	}
+	if l, err = k.LinkByName(name); err != nil {
+		return nil, fmt.Errorf("kernel: read address of %s: %w", name, err)
+	}
+	if l.HwAddr.GID() != p.gid || l.HwAddr.QPN() == 0 || l.HwAddr.QPN() == ipoib.MulticastQPN {
+		return nil, fmt.Errorf("kernel: read address of %s: %s is no QP of port GID %s", name, l.HwAddr, p.gid)
+	}
+	if !p.tsoKnown { // one HCA: the first child speaks for all
+		if p.tso, err = k.TSO(name); err != nil {
+			return nil, fmt.Errorf("kernel: read offloads of %s: %w", name, err)
+		}
+		p.tsoKnown = true
+	}
+	vnet := p.tso
+	s, err := k.OpenPacket(l.Index, vnet)
+	if err != nil {
+		return nil, fmt.Errorf("kernel: open packet socket on %s: %w", name, err)
+	}
+	return &child{name: name, index: l.Index, qpn: l.HwAddr.QPN(), pkey: pkey.Full(), group: group, vnet: vnet, sock: s}, nil
+}
+
+// hostOffSysctls are the settings that keep the host's own stack off a
+// child: no IPv6 at all (no address, no ND answers), no IPv4 ARP answers
+// and no forwarding, and strict reverse-path filtering so that IPv4
+// addressed to one of the host's own addresses is not accepted on it.
+func hostOffSysctls(dev string) [][2]string {
+	v4, v6 := "net/ipv4/conf/"+dev+"/", "net/ipv6/conf/"+dev+"/"
+	return [][2]string{
+		{v6 + "addr_gen_mode", "1"}, // IN6_ADDR_GEN_MODE_NONE
+		{v6 + "disable_ipv6", "1"},
+		{v6 + "forwarding", "0"},
+		{v4 + "arp_ignore", "8"},
+		{v4 + "forwarding", "0"},
+		{v4 + "rp_filter", "1"},
+	}
+}
+
+func (p *Port) startRx(c *child) {
+	p.wg.Add(1)
+	go p.rxLoop(c)
+}
+
+// groupChild returns partition pkey's multicast child, creating it.
+func (p *Port) groupChild(pkey ipoib.PKey) (*child, error) {
+	pkey = pkey.Full()
+	p.mu.RLock()
+	c := p.groupC[pkey]
+	p.mu.RUnlock()
+	if c != nil {
+		return c, nil
+	}
+	p.setup.Lock()
+	defer p.setup.Unlock()
+	p.mu.RLock()
+	c = p.groupC[pkey]
+	p.mu.RUnlock()
+	if c != nil {
+		return c, nil
+	}
+	name, err := GroupChildName(p.parent.Name, pkey)
+	if err != nil {
+		return nil, fmt.Errorf("kernel: name group child of %s: %w", p.parent.Name, err)
+	}
+	if c, err = p.createChild(name, pkey, true); err != nil {
+		return nil, err
+	}
+	p.mu.Lock()
+	p.groupC[pkey] = c
+	p.all[name] = c
+	p.mu.Unlock()
+	p.startRx(c)
+	return c, nil
+}
+
+// AllocQP creates a child in partition pkey and returns its QPN; hint is
+// ignored (the HCA chooses QPNs).
+func (p *Port) AllocQP(pkey ipoib.PKey, _ uint32) (uint32, error) {
+	if p.closed.Load() {
+		return 0, net.ErrClosed
+	}
+	if !pkey.IsValid() {
+		return 0, fmt.Errorf("kernel: invalid P_Key %s", pkey)
+	}
+	if _, err := p.groupChild(pkey); err != nil {
+		return 0, err
+	}
+	p.setup.Lock()
+	defer p.setup.Unlock()
+	p.seq++
+	name, err := ChildName(p.parent.Name, p.seq)
+	if err != nil {
+		return 0, fmt.Errorf("kernel: name child of %s: %w", p.parent.Name, err)
+	}
+	c, err := p.createChild(name, pkey, false)
+	if err != nil {
+		return 0, err
+	}
+	p.mu.Lock()
+	if _, dup := p.byQPN[c.qpn]; dup {
+		p.mu.Unlock()
+		p.destroy(c)
+		return 0, fmt.Errorf("kernel: create child %s: QPN %#06x already in use", name, c.qpn)
+	}
+	p.byQPN[c.qpn] = c
+	p.all[name] = c
+	p.mu.Unlock()
+	p.startRx(c)
+	return c.qpn, nil
+}
+
+// FreeQP deletes the child of qpn.
+func (p *Port) FreeQP(qpn uint32) error {
+	p.mu.Lock()
+	c, ok := p.byQPN[qpn]
+	if ok {
+		delete(p.byQPN, qpn)
+		delete(p.all, c.name)
+	}
+	p.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("kernel: free QP %#06x: no such child", qpn)
+	}
+	return p.destroy(c)
+}
+
+// destroy closes c's socket and deletes the interface.
+func (p *Port) destroy(c *child) error {
+	c.sock.Close()
+	if err := p.k.DelLink(c.index); err != nil {
+		return fmt.Errorf("kernel: delete child %s: %w", c.name, err)
+	}
+	return nil
+}
+
+// checkMGID refuses a group the driver would silently ignore: its multicast
+// list takes only addresses whose scope, signature low byte and P_Key match
+// the child's broadcast address (ipoib_mcast_addr_is_valid).
+func (p *Port) checkMGID(mgid ipoib.GID) error {
+	if mgid[0] != 0xff || mgid[1] != 0x10|p.scope || mgid[3] != 0x1b || !ipoib.MGIDPKey(mgid).IsValid() {
+		return fmt.Errorf("kernel: MGID %s is not an IPoIB group of scope %d", mgid, p.scope)
+	}
+	return nil
+}
+
+// Join makes the partition's group child a full member of mgid
+// (PACKET_ADD_MEMBERSHIP; the driver joins through the SA).
+func (p *Port) Join(mgid ipoib.GID) error {
+	if err := p.checkMGID(mgid); err != nil {
+		return err
+	}
+	c, err := p.groupChild(ipoib.MGIDPKey(mgid))
+	if err != nil {
+		return err
+	}
+	return p.groups.Join(mgid, func() error {
+		var b [MreqMaxSize]byte
+		PutMreq(&b, c.index, mgid)
+		if err := c.sock.AddMembership(b[:]); err != nil {
+			return fmt.Errorf("kernel: join %s on %s: %w", mgid, c.name, err)
+		}
+		return nil
+	})
+}
+
+// JoinSendOnly records a send-only membership: the driver makes the
+// send-only join itself on the first packet to the group
+// (ipoib_mcast_send).
+func (p *Port) JoinSendOnly(mgid ipoib.GID) error {
+	if err := p.checkMGID(mgid); err != nil {
+		return err
+	}
+	if _, err := p.groupChild(ipoib.MGIDPKey(mgid)); err != nil {
+		return err
+	}
+	return p.groups.JoinSendOnly(mgid)
+}
+
+// Leave ends a membership (PACKET_DROP_MEMBERSHIP for a full one).
+func (p *Port) Leave(mgid ipoib.GID) error {
+	p.mu.RLock()
+	c := p.groupC[ipoib.MGIDPKey(mgid).Full()]
+	p.mu.RUnlock()
+	return p.groups.Leave(mgid, func() error {
+		if c == nil {
+			return nil
+		}
+		var b [MreqMaxSize]byte
+		PutMreq(&b, c.index, mgid)
+		if err := c.sock.DropMembership(b[:]); err != nil {
+			return fmt.Errorf("kernel: leave %s on %s: %w", mgid, c.name, err)
+		}
+		return nil
+	})
+}
+
+// Joined reports whether the port is a full member of mgid.
+func (p *Port) Joined(mgid ipoib.GID) bool { return p.groups.Full(mgid) }
+
+// SendOnly reports whether the port is a send-only member of mgid.
+func (p *Port) SendOnly(mgid ipoib.GID) bool { return p.groups.SendOnly(mgid) }
+
+// Close deletes every child and stops; later calls return net.ErrClosed.
+func (p *Port) Close() error {
+	if p.closed.Swap(true) {
+		return nil
+	}
+	close(p.done)
+	p.mu.Lock()
+	all := p.all
+	p.all, p.byQPN, p.groupC = map[string]*child{}, map[uint32]*child{}, map[ipoib.PKey]*child{}
+	p.mu.Unlock()
+	var errs []error
+	for _, c := range all {
+		if err := p.destroy(c); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	p.wg.Wait()
+	return errors.Join(errs...)
+}
+
+// Write sends a batch. A packet whose source QP is no child of this port
+// (or whose P_Key is not the child's), that is oversized, or that is a
+// super-packet on a port without TSO, is counted and skipped, as is one
+// the kernel refuses.
+func (p *Port) Write(bufs [][]byte, meta []ipoib.TxMeta, offset int) (int, error) {
+	if p.closed.Load() {
+		return 0, net.ErrClosed
+	}
+	if len(meta) < len(bufs) {
+		return 0, fmt.Errorf("kernel: write of %d packets with %d metadata", len(bufs), len(meta))
+	}
+	p.txMu.Lock()
+	defer p.txMu.Unlock()
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	sent, k := 0, 0
+	for i, b := range bufs {
+		c, ok := p.validate(b, meta[i], offset)
+		if !ok {
+			continue
+		}
+		if k == batchSize || k > 0 && c != p.txSrcs[0] {
+			sent += p.flush(k)
+			k = 0
+		}
+		p.build(k, c, b[offset:], meta[i])
+		p.txSrcs[k] = c
+		k++
+	}
+	sent += p.flush(k)
+	return sent, nil
+}
+
+// validate returns the child that sends packet b, or counts why none.
+func (p *Port) validate(b []byte, m ipoib.TxMeta, offset int) (*child, bool) {
+	if len(b) < offset+ipoib.HeaderLen {
+		p.drop(DropBadMeta)
+		return nil, false
+	}
+	pay := b[offset:]
+	mcast := m.Dst.QPN() == ipoib.MulticastQPN
+	var c *child
+	if src := p.byQPN[m.SrcQPN]; src != nil && src.pkey == m.PKey.Full() && m.PKey.IsValid() && mcast == m.Dst.GID().IsMulticast() {
+		c = src
+		if mcast {
+			c = p.groupC[src.pkey]
+		}
+	}
+	switch {
+	case c == nil:
+		p.drop(DropBadMeta)
+	case m.GSO.Type == ipoib.GSONone && len(pay) > p.mtu || len(pay) > ipoib.MaxSuperPacket:
+		p.drop(DropOversize)
+	case m.GSO.Type != ipoib.GSONone && (!c.vnet || int(m.GSO.L4)+20 > len(pay) || m.GSO.L4 < ipoib.HeaderLen):
+		p.drop(DropBadMeta)
+	default:
+		return c, true
+	}
+	return nil, false
+}
+
+// build makes message k of packet pay (IPoIB header first) from child c.
+func (p *Port) build(k int, c *child, pay []byte, m ipoib.TxMeta) {
+	msg := &p.msgs[k]
+	msg.Hdr = nil
+	if c.vnet {
+		h := VnetHdr{}
+		if m.GSO.Type != ipoib.GSONone {
+			h = GSOVnetHdr(m.GSO, int(pay[m.GSO.L4+12]>>4)*4) // the TCP data offset
+		}
+		h.Put(&p.vhdrs[k])
+		msg.Hdr = p.vhdrs[k][:]
+	}
+	msg.NameLen = PutSockaddrLL(&p.names[k], c.index, ipoib.Header(pay).EtherType(), m.Dst)
+	msg.Name = p.names[k][:]
+	msg.Buf = pay[ipoib.HeaderLen:]
+}
+
+// flush sends messages [0, k), all from txSrcs[0], and returns how many the
+// kernel took; each refused one is counted and skipped.
+func (p *Port) flush(k int) int {
+	sent := 0
+	for at := 0; at < k; {
+		n, err := p.txSrcs[0].sock.Send(p.msgs[at:k])
+		for _, m := range p.msgs[at : at+n] {
+			p.txBytes.Add(uint64(len(m.Buf) + ipoib.HeaderLen))
+			if len(m.Hdr) > 0 && m.Hdr[1] != VnetGSONone {
+				p.stat(StatSuperPackets)
+			}
+		}
+		p.txPackets.Add(uint64(n))
+		sent += n
+		at += n
+		if err != nil || n == 0 {
+			p.drop(DropSendError)
+			at++
+		}
+	}
+	return sent
+}
+
+// Read blocks for at least one packet and returns up to len(bufs).
+func (p *Port) Read(bufs [][]byte, sizes []int, meta []ipoib.RxMeta, offset int) (int, error) {
+	var pk rxPacket
+	select {
+	case pk = <-p.rx:
+	case <-p.done:
+		return 0, net.ErrClosed
+	}
+	n := 0
+	for {
+		if pk.n > len(bufs[n])-offset {
+			p.drop(DropBufferSmall)
+		} else {
+			sizes[n] = copy(bufs[n][offset:], (*pk.buf)[pk.start:pk.start+pk.n])
+			meta[n] = pk.meta
+			p.rxPackets.Add(1)
+			p.rxBytes.Add(uint64(sizes[n]))
+			n++
+		}
+		p.pool.Put(pk.buf)
+		if n == len(bufs) {
+			return n, nil
+		}
+		select {
+		case pk = <-p.rx:
+		default:
+			if n == 0 {
+				return p.Read(bufs, sizes, meta, offset)
+			}
+			return n, nil
+		}
+	}
+}
+
+// rxLoop reads c's socket until it is closed.
+func (p *Port) rxLoop(c *child) {
+	defer p.wg.Done()
+	var names [batchSize][SockaddrLLIPoIBLen]byte
+	var msgs [batchSize]Msg
+	var bufs [batchSize]*[]byte
+	for i := range msgs {
+		bufs[i] = p.pool.Get().(*[]byte)
+		msgs[i].Name = names[i][:]
+	}
+	defer func() {
+		for _, b := range bufs {
+			p.pool.Put(b)
+		}
+	}()
+	for {
+		for i := range msgs {
+			msgs[i].Buf = (*bufs[i])[rxHead:] // the vnet header, if any, lands in Buf too
+		}
+		n, err := c.sock.Recv(msgs[:])
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) || p.closed.Load() {
+				return
+			}
+			p.drop(DropRecvError)
+			time.Sleep(10 * time.Millisecond) // e.g. ENETDOWN while the link is down
+			continue
+		}
+		for i := range n {
+			if pk, ok := p.accept(c, &msgs[i], bufs[i]); ok {
+				select {
+				case p.rx <- pk:
+					bufs[i] = p.pool.Get().(*[]byte)
+				default:
+					p.drop(DropQueueFull)
+				}
+			}
+		}
+	}
+}
+
+// accept turns datagram m received on c (in buf, rxHead bytes in) into a
+// packet for Read, or counts why not.
+func (p *Port) accept(c *child, m *Msg, buf *[]byte) (rxPacket, bool) {
+	sa, err := ParseSockaddrLL(m.Name, m.NameLen)
+	if err != nil {
+		p.drop(DropBadSockaddr)
+		return rxPacket{}, false
+	}
+	if m.Trunc {
+		p.drop(DropTruncated)
+		return rxPacket{}, false
+	}
+	start, end := rxHead, rxHead+m.N
+	if c.vnet {
+		h, err := ParseVnetHdr((*buf)[start:end])
+		if err != nil {
+			p.drop(DropBadVnetHdr)
+			return rxPacket{}, false
+		}
+		if h.GSOType != VnetGSONone {
+			p.drop(DropRxSuper)
+			return rxPacket{}, false
+		}
+		start += VnetHdrLen
+	}
+	if start == end {
+		p.drop(DropEmpty)
+		return rxPacket{}, false
+	}
+	meta := ipoib.RxMeta{SrcUnknown: true, PKey: c.pkey}
+	switch sa.Pkttype {
+	case PacketHost:
+		if c.group {
+			p.drop(DropPktType) // the group child has no VIF behind it
+			return rxPacket{}, false
+		}
+		meta.DstQPN = c.qpn
+	case PacketBroadcast, PacketMulticast:
+		if !c.group {
+			p.stat(StatMcastCopies)
+			return rxPacket{}, false
+		}
+		mgid, ok := p.mgidOf(sa, (*buf)[start:end], c.pkey)
+		if !ok {
+			p.drop(DropBadMcast)
+			return rxPacket{}, false
+		}
+		if !p.groups.Full(mgid) {
+			p.drop(DropNotJoined)
+			return rxPacket{}, false
+		}
+		meta.DstQPN, meta.MGID = ipoib.MulticastQPN, mgid
+	default:
+		p.drop(DropPktType)
+		return rxPacket{}, false
+	}
+	start -= ipoib.HeaderLen
+	ipoib.PutHeader((*buf)[start:], sa.Protocol)
+	return rxPacket{buf: buf, start: start, n: end - start, meta: meta}, true
+}
+
+// mgidOf finds the group a broadcast or multicast packet was sent to: the
+// partition's broadcast group, or the group of its destination IP address
+// (the kernel keeps the GRH's destination GID to itself).
+func (p *Port) mgidOf(sa SockaddrLL, pkt []byte, pkey ipoib.PKey) (ipoib.GID, bool) {
+	if sa.Pkttype == PacketBroadcast {
+		return ipoib.BroadcastMGID(pkey, p.scope), true
+	}
+	switch {
+	case sa.Protocol == 0x0800 && len(pkt) >= 20 && pkt[0]>>4 == 4:
+		dst := netip.AddrFrom4([4]byte(pkt[16:20]))
+		if dst.IsMulticast() {
+			return ipoib.IPv4MGID(dst, pkey, p.scope), true
+		}
+	case sa.Protocol == 0x86dd && len(pkt) >= 40 && pkt[0]>>4 == 6:
+		dst := netip.AddrFrom16([16]byte(pkt[24:40]))
+		if dst.IsMulticast() {
+			return ipoib.IPv6MGID(dst, pkey, p.scope), true
+		}
+	}
+	return ipoib.GID{}, false
+}
