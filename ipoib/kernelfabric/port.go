@@ -30,6 +30,7 @@ import (
 	"time"
 
 	"github.com/eipoib/eipoibd/ipoib"
+	"github.com/eipoib/eipoibd/ipoib/internal/rxq"
 )
 
 // Drop reasons counted by a Port.
@@ -95,13 +96,6 @@ type child struct {
 	sock  Socket
 }
 
-type rxPacket struct {
-	buf   *[]byte
-	start int
-	n     int
-	meta  ipoib.RxMeta
-}
-
 // Port is an ipoib.Port over the kernel's IPoIB driver.
 type Port struct {
 	k      Kernel
@@ -125,7 +119,7 @@ type Port struct {
 	down   atomic.Bool
 	closed atomic.Bool
 	done   chan struct{}
-	rx     chan rxPacket
+	rx     chan rxq.Packet
 	pool   sync.Pool
 	wg     sync.WaitGroup
 
@@ -136,6 +130,7 @@ type Port struct {
 	txSrcs [batchSize]*child
 
 	txPackets, txBytes, rxPackets, rxBytes atomic.Uint64
+	rxCtr                                  rxq.Counters
 	ctrMu                                  sync.Mutex
 	drops, stats                           map[string]uint64
 }
@@ -177,10 +172,11 @@ func New(cfg Config) (*Port, error) {
 	p := &Port{
 		k: k, log: cfg.Logger, parent: parent, gid: parent.HwAddr.GID(), mtu: mtu, scope: cfg.Scope,
 		byQPN: make(map[uint32]*child), groupC: make(map[ipoib.PKey]*child), all: make(map[string]*child),
-		groups: ipoib.NewGroupTable(), done: make(chan struct{}), rx: make(chan rxPacket, queueLen),
+		groups: ipoib.NewGroupTable(), done: make(chan struct{}), rx: make(chan rxq.Packet, queueLen),
 		drops: make(map[string]uint64), stats: make(map[string]uint64),
 	}
 	p.pool.New = func() any { b := make([]byte, VnetHdrLen+mtu+rxHead); return &b }
+	p.rxCtr = rxq.Counters{Packets: &p.rxPackets, Bytes: &p.rxBytes, TooSmall: func() { p.drop(DropBufferSmall) }}
 	p.down.Store(!parent.Carrier)
 	if err := p.reclaim(); err != nil {
 		return nil, err
@@ -652,38 +648,10 @@ func (p *Port) flush(k int) int {
 	return sent
 }
 
-// Read blocks for at least one packet and returns up to len(bufs).
+// Read blocks for at least one packet and returns up to len(bufs). A
+// packet larger than its buffer is dropped and counted.
 func (p *Port) Read(bufs [][]byte, sizes []int, meta []ipoib.RxMeta, offset int) (int, error) {
-	var pk rxPacket
-	select {
-	case pk = <-p.rx:
-	case <-p.done:
-		return 0, net.ErrClosed
-	}
-	n := 0
-	for {
-		if pk.n > len(bufs[n])-offset {
-			p.drop(DropBufferSmall)
-		} else {
-			sizes[n] = copy(bufs[n][offset:], (*pk.buf)[pk.start:pk.start+pk.n])
-			meta[n] = pk.meta
-			p.rxPackets.Add(1)
-			p.rxBytes.Add(uint64(sizes[n]))
-			n++
-		}
-		p.pool.Put(pk.buf)
-		if n == len(bufs) {
-			return n, nil
-		}
-		select {
-		case pk = <-p.rx:
-		default:
-			if n == 0 {
-				return p.Read(bufs, sizes, meta, offset)
-			}
-			return n, nil
-		}
-	}
+	return rxq.Read(p.rx, p.done, &p.pool, p.rxCtr, bufs, sizes, meta, offset)
 }
 
 // rxLoop reads c's socket until it is closed.
@@ -729,63 +697,63 @@ func (p *Port) rxLoop(c *child) {
 
 // accept turns datagram m received on c (in buf, rxHead bytes in) into a
 // packet for Read, or counts why not.
-func (p *Port) accept(c *child, m *Msg, buf *[]byte) (rxPacket, bool) {
+func (p *Port) accept(c *child, m *Msg, buf *[]byte) (rxq.Packet, bool) {
 	sa, err := ParseSockaddrLL(m.Name, m.NameLen)
 	if err != nil {
 		p.drop(DropBadSockaddr)
-		return rxPacket{}, false
+		return rxq.Packet{}, false
 	}
 	if m.Trunc {
 		p.drop(DropTruncated)
-		return rxPacket{}, false
+		return rxq.Packet{}, false
 	}
 	start, end := rxHead, rxHead+m.N
 	if c.vnet {
 		h, err := ParseVnetHdr((*buf)[start:end])
 		if err != nil {
 			p.drop(DropBadVnetHdr)
-			return rxPacket{}, false
+			return rxq.Packet{}, false
 		}
 		if h.GSOType != VnetGSONone {
 			p.drop(DropRxSuper)
-			return rxPacket{}, false
+			return rxq.Packet{}, false
 		}
 		start += VnetHdrLen
 	}
 	if start == end {
 		p.drop(DropEmpty)
-		return rxPacket{}, false
+		return rxq.Packet{}, false
 	}
 	meta := ipoib.RxMeta{SrcUnknown: true, PKey: c.pkey}
 	switch sa.Pkttype {
 	case PacketHost:
 		if c.group {
 			p.drop(DropPktType) // the group child has no VIF behind it
-			return rxPacket{}, false
+			return rxq.Packet{}, false
 		}
 		meta.DstQPN = c.qpn
 	case PacketBroadcast, PacketMulticast:
 		if !c.group {
 			p.stat(StatMcastCopies)
-			return rxPacket{}, false
+			return rxq.Packet{}, false
 		}
 		mgid, ok := p.mgidOf(sa, (*buf)[start:end], c.pkey)
 		if !ok {
 			p.drop(DropBadMcast)
-			return rxPacket{}, false
+			return rxq.Packet{}, false
 		}
 		if !p.groups.Full(mgid) {
 			p.drop(DropNotJoined)
-			return rxPacket{}, false
+			return rxq.Packet{}, false
 		}
 		meta.DstQPN, meta.MGID = ipoib.MulticastQPN, mgid
 	default:
 		p.drop(DropPktType)
-		return rxPacket{}, false
+		return rxq.Packet{}, false
 	}
 	start -= ipoib.HeaderLen
 	ipoib.PutHeader((*buf)[start:], sa.Protocol)
-	return rxPacket{buf: buf, start: start, n: end - start, meta: meta}, true
+	return rxq.Packet{Buf: buf, Start: start, N: end - start, Meta: meta}, true
 }
 
 // mgidOf finds the group a broadcast or multicast packet was sent to: the

@@ -14,6 +14,7 @@ import (
 
 	"github.com/eipoib/eipoibd/internal/gso"
 	"github.com/eipoib/eipoibd/ipoib"
+	"github.com/eipoib/eipoibd/ipoib/internal/rxq"
 )
 
 // Drop reasons counted by a Port.
@@ -50,17 +51,11 @@ func New(mtu int) (*Fabric, error) {
 	return f, nil
 }
 
-type packet struct {
-	data *[]byte
-	n    int
-	meta ipoib.RxMeta
-}
-
 // Port is one port on a Fabric. It implements ipoib.Port.
 type Port struct {
 	f      *Fabric
 	gid    ipoib.GID
-	rx     chan packet
+	rx     chan rxq.Packet
 	done   chan struct{}
 	closed atomic.Bool
 
@@ -68,6 +63,7 @@ type Port struct {
 	groups *ipoib.GroupTable
 
 	txPackets, txBytes, rxPackets, rxBytes atomic.Uint64
+	rxCtr                                  rxq.Counters
 	dropMu                                 sync.Mutex
 	drops                                  map[string]uint64
 }
@@ -83,12 +79,13 @@ func (f *Fabric) NewPort(gid ipoib.GID) (*Port, error) {
 	}
 	p := &Port{
 		f: f, gid: gid,
-		rx:     make(chan packet, queueLen),
+		rx:     make(chan rxq.Packet, queueLen),
 		done:   make(chan struct{}),
 		qps:    ipoib.NewQPTable(0x48),
 		groups: ipoib.NewGroupTable(),
 		drops:  make(map[string]uint64),
 	}
+	p.rxCtr = rxq.Counters{Packets: &p.rxPackets, Bytes: &p.rxBytes, TooSmall: func() { p.drop(DropBufferSmall) }}
 	f.ports[gid] = p
 	return p, nil
 }
@@ -276,7 +273,7 @@ func (p *Port) deliver(payload []byte, m ipoib.RxMeta) {
 	buf := p.f.pool.Get().(*[]byte)
 	n := copy(*buf, payload)
 	select {
-	case p.rx <- packet{data: buf, n: n, meta: m}:
+	case p.rx <- rxq.Packet{Buf: buf, N: n, Meta: m}:
 	default:
 		p.f.pool.Put(buf)
 		p.drop(DropQueueFull)
@@ -286,34 +283,5 @@ func (p *Port) deliver(payload []byte, m ipoib.RxMeta) {
 // Read blocks for at least one packet and returns up to len(bufs). A
 // packet larger than its buffer is dropped and counted.
 func (p *Port) Read(bufs [][]byte, sizes []int, meta []ipoib.RxMeta, offset int) (int, error) {
-	var pk packet
-	select {
-	case pk = <-p.rx:
-	case <-p.done:
-		return 0, net.ErrClosed
-	}
-	n := 0
-	for {
-		if pk.n > len(bufs[n])-offset {
-			p.drop(DropBufferSmall)
-		} else {
-			sizes[n] = copy(bufs[n][offset:], (*pk.data)[:pk.n])
-			meta[n] = pk.meta
-			p.rxPackets.Add(1)
-			p.rxBytes.Add(uint64(sizes[n]))
-			n++
-		}
-		p.f.pool.Put(pk.data)
-		if n == len(bufs) {
-			return n, nil
-		}
-		select {
-		case pk = <-p.rx:
-		default:
-			if n == 0 {
-				return p.Read(bufs, sizes, meta, offset)
-			}
-			return n, nil
-		}
-	}
+	return rxq.Read(p.rx, p.done, &p.f.pool, p.rxCtr, bufs, sizes, meta, offset)
 }
