@@ -29,27 +29,26 @@ func (s *Shim) rxLoop() error {
 	}
 	sizes := make([]int, bs)
 	meta := make([]ipoib.RxMeta, bs)
-	out := make([][]byte, 0, bs)
+	out := make([][][]byte, len(s.queues)) // by TAP queue
+	for q := range out {
+		out[q] = make([][]byte, 0, bs)
+	}
 	for {
 		n, err := s.port.Read(bufs, sizes, meta, rxOffset)
 		if err != nil {
 			return err
 		}
 		now := s.clk.Now()
-		out = out[:0]
 		for i := 0; i < n; i++ {
 			s.ctr.inc(RxPackets)
 			if f := s.rx(bufs[i], sizes[i], &meta[i], now); f != nil {
 				// The frame with the device's headroom in front of it.
 				start := cap(bufs[i]) - cap(f)
-				out = append(out, bufs[i][start-tap.Headroom:start+len(f)])
+				q := flowQueue(ether.Frame(f), len(out))
+				out[q] = append(out[q], bufs[i][start-tap.Headroom:start+len(f)])
 			}
 		}
-		if len(out) > 0 {
-			n := s.writeDev(out)
-			s.ctr.c[RxFrames].Add(uint64(n))
-			s.ctr.c[DropTAPWrite].Add(uint64(len(out) - n))
-		}
+		s.writeQueues(out)
 		if s.pending.count.Load() > 0 {
 			s.live.RLock()
 			s.flushResolved()
@@ -68,6 +67,26 @@ func (s *Shim) writeDev(frames [][]byte) int {
 		return 0
 	}
 	return n
+}
+
+// writeQueues writes received frames, each tap.Headroom bytes into its
+// buffer, through the device queue they are listed under, and counts
+// them; it empties the lists.
+func (s *Shim) writeQueues(byQueue [][][]byte) {
+	s.devMu.Lock()
+	defer s.devMu.Unlock()
+	for q, frames := range byQueue {
+		if len(frames) == 0 {
+			continue
+		}
+		n, err := s.queues[q].Write(frames, tap.Headroom)
+		if err != nil {
+			n = 0
+		}
+		s.ctr.c[RxFrames].Add(uint64(n))
+		s.ctr.c[DropTAPWrite].Add(uint64(len(frames) - n))
+		byQueue[q] = frames[:0]
+	}
 }
 
 // writeLocal writes the shim's own frames to guests (queries, ICMP; each

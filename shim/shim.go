@@ -78,6 +78,7 @@ type Shim struct {
 	log    *slog.Logger
 	clk    clock.Clock
 	dev    tap.Device
+	queues []tap.Device // the device's queues (itself when it has one)
 	port   ipoib.Port
 	ipMTU  int
 	vifs   *mactrans.VIFTable
@@ -214,6 +215,7 @@ func New(cfg Config) (*Shim, error) {
 		}
 	}
 	s.srcs.max = cfg.MaxNeighbours
+	s.queues = s.deviceQueues()
 	s.groups.init(maxGroups, maxSendOnly)
 	s.pending.init()
 	s.snoop = snoop.NewTable(cfg.Multicast, maxGroups, snoop.Actions{Join: s.mcastJoin, Leave: s.mcastLeave, Query: s.mcastQuery})
@@ -240,8 +242,7 @@ func (s *Shim) Run(ctx context.Context) error {
 		}
 	}
 	s.followCarrier()
-	txq := s.txQueues()
-	errc := make(chan error, len(txq)+2)
+	errc := make(chan error, len(s.queues)+2)
 	var wg, rx sync.WaitGroup
 	loop := func(name string, wg *sync.WaitGroup, f func() error) {
 		wg.Add(1)
@@ -258,12 +259,12 @@ func (s *Shim) Run(ctx context.Context) error {
 		}()
 	}
 	hctx, stopHouse := context.WithCancel(ctx)
-	for i, q := range txq {
+	for i, q := range s.queues {
 		loop(fmt.Sprintf("tx queue %d", i), &wg, func() error { return s.txLoop(q) })
 	}
 	loop("rx", &rx, s.rxLoop)
 	loop("housekeeping", &wg, func() error { return s.housekeeping(hctx) })
-	s.log.Info("shim running", "gid", s.port.LocalGID(), "ib_mtu", s.port.MTU(), "ipoib_mtu", s.ipMTU, "partitions", len(s.byPKey), "max_vifs", s.cfg.MaxVIFs, "tx_workers", len(txq))
+	s.log.Info("shim running", "gid", s.port.LocalGID(), "ib_mtu", s.port.MTU(), "ipoib_mtu", s.ipMTU, "partitions", len(s.byPKey), "max_vifs", s.cfg.MaxVIFs, "tx_workers", len(s.queues))
 	var err error
 	select {
 	case <-ctx.Done():

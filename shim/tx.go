@@ -83,9 +83,10 @@ func (s *Shim) superReader(dev tap.Device) tap.SuperReader {
 	return nil
 }
 
-// txQueues are the devices TX workers read, one each: the device's queues
-// when it has several, else the device.
-func (s *Shim) txQueues() []tap.Device {
+// deviceQueues are the device's queues, each read by a TX worker of its own
+// and written by the RX loop (see flowQueue): the device itself when it
+// has one.
+func (s *Shim) deviceQueues() []tap.Device {
 	if mq, ok := s.dev.(tap.MultiQueue); ok {
 		var qs []tap.Device
 		for _, q := range mq.Queues() {
