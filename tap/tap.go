@@ -68,6 +68,12 @@ type Config struct {
 	Name string
 	MAC  ether.MAC // zero: keep the kernel's random one
 	MTU  int       // the IPoIB MTU; segments are cut to fit it
+	// LinkMTU is the TAP's own MTU, when larger than MTU: a bridge drops
+	// frames longer than a port's MTU without a word, so guests with
+	// jumbo frames would meet a black hole; with the TAP at their MTU the
+	// frames reach the shim, which fragments them or answers ICMP "too
+	// big" with the IPoIB MTU. 0 means MTU.
+	LinkMTU int
 	// Queues is the number of queues (IFF_MULTI_QUEUE when more than
 	// one): the kernel spreads guests' flows over them by hash, so that
 	// as many goroutines can read them in parallel. 0 means 1.
@@ -196,9 +202,9 @@ func Create(cfg Config) (*TAP, error) {
 			return fail(fmt.Errorf("tap: set MAC of %s: %w", cfg.Name, err))
 		}
 	}
-	if cfg.MTU > 0 {
-		if err := netlink.LinkSetMTU(tt, cfg.MTU); err != nil {
-			return fail(fmt.Errorf("tap: set MTU %d on %s: %w", cfg.MTU, cfg.Name, err))
+	if link := max(cfg.LinkMTU, cfg.MTU); link > 0 {
+		if err := netlink.LinkSetMTU(tt, link); err != nil {
+			return fail(fmt.Errorf("tap: set MTU %d on %s: %w", link, cfg.Name, err))
 		}
 	}
 	if err := netlink.LinkSetUp(tt); err != nil {

@@ -46,6 +46,14 @@ traffic until SIGINT or SIGTERM. Flags:
 // (MAX_TAP_QUEUES, drivers/net/tun.c).
 const maxQueues = 256
 
+// minTAPMTU and maxTAPMTU bound --tap-mtu: IPv6's minimum link MTU
+// (RFC 8200 §5), and the largest MTU a TAP takes, 65535 less its
+// Ethernet header (tun_net_init's max_mtu, drivers/net/tun.c).
+const (
+	minTAPMTU = 1280
+	maxTAPMTU = 65535 - 14
+)
+
 // errHelp ends the program successfully after printing the usage.
 var errHelp = cli.ErrHelp
 
@@ -61,7 +69,7 @@ type options struct {
 	underlay, name, bridge, fabric, metrics, logLevel, dhcp, faults, mac string
 	ovsBridge, ovsDB, vlanPKey, ibDev                                    string
 	mcast                                                                snoop.Timers
-	ibMTU, maxVIFs, maxNeigh, queues                                     int
+	ibMTU, maxVIFs, maxNeigh, queues, tapMTU                             int
 	vifIdle                                                              time.Duration
 	offload, pprof                                                       bool
 }
@@ -98,6 +106,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.mcast.LastMemberQueryInterval, "mcast-last-member-interval", time.Second, "interval of group-specific queries after a leave")
 	fs.IntVar(&o.mcast.Robustness, "mcast-robustness", 2, "robustness variable: queries after a leave, and the membership interval factor")
 	fs.BoolVar(&o.offload, "offload", true, "TAP offloads: read guests' TCP super-frames whole and cut them here, write received segment runs as super-frames")
+	fs.IntVar(&o.tapMTU, "tap-mtu", 9000, fmt.Sprintf("MTU of the TAP itself, up to %d: guests' frames up to it reach eipoibd, which fragments them or answers ICMP too-big with the IPoIB MTU (a bridge would drop them silently)", maxTAPMTU))
 	fs.IntVar(&o.queues, "queues", runtime.NumCPU(), "TAP queues, each read by its own TX worker (the kernel spreads guests' flows over them)")
 	fs.BoolVar(&o.pprof, "pprof", false, "also serve Go's profiles at /debug/pprof/ on the --metrics address")
 	fs.StringVar(&o.faults, "fault", "", "simulated fabric faults, e.g. loss=0.01,dup=0.01,reorder=0.01,corrupt=0.01")
@@ -111,6 +120,8 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 		return nil, usageError{Msg: fmt.Sprintf("--ib-mtu %d: want 2048 or 4096", o.ibMTU)}
 	case o.maxVIFs < 1 || o.maxVIFs > 1<<20:
 		return nil, usageError{Msg: fmt.Sprintf("--max-vifs %d: want 1 to %d", o.maxVIFs, 1<<20)}
+	case o.tapMTU < minTAPMTU || o.tapMTU > maxTAPMTU:
+		return nil, usageError{Msg: fmt.Sprintf("--tap-mtu %d: want %d to %d (below the IPoIB MTU it is raised to it)", o.tapMTU, minTAPMTU, maxTAPMTU)}
 	case o.queues < 1 || o.queues > maxQueues:
 		return nil, usageError{Msg: fmt.Sprintf("--queues %d: want 1 to %d", o.queues, maxQueues)}
 	case o.maxNeigh < 1:
@@ -215,7 +226,7 @@ func run(args []string, stderr io.Writer) error {
 	}
 	defer port.Close()
 	ipMTU, _ := ipoib.IPMTU(port.MTU())
-	dev, err := tap.Create(tap.Config{Name: o.name, MTU: ipMTU, MAC: mac, Offload: o.offload, Queues: o.queues})
+	dev, err := tap.Create(tap.Config{Name: o.name, MTU: ipMTU, LinkMTU: o.tapMTU, MAC: mac, Offload: o.offload, Queues: o.queues})
 	if err != nil {
 		return err
 	}
