@@ -23,6 +23,7 @@ const (
 	TxMulticast                        // of tx_forwarded, those to another MGID
 	TxSuper                            // of tx_forwarded, TCP super-frames the port took whole to cut itself
 	TxSuperSegments                    // the segments the port is to cut them into
+	TxMSSClamped                       // guests' TCP SYNs whose MSS was lowered to fit the IPoIB MTU (--clamp-mss)
 	TxFragmented                       // IPv4 packets fragmented to the IPoIB MTU
 	TxFragments                        // fragments made of them
 	TxICMPTooBig                       // ICMP fragmentation-needed / ICMPv6 packet-too-big sent to guests
@@ -63,7 +64,7 @@ const (
 )
 
 var counterNames = [numCounters]string{
-	TxFrames: "tx_frames", TxForwarded: "tx_forwarded", TxPackets: "tx_packets", TxPortRefused: "tx_port_refused", TxFragments: "tx_fragments", TxBroadcast: "tx_broadcast", TxMulticast: "tx_multicast", TxSuper: "tx_super", TxSuperSegments: "tx_super_segments",
+	TxFrames: "tx_frames", TxForwarded: "tx_forwarded", TxPackets: "tx_packets", TxPortRefused: "tx_port_refused", TxFragments: "tx_fragments", TxBroadcast: "tx_broadcast", TxMulticast: "tx_multicast", TxSuper: "tx_super", TxSuperSegments: "tx_super_segments", TxMSSClamped: "tx_mss_clamped",
 	TxFragmented: "tx_fragmented", TxICMPTooBig: "tx_icmp_too_big", TxQueued: "tx_queued", TxResolveSent: "tx_resolve_sent",
 	TxQueries: "tx_queries", McastJoins: "mcast_joins", McastLeaves: "mcast_leaves", RxPackets: "rx_packets", RxFrames: "rx_frames", VIFsCreated: "vifs_created", VIFsAged: "vifs_aged",
 	DropRunt: "drop_runt", DropEtherType: "drop_ethertype", DropVLANUnmapped: "drop_vlan_unmapped",

@@ -55,6 +55,9 @@ type Config struct {
 	Partitions map[uint16]ipoib.PKey
 	Scope      uint8  // MGID scope, ipoib.ScopeLinkLocal
 	DHCP       string // DHCPBroadcast
+	// ClampMSS lowers the MSS of guests' TCP SYNs to fit the IPoIB MTU,
+	// for guests that ignore path MTU discovery.
+	ClampMSS bool
 	// Multicast are the IGMP/MLD snooping and querier timers; zero
 	// fields take the RFC 3376/3810 defaults (125 s queries, 260 s
 	// membership, 2 s leave).

@@ -208,6 +208,9 @@ func (s *Shim) tx(b *txBatch, buf []byte, n int, sup tap.Super, now time.Time) {
 		}
 		return
 	}
+	if s.cfg.ClampMSS && (et == ether.TypeIPv4 || et == ether.TypeIPv6) && s.clampMSS(pay, et == ether.TypeIPv6) {
+		s.ctr.inc(TxMSSClamped)
+	}
 	vif, err := s.vif(p, src, now)
 	if err != nil {
 		s.ctr.inc(DropVIFLimit)

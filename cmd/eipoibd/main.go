@@ -71,7 +71,7 @@ type options struct {
 	mcast                                                                snoop.Timers
 	ibMTU, maxVIFs, maxNeigh, queues, tapMTU                             int
 	vifIdle                                                              time.Duration
-	offload, pprof                                                       bool
+	offload, pprof, clampMSS                                             bool
 }
 
 func parse(args []string, stderr io.Writer) (*options, error) {
@@ -107,6 +107,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.mcast.Robustness, "mcast-robustness", 2, "robustness variable: queries after a leave, and the membership interval factor")
 	fs.BoolVar(&o.offload, "offload", true, "TAP offloads: read guests' TCP super-frames whole and cut them here, write received segment runs as super-frames")
 	fs.IntVar(&o.tapMTU, "tap-mtu", 9000, fmt.Sprintf("MTU of the TAP itself, up to %d: guests' frames up to it reach eipoibd, which fragments them or answers ICMP too-big with the IPoIB MTU (a bridge would drop them silently)", maxTAPMTU))
+	fs.BoolVar(&o.clampMSS, "clamp-mss", false, "lower the MSS of guests' TCP SYNs to fit the IPoIB MTU, for guests that ignore path MTU discovery")
 	fs.IntVar(&o.queues, "queues", runtime.NumCPU(), "TAP queues, each read by its own TX worker (the kernel spreads guests' flows over them)")
 	fs.BoolVar(&o.pprof, "pprof", false, "also serve Go's profiles at /debug/pprof/ on the --metrics address")
 	fs.StringVar(&o.faults, "fault", "", "simulated fabric faults, e.g. loss=0.01,dup=0.01,reorder=0.01,corrupt=0.01")
@@ -235,7 +236,7 @@ func run(args []string, stderr io.Writer) error {
 
 	sh, err := shim.New(shim.Config{
 		Device: dev, Port: port, Logger: log,
-		MaxVIFs: o.maxVIFs, MaxNeighbours: o.maxNeigh, VIFIdle: o.vifIdle, DHCP: o.dhcp,
+		MaxVIFs: o.maxVIFs, MaxNeighbours: o.maxNeigh, VIFIdle: o.vifIdle, DHCP: o.dhcp, ClampMSS: o.clampMSS,
 		Partitions: partitions, Multicast: o.mcast,
 	})
 	if err != nil {

@@ -587,3 +587,33 @@ func TestOversize(t *testing.T) {
 		t.Fatalf("tx_fragmented %v, want 3; tx_icmp_too_big %v, want 2", m["tx_fragmented"], m["tx_icmp_too_big"])
 	}
 }
+
+// TestClampMSS: guests at MTU 9000 on both sides, with path MTU discovery
+// off, exchange TCP through daemons run with --clamp-mss: each daemon
+// lowers the MSS of its guest's SYN (one each: the SYN and the SYN-ACK),
+// so no segment exceeds the IPoIB MTU and none is fragmented, and 16 MiB
+// arrive exactly.
+func TestClampMSS(t *testing.T) {
+	tp := newTopo(t, 2, false, "--clamp-mss")
+	h1, h2 := tp.hvs[0], tp.hvs[1]
+	g11, g21 := h1.guests[0], h2.guests[0]
+	drops := watchDrops(t, h1, h2)
+	defer drops.check(t)
+	for _, h := range tp.hvs {
+		for _, l := range []string{"vg1", "vg2"} {
+			sh(t, in(h.ns, "ip", "link", "set", l, "mtu", "9000")...)
+		}
+		for _, g := range h.guests {
+			sh(t, in(g.ns, "ip", "link", "set", "eth0", "mtu", "9000")...)
+			sh(t, in(g.ns, "sysctl", "-qw", "net.ipv4.ip_no_pmtu_disc=1")...)
+		}
+	}
+	ping(t, g11, g21.ip4)
+	tcpBytes(t, g21, g11, 16<<20)
+	for _, h := range tp.hvs {
+		m := h.metrics(t)
+		if m["tx_mss_clamped"] != 1 || m["tx_fragmented"] != 0 {
+			t.Errorf("%s: tx_mss_clamped %v, want 1 (its guest's SYN); tx_fragmented %v, want 0", h.name, m["tx_mss_clamped"], m["tx_fragmented"])
+		}
+	}
+}
