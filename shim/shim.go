@@ -397,6 +397,28 @@ func (s *Shim) DeclareVIF(mac ether.MAC, vlan uint16) error {
 	return err
 }
 
+// RemoveVIF frees the VIF of a guest MAC at once, e.g. when the bridge's
+// forwarding database forgets it (the guest's port went), instead of
+// waiting for it to age. A MAC without a VIF is no error.
+func (s *Shim) RemoveVIF(mac ether.MAC, vlan uint16) error {
+	s.live.Lock() // no batch is sending from the QP while it is freed
+	v, ok := s.vifs.Remove(mactrans.VIFKey{MAC: mac, VLAN: vlan})
+	var err error
+	if ok {
+		err = s.port.FreeQP(v.QPN)
+	}
+	s.live.Unlock()
+	if !ok {
+		return nil
+	}
+	s.ctr.inc(VIFsRemoved)
+	s.log.Info("VIF removed", "mac", mac, "vlan", vlan, "qpn", fmt.Sprintf("%#06x", v.QPN))
+	if err != nil {
+		return fmt.Errorf("shim: free QP %#x of %s: %w", v.QPN, mac, err)
+	}
+	return nil
+}
+
 // vif returns (creating when new) the VIF of a guest MAC in p.
 func (s *Shim) vif(p *partition, mac ether.MAC, now time.Time) (*mactrans.VIF, error) {
 	v, created, err := s.vifs.Create(mactrans.VIFKey{MAC: mac, VLAN: p.vlan}, p.pkey, now, s.port.AllocQP)

@@ -1,9 +1,10 @@
 // Package vswitch attaches eipoibd's TAP to the hypervisor's virtual
 // switch and reads what the switch knows about guests: the Linux bridge
-// over netlink (enslaving, the forwarding database).
+// over netlink (enslaving, the forwarding database and its changes).
 package vswitch
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/vishvananda/netlink"
@@ -31,38 +32,61 @@ func AttachBridge(port, br string) error {
 	return nil
 }
 
-// Guest is a MAC the bridge learned on one of its ports.
+// Guest is a MAC the bridge knows on one of its ports (learned, or a
+// static entry such as libvirt adds).
 type Guest struct {
 	MAC  ether.MAC
 	VLAN uint16
 }
 
-// BridgeGuests returns the dynamic FDB entries of bridge br learned on
-// ports other than except: the guests behind the bridge. Local
-// (permanent) entries, such as the ports' own addresses, are left out.
-func BridgeGuests(br, except string) ([]Guest, error) {
+// guestOf reports whether FDB entry e belongs to a guest behind bridge
+// br (an interface index): learned or static on a port other than skip,
+// unicast, and not local (permanent, the ports' own addresses).
+func guestOf(e *netlink.Neigh, br, skip int) (Guest, bool) {
+	if e.Family != unix.AF_BRIDGE || e.MasterIndex != br || e.LinkIndex == skip || e.State&netlink.NUD_PERMANENT != 0 || len(e.HardwareAddr) != 6 {
+		return Guest{}, false
+	}
+	mac := ether.MAC(e.HardwareAddr)
+	if mac.IsMulticast() || mac.IsZero() {
+		return Guest{}, false
+	}
+	return Guest{MAC: mac, VLAN: uint16(e.Vlan)}, true
+}
+
+// WatchBridge calls fn for each guest the forwarding database of bridge
+// br gains (added) or loses on ports other than except, starting with
+// those it holds, until ctx ends or the subscription fails.
+func WatchBridge(ctx context.Context, br, except string, fn func(g Guest, added bool)) error {
 	b, err := netlink.LinkByName(br)
 	if err != nil {
-		return nil, fmt.Errorf("vswitch: bridge %q: %w", br, err)
+		return fmt.Errorf("vswitch: bridge %q: %w", br, err)
 	}
 	skip := -1
 	if l, err := netlink.LinkByName(except); err == nil {
 		skip = l.Attrs().Index
 	}
-	entries, err := netlink.NeighList(0, unix.AF_BRIDGE)
-	if err != nil {
-		return nil, fmt.Errorf("vswitch: bridge FDB: %w", err)
+	ch := make(chan netlink.NeighUpdate, 256)
+	done := make(chan struct{})
+	defer close(done)
+	var subErr error
+	opts := netlink.NeighSubscribeOptions{ListExisting: true, ErrorCallback: func(err error) { subErr = err }}
+	if err := netlink.NeighSubscribeWithOptions(ch, done, opts); err != nil {
+		return fmt.Errorf("vswitch: watch the FDB of %s: %w", br, err)
 	}
-	var out []Guest
-	for _, e := range entries {
-		if e.MasterIndex != b.Attrs().Index || e.LinkIndex == skip || e.State&netlink.NUD_PERMANENT != 0 || len(e.HardwareAddr) != 6 {
-			continue
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case u, ok := <-ch:
+			if !ok {
+				if ctx.Err() != nil {
+					return nil
+				}
+				return fmt.Errorf("vswitch: watch the FDB of %s: %v", br, subErr)
+			}
+			if g, ok := guestOf(&u.Neigh, b.Attrs().Index, skip); ok {
+				fn(g, u.Type == unix.RTM_NEWNEIGH)
+			}
 		}
-		mac := ether.MAC(e.HardwareAddr)
-		if mac.IsMulticast() || mac.IsZero() {
-			continue
-		}
-		out = append(out, Guest{MAC: mac, VLAN: uint16(e.Vlan)})
 	}
-	return out, nil
 }

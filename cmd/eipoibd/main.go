@@ -261,17 +261,6 @@ func run(args []string, stderr io.Writer) error {
 			return err
 		}
 		log.Info("attached to bridge", "tap", o.name, "bridge", o.bridge)
-		// Guests the bridge already knows get their VIFs now, so traffic
-		// to them flows before they speak (after a restart, for one).
-		guests, err := vswitch.BridgeGuests(o.bridge, o.name)
-		if err != nil {
-			log.Warn("read bridge FDB", "err", err)
-		}
-		for _, g := range guests {
-			if err := sh.DeclareVIF(g.MAC, g.VLAN); err != nil {
-				log.Warn("declare VIF from bridge FDB", "mac", g.MAC, "vlan", g.VLAN, "err", err)
-			}
-		}
 	}
 	if o.metrics != "" {
 		ln, err := net.Listen("tcp", o.metrics)
@@ -294,6 +283,17 @@ func run(args []string, stderr io.Writer) error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	if o.bridge != "" {
+		// Guests the bridge knows, now and from now on, get their VIFs
+		// before they speak (after a restart, or when libvirt adds a
+		// static entry), and lose them as soon as the bridge forgets
+		// them (their port went).
+		go func() {
+			if err := vswitch.WatchBridge(ctx, o.bridge, o.name, func(g vswitch.Guest, added bool) { bridgeGuest(sh, log, g, added) }); err != nil {
+				log.Warn("bridge guests are learned from their traffic only", "err", err)
+			}
+		}()
+	}
 	// SIGUSR1 toggles the simulated port down and up (a test hook: the
 	// TAP's carrier follows); SIGUSR2 logs the counters.
 	sig := make(chan os.Signal, 4)
@@ -317,4 +317,18 @@ func run(args []string, stderr io.Writer) error {
 	port.Close()
 	log.Info("stopped", "tap_removed", o.name)
 	return err
+}
+
+// bridgeGuest declares or removes the VIF of a guest the bridge's
+// forwarding database gained or lost.
+func bridgeGuest(sh *shim.Shim, log *slog.Logger, g vswitch.Guest, added bool) {
+	var err error
+	if added {
+		err = sh.DeclareVIF(g.MAC, g.VLAN)
+	} else {
+		err = sh.RemoveVIF(g.MAC, g.VLAN)
+	}
+	if err != nil {
+		log.Warn("VIF of a bridge guest", "mac", g.MAC, "vlan", g.VLAN, "added", added, "err", err)
+	}
 }
