@@ -42,6 +42,7 @@ const (
 	DropVLANUnmapped                   // TX frame on a VLAN with no P_Key
 	DropBadSrcMAC                      // multicast or zero source MAC
 	DropVIFLimit                       // no VIF: --max-vifs reached or QP allocation failed
+	DropUndeclared                     // --learn declared: a source MAC never declared (bridge static entry or DeclareVIF)
 	DropBadIP                          // IP header inconsistent with the frame
 	DropTooBig                         // oversized and neither fragmentable nor answerable
 	DropDstLocal                       // unicast to a local guest (the bridge delivers those)
@@ -69,7 +70,7 @@ var counterNames = [numCounters]string{
 	TxFragmented: "tx_fragmented", TxICMPTooBig: "tx_icmp_too_big", TxQueued: "tx_queued", TxResolveSent: "tx_resolve_sent",
 	TxQueries: "tx_queries", McastJoins: "mcast_joins", McastLeaves: "mcast_leaves", RxPackets: "rx_packets", RxFrames: "rx_frames", VIFsCreated: "vifs_created", VIFsAged: "vifs_aged", VIFsRemoved: "vifs_removed",
 	DropRunt: "drop_runt", DropEtherType: "drop_ethertype", DropVLANUnmapped: "drop_vlan_unmapped",
-	DropBadSrcMAC: "drop_bad_src_mac", DropVIFLimit: "drop_vif_limit", DropBadIP: "drop_bad_ip",
+	DropBadSrcMAC: "drop_bad_src_mac", DropVIFLimit: "drop_vif_limit", DropUndeclared: "drop_undeclared", DropBadIP: "drop_bad_ip",
 	DropTooBig: "drop_too_big", DropDstLocal: "drop_dst_local", DropUnresolved: "drop_unresolved", DropVIFGone: "drop_vif_gone",
 	DropTxRewrite: "drop_tx_rewrite", DropRxRewrite: "drop_rx_rewrite", DropRxBadHeader: "drop_rx_bad_header", DropRxEtherType: "drop_rx_ethertype",
 	DropRxUnknownPKey: "drop_rx_unknown_pkey", DropRxUnknownVIF: "drop_rx_unknown_vif",

@@ -39,6 +39,12 @@ const (
 	DHCPRFC4390 = "rfc4390"
 )
 
+// Learning modes.
+const (
+	LearnAuto     = "auto"
+	LearnDeclared = "declared"
+)
+
 // Config configures a Shim. Zero fields take the defaults shown.
 type Config struct {
 	Device tap.Device
@@ -55,6 +61,11 @@ type Config struct {
 	Partitions map[uint16]ipoib.PKey
 	Scope      uint8  // MGID scope, ipoib.ScopeLinkLocal
 	DHCP       string // DHCPBroadcast
+	// Learn is LearnAuto (a VIF for any source MAC: promiscuous
+	// emulation) or LearnDeclared (only MACs declared with DeclareVIF;
+	// frames from others are dropped and counted, so a guest spoofing or
+	// flooding MACs cannot take QPs).
+	Learn string // LearnAuto
 	// ClampMSS lowers the MSS of guests' TCP SYNs to fit the IPoIB MTU,
 	// for guests that ignore path MTU discovery.
 	ClampMSS bool
@@ -168,12 +179,18 @@ func New(cfg Config) (*Shim, error) {
 	if cfg.Housekeeping == 0 {
 		cfg.Housekeeping = 250 * time.Millisecond
 	}
-	switch cfg.DHCP {
-	case "":
-		cfg.DHCP = DHCPBroadcast
-	case DHCPBroadcast, DHCPRFC4390:
-	default:
-		return nil, fmt.Errorf("shim: DHCP mode %q: want %q or %q", cfg.DHCP, DHCPBroadcast, DHCPRFC4390)
+	for _, m := range []struct {
+		what       string
+		v          *string
+		def, other string
+	}{{"learning", &cfg.Learn, LearnAuto, LearnDeclared}, {"DHCP", &cfg.DHCP, DHCPBroadcast, DHCPRFC4390}} {
+		switch *m.v {
+		case "":
+			*m.v = m.def
+		case m.def, m.other:
+		default:
+			return nil, fmt.Errorf("shim: %s mode %q: want %q or %q", m.what, *m.v, m.def, m.other)
+		}
 	}
 	ipMTU, err := ipoib.IPMTU(cfg.Port.MTU())
 	if err != nil {

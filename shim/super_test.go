@@ -3,6 +3,7 @@ package shim
 import (
 	"bytes"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/gopacket/gopacket/layers"
@@ -117,5 +118,35 @@ func TestTxQueues(t *testing.T) {
 	}
 	if got := a.s.Get(TxForwarded); got != 2*each+1 { // and the ARP request
 		t.Fatalf("tx_forwarded %d, want %d", got, 2*each+1)
+	}
+}
+
+// TestLearnDeclared: with --learn declared, frames from a source MAC that
+// was never declared are dropped and counted, take no QP and reach no
+// one; once the MAC is declared (as the bridge watcher does for a static
+// FDB entry) its frames pass. A bad mode is refused.
+func TestLearnDeclared(t *testing.T) {
+	f := memFab(t, 2048)
+	a := newHV(t, f, "fe80::a", func(c *Config) { c.Learn = LearnDeclared })
+	b := newHV(t, f, "fe80::b", nil)
+	req := arpFrame(t, layers.ARPRequest, macA1, ipA1, ether.Broadcast, ether.MAC{}, ipB1)
+	a.dev.Inject(req)
+	a.waitCounter(t, DropUndeclared, 1)
+	b.quiet(t)
+	if a.s.Get(VIFsCreated) != 0 {
+		t.Fatalf("vifs_created %d for an undeclared MAC", a.s.Get(VIFsCreated))
+	}
+	if err := a.s.DeclareVIF(macA1, 0); err != nil {
+		t.Fatal(err)
+	}
+	a.dev.Inject(req)
+	if p := b.recv(t); p.Layer(layers.LayerTypeARP) == nil {
+		t.Fatalf("declared guest's ARP not delivered: %v", p)
+	}
+	if a.s.Get(DropUndeclared) != 1 || a.s.Get(VIFsCreated) != 1 {
+		t.Fatalf("drop_undeclared %d, vifs_created %d; want 1 and 1", a.s.Get(DropUndeclared), a.s.Get(VIFsCreated))
+	}
+	if _, err := New(Config{Device: tap.NewMem(1), Port: a.port, Learn: "sometimes"}); err == nil || !strings.Contains(err.Error(), `learning mode "sometimes"`) {
+		t.Fatalf("bad mode: %v", err)
 	}
 }

@@ -211,8 +211,15 @@ func (s *Shim) tx(b *txBatch, buf []byte, n int, sup tap.Super, now time.Time) {
 	if s.cfg.ClampMSS && (et == ether.TypeIPv4 || et == ether.TypeIPv6) && s.clampMSS(pay, et == ether.TypeIPv6) {
 		s.ctr.inc(TxMSSClamped)
 	}
-	vif, err := s.vif(p, src, now)
-	if err != nil {
+	var vif *mactrans.VIF
+	var err error
+	if s.cfg.Learn == LearnDeclared {
+		var ok bool
+		if vif, ok = s.vifs.Lookup(mactrans.VIFKey{MAC: src, VLAN: p.vlan}); !ok {
+			s.ctr.inc(DropUndeclared)
+			return
+		}
+	} else if vif, err = s.vif(p, src, now); err != nil {
 		s.ctr.inc(DropVIFLimit)
 		if s.vifWarn.allow(now) {
 			s.log.Warn("new guest MAC refused", "mac", src, "vlan", p.vlan, "err", err, "suppressed", s.vifWarn.take())

@@ -37,6 +37,9 @@ func AttachBridge(port, br string) error {
 type Guest struct {
 	MAC  ether.MAC
 	VLAN uint16
+	// Static: the entry was added by hand or by libvirt (NUD_NOARP),
+	// not learned from the guest's traffic.
+	Static bool
 }
 
 // guestOf reports whether FDB entry e belongs to a guest behind bridge
@@ -50,7 +53,7 @@ func guestOf(e *netlink.Neigh, br, skip int) (Guest, bool) {
 	if mac.IsMulticast() || mac.IsZero() {
 		return Guest{}, false
 	}
-	return Guest{MAC: mac, VLAN: uint16(e.Vlan)}, true
+	return Guest{MAC: mac, VLAN: uint16(e.Vlan), Static: e.State&netlink.NUD_NOARP != 0}, true
 }
 
 // WatchBridge calls fn for each guest the forwarding database of bridge

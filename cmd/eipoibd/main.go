@@ -67,6 +67,7 @@ func main() {
 // options are the parsed flags of "run".
 type options struct {
 	underlay, name, bridge, fabric, metrics, logLevel, dhcp, faults, mac string
+	learn                                                                string
 	ovsBridge, ovsDB, vlanPKey, ibDev                                    string
 	mcast                                                                snoop.Timers
 	ibMTU, maxVIFs, maxNeigh, queues, tapMTU                             int
@@ -107,6 +108,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.mcast.Robustness, "mcast-robustness", 2, "robustness variable: queries after a leave, and the membership interval factor")
 	fs.BoolVar(&o.offload, "offload", true, "TAP offloads: read guests' TCP super-frames whole and cut them here, write received segment runs as super-frames")
 	fs.IntVar(&o.tapMTU, "tap-mtu", 9000, fmt.Sprintf("MTU of the TAP itself, up to %d: guests' frames up to it reach eipoibd, which fragments them or answers ICMP too-big with the IPoIB MTU (a bridge would drop them silently)", maxTAPMTU))
+	fs.StringVar(&o.learn, "learn", shim.LearnAuto, "auto: a VIF for any guest MAC (promiscuous emulation); declared: only MACs with a static entry in the --bridge FDB (as libvirt adds), others dropped and counted")
 	fs.BoolVar(&o.clampMSS, "clamp-mss", false, "lower the MSS of guests' TCP SYNs to fit the IPoIB MTU, for guests that ignore path MTU discovery")
 	fs.IntVar(&o.queues, "queues", runtime.NumCPU(), "TAP queues, each read by its own TX worker (the kernel spreads guests' flows over them)")
 	fs.BoolVar(&o.pprof, "pprof", false, "also serve Go's profiles at /debug/pprof/ on the --metrics address")
@@ -129,6 +131,10 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 		return nil, usageError{Msg: fmt.Sprintf("--max-neighbours %d: want at least 1", o.maxNeigh)}
 	case o.vifIdle < time.Second:
 		return nil, usageError{Msg: fmt.Sprintf("--vif-idle %s: want at least 1s", o.vifIdle)}
+	case o.learn != shim.LearnAuto && o.learn != shim.LearnDeclared:
+		return nil, usageError{Msg: fmt.Sprintf("--learn %q: want auto or declared", o.learn)}
+	case o.learn == shim.LearnDeclared && o.bridge == "":
+		return nil, usageError{Msg: "--learn declared takes its guests from the --bridge FDB: give --bridge"}
 	case o.dhcp != shim.DHCPBroadcast && o.dhcp != shim.DHCPRFC4390:
 		return nil, usageError{Msg: fmt.Sprintf("--dhcp %q: want broadcast or rfc4390", o.dhcp)}
 	case o.pprof && o.metrics == "":
@@ -236,7 +242,7 @@ func run(args []string, stderr io.Writer) error {
 
 	sh, err := shim.New(shim.Config{
 		Device: dev, Port: port, Logger: log,
-		MaxVIFs: o.maxVIFs, MaxNeighbours: o.maxNeigh, VIFIdle: o.vifIdle, DHCP: o.dhcp, ClampMSS: o.clampMSS,
+		MaxVIFs: o.maxVIFs, MaxNeighbours: o.maxNeigh, VIFIdle: o.vifIdle, DHCP: o.dhcp, ClampMSS: o.clampMSS, Learn: o.learn,
 		Partitions: partitions, Multicast: o.mcast,
 	})
 	if err != nil {
@@ -289,7 +295,7 @@ func run(args []string, stderr io.Writer) error {
 		// static entry), and lose them as soon as the bridge forgets
 		// them (their port went).
 		go func() {
-			if err := vswitch.WatchBridge(ctx, o.bridge, o.name, func(g vswitch.Guest, added bool) { bridgeGuest(sh, log, g, added) }); err != nil {
+			if err := vswitch.WatchBridge(ctx, o.bridge, o.name, func(g vswitch.Guest, added bool) { bridgeGuest(sh, log, g, added, o.learn) }); err != nil {
 				log.Warn("bridge guests are learned from their traffic only", "err", err)
 			}
 		}()
@@ -320,9 +326,14 @@ func run(args []string, stderr io.Writer) error {
 }
 
 // bridgeGuest declares or removes the VIF of a guest the bridge's
-// forwarding database gained or lost.
-func bridgeGuest(sh *shim.Shim, log *slog.Logger, g vswitch.Guest, added bool) {
+// forwarding database gained or lost; with --learn declared only static
+// entries declare one (learned ones come from the traffic a guest may
+// forge).
+func bridgeGuest(sh *shim.Shim, log *slog.Logger, g vswitch.Guest, added bool, learn string) {
 	var err error
+	if added && learn == shim.LearnDeclared && !g.Static {
+		return
+	}
 	if added {
 		err = sh.DeclareVIF(g.MAC, g.VLAN)
 	} else {
