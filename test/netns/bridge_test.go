@@ -70,6 +70,11 @@ func TestLearnDeclared(t *testing.T) {
 	sh(t, in(h2.ns, "bridge", "fdb", "replace", g21.mac(t).String(), "dev", "vg1", "master", "static")...)
 	waitMetric(t, h1, "vifs_created", 1)
 	waitMetric(t, h2, "vifs_created", 1)
+	// The failed pings left the guests' ARP entries FAILED, which the
+	// kernel answers with "host unreachable" for a while: start afresh.
+	for _, g := range []*guest{g11, g21} {
+		sh(t, in(g.ns, "ip", "neigh", "flush", "all")...)
+	}
 	pingN(t, g11, g21.ip4, 5)
 	before := h1.metrics(t)["drop_undeclared"]
 	if r, _ := runPing(g12, g21.ip4, 2, 2*time.Second); r.rx != 0 {
