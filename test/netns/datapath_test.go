@@ -590,9 +590,9 @@ func TestOversize(t *testing.T) {
 
 // TestClampMSS: guests at MTU 9000 on both sides, with path MTU discovery
 // off, exchange TCP through daemons run with --clamp-mss: each daemon
-// lowers the MSS of its guest's SYN (one each: the SYN and the SYN-ACK),
-// so no segment exceeds the IPoIB MTU and none is fragmented, and 16 MiB
-// arrive exactly.
+// lowers the MSS of its guest's SYN (the SYN on one side, the SYN-ACK on
+// the other, counted again if retransmitted), so no segment exceeds the
+// IPoIB MTU and none is fragmented, and 16 MiB arrive exactly.
 func TestClampMSS(t *testing.T) {
 	tp := newTopo(t, 2, false, "--clamp-mss")
 	h1, h2 := tp.hvs[0], tp.hvs[1]
@@ -612,8 +612,8 @@ func TestClampMSS(t *testing.T) {
 	tcpBytes(t, g21, g11, 16<<20)
 	for _, h := range tp.hvs {
 		m := h.metrics(t)
-		if m["tx_mss_clamped"] != 1 || m["tx_fragmented"] != 0 {
-			t.Errorf("%s: tx_mss_clamped %v, want 1 (its guest's SYN); tx_fragmented %v, want 0", h.name, m["tx_mss_clamped"], m["tx_fragmented"])
+		if m["tx_mss_clamped"] < 1 || m["tx_fragmented"] != 0 {
+			t.Errorf("%s: tx_mss_clamped %v, want its guest's SYN (and any retransmission of it); tx_fragmented %v, want 0", h.name, m["tx_mss_clamped"], m["tx_fragmented"])
 		}
 	}
 }
