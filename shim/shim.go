@@ -22,6 +22,7 @@ import (
 
 	"github.com/eipoib/eipoibd/internal/clock"
 	"github.com/eipoib/eipoibd/internal/ether"
+	"github.com/eipoib/eipoibd/internal/loops"
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/mactrans"
 	"github.com/eipoib/eipoibd/snoop"
@@ -241,31 +242,17 @@ func (s *Shim) Run(ctx context.Context) error {
 		}
 	}
 	s.followCarrier()
-	errc := make(chan error, 3)
+	loop := loops.New("shim", 3)
 	var wg, rx sync.WaitGroup
-	loop := func(name string, wg *sync.WaitGroup, f func() error) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			err := f()
-			if errors.Is(err, net.ErrClosed) {
-				err = nil
-			}
-			if err != nil {
-				err = fmt.Errorf("shim: %s: %w", name, err)
-			}
-			errc <- err
-		}()
-	}
 	hctx, stopHouse := context.WithCancel(ctx)
-	loop("tx", &wg, s.txLoop)
-	loop("rx", &rx, s.rxLoop)
-	loop("housekeeping", &wg, func() error { return s.housekeeping(hctx) })
+	loop.Go("tx", &wg, s.txLoop)
+	loop.Go("rx", &rx, s.rxLoop)
+	loop.Go("housekeeping", &wg, func() error { return s.housekeeping(hctx) })
 	s.log.Info("shim running", "gid", s.port.LocalGID(), "ib_mtu", s.port.MTU(), "ipoib_mtu", s.ipMTU, "partitions", len(s.byPKey), "max_vifs", s.cfg.MaxVIFs)
 	var err error
 	select {
 	case <-ctx.Done():
-	case err = <-errc:
+	case err = <-loop.Done():
 	}
 	stopHouse()
 	s.dev.Close() // the TX loop finishes its batch and leaves
