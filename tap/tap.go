@@ -39,6 +39,11 @@ type Config struct {
 	Name string
 	MAC  ether.MAC // zero: keep the kernel's random one
 	MTU  int       // the IPoIB MTU; segments are cut to fit it
+	// LinkMTU, when above MTU, is the device's own MTU: a bridge drops
+	// frames larger than a port's MTU before the TAP sees them, so
+	// frames up to it must reach eipoibd, which answers or fragments
+	// those larger than MTU instead of blackholing them.
+	LinkMTU int
 	// Offload turns on the vnet header with checksum offload and TSO:
 	// TCP super-frames are read whole and cut here, partial checksums
 	// completed here, and runs of received segments are written as
@@ -140,9 +145,9 @@ func Create(cfg Config) (*TAP, error) {
 			return fail(fmt.Errorf("tap: set MAC of %s: %w", cfg.Name, err))
 		}
 	}
-	if cfg.MTU > 0 {
-		if err := netlink.LinkSetMTU(tt, cfg.MTU); err != nil {
-			return fail(fmt.Errorf("tap: set MTU %d on %s: %w", cfg.MTU, cfg.Name, err))
+	if mtu := max(cfg.MTU, cfg.LinkMTU); mtu > 0 {
+		if err := netlink.LinkSetMTU(tt, mtu); err != nil {
+			return fail(fmt.Errorf("tap: set MTU %d on %s: %w", mtu, cfg.Name, err))
 		}
 	}
 	if err := netlink.LinkSetUp(tt); err != nil {
