@@ -33,6 +33,7 @@ const (
 	RxFrames                          // received packets written to the TAP as frames
 	VIFsCreated                       // VIFs created for new source MACs
 	VIFsAged                          // VIFs removed as idle
+	TxMSSClamped                      // guests' TCP SYNs whose MSS option was lowered to fit the IPoIB MTU
 	DropRunt                          // TX frame shorter than its Ethernet header
 	DropEtherType                     // TX: ethertype IPoIB does not carry
 	DropVLANUnmapped                  // TX frame on a VLAN with no P_Key
@@ -61,7 +62,7 @@ const (
 var counterNames = [numCounters]string{
 	TxFrames: "tx_frames", TxForwarded: "tx_forwarded", TxPackets: "tx_packets", TxPortRefused: "tx_port_refused", TxFragments: "tx_fragments", TxBroadcast: "tx_broadcast", TxMulticast: "tx_multicast",
 	TxFragmented: "tx_fragmented", TxICMPTooBig: "tx_icmp_too_big", TxQueued: "tx_queued", TxResolveSent: "tx_resolve_sent",
-	TxQueries: "tx_queries", McastJoins: "mcast_joins", McastLeaves: "mcast_leaves", RxPackets: "rx_packets", RxFrames: "rx_frames", VIFsCreated: "vifs_created", VIFsAged: "vifs_aged",
+	TxQueries: "tx_queries", McastJoins: "mcast_joins", McastLeaves: "mcast_leaves", RxPackets: "rx_packets", RxFrames: "rx_frames", VIFsCreated: "vifs_created", VIFsAged: "vifs_aged", TxMSSClamped: "tx_mss_clamped",
 	DropRunt: "drop_runt", DropEtherType: "drop_ethertype", DropVLANUnmapped: "drop_vlan_unmapped",
 	DropBadSrcMAC: "drop_bad_src_mac", DropVIFLimit: "drop_vif_limit", DropBadIP: "drop_bad_ip",
 	DropTooBig: "drop_too_big", DropDstLocal: "drop_dst_local", DropUnresolved: "drop_unresolved", DropVIFGone: "drop_vif_gone",

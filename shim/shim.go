@@ -63,6 +63,9 @@ type Config struct {
 	// Housekeeping is the period of aging, resolution retries and the
 	// carrier check; 0 means 250 ms.
 	Housekeeping time.Duration
+	// ClampMSS lowers the MSS option of guests' TCP SYNs to what fits
+	// the IPoIB MTU, for guests that ignore path MTU discovery.
+	ClampMSS bool
 }
 
 // partition is one VLAN ↔ P_Key pairing with its own groups and view.

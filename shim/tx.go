@@ -2,9 +2,10 @@ package shim
 
 // TX: TAP → fabric. Per frame: Ethernet header checks → partition from the
 // VLAN → the source MAC's VIF (created on first sight) → destination MAC
-// to RIMAC/MGID → ARP/NDP/DHCP rewrite in place → MTU → the 4-byte IPoIB
-// header written over the end of the Ethernet header. The batch goes to
-// the port in one Write; nothing here allocates or logs per frame.
+// to RIMAC/MGID → ARP/NDP/DHCP rewrite in place → MSS clamp (optional) →
+// MTU → the 4-byte IPoIB header written over the end of the Ethernet
+// header. The batch goes to the port in one Write; nothing here allocates
+// or logs per frame.
 
 import (
 	"net/netip"
@@ -237,6 +238,9 @@ func (s *Shim) tx(b *txBatch, buf []byte, n int, now time.Time) {
 		s.ctr.txRewrite.Count(err)
 		s.ctr.inc(DropTxRewrite)
 		return
+	}
+	if s.cfg.ClampMSS && clampMSS(et, pay, s.ipMTU) {
+		s.ctr.inc(TxMSSClamped)
 	}
 	if len(pay) > s.ipMTU {
 		if unknown && fragmentable(et, pay) {
