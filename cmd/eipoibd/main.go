@@ -66,9 +66,9 @@ type options struct {
 	underlay, name, bridge, fabric, metrics, logLevel, dhcp, faults, mac string
 	ovsBridge, ovsDB, vlanPKey                                           string
 	mcast                                                                snoop.Timers
-	ibMTU, maxVIFs, maxNeigh                                             int
+	ibMTU, tapMTU, maxVIFs, maxNeigh                                     int
 	vifIdle                                                              time.Duration
-	offload, pprof                                                       bool
+	offload, pprof, clampMSS                                             bool
 }
 
 func parse(args []string, stderr io.Writer) (*options, error) {
@@ -87,6 +87,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.mac, "mac", "", "MAC of the TAP (default: a random one from the kernel)")
 	fs.StringVar(&o.bridge, "bridge", "", "existing Linux bridge to enslave the TAP to")
 	fs.IntVar(&o.ibMTU, "ib-mtu", 4096, "IB MTU, 2048 or 4096 (the IPoIB MTU is 4 less)")
+	fs.IntVar(&o.tapMTU, "tap-mtu", 9000, "MTU of the TAP: the largest guest MTU served; larger than the IPoIB MTU, guests get ICMP too-big or fragmentation instead of a bridge silently dropping their big frames")
 	fs.IntVar(&o.maxVIFs, "max-vifs", 1024, "most guest MACs (one UD QP each) per port")
 	fs.IntVar(&o.maxNeigh, "max-neighbours", 65536, "most remote IPoIB endpoints remembered")
 	fs.DurationVar(&o.vifIdle, "vif-idle", 300*time.Second, "idle time after which a guest's VIF is removed")
@@ -102,6 +103,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.mcast.LastMemberQueryInterval, "mcast-last-member-interval", time.Second, "interval of group-specific queries after a leave")
 	fs.IntVar(&o.mcast.Robustness, "mcast-robustness", 2, "robustness variable: queries after a leave, and the membership interval factor")
 	fs.BoolVar(&o.offload, "offload", true, "TAP offloads: read guests' TCP super-frames whole and cut them here, write received segment runs as super-frames")
+	fs.BoolVar(&o.clampMSS, "clamp-mss", false, "lower the MSS of guests' TCP SYNs to fit the IPoIB MTU, for guests that ignore path MTU discovery")
 	fs.BoolVar(&o.pprof, "pprof", false, "also serve Go's profiles at /debug/pprof/ on the --metrics address")
 	fs.StringVar(&o.faults, "fault", "", "simulated fabric faults, e.g. loss=0.01,dup=0.01,reorder=0.01,corrupt=0.01")
 	if err := fs.Parse(args[1:]); err != nil {
@@ -123,6 +125,8 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 		return nil, usageError{fmt.Sprintf("--fabric %q: only \"sim\" is available", o.fabric)}
 	case o.ibMTU != 2048 && o.ibMTU != 4096:
 		return nil, usageError{fmt.Sprintf("--ib-mtu %d: want 2048 or 4096", o.ibMTU)}
+	case o.tapMTU < o.ibMTU-ipoib.HeaderLen || o.tapMTU > 65535:
+		return nil, usageError{fmt.Sprintf("--tap-mtu %d: want the IPoIB MTU (%d) to 65535", o.tapMTU, o.ibMTU-ipoib.HeaderLen)}
 	case o.maxVIFs < 1 || o.maxVIFs > 1<<20:
 		return nil, usageError{fmt.Sprintf("--max-vifs %d: want 1 to %d", o.maxVIFs, 1<<20)}
 	case o.maxNeigh < 1:
@@ -230,17 +234,17 @@ func run(args []string, stderr io.Writer) error {
 	}
 	defer port.Close()
 	ipMTU, _ := ipoib.IPMTU(o.ibMTU)
-	dev, err := tap.Create(tap.Config{Name: o.name, MTU: ipMTU, MAC: mac, Offload: o.offload})
+	dev, err := tap.Create(tap.Config{Name: o.name, MTU: ipMTU, LinkMTU: o.tapMTU, MAC: mac, Offload: o.offload})
 	if err != nil {
 		return err
 	}
 	defer dev.Close()
-	log.Info("started", "tap", o.name, "underlay", o.underlay, "gid", port.LocalGID(), "ib_mtu", o.ibMTU, "ipoib_mtu", ipMTU)
+	log.Info("started", "tap", o.name, "underlay", o.underlay, "gid", port.LocalGID(), "ib_mtu", o.ibMTU, "ipoib_mtu", ipMTU, "tap_mtu", o.tapMTU)
 
 	sh, err := shim.New(shim.Config{
 		Device: dev, Port: port, Logger: log,
 		MaxVIFs: o.maxVIFs, MaxNeighbours: o.maxNeigh, VIFIdle: o.vifIdle, DHCP: o.dhcp,
-		Partitions: partitions, Multicast: o.mcast,
+		Partitions: partitions, Multicast: o.mcast, ClampMSS: o.clampMSS,
 	})
 	if err != nil {
 		return err

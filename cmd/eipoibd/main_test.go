@@ -20,6 +20,8 @@ func TestBadCommandLines(t *testing.T) {
 		{[]string{"run"}, "--underlay is required", true},
 		{[]string{"run", "--underlay", "x", "--ib-mtu", "1500"}, "--ib-mtu 1500", true},
 		{[]string{"run", "--underlay", "x", "--max-vifs", "0"}, "--max-vifs 0", true},
+		{[]string{"run", "--underlay", "x", "--tap-mtu", "1500"}, "--tap-mtu 1500", true},
+		{[]string{"run", "--underlay", "x", "--tap-mtu", "70000"}, "--tap-mtu 70000", true},
 		{[]string{"run", "--underlay", "x", "--fabric", "verbs"}, `--fabric "verbs"`, true},
 		{[]string{"run", "--underlay", "x", "--dhcp", "nope"}, `--dhcp "nope"`, true},
 		{[]string{"run", "--underlay", "x", "--fault", "loss=2"}, "loss=2", true},
