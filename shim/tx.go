@@ -199,7 +199,7 @@ func (s *Shim) tx(b *txBatch, buf []byte, n int, now time.Time) {
 		kind = TxMulticast
 	default:
 		if nb, ok := s.neigh.LookupREMAC(p.pkey, dst); ok {
-			nb.Touch(now)
+			nb.Use(now)
 			m.Dst = nb.RIMAC.WithoutFlags()
 		} else if _, local := s.vifs.Lookup(mactrans.VIFKey{MAC: dst, VLAN: p.vlan}); local {
 			s.ctr.inc(DropDstLocal)
