@@ -122,7 +122,8 @@ func New(cfg Config) (*Host, error) {
 	return h, nil
 }
 
-// HwAddr is the host's 20-byte IPoIB address (valid once Run started).
+// HwAddr is the host's 20-byte IPoIB address. Run sets it before it
+// moves any packet; read it after traffic has flowed.
 func (h *Host) HwAddr() ipoib.HwAddr { return h.hw }
 
 // IPMTU is the IPoIB MTU, the device's MTU.
@@ -500,8 +501,7 @@ func (h *Host) housekeeping(ctx context.Context) error {
 // addresses) joined or left.
 func (h *Host) follow(st LinkState) {
 	old := h.own.Load()
-	now := &ownAddrs{prefixes: st.Addrs}
-	h.own.Store(now)
+	h.own.Store(&ownAddrs{prefixes: st.Addrs})
 	want := make(map[ipoib.GID]bool)
 	for _, a := range st.Groups {
 		want[groupMGID(a, h.pkey, h.cfg.Scope)] = true
