@@ -252,6 +252,58 @@ func TestNeighEviction(t *testing.T) {
 	}
 }
 
+// TestNeighEvictionSparesUsed: endpoints local guests send to survive
+// a flood of endpoints that only speak, whatever the table's size;
+// with every entry in use, the least recently used goes.
+func TestNeighEvictionSparesUsed(t *testing.T) {
+	for _, max := range []int{8, 1000} {
+		clk := clock.NewFake(t0)
+		tbl := NewNeighTable(max)
+		var used []*Neighbour
+		for i := range 3 {
+			n, err := tbl.Learn(0xffff, ipoib.MakeHwAddr(0, uint32(i), remoteGID), clk.Now())
+			if err != nil {
+				t.Fatal(err)
+			}
+			used = append(used, n)
+		}
+		for i := 0; i < 20*max; i++ {
+			clk.Advance(10 * time.Millisecond)
+			if i%50 == 0 {
+				for _, n := range used {
+					n.Use(clk.Now())
+				}
+			}
+			if _, err := tbl.Learn(0xffff, ipoib.MakeHwAddr(0, uint32(0x100000+i), remoteGID), clk.Now()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for i, n := range used {
+			if got, ok := tbl.LookupRIMAC(0xffff, n.RIMAC); !ok || got != n {
+				t.Errorf("max %d: endpoint %d, in use, was evicted by the flood", max, i)
+			}
+		}
+		if tbl.Len() != max {
+			t.Errorf("max %d: %d entries", max, tbl.Len())
+		}
+	}
+	// All in use: the least recently used is the one to go.
+	clk := clock.NewFake(t0)
+	tbl := NewNeighTable(2)
+	a, _ := tbl.Learn(0xffff, ipoib.MakeHwAddr(0, 1, remoteGID), clk.Now())
+	b, _ := tbl.Learn(0xffff, ipoib.MakeHwAddr(0, 2, remoteGID), clk.Now())
+	a.Use(clk.Now())
+	clk.Advance(2 * time.Second)
+	b.Use(clk.Now())
+	tbl.Learn(0xffff, ipoib.MakeHwAddr(0, 3, remoteGID), clk.Now())
+	if _, ok := tbl.LookupRIMAC(0xffff, a.RIMAC); ok {
+		t.Error("the least recently used entry survived")
+	}
+	if _, ok := tbl.LookupRIMAC(0xffff, b.RIMAC); !ok {
+		t.Error("the most recently used entry was evicted")
+	}
+}
+
 func TestNeighConcurrent(t *testing.T) {
 	tbl := NewNeighTable(1000)
 	var wg sync.WaitGroup

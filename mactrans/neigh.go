@@ -43,10 +43,18 @@ type Neighbour struct {
 	REMAC ether.MAC    // the MAC guests use for it
 
 	lastSeen atomic.Int64
+	lastUsed atomic.Int64 // a local guest last sent to it; 0: never
 }
 
 // Touch records traffic from or to the neighbour at now.
 func (n *Neighbour) Touch(now time.Time) { touch(&n.lastSeen, now) }
+
+// Use records a local guest sending to the neighbour at now: it is in
+// use, and eviction spares it while entries no guest used remain.
+func (n *Neighbour) Use(now time.Time) {
+	touch(&n.lastSeen, now)
+	touch(&n.lastUsed, now)
+}
 
 type remacKey struct {
 	pkey ipoib.PKey
@@ -70,10 +78,14 @@ type NeighCounters struct {
 // tried (counted as a collision); the two are never merged.
 //
 // Bound and eviction policy: at most max entries. Learning a new RIMAC in a
-// full table evicts the least recently seen entry of the new entry's shard
-// (an approximate LRU over 1/256 of the table), counted as an eviction. A
-// guest still talking to an evicted endpoint re-learns it on the next
-// packet or ARP, under the same REMAC.
+// full table evicts one entry, counted as an eviction: among the entries
+// of the new entry's shard and the next non-empty ones (at most
+// evictScan shards), one that no local guest has sent to if there is
+// any, else the least recently used; the least recently seen among
+// equals. Entries guests use are thus never pushed out by a flood of
+// endpoints that only speak (a neighbour flood on the fabric), and the
+// work per eviction stays bounded. A guest still talking to an evicted
+// endpoint re-learns it on the next packet or ARP, under the same REMAC.
 type NeighTable struct {
 	max     int
 	derive  func(ipoib.GID, uint32, int) ether.MAC // DeriveREMAC; replaced in tests to force collisions
@@ -148,24 +160,36 @@ func (t *NeighTable) learnSlow(pkey ipoib.PKey, hw ipoib.HwAddr, now time.Time) 
 	return n, nil
 }
 
-// evictLocked removes the least recently seen entry of k's shard, or of the
-// first non-empty shard after it.
+// evictScan bounds the shards evictLocked looks at for an unused entry.
+const evictScan = 16
+
+// evictLocked removes one entry, chosen as NeighTable's doc says,
+// starting at k's shard.
 func (t *NeighTable) evictLocked(k rimacKey) {
 	idx := t.byRIMAC.index(k)
-	for i := range nShards {
+	var victim *Neighbour
+	older := func(n *Neighbour) bool {
+		nu, vu := n.lastUsed.Load(), victim.lastUsed.Load()
+		return nu < vu || nu == vu && n.lastSeen.Load() < victim.lastSeen.Load()
+	}
+	for i, scanned := 0, 0; i < nShards && scanned < evictScan; i++ {
 		m := t.byRIMAC.shards[(idx+i)%nShards].m.Load()
 		if m == nil || len(*m) == 0 {
 			continue
 		}
-		var victim *Neighbour
+		scanned++
 		for _, n := range *m {
-			if victim == nil || n.lastSeen.Load() < victim.lastSeen.Load() {
+			if victim == nil || older(n) {
 				victim = n
 			}
 		}
+		if victim.lastUsed.Load() == 0 {
+			break // an entry no guest uses: as good a victim as any
+		}
+	}
+	if victim != nil {
 		t.removeLocked(victim)
 		t.evicted.Add(1)
-		return
 	}
 }
 

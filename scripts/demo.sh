@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The eipoibd demo: two hypervisors, each a network namespace with a Linux
 # bridge, two guests and an eipoibd whose TAP is enslaved to the bridge,
-# joined by a veth that carries the simulated InfiniBand UD fabric. Guests
-# ping each other across the fabric (IPv4 and IPv6) and run iperf3; a
-# summary is printed and everything is removed again. Run as root.
+# and a native IPoIB host (eipoibd host: a TUN ib0, as a Linux ib0 in
+# datagram mode), all on one underlay bridge that carries the simulated
+# InfiniBand UD fabric. Guests ping each other and the native host across
+# the fabric (IPv4 and IPv6) and run iperf3; a summary is printed and
+# everything is removed again. Run as root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" -eq 0 ] || { echo "demo: run as root (network namespaces)" >&2; exit 1; }
@@ -14,7 +16,7 @@ P=eipoib-demo
 LOG=$(mktemp -d)
 NS=()
 cleanup() {
-  pkill -TERM -f "bin/eipoibd run --underlay ${P}" 2>/dev/null || true
+  pkill -TERM -f "bin/eipoibd (run|host) --underlay ${P}" 2>/dev/null || true
   sleep 0.5
   for ns in "${NS[@]}"; do ip netns delete "$ns" 2>/dev/null || true; done
   rm -rf "$LOG"
@@ -23,11 +25,17 @@ trap cleanup EXIT
 nsadd() { ip netns add "$1"; ip -n "$1" link set lo up; NS+=("$1"); }
 x() { ip netns exec "$@"; }
 
-echo "== building the topology: 2 hypervisors x 2 guests, veth underlay (MTU 9000)"
-for h in 1 2; do nsadd "$P-hv$h"; done
-ip link add "${P}1" netns "$P-hv1" type veth peer name "${P}2" netns "$P-hv2"
+echo "== building the topology: 2 hypervisors x 2 guests and a native IPoIB host on an underlay bridge (MTU 9000)"
+nsadd "$P-ul"
+ip -n "$P-ul" link add ubr mtu 9000 type bridge
+ip -n "$P-ul" link set ubr up
+for h in hv1 hv2 nh; do
+  nsadd "$P-$h"
+  ip link add "${P}-$h" netns "$P-$h" type veth peer name "p$h" netns "$P-ul"
+  ip -n "$P-ul" link set "p$h" mtu 9000 master ubr up
+  ip -n "$P-$h" link set "${P}-$h" mtu 9000 up
+done
 for h in 1 2; do
-  ip -n "$P-hv$h" link set "${P}$h" mtu 9000 up
   ip -n "$P-hv$h" link add br0 type bridge
   ip -n "$P-hv$h" link set br0 up
   for g in 1 2; do
@@ -38,18 +46,21 @@ for h in 1 2; do
   done
 done
 
-echo "== starting eipoibd on both hypervisors"
+echo "== starting eipoibd on both hypervisors, and eipoibd host as the native host"
 for h in 1 2; do
-  x "$P-hv$h" ./bin/eipoibd run --underlay "${P}$h" --bridge br0 --metrics 127.0.0.1:9474 >"$LOG/hv$h.log" 2>&1 &
+  x "$P-hv$h" ./bin/eipoibd run --underlay "${P}-hv$h" --bridge br0 --metrics 127.0.0.1:9474 >"$LOG/hv$h.log" 2>&1 &
 done
-for h in 1 2; do
-  for _ in $(seq 100); do grep -q "shim running" "$LOG/hv$h.log" && break; sleep 0.1; done
-  grep -q "shim running" "$LOG/hv$h.log" || { cat "$LOG/hv$h.log"; echo "demo: eipoibd did not start" >&2; exit 1; }
+x "$P-nh" ./bin/eipoibd host --underlay "${P}-nh" --neigh-file "$LOG/neigh" >"$LOG/nh.log" 2>&1 &
+for f in hv1:"shim running" hv2:"shim running" nh:"host running"; do
+  for _ in $(seq 100); do grep -q "${f#*:}" "$LOG/${f%%:*}.log" && break; sleep 0.1; done
+  grep -q "${f#*:}" "$LOG/${f%%:*}.log" || { cat "$LOG/${f%%:*}.log"; echo "demo: eipoibd did not start" >&2; exit 1; }
 done
 for h in 1 2; do for g in 1 2; do
   ip -n "$P-g$h$g" addr add "10.77.0.$h$g/24" dev eth0
   ip -n "$P-g$h$g" addr add "fd77::$h$g/64" dev eth0 nodad
 done; done
+ip -n "$P-nh" addr add 10.77.0.200/24 dev ib0
+ip -n "$P-nh" addr add fd77::200/64 dev ib0 nodad
 sed -n '1,3p' "$LOG/hv1.log"
 
 ok=0; fail=0
@@ -67,6 +78,20 @@ else
   echo "  FAIL  iperf3"; cat "$LOG/iperf"; fail=$((fail+1))
 fi
 
+echo "== guests and the native IPoIB host"
+check "ping  g11 -> native host (10.77.0.200)" x "$P-g11" ping -c 3 -i 0.2 -W 2 10.77.0.200
+check "ping6 g22 -> native host (fd77::200)"   x "$P-g22" ping -6 -c 3 -i 0.2 -W 2 fd77::200
+check "ping  native host -> g12 (10.77.0.12)"  x "$P-nh" ping -c 3 -i 0.2 -W 2 10.77.0.12
+check "ping6 native host -> g21 (fd77::21)"    x "$P-nh" ping -6 -c 3 -i 0.2 -W 2 fd77::21
+x "$P-nh" iperf3 -s -1 >/dev/null 2>&1 &
+sleep 0.5
+if x "$P-g21" iperf3 -c 10.77.0.200 -t 3 >"$LOG/iperf-nh" 2>&1; then
+  echo "  ok    iperf3 TCP g21 -> native host: $(awk '/receiver/ {print $7, $8}' "$LOG/iperf-nh")"; ok=$((ok+1))
+else
+  echo "  FAIL  iperf3 to the native host"; cat "$LOG/iperf-nh"; fail=$((fail+1))
+fi
+echo "== the native host's neighbour table (20-byte IPoIB addresses: flags, QPN, GID; one QPN per guest)"
+sed 's/^/  /' "$LOG/neigh"
 echo "== what hypervisor 1 saw (eipoibd metrics)"
 x "$P-hv1" bash -c 'exec 3<>/dev/tcp/127.0.0.1/9474; printf "GET /metrics HTTP/1.0\r\n\r\n" >&3; cat <&3' |
   grep -E '^eipoibd_(tx_frames|rx_frames|vifs|neighbours|groups|tx_broadcast|port_tx_packets|port_rx_packets) ' | sed 's/^/  /'

@@ -22,6 +22,7 @@ import (
 
 	"github.com/eipoib/eipoibd/internal/clock"
 	"github.com/eipoib/eipoibd/internal/ether"
+	"github.com/eipoib/eipoibd/internal/loops"
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/mactrans"
 	"github.com/eipoib/eipoibd/snoop"
@@ -262,33 +263,19 @@ func (s *Shim) Run(ctx context.Context) error {
 		}
 	}
 	s.followCarrier()
-	errc := make(chan error, len(s.queues)+2)
+	loop := loops.New("shim", len(s.queues)+2)
 	var wg, rx sync.WaitGroup
-	loop := func(name string, wg *sync.WaitGroup, f func() error) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			err := f()
-			if errors.Is(err, net.ErrClosed) {
-				err = nil
-			}
-			if err != nil {
-				err = fmt.Errorf("shim: %s: %w", name, err)
-			}
-			errc <- err
-		}()
-	}
 	hctx, stopHouse := context.WithCancel(ctx)
 	for i, q := range s.queues {
-		loop(fmt.Sprintf("tx queue %d", i), &wg, func() error { return s.txLoop(q) })
+		loop.Go(fmt.Sprintf("tx queue %d", i), &wg, func() error { return s.txLoop(q) })
 	}
-	loop("rx", &rx, s.rxLoop)
-	loop("housekeeping", &wg, func() error { return s.housekeeping(hctx) })
+	loop.Go("rx", &rx, s.rxLoop)
+	loop.Go("housekeeping", &wg, func() error { return s.housekeeping(hctx) })
 	s.log.Info("shim running", "gid", s.port.LocalGID(), "ib_mtu", s.port.MTU(), "ipoib_mtu", s.ipMTU, "partitions", len(s.byPKey), "max_vifs", s.cfg.MaxVIFs, "tx_workers", len(s.queues))
 	var err error
 	select {
 	case <-ctx.Done():
-	case err = <-errc:
+	case err = <-loop.Done():
 	}
 	stopHouse()
 	s.dev.Close() // the TX loop finishes its batch and leaves

@@ -2,9 +2,10 @@ package shim
 
 // TX: TAP → fabric. Per frame: Ethernet header checks → partition from the
 // VLAN → the source MAC's VIF (created on first sight) → destination MAC
-// to RIMAC/MGID → ARP/NDP/DHCP rewrite in place → MTU → the 4-byte IPoIB
-// header written over the end of the Ethernet header. The batch goes to
-// the port in one Write; nothing here allocates or logs per frame.
+// to RIMAC/MGID → ARP/NDP/DHCP rewrite in place → MSS clamp (optional) →
+// MTU → the 4-byte IPoIB header written over the end of the Ethernet
+// header. The batch goes to the port in one Write; nothing here allocates
+// or logs per frame.
 
 import (
 	"net/netip"
@@ -249,7 +250,7 @@ func (s *Shim) tx(b *txBatch, buf []byte, n int, sup tap.Super, now time.Time) {
 		kind = TxMulticast
 	default:
 		if nb, ok := s.neigh.LookupREMAC(p.pkey, dst); ok {
-			nb.Touch(now)
+			nb.Use(now)
 			m.Dst = nb.RIMAC.WithoutFlags()
 		} else if _, local := s.vifs.Lookup(mactrans.VIFKey{MAC: dst, VLAN: p.vlan}); local {
 			s.ctr.inc(DropDstLocal)

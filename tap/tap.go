@@ -83,6 +83,9 @@ type Config struct {
 	// completed here, and runs of received segments are written as
 	// super-frames. Read buffers must then hold 64 KB plus headroom.
 	Offload bool
+	// TUN makes a layer-3 device instead (IFF_TUN): bare IP packets, no
+	// MAC, no offloads. eipoibd's native IPoIB host uses it.
+	TUN bool
 }
 
 // TAP is a Linux TAP device (IFF_TAP|IFF_NO_PI, not persistent: it goes
@@ -148,9 +151,16 @@ func Create(cfg Config) (*TAP, error) {
 	queues := max(cfg.Queues, 1)
 	la := netlink.NewLinkAttrs()
 	la.Name = cfg.Name
+	mode := netlink.TUNTAP_MODE_TAP
+	if cfg.TUN {
+		if cfg.Offload || !cfg.MAC.IsZero() {
+			return nil, fmt.Errorf("tap: %s: a TUN has neither offloads nor a MAC", cfg.Name)
+		}
+		mode = netlink.TUNTAP_MODE_TUN
+	}
 	tt := &netlink.Tuntap{
 		LinkAttrs:  la,
-		Mode:       netlink.TUNTAP_MODE_TAP,
+		Mode:       mode,
 		Flags:      netlink.TUNTAP_NO_PI | netlink.TUNTAP_TUN_EXCL,
 		Queues:     queues,
 		NonPersist: true,

@@ -6,6 +6,7 @@
 //
 //	eipoibd run --underlay IFACE [--name eib0] [--bridge BR] [--ib-mtu 4096]
 //	            [--max-vifs N] [--fabric sim] [--metrics ADDR] ...
+//	eipoibd host --underlay IFACE [--name ib0] [--ib-mtu 4096] [--pkey P]
 package main
 
 import (
@@ -204,6 +205,9 @@ func parseFaults(s string) (simfabric.Faults, error) {
 }
 
 func run(args []string, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == "host" {
+		return runHost(args[1:], stderr)
+	}
 	o, err := parse(args, stderr)
 	if err != nil {
 		return err

@@ -162,6 +162,7 @@ type Port struct {
 	txPackets, txBytes, rxPackets, rxBytes atomic.Uint64
 	drops                                  [numDrops]atomic.Uint64
 	trainsSent, trainPackets, gsoFallback  atomic.Uint64
+	faultCorrupt                           atomic.Uint64 // corrupted packets sent (the peer must count each as bad_icrc)
 	groMerged, groPackets                  atomic.Uint64 // received merged datagrams (UDP GRO)
 	rxOverflow                             atomic.Uint64 // kernel receive-queue drops (SO_RXQ_OVFL)
 }
@@ -407,6 +408,7 @@ func (p *Port) Counters() ipoib.PortCounters {
 		"tx_gso_fallbacks": p.gsoFallback.Load(),
 		"rx_trains":        p.groMerged.Load(),
 		"rx_train_packets": p.groPackets.Load(),
+		"tx_fault_corrupt": p.faultCorrupt.Load(),
 	}
 	return c
 }
@@ -773,8 +775,10 @@ func (p *Port) faulty(msgs []ipv6.Message, out []byte, to *peer, orig int) []ipv
 		p.drop(DropFaultLoss)
 		return msgs
 	}
-	if f.Corrupt > 0 && p.rng.Float64() < f.Corrupt {
+	corrupt := f.Corrupt > 0 && p.rng.Float64() < f.Corrupt
+	if corrupt {
 		out[HeaderLen+p.rng.IntN(len(out)-HeaderLen)] ^= 0x40
+		p.faultCorrupt.Add(1)
 	}
 	if f.Reorder > 0 && p.held == nil && p.rng.Float64() < f.Reorder {
 		p.held = append(p.heldBuf[:0], out...)
@@ -785,6 +789,9 @@ func (p *Port) faulty(msgs []ipv6.Message, out []byte, to *peer, orig int) []ipv
 	msgs = p.add(msgs, out, to, orig)
 	if f.Dup > 0 && p.rng.Float64() < f.Dup {
 		msgs = p.add(msgs, out, to, orig)
+		if corrupt {
+			p.faultCorrupt.Add(1)
+		}
 	}
 	return msgs
 }

@@ -185,6 +185,12 @@ func TestPortOverVeth(t *testing.T) {
 	a.SetFaults(Faults{Corrupt: 1})
 	send(t, a, []byte{8, 0, 0, 0}, uni)
 	waitDrop(t, b, "bad_icrc", 2)
+	a.SetFaults(Faults{Corrupt: 1, Dup: 1}) // a corrupted duplicate is a second bad packet
+	send(t, a, []byte{8, 0, 0, 0}, uni)
+	waitDrop(t, b, "bad_icrc", 4)
+	if n := a.Counters().Stats["tx_fault_corrupt"]; n != 3 {
+		t.Fatalf("tx_fault_corrupt %d, want 3 (the receiver counted 3 bad ICRCs since the corrupt fault went on)", n)
+	}
 	a.SetFaults(Faults{Reorder: 1})
 	send(t, a, []byte{8, 0, 0, 0, 1}, uni)
 	none(t, got, "held back")

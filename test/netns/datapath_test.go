@@ -82,31 +82,42 @@ func retryConnect(g *guest, args []string, refused string) (string, error) {
 // stream, and fails unless both ends counted exactly n.
 func tcpBytes(t *testing.T, server, client *guest, n int64) {
 	t.Helper()
+	sent, rcvd, err := tcpTransfer(server, client, "-n", strconv.FormatInt(n, 10))
+	if err != nil || sent != n || rcvd != n {
+		t.Fatalf("TCP %s → %s: %d bytes sent, %d received, want %d both: %v", client.ip4, server.ip4, sent, rcvd, n, err)
+	}
+}
+
+// tcpTransfer runs one iperf 2 TCP connection from client to server
+// with the client arguments given (-n bytes or -t seconds) and returns
+// what the client wrote and the server read, each -1 when its report
+// is missing. It may run in a goroutine of its own.
+func tcpTransfer(server, client *guest, args ...string) (sent, rcvd int64, err error) {
 	var srvOut strings.Builder
 	srv := exec.Command("ip", in(server.ns, "iperf", "-s", "-y", "C", "-P", "1")[1:]...)
 	srv.Stdout, srv.Stderr = &srvOut, &srvOut
 	if err := srv.Start(); err != nil {
-		t.Fatal(err)
+		return -1, -1, err
 	}
 	done := make(chan error, 1)
 	go func() { done <- srv.Wait() }()
 	defer func() { srv.Process.Kill(); <-done }()
-	args := []string{"iperf", "-y", "C", "-n", strconv.FormatInt(n, 10), "-c", server.ip4}
+	args = append([]string{"iperf", "-y", "C", "-c", server.ip4}, args...)
 	out, err := retryConnect(client, args, "connect failed")
 	if err != nil {
-		t.Fatalf("%v: %v\n%s", args, err, out)
+		return -1, -1, fmt.Errorf("%v: %v\n%s", args, err, out)
 	}
 	select { // the server exits after its one client (-P 1)
 	case <-done:
 		done <- nil
 	case <-time.After(10 * time.Second):
-		t.Fatalf("iperf server in %s did not finish:\n%s", server.ns, srvOut.String())
+		return csvBytes(out), -1, fmt.Errorf("iperf server in %s did not finish:\n%s", server.ns, srvOut.String())
 	}
-	sent, rcvd := csvBytes(out), csvBytes(srvOut.String())
-	if sent != n || rcvd != n {
-		t.Fatalf("TCP %s → %s: %d bytes sent, %d received, want %d both\nclient: %s\nserver: %s",
-			client.ip4, server.ip4, sent, rcvd, n, out, srvOut.String())
+	sent, rcvd = csvBytes(out), csvBytes(srvOut.String())
+	if sent != rcvd {
+		err = fmt.Errorf("client: %s\nserver: %s", out, srvOut.String())
 	}
+	return sent, rcvd, err
 }
 
 // csvBytes returns the bytes transferred in an iperf 2 CSV report

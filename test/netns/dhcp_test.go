@@ -23,37 +23,46 @@ func TestDHCP(t *testing.T) {
 			h1, h2 := tp.hvs[0], tp.hvs[1]
 			drops := watchDrops(t, h1, h2)
 			defer drops.check(t)
-			server, client := h2.guests[0], h1.guests[1]
-			dir := t.TempDir()
-			srv := exec.Command("ip", in(server.ns, "dnsmasq", "--no-daemon", "--port=0", "--interface=eth0", "--bind-interfaces",
-				"--dhcp-range=10.77.0.100,10.77.0.150,1h", "--dhcp-leasefile="+filepath.Join(dir, "dnsmasq.leases"))[1:]...)
-			if err := srv.Start(); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { srv.Process.Kill(); srv.Wait() })
-			pcap, stopCapture := capture(t, h1)
-			sh(t, in(client.ns, "ip", "-4", "addr", "flush", "dev", "eth0")...)
-			lease := filepath.Join(dir, "dhclient.leases")
-			out := sh(t, in(client.ns, "timeout", "20", "dhclient", "-1", "-v", "-lf", lease, "-pf", filepath.Join(dir, "dhclient.pid"), "-sf", "/bin/true", "eth0")...)
-			shErr("pkill", "-F", filepath.Join(dir, "dhclient.pid"))
-			stopCapture()
-			b, _ := os.ReadFile(lease)
-			d, _ := os.ReadFile(filepath.Join(dir, "dnsmasq.leases"))
-			checkLease(t, mode, out, string(b), string(d), server.ip4, client.mac(t))
-			hw := stdout(t, "tshark", "-r", pcap, "-Y", "dhcp", "-T", "fields", "-E", "occurrence=f", "-e", "dhcp.hw.type", "-e", "dhcp.flags.bc")
-			want := "0x01\t1" // Ethernet, BROADCAST flag
-			if mode == "rfc4390" {
-				want = "0x20\t1" // InfiniBand (RFC 4390 §2.1)
-			}
-			if strings.TrimSpace(hw) == "" {
-				t.Fatal("no DHCP captured on the fabric")
-			}
-			for _, l := range strings.Split(strings.TrimSpace(hw), "\n") {
-				if l != want {
-					t.Errorf("DHCP on the wire: hardware type and broadcast flag %q, want %q", l, want)
-				}
-			}
+			dhcpLease(t, mode, h1, h2.guests[0], h1.guests[1], "eth0")
 		})
+	}
+}
+
+// dhcpLease runs dnsmasq on dev in server's namespace and dhclient in
+// client, a guest of hypervisor h whose eipoibd runs in --dhcp mode, and
+// checks the lease both ends recorded and the DHCP packets on h's side of
+// the fabric: the guest's own (Ethernet, BROADCAST flag) or, in rfc4390
+// mode, hardware type 32 with a zero-length address.
+func dhcpLease(t *testing.T, mode string, h *hypervisor, server, client *guest, dev string) {
+	t.Helper()
+	dir := t.TempDir()
+	srv := exec.Command("ip", in(server.ns, "dnsmasq", "--no-daemon", "--port=0", "--interface="+dev, "--bind-interfaces",
+		"--dhcp-range=10.77.0.100,10.77.0.150,1h", "--dhcp-leasefile="+filepath.Join(dir, "dnsmasq.leases"))[1:]...)
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { srv.Process.Kill(); srv.Wait() }()
+	pcap, stopCapture := capture(t, h)
+	sh(t, in(client.ns, "ip", "-4", "addr", "flush", "dev", "eth0")...)
+	lease := filepath.Join(dir, "dhclient.leases")
+	out := sh(t, in(client.ns, "timeout", "20", "dhclient", "-1", "-v", "-lf", lease, "-pf", filepath.Join(dir, "dhclient.pid"), "-sf", "/bin/true", "eth0")...)
+	shErr("pkill", "-F", filepath.Join(dir, "dhclient.pid"))
+	stopCapture()
+	b, _ := os.ReadFile(lease)
+	d, _ := os.ReadFile(filepath.Join(dir, "dnsmasq.leases"))
+	checkLease(t, mode, out, string(b), string(d), server.ip4, client.mac(t))
+	hw := stdout(t, "tshark", "-r", pcap, "-Y", "dhcp", "-T", "fields", "-E", "occurrence=f", "-e", "dhcp.hw.type", "-e", "dhcp.flags.bc")
+	want := "0x01\t1" // Ethernet, BROADCAST flag
+	if mode == "rfc4390" {
+		want = "0x20\t1" // InfiniBand (RFC 4390 §2.1)
+	}
+	if strings.TrimSpace(hw) == "" {
+		t.Fatal("no DHCP captured on the fabric")
+	}
+	for _, l := range strings.Split(strings.TrimSpace(hw), "\n") {
+		if l != want {
+			t.Errorf("DHCP on the wire: hardware type and broadcast flag %q, want %q", l, want)
+		}
 	}
 }
 

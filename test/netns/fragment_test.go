@@ -62,7 +62,7 @@ func TestFragmentReassembly(t *testing.T) {
 	tp := newTopo(t, 2, false)
 	h1, h2 := tp.hvs[0], tp.hvs[1]
 	src, dst := h1.guests[0], h2.guests[0]
-	for _, l := range []string{"eib0", "vg1", "vg2", "br0"} {
+	for _, l := range []string{"vg1", "vg2", "br0"} {
 		sh(t, in(h1.ns, "ip", "link", "set", l, "mtu", "9000")...)
 	}
 	sh(t, in(src.ns, "ip", "link", "set", "eth0", "mtu", "9000")...)

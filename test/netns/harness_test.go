@@ -96,6 +96,7 @@ type hypervisor struct {
 	done               chan error
 	extra              []string
 	switchArgs         []string // --bridge or --ovs-bridge and their arguments
+	host               bool     // a native IPoIB host (eipoibd host, TUN ib0) instead
 }
 
 type topo struct {
@@ -351,6 +352,10 @@ func (h *hypervisor) start(t *testing.T) {
 	if v := os.Getenv("EIPOIB_NETNS_OFFLOAD"); v != "" {
 		args = append(args, "--offload="+v)
 	}
+	ready := "shim running"
+	if h.host {
+		args, ready = []string{daemonBin, "host", "--underlay", h.underlay}, "host running"
+	}
 	args = append(args, h.extra...)
 	h.cmd = exec.Command("ip", in(h.ns, args...)[1:]...)
 	h.cmd.Stdout, h.cmd.Stderr = logf, logf
@@ -360,7 +365,7 @@ func (h *hypervisor) start(t *testing.T) {
 	h.done = make(chan error, 1)
 	go func() { h.done <- h.cmd.Wait(); logf.Close() }()
 	deadline := time.Now().Add(10 * time.Second)
-	for !strings.Contains(h.log(), "shim running") {
+	for !strings.Contains(h.log(), ready) {
 		select {
 		case err := <-h.done:
 			t.Fatalf("eipoibd in %s exited: %v\n%s", h.name, err, h.log())
@@ -403,8 +408,12 @@ func (h *hypervisor) stop(t *testing.T, check bool) {
 	if err != nil {
 		t.Errorf("eipoibd in %s exited with %v\n%s", h.name, err, h.log())
 	}
-	if out, err := shErr(in(h.ns, "ip", "link", "show", "eib0")...); err == nil {
-		t.Errorf("TAP eib0 still present after shutdown: %s", out)
+	dev := "eib0"
+	if h.host {
+		dev = "ib0"
+	}
+	if out, err := shErr(in(h.ns, "ip", "link", "show", dev)...); err == nil {
+		t.Errorf("%s still present after shutdown: %s", dev, out)
 	}
 }
 

@@ -198,32 +198,13 @@ func echoRequest(t *testing.T, src, dst string, id uint16) []byte {
 	return append(b, buf.Bytes()...)
 }
 
-// sendFabric sends n copies of one fabric packet (p with payload) from
-// hypervisor from's underlay to hypervisor to's port, encoded with the
-// simulated fabric's codec so that the ICRC, which covers the IPv6
-// addresses and UDP ports, is valid.
+// sendFabric sends n copies of one fabric packet (p with payload, PSNs
+// counting up) from hypervisor from's underlay to hypervisor to's port.
 func sendFabric(t *testing.T, from, to *hypervisor, p simfabric.Packet, payload []byte, n int) {
 	t.Helper()
-	src, dst := from.gid(t), to.gid(t)
-	nsDo(t, from.ns, func() {
-		c, err := net.ListenUDP("udp6", &net.UDPAddr{IP: src.AsSlice(), Zone: from.underlay})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		sport := uint16(c.LocalAddr().(*net.UDPAddr).Port)
-		s16, d16 := src.As16(), dst.As16()
-		to := &net.UDPAddr{IP: dst.AsSlice(), Zone: from.underlay, Port: simfabric.UDPPort}
-		var codec simfabric.Codec
-		for i := 0; i < n; i++ {
-			buf := make([]byte, simfabric.HeaderLen+len(payload), simfabric.HeaderLen+len(payload)+3+simfabric.ICRCLen)
-			copy(buf[simfabric.HeaderLen:], payload)
-			p.PSN = uint32(i)
-			wire := codec.Encode(buf, simfabric.HeaderLen, &p, &s16, &d16, sport, simfabric.UDPPort)
-			if _, err := c.WriteToUDP(wire, to); err != nil {
-				t.Fatal(err)
-			}
-		}
+	floodFabric(t, from, to, n, func(i int) (simfabric.Packet, []byte) {
+		p.PSN = uint32(i)
+		return p, payload
 	})
 }
 

@@ -1,0 +1,123 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"github.com/eipoib/eipoibd/internal/cli"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/eipoib/eipoibd/ipoib"
+	"github.com/eipoib/eipoibd/ipoib/simfabric"
+	"github.com/eipoib/eipoibd/ipoibhost"
+	"github.com/eipoib/eipoibd/tap"
+)
+
+const hostUsage = `usage: eipoibd host --underlay IFACE [flags]
+
+Runs a native IPoIB host on the simulated fabric, as a Linux ib0 in
+datagram mode: a TUN device for this host's own IP stack, one UD QP,
+IPoIB ARP and NDP, multicast per RFC 4391. Give the device addresses
+with ip(8) as usual. SIGUSR1 logs the neighbour table, SIGUSR2 the
+counters. Flags:
+`
+
+// hostOptions are the parsed flags of "host".
+type hostOptions struct {
+	underlay, name, pkey, neighFile, logLevel string
+	ibMTU, maxNeigh                           int
+}
+
+func parseHost(args []string, stderr io.Writer) (*hostOptions, error) {
+	o := &hostOptions{}
+	fs := flag.NewFlagSet("eipoibd host", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.StringVar(&o.underlay, "underlay", "", "underlay interface of the simulated fabric (required)")
+	fs.StringVar(&o.name, "name", "ib0", "name of the TUN device to create")
+	fs.IntVar(&o.ibMTU, "ib-mtu", 4096, "IB MTU, 2048 or 4096 (the device's MTU is 4 less)")
+	fs.StringVar(&o.pkey, "pkey", "0xffff", "partition key")
+	fs.IntVar(&o.maxNeigh, "max-neighbours", 4096, "most neighbours remembered")
+	fs.StringVar(&o.neighFile, "neigh-file", "", "file rewritten with the neighbour table whenever it changes")
+	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	if err := cli.Parse(fs, args, hostUsage, stderr, "eipoibd host -h lists the flags"); err != nil {
+		return nil, err
+	}
+	switch {
+	case o.underlay == "":
+		return nil, usageError{Msg: "--underlay is required (the interface the simulated fabric runs over)"}
+	case o.ibMTU != 2048 && o.ibMTU != 4096:
+		return nil, usageError{Msg: fmt.Sprintf("--ib-mtu %d: want 2048 or 4096", o.ibMTU)}
+	case o.maxNeigh < 1:
+		return nil, usageError{Msg: fmt.Sprintf("--max-neighbours %d: want at least 1", o.maxNeigh)}
+	}
+	return o, nil
+}
+
+// runHost is "eipoibd host": a native IPoIB host until SIGINT or SIGTERM.
+func runHost(args []string, stderr io.Writer) error {
+	o, err := parseHost(args, stderr)
+	if err != nil {
+		return err
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
+		return usageError{Msg: fmt.Sprintf("--log-level %q: want debug, info, warn or error", o.logLevel)}
+	}
+	pkey, err := ipoib.ParsePKey(o.pkey)
+	if err != nil {
+		return usageError{Msg: "--pkey: " + err.Error()}
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	port, err := simfabric.Open(simfabric.Config{Underlay: o.underlay, IBMTU: o.ibMTU})
+	if err != nil {
+		return err
+	}
+	defer port.Close()
+	ipMTU, _ := ipoib.IPMTU(o.ibMTU)
+	dev, err := tap.Create(tap.Config{Name: o.name, MTU: ipMTU, TUN: true})
+	if err != nil {
+		return err
+	}
+	defer dev.Close()
+	h, err := ipoibhost.New(ipoibhost.Config{
+		Device: dev, Port: port, Link: ipoibhost.OSLink(o.name), Name: o.name,
+		PKey: pkey, Logger: log, MaxNeighbours: o.maxNeigh, NeighFile: o.neighFile,
+	})
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	sig := make(chan os.Signal, 4)
+	signal.Notify(sig, syscall.SIGUSR1, syscall.SIGUSR2)
+	defer signal.Stop(sig)
+	go func() {
+		for s := range sig {
+			if s == syscall.SIGUSR1 {
+				log.Info("neighbours\n" + h.Neighbours())
+				continue
+			}
+			logCounters(log, h.Counters())
+		}
+	}()
+	log.Info("started", "tun", o.name, "underlay", o.underlay, "gid", port.LocalGID(), "ib_mtu", o.ibMTU, "ipoib_mtu", ipMTU)
+	err = h.Run(ctx)
+	logCounters(log, h.Counters())
+	log.Info("stopped", "tun_removed", o.name)
+	return err
+}
+
+// logCounters logs the non-zero counters.
+func logCounters(log *slog.Logger, ctrs map[string]uint64) {
+	args := []any{}
+	for k, v := range ctrs {
+		if v != 0 {
+			args = append(args, k, v)
+		}
+	}
+	log.Info("counters", args...)
+}

@@ -1,0 +1,525 @@
+package netns
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/eipoib/eipoibd/internal/csum"
+	"github.com/eipoib/eipoibd/ipoib"
+	"github.com/eipoib/eipoibd/ipoib/simfabric"
+)
+
+// The daemon under faults and floods: each test bounded in time, each
+// asserting what was kept (traffic, counts, memory).
+
+// rssKB returns the resident set of the hypervisor's daemon in KB.
+func (h *hypervisor) rssKB(t *testing.T) int {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", h.cmd.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) >= 2 && f[0] == "VmRSS:" {
+			kb, _ := strconv.Atoi(f[1])
+			return kb
+		}
+	}
+	t.Fatalf("no VmRSS for %s", h.name)
+	return 0
+}
+
+// running fails the test if the hypervisor's daemon has exited.
+func (h *hypervisor) running(t *testing.T) {
+	t.Helper()
+	select {
+	case err := <-h.done:
+		h.done <- err
+		t.Fatalf("eipoibd in %s exited: %v\n%s", h.name, err, abridge(h.log(), 20, 20))
+	default:
+	}
+}
+
+// logClean fails the test if the daemon logged a warning or an error.
+func (h *hypervisor) logClean(t *testing.T) {
+	t.Helper()
+	for _, l := range strings.Split(h.log(), "\n") {
+		if strings.Contains(l, "level=WARN") || strings.Contains(l, "level=ERROR") {
+			t.Errorf("%s logged: %s", h.name, l)
+		}
+	}
+}
+
+// rawFrames writes n Ethernet frames made by frame into dev in
+// namespace ns (an AF_PACKET socket, as a guest's own driver would
+// hand them over), about 40,000 a second so that the bridge and the
+// TAP's queue, not the sender, are what is tested.
+func rawFrames(t *testing.T, ns, dev string, n int, frame func(i int) []byte) error {
+	var err error
+	nsDo(t, ns, func() {
+		var ifi *net.Interface
+		if ifi, err = net.InterfaceByName(dev); err != nil {
+			return
+		}
+		var fd int
+		if fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, 0); err != nil {
+			return
+		}
+		defer unix.Close(fd)
+		to := &unix.SockaddrLinklayer{Ifindex: ifi.Index}
+		start := time.Now()
+		for i := 0; i < n; i++ {
+			if err = unix.Sendto(fd, frame(i), 0, to); err != nil {
+				err = fmt.Errorf("frame %d: %w", i, err)
+				return
+			}
+			if ahead := time.Duration(i)*time.Second/40000 - time.Since(start); ahead > time.Millisecond {
+				time.Sleep(ahead)
+			}
+		}
+	})
+	return err
+}
+
+// pingDuring pings dst from g n times while fn runs (in the test's
+// goroutine) and fails the test unless every request was answered once.
+func pingDuring(t *testing.T, g *guest, dst string, n int, fn func()) {
+	t.Helper()
+	type result struct {
+		r   pingResult
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		r, err := runPing(g, dst, n, time.Duration(n)*200*time.Millisecond+5*time.Second)
+		done <- result{r, err}
+	}()
+	fn()
+	res := <-done
+	if res.err != nil || !res.r.lossless(n) {
+		t.Errorf("ping %s → %s during the flood: replies to %v of requests 1–%d (%d transmitted, %d received, %d duplicates): %v\n%s",
+			g.ns, dst, sortedKeys(res.r.seqs), n, res.r.tx, res.r.rx, res.r.dups, res.err, res.r.out)
+	}
+}
+
+// ethHeader returns an Ethernet header.
+func ethHeader(dst, src net.HardwareAddr, et uint16) []byte {
+	b := append(append(make([]byte, 0, 64), dst...), src...)
+	return binary.BigEndian.AppendUint16(b, et)
+}
+
+// TestLossyFabric: TCP both ways at once for 20 s over a fabric that
+// loses, duplicates and reorders 1 % of the packets and corrupts 0.5 %:
+// both transfers complete with the bytes sent equal to the bytes
+// received; every packet one port corrupted the other counted as a bad
+// ICRC (and nothing else went missing unaccounted: no receive-queue
+// overflow); neither daemon logged a warning or an error.
+func TestLossyFabric(t *testing.T) {
+	tp := newTopo(t, 2, false, "--fault", "loss=0.01,dup=0.01,reorder=0.01,corrupt=0.005")
+	h1, h2 := tp.hvs[0], tp.hvs[1]
+	g11, g21 := h1.guests[0], h2.guests[0]
+	before1, before2 := h1.metrics(t), h2.metrics(t)
+	type result struct {
+		sent, rcvd int64
+		err        error
+	}
+	var res [2]result
+	var wg sync.WaitGroup
+	for i, p := range [][2]*guest{{g21, g11}, {g11, g21}} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res[i].sent, res[i].rcvd, res[i].err = tcpTransfer(p[0], p[1], "-t", "20")
+		}()
+	}
+	wg.Wait()
+	for i, r := range res {
+		if r.err != nil || r.sent <= 0 || r.sent != r.rcvd {
+			t.Errorf("transfer %d: %d bytes sent, %d received: %v", i+1, r.sent, r.rcvd, r.err)
+		} else {
+			t.Logf("transfer %d: %d bytes in 20 s, sent = received", i+1, r.sent)
+		}
+	}
+	after1, after2 := h1.metrics(t), h2.metrics(t)
+	rise := func(a, b map[string]float64, k string) float64 { return a[k] - b[k] }
+	for _, c := range []struct {
+		from, to               *hypervisor
+		fromA, fromB, toA, toB map[string]float64
+	}{{h1, h2, after1, before1, after2, before2}, {h2, h1, after2, before2, after1, before1}} {
+		corrupted, bad := rise(c.fromA, c.fromB, "port_tx_fault_corrupt"), rise(c.toA, c.toB, "port_drop_bad_icrc")
+		if corrupted == 0 || bad != corrupted {
+			t.Errorf("%s corrupted %v packets, %s counted %v bad ICRCs; want them equal and not 0", c.from.name, corrupted, c.to.name, bad)
+		}
+		if o := rise(c.toA, c.toB, "port_drop_rx_queue_overflow"); o != 0 {
+			t.Errorf("%s: %v packets lost in the kernel's receive queue", c.to.name, o)
+		}
+	}
+	for _, h := range tp.hvs {
+		h.running(t)
+		h.logClean(t)
+	}
+}
+
+// TestMACFlood: a guest sends 20,000 frames from as many random source
+// MACs. The VIFs stay at --max-vifs (8), each flood frame is counted
+// once (a VIF, up to the limit, or drop_vif_limit), the other guests
+// keep pinging across the fabric with no loss, the daemon's RSS grows by
+// less than 16 MB (reported), and it logs one line per VIF it created
+// and a single warning for the 19,995 MACs it refused.
+func TestMACFlood(t *testing.T) {
+	tp := newTopo(t, 2, false, "--max-vifs", "8")
+	h1, h2 := tp.hvs[0], tp.hvs[1]
+	g11, g12, g21 := h1.guests[0], h1.guests[1], h2.guests[0]
+	ping(t, g11, g21.ip4)
+	ping(t, g12, g21.ip4)
+	before, rss := h1.metrics(t), h1.rssKB(t)
+	logLines := len(strings.Split(h1.log(), "\n"))
+	const n = 20000
+	rng := rand.New(rand.NewPCG(1, 2))
+	// A valid IPv4 UDP datagram to the subnet's broadcast: nothing but
+	// its source MAC is wrong with it.
+	ip := []byte{0x45, 0, 0, 28, 0, 0, 0x40, 0, 64, 17, 0, 0, 10, 77, 0, 12, 10, 77, 0, 255, 0, 9, 0, 9, 0, 8, 0, 0}
+	csum.IPv4Header(ip[:20]) // br_netfilter, when loaded, drops bad IP headers at the bridge
+	pingDuring(t, g11, g21.ip4, 10, func() {
+		err := rawFrames(t, g12.ns, "eth0", n, func(int) []byte {
+			src := make(net.HardwareAddr, 6)
+			binary.BigEndian.PutUint32(src[2:], rng.Uint32())
+			src[0], src[1] = 0x02, byte(rng.Uint32())
+			return append(ethHeader(net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, src, 0x0800), ip...)
+		})
+		if err != nil {
+			t.Error(err)
+		}
+	})
+	var after map[string]float64
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		after = h1.metrics(t)
+		counted := after["vifs_created"] - before["vifs_created"] + after["drop_vif_limit"] - before["drop_vif_limit"]
+		if counted >= n || time.Now().After(deadline) {
+			if counted != n {
+				t.Errorf("%v flood frames counted (VIFs created + drop_vif_limit), want %d", counted, n)
+			}
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if after["vifs"] != 8 {
+		t.Errorf("%v VIFs after the flood, want --max-vifs 8", after["vifs"])
+	}
+	pingN(t, g12, g21.ip4, 3) // the flooding guest's own VIF was kept too
+	grown := h1.rssKB(t) - rss
+	t.Logf("MAC flood of %d source MACs: RSS %d KB before, grew by %d KB", n, rss, grown)
+	if grown > 16<<10 {
+		t.Errorf("RSS grew by %d KB, want under 16 MB", grown)
+	}
+	// One line per VIF created (up to the limit), one warning for all
+	// the MACs refused (at most one a minute).
+	created := int(after["vifs_created"] - before["vifs_created"])
+	if lines := strings.Split(strings.TrimSpace(h1.log()), "\n")[logLines-1:]; len(lines) > created+1 {
+		t.Errorf("%d log lines during the flood, want at most %d (the %d VIFs created and one warning):\n%s",
+			len(lines), created+1, created, strings.Join(lines, "\n"))
+	}
+	h1.running(t)
+}
+
+// fabricFlood sends n UDP datagrams, datagram(i, …) each, from
+// hypervisor from's underlay address (a process on the fabric) to to's
+// port, about 40,000 a second: within what a daemon handles, so that
+// the kernel drops none of a flood (nor of the pings it is tested
+// against). It may run in a goroutine of its own.
+func fabricFlood(t *testing.T, from, to *hypervisor, n int, datagram func(i int, src, dst *[16]byte, sport uint16) []byte) {
+	src, dst := from.gid(t), to.gid(t)
+	nsDo(t, from.ns, func() {
+		c, err := net.ListenUDP("udp6", &net.UDPAddr{IP: src.AsSlice(), Zone: from.underlay})
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer c.Close()
+		sport := uint16(c.LocalAddr().(*net.UDPAddr).Port)
+		s16, d16 := src.As16(), dst.As16()
+		addr := &net.UDPAddr{IP: dst.AsSlice(), Zone: from.underlay, Port: simfabric.UDPPort}
+		start := time.Now()
+		for i := 0; i < n; i++ {
+			if _, err := c.WriteToUDP(datagram(i, &s16, &d16, sport), addr); err != nil {
+				t.Error(err)
+				return
+			}
+			if ahead := time.Duration(i)*time.Second/40000 - time.Since(start); ahead > time.Millisecond {
+				time.Sleep(ahead)
+			}
+		}
+	})
+}
+
+// floodFabric sends n fabric packets, pkt(i) each (packet and payload),
+// from hypervisor from's underlay to to's port, encoded with the
+// simulated fabric's codec so that each ICRC, which covers the IPv6
+// addresses and UDP ports, is valid.
+func floodFabric(t *testing.T, from, to *hypervisor, n int, pkt func(i int) (simfabric.Packet, []byte)) {
+	var codec simfabric.Codec
+	buf := make([]byte, 4200)
+	fabricFlood(t, from, to, n, func(i int, src, dst *[16]byte, sport uint16) []byte {
+		p, pay := pkt(i)
+		copy(buf[simfabric.HeaderLen:], pay)
+		return codec.Encode(buf[:simfabric.HeaderLen+len(pay)], simfabric.HeaderLen, &p, src, dst, sport, simfabric.UDPPort)
+	})
+}
+
+// ipoibARP returns an IPoIB payload: header and an IPoIB ARP request
+// from sha/spa for tpa.
+func ipoibARP(sha ipoib.HwAddr, spa, tpa netip.Addr) []byte {
+	b := []byte{0x08, 0x06, 0, 0, 0, 32, 0x08, 0x00, 20, 4, 0, 1}
+	b = append(b, sha[:]...)
+	b = append(b, spa.AsSlice()...)
+	b = append(b, make([]byte, 20)...)
+	return append(b, tpa.AsSlice()...)
+}
+
+// TestNeighbourFlood: a process on the fabric sends ARP requests from
+// 200,000 distinct (GID, QPN) pairs to a hypervisor with
+// --max-neighbours 1000 while one of its guests pings a guest across
+// the fabric. The table stays at 1,000 entries, the live guests'
+// neighbours are never evicted while in use (the pinging guest's frames
+// never wait for a resolution: tx_queued does not rise; every ping is
+// answered), and the RSS grows by less than 16 MB (reported).
+func TestNeighbourFlood(t *testing.T) {
+	tp := newTopo(t, 2, false, "--max-neighbours", "1000")
+	h1, h2 := tp.hvs[0], tp.hvs[1]
+	g11, g21 := h1.guests[0], h2.guests[0]
+	ping(t, g11, g21.ip4)
+	before, rss := h1.metrics(t), h1.rssKB(t)
+	const n = 200000
+	gid := ipoib.GID(h2.gid(t).As16())
+	dst := h1.vifQPN(g11.mac(t).String(), 0)
+	spa, tpa := netip.MustParseAddr("10.77.0.249"), netip.MustParseAddr("10.77.0.250")
+	pingDuring(t, g11, g21.ip4, 15, func() {
+		floodFabric(t, h2, h1, n, func(i int) (simfabric.Packet, []byte) {
+			qpn := 0x100000 + uint32(i)
+			return simfabric.Packet{PKey: 0xffff, DestQPN: dst, QKey: ipoib.QKey, SrcQPN: qpn, PSN: uint32(i)},
+				ipoibARP(ipoib.MakeHwAddr(0, qpn, gid), spa, tpa)
+		})
+	})
+	after := h1.metrics(t)
+	if after["neighbours"] != 1000 {
+		t.Errorf("%v neighbours after the flood, want --max-neighbours 1000", after["neighbours"])
+	}
+	if d := after["tx_queued"] - before["tx_queued"]; d != 0 {
+		t.Errorf("tx_queued rose by %v: a live neighbour was evicted while in use", d)
+	}
+	grown := h1.rssKB(t) - rss
+	t.Logf("neighbour flood of %d endpoints: %v learned, %v evicted; RSS %d KB before, grew by %d KB",
+		n, after["neighbours_learned"]-before["neighbours_learned"], after["neighbours_evicted"]-before["neighbours_evicted"], rss, grown)
+	if grown > 16<<10 {
+		t.Errorf("RSS grew by %d KB, want under 16 MB", grown)
+	}
+	ping(t, g11, g21.ip4)
+	h1.running(t)
+}
+
+// TestGarbage: 100,000 random datagrams (1 to 1,500 random bytes) to one
+// hypervisor's UDP 4791 and 100,000 malformed frames into the other's
+// TAP, in about 3 s. Both daemons stay up; each datagram is counted once
+// under a port drop reason, each frame once under the drop its fault
+// calls for (a VLAN with no partition, an ethertype IPoIB does not
+// carry, an ARP packet with a bad hardware length); guests keep pinging
+// across both with no loss.
+func TestGarbage(t *testing.T) {
+	tp := newTopo(t, 2, false)
+	h1, h2 := tp.hvs[0], tp.hvs[1]
+	g11, g21 := h1.guests[0], h2.guests[0]
+	ping(t, g11, g21.ip4)
+	ping(t, g21, g11.ip4)
+	// g11 as g21 sees it: the frames reach the TAP only.
+	f := strings.Fields(sh(t, in(g21.ns, "ip", "neigh", "show", g11.ip4, "dev", "eth0")...))
+	if len(f) < 3 || f[1] != "lladdr" {
+		t.Fatalf("no neighbour entry for %s in %s: %v", g11.ip4, g21.ns, f)
+	}
+	remac, _ := net.ParseMAC(f[2])
+	src := g21.mac(t)
+	before1, before2 := h1.metrics(t), h2.metrics(t)
+	const n = 100000
+	// Faults the bridge lets through (with br_netfilter loaded, it
+	// drops bad IP headers itself): a VLAN with no P_Key, an ethertype
+	// IPoIB does not carry, ARP with a 9-byte hardware address.
+	tagged := append(ethHeader(remac, src, 0x8100), 0, 77, 0x08, 0x00)
+	tagged = append(tagged, make([]byte, 42)...)
+	ipx := append(ethHeader(remac, src, 0x8137), make([]byte, 46)...)
+	badARP := append(ethHeader(remac, src, 0x0806), make([]byte, 46)...)
+	copy(badARP[14:], []byte{0, 1, 8, 0, 9, 4, 0, 1}) // a 9-byte hardware address
+	pingDuring(t, g11, g21.ip4, 10, func() {
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng, buf := rand.New(rand.NewPCG(3, 4)), make([]byte, 1500)
+			fabricFlood(t, h2, h1, n, func(int, *[16]byte, *[16]byte, uint16) []byte {
+				b := buf[:1+rng.IntN(len(buf))]
+				for j := range b {
+					b[j] = byte(rng.Uint32())
+				}
+				return b
+			})
+		}()
+		err := rawFrames(t, g21.ns, "eth0", n, func(i int) []byte { return [][]byte{tagged, ipx, badARP}[i%3] })
+		wg.Wait()
+		if err != nil {
+			t.Error(err)
+		}
+	})
+	want := map[string]float64{"drop_vlan_unmapped": n/3 + 1, "drop_ethertype": n / 3, "drop_tx_rewrite": n / 3}
+	var after1, after2 map[string]float64
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		after1, after2 = h1.metrics(t), h2.metrics(t)
+		var ports, frames float64
+		for k, v := range after1 {
+			if strings.HasPrefix(k, "port_drop_") {
+				ports += v - before1[k]
+			}
+		}
+		for k := range want {
+			frames += after2[k] - before2[k]
+		}
+		if ports >= n && frames >= n || time.Now().After(deadline) {
+			if ports != n {
+				t.Errorf("%s: port drops rose by %v, want %d (one reason each)", h1.name, ports, n)
+			}
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for k, v := range want {
+		if d := after2[k] - before2[k]; d != v {
+			t.Errorf("%s: %s rose by %v, want %v", h2.name, k, d, v)
+		}
+	}
+	for k, v := range after2 {
+		if _, expected := want[k]; !expected && isDrop(k) && v != before2[k] {
+			t.Errorf("%s: %s rose by %v, want 0", h2.name, k, v-before2[k])
+		}
+	}
+	t.Logf("%s's port drops by reason: %s", h1.name, dropRises(before1, after1))
+	pingN(t, g21, g11.ip4, 3)
+	for _, h := range tp.hvs {
+		h.running(t)
+	}
+}
+
+// dropRises formats the port drop counters that rose.
+func dropRises(before, after map[string]float64) string {
+	var s []string
+	for k, v := range after {
+		if strings.HasPrefix(k, "port_drop_") && v != before[k] {
+			s = append(s, fmt.Sprintf("%s +%v", strings.TrimPrefix(k, "port_drop_"), v-before[k]))
+		}
+	}
+	return strings.Join(s, ", ")
+}
+
+// TestCrashRestart: eipoibd is killed (SIGKILL) in the middle of an
+// iperf3 run and started again: the TCP connection recovers and the run
+// completes with traffic after the restart, and an exact transfer
+// follows. A clean stop afterwards leaves nothing behind: exit status 0,
+// no TAP, no multicast group on the underlay, no child process, no
+// process at all.
+func TestCrashRestart(t *testing.T) {
+	tp := newTopo(t, 2, false)
+	h1, h2 := tp.hvs[0], tp.hvs[1]
+	g11, g21 := h1.guests[0], h2.guests[0]
+	ping(t, g11, g21.ip4)
+	srv := exec.Command("ip", in(g21.ns, "iperf3", "-s", "-1")[1:]...)
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { srv.Process.Kill(); srv.Wait() }()
+	time.Sleep(300 * time.Millisecond)
+	type iperfOut struct {
+		out string
+		err error
+	}
+	cli := make(chan iperfOut, 1)
+	go func() {
+		out, err := shErr(in(g11.ns, "iperf3", "-J", "-t", "8", "-c", g21.ip4)...)
+		cli <- iperfOut{out, err}
+	}()
+	time.Sleep(2 * time.Second)
+	killed := time.Now()
+	h1.cmd.Process.Kill()
+	<-h1.done
+	h1.cmd = nil
+	for i := 0; ; i++ { // the kernel removes the TAP with the last file descriptor
+		if _, err := shErr(in(h1.ns, "ip", "link", "show", "eib0")...); err != nil {
+			break
+		}
+		if i == 50 {
+			t.Fatal("TAP eib0 survived its daemon's death")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	h1.start(t)
+	t.Logf("killed and started again in %v", time.Since(killed).Round(time.Millisecond))
+	r := <-cli
+	var res struct {
+		Error     string `json:"error"`
+		Intervals []struct {
+			Sum struct {
+				Start float64 `json:"start"`
+				Bytes int64   `json:"bytes"`
+			} `json:"sum"`
+		} `json:"intervals"`
+	}
+	if err := json.Unmarshal([]byte(r.out), &res); err != nil || r.err != nil || res.Error != "" {
+		t.Fatalf("iperf3 across the crash: %v %v %s\n%s", r.err, err, res.Error, r.out)
+	}
+	if last := res.Intervals[len(res.Intervals)-1].Sum; last.Bytes == 0 {
+		t.Errorf("iperf3 carried nothing in its last second: traffic did not resume after the restart\n%s", r.out)
+	}
+	tcpBytes(t, g21, g11, 10<<20)
+
+	pid := h1.cmd.Process.Pid
+	if kids := children(pid); len(kids) > 0 {
+		t.Errorf("eipoibd (pid %d) has child processes %v", pid, kids)
+	}
+	h1.stop(t, true)
+	if out := sh(t, in(h1.ns, "ip", "-6", "maddr", "show", "dev", h1.underlay)...); strings.Contains(out, "ff12:") {
+		t.Errorf("IPoIB groups still joined on %s after a clean stop:\n%s", h1.underlay, out)
+	}
+	if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err == nil {
+		t.Errorf("process %d still exists after a clean stop", pid)
+	}
+}
+
+// children returns the pids whose parent is pid.
+func children(pid int) []int {
+	var kids []int
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid …: comm may hold spaces, so cut after ')'.
+		s := string(b)
+		f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+		if len(f) > 1 && f[1] == strconv.Itoa(pid) {
+			k, _ := strconv.Atoi(e.Name())
+			kids = append(kids, k)
+		}
+	}
+	return kids
+}
