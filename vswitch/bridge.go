@@ -42,6 +42,30 @@ type Guest struct {
 	Static bool
 }
 
+// BridgeGuests returns the guests in the FDB of bridge br on ports other
+// than except, learned and static.
+func BridgeGuests(br, except string) ([]Guest, error) {
+	b, err := netlink.LinkByName(br)
+	if err != nil {
+		return nil, fmt.Errorf("vswitch: bridge %q: %w", br, err)
+	}
+	skip := -1
+	if l, err := netlink.LinkByName(except); err == nil {
+		skip = l.Attrs().Index
+	}
+	entries, err := netlink.NeighList(0, unix.AF_BRIDGE)
+	if err != nil {
+		return nil, fmt.Errorf("vswitch: bridge FDB: %w", err)
+	}
+	var out []Guest
+	for i := range entries {
+		if g, ok := guestOf(&entries[i], b.Attrs().Index, skip); ok {
+			out = append(out, g)
+		}
+	}
+	return out, nil
+}
+
 // guestOf reports whether FDB entry e belongs to a guest behind bridge
 // br (an interface index): learned or static on a port other than skip,
 // unicast, and not local (permanent, the ports' own addresses).

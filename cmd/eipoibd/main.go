@@ -271,6 +271,20 @@ func run(args []string, stderr io.Writer) error {
 			return err
 		}
 		log.Info("attached to bridge", "tap", o.name, "bridge", o.bridge)
+		if o.learn == shim.LearnAuto {
+			// Guests the bridge already learned get their VIFs now, so
+			// traffic to them flows before they speak (after a restart,
+			// for one); static entries come through the watch below.
+			guests, err := vswitch.BridgeGuests(o.bridge, o.name)
+			if err != nil {
+				log.Warn("read bridge FDB", "err", err)
+			}
+			for _, g := range guests {
+				if err := sh.DeclareVIF(g.MAC, g.VLAN); err != nil {
+					log.Warn("declare VIF from bridge FDB", "mac", g.MAC, "vlan", g.VLAN, "err", err)
+				}
+			}
+		}
 	}
 	if o.metrics != "" {
 		ln, err := net.Listen("tcp", o.metrics)
@@ -299,7 +313,7 @@ func run(args []string, stderr io.Writer) error {
 		// static entry), and lose them as soon as the bridge forgets
 		// them (their port went).
 		go func() {
-			if err := vswitch.WatchBridge(ctx, o.bridge, o.name, func(g vswitch.Guest, added bool) { bridgeGuest(sh, log, g, added, o.learn) }); err != nil {
+			if err := vswitch.WatchBridge(ctx, o.bridge, o.name, func(g vswitch.Guest, added bool) { bridgeGuest(sh, log, g, added) }); err != nil {
 				log.Warn("bridge guests are learned from their traffic only", "err", err)
 			}
 		}()
@@ -330,12 +344,13 @@ func run(args []string, stderr io.Writer) error {
 }
 
 // bridgeGuest declares or removes the VIF of a guest the bridge's
-// forwarding database gained or lost; with --learn declared only static
-// entries declare one (learned ones come from the traffic a guest may
-// forge).
-func bridgeGuest(sh *shim.Shim, log *slog.Logger, g vswitch.Guest, added bool, learn string) {
+// forwarding database gained or lost. Only static entries declare one:
+// a learned entry comes from a frame that reaches the shim anyway (and
+// from traffic a guest may forge, so a MAC flood would become a flood of
+// declarations); the start-up preload takes learned entries in auto mode.
+func bridgeGuest(sh *shim.Shim, log *slog.Logger, g vswitch.Guest, added bool) {
 	var err error
-	if added && learn == shim.LearnDeclared && !g.Static {
+	if added && !g.Static {
 		return
 	}
 	if added {
