@@ -162,7 +162,8 @@ type Port struct {
 	txPackets, txBytes, rxPackets, rxBytes atomic.Uint64
 	drops                                  [numDrops]atomic.Uint64
 	trainsSent, trainPackets, gsoFallback  atomic.Uint64
-	faultCorrupt                           atomic.Uint64 // corrupted packets sent (the peer must count each as bad_icrc)
+	faultCorrupt                           atomic.Uint64 // corrupted packets sent, a held one when it leaves (the peer counts each as bad_icrc)
+	heldCorrupt                            bool          // the held packet is a corrupted one
 	groMerged, groPackets                  atomic.Uint64 // received merged datagrams (UDP GRO)
 	rxOverflow                             atomic.Uint64 // kernel receive-queue drops (SO_RXQ_OVFL)
 }
@@ -608,6 +609,9 @@ func (p *Port) writeChunk(bufs [][]byte, meta []ipoib.TxMeta, offset int, ok *[b
 	if p.held != nil && p.heldFrom < 0 && len(msgs) > 0 {
 		msgs = p.add(msgs, p.held, p.heldTo, -1)
 		p.held = nil
+		if p.heldCorrupt {
+			p.faultCorrupt.Add(1)
+		}
 	}
 	p.heldFrom = -1 // from here on, a held packet belongs to an earlier call
 	var out []ipv6.Message
@@ -778,20 +782,21 @@ func (p *Port) faulty(msgs []ipv6.Message, out []byte, to *peer, orig int) []ipv
 	corrupt := f.Corrupt > 0 && p.rng.Float64() < f.Corrupt
 	if corrupt {
 		out[HeaderLen+p.rng.IntN(len(out)-HeaderLen)] ^= 0x40
-		p.faultCorrupt.Add(1)
 	}
 	if f.Reorder > 0 && p.held == nil && p.rng.Float64() < f.Reorder {
 		p.held = append(p.heldBuf[:0], out...)
 		p.heldBuf = p.held
-		p.heldTo, p.heldFrom = to, orig
+		p.heldTo, p.heldFrom, p.heldCorrupt = to, orig, corrupt
 		return msgs
 	}
 	msgs = p.add(msgs, out, to, orig)
+	sent := uint64(1)
 	if f.Dup > 0 && p.rng.Float64() < f.Dup {
 		msgs = p.add(msgs, out, to, orig)
-		if corrupt {
-			p.faultCorrupt.Add(1)
-		}
+		sent++
+	}
+	if corrupt {
+		p.faultCorrupt.Add(sent)
 	}
 	return msgs
 }

@@ -56,7 +56,8 @@ func TestPathMTU(t *testing.T) {
 		}
 		drops := watchDrops(t, h1, h2)
 		defer drops.check(t)
-		sh(t, in(g11.ns, "sysctl", "-qw", "net.ipv4.ip_no_pmtu_disc=1")...)
+		// Path MTU discovery off in the guest: no DF, ICMP ignored.
+		sh(t, in(g11.ns, "sh", "-c", "echo 1 > /proc/sys/net/ipv4/ip_no_pmtu_disc")...)
 		before1, before2 := h1.metrics(t), h2.metrics(t)
 		synAtServer, stop1 := captureOn(t, g22.ns, "eth0", "tcp[tcpflags] & tcp-syn != 0")
 		synAtClient, stop2 := captureOn(t, g11.ns, "eth0", "tcp[tcpflags] & tcp-syn != 0")
