@@ -5,6 +5,7 @@ package vswitch
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/vishvananda/netlink"
@@ -82,8 +83,11 @@ func guestOf(e *netlink.Neigh, br, skip int) (Guest, bool) {
 
 // WatchBridge calls fn for each guest the forwarding database of bridge
 // br gains (added) or loses on ports other than except, starting with
-// those it holds, until ctx ends or the subscription fails.
-func WatchBridge(ctx context.Context, br, except string, fn func(g Guest, added bool)) error {
+// those it holds, until ctx ends or the subscription fails for good.
+// When the kernel drops events because they came faster than they were
+// read (ENOBUFS, e.g. under a MAC flood), it subscribes again, listing
+// the database afresh, and tells resync.
+func WatchBridge(ctx context.Context, br, except string, fn func(g Guest, added bool), resync func(err error)) error {
 	b, err := netlink.LinkByName(br)
 	if err != nil {
 		return fmt.Errorf("vswitch: bridge %q: %w", br, err)
@@ -92,13 +96,28 @@ func WatchBridge(ctx context.Context, br, except string, fn func(g Guest, added 
 	if l, err := netlink.LinkByName(except); err == nil {
 		skip = l.Attrs().Index
 	}
-	ch := make(chan netlink.NeighUpdate, 256)
+	for {
+		err := watchOnce(ctx, b.Attrs().Index, skip, fn)
+		if err == nil || ctx.Err() != nil {
+			return nil
+		}
+		if !errors.Is(err, unix.ENOBUFS) {
+			return fmt.Errorf("vswitch: watch the FDB of %s: %w", br, err)
+		}
+		resync(err)
+	}
+}
+
+// watchOnce follows one subscription until ctx ends (nil) or it fails.
+func watchOnce(ctx context.Context, br, skip int, fn func(g Guest, added bool)) error {
+	ch := make(chan netlink.NeighUpdate, 1024)
 	done := make(chan struct{})
 	defer close(done)
 	var subErr error
-	opts := netlink.NeighSubscribeOptions{ListExisting: true, ErrorCallback: func(err error) { subErr = err }}
+	opts := netlink.NeighSubscribeOptions{ListExisting: true, ErrorCallback: func(err error) { subErr = err },
+		ReceiveBufferSize: 4 << 20, ReceiveBufferForceSize: true}
 	if err := netlink.NeighSubscribeWithOptions(ch, done, opts); err != nil {
-		return fmt.Errorf("vswitch: watch the FDB of %s: %w", br, err)
+		return err
 	}
 	for {
 		select {
@@ -106,12 +125,12 @@ func WatchBridge(ctx context.Context, br, except string, fn func(g Guest, added 
 			return nil
 		case u, ok := <-ch:
 			if !ok {
-				if ctx.Err() != nil {
-					return nil
+				if subErr == nil {
+					subErr = errors.New("subscription closed")
 				}
-				return fmt.Errorf("vswitch: watch the FDB of %s: %v", br, subErr)
+				return subErr
 			}
-			if g, ok := guestOf(&u.Neigh, b.Attrs().Index, skip); ok {
+			if g, ok := guestOf(&u.Neigh, br, skip); ok {
 				fn(g, u.Type == unix.RTM_NEWNEIGH)
 			}
 		}

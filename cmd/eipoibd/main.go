@@ -313,7 +313,8 @@ func run(args []string, stderr io.Writer) error {
 		// static entry), and lose them as soon as the bridge forgets
 		// them (their port went).
 		go func() {
-			if err := vswitch.WatchBridge(ctx, o.bridge, o.name, func(g vswitch.Guest, added bool) { bridgeGuest(sh, log, g, added) }); err != nil {
+			if err := vswitch.WatchBridge(ctx, o.bridge, o.name, func(g vswitch.Guest, added bool) { bridgeGuest(sh, log, g, added) },
+				func(err error) { log.Debug("bridge FDB events dropped by the kernel; listed afresh", "err", err) }); err != nil {
 				log.Warn("bridge guests are learned from their traffic only", "err", err)
 			}
 		}()
