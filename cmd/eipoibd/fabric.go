@@ -7,34 +7,42 @@ import (
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/ipoib/kernelfabric"
 	"github.com/eipoib/eipoibd/ipoib/simfabric"
+	"github.com/eipoib/eipoibd/ipoib/verbsfabric"
 )
 
 // checkFabric validates the backend flags: --underlay for sim, --ib-dev
-// for kernel.
+// for kernel and verbs.
 func checkFabric(o *options) error {
 	switch o.fabric {
 	case "sim":
 		if o.underlay == "" {
 			return usageError{Msg: "--underlay is required (the interface the simulated fabric runs over)"}
 		}
-	case "kernel":
+	case "kernel", "verbs":
 		if o.ibDev == "" {
-			return usageError{Msg: "--fabric kernel needs --ib-dev (the IPoIB parent interface, e.g. ib0)"}
+			what := "the IPoIB parent interface, e.g. ib0"
+			if o.fabric == "verbs" {
+				what = "the verbs device, e.g. mlx5_0 or rxe0"
+			}
+			return usageError{Msg: fmt.Sprintf("--fabric %s needs --ib-dev (%s)", o.fabric, what)}
 		}
 		if o.faults != "" || o.underlay != "" {
 			return usageError{Msg: "--fault and --underlay are for --fabric sim"}
 		}
 	default:
-		return usageError{Msg: fmt.Sprintf("--fabric %q: want sim or kernel", o.fabric)}
+		return usageError{Msg: fmt.Sprintf("--fabric %q: want sim, kernel or verbs", o.fabric)}
 	}
 	return nil
 }
 
-// openFabric opens the port of the chosen backend. The kernel backend
-// takes its MTU from the parent interface, not --ib-mtu.
+// openFabric opens the port of the chosen backend. The kernel and verbs
+// backends take their MTU from the device, not --ib-mtu.
 func openFabric(o *options, faults simfabric.Faults, log *slog.Logger) (ipoib.Port, error) {
-	if o.fabric == "kernel" {
+	switch o.fabric {
+	case "kernel":
 		return kernelfabric.New(kernelfabric.Config{Kernel: kernelfabric.System{}, Parent: o.ibDev, Logger: log})
+	case "verbs":
+		return verbsfabric.New(verbsfabric.Config{Device: o.ibDev, Logger: log})
 	}
 	return simfabric.Open(simfabric.Config{Underlay: o.underlay, IBMTU: o.ibMTU, Faults: faults})
 }

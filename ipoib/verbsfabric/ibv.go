@@ -1,0 +1,751 @@
+//go:build verbs
+
+package verbsfabric
+
+// The libibverbs boundary (rdma-core's verbs.h). Everything the Port does
+// with the device goes through the C helpers below, which take and return
+// plain integers and C memory only, so no Go pointer ever crosses into C:
+// the send and receive buffers are one registered C allocation each, the
+// work request descriptors a C array the Go side fills.
+
+/*
+#cgo LDFLAGS: -libverbs
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <infiniband/verbs.h>
+
+// A send descriptor, filled by Go.
+struct eib_send {
+	struct ibv_qp *qp;
+	struct ibv_ah *ah;
+	uint32_t rqpn;
+	uint32_t len;
+	uint64_t addr;
+	uint64_t wr_id;
+	int signal;
+};
+
+// A receive completion, returned to Go.
+struct eib_recv {
+	uint64_t wr_id;
+	uint32_t status;
+	uint32_t byte_len;
+	uint32_t src_qp;
+	uint32_t qp_num;
+	uint32_t wc_flags;
+	uint16_t pkey_index;
+};
+
+// A send completion, returned to Go.
+struct eib_sent {
+	uint64_t wr_id;
+	uint32_t status;
+	uint32_t qp_num;
+};
+
+static struct ibv_context *eib_open(const char *name, int *err) {
+	int n = 0;
+	struct ibv_device **list = ibv_get_device_list(&n);
+	struct ibv_context *ctx = NULL;
+	if (!list) {
+		*err = errno ? errno : ENODEV;
+		return NULL;
+	}
+	*err = ENODEV;
+	for (int i = 0; i < n; i++) {
+		if (strcmp(ibv_get_device_name(list[i]), name) == 0) {
+			ctx = ibv_open_device(list[i]);
+			*err = ctx ? 0 : (errno ? errno : EIO);
+			break;
+		}
+	}
+	ibv_free_device_list(list);
+	return ctx;
+}
+
+static int eib_query_port(struct ibv_context *ctx, int *state, int *mtu, int *link_layer, int *gid_len, int *pkey_len) {
+	struct ibv_port_attr a;
+	int r = ibv_query_port(ctx, 1, &a);
+	if (r) return r;
+	*state = a.state;
+	*mtu = a.active_mtu;
+	*link_layer = a.link_layer;
+	*gid_len = a.gid_tbl_len;
+	*pkey_len = a.pkey_tbl_len;
+	return 0;
+}
+
+static int eib_query_gid(struct ibv_context *ctx, int index, uint8_t *gid, int *type, int *ifindex) {
+	struct ibv_gid_entry e;
+	int r = ibv_query_gid_ex(ctx, 1, index, &e, 0);
+	if (r) return r;
+	memcpy(gid, e.gid.raw, 16);
+	*type = e.gid_type;
+	*ifindex = e.ndev_ifindex;
+	return 0;
+}
+
+static int eib_query_pkey(struct ibv_context *ctx, int index, uint16_t *pkey) {
+	__be16 p;
+	int r = ibv_query_pkey(ctx, 1, index, &p);
+	*pkey = be16toh(p);
+	return r;
+}
+
+static int eib_max_wr(struct ibv_context *ctx, int *qp_wr, int *srq_wr, int *cqe) {
+	struct ibv_device_attr a;
+	int r = ibv_query_device(ctx, &a);
+	if (r) return r;
+	*qp_wr = a.max_qp_wr;
+	*srq_wr = a.max_srq_wr;
+	*cqe = a.max_cqe;
+	return 0;
+}
+
+static int eib_nonblock(int fd) {
+	int fl = fcntl(fd, F_GETFL);
+	if (fl < 0) return errno;
+	return fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0 ? errno : 0;
+}
+
+static struct ibv_qp *eib_create_qp(struct ibv_pd *pd, struct ibv_cq *scq, struct ibv_cq *rcq, struct ibv_srq *srq,
+		int send_wr, int pkey_index, uint32_t qkey, uint32_t psn, int *err) {
+	struct ibv_qp_init_attr ia;
+	memset(&ia, 0, sizeof ia);
+	ia.send_cq = scq;
+	ia.recv_cq = rcq;
+	ia.srq = srq;
+	ia.cap.max_send_wr = send_wr;
+	ia.cap.max_send_sge = 1;
+	ia.cap.max_recv_sge = 1;
+	ia.qp_type = IBV_QPT_UD;
+	struct ibv_qp *qp = ibv_create_qp(pd, &ia);
+	if (!qp) {
+		*err = errno ? errno : ENOMEM;
+		return NULL;
+	}
+	struct ibv_qp_attr a;
+	memset(&a, 0, sizeof a);
+	a.qp_state = IBV_QPS_INIT;
+	a.pkey_index = pkey_index;
+	a.port_num = 1;
+	a.qkey = qkey;
+	int r = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY);
+	if (!r) {
+		memset(&a, 0, sizeof a);
+		a.qp_state = IBV_QPS_RTR;
+		r = ibv_modify_qp(qp, &a, IBV_QP_STATE);
+	}
+	if (!r) {
+		memset(&a, 0, sizeof a);
+		a.qp_state = IBV_QPS_RTS;
+		a.sq_psn = psn;
+		r = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN);
+	}
+	if (r) {
+		ibv_destroy_qp(qp);
+		*err = r;
+		return NULL;
+	}
+	*err = 0;
+	return qp;
+}
+
+static struct ibv_ah *eib_create_ah(struct ibv_pd *pd, const uint8_t *dgid, int global, int sgid_index,
+		uint16_t dlid, uint8_t sl, int *err) {
+	struct ibv_ah_attr a;
+	memset(&a, 0, sizeof a);
+	a.port_num = 1;
+	a.dlid = dlid;
+	a.sl = sl;
+	if (global) {
+		a.is_global = 1;
+		memcpy(a.grh.dgid.raw, dgid, 16);
+		a.grh.sgid_index = sgid_index;
+		a.grh.hop_limit = 64;
+	}
+	struct ibv_ah *ah = ibv_create_ah(pd, &a);
+	*err = ah ? 0 : (errno ? errno : EINVAL);
+	return ah;
+}
+
+// eib_post_send posts n descriptors, one ibv_post_send per run of
+// consecutive descriptors on one QP (wrs and sges hold n entries each).
+// It returns how many were posted and sets *err for the first failure.
+static int eib_post_send(struct eib_send *d, int n, uint32_t lkey, uint32_t qkey,
+		struct ibv_send_wr *wrs, struct ibv_sge *sges, int *err) {
+	*err = 0;
+	int i = 0;
+	while (i < n) {
+		int j = i;
+		for (; j < n && d[j].qp == d[i].qp; j++) {
+			sges[j].addr = d[j].addr;
+			sges[j].length = d[j].len;
+			sges[j].lkey = lkey;
+			memset(&wrs[j], 0, sizeof wrs[j]);
+			wrs[j].wr_id = d[j].wr_id;
+			wrs[j].sg_list = &sges[j];
+			wrs[j].num_sge = 1;
+			wrs[j].opcode = IBV_WR_SEND;
+			wrs[j].send_flags = d[j].signal ? IBV_SEND_SIGNALED : 0;
+			wrs[j].wr.ud.ah = d[j].ah;
+			wrs[j].wr.ud.remote_qpn = d[j].rqpn;
+			wrs[j].wr.ud.remote_qkey = qkey;
+			wrs[j].next = j + 1 < n && d[j + 1].qp == d[i].qp ? &wrs[j + 1] : NULL;
+		}
+		struct ibv_send_wr *bad = NULL;
+		int r = ibv_post_send(d[i].qp, &wrs[i], &bad);
+		if (r) {
+			*err = r;
+			return bad ? (int)(bad - wrs) : i;
+		}
+		i = j;
+	}
+	return n;
+}
+
+static int eib_post_recv(struct ibv_srq *srq, const uint32_t *idx, int n, uint64_t base, uint32_t size, uint32_t lkey,
+		struct ibv_recv_wr *wrs, struct ibv_sge *sges) {
+	for (int i = 0; i < n; i++) {
+		sges[i].addr = base + (uint64_t)idx[i] * size;
+		sges[i].length = size;
+		sges[i].lkey = lkey;
+		wrs[i].wr_id = idx[i];
+		wrs[i].sg_list = &sges[i];
+		wrs[i].num_sge = 1;
+		wrs[i].next = i + 1 < n ? &wrs[i + 1] : NULL;
+	}
+	struct ibv_recv_wr *bad = NULL;
+	return n ? ibv_post_srq_recv(srq, wrs, &bad) : 0;
+}
+
+static int eib_poll_recv(struct ibv_cq *cq, struct ibv_wc *wc, struct eib_recv *out, int n) {
+	int got = ibv_poll_cq(cq, n, wc);
+	for (int i = 0; i < got; i++) {
+		out[i].wr_id = wc[i].wr_id;
+		out[i].status = wc[i].status;
+		out[i].byte_len = wc[i].byte_len;
+		out[i].src_qp = wc[i].src_qp;
+		out[i].qp_num = wc[i].qp_num;
+		out[i].wc_flags = wc[i].wc_flags;
+		out[i].pkey_index = wc[i].pkey_index;
+	}
+	return got;
+}
+
+static int eib_poll_send(struct ibv_cq *cq, struct ibv_wc *wc, struct eib_sent *out, int n) {
+	int got = ibv_poll_cq(cq, n, wc);
+	for (int i = 0; i < got; i++) {
+		out[i].wr_id = wc[i].wr_id;
+		out[i].status = wc[i].status;
+		out[i].qp_num = wc[i].qp_num;
+	}
+	return got;
+}
+
+// eib_wait_cq waits for the receive CQ's next completion event or for
+// wakefd, re-arming the CQ first. It returns 1 on an event, 0 on wakefd,
+// -errno on failure.
+static int eib_wait_cq(struct ibv_comp_channel *ch, struct ibv_cq *cq, int wakefd) {
+	struct pollfd p[2] = {{.fd = ch->fd, .events = POLLIN}, {.fd = wakefd, .events = POLLIN}};
+	for (;;) {
+		int r = poll(p, 2, -1);
+		if (r < 0) {
+			if (errno == EINTR) continue;
+			return -errno;
+		}
+		if (p[1].revents) return 0;
+		struct ibv_cq *ecq;
+		void *ectx;
+		if (ibv_get_cq_event(ch, &ecq, &ectx) == 0) {
+			ibv_ack_cq_events(ecq, 1);
+			return 1;
+		}
+		if (errno != EAGAIN) return -errno;
+	}
+}
+
+// eib_wait_async waits for one async event or wakefd: 1 and the event's
+// type and port, 0 on wakefd, -errno on failure.
+static int eib_wait_async(struct ibv_context *ctx, int wakefd, int *type, int *port) {
+	struct pollfd p[2] = {{.fd = ctx->async_fd, .events = POLLIN}, {.fd = wakefd, .events = POLLIN}};
+	for (;;) {
+		int r = poll(p, 2, -1);
+		if (r < 0) {
+			if (errno == EINTR) continue;
+			return -errno;
+		}
+		if (p[1].revents) return 0;
+		struct ibv_async_event ev;
+		if (ibv_get_async_event(ctx, &ev) == 0) {
+			*type = ev.event_type;
+			*port = ev.element.port_num;
+			ibv_ack_async_event(&ev);
+			return 1;
+		}
+		if (errno != EAGAIN) return -errno;
+	}
+}
+
+static void *eib_alloc(size_t n) {
+	void *p = NULL;
+	if (posix_memalign(&p, 4096, n)) return NULL;
+	memset(p, 0, n);
+	return p;
+}
+*/
+import "C"
+
+import (
+	"fmt"
+	"sync"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/eipoib/eipoibd/ipoib"
+)
+
+// ibvDevice is a verbs device: one protection domain, a shared receive
+// queue with its CQ and completion channel, a send CQ, and the registered
+// send and receive buffers.
+type ibvDevice struct {
+	ctx     *C.struct_ibv_context
+	pd      *C.struct_ibv_pd
+	ch      *C.struct_ibv_comp_channel
+	rcq     *C.struct_ibv_cq
+	scq     *C.struct_ibv_cq
+	srq     *C.struct_ibv_srq
+	sendMem unsafe.Pointer
+	recvMem unsafe.Pointer
+	sendMR  *C.struct_ibv_mr
+	recvMR  *C.struct_ibv_mr
+	lay     layout
+	a       devAttr
+	sendWR  int
+	wakeFD  int
+
+	mu   sync.Mutex
+	qps  map[uint32]*C.struct_ibv_qp
+	ahs  map[handle]*C.struct_ibv_ah
+	next handle
+
+	// C scratch arrays, one set per direction (the Port serialises each).
+	sd      *C.struct_eib_send
+	swr     *C.struct_ibv_send_wr
+	ssge    *C.struct_ibv_sge
+	swc     *C.struct_ibv_wc
+	sent    *C.struct_eib_sent
+	rwc     *C.struct_ibv_wc
+	recv    *C.struct_eib_recv
+	rwr     *C.struct_ibv_recv_wr
+	rsge    *C.struct_ibv_sge
+	ridx    *C.uint32_t
+	scratch []unsafe.Pointer
+}
+
+func errnoErr(what string, r C.int) error {
+	if r < 0 {
+		r = -r
+	}
+	return fmt.Errorf("verbsfabric: %s: %w", what, syscall.Errno(r))
+}
+
+// openDevice opens the verbs device name and sets up its queues and
+// buffers.
+func openDevice(name string, lay layout) (_ device, err error) {
+	d := &ibvDevice{lay: lay, qps: make(map[uint32]*C.struct_ibv_qp), ahs: make(map[handle]*C.struct_ibv_ah), wakeFD: -1}
+	defer func() {
+		if err != nil {
+			d.close()
+		}
+	}()
+	cname := C.CString(name)
+	defer C.free(unsafe.Pointer(cname))
+	var e C.int
+	if d.ctx = C.eib_open(cname, &e); d.ctx == nil {
+		if e == C.ENODEV {
+			return nil, fmt.Errorf("verbsfabric: no verbs device %q (see ibv_devices or rdma link)", name)
+		}
+		return nil, errnoErr("open "+name, e)
+	}
+	if err := d.query(); err != nil {
+		return nil, err
+	}
+	var qpWR, srqWR, cqe C.int
+	if r := C.eib_max_wr(d.ctx, &qpWR, &srqWR, &cqe); r != 0 {
+		return nil, errnoErr("query device", r)
+	}
+	if int(srqWR) < lay.recvBufs || int(cqe) < lay.recvBufs || int(cqe) < lay.sendSlots {
+		return nil, fmt.Errorf("verbsfabric: %s takes at most %d receive WRs and %d CQEs; want %d and %d", name, srqWR, cqe, lay.recvBufs, lay.sendSlots)
+	}
+	d.sendWR = min(lay.sendSlots, int(qpWR))
+	if d.pd = C.ibv_alloc_pd(d.ctx); d.pd == nil {
+		return nil, fmt.Errorf("verbsfabric: ibv_alloc_pd failed")
+	}
+	if d.ch = C.ibv_create_comp_channel(d.ctx); d.ch == nil {
+		return nil, fmt.Errorf("verbsfabric: ibv_create_comp_channel failed")
+	}
+	if r := C.eib_nonblock(d.ch.fd); r != 0 {
+		return nil, errnoErr("completion channel", r)
+	}
+	if r := C.eib_nonblock(d.ctx.async_fd); r != 0 {
+		return nil, errnoErr("async event fd", r)
+	}
+	if d.rcq = C.ibv_create_cq(d.ctx, C.int(lay.recvBufs), nil, d.ch, 0); d.rcq == nil {
+		return nil, fmt.Errorf("verbsfabric: ibv_create_cq (receive) failed")
+	}
+	if d.scq = C.ibv_create_cq(d.ctx, C.int(lay.sendSlots), nil, nil, 0); d.scq == nil {
+		return nil, fmt.Errorf("verbsfabric: ibv_create_cq (send) failed")
+	}
+	var sa C.struct_ibv_srq_init_attr
+	sa.attr.max_wr = C.uint32_t(lay.recvBufs)
+	sa.attr.max_sge = 1
+	if d.srq = C.ibv_create_srq(d.pd, &sa); d.srq == nil {
+		return nil, fmt.Errorf("verbsfabric: ibv_create_srq failed")
+	}
+	sendLen, recvLen := lay.sendSlots*lay.slotSize, lay.recvBufs*lay.recvSize
+	if d.sendMem = C.eib_alloc(C.size_t(sendLen)); d.sendMem == nil {
+		return nil, fmt.Errorf("verbsfabric: out of memory for %d send bytes", sendLen)
+	}
+	if d.recvMem = C.eib_alloc(C.size_t(recvLen)); d.recvMem == nil {
+		return nil, fmt.Errorf("verbsfabric: out of memory for %d receive bytes", recvLen)
+	}
+	if d.sendMR = C.ibv_reg_mr(d.pd, d.sendMem, C.size_t(sendLen), C.IBV_ACCESS_LOCAL_WRITE); d.sendMR == nil {
+		return nil, fmt.Errorf("verbsfabric: ibv_reg_mr (send, %d bytes) failed", sendLen)
+	}
+	if d.recvMR = C.ibv_reg_mr(d.pd, d.recvMem, C.size_t(recvLen), C.IBV_ACCESS_LOCAL_WRITE); d.recvMR == nil {
+		return nil, fmt.Errorf("verbsfabric: ibv_reg_mr (receive, %d bytes) failed", recvLen)
+	}
+	n := max(lay.recvBufs, lay.sendSlots, lay.batch)
+	alloc := func(size uintptr) unsafe.Pointer {
+		p := C.calloc(C.size_t(n), C.size_t(size))
+		d.scratch = append(d.scratch, p)
+		return p
+	}
+	d.sd = (*C.struct_eib_send)(alloc(unsafe.Sizeof(C.struct_eib_send{})))
+	d.swr = (*C.struct_ibv_send_wr)(alloc(unsafe.Sizeof(C.struct_ibv_send_wr{})))
+	d.ssge = (*C.struct_ibv_sge)(alloc(unsafe.Sizeof(C.struct_ibv_sge{})))
+	d.swc = (*C.struct_ibv_wc)(alloc(unsafe.Sizeof(C.struct_ibv_wc{})))
+	d.sent = (*C.struct_eib_sent)(alloc(unsafe.Sizeof(C.struct_eib_sent{})))
+	d.rwc = (*C.struct_ibv_wc)(alloc(unsafe.Sizeof(C.struct_ibv_wc{})))
+	d.recv = (*C.struct_eib_recv)(alloc(unsafe.Sizeof(C.struct_eib_recv{})))
+	d.rwr = (*C.struct_ibv_recv_wr)(alloc(unsafe.Sizeof(C.struct_ibv_recv_wr{})))
+	d.rsge = (*C.struct_ibv_sge)(alloc(unsafe.Sizeof(C.struct_ibv_sge{})))
+	d.ridx = (*C.uint32_t)(alloc(4))
+	for _, p := range d.scratch {
+		if p == nil {
+			return nil, fmt.Errorf("verbsfabric: out of memory for work requests")
+		}
+	}
+	fd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		return nil, fmt.Errorf("verbsfabric: eventfd: %w", err)
+	}
+	d.wakeFD = fd
+	if r := C.ibv_req_notify_cq(d.rcq, 0); r != 0 {
+		return nil, errnoErr("ibv_req_notify_cq", r)
+	}
+	return d, nil
+}
+
+// query reads the port: state, MTU, link layer, the GID to use and the
+// P_Key table.
+func (d *ibvDevice) query() error {
+	var state, mtu, ll, gidLen, pkeyLen C.int
+	if r := C.eib_query_port(d.ctx, &state, &mtu, &ll, &gidLen, &pkeyLen); r != 0 {
+		return errnoErr("ibv_query_port", r)
+	}
+	d.a.active = state == C.IBV_PORT_ACTIVE
+	d.a.mtu = mtuOf(int(mtu))
+	d.a.ib = ll != C.IBV_LINK_LAYER_ETHERNET
+	var entries []gidEntry
+	for i := 0; i < int(gidLen); i++ {
+		var g [16]C.uint8_t
+		var typ, ifindex C.int
+		if C.eib_query_gid(d.ctx, C.int(i), &g[0], &typ, &ifindex) != 0 {
+			continue // an empty entry
+		}
+		var e gidEntry
+		for j := range g {
+			e.gid[j] = byte(g[j])
+		}
+		e.index, e.ifindex = i, int(ifindex)
+		switch typ {
+		case C.IBV_GID_TYPE_ROCE_V2:
+			e.typ = gidRoCEv2
+		case C.IBV_GID_TYPE_ROCE_V1:
+			e.typ = gidRoCEv1
+		default:
+			e.typ = gidIB
+		}
+		entries = append(entries, e)
+	}
+	e, err := pickGID(entries, d.a.ib)
+	if err != nil {
+		return err
+	}
+	d.a.gid, d.a.gidIndex, d.a.ifindex = e.gid, e.index, e.ifindex
+	for i := 0; i < int(pkeyLen); i++ {
+		var pk C.uint16_t
+		if C.eib_query_pkey(d.ctx, C.int(i), &pk) != 0 {
+			break
+		}
+		d.a.pkeys = append(d.a.pkeys, ipoib.PKey(pk))
+	}
+	return nil
+}
+
+func (d *ibvDevice) attr() devAttr { return d.a }
+
+func (d *ibvDevice) sendBuf(slot int) []byte {
+	return unsafe.Slice((*byte)(unsafe.Add(d.sendMem, slot*d.lay.slotSize)), d.lay.slotSize)
+}
+
+func (d *ibvDevice) recvBuf(i int) []byte {
+	return unsafe.Slice((*byte)(unsafe.Add(d.recvMem, i*d.lay.recvSize)), d.lay.recvSize)
+}
+
+func (d *ibvDevice) createQP(pkeyIndex int, psn uint32) (uint32, error) {
+	var e C.int
+	qp := C.eib_create_qp(d.pd, d.scq, d.rcq, d.srq, C.int(d.sendWR), C.int(pkeyIndex), ipoib.QKey, C.uint32_t(psn&0xffffff), &e)
+	if qp == nil {
+		return 0, errnoErr("create UD QP", e)
+	}
+	d.mu.Lock()
+	d.qps[uint32(qp.qp_num)] = qp
+	d.mu.Unlock()
+	return uint32(qp.qp_num), nil
+}
+
+func (d *ibvDevice) qp(qpn uint32) *C.struct_ibv_qp {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.qps[qpn]
+}
+
+func (d *ibvDevice) destroyQP(qpn uint32) error {
+	d.mu.Lock()
+	qp := d.qps[qpn]
+	delete(d.qps, qpn)
+	d.mu.Unlock()
+	if qp == nil {
+		return fmt.Errorf("verbsfabric: no QP %#x", qpn)
+	}
+	if r := C.ibv_destroy_qp(qp); r != 0 {
+		return errnoErr("ibv_destroy_qp", r)
+	}
+	return nil
+}
+
+func (d *ibvDevice) createAH(p path) (handle, error) {
+	var e C.int
+	var g [16]C.uint8_t
+	for i := range g {
+		g[i] = C.uint8_t(p.gid[i])
+	}
+	global := C.int(0)
+	if p.global {
+		global = 1
+	}
+	ah := C.eib_create_ah(d.pd, &g[0], global, C.int(d.a.gidIndex), C.uint16_t(p.dlid), C.uint8_t(p.sl), &e)
+	if ah == nil {
+		return 0, errnoErr("ibv_create_ah "+p.gid.String(), e)
+	}
+	d.mu.Lock()
+	d.next++
+	h := d.next
+	d.ahs[h] = ah
+	d.mu.Unlock()
+	return h, nil
+}
+
+func (d *ibvDevice) destroyAH(h handle) {
+	d.mu.Lock()
+	ah := d.ahs[h]
+	delete(d.ahs, h)
+	d.mu.Unlock()
+	if ah != nil {
+		C.ibv_destroy_ah(ah)
+	}
+}
+
+func (d *ibvDevice) attach(qpn uint32, mgid ipoib.GID) error {
+	return d.mcast(qpn, mgid, true)
+}
+
+func (d *ibvDevice) detach(qpn uint32, mgid ipoib.GID) error {
+	return d.mcast(qpn, mgid, false)
+}
+
+func (d *ibvDevice) mcast(qpn uint32, mgid ipoib.GID, attach bool) error {
+	qp := d.qp(qpn)
+	if qp == nil {
+		return fmt.Errorf("verbsfabric: no QP %#x", qpn)
+	}
+	var g C.union_ibv_gid
+	*(*[16]byte)(unsafe.Pointer(&g)) = mgid
+	if attach {
+		if r := C.ibv_attach_mcast(qp, &g, 0); r != 0 {
+			return errnoErr("ibv_attach_mcast "+mgid.String(), r)
+		}
+		return nil
+	}
+	if r := C.ibv_detach_mcast(qp, &g, 0); r != 0 {
+		return errnoErr("ibv_detach_mcast "+mgid.String(), r)
+	}
+	return nil
+}
+
+func (d *ibvDevice) postSend(s []sendDesc) (int, error) {
+	if len(s) == 0 {
+		return 0, nil
+	}
+	descs := unsafe.Slice(d.sd, len(s))
+	base := uintptr(d.sendMem)
+	d.mu.Lock()
+	for i := range s {
+		descs[i] = C.struct_eib_send{
+			qp: d.qps[s[i].qpn], ah: d.ahs[s[i].ah], rqpn: C.uint32_t(s[i].rqpn), len: C.uint32_t(s[i].len),
+			addr: C.uint64_t(base + uintptr(s[i].slot*d.lay.slotSize)), wr_id: C.uint64_t(s[i].wrID),
+		}
+		if s[i].signal {
+			descs[i].signal = 1
+		}
+		if descs[i].qp == nil || descs[i].ah == nil {
+			d.mu.Unlock()
+			return 0, fmt.Errorf("verbsfabric: send on a freed QP or address handle")
+		}
+	}
+	d.mu.Unlock()
+	var e C.int
+	n := int(C.eib_post_send(d.sd, C.int(len(s)), d.sendMR.lkey, ipoib.QKey, d.swr, d.ssge, &e))
+	if e != 0 {
+		return n, errnoErr("ibv_post_send", e)
+	}
+	return n, nil
+}
+
+func (d *ibvDevice) pollSend(out []sendDone) int {
+	n := int(C.eib_poll_send(d.scq, d.swc, d.sent, C.int(min(len(out), d.lay.sendSlots))))
+	sent := unsafe.Slice(d.sent, max(n, 0))
+	for i := range sent {
+		out[i] = sendDone{wrID: uint64(sent[i].wr_id), qpn: uint32(sent[i].qp_num), ok: sent[i].status == C.IBV_WC_SUCCESS}
+	}
+	return max(n, 0)
+}
+
+func (d *ibvDevice) pollRecv(out []recvDone) int {
+	n := int(C.eib_poll_recv(d.rcq, d.rwc, d.recv, C.int(min(len(out), d.lay.recvBufs))))
+	recv := unsafe.Slice(d.recv, max(n, 0))
+	for i := range recv {
+		r := &recv[i]
+		out[i] = recvDone{buf: int(r.wr_id), len: int(r.byte_len), srcQPN: uint32(r.src_qp), qpn: uint32(r.qp_num),
+			pkeyIndex: int(r.pkey_index), ok: r.status == C.IBV_WC_SUCCESS, grh: r.wc_flags&C.IBV_WC_GRH != 0}
+	}
+	return max(n, 0)
+}
+
+func (d *ibvDevice) postRecv(bufs []uint32) error {
+	idx := unsafe.Slice(d.ridx, len(bufs))
+	for i, b := range bufs {
+		idx[i] = C.uint32_t(b)
+	}
+	r := C.eib_post_recv(d.srq, d.ridx, C.int(len(bufs)), C.uint64_t(uintptr(d.recvMem)), C.uint32_t(d.lay.recvSize), d.recvMR.lkey, d.rwr, d.rsge)
+	if r != 0 {
+		return errnoErr("ibv_post_srq_recv", r)
+	}
+	return nil
+}
+
+func (d *ibvDevice) waitRecv() (bool, error) {
+	r := C.eib_wait_cq(d.ch, d.rcq, C.int(d.wakeFD))
+	switch {
+	case r < 0:
+		return false, errnoErr("wait for completions", r)
+	case r == 0:
+		return false, nil
+	}
+	if r := C.ibv_req_notify_cq(d.rcq, 0); r != 0 {
+		return false, errnoErr("ibv_req_notify_cq", r)
+	}
+	return true, nil
+}
+
+func (d *ibvDevice) waitEvent() (portEvent, bool, error) {
+	var typ, port C.int
+	r := C.eib_wait_async(d.ctx, C.int(d.wakeFD), &typ, &port)
+	switch {
+	case r < 0:
+		return 0, false, errnoErr("wait for async events", r)
+	case r == 0:
+		return 0, false, nil
+	}
+	switch typ {
+	case C.IBV_EVENT_PORT_ACTIVE:
+		return eventPortActive, true, nil
+	case C.IBV_EVENT_PORT_ERR:
+		return eventPortDown, true, nil
+	case C.IBV_EVENT_GID_CHANGE:
+		return eventGIDChange, true, nil
+	}
+	return eventOther, true, nil
+}
+
+func (d *ibvDevice) wake() {
+	if d.wakeFD >= 0 {
+		var one = [8]byte{1}
+		unix.Write(d.wakeFD, one[:])
+	}
+}
+
+// close frees everything in reverse order; the Port has stopped using
+// the device.
+func (d *ibvDevice) close() {
+	for _, qp := range d.qps {
+		C.ibv_destroy_qp(qp)
+	}
+	for _, ah := range d.ahs {
+		C.ibv_destroy_ah(ah)
+	}
+	clear(d.qps)
+	clear(d.ahs)
+	if d.srq != nil {
+		C.ibv_destroy_srq(d.srq)
+	}
+	if d.sendMR != nil {
+		C.ibv_dereg_mr(d.sendMR)
+	}
+	if d.recvMR != nil {
+		C.ibv_dereg_mr(d.recvMR)
+	}
+	if d.scq != nil {
+		C.ibv_destroy_cq(d.scq)
+	}
+	if d.rcq != nil {
+		C.ibv_destroy_cq(d.rcq)
+	}
+	if d.ch != nil {
+		C.ibv_destroy_comp_channel(d.ch)
+	}
+	if d.pd != nil {
+		C.ibv_dealloc_pd(d.pd)
+	}
+	if d.ctx != nil {
+		C.ibv_close_device(d.ctx)
+	}
+	C.free(d.sendMem)
+	C.free(d.recvMem)
+	for _, p := range d.scratch {
+		C.free(p)
+	}
+	if d.wakeFD >= 0 {
+		unix.Close(d.wakeFD)
+	}
+	*d = ibvDevice{wakeFD: -1}
+}
