@@ -25,7 +25,9 @@ lint:
 	@out=$$(gofmt -l $$(git ls-files -co --exclude-standard '*.go' 2>/dev/null || find . -name '*.go')); \
 		if [ -n "$$out" ]; then echo "gofmt needed: $$out"; exit 1; fi
 	$(GO) vet ./...
+	$(GO) vet -tags verbs ./...
 	$(STATICCHECK) ./...
+	$(STATICCHECK) -tags verbs ./...
 
 ## unit: every Go test; the race detector on all but the netns tests,
 ## which drive real daemons and tools, with the TAP's offloads on (the
@@ -35,9 +37,11 @@ unit:
 	$(GO) test -count=1 -v ./test/netns/ 2>&1 | grep -Ev '^=== (RUN|PAUSE|CONT)'; exit $${PIPESTATUS[0]}
 	EIPOIB_NETNS_OFFLOAD=false $(GO) test -count=1 -v ./test/netns/ 2>&1 | grep -Ev '^=== (RUN|PAUSE|CONT)'; exit $${PIPESTATUS[0]}
 
-## build: the daemon and the benchmark's UDP generator in bin/
+## build: the daemon, the daemon with the verbs backend (cgo,
+## libibverbs) and the benchmark's UDP generator in bin/
 build:
 	$(GO) build -o bin/eipoibd ./cmd/eipoibd
+	$(GO) build -tags verbs -o bin/eipoibd-verbs ./cmd/eipoibd
 	$(GO) build -o bin/udprate ./cmd/udprate
 
 ## fuzz: run every fuzz target for FUZZTIME (default 60s) each.

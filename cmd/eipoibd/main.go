@@ -242,7 +242,11 @@ func run(args []string, stderr io.Writer) error {
 		return err
 	}
 	defer dev.Close()
-	log.Info("started", "tap", o.name, "underlay", o.underlay, "gid", port.LocalGID(), "ib_mtu", port.MTU(), "ipoib_mtu", ipMTU)
+	fabDev := o.underlay
+	if o.fabric != "sim" {
+		fabDev = o.ibDev
+	}
+	log.Info("started", "tap", o.name, "fabric", o.fabric, "device", fabDev, "gid", port.LocalGID(), "ib_mtu", port.MTU(), "ipoib_mtu", ipMTU)
 
 	sh, err := shim.New(shim.Config{
 		Device: dev, Port: port, Logger: log,

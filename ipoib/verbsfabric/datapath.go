@@ -271,8 +271,7 @@ func (p *Port) resolver() {
 			return
 		case gid = <-p.resolve:
 		}
-		pa := path{gid: gid, global: !p.a.ib || gid.IsMulticast()}
-		h, err := p.dev.createAH(pa)
+		h, err := p.makeAH(gid)
 		p.ahMu.Lock()
 		e := p.ahs[gid]
 		switch {
@@ -293,6 +292,34 @@ func (p *Port) resolver() {
 		}
 		p.flushPending(gid, err == nil)
 	}
+}
+
+// makeAH makes gid's address handle. Every packet carries a GRH (on IB
+// too, so that receivers learn the source GID); on IB the DLID and SL
+// come from a path record, or for a group from its SA membership (a
+// send-only one is made here when the port is not a member).
+func (p *Port) makeAH(gid ipoib.GID) (handle, error) {
+	pa := path{gid: gid, global: true}
+	if p.a.ib {
+		var l lidSL
+		var err error
+		if gid.IsMulticast() {
+			var ok bool
+			if l, ok = p.mlid(gid); !ok {
+				l.lid, l.sl, err = p.dev.saJoin(gid, ipoib.MGIDPKey(gid), true)
+				if err == nil {
+					p.setMLID(gid, l)
+				}
+			}
+		} else {
+			l.lid, l.sl, err = p.dev.pathRecord(gid, p.a.pkeys[0])
+		}
+		if err != nil {
+			return 0, err
+		}
+		pa.dlid, pa.sl = l.lid, l.sl
+	}
+	return p.dev.createAH(pa)
 }
 
 // flushPending sends (or, when its address handle failed, drops) what
@@ -371,18 +398,24 @@ func (p *Port) take(d recvDone, dst []byte, size *int, m *ipoib.RxMeta) bool {
 	case !d.ok:
 		p.drops[DropRecvError].Add(1)
 		return false
-	case !d.grh:
+	case !d.grh && !p.a.ib:
 		p.drops[DropNoGRH].Add(1)
 		return false
 	case d.len < grhLen+ipoib.HeaderLen:
 		p.drops[DropTruncated].Add(1)
 		return false
 	}
+	// The buffer always starts with the GRH's 40 bytes; without a GRH
+	// (IB unicast from a sender that sends none, as kernel IPoIB does)
+	// they are undefined and the source is unknown.
 	b := p.dev.recvBuf(d.buf)[:d.len]
-	src, dgid, err := parseGRH(b)
-	if err != nil {
-		p.drops[DropBadGRH].Add(1)
-		return false
+	var src, dgid ipoib.GID
+	if d.grh {
+		var err error
+		if src, dgid, err = parseGRH(b); err != nil {
+			p.drops[DropBadGRH].Add(1)
+			return false
+		}
 	}
 	p.qpMu.RLock()
 	q, ok := p.qps[d.qpn]
@@ -404,11 +437,13 @@ func (p *Port) take(d recvDone, dst []byte, size *int, m *ipoib.RxMeta) bool {
 		p.drops[DropBufferSmall].Add(1)
 		return false
 	}
-	if !own {
-		p.wantAH(src) // the reply will need it: make it now, off the TX path
-	}
 	*size = copy(dst, pkt)
 	*m = ipoib.RxMeta{Src: ipoib.MakeHwAddr(0, d.srcQPN, src), DstQPN: d.qpn, PKey: q.pkey}
+	if !d.grh {
+		m.Src, m.SrcUnknown = ipoib.HwAddr{}, true
+	} else if !own {
+		p.wantAH(src) // the reply will need it: make it now, off the TX path
+	}
 	if dgid.IsMulticast() {
 		m.DstQPN, m.MGID = ipoib.MulticastQPN, dgid
 	}

@@ -22,8 +22,17 @@ type device interface {
 	// peer's MAC by neighbour discovery).
 	createAH(p path) (handle, error)
 	destroyAH(h handle)
-	attach(qpn uint32, mgid ipoib.GID) error
-	detach(qpn uint32, mgid ipoib.GID) error
+	// attach and detach a QP to a group; mlid is the group's LID on IB
+	// (from saJoin), 0 on RoCE.
+	attach(qpn uint32, mgid ipoib.GID, mlid uint16) error
+	detach(qpn uint32, mgid ipoib.GID, mlid uint16) error
+
+	// On the IB link layer: a path record from the subnet administrator
+	// (DLID and SL of the path to dgid), and SA multicast memberships
+	// (the group's MLID and SL). They block for up to a few seconds.
+	pathRecord(dgid ipoib.GID, pkey ipoib.PKey) (dlid uint16, sl uint8, err error)
+	saJoin(mgid ipoib.GID, pkey ipoib.PKey, sendOnly bool) (mlid uint16, sl uint8, err error)
+	saLeave(mgid ipoib.GID, sendOnly bool)
 
 	// sendBuf is send slot slot of the registered send memory.
 	sendBuf(slot int) []byte
@@ -66,6 +75,12 @@ type layout struct {
 	sendSlots, slotSize int
 	recvBufs, recvSize  int
 	batch               int
+}
+
+// saKey names an SA multicast membership.
+type saKey struct {
+	mgid     ipoib.GID
+	sendOnly bool
 }
 
 // handle names an address handle of the device.

@@ -9,7 +9,8 @@ package verbsfabric
 // work request descriptors a C array the Go side fills.
 
 /*
-#cgo LDFLAGS: -libverbs
+#cgo LDFLAGS: -libverbs -lrdmacm
+#include <endian.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -17,6 +18,8 @@ package verbsfabric
 #include <string.h>
 #include <unistd.h>
 #include <infiniband/verbs.h>
+#include <infiniband/ib.h>
+#include <rdma/rdma_cma.h>
 
 // A send descriptor, filled by Go.
 struct eib_send {
@@ -291,6 +294,77 @@ static int eib_wait_async(struct ibv_context *ctx, int wakefd, int *type, int *p
 	}
 }
 
+// The IB link layer's subnet administrator, through librdmacm with AF_IB
+// addresses and synchronous ids (no event channel: each call waits for
+// its event), as libvma did. Unused on RoCE.
+
+static void eib_sib(struct sockaddr_ib *s, const uint8_t *gid, uint16_t pkey) {
+	memset(s, 0, sizeof *s);
+	s->sib_family = AF_IB;
+	s->sib_pkey = htobe16(pkey);
+	memcpy(&s->sib_addr, gid, 16);
+}
+
+// eib_path_record asks the SA for the path from sgid to dgid in pkey.
+static int eib_path_record(const uint8_t *sgid, const uint8_t *dgid, uint16_t pkey, int ms, uint16_t *dlid, uint8_t *sl) {
+	struct rdma_cm_id *id;
+	if (rdma_create_id(NULL, &id, NULL, RDMA_PS_IPOIB)) return errno;
+	struct sockaddr_ib src, dst;
+	eib_sib(&src, sgid, pkey);
+	eib_sib(&dst, dgid, pkey);
+	int r = rdma_resolve_addr(id, (struct sockaddr *)&src, (struct sockaddr *)&dst, ms);
+	if (!r) r = rdma_resolve_route(id, ms);
+	int e = r ? errno : 0;
+	if (!r && id->route.num_paths < 1) e = EHOSTUNREACH;
+	if (!e) {
+		*dlid = be16toh(id->route.path_rec[0].dlid);
+		*sl = id->route.path_rec[0].sl;
+	}
+	rdma_destroy_id(id);
+	return e;
+}
+
+// eib_sa_join joins mgid through the SA as a full or send-only member;
+// the id it returns holds the membership until eib_sa_leave.
+static struct rdma_cm_id *eib_sa_join(const uint8_t *sgid, const uint8_t *mgid, uint16_t pkey, int sendonly,
+		uint16_t *mlid, uint8_t *sl, int *err) {
+	struct rdma_cm_id *id;
+	if (rdma_create_id(NULL, &id, NULL, RDMA_PS_IPOIB)) {
+		*err = errno;
+		return NULL;
+	}
+	struct sockaddr_ib src, grp;
+	eib_sib(&src, sgid, pkey);
+	eib_sib(&grp, mgid, pkey);
+	int r = rdma_bind_addr(id, (struct sockaddr *)&src);
+	if (!r) {
+		struct rdma_cm_join_mc_attr_ex a;
+		memset(&a, 0, sizeof a);
+		a.comp_mask = RDMA_CM_JOIN_MC_ATTR_ADDRESS | RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS;
+		a.join_flags = sendonly ? RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER : RDMA_MC_JOIN_FLAG_FULLMEMBER;
+		a.addr = (struct sockaddr *)&grp;
+		r = rdma_join_multicast_ex(id, &a, NULL);
+	}
+	*err = r ? errno : 0;
+	if (!r && !id->event) *err = EPROTO;
+	if (*err) {
+		rdma_destroy_id(id);
+		return NULL;
+	}
+	*mlid = id->event->param.ud.ah_attr.dlid;
+	*sl = id->event->param.ud.ah_attr.sl;
+	rdma_ack_cm_event(id->event);
+	id->event = NULL;
+	return id;
+}
+
+static void eib_sa_leave(struct rdma_cm_id *id, const uint8_t *mgid, uint16_t pkey) {
+	struct sockaddr_ib grp;
+	eib_sib(&grp, mgid, pkey);
+	rdma_leave_multicast(id, (struct sockaddr *)&grp);
+	rdma_destroy_id(id);
+}
+
 static void *eib_alloc(size_t n) {
 	void *p = NULL;
 	if (posix_memalign(&p, 4096, n)) return NULL;
@@ -334,6 +408,7 @@ type ibvDevice struct {
 	qps  map[uint32]*C.struct_ibv_qp
 	ahs  map[handle]*C.struct_ibv_ah
 	next handle
+	sa   map[saKey]saID // SA memberships (IB)
 
 	// C scratch arrays, one set per direction (the Port serialises each).
 	sd      *C.struct_eib_send
@@ -359,7 +434,8 @@ func errnoErr(what string, r C.int) error {
 // openDevice opens the verbs device name and sets up its queues and
 // buffers.
 func openDevice(name string, lay layout) (_ device, err error) {
-	d := &ibvDevice{lay: lay, qps: make(map[uint32]*C.struct_ibv_qp), ahs: make(map[handle]*C.struct_ibv_ah), wakeFD: -1}
+	d := &ibvDevice{lay: lay, qps: make(map[uint32]*C.struct_ibv_qp), ahs: make(map[handle]*C.struct_ibv_ah),
+		sa: make(map[saKey]saID), wakeFD: -1}
 	defer func() {
 		if err != nil {
 			d.close()
@@ -575,15 +651,76 @@ func (d *ibvDevice) destroyAH(h handle) {
 	}
 }
 
-func (d *ibvDevice) attach(qpn uint32, mgid ipoib.GID) error {
-	return d.mcast(qpn, mgid, true)
+func (d *ibvDevice) attach(qpn uint32, mgid ipoib.GID, mlid uint16) error {
+	return d.mcast(qpn, mgid, mlid, true)
 }
 
-func (d *ibvDevice) detach(qpn uint32, mgid ipoib.GID) error {
-	return d.mcast(qpn, mgid, false)
+func (d *ibvDevice) detach(qpn uint32, mgid ipoib.GID, mlid uint16) error {
+	return d.mcast(qpn, mgid, mlid, false)
 }
 
-func (d *ibvDevice) mcast(qpn uint32, mgid ipoib.GID, attach bool) error {
+// saTimeout bounds each SA query.
+const saTimeout = 2000 // ms
+
+func gidBytes(g ipoib.GID) *C.uint8_t { return (*C.uint8_t)(C.CBytes(g[:])) }
+
+func (d *ibvDevice) pathRecord(dgid ipoib.GID, pkey ipoib.PKey) (uint16, uint8, error) {
+	s, t := gidBytes(d.a.gid), gidBytes(dgid)
+	defer C.free(unsafe.Pointer(s))
+	defer C.free(unsafe.Pointer(t))
+	var dlid C.uint16_t
+	var sl C.uint8_t
+	if r := C.eib_path_record(s, t, C.uint16_t(pkey), saTimeout, &dlid, &sl); r != 0 {
+		return 0, 0, errnoErr("path record for "+dgid.String(), r)
+	}
+	return uint16(dlid), uint8(sl), nil
+}
+
+func (d *ibvDevice) saJoin(mgid ipoib.GID, pkey ipoib.PKey, sendOnly bool) (uint16, uint8, error) {
+	k := saKey{mgid, sendOnly}
+	s, g := gidBytes(d.a.gid), gidBytes(mgid)
+	defer C.free(unsafe.Pointer(s))
+	defer C.free(unsafe.Pointer(g))
+	so := C.int(0)
+	if sendOnly {
+		so = 1
+	}
+	var mlid C.uint16_t
+	var sl C.uint8_t
+	var e C.int
+	id := C.eib_sa_join(s, g, C.uint16_t(pkey), so, &mlid, &sl, &e)
+	if id == nil {
+		return 0, 0, errnoErr("SA join of "+mgid.String(), e)
+	}
+	d.mu.Lock()
+	old, had := d.sa[k]
+	d.sa[k] = saID{id, pkey}
+	d.mu.Unlock()
+	if had {
+		C.eib_sa_leave(old.id, g, C.uint16_t(old.pkey))
+	}
+	return uint16(mlid), uint8(sl), nil
+}
+
+// saID is an SA membership: the rdma_cm id holding it and its P_Key.
+type saID struct {
+	id   *C.struct_rdma_cm_id
+	pkey ipoib.PKey
+}
+
+func (d *ibvDevice) saLeave(mgid ipoib.GID, sendOnly bool) {
+	d.mu.Lock()
+	m, ok := d.sa[saKey{mgid, sendOnly}]
+	delete(d.sa, saKey{mgid, sendOnly})
+	d.mu.Unlock()
+	if ok {
+		g := gidBytes(mgid)
+		C.eib_sa_leave(m.id, g, C.uint16_t(m.pkey))
+		C.free(unsafe.Pointer(g))
+	}
+}
+
+func (d *ibvDevice) mcast(qpn uint32, mgid ipoib.GID, mlid uint16, attach bool) error {
 	qp := d.qp(qpn)
 	if qp == nil {
 		return fmt.Errorf("verbsfabric: no QP %#x", qpn)
@@ -591,12 +728,12 @@ func (d *ibvDevice) mcast(qpn uint32, mgid ipoib.GID, attach bool) error {
 	var g C.union_ibv_gid
 	*(*[16]byte)(unsafe.Pointer(&g)) = mgid
 	if attach {
-		if r := C.ibv_attach_mcast(qp, &g, 0); r != 0 {
+		if r := C.ibv_attach_mcast(qp, &g, C.uint16_t(mlid)); r != 0 {
 			return errnoErr("ibv_attach_mcast "+mgid.String(), r)
 		}
 		return nil
 	}
-	if r := C.ibv_detach_mcast(qp, &g, 0); r != 0 {
+	if r := C.ibv_detach_mcast(qp, &g, C.uint16_t(mlid)); r != 0 {
 		return errnoErr("ibv_detach_mcast "+mgid.String(), r)
 	}
 	return nil
@@ -707,6 +844,11 @@ func (d *ibvDevice) wake() {
 // close frees everything in reverse order; the Port has stopped using
 // the device.
 func (d *ibvDevice) close() {
+	for k, m := range d.sa {
+		g := gidBytes(k.mgid)
+		C.eib_sa_leave(m.id, g, C.uint16_t(m.pkey))
+		C.free(unsafe.Pointer(g))
+	}
 	for _, qp := range d.qps {
 		C.ibv_destroy_qp(qp)
 	}

@@ -142,6 +142,8 @@ type Port struct {
 	gqps   map[ipoib.PKey]uint32 // partition → its group QP
 	groups *ipoib.GroupTable
 	mcSock int // IPv6 socket joining MGIDs on the RoCE netdev
+	// mlids are the groups' MLIDs and SLs from SA joins (IB only).
+	mlids map[ipoib.GID]lidSL
 
 	ahMu    sync.Mutex
 	ahs     map[ipoib.GID]*ahEntry
@@ -171,6 +173,12 @@ type Port struct {
 	txPackets, txBytes, rxPackets, rxBytes atomic.Uint64
 	drops                                  [numDrops]atomic.Uint64
 	ahCreated, ahFailed, signalled         atomic.Uint64
+}
+
+// lidSL is an IB destination's LID and service level.
+type lidSL struct {
+	lid uint16
+	sl  uint8
 }
 
 // slotInfo is a send slot in use: the QP it was posted on and its
@@ -203,7 +211,7 @@ func New(c Config) (*Port, error) {
 	}
 	p := &Port{
 		dev: dev, a: dev.attr(), log: log.With("device", c.Device),
-		qps: make(map[uint32]*qpState), gqps: make(map[ipoib.PKey]uint32), groups: ipoib.NewGroupTable(), mcSock: -1,
+		qps: make(map[uint32]*qpState), gqps: make(map[ipoib.PKey]uint32), groups: ipoib.NewGroupTable(), mcSock: -1, mlids: make(map[ipoib.GID]lidSL),
 		ahs: make(map[ipoib.GID]*ahEntry), resolve: make(chan ipoib.GID, 256),
 		slots: make([]slotInfo, sendSlots), descs: make([]sendDesc, 0, batchSize), dones: make([]sendDone, sendSlots),
 		rdone: make([]recvDone, batchSize), repost: make([]uint32, 0, batchSize), done: make(chan struct{}),
@@ -336,24 +344,36 @@ func (p *Port) groupQP(pkey ipoib.PKey) (uint32, error) {
 	return q, nil
 }
 
-// Join attaches the partition's group QP to mgid and, on RoCE, joins
-// mgid as an IPv6 group on the netdev: rxe only programs the MAC filter,
-// and without the IPv6 membership the stack drops the group's packets
-// (this also sends the MLD reports snooping switches need).
+// Join attaches the partition's group QP to mgid. On IB it first joins
+// through the subnet administrator (which gives the group's MLID); on
+// RoCE it joins mgid as an IPv6 group on the netdev: rxe only programs
+// the MAC filter, and without the IPv6 membership the stack drops the
+// group's packets (this also sends the MLD reports snooping switches
+// need).
 func (p *Port) Join(mgid ipoib.GID) error {
 	if p.closed.Load() {
 		return net.ErrClosed
 	}
-	q, err := p.groupQP(ipoib.MGIDPKey(mgid))
+	pkey := ipoib.MGIDPKey(mgid)
+	q, err := p.groupQP(pkey)
 	if err != nil {
 		return err
 	}
 	if err := p.groups.Join(mgid, func() error {
-		if err := p.dev.attach(q, mgid); err != nil {
+		var mlid uint16
+		if p.a.ib {
+			l, sl, err := p.dev.saJoin(mgid, pkey, false)
+			if err != nil {
+				return err
+			}
+			p.setMLID(mgid, lidSL{l, sl})
+			mlid = l
+		}
+		if err := p.dev.attach(q, mgid, mlid); err != nil {
 			return err
 		}
 		if err := p.ipv6Group(mgid, unix.IPV6_JOIN_GROUP); err != nil {
-			p.dev.detach(q, mgid)
+			p.dev.detach(q, mgid, mlid)
 			return err
 		}
 		return nil
@@ -364,9 +384,10 @@ func (p *Port) Join(mgid ipoib.GID) error {
 	return nil
 }
 
-// JoinSendOnly makes the port a send-only member: on RoCE and here
-// there is no subnet administrator to tell, so it only prepares the
-// group's address handle.
+// JoinSendOnly makes the port a send-only member. On RoCE there is no
+// subnet administrator to tell, so it only has the group's address
+// handle made; on IB the resolver joins through the SA first (off the
+// caller's path: it can take seconds).
 func (p *Port) JoinSendOnly(mgid ipoib.GID) error {
 	if p.closed.Load() {
 		return net.ErrClosed
@@ -383,13 +404,34 @@ func (p *Port) Leave(mgid ipoib.GID) error {
 	p.qpMu.RLock()
 	q, ok := p.gqps[ipoib.MGIDPKey(mgid).Full()]
 	p.qpMu.RUnlock()
-	return p.groups.Leave(mgid, func() error {
+	err := p.groups.Leave(mgid, func() error {
 		if !ok {
 			return nil
 		}
-		err := p.dev.detach(q, mgid)
+		l, _ := p.mlid(mgid)
+		err := p.dev.detach(q, mgid, l.lid)
+		if p.a.ib {
+			p.dev.saLeave(mgid, false)
+		}
 		return errors.Join(err, p.ipv6Group(mgid, unix.IPV6_LEAVE_GROUP))
 	})
+	if p.a.ib {
+		p.dev.saLeave(mgid, true)
+	}
+	return err
+}
+
+func (p *Port) setMLID(mgid ipoib.GID, l lidSL) {
+	p.qpMu.Lock()
+	p.mlids[mgid] = l
+	p.qpMu.Unlock()
+}
+
+func (p *Port) mlid(mgid ipoib.GID) (lidSL, bool) {
+	p.qpMu.RLock()
+	defer p.qpMu.RUnlock()
+	l, ok := p.mlids[mgid]
+	return l, ok
 }
 
 func (p *Port) ipv6Group(mgid ipoib.GID, op int) error {
