@@ -38,7 +38,11 @@ const (
 
 // vmHost is a running VM (startVM): its agent (test/vm/agent.sh) runs
 // the scripts it is given as root in the guest's initial network
-// namespace, where rxe0 lives.
+// namespace, where rxe0 lives. The guest runs the host's binaries: its
+// root is the host's, read-only, with tmpfs on /tmp, /run and /dev/shm,
+// the work directory on vmWork and the unpacked kernel package on
+// /run/kernel: modprobe -d /run/kernel MODULE loads more modules (a plain
+// modprobe does too where the host has a /lib/modules to mount them on).
 type vmHost struct {
 	ns      string // where its TAP and QEMU are
 	work    string // the work directory on the host (vmWork in the guest)
@@ -66,7 +70,7 @@ func startVM(t *testing.T, ns, bridge string) *vmHost {
 	t.Helper()
 	nstestRequire(t, vmTools...)
 	t0 := time.Now()
-	kernel, initrd, modules := vmBuild(t)
+	kernel, initrd, pkgRoot := vmBuild(t)
 	tBuild := time.Since(t0)
 
 	v := &vmHost{ns: ns, work: t.TempDir(), done: make(chan struct{})}
@@ -76,9 +80,6 @@ func startVM(t *testing.T, ns, bridge string) *vmHost {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(v.file("agent.sh"), agent, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Symlink(modules, v.file("modules")); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.Mkdir(v.file("cmd"), 0o755); err != nil {
@@ -97,6 +98,7 @@ func startVM(t *testing.T, ns, bridge string) *vmHost {
 		"-kernel", kernel, "-initrd", initrd, "-append", "console=ttyS0 quiet panic=-1",
 		"-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",
 		"-virtfs", "local,path=" + v.work + ",mount_tag=work,security_model=none,multidevs=remap",
+		"-virtfs", "local,path=" + pkgRoot + ",mount_tag=kernel,security_model=none,readonly=on,multidevs=remap",
 		"-netdev", "tap,id=n0,ifname=" + vmTap + ",script=no,downscript=no",
 		// No option ROM: iPXE is not needed to boot a kernel and takes
 		// seconds under TCG.
@@ -155,9 +157,10 @@ func startVM(t *testing.T, ns, bridge string) *vmHost {
 	}
 }
 
-// vmBuild runs test/vm/build.sh and returns the kernel, the initramfs
-// and the modules directory to boot with.
-func vmBuild(t *testing.T) (kernel, initrd, modules string) {
+// vmBuild runs test/vm/build.sh and returns the kernel and the
+// initramfs to boot, and the unpacked kernel package (the guest's
+// /run/kernel: modules in lib/modules/RELEASE).
+func vmBuild(t *testing.T) (kernel, initrd, pkgRoot string) {
 	t.Helper()
 	cmd := exec.Command("../vm/build.sh")
 	var stderr strings.Builder
@@ -177,11 +180,17 @@ func vmBuild(t *testing.T) (kernel, initrd, modules string) {
 	if len(f) != 4 {
 		t.Fatalf("VM: test/vm/build.sh printed %q, want KERNEL INITRD MODULES_DIR RELEASE", out)
 	}
-	return f[0], f[1], f[2]
+	root, ok := strings.CutSuffix(f[2], "/lib/modules/"+f[3])
+	if !ok {
+		t.Fatalf("VM: test/vm/build.sh printed modules directory %s, want one ending in /lib/modules/%s", f[2], f[3])
+	}
+	return f[0], f[1], root
 }
 
 // file returns the host path of name in the VM's work directory, which
-// the guest sees as vmWork/name (a binary put there runs in the VM).
+// the guest sees as vmWork/name (a binary put there runs in the VM). The
+// guest sees the rest of the host's root read-only and as it was at boot,
+// except /tmp, /run and /dev/shm: tmpfs of its own.
 func (v *vmHost) file(name string) string { return filepath.Join(v.work, name) }
 
 // consoleTail returns the last n lines of the VM's console log, without
@@ -368,7 +377,8 @@ var (
 // TestVMRxe boots the VM on a bridge with one peer namespace and checks
 // what the verbs tests build on: rxe0 active on eth0 with MTU 4096 and
 // eth0's link-local address as its RoCE v2 GID 0, IPv6 both ways over the
-// bridge, network namespaces inside the VM, host binaries running there.
+// bridge, network namespaces and the kernel's modules inside the VM, host
+// binaries running there.
 func TestVMRxe(t *testing.T) {
 	require(t)
 	t0 := time.Now()
@@ -422,6 +432,11 @@ func TestVMRxe(t *testing.T) {
 	out, err = v.run(t, "ip netns add x && ip netns exec x ip -o link; rc=$?; ip netns delete x; exit $rc", 20*time.Second)
 	if err != nil || !strings.Contains(out, "1: lo:") {
 		t.Errorf("a network namespace in the VM (%v):\n%s", err, out)
+	}
+
+	// More modules, for the tests that need them.
+	if out, err := v.run(t, "modprobe -d /run/kernel -n -v 8021q", 20*time.Second); err != nil || !strings.Contains(out, "8021q.ko") {
+		t.Errorf("modprobe -d /run/kernel -n -v 8021q in the VM (%v):\n%s", err, out)
 	}
 
 	// Host binaries run in the VM.

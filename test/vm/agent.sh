@@ -1,8 +1,8 @@
 #!/bin/bash
 # Runs in the VM (from init, as /tmp/work/agent.sh in the host's root;
 # the test copies it into its work directory). It loads the RDMA and
-# networking modules from the unpacked kernel package (/tmp/work/modules,
-# a link the test makes to build.sh's MODULES_DIR), brings lo up and eth0
+# networking modules from the unpacked kernel package (init mounts it on
+# /run/kernel, and its modules on /lib/modules), brings lo up and eth0
 # up with MTU 9000, adds the soft-RoCE device rxe0 on eth0 and waits until
 # its port is active with eth0's link-local address as GID 0. Then it
 # writes /tmp/work/ready (the guest's uptime) or, if any of that failed,
@@ -32,14 +32,13 @@ mkfifo /run/agent.nap || fail "cannot make /run/agent.nap"
 exec 8<>/run/agent.nap
 nap() { read -r -t "$1" -u 8 || true; }
 
-mods=$(readlink -f $w/modules) || fail "no modules link in $w"
-[ -e "$mods/modules.dep" ] || fail "no modules.dep in $mods"
-rel=$(basename "$mods")
-# modprobe -d DIR looks in DIR/lib/modules/RELEASE.
-base=${mods%/lib/modules/*}
+# The kernel package, unpacked: init mounts it on /run/kernel.
+kernel=/run/kernel
+rel=$(uname -r)
+[ -e "$kernel/lib/modules/$rel/modules.dep" ] || fail "no $kernel/lib/modules/$rel/modules.dep"
 # crc32_generic first: rdma_rxe needs the crc32 algorithm.
 for m in crc32_generic ib_uverbs rdma_rxe tun bridge veth; do
-  out=$(modprobe -d "$base" -S "$rel" "$m" 2>&1) || fail "modprobe $m: $out"
+  out=$(modprobe -d "$kernel" "$m" 2>&1) || fail "modprobe $m: $out"
 done
 log "modules loaded"
 ip link set lo up || fail "ip link set lo up failed"

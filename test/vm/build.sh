@@ -4,13 +4,15 @@
 # the repository and unpacked there) and a small initramfs (test/vm/init)
 # that loads the virtio and 9p modules, mounts the host's root read-only
 # over virtio-9p, puts tmpfs on /tmp and /run, mounts the test's work
-# directory (9p tag "work") on /tmp/work and runs /tmp/work/agent.sh
+# directory (9p tag "work") on /tmp/work and the unpacked kernel package
+# (9p tag "kernel") on /run/kernel, and runs /tmp/work/agent.sh
 # (test/vm/agent.sh, which the test copies there) in the host's root.
 #
 #   test/vm/build.sh            # prints: KERNEL INITRD MODULES_DIR RELEASE
 #
 # MODULES_DIR is the unpacked package's lib/modules/RELEASE (with
-# modules.dep), for modprobe -d in the guest. EIPOIB_VM_CACHE overrides
+# modules.dep): the share "kernel" is the directory above its lib/modules,
+# so that modprobe -d /run/kernel works in the guest. EIPOIB_VM_CACHE overrides
 # the cache (default /var/cache/eipoib-vm); once it is filled a run only
 # checks it, offline. Concurrent runs serialise on a lock in the cache.
 # Needs root, apt, dpkg-deb, kmod, cpio and busybox-static
