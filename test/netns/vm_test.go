@@ -456,8 +456,12 @@ func TestVMRxe(t *testing.T) {
 	if out, err := p.stop(); err == nil || !strings.Contains(out, "started") {
 		t.Errorf("a stopped background script: got %v, want it killed by SIGTERM, with its output:\n%s", err, out)
 	}
+	// One that outlives its timeout is killed, with what it started.
+	if out, err := v.run(t, "echo started; sleep 301 & wait", time.Second); !errors.Is(err, errVMTimeout) || !strings.Contains(out, "started") {
+		t.Errorf("a script past its timeout: got %v, want a time-out, with its output:\n%s", err, out)
+	}
 	if out := v.must(t, "pgrep -x sleep || true"); strings.TrimSpace(out) != "" {
-		t.Errorf("the background script's sleep survived its stop: pid %s", out)
+		t.Errorf("the background scripts' sleeps survived their stop: pid %s", out)
 	}
 	t.Logf("VM test: %.1f s to here", time.Since(t0).Seconds())
 }
