@@ -54,9 +54,8 @@ type vmHost struct {
 
 // vmProc is a script running in the VM (vmHost.start).
 type vmProc struct {
-	v      *vmHost
-	n      string // its files in the work directory, without extension
-	script string
+	v *vmHost
+	n string // its files in the work directory, without extension
 }
 
 // startVM boots a VM whose eth0 (MTU 9000, MAC vmMAC) is TAP vmTap in
@@ -100,8 +99,8 @@ func startVM(t *testing.T, ns, bridge string) *vmHost {
 		"-virtfs", "local,path=" + v.work + ",mount_tag=work,security_model=none,multidevs=remap",
 		"-virtfs", "local,path=" + pkgRoot + ",mount_tag=kernel,security_model=none,readonly=on,multidevs=remap",
 		"-netdev", "tap,id=n0,ifname=" + vmTap + ",script=no,downscript=no",
-		// No option ROM: iPXE is not needed to boot a kernel and takes
-		// seconds under TCG.
+		// No option ROM: booting a kernel needs no iPXE, whose banner
+		// alone waits 2 s.
 		"-device", "virtio-net-pci,netdev=n0,mac=" + vmMAC + ",romfile=",
 	}
 	cmd := exec.Command("ip", in(ns, args...)[1:]...) // ip netns exec execs QEMU: one process
@@ -211,11 +210,12 @@ func (v *vmHost) consoleTail(n int) string {
 // than timeout (it is then killed).
 func (v *vmHost) run(t *testing.T, script string, timeout time.Duration) (out string, err error) {
 	t.Helper()
+	deadline := time.Now().Add(timeout)
 	p, err := v.submit(script, timeout)
 	if err != nil {
 		return "", err
 	}
-	return p.wait(timeout)
+	return p.wait(time.Until(deadline))
 }
 
 // must is run with a 30 s timeout that fails the test on any error.
@@ -242,7 +242,7 @@ func (v *vmHost) start(t *testing.T, script string) *vmProc {
 
 // submit hands a script to the agent and waits until it has started it.
 func (v *vmHost) submit(script string, timeout time.Duration) (*vmProc, error) {
-	p := &vmProc{v: v, n: v.file(fmt.Sprintf("cmd/%d", v.seq.Add(1))), script: script}
+	p := &vmProc{v: v, n: v.file(fmt.Sprintf("cmd/%d", v.seq.Add(1)))}
 	// Written under another name, then renamed: the agent only takes
 	// whole scripts.
 	if err := os.WriteFile(p.n+".tmp", []byte(script+"\n"), 0o644); err != nil {
