@@ -1,15 +1,28 @@
 #!/usr/bin/env bash
 # Installs what eipoibd's demo and tests need on a Debian machine: the
-# network tools (only when missing, so it is quick once done), the Go
-# modules and staticcheck.
+# network tools, QEMU and what test/vm/build.sh needs to boot Debian's
+# kernel with soft-RoCE, rdma-core and the verbs libraries (the guest runs
+# the host's own binaries), and a C compiler for the verbs backend's cgo
+# (all only when missing, so it is quick once done), the Go modules and
+# staticcheck.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+export PATH=$PATH:/usr/sbin:/sbin
+# Commands, by the package that provides them.
 declare -A pkg=([ip]=iproute2 [nstat]=iproute2 [ping]=iputils-ping [arping]=arping [iperf3]=iperf3 [iperf]=iperf [tshark]=tshark
   [tcpdump]=tcpdump [ethtool]=ethtool [ovs-vsctl]=openvswitch-switch [ovs-vswitchd]=openvswitch-switch
-  [dnsmasq]=dnsmasq-base [dhclient]=isc-dhcp-client)
+  [dnsmasq]=dnsmasq-base [dhclient]=isc-dhcp-client
+  [qemu-system-x86_64]=qemu-system-x86 [cpio]=cpio [modprobe]=kmod [depmod]=kmod [xz]=xz-utils
+  [ibv_devinfo]=ibverbs-utils [gcc]=gcc)
+# Packages with no command to look for (libraries, providers, a static
+# busybox where a dynamic one may be installed): installed or not.
+libs=(busybox-static rdma-core ibverbs-providers libibverbs-dev librdmacm-dev)
 missing=()
 for cmd in "${!pkg[@]}"; do
   command -v "$cmd" >/dev/null 2>&1 || missing+=("${pkg[$cmd]}")
+done
+for p in "${libs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q ' installed$' || missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
