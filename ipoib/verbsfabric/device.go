@@ -77,12 +77,6 @@ type layout struct {
 	batch               int
 }
 
-// saKey names an SA multicast membership.
-type saKey struct {
-	mgid     ipoib.GID
-	sendOnly bool
-}
-
 // handle names an address handle of the device.
 type handle uint64
 
@@ -115,12 +109,11 @@ type sendDone struct {
 
 // recvDone is a receive completion: buf holds len bytes (GRH included).
 type recvDone struct {
-	buf       int
-	len       int
-	srcQPN    uint32
-	qpn       uint32
-	pkeyIndex int
-	ok, grh   bool
+	buf     int
+	len     int
+	srcQPN  uint32
+	qpn     uint32
+	ok, grh bool
 }
 
 // portEvent is an async event of the port.

@@ -702,6 +702,12 @@ func (d *ibvDevice) saJoin(mgid ipoib.GID, pkey ipoib.PKey, sendOnly bool) (uint
 	return uint16(mlid), uint8(sl), nil
 }
 
+// saKey names an SA multicast membership.
+type saKey struct {
+	mgid     ipoib.GID
+	sendOnly bool
+}
+
 // saID is an SA membership: the rdma_cm id holding it and its P_Key.
 type saID struct {
 	id   *C.struct_rdma_cm_id
@@ -783,7 +789,7 @@ func (d *ibvDevice) pollRecv(out []recvDone) int {
 	for i := range recv {
 		r := &recv[i]
 		out[i] = recvDone{buf: int(r.wr_id), len: int(r.byte_len), srcQPN: uint32(r.src_qp), qpn: uint32(r.qp_num),
-			pkeyIndex: int(r.pkey_index), ok: r.status == C.IBV_WC_SUCCESS, grh: r.wc_flags&C.IBV_WC_GRH != 0}
+			ok: r.status == C.IBV_WC_SUCCESS, grh: r.wc_flags&C.IBV_WC_GRH != 0}
 	}
 	return max(n, 0)
 }
