@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 declare -A pkg=([ip]=iproute2 [nstat]=iproute2 [ping]=iputils-ping [arping]=arping [iperf3]=iperf3 [iperf]=iperf [tshark]=tshark
-  [tcpdump]=tcpdump [ethtool]=ethtool [ovs-vsctl]=openvswitch-switch [ovs-vswitchd]=openvswitch-switch
+  [tcpdump]=tcpdump [ethtool]=ethtool [ovs-vsctl]=openvswitch-switch [ovs-vswitchd]=openvswitch-switch [ovsdb-client]=openvswitch-common
   [dnsmasq]=dnsmasq-base [dhclient]=isc-dhcp-client)
 missing=()
 for cmd in "${!pkg[@]}"; do
