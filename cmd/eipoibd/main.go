@@ -109,7 +109,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.mcast.Robustness, "mcast-robustness", 2, "robustness variable: queries after a leave, and the membership interval factor")
 	fs.BoolVar(&o.offload, "offload", true, "TAP offloads: read guests' TCP super-frames whole and cut them here, write received segment runs as super-frames")
 	fs.IntVar(&o.tapMTU, "tap-mtu", 9000, fmt.Sprintf("MTU of the TAP itself, up to %d: guests' frames up to it reach eipoibd, which fragments them or answers ICMP too-big with the IPoIB MTU (a bridge would drop them silently)", maxTAPMTU))
-	fs.StringVar(&o.learn, "learn", shim.LearnAuto, "auto: a VIF for any guest MAC (promiscuous emulation); declared: only MACs with a static entry in the --bridge FDB (as libvirt adds), others dropped and counted")
+	fs.StringVar(&o.learn, "learn", shim.LearnAuto, "auto: a VIF for any guest MAC (promiscuous emulation); declared: only MACs with a static entry in the --bridge FDB (as libvirt adds) or on an --ovs-bridge port's external_ids:attached-mac, others dropped and counted")
 	fs.BoolVar(&o.clampMSS, "clamp-mss", false, "lower the MSS of guests' TCP SYNs to fit the IPoIB MTU, for guests that ignore path MTU discovery")
 	fs.IntVar(&o.queues, "queues", runtime.NumCPU(), "TAP queues, each read by its own TX worker (the kernel spreads guests' flows over them)")
 	fs.BoolVar(&o.pprof, "pprof", false, "also serve Go's profiles at /debug/pprof/ on the --metrics address")
@@ -134,8 +134,8 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 		return nil, usageError{Msg: fmt.Sprintf("--vif-idle %s: want at least 1s", o.vifIdle)}
 	case o.learn != shim.LearnAuto && o.learn != shim.LearnDeclared:
 		return nil, usageError{Msg: fmt.Sprintf("--learn %q: want auto or declared", o.learn)}
-	case o.learn == shim.LearnDeclared && o.bridge == "":
-		return nil, usageError{Msg: "--learn declared takes its guests from the --bridge FDB: give --bridge"}
+	case o.learn == shim.LearnDeclared && o.bridge == "" && o.ovsBridge == "":
+		return nil, usageError{Msg: "--learn declared takes its guests from the --bridge FDB or the --ovs-bridge ports: give one"}
 	case o.dhcp != shim.DHCPBroadcast && o.dhcp != shim.DHCPRFC4390:
 		return nil, usageError{Msg: fmt.Sprintf("--dhcp %q: want broadcast or rfc4390", o.dhcp)}
 	case o.pprof && o.metrics == "":
@@ -256,8 +256,8 @@ func run(args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	ovs := vswitch.OVS{DB: o.ovsDB}
 	if o.ovsBridge != "" {
-		ovs := vswitch.OVS{DB: o.ovsDB}
 		if err := ovs.Attach(o.name, o.ovsBridge); err != nil {
 			return err
 		}
@@ -317,9 +317,20 @@ func run(args []string, stderr io.Writer) error {
 		// static entry), and lose them as soon as the bridge forgets
 		// them (their port went).
 		go func() {
-			if err := vswitch.WatchBridge(ctx, o.bridge, o.name, func(g vswitch.Guest, added bool) { bridgeGuest(sh, log, g, added) },
+			if err := vswitch.WatchBridge(ctx, o.bridge, o.name, func(g vswitch.Guest, added bool) { bridgeGuest(sh, log, "bridge", g, added) },
 				func(err error) { log.Debug("bridge FDB events dropped by the kernel; listed afresh", "err", err) }); err != nil {
 				log.Warn("bridge guests are learned from their traffic only", "err", err)
+			}
+		}()
+	}
+	if o.ovsBridge != "" {
+		// The same for Open vSwitch: a port whose interface carries
+		// external_ids:attached-mac (as libvirt and os-vif set it) is a
+		// declared guest, on the port's access VLAN.
+		go func() {
+			if err := ovs.Watch(ctx, o.ovsBridge, o.name, func(g vswitch.Guest, added bool) { bridgeGuest(sh, log, "ovs", g, added) },
+				func(err error) { log.Warn("watching Open vSwitch guests", "err", err) }); err != nil {
+				log.Warn("Open vSwitch guests are learned from their traffic only", "err", err)
 			}
 		}()
 	}
@@ -348,12 +359,13 @@ func run(args []string, stderr io.Writer) error {
 	return err
 }
 
-// bridgeGuest declares or removes the VIF of a guest the bridge's
-// forwarding database gained or lost. Only static entries declare one:
-// a learned entry comes from a frame that reaches the shim anyway (and
-// from traffic a guest may forge, so a MAC flood would become a flood of
-// declarations); the start-up preload takes learned entries in auto mode.
-func bridgeGuest(sh *shim.Shim, log *slog.Logger, g vswitch.Guest, added bool) {
+// bridgeGuest declares or removes the VIF of a guest the switch (origin:
+// the bridge's forwarding database, or OVSDB) gained or lost. Only static
+// bridge entries and OVS attached-macs declare one: a learned entry comes
+// from a frame that reaches the shim anyway (and from traffic a guest may
+// forge, so a MAC flood would become a flood of declarations); the
+// start-up preload takes learned entries in auto mode.
+func bridgeGuest(sh *shim.Shim, log *slog.Logger, origin string, g vswitch.Guest, added bool) {
 	var err error
 	if added && !g.Static {
 		return
@@ -364,6 +376,12 @@ func bridgeGuest(sh *shim.Shim, log *slog.Logger, g vswitch.Guest, added bool) {
 		err = sh.RemoveVIF(g.MAC, g.VLAN)
 	}
 	if err != nil {
-		log.Warn("VIF of a bridge guest", "mac", g.MAC, "vlan", g.VLAN, "added", added, "err", err)
+		log.Warn("VIF of a switch guest", "origin", origin, "mac", g.MAC, "vlan", g.VLAN, "added", added, "err", err)
+		return
+	}
+	if added {
+		log.Info("guest declared", "origin", origin, "mac", g.MAC, "vlan", g.VLAN)
+	} else {
+		log.Info("guest gone", "origin", origin, "mac", g.MAC, "vlan", g.VLAN)
 	}
 }

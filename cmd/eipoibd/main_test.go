@@ -36,7 +36,7 @@ func TestBadCommandLines(t *testing.T) {
 		{[]string{"run", "--underlay", "x", "--offload=maybe"}, "-offload", true},
 		{[]string{"run", "--underlay", "x", "--queues", "0"}, "--queues 0: want 1 to 256", true},
 		{[]string{"run", "--underlay", "x", "--learn", "some"}, `--learn "some": want auto or declared`, true},
-		{[]string{"run", "--underlay", "x", "--learn", "declared"}, "--learn declared takes its guests from the --bridge FDB", true},
+		{[]string{"run", "--underlay", "x", "--learn", "declared"}, "--learn declared takes its guests from the --bridge FDB or the --ovs-bridge ports: give one", true},
 		{[]string{"run", "--underlay", "x", "--tap-mtu", "576"}, "--tap-mtu 576: want 1280 to 65521", true},
 		{[]string{"run", "--underlay", "x", "--tap-mtu", "70000"}, "--tap-mtu 70000", true},
 		{[]string{"run", "--underlay", "x", "--queues", "257"}, "--queues 257", true},

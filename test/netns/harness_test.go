@@ -34,7 +34,7 @@ var (
 
 // tools the tests run.
 var tools = []string{"ping", "arping", "nstat", "iperf3", "tshark", "iperf", "tcpdump", "ethtool",
-	"ovs-vsctl", "ovsdb-tool", "ovsdb-server", "ovs-vswitchd", "ovs-appctl"}
+	"ovs-vsctl", "ovsdb-tool", "ovsdb-server", "ovs-vswitchd", "ovs-appctl", "ovsdb-client"}
 
 func TestMain(m *testing.M) {
 	if os.Geteuid() == 0 {
