@@ -42,11 +42,15 @@ func (g *vmGuest) sh(t *testing.T, cmd string, timeout time.Duration) (string, e
 // both ends, IPv4 and IPv6 multicast with iperf 2 both ways; the VM's two
 // guests send from distinct QPNs; every packet on the wire, from either
 // side, decodes as an IPoIB UD SEND-only (tshark) with a good ICRC
-// (checked with the simulated fabric's decoder). The single-vCPU TCG
+// (checked with the simulated fabric's decoder). The host's port also has
+// a partition (VLAN 10 = P_Key 0x800a) that rxe cannot join; the default
+// one keeps working. The single-vCPU TCG
 // guest now and then drops a packet under load, so reachability checks
 // retry; counts that must match still match exactly.
 func TestVerbsRxe(t *testing.T) {
-	tp := newTopoOpts(t, topoOpts{n: 1, viaBridge: true})
+	// The host's port has a partition besides the default one: it keeps
+	// talking to rxe, whose P_Key table holds 0xFFFF only.
+	tp := newTopoOpts(t, topoOpts{n: 1, viaBridge: true, extra: []string{"--vlan-pkey", "10=0x800a"}})
 	h := tp.hvs[0]
 	ul := tp.pfx + "ul"
 	vm := startVM(t, ul, "ubr")
