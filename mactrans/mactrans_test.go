@@ -33,21 +33,21 @@ func (a *allocator) alloc(ipoib.PKey, uint32) (uint32, error) { return 0x100 + a
 func TestVIFCreateLookupBound(t *testing.T) {
 	tbl := NewVIFTable(localGID, 2)
 	var al allocator
-	v, created, err := tbl.Create(VIFKey{mac(1), 0}, 0xffff, t0, al.alloc)
+	v, created, err := tbl.Create(VIFKey{mac(1), 0}, 0xffff, OriginLearned, t0, al.alloc)
 	if err != nil || !created {
 		t.Fatal(err)
 	}
 	if v.LIMAC != ipoib.MakeHwAddr(0, v.QPN, localGID) {
 		t.Fatalf("LIMAC %s", v.LIMAC)
 	}
-	if again, created, _ := tbl.Create(VIFKey{mac(1), 0}, 0xffff, t0, al.alloc); created || again != v {
+	if again, created, _ := tbl.Create(VIFKey{mac(1), 0}, 0xffff, OriginLearned, t0, al.alloc); created || again != v {
 		t.Fatal("second Create made a new VIF")
 	}
 	// Same MAC on another VLAN is another VIF.
-	if _, created, err := tbl.Create(VIFKey{mac(1), 10}, 0x800a, t0, al.alloc); err != nil || !created {
+	if _, created, err := tbl.Create(VIFKey{mac(1), 10}, 0x800a, OriginLearned, t0, al.alloc); err != nil || !created {
 		t.Fatal("per-VLAN VIF not created", err)
 	}
-	if _, _, err := tbl.Create(VIFKey{mac(2), 0}, 0xffff, t0, al.alloc); !errors.Is(err, ErrFull) {
+	if _, _, err := tbl.Create(VIFKey{mac(2), 0}, 0xffff, OriginLearned, t0, al.alloc); !errors.Is(err, ErrFull) {
 		t.Fatalf("third VIF: %v, want ErrFull", err)
 	}
 	if c := tbl.Counters(); c.Overflow != 1 || c.Created != 2 {
@@ -72,7 +72,7 @@ func TestVIFCreateLookupBound(t *testing.T) {
 
 func TestVIFAllocError(t *testing.T) {
 	tbl := NewVIFTable(localGID, 4)
-	_, _, err := tbl.Create(VIFKey{mac(1), 0}, 0xffff, t0, func(ipoib.PKey, uint32) (uint32, error) { return 0, errors.New("no QPs") })
+	_, _, err := tbl.Create(VIFKey{mac(1), 0}, 0xffff, OriginLearned, t0, func(ipoib.PKey, uint32) (uint32, error) { return 0, errors.New("no QPs") })
 	if err == nil || tbl.Len() != 0 {
 		t.Fatalf("err %v len %d", err, tbl.Len())
 	}
@@ -82,8 +82,8 @@ func TestVIFExpire(t *testing.T) {
 	clk := clock.NewFake(t0)
 	tbl := NewVIFTable(localGID, 10)
 	var al allocator
-	busy, _, _ := tbl.Create(VIFKey{mac(1), 0}, 0xffff, clk.Now(), al.alloc)
-	idle, _, _ := tbl.Create(VIFKey{mac(2), 0}, 0xffff, clk.Now(), al.alloc)
+	busy, _, _ := tbl.Create(VIFKey{mac(1), 0}, 0xffff, OriginLearned, clk.Now(), al.alloc)
+	idle, _, _ := tbl.Create(VIFKey{mac(2), 0}, 0xffff, OriginLearned, clk.Now(), al.alloc)
 	clk.Advance(200 * time.Second)
 	busy.Touch(clk.Now())
 	clk.Advance(200 * time.Second)
@@ -111,7 +111,7 @@ func TestVIFConcurrentCreate(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := 0; i < 200; i++ {
-				if _, _, err := tbl.Create(VIFKey{mac(i), 0}, 0xffff, t0, al.alloc); err != nil {
+				if _, _, err := tbl.Create(VIFKey{mac(i), 0}, 0xffff, OriginLearned, t0, al.alloc); err != nil {
 					t.Error(err)
 				}
 				tbl.Lookup(VIFKey{mac(i), 0})
@@ -135,7 +135,7 @@ func TestQPNHint(t *testing.T) {
 	}
 	var got uint32
 	tbl := NewVIFTable(localGID, 4)
-	tbl.Create(k, 0xffff, t0, func(_ ipoib.PKey, hint uint32) (uint32, error) { got = hint; return hint, nil })
+	tbl.Create(k, 0xffff, OriginLearned, t0, func(_ ipoib.PKey, hint uint32) (uint32, error) { got = hint; return hint, nil })
 	if got != h {
 		t.Fatalf("Create passed hint %#x, want %#x", got, h)
 	}
@@ -335,7 +335,7 @@ func TestView(t *testing.T) {
 	vifs := NewVIFTable(localGID, 10)
 	neigh := NewNeighTable(10)
 	var al allocator
-	v, _, _ := vifs.Create(VIFKey{mac(1), 10}, 0x800a, t0, al.alloc)
+	v, _, _ := vifs.Create(VIFKey{mac(1), 10}, 0x800a, OriginLearned, t0, al.alloc)
 	view := &View{VIFs: vifs, Neigh: neigh, Clock: clock.NewFake(t0), GID: localGID, VLAN: 10, PKey: 0x800a}
 	if hw, ok := view.EthToIB(mac(1)); !ok || hw != v.LIMAC {
 		t.Fatal("LEMAC → LIMAC")
@@ -407,7 +407,7 @@ func BenchmarkVIFLookup(b *testing.B) {
 	tbl := NewVIFTable(localGID, 1024)
 	var al allocator
 	for i := 0; i < 1024; i++ {
-		tbl.Create(VIFKey{mac(i), 0}, 0xffff, t0, al.alloc)
+		tbl.Create(VIFKey{mac(i), 0}, 0xffff, OriginLearned, t0, al.alloc)
 	}
 	b.ResetTimer()
 	b.ReportAllocs()

@@ -214,6 +214,30 @@ func (t *NeighTable) Expire(now time.Time, ttl time.Duration) int {
 	return len(gone)
 }
 
+// All returns every neighbour (a snapshot, for inspection).
+func (t *NeighTable) All() []*Neighbour {
+	var out []*Neighbour
+	t.byRIMAC.rangeAll(func(_ rimacKey, n *Neighbour) bool { out = append(out, n); return true })
+	return out
+}
+
+// Flush removes every neighbour and returns how many went; guests'
+// traffic re-learns them (under the same REMACs, which derive from the
+// RIMACs).
+func (t *NeighTable) Flush() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	gone := t.byRIMAC.deleteWhere(func(rimacKey, *Neighbour) bool { return true })
+	for _, n := range gone {
+		t.byREMAC.remove(remacKey{n.PKey, n.REMAC})
+	}
+	t.count -= len(gone)
+	return len(gone)
+}
+
+// LastSeen is when the neighbour was last seen (within a second).
+func (n *Neighbour) LastSeen() time.Time { return time.Unix(0, n.lastSeen.Load()) }
+
 // Len returns the number of neighbours.
 func (t *NeighTable) Len() int {
 	t.mu.Lock()

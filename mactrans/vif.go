@@ -32,15 +32,70 @@ type VIFKey struct {
 }
 
 // VIF is a local guest's virtual interface on the IB port: its own UD QP.
-// Fields other than the last-use time never change after creation.
+// Fields other than the last-use time, the origin and the counters never
+// change after creation.
 type VIF struct {
 	Key   VIFKey
 	PKey  ipoib.PKey
 	QPN   uint32
 	LIMAC ipoib.HwAddr
 
-	lastUsed atomic.Int64 // unix nanoseconds
+	lastUsed                               atomic.Int64 // unix nanoseconds
+	origin                                 atomic.Uint32
+	txPackets, txBytes, rxPackets, rxBytes atomic.Uint64
 }
+
+// Origin is how a VIF came to be.
+type Origin uint32
+
+// The origins: from a guest's first frame, declared through the control
+// socket, or from the virtual switch (a static bridge FDB entry, an OVS
+// port's attached-mac).
+const (
+	OriginLearned Origin = iota
+	OriginDeclared
+	OriginBridge
+	OriginOVS
+)
+
+// String is the origin's name as the CLI shows it.
+func (o Origin) String() string {
+	switch o {
+	case OriginDeclared:
+		return "declared"
+	case OriginBridge:
+		return "bridge"
+	case OriginOVS:
+		return "ovs"
+	}
+	return "learned"
+}
+
+// Origin is how the VIF came to be (the last declaration wins over
+// learning).
+func (v *VIF) Origin() Origin { return Origin(v.origin.Load()) }
+
+// SetOrigin records a declaration of the VIF.
+func (v *VIF) SetOrigin(o Origin) { v.origin.Store(uint32(o)) }
+
+// CountTx counts a frame of n bytes from the guest; CountRx one to it.
+func (v *VIF) CountTx(n int) { v.txPackets.Add(1); v.txBytes.Add(uint64(n)) }
+
+// CountRx counts a frame of n bytes delivered to the guest.
+func (v *VIF) CountRx(n int) { v.rxPackets.Add(1); v.rxBytes.Add(uint64(n)) }
+
+// VIFStats are a VIF's traffic counters.
+type VIFStats struct {
+	TxPackets, TxBytes, RxPackets, RxBytes uint64
+}
+
+// Stats returns the VIF's traffic counters.
+func (v *VIF) Stats() VIFStats {
+	return VIFStats{v.txPackets.Load(), v.txBytes.Load(), v.rxPackets.Load(), v.rxBytes.Load()}
+}
+
+// LastUsed is when the VIF last carried traffic (within a second).
+func (v *VIF) LastUsed() time.Time { return time.Unix(0, v.lastUsed.Load()) }
 
 // Touch records use at now (cheap enough for the hot path: one atomic
 // store, skipped while the stamp is under a second old).
@@ -91,7 +146,7 @@ func (t *VIFTable) LookupQPN(qpn uint32) (*VIF, bool) { return t.byQPN.load(qpn)
 // (under the table lock, so once per VIF) to allocate its QP in pkey,
 // with QPNHint(k) as the wished-for QPN.
 // created reports whether a new VIF was made.
-func (t *VIFTable) Create(k VIFKey, pkey ipoib.PKey, now time.Time, alloc func(pkey ipoib.PKey, hint uint32) (uint32, error)) (v *VIF, created bool, err error) {
+func (t *VIFTable) Create(k VIFKey, pkey ipoib.PKey, origin Origin, now time.Time, alloc func(pkey ipoib.PKey, hint uint32) (uint32, error)) (v *VIF, created bool, err error) {
 	if v, ok := t.byKey.load(k); ok {
 		return v, false, nil
 	}
@@ -110,6 +165,7 @@ func (t *VIFTable) Create(k VIFKey, pkey ipoib.PKey, now time.Time, alloc func(p
 	}
 	v = &VIF{Key: k, PKey: pkey, QPN: qpn, LIMAC: ipoib.MakeHwAddr(0, qpn, t.gid)}
 	v.lastUsed.Store(now.UnixNano())
+	v.origin.Store(uint32(origin))
 	t.byQPN.store(qpn, v)
 	t.byKey.store(k, v)
 	t.count++

@@ -179,7 +179,7 @@ eipoibd_up() { # extra flags...
   local h
   FPIDS=()
   for h in 1 2; do
-    ip netns exec "$P-h$h" "$BIN" run --underlay "ul$h" --bridge br0 "$@" >"$RAW/$F-eipoibd-h$h.log" 2>&1 &
+    ip netns exec "$P-h$h" "$BIN" run --underlay "ul$h" --bridge br0 --ctl-dir "/run/eipoibd/$P-h$h" "$@" >"$RAW/$F-eipoibd-h$h.log" 2>&1 &
     RUNNING[$!]="eipoibd h$h"
     FPIDS+=("$!")
   done

@@ -48,7 +48,7 @@ done
 
 echo "== starting eipoibd on both hypervisors, and eipoibd host as the native host"
 for h in 1 2; do
-  x "$P-hv$h" ./bin/eipoibd run --underlay "${P}-hv$h" --bridge br0 --metrics 127.0.0.1:9474 >"$LOG/hv$h.log" 2>&1 &
+  x "$P-hv$h" ./bin/eipoibd run --underlay "${P}-hv$h" --bridge br0 --metrics 127.0.0.1:9474 --ctl-dir "/run/eipoibd/${P}-hv$h" >"$LOG/hv$h.log" 2>&1 &
 done
 x "$P-nh" ./bin/eipoibd host --underlay "${P}-nh" --neigh-file "$LOG/neigh" >"$LOG/nh.log" 2>&1 &
 for f in hv1:"shim running" hv2:"shim running" nh:"host running"; do

@@ -62,6 +62,7 @@ const (
 	DropNoGroup                        // multicast to a group the port could not join (group table full)
 	DropSuperGroup                     // a TCP super-frame to a broadcast or multicast MAC
 	DropRxUnknownSource                // sender unknown to the port and never seen in ARP/NDP (a resolution is sent)
+	CaptureMissed                      // packets a capture left out because its reader was slow (forwarding is never held up)
 	numCounters
 )
 
@@ -78,6 +79,7 @@ var counterNames = [numCounters]string{
 	DropBadMcastReport: "drop_bad_mcast_report", DropNoGroup: "drop_no_group",
 	DropSuperGroup:      "drop_super_group",
 	DropRxUnknownSource: "drop_rx_unknown_source",
+	CaptureMissed:       "capture_missed",
 }
 
 // String returns the counter's metric name.

@@ -16,6 +16,7 @@ import (
 	"github.com/eipoib/eipoibd/internal/ether"
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/ipoib/memfabric"
+	"github.com/eipoib/eipoibd/mactrans"
 	"github.com/eipoib/eipoibd/tap"
 )
 
@@ -66,7 +67,7 @@ func newFuzzShim(tb testing.TB, rfc4390 bool) *fuzzEnv {
 			e.remac = nb.REMAC
 		}
 	}
-	v, err := s.vif(s.byVLAN[0], macA1, e.now)
+	v, err := s.vif(s.byVLAN[0], macA1, mactrans.OriginLearned, e.now)
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -90,7 +90,7 @@ func TestManyDestinationsResolveInOneBatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	const dsts, per = 150, pendingPerDst
-	vif, err := s.vif(s.byVLAN[0], macA1, s.clk.Now())
+	vif, err := s.vif(s.byVLAN[0], macA1, mactrans.OriginLearned, s.clk.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -275,7 +275,7 @@ func TestAgingWaitsForBatch(t *testing.T) {
 	s, port := stillShim(t, f.Fabric, "fe80::a", func(c *Config) { c.VIFIdle = time.Minute })
 	far, _ := f.NewPort(gidOf("fe80::b"))
 	qfar, _ := far.AllocQP(0xffff, 0)
-	v, _ := s.vif(s.byVLAN[0], macA1, s.clk.Now())
+	v, _ := s.vif(s.byVLAN[0], macA1, mactrans.OriginLearned, s.clk.Now())
 	send := func() int {
 		buf := append(make([]byte, ipoib.Headroom), 8, 0, 0, 0, 0x45)
 		n, _ := port.Write([][]byte{buf}, []ipoib.TxMeta{{Dst: ipoib.MakeHwAddr(0, qfar, far.LocalGID()), SrcQPN: v.QPN, PKey: 0xffff}}, ipoib.Headroom)
@@ -481,7 +481,7 @@ func TestConservation(t *testing.T) {
 func TestLearnOnlyAccepted(t *testing.T) {
 	f := memFab(t, 2048)
 	s, _ := stillShim(t, f.Fabric, "fe80::a", nil)
-	v, _ := s.vif(s.byVLAN[0], macA1, s.clk.Now())
+	v, _ := s.vif(s.byVLAN[0], macA1, mactrans.OriginLearned, s.clk.Now())
 	from := func(q uint32) ipoib.HwAddr { return ipoib.MakeHwAddr(0, q, gidOf("fe80::b")) }
 	for i, c := range []struct {
 		pkt    []byte

@@ -203,6 +203,11 @@ func (s *Shim) flushResolved() {
 // writePort sends packets laid out with ipoib.Headroom before the header
 // and counts what the port accepted and refused.
 func (s *Shim) writePort(bufs [][]byte, meta []ipoib.TxMeta) {
+	if s.capture.Load() != nil {
+		for i := range bufs {
+			s.capFabricTx(bufs[i][ipoib.Headroom:], meta[i].Dst)
+		}
+	}
 	s.portMu.Lock()
 	n, _ := s.port.Write(bufs, meta, ipoib.Headroom)
 	s.portMu.Unlock()

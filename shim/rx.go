@@ -39,6 +39,11 @@ func (s *Shim) rxLoop() error {
 			return err
 		}
 		now := s.clk.Now()
+		if s.capture.Load() != nil {
+			for i := range n {
+				s.capFabricRx(bufs[i][rxOffset:rxOffset+sizes[i]], &meta[i])
+			}
+		}
 		for i := 0; i < n; i++ {
 			s.ctr.inc(RxPackets)
 			if f := s.rx(bufs[i], sizes[i], &meta[i], now); f != nil {
@@ -60,6 +65,7 @@ func (s *Shim) rxLoop() error {
 // writeDev writes frames, each tap.Headroom bytes into its buffer, to the
 // device and returns how many it took.
 func (s *Shim) writeDev(frames [][]byte) int {
+	s.capFrames(frames)
 	s.devMu.Lock()
 	n, err := s.dev.Write(frames, tap.Headroom)
 	s.devMu.Unlock()
@@ -67,6 +73,16 @@ func (s *Shim) writeDev(frames [][]byte) int {
 		return 0
 	}
 	return n
+}
+
+// capFrames captures frames about to be written to the TAP (each
+// tap.Headroom bytes into its buffer).
+func (s *Shim) capFrames(frames [][]byte) {
+	if s.capture.Load() != nil {
+		for _, f := range frames {
+			s.capTAP(f[tap.Headroom:])
+		}
+	}
 }
 
 // writeQueues writes received frames, each tap.Headroom bytes into its
@@ -79,6 +95,7 @@ func (s *Shim) writeQueues(byQueue [][][]byte) {
 		if len(frames) == 0 {
 			continue
 		}
+		s.capFrames(frames)
 		n, err := s.queues[q].Write(frames, tap.Headroom)
 		if err != nil {
 			n = 0
@@ -138,6 +155,7 @@ func (s *Shim) rx(buf []byte, n int, m *ipoib.RxMeta, now time.Time) []byte {
 			return nil
 		}
 		vif.Touch(now)
+		vif.CountRx(n)
 		dst = vif.Key.MAC
 	}
 	ip := pay[ipoib.HeaderLen:]
@@ -177,6 +195,7 @@ func (s *Shim) rx(buf []byte, n int, m *ipoib.RxMeta, now time.Time) []byte {
 			return nil
 		}
 		src = nb.REMAC
+		s.noteIPs(p, et, ip) // the IPs a neighbour speaks for, for the CLI
 	}
 	hl := ether.HeaderLen
 	if p.vlan != 0 {

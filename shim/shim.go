@@ -115,6 +115,8 @@ type Shim struct {
 	xids    dhcpXIDs
 	ctr     counters
 
+	capture atomic.Pointer[Capture] // the running capture, nil for none
+
 	vifWarn, groupWarn  warnLimit // limit warnings a guest can cause per frame
 	carrier, carrierSet atomic.Bool
 }
@@ -388,8 +390,9 @@ func (s *Shim) nextHousekeeping(now time.Time) time.Duration {
 
 // DeclareVIF creates the VIF of a guest MAC ahead of its first frame, e.g.
 // from the bridge's forwarding database at start-up, so that traffic to
-// it is received before it speaks.
-func (s *Shim) DeclareVIF(mac ether.MAC, vlan uint16) error {
+// it is received before it speaks; origin says who declared it (a VIF
+// that exists already takes it).
+func (s *Shim) DeclareVIF(mac ether.MAC, vlan uint16, origin mactrans.Origin) error {
 	if int(vlan) >= len(s.byVLAN) || s.byVLAN[vlan] == nil {
 		return fmt.Errorf("shim: VLAN %d has no P_Key", vlan)
 	}
@@ -397,7 +400,10 @@ func (s *Shim) DeclareVIF(mac ether.MAC, vlan uint16) error {
 	if mac.IsMulticast() || mac.IsZero() {
 		return fmt.Errorf("shim: %s is not a unicast MAC", mac)
 	}
-	_, err := s.vif(p, mac, s.clk.Now())
+	v, err := s.vif(p, mac, origin, s.clk.Now())
+	if err == nil {
+		v.SetOrigin(origin)
+	}
 	return err
 }
 
@@ -424,14 +430,14 @@ func (s *Shim) RemoveVIF(mac ether.MAC, vlan uint16) error {
 }
 
 // vif returns (creating when new) the VIF of a guest MAC in p.
-func (s *Shim) vif(p *partition, mac ether.MAC, now time.Time) (*mactrans.VIF, error) {
-	v, created, err := s.vifs.Create(mactrans.VIFKey{MAC: mac, VLAN: p.vlan}, p.pkey, now, s.port.AllocQP)
+func (s *Shim) vif(p *partition, mac ether.MAC, origin mactrans.Origin, now time.Time) (*mactrans.VIF, error) {
+	v, created, err := s.vifs.Create(mactrans.VIFKey{MAC: mac, VLAN: p.vlan}, p.pkey, origin, now, s.port.AllocQP)
 	if err != nil {
 		return nil, err
 	}
 	if created {
 		s.ctr.inc(VIFsCreated)
-		s.log.Info("VIF created", "mac", mac, "vlan", p.vlan, "pkey", p.pkey, "qpn", fmt.Sprintf("%#06x", v.QPN), "limac", v.LIMAC)
+		s.log.Info("VIF created", "mac", mac, "vlan", p.vlan, "pkey", p.pkey, "qpn", fmt.Sprintf("%#06x", v.QPN), "limac", v.LIMAC, "origin", origin)
 	}
 	return v, nil
 }

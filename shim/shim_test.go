@@ -662,7 +662,7 @@ func TestVLANPartitions(t *testing.T) {
 		a.quiet(t)
 		// A packet from B's VLAN 20 QP straight to A's VLAN 10 QP: the fabric's
 		// receive P_Key check drops it.
-		vb, _, err := b.s.vifs.Create(mactrans.VIFKey{MAC: macB1, VLAN: 20}, 0x8014, time.Now(), b.port.AllocQP)
+		vb, _, err := b.s.vifs.Create(mactrans.VIFKey{MAC: macB1, VLAN: 20}, 0x8014, mactrans.OriginLearned, time.Now(), b.port.AllocQP)
 		if err != nil {
 			t.Fatal(err)
 		}

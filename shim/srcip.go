@@ -91,10 +91,8 @@ func (s *Shim) sourceOf(p *partition, et uint16, pkt []byte, m *ipoib.RxMeta, no
 	var sip, dip netip.Addr
 	switch et {
 	case ether.TypeARP, ether.TypeRARP:
-		a := arpndp.ARP(pkt) // valid: the rewrite checked it
-		sha := ether.MAC(a.SenderHw())
-		s.srcs.learn(srcKey{p.pkey, netip.AddrFrom4(a.SenderIP())}, sha)
-		return sha, true
+		s.noteIPs(p, et, pkt)
+		return ether.MAC(arpndp.ARP(pkt).SenderHw()), true
 	case ether.TypeIPv4:
 		if len(pkt) < 20 {
 			break
@@ -105,9 +103,7 @@ func (s *Shim) sourceOf(p *partition, et uint16, pkt []byte, m *ipoib.RxMeta, no
 			break
 		}
 		sip, dip = netip.AddrFrom16([16]byte(pkt[8:24])), netip.AddrFrom16([16]byte(pkt[24:40]))
-		if arpndp.IsNDP(pkt) {
-			s.learnNDP(p, pkt, sip)
-		}
+		s.noteIPs(p, et, pkt)
 	}
 	k := srcKey{p.pkey, sip}
 	if mac, ok := s.srcs.lookup(k); ok {
@@ -128,6 +124,20 @@ func (s *Shim) sourceOf(p *partition, et uint16, pkt []byte, m *ipoib.RxMeta, no
 		s.live.RUnlock()
 	}
 	return ether.MAC{}, false
+}
+
+// noteIPs learns which IPs the sender of an accepted ARP or NDP packet
+// (pkt, its payload rewritten to Ethernet addresses) speaks for: the
+// source table of ports that cannot tell senders, and what the CLI shows
+// of each neighbour. Only ARP and NDP, never a data packet.
+func (s *Shim) noteIPs(p *partition, et uint16, pkt []byte) {
+	switch {
+	case et == ether.TypeARP || et == ether.TypeRARP:
+		a := arpndp.ARP(pkt) // valid: the rewrite checked it
+		s.srcs.learn(srcKey{p.pkey, netip.AddrFrom4(a.SenderIP())}, ether.MAC(a.SenderHw()))
+	case et == ether.TypeIPv6 && len(pkt) >= 40 && arpndp.IsNDP(pkt):
+		s.learnNDP(p, pkt, netip.AddrFrom16([16]byte(pkt[8:24])))
+	}
 }
 
 // ndpFixed is the length of an NDP message before its options.

@@ -10,6 +10,7 @@ import (
 
 	"github.com/eipoib/eipoibd/internal/ether"
 	"github.com/eipoib/eipoibd/internal/gsotest"
+	"github.com/eipoib/eipoibd/mactrans"
 	"github.com/eipoib/eipoibd/tap"
 )
 
@@ -136,7 +137,7 @@ func TestLearnDeclared(t *testing.T) {
 	if a.s.Get(VIFsCreated) != 0 {
 		t.Fatalf("vifs_created %d for an undeclared MAC", a.s.Get(VIFsCreated))
 	}
-	if err := a.s.DeclareVIF(macA1, 0); err != nil {
+	if err := a.s.DeclareVIF(macA1, 0, mactrans.OriginDeclared); err != nil {
 		t.Fatal(err)
 	}
 	a.dev.Inject(req)

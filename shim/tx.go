@@ -123,6 +123,11 @@ func (s *Shim) txLoop(dev tap.Device) error {
 			return err
 		}
 		now := s.clk.Now()
+		if s.capture.Load() != nil {
+			for i := range n {
+				s.capTAP(bufs[i][devHeadroom : devHeadroom+sizes[i]])
+			}
+		}
 		s.live.RLock()
 		for i := 0; i < n; i++ {
 			s.ctr.inc(TxFrames)
@@ -220,7 +225,7 @@ func (s *Shim) tx(b *txBatch, buf []byte, n int, sup tap.Super, now time.Time) {
 			s.ctr.inc(DropUndeclared)
 			return
 		}
-	} else if vif, err = s.vif(p, src, now); err != nil {
+	} else if vif, err = s.vif(p, src, mactrans.OriginLearned, now); err != nil {
 		s.ctr.inc(DropVIFLimit)
 		if s.vifWarn.allow(now) {
 			s.log.Warn("new guest MAC refused", "mac", src, "vlan", p.vlan, "err", err, "suppressed", s.vifWarn.take())
@@ -228,6 +233,7 @@ func (s *Shim) tx(b *txBatch, buf []byte, n int, sup tap.Super, now time.Time) {
 		return
 	}
 	vif.Touch(now)
+	vif.CountTx(n)
 	m := ipoib.TxMeta{SrcQPN: vif.QPN, PKey: p.pkey}
 	unknown := false
 	kind := Counter(-1) // TxBroadcast or TxMulticast, counted when sent on

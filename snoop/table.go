@@ -214,3 +214,24 @@ func (t *Table) Overflow() (bound, joinFailed uint64) {
 	defer t.mu.Unlock()
 	return t.overflow, t.failed
 }
+
+// Group is one group's state, for inspection.
+type Group struct {
+	Key
+	// Expires is when the membership ends unless a report refreshes it.
+	Expires time.Time
+	// Querying: a leave was heard and group-specific queries are being
+	// sent (QueriesLeft more) before the group goes.
+	QueriesLeft int
+}
+
+// Groups returns every group's state.
+func (t *Table) Groups() []Group {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make([]Group, 0, len(t.m))
+	for k, m := range t.m {
+		out = append(out, Group{Key: k, Expires: m.expires, QueriesLeft: m.queriesLeft})
+	}
+	return out
+}

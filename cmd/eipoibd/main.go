@@ -27,10 +27,12 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/eipoib/eipoibd/internal/ctl"
 	"github.com/eipoib/eipoibd/internal/ether"
 	"github.com/eipoib/eipoibd/internal/metrics"
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/ipoib/simfabric"
+	"github.com/eipoib/eipoibd/mactrans"
 	"github.com/eipoib/eipoibd/shim"
 	"github.com/eipoib/eipoibd/snoop"
 	"github.com/eipoib/eipoibd/tap"
@@ -68,7 +70,7 @@ func main() {
 // options are the parsed flags of "run".
 type options struct {
 	underlay, name, bridge, fabric, metrics, logLevel, dhcp, faults, mac string
-	learn                                                                string
+	learn, ctlDir                                                        string
 	ovsBridge, ovsDB, vlanPKey, ibDev                                    string
 	mcast                                                                snoop.Timers
 	ibMTU, maxVIFs, maxNeigh, queues, tapMTU                             int
@@ -112,6 +114,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.learn, "learn", shim.LearnAuto, "auto: a VIF for any guest MAC (promiscuous emulation); declared: only MACs with a static entry in the --bridge FDB (as libvirt adds) or on an --ovs-bridge port's external_ids:attached-mac, others dropped and counted")
 	fs.BoolVar(&o.clampMSS, "clamp-mss", false, "lower the MSS of guests' TCP SYNs to fit the IPoIB MTU, for guests that ignore path MTU discovery")
 	fs.IntVar(&o.queues, "queues", runtime.NumCPU(), "TAP queues, each read by its own TX worker (the kernel spreads guests' flows over them)")
+	fs.StringVar(&o.ctlDir, "ctl-dir", ctl.DefaultDir, "directory of the control socket NAME.sock (eipoibd show, vif, neigh, capture); empty: none")
 	fs.BoolVar(&o.pprof, "pprof", false, "also serve Go's profiles at /debug/pprof/ on the --metrics address")
 	fs.StringVar(&o.faults, "fault", "", "simulated fabric faults, e.g. loss=0.01,dup=0.01,reorder=0.01,corrupt=0.01")
 	if err := cli.Parse(fs, args[1:], usage, stderr, "eipoibd run -h lists the flags"); err != nil {
@@ -205,8 +208,13 @@ func parseFaults(s string) (simfabric.Faults, error) {
 }
 
 func run(args []string, stderr io.Writer) error {
-	if len(args) > 0 && args[0] == "host" {
-		return runHost(args[1:], stderr)
+	if len(args) > 0 {
+		switch args[0] {
+		case "host":
+			return runHost(args[1:], stderr)
+		case "show", "vif", "neigh", "capture":
+			return runCtl(args[0], args[1:], stderr)
+		}
 	}
 	o, err := parse(args, stderr)
 	if err != nil {
@@ -284,11 +292,20 @@ func run(args []string, stderr io.Writer) error {
 				log.Warn("read bridge FDB", "err", err)
 			}
 			for _, g := range guests {
-				if err := sh.DeclareVIF(g.MAC, g.VLAN); err != nil {
+				if err := sh.DeclareVIF(g.MAC, g.VLAN, mactrans.OriginBridge); err != nil {
 					log.Warn("declare VIF from bridge FDB", "mac", g.MAC, "vlan", g.VLAN, "err", err)
 				}
 			}
 		}
+	}
+	if o.ctlDir != "" {
+		srv, err := ctl.Listen(ctl.Path(o.ctlDir, o.name), &ctlHandler{sh: sh, name: o.name, fab: o.fabric, dev: fabDev})
+		if err != nil {
+			return err
+		}
+		go srv.Serve()
+		defer srv.Close()
+		log.Info("control socket", "path", ctl.Path(o.ctlDir, o.name))
 	}
 	if o.metrics != "" {
 		ln, err := net.Listen("tcp", o.metrics)
@@ -317,7 +334,7 @@ func run(args []string, stderr io.Writer) error {
 		// static entry), and lose them as soon as the bridge forgets
 		// them (their port went).
 		go func() {
-			if err := vswitch.WatchBridge(ctx, o.bridge, o.name, func(g vswitch.Guest, added bool) { bridgeGuest(sh, log, "bridge", g, added) },
+			if err := vswitch.WatchBridge(ctx, o.bridge, o.name, func(g vswitch.Guest, added bool) { bridgeGuest(sh, log, mactrans.OriginBridge, g, added) },
 				func(err error) { log.Debug("bridge FDB events dropped by the kernel; listed afresh", "err", err) }); err != nil {
 				log.Warn("bridge guests are learned from their traffic only", "err", err)
 			}
@@ -328,7 +345,7 @@ func run(args []string, stderr io.Writer) error {
 		// external_ids:attached-mac (as libvirt and os-vif set it) is a
 		// declared guest, on the port's access VLAN.
 		go func() {
-			if err := ovs.Watch(ctx, o.ovsBridge, o.name, func(g vswitch.Guest, added bool) { bridgeGuest(sh, log, "ovs", g, added) },
+			if err := ovs.Watch(ctx, o.ovsBridge, o.name, func(g vswitch.Guest, added bool) { bridgeGuest(sh, log, mactrans.OriginOVS, g, added) },
 				func(err error) { log.Warn("watching Open vSwitch guests", "err", err) }); err != nil {
 				log.Warn("Open vSwitch guests are learned from their traffic only", "err", err)
 			}
@@ -365,13 +382,13 @@ func run(args []string, stderr io.Writer) error {
 // from a frame that reaches the shim anyway (and from traffic a guest may
 // forge, so a MAC flood would become a flood of declarations); the
 // start-up preload takes learned entries in auto mode.
-func bridgeGuest(sh *shim.Shim, log *slog.Logger, origin string, g vswitch.Guest, added bool) {
+func bridgeGuest(sh *shim.Shim, log *slog.Logger, origin mactrans.Origin, g vswitch.Guest, added bool) {
 	var err error
 	if added && !g.Static {
 		return
 	}
 	if added {
-		err = sh.DeclareVIF(g.MAC, g.VLAN)
+		err = sh.DeclareVIF(g.MAC, g.VLAN, origin)
 	} else {
 		err = sh.RemoveVIF(g.MAC, g.VLAN)
 	}

@@ -345,7 +345,9 @@ func (h *hypervisor) start(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	args := append([]string{daemonBin, "run", "--underlay", h.underlay, "--metrics", "127.0.0.1:9474"}, h.switchArgs...)
+	// Each daemon's control socket in a directory of its own: the
+	// hypervisors' TAPs all have the same name.
+	args := append([]string{daemonBin, "run", "--underlay", h.underlay, "--metrics", "127.0.0.1:9474", "--ctl-dir", h.ctlDir()}, h.switchArgs...)
 	// EIPOIB_NETNS_OFFLOAD=false runs the whole suite with the TAP's
 	// offloads off (make test runs it both ways); a test's own flags,
 	// after it, win.
@@ -376,6 +378,16 @@ func (h *hypervisor) start(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// ctlDir is the directory of the daemon's control socket.
+func (h *hypervisor) ctlDir() string { return filepath.Join(h.logDir, h.name+"-ctl") }
+
+// ctl runs an eipoibd client command against the daemon and returns its
+// standard output.
+func (h *hypervisor) ctl(t *testing.T, args ...string) string {
+	t.Helper()
+	return stdout(t, append(append([]string{daemonBin}, args...), "--ctl-dir", h.ctlDir())...)
 }
 
 func (h *hypervisor) log() string {

@@ -1,0 +1,323 @@
+// Package ctl is eipoibd's control socket: a Unix stream socket per
+// daemon (/run/eipoibd/NAME.sock, mode 0600, root peers only, checked
+// with SO_PEERCRED) speaking newline-delimited JSON. A client sends one
+// request line and reads one reply line:
+//
+//	→ {"v":1,"cmd":"show","what":"vifs"}
+//	← {"v":1,"ok":true,"data":[...]}
+//	← {"v":1,"ok":false,"error":"..."}
+//
+// A capture request's reply is followed by the capture itself, a pcap
+// stream, until the count is reached or the client hangs up. Requests
+// are at most MaxRequest bytes; a malformed, oversized or unknown one
+// gets an error reply and the connection is closed. The server never
+// touches the data path itself: its handler reads the shim's snapshots.
+package ctl
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Version is the protocol version; a request of another is refused.
+const Version = 1
+
+// MaxRequest bounds a request line.
+const MaxRequest = 64 << 10
+
+// DefaultDir holds the daemons' sockets.
+const DefaultDir = "/run/eipoibd"
+
+// Path is the socket of the daemon whose TAP is name.
+func Path(dir, name string) string { return filepath.Join(dir, name+".sock") }
+
+// Request is one command.
+type Request struct {
+	V   int    `json:"v"`
+	Cmd string `json:"cmd"` // show, vif-add, vif-del, neigh-flush, capture
+	// What to show: port, vifs, neigh, groups or stats.
+	What string `json:"what,omitempty"`
+	// MAC and VLAN of vif-add and vif-del.
+	MAC  string `json:"mac,omitempty"`
+	VLAN int    `json:"vlan,omitempty"`
+	// Side (fabric or tap) and Count (0: until the client hangs up) of
+	// a capture.
+	Side  string `json:"side,omitempty"`
+	Count int    `json:"count,omitempty"`
+}
+
+// Response is the reply to a request.
+type Response struct {
+	V     int             `json:"v"`
+	OK    bool            `json:"ok"`
+	Error string          `json:"error,omitempty"`
+	Data  json.RawMessage `json:"data,omitempty"`
+}
+
+// ParseRequest parses and checks one request line.
+func ParseRequest(line []byte) (Request, error) {
+	var r Request
+	d := json.NewDecoder(bytes.NewReader(line))
+	d.DisallowUnknownFields()
+	if err := d.Decode(&r); err != nil {
+		return r, fmt.Errorf("malformed request: %v", err)
+	}
+	if d.More() {
+		return r, errors.New("malformed request: more than one JSON value")
+	}
+	if r.V != Version {
+		return r, fmt.Errorf("protocol version %d, this daemon speaks %d", r.V, Version)
+	}
+	switch r.Cmd {
+	case "show":
+		switch r.What {
+		case "port", "vifs", "neigh", "groups", "stats":
+		default:
+			return r, fmt.Errorf("show %q: want port, vifs, neigh, groups or stats", r.What)
+		}
+	case "vif-add", "vif-del":
+		if r.MAC == "" || r.VLAN < 0 || r.VLAN > 4094 {
+			return r, fmt.Errorf("%s needs a MAC and a VLAN from 0 to 4094", r.Cmd)
+		}
+	case "neigh-flush":
+	case "capture":
+		if r.Side != "fabric" && r.Side != "tap" {
+			return r, fmt.Errorf("capture side %q: want fabric or tap", r.Side)
+		}
+		if r.Count < 0 {
+			return r, fmt.Errorf("capture count %d: want 0 (no limit) or more", r.Count)
+		}
+	default:
+		return r, fmt.Errorf("unknown command %q", r.Cmd)
+	}
+	return r, nil
+}
+
+// Handler does the commands. Do answers all but capture, with data to
+// send as JSON; Capture writes a pcap stream to w until the count is
+// reached, w fails or gone is closed (the client hung up, or the server
+// is closing).
+type Handler interface {
+	Do(r Request) (any, error)
+	Capture(r Request, w io.Writer, gone <-chan struct{}) error
+}
+
+// Server serves one socket.
+type Server struct {
+	ln   *net.UnixListener
+	path string
+	h    Handler
+	wg   sync.WaitGroup
+	mu   sync.Mutex
+	conn map[net.Conn]bool
+}
+
+// Listen creates the socket at path (its directory too, mode 0755),
+// mode 0600, replacing a stale one that nothing listens on.
+func Listen(path string, h Handler) (*Server, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, fmt.Errorf("ctl: %w", err)
+	}
+	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+		c.Close()
+		return nil, fmt.Errorf("ctl: %s is in use: another eipoibd serves this name", path)
+	}
+	os.Remove(path)
+	old := unix.Umask(0o177) // the socket is born 0600
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	unix.Umask(old)
+	if err != nil {
+		return nil, fmt.Errorf("ctl: %w", err)
+	}
+	return &Server{ln: ln, path: path, h: h, conn: map[net.Conn]bool{}}, nil
+}
+
+// Serve accepts connections until Close.
+func (s *Server) Serve() {
+	for {
+		c, err := s.ln.AcceptUnix()
+		if err != nil {
+			return
+		}
+		s.mu.Lock()
+		s.conn[c] = true
+		s.mu.Unlock()
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.serve(c)
+			s.mu.Lock()
+			delete(s.conn, c)
+			s.mu.Unlock()
+		}()
+	}
+}
+
+// Close stops serving, ends open connections (captures included) and
+// removes the socket.
+func (s *Server) Close() error {
+	err := s.ln.Close()
+	s.mu.Lock()
+	for c := range s.conn {
+		c.Close()
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+	os.Remove(s.path)
+	return err
+}
+
+// AllowPeer is the access rule: root only (the socket is 0600 as well).
+func AllowPeer(uid uint32) error {
+	if uid != 0 {
+		return fmt.Errorf("permission denied: uid %d is not root", uid)
+	}
+	return nil
+}
+
+func peerUID(c *net.UnixConn) (uint32, error) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := rc.Control(func(fd uintptr) { cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) }); err != nil {
+		return 0, err
+	}
+	if cerr != nil {
+		return 0, cerr
+	}
+	return cred.Uid, nil
+}
+
+// serve answers one connection's request.
+func (s *Server) serve(c *net.UnixConn) {
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	reply := func(data any, err error) bool {
+		r := Response{V: Version, OK: err == nil}
+		if err != nil {
+			r.Error = err.Error()
+		} else if data != nil {
+			b, merr := json.Marshal(data)
+			if merr != nil {
+				r.OK, r.Error = false, "encode reply: "+merr.Error()
+			} else {
+				r.Data = b
+			}
+		}
+		b, _ := json.Marshal(r)
+		_, werr := c.Write(append(b, '\n'))
+		return werr == nil && r.OK
+	}
+	uid, err := peerUID(c)
+	if err == nil {
+		err = AllowPeer(uid)
+	}
+	if err != nil {
+		reply(nil, err)
+		return
+	}
+	line, err := bufio.NewReaderSize(io.LimitReader(c, MaxRequest+1), 4096).ReadSlice('\n')
+	if errors.Is(err, bufio.ErrBufferFull) || len(line) > MaxRequest {
+		reply(nil, fmt.Errorf("request longer than %d bytes", MaxRequest))
+		return
+	}
+	if err != nil && len(line) == 0 {
+		return // the client went without asking
+	}
+	req, err := ParseRequest(line)
+	if err != nil {
+		reply(nil, err)
+		return
+	}
+	if req.Cmd != "capture" {
+		reply(s.h.Do(req))
+		return
+	}
+	if !reply(nil, nil) {
+		return
+	}
+	c.SetDeadline(time.Time{})
+	gone := make(chan struct{})
+	go func() { // the client hanging up (or Close) ends the capture
+		io.Copy(io.Discard, c)
+		close(gone)
+	}()
+	s.h.Capture(req, c, gone)
+}
+
+// Do sends one request to the socket at path and returns the reply's
+// data; a refusal is an error with the daemon's message.
+func Do(path string, req Request) (json.RawMessage, error) {
+	c, err := dial(path, req)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	r, _, err := readReply(c)
+	return r, err
+}
+
+// Stream sends a capture request and copies the pcap stream that follows
+// the reply to w until the daemon ends it.
+func Stream(path string, req Request, w io.Writer) error {
+	c, err := dial(path, req)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	_, rest, err := readReply(c)
+	if err != nil {
+		return err
+	}
+	_, err = io.Copy(w, io.MultiReader(rest, c))
+	return err
+}
+
+func dial(path string, req Request) (net.Conn, error) {
+	c, err := net.DialTimeout("unix", path, 5*time.Second)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ECONNREFUSED) {
+			return nil, fmt.Errorf("no eipoibd at %s (is it running, with this --name?)", path)
+		}
+		return nil, err
+	}
+	req.V = Version
+	b, _ := json.Marshal(req)
+	if _, err := c.Write(append(b, '\n')); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// readReply reads the reply line; rest holds what was read past it.
+func readReply(c net.Conn) (json.RawMessage, io.Reader, error) {
+	br := bufio.NewReader(c)
+	line, err := br.ReadBytes('\n')
+	if err != nil && len(line) == 0 {
+		return nil, nil, fmt.Errorf("no reply from eipoibd: %w", err)
+	}
+	var r Response
+	if err := json.Unmarshal(line, &r); err != nil {
+		return nil, nil, fmt.Errorf("bad reply from eipoibd: %q", strings.TrimSpace(string(line)))
+	}
+	if !r.OK {
+		return nil, nil, errors.New(r.Error)
+	}
+	return r.Data, br, nil
+}

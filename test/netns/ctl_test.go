@@ -1,0 +1,241 @@
+package netns
+
+import (
+	"encoding/json"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// ctlVIF, ctlNeigh, ctlGroup and ctlPort are the control socket's JSON
+// as the README documents it; unknown fields fail the decoding, so a
+// field added without its test is noticed.
+type ctlVIF struct {
+	MAC       string  `json:"mac"`
+	VLAN      int     `json:"vlan"`
+	PKey      string  `json:"pkey"`
+	QPN       string  `json:"qpn"`
+	Address   string  `json:"address"`
+	Origin    string  `json:"origin"`
+	IdleS     float64 `json:"idle_s"`
+	TxPackets uint64  `json:"tx_packets"`
+	TxBytes   uint64  `json:"tx_bytes"`
+	RxPackets uint64  `json:"rx_packets"`
+	RxBytes   uint64  `json:"rx_bytes"`
+}
+
+type ctlNeigh struct {
+	REMAC string   `json:"remac"`
+	RIMAC string   `json:"rimac"`
+	PKey  string   `json:"pkey"`
+	IPs   []string `json:"ips"`
+	AgeS  float64  `json:"age_s"`
+}
+
+type ctlGroup struct {
+	MGID     string `json:"mgid"`
+	SendOnly bool   `json:"send_only"`
+	Members  []struct {
+		VLAN        int     `json:"vlan"`
+		Group       string  `json:"group"`
+		ExpiresS    float64 `json:"expires_s"`
+		QueriesLeft int     `json:"queries_left"`
+	} `json:"members"`
+}
+
+type ctlPort struct {
+	Name       string `json:"name"`
+	Backend    string `json:"backend"`
+	Device     string `json:"device"`
+	GID        string `json:"gid"`
+	IBMTU      int    `json:"ib_mtu"`
+	IPoIBMTU   int    `json:"ipoib_mtu"`
+	Link       string `json:"link"`
+	Partitions []struct {
+		VLAN int    `json:"vlan"`
+		PKey string `json:"pkey"`
+	} `json:"partitions"`
+}
+
+// ctlJSON runs a client command with --json and decodes its output
+// strictly into v.
+func ctlJSON(t *testing.T, h *hypervisor, v any, args ...string) {
+	t.Helper()
+	out := h.ctl(t, append(args, "--json")...)
+	d := json.NewDecoder(strings.NewReader(out))
+	d.DisallowUnknownFields()
+	if err := d.Decode(v); err != nil {
+		t.Fatalf("eipoibd %v --json: %v\n%s", args, err, out)
+	}
+}
+
+func vifOf(vs []ctlVIF, mac string) (ctlVIF, bool) {
+	for _, v := range vs {
+		if v.MAC == mac {
+			return v, true
+		}
+	}
+	return ctlVIF{}, false
+}
+
+// TestCtl: every command of the control socket, against a running
+// daemon, and every JSON field it answers with.
+func TestCtl(t *testing.T) {
+	tp := newTopo(t, 2, false, "--vlan-pkey", "10=0x800a")
+	h1, h2 := tp.hvs[0], tp.hvs[1]
+	g11, g21 := h1.guests[0], h2.guests[0]
+	ping(t, g11, g21.ip4)
+
+	var port ctlPort
+	ctlJSON(t, h1, &port, "show", "port")
+	if port.Name != "eib0" || port.Backend != "sim" || port.Device != "ul1" || port.GID != h1.gid(t).String() ||
+		port.IBMTU != 4096 || port.IPoIBMTU != 4092 || port.Link != "up" || len(port.Partitions) != 2 ||
+		port.Partitions[0].VLAN != 0 || port.Partitions[0].PKey != "0xffff" || port.Partitions[1].VLAN != 10 || port.Partitions[1].PKey != "0x800a" {
+		t.Errorf("show port: %+v", port)
+	}
+	if out := h1.ctl(t, "show", "port"); !strings.Contains(out, "gid        "+h1.gid(t).String()) || !strings.Contains(out, "partition  vlan 10 pkey 0x800a") {
+		t.Errorf("show port (text):\n%s", out)
+	}
+
+	// Per-VIF counters: five pings of 100 bytes add five frames each way
+	// (and at most one stray frame, an ND or MLD message, in that time).
+	mac := g11.mac(t).String()
+	var before, after []ctlVIF
+	ctlJSON(t, h1, &before, "show", "vifs")
+	pingN(t, g11, g21.ip4, 5, "-s", "100")
+	ctlJSON(t, h1, &after, "show", "vifs")
+	b, ok1 := vifOf(before, mac)
+	a, ok2 := vifOf(after, mac)
+	if !ok1 || !ok2 {
+		t.Fatalf("no VIF of %s in show vifs: %+v", mac, after)
+	}
+	const txFrame, rxPacket = 14 + 20 + 8 + 100, 4 + 20 + 8 + 100
+	if d := a.TxPackets - b.TxPackets; d < 5 || d > 6 {
+		t.Errorf("tx_packets rose by %d over 5 pings", d)
+	}
+	if d := a.TxBytes - b.TxBytes; d < 5*txFrame || d > 5*txFrame+1500 {
+		t.Errorf("tx_bytes rose by %d over 5 pings of %d-byte frames", d, txFrame)
+	}
+	if d := a.RxPackets - b.RxPackets; d < 5 || d > 6 {
+		t.Errorf("rx_packets rose by %d over 5 replies", d)
+	}
+	if d := a.RxBytes - b.RxBytes; d < 5*rxPacket || d > 5*rxPacket+1500 {
+		t.Errorf("rx_bytes rose by %d over 5 replies of %d-byte packets", d, rxPacket)
+	}
+	qpn := h1.vifQPN(mac, 0)
+	if a.VLAN != 0 || a.PKey != "0xffff" || a.QPN != fmt.Sprintf("%#06x", qpn) || !strings.HasPrefix(a.Address, fmt.Sprintf("00:%02x:%02x:%02x:fe:80:", qpn>>16, qpn>>8&0xff, qpn&0xff)) ||
+		(a.Origin != "learned" && a.Origin != "bridge") || a.IdleS > 5 {
+		t.Errorf("show vifs: %+v (QPN in the log %#x)", a, qpn)
+	}
+	if out := h1.ctl(t, "show", "vifs"); !strings.HasPrefix(out, "MAC ") || !strings.Contains(out, mac) {
+		t.Errorf("show vifs (text):\n%s", out)
+	}
+
+	// A declared VIF, then deleted.
+	const declared = "02:00:00:00:cc:01"
+	h1.ctl(t, "vif", "add", declared, "--vlan", "10")
+	ctlJSON(t, h1, &after, "show", "vifs")
+	if v, ok := vifOf(after, declared); !ok || v.Origin != "declared" || v.VLAN != 10 || v.PKey != "0x800a" || v.TxPackets != 0 || v.RxPackets != 0 {
+		t.Errorf("declared VIF: %+v %v", v, ok)
+	}
+	h1.ctl(t, "vif", "del", declared, "--vlan", "10")
+	ctlJSON(t, h1, &after, "show", "vifs")
+	if _, ok := vifOf(after, declared); ok {
+		t.Errorf("VIF %s still there after vif del", declared)
+	}
+	if out, err := exec.Command(daemonBin, "vif", "add", "zz", "--ctl-dir", h1.ctlDir()).CombinedOutput(); err == nil || !strings.Contains(string(out), `MAC "zz"`) {
+		t.Errorf("vif add zz: %v\n%s", err, out)
+	}
+
+	// Neighbours: g21's endpoint, with the IP its ARP spoke for.
+	var ns []ctlNeigh
+	ctlJSON(t, h1, &ns, "show", "neigh")
+	want := fmt.Sprintf("%06x", h2.vifQPN(g21.mac(t).String(), 0))
+	found := false
+	for _, n := range ns {
+		if strings.Contains(strings.ReplaceAll(n.RIMAC, ":", ""), want) && slices.Contains(n.IPs, g21.ip4) {
+			found = n.PKey == "0xffff" && n.AgeS < 10 && len(n.REMAC) == 17
+		}
+	}
+	if !found {
+		t.Errorf("show neigh: no entry for %s (QPN %s): %+v", g21.ip4, want, ns)
+	}
+	if out := h1.ctl(t, "show", "neigh"); !strings.HasPrefix(out, "REMAC ") || !strings.Contains(out, g21.ip4) {
+		t.Errorf("show neigh (text):\n%s", out)
+	}
+	var flushed map[string]int
+	ctlJSON(t, h1, &flushed, "neigh", "flush")
+	if flushed["flushed"] != len(ns) {
+		t.Errorf("neigh flush: %v, want %d", flushed, len(ns))
+	}
+	ctlJSON(t, h1, &ns, "show", "neigh")
+	if len(ns) != 0 {
+		t.Errorf("after neigh flush: %+v", ns)
+	}
+	ping(t, g11, g21.ip4) // learned again
+
+	// Groups: the broadcast group, and a guest's group with its state.
+	r := startReceiver(t, g11, "239.1.1.9")
+	waitJoinedAny(t, h1, "239.1.1.9")
+	var gs []ctlGroup
+	ctlJSON(t, h1, &gs, "show", "groups")
+	var bcast, joined bool
+	for _, g := range gs {
+		bcast = bcast || g.MGID == bcastGroup && !g.SendOnly
+		for _, m := range g.Members {
+			joined = joined || m.Group == "239.1.1.9" && m.VLAN == 0 && m.ExpiresS > 200 && m.QueriesLeft == 0 && !g.SendOnly
+		}
+	}
+	if !bcast || !joined {
+		t.Errorf("show groups: broadcast %v, 239.1.1.9 %v: %+v", bcast, joined, gs)
+	}
+	if out := h1.ctl(t, "show", "groups"); !strings.Contains(out, "239.1.1.9 vlan 0 (expires") {
+		t.Errorf("show groups (text):\n%s", out)
+	}
+	r.stop()
+
+	// Stats: the counters as the metrics have them, and deltas.
+	var st map[string]uint64
+	ctlJSON(t, h1, &st, "show", "stats")
+	if m := h1.metrics(t); float64(st["vifs_created"]) != m["vifs_created"] || st["vifs_removed"] != 1 || st["tx_frames"] == 0 {
+		t.Errorf("show stats: vifs_created %d (metrics %v), vifs_removed %d", st["vifs_created"], m["vifs_created"], st["vifs_removed"])
+	}
+	if out := h1.ctl(t, "show", "stats", "--interval", "300ms", "--count", "2"); strings.Count(out, "changes over 300ms") != 2 {
+		t.Errorf("show stats --interval:\n%s", out)
+	}
+
+	// Capture: exactly the packets asked for, decoded by tshark.
+	for _, c := range []struct{ side, proto string }{{"fabric", "ipoib:ip:icmp"}, {"tap", "eth:ethertype:ip:icmp"}} {
+		pcap := filepath.Join(t.TempDir(), c.side+".pcap")
+		done := make(chan error, 1)
+		go func() {
+			_, err := exec.Command(daemonBin, "capture", "-w", pcap, "-c", "10", "--side", c.side, "--ctl-dir", h1.ctlDir()).CombinedOutput()
+			done <- err
+		}()
+		time.Sleep(300 * time.Millisecond)
+		pingN(t, g11, g21.ip4, 8)
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("capture %s: %v", c.side, err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("capture %s -c 10 did not end", c.side)
+		}
+		lines := strings.Split(strings.TrimSpace(stdout(t, "tshark", "-r", pcap, "-T", "fields", "-e", "frame.protocols")), "\n")
+		icmp := 0
+		for _, l := range lines {
+			if strings.HasPrefix(l, c.proto) {
+				icmp++
+			}
+		}
+		if len(lines) != 10 || icmp < 8 {
+			t.Errorf("capture %s: %d packets, %d decoded as %s:\n%s", c.side, len(lines), icmp, c.proto, strings.Join(lines, "\n"))
+		}
+	}
+	ping(t, g11, g21.ip4) // the data path never noticed
+}
