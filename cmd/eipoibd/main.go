@@ -70,7 +70,7 @@ func main() {
 // options are the parsed flags of "run".
 type options struct {
 	underlay, name, bridge, fabric, metrics, logLevel, dhcp, faults, mac string
-	learn, ctlDir                                                        string
+	learn, ctlDir, config, logFormat                                     string
 	ovsBridge, ovsDB, vlanPKey, ibDev                                    string
 	mcast                                                                snoop.Timers
 	ibMTU, maxVIFs, maxNeigh, queues, tapMTU                             int
@@ -87,8 +87,39 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 		}
 	}
 	o := &options{}
+	fs := runFlags(o)
+	if err := cli.Parse(fs, args[1:], usage, stderr, "eipoibd run -h lists the flags"); err != nil {
+		return nil, err
+	}
+	var fromFile map[string]bool
+	if o.config != "" {
+		var err error
+		if fromFile, err = applyConfig(fs, o.config); err != nil {
+			return nil, err
+		}
+	}
+	if err := check(o); err != nil {
+		// A bad value from the file: say where it came from.
+		for k := range fromFile {
+			if ue, ok := err.(usageError); ok && strings.HasPrefix(ue.Msg, "--"+k+" ") {
+				return nil, usageError{Msg: fmt.Sprintf("--config %s: %s", o.config, ue.Msg)}
+			}
+		}
+		return nil, err
+	}
+	if o.queues == 0 {
+		o.queues = runtime.NumCPU()
+	}
+	return o, nil
+}
+
+// runFlags is the flag set of "eipoibd run", bound to o; the config
+// file's keys are its flag names.
+func runFlags(o *options) *flag.FlagSet {
 	fs := flag.NewFlagSet("eipoibd run", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
+	fs.StringVar(&o.config, "config", "", "TOML file of flag values (keys are the flag names); flags on the command line win")
+	fs.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&o.underlay, "underlay", "", "underlay interface of the simulated fabric (required)")
 	fs.StringVar(&o.name, "name", "eib0", "name of the TAP interface to create")
 	fs.StringVar(&o.mac, "mac", "", "MAC of the TAP (default: a random one from the kernel)")
@@ -113,43 +144,47 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.tapMTU, "tap-mtu", 9000, fmt.Sprintf("MTU of the TAP itself, up to %d: guests' frames up to it reach eipoibd, which fragments them or answers ICMP too-big with the IPoIB MTU (a bridge would drop them silently)", maxTAPMTU))
 	fs.StringVar(&o.learn, "learn", shim.LearnAuto, "auto: a VIF for any guest MAC (promiscuous emulation); declared: only MACs with a static entry in the --bridge FDB (as libvirt adds) or on an --ovs-bridge port's external_ids:attached-mac, others dropped and counted")
 	fs.BoolVar(&o.clampMSS, "clamp-mss", false, "lower the MSS of guests' TCP SYNs to fit the IPoIB MTU, for guests that ignore path MTU discovery")
-	fs.IntVar(&o.queues, "queues", runtime.NumCPU(), "TAP queues, each read by its own TX worker (the kernel spreads guests' flows over them)")
+	fs.IntVar(&o.queues, "queues", 0, "TAP queues, each read by its own TX worker (the kernel spreads guests' flows over them); 0: one per CPU")
 	fs.StringVar(&o.ctlDir, "ctl-dir", ctl.DefaultDir, "directory of the control socket NAME.sock (eipoibd show, vif, neigh, capture); empty: none")
 	fs.BoolVar(&o.pprof, "pprof", false, "also serve Go's profiles at /debug/pprof/ on the --metrics address")
 	fs.StringVar(&o.faults, "fault", "", "simulated fabric faults, e.g. loss=0.01,dup=0.01,reorder=0.01,corrupt=0.01")
-	if err := cli.Parse(fs, args[1:], usage, stderr, "eipoibd run -h lists the flags"); err != nil {
-		return nil, err
-	}
+	return fs
+}
+
+// check validates the options of "run".
+func check(o *options) error {
 	switch {
 	case checkFabric(o) != nil:
-		return nil, checkFabric(o)
+		return checkFabric(o)
 	case o.ibMTU != 2048 && o.ibMTU != 4096:
-		return nil, usageError{Msg: fmt.Sprintf("--ib-mtu %d: want 2048 or 4096", o.ibMTU)}
+		return usageError{Msg: fmt.Sprintf("--ib-mtu %d: want 2048 or 4096", o.ibMTU)}
 	case o.maxVIFs < 1 || o.maxVIFs > 1<<20:
-		return nil, usageError{Msg: fmt.Sprintf("--max-vifs %d: want 1 to %d", o.maxVIFs, 1<<20)}
+		return usageError{Msg: fmt.Sprintf("--max-vifs %d: want 1 to %d", o.maxVIFs, 1<<20)}
 	case o.tapMTU < minTAPMTU || o.tapMTU > maxTAPMTU:
-		return nil, usageError{Msg: fmt.Sprintf("--tap-mtu %d: want %d to %d (below the IPoIB MTU it is raised to it)", o.tapMTU, minTAPMTU, maxTAPMTU)}
-	case o.queues < 1 || o.queues > maxQueues:
-		return nil, usageError{Msg: fmt.Sprintf("--queues %d: want 1 to %d", o.queues, maxQueues)}
+		return usageError{Msg: fmt.Sprintf("--tap-mtu %d: want %d to %d (below the IPoIB MTU it is raised to it)", o.tapMTU, minTAPMTU, maxTAPMTU)}
+	case o.queues < 0 || o.queues > maxQueues:
+		return usageError{Msg: fmt.Sprintf("--queues %d: want 0 (one per CPU) to %d", o.queues, maxQueues)}
+	case o.logFormat != "text" && o.logFormat != "json":
+		return usageError{Msg: fmt.Sprintf("--log-format %q: want text or json", o.logFormat)}
 	case o.maxNeigh < 1:
-		return nil, usageError{Msg: fmt.Sprintf("--max-neighbours %d: want at least 1", o.maxNeigh)}
+		return usageError{Msg: fmt.Sprintf("--max-neighbours %d: want at least 1", o.maxNeigh)}
 	case o.vifIdle < time.Second:
-		return nil, usageError{Msg: fmt.Sprintf("--vif-idle %s: want at least 1s", o.vifIdle)}
+		return usageError{Msg: fmt.Sprintf("--vif-idle %s: want at least 1s", o.vifIdle)}
 	case o.learn != shim.LearnAuto && o.learn != shim.LearnDeclared:
-		return nil, usageError{Msg: fmt.Sprintf("--learn %q: want auto or declared", o.learn)}
+		return usageError{Msg: fmt.Sprintf("--learn %q: want auto or declared", o.learn)}
 	case o.learn == shim.LearnDeclared && o.bridge == "" && o.ovsBridge == "":
-		return nil, usageError{Msg: "--learn declared takes its guests from the --bridge FDB or the --ovs-bridge ports: give one"}
+		return usageError{Msg: "--learn declared takes its guests from the --bridge FDB or the --ovs-bridge ports: give one"}
 	case o.dhcp != shim.DHCPBroadcast && o.dhcp != shim.DHCPRFC4390:
-		return nil, usageError{Msg: fmt.Sprintf("--dhcp %q: want broadcast or rfc4390", o.dhcp)}
+		return usageError{Msg: fmt.Sprintf("--dhcp %q: want broadcast or rfc4390", o.dhcp)}
 	case o.pprof && o.metrics == "":
-		return nil, usageError{Msg: "--pprof serves on the --metrics address: give --metrics too"}
+		return usageError{Msg: "--pprof serves on the --metrics address: give --metrics too"}
 	case o.bridge != "" && o.ovsBridge != "":
-		return nil, usageError{Msg: "--bridge and --ovs-bridge exclude each other: the TAP has one switch"}
+		return usageError{Msg: "--bridge and --ovs-bridge exclude each other: the TAP has one switch"}
 	}
 	if err := o.mcast.WithDefaults().Validate(); err != nil {
-		return nil, usageError{Msg: "--mcast-*: " + strings.TrimPrefix(err.Error(), "snoop: ")}
+		return usageError{Msg: "--mcast-*: " + strings.TrimPrefix(err.Error(), "snoop: ")}
 	}
-	return o, nil
+	return nil
 }
 
 // parseVLANPKeys parses "10=0x800a,20=0x8014".
@@ -232,7 +267,7 @@ func run(args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	log := newLogger(o.logFormat, stderr, level)
 	var mac ether.MAC
 	if o.mac != "" {
 		if mac, err = ether.ParseMAC(o.mac); err != nil || mac.IsMulticast() || mac.IsZero() {

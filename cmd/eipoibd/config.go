@@ -1,0 +1,100 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/BurntSushi/toml"
+)
+
+// applyConfig sets the flags of fs from the TOML file at path, each key
+// a flag name, except the flags given on the command line, which win. It
+// returns the keys it applied. Every problem is one line naming the file,
+// the key, the value and what is allowed.
+func applyConfig(fl *flag.FlagSet, path string) (map[string]bool, error) {
+	onLine := map[string]bool{}
+	fl.Visit(func(f *flag.Flag) { onLine[f.Name] = true })
+	var m map[string]any
+	if _, err := toml.DecodeFile(path, &m); err != nil {
+		var pe toml.ParseError
+		var pathErr *fs.PathError
+		switch {
+		case errors.As(err, &pe):
+			return nil, usageError{Msg: fmt.Sprintf("--config %s: %s", path, strings.TrimPrefix(pe.Error(), "toml: "))}
+		case errors.As(err, &pathErr):
+			return nil, usageError{Msg: fmt.Sprintf("--config %s: %v", path, pathErr.Err)}
+		}
+		return nil, usageError{Msg: fmt.Sprintf("--config %s: %v", path, err)}
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	applied := map[string]bool{}
+	for _, k := range keys {
+		f := fl.Lookup(k)
+		if f == nil || k == "config" {
+			return nil, usageError{Msg: fmt.Sprintf("--config %s: unknown key %q (eipoibd run -h lists the keys, without the dashes)", path, k)}
+		}
+		v, err := configValue(m[k])
+		if err != nil {
+			return nil, usageError{Msg: fmt.Sprintf("--config %s: key %q: %v", path, k, err)}
+		}
+		if onLine[k] {
+			continue
+		}
+		if err := fl.Set(k, v); err != nil {
+			return nil, usageError{Msg: fmt.Sprintf("--config %s: key %q = %q: %v", path, k, v, setError(f, err))}
+		}
+		applied[k] = true
+	}
+	return applied, nil
+}
+
+// configValue turns a TOML value into a flag's text.
+func configValue(v any) (string, error) {
+	switch v := v.(type) {
+	case string:
+		return v, nil
+	case int64:
+		return strconv.FormatInt(v, 10), nil
+	case float64:
+		return strconv.FormatFloat(v, 'g', -1, 64), nil
+	case bool:
+		return strconv.FormatBool(v), nil
+	case time.Duration:
+		return v.String(), nil
+	}
+	return "", fmt.Errorf("a %T; want a string, a number or a boolean", v)
+}
+
+// setError says what a flag takes when its value did not parse.
+func setError(f *flag.Flag, err error) string {
+	switch f.Value.(flag.Getter).Get().(type) {
+	case int:
+		return "want an integer"
+	case bool:
+		return "want true or false"
+	case time.Duration:
+		return `want a duration like "90s" or "5m"`
+	}
+	return err.Error()
+}
+
+// newLogger is the daemon's logger: text (logfmt) or JSON lines.
+func newLogger(format string, w io.Writer, level slog.Level) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: level}
+	if format == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
