@@ -116,6 +116,7 @@ type Shim struct {
 	ctr     counters
 
 	capture atomic.Pointer[Capture] // the running capture, nil for none
+	vifIdle atomic.Int64            // Config.VIFIdle, changed by SetVIFIdle
 
 	vifWarn, groupWarn  warnLimit // limit warnings a guest can cause per frame
 	carrier, carrierSet atomic.Bool
@@ -238,6 +239,7 @@ func New(cfg Config) (*Shim, error) {
 		}
 	}
 	s.srcs.max = cfg.MaxNeighbours
+	s.vifIdle.Store(int64(cfg.VIFIdle))
 	s.queues = s.deviceQueues()
 	s.groups.init(maxGroups, maxSendOnly)
 	s.pending.init()
@@ -363,7 +365,7 @@ func (s *Shim) housekeeping(ctx context.Context) error {
 // live for writing, so no batch is sending from a QP while it is freed.
 func (s *Shim) ageVIFs(now time.Time) {
 	s.live.Lock()
-	gone := s.vifs.Expire(now, s.cfg.VIFIdle)
+	gone := s.vifs.Expire(now, time.Duration(s.vifIdle.Load()))
 	for _, v := range gone {
 		if err := s.port.FreeQP(v.QPN); err != nil {
 			s.log.Warn("free QP of aged VIF", "mac", v.Key.MAC, "vlan", v.Key.VLAN, "err", err)
@@ -387,6 +389,10 @@ func (s *Shim) nextHousekeeping(now time.Time) time.Duration {
 	}
 	return wait
 }
+
+// SetVIFIdle changes the idle time after which a VIF is removed (as a
+// configuration reload does); the next aging round uses it.
+func (s *Shim) SetVIFIdle(d time.Duration) { s.vifIdle.Store(int64(d)) }
 
 // DeclareVIF creates the VIF of a guest MAC ahead of its first frame, e.g.
 // from the bridge's forwarding database at start-up, so that traffic to

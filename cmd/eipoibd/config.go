@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/BurntSushi/toml"
+
+	"github.com/eipoib/eipoibd/shim"
 )
 
 // applyConfig sets the flags of fs from the TOML file at path, each key
@@ -90,11 +92,58 @@ func setError(f *flag.Flag, err error) string {
 	return err.Error()
 }
 
-// newLogger is the daemon's logger: text (logfmt) or JSON lines.
-func newLogger(format string, w io.Writer, level slog.Level) *slog.Logger {
+// newLogger is the daemon's logger: text (logfmt) or JSON lines, at a
+// level a reload can change.
+func newLogger(format string, w io.Writer, level slog.Leveler) *slog.Logger {
 	opts := &slog.HandlerOptions{Level: level}
 	if format == "json" {
 		return slog.New(slog.NewJSONHandler(w, opts))
 	}
 	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// liveKeys are the settings a reload (SIGHUP) applies to the running
+// daemon; any other change needs a restart.
+var liveKeys = map[string]bool{"log-level": true, "vif-idle": true}
+
+// changedKeys lists the settings whose values differ, by name.
+func changedKeys(a, b *options) []string {
+	var ks []string
+	for k, v := range b.values {
+		if a.values[k] != v {
+			ks = append(ks, k)
+		}
+	}
+	sort.Strings(ks)
+	return ks
+}
+
+// reload re-reads the command line and its config file (SIGHUP) and
+// applies what can change live to cur, logging each change and each
+// change that needs a restart. A file that does not parse changes
+// nothing.
+func reload(args []string, cur *options, level *slog.LevelVar, sh *shim.Shim, log *slog.Logger) {
+	o, err := parse(args, io.Discard)
+	if err != nil {
+		log.Error("config reload failed; running on unchanged", "err", err)
+		return
+	}
+	changed := changedKeys(cur, o)
+	for _, k := range changed {
+		if !liveKeys[k] {
+			log.Warn("config change needs a restart", "key", k, "running", cur.values[k], "new", o.values[k])
+			continue
+		}
+		switch k {
+		case "log-level":
+			level.Set(o.level)
+		case "vif-idle":
+			sh.SetVIFIdle(o.vifIdle)
+		}
+		log.Info("config reloaded", "key", k, "old", cur.values[k], "new", o.values[k])
+		cur.values[k] = o.values[k]
+	}
+	if len(changed) == 0 {
+		log.Info("config reloaded: no changes")
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"flag"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -100,10 +101,32 @@ func TestConfigFile(t *testing.T) {
 // TestLogFormatJSON: --log-format json writes one JSON object a line.
 func TestLogFormatJSON(t *testing.T) {
 	var buf bytes.Buffer
-	log := newLogger("json", &buf, 0)
+	log := newLogger("json", &buf, slog.LevelInfo)
 	log.Info("started", "tap", "eib0", "ib_mtu", 4096)
 	var rec map[string]any
 	if err := json.Unmarshal(buf.Bytes(), &rec); err != nil || rec["msg"] != "started" || rec["tap"] != "eib0" || rec["ib_mtu"] != float64(4096) || rec["level"] != "INFO" {
 		t.Fatalf("%q: %v %v", buf.String(), rec, err)
+	}
+}
+
+// TestReloadDiff: a reload sees exactly the settings that changed, and
+// which of them apply live.
+func TestReloadDiff(t *testing.T) {
+	p := writeConfig(t, "underlay = \"u\"\nvif-idle = \"5m\"\n")
+	a, err := parse([]string{"run", "--config", p, "--name", "eib3"}, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(p, []byte("underlay = \"u\"\nvif-idle = \"10s\"\nlog-level = \"debug\"\nmax-vifs = 10\nname = \"other\"\n"), 0o600)
+	b, err := parse([]string{"run", "--config", p, "--name", "eib3"}, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// name stays: the command line wins over the file.
+	if got := strings.Join(changedKeys(a, b), " "); got != "log-level max-vifs vif-idle" {
+		t.Fatalf("changed %q", got)
+	}
+	if !liveKeys["log-level"] || !liveKeys["vif-idle"] || liveKeys["max-vifs"] {
+		t.Fatal("live keys")
 	}
 }

@@ -76,6 +76,9 @@ type options struct {
 	ibMTU, maxVIFs, maxNeigh, queues, tapMTU                             int
 	vifIdle                                                              time.Duration
 	offload, pprof, clampMSS                                             bool
+	level                                                                slog.Level
+	// values are every flag's value as text, by name, for reloads.
+	values map[string]string
 }
 
 func parse(args []string, stderr io.Writer) (*options, error) {
@@ -110,6 +113,8 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	if o.queues == 0 {
 		o.queues = runtime.NumCPU()
 	}
+	o.values = map[string]string{}
+	fs.VisitAll(func(f *flag.Flag) { o.values[f.Name] = f.Value.String() })
 	return o, nil
 }
 
@@ -153,6 +158,9 @@ func runFlags(o *options) *flag.FlagSet {
 
 // check validates the options of "run".
 func check(o *options) error {
+	if err := o.level.UnmarshalText([]byte(o.logLevel)); err != nil {
+		return usageError{Msg: fmt.Sprintf("--log-level %q: want debug, info, warn or error", o.logLevel)}
+	}
 	switch {
 	case checkFabric(o) != nil:
 		return checkFabric(o)
@@ -255,10 +263,8 @@ func run(args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
-		return usageError{Msg: fmt.Sprintf("--log-level %q: want debug, info, warn or error", o.logLevel)}
-	}
+	level := new(slog.LevelVar)
+	level.Set(o.level)
 	faults, err := parseFaults(o.faults)
 	if err != nil {
 		return err
@@ -389,11 +395,16 @@ func run(args []string, stderr io.Writer) error {
 	// SIGUSR1 toggles the simulated port down and up (a test hook: the
 	// TAP's carrier follows); SIGUSR2 logs the counters.
 	sig := make(chan os.Signal, 4)
-	signal.Notify(sig, syscall.SIGUSR1, syscall.SIGUSR2)
+	signal.Notify(sig, syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGHUP)
 	go func() {
+		cur := o
 		for s := range sig {
-			if s == syscall.SIGUSR1 {
+			switch s {
+			case syscall.SIGUSR1:
 				toggleDown(port, log)
+				continue
+			case syscall.SIGHUP:
+				reload(args, cur, level, sh, log)
 				continue
 			}
 			args := []any{}

@@ -1,0 +1,60 @@
+package netns
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// waitLog waits up to 5 s for h's log to contain s.
+func waitLog(t *testing.T, h *hypervisor, s string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !strings.Contains(h.log(), s) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: no %q in the log:\n%s", h.name, s, h.log())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestSIGHUP: a daemon started with --config re-reads the file on
+// SIGHUP, applies what can change live (log level, VIF idle time: idle
+// VIFs then age out after the new time), names each change that needs a
+// restart, and keeps running unchanged when the new file is bad.
+func TestSIGHUP(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "eipoibd.toml")
+	if err := os.WriteFile(cfg, []byte("vif-idle = \"5m\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tp := newTopo(t, 2, false, "--config", cfg)
+	h1, h2 := tp.hvs[0], tp.hvs[1]
+	g11, g21 := h1.guests[0], h2.guests[0]
+	ping(t, g11, g21.ip4)
+
+	if err := os.WriteFile(cfg, []byte("vif-idle = \"2s\"\nlog-level = \"debug\"\nmax-vifs = 10\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	h1.cmd.Process.Signal(syscall.SIGHUP)
+	waitLog(t, h1, `msg="config reloaded" key=log-level old=info new=debug`)
+	waitLog(t, h1, `msg="config reloaded" key=vif-idle old=5m0s new=2s`)
+	waitLog(t, h1, `msg="config change needs a restart" key=max-vifs running=1024 new=10`)
+	// The new idle time applies: the guests, silent now, lose their VIFs.
+	deadline := time.Now().Add(8 * time.Second)
+	for h1.metrics(t)["vifs_aged"] < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("vifs_aged %v 8 s after vif-idle became 2s", h1.metrics(t)["vifs_aged"])
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+
+	if err := os.WriteFile(cfg, []byte("vif-idle = \"soon\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	h1.cmd.Process.Signal(syscall.SIGHUP)
+	waitLog(t, h1, `msg="config reload failed; running on unchanged"`)
+	ping(t, g11, g21.ip4) // running, and the guest gets a VIF again
+}
