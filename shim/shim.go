@@ -115,8 +115,9 @@ type Shim struct {
 	xids    dhcpXIDs
 	ctr     counters
 
-	capture atomic.Pointer[Capture] // the running capture, nil for none
-	vifIdle atomic.Int64            // Config.VIFIdle, changed by SetVIFIdle
+	capture   atomic.Pointer[Capture] // the running capture, nil for none
+	vifIdle   atomic.Int64            // Config.VIFIdle, changed by SetVIFIdle
+	lastRound atomic.Int64            // wall clock of the last housekeeping round
 
 	vifWarn, groupWarn  warnLimit // limit warnings a guest can cause per frame
 	carrier, carrierSet atomic.Bool
@@ -240,6 +241,7 @@ func New(cfg Config) (*Shim, error) {
 	}
 	s.srcs.max = cfg.MaxNeighbours
 	s.vifIdle.Store(int64(cfg.VIFIdle))
+	s.lastRound.Store(time.Now().UnixNano())
 	s.queues = s.deviceQueues()
 	s.groups.init(maxGroups, maxSendOnly)
 	s.pending.init()
@@ -358,7 +360,15 @@ func (s *Shim) housekeeping(ctx context.Context) error {
 		s.resolveTick(now)
 		s.live.RUnlock()
 		s.followCarrier()
+		s.lastRound.Store(time.Now().UnixNano())
 	}
+}
+
+// Healthy reports whether a housekeeping round finished within the last
+// d: the rounds take the table locks the data path takes, so a stuck
+// pipeline stops them (the daemon's systemd watchdog asks this).
+func (s *Shim) Healthy(d time.Duration) bool {
+	return time.Since(time.Unix(0, s.lastRound.Load())) < d
 }
 
 // ageVIFs removes the VIFs idle for VIFIdle and frees their QPs. It holds

@@ -30,6 +30,7 @@ import (
 	"github.com/eipoib/eipoibd/internal/ctl"
 	"github.com/eipoib/eipoibd/internal/ether"
 	"github.com/eipoib/eipoibd/internal/metrics"
+	"github.com/eipoib/eipoibd/internal/sdnotify"
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/ipoib/simfabric"
 	"github.com/eipoib/eipoibd/mactrans"
@@ -416,10 +417,48 @@ func run(args []string, stderr io.Writer) error {
 			log.Info("counters", args...)
 		}
 	}()
+	notifySystemd(ctx, sh, log, fmt.Sprintf("%s on %s %s, GID %s", o.name, o.fabric, fabDev, port.LocalGID()))
 	err = sh.Run(ctx)
 	port.Close()
 	log.Info("stopped", "tap_removed", o.name)
 	return err
+}
+
+// notifySystemd tells systemd (Type=notify) the daemon is ready — the TAP
+// and the port are up and the shim is about to run — and that it is
+// stopping when ctx ends; with WatchdogSec= it sends WATCHDOG=1 every half
+// interval while the shim's housekeeping rounds keep coming, so a stuck
+// pipeline gets the service restarted. Without systemd it does nothing.
+func notifySystemd(ctx context.Context, sh *shim.Shim, log *slog.Logger, status string) {
+	ok, err := sdnotify.Notify("READY=1\nSTATUS=" + status)
+	if err != nil {
+		log.Warn("systemd notification", "err", err)
+	}
+	if !ok {
+		return
+	}
+	wd, watch := sdnotify.WatchdogInterval()
+	go func() {
+		var tick <-chan time.Time
+		if watch {
+			t := time.NewTicker(wd / 2)
+			defer t.Stop()
+			tick = t.C
+		}
+		for {
+			select {
+			case <-ctx.Done():
+				sdnotify.Notify("STOPPING=1")
+				return
+			case <-tick:
+				if sh.Healthy(wd / 2) {
+					sdnotify.Notify("WATCHDOG=1")
+				} else {
+					log.Error("housekeeping stalled: withholding the systemd watchdog", "for_at_least", wd/2)
+				}
+			}
+		}
+	}()
 }
 
 // bridgeGuest declares or removes the VIF of a guest the switch (origin:

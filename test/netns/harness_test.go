@@ -95,6 +95,7 @@ type hypervisor struct {
 	starts             int
 	done               chan error
 	extra              []string
+	env                []string // more environment for the daemon
 	switchArgs         []string // --bridge or --ovs-bridge and their arguments
 	host               bool     // a native IPoIB host (eipoibd host, TUN ib0) instead
 }
@@ -361,6 +362,7 @@ func (h *hypervisor) start(t *testing.T) {
 	args = append(args, h.extra...)
 	h.cmd = exec.Command("ip", in(h.ns, args...)[1:]...)
 	h.cmd.Stdout, h.cmd.Stderr = logf, logf
+	h.cmd.Env = append(os.Environ(), h.env...)
 	if err := h.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,69 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// unitKeys returns the unit file's assignments by key (the last wins).
+func unitKeys(t *testing.T, path string) map[string]string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := map[string]string{}
+	for _, l := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(l, "="); ok && !strings.HasPrefix(l, "#") {
+			m[k] = v
+		}
+	}
+	return m
+}
+
+// TestSystemdUnit: dist/systemd/eipoibd@.service is a Type=notify
+// service with a watchdog, and its command line, with the instance name
+// substituted for %i, is one eipoibd's own parser accepts (given a
+// config file holding the underlay). Where systemd-analyze exists, it
+// verifies the unit with the binary in place.
+func TestSystemdUnit(t *testing.T) {
+	const unit = "../../dist/systemd/eipoibd@.service"
+	k := unitKeys(t, unit)
+	if k["Type"] != "notify" || k["NotifyAccess"] != "main" || k["WatchdogSec"] == "" || k["ExecReload"] != "/bin/kill -HUP $MAINPID" ||
+		k["CapabilityBoundingSet"] != "CAP_NET_ADMIN CAP_NET_RAW" || k["DeviceAllow"] != "/dev/net/tun rw" || k["RuntimeDirectory"] != "eipoibd" {
+		t.Fatalf("unit keys: %v", k)
+	}
+	args := strings.Fields(strings.ReplaceAll(k["ExecStart"], "%i", "eib0"))
+	if args[0] != "/usr/local/bin/eipoibd" {
+		t.Fatalf("ExecStart %v", args)
+	}
+	cfg := filepath.Join(t.TempDir(), "eib0.toml")
+	os.WriteFile(cfg, []byte("underlay = \"ul1\"\n"), 0o600)
+	for i, a := range args {
+		if a == "/etc/eipoibd/eib0.toml" {
+			args[i] = cfg
+		}
+	}
+	o, err := parse(args[1:], &bytes.Buffer{})
+	if err != nil || o.name != "eib0" || o.underlay != "ul1" || o.ctlDir != "/run/eipoibd" {
+		t.Fatalf("ExecStart %v: %+v, %v", args, o, err)
+	}
+	if _, err := exec.LookPath("systemd-analyze"); err != nil {
+		t.Log("no systemd-analyze here: the unit was checked by parsing only")
+		return
+	}
+	dir := t.TempDir()
+	if out, err := exec.Command("go", "build", "-o", filepath.Join(dir, "eipoibd"), ".").CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	b, _ := os.ReadFile(unit)
+	inst := filepath.Join(dir, "eipoibd@eib0.service")
+	os.WriteFile(inst, bytes.ReplaceAll(b, []byte("/usr/local/bin/eipoibd"), []byte(filepath.Join(dir, "eipoibd"))), 0o644)
+	if out, err := exec.Command("systemd-analyze", "verify", inst).CombinedOutput(); err != nil || len(bytes.TrimSpace(out)) != 0 {
+		t.Fatalf("systemd-analyze verify: %v\n%s", err, out)
+	}
+}
