@@ -139,6 +139,9 @@ type PortCounters struct {
 	Drops              map[string]uint64
 	// Stats are the backend's other counters by name, e.g. "tx_trains".
 	Stats map[string]uint64
+	// Levels are the backend's levels by name (table sizes, buffers in
+	// use), which go up and down, e.g. "address_handles".
+	Levels map[string]uint64
 }
 
 // MaxSuperPacket is the largest super-packet: an IPoIB header and the

@@ -16,6 +16,7 @@ type Counter int
 // RX drop.
 const (
 	TxFrames            Counter = iota // frames read from the TAP
+	TxBytes                            // their bytes (Ethernet header included)
 	TxForwarded                        // frames sent on as one IPoIB packet (at once or after a resolution)
 	TxPackets                          // IPoIB packets the port accepted (fragments and resolutions included; a super-frame once)
 	TxPortRefused                      // packets the port refused or lost (see its port_drop_* counters)
@@ -34,6 +35,7 @@ const (
 	McastLeaves                        // groups left when their last member went
 	RxPackets                          // packets read from the port
 	RxFrames                           // received packets written to the TAP as frames
+	RxBytes                            // their bytes (Ethernet header included)
 	VIFsCreated                        // VIFs created for new source MACs
 	VIFsAged                           // VIFs removed as idle
 	VIFsRemoved                        // VIFs removed when the bridge forgot their MAC
@@ -67,7 +69,7 @@ const (
 )
 
 var counterNames = [numCounters]string{
-	TxFrames: "tx_frames", TxForwarded: "tx_forwarded", TxPackets: "tx_packets", TxPortRefused: "tx_port_refused", TxFragments: "tx_fragments", TxBroadcast: "tx_broadcast", TxMulticast: "tx_multicast", TxSuper: "tx_super", TxSuperSegments: "tx_super_segments", TxMSSClamped: "tx_mss_clamped",
+	TxFrames: "tx_frames", TxBytes: "tx_bytes", RxBytes: "rx_bytes", TxForwarded: "tx_forwarded", TxPackets: "tx_packets", TxPortRefused: "tx_port_refused", TxFragments: "tx_fragments", TxBroadcast: "tx_broadcast", TxMulticast: "tx_multicast", TxSuper: "tx_super", TxSuperSegments: "tx_super_segments", TxMSSClamped: "tx_mss_clamped",
 	TxFragmented: "tx_fragmented", TxICMPTooBig: "tx_icmp_too_big", TxQueued: "tx_queued", TxResolveSent: "tx_resolve_sent",
 	TxQueries: "tx_queries", McastJoins: "mcast_joins", McastLeaves: "mcast_leaves", RxPackets: "rx_packets", RxFrames: "rx_frames", VIFsCreated: "vifs_created", VIFsAged: "vifs_aged", VIFsRemoved: "vifs_removed",
 	DropRunt: "drop_runt", DropEtherType: "drop_ethertype", DropVLANUnmapped: "drop_vlan_unmapped",
@@ -103,8 +105,14 @@ var gauges = map[string]bool{
 }
 
 // IsGauge reports whether the Counters name is a level (a table size or
-// queue depth) rather than a running total.
-func IsGauge(name string) bool { return gauges[name] }
+// queue depth, the port's levels included) rather than a running total.
+func (s *Shim) IsGauge(name string) bool {
+	if gauges[name] {
+		return true
+	}
+	_, ok := s.portLevels.Load(name)
+	return ok
+}
 
 // Get returns one counter.
 func (s *Shim) Get(k Counter) uint64 { return s.ctr.c[k].Load() }
@@ -157,6 +165,10 @@ func (s *Shim) Counters() map[string]uint64 {
 	}
 	for k, v := range pc.Stats {
 		m["port_"+k] = v
+	}
+	for k, v := range pc.Levels {
+		m["port_"+k] = v
+		s.portLevels.Store("port_"+k, true)
 	}
 	return m
 }

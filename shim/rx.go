@@ -101,6 +101,11 @@ func (s *Shim) writeQueues(byQueue [][][]byte) {
 			n = 0
 		}
 		s.ctr.c[RxFrames].Add(uint64(n))
+		var bytes int
+		for _, f := range frames[:max(n, 0)] {
+			bytes += len(f) - tap.Headroom
+		}
+		s.ctr.c[RxBytes].Add(uint64(bytes))
 		s.ctr.c[DropTAPWrite].Add(uint64(len(frames) - n))
 		byQueue[q] = frames[:0]
 	}

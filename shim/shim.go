@@ -115,9 +115,10 @@ type Shim struct {
 	xids    dhcpXIDs
 	ctr     counters
 
-	capture   atomic.Pointer[Capture] // the running capture, nil for none
-	vifIdle   atomic.Int64            // Config.VIFIdle, changed by SetVIFIdle
-	lastRound atomic.Int64            // wall clock of the last housekeeping round
+	capture    atomic.Pointer[Capture] // the running capture, nil for none
+	vifIdle    atomic.Int64            // Config.VIFIdle, changed by SetVIFIdle
+	lastRound  atomic.Int64            // wall clock of the last housekeeping round
+	portLevels sync.Map                // names of the port's levels in Counters (gauges)
 
 	vifWarn, groupWarn  warnLimit // limit warnings a guest can cause per frame
 	carrier, carrierSet atomic.Bool

@@ -694,12 +694,12 @@ func TestGauges(t *testing.T) {
 		}
 	}
 	for _, name := range []string{"vifs", "neighbours", "groups", "groups_send_only", "snooped_groups", "pending", "pending_frames"} {
-		if !IsGauge(name) {
+		if !s.IsGauge(name) {
 			t.Errorf("%s is a level but exported as a counter", name)
 		}
 	}
 	for _, name := range []string{"tx_frames", "drop_unresolved", "groups_send_only_evicted", "port_rx_packets"} {
-		if IsGauge(name) {
+		if s.IsGauge(name) {
 			t.Errorf("%s is a total but exported as a gauge", name)
 		}
 	}

@@ -131,6 +131,7 @@ func (s *Shim) txLoop(dev tap.Device) error {
 		s.live.RLock()
 		for i := 0; i < n; i++ {
 			s.ctr.inc(TxFrames)
+			s.ctr.add(TxBytes, uint64(sizes[i]))
 			s.tx(b, bufs[i], sizes[i], super[i], now)
 		}
 		s.flushTx(b)

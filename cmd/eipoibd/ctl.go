@@ -12,6 +12,7 @@ import (
 	"io"
 	"os"
 	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -19,10 +20,12 @@ import (
 	"github.com/gopacket/gopacket"
 	"github.com/gopacket/gopacket/layers"
 	"github.com/gopacket/gopacket/pcapgo"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/eipoib/eipoibd/internal/cli"
 	"github.com/eipoib/eipoibd/internal/ctl"
 	"github.com/eipoib/eipoibd/internal/ether"
+	"github.com/eipoib/eipoibd/internal/metrics"
 	"github.com/eipoib/eipoibd/mactrans"
 	"github.com/eipoib/eipoibd/shim"
 )
@@ -374,4 +377,28 @@ func printShow(what string, data json.RawMessage, asJSON bool) error {
 		}
 	}
 	return nil
+}
+
+// vifMetrics are the per-VIF metric families: packets and bytes each way
+// (eipoibd_vif_{tx,rx}_{packets,bytes}) and idle seconds, labeled by MAC,
+// VLAN and origin.
+func vifMetrics(sh *shim.Shim) []prometheus.Collector {
+	labels := []string{"mac", "vlan", "origin"}
+	family := func(name, help string, typ prometheus.ValueType, val func(v shim.VIFInfo) float64) prometheus.Collector {
+		return metrics.NewFamily(name, help, typ, labels, func() []metrics.Labeled {
+			vs := sh.VIFs()
+			out := make([]metrics.Labeled, len(vs))
+			for i, v := range vs {
+				out[i] = metrics.Labeled{Labels: []string{v.MAC.String(), strconv.Itoa(int(v.VLAN)), v.Origin.String()}, Value: val(v)}
+			}
+			return out
+		})
+	}
+	return []prometheus.Collector{
+		family("vif_tx_packets", "Frames from the guest", prometheus.CounterValue, func(v shim.VIFInfo) float64 { return float64(v.TxPackets) }),
+		family("vif_tx_bytes", "Bytes of frames from the guest", prometheus.CounterValue, func(v shim.VIFInfo) float64 { return float64(v.TxBytes) }),
+		family("vif_rx_packets", "IPoIB packets to the guest", prometheus.CounterValue, func(v shim.VIFInfo) float64 { return float64(v.RxPackets) }),
+		family("vif_rx_bytes", "Bytes of IPoIB packets to the guest", prometheus.CounterValue, func(v shim.VIFInfo) float64 { return float64(v.RxBytes) }),
+		family("vif_idle_seconds", "Time since the VIF last carried traffic", prometheus.GaugeValue, func(v shim.VIFInfo) float64 { return v.Idle.Seconds() }),
+	}
 }

@@ -355,7 +355,7 @@ func run(args []string, stderr io.Writer) error {
 			return fmt.Errorf("--metrics %s: %w", o.metrics, err)
 		}
 		mux := http.NewServeMux()
-		mux.Handle("/metrics", metrics.Handler(sh.Counters, shim.IsGauge))
+		mux.Handle("/metrics", metrics.Handler(sh.Counters, sh.IsGauge, vifMetrics(sh)...))
 		if o.pprof {
 			mux.HandleFunc("/debug/pprof/", pprof.Index)
 			mux.HandleFunc("/debug/pprof/profile", pprof.Profile)

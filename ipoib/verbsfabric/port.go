@@ -461,10 +461,12 @@ func (p *Port) Counters() ipoib.PortCounters {
 	n := len(p.ahs)
 	p.ahMu.Unlock()
 	c.Stats = map[string]uint64{
+		"address_handles_made":  p.ahCreated.Load(),
+		"address_handle_errors": p.ahFailed.Load(),
+		"tx_signalled":          p.signalled.Load(),
+	}
+	c.Levels = map[string]uint64{
 		"address_handles":        uint64(n),
-		"address_handles_made":   p.ahCreated.Load(),
-		"address_handle_errors":  p.ahFailed.Load(),
-		"tx_signalled":           p.signalled.Load(),
 		"tx_ring_slots_in_use":   uint64(p.slotsInUse()),
 		"receive_buffers_posted": recvBufs,
 	}

@@ -131,6 +131,25 @@ func TestCtl(t *testing.T) {
 		(a.Origin != "learned" && a.Origin != "bridge") || a.IdleS > 5 {
 		t.Errorf("show vifs: %+v (QPN in the log %#x)", a, qpn)
 	}
+	// The same counters as labeled metrics, and the shim's byte totals
+	// cover every VIF's.
+	m := h1.metrics(t)
+	key := fmt.Sprintf(`vif_tx_packets{mac="%s",origin="%s",vlan="0"}`, mac, a.Origin)
+	if m[key] < float64(a.TxPackets) || m[fmt.Sprintf(`vif_rx_bytes{mac="%s",origin="%s",vlan="0"}`, mac, a.Origin)] < float64(a.RxBytes) {
+		t.Errorf("metrics %s = %v, show vifs said %d", key, m[key], a.TxPackets)
+	}
+	var txb uint64
+	for _, v := range after {
+		txb += v.TxBytes
+	}
+	for _, n := range []string{"tx_bytes", "rx_bytes"} {
+		if m[n] == 0 {
+			t.Errorf("metric %s missing", n)
+		}
+	}
+	if m["tx_bytes"] < float64(txb) {
+		t.Errorf("tx_bytes %v below the VIFs' sum %d", m["tx_bytes"], txb)
+	}
 	if out := h1.ctl(t, "show", "vifs"); !strings.HasPrefix(out, "MAC ") || !strings.Contains(out, mac) {
 		t.Errorf("show vifs (text):\n%s", out)
 	}
