@@ -214,6 +214,15 @@ func (t *NeighTable) Expire(now time.Time, ttl time.Duration) int {
 	return len(gone)
 }
 
+// SetMax changes the bound (a configuration reload). Lowering it below
+// the neighbours there are evicts none at once: each new endpoint then
+// evicts one as usual, and aging does the rest.
+func (t *NeighTable) SetMax(n int) {
+	t.mu.Lock()
+	t.max = n
+	t.mu.Unlock()
+}
+
 // All returns every neighbour (a snapshot, for inspection).
 func (t *NeighTable) All() []*Neighbour {
 	var out []*Neighbour

@@ -11,6 +11,8 @@ package mactrans
 import (
 	"errors"
 	"fmt"
+	"net/netip"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -40,10 +42,62 @@ type VIF struct {
 	QPN   uint32
 	LIMAC ipoib.HwAddr
 
-	lastUsed                               atomic.Int64 // unix nanoseconds
+	lastUsed                               atomic.Int64                 // unix nanoseconds
+	ips                                    atomic.Pointer[[]netip.Addr] // the guest's addresses seen in its traffic, at most MaxGuestIPs
+	announceUntil                          atomic.Int64                 // unix ns: addresses learned before then are announced
 	origin                                 atomic.Uint32
 	txPackets, txBytes, rxPackets, rxBytes atomic.Uint64
 }
+
+// MaxGuestIPs bounds the addresses remembered per guest; a new one
+// beyond replaces the oldest.
+const MaxGuestIPs = 8
+
+// HasIP reports whether the guest was seen using a (lock-free, no
+// allocation: the data path asks it of every frame).
+func (v *VIF) HasIP(a netip.Addr) bool {
+	if p := v.ips.Load(); p != nil {
+		for _, x := range *p {
+			if x == a {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// AddIP remembers an address of the guest and reports whether it is new.
+func (v *VIF) AddIP(a netip.Addr) bool {
+	for {
+		old := v.ips.Load()
+		var cur []netip.Addr
+		if old != nil {
+			cur = *old
+		}
+		if slices.Contains(cur, a) {
+			return false
+		}
+		next := append(slices.Clone(cur[max(0, len(cur)-MaxGuestIPs+1):]), a)
+		if v.ips.CompareAndSwap(old, &next) {
+			return true
+		}
+	}
+}
+
+// IPs returns the guest's addresses seen in its traffic, oldest first.
+func (v *VIF) IPs() []netip.Addr {
+	if p := v.ips.Load(); p != nil {
+		return slices.Clone(*p)
+	}
+	return nil
+}
+
+// AnnounceUntil opens the announcement window: addresses the guest shows
+// until t are announced on the fabric (its MAC just appeared here).
+func (v *VIF) AnnounceUntil(t time.Time) { v.announceUntil.Store(t.UnixNano()) }
+
+// Announcing reports whether now is within the announcement window.
+func (v *VIF) Announcing(now time.Time) bool { return now.UnixNano() < v.announceUntil.Load() }
 
 // Origin is how a VIF came to be.
 type Origin uint32
@@ -171,6 +225,15 @@ func (t *VIFTable) Create(k VIFKey, pkey ipoib.PKey, origin Origin, now time.Tim
 	t.count++
 	t.created.Add(1)
 	return v, true, nil
+}
+
+// SetMax changes the bound (a configuration reload). Lowering it below
+// the VIFs there are evicts none: new MACs are refused until enough age
+// out.
+func (t *VIFTable) SetMax(n int) {
+	t.mu.Lock()
+	t.max = n
+	t.mu.Unlock()
 }
 
 // QPNHint returns the QPN a VIF would like: 24 bits of FNV-1a over MAC and

@@ -110,7 +110,7 @@ func BenchmarkTxIPv6(b *testing.B) {
 // known endpoint to a guest's VIF.
 func BenchmarkRx(b *testing.B) {
 	s, _ := benchShim(b)
-	v, err := s.vif(s.byVLAN[0], macA1, mactrans.OriginLearned, time.Now())
+	v, err := s.vif(s.byVLAN[0].Load(), macA1, mactrans.OriginLearned, time.Now())
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -176,7 +176,7 @@ func BenchmarkTx64K(b *testing.B) {
 // batch, per 64 KB; the TAP then merges them (BenchmarkCoalesce64K).
 func BenchmarkRx64K(b *testing.B) {
 	s, _ := benchShim(b)
-	v, err := s.vif(s.byVLAN[0], macA1, mactrans.OriginLearned, time.Now())
+	v, err := s.vif(s.byVLAN[0].Load(), macA1, mactrans.OriginLearned, time.Now())
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -213,7 +213,7 @@ func BenchmarkTablesAtScale(b *testing.B) {
 	macs := make([]ether.MAC, 1024)
 	for i := range macs {
 		macs[i] = ether.MAC{0x52, 0x54, 0, 1, byte(i >> 8), byte(i)}
-		if _, err := s.vif(s.byVLAN[0], macs[i], mactrans.OriginLearned, now); err != nil {
+		if _, err := s.vif(s.byVLAN[0].Load(), macs[i], mactrans.OriginLearned, now); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -65,6 +65,9 @@ const (
 	DropSuperGroup                     // a TCP super-frame to a broadcast or multicast MAC
 	DropRxUnknownSource                // sender unknown to the port and never seen in ARP/NDP (a resolution is sent)
 	CaptureMissed                      // packets a capture left out because its reader was slow (forwarding is never held up)
+	TxAnnounced                        // gratuitous ARPs / unsolicited NAs sent for guests whose MAC appeared here
+	RARPAnnouncements                  // RARP announcements (QEMU's, after a migration) seen from guests
+	DropAnnounce                       // announcements not queued: too many at once
 	numCounters
 )
 
@@ -82,6 +85,9 @@ var counterNames = [numCounters]string{
 	DropSuperGroup:      "drop_super_group",
 	DropRxUnknownSource: "drop_rx_unknown_source",
 	CaptureMissed:       "capture_missed",
+	TxAnnounced:         "tx_announced",
+	RARPAnnouncements:   "rarp_announcements",
+	DropAnnounce:        "drop_announce",
 }
 
 // String returns the counter's metric name.

@@ -67,7 +67,7 @@ func newFuzzShim(tb testing.TB, rfc4390 bool) *fuzzEnv {
 			e.remac = nb.REMAC
 		}
 	}
-	v, err := s.vif(s.byVLAN[0], macA1, mactrans.OriginLearned, e.now)
+	v, err := s.vif(s.byVLAN[0].Load(), macA1, mactrans.OriginLearned, e.now)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -354,7 +354,7 @@ func FuzzRx(f *testing.F) {
 			t.Fatalf("frame ends at %d, past the packet's end %d", start+len(fr), rxOffset+n)
 		}
 		fe := ether.Frame(fr)
-		if !fe.IsValid() || fe.EtherType() != et || fe.VLAN() != s.byPKey[m.PKey.Full()].vlan ||
+		if !fe.IsValid() || fe.EtherType() != et || fe.VLAN() != s.partitions()[m.PKey.Full()].vlan ||
 			fe.Src().IsMulticast() || fe.Src().IsZero() || fe.Dst().IsMulticast() != (m.DstQPN == ipoib.MulticastQPN) {
 			t.Fatalf("frame %x from a packet of ethertype %#04x, P_Key %s, QPN %#x", fr[:min(len(fr), 18)], et, m.PKey, m.DstQPN)
 		}

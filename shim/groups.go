@@ -267,7 +267,7 @@ func (s *Shim) groupMGID(p *partition, group netip.Addr) ipoib.GID {
 
 // mcastJoin is the snooping table's Join: the first guest of a group.
 func (s *Shim) mcastJoin(k snoop.Key) error {
-	p := s.byVLAN[k.Scope]
+	p := s.byVLAN[k.Scope].Load()
 	mgid := s.groupMGID(p, k.Group)
 	if err := s.groups.join(s.port, mgid, false); err != nil {
 		if s.groupWarn.allow(s.clk.Now()) {
@@ -282,7 +282,7 @@ func (s *Shim) mcastJoin(k snoop.Key) error {
 
 // mcastLeave is the snooping table's Leave: the last guest left.
 func (s *Shim) mcastLeave(k snoop.Key) {
-	p := s.byVLAN[k.Scope]
+	p := s.byVLAN[k.Scope].Load()
 	mgid := s.groupMGID(p, k.Group)
 	if err := s.groups.leave(s.port, mgid); err != nil {
 		s.log.Warn("leave group", "group", k.Group, "vlan", k.Scope, "err", err)

@@ -90,7 +90,7 @@ func TestManyDestinationsResolveInOneBatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	const dsts, per = 150, pendingPerDst
-	vif, err := s.vif(s.byVLAN[0], macA1, mactrans.OriginLearned, s.clk.Now())
+	vif, err := s.vif(s.byVLAN[0].Load(), macA1, mactrans.OriginLearned, s.clk.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -275,7 +275,7 @@ func TestAgingWaitsForBatch(t *testing.T) {
 	s, port := stillShim(t, f.Fabric, "fe80::a", func(c *Config) { c.VIFIdle = time.Minute })
 	far, _ := f.NewPort(gidOf("fe80::b"))
 	qfar, _ := far.AllocQP(0xffff, 0)
-	v, _ := s.vif(s.byVLAN[0], macA1, mactrans.OriginLearned, s.clk.Now())
+	v, _ := s.vif(s.byVLAN[0].Load(), macA1, mactrans.OriginLearned, s.clk.Now())
 	send := func() int {
 		buf := append(make([]byte, ipoib.Headroom), 8, 0, 0, 0, 0x45)
 		n, _ := port.Write([][]byte{buf}, []ipoib.TxMeta{{Dst: ipoib.MakeHwAddr(0, qfar, far.LocalGID()), SrcQPN: v.QPN, PKey: 0xffff}}, ipoib.Headroom)
@@ -311,7 +311,7 @@ func TestAgingWaitsForBatch(t *testing.T) {
 	}
 	// The destination answers: the queued frame is dropped, not sent.
 	rxPacket(s, append([]byte{8, 0, 0, 0}, udpPacket(t, ipB1, ipA1, 10)...),
-		ipoib.RxMeta{Src: ipoib.MakeHwAddr(0, qfar, far.LocalGID()), DstQPN: ipoib.MulticastQPN, MGID: s.byVLAN[0].bcast, PKey: 0xffff})
+		ipoib.RxMeta{Src: ipoib.MakeHwAddr(0, qfar, far.LocalGID()), DstQPN: ipoib.MulticastQPN, MGID: s.byVLAN[0].Load().bcast, PKey: 0xffff})
 	s.flushResolved()
 	if s.Get(DropVIFGone) != 1 || s.Get(TxForwarded) != 0 || port.Counters().Drops[memfabric.DropBadMeta] != 1 {
 		t.Fatalf("queued frame of an aged VIF: %v, port %+v", s.Counters(), port.Counters())
@@ -351,7 +351,7 @@ func TestRunLifetimes(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		bc := s.byVLAN[0].bcast
+		bc := s.byVLAN[0].Load().bcast
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
 		go func() { done <- s.Run(ctx) }()
@@ -481,7 +481,7 @@ func TestConservation(t *testing.T) {
 func TestLearnOnlyAccepted(t *testing.T) {
 	f := memFab(t, 2048)
 	s, _ := stillShim(t, f.Fabric, "fe80::a", nil)
-	v, _ := s.vif(s.byVLAN[0], macA1, mactrans.OriginLearned, s.clk.Now())
+	v, _ := s.vif(s.byVLAN[0].Load(), macA1, mactrans.OriginLearned, s.clk.Now())
 	from := func(q uint32) ipoib.HwAddr { return ipoib.MakeHwAddr(0, q, gidOf("fe80::b")) }
 	for i, c := range []struct {
 		pkt    []byte
@@ -577,7 +577,7 @@ func TestQueuedFramesOfTwoGuests(t *testing.T) {
 		t.Fatal("A1's VIF did not age out")
 	}
 	rxPacket(s, append([]byte{8, 0, 0, 0}, udpPacket(t, ipB1, ipA2, 10)...),
-		ipoib.RxMeta{Src: ipoib.MakeHwAddr(0, qfar, far.LocalGID()), DstQPN: ipoib.MulticastQPN, MGID: s.byVLAN[0].bcast, PKey: 0xffff})
+		ipoib.RxMeta{Src: ipoib.MakeHwAddr(0, qfar, far.LocalGID()), DstQPN: ipoib.MulticastQPN, MGID: s.byVLAN[0].Load().bcast, PKey: 0xffff})
 	s.flushResolved()
 	got := readAll(t, far, 1)
 	if got[0].Src.QPN() != v2.QPN || s.Get(DropVIFGone) != 1 || s.Get(TxForwarded) != 1 {

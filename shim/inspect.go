@@ -26,7 +26,7 @@ type PortInfo struct {
 // Port describes the IB port.
 func (s *Shim) Port() PortInfo {
 	pi := PortInfo{GID: s.port.LocalGID(), IBMTU: s.port.MTU(), IPoIBMTU: s.ipMTU, Up: s.carrier.Load(), Partitions: map[uint16]ipoib.PKey{}}
-	for _, p := range s.byPKey {
+	for _, p := range s.partitions() {
 		pi.Partitions[p.vlan] = p.pkey
 	}
 	return pi
@@ -158,7 +158,7 @@ func (s *Shim) Groups() []GroupInfo {
 		byMGID[out[i].MGID] = &out[i]
 	}
 	for _, g := range s.snoop.Groups() {
-		p := s.byVLAN[g.Scope]
+		p := s.byVLAN[g.Scope].Load()
 		if p == nil {
 			continue
 		}

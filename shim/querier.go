@@ -61,8 +61,8 @@ func (s *Shim) queryFrame(p *partition, v6 bool, group netip.Addr, maxResp time.
 // interval: after a (re)start the shim knows no memberships, and NDP to
 // silent guests needs their solicited-node groups back at once.
 func (s *Shim) sendQueries(resp time.Duration) {
-	frames := make([][]byte, 0, 2*len(s.byPKey))
-	for _, p := range s.byPKey {
+	frames := make([][]byte, 0, 2*len(s.partitions()))
+	for _, p := range s.partitions() {
 		frames = append(frames, s.queryFrame(p, false, netip.Addr{}, resp), s.queryFrame(p, true, netip.Addr{}, resp))
 	}
 	s.writeLocal(frames)
@@ -73,7 +73,7 @@ func (s *Shim) sendQueries(resp time.Duration) {
 // a leave, answered within the last member query interval (RFC 3376
 // §6.6.3.1, RFC 3810 §7.6.3.1).
 func (s *Shim) mcastQuery(k snoop.Key) {
-	f := s.queryFrame(s.byVLAN[k.Scope], k.Group.Is6(), k.Group, s.snoop.Timers().LastMemberQueryInterval)
+	f := s.queryFrame(s.byVLAN[k.Scope].Load(), k.Group.Is6(), k.Group, s.snoop.Timers().LastMemberQueryInterval)
 	s.writeLocal([][]byte{f})
 	s.ctr.inc(TxQueries)
 }

@@ -219,46 +219,74 @@ func (s *Shim) writePort(bufs [][]byte, meta []ipoib.TxMeta) {
 // an IPoIB ARP request to the broadcast group, or a neighbour solicitation
 // with an IPoIB source link-layer option to the solicited-node group.
 func (s *Shim) sendResolve(p *partition, vif *mactrans.VIF, source, target netip.Addr) {
-	buf := make([]byte, ipoib.Headroom, ipoib.Headroom+ipoib.HeaderLen+128)
-	m := ipoib.TxMeta{SrcQPN: vif.QPN, PKey: p.pkey}
+	sent := false
 	if target.Is4() {
-		buf = binary.BigEndian.AppendUint16(buf, ether.TypeARP)
-		buf = append(buf, 0, 0)
-		buf = binary.BigEndian.AppendUint16(buf, arpndp.HwTypeInfiniBand)
-		buf = binary.BigEndian.AppendUint16(buf, ether.TypeIPv4)
-		buf = append(buf, ipoib.HwAddrLen, 4, 0, arpndp.OpRequest)
-		buf = append(buf, vif.LIMAC[:]...)
-		s4 := source.As4()
-		buf = append(buf, s4[:]...)
-		buf = append(buf, make([]byte, ipoib.HwAddrLen)...)
-		t4 := target.As4()
-		buf = append(buf, t4[:]...)
-		m.Dst = ipoib.MakeHwAddr(0, ipoib.MulticastQPN, p.bcast)
+		sent = s.sendARPRequest(p, vif, source, target)
 	} else {
-		if !source.Is6() || source.IsUnspecified() {
-			return
-		}
-		group := solicitedNode(target)
-		buf = binary.BigEndian.AppendUint16(buf, ether.TypeIPv6)
-		buf = append(buf, 0, 0)
-		const plen = 24 + 24 // NS + IPoIB source link-layer option
-		start := len(buf)
-		buf = buf[:start+header.IPv6Len]
-		ip := header.EncodeIPv6(buf[start:], header.IPv6Fields{PayloadLen: plen, NextHeader: header.ProtoICMPv6, HopLimit: 255, Src: source, Dst: group})
-		t16 := target.As16()
-		buf = append(buf, arpndp.TypeNeighborSolicitation, 0, 0, 0, 0, 0, 0, 0)
-		buf = append(buf, t16[:]...)
-		buf = append(buf, arpndp.OptSLLA, 3, 0, 0)
-		buf = append(buf, vif.LIMAC[:]...)
-		icmp := buf[start+header.IPv6Len:]
-		sum := csum.Fold(csum.Sum(csum.Pseudo(ip.SrcBytes(), ip.DstBytes(), header.ProtoICMPv6, plen), icmp))
-		binary.BigEndian.PutUint16(icmp[2:4], sum)
-		mgid := ipoib.IPv6MGID(group, p.pkey, s.cfg.Scope)
-		if !s.sendTo(mgid, s.clk.Now()) { // a UD QP sends only to groups it joined
-			return
-		}
-		m.Dst = ipoib.MakeHwAddr(0, ipoib.MulticastQPN, mgid)
+		sent = s.sendNDP(p, vif, ndSolicit, source, solicitedNode(target), target)
 	}
-	s.ctr.inc(TxResolveSent)
+	if sent {
+		s.ctr.inc(TxResolveSent)
+	}
+}
+
+// sendARPRequest sends an IPoIB ARP request from vif to the broadcast
+// group (a gratuitous one when source is target).
+func (s *Shim) sendARPRequest(p *partition, vif *mactrans.VIF, source, target netip.Addr) bool {
+	buf := make([]byte, ipoib.Headroom, ipoib.Headroom+ipoib.HeaderLen+128)
+	buf = binary.BigEndian.AppendUint16(buf, ether.TypeARP)
+	buf = append(buf, 0, 0)
+	buf = binary.BigEndian.AppendUint16(buf, arpndp.HwTypeInfiniBand)
+	buf = binary.BigEndian.AppendUint16(buf, ether.TypeIPv4)
+	buf = append(buf, ipoib.HwAddrLen, 4, 0, arpndp.OpRequest)
+	buf = append(buf, vif.LIMAC[:]...)
+	s4 := source.As4()
+	buf = append(buf, s4[:]...)
+	buf = append(buf, make([]byte, ipoib.HwAddrLen)...)
+	t4 := target.As4()
+	buf = append(buf, t4[:]...)
+	m := ipoib.TxMeta{SrcQPN: vif.QPN, PKey: p.pkey, Dst: ipoib.MakeHwAddr(0, ipoib.MulticastQPN, p.bcast)}
 	s.writePort([][]byte{buf}, []ipoib.TxMeta{m})
+	return true
+}
+
+// The NDP messages sendNDP makes.
+const (
+	ndSolicit = iota // neighbour solicitation with the VIF's address as source option
+	ndAdvert         // unsolicited neighbour advertisement (override) with it as target option
+)
+
+// sendNDP sends a neighbour solicitation or an unsolicited advertisement
+// for target from vif, from source to group, carrying the VIF's 20-byte
+// address as the link-layer option.
+func (s *Shim) sendNDP(p *partition, vif *mactrans.VIF, kind int, source, group, target netip.Addr) bool {
+	if !source.Is6() || source.IsUnspecified() {
+		return false
+	}
+	buf := make([]byte, ipoib.Headroom, ipoib.Headroom+ipoib.HeaderLen+128)
+	buf = binary.BigEndian.AppendUint16(buf, ether.TypeIPv6)
+	buf = append(buf, 0, 0)
+	const plen = 24 + 24 // NS/NA + IPoIB link-layer option
+	start := len(buf)
+	buf = buf[:start+header.IPv6Len]
+	ip := header.EncodeIPv6(buf[start:], header.IPv6Fields{PayloadLen: plen, NextHeader: header.ProtoICMPv6, HopLimit: 255, Src: source, Dst: group})
+	t16 := target.As16()
+	typ, flags, opt := byte(arpndp.TypeNeighborSolicitation), byte(0), byte(arpndp.OptSLLA)
+	if kind == ndAdvert {
+		typ, flags, opt = arpndp.TypeNeighborAdvertisement, 0x20, arpndp.OptTLLA // override
+	}
+	buf = append(buf, typ, 0, 0, 0, flags, 0, 0, 0)
+	buf = append(buf, t16[:]...)
+	buf = append(buf, opt, 3, 0, 0)
+	buf = append(buf, vif.LIMAC[:]...)
+	icmp := buf[start+header.IPv6Len:]
+	sum := csum.Fold(csum.Sum(csum.Pseudo(ip.SrcBytes(), ip.DstBytes(), header.ProtoICMPv6, plen), icmp))
+	binary.BigEndian.PutUint16(icmp[2:4], sum)
+	mgid := ipoib.IPv6MGID(group, p.pkey, s.cfg.Scope)
+	if !s.sendTo(mgid, s.clk.Now()) { // a UD QP sends only to groups it joined
+		return false
+	}
+	m := ipoib.TxMeta{SrcQPN: vif.QPN, PKey: p.pkey, Dst: ipoib.MakeHwAddr(0, ipoib.MulticastQPN, mgid)}
+	s.writePort([][]byte{buf}, []ipoib.TxMeta{m})
+	return true
 }

@@ -140,7 +140,7 @@ func (s *Shim) rx(buf []byte, n int, m *ipoib.RxMeta, now time.Time) []byte {
 		s.ctr.inc(DropRxEtherType)
 		return nil
 	}
-	p := s.byPKey[m.PKey.Full()]
+	p := s.partitions()[m.PKey.Full()]
 	if p == nil {
 		s.ctr.inc(DropRxUnknownPKey)
 		return nil

@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -77,6 +78,11 @@ type Config struct {
 	// Housekeeping is the period of aging, resolution retries and the
 	// carrier check; 0 means 250 ms.
 	Housekeeping time.Duration
+	// AnnounceWindow: the addresses a guest shows within this time of
+	// its MAC appearing here (its VIF created, or its RARP announcement
+	// after a migration) are announced on the fabric (announce.go); 0
+	// announces nothing.
+	AnnounceWindow time.Duration
 }
 
 // partition is one VLAN ↔ P_Key pairing with its own groups and view.
@@ -98,8 +104,9 @@ type Shim struct {
 	ipMTU  int
 	vifs   *mactrans.VIFTable
 	neigh  *mactrans.NeighTable
-	byVLAN [4096]*partition // by VLAN ID; nil: unmapped
-	byPKey map[ipoib.PKey]*partition
+	byVLAN [4096]atomic.Pointer[partition] // by VLAN ID; nil: unmapped
+	byPKey atomic.Pointer[map[ipoib.PKey]*partition]
+	partMu sync.Mutex // serialises partition additions
 
 	devMu  sync.Mutex // serialises writes to the device
 	portMu sync.Mutex // serialises writes to the port
@@ -116,9 +123,10 @@ type Shim struct {
 	ctr     counters
 
 	capture    atomic.Pointer[Capture] // the running capture, nil for none
-	vifIdle    atomic.Int64            // Config.VIFIdle, changed by SetVIFIdle
-	lastRound  atomic.Int64            // wall clock of the last housekeeping round
-	portLevels sync.Map                // names of the port's levels in Counters (gauges)
+	ann        announcer
+	vifIdle    atomic.Int64 // Config.VIFIdle, changed by SetVIFIdle
+	lastRound  atomic.Int64 // wall clock of the last housekeeping round
+	portLevels sync.Map     // names of the port's levels in Counters (gauges)
 
 	vifWarn, groupWarn  warnLimit // limit warnings a guest can cause per frame
 	carrier, carrierSet atomic.Bool
@@ -205,29 +213,16 @@ func New(cfg Config) (*Shim, error) {
 	gid := cfg.Port.LocalGID()
 	s := &Shim{
 		cfg: cfg, log: cfg.Logger, clk: cfg.Clock, dev: cfg.Device, port: cfg.Port, ipMTU: ipMTU,
-		vifs:   mactrans.NewVIFTable(gid, cfg.MaxVIFs),
-		neigh:  mactrans.NewNeighTable(cfg.MaxNeighbours),
-		byPKey: make(map[ipoib.PKey]*partition),
+		vifs:  mactrans.NewVIFTable(gid, cfg.MaxVIFs),
+		neigh: mactrans.NewNeighTable(cfg.MaxNeighbours),
 	}
+	s.byPKey.Store(&map[ipoib.PKey]*partition{})
 	add := func(vlan uint16, pkey ipoib.PKey) error {
-		if vlan > 4094 {
-			return fmt.Errorf("shim: VLAN %d out of range 1..4094", vlan)
+		p, err := s.newPartition(vlan, pkey)
+		if err == nil {
+			s.publish(p)
 		}
-		if !pkey.IsValid() {
-			return fmt.Errorf("shim: VLAN %d: invalid P_Key %s", vlan, pkey)
-		}
-		full := pkey.Full()
-		if s.byVLAN[vlan] != nil {
-			return fmt.Errorf("shim: VLAN %d mapped twice", vlan)
-		}
-		if other, ok := s.byPKey[full]; ok {
-			return fmt.Errorf("shim: VLANs %d and %d both map to P_Key %s", other.vlan, vlan, full)
-		}
-		p := &partition{vlan: vlan, pkey: full, bcast: ipoib.BroadcastMGID(full, cfg.Scope)}
-		p.view = &mactrans.View{VIFs: s.vifs, Neigh: s.neigh, Clock: s.clk, GID: gid, VLAN: vlan, PKey: full}
-		s.byVLAN[vlan] = p
-		s.byPKey[full] = p
-		return nil
+		return err
 	}
 	if err := add(0, ipoib.DefaultPKey); err != nil {
 		return nil, err
@@ -250,6 +245,70 @@ func New(cfg Config) (*Shim, error) {
 	return s, nil
 }
 
+// newPartition checks and makes partition vlan → pkey; call with partMu
+// held or before Run.
+func (s *Shim) newPartition(vlan uint16, pkey ipoib.PKey) (*partition, error) {
+	if vlan > 4094 {
+		return nil, fmt.Errorf("shim: VLAN %d out of range 1..4094", vlan)
+	}
+	if !pkey.IsValid() {
+		return nil, fmt.Errorf("shim: VLAN %d: invalid P_Key %s", vlan, pkey)
+	}
+	full := pkey.Full()
+	if s.byVLAN[vlan].Load() != nil {
+		return nil, fmt.Errorf("shim: VLAN %d mapped twice", vlan)
+	}
+	if other, ok := (*s.byPKey.Load())[full]; ok {
+		return nil, fmt.Errorf("shim: VLANs %d and %d both map to P_Key %s", other.vlan, vlan, full)
+	}
+	p := &partition{vlan: vlan, pkey: full, bcast: ipoib.BroadcastMGID(full, s.cfg.Scope)}
+	p.view = &mactrans.View{VIFs: s.vifs, Neigh: s.neigh, Clock: s.clk, GID: s.port.LocalGID(), VLAN: vlan, PKey: full}
+	return p, nil
+}
+
+// publish makes partition p visible to the data path (copy on write).
+func (s *Shim) publish(p *partition) {
+	m := maps.Clone(*s.byPKey.Load())
+	m[p.pkey] = p
+	s.byPKey.Store(&m)
+	s.byVLAN[p.vlan].Store(p)
+}
+
+// partitions returns the partitions by P_Key (do not modify).
+func (s *Shim) partitions() map[ipoib.PKey]*partition { return *s.byPKey.Load() }
+
+// joinPartition joins a partition's broadcast, all-nodes and all-hosts
+// groups for good.
+func (s *Shim) joinPartition(p *partition) error {
+	for _, mgid := range []ipoib.GID{p.bcast, s.groupMGID(p, allNodes), s.groupMGID(p, allHosts)} {
+		if err := s.groups.join(s.port, mgid, true); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// AddPartition maps a new VLAN to a P_Key in the running shim (as a
+// configuration reload does): its groups are joined, then its traffic
+// flows. Remapping or removing a VLAN needs a restart.
+func (s *Shim) AddPartition(vlan uint16, pkey ipoib.PKey) error {
+	if vlan == 0 {
+		return errors.New("shim: VLAN 0 (untagged) is always the default partition 0xffff")
+	}
+	s.partMu.Lock()
+	defer s.partMu.Unlock()
+	p, err := s.newPartition(vlan, pkey)
+	if err != nil {
+		return err
+	}
+	if err := s.joinPartition(p); err != nil {
+		return fmt.Errorf("shim: join the groups of VLAN %d: %w", vlan, err)
+	}
+	s.publish(p)
+	s.log.Info("partition added", "vlan", vlan, "pkey", p.pkey)
+	return nil
+}
+
 // IPMTU is the IPoIB MTU: the largest IP packet carried unfragmented.
 func (s *Shim) IPMTU() int { return s.ipMTU }
 
@@ -260,13 +319,11 @@ func (s *Shim) IPMTU() int { return s.ipMTU }
 // goroutine Run started has ended. If a join fails at start-up, the groups
 // already joined are left before Run returns the error.
 func (s *Shim) Run(ctx context.Context) error {
-	for _, p := range s.byPKey {
-		for _, mgid := range []ipoib.GID{p.bcast, s.groupMGID(p, allNodes), s.groupMGID(p, allHosts)} {
-			if err := s.groups.join(s.port, mgid, true); err != nil {
-				s.groups.leaveAll(s.port, s.log)
-				s.port.Close()
-				return err
-			}
+	for _, p := range s.partitions() {
+		if err := s.joinPartition(p); err != nil {
+			s.groups.leaveAll(s.port, s.log)
+			s.port.Close()
+			return err
 		}
 	}
 	s.followCarrier()
@@ -278,7 +335,7 @@ func (s *Shim) Run(ctx context.Context) error {
 	}
 	loop.Go("rx", &rx, s.rxLoop)
 	loop.Go("housekeeping", &wg, func() error { return s.housekeeping(hctx) })
-	s.log.Info("shim running", "gid", s.port.LocalGID(), "ib_mtu", s.port.MTU(), "ipoib_mtu", s.ipMTU, "partitions", len(s.byPKey), "max_vifs", s.cfg.MaxVIFs, "tx_workers", len(s.queues))
+	s.log.Info("shim running", "gid", s.port.LocalGID(), "ib_mtu", s.port.MTU(), "ipoib_mtu", s.ipMTU, "partitions", len(s.partitions()), "max_vifs", s.cfg.MaxVIFs, "tx_workers", len(s.queues))
 	var err error
 	select {
 	case <-ctx.Done():
@@ -359,6 +416,7 @@ func (s *Shim) housekeeping(ctx context.Context) error {
 		s.neigh.Expire(now, s.cfg.NeighTTL)
 		s.live.RLock()
 		s.resolveTick(now)
+		s.announceTick(now)
 		s.live.RUnlock()
 		s.followCarrier()
 		s.lastRound.Store(time.Now().UnixNano())
@@ -401,6 +459,16 @@ func (s *Shim) nextHousekeeping(now time.Time) time.Duration {
 	return wait
 }
 
+// SetLimits changes the most VIFs and neighbours (a configuration
+// reload); see mactrans' SetMax for what lowering them does.
+func (s *Shim) SetLimits(maxVIFs, maxNeighbours int) {
+	s.vifs.SetMax(maxVIFs)
+	s.neigh.SetMax(maxNeighbours)
+	s.srcs.mu.Lock()
+	s.srcs.max = maxNeighbours
+	s.srcs.mu.Unlock()
+}
+
 // SetVIFIdle changes the idle time after which a VIF is removed (as a
 // configuration reload does); the next aging round uses it.
 func (s *Shim) SetVIFIdle(d time.Duration) { s.vifIdle.Store(int64(d)) }
@@ -410,10 +478,10 @@ func (s *Shim) SetVIFIdle(d time.Duration) { s.vifIdle.Store(int64(d)) }
 // it is received before it speaks; origin says who declared it (a VIF
 // that exists already takes it).
 func (s *Shim) DeclareVIF(mac ether.MAC, vlan uint16, origin mactrans.Origin) error {
-	if int(vlan) >= len(s.byVLAN) || s.byVLAN[vlan] == nil {
+	if int(vlan) >= len(s.byVLAN) || s.byVLAN[vlan].Load() == nil {
 		return fmt.Errorf("shim: VLAN %d has no P_Key", vlan)
 	}
-	p := s.byVLAN[vlan]
+	p := s.byVLAN[vlan].Load()
 	if mac.IsMulticast() || mac.IsZero() {
 		return fmt.Errorf("shim: %s is not a unicast MAC", mac)
 	}
@@ -453,6 +521,7 @@ func (s *Shim) vif(p *partition, mac ether.MAC, origin mactrans.Origin, now time
 		return nil, err
 	}
 	if created {
+		v.AnnounceUntil(now.Add(s.cfg.AnnounceWindow))
 		s.ctr.inc(VIFsCreated)
 		s.log.Info("VIF created", "mac", mac, "vlan", p.vlan, "pkey", p.pkey, "qpn", fmt.Sprintf("%#06x", v.QPN), "limac", v.LIMAC, "origin", origin)
 	}

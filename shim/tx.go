@@ -194,7 +194,7 @@ func (s *Shim) tx(b *txBatch, buf []byte, n int, sup tap.Super, now time.Time) {
 		s.ctr.inc(DropRunt)
 		return
 	}
-	p := s.byVLAN[f.VLAN()]
+	p := s.byVLAN[f.VLAN()].Load()
 	if p == nil {
 		s.ctr.inc(DropVLANUnmapped)
 		return
@@ -235,6 +235,9 @@ func (s *Shim) tx(b *txBatch, buf []byte, n int, sup tap.Super, now time.Time) {
 	}
 	vif.Touch(now)
 	vif.CountTx(n)
+	if s.cfg.AnnounceWindow > 0 {
+		s.learnGuest(p, vif, et, pay, now)
+	}
 	m := ipoib.TxMeta{SrcQPN: vif.QPN, PKey: p.pkey}
 	unknown := false
 	kind := Counter(-1) // TxBroadcast or TxMulticast, counted when sent on

@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"flag"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -126,7 +128,13 @@ func TestReloadDiff(t *testing.T) {
 	if got := strings.Join(changedKeys(a, b), " "); got != "log-level max-vifs vif-idle" {
 		t.Fatalf("changed %q", got)
 	}
-	if !liveKeys["log-level"] || !liveKeys["vif-idle"] || liveKeys["max-vifs"] {
-		t.Fatal("live keys")
+	if got := strings.Join(slices.Sorted(maps.Keys(liveKeys)), " "); got != "log-level max-neighbours max-vifs vif-idle vlan-pkey" {
+		t.Fatalf("live keys %q", got)
+	}
+	// VLAN maps compare as maps.
+	c, _ := parse([]string{"run", "--underlay", "u", "--vlan-pkey", "10=0x800a,20=0x8014"}, &bytes.Buffer{})
+	d, _ := parse([]string{"run", "--underlay", "u", "--vlan-pkey", "20=0x8014,10=0x800a"}, &bytes.Buffer{})
+	if ks := changedKeys(c, d); len(ks) != 0 {
+		t.Fatalf("reordered VLAN map seen as a change: %v", ks)
 	}
 }

@@ -58,6 +58,11 @@ const (
 	maxTAPMTU = 65535 - 14
 )
 
+// announceWindow is how long after a guest's MAC appears (its VIF made,
+// or its RARP after a live migration) the addresses it shows are
+// announced on the fabric.
+const announceWindow = 30 * time.Second
+
 // errHelp ends the program successfully after printing the usage.
 var errHelp = cli.ErrHelp
 
@@ -301,7 +306,7 @@ func run(args []string, stderr io.Writer) error {
 	sh, err := shim.New(shim.Config{
 		Device: dev, Port: port, Logger: log,
 		MaxVIFs: o.maxVIFs, MaxNeighbours: o.maxNeigh, VIFIdle: o.vifIdle, DHCP: o.dhcp, ClampMSS: o.clampMSS, Learn: o.learn,
-		Partitions: partitions, Multicast: o.mcast,
+		Partitions: partitions, Multicast: o.mcast, AnnounceWindow: announceWindow,
 	})
 	if err != nil {
 		return err

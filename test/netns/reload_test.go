@@ -24,7 +24,9 @@ func waitLog(t *testing.T, h *hypervisor, s string) {
 // TestSIGHUP: a daemon started with --config re-reads the file on
 // SIGHUP, applies what can change live (log level, VIF idle time: idle
 // VIFs then age out after the new time), names each change that needs a
-// restart, and keeps running unchanged when the new file is bad.
+// restart, and keeps running unchanged when the new file is bad. Live:
+// log level, VIF idle time (idle VIFs then age out after the new time),
+// limits, VLAN map additions (the partition shows at once).
 func TestSIGHUP(t *testing.T) {
 	cfg := filepath.Join(t.TempDir(), "eipoibd.toml")
 	if err := os.WriteFile(cfg, []byte("vif-idle = \"5m\"\n"), 0o600); err != nil {
@@ -35,13 +37,21 @@ func TestSIGHUP(t *testing.T) {
 	g11, g21 := h1.guests[0], h2.guests[0]
 	ping(t, g11, g21.ip4)
 
-	if err := os.WriteFile(cfg, []byte("vif-idle = \"2s\"\nlog-level = \"debug\"\nmax-vifs = 10\n"), 0o600); err != nil {
+	if err := os.WriteFile(cfg, []byte("vif-idle = \"2s\"\nlog-level = \"debug\"\nmax-vifs = 10\nib-mtu = 2048\nvlan-pkey = \"10=0x800a\"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	h1.cmd.Process.Signal(syscall.SIGHUP)
 	waitLog(t, h1, `msg="config reloaded" key=log-level old=info new=debug`)
 	waitLog(t, h1, `msg="config reloaded" key=vif-idle old=5m0s new=2s`)
-	waitLog(t, h1, `msg="config change needs a restart" key=max-vifs running=1024 new=10`)
+	waitLog(t, h1, `msg="config reloaded" key=max-vifs old=1024 new=10`)
+	waitLog(t, h1, `msg="partition added" vlan=10 pkey=0x800a`)
+	waitLog(t, h1, `msg="config reloaded" key=vlan-pkey old="" new="10=0x800a"`)
+	waitLog(t, h1, `msg="config change needs a restart" key=ib-mtu running=4096 new=2048`)
+	var port ctlPort
+	ctlJSON(t, h1, &port, "show", "port")
+	if len(port.Partitions) != 2 || port.Partitions[1].VLAN != 10 || port.Partitions[1].PKey != "0x800a" {
+		t.Fatalf("partitions after the reload: %+v", port.Partitions)
+	}
 	// The new idle time applies: the guests, silent now, lose their VIFs.
 	deadline := time.Now().Add(8 * time.Second)
 	for h1.metrics(t)["vifs_aged"] < 2 {

@@ -1,0 +1,138 @@
+package shim
+
+// Announcements: when a guest's MAC appears on this hypervisor (its VIF
+// is created: from its first frame, a bridge or OVS declaration, or the
+// RARP QEMU sends after a live migration), the addresses it shows in its
+// traffic during the announcement window are announced on the fabric
+// three times, a second apart: a gratuitous ARP (a request with the
+// guest's address as sender and target) for IPv4, an unsolicited
+// neighbour advertisement (override set) to all-nodes for IPv6, each
+// from the guest's VIF. Peers' shims turn them into frames from the
+// guest's REMAC there, so their guests' neighbour caches move to the
+// guest's new QP at once instead of timing out; a guest on the
+// hypervisor it left learns the same way (and is resolved by IP
+// meanwhile: its frames to the guest's real MAC are unknown unicast).
+
+import (
+	"encoding/binary"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/eipoib/eipoibd/internal/ether"
+	"github.com/eipoib/eipoibd/mactrans"
+)
+
+const (
+	announceTimes    = 3
+	announceInterval = time.Second
+	announceMax      = 1024 // announcements queued at once
+)
+
+type announcement struct {
+	p    *partition
+	vif  *mactrans.VIF
+	ip   netip.Addr
+	next time.Time
+	left int
+}
+
+// announcer queues announcements for the housekeeping rounds.
+type announcer struct {
+	mu sync.Mutex
+	q  []announcement
+}
+
+// announce queues the announcements of ip for the guest of vif.
+func (s *Shim) announce(p *partition, vif *mactrans.VIF, ip netip.Addr, now time.Time) {
+	s.ann.mu.Lock()
+	defer s.ann.mu.Unlock()
+	if len(s.ann.q) >= announceMax {
+		s.ctr.inc(DropAnnounce)
+		return
+	}
+	s.ann.q = append(s.ann.q, announcement{p: p, vif: vif, ip: ip, next: now, left: announceTimes})
+}
+
+// announceTick sends the announcements due; called with live held for
+// reading (a freed VIF's are dropped).
+func (s *Shim) announceTick(now time.Time) {
+	s.ann.mu.Lock()
+	defer s.ann.mu.Unlock()
+	keep := s.ann.q[:0]
+	for _, a := range s.ann.q {
+		if !s.vifLive(a.vif) {
+			continue
+		}
+		if !now.Before(a.next) {
+			s.sendAnnounce(a.p, a.vif, a.ip)
+			a.left--
+			a.next = now.Add(announceInterval)
+		}
+		if a.left > 0 {
+			keep = append(keep, a)
+		}
+	}
+	clear(s.ann.q[len(keep):])
+	s.ann.q = keep
+}
+
+// guestIP is the address a guest's frame shows as its own: an ARP
+// sender's, an IP source; invalid for none (RARP, unspecified,
+// multicast).
+func guestIP(et uint16, pay []byte) netip.Addr {
+	var a netip.Addr
+	switch {
+	case et == ether.TypeARP && len(pay) >= 28 && pay[4] == 6 && pay[5] == 4:
+		a = netip.AddrFrom4([4]byte(pay[14:18]))
+	case et == ether.TypeIPv4 && len(pay) >= 20:
+		a = netip.AddrFrom4([4]byte(pay[12:16]))
+	case et == ether.TypeIPv6 && len(pay) >= 40:
+		a = netip.AddrFrom16([16]byte(pay[8:24]))
+	}
+	if !a.IsValid() || a.IsUnspecified() || a.IsMulticast() || a.IsLoopback() {
+		return netip.Addr{}
+	}
+	return a
+}
+
+// isRARPAnnounce reports whether an Ethernet RARP payload is a QEMU
+// announcement of mac: a request (opcode 3) with mac as sender.
+func isRARPAnnounce(pay []byte, mac ether.MAC) bool {
+	return len(pay) >= 28 && binary.BigEndian.Uint16(pay[6:8]) == 3 && ether.MAC(pay[8:14]) == mac
+}
+
+// learnGuest notes the address a guest's frame shows and queues its
+// announcement when it is new and the VIF is in its window; a RARP
+// announcement reopens the window and announces every address known.
+// The data path calls it for every frame: the known case allocates
+// nothing and takes no lock.
+func (s *Shim) learnGuest(p *partition, vif *mactrans.VIF, et uint16, pay []byte, now time.Time) {
+	if et == ether.TypeRARP {
+		if isRARPAnnounce(pay, vif.Key.MAC) {
+			s.ctr.inc(RARPAnnouncements)
+			vif.AnnounceUntil(now.Add(s.cfg.AnnounceWindow))
+			for _, ip := range vif.IPs() {
+				s.announce(p, vif, ip, now)
+			}
+		}
+		return
+	}
+	ip := guestIP(et, pay)
+	if !ip.IsValid() || vif.HasIP(ip) {
+		return
+	}
+	if vif.AddIP(ip) && vif.Announcing(now) {
+		s.announce(p, vif, ip, now)
+	}
+}
+
+// sendAnnounce sends one announcement of ip from vif.
+func (s *Shim) sendAnnounce(p *partition, vif *mactrans.VIF, ip netip.Addr) {
+	if ip.Is4() {
+		s.sendARPRequest(p, vif, ip, ip)
+	} else {
+		s.sendNDP(p, vif, ndAdvert, ip, allNodes, ip)
+	}
+	s.ctr.inc(TxAnnounced)
+}
