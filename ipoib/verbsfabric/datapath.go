@@ -421,12 +421,13 @@ func (p *Port) take(d recvDone, dst []byte, size *int, m *ipoib.RxMeta) bool {
 	q, ok := p.qps[d.qpn]
 	_, own := p.qps[d.srcQPN]
 	p.qpMu.RUnlock()
+	own = own && src == p.a.gid // a QPN of ours, from our GID: sent by this port
 	pkt := b[grhLen:]
 	switch {
 	case !ok:
 		p.drops[DropUnknownQPN].Add(1)
 		return false
-	case own && src == p.a.gid:
+	case own:
 		// Multicast the port sent, looped back to its group QP.
 		p.drops[DropOwn].Add(1)
 		return false

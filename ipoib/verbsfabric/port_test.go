@@ -1,0 +1,268 @@
+package verbsfabric
+
+import (
+	"bytes"
+	"errors"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/eipoib/eipoibd/ipoib"
+)
+
+var (
+	gid1 = gid("fe:80:00:00:00:00:00:00:00:00:00:00:00:00:00:01")
+	gid2 = gid("fe:80:00:00:00:00:00:00:00:00:00:00:00:00:00:02")
+)
+
+func openPort(t *testing.T, h *fakeHub, g ipoib.GID) (*Port, *fakeDev) {
+	t.Helper()
+	p, err := New(Config{Device: "fake0", open: h.opener(g)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	return p, h.devs[g]
+}
+
+// packet is an IPoIB IPv4 packet of n bytes with Headroom in front.
+func packet(n int, fill byte) []byte {
+	b := make([]byte, ipoib.Headroom+n)
+	ipoib.PutHeader(b[ipoib.Headroom:], 0x0800)
+	for i := ipoib.Headroom + ipoib.HeaderLen; i < len(b); i++ {
+		b[i] = fill
+	}
+	return b
+}
+
+// readN reads until n packets arrived (or 2 s passed).
+func readN(t *testing.T, p *Port, n int) ([][]byte, []ipoib.RxMeta) {
+	t.Helper()
+	var data [][]byte
+	var metas []ipoib.RxMeta
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		bufs, sizes, meta := make([][]byte, 64), make([]int, 64), make([]ipoib.RxMeta, 64)
+		for i := range bufs {
+			bufs[i] = make([]byte, 8192)
+		}
+		for len(data) < n {
+			k, err := p.Read(bufs, sizes, meta, 0)
+			if err != nil {
+				return
+			}
+			for i := range k {
+				data = append(data, bytes.Clone(bufs[i][:sizes[i]]))
+				metas = append(metas, meta[i])
+			}
+		}
+	}()
+	select {
+	case <-done:
+	case <-time.After(2 * time.Second):
+		t.Fatalf("read %d of %d packets", len(data), n)
+	}
+	return data, metas
+}
+
+// TestUnicast: the first packet to a destination waits for its address
+// handle and then goes; the receiver sees the sender's QPN and GID, its
+// own QPN and the partition; the payload arrives as sent.
+func TestUnicast(t *testing.T) {
+	h := newHub()
+	p1, _ := openPort(t, h, gid1)
+	p2, _ := openPort(t, h, gid2)
+	q1, _ := p1.AllocQP(0xffff, 0)
+	q2, _ := p2.AllocQP(0xffff, 0)
+	pkt := packet(1000, 7)
+	meta := []ipoib.TxMeta{{Dst: ipoib.MakeHwAddr(0, q2, gid2), SrcQPN: q1, PKey: 0xffff}}
+	if n, err := p1.Write([][]byte{pkt}, meta, ipoib.Headroom); n != 1 || err != nil {
+		t.Fatalf("Write: %d, %v", n, err)
+	}
+	data, m := readN(t, p2, 1)
+	if !bytes.Equal(data[0], pkt[ipoib.Headroom:]) || m[0].Src != ipoib.MakeHwAddr(0, q1, gid1) || m[0].DstQPN != q2 || m[0].PKey != 0xffff {
+		t.Fatalf("received %+v", m[0])
+	}
+	c := p1.Counters()
+	if c.TxPackets != 1 || c.TxBytes != 1000 || c.Stats["address_handles_made"] != 1 || len(c.Drops) != 0 {
+		t.Fatalf("sender counters %+v", c)
+	}
+	// The receiver makes the handle back to the sender ahead of its reply.
+	deadline := time.Now().Add(time.Second)
+	for p2.Counters().Stats["address_handles_made"] != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("receiver counters %+v", p2.Counters())
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestMulticastOnce: a group packet reaches a port once however many
+// VIFs it has (one group QP per partition is attached); the sender's own
+// copy, looped back to its group QP, is dropped and counted.
+func TestMulticastOnce(t *testing.T) {
+	h := newHub()
+	p1, _ := openPort(t, h, gid1)
+	p2, _ := openPort(t, h, gid2)
+	bcast := ipoib.BroadcastMGID(0xffff, ipoib.ScopeLinkLocal)
+	for range 3 {
+		p2.AllocQP(0xffff, 0)
+	}
+	q1, _ := p1.AllocQP(0xffff, 0)
+	if err := p1.Join(bcast); err != nil {
+		t.Fatal(err)
+	}
+	if err := p2.Join(bcast); err != nil {
+		t.Fatal(err)
+	}
+	meta := []ipoib.TxMeta{{Dst: ipoib.MakeHwAddr(0, ipoib.MulticastQPN, bcast), SrcQPN: q1, PKey: 0xffff}}
+	deadline := time.Now().Add(2 * time.Second)
+	for p1.Counters().TxPackets == 0 && time.Now().Before(deadline) { // the group's handle is made first
+		p1.Write([][]byte{packet(100, 1)}, meta, ipoib.Headroom)
+		time.Sleep(10 * time.Millisecond)
+	}
+	_, m := readN(t, p2, 1)
+	if m[0].DstQPN != ipoib.MulticastQPN || m[0].MGID != bcast || m[0].Src.QPN() != q1 {
+		t.Fatalf("received %+v", m[0])
+	}
+	time.Sleep(50 * time.Millisecond)
+	if got := p2.Counters().RxPackets; got != 1 {
+		t.Fatalf("p2 received %d copies", got)
+	}
+	go func() { // the loop-back reaches p1's Read and is dropped there
+		p1.Read(make([][]byte, 1), make([]int, 1), make([]ipoib.RxMeta, 1), 0)
+	}()
+	deadline = time.Now().Add(2 * time.Second)
+	for p1.Counters().Drops["own_packet"] != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("p1 counters %+v", p1.Counters())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := p1.FreeQP(p1.gqps[0xffff]); err == nil {
+		t.Fatal("a group QP was freed by FreeQP")
+	}
+}
+
+// TestRefusals: packets the port must not post are counted by reason.
+func TestRefusals(t *testing.T) {
+	h := newHub()
+	p1, d1 := openPort(t, h, gid1)
+	openPort(t, h, gid2)
+	q, _ := p1.AllocQP(0xffff, 0)
+	dst := ipoib.MakeHwAddr(0, 0x99, gid2)
+	cases := []struct {
+		pkt  []byte
+		meta ipoib.TxMeta
+		drop string
+	}{
+		{packet(4097, 0), ipoib.TxMeta{Dst: dst, SrcQPN: q, PKey: 0xffff}, "oversize"},
+		{packet(100, 0), ipoib.TxMeta{Dst: dst, SrcQPN: 0x777, PKey: 0xffff}, "bad_meta"},
+		{packet(100, 0), ipoib.TxMeta{Dst: dst, SrcQPN: q, PKey: 0x8001}, "bad_meta"},
+		{packet(100, 0), ipoib.TxMeta{Dst: ipoib.MakeHwAddr(0, ipoib.MulticastQPN, gid2), SrcQPN: q, PKey: 0xffff}, "bad_meta"},
+		{packet(100, 0), ipoib.TxMeta{Dst: dst, SrcQPN: q, PKey: 0xffff, GSO: ipoib.GSO{Type: ipoib.GSOTCPv4}}, "bad_meta"},
+	}
+	for i, c := range cases {
+		before := p1.Counters().Drops[c.drop]
+		if n, _ := p1.Write([][]byte{c.pkt}, []ipoib.TxMeta{c.meta}, ipoib.Headroom); n != 0 || p1.Counters().Drops[c.drop] != before+1 {
+			t.Errorf("case %d: accepted %d, drops %v", i, n, p1.Counters().Drops)
+		}
+	}
+	if len(d1.sq) != 0 || p1.Counters().TxPackets != 0 {
+		t.Fatal("a refused packet was posted")
+	}
+	if _, err := p1.AllocQP(0x8001, 0); err == nil {
+		t.Fatal("a QP in a partition the P_Key table lacks")
+	}
+}
+
+// TestRingWrap: five times the send ring's slots go out in batches while
+// the receiver reads; every packet arrives, the ring is empty after, and
+// a post failure in the middle of a batch gives its slots back.
+func TestRingWrap(t *testing.T) {
+	h := newHub()
+	p1, d1 := openPort(t, h, gid1)
+	p2, _ := openPort(t, h, gid2)
+	q1, _ := p1.AllocQP(0xffff, 0)
+	q2, _ := p2.AllocQP(0xffff, 0)
+	meta := make([]ipoib.TxMeta, batchSize)
+	bufs := make([][]byte, batchSize)
+	for i := range bufs {
+		bufs[i], meta[i] = packet(200, byte(i)), ipoib.TxMeta{Dst: ipoib.MakeHwAddr(0, q2, gid2), SrcQPN: q1, PKey: 0xffff}
+	}
+	p1.Write(bufs[:1], meta[:1], ipoib.Headroom) // waits for the handle
+	readN(t, p2, 1)
+	// The receiver reads all the while; each batch is sent once the one
+	// before arrived (an HCA, like the fake, drops UD packets for which no
+	// receive buffer is posted).
+	const total = 5 * sendSlots
+	var got atomic.Int64
+	go func() {
+		bufs, sizes, meta := make([][]byte, 64), make([]int, 64), make([]ipoib.RxMeta, 64)
+		for i := range bufs {
+			bufs[i] = make([]byte, 8192)
+		}
+		for {
+			k, err := p2.Read(bufs, sizes, meta, 0)
+			if err != nil {
+				return
+			}
+			got.Add(int64(k))
+		}
+	}()
+	for sent := 0; sent < total; sent += batchSize {
+		if n, err := p1.Write(bufs, meta, ipoib.Headroom); n != batchSize || err != nil {
+			t.Fatalf("Write at %d: %d, %v (drops %v)", sent, n, err, p1.Counters().Drops)
+		}
+		deadline := time.Now().Add(2 * time.Second)
+		for got.Load() < int64(sent+batchSize) {
+			if time.Now().After(deadline) {
+				t.Fatalf("received %d of %d", got.Load(), sent+batchSize)
+			}
+			time.Sleep(100 * time.Microsecond)
+		}
+	}
+	if n := got.Load(); n != total {
+		t.Fatalf("received %d of %d", n, total)
+	}
+	p1.Write(nil, nil, ipoib.Headroom) // reaps the last completions
+	if c := p1.Counters(); c.Levels["tx_ring_slots_in_use"] != 0 || len(c.Drops) != 0 || c.TxPackets != total+1 {
+		t.Fatalf("after the run: %+v", c)
+	}
+	d1.mu.Lock()
+	d1.failAt = 10
+	d1.mu.Unlock()
+	if n, _ := p1.Write(bufs, meta, ipoib.Headroom); n != batchSize || p1.Counters().Drops["send_error"] != batchSize-10 {
+		t.Fatalf("failed post: accepted %d, drops %v", n, p1.Counters().Drops)
+	}
+	if c := p1.Counters(); c.Levels["tx_ring_slots_in_use"] > 10 {
+		t.Fatalf("%d slots held after a failed post of which 10 went", c.Levels["tx_ring_slots_in_use"])
+	}
+}
+
+// TestCloseUnblocksRead: Close ends a Read waiting for packets, and Read
+// and Write then report net.ErrClosed.
+func TestCloseUnblocksRead(t *testing.T) {
+	h := newHub()
+	p, _ := openPort(t, h, gid1)
+	errc := make(chan error, 1)
+	go func() {
+		_, err := p.Read(make([][]byte, 1), make([]int, 1), make([]ipoib.RxMeta, 1), 0)
+		errc <- err
+	}()
+	time.Sleep(20 * time.Millisecond)
+	p.Close()
+	select {
+	case err := <-errc:
+		if !errors.Is(err, net.ErrClosed) {
+			t.Fatalf("Read: %v", err)
+		}
+	case <-time.After(time.Second):
+		t.Fatal("Read still blocked after Close")
+	}
+	if _, err := p.Write(nil, nil, 0); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("Write: %v", err)
+	}
+}
