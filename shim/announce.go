@@ -19,6 +19,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/eipoib/eipoibd/arpndp"
 	"github.com/eipoib/eipoibd/internal/ether"
 	"github.com/eipoib/eipoibd/mactrans"
 )
@@ -77,20 +78,22 @@ func (s *Shim) announceTick(now time.Time) {
 	s.ann.q = keep
 }
 
-// guestIP is the address a guest's frame shows as its own: an ARP
-// sender's, an IP source; invalid for none (RARP, unspecified,
-// multicast).
+// guestIP is the address a guest claims in a frame: the sender address
+// of its ARP, the source of its NDP message; invalid for none. Only ARP
+// and NDP count, never an IP packet's source: a guest announces its own
+// addresses by its link-layer protocols (which the shim forwards
+// anyway), while a forged source address in a datagram (a MAC flood's,
+// say) must not become a claim on the fabric. Link-local addresses are
+// not announced: nothing routes to them and every host has some.
 func guestIP(et uint16, pay []byte) netip.Addr {
 	var a netip.Addr
 	switch {
 	case et == ether.TypeARP && len(pay) >= 28 && pay[4] == 6 && pay[5] == 4:
 		a = netip.AddrFrom4([4]byte(pay[14:18]))
-	case et == ether.TypeIPv4 && len(pay) >= 20:
-		a = netip.AddrFrom4([4]byte(pay[12:16]))
-	case et == ether.TypeIPv6 && len(pay) >= 40:
+	case et == ether.TypeIPv6 && len(pay) >= 40 && arpndp.IsNDP(pay):
 		a = netip.AddrFrom16([16]byte(pay[8:24]))
 	}
-	if !a.IsValid() || a.IsUnspecified() || a.IsMulticast() || a.IsLoopback() {
+	if !a.IsValid() || a.IsUnspecified() || a.IsMulticast() || a.IsLoopback() || a.IsLinkLocalUnicast() {
 		return netip.Addr{}
 	}
 	return a

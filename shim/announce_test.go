@@ -73,10 +73,16 @@ func TestAnnounce(t *testing.T) {
 	if k != 3 {
 		t.Fatalf("%d NAs of %s, want 3", k, la)
 	}
+	// A datagram's source address claims nothing.
+	forged := netip.MustParseAddr("10.0.0.98")
+	a.dev.Inject(udpFrame(t, macA1, remacB1, forged, ipB1, 10, true))
+	if k, _ := announcements(t, b, forged, 300*time.Millisecond); k != 0 {
+		t.Fatalf("%d announcements of a datagram's source", k)
+	}
 	// After the window, a new address is not announced...
 	a.clk.Advance(40 * time.Second)
 	ip2 := netip.MustParseAddr("10.0.0.99")
-	a.dev.Inject(udpFrame(t, macA1, remacB1, ip2, ipB1, 10, true))
+	a.dev.Inject(arpFrame(t, layers.ARPRequest, macA1, ip2, ether.Broadcast, ether.MAC{}, ipB1))
 	if k, _ := announcements(t, b, ip2, 300*time.Millisecond); k != 0 {
 		t.Fatalf("%d announcements outside the window", k)
 	}

@@ -162,8 +162,9 @@ type Port struct {
 	txPackets, txBytes, rxPackets, rxBytes atomic.Uint64
 	drops                                  [numDrops]atomic.Uint64
 	trainsSent, trainPackets, gsoFallback  atomic.Uint64
-	faultCorrupt                           atomic.Uint64 // corrupted packets sent, a held one when it leaves (the peer counts each as bad_icrc)
-	heldCorrupt                            bool          // the held packet is a corrupted one
+	faultCorrupt                           atomic.Uint64 // corrupted unicast packets sent, a held one when it leaves (the peer counts each as bad_icrc)
+	faultCorruptMcast                      atomic.Uint64 // corrupted multicast packets sent (counted as bad_icrc by the members only)
+	heldCorrupt, heldMcast                 bool          // the held packet is a corrupted one; to a group
 	groMerged, groPackets                  atomic.Uint64 // received merged datagrams (UDP GRO)
 	rxOverflow                             atomic.Uint64 // kernel receive-queue drops (SO_RXQ_OVFL)
 }
@@ -404,12 +405,13 @@ func (p *Port) Counters() ipoib.PortCounters {
 		c.Drops["rx_queue_overflow"] = v
 	}
 	c.Stats = map[string]uint64{
-		"tx_trains":        p.trainsSent.Load(),
-		"tx_train_packets": p.trainPackets.Load(),
-		"tx_gso_fallbacks": p.gsoFallback.Load(),
-		"rx_trains":        p.groMerged.Load(),
-		"rx_train_packets": p.groPackets.Load(),
-		"tx_fault_corrupt": p.faultCorrupt.Load(),
+		"tx_trains":                  p.trainsSent.Load(),
+		"tx_train_packets":           p.trainPackets.Load(),
+		"tx_gso_fallbacks":           p.gsoFallback.Load(),
+		"rx_trains":                  p.groMerged.Load(),
+		"rx_train_packets":           p.groPackets.Load(),
+		"tx_fault_corrupt":           p.faultCorrupt.Load(),
+		"tx_fault_corrupt_multicast": p.faultCorruptMcast.Load(),
 	}
 	return c
 }
@@ -601,7 +603,7 @@ func (p *Port) writeChunk(bufs [][]byte, meta []ipoib.TxMeta, offset int, ok *[b
 		pkt := Packet{PKey: uint16(m.PKey), DestQPN: m.Dst.QPN(), PSN: p.psn.Add(1) & 0xffffff, QKey: ipoib.QKey, SrcQPN: m.SrcQPN}
 		out := p.wcodec.Encode(b, offset, &pkt, &src, &dst, UDPPort, UDPPort)
 		before := len(msgs)
-		msgs = p.faulty(msgs, out, p.udpAddr(dstGID), i)
+		msgs = p.faulty(msgs, out, p.udpAddr(dstGID), i, dstGID[0] == 0xff)
 		if len(msgs) > before || p.heldFrom == i {
 			size[i] = payload
 		}
@@ -610,7 +612,7 @@ func (p *Port) writeChunk(bufs [][]byte, meta []ipoib.TxMeta, offset int, ok *[b
 		msgs = p.add(msgs, p.held, p.heldTo, -1)
 		p.held = nil
 		if p.heldCorrupt {
-			p.faultCorrupt.Add(1)
+			p.corrupted(p.heldMcast, 1)
 		}
 	}
 	p.heldFrom = -1 // from here on, a held packet belongs to an earlier call
@@ -770,7 +772,7 @@ func (p *Port) add(msgs []ipv6.Message, b []byte, to *peer, orig int) []ipv6.Mes
 
 // faulty appends the packet (bufs[orig] of the chunk) to msgs, applying
 // the configured faults.
-func (p *Port) faulty(msgs []ipv6.Message, out []byte, to *peer, orig int) []ipv6.Message {
+func (p *Port) faulty(msgs []ipv6.Message, out []byte, to *peer, orig int, mcast bool) []ipv6.Message {
 	f := &p.faults
 	if f.Loss == 0 && f.Dup == 0 && f.Reorder == 0 && f.Corrupt == 0 {
 		return p.add(msgs, out, to, orig)
@@ -786,7 +788,7 @@ func (p *Port) faulty(msgs []ipv6.Message, out []byte, to *peer, orig int) []ipv
 	if f.Reorder > 0 && p.held == nil && p.rng.Float64() < f.Reorder {
 		p.held = append(p.heldBuf[:0], out...)
 		p.heldBuf = p.held
-		p.heldTo, p.heldFrom, p.heldCorrupt = to, orig, corrupt
+		p.heldTo, p.heldFrom, p.heldCorrupt, p.heldMcast = to, orig, corrupt, mcast
 		return msgs
 	}
 	msgs = p.add(msgs, out, to, orig)
@@ -796,9 +798,18 @@ func (p *Port) faulty(msgs []ipv6.Message, out []byte, to *peer, orig int) []ipv
 		sent++
 	}
 	if corrupt {
-		p.faultCorrupt.Add(sent)
+		p.corrupted(mcast, sent)
 	}
 	return msgs
+}
+
+// corrupted counts n corrupted packets sent, to a group or not.
+func (p *Port) corrupted(mcast bool, n uint64) {
+	if mcast {
+		p.faultCorruptMcast.Add(n)
+	} else {
+		p.faultCorrupt.Add(n)
+	}
 }
 
 // oobInfo is what the control messages of a received datagram say.
