@@ -1,36 +1,135 @@
 // Package sdnotify speaks systemd's notification protocol (sd_notify(3)):
 // datagrams of "KEY=value" lines to the unix socket named by
 // $NOTIFY_SOCKET, for a Type=notify service's READY=1, STOPPING=1,
-// STATUS= and WATCHDOG=1. Outside systemd it does nothing.
+// STATUS= and WATCHDOG=1, and file descriptors for its file descriptor
+// store (FDSTORE=1), which come back at the next start as
+// $LISTEN_FDS (sd_listen_fds(3)). Outside systemd it does nothing.
 package sdnotify
 
 import (
 	"fmt"
-	"net"
 	"os"
 	"strconv"
+	"strings"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Notify sends state (newline-separated assignments) to systemd and
 // reports whether there was a socket to send it to.
 func Notify(state string) (bool, error) {
+	return NotifyFiles(state, nil)
+}
+
+// NotifyFiles is Notify with files passed along (SCM_RIGHTS), as
+// FDSTORE=1 needs them.
+func NotifyFiles(state string, files []*os.File) (bool, error) {
 	name := os.Getenv("NOTIFY_SOCKET")
 	if name == "" {
 		return false, nil
 	}
-	if name[0] == '@' { // an abstract socket
-		name = "\x00" + name[1:]
+	var oob []byte
+	if len(files) > 0 {
+		fds := make([]int, len(files))
+		for i, f := range files {
+			// Not f.Fd(): it would make a non-blocking file blocking.
+			rc, err := f.SyscallConn()
+			if err != nil {
+				return false, fmt.Errorf("sdnotify: %s: %w", f.Name(), err)
+			}
+			if err := rc.Control(func(fd uintptr) { fds[i] = int(fd) }); err != nil {
+				return false, fmt.Errorf("sdnotify: %s: %w", f.Name(), err)
+			}
+		}
+		oob = unix.UnixRights(fds...)
 	}
-	c, err := net.DialUnix("unixgram", nil, &net.UnixAddr{Name: name, Net: "unixgram"})
+	s, err := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return false, fmt.Errorf("sdnotify: %w", err)
 	}
-	defer c.Close()
-	if _, err := c.Write([]byte(state)); err != nil {
-		return false, fmt.Errorf("sdnotify: %w", err)
+	defer unix.Close(s)
+	// A leading @ names an abstract socket; unix.SockaddrUnix knows.
+	if err := unix.Sendmsg(s, []byte(state), oob, &unix.SockaddrUnix{Name: name}, 0); err != nil {
+		return false, fmt.Errorf("sdnotify: %s: %w", name, err)
 	}
 	return true, nil
+}
+
+// StoreFiles puts files into systemd's file descriptor store under name
+// (FDSTORE=1 with FDNAME=), first taking out whatever the store holds
+// under that name (FDSTOREREMOVE=1), so the store holds exactly files.
+// The service needs FileDescriptorStoreMax= at least len(files).
+func StoreFiles(name string, files []*os.File) (bool, error) {
+	if !ValidName(name) {
+		return false, fmt.Errorf("sdnotify: bad file descriptor name %q", name)
+	}
+	if ok, err := Notify("FDSTOREREMOVE=1\nFDNAME=" + name); !ok || err != nil {
+		return ok, err
+	}
+	return NotifyFiles("FDSTORE=1\nFDNAME="+name, files)
+}
+
+// ValidName reports whether name may name stored file descriptors: 1 to
+// 255 printable ASCII characters other than a colon (LISTEN_FDNAMES is
+// colon-separated).
+func ValidName(name string) bool {
+	if name == "" || len(name) > 255 {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		if c := name[i]; c < 0x21 || c > 0x7e || c == ':' {
+			return false
+		}
+	}
+	return true
+}
+
+// listenFDsStart is the first file descriptor systemd passes
+// (SD_LISTEN_FDS_START).
+const listenFDsStart = 3
+
+// ListenFDs takes the file descriptors systemd passed this process
+// ($LISTEN_FDS for $LISTEN_PID, named by $LISTEN_FDNAMES), by name, and
+// unsets those variables so child processes do not take them too. The
+// descriptors are made close-on-exec and otherwise left as they are
+// (blocking or not). Without passed descriptors (no $LISTEN_FDS, or
+// another process's $LISTEN_PID) it returns none.
+func ListenFDs() (map[string][]int, error) {
+	defer func() {
+		os.Unsetenv("LISTEN_PID")
+		os.Unsetenv("LISTEN_FDS")
+		os.Unsetenv("LISTEN_FDNAMES")
+	}()
+	pid, nfds := os.Getenv("LISTEN_PID"), os.Getenv("LISTEN_FDS")
+	if nfds == "" || pid != strconv.Itoa(os.Getpid()) {
+		return nil, nil
+	}
+	n, err := strconv.Atoi(nfds)
+	if err != nil || n < 0 || n > 1<<16 {
+		return nil, fmt.Errorf("sdnotify: LISTEN_FDS=%q: want a count of file descriptors", nfds)
+	}
+	var names []string
+	if v, ok := os.LookupEnv("LISTEN_FDNAMES"); ok {
+		names = strings.Split(v, ":")
+		if len(names) != n {
+			return nil, fmt.Errorf("sdnotify: LISTEN_FDNAMES names %d file descriptors, LISTEN_FDS=%d", len(names), n)
+		}
+	}
+	fds := make(map[string][]int)
+	for i := 0; i < n; i++ {
+		fd := listenFDsStart + i
+		if _, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); err != nil {
+			return nil, fmt.Errorf("sdnotify: passed file descriptor %d: %w", fd, err)
+		}
+		unix.CloseOnExec(fd)
+		name := "unknown" // sd_listen_fds_with_names' name for an unnamed one
+		if names != nil {
+			name = names[i]
+		}
+		fds[name] = append(fds[name], fd)
+	}
+	return fds, nil
 }
 
 // WatchdogInterval is the watchdog timeout systemd asks this process to

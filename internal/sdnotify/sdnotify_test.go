@@ -1,12 +1,17 @@
 package sdnotify
 
 import (
+	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 func listen(t *testing.T, name string) *net.UnixConn {
@@ -77,4 +82,148 @@ func TestWatchdogInterval(t *testing.T) {
 			t.Errorf("WATCHDOG_USEC=%q taken", bad)
 		}
 	}
+}
+
+// TestStoreFiles: the store first hears FDSTOREREMOVE=1 for the name,
+// then FDSTORE=1 with the files, which arrive as descriptors of the same
+// open files (a byte written through one reaches the pipe's reader), and
+// a non-blocking file stays non-blocking.
+func TestStoreFiles(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "notify")
+	c := listen(t, path)
+	t.Setenv("NOTIFY_SOCKET", path)
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	defer w.Close()
+	if ok, err := StoreFiles("tap-eib0", []*os.File{w}); !ok || err != nil {
+		t.Fatal(ok, err)
+	}
+	if got := recv(t, c); got != "FDSTOREREMOVE=1\nFDNAME=tap-eib0" {
+		t.Fatalf("first message %q", got)
+	}
+	b, oob := make([]byte, 256), make([]byte, unix.CmsgSpace(4*4))
+	n, oobn, _, _, err := c.ReadMsgUnix(b, oob)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := string(b[:n]); got != "FDSTORE=1\nFDNAME=tap-eib0" {
+		t.Fatalf("second message %q", got)
+	}
+	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+	if err != nil || len(msgs) != 1 {
+		t.Fatal(msgs, err)
+	}
+	fds, err := unix.ParseUnixRights(&msgs[0])
+	if err != nil || len(fds) != 1 {
+		t.Fatal(fds, err)
+	}
+	stored := os.NewFile(uintptr(fds[0]), "stored")
+	defer stored.Close()
+	if _, err := stored.Write([]byte{42}); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 1)
+	if _, err := r.Read(got); err != nil || got[0] != 42 {
+		t.Fatalf("read %v through the pipe, %v; want 42", got, err)
+	}
+	if fl, err := unix.FcntlInt(uintptr(fds[0]), unix.F_GETFL, 0); err != nil || fl&unix.O_NONBLOCK == 0 {
+		t.Fatalf("the pipe's flags %#x (%v): no longer non-blocking", fl, err)
+	}
+	for _, bad := range []string{"", "a:b", "a b", string(make([]byte, 256))} {
+		if _, err := StoreFiles(bad, []*os.File{w}); err == nil {
+			t.Errorf("name %q taken", bad)
+		}
+	}
+	t.Setenv("NOTIFY_SOCKET", "")
+	if ok, err := StoreFiles("tap-eib0", []*os.File{w}); ok || err != nil {
+		t.Fatal("without a socket:", ok, err)
+	}
+}
+
+// TestListenFDs runs this test binary again with two pipes as
+// descriptors 3 and 4, as systemd passes them, and checks what
+// ListenFDs makes of the environment there (see listenHelper).
+func TestListenFDs(t *testing.T) {
+	for _, c := range []struct {
+		name, env, want string
+	}{
+		{"named", "LISTEN_FDS=2 LISTEN_FDNAMES=tap-eib0:tap-eib0", "tap-eib0=[3 4] cloexec unset"},
+		{"unnamed", "LISTEN_FDS=2", "unknown=[3 4] cloexec unset"},
+		{"another process's", "LISTEN_FDS=2 LISTEN_PID=1", "none unset"},
+		{"none", "", "none unset"},
+		{"bad count", "LISTEN_FDS=two", `error: sdnotify: LISTEN_FDS="two": want a count of file descriptors`},
+		{"names and count differ", "LISTEN_FDS=2 LISTEN_FDNAMES=a", "error: sdnotify: LISTEN_FDNAMES names 1 file descriptors, LISTEN_FDS=2"},
+		// The child's runtime holds a few descriptors past 4; the
+		// first closed one fails.
+		{"closed descriptor", "LISTEN_FDS=200", "error: sdnotify: passed file descriptor * bad file descriptor"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cmd := exec.Command(os.Args[0], "-test.run=^TestListenHelper$")
+			cmd.Env = append(os.Environ(), "SDNOTIFY_LISTEN_HELPER=1")
+			if c.env != "" {
+				cmd.Env = append(cmd.Env, strings.Fields(c.env)...)
+			}
+			var files []*os.File
+			for i := 0; i < 2; i++ {
+				r, w, err := os.Pipe()
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer r.Close()
+				defer w.Close()
+				files = append(files, r)
+			}
+			cmd.ExtraFiles = files
+			out, err := cmd.CombinedOutput()
+			got, _, _ := strings.Cut(string(out), "\n")
+			if pre, post, ok := strings.Cut(c.want, "*"); ok && strings.HasPrefix(got, pre) && strings.HasSuffix(got, post) {
+				got = c.want
+			}
+			if err != nil || got != c.want {
+				t.Fatalf("ListenFDs: %q (%v), want %q\n%s", got, err, c.want, out)
+			}
+		})
+	}
+}
+
+// TestListenHelper is the child of TestListenFDs: it claims
+// $LISTEN_PID (unless that names PID 1), calls ListenFDs and prints what
+// it found.
+func TestListenHelper(t *testing.T) {
+	if os.Getenv("SDNOTIFY_LISTEN_HELPER") != "1" {
+		t.Skip("the child process of TestListenFDs")
+	}
+	if os.Getenv("LISTEN_PID") != "1" {
+		os.Setenv("LISTEN_PID", strconv.Itoa(os.Getpid()))
+	}
+	fds, err := ListenFDs()
+	var out string
+	switch {
+	case err != nil:
+		out = "error: " + err.Error()
+	case len(fds) == 0:
+		out = "none"
+	default:
+		for name, list := range fds {
+			out = fmt.Sprintf("%s=%v", name, list)
+			for _, fd := range list {
+				if fl, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); err != nil || fl&unix.FD_CLOEXEC == 0 {
+					out += " inheritable"
+				}
+			}
+			out += " cloexec"
+		}
+	}
+	if err == nil {
+		out += " unset"
+		for _, k := range []string{"LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"} {
+			if _, ok := os.LookupEnv(k); ok {
+				out = strings.TrimSuffix(out, " unset") + " " + k + " left"
+			}
+		}
+	}
+	fmt.Println(out)
 }
