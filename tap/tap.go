@@ -4,6 +4,7 @@
 package tap
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -86,10 +87,50 @@ type Config struct {
 	// TUN makes a layer-3 device instead (IFF_TUN): bare IP packets, no
 	// MAC, no offloads. eipoibd's native IPoIB host uses it.
 	TUN bool
+	// Persist makes the TAP persistent (TUNSETPERSIST, always
+	// multi-queue): it outlives the process with its ifindex, MAC, MTU
+	// and bridge membership, and a persistent TAP of the name that no
+	// process holds is taken over instead of refused. Its carrier still
+	// drops while no queue is open (__tun_detach, drivers/net/tun.c),
+	// unless the queues themselves outlive the process: see FDs.
+	Persist bool
+	// FDs are open queues of the TAP kept from an earlier run (systemd's
+	// file descriptor store passes them back). With Persist they are
+	// taken over, so no queue ever detaches and the carrier stays on;
+	// queues are added or closed to match Queues. Offload cannot change
+	// while a queue is open (tun_set_iff updates the flags only for the
+	// first queue): the kept TAP's setting stays, as Offload reports,
+	// until the TAP is reopened without kept queues. Without Persist
+	// the kept TAP is made non-persistent and closed, and a new one is
+	// created. Create owns the descriptors either way.
+	FDs []int
 }
 
-// TAP is a Linux TAP device (IFF_TAP|IFF_NO_PI, not persistent: it goes
-// away with the process), with one or more queues (IFF_MULTI_QUEUE). The
+// Start says how Create came by the TAP.
+type Start int
+
+// The ways: a new TAP; a persistent TAP left by an earlier run, opened
+// again (its carrier had dropped with its last queue); or one whose
+// queues were kept open across the restart, so its link never changed.
+const (
+	Created Start = iota
+	Reopened
+	Kept
+)
+
+// String names the way.
+func (s Start) String() string {
+	switch s {
+	case Reopened:
+		return "reopened"
+	case Kept:
+		return "kept"
+	}
+	return "created"
+}
+
+// TAP is a Linux TAP device (IFF_TAP|IFF_NO_PI; unless persistent, it
+// goes away with the process), with one or more queues (IFF_MULTI_QUEUE). The
 // TAP's own Read, ReadSuper and Write use its first queue; Queue gives
 // each queue as a device of its own. Each queue may be read by one
 // goroutine and written by one goroutine at a time.
@@ -98,6 +139,7 @@ type TAP struct {
 	mtu     int
 	offload bool
 	queues  []*Queue
+	start   Start
 
 	drops                 [2]atomic.Uint64 // bad vnet header, bad GSO
 	gsoRead, gsoCut       atomic.Uint64
@@ -140,53 +182,73 @@ var (
 	_ SuperReader = (*Queue)(nil)
 )
 
-// Create makes the TAP, sets its MAC and MTU and brings it up.
+// Create makes the TAP (or, with Persist, takes over the one an earlier
+// run left), sets its MAC and MTU and brings it up.
 func Create(cfg Config) (*TAP, error) {
 	if cfg.Name == "" || len(cfg.Name) >= unix.IFNAMSIZ {
+		closeFDs(cfg.FDs)
 		return nil, fmt.Errorf("tap: bad interface name %q (1 to %d characters)", cfg.Name, unix.IFNAMSIZ-1)
 	}
-	if _, err := netlink.LinkByName(cfg.Name); err == nil {
-		return nil, fmt.Errorf("tap: interface %s already exists", cfg.Name)
+	if cfg.TUN && (cfg.Offload || !cfg.MAC.IsZero() || cfg.Persist) {
+		closeFDs(cfg.FDs)
+		return nil, fmt.Errorf("tap: %s: a TUN has neither offloads, a MAC nor persistence here", cfg.Name)
+	}
+	if cfg.MTU <= 0 && (cfg.Offload || len(cfg.FDs) > 0) {
+		closeFDs(cfg.FDs)
+		return nil, fmt.Errorf("tap: %s: offloads need the MTU to cut segments to", cfg.Name)
 	}
 	queues := max(cfg.Queues, 1)
 	la := netlink.NewLinkAttrs()
 	la.Name = cfg.Name
 	mode := netlink.TUNTAP_MODE_TAP
 	if cfg.TUN {
-		if cfg.Offload || !cfg.MAC.IsZero() {
-			return nil, fmt.Errorf("tap: %s: a TUN has neither offloads nor a MAC", cfg.Name)
-		}
 		mode = netlink.TUNTAP_MODE_TUN
 	}
 	tt := &netlink.Tuntap{
 		LinkAttrs:  la,
 		Mode:       mode,
 		Flags:      netlink.TUNTAP_NO_PI | netlink.TUNTAP_TUN_EXCL,
-		Queues:     queues,
-		NonPersist: true,
+		NonPersist: !cfg.Persist,
 	}
-	if queues > 1 {
+	if queues > 1 || cfg.Persist {
 		// Each queue attaches to the device the first one made, which
-		// IFF_TUN_EXCL refuses; the name was checked free above.
+		// IFF_TUN_EXCL refuses; the name was checked free below. A
+		// persistent TAP is always multi-queue, so that a later run
+		// may attach another number of queues.
 		tt.Flags = netlink.TUNTAP_MULTI_QUEUE_DEFAULTS
 	}
 	if cfg.Offload {
 		tt.Flags |= netlink.TUNTAP_VNET_HDR
 	}
-	if err := netlink.LinkAdd(tt); err != nil {
-		return nil, fmt.Errorf("tap: create %s (%d queues): %w", cfg.Name, queues, err)
-	}
-	t := &TAP{name: cfg.Name, mtu: cfg.MTU, offload: cfg.Offload}
-	fail := func(err error) (*TAP, error) {
-		for _, f := range tt.Fds {
-			f.Close()
-		}
+	kept, spare, start, err := takeOver(cfg, tt)
+	if err != nil {
 		return nil, err
 	}
-	if cfg.Offload && t.mtu <= 0 {
-		return fail(fmt.Errorf("tap: %s: offloads need the MTU to cut segments to", cfg.Name))
+	if start == Kept {
+		// New queues, and the segmenting, follow the TAP's own vnet
+		// header setting.
+		cfg.Offload = tt.Flags&netlink.TUNTAP_VNET_HDR != 0
 	}
-	for _, f := range tt.Fds {
+	// Kept queues not taken close once the new ones are attached, so
+	// that the TAP never has none.
+	defer closeFDs(spare)
+	if len(kept) < queues {
+		tt.Queues = queues - len(kept)
+		if err := netlink.LinkAdd(tt); err != nil {
+			closeFiles(kept)
+			if start == Created {
+				return nil, fmt.Errorf("tap: create %s (%d queues): %w", cfg.Name, queues, err)
+			}
+			return nil, fmt.Errorf("tap: open %d more queues of %s: %w (the kernel refuses a TAP whose flags differ: delete it with \"ip link del %s\")", tt.Queues, cfg.Name, err, cfg.Name)
+		}
+	}
+	files := append(kept, tt.Fds...)
+	t := &TAP{name: cfg.Name, mtu: cfg.MTU, offload: cfg.Offload, start: start}
+	fail := func(err error) (*TAP, error) {
+		closeFiles(files)
+		return nil, err
+	}
+	for _, f := range files {
 		q := &Queue{t: t, file: f}
 		rc, err := f.SyscallConn()
 		if err != nil {
@@ -207,20 +269,133 @@ func Create(cfg Config) (*TAP, error) {
 			return fail(fmt.Errorf("tap: enable offloads on %s (TUNSETOFFLOAD): %w", cfg.Name, err))
 		}
 	}
-	if !cfg.MAC.IsZero() {
-		if err := netlink.LinkSetHardwareAddr(tt, net.HardwareAddr(cfg.MAC[:])); err != nil {
+	link, err := netlink.LinkByName(cfg.Name)
+	if err != nil {
+		return fail(fmt.Errorf("tap: %s: %w", cfg.Name, err))
+	}
+	if !cfg.MAC.IsZero() && !bytes.Equal(link.Attrs().HardwareAddr, cfg.MAC[:]) {
+		if err := netlink.LinkSetHardwareAddr(link, net.HardwareAddr(cfg.MAC[:])); err != nil {
 			return fail(fmt.Errorf("tap: set MAC of %s: %w", cfg.Name, err))
 		}
 	}
-	if link := max(cfg.LinkMTU, cfg.MTU); link > 0 {
-		if err := netlink.LinkSetMTU(tt, link); err != nil {
-			return fail(fmt.Errorf("tap: set MTU %d on %s: %w", link, cfg.Name, err))
+	if mtu := max(cfg.LinkMTU, cfg.MTU); mtu > 0 && mtu != link.Attrs().MTU {
+		if err := netlink.LinkSetMTU(link, mtu); err != nil {
+			return fail(fmt.Errorf("tap: set MTU %d on %s: %w", mtu, cfg.Name, err))
 		}
 	}
-	if err := netlink.LinkSetUp(tt); err != nil {
+	if err := netlink.LinkSetUp(link); err != nil {
 		return fail(fmt.Errorf("tap: bring %s up: %w", cfg.Name, err))
 	}
 	return t, nil
+}
+
+// takeOver deals with a TAP of the name that exists already. With
+// Persist, it returns the kept queues that fit tt, the kept ones that do
+// not (for the caller to close once new queues are attached) and how the
+// TAP is being started, and makes tt's flags those that attach to it
+// (no IFF_TUN_EXCL; a kept TAP's own IFF_VNET_HDR). Without Persist an existing TAP is an error, except one
+// whose queues were kept, which is made non-persistent and closed.
+func takeOver(cfg Config, tt *netlink.Tuntap) (kept []*os.File, spare []int, start Start, err error) {
+	defer func() {
+		if err != nil {
+			closeFiles(kept)
+			closeFDs(spare)
+			kept, spare = nil, nil
+		}
+	}()
+	want := (uint16(tt.Flags) | uint16(tt.Mode)) &^ (unix.IFF_TUN_EXCL | unix.IFF_VNET_HDR)
+	vnet := -1 // the kept TAP's IFF_VNET_HDR
+	for i, fd := range cfg.FDs {
+		name, got, err := tunIff(fd)
+		switch {
+		case err != nil:
+			closeFDs(cfg.FDs[i:])
+			return kept, spare, 0, fmt.Errorf("tap: kept descriptor %d of %s: %w", fd, cfg.Name, err)
+		case name != cfg.Name:
+			closeFDs(cfg.FDs[i:])
+			return kept, spare, 0, fmt.Errorf("tap: kept descriptor %d is a queue of %s, not of %s", fd, name, cfg.Name)
+		case !cfg.Persist:
+			unix.IoctlSetInt(fd, unix.TUNSETPERSIST, 0) // gone with its last queue
+			unix.Close(fd)
+			continue
+		case got&^(unix.IFF_PERSIST|unix.IFF_VNET_HDR) != want || len(kept) >= max(cfg.Queues, 1):
+			// Other flags, or more queues than wanted.
+			spare = append(spare, fd)
+			continue
+		}
+		vnet = int(got & unix.IFF_VNET_HDR)
+		if err := unix.SetNonblock(fd, true); err != nil {
+			closeFDs(cfg.FDs[i:])
+			return kept, spare, 0, fmt.Errorf("tap: kept descriptor %d of %s: %w", fd, cfg.Name, err)
+		}
+		kept = append(kept, os.NewFile(uintptr(fd), "/dev/net/tun"))
+	}
+	link, err := netlink.LinkByName(cfg.Name)
+	if err != nil {
+		if len(cfg.FDs) > 0 && cfg.Persist {
+			return kept, spare, 0, fmt.Errorf("tap: %s has kept queues but no link: %w", cfg.Name, err)
+		}
+		return nil, nil, Created, nil // free, as it should be
+	}
+	cur, isTun := link.(*netlink.Tuntap)
+	switch {
+	case !cfg.Persist:
+		return kept, spare, 0, fmt.Errorf("tap: interface %s already exists (left by eipoibd --persist? \"ip link del %s\" removes it)", cfg.Name, cfg.Name)
+	case !isTun || cur.Mode != tt.Mode:
+		return kept, spare, 0, fmt.Errorf("tap: interface %s already exists and is a %s, not a %s", cfg.Name, link.Type(), map[bool]string{true: "TUN", false: "TAP"}[cfg.TUN])
+	case len(cfg.FDs) == 0 && cur.Queues > 0:
+		return kept, spare, 0, fmt.Errorf("tap: %s is in use: %d queues attached by another process", cfg.Name, cur.Queues)
+	}
+	tt.Flags &^= netlink.TUNTAP_TUN_EXCL
+	if len(cfg.FDs) > 0 {
+		if vnet >= 0 {
+			tt.Flags = tt.Flags&^netlink.TUNTAP_VNET_HDR | netlink.TuntapFlag(vnet)
+		}
+		return kept, spare, Kept, nil
+	}
+	return nil, nil, Reopened, nil
+}
+
+// tunIff returns the interface name and flags of a TUN/TAP queue
+// (TUNGETIFF).
+func tunIff(fd int) (string, uint16, error) {
+	ifr, err := unix.NewIfreq("")
+	if err != nil {
+		return "", 0, err
+	}
+	if err := unix.IoctlIfreq(fd, unix.TUNGETIFF, ifr); err != nil {
+		return "", 0, fmt.Errorf("not a TUN/TAP queue (TUNGETIFF): %w", err)
+	}
+	return ifr.Name(), ifr.Uint16(), nil
+}
+
+func closeFDs(fds []int) {
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
+}
+
+func closeFiles(files []*os.File) {
+	for _, f := range files {
+		f.Close()
+	}
+}
+
+// Start says how Create came by the TAP.
+func (t *TAP) Start() Start { return t.start }
+
+// Offload reports whether the TAP has the vnet header and offloads on:
+// Config.Offload, except for a TAP whose queues were kept.
+func (t *TAP) Offload() bool { return t.offload }
+
+// Files returns the queues' files, for a file descriptor store to keep
+// open across a restart (see Config.FDs); the TAP still owns them.
+func (t *TAP) Files() []*os.File {
+	files := make([]*os.File, len(t.queues))
+	for i, q := range t.queues {
+		files[i] = q.file
+	}
+	return files
 }
 
 // ioctl issues a TUN ioctl whose argument is an integer, not a pointer,
@@ -490,8 +665,8 @@ func (t *TAP) SetCarrier(up bool) error {
 // SetCarrier is the TAP's SetCarrier.
 func (q *Queue) SetCarrier(up bool) error { return q.t.SetCarrier(up) }
 
-// Close removes the TAP (it is not persistent): every queue is closed,
-// and blocked reads and writes return net.ErrClosed.
+// Close closes every queue, which removes the TAP unless it is
+// persistent; blocked reads and writes return net.ErrClosed.
 func (t *TAP) Close() error {
 	var first error
 	for _, q := range t.queues {
