@@ -125,6 +125,16 @@ func (o Origin) String() string {
 	return "learned"
 }
 
+// ParseOrigin returns the origin String names.
+func ParseOrigin(s string) (Origin, bool) {
+	for o := OriginLearned; o <= OriginOVS; o++ {
+		if o.String() == s {
+			return o, true
+		}
+	}
+	return 0, false
+}
+
 // Origin is how the VIF came to be (the last declaration wins over
 // learning).
 func (v *VIF) Origin() Origin { return Origin(v.origin.Load()) }

@@ -516,7 +516,12 @@ func (s *Shim) RemoveVIF(mac ether.MAC, vlan uint16) error {
 
 // vif returns (creating when new) the VIF of a guest MAC in p.
 func (s *Shim) vif(p *partition, mac ether.MAC, origin mactrans.Origin, now time.Time) (*mactrans.VIF, error) {
-	v, created, err := s.vifs.Create(mactrans.VIFKey{MAC: mac, VLAN: p.vlan}, p.pkey, origin, now, s.port.AllocQP)
+	return s.vifQPN(p, mac, origin, now, s.port.AllocQP)
+}
+
+// vifQPN is vif with the QP allocation given (to wish for a QPN).
+func (s *Shim) vifQPN(p *partition, mac ether.MAC, origin mactrans.Origin, now time.Time, alloc func(ipoib.PKey, uint32) (uint32, error)) (*mactrans.VIF, error) {
+	v, created, err := s.vifs.Create(mactrans.VIFKey{MAC: mac, VLAN: p.vlan}, p.pkey, origin, now, alloc)
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,61 @@
+package shim
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/eipoib/eipoibd/internal/ether"
+	"github.com/eipoib/eipoibd/internal/state"
+	"github.com/eipoib/eipoibd/mactrans"
+)
+
+// TestRestoreGuests: Guests lists a VIF with its origin, QPN and the
+// address its guest claimed; restoring it (after the VIF was lost, as in
+// a restart) recreates it with the saved QPN, not its hash's, and
+// announces the address three times, a second apart; guests on a VLAN
+// without a P_Key are skipped with a reason.
+func TestRestoreGuests(t *testing.T) {
+	a, b := pair(t, func(c *Config) { c.AnnounceWindow = time.Second })
+	arpExchange(t, a, b)
+	gs := a.s.Guests()
+	if len(gs) != 1 || gs[0].MAC != macA1 || gs[0].Origin != mactrans.OriginLearned || gs[0].QPN != a.s.VIFs()[0].QPN ||
+		len(gs[0].IPs) != 1 || gs[0].IPs[0] != ipA1 {
+		t.Fatalf("Guests: %+v", gs)
+	}
+	for i := 0; i < 4; i++ { // the first announcements go by
+		a.clk.Advance(time.Second)
+		announcements(t, b, ipA1, 100*time.Millisecond)
+	}
+	if err := a.s.RemoveVIF(macA1, 0); err != nil {
+		t.Fatal(err)
+	}
+	saved := gs[0]
+	saved.QPN = 0x777
+	saved.Origin = mactrans.OriginBridge
+	ip2 := netip.MustParseAddr("fd00::a1")
+	saved.IPs = append(saved.IPs, ip2)
+	vifs, addrs, skipped := a.s.RestoreGuests([]state.Guest{saved, {MAC: ether.MAC{2, 0, 0, 0, 0, 7}, VLAN: 7, QPN: 0x888}})
+	if vifs != 1 || addrs != 2 || len(skipped) != 1 || !strings.Contains(skipped[0].Error(), "VLAN 7 has no P_Key now") {
+		t.Fatalf("restored %d VIFs, %d addresses, skipped %v; want 1, 2 and the VLAN 7 guest", vifs, addrs, skipped)
+	}
+	v := a.s.VIFs()
+	if len(v) != 1 || v[0].QPN != 0x777 || v[0].Origin != mactrans.OriginBridge {
+		t.Fatalf("restored VIFs %+v, want %s with QPN 0x777 from the bridge", v, macA1)
+	}
+	// Both addresses' announcements, 3 each; B's guests see the ARP
+	// ones (the NAs go by in the same frames read).
+	n := 0
+	for i := 0; i < 4; i++ {
+		k, _ := announcements(t, b, ipA1, 200*time.Millisecond)
+		n += k
+		a.clk.Advance(time.Second)
+	}
+	if n != 3 {
+		t.Errorf("%d announcements of %s after the restore, want 3", n, ipA1)
+	}
+	if got := a.s.Get(TxAnnounced); got != 3+6 {
+		t.Errorf("tx_announced %d, want 9 (3 at first, 3 for each of 2 addresses after the restore)", got)
+	}
+}
