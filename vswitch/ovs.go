@@ -45,13 +45,19 @@ func (o OVS) vsctl(args ...string) (string, error) {
 }
 
 // Attach adds port to bridge br as a trunk (no tag, every VLAN), replacing
-// a stale port of that name left by an earlier run.
-func (o OVS) Attach(port, br string) error {
+// a stale port of that name left by an earlier run; with keep, a port
+// of that name is left as it is (a persistent TAP's, kept across a
+// restart: replacing it would flap it).
+func (o OVS) Attach(port, br string, keep bool) error {
 	if _, err := exec.LookPath("ovs-vsctl"); err != nil {
 		return fmt.Errorf("vswitch: --ovs-bridge needs ovs-vsctl (Debian: openvswitch-switch): %w", err)
 	}
 	if _, err := o.vsctl("br-exists", br); err != nil {
 		return fmt.Errorf("vswitch: Open vSwitch bridge %q not found (or OVSDB unreachable): %w", br, err)
+	}
+	if keep {
+		_, err := o.vsctl("--may-exist", "add-port", br, port)
+		return err
 	}
 	_, err := o.vsctl("--if-exists", "del-port", br, port, "--", "add-port", br, port)
 	return err

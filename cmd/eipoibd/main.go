@@ -81,7 +81,8 @@ type options struct {
 	mcast                                                                snoop.Timers
 	ibMTU, maxVIFs, maxNeigh, queues, tapMTU                             int
 	vifIdle                                                              time.Duration
-	offload, pprof, clampMSS                                             bool
+	offload, pprof, clampMSS, persist                                    bool
+	stateDir                                                             string
 	level                                                                slog.Level
 	// values are every flag's value as text, by name, for reloads.
 	values map[string]string
@@ -157,6 +158,8 @@ func runFlags(o *options) *flag.FlagSet {
 	fs.BoolVar(&o.clampMSS, "clamp-mss", false, "lower the MSS of guests' TCP SYNs to fit the IPoIB MTU, for guests that ignore path MTU discovery")
 	fs.IntVar(&o.queues, "queues", 0, "TAP queues, each read by its own TX worker (the kernel spreads guests' flows over them); 0: one per CPU")
 	fs.StringVar(&o.ctlDir, "ctl-dir", ctl.DefaultDir, "directory of the control socket NAME.sock (eipoibd show, vif, neigh, capture); empty: none")
+	fs.BoolVar(&o.persist, "persist", false, "keep the TAP (and its bridge or OVS port) across restarts and crashes, its queues in systemd's file descriptor store so the link never drops, and the guests in --state-dir; a stop leaves the TAP (ip link del removes it)")
+	fs.StringVar(&o.stateDir, "state-dir", ctl.DefaultDir, "directory of the --persist state file NAME.state")
 	fs.BoolVar(&o.pprof, "pprof", false, "also serve Go's profiles at /debug/pprof/ on the --metrics address")
 	fs.StringVar(&o.faults, "fault", "", "simulated fabric faults, e.g. loss=0.01,dup=0.01,reorder=0.01,corrupt=0.01")
 	return fs
@@ -194,6 +197,8 @@ func check(o *options) error {
 		return usageError{Msg: "--pprof serves on the --metrics address: give --metrics too"}
 	case o.bridge != "" && o.ovsBridge != "":
 		return usageError{Msg: "--bridge and --ovs-bridge exclude each other: the TAP has one switch"}
+	case o.persist && o.stateDir == "":
+		return usageError{Msg: "--persist keeps its state in --state-dir: give one"}
 	}
 	if err := o.mcast.WithDefaults().Validate(); err != nil {
 		return usageError{Msg: "--mcast-*: " + strings.TrimPrefix(err.Error(), "snoop: ")}
@@ -292,7 +297,9 @@ func run(args []string, stderr io.Writer) error {
 	}
 	defer port.Close()
 	ipMTU, _ := ipoib.IPMTU(port.MTU())
-	dev, err := tap.Create(tap.Config{Name: o.name, MTU: ipMTU, LinkMTU: o.tapMTU, MAC: mac, Offload: o.offload, Queues: o.queues})
+	kept := keptQueues(o.name, log)
+	dev, err := tap.Create(tap.Config{Name: o.name, MTU: ipMTU, LinkMTU: o.tapMTU, MAC: mac, Offload: o.offload, Queues: o.queues,
+		Persist: o.persist, FDs: kept})
 	if err != nil {
 		return err
 	}
@@ -301,7 +308,11 @@ func run(args []string, stderr io.Writer) error {
 	if o.fabric != "sim" {
 		fabDev = o.ibDev
 	}
-	log.Info("started", "tap", o.name, "fabric", o.fabric, "device", fabDev, "gid", port.LocalGID(), "ib_mtu", port.MTU(), "ipoib_mtu", ipMTU)
+	log.Info("started", "tap", o.name, "tap_start", dev.Start(), "fabric", o.fabric, "device", fabDev, "gid", port.LocalGID(), "ib_mtu", port.MTU(), "ipoib_mtu", ipMTU)
+	if dev.Offload() != o.offload {
+		log.Warn("the kept TAP keeps its offload setting while its queues are open: stop eipoibd (not restart) to change it", "offload", dev.Offload(), "wanted", o.offload)
+	}
+	storeQueues(o, dev, len(kept) > 0, log)
 
 	sh, err := shim.New(shim.Config{
 		Device: dev, Port: port, Logger: log,
@@ -311,13 +322,20 @@ func run(args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if o.persist {
+		restoreState(o, sh, log)
+	}
 	ovs := vswitch.OVS{DB: o.ovsDB}
 	if o.ovsBridge != "" {
-		if err := ovs.Attach(o.name, o.ovsBridge); err != nil {
+		// A kept TAP keeps its port: removing it first would flap it.
+		if err := ovs.Attach(o.name, o.ovsBridge, dev.Start() != tap.Created); err != nil {
 			return err
 		}
 		log.Info("attached to Open vSwitch bridge", "tap", o.name, "bridge", o.ovsBridge)
 		defer func() {
+			if o.persist {
+				return // the TAP stays, and its port with it
+			}
 			if err := ovs.Detach(o.name, o.ovsBridge); err != nil {
 				log.Warn("detach from Open vSwitch", "err", err)
 			} else {
@@ -423,9 +441,25 @@ func run(args []string, stderr io.Writer) error {
 		}
 	}()
 	notifySystemd(ctx, sh, log, fmt.Sprintf("%s on %s %s, GID %s", o.name, o.fabric, fabDev, port.LocalGID()))
-	err = sh.Run(ctx)
+	// The shim stops after the state's last save, while it still has
+	// its VIFs.
+	shimCtx, stopShim := context.WithCancel(context.Background())
+	defer stopShim()
+	go func() {
+		if o.persist {
+			(&stateSaver{path: statePath(o), tap: o.name, sh: sh, log: log}).run(ctx)
+		} else {
+			<-ctx.Done()
+		}
+		stopShim()
+	}()
+	err = sh.Run(shimCtx)
 	port.Close()
-	log.Info("stopped", "tap_removed", o.name)
+	if o.persist {
+		log.Info("stopped", "tap_kept", o.name)
+	} else {
+		log.Info("stopped", "tap_removed", o.name)
+	}
 	return err
 }
 

@@ -96,8 +96,13 @@ type hypervisor struct {
 	done               chan error
 	extra              []string
 	env                []string // more environment for the daemon
-	switchArgs         []string // --bridge or --ovs-bridge and their arguments
-	host               bool     // a native IPoIB host (eipoibd host, TUN ib0) instead
+	// files are passed to the daemon as systemd passes its file
+	// descriptor store back: descriptors 3 on, $LISTEN_FDS,
+	// $LISTEN_FDNAMES (fdNames, one per file) and $LISTEN_PID.
+	files      []*os.File
+	fdNames    []string
+	switchArgs []string // --bridge or --ovs-bridge and their arguments
+	host       bool     // a native IPoIB host (eipoibd host, TUN ib0) instead
 }
 
 type topo struct {
@@ -348,7 +353,7 @@ func (h *hypervisor) start(t *testing.T) {
 	}
 	// Each daemon's control socket in a directory of its own: the
 	// hypervisors' TAPs all have the same name.
-	args := append([]string{daemonBin, "run", "--underlay", h.underlay, "--metrics", "127.0.0.1:9474", "--ctl-dir", h.ctlDir()}, h.switchArgs...)
+	args := append([]string{daemonBin, "run", "--underlay", h.underlay, "--metrics", "127.0.0.1:9474", "--ctl-dir", h.ctlDir(), "--state-dir", h.ctlDir()}, h.switchArgs...)
 	// EIPOIB_NETNS_OFFLOAD=false runs the whole suite with the TAP's
 	// offloads off (make test runs it both ways); a test's own flags,
 	// after it, win.
@@ -361,8 +366,15 @@ func (h *hypervisor) start(t *testing.T) {
 	}
 	args = append(args, h.extra...)
 	h.cmd = exec.Command("ip", in(h.ns, args...)[1:]...)
-	h.cmd.Stdout, h.cmd.Stderr = logf, logf
 	h.cmd.Env = append(os.Environ(), h.env...)
+	if len(h.files) > 0 {
+		// The shell's PID is the daemon's: ip netns exec and the shell
+		// exec it in place.
+		h.cmd = exec.Command("sh", append([]string{"-c", `LISTEN_PID=$$ exec "$@"`, "sh"}, in(h.ns, args...)...)...)
+		h.cmd.Env = append(os.Environ(), append(h.env, fmt.Sprintf("LISTEN_FDS=%d", len(h.files)), "LISTEN_FDNAMES="+strings.Join(h.fdNames, ":"))...)
+		h.cmd.ExtraFiles = h.files
+	}
+	h.cmd.Stdout, h.cmd.Stderr = logf, logf
 	if err := h.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
