@@ -461,6 +461,18 @@ func dropRises(before, after map[string]float64) string {
 	return strings.Join(s, ", ")
 }
 
+// iperf3Run is what the tests read of iperf3 -J: its error and the bytes
+// of each interval.
+type iperf3Run struct {
+	Error     string `json:"error"`
+	Intervals []struct {
+		Sum struct {
+			Start float64 `json:"start"`
+			Bytes int64   `json:"bytes"`
+		} `json:"sum"`
+	} `json:"intervals"`
+}
+
 // TestCrashRestart: eipoibd is killed (SIGKILL) in the middle of an
 // iperf3 run and started again: the TCP connection recovers and the run
 // completes with traffic after the restart, and an exact transfer
@@ -504,15 +516,7 @@ func TestCrashRestart(t *testing.T) {
 	h1.start(t)
 	t.Logf("killed and started again in %v", time.Since(killed).Round(time.Millisecond))
 	r := <-cli
-	var res struct {
-		Error     string `json:"error"`
-		Intervals []struct {
-			Sum struct {
-				Start float64 `json:"start"`
-				Bytes int64   `json:"bytes"`
-			} `json:"sum"`
-		} `json:"intervals"`
-	}
+	var res iperf3Run
 	if err := json.Unmarshal([]byte(r.out), &res); err != nil || r.err != nil || res.Error != "" {
 		t.Fatalf("iperf3 across the crash: %v %v %s\n%s", r.err, err, res.Error, r.out)
 	}

@@ -269,15 +269,7 @@ func TestPersistRestart(t *testing.T) {
 				t.Errorf("ping outage %v (limit 2s), last request answered? %v\n%s", o, p.r.seqs[n], p.r.out)
 			}
 			r := <-perf
-			var out struct {
-				Error     string `json:"error"`
-				Intervals []struct {
-					Sum struct {
-						Start float64 `json:"start"`
-						Bytes int64   `json:"bytes"`
-					} `json:"sum"`
-				} `json:"intervals"`
-			}
+			var out iperf3Run
 			if err := json.Unmarshal([]byte(r.out), &out); err != nil || r.err != nil || out.Error != "" || len(out.Intervals) < 6 {
 				t.Fatalf("iperf3 across the restart: %v %v %s\n%s", r.err, err, out.Error, r.out)
 			}
