@@ -160,36 +160,53 @@ func Save(path string, s *State) error {
 
 // Write writes a marshalled state to path atomically: into a temporary
 // file in the same directory (mode 0600), synced, renamed over path, and
-// the directory synced.
+// the directory synced. Its errors name path and the step, never the
+// temporary file's random name, so that a failure that persists reads
+// the same each time.
 func Write(path string, b []byte) error {
 	dir := filepath.Dir(path)
 	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp*")
 	if err != nil {
-		return fmt.Errorf("state: %w", err)
+		return writeError(path, "create", err)
 	}
+	step := "write"
 	_, err = tmp.Write(b)
 	if err == nil {
-		err = tmp.Sync()
+		step, err = "sync", tmp.Sync()
 	}
 	if cerr := tmp.Close(); err == nil {
-		err = cerr
+		step, err = "close", cerr
 	}
 	if err == nil {
-		err = os.Rename(tmp.Name(), path)
+		step, err = "rename", os.Rename(tmp.Name(), path)
 	}
 	if err != nil {
 		os.Remove(tmp.Name())
-		return fmt.Errorf("state: save %s: %w", path, err)
+		return writeError(path, step, err)
 	}
 	d, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("state: %w", err)
+	if err == nil {
+		err = d.Sync()
+		d.Close()
 	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("state: sync %s: %w", dir, err)
+	if err != nil {
+		return writeError(path, "sync directory", err)
 	}
 	return nil
+}
+
+// writeError is Write's error for step: the cause without the file name
+// os put in front of it.
+func writeError(path, step string, err error) error {
+	var pe *os.PathError
+	var le *os.LinkError
+	switch {
+	case errors.As(err, &pe):
+		err = pe.Err
+	case errors.As(err, &le):
+		err = le.Err
+	}
+	return fmt.Errorf("state: save %s: %s: %w", path, step, err)
 }
 
 // CorruptError is a state file that cannot be trusted.

@@ -57,6 +57,26 @@ func TestSaveLoad(t *testing.T) {
 	}
 }
 
+// TestWriteErrorStable: a save that keeps failing (here the rename, over
+// a directory) fails with the same words each time, naming the state
+// file and the step, never the random temporary name, and leaves no
+// temporary file behind.
+func TestWriteErrorStable(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "eib0.state")
+	if err := os.MkdirAll(filepath.Join(path, "x"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	e1, e2 := Save(path, sample()), Save(path, sample())
+	if e1 == nil || e2 == nil || e1.Error() != e2.Error() ||
+		!strings.Contains(e1.Error(), path+": rename: ") || strings.Contains(e1.Error(), ".tmp") {
+		t.Fatalf("errors %q and %q; want the same, naming %s and the rename", e1, e2, path)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 1 {
+		t.Fatalf("%d entries in the directory, want the state's alone", len(ents))
+	}
+}
+
 // TestCorrupt: each kind of bad file is a *CorruptError naming the file
 // and the fault, and SetAside moves it out of the way.
 func TestCorrupt(t *testing.T) {
