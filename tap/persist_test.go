@@ -17,7 +17,7 @@ import (
 // file descriptor store keeps them) is taken over by the next Create
 // with no carrier change, also when the next run wants more queues and
 // no offloads; once every queue closes it stays (same ifindex) and is
-// reopened; a second taker while it is held, and a non-persistent
+// reopened, without the last run's TSO when offloads are off; a second taker while it is held, and a non-persistent
 // Create, are refused with a reason; kept queues handed to a
 // non-persistent Create make way for a new TAP.
 func TestPersist(t *testing.T) {
@@ -34,6 +34,17 @@ func TestPersist(t *testing.T) {
 			t.Fatalf("carrier_changes and carrier: %q", out)
 		}
 		return n, f[1] == "1"
+	}
+	// tso reports the TAP's TCP segmentation offload: on, the kernel
+	// hands it super-frames (which only a vnet header describes).
+	tso := func() bool {
+		t.Helper()
+		out := nstest.Must(t, nstest.In(ns, "ethtool", "-k", name)...)
+		on := strings.Contains(out, "\ntcp-segmentation-offload: on")
+		if !on && !strings.Contains(out, "\ntcp-segmentation-offload: off") {
+			t.Fatalf("ethtool -k %s: no tcp-segmentation-offload line\n%s", name, out)
+		}
+		return on
 	}
 	nstest.Do(t, ns, func() {
 		link := func() *netlink.Tuntap {
@@ -76,6 +87,9 @@ func TestPersist(t *testing.T) {
 		cfg := Config{Name: name, MTU: 1500, Persist: true, Queues: 2, Offload: true}
 		tp := create(cfg, Created)
 		idx := link().Index
+		if !tso() {
+			t.Fatal("offloads asked for, but the new TAP has no TSO")
+		}
 		changes, up := carrier()
 		if !up {
 			t.Fatal("no carrier on a new TAP")
@@ -111,8 +125,8 @@ func TestPersist(t *testing.T) {
 		c = cfg
 		c.Offload = false
 		tp = create(c, Reopened)
-		if l := link(); l.Index != idx || l.Flags&netlink.TUNTAP_VNET_HDR != 0 || tp.Offload() {
-			t.Fatalf("reopened without offloads: ifindex %d → %d, flags %#x, offload %v", idx, l.Index, l.Flags, tp.Offload())
+		if l := link(); l.Index != idx || l.Flags&netlink.TUNTAP_VNET_HDR != 0 || tp.Offload() || tso() {
+			t.Fatalf("reopened without offloads: ifindex %d → %d, flags %#x, offload %v, TSO %v", idx, l.Index, l.Flags, tp.Offload(), tso())
 		}
 		if _, err := Create(cfg); err == nil || !strings.Contains(err.Error(), "ptap0 is in use: 2 queues attached by another process") {
 			t.Fatalf("a second taker: %v", err)

@@ -12,6 +12,7 @@ import (
 	"os"
 	"sync/atomic"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"github.com/vishvananda/netlink"
@@ -195,7 +196,7 @@ func Create(cfg Config) (*TAP, error) {
 	}
 	if cfg.MTU <= 0 && (cfg.Offload || len(cfg.FDs) > 0) {
 		closeFDs(cfg.FDs)
-		return nil, fmt.Errorf("tap: %s: offloads need the MTU to cut segments to", cfg.Name)
+		return nil, fmt.Errorf("tap: %s: offloads, and kept queues (which may have them), need the MTU to cut segments to", cfg.Name)
 	}
 	queues := max(cfg.Queues, 1)
 	la := netlink.NewLinkAttrs()
@@ -260,14 +261,20 @@ func Create(cfg Config) (*TAP, error) {
 		}
 		t.queues = append(t.queues, q)
 	}
+	// What the kernel may hand us: partial checksums and TCP
+	// super-frames (and ECN on them). The bridge then forwards guests'
+	// TSO frames whole instead of segmenting them first. The features
+	// are the device's (one queue sets them for all) and outlive the
+	// queues: a reopened persistent TAP still has the last run's
+	// (drivers/net/tun.c, tun_net_fix_features masks with
+	// set_features), so they are set, or cleared, every time; without a
+	// vnet header to describe them, super-frames must never come.
+	var features uintptr
 	if cfg.Offload {
-		// What the kernel may hand us: partial checksums and TCP
-		// super-frames (and ECN on them). The bridge then forwards
-		// guests' TSO frames whole instead of segmenting them first.
-		// The features are the device's: one queue sets them for all.
-		if err := t.queues[0].ioctl(unix.TUNSETOFFLOAD, tunFCsum|tunFTSO4|tunFTSO6|tunFTSOECN); err != nil {
-			return fail(fmt.Errorf("tap: enable offloads on %s (TUNSETOFFLOAD): %w", cfg.Name, err))
-		}
+		features = tunFCsum | tunFTSO4 | tunFTSO6 | tunFTSOECN
+	}
+	if err := t.queues[0].ioctl(unix.TUNSETOFFLOAD, features); err != nil {
+		return fail(fmt.Errorf("tap: set offloads %#x on %s (TUNSETOFFLOAD): %w", features, cfg.Name, err))
 	}
 	link, err := netlink.LinkByName(cfg.Name)
 	if err != nil {
@@ -293,8 +300,10 @@ func Create(cfg Config) (*TAP, error) {
 // Persist, it returns the kept queues that fit tt, the kept ones that do
 // not (for the caller to close once new queues are attached) and how the
 // TAP is being started, and makes tt's flags those that attach to it
-// (no IFF_TUN_EXCL; a kept TAP's own IFF_VNET_HDR). Without Persist an existing TAP is an error, except one
-// whose queues were kept, which is made non-persistent and closed.
+// (no IFF_TUN_EXCL; a kept TAP's own IFF_VNET_HDR). Without Persist an
+// existing TAP is an error, except one whose queues were kept, which is
+// made non-persistent and closed; Create then waits up to 2 s for it to
+// go, as the store that kept the queues closes its copies when told.
 func takeOver(cfg Config, tt *netlink.Tuntap) (kept []*os.File, spare []int, start Start, err error) {
 	defer func() {
 		if err != nil {
@@ -330,6 +339,11 @@ func takeOver(cfg Config, tt *netlink.Tuntap) (kept []*os.File, spare []int, sta
 		}
 		kept = append(kept, os.NewFile(uintptr(fd), "/dev/net/tun"))
 	}
+	if !cfg.Persist && len(cfg.FDs) > 0 {
+		// The TAP goes with its last queue, once the store that kept
+		// them (told to let go first) has closed its copies.
+		waitGone(cfg.Name, 2*time.Second)
+	}
 	link, err := netlink.LinkByName(cfg.Name)
 	if err != nil {
 		if len(cfg.FDs) > 0 && cfg.Persist {
@@ -354,6 +368,17 @@ func takeOver(cfg Config, tt *netlink.Tuntap) (kept []*os.File, spare []int, sta
 		return kept, spare, Kept, nil
 	}
 	return nil, nil, Reopened, nil
+}
+
+// waitGone waits up to limit for the interface name to disappear.
+func waitGone(name string, limit time.Duration) {
+	deadline := time.Now().Add(limit)
+	for time.Now().Before(deadline) {
+		if _, err := netlink.LinkByName(name); err != nil {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // tunIff returns the interface name and flags of a TUN/TAP queue
