@@ -56,10 +56,19 @@ func NotifyFiles(state string, files []*os.File) (bool, error) {
 	return true, nil
 }
 
+// maxFDsPerMessage is how many descriptors one SCM_RIGHTS message may
+// carry: SCM_MAX_FD in the kernel's include/net/scm.h; scm_fp_copy
+// refuses more with EINVAL.
+const maxFDsPerMessage = 253
+
 // StoreFiles puts files into systemd's file descriptor store under name
 // (FDSTORE=1 with FDNAME=), first taking out whatever the store holds
 // under that name (FDSTOREREMOVE=1), so the store holds exactly files.
-// The service needs FileDescriptorStoreMax= at least len(files).
+// More files than one message carries go in several FDSTORE=1 messages
+// under the same name, which the store adds up. Should a store fail
+// after the removal, the store holds none or part of files under name
+// and the error says so. The service needs FileDescriptorStoreMax= at
+// least len(files).
 func StoreFiles(name string, files []*os.File) (bool, error) {
 	if !ValidName(name) {
 		return false, fmt.Errorf("sdnotify: bad file descriptor name %q", name)
@@ -67,7 +76,13 @@ func StoreFiles(name string, files []*os.File) (bool, error) {
 	if ok, err := Notify("FDSTOREREMOVE=1\nFDNAME=" + name); !ok || err != nil {
 		return ok, err
 	}
-	return NotifyFiles("FDSTORE=1\nFDNAME="+name, files)
+	for i := 0; i < len(files); i += maxFDsPerMessage {
+		chunk := files[i:min(i+maxFDsPerMessage, len(files))]
+		if _, err := NotifyFiles("FDSTORE=1\nFDNAME="+name, chunk); err != nil {
+			return true, fmt.Errorf("%w (the store now holds %d of %d files under %s)", err, i, len(files), name)
+		}
+	}
+	return true, nil
 }
 
 // ValidName reports whether name may name stored file descriptors: 1 to
@@ -92,9 +107,10 @@ const listenFDsStart = 3
 // ListenFDs takes the file descriptors systemd passed this process
 // ($LISTEN_FDS for $LISTEN_PID, named by $LISTEN_FDNAMES), by name, and
 // unsets those variables so child processes do not take them too. The
-// descriptors are made close-on-exec and otherwise left as they are
-// (blocking or not). Without passed descriptors (no $LISTEN_FDS, or
-// another process's $LISTEN_PID) it returns none.
+// descriptors are made close-on-exec, also when $LISTEN_FDNAMES is
+// wrong, and otherwise left as they are (blocking or not). Without
+// passed descriptors (no $LISTEN_FDS, or another process's $LISTEN_PID)
+// it returns none.
 func ListenFDs() (map[string][]int, error) {
 	defer func() {
 		os.Unsetenv("LISTEN_PID")
@@ -109,6 +125,17 @@ func ListenFDs() (map[string][]int, error) {
 	if err != nil || n < 0 || n > 1<<16 {
 		return nil, fmt.Errorf("sdnotify: LISTEN_FDS=%q: want a count of file descriptors", nfds)
 	}
+	// Every passed descriptor is made close-on-exec before anything else
+	// can fail, so that none leaks into a child process even when the
+	// names are wrong. On an error they stay open: with a wrong
+	// $LISTEN_FDS, closing by number could close this process's own.
+	for i := 0; i < n; i++ {
+		fd := listenFDsStart + i
+		if _, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); err != nil {
+			return nil, fmt.Errorf("sdnotify: passed file descriptor %d: %w", fd, err)
+		}
+		unix.CloseOnExec(fd)
+	}
 	var names []string
 	if v, ok := os.LookupEnv("LISTEN_FDNAMES"); ok {
 		names = strings.Split(v, ":")
@@ -118,16 +145,11 @@ func ListenFDs() (map[string][]int, error) {
 	}
 	fds := make(map[string][]int)
 	for i := 0; i < n; i++ {
-		fd := listenFDsStart + i
-		if _, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); err != nil {
-			return nil, fmt.Errorf("sdnotify: passed file descriptor %d: %w", fd, err)
-		}
-		unix.CloseOnExec(fd)
 		name := "unknown" // sd_listen_fds_with_names' name for an unnamed one
 		if names != nil {
 			name = names[i]
 		}
-		fds[name] = append(fds[name], fd)
+		fds[name] = append(fds[name], listenFDsStart+i)
 	}
 	return fds, nil
 }

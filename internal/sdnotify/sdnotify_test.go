@@ -104,30 +104,18 @@ func TestStoreFiles(t *testing.T) {
 	if got := recv(t, c); got != "FDSTOREREMOVE=1\nFDNAME=tap-eib0" {
 		t.Fatalf("first message %q", got)
 	}
-	b, oob := make([]byte, 256), make([]byte, unix.CmsgSpace(4*4))
-	n, oobn, _, _, err := c.ReadMsgUnix(b, oob)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := string(b[:n]); got != "FDSTORE=1\nFDNAME=tap-eib0" {
-		t.Fatalf("second message %q", got)
-	}
-	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
-	if err != nil || len(msgs) != 1 {
-		t.Fatal(msgs, err)
-	}
-	fds, err := unix.ParseUnixRights(&msgs[0])
-	if err != nil || len(fds) != 1 {
-		t.Fatal(fds, err)
+	got, fds := recvFDs(t, c)
+	if got != "FDSTORE=1\nFDNAME=tap-eib0" || len(fds) != 1 {
+		t.Fatalf("second message %q with %d descriptors", got, len(fds))
 	}
 	stored := os.NewFile(uintptr(fds[0]), "stored")
 	defer stored.Close()
 	if _, err := stored.Write([]byte{42}); err != nil {
 		t.Fatal(err)
 	}
-	got := make([]byte, 1)
-	if _, err := r.Read(got); err != nil || got[0] != 42 {
-		t.Fatalf("read %v through the pipe, %v; want 42", got, err)
+	b := make([]byte, 1)
+	if _, err := r.Read(b); err != nil || b[0] != 42 {
+		t.Fatalf("read %v through the pipe, %v; want 42", b, err)
 	}
 	if fl, err := unix.FcntlInt(uintptr(fds[0]), unix.F_GETFL, 0); err != nil || fl&unix.O_NONBLOCK == 0 {
 		t.Fatalf("the pipe's flags %#x (%v): no longer non-blocking", fl, err)
@@ -143,6 +131,66 @@ func TestStoreFiles(t *testing.T) {
 	}
 }
 
+// TestStoreFilesMany: more files than one SCM_RIGHTS message carries
+// (SCM_MAX_FD, 253) go in several FDSTORE=1 messages of at most 253
+// descriptors each, all of them arriving.
+func TestStoreFilesMany(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "notify")
+	c := listen(t, path)
+	t.Setenv("NOTIFY_SOCKET", path)
+	f, err := os.Open(os.DevNull)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	files := make([]*os.File, 300)
+	for i := range files {
+		files[i] = f
+	}
+	if ok, err := StoreFiles("tap-eib0", files); !ok || err != nil {
+		t.Fatal(ok, err)
+	}
+	if got := recv(t, c); got != "FDSTOREREMOVE=1\nFDNAME=tap-eib0" {
+		t.Fatalf("first message %q", got)
+	}
+	for _, want := range []int{253, 47} {
+		got, fds := recvFDs(t, c)
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+		if got != "FDSTORE=1\nFDNAME=tap-eib0" || len(fds) != want {
+			t.Fatalf("message %q with %d descriptors, want FDSTORE=1 with %d", got, len(fds), want)
+		}
+	}
+}
+
+// recvFDs reads one message from c with the descriptors it carries.
+func recvFDs(t *testing.T, c *net.UnixConn) (string, []int) {
+	t.Helper()
+	c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	b, oob := make([]byte, 256), make([]byte, unix.CmsgSpace(4*maxFDsPerMessage))
+	n, oobn, flags, _, err := c.ReadMsgUnix(b, oob)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if flags&unix.MSG_CTRUNC != 0 {
+		t.Fatal("descriptors cut off: more than SCM_MAX_FD in one message")
+	}
+	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fds []int
+	for i := range msgs {
+		more, err := unix.ParseUnixRights(&msgs[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		fds = append(fds, more...)
+	}
+	return string(b[:n]), fds
+}
+
 // TestListenFDs runs this test binary again with two pipes as
 // descriptors 3 and 4, as systemd passes them, and checks what
 // ListenFDs makes of the environment there (see listenHelper).
@@ -155,10 +203,12 @@ func TestListenFDs(t *testing.T) {
 		{"another process's", "LISTEN_FDS=2 LISTEN_PID=1", "none unset"},
 		{"none", "", "none unset"},
 		{"bad count", "LISTEN_FDS=two", `error: sdnotify: LISTEN_FDS="two": want a count of file descriptors`},
-		{"names and count differ", "LISTEN_FDS=2 LISTEN_FDNAMES=a", "error: sdnotify: LISTEN_FDNAMES names 1 file descriptors, LISTEN_FDS=2"},
+		// Wrong names or a closed descriptor fail, but leave none of
+		// the passed descriptors inheritable.
+		{"names and count differ", "LISTEN_FDS=2 LISTEN_FDNAMES=a", "error: sdnotify: LISTEN_FDNAMES names 1 file descriptors, LISTEN_FDS=2 (3 4 cloexec)"},
 		// The child's runtime holds a few descriptors past 4; the
 		// first closed one fails.
-		{"closed descriptor", "LISTEN_FDS=200", "error: sdnotify: passed file descriptor * bad file descriptor"},
+		{"closed descriptor", "LISTEN_FDS=200", "error: sdnotify: passed file descriptor * bad file descriptor (3 4 cloexec)"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			cmd := exec.Command(os.Args[0], "-test.run=^TestListenHelper$")
@@ -204,13 +254,16 @@ func TestListenHelper(t *testing.T) {
 	switch {
 	case err != nil:
 		out = "error: " + err.Error()
+		if cloexec(3) && cloexec(4) {
+			out += " (3 4 cloexec)"
+		}
 	case len(fds) == 0:
 		out = "none"
 	default:
 		for name, list := range fds {
 			out = fmt.Sprintf("%s=%v", name, list)
 			for _, fd := range list {
-				if fl, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); err != nil || fl&unix.FD_CLOEXEC == 0 {
+				if !cloexec(fd) {
 					out += " inheritable"
 				}
 			}
@@ -226,4 +279,10 @@ func TestListenHelper(t *testing.T) {
 		}
 	}
 	fmt.Println(out)
+}
+
+// cloexec reports whether descriptor fd is open and close-on-exec.
+func cloexec(fd int) bool {
+	fl, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0)
+	return err == nil && fl&unix.FD_CLOEXEC != 0
 }
