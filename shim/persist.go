@@ -17,8 +17,10 @@ import (
 )
 
 // Guests returns every VIF as a state file keeps it, sorted by VLAN and
-// MAC (so that an unchanged table saves the same bytes).
-func (s *Shim) Guests() []state.Guest {
+// MAC (so that an unchanged table saves the same bytes). ok is false once
+// Run has begun to free the VIFs on its way out: the list may then miss
+// guests that still exist and must not be saved.
+func (s *Shim) Guests() (guests []state.Guest, ok bool) {
 	var out []state.Guest
 	for _, v := range s.vifs.All() {
 		out = append(out, state.Guest{MAC: v.Key.MAC, VLAN: v.Key.VLAN, Origin: v.Origin(), QPN: v.QPN, IPs: v.IPs()})
@@ -29,7 +31,7 @@ func (s *Shim) Guests() []state.Guest {
 		}
 		return strings.Compare(a.MAC.String(), b.MAC.String())
 	})
-	return out
+	return out, !s.stopping.Load()
 }
 
 // RestoreGuests creates the VIFs of saved guests, each wishing for its

@@ -15,12 +15,13 @@ import (
 // address its guest claimed; restoring it (after the VIF was lost, as in
 // a restart) recreates it with the saved QPN, not its hash's, and
 // announces the address three times, a second apart; guests on a VLAN
-// without a P_Key are skipped with a reason.
+// without a P_Key are skipped with a reason; after Run returned, Guests
+// says its list is not to be saved.
 func TestRestoreGuests(t *testing.T) {
 	a, b := pair(t, func(c *Config) { c.AnnounceWindow = time.Second })
 	arpExchange(t, a, b)
-	gs := a.s.Guests()
-	if len(gs) != 1 || gs[0].MAC != macA1 || gs[0].Origin != mactrans.OriginLearned || gs[0].QPN != a.s.VIFs()[0].QPN ||
+	gs, ok := a.s.Guests()
+	if !ok || len(gs) != 1 || gs[0].MAC != macA1 || gs[0].Origin != mactrans.OriginLearned || gs[0].QPN != a.s.VIFs()[0].QPN ||
 		len(gs[0].IPs) != 1 || gs[0].IPs[0] != ipA1 {
 		t.Fatalf("Guests: %+v", gs)
 	}
@@ -57,5 +58,11 @@ func TestRestoreGuests(t *testing.T) {
 	}
 	if got := a.s.Get(TxAnnounced); got != 3+6 {
 		t.Errorf("tx_announced %d, want 9 (3 at first, 3 for each of 2 addresses after the restore)", got)
+	}
+	// Once Run has freed the VIFs on its way out, the (empty) list is
+	// not to be saved.
+	a.shutdown(t)
+	if gs, ok := a.s.Guests(); ok || len(gs) != 0 {
+		t.Errorf("Guests after Run returned: %v, ok %v; want none, not ok", gs, ok)
 	}
 }

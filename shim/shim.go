@@ -130,6 +130,7 @@ type Shim struct {
 
 	vifWarn, groupWarn  warnLimit // limit warnings a guest can cause per frame
 	carrier, carrierSet atomic.Bool
+	stopping            atomic.Bool // set before Run frees the VIFs
 }
 
 // warnInterval is the least time between two warnings of one kind that a
@@ -353,6 +354,7 @@ func (s *Shim) Run(ctx context.Context) error {
 
 // stopPort frees every QP and leaves every group.
 func (s *Shim) stopPort() {
+	s.stopping.Store(true)
 	for _, v := range s.vifs.All() {
 		if _, ok := s.vifs.Remove(v.Key); ok {
 			if err := s.port.FreeQP(v.QPN); err != nil {

@@ -291,13 +291,18 @@ func run(args []string, stderr io.Writer) error {
 			return usageError{Msg: fmt.Sprintf("--mac %q: want a unicast MAC like 02:00:00:00:00:01", o.mac)}
 		}
 	}
+	if o.persist {
+		if err := os.MkdirAll(o.stateDir, 0o700); err != nil {
+			return fmt.Errorf("--state-dir: %w", err)
+		}
+	}
 	port, err := openFabric(o, faults, log)
 	if err != nil {
 		return err
 	}
 	defer port.Close()
 	ipMTU, _ := ipoib.IPMTU(port.MTU())
-	kept := keptQueues(o.name, log)
+	kept := keptQueues(o, log)
 	dev, err := tap.Create(tap.Config{Name: o.name, MTU: ipMTU, LinkMTU: o.tapMTU, MAC: mac, Offload: o.offload, Queues: o.queues,
 		Persist: o.persist, FDs: kept})
 	if err != nil {
@@ -312,7 +317,7 @@ func run(args []string, stderr io.Writer) error {
 	if dev.Offload() != o.offload {
 		log.Warn("the kept TAP keeps its offload setting while its queues are open: stop eipoibd (not restart) to change it", "offload", dev.Offload(), "wanted", o.offload)
 	}
-	storeQueues(o, dev, len(kept) > 0, log)
+	storeQueues(o, dev, log)
 
 	sh, err := shim.New(shim.Config{
 		Device: dev, Port: port, Logger: log,
@@ -441,19 +446,25 @@ func run(args []string, stderr io.Writer) error {
 		}
 	}()
 	notifySystemd(ctx, sh, log, fmt.Sprintf("%s on %s %s, GID %s", o.name, o.fabric, fabDev, port.LocalGID()))
-	// The shim stops after the state's last save, while it still has
-	// its VIFs.
+	// On a signal the shim stops after the state's last save, while it
+	// still has its VIFs; if the shim stops on its own, the saver is
+	// stopped after it and saves nothing more.
 	shimCtx, stopShim := context.WithCancel(context.Background())
 	defer stopShim()
+	saveCtx, stopSaving := context.WithCancel(ctx)
+	saverDone := make(chan struct{})
 	go func() {
+		defer close(saverDone)
 		if o.persist {
-			(&stateSaver{path: statePath(o), tap: o.name, sh: sh, log: log}).run(ctx)
+			(&stateSaver{path: statePath(o), tap: o.name, sh: sh, log: log}).run(saveCtx)
 		} else {
-			<-ctx.Done()
+			<-saveCtx.Done()
 		}
 		stopShim()
 	}()
 	err = sh.Run(shimCtx)
+	stopSaving()
+	<-saverDone
 	port.Close()
 	if o.persist {
 		log.Info("stopped", "tap_kept", o.name)

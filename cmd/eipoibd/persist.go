@@ -28,8 +28,10 @@ func fdName(tapName string) string { return "tap-" + tapName }
 
 // keptQueues returns the TAP queues systemd passed back from its file
 // descriptor store ($LISTEN_FDS, named fdName); any other passed
-// descriptor is closed, as nothing here listens on sockets.
-func keptQueues(name string, log *slog.Logger) []int {
+// descriptor is closed, as nothing here listens on sockets. Without
+// --persist (an earlier run had it) systemd is told to let go of its
+// copies, so that the TAP goes when tap.Create closes these.
+func keptQueues(o *options, log *slog.Logger) []int {
 	fds, err := sdnotify.ListenFDs()
 	if err != nil {
 		log.Warn("file descriptors passed by systemd ignored", "err", err)
@@ -37,7 +39,7 @@ func keptQueues(name string, log *slog.Logger) []int {
 	}
 	var queues []int
 	for n, list := range fds {
-		if n == fdName(name) {
+		if n == fdName(o.name) {
 			queues = list
 			continue
 		}
@@ -46,21 +48,19 @@ func keptQueues(name string, log *slog.Logger) []int {
 			os.NewFile(uintptr(fd), n).Close()
 		}
 	}
+	if len(queues) > 0 && !o.persist {
+		log.Info("--persist is off: the TAP an earlier run kept is removed and made afresh (its link drops once)", "tap", o.name)
+		if _, err := sdnotify.Notify("FDSTOREREMOVE=1\nFDNAME=" + fdName(o.name)); err != nil {
+			log.Warn("systemd file descriptor store", "err", err)
+		}
+	}
 	return queues
 }
 
 // storeQueues puts the TAP's queues into systemd's file descriptor store
-// (with --persist), or takes out those an earlier run with --persist put
-// there (kept: systemd passed some back), and says what a restart will
-// do to the link.
-func storeQueues(o *options, dev *tap.TAP, kept bool, log *slog.Logger) {
+// (with --persist) and says what a restart will do to the link.
+func storeQueues(o *options, dev *tap.TAP, log *slog.Logger) {
 	if !o.persist {
-		if !kept {
-			return
-		}
-		if _, err := sdnotify.Notify("FDSTOREREMOVE=1\nFDNAME=" + fdName(o.name)); err != nil {
-			log.Warn("systemd file descriptor store", "err", err)
-		}
 		return
 	}
 	ok, err := sdnotify.StoreFiles(fdName(o.name), dev.Files())
@@ -133,7 +133,8 @@ func restoreState(o *options, sh *shim.Shim, log *slog.Logger) {
 
 // stateSaver writes the state file whenever the guests change (checked
 // every second), and once more when asked to stop, before the shim frees
-// the VIFs.
+// the VIFs. Once the shim has begun to free them (Run ended on its own)
+// it saves nothing more: the file keeps the guests a restart restores.
 type stateSaver struct {
 	path, tap string
 	sh        *shim.Shim
@@ -160,7 +161,11 @@ func (s *stateSaver) run(ctx context.Context) {
 // save writes the state if it changed; a failure is logged when it
 // differs from the last one.
 func (s *stateSaver) save() {
-	b, err := state.Marshal(&state.State{TAP: s.tap, VLANPKeys: vlanMap(s.sh), Guests: s.sh.Guests()})
+	guests, ok := s.sh.Guests()
+	if !ok {
+		return
+	}
+	b, err := state.Marshal(&state.State{TAP: s.tap, VLANPKeys: vlanMap(s.sh), Guests: guests})
 	if err == nil && bytes.Equal(b, s.last) {
 		return
 	}
@@ -173,6 +178,9 @@ func (s *stateSaver) save() {
 			s.lastErr = err.Error()
 		}
 		return
+	}
+	if s.lastErr != "" {
+		s.log.Info("state saved again", "path", s.path)
 	}
 	s.last, s.lastErr = b, ""
 }

@@ -193,7 +193,9 @@ func savedGuests(t *testing.T, h *hypervisor, want map[string][]string) []state.
 // outage is reported (and must stay under 2 s). A corrupt state file is
 // then set aside and reported, not trusted. Without the store (as after
 // "systemctl stop") the TAP still survives, same ifindex and still on
-// br0, though its carrier dropped while no process held it.
+// br0, though its carrier dropped while no process held it. With
+// --persist turned off, the kept queues handed back make way for a new
+// TAP, and the store lets go of them.
 func TestPersistRestart(t *testing.T) {
 	tp := newTopo(t, 2, false)
 	h1, h2 := tp.hvs[0], tp.hvs[1]
@@ -332,6 +334,30 @@ func TestPersistRestart(t *testing.T) {
 			t.Errorf("eib0 after a restart without the store: %+v, before %+v; want the same TAP on br0, its carrier down and up once", l, before)
 		}
 		ping(t, g11, g21.ip4)
+	})
+
+	// Turning --persist off under systemd: the kept queues come back,
+	// the daemon has the store let go of them, and the old TAP goes
+	// for a new, ordinary one, removed again on stop.
+	t.Run("persist turned off", func(t *testing.T) {
+		h1.stop(t, false)
+		h1.env = []string{"NOTIFY_SOCKET=" + store.path}
+		h1.start(t)
+		store.waitHeld(t, "tap-eib0", queues)
+		h1.stop(t, false)
+		h1.extra = slices.DeleteFunc(slices.Clone(h1.extra), func(a string) bool { return a == "--persist" })
+		h1.files, h1.fdNames = store.held("tap-eib0"), []string{"tap-eib0", "tap-eib0"}
+		h1.start(t)
+		h1.files = nil
+		if !strings.Contains(h1.log(), "tap_start=created") || !strings.Contains(h1.log(), "--persist is off") {
+			t.Errorf("TAP not made afresh, or no word of it:\n%s", h1.log())
+		}
+		store.waitHeld(t, "tap-eib0", 0)
+		if l := h1.link(t); l.index == before.index || l.master != "br0" || !l.carrier {
+			t.Errorf("eib0 with --persist off: %+v, before %+v; want a new TAP on br0 with carrier", l, before)
+		}
+		ping(t, g11, g21.ip4)
+		h1.stop(t, true) // and eib0 goes with it
 	})
 }
 
