@@ -121,7 +121,8 @@ type Server struct {
 	h    Handler
 	wg   sync.WaitGroup
 	mu   sync.Mutex
-	conn map[net.Conn]bool
+	conn map[net.Conn]bool // open connections, under mu
+	shut bool              // Close has begun: no new connection, under mu
 }
 
 // Listen creates the socket at path (its directory too, mode 0755),
@@ -151,10 +152,17 @@ func (s *Server) Serve() {
 		if err != nil {
 			return
 		}
+		// A connection accepted while Close runs is closed; the others
+		// are counted under mu, so that Close's Wait follows every Add.
 		s.mu.Lock()
+		if s.shut {
+			s.mu.Unlock()
+			c.Close()
+			return
+		}
 		s.conn[c] = true
-		s.mu.Unlock()
 		s.wg.Add(1)
+		s.mu.Unlock()
 		go func() {
 			defer s.wg.Done()
 			s.serve(c)
@@ -170,6 +178,7 @@ func (s *Server) Serve() {
 func (s *Server) Close() error {
 	err := s.ln.Close()
 	s.mu.Lock()
+	s.shut = true
 	for c := range s.conn {
 		c.Close()
 	}
