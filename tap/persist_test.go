@@ -19,7 +19,8 @@ import (
 // no offloads; once every queue closes it stays (same ifindex) and is
 // reopened, without the last run's TSO when offloads are off; a second taker while it is held, and a non-persistent
 // Create, are refused with a reason; kept queues handed to a
-// non-persistent Create make way for a new TAP.
+// non-persistent Create make way for a new TAP, or, while another holder
+// keeps the old one, are refused with a reason after 2 s.
 func TestPersist(t *testing.T) {
 	nstest.Require(t)
 	ns := fmt.Sprintf("tapp%d", os.Getpid())
@@ -147,6 +148,22 @@ func TestPersist(t *testing.T) {
 		tp.Close()
 		if _, err := netlink.LinkByName(name); err == nil {
 			t.Fatal("the non-persistent TAP outlived its queues")
+		}
+
+		// Kept queues let go while another holder keeps the TAP: the
+		// non-persistent Create says so after its wait, and the TAP
+		// goes with that holder's queues.
+		fds := keep(create(cfg, Created))
+		holder, err := unix.FcntlInt(uintptr(fds[0]), unix.F_DUPFD_CLOEXEC, 3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := Create(Config{Name: name, MTU: 1500, FDs: fds}); err == nil || !strings.Contains(err.Error(), "ptap0 still exists 2s after its kept queues were let go") {
+			t.Fatalf("kept queues let go while another holder keeps the TAP: %v", err)
+		}
+		unix.Close(holder)
+		if _, err := netlink.LinkByName(name); err == nil {
+			t.Fatal("the TAP outlived its last holder after its kept queues were let go")
 		}
 	})
 }

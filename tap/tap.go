@@ -342,7 +342,9 @@ func takeOver(cfg Config, tt *netlink.Tuntap) (kept []*os.File, spare []int, sta
 	if !cfg.Persist && len(cfg.FDs) > 0 {
 		// The TAP goes with its last queue, once the store that kept
 		// them (told to let go first) has closed its copies.
-		waitGone(cfg.Name, 2*time.Second)
+		if err := waitGone(cfg.Name, 2*time.Second); err != nil {
+			return nil, nil, 0, err
+		}
 	}
 	link, err := netlink.LinkByName(cfg.Name)
 	if err != nil {
@@ -370,12 +372,20 @@ func takeOver(cfg Config, tt *netlink.Tuntap) (kept []*os.File, spare []int, sta
 	return nil, nil, Reopened, nil
 }
 
-// waitGone waits up to limit for the interface name to disappear.
-func waitGone(name string, limit time.Duration) {
+// waitGone waits up to limit for the interface name to disappear, and
+// says why not when it does not.
+func waitGone(name string, limit time.Duration) error {
 	deadline := time.Now().Add(limit)
-	for time.Now().Before(deadline) {
-		if _, err := netlink.LinkByName(name); err != nil {
-			return
+	for {
+		_, err := netlink.LinkByName(name)
+		var notFound netlink.LinkNotFoundError
+		switch {
+		case errors.As(err, &notFound):
+			return nil
+		case err != nil:
+			return fmt.Errorf("tap: waiting for %s to go: %w", name, err)
+		case !time.Now().Before(deadline):
+			return fmt.Errorf("tap: %s still exists %v after its kept queues were let go (another process holds a queue, or systemd kept its copies)", name, limit)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
