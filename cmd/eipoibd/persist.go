@@ -68,7 +68,7 @@ func storeQueues(o *options, dev *tap.TAP, log *slog.Logger) {
 	case err != nil:
 		log.Warn("TAP queues not kept by systemd: a restart drops the carrier", "err", err)
 	case ok:
-		log.Info("TAP queues in systemd's file descriptor store: a restart keeps the link up (the unit needs FileDescriptorStoreMax=)", "tap", o.name, "queues", len(dev.Files()))
+		log.Info("TAP queues sent to systemd's file descriptor store: a restart keeps the link up (the unit needs FileDescriptorStoreMax= of at least the queue count)", "tap", o.name, "queues", len(dev.Files()))
 	default:
 		log.Info("no systemd file descriptor store: the TAP survives a restart, but its carrier drops while no eipoibd holds it", "tap", o.name)
 	}

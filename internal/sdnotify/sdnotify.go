@@ -63,12 +63,14 @@ const maxFDsPerMessage = 253
 
 // StoreFiles puts files into systemd's file descriptor store under name
 // (FDSTORE=1 with FDNAME=), first taking out whatever the store holds
-// under that name (FDSTOREREMOVE=1), so the store holds exactly files.
+// under that name (FDSTOREREMOVE=1), so that the store holds exactly
+// files. systemd sends no reply: it closes, silently, descriptors beyond
+// the unit's FileDescriptorStoreMax=, so "stored" means sent.
 // More files than one message carries go in several FDSTORE=1 messages
 // under the same name, which the store adds up. Should a store fail
-// after the removal, the store holds none or part of files under name
-// and the error says so. The service needs FileDescriptorStoreMax= at
-// least len(files).
+// after the removal, the store got none or part of files under name
+// and the error says how many were sent. The service needs
+// FileDescriptorStoreMax= at least len(files).
 func StoreFiles(name string, files []*os.File) (bool, error) {
 	if !ValidName(name) {
 		return false, fmt.Errorf("sdnotify: bad file descriptor name %q", name)
@@ -79,7 +81,7 @@ func StoreFiles(name string, files []*os.File) (bool, error) {
 	for i := 0; i < len(files); i += maxFDsPerMessage {
 		chunk := files[i:min(i+maxFDsPerMessage, len(files))]
 		if _, err := NotifyFiles("FDSTORE=1\nFDNAME="+name, chunk); err != nil {
-			return true, fmt.Errorf("%w (the store now holds %d of %d files under %s)", err, i, len(files), name)
+			return true, fmt.Errorf("%w (%d of %d files under %s sent to the store)", err, i, len(files), name)
 		}
 	}
 	return true, nil
