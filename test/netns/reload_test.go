@@ -22,11 +22,11 @@ func waitLog(t *testing.T, h *hypervisor, s string) {
 }
 
 // TestSIGHUP: a daemon started with --config re-reads the file on
-// SIGHUP, applies what can change live (log level, VIF idle time: idle
-// VIFs then age out after the new time), names each change that needs a
-// restart, and keeps running unchanged when the new file is bad. Live:
-// log level, VIF idle time (idle VIFs then age out after the new time),
-// limits, VLAN map additions (the partition shows at once).
+// SIGHUP and applies what can change live: the log level, the VIF idle
+// time (idle VIFs then age out after the new time), the VIF limit and a
+// VLAN map addition (the partition shows in "show port" at once). It
+// names each change that needs a restart (the IB MTU here), and keeps
+// running unchanged when the new file is bad.
 func TestSIGHUP(t *testing.T) {
 	cfg := filepath.Join(t.TempDir(), "eipoibd.toml")
 	if err := os.WriteFile(cfg, []byte("vif-idle = \"5m\"\n"), 0o600); err != nil {
