@@ -3,15 +3,12 @@ package netns
 import (
 	"encoding/json"
 	"fmt"
-	"net/netip"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/eipoib/eipoibd/ipoib"
 )
 
 // ctlVIF, ctlNeigh, ctlGroup and ctlPort are the control socket's JSON
@@ -221,7 +218,7 @@ func TestCtl(t *testing.T) {
 	r.stop()
 	// The leave's group-specific queries end with the group gone; the
 	// captures below then see no multicast of it.
-	waitJoined(t, h1, ipoib.IPv4MGID(netip.MustParseAddr("239.1.1.9"), 0xffff, ipoib.ScopeLinkLocal), false, 5*time.Second)
+	waitJoined(t, h1, groupMGID("239.1.1.9"), false, 5*time.Second)
 
 	// Stats: the counters as the metrics have them, and deltas.
 	var st map[string]uint64

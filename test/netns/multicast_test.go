@@ -29,6 +29,16 @@ func joined(t *testing.T, h *hypervisor, mgid ipoib.GID) bool {
 	return false
 }
 
+// groupMGID is the MGID of an IPv4 or IPv6 group address on the
+// default partition, with the link-local scope the shims use.
+func groupMGID(group string) ipoib.GID {
+	a := netip.MustParseAddr(group)
+	if a.Is6() {
+		return ipoib.IPv6MGID(a, 0xffff, ipoib.ScopeLinkLocal)
+	}
+	return ipoib.IPv4MGID(a, 0xffff, ipoib.ScopeLinkLocal)
+}
+
 func waitJoined(t *testing.T, h *hypervisor, mgid ipoib.GID, want bool, within time.Duration) time.Duration {
 	t.Helper()
 	start := time.Now()
@@ -157,18 +167,13 @@ func TestMulticast(t *testing.T) {
 	// time after a general query (it waits for the reports before it
 	// prunes); the shims' start-up queries ask for answers within 1 s.
 	time.Sleep(2 * time.Second)
-	for _, tc := range []struct {
-		name, group string
-		mgid        ipoib.GID
-	}{
-		{"IPv4", "239.1.1.1", ipoib.IPv4MGID(netip.MustParseAddr("239.1.1.1"), 0xffff, ipoib.ScopeLinkLocal)},
-		{"IPv6", "ff15::1234", ipoib.IPv6MGID(netip.MustParseAddr("ff15::1234"), 0xffff, ipoib.ScopeLinkLocal)},
-	} {
+	for _, tc := range []struct{ name, group string }{{"IPv4", "239.1.1.1"}, {"IPv6", "ff15::1234"}} {
 		t.Run(tc.name, func(t *testing.T) {
+			mgid := groupMGID(tc.group)
 			r1 := startReceiver(t, h1.guests[0], tc.group)
 			r2 := startReceiver(t, h2.guests[0], tc.group)
-			waitJoined(t, h1, tc.mgid, true, 5*time.Second)
-			waitJoined(t, h2, tc.mgid, true, 5*time.Second)
+			waitJoined(t, h1, mgid, true, 5*time.Second)
+			waitJoined(t, h2, mgid, true, 5*time.Second)
 
 			// Two guests that did not join, one beside a member (h1) and
 			// one beside the sender (h3), see nothing of the stream.
@@ -192,16 +197,16 @@ func TestMulticast(t *testing.T) {
 			}
 			r1.expectStream(t, h1.guests[0], 0, sent)
 			r2.expectStream(t, h2.guests[0], 0, sent)
-			if joined(t, h3, tc.mgid) {
-				t.Errorf("%s has no member but joined %s", h3.name, tc.mgid)
+			if joined(t, h3, mgid) {
+				t.Errorf("%s has no member but joined %s", h3.name, mgid)
 			}
 
 			// The receiver on h2 stops: its kernel leaves the group, the
 			// shim's group-specific queries go unanswered, and h2 leaves
 			// the MGID within the leave time.
 			r2.stop()
-			took := waitJoined(t, h2, tc.mgid, false, 2*time.Second+time.Second)
-			t.Logf("%s left %s %s after the receiver stopped", h2.name, tc.mgid, took.Round(10*time.Millisecond))
+			took := waitJoined(t, h2, mgid, false, 2*time.Second+time.Second)
+			t.Logf("%s left %s %s after the receiver stopped", h2.name, mgid, took.Round(10*time.Millisecond))
 			rx := func(h *hypervisor) float64 { return h.metrics(t)["rx_packets"] }
 			h2rx := rx(h2)
 			sent = send(t, sender, tc.group)
@@ -241,7 +246,7 @@ func TestSendOnlyFlood(t *testing.T) {
 
 	t.Run("IGMP join", func(t *testing.T) {
 		const group = "239.77.0.1"
-		mgid := ipoib.IPv4MGID(netip.MustParseAddr(group), 0xffff, ipoib.ScopeLinkLocal)
+		mgid := groupMGID(group)
 		r := startReceiver(t, listener, group)
 		deadline := time.Now().Add(3 * time.Second)
 		for !joined(t, h1, mgid) && time.Now().Before(deadline) {

@@ -18,7 +18,6 @@ import (
 	"github.com/gopacket/gopacket/layers"
 	"github.com/gopacket/gopacket/pcapgo"
 
-	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/ipoib/simfabric"
 )
 
@@ -349,14 +348,7 @@ func (r *receiver) received(sent int) error {
 // MGID (the receiver's report crossed the shim).
 func waitJoinedAny(t *testing.T, h *hypervisor, group string) {
 	t.Helper()
-	a := netip.MustParseAddr(group)
-	var mgid ipoib.GID
-	if a.Is6() {
-		mgid = ipoib.IPv6MGID(a, 0xffff, ipoib.ScopeLinkLocal)
-	} else {
-		mgid = ipoib.IPv4MGID(a, 0xffff, ipoib.ScopeLinkLocal)
-	}
-	waitJoined(t, h, mgid, true, 5*time.Second)
+	waitJoined(t, h, groupMGID(group), true, 5*time.Second)
 }
 
 // vmMetrics reads the VM daemon's Prometheus metrics.
