@@ -404,12 +404,15 @@ func (s *Shim) housekeeping(ctx context.Context) error {
 		}
 		now := s.clk.Now()
 		t.Reset(s.nextHousekeeping(now))
+		mt := s.snoop.Timers() // as they are now: a reload may change them
 		if !now.Before(nextQuery) {
-			s.sendQueries(s.cfg.Multicast.QueryResponseInterval)
-			nextQuery = now.Add(s.cfg.Multicast.QueryInterval)
+			s.sendQueries(mt.QueryResponseInterval)
+			nextQuery = now.Add(mt.QueryInterval)
+		} else if later := now.Add(mt.QueryInterval); later.Before(nextQuery) {
+			nextQuery = later // a shorter interval takes effect at once
 		}
 		s.snoop.Tick(now)
-		if n, err := s.groups.expireSendOnly(s.port, now, s.cfg.Multicast.MembershipInterval()); err != nil {
+		if n, err := s.groups.expireSendOnly(s.port, now, mt.MembershipInterval()); err != nil {
 			s.log.Warn("leave idle send-only groups", "left", n, "err", err)
 		} else if n > 0 {
 			s.log.Debug("left idle send-only groups", "left", n)
@@ -470,6 +473,12 @@ func (s *Shim) SetLimits(maxVIFs, maxNeighbours int) {
 	s.srcs.max = maxNeighbours
 	s.srcs.mu.Unlock()
 }
+
+// SetMulticastTimers changes the IGMP/MLD snooping and querier timers
+// (a configuration reload): groups keep their expiry, reports, leaves
+// and queries from now on use t, and the next general query comes
+// within the new query interval. Invalid timers change nothing.
+func (s *Shim) SetMulticastTimers(t snoop.Timers) error { return s.snoop.SetTimers(t) }
 
 // SetVIFIdle changes the idle time after which a VIF is removed (as a
 // configuration reload does); the next aging round uses it.

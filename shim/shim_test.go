@@ -19,6 +19,7 @@ import (
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/ipoib/memfabric"
 	"github.com/eipoib/eipoibd/mactrans"
+	"github.com/eipoib/eipoibd/snoop"
 	"github.com/eipoib/eipoibd/tap"
 )
 
@@ -452,8 +453,32 @@ func TestQuerierGeneral(t *testing.T) {
 			a.clk.Advance(time.Minute) // the next pair is due
 		}
 	}
-	if kinds["mld"] != 2 || kinds["igmp"] != 2 || a.s.Get(TxQueries) != 4 {
-		t.Fatalf("queries %v, counter %d; want an IGMP and an MLD query at start-up and after one interval", kinds, a.s.Get(TxQueries))
+	if kinds["mld"] != 2 || kinds["igmp"] != 2 {
+		t.Fatalf("queries %v; want an IGMP and an MLD query at start-up and after one interval", kinds)
+	}
+	a.waitCounter(t, TxQueries, 4) // counted once written
+	if n := a.s.Get(TxQueries); n != 4 {
+		t.Fatalf("tx_queries %d, want 4", n)
+	}
+}
+
+// TestQuerierIntervalChange: a query interval shortened while running
+// takes effect at once: the next general queries come after the new
+// interval, not the old one.
+func TestQuerierIntervalChange(t *testing.T) {
+	a, _ := pair(t, func(c *Config) { c.Multicast.QueryInterval = 3000 * time.Second })
+	a.nextQuery(t)
+	a.nextQuery(t) // start-up: IGMP and MLD
+	if err := a.s.SetMulticastTimers(snoop.Timers{QueryInterval: 30 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond) // housekeeping rounds (every 10 ms) take the new interval
+	a.clk.Advance(30 * time.Second)
+	a.nextQuery(t)
+	a.nextQuery(t)
+	a.waitCounter(t, TxQueries, 4) // 2 at start-up, 2 when the new 30 s interval ended
+	if n := a.s.Get(TxQueries); n != 4 {
+		t.Fatalf("tx_queries %d, want 4", n)
 	}
 }
 

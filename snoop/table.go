@@ -112,7 +112,25 @@ func NewTable(t Timers, max int, act Actions) *Table {
 }
 
 // Timers returns the table's timers.
-func (t *Table) Timers() Timers { return t.t }
+func (t *Table) Timers() Timers {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.t
+}
+
+// SetTimers changes the table's timers (a configuration reload): groups
+// keep the expiry and the queries they have; reports, leaves and
+// queries from now on use x. Invalid timers change nothing.
+func (t *Table) SetTimers(x Timers) error {
+	x = x.WithDefaults()
+	if err := x.Validate(); err != nil {
+		return err
+	}
+	t.mu.Lock()
+	t.t = x
+	t.mu.Unlock()
+	return nil
+}
 
 // Report records that a member of k exists at now.
 func (t *Table) Report(k Key, now time.Time) {

@@ -34,6 +34,31 @@ func TestTimersDefaults(t *testing.T) {
 	}
 }
 
+// TestSetTimers: new timers apply to reports from then on, a group keeps
+// the expiry it had, and invalid timers change nothing.
+func TestSetTimers(t *testing.T) {
+	clk := clock.NewFake(time.Unix(1e6, 0))
+	var r recorder
+	tbl := NewTable(Timers{}, 10, r.actions())
+	g1, g2 := Key{0, netip.MustParseAddr("239.1.1.1")}, Key{0, netip.MustParseAddr("239.1.1.2")}
+	tbl.Report(g1, clk.Now()) // expires after 260 s
+	if err := tbl.SetTimers(Timers{QueryInterval: 20 * time.Second, QueryResponseInterval: 5 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	if mi := tbl.Timers().MembershipInterval(); mi != 45*time.Second {
+		t.Fatalf("membership interval %s after the change, want 2 × 20 s + 5 s", mi)
+	}
+	tbl.Report(g2, clk.Now()) // expires after 45 s
+	clk.Advance(45 * time.Second)
+	tbl.Tick(clk.Now())
+	if len(r.leaves) != 1 || r.leaves[0] != g2 {
+		t.Fatalf("left %v 45 s on, want %v only", r.leaves, g2)
+	}
+	if err := tbl.SetTimers(Timers{Robustness: 9}); err == nil || tbl.Timers().QueryInterval != 20*time.Second {
+		t.Fatalf("invalid timers: %v, query interval now %s", err, tbl.Timers().QueryInterval)
+	}
+}
+
 func TestTableLifecycle(t *testing.T) {
 	clk := clock.NewFake(time.Unix(1e6, 0))
 	var r recorder

@@ -107,7 +107,10 @@ func newLogger(format string, w io.Writer, level slog.Leveler) *slog.Logger {
 
 // liveKeys are the settings a reload (SIGHUP) applies to the running
 // daemon; any other change needs a restart.
-var liveKeys = map[string]bool{"log-level": true, "vif-idle": true, "max-vifs": true, "max-neighbours": true, "vlan-pkey": true}
+var liveKeys = map[string]bool{
+	"log-level": true, "vif-idle": true, "max-vifs": true, "max-neighbours": true, "vlan-pkey": true,
+	"mcast-query-interval": true, "mcast-response-interval": true, "mcast-last-member-interval": true, "mcast-robustness": true,
+}
 
 // changedKeys lists the settings whose values differ, by name (VLAN
 // maps compared as maps).
@@ -184,6 +187,12 @@ func reload(args []string, cur *options, level *slog.LevelVar, sh *shim.Shim, lo
 			level.Set(o.level)
 		case "vif-idle":
 			sh.SetVIFIdle(o.vifIdle)
+		case "mcast-query-interval", "mcast-response-interval", "mcast-last-member-interval", "mcast-robustness":
+			// parse validated them together; applied whole, once per key
+			if err := sh.SetMulticastTimers(o.mcast); err != nil {
+				log.Error("config reload: multicast timers not changed", "key", k, "err", err)
+				continue
+			}
 		case "max-vifs", "max-neighbours":
 			cur.maxVIFs, cur.maxNeigh = o.maxVIFs, o.maxNeigh
 			sh.SetLimits(cur.maxVIFs, cur.maxNeigh)

@@ -128,7 +128,7 @@ func TestReloadDiff(t *testing.T) {
 	if got := strings.Join(changedKeys(a, b), " "); got != "log-level max-vifs vif-idle" {
 		t.Fatalf("changed %q", got)
 	}
-	if got := strings.Join(slices.Sorted(maps.Keys(liveKeys)), " "); got != "log-level max-neighbours max-vifs vif-idle vlan-pkey" {
+	if got := strings.Join(slices.Sorted(maps.Keys(liveKeys)), " "); got != "log-level max-neighbours max-vifs mcast-last-member-interval mcast-query-interval mcast-response-interval mcast-robustness vif-idle vlan-pkey" {
 		t.Fatalf("live keys %q", got)
 	}
 	// VLAN maps compare as maps.

@@ -23,8 +23,10 @@ func waitLog(t *testing.T, h *hypervisor, s string) {
 
 // TestSIGHUP: a daemon started with --config re-reads the file on
 // SIGHUP and applies what can change live: the log level, the VIF idle
-// time (idle VIFs then age out after the new time), the VIF limit and a
-// VLAN map addition (the partition shows in "show port" at once). It
+// time (idle VIFs then age out after the new time), the VIF limit, the
+// IGMP/MLD query interval (general queries, every 125 s before, come
+// within the new 5 s) and a VLAN map addition (the partition shows in
+// "show port" at once). It
 // names each change that needs a restart (the IB MTU here), and keeps
 // running unchanged when the new file is bad.
 func TestSIGHUP(t *testing.T) {
@@ -37,7 +39,7 @@ func TestSIGHUP(t *testing.T) {
 	g11, g21 := h1.guests[0], h2.guests[0]
 	ping(t, g11, g21.ip4)
 
-	if err := os.WriteFile(cfg, []byte("vif-idle = \"2s\"\nlog-level = \"debug\"\nmax-vifs = 10\nib-mtu = 2048\nvlan-pkey = \"10=0x800a\"\n"), 0o600); err != nil {
+	if err := os.WriteFile(cfg, []byte("vif-idle = \"2s\"\nlog-level = \"debug\"\nmax-vifs = 10\nib-mtu = 2048\nvlan-pkey = \"10=0x800a\"\nmcast-query-interval = \"5s\"\nmcast-response-interval = \"1s\"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	h1.cmd.Process.Signal(syscall.SIGHUP)
@@ -47,13 +49,27 @@ func TestSIGHUP(t *testing.T) {
 	waitLog(t, h1, `msg="partition added" vlan=10 pkey=0x800a`)
 	waitLog(t, h1, `msg="config reloaded" key=vlan-pkey old="" new="10=0x800a"`)
 	waitLog(t, h1, `msg="config change needs a restart" key=ib-mtu running=4096 new=2048`)
+	waitLog(t, h1, `msg="config reloaded" key=mcast-query-interval old=2m5s new=5s`)
+	waitLog(t, h1, `msg="config reloaded" key=mcast-response-interval old=10s new=1s`)
+	// General queries: an IGMP and an MLD one into each of the two
+	// partitions, within 6 s of the reload (the old interval was 125 s).
+	// The guests' reports to them come 4 s apart at least, so the VIFs
+	// still go idle for the 2 s below.
+	q0 := h1.metrics(t)["tx_queries"]
+	deadline := time.Now().Add(6 * time.Second)
+	for h1.metrics(t)["tx_queries"] < q0+4 {
+		if time.Now().After(deadline) {
+			t.Fatalf("tx_queries %v → %v in the 6 s after the query interval became 5 s", q0, h1.metrics(t)["tx_queries"])
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	var port ctlPort
 	ctlJSON(t, h1, &port, "show", "port")
 	if len(port.Partitions) != 2 || port.Partitions[1].VLAN != 10 || port.Partitions[1].PKey != "0x800a" {
 		t.Fatalf("partitions after the reload: %+v", port.Partitions)
 	}
 	// The new idle time applies: the guests, silent now, lose their VIFs.
-	deadline := time.Now().Add(8 * time.Second)
+	deadline = time.Now().Add(8 * time.Second)
 	for h1.metrics(t)["vifs_aged"] < 2 {
 		if time.Now().After(deadline) {
 			t.Fatalf("vifs_aged %v 8 s after vif-idle became 2s", h1.metrics(t)["vifs_aged"])
