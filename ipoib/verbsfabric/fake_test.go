@@ -35,6 +35,7 @@ type fakeDev struct {
 	sq       []sendDone
 	failAt   int // postSend fails at this descriptor (-1: never)
 	notify   chan struct{}
+	events   chan portEvent // async events, as the test raises them
 	woke     chan struct{}
 	wakeOnce sync.Once
 }
@@ -47,7 +48,7 @@ func (h *fakeHub) opener(g ipoib.GID) func(string, layout) (device, error) {
 		d := &fakeDev{hub: h, lay: lay, a: devAttr{gid: g, mtu: 4096, active: true, pkeys: []ipoib.PKey{0xffff}},
 			nextQPN: 0x11, qps: map[uint32]bool{}, attached: map[ipoib.GID]map[uint32]bool{}, ahs: map[handle]path{},
 			send: make([]byte, lay.sendSlots*lay.slotSize), recv: make([]byte, lay.recvBufs*lay.recvSize),
-			failAt: -1, notify: make(chan struct{}, 1), woke: make(chan struct{})}
+			failAt: -1, notify: make(chan struct{}, 1), events: make(chan portEvent), woke: make(chan struct{})}
 		h.mu.Lock()
 		h.devs[g] = d
 		h.mu.Unlock()
@@ -220,8 +221,12 @@ func (d *fakeDev) waitRecv() (bool, error) {
 }
 
 func (d *fakeDev) waitEvent() (portEvent, bool, error) {
-	<-d.woke
-	return 0, false, nil
+	select {
+	case ev := <-d.events:
+		return ev, true, nil
+	case <-d.woke:
+		return 0, false, nil
+	}
 }
 
 func (d *fakeDev) wake() { d.wakeOnce.Do(func() { close(d.woke) }) }

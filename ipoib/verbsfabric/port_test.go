@@ -242,6 +242,48 @@ func TestRingWrap(t *testing.T) {
 	}
 }
 
+// TestPortEvents: the device's async events set the port state the
+// shim takes the TAP's carrier from; while the port is down, packets
+// are refused and counted as port_down, and a GID change or another
+// event leaves the state as it is.
+func TestPortEvents(t *testing.T) {
+	h := newHub()
+	p, d := openPort(t, h, gid1)
+	openPort(t, h, gid2)
+	q, _ := p.AllocQP(0xffff, 0)
+	pkt := func() (int, error) {
+		return p.Write([][]byte{packet(100, 0)}, []ipoib.TxMeta{{Dst: ipoib.MakeHwAddr(0, 0x99, gid2), SrcQPN: q, PKey: 0xffff}}, ipoib.Headroom)
+	}
+	waitDown := func(want bool) {
+		t.Helper()
+		deadline := time.Now().Add(2 * time.Second)
+		for p.IsDown() != want {
+			if time.Now().After(deadline) {
+				t.Fatalf("IsDown %v, want %v", !want, want)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	if p.IsDown() {
+		t.Fatal("an ACTIVE port starts down")
+	}
+	d.events <- eventPortDown
+	waitDown(true)
+	if n, _ := pkt(); n != 0 || p.Counters().Drops["port_down"] != 1 {
+		t.Fatalf("down port: accepted %d, drops %v", n, p.Counters().Drops)
+	}
+	d.events <- eventGIDChange
+	d.events <- eventOther
+	if !p.IsDown() {
+		t.Fatal("a GID change or another event brought the port up")
+	}
+	d.events <- eventPortActive
+	waitDown(false)
+	if n, _ := pkt(); n != 1 || p.Counters().Drops["port_down"] != 1 {
+		t.Fatalf("active again: accepted %d, drops %v", n, p.Counters().Drops)
+	}
+}
+
 // TestCloseUnblocksRead: Close ends a Read waiting for packets, and Read
 // and Write then report net.ErrClosed.
 func TestCloseUnblocksRead(t *testing.T) {
