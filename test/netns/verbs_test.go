@@ -43,9 +43,11 @@ func (g *vmGuest) sh(t *testing.T, cmd string, timeout time.Duration) (string, e
 // side, decodes as an IPoIB UD SEND-only (tshark) with a good ICRC
 // (checked with the simulated fabric's decoder). The host's port also has
 // a partition (VLAN 10 = P_Key 0x800a) that rxe cannot join; the default
-// one keeps working. The single-vCPU TCG
-// guest now and then drops a packet under load, so reachability checks
-// retry; counts that must match still match exactly.
+// one keeps working. When the VM's eth0 goes down, rxe's port goes down
+// and eib0's carrier with it; both come back with eth0, and the guests
+// reach each other again. The single-vCPU TCG guest now and then drops
+// a packet under load, so reachability checks retry; counts that must
+// match still match exactly.
 func TestVerbsRxe(t *testing.T) {
 	// The host's port has a partition besides the default one: it keeps
 	// talking to rxe, whose P_Key table holds 0xFFFF only.
@@ -164,6 +166,32 @@ done
 	}
 	t.Logf("verbs port: tx %v packets, rx %v packets, %v address handles",
 		drops["eipoibd_port_tx_packets"], drops["eipoibd_port_rx_packets"], drops["eipoibd_port_address_handles"])
+
+	// Link loss: eth0 down takes rxe0's port down (an IB_EVENT_PORT_ERR),
+	// and the TAP's carrier goes with it; eth0 up brings both back, and
+	// the guests reach each other again.
+	vmCarrier := func(want string) {
+		t.Helper()
+		out, err := vm.run(t, `for i in $(seq 50); do [ "$(cat /sys/class/net/eib0/carrier)" = `+want+` ] && exit 0; sleep 0.1; done; cat /sys/class/net/eib0/carrier; exit 1`, 20*time.Second)
+		if err != nil {
+			log, _ := os.ReadFile(vm.file("eipoibd.log"))
+			t.Fatalf("eib0's carrier in the VM is not %s 5 s on: %v %s\nVM eipoibd log:\n%s", want, err, out, log)
+		}
+	}
+	t0 := time.Now()
+	vm.must(t, "ip link set eth0 down")
+	vmCarrier("0")
+	tDown := time.Since(t0)
+	vm.must(t, "ip link set eth0 up")
+	vmCarrier("1")
+	tUp := time.Since(t0)
+	if log, _ := os.ReadFile(vm.file("eipoibd.log")); !strings.Contains(string(log), `msg="verbs port down"`) || !strings.Contains(string(log), `msg="verbs port active"`) {
+		t.Errorf("the VM's eipoibd logged no port down and active events:\n%s", log)
+	}
+	vmPing(t, vgs[0], h.guests[0].ip4)
+	hostPing(t, h.guests[0], vgs[0].ip6)
+	t.Logf("link loss: carrier off %.1f s after eth0 down, on %.1f s after, both pings answered %.1f s after",
+		tDown.Seconds(), tUp.Seconds(), time.Since(t0).Seconds())
 }
 
 // waitVMDaemon waits for the VM's eipoibd to serve its metrics.
