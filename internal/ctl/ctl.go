@@ -308,11 +308,24 @@ func dial(path string, req Request) (net.Conn, error) {
 	req.V = Version
 	b, _ := json.Marshal(req)
 	if _, err := c.Write(append(b, '\n')); err != nil {
+		// A daemon that refuses the peer (not root) replies and closes
+		// before reading the request: its reply says why.
+		c.SetReadDeadline(time.Now().Add(time.Second))
+		_, _, rerr := readReply(c)
 		c.Close()
+		var re replyError
+		if errors.As(rerr, &re) {
+			return nil, rerr
+		}
 		return nil, err
 	}
 	return c, nil
 }
+
+// replyError is an error the daemon replied with.
+type replyError string
+
+func (e replyError) Error() string { return string(e) }
 
 // readReply reads the reply line; rest holds what was read past it.
 func readReply(c net.Conn) (json.RawMessage, io.Reader, error) {
@@ -326,7 +339,7 @@ func readReply(c net.Conn) (json.RawMessage, io.Reader, error) {
 		return nil, nil, fmt.Errorf("bad reply from eipoibd: %q", strings.TrimSpace(string(line)))
 	}
 	if !r.OK {
-		return nil, nil, errors.New(r.Error)
+		return nil, nil, replyError(r.Error)
 	}
 	return r.Data, br, nil
 }

@@ -3,10 +3,12 @@ package netns
 import (
 	"encoding/json"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -266,4 +268,36 @@ func TestCtl(t *testing.T) {
 		}
 	}
 	ping(t, g11, g21.ip4) // the data path never noticed
+
+	// A peer that is not root is refused: by the socket's mode 0600, and,
+	// with the mode opened up, by the SO_PEERCRED check. The client runs
+	// as nobody from a copy it can execute, through directories it may
+	// traverse.
+	bin := filepath.Join(t.TempDir(), "eipoibd")
+	if b, err := os.ReadFile(daemonBin); err != nil || os.WriteFile(bin, b, 0o755) != nil {
+		t.Fatalf("copy of %s: %v", daemonBin, err)
+	}
+	for _, d := range []string{filepath.Dir(bin), filepath.Dir(filepath.Dir(bin)), h1.logDir, filepath.Dir(h1.logDir), h1.ctlDir()} {
+		os.Chmod(d, 0o755)
+	}
+	asNobody := func() string {
+		cmd := exec.Command(bin, "show", "port", "--ctl-dir", h1.ctlDir())
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+		out, err := cmd.CombinedOutput()
+		if err == nil {
+			t.Errorf("eipoibd show port as nobody succeeded:\n%s", out)
+		}
+		return string(out)
+	}
+	if out := asNobody(); !strings.Contains(out, "permission denied") {
+		t.Errorf("as nobody through the 0600 socket: %s", out)
+	}
+	sock := filepath.Join(h1.ctlDir(), "eib0.sock")
+	if err := os.Chmod(sock, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	if out := asNobody(); !strings.Contains(out, "permission denied: uid 65534 is not root") {
+		t.Errorf("as nobody through a 0666 socket: %s", out)
+	}
+	ping(t, g11, g21.ip4)
 }
