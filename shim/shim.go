@@ -394,8 +394,9 @@ func (s *Shim) followCarrier() {
 func (s *Shim) housekeeping(ctx context.Context) error {
 	t := time.NewTimer(s.cfg.Housekeeping)
 	defer t.Stop()
-	s.sendQueries(s.cfg.Multicast.LastMemberQueryInterval)
-	nextQuery := s.clk.Now().Add(s.cfg.Multicast.QueryInterval)
+	mt := s.snoop.Timers() // the timers' one home: a reload changes them there
+	s.sendQueries(mt.LastMemberQueryInterval)
+	nextQuery := s.clk.Now().Add(mt.QueryInterval)
 	for {
 		select {
 		case <-ctx.Done():
@@ -404,7 +405,7 @@ func (s *Shim) housekeeping(ctx context.Context) error {
 		}
 		now := s.clk.Now()
 		t.Reset(s.nextHousekeeping(now))
-		mt := s.snoop.Timers() // as they are now: a reload may change them
+		mt = s.snoop.Timers()
 		if !now.Before(nextQuery) {
 			s.sendQueries(mt.QueryResponseInterval)
 			nextQuery = now.Add(mt.QueryInterval)

@@ -38,6 +38,43 @@ func packet(n int, fill byte) []byte {
 	return b
 }
 
+// link is two ports on one fake fabric, each with a UD QP in the
+// default partition.
+type link struct {
+	p1, p2 *Port
+	d1     *fakeDev
+	q1, q2 uint32
+}
+
+func newLink(t testing.TB) link {
+	h := newHub()
+	var l link
+	l.p1, l.d1 = openPort(t, h, gid1)
+	l.p2, _ = openPort(t, h, gid2)
+	l.q1, _ = l.p1.AllocQP(0xffff, 0)
+	l.q2, _ = l.p2.AllocQP(0xffff, 0)
+	return l
+}
+
+// batch is n packets of size bytes from p1's QP to p2's, packet i
+// filled with i+1.
+func (l link) batch(n, size int) ([][]byte, []ipoib.TxMeta) {
+	bufs, meta := make([][]byte, n), make([]ipoib.TxMeta, n)
+	for i := range bufs {
+		bufs[i], meta[i] = packet(size, byte(i+1)), ipoib.TxMeta{Dst: ipoib.MakeHwAddr(0, l.q2, gid2), SrcQPN: l.q1, PKey: 0xffff}
+	}
+	return bufs, meta
+}
+
+// rxBufs are Read's arguments for up to n packets.
+func rxBufs(n int) ([][]byte, []int, []ipoib.RxMeta) {
+	bufs := make([][]byte, n)
+	for i := range bufs {
+		bufs[i] = make([]byte, 8192)
+	}
+	return bufs, make([]int, n), make([]ipoib.RxMeta, n)
+}
+
 // readN reads until n packets arrived (or 2 s passed).
 func readN(t *testing.T, p *Port, n int) ([][]byte, []ipoib.RxMeta) {
 	t.Helper()
@@ -46,10 +83,7 @@ func readN(t *testing.T, p *Port, n int) ([][]byte, []ipoib.RxMeta) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		bufs, sizes, meta := make([][]byte, 64), make([]int, 64), make([]ipoib.RxMeta, 64)
-		for i := range bufs {
-			bufs[i] = make([]byte, 8192)
-		}
+		bufs, sizes, meta := rxBufs(64)
 		for len(data) < n {
 			k, err := p.Read(bufs, sizes, meta, 0)
 			if err != nil {
@@ -73,14 +107,11 @@ func readN(t *testing.T, p *Port, n int) ([][]byte, []ipoib.RxMeta) {
 // handle and then goes; the receiver sees the sender's QPN and GID, its
 // own QPN and the partition; the payload arrives as sent.
 func TestUnicast(t *testing.T) {
-	h := newHub()
-	p1, _ := openPort(t, h, gid1)
-	p2, _ := openPort(t, h, gid2)
-	q1, _ := p1.AllocQP(0xffff, 0)
-	q2, _ := p2.AllocQP(0xffff, 0)
-	pkt := packet(1000, 7)
-	meta := []ipoib.TxMeta{{Dst: ipoib.MakeHwAddr(0, q2, gid2), SrcQPN: q1, PKey: 0xffff}}
-	if n, err := p1.Write([][]byte{pkt}, meta, ipoib.Headroom); n != 1 || err != nil {
+	l := newLink(t)
+	p1, p2, q1, q2 := l.p1, l.p2, l.q1, l.q2
+	bufs, meta := l.batch(1, 1000)
+	pkt := bufs[0]
+	if n, err := p1.Write(bufs, meta, ipoib.Headroom); n != 1 || err != nil {
 		t.Fatalf("Write: %d, %v", n, err)
 	}
 	data, m := readN(t, p2, 1)
@@ -185,16 +216,9 @@ func TestRefusals(t *testing.T) {
 // only two sends a batch ask for a completion, and a post failure in the
 // middle of a batch gives its slots back.
 func TestRingWrap(t *testing.T) {
-	h := newHub()
-	p1, d1 := openPort(t, h, gid1)
-	p2, _ := openPort(t, h, gid2)
-	q1, _ := p1.AllocQP(0xffff, 0)
-	q2, _ := p2.AllocQP(0xffff, 0)
-	meta := make([]ipoib.TxMeta, batchSize)
-	bufs := make([][]byte, batchSize)
-	for i := range bufs {
-		bufs[i], meta[i] = packet(200, byte(i)), ipoib.TxMeta{Dst: ipoib.MakeHwAddr(0, q2, gid2), SrcQPN: q1, PKey: 0xffff}
-	}
+	l := newLink(t)
+	p1, p2, d1 := l.p1, l.p2, l.d1
+	bufs, meta := l.batch(batchSize, 200)
 	p1.Write(bufs[:1], meta[:1], ipoib.Headroom) // waits for the handle
 	readN(t, p2, 1)
 	// The receiver reads all the while; each batch is sent once the one
@@ -203,10 +227,7 @@ func TestRingWrap(t *testing.T) {
 	const total = 5 * sendSlots
 	var got atomic.Int64
 	go func() {
-		bufs, sizes, meta := make([][]byte, 64), make([]int, 64), make([]ipoib.RxMeta, 64)
-		for i := range bufs {
-			bufs[i] = make([]byte, 8192)
-		}
+		bufs, sizes, meta := rxBufs(64)
 		for {
 			k, err := p2.Read(bufs, sizes, meta, 0)
 			if err != nil {
@@ -323,20 +344,11 @@ func TestCloseUnblocksRead(t *testing.T) {
 // the Go side of the data path (ring slots, work requests, selective
 // signalling, completions, GRH checks, re-posting receive buffers).
 func BenchmarkWriteRead(b *testing.B) {
-	h := newHub()
-	p1, _ := openPort(b, h, gid1)
-	p2, _ := openPort(b, h, gid2)
-	q1, _ := p1.AllocQP(0xffff, 0)
-	q2, _ := p2.AllocQP(0xffff, 0)
+	l := newLink(b)
+	p1, p2 := l.p1, l.p2
 	const n, size = 64, 1400
-	bufs, meta := make([][]byte, n), make([]ipoib.TxMeta, n)
-	for i := range bufs {
-		bufs[i], meta[i] = packet(size, byte(i)), ipoib.TxMeta{Dst: ipoib.MakeHwAddr(0, q2, gid2), SrcQPN: q1, PKey: 0xffff}
-	}
-	rb, sizes, rmeta := make([][]byte, n), make([]int, n), make([]ipoib.RxMeta, n)
-	for i := range rb {
-		rb[i] = make([]byte, 8192)
-	}
+	bufs, meta := l.batch(n, size)
+	rb, sizes, rmeta := rxBufs(n)
 	read := func(want int) {
 		for got := 0; got < want; {
 			k, err := p2.Read(rb, sizes, rmeta, 0)
