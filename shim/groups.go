@@ -293,13 +293,14 @@ func (s *Shim) mcastLeave(k snoop.Key) {
 }
 
 // member records a guest's membership of group (from a report, or the
-// solicited-node group of an address it uses).
-func (s *Shim) member(p *partition, group netip.Addr, leave bool, now time.Time) {
+// solicited-node group of an address it uses), shown by a packet from
+// the address from.
+func (s *Shim) member(p *partition, group, from netip.Addr, leave bool, now time.Time) {
 	k := snoop.Key{Scope: p.vlan, Group: group}
 	if leave {
 		s.snoop.Leave(k, now)
 	} else {
-		s.snoop.Report(k, now)
+		s.snoop.Report(k, from, now)
 	}
 }
 

@@ -143,6 +143,8 @@ type SnoopedGroup struct {
 	// Querying: a guest left and the shim, the querier, is sending
 	// group-specific queries (QueriesLeft more) before the group goes.
 	QueriesLeft int
+	// LastReporter is the guest address the last report came from.
+	LastReporter netip.Addr
 }
 
 // Groups returns the port's multicast memberships, by MGID.
@@ -163,7 +165,7 @@ func (s *Shim) Groups() []GroupInfo {
 			continue
 		}
 		if gi := byMGID[s.groupMGID(p, g.Group)]; gi != nil {
-			gi.Groups = append(gi.Groups, SnoopedGroup{VLAN: g.Scope, Group: g.Group, Expires: max(0, g.Expires.Sub(now)), QueriesLeft: g.QueriesLeft})
+			gi.Groups = append(gi.Groups, SnoopedGroup{VLAN: g.Scope, Group: g.Group, Expires: max(0, g.Expires.Sub(now)), QueriesLeft: g.QueriesLeft, LastReporter: g.LastReporter})
 		}
 	}
 	slices.SortFunc(out, func(a, b GroupInfo) int { return a.MGID.Addr().Compare(b.MGID.Addr()) })

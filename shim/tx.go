@@ -281,7 +281,7 @@ func (s *Shim) tx(b *txBatch, buf []byte, n int, sup tap.Super, now time.Time) {
 			pay, err = arpndp.NDPToIB(pay, p.view)
 		}
 	case ether.TypeIPv4:
-		if snoop.IsIGMP(pay) && !s.snoopRecords(p, snoop.ParseIGMP, pay, now) {
+		if snoop.IsIGMP(pay) && !s.snoopRecords(p, snoop.ParseIGMP, pay, header.IPv4(pay).Src(), now) {
 			return
 		}
 		if arpndp.IsDHCPClient(pay) {
@@ -367,28 +367,29 @@ func (s *Shim) superMeta(m *ipoib.TxMeta, f ether.Frame, pay []byte, sup tap.Sup
 // source address, and that of the target of its duplicate address
 // detection. It reports false for a malformed MLD message (dropped).
 func (s *Shim) snoopIPv6(p *partition, pay []byte, now time.Time) bool {
-	if snoop.IsMLD(pay) && !s.snoopRecords(p, snoop.ParseMLD, pay, now) {
-		return false
-	}
 	ip := header.IPv6(pay)
 	src := ip.Src()
+	if snoop.IsMLD(pay) && !s.snoopRecords(p, snoop.ParseMLD, pay, src, now) {
+		return false
+	}
 	if !src.IsUnspecified() {
 		// Per frame, so only when the group is not joined yet: once it
 		// is, the guest's MLD answers to the queries keep it alive.
 		if sn := solicitedNode(src); !src.IsMulticast() && !s.fullMember(p, sn) {
-			s.member(p, sn, false, now)
+			s.member(p, sn, src, false, now)
 		}
 		return true
 	}
 	if icmp := ip.Payload(); ip.NextHeader() == header.ProtoICMPv6 && len(icmp) >= nsLen && icmp[0] == arpndp.TypeNeighborSolicitation {
-		s.member(p, solicitedNode(netip.AddrFrom16([16]byte(icmp[nsTarget:nsLen]))), false, now)
+		s.member(p, solicitedNode(netip.AddrFrom16([16]byte(icmp[nsTarget:nsLen]))), src, false, now)
 	}
 	return true
 }
 
-// snoopRecords feeds the records of a guest's IGMP or MLD message to the
-// snooping table; it reports false (counted) for a malformed one.
-func (s *Shim) snoopRecords(p *partition, parse func([]byte) ([]snoop.Record, error), pay []byte, now time.Time) bool {
+// snoopRecords feeds the records of a guest's IGMP or MLD message, sent
+// from the address from, to the snooping table; it reports false
+// (counted) for a malformed one.
+func (s *Shim) snoopRecords(p *partition, parse func([]byte) ([]snoop.Record, error), pay []byte, from netip.Addr, now time.Time) bool {
 	recs, err := parse(pay)
 	if err != nil {
 		s.ctr.inc(DropBadMcastReport)
@@ -396,7 +397,7 @@ func (s *Shim) snoopRecords(p *partition, parse func([]byte) ([]snoop.Record, er
 	}
 	for _, r := range recs {
 		if r.Group != allNodes && r.Group != allHosts {
-			s.member(p, r.Group, r.Leave, now)
+			s.member(p, r.Group, from, r.Leave, now)
 		}
 	}
 	return true

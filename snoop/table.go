@@ -89,6 +89,7 @@ type member struct {
 	expires     time.Time
 	queriesLeft int
 	nextQuery   time.Time
+	reporter    netip.Addr // source of the last report
 }
 
 // Table is the membership state machine for IGMP and MLD alike: a report
@@ -132,8 +133,9 @@ func (t *Table) SetTimers(x Timers) error {
 	return nil
 }
 
-// Report records that a member of k exists at now.
-func (t *Table) Report(k Key, now time.Time) {
+// Report records that a member of k exists at now, as a report from the
+// address from showed.
+func (t *Table) Report(k Key, from netip.Addr, now time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	m, ok := t.m[k]
@@ -153,6 +155,7 @@ func (t *Table) Report(k Key, now time.Time) {
 	}
 	m.expires = now.Add(t.t.MembershipInterval())
 	m.queriesLeft = 0
+	m.reporter = from
 }
 
 // Leave records that a member of k left at now: the remaining members,
@@ -241,6 +244,8 @@ type Group struct {
 	// Querying: a leave was heard and group-specific queries are being
 	// sent (QueriesLeft more) before the group goes.
 	QueriesLeft int
+	// LastReporter is the source address of the last report.
+	LastReporter netip.Addr
 }
 
 // Groups returns every group's state.
@@ -249,7 +254,7 @@ func (t *Table) Groups() []Group {
 	defer t.mu.Unlock()
 	out := make([]Group, 0, len(t.m))
 	for k, m := range t.m {
-		out = append(out, Group{Key: k, Expires: m.expires, QueriesLeft: m.queriesLeft})
+		out = append(out, Group{Key: k, Expires: m.expires, QueriesLeft: m.queriesLeft, LastReporter: m.reporter})
 	}
 	return out
 }

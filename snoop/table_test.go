@@ -12,6 +12,8 @@ import (
 	"github.com/eipoib/eipoibd/internal/clock"
 )
 
+var host1, host2 = netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.2")
+
 type recorder struct{ joins, leaves, queries []Key }
 
 func (r *recorder) actions() Actions {
@@ -41,14 +43,14 @@ func TestSetTimers(t *testing.T) {
 	var r recorder
 	tbl := NewTable(Timers{}, 10, r.actions())
 	g1, g2 := Key{0, netip.MustParseAddr("239.1.1.1")}, Key{0, netip.MustParseAddr("239.1.1.2")}
-	tbl.Report(g1, clk.Now()) // expires after 260 s
+	tbl.Report(g1, host1, clk.Now()) // expires after 260 s
 	if err := tbl.SetTimers(Timers{QueryInterval: 20 * time.Second, QueryResponseInterval: 5 * time.Second}); err != nil {
 		t.Fatal(err)
 	}
 	if mi := tbl.Timers().MembershipInterval(); mi != 45*time.Second {
 		t.Fatalf("membership interval %s after the change, want 2 × 20 s + 5 s", mi)
 	}
-	tbl.Report(g2, clk.Now()) // expires after 45 s
+	tbl.Report(g2, host1, clk.Now()) // expires after 45 s
 	clk.Advance(45 * time.Second)
 	tbl.Tick(clk.Now())
 	if len(r.leaves) != 1 || r.leaves[0] != g2 {
@@ -64,15 +66,18 @@ func TestTableLifecycle(t *testing.T) {
 	var r recorder
 	tbl := NewTable(Timers{}, 10, r.actions())
 	g := Key{0, netip.MustParseAddr("239.1.1.1")}
-	tbl.Report(g, clk.Now())
-	tbl.Report(g, clk.Now()) // a second member: no second join
+	tbl.Report(g, host1, clk.Now())
+	tbl.Report(g, host2, clk.Now()) // a second member: no second join
 	if len(r.joins) != 1 {
 		t.Fatalf("joins %v", r.joins)
+	}
+	if gs := tbl.Groups(); len(gs) != 1 || gs[0].LastReporter != host2 {
+		t.Fatalf("groups %+v, want one with last reporter %s", gs, host2)
 	}
 	// Refreshed by reports, the group outlives the membership interval.
 	for i := 0; i < 5; i++ {
 		clk.Advance(125 * time.Second)
-		tbl.Report(g, clk.Now())
+		tbl.Report(g, host1, clk.Now())
 		tbl.Tick(clk.Now())
 	}
 	if len(r.leaves) != 0 {
@@ -85,7 +90,7 @@ func TestTableLifecycle(t *testing.T) {
 		t.Fatalf("queries %v", r.queries)
 	}
 	clk.Advance(500 * time.Millisecond)
-	tbl.Report(g, clk.Now())
+	tbl.Report(g, host1, clk.Now())
 	clk.Advance(3 * time.Second)
 	tbl.Tick(clk.Now())
 	if len(r.leaves) != 0 || len(r.queries) != 1 {
@@ -110,7 +115,7 @@ func TestTableLifecycle(t *testing.T) {
 		t.Fatal("deadline with no groups")
 	}
 	// Silent members expire after the membership interval.
-	tbl.Report(g, clk.Now())
+	tbl.Report(g, host1, clk.Now())
 	clk.Advance(259 * time.Second)
 	tbl.Tick(clk.Now())
 	if len(r.leaves) != 1 {
@@ -133,9 +138,9 @@ func TestTableScopesAndBound(t *testing.T) {
 	tbl := NewTable(Timers{}, 2, r.actions())
 	now := time.Unix(1e6, 0)
 	g := netip.MustParseAddr("ff15::1234")
-	tbl.Report(Key{10, g}, now)
-	tbl.Report(Key{20, g}, now) // same group, other partition: its own state
-	tbl.Report(Key{30, g}, now) // over the bound
+	tbl.Report(Key{10, g}, host1, now)
+	tbl.Report(Key{20, g}, host1, now) // same group, other partition: its own state
+	tbl.Report(Key{30, g}, host1, now) // over the bound
 	if bound, _ := tbl.Overflow(); len(r.joins) != 2 || bound != 1 || tbl.Len() != 2 {
 		t.Fatalf("joins %v overflow %d len %d", r.joins, bound, tbl.Len())
 	}
@@ -156,12 +161,12 @@ func TestTableFailedJoin(t *testing.T) {
 	}})
 	k := Key{0, netip.MustParseAddr("239.1.1.1")}
 	now := time.Unix(1e6, 0)
-	tbl.Report(k, now)
+	tbl.Report(k, host1, now)
 	if _, failed := tbl.Overflow(); tbl.Len() != 0 || failed != 1 {
 		t.Fatalf("after a failed join: %d groups, %d failed", tbl.Len(), failed)
 	}
 	fail = false
-	tbl.Report(k, now)
+	tbl.Report(k, host1, now)
 	if tbl.Len() != 1 || joins != 2 {
 		t.Fatalf("after a successful join: %d groups, %d join calls", tbl.Len(), joins)
 	}
@@ -195,7 +200,7 @@ func TestTableJoinLeaveOrder(t *testing.T) {
 		var wg sync.WaitGroup
 		wg.Add(2)
 		go func() { defer wg.Done(); tbl.Tick(now) }()
-		go func() { defer wg.Done(); tbl.Report(k, now) }()
+		go func() { defer wg.Done(); tbl.Report(k, host1, now) }()
 		wg.Wait()
 		if got, want := joined.Load() == 1, tbl.Len() == 1; got != want {
 			t.Fatalf("round %d: owner joined %v, table has the group %v", i, got, want)

@@ -76,10 +76,11 @@ type (
 		Members  []snoopedJSON `json:"members"`
 	}
 	snoopedJSON struct {
-		VLAN        uint16  `json:"vlan"`
-		Group       string  `json:"group"`
-		ExpiresS    float64 `json:"expires_s"`
-		QueriesLeft int     `json:"queries_left"`
+		VLAN         uint16  `json:"vlan"`
+		Group        string  `json:"group"`
+		ExpiresS     float64 `json:"expires_s"`
+		QueriesLeft  int     `json:"queries_left"`
+		LastReporter string  `json:"last_reporter"`
 	}
 )
 
@@ -146,7 +147,7 @@ func (h *ctlHandler) show(what string) any {
 		for _, g := range h.sh.Groups() {
 			j := groupJSON{MGID: g.MGID.String(), SendOnly: g.SendOnly, Members: []snoopedJSON{}}
 			for _, m := range g.Groups {
-				j.Members = append(j.Members, snoopedJSON{VLAN: m.VLAN, Group: m.Group.String(), ExpiresS: secs(m.Expires), QueriesLeft: m.QueriesLeft})
+				j.Members = append(j.Members, snoopedJSON{VLAN: m.VLAN, Group: m.Group.String(), ExpiresS: secs(m.Expires), QueriesLeft: m.QueriesLeft, LastReporter: m.LastReporter.String()})
 			}
 			out = append(out, j)
 		}
@@ -363,6 +364,7 @@ func printShow(what string, data json.RawMessage, asJSON bool) error {
 				if m.QueriesLeft > 0 {
 					state = fmt.Sprintf("leaving, %d queries left", m.QueriesLeft)
 				}
+				state += ", last reporter " + m.LastReporter
 				ms = append(ms, fmt.Sprintf("%s vlan %d (%s)", m.Group, m.VLAN, state))
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\n", g.MGID, kind, strings.Join(ms, "; "))

@@ -42,10 +42,11 @@ type ctlGroup struct {
 	MGID     string `json:"mgid"`
 	SendOnly bool   `json:"send_only"`
 	Members  []struct {
-		VLAN        int     `json:"vlan"`
-		Group       string  `json:"group"`
-		ExpiresS    float64 `json:"expires_s"`
-		QueriesLeft int     `json:"queries_left"`
+		VLAN         int     `json:"vlan"`
+		Group        string  `json:"group"`
+		ExpiresS     float64 `json:"expires_s"`
+		QueriesLeft  int     `json:"queries_left"`
+		LastReporter string  `json:"last_reporter"`
 	} `json:"members"`
 }
 
@@ -199,7 +200,8 @@ func TestCtl(t *testing.T) {
 	}
 	ping(t, g11, g21.ip4) // learned again
 
-	// Groups: the broadcast group, and a guest's group with its state.
+	// Groups: the broadcast group, and a guest's group with its state and
+	// the guest that reported it.
 	r := startReceiver(t, g11, "239.1.1.9")
 	waitJoinedAny(t, h1, "239.1.1.9")
 	var gs []ctlGroup
@@ -208,13 +210,13 @@ func TestCtl(t *testing.T) {
 	for _, g := range gs {
 		bcast = bcast || g.MGID == bcastGroup && !g.SendOnly
 		for _, m := range g.Members {
-			joined = joined || m.Group == "239.1.1.9" && m.VLAN == 0 && m.ExpiresS > 200 && m.QueriesLeft == 0 && !g.SendOnly
+			joined = joined || m.Group == "239.1.1.9" && m.VLAN == 0 && m.ExpiresS > 200 && m.QueriesLeft == 0 && m.LastReporter == g11.ip4 && !g.SendOnly
 		}
 	}
 	if !bcast || !joined {
 		t.Errorf("show groups: broadcast %v, 239.1.1.9 %v: %+v", bcast, joined, gs)
 	}
-	if out := h1.ctl(t, "show", "groups"); !strings.Contains(out, "239.1.1.9 vlan 0 (expires") {
+	if out := h1.ctl(t, "show", "groups"); !strings.Contains(out, "239.1.1.9 vlan 0 (expires") || !strings.Contains(out, "last reporter "+g11.ip4+")") {
 		t.Errorf("show groups (text):\n%s", out)
 	}
 	r.stop()
