@@ -122,6 +122,12 @@ type Port interface {
 	LocalGID() GID
 	// MTU is the IB MTU (2048 or 4096); the IPoIB MTU is 4 less.
 	MTU() int
+	// PartitionMTU is the IB MTU of partition pkey: on InfiniBand, that
+	// of the partition's broadcast group, which the subnet manager may
+	// set below the port's (the kernel's ipoib_mcast_join_finish sets
+	// each IPoIB interface's MTU from it). It is never more than MTU(),
+	// and MTU() for a partition the port has not used yet.
+	PartitionMTU(pkey PKey) int
 	// Offloads says whether the port takes super-packets; the shim cuts
 	// them to the MTU itself for a port that does not.
 	Offloads() Offloads

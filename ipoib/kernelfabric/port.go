@@ -266,6 +266,9 @@ func (p *Port) LocalGID() ipoib.GID { return p.gid }
 // MTU is the IB MTU: the parent's datagram MTU plus the IPoIB header.
 func (p *Port) MTU() int { return p.mtu }
 
+// PartitionMTU is MTU: every partition of this port has the port's MTU.
+func (p *Port) PartitionMTU(ipoib.PKey) int { return p.mtu }
+
 // Offloads reports TSO when the children have it (the HCA does UD LSO);
 // super-packets then go to the kernel whole, with a virtio_net_hdr.
 func (p *Port) Offloads() ipoib.Offloads {

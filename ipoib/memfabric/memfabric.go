@@ -105,6 +105,9 @@ func (p *Port) LocalGID() ipoib.GID { return p.gid }
 // MTU returns the fabric's IB MTU.
 func (p *Port) MTU() int { return p.f.mtu }
 
+// PartitionMTU is MTU: every partition of this port has the port's MTU.
+func (p *Port) PartitionMTU(ipoib.PKey) int { return p.f.mtu }
+
 // SetTSO makes the fabric's ports take TCP super-packets and cut them, as
 // a port with LSO does; call it before attaching ports.
 func (f *Fabric) SetTSO(on bool) { f.tso = on }

@@ -326,6 +326,9 @@ func (p *Port) LocalGID() ipoib.GID { return p.gid }
 // MTU is the IB MTU.
 func (p *Port) MTU() int { return p.mtu }
 
+// PartitionMTU is MTU: every partition of this port has the port's MTU.
+func (p *Port) PartitionMTU(ipoib.PKey) int { return p.mtu }
+
 // Offloads reports TSO: the port cuts TCP super-packets itself, straight
 // into the UDP GSO trains it sends, as the kernel's GSO would for a
 // device.

@@ -261,6 +261,9 @@ func (p *Port) LocalGID() ipoib.GID { return p.a.gid }
 // MTU is the port's active IB MTU.
 func (p *Port) MTU() int { return p.a.mtu }
 
+// PartitionMTU is MTU: every partition of this port has the port's MTU.
+func (p *Port) PartitionMTU(ipoib.PKey) int { return p.a.mtu }
+
 // Offloads: UD QPs take no super-packets (LSO is for RC/UD on some HCAs
 // only, and rxe has none).
 func (p *Port) Offloads() ipoib.Offloads { return ipoib.Offloads{} }
