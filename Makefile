@@ -29,15 +29,19 @@ lint:
 	$(STATICCHECK) ./...
 	$(STATICCHECK) -tags verbs ./...
 
+## VM_TESTS: the QEMU tests, run in the first netns pass only.
+VM_TESTS    := TestVMRxe|TestVerbsRxe
+
 ## unit: every Go test; the race detector on all but the netns tests,
 ## which drive real daemons and tools, with the TAP's offloads on (the
 ## default) and then off (the QEMU tests, whose TCG guest is the slow
 ## part and has no TAP offload setting of its own, run in the first pass
-## only).
+## only). scripts/netns.sh gives each pass an explicit timeout and
+## lists its slowest tests.
 unit:
 	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v /test/netns)
-	$(GO) test -count=1 -v ./test/netns/ 2>&1 | grep -Ev '^=== (RUN|PAUSE|CONT)'; exit $${PIPESTATUS[0]}
-	EIPOIB_NETNS_OFFLOAD=false $(GO) test -count=1 -v -skip 'TestVMRxe|TestVerbsRxe' ./test/netns/ 2>&1 | grep -Ev '^=== (RUN|PAUSE|CONT)'; exit $${PIPESTATUS[0]}
+	./scripts/netns.sh
+	EIPOIB_NETNS_OFFLOAD=false ./scripts/netns.sh -skip '$(VM_TESTS)'
 
 ## build: the daemon, the daemon with the verbs backend (cgo,
 ## libibverbs) and the benchmark's UDP generator in bin/

@@ -45,12 +45,14 @@ func TestMain(m *testing.M) {
 			if err != nil {
 				buildErr = fmt.Errorf("build eipoibd: %v\n%s", err, out)
 			}
-			defer os.RemoveAll(dir)
 		} else {
 			buildErr = err
 		}
 	}
 	code := m.Run()
+	if daemonBin != "" {
+		os.RemoveAll(filepath.Dir(daemonBin)) // before os.Exit, which runs no deferred call
+	}
 	os.Exit(code)
 }
 
