@@ -146,7 +146,11 @@ func (fg fileGuest) check() (Guest, error) {
 			return Guest{}, fmt.Errorf("address %q: want a unicast address a guest claims", a)
 		}
 	}
-	return Guest{MAC: mac, VLAN: fg.VLAN, Origin: origin, QPN: fg.QPN, IPs: fg.IPs}, nil
+	ips := fg.IPs
+	if len(ips) == 0 {
+		ips = nil // "ips":[] and no "ips" are the same guest; Marshal writes the latter
+	}
+	return Guest{MAC: mac, VLAN: fg.VLAN, Origin: origin, QPN: fg.QPN, IPs: ips}, nil
 }
 
 // Save writes s to path atomically (see Write).
