@@ -48,7 +48,7 @@ func applyConfig(fl *flag.FlagSet, path string) (map[string]bool, error) {
 	for _, k := range keys {
 		f := fl.Lookup(k)
 		if f == nil || k == "config" {
-			return nil, usageError{Msg: fmt.Sprintf("--config %s: unknown key %q (eipoibd run -h lists the keys, without the dashes)", path, k)}
+			return nil, usageError{Msg: fmt.Sprintf("--config %s: unknown key %q (%s -h lists the keys, without the dashes)", path, k, fl.Name())}
 		}
 		v, err := configValue(m[k])
 		if err != nil {
@@ -93,6 +93,36 @@ func setError(f *flag.Flag, err error) string {
 		return `want a duration like "90s" or "5m"`
 	}
 	return err.Error()
+}
+
+// withConfig applies the --config file at path, when there is one, to
+// fl (flags given on the command line win), then runs check: a bad value
+// that came from the file is named with the file.
+func withConfig(fl *flag.FlagSet, path string, check func() error) error {
+	var fromFile map[string]bool
+	if path != "" {
+		var err error
+		if fromFile, err = applyConfig(fl, path); err != nil {
+			return err
+		}
+	}
+	err := check()
+	if ue, ok := err.(usageError); ok {
+		for k := range fromFile {
+			if strings.HasPrefix(ue.Msg, "--"+k+" ") {
+				return usageError{Msg: fmt.Sprintf("--config %s: %s", path, ue.Msg)}
+			}
+		}
+	}
+	return err
+}
+
+// logFormatError checks a --log-format value.
+func logFormatError(format string) error {
+	if format != "text" && format != "json" {
+		return usageError{Msg: fmt.Sprintf("--log-format %q: want text or json", format)}
+	}
+	return nil
 }
 
 // newLogger is the daemon's logger: text (logfmt) or JSON lines, at a

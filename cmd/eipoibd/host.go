@@ -29,6 +29,9 @@ counters. Flags:
 // hostOptions are the parsed flags of "host".
 type hostOptions struct {
 	underlay, name, pkey, neighFile, logLevel string
+	config, logFormat                         string
+	level                                     slog.Level
+	pkeyV                                     ipoib.PKey
 	ibMTU, maxNeigh                           int
 }
 
@@ -43,18 +46,36 @@ func parseHost(args []string, stderr io.Writer) (*hostOptions, error) {
 	fs.IntVar(&o.maxNeigh, "max-neighbours", 4096, "most neighbours remembered")
 	fs.StringVar(&o.neighFile, "neigh-file", "", "file rewritten with the neighbour table whenever it changes")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
+	fs.StringVar(&o.config, "config", "", "TOML file of flag values (keys are the flag names); flags on the command line win")
 	if err := cli.Parse(fs, args, hostUsage, stderr, "eipoibd host -h lists the flags"); err != nil {
 		return nil, err
 	}
-	switch {
-	case o.underlay == "":
-		return nil, usageError{Msg: "--underlay is required (the interface the simulated fabric runs over)"}
-	case o.ibMTU != 2048 && o.ibMTU != 4096:
-		return nil, usageError{Msg: fmt.Sprintf("--ib-mtu %d: want 2048 or 4096", o.ibMTU)}
-	case o.maxNeigh < 1:
-		return nil, usageError{Msg: fmt.Sprintf("--max-neighbours %d: want at least 1", o.maxNeigh)}
+	if err := withConfig(fs, o.config, o.check); err != nil {
+		return nil, err
 	}
 	return o, nil
+}
+
+// check validates the options of "host".
+func (o *hostOptions) check() error {
+	var err error
+	switch {
+	case o.level.UnmarshalText([]byte(o.logLevel)) != nil:
+		return usageError{Msg: fmt.Sprintf("--log-level %q: want debug, info, warn or error", o.logLevel)}
+	case logFormatError(o.logFormat) != nil:
+		return logFormatError(o.logFormat)
+	case o.underlay == "":
+		return usageError{Msg: "--underlay is required (the interface the simulated fabric runs over)"}
+	case o.ibMTU != 2048 && o.ibMTU != 4096:
+		return usageError{Msg: fmt.Sprintf("--ib-mtu %d: want 2048 or 4096", o.ibMTU)}
+	case o.maxNeigh < 1:
+		return usageError{Msg: fmt.Sprintf("--max-neighbours %d: want at least 1", o.maxNeigh)}
+	}
+	if o.pkeyV, err = ipoib.ParsePKey(o.pkey); err != nil {
+		return usageError{Msg: "--pkey: " + err.Error()}
+	}
+	return nil
 }
 
 // runHost is "eipoibd host": a native IPoIB host until SIGINT or SIGTERM.
@@ -63,15 +84,8 @@ func runHost(args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
-		return usageError{Msg: fmt.Sprintf("--log-level %q: want debug, info, warn or error", o.logLevel)}
-	}
-	pkey, err := ipoib.ParsePKey(o.pkey)
-	if err != nil {
-		return usageError{Msg: "--pkey: " + err.Error()}
-	}
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	pkey := o.pkeyV
+	log := newLogger(o.logFormat, stderr, o.level)
 	port, err := simfabric.Open(simfabric.Config{Underlay: o.underlay, IBMTU: o.ibMTU})
 	if err != nil {
 		return err

@@ -34,3 +34,40 @@ func TestHostCommandLines(t *testing.T) {
 		t.Errorf("host -h: %v\n%s", err, stderr.String())
 	}
 }
+
+// TestHostConfigAndLogFormat: "eipoibd host" takes --config and
+// --log-format as "run" does: the file's values apply, the command line
+// wins, a bad value from the file is one line naming the file, and the
+// JSON format writes JSON lines.
+func TestHostConfigAndLogFormat(t *testing.T) {
+	p := writeConfig(t, "underlay = \"ul9\"\nib-mtu = 2048\npkey = \"0x800a\"\nlog-format = \"json\"\n")
+	o, err := parseHost([]string{"--config", p}, &bytes.Buffer{})
+	if err != nil || o.underlay != "ul9" || o.ibMTU != 2048 || o.pkeyV != 0x800a || o.logFormat != "json" {
+		t.Fatalf("from the file: %+v, %v", o, err)
+	}
+	o, err = parseHost([]string{"--config", p, "--ib-mtu", "4096", "--log-format", "text"}, &bytes.Buffer{})
+	if err != nil || o.ibMTU != 4096 || o.logFormat != "text" || o.underlay != "ul9" {
+		t.Fatalf("flags over the file: %+v, %v", o, err)
+	}
+	for _, c := range []struct{ text, want string }{
+		{"bogus = 1\n", `--config P: unknown key "bogus" (eipoibd host -h lists the keys, without the dashes)`},
+		{"underlay = \"u\"\nib-mtu = 1000\n", "--config P: --ib-mtu 1000: want 2048 or 4096"},
+		{"underlay = \"u\"\nlog-format = \"xml\"\n", `--config P: --log-format "xml": want text or json`},
+	} {
+		p := writeConfig(t, c.text)
+		_, err := parseHost([]string{"--config", p}, &bytes.Buffer{})
+		want := strings.ReplaceAll(c.want, "P", p)
+		if err == nil || err.Error() != want {
+			t.Errorf("%q: error %v, want %q", c.text, err, want)
+		}
+	}
+	if _, err := parseHost([]string{"--underlay", "x", "--log-format", "xml"}, &bytes.Buffer{}); err == nil || err.Error() != `--log-format "xml": want text or json` {
+		t.Errorf("--log-format xml: %v", err)
+	}
+	var out bytes.Buffer
+	o, _ = parseHost([]string{"--underlay", "x", "--log-format", "json"}, &bytes.Buffer{})
+	newLogger(o.logFormat, &out, o.level).Info("hello", "k", 1)
+	if line := out.String(); !strings.HasPrefix(line, `{"time":`) || !strings.Contains(line, `"msg":"hello","k":1}`) {
+		t.Errorf("JSON log line: %q", line)
+	}
+}

@@ -101,20 +101,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	if err := cli.Parse(fs, args[1:], usage, stderr, "eipoibd run -h lists the flags"); err != nil {
 		return nil, err
 	}
-	var fromFile map[string]bool
-	if o.config != "" {
-		var err error
-		if fromFile, err = applyConfig(fs, o.config); err != nil {
-			return nil, err
-		}
-	}
-	if err := check(o); err != nil {
-		// A bad value from the file: say where it came from.
-		for k := range fromFile {
-			if ue, ok := err.(usageError); ok && strings.HasPrefix(ue.Msg, "--"+k+" ") {
-				return nil, usageError{Msg: fmt.Sprintf("--config %s: %s", o.config, ue.Msg)}
-			}
-		}
+	if err := withConfig(fs, o.config, func() error { return check(o) }); err != nil {
 		return nil, err
 	}
 	if o.queues == 0 {
@@ -170,9 +157,10 @@ func check(o *options) error {
 	if err := o.level.UnmarshalText([]byte(o.logLevel)); err != nil {
 		return usageError{Msg: fmt.Sprintf("--log-level %q: want debug, info, warn or error", o.logLevel)}
 	}
+	if err := checkFabric(o); err != nil {
+		return err
+	}
 	switch {
-	case checkFabric(o) != nil:
-		return checkFabric(o)
 	case o.ibMTU != 2048 && o.ibMTU != 4096:
 		return usageError{Msg: fmt.Sprintf("--ib-mtu %d: want 2048 or 4096", o.ibMTU)}
 	case o.maxVIFs < 1 || o.maxVIFs > 1<<20:
@@ -181,8 +169,8 @@ func check(o *options) error {
 		return usageError{Msg: fmt.Sprintf("--tap-mtu %d: want %d to %d (below the IPoIB MTU it is raised to it)", o.tapMTU, minTAPMTU, maxTAPMTU)}
 	case o.queues < 0 || o.queues > maxQueues:
 		return usageError{Msg: fmt.Sprintf("--queues %d: want 0 (one per CPU) to %d", o.queues, maxQueues)}
-	case o.logFormat != "text" && o.logFormat != "json":
-		return usageError{Msg: fmt.Sprintf("--log-format %q: want text or json", o.logFormat)}
+	case logFormatError(o.logFormat) != nil:
+		return logFormatError(o.logFormat)
 	case o.maxNeigh < 1:
 		return usageError{Msg: fmt.Sprintf("--max-neighbours %d: want at least 1", o.maxNeigh)}
 	case o.vifIdle < time.Second:
