@@ -728,4 +728,36 @@ func TestGauges(t *testing.T) {
 			t.Errorf("%s is a total but exported as a gauge", name)
 		}
 	}
+
+	// The port's levels are learned from its Counters: a level the port
+	// reports is a gauge under port_<name> once Counters has seen it,
+	// with the port's value; the port's stats stay totals.
+	lp := &levelPort{Port: s.port, levels: map[string]uint64{"address_handles": 7}}
+	s2, _ := stillShim(t, f.Fabric, "fe80::b", func(c *Config) { lp.Port = c.Port; c.Port = lp })
+	if s2.IsGauge("port_address_handles") {
+		t.Error("port_address_handles is a gauge before the port reported it")
+	}
+	if got := s2.Counters()["port_address_handles"]; got != 7 {
+		t.Errorf("port_address_handles = %d, want the port's 7", got)
+	}
+	if !s2.IsGauge("port_address_handles") {
+		t.Error("port_address_handles, a level of the port, is exported as a counter")
+	}
+	if got := s2.Counters()["port_tx_trains"]; got != 3 || s2.IsGauge("port_tx_trains") {
+		t.Errorf("port_tx_trains = %d, want the port's 3 exported as a counter (gauge: %v)", got, s2.IsGauge("port_tx_trains"))
+	}
+}
+
+// levelPort is a port that reports levels and stats beside its own
+// counters.
+type levelPort struct {
+	ipoib.Port
+	levels map[string]uint64
+}
+
+func (p *levelPort) Counters() ipoib.PortCounters {
+	c := p.Port.Counters()
+	c.Levels = p.levels
+	c.Stats = map[string]uint64{"tx_trains": 3}
+	return c
 }
