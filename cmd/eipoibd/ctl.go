@@ -383,24 +383,24 @@ func printShow(what string, data json.RawMessage, asJSON bool) error {
 
 // vifMetrics are the per-VIF metric families: packets and bytes each way
 // (eipoibd_vif_{tx,rx}_{packets,bytes}) and idle seconds, labeled by MAC,
-// VLAN and origin.
+// VLAN and origin, all from one listing of the VIFs a scrape.
 func vifMetrics(sh *shim.Shim) []prometheus.Collector {
-	labels := []string{"mac", "vlan", "origin"}
-	family := func(name, help string, typ prometheus.ValueType, val func(v shim.VIFInfo) float64) prometheus.Collector {
-		return metrics.NewFamily(name, help, typ, labels, func() []metrics.Labeled {
-			vs := sh.VIFs()
-			out := make([]metrics.Labeled, len(vs))
-			for i, v := range vs {
-				out[i] = metrics.Labeled{Labels: []string{v.MAC.String(), strconv.Itoa(int(v.VLAN)), v.Origin.String()}, Value: val(v)}
+	cols := []metrics.Column{
+		{Name: "vif_tx_packets", Help: "Frames from the guest", Type: prometheus.CounterValue},
+		{Name: "vif_tx_bytes", Help: "Bytes of frames from the guest", Type: prometheus.CounterValue},
+		{Name: "vif_rx_packets", Help: "IPoIB packets to the guest", Type: prometheus.CounterValue},
+		{Name: "vif_rx_bytes", Help: "Bytes of IPoIB packets to the guest", Type: prometheus.CounterValue},
+		{Name: "vif_idle_seconds", Help: "Time since the VIF last carried traffic", Type: prometheus.GaugeValue},
+	}
+	return []prometheus.Collector{metrics.NewTable([]string{"mac", "vlan", "origin"}, cols, func() []metrics.Row {
+		vs := sh.VIFs()
+		out := make([]metrics.Row, len(vs))
+		for i, v := range vs {
+			out[i] = metrics.Row{
+				Labels: []string{v.MAC.String(), strconv.Itoa(int(v.VLAN)), v.Origin.String()},
+				Values: []float64{float64(v.TxPackets), float64(v.TxBytes), float64(v.RxPackets), float64(v.RxBytes), v.Idle.Seconds()},
 			}
-			return out
-		})
-	}
-	return []prometheus.Collector{
-		family("vif_tx_packets", "Frames from the guest", prometheus.CounterValue, func(v shim.VIFInfo) float64 { return float64(v.TxPackets) }),
-		family("vif_tx_bytes", "Bytes of frames from the guest", prometheus.CounterValue, func(v shim.VIFInfo) float64 { return float64(v.TxBytes) }),
-		family("vif_rx_packets", "IPoIB packets to the guest", prometheus.CounterValue, func(v shim.VIFInfo) float64 { return float64(v.RxPackets) }),
-		family("vif_rx_bytes", "Bytes of IPoIB packets to the guest", prometheus.CounterValue, func(v shim.VIFInfo) float64 { return float64(v.RxBytes) }),
-		family("vif_idle_seconds", "Time since the VIF last carried traffic", prometheus.GaugeValue, func(v shim.VIFInfo) float64 { return v.Idle.Seconds() }),
-	}
+		}
+		return out
+	})}
 }

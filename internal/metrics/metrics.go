@@ -46,31 +46,51 @@ func Handler(snapshot func() map[string]uint64, isGauge func(name string) bool, 
 	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
 }
 
-// Labeled is one metric of a labeled family: its label values and value.
-type Labeled struct {
+// Column is one metric family of a Table, eipoibd_<Name>.
+type Column struct {
+	Name, Help string
+	Type       prometheus.ValueType
+}
+
+// Row is one labeled item of a Table: its label values, and its value in
+// each of the table's columns, in order.
+type Row struct {
 	Labels []string
-	Value  float64
+	Values []float64
 }
 
-// Family is a collector of one labeled metric family, read at each
-// scrape (e.g. per-VIF counters).
-type Family struct {
-	Desc  *prometheus.Desc
-	Type  prometheus.ValueType
-	Items func() []Labeled
+// Table is a collector of labeled metric families (its columns) that
+// share their labels and are read from one snapshot per scrape: e.g. the
+// per-VIF counters, all from one listing of the VIFs.
+type Table struct {
+	descs []*prometheus.Desc
+	types []prometheus.ValueType
+	rows  func() []Row
 }
 
-// NewFamily describes eipoibd_<name> with the labels.
-func NewFamily(name, help string, typ prometheus.ValueType, labels []string, items func() []Labeled) Family {
-	return Family{Desc: prometheus.NewDesc("eipoibd_"+name, help, labels, nil), Type: typ, Items: items}
+// NewTable describes the columns with the labels; rows is called once a
+// scrape and must give len(cols) values a row.
+func NewTable(labels []string, cols []Column, rows func() []Row) Table {
+	t := Table{rows: rows}
+	for _, c := range cols {
+		t.descs = append(t.descs, prometheus.NewDesc("eipoibd_"+c.Name, c.Help, labels, nil))
+		t.types = append(t.types, c.Type)
+	}
+	return t
 }
 
-// Describe sends the family's description.
-func (f Family) Describe(ch chan<- *prometheus.Desc) { ch <- f.Desc }
+// Describe sends the columns' descriptions.
+func (t Table) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range t.descs {
+		ch <- d
+	}
+}
 
-// Collect sends the family's current metrics.
-func (f Family) Collect(ch chan<- prometheus.Metric) {
-	for _, it := range f.Items() {
-		ch <- prometheus.MustNewConstMetric(f.Desc, f.Type, it.Value, it.Labels...)
+// Collect takes one snapshot and sends every row's value of each column.
+func (t Table) Collect(ch chan<- prometheus.Metric) {
+	for _, r := range t.rows() {
+		for i, d := range t.descs {
+			ch <- prometheus.MustNewConstMetric(d, t.types[i], r.Values[i], r.Labels...)
+		}
 	}
 }
