@@ -197,6 +197,7 @@ type Port struct {
 	txSrcs [batchSize]*child
 
 	txPackets, txBytes, rxPackets, rxBytes atomic.Uint64
+	mcastCopies                            atomic.Uint64 // StatMcastCopies: one per child a broadcast wakes
 	rxCtr                                  rxq.Counters
 	ctrMu                                  sync.Mutex
 	drops, stats                           map[string]uint64
@@ -422,6 +423,9 @@ func (p *Port) Counters() ipoib.PortCounters {
 		c.Stats[k] = v
 	}
 	p.ctrMu.Unlock()
+	if n := p.mcastCopies.Load(); n > 0 {
+		c.Stats[StatMcastCopies] = n
+	}
 	return c
 }
 
@@ -916,6 +920,7 @@ func (p *Port) rxLoop(c *child) {
 	for i := range msgs {
 		bufs[i] = p.pool.Get().(*[]byte)
 		msgs[i].Name = names[i][:]
+		msgs[i].Buf = (*bufs[i])[rxHead:] // the vnet header, if any, lands in Buf too
 	}
 	defer func() {
 		for _, b := range bufs {
@@ -923,9 +928,8 @@ func (p *Port) rxLoop(c *child) {
 		}
 	}()
 	for {
-		for i := range msgs {
-			msgs[i].Buf = (*bufs[i])[rxHead:] // the vnet header, if any, lands in Buf too
-		}
+		// Only the buffers handed to Read are replaced: a child that
+		// only receives copies (one a wake-up) touches one message.
 		n, err := c.sock.Recv(msgs[:])
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) || p.closed.Load() {
@@ -940,6 +944,7 @@ func (p *Port) rxLoop(c *child) {
 				select {
 				case p.rx <- pk:
 					bufs[i] = p.pool.Get().(*[]byte)
+					msgs[i].Buf = (*bufs[i])[rxHead:]
 				default:
 					p.drop(DropQueueFull)
 				}
@@ -987,7 +992,7 @@ func (p *Port) accept(c *child, m *Msg, buf *[]byte) (rxq.Packet, bool) {
 		meta.DstQPN = c.qpn
 	case PacketBroadcast, PacketMulticast:
 		if !c.group {
-			p.stat(StatMcastCopies)
+			p.mcastCopies.Add(1)
 			return rxq.Packet{}, false
 		}
 		mgid, ok := p.mgidOf(sa, (*buf)[start:end], c.pkey)

@@ -18,7 +18,7 @@ import (
 
 func gid(s string) ipoib.GID { return ipoib.GID(netip.MustParseAddr(s).As16()) }
 
-func open(t *testing.T, k *fakekernel.Kernel) *kf.Port {
+func open(t testing.TB, k *fakekernel.Kernel) *kf.Port {
 	t.Helper()
 	p, err := kf.New(kf.Config{Kernel: k, Parent: "ib0", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
