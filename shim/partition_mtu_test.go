@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net/netip"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -26,12 +27,12 @@ import (
 type smallPartition struct {
 	testPort
 	pkey ipoib.PKey
-	mtu  int
+	mtu  *atomic.Int32
 }
 
 func (p smallPartition) PartitionMTU(pkey ipoib.PKey) int {
 	if pkey.Full() == p.pkey {
-		return p.mtu
+		return int(p.mtu.Load())
 	}
 	return p.testPort.PartitionMTU(pkey)
 }
@@ -41,7 +42,15 @@ func (p smallPartition) PartitionMTU(pkey ipoib.PKey) int {
 type smallPartitionFabric struct {
 	memFabric
 	pkey ipoib.PKey
-	mtu  int
+	mtu  *atomic.Int32
+}
+
+func newSmallPartitionFabric(t *testing.T, pkey ipoib.PKey, mtu int) smallPartitionFabric {
+	mf := memFab(t, 4096)
+	mf.SetTSO(true)
+	f := smallPartitionFabric{mf, pkey, new(atomic.Int32)}
+	f.mtu.Store(int32(mtu))
+	return f
 }
 
 func (f smallPartitionFabric) port(t *testing.T, gid ipoib.GID) testPort {
@@ -130,9 +139,7 @@ func checkWhole(t *testing.T, a, b *hv) {
 // guest's 3000-byte packet crosses whole (the default partition keeps
 // 4092), as the TAP's MTU (IPMTU) stays the port's.
 func TestPartitionMTU(t *testing.T) {
-	mf := memFab(t, 4096)
-	mf.SetTSO(true)
-	f := smallPartitionFabric{mf, 0x8014, 2048}
+	f := newSmallPartitionFabric(t, 0x8014, 2048)
 	cfg := func(c *Config) { c.Partitions = map[uint16]ipoib.PKey{20: 0x8014}; c.ClampMSS = true }
 	a, b := newHV(t, f, "fe80::a", cfg), newHV(t, f, "fe80::b", cfg)
 	if a.s.IPMTU() != 4092 || a.s.Port().PartitionMTUs[20] != 2044 || a.s.Port().PartitionMTUs[0] != 4092 {
@@ -162,6 +169,27 @@ func TestPartitionMTU(t *testing.T) {
 		t.Fatalf("SYN options %v, want MSS %d", syn.Options, mtu-40)
 	}
 	checkWhole(t, a, b)
+}
+
+// TestPartitionMTURefresh: a partition's MTU that the port lowers while
+// the shim runs (the SM changed its broadcast group's) is taken up by the
+// next housekeeping round: VLAN 20's guests then get ICMP with 2044.
+func TestPartitionMTURefresh(t *testing.T) {
+	f := newSmallPartitionFabric(t, 0x8014, 4096)
+	cfg := func(c *Config) { c.Partitions = map[uint16]ipoib.PKey{20: 0x8014} }
+	a, b := newHV(t, f, "fe80::a", cfg), newHV(t, f, "fe80::b", cfg)
+	if got := a.s.Port().PartitionMTUs[20]; got != 4092 {
+		t.Fatalf("VLAN 20 MTU %d", got)
+	}
+	f.mtu.Store(2048)
+	deadline := time.Now().Add(2 * time.Second)
+	for a.s.Port().PartitionMTUs[20] != 2044 {
+		if time.Now().After(deadline) {
+			t.Fatalf("VLAN 20 MTU still %d", a.s.Port().PartitionMTUs[20])
+		}
+		time.Sleep(time.Millisecond)
+	}
+	checkTooBig(t, a, b, 20, meetOn(t, a, b, 20), 2044)
 }
 
 // kernelHosts is hosts on a fake kernel running the kernel backend on an

@@ -332,6 +332,21 @@ func (p *Port) followChild(l Link) {
 	}
 	c := v.(*child)
 	ready := c.mtu.Load() != 0 // had carrier before
+	// The MTU before the carrier: a Write that sees the carrier reads it.
+	if l.Carrier {
+		mtu, err := childMTU(l, p.mtu)
+		switch {
+		case err != nil && ready:
+			p.log.Warn("partition MTU changed to one eipoibd does not run; keeping the last", "child", c.name, "err", err)
+		case err != nil:
+			p.log.Warn("child's partition MTU is one eipoibd does not run; its packets are dropped as oversize", "child", c.name, "err", err)
+		case err == nil:
+			if old := c.mtu.Swap(int32(mtu)); old != 0 && int(old) != mtu {
+				p.stat(StatPartitionMTUChanges)
+				p.log.Warn("partition MTU changed", "child", c.name, "pkey", c.pkey, "ib_mtu", mtu, "was", old)
+			}
+		}
+	}
 	if was := c.carrier.Swap(l.Carrier); was != l.Carrier && ready {
 		if !l.Carrier {
 			p.stat(StatCarrierLost)
@@ -340,16 +355,6 @@ func (p *Port) followChild(l Link) {
 	}
 	if !l.Carrier {
 		return
-	}
-	mtu, err := childMTU(l, p.mtu)
-	switch {
-	case err != nil && ready:
-		p.log.Warn("partition MTU changed to one eipoibd does not run; keeping the last", "child", c.name, "err", err)
-	case err == nil:
-		if old := c.mtu.Swap(int32(mtu)); old != 0 && int(old) != mtu {
-			p.stat(StatPartitionMTUChanges)
-			p.log.Warn("partition MTU changed", "child", c.name, "pkey", c.pkey, "ib_mtu", mtu, "was", old)
-		}
 	}
 	c.upOnce.Do(func() { close(c.up) })
 }

@@ -373,3 +373,25 @@ func TestPartitionMTUFromGroup(t *testing.T) {
 		t.Fatal("a packet of the partition's MTU was not delivered")
 	}
 }
+
+// TestPartitionMTUChange: when the SM changes a partition's broadcast
+// group MTU and the children join again (here after the port went down
+// and up), PartitionMTU follows and the change is counted, for the group
+// child and the VIF child.
+func TestPartitionMTUChange(t *testing.T) {
+	f := fakekernel.NewFabric()
+	k := f.NewHost(gid("fe80::a"), "ib0", 4092)
+	p := open(t, k)
+	if _, err := p.AllocQP(0x8002, 0); err != nil || p.PartitionMTU(0x8002) != 4096 {
+		t.Fatalf("%v, MTU %d", err, p.PartitionMTU(0x8002))
+	}
+	f.SetGroupMTU(0x8002, 2048)
+	k.SetCarrier(false)
+	k.SetCarrier(true)
+	waitFor(t, func() bool {
+		return p.PartitionMTU(0x8002) == 2048 && p.Counters().Stats[kf.StatPartitionMTUChanges] == 2
+	})
+	if p.PartitionMTU(0xffff) != 4096 {
+		t.Fatalf("default partition %d", p.PartitionMTU(0xffff))
+	}
+}
