@@ -99,19 +99,31 @@ func readPKeyTable(classNet, parent string) (PKeyTable, error) {
 		if err != nil {
 			return PKeyTable{}, err
 		}
-		s := strings.TrimSpace(string(b))
-		if s == "none" {
-			continue
-		}
-		v, err := strconv.ParseUint(strings.TrimPrefix(s, "0x"), 16, 16)
+		k, ok, err := parsePKeyEntry(string(b))
 		if err != nil {
-			return PKeyTable{}, fmt.Errorf("%s/%s: %q is no P_Key", t.Path, e.Name(), s)
+			return PKeyTable{}, fmt.Errorf("%s/%s: %w", t.Path, e.Name(), err)
 		}
-		if k := ipoib.PKey(v); k&0x7fff != 0 {
+		if ok {
 			t.PKeys = append(t.PKeys, k)
 		}
 	}
 	return t, nil
+}
+
+// parsePKeyEntry parses one sysfs P_Key table entry ("0x%04x\n", or
+// "none" for an unmapped one); ok is false for an empty entry (0x0000 or
+// 0x8000: no partition).
+func parsePKeyEntry(text string) (k ipoib.PKey, ok bool, err error) {
+	s := strings.TrimSpace(text)
+	if s == "none" {
+		return 0, false, nil
+	}
+	v, err := strconv.ParseUint(strings.TrimPrefix(s, "0x"), 16, 16)
+	if err != nil || !strings.HasPrefix(s, "0x") {
+		return 0, false, fmt.Errorf("%q is no P_Key", s)
+	}
+	k = ipoib.PKey(v)
+	return k, k&0x7fff != 0, nil
 }
 
 // sysPort returns the HCA port number of the interface at sysfs dir:

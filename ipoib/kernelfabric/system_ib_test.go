@@ -1,6 +1,7 @@
 package kernelfabric
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -69,7 +70,7 @@ func TestReadPKeyTable(t *testing.T) {
 		t.Fatalf("two HCAs: %+v %v", tab, err)
 	}
 
-	bad := sysTree(t, map[string]string{"ib0/dev_port": "0\n", "ib0/address": sysAddr, "ib0/device/infiniband/x/ports/1/pkeys/0": "fffff\n"})
+	bad := sysTree(t, map[string]string{"ib0/dev_port": "0\n", "ib0/address": sysAddr, "ib0/device/infiniband/x/ports/1/pkeys/0": "0xfffff\n"})
 	if _, err := readPKeyTable(bad, "ib0"); err == nil || !strings.Contains(err.Error(), "no P_Key") {
 		t.Fatalf("bad entry: %v", err)
 	}
@@ -77,4 +78,28 @@ func TestReadPKeyTable(t *testing.T) {
 	if _, err := readPKeyTable(noIB, "eth0"); err == nil || !strings.Contains(err.Error(), "no HCA") {
 		t.Fatalf("no HCA: %v", err)
 	}
+}
+
+// FuzzParsePKeyEntry: no entry text crashes the parser; an entry it takes
+// prints back as show_port_pkey prints it and parses to the same P_Key.
+func FuzzParsePKeyEntry(f *testing.F) {
+	for _, s := range []string{"0xffff\n", "0x8001\n", "0x0000\n", "0x8000\n", "none\n", "fffff", "0x", "", "0x12345", "0xffff\x00"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		k, ok, err := parsePKeyEntry(s)
+		if err != nil {
+			if ok || k != 0 {
+				t.Fatalf("%q: error %v with %#x %v", s, err, k, ok)
+			}
+			return
+		}
+		if strings.TrimSpace(s) == "none" {
+			return
+		}
+		k2, ok2, err := parsePKeyEntry(fmt.Sprintf("0x%04x\n", uint16(k)))
+		if err != nil || k2 != k || ok2 != ok || ok != (k&0x7fff != 0) {
+			t.Fatalf("%q → %#x %v, printed back → %#x %v %v", s, k, ok, k2, ok2, err)
+		}
+	})
 }
