@@ -21,13 +21,17 @@ type PortInfo struct {
 	IPoIBMTU   int
 	Up         bool                  // the carrier the TAP shows
 	Partitions map[uint16]ipoib.PKey // VLAN → P_Key, untagged (0) included
+	// PartitionMTUs are the partitions' IPoIB MTUs by VLAN (IPoIBMTU is
+	// the largest).
+	PartitionMTUs map[uint16]int
 }
 
 // Port describes the IB port.
 func (s *Shim) Port() PortInfo {
-	pi := PortInfo{GID: s.port.LocalGID(), IBMTU: s.port.MTU(), IPoIBMTU: s.ipMTU, Up: s.carrier.Load(), Partitions: map[uint16]ipoib.PKey{}}
+	pi := PortInfo{GID: s.port.LocalGID(), IBMTU: s.port.MTU(), IPoIBMTU: s.ipMTU, Up: s.carrier.Load(), Partitions: map[uint16]ipoib.PKey{}, PartitionMTUs: map[uint16]int{}}
 	for _, p := range s.partitions() {
 		pi.Partitions[p.vlan] = p.pkey
+		pi.PartitionMTUs[p.vlan] = p.mtu()
 	}
 	return pi
 }

@@ -67,7 +67,7 @@ func TestClampMSS(t *testing.T) {
 			"odd":  {nop, mssOpt(8960), ws},
 		} {
 			pay := synPacket(t, v6, true, opts)
-			if !s.clampMSS(pay, v6) {
+			if !s.clampMSS(pay, v6, s.ipMTU) {
 				t.Fatalf("v6 %v %s: not clamped", v6, name)
 			}
 			tcp := gopacket.NewPacket(pay, first, gopacket.Default).Layer(layers.LayerTypeTCP).(*layers.TCP)
@@ -88,7 +88,7 @@ func TestClampMSS(t *testing.T) {
 			"option end": synPacket(t, v6, true, []layers.TCPOption{{OptionType: layers.TCPOptionKindEndList, OptionLength: 1}, nop, nop, mssOpt(8960)}),
 		} {
 			before := string(pay)
-			if s.clampMSS(pay, v6) || string(pay) != before {
+			if s.clampMSS(pay, v6, s.ipMTU) || string(pay) != before {
 				t.Fatalf("v6 %v %s: changed", v6, name)
 			}
 		}
@@ -129,7 +129,7 @@ func FuzzClampMSS(f *testing.F) {
 		tcp := header.TCP(pkt[l3:])
 		tcp.SetChecksum(0)
 		tcp.SetChecksum(csum.Fold(csum.Sum(csum.Pseudo(src, dst, header.ProtoTCP, len(tcp)), tcp)))
-		if s.clampMSS(pkt, v6) && !tcpChecksumOK(pkt, v6) {
+		if s.clampMSS(pkt, v6, s.ipMTU) && !tcpChecksumOK(pkt, v6) {
 			t.Fatalf("options %x: clamped, checksum broken", opts)
 		}
 	})

@@ -91,7 +91,15 @@ type partition struct {
 	pkey  ipoib.PKey
 	bcast ipoib.GID
 	view  *mactrans.View
+	// ipMTU is the partition's IPoIB MTU, from the port's PartitionMTU:
+	// on InfiniBand the SM may give a partition's broadcast group a
+	// smaller MTU than the port's. Packets of the partition are cut,
+	// fragmented or answered "too big" to it.
+	ipMTU atomic.Int32
 }
+
+// mtu is the partition's IPoIB MTU.
+func (p *partition) mtu() int { return int(p.ipMTU.Load()) }
 
 // Shim is the engine. Create it with New and start it with Run.
 type Shim struct {
@@ -101,7 +109,7 @@ type Shim struct {
 	dev    tap.Device
 	queues []tap.Device // the device's queues (itself when it has one)
 	port   ipoib.Port
-	ipMTU  int
+	ipMTU  int // the port's IPoIB MTU, the largest of the partitions'
 	vifs   *mactrans.VIFTable
 	neigh  *mactrans.NeighTable
 	byVLAN [4096]atomic.Pointer[partition] // by VLAN ID; nil: unmapped
@@ -264,7 +272,29 @@ func (s *Shim) newPartition(vlan uint16, pkey ipoib.PKey) (*partition, error) {
 	}
 	p := &partition{vlan: vlan, pkey: full, bcast: ipoib.BroadcastMGID(full, s.cfg.Scope)}
 	p.view = &mactrans.View{VIFs: s.vifs, Neigh: s.neigh, Clock: s.clk, GID: s.port.LocalGID(), VLAN: vlan, PKey: full}
+	p.ipMTU.Store(int32(s.partitionIPMTU(full)))
 	return p, nil
+}
+
+// partitionIPMTU is the IPoIB MTU of partition pkey as the port reports
+// it, never above the port's (a value no port should give, at or below
+// the IPoIB header, reads as the port's).
+func (s *Shim) partitionIPMTU(pkey ipoib.PKey) int {
+	m := s.port.PartitionMTU(pkey) - ipoib.HeaderLen
+	if m <= 0 || m > s.ipMTU {
+		return s.ipMTU
+	}
+	return m
+}
+
+// refreshMTU reads partition p's MTU from the port again (its group or
+// first VIF was just made, or the port may have reported a change) and
+// logs a change.
+func (s *Shim) refreshMTU(p *partition) {
+	m := s.partitionIPMTU(p.pkey)
+	if old := int(p.ipMTU.Swap(int32(m))); old != m {
+		s.log.Info("partition MTU", "vlan", p.vlan, "pkey", p.pkey, "ipoib_mtu", m, "was", old)
+	}
 }
 
 // publish makes partition p visible to the data path (copy on write).
@@ -286,6 +316,7 @@ func (s *Shim) joinPartition(p *partition) error {
 			return err
 		}
 	}
+	s.refreshMTU(p)
 	return nil
 }
 
@@ -310,7 +341,8 @@ func (s *Shim) AddPartition(vlan uint16, pkey ipoib.PKey) error {
 	return nil
 }
 
-// IPMTU is the IPoIB MTU: the largest IP packet carried unfragmented.
+// IPMTU is the port's IPoIB MTU: the largest IP packet carried
+// unfragmented in any partition (the TAP's MTU).
 func (s *Shim) IPMTU() int { return s.ipMTU }
 
 // Run joins each partition's broadcast, all-nodes and all-hosts groups, then moves
@@ -424,6 +456,9 @@ func (s *Shim) housekeeping(ctx context.Context) error {
 		s.resolveTick(now)
 		s.announceTick(now)
 		s.live.RUnlock()
+		for _, p := range s.partitions() {
+			s.refreshMTU(p)
+		}
 		s.followCarrier()
 		s.lastRound.Store(time.Now().UnixNano())
 	}
@@ -538,6 +573,7 @@ func (s *Shim) vifQPN(p *partition, mac ether.MAC, origin mactrans.Origin, now t
 		return nil, err
 	}
 	if created {
+		s.refreshMTU(p)
 		v.AnnounceUntil(now.Add(s.cfg.AnnounceWindow))
 		s.ctr.inc(VIFsCreated)
 		s.log.Info("VIF created", "mac", mac, "vlan", p.vlan, "pkey", p.pkey, "qpn", fmt.Sprintf("%#06x", v.QPN), "limac", v.LIMAC, "origin", origin)

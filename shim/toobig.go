@@ -2,8 +2,8 @@ package shim
 
 // Oversized IP packets are never blackholed (DESIGN.md): IPv4 with DF and
 // IPv6 get ICMP "fragmentation needed" / "packet too big" back to the
-// guest with the IPoIB MTU, so path MTU discovery converges; IPv4 without
-// DF is fragmented to the IPoIB MTU here (RFC 791 §3.2, options copied to
+// guest with the IPoIB MTU of the packet's partition, so path MTU
+// discovery converges; IPv4 without DF is fragmented to it here (RFC 791 §3.2, options copied to
 // non-first fragments only when their copied flag is set).
 
 import (
@@ -28,23 +28,23 @@ func fragmentable(et uint16, pay []byte) bool {
 	return et == ether.TypeIPv4 && !header.IPv4(pay).DontFragment()
 }
 
-// tooBig handles an IP packet longer than the IPoIB MTU.
-func (s *Shim) tooBig(b *txBatch, f ether.Frame, et uint16, pay []byte, m ipoib.TxMeta) {
+// tooBig handles an IP packet longer than mtu, its partition's IPoIB MTU.
+func (s *Shim) tooBig(b *txBatch, f ether.Frame, et uint16, pay []byte, m ipoib.TxMeta, mtu int) {
 	switch {
 	case fragmentable(et, pay):
-		s.fragment(b, header.IPv4(pay), m)
+		s.fragment(b, header.IPv4(pay), m, mtu)
 	case et == ether.TypeIPv4 || et == ether.TypeIPv6:
-		s.icmpTooBig(b, f, et, pay)
+		s.icmpTooBig(b, f, et, pay, mtu)
 	default:
 		s.ctr.inc(DropTooBig)
 	}
 }
 
-// fragment splits an IPv4 packet into fragments that fit the IPoIB MTU
-// (RFC 791 §3.2): the first carries the whole header, the others only the
+// fragment splits an IPv4 packet into fragments that fit mtu (RFC 791
+// §3.2): the first carries the whole header, the others only the
 // options whose copied flag is set. A packet that is itself a fragment
 // keeps its offset and MF flag in the pieces.
-func (s *Shim) fragment(b *txBatch, ip header.IPv4, m ipoib.TxMeta) {
+func (s *Shim) fragment(b *txBatch, ip header.IPv4, m ipoib.TxMeta, mtu int) {
 	data := ip.Payload()
 	origOff, origMF := ip.FragmentOffset(), ip.MoreFragments()
 	var later [header.IPv4MaxLen]byte // the header of non-first fragments
@@ -53,7 +53,7 @@ func (s *Shim) fragment(b *txBatch, ip header.IPv4, m ipoib.TxMeta) {
 	later[0] = 0x40 | byte(laterLen/4)
 	hdr := ip[:ip.HeaderLen()]
 	for off := 0; off < len(data); {
-		per := (s.ipMTU - len(hdr)) &^ 7
+		per := (mtu - len(hdr)) &^ 7
 		end := min(off+per, len(data))
 		if b.nfrag == len(b.frags) {
 			s.flushTx(b)
@@ -76,9 +76,9 @@ func (s *Shim) fragment(b *txBatch, ip header.IPv4, m ipoib.TxMeta) {
 }
 
 // icmpTooBig answers the guest with ICMP fragmentation-needed (IPv4, RFC
-// 1191) or ICMPv6 packet-too-big (RFC 4443 §3.2) carrying the IPoIB MTU,
-// sent from the packet's destination as a router on the path would.
-func (s *Shim) icmpTooBig(b *txBatch, f ether.Frame, et uint16, pay []byte) {
+// 1191) or ICMPv6 packet-too-big (RFC 4443 §3.2) carrying mtu, sent from
+// the packet's destination as a router on the path would.
+func (s *Shim) icmpTooBig(b *txBatch, f ether.Frame, et uint16, pay []byte, mtu int) {
 	var src, dst netip.Addr
 	if et == ether.TypeIPv4 {
 		src, dst = header.IPv4(pay).Dst(), header.IPv4(pay).Src()
@@ -99,7 +99,7 @@ func (s *Shim) icmpTooBig(b *txBatch, f ether.Frame, et uint16, pay []byte) {
 		header.EncodeIPv4(buf[hl:], header.IPv4Fields{TotalLen: n, TTL: 64, Protocol: header.ProtoICMP, Src: src, Dst: dst})
 		icmp := buf[hl+header.IPv4MinLen : hl+n]
 		icmp[0], icmp[1] = 3, 4 // destination unreachable, fragmentation needed
-		binary.BigEndian.PutUint16(icmp[6:8], uint16(s.ipMTU))
+		binary.BigEndian.PutUint16(icmp[6:8], uint16(mtu))
 		copy(icmp[icmpHeader:], quote)
 		binary.BigEndian.PutUint16(icmp[2:4], csum.Fold(csum.Sum(0, icmp)))
 	} else {
@@ -109,7 +109,7 @@ func (s *Shim) icmpTooBig(b *txBatch, f ether.Frame, et uint16, pay []byte) {
 		ip := header.EncodeIPv6(buf[hl:], header.IPv6Fields{PayloadLen: plen, NextHeader: header.ProtoICMPv6, HopLimit: 64, Src: src, Dst: dst})
 		icmp := buf[hl+header.IPv6Len : hl+n]
 		icmp[0], icmp[1] = 2, 0 // packet too big
-		binary.BigEndian.PutUint32(icmp[4:8], uint32(s.ipMTU))
+		binary.BigEndian.PutUint32(icmp[4:8], uint32(mtu))
 		copy(icmp[icmpHeader:], quote)
 		binary.BigEndian.PutUint16(icmp[2:4], csum.Fold(csum.Sum(csum.Pseudo(ip.SrcBytes(), ip.DstBytes(), header.ProtoICMPv6, plen), icmp)))
 	}

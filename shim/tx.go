@@ -215,7 +215,8 @@ func (s *Shim) tx(b *txBatch, buf []byte, n int, sup tap.Super, now time.Time) {
 		}
 		return
 	}
-	if s.cfg.ClampMSS && (et == ether.TypeIPv4 || et == ether.TypeIPv6) && s.clampMSS(pay, et == ether.TypeIPv6) {
+	mtu := p.mtu()
+	if s.cfg.ClampMSS && (et == ether.TypeIPv4 || et == ether.TypeIPv6) && s.clampMSS(pay, et == ether.TypeIPv6, mtu) {
 		s.ctr.inc(TxMSSClamped)
 	}
 	var vif *mactrans.VIF
@@ -302,7 +303,7 @@ func (s *Shim) tx(b *txBatch, buf []byte, n int, sup tap.Super, now time.Time) {
 	}
 	segs := 0 // of a super-frame
 	if sup.L4 != 0 {
-		if segs = s.superMeta(&m, f, pay, sup, kind); segs == 0 {
+		if segs = s.superMeta(&m, f, pay, sup, kind, mtu); segs == 0 {
 			return
 		}
 		if unknown {
@@ -312,7 +313,7 @@ func (s *Shim) tx(b *txBatch, buf []byte, n int, sup tap.Super, now time.Time) {
 			s.enqueue(p, vif, dst, nil, m, source, target, now)
 			return
 		}
-	} else if len(pay) > s.ipMTU {
+	} else if len(pay) > mtu {
 		if unknown && fragmentable(et, pay) {
 			// Fragments are not queued: resolve, and let the guest's
 			// retransmission find the destination known.
@@ -320,7 +321,7 @@ func (s *Shim) tx(b *txBatch, buf []byte, n int, sup tap.Super, now time.Time) {
 			s.enqueue(p, vif, dst, nil, m, source, target, now)
 			return
 		}
-		s.tooBig(b, f, et, pay, m)
+		s.tooBig(b, f, et, pay, m, mtu)
 		return
 	}
 	hdr := payStart - ipoib.HeaderLen
@@ -344,17 +345,17 @@ func (s *Shim) tx(b *txBatch, buf []byte, n int, sup tap.Super, now time.Time) {
 }
 
 // superMeta describes a TCP super-frame (checked by the device) to the
-// port, with segments cut to the IPoIB MTU, and returns how many segments
-// the port will cut; 0 (counted) when the frame goes to a group, where
-// TCP never goes.
-func (s *Shim) superMeta(m *ipoib.TxMeta, f ether.Frame, pay []byte, sup tap.Super, kind Counter) int {
+// port, with segments cut to the partition's IPoIB MTU mtu, and returns
+// how many segments the port will cut; 0 (counted) when the frame goes to
+// a group, where TCP never goes.
+func (s *Shim) superMeta(m *ipoib.TxMeta, f ether.Frame, pay []byte, sup tap.Super, kind Counter, mtu int) int {
 	if kind >= 0 {
 		s.ctr.inc(DropSuperGroup)
 		return 0
 	}
 	l4 := int(sup.L4) - f.HeaderLen() // from the IP header
 	hdrs := l4 + header.TCP(pay[l4:]).HeaderLen()
-	size := min(int(sup.Size), s.ipMTU-hdrs)
+	size := min(int(sup.Size), mtu-hdrs)
 	m.GSO = ipoib.GSO{Type: ipoib.GSOTCPv4, L4: uint16(ipoib.HeaderLen + l4), Size: uint16(size)}
 	if sup.V6 {
 		m.GSO.Type = ipoib.GSOTCPv6

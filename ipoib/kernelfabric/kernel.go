@@ -85,6 +85,9 @@ type Kernel interface {
 	// Mode returns an IPoIB interface's mode, "datagram" or "connected"
 	// (/sys/class/net/NAME/mode).
 	Mode(name string) (string, error)
+	// PKeys reads the P_Key table of the HCA port under IPoIB interface
+	// parent (sysfs; see system_ib.go).
+	PKeys(parent string) (PKeyTable, error)
 	// WriteSysctl writes value to /proc/sys/path.
 	WriteSysctl(path, value string) error
 	// TSO reports whether the interface has TCP segmentation offload on

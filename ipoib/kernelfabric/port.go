@@ -50,6 +50,10 @@ const (
 	DropBufferSmall  = "rx_buffer_small"
 	DropRecvError    = "recv_error"
 	DropMcastNoGroup = "no_group_child"
+	// DropNoCarrier: the sending child has no carrier (its partition's
+	// broadcast join is not done, or the port or its P_Key went away);
+	// the kernel's noop qdisc would drop the packet and report it sent.
+	DropNoCarrier = "child_no_carrier"
 )
 
 // Stats counted by a Port beside its drops.
@@ -63,6 +67,22 @@ const (
 	StatMTUChanges = "parent_mtu_changes"
 	// StatReclaimed counts children of a previous run deleted at start.
 	StatReclaimed = "children_reclaimed"
+	// StatRefusedPKey, StatRefusedJoin and StatRefusedMTU count
+	// children refused (and deleted) because their P_Key is not in the
+	// port's table, their broadcast join did not complete in time, or
+	// their partition's MTU is not one eipoibd runs; StatRefusedAgain
+	// counts AllocQP calls answered with a recent refusal, no child
+	// made.
+	StatRefusedPKey  = "child_refused_pkey"
+	StatRefusedJoin  = "child_refused_join"
+	StatRefusedMTU   = "child_refused_mtu"
+	StatRefusedAgain = "child_refused_again"
+	// StatCarrierLost counts children losing carrier after they were
+	// ready.
+	StatCarrierLost = "child_carrier_lost"
+	// StatPartitionMTUChanges counts MTU changes of ready children (their
+	// partition's broadcast group MTU changed).
+	StatPartitionMTUChanges = "partition_mtu_changes"
 )
 
 const (
@@ -83,7 +103,31 @@ type Config struct {
 	// of that scope and P_Key.
 	Scope  uint8
 	Logger *slog.Logger
+	// ChildTimeout bounds the wait for a new child's carrier, that is
+	// for its broadcast join (DefaultChildTimeout when zero).
+	ChildTimeout time.Duration
 }
+
+// DefaultChildTimeout is Config.ChildTimeout's default: an SA join
+// answers in milliseconds, and a failed one is retried by the driver
+// after a 2 s backoff, which this leaves room for once.
+const DefaultChildTimeout = 5 * time.Second
+
+// refuseFor is how long a partition whose child was refused refuses new
+// children at once with the same reason, unless one of its children is
+// freed first (which may free an attachment to its broadcast group).
+const refuseFor = 30 * time.Second
+
+// carrierPoll is how often a child's carrier is read while waiting for
+// it, besides the link notifications (which can be lost on overrun).
+const carrierPoll = 100 * time.Millisecond
+
+// Reasons a child is refused, for errors.Is.
+var (
+	ErrPKeyNotInTable = errors.New("P_Key not in the port's P_Key table")
+	ErrJoinTimeout    = errors.New("the broadcast join did not complete")
+	ErrPartitionMTU   = errors.New("partition MTU not supported")
+)
 
 // child is one IPoIB child interface and its packet socket.
 type child struct {
@@ -94,6 +138,19 @@ type child struct {
 	group bool // the partition's multicast child
 	vnet  bool // PACKET_VNET_HDR on its socket
 	sock  Socket
+	// carrier and mtu (its IB MTU, the IPoIB MTU + 4; 0 until its first
+	// carrier) follow the link's notifications; up is closed at the
+	// first carrier.
+	carrier atomic.Bool
+	mtu     atomic.Int32
+	up      chan struct{}
+	upOnce  sync.Once
+}
+
+// refusal is a partition's last refused child.
+type refusal struct {
+	err   error
+	until time.Time
 }
 
 // Port is an ipoib.Port over the kernel's IPoIB driver.
@@ -114,6 +171,16 @@ type Port struct {
 	all    map[string]*child
 	seq    int
 	setup  sync.Mutex // serialises child creation
+	// refused answers AllocQP at once for a partition whose child was
+	// just refused.
+	refMu   sync.Mutex
+	refused map[ipoib.PKey]refusal
+	timeout time.Duration
+	// byIndex maps ifindex to *child for follow, which must not wait
+	// for mu (a Write holding it may wait for the kernel, which may be
+	// waiting to hand follow a notification).
+	byIndex sync.Map
+	pkeyErr atomic.Bool // the P_Key table could not be read (logged once)
 
 	groups *ipoib.GroupTable
 	down   atomic.Bool
@@ -130,6 +197,7 @@ type Port struct {
 	txSrcs [batchSize]*child
 
 	txPackets, txBytes, rxPackets, rxBytes atomic.Uint64
+	mcastCopies                            atomic.Uint64 // StatMcastCopies: one per child a broadcast wakes
 	rxCtr                                  rxq.Counters
 	ctrMu                                  sync.Mutex
 	drops, stats                           map[string]uint64
@@ -146,6 +214,9 @@ func New(cfg Config) (*Port, error) {
 	}
 	if cfg.Scope == 0 {
 		cfg.Scope = ipoib.ScopeLinkLocal
+	}
+	if cfg.ChildTimeout <= 0 {
+		cfg.ChildTimeout = DefaultChildTimeout
 	}
 	k := cfg.Kernel
 	parent, err := k.LinkByName(cfg.Parent)
@@ -174,6 +245,7 @@ func New(cfg Config) (*Port, error) {
 		byQPN: make(map[uint32]*child), groupC: make(map[ipoib.PKey]*child), all: make(map[string]*child),
 		groups: ipoib.NewGroupTable(), done: make(chan struct{}), rx: make(chan rxq.Packet, queueLen),
 		drops: make(map[string]uint64), stats: make(map[string]uint64),
+		refused: make(map[ipoib.PKey]refusal), timeout: cfg.ChildTimeout,
 	}
 	p.pool.New = func() any { b := make([]byte, VnetHdrLen+mtu+rxHead); return &b }
 	p.rxCtr = rxq.Counters{Packets: &p.rxPackets, Bytes: &p.rxBytes, TooSmall: func() { p.drop(DropBufferSmall) }}
@@ -181,17 +253,19 @@ func New(cfg Config) (*Port, error) {
 	if err := p.reclaim(); err != nil {
 		return nil, err
 	}
-	// The default partition's group child, made now: the shim asks for
-	// Offloads before it creates anything.
-	if _, err := p.groupChild(ipoib.DefaultPKey); err != nil {
-		return nil, err
-	}
+	// Children's carrier is followed from the first.
 	updates, err := k.SubscribeLinks(p.done)
 	if err != nil {
 		return nil, fmt.Errorf("kernel: subscribe to link changes of %s: %w", parent.Name, err)
 	}
 	p.wg.Add(1)
 	go p.follow(updates)
+	// The default partition's group child, made now: the shim asks for
+	// Offloads before it creates anything.
+	if _, err := p.groupChild(ipoib.DefaultPKey); err != nil {
+		p.Close()
+		return nil, err
+	}
 	return p, nil
 }
 
@@ -228,11 +302,13 @@ func isOurs(parent, name string) bool {
 	return true
 }
 
-// follow tracks the parent's carrier and MTU.
+// follow tracks the parent's carrier and MTU, and each child's carrier
+// and MTU. It never waits for the kernel or for mu.
 func (p *Port) follow(updates <-chan Link) {
 	defer p.wg.Done()
 	for l := range updates {
 		if l.Index != p.parent.Index {
+			p.followChild(l)
 			continue
 		}
 		if down := !l.Carrier; p.down.Swap(down) != down {
@@ -243,6 +319,55 @@ func (p *Port) follow(updates <-chan Link) {
 			p.log.Warn("parent MTU changed; restart eipoibd to follow it", "dev", l.Name, "mtu", l.MTU, "in_use", p.parent.MTU)
 		}
 	}
+}
+
+// followChild applies a child's link notification: a waiting createChild
+// is woken by its carrier; a ready child's carrier and MTU are tracked
+// (ipoib_mcast_carrier_on_task sets the MTU before the carrier, so an MTU
+// seen with the carrier on is the partition's).
+func (p *Port) followChild(l Link) {
+	v, ok := p.byIndex.Load(l.Index)
+	if !ok {
+		return
+	}
+	c := v.(*child)
+	ready := c.mtu.Load() != 0 // had carrier before
+	// The MTU before the carrier: a Write that sees the carrier reads it.
+	if l.Carrier {
+		mtu, err := childMTU(l, p.mtu)
+		switch {
+		case err != nil && ready:
+			p.log.Warn("partition MTU changed to one eipoibd does not run; keeping the last", "child", c.name, "err", err)
+		case err != nil:
+			p.log.Warn("child's partition MTU is one eipoibd does not run; its packets are dropped as oversize", "child", c.name, "err", err)
+		case err == nil:
+			if old := c.mtu.Swap(int32(mtu)); old != 0 && int(old) != mtu {
+				p.stat(StatPartitionMTUChanges)
+				p.log.Warn("partition MTU changed", "child", c.name, "pkey", c.pkey, "ib_mtu", mtu, "was", old)
+			}
+		}
+	}
+	if was := c.carrier.Swap(l.Carrier); was != l.Carrier && ready {
+		if !l.Carrier {
+			p.stat(StatCarrierLost)
+		}
+		p.log.Info("child carrier", "child", c.name, "pkey", c.pkey, "up", l.Carrier)
+	}
+	if !l.Carrier {
+		return
+	}
+	c.upOnce.Do(func() { close(c.up) })
+}
+
+// childMTU is the IB MTU of a ready child: its datagram MTU + 4, 2048 or
+// 4096, and no more than the parent's.
+func childMTU(l Link, parentIB int) (int, error) {
+	ib := l.MTU + ipoib.HeaderLen
+	if _, err := ipoib.IPMTU(ib); err != nil || ib > parentIB {
+		return 0, fmt.Errorf("%w: %s has MTU %d (IB MTU %d), its partition's broadcast group's: eipoibd needs IB MTU 2048 or 4096, at most the port's %d (set the partition's mtu in the subnet manager's configuration, e.g. opensm partitions.conf)",
+			ErrPartitionMTU, l.Name, l.MTU, ib, parentIB)
+	}
+	return ib, nil
 }
 
 func (p *Port) drop(reason string) { p.count(p.drops, reason) }
@@ -266,8 +391,18 @@ func (p *Port) LocalGID() ipoib.GID { return p.gid }
 // MTU is the IB MTU: the parent's datagram MTU plus the IPoIB header.
 func (p *Port) MTU() int { return p.mtu }
 
-// PartitionMTU is MTU: every partition of this port has the port's MTU.
-func (p *Port) PartitionMTU(ipoib.PKey) int { return p.mtu }
+// PartitionMTU is the IB MTU of partition pkey: that of its group child
+// (ipoib_mcast_join_finish sets each child's MTU from its partition's
+// broadcast group), or MTU for a partition without one yet.
+func (p *Port) PartitionMTU(pkey ipoib.PKey) int {
+	p.mu.RLock()
+	c := p.groupC[pkey.Full()]
+	p.mu.RUnlock()
+	if c == nil || c.mtu.Load() == 0 {
+		return p.mtu
+	}
+	return int(c.mtu.Load())
+}
 
 // Offloads reports TSO when the children have it (the HCA does UD LSO);
 // super-packets then go to the kernel whole, with a virtio_net_hdr.
@@ -293,13 +428,27 @@ func (p *Port) Counters() ipoib.PortCounters {
 		c.Stats[k] = v
 	}
 	p.ctrMu.Unlock()
+	if n := p.mcastCopies.Load(); n > 0 {
+		c.Stats[StatMcastCopies] = n
+	}
 	return c
 }
 
-// createChild creates, configures and brings up a child, opens its
-// socket and starts reading it. On failure nothing is left behind.
+// createChild creates, configures and brings up a child, waits for its
+// carrier, opens its socket and returns it, its carrier and MTU followed
+// from then on. On failure nothing is left behind.
+//
+// The wait is bounded by Config.ChildTimeout (plus one carrierPoll): the
+// shim calls AllocQP on its data path, so a guest's first frame may wait
+// this long. A child made while the port is down is not waited for: it
+// gets its carrier when the port returns (ipoib_event → flush →
+// ipoib_ib_dev_up joins again), and its packets are dropped as
+// DropNoCarrier until then.
 func (p *Port) createChild(name string, pkey ipoib.PKey, group bool) (c *child, err error) {
 	k := p.k
+	if err := p.checkPKey(name, pkey); err != nil {
+		return nil, err
+	}
 	spec := ChildSpec{Name: name, Parent: p.parent.Index, PKey: pkey.Full()}
 	if err := k.AddChild(spec); err != nil {
 		return nil, fmt.Errorf("kernel: create child %s (pkey %s): %w", name, pkey.Full(), err)
@@ -308,8 +457,11 @@ func (p *Port) createChild(name string, pkey ipoib.PKey, group bool) (c *child, 
 	if err != nil {
 		return nil, fmt.Errorf("kernel: look up new child %s: %w", name, err)
 	}
+	c = &child{name: name, index: l.Index, pkey: pkey.Full(), group: group, up: make(chan struct{})}
+	p.byIndex.Store(l.Index, c)
 	defer func() {
 		if err != nil {
+			p.byIndex.Delete(l.Index)
 			if derr := k.DelLink(l.Index); derr != nil {
 				p.log.Warn("delete half-made child", "child", name, "err", derr)
 			}
@@ -330,11 +482,22 @@ func (p *Port) createChild(name string, pkey ipoib.PKey, group bool) (c *child, 
 	if err := k.SetUp(l.Index); err != nil {
 		return nil, fmt.Errorf("kernel: bring up %s: %w", name, err)
 	}
+	if err := p.waitCarrier(c); err != nil {
+		return nil, err
+	}
 	if l, err = k.LinkByName(name); err != nil {
 		return nil, fmt.Errorf("kernel: read address of %s: %w", name, err)
 	}
 	if l.HwAddr.GID() != p.gid || l.HwAddr.QPN() == 0 || l.HwAddr.QPN() == ipoib.MulticastQPN {
 		return nil, fmt.Errorf("kernel: read address of %s: %s is no QP of port GID %s", name, l.HwAddr, p.gid)
+	}
+	c.qpn = l.HwAddr.QPN()
+	if l.Carrier {
+		mtu, err := childMTU(l, p.mtu)
+		if err != nil {
+			return nil, p.refuse(pkey, StatRefusedMTU, fmt.Errorf("kernel: child %s (pkey %s): %w", name, pkey.Full(), err))
+		}
+		c.mtu.Store(int32(mtu))
 	}
 	if !p.tsoKnown { // one HCA: the first child speaks for all
 		if p.tso, err = k.TSO(name); err != nil {
@@ -342,12 +505,96 @@ func (p *Port) createChild(name string, pkey ipoib.PKey, group bool) (c *child, 
 		}
 		p.tsoKnown = true
 	}
-	vnet := p.tso
-	s, err := k.OpenPacket(l.Index, vnet)
-	if err != nil {
+	c.vnet = p.tso
+	if c.sock, err = k.OpenPacket(l.Index, c.vnet); err != nil {
 		return nil, fmt.Errorf("kernel: open packet socket on %s: %w", name, err)
 	}
-	return &child{name: name, index: l.Index, qpn: l.HwAddr.QPN(), pkey: pkey.Full(), group: group, vnet: vnet, sock: s}, nil
+	return c, nil
+}
+
+// checkPKey refuses a child whose P_Key is not in the port's table: the
+// driver would keep it up without carrier for ever
+// (ipoib_pkey_dev_check_presence). A table that cannot be read checks
+// nothing (logged once): the join's timeout then says it.
+func (p *Port) checkPKey(name string, pkey ipoib.PKey) error {
+	t, err := p.k.PKeys(p.parent.Name)
+	if err != nil {
+		if !p.pkeyErr.Swap(true) {
+			p.log.Warn("cannot read the port's P_Key table; a child of a P_Key not in it is refused only after the join timeout", "dev", p.parent.Name, "err", err)
+		}
+		return nil
+	}
+	if t.Has(pkey) {
+		return nil
+	}
+	return p.refuse(pkey, StatRefusedPKey, fmt.Errorf("kernel: child %s: %w: P_Key %s is not in the P_Key table of %s port %d (%s), so the driver would keep the child without carrier: add this port to the partition in the subnet manager's configuration (e.g. opensm partitions.conf)",
+		name, ErrPKeyNotInTable, pkey.Full(), t.Device, t.Port, t.Path))
+}
+
+// waitCarrier waits, bounded, for child c's first carrier, that is for
+// its broadcast join (ipoib_mcast_join_finish, then
+// ipoib_mcast_carrier_on_task's netif_carrier_on).
+func (p *Port) waitCarrier(c *child) error {
+	timer := time.NewTimer(p.timeout)
+	defer timer.Stop()
+	tick := time.NewTicker(carrierPoll)
+	defer tick.Stop()
+	for {
+		if p.down.Load() {
+			return nil // joined when the port is back; followed meanwhile
+		}
+		select {
+		case <-c.up:
+			return nil
+		case <-p.done:
+			return net.ErrClosed
+		case <-tick.C:
+			if l, err := p.k.LinkByName(c.name); err == nil {
+				p.followChild(l) // a lost notification
+			}
+		case <-timer.C:
+			return p.notReady(c)
+		}
+	}
+}
+
+// notReady says why child c got no carrier in time.
+func (p *Port) notReady(c *child) error {
+	if err := p.checkPKey(c.name, c.pkey); err != nil {
+		return err // the P_Key left the table meanwhile
+	}
+	p.mu.RLock()
+	n := 0
+	for _, o := range p.all {
+		if o.pkey == c.pkey {
+			n++
+		}
+	}
+	p.mu.RUnlock()
+	return p.refuse(c.pkey, StatRefusedJoin, fmt.Errorf("kernel: child %s (pkey %s): %w within %s: check the SM's partition configuration and the kernel log (\"couldn't attach QP to multicast group\" there means the HCA's max_mcast_qp_attach, ibv_devinfo -v, is reached: this port has %d other children in the partition, and its parent may be attached too)",
+		c.name, c.pkey, ErrJoinTimeout, p.timeout, n))
+}
+
+// refuse counts a refused child under stat, remembers err for the
+// partition (AllocQP answers with it for refuseFor) and returns it.
+func (p *Port) refuse(pkey ipoib.PKey, stat string, err error) error {
+	p.stat(stat)
+	p.refMu.Lock()
+	p.refused[pkey.Full()] = refusal{err: err, until: time.Now().Add(refuseFor)}
+	p.refMu.Unlock()
+	return err
+}
+
+// refusedRecently returns the partition's last refusal while it holds.
+func (p *Port) refusedRecently(pkey ipoib.PKey) error {
+	p.refMu.Lock()
+	defer p.refMu.Unlock()
+	r, ok := p.refused[pkey.Full()]
+	if !ok || time.Now().After(r.until) {
+		return nil
+	}
+	p.stat(StatRefusedAgain)
+	return fmt.Errorf("%w (refused again for %s unless one of its children is freed)", r.err, time.Until(r.until).Round(time.Second))
 }
 
 // hostOffSysctls are the settings that keep the host's own stack off a
@@ -388,6 +635,9 @@ func (p *Port) groupChild(pkey ipoib.PKey) (*child, error) {
 	if c != nil {
 		return c, nil
 	}
+	if err := p.refusedRecently(pkey); err != nil {
+		return nil, err
+	}
 	name, err := GroupChildName(p.parent.Name, pkey)
 	if err != nil {
 		return nil, fmt.Errorf("kernel: name group child of %s: %w", p.parent.Name, err)
@@ -417,6 +667,9 @@ func (p *Port) AllocQP(pkey ipoib.PKey, _ uint32) (uint32, error) {
 	}
 	p.setup.Lock()
 	defer p.setup.Unlock()
+	if err := p.refusedRecently(pkey); err != nil {
+		return 0, err
+	}
 	p.seq++
 	name, err := ChildName(p.parent.Name, p.seq)
 	if err != nil {
@@ -451,11 +704,15 @@ func (p *Port) FreeQP(qpn uint32) error {
 	if !ok {
 		return fmt.Errorf("kernel: free QP %#06x: no such child", qpn)
 	}
+	p.refMu.Lock()
+	delete(p.refused, c.pkey) // its attachment to the broadcast group goes
+	p.refMu.Unlock()
 	return p.destroy(c)
 }
 
 // destroy closes c's socket and deletes the interface.
 func (p *Port) destroy(c *child) error {
+	p.byIndex.Delete(c.index)
 	c.sock.Close()
 	if err := p.k.DelLink(c.index); err != nil {
 		return fmt.Errorf("kernel: delete child %s: %w", c.name, err)
@@ -601,7 +858,9 @@ func (p *Port) validate(b []byte, m ipoib.TxMeta, offset int) (*child, bool) {
 	switch {
 	case c == nil:
 		p.drop(DropBadMeta)
-	case m.GSO.Type == ipoib.GSONone && len(pay) > p.mtu || len(pay) > ipoib.MaxSuperPacket:
+	case !c.carrier.Load():
+		p.drop(DropNoCarrier)
+	case m.GSO.Type == ipoib.GSONone && len(pay) > int(c.mtu.Load()) || len(pay) > ipoib.MaxSuperPacket:
 		p.drop(DropOversize)
 	case m.GSO.Type != ipoib.GSONone && (!c.vnet || int(m.GSO.L4)+20 > len(pay) || m.GSO.L4 < ipoib.HeaderLen):
 		p.drop(DropBadMeta)
@@ -666,6 +925,7 @@ func (p *Port) rxLoop(c *child) {
 	for i := range msgs {
 		bufs[i] = p.pool.Get().(*[]byte)
 		msgs[i].Name = names[i][:]
+		msgs[i].Buf = (*bufs[i])[rxHead:] // the vnet header, if any, lands in Buf too
 	}
 	defer func() {
 		for _, b := range bufs {
@@ -673,9 +933,8 @@ func (p *Port) rxLoop(c *child) {
 		}
 	}()
 	for {
-		for i := range msgs {
-			msgs[i].Buf = (*bufs[i])[rxHead:] // the vnet header, if any, lands in Buf too
-		}
+		// Only the buffers handed to Read are replaced: a child that
+		// only receives copies (one a wake-up) touches one message.
 		n, err := c.sock.Recv(msgs[:])
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) || p.closed.Load() {
@@ -690,6 +949,7 @@ func (p *Port) rxLoop(c *child) {
 				select {
 				case p.rx <- pk:
 					bufs[i] = p.pool.Get().(*[]byte)
+					msgs[i].Buf = (*bufs[i])[rxHead:]
 				default:
 					p.drop(DropQueueFull)
 				}
@@ -737,7 +997,7 @@ func (p *Port) accept(c *child, m *Msg, buf *[]byte) (rxq.Packet, bool) {
 		meta.DstQPN = c.qpn
 	case PacketBroadcast, PacketMulticast:
 		if !c.group {
-			p.stat(StatMcastCopies)
+			p.mcastCopies.Add(1)
 			return rxq.Packet{}, false
 		}
 		mgid, ok := p.mgidOf(sa, (*buf)[start:end], c.pkey)

@@ -18,7 +18,7 @@ import (
 
 func gid(s string) ipoib.GID { return ipoib.GID(netip.MustParseAddr(s).As16()) }
 
-func open(t *testing.T, k *fakekernel.Kernel) *kf.Port {
+func open(t testing.TB, k *fakekernel.Kernel) *kf.Port {
 	t.Helper()
 	p, err := kf.New(kf.Config{Kernel: k, Parent: "ib0", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
@@ -161,5 +161,237 @@ func TestSuperPacketHandedWhole(t *testing.T) {
 	sp := k.SuperPackets()
 	if len(sp) != 1 || sp[0].Hdr != kf.GSOVnetHdr(m.GSO, 20) || sp[0].Len != 3040 {
 		t.Fatalf("%+v", sp)
+	}
+}
+
+// openCfg opens the backend on k's ib0 with cfg's other fields.
+func openCfg(t *testing.T, k *fakekernel.Kernel, cfg kf.Config) *kf.Port {
+	t.Helper()
+	cfg.Kernel, cfg.Parent, cfg.Logger = k, "ib0", slog.New(slog.NewTextHandler(io.Discard, nil))
+	p, err := kf.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	return p
+}
+
+// unicast writes one IPv4 packet of n payload bytes from qpn (partition
+// pkey) to dst and returns how many the port accepted.
+func unicast(p *kf.Port, qpn uint32, pkey ipoib.PKey, dst ipoib.HwAddr, n int) int {
+	buf := make([]byte, ipoib.Headroom+ipoib.HeaderLen+n)
+	buf[ipoib.Headroom], buf[ipoib.Headroom+ipoib.HeaderLen] = 0x08, 0x45
+	sent, _ := p.Write([][]byte{buf}, []ipoib.TxMeta{{Dst: dst, SrcQPN: qpn, PKey: pkey}}, ipoib.Headroom)
+	return sent
+}
+
+// readOne reads one packet from p and returns its size.
+func readOne(t *testing.T, p *kf.Port) int {
+	t.Helper()
+	bufs, sizes, meta := [][]byte{make([]byte, 4200)}, make([]int, 1), make([]ipoib.RxMeta, 1)
+	if n, err := p.Read(bufs, sizes, meta, 64); n != 1 || err != nil {
+		t.Fatalf("read %d %v", n, err)
+	}
+	return sizes[0]
+}
+
+// children lists the names of the links under the parent.
+func children(k *fakekernel.Kernel) map[string]bool {
+	links, _ := k.Links()
+	out := map[string]bool{}
+	for _, l := range links {
+		if l.ParentIndex != 0 {
+			out[l.Name] = true
+		}
+	}
+	return out
+}
+
+// TestChildWaitsForJoin: AllocQP returns once the child has carrier (its
+// broadcast join done, here after 50 ms), not right after IFF_UP, so the
+// first packet of the VIF is sent and not lost to the noop qdisc.
+func TestChildWaitsForJoin(t *testing.T) {
+	f := fakekernel.NewFabric()
+	ka, kb := f.NewHost(gid("fe80::a"), "ib0", 2044), f.NewHost(gid("fe80::b"), "ib0", 2044)
+	ka.JoinDelay = 50 * time.Millisecond
+	a, b := open(t, ka), open(t, kb)
+	qa, err := a.AllocQP(0xffff, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := ka.Link("ib0.e1"); !st.Carrier {
+		t.Fatal("AllocQP returned before the child's carrier")
+	}
+	qb, _ := b.AllocQP(0xffff, 0)
+	if n := unicast(a, qa, 0xffff, ipoib.MakeHwAddr(0, qb, gid("fe80::b")), 100); n != 1 || ka.TxNoCarrier() != 0 {
+		t.Fatalf("sent %d, %d dropped without carrier", n, ka.TxNoCarrier())
+	}
+	if got := readOne(t, b); got != 104 {
+		t.Fatalf("received %d bytes", got)
+	}
+}
+
+// TestChildPKeyNotInTable: a P_Key the port's table lacks is refused at
+// once, with the table named and the SM's configuration to change; no
+// child is left behind, and the next AllocQP of that partition is
+// answered with the same reason without making a child.
+func TestChildPKeyNotInTable(t *testing.T) {
+	k := fakekernel.NewFabric().NewHost(gid("fe80::a"), "ib0", 2044)
+	k.SetPKeys(0xffff, 0x8001)
+	p := open(t, k)
+	if _, err := p.AllocQP(0x8001, 0); err != nil {
+		t.Fatal(err)
+	}
+	_, err := p.AllocQP(0x0005, 0)
+	if !errors.Is(err, kf.ErrPKeyNotInTable) || !strings.Contains(err.Error(), "fake_0 port 1") || !strings.Contains(err.Error(), "partitions.conf") {
+		t.Fatalf("got %v", err)
+	}
+	before := children(k)
+	if before["ib0.m8005"] || len(before) != 3 {
+		t.Fatalf("children after the refusal: %v", before)
+	}
+	_, err2 := p.AllocQP(0x0005, 0)
+	c := p.Counters().Stats
+	if !errors.Is(err2, kf.ErrPKeyNotInTable) || c[kf.StatRefusedPKey] != 1 || c[kf.StatRefusedAgain] != 1 || len(children(k)) != 3 {
+		t.Fatalf("again: %v, stats %v, children %v", err2, c, children(k))
+	}
+}
+
+// TestChildAttachLimit: with the HCA's per-group QP limit at 3 (the
+// parent, the group child and one VIF child in the broadcast group), the
+// next child's join never completes: AllocQP gives up after the timeout
+// with a reason naming max_mcast_qp_attach, deletes the child and counts
+// it; the first VIF keeps working; a freed VIF lets the next one in.
+func TestChildAttachLimit(t *testing.T) {
+	f := fakekernel.NewFabric()
+	ka, kb := f.NewHost(gid("fe80::a"), "ib0", 2044), f.NewHost(gid("fe80::b"), "ib0", 2044)
+	ka.MaxQPPerGroup = 3
+	a, b := openCfg(t, ka, kf.Config{ChildTimeout: 200 * time.Millisecond}), open(t, kb)
+	q1, err := a.AllocQP(0xffff, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = a.AllocQP(0xffff, 0)
+	if !errors.Is(err, kf.ErrJoinTimeout) || !strings.Contains(err.Error(), "max_mcast_qp_attach") {
+		t.Fatalf("got %v", err)
+	}
+	if ch := children(ka); ch["ib0.e2"] || len(ch) != 2 || a.Counters().Stats[kf.StatRefusedJoin] != 1 {
+		t.Fatalf("children %v, stats %v", ch, a.Counters().Stats)
+	}
+	qb, _ := b.AllocQP(0xffff, 0)
+	if n := unicast(a, q1, 0xffff, ipoib.MakeHwAddr(0, qb, gid("fe80::b")), 100); n != 1 || readOne(t, b) != 104 {
+		t.Fatal("the first VIF stopped working")
+	}
+	if err := a.FreeQP(q1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.AllocQP(0xffff, 0); err != nil {
+		t.Fatalf("after a VIF was freed: %v", err)
+	}
+}
+
+// TestChildCarrierFollowed: a ready child whose P_Key leaves the port's
+// table loses carrier (as does its partition's group child); its packets are dropped as child_no_carrier (not
+// handed to the kernel, whose noop qdisc would drop them and say sent),
+// and flow again once the P_Key is back and the child joined again.
+func TestChildCarrierFollowed(t *testing.T) {
+	f := fakekernel.NewFabric()
+	ka, kb := f.NewHost(gid("fe80::a"), "ib0", 2044), f.NewHost(gid("fe80::b"), "ib0", 2044)
+	ka.SetPKeys(0xffff, 0x8001)
+	a, b := open(t, ka), open(t, kb)
+	qa, err := a.AllocQP(0x8001, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	qb, _ := b.AllocQP(0x8001, 0)
+	dst := ipoib.MakeHwAddr(0, qb, gid("fe80::b"))
+	ka.SetPKeys(0xffff)
+	waitFor(t, func() bool {
+		return unicast(a, qa, 0x8001, dst, 100) == 0 && a.Counters().Drops[kf.DropNoCarrier] > 0
+	})
+	if ka.TxNoCarrier() != 0 || a.Counters().Stats[kf.StatCarrierLost] != 2 { // the VIF's child and the group child
+		t.Fatalf("handed to the kernel without carrier: %d; stats %v", ka.TxNoCarrier(), a.Counters().Stats)
+	}
+	ka.SetPKeys(0xffff, 0x8001)
+	waitFor(t, func() bool { return unicast(a, qa, 0x8001, dst, 100) == 1 })
+	if readOne(t, b) != 104 {
+		t.Fatal("not received after the carrier came back")
+	}
+}
+
+// TestChildWhilePortDown: a child made while the port is down is not
+// waited for (it cannot join before the port is back): AllocQP succeeds,
+// its packets are dropped as child_no_carrier, and it works once the
+// port is back and its join done.
+func TestChildWhilePortDown(t *testing.T) {
+	f := fakekernel.NewFabric()
+	ka, kb := f.NewHost(gid("fe80::a"), "ib0", 2044), f.NewHost(gid("fe80::b"), "ib0", 2044)
+	a, b := open(t, ka), open(t, kb)
+	ka.SetCarrier(false)
+	waitFor(t, a.IsDown)
+	qa, err := a.AllocQP(0xffff, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	qb, _ := b.AllocQP(0xffff, 0)
+	dst := ipoib.MakeHwAddr(0, qb, gid("fe80::b"))
+	if n := unicast(a, qa, 0xffff, dst, 100); n != 0 || a.Counters().Drops[kf.DropNoCarrier] != 1 {
+		t.Fatalf("sent %d while down, drops %v", n, a.Counters().Drops)
+	}
+	ka.SetCarrier(true)
+	waitFor(t, func() bool { return unicast(a, qa, 0xffff, dst, 100) == 1 })
+	if readOne(t, b) != 104 {
+		t.Fatal("not received after the port came back")
+	}
+}
+
+// TestPartitionMTUFromGroup: under a parent of IB MTU 4096, a partition
+// whose broadcast group the SM set to 2048 reports 2048 once its group
+// child joined, the default partition 4096; a packet of that partition
+// longer than 2044 bytes is dropped as oversize (the kernel would refuse
+// it with EMSGSIZE), one that fits is delivered.
+func TestPartitionMTUFromGroup(t *testing.T) {
+	f := fakekernel.NewFabric()
+	f.SetGroupMTU(0x8002, 2048)
+	a, b := open(t, f.NewHost(gid("fe80::a"), "ib0", 4092)), open(t, f.NewHost(gid("fe80::b"), "ib0", 4092))
+	if a.PartitionMTU(0x8002) != 4096 {
+		t.Fatalf("partition not used yet: %d", a.PartitionMTU(0x8002))
+	}
+	qa, err := a.AllocQP(0x8002, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.PartitionMTU(0x8002) != 2048 || a.PartitionMTU(0x0002) != 2048 || a.PartitionMTU(0xffff) != 4096 || a.MTU() != 4096 {
+		t.Fatalf("partition MTUs %d %d, port %d", a.PartitionMTU(0x8002), a.PartitionMTU(0xffff), a.MTU())
+	}
+	qb, _ := b.AllocQP(0x8002, 0)
+	dst := ipoib.MakeHwAddr(0, qb, gid("fe80::b"))
+	if n := unicast(a, qa, 0x8002, dst, 3000); n != 0 || a.Counters().Drops[kf.DropOversize] != 1 {
+		t.Fatalf("3000 bytes in a 2044-byte partition: sent %d, drops %v", n, a.Counters().Drops)
+	}
+	if n := unicast(a, qa, 0x8002, dst, 2040); n != 1 || readOne(t, b) != 2044 {
+		t.Fatal("a packet of the partition's MTU was not delivered")
+	}
+}
+
+// TestPartitionMTUChange: when the SM changes a partition's broadcast
+// group MTU and the children join again (here after the port went down
+// and up), PartitionMTU follows and the change is counted, for the group
+// child and the VIF child.
+func TestPartitionMTUChange(t *testing.T) {
+	f := fakekernel.NewFabric()
+	k := f.NewHost(gid("fe80::a"), "ib0", 4092)
+	p := open(t, k)
+	if _, err := p.AllocQP(0x8002, 0); err != nil || p.PartitionMTU(0x8002) != 4096 {
+		t.Fatalf("%v, MTU %d", err, p.PartitionMTU(0x8002))
+	}
+	f.SetGroupMTU(0x8002, 2048)
+	k.SetCarrier(false)
+	k.SetCarrier(true)
+	waitFor(t, func() bool {
+		return p.PartitionMTU(0x8002) == 2048 && p.Counters().Stats[kf.StatPartitionMTUChanges] == 2
+	})
+	if p.PartitionMTU(0xffff) != 4096 {
+		t.Fatalf("default partition %d", p.PartitionMTU(0xffff))
 	}
 }

@@ -29,6 +29,7 @@ const scope = ipoib.ScopeLinkLocal
 type Fabric struct {
 	mu    sync.Mutex
 	hosts []*Kernel
+	ibFabric
 }
 
 // NewFabric returns an empty fabric.
@@ -49,6 +50,7 @@ type Kernel struct {
 	TSOOn bool
 	// ModeOf is the parent's mode ("datagram").
 	ModeOf string
+	IBKnobs
 
 	mu      sync.Mutex
 	links   map[int]*link
@@ -66,6 +68,7 @@ type link struct {
 	gro   bool
 	mc    map[ipoib.HwAddr]int // the device multicast list (dev_mc_add refcounts)
 	socks []*socket
+	ib    ibLink
 }
 
 type sub struct {
@@ -166,9 +169,10 @@ func (k *Kernel) DelLink(index int) error {
 	return nil
 }
 
-// SetUp brings a link up.
+// SetUp brings a link up; a child gets carrier once it joined its
+// broadcast group (ib.go).
 func (k *Kernel) SetUp(index int) error {
-	return k.withLink(index, func(l *link) { l.Up, l.Carrier = true, true })
+	return k.withLink(index, func(l *link) { l.Up = true; k.open(l) })
 }
 
 // SetNoARP sets IFF_NOARP.
@@ -301,21 +305,7 @@ func (k *Kernel) SubscribeLinks(done <-chan struct{}) (<-chan kf.Link, error) {
 func (k *Kernel) SetCarrier(up bool) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	var changed []kf.Link
-	for _, l := range k.links {
-		if l.ParentIndex == 0 || l.Up {
-			l.Carrier = up
-			changed = append(changed, l.Link)
-		}
-	}
-	for _, s := range k.subs {
-		for _, l := range changed {
-			select {
-			case s.ch <- l:
-			case <-s.done:
-			}
-		}
-	}
+	k.portState(up)
 }
 
 // broadcast returns the 20-byte broadcast address of a link (the
@@ -330,7 +320,7 @@ func (l *link) broadcast() ipoib.HwAddr {
 // entries the driver accepts (ipoib_mcast_addr_is_valid: same reserved
 // bytes, scope, signature low byte and P_Key as the broadcast address).
 func (l *link) member(a ipoib.HwAddr) bool {
-	if !l.Up {
+	if !l.attached() {
 		return false
 	}
 	bc := l.broadcast()
@@ -527,6 +517,9 @@ func (s *socket) send(m *kf.Msg) (func(), error) {
 	if !dev.Up {
 		return nil, unix.ENETDOWN
 	}
+	if k.dropNoCarrier(dev) {
+		return nil, nil
+	}
 	payload := m.Buf
 	if s.vnet {
 		if len(m.Hdr) != kf.VnetHdrLen {
@@ -589,7 +582,7 @@ func (f *Fabric) unicast(pkey ipoib.PKey, dst ipoib.HwAddr, proto uint16, data [
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for _, l := range h.links {
-		if l.HwAddr.QPN() == dst.QPN() && l.Up && ipoib.CanTalk(pkey, l.pkey) {
+		if l.HwAddr.QPN() == dst.QPN() && h.receives(l) && ipoib.CanTalk(pkey, l.pkey) {
 			l.deliver(datagram{pkttype: kf.PacketHost, proto: proto, ifindex: l.Index, data: data})
 		}
 	}

@@ -1,0 +1,66 @@
+package kernelfabric_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/eipoib/eipoibd/ipoib"
+	kf "github.com/eipoib/eipoibd/ipoib/kernelfabric"
+	"github.com/eipoib/eipoibd/ipoib/kernelfabric/fakekernel"
+)
+
+// BenchmarkBroadcastCopies measures what one fabric broadcast costs a
+// port with n VIF children: every child's QP is attached to its
+// partition's broadcast group, so the host gets n+1 copies; the group
+// child's goes to Read, the n others are read from their sockets and
+// dropped (rx_mcast_copies). ns/op and allocs/op are per broadcast Read
+// returns, all copies drained; the difference between n = 1024 and n = 0
+// is what the copies cost. It runs over the fake kernel, so it counts the
+// backend's side (a reader per child woken, recvmmsg, the check and the
+// count) and the fake's delivery, not the kernel's own per-copy work (the
+// HCA's replication, an skb per copy, packet_rcv).
+func BenchmarkBroadcastCopies(b *testing.B) {
+	for _, n := range []int{0, 1024} {
+		b.Run(fmt.Sprintf("children=%d", n), func(b *testing.B) {
+			f := fakekernel.NewFabric()
+			ka, kb := f.NewHost(gid("fe80::a"), "ib0", 2044), f.NewHost(gid("fe80::b"), "ib0", 2044)
+			a, rx := open(b, ka), open(b, kb)
+			bc := ipoib.BroadcastMGID(0xffff, ipoib.ScopeLinkLocal)
+			if err := rx.Join(bc); err != nil {
+				b.Fatal(err)
+			}
+			for range n {
+				if _, err := rx.AllocQP(0xffff, 0); err != nil {
+					b.Fatal(err)
+				}
+			}
+			qa, err := a.AllocQP(0xffff, 0)
+			if err != nil {
+				b.Fatal(err)
+			}
+			const size = 256 // an ARP request's worth, padded
+			pkt := append(make([]byte, ipoib.Headroom), 0x08, 0x06, 0, 0)
+			pkt = append(pkt, make([]byte, size)...)
+			meta := []ipoib.TxMeta{{Dst: ipoib.MakeHwAddr(0, ipoib.MulticastQPN, bc), SrcQPN: qa, PKey: 0xffff}}
+			bufs, sizes, rmeta := [][]byte{make([]byte, 4200)}, make([]int, 1), make([]ipoib.RxMeta, 1)
+			copies := func() uint64 { return rx.Counters().Stats[kf.StatMcastCopies] }
+			b.SetBytes(size + ipoib.HeaderLen)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				if sent, _ := a.Write([][]byte{pkt}, meta, ipoib.Headroom); sent != 1 {
+					b.Fatalf("drops %v", a.Counters().Drops)
+				}
+				if got, err := rx.Read(bufs, sizes, rmeta, 64); got != 1 || err != nil {
+					b.Fatalf("read %d %v", got, err)
+				}
+			}
+			for copies() < uint64(n*b.N) { // the copies' readers are done too
+				time.Sleep(time.Millisecond)
+			}
+			b.StopTimer()
+			b.ReportMetric(float64(copies())/float64(b.N), "copies/op")
+		})
+	}
+}
