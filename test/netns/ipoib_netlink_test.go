@@ -1,0 +1,112 @@
+package netns
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/eipoib/eipoibd/internal/nstest"
+)
+
+// vmInitramfsRoot is where the VM's initramfs mounts the host's root
+// (test/vm/init): the agent and its scripts run chrooted there, but the
+// kernel's own helpers see the initramfs (kernel/umh.c
+// call_usermodehelper_exec_async: kernel threads share init's fs, and
+// init/main.c rest_init starts pid 1, which never chroots, with
+// CLONE_FS), so a path handed to the kernel, such as kernel.modprobe
+// for request_module, gets this prefix.
+const vmInitramfsRoot = "/newroot"
+
+// modprobeRefuse is the guest kernel's modprobe (kernel.modprobe) while
+// the link kind "ipoib" must stay unknown: it records what the kernel
+// asked for and loads nothing.
+const modprobeRefuse = `#!/bin/sh
+echo "$*" >>` + vmInitramfsRoot + vmWork + `/modprobe.log
+exit 1
+`
+
+// invalidLengthWarning is validate_nla's warning (lib/nlattr.c) about
+// IFLA_IPOIB_PKEY (type 1) of another length than 2, from the test binary
+// (its comm: the first 15 bytes of its name).
+var invalidLengthWarning = regexp.MustCompile(`(?m)netlink: 'kernelfabric\.te': attribute type 1 has an invalid length\.$`)
+
+// TestIPoIBNetlinkVM: the kernel backend's IPoIB child request meets
+// ib_ipoib's real netlink parser in the QEMU guest (Debian's 6.1 kernel).
+// The guest runs ipoib/kernelfabric's TestChildRequestKernelAnswers,
+// which sends the request through the backend's own builder
+// (newChildRequest, AddChild) and variants cut from its bytes, with a
+// veth as the parent (the guest has no InfiniBand device: rxe is RoCE),
+// and checks each answer against rtnetlink.c, nlattr.c and
+// ipoib_netlink.c. Twice, in one boot:
+//   - without ib_ipoib, the kernel's modprobe a script that loads
+//     nothing: every request is answered EOPNOTSUPP "Unknown device
+//     type", and the kernel did try to load "rtnl-link-ipoib" first;
+//   - with ib_ipoib loaded: the request as sent gets ENODEV (the policy
+//     and the kind accepted its attributes; ipoib_new_child_link refused
+//     the Ethernet parent), no IFLA_LINK EINVAL, a 1-byte P_Key ERANGE
+//     "Attribute failed policy validation", a 4-byte P_Key and an
+//     unknown IFLA_IPOIB_* type ENODEV (liberal parsing), the kernel
+//     warning in its log about each wrong-length P_Key (two) and asking
+//     modprobe for nothing more.
+func TestIPoIBNetlinkVM(t *testing.T) {
+	require(t)
+	pfx := fmt.Sprintf("e%d%d", os.Getpid()%1000, nsSeq.Add(1))
+	ns := pfx + "vm"
+	nstest.Add(t, ns)
+	sh(t, in(ns, "ip", "link", "add", "ubr", "type", "bridge")...)
+	sh(t, in(ns, "ip", "link", "set", "ubr", "up")...)
+	v := startVM(t, ns, "ubr")
+
+	if out, err := exec.Command("go", "test", "-c", "-o", v.file("kernelfabric.test"), "github.com/eipoib/eipoibd/ipoib/kernelfabric").CombinedOutput(); err != nil {
+		t.Fatalf("build ipoib/kernelfabric's test binary: %v\n%s", err, out)
+	}
+	if err := os.WriteFile(v.file("modprobe-refuse"), []byte(modprobeRefuse), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	run := func(kind string) string {
+		t.Helper()
+		out, err := v.run(t, "EIPOIB_IPOIB_KIND="+kind+" ./kernelfabric.test -test.run '^TestChildRequestKernelAnswers$' -test.count=1 -test.v", time.Minute)
+		if err != nil || !strings.Contains(out, "--- PASS: TestChildRequestKernelAnswers") {
+			t.Fatalf("ib_ipoib %s: TestChildRequestKernelAnswers in the VM did not pass (%v):\n%s", kind, err, out)
+		}
+		t.Logf("ib_ipoib %s:\n%s", kind, out)
+		return out
+	}
+	// What the kernel asked its modprobe for, one line a request.
+	modprobeLog := func() []string {
+		b, err := os.ReadFile(v.file("modprobe.log"))
+		if err != nil && !os.IsNotExist(err) {
+			t.Fatal(err)
+		}
+		return strings.FieldsFunc(string(b), func(r rune) bool { return r == '\n' })
+	}
+
+	// Without ib_ipoib, and none to be had.
+	v.must(t, "echo "+vmInitramfsRoot+vmWork+"/modprobe-refuse >/proc/sys/kernel/modprobe")
+	run("absent")
+	asked := modprobeLog()
+	ok := len(asked) > 0
+	for _, a := range asked {
+		ok = ok && a == "-q -- rtnl-link-ipoib" // call_modprobe's arguments
+	}
+	if !ok {
+		t.Errorf("the kernel's modprobe was asked for %q, want rtnl-link-ipoib (request_module in __rtnl_newlink), at least once", asked)
+	}
+	if out := v.must(t, "test -e /sys/module/ib_ipoib && echo loaded || echo absent"); strings.TrimSpace(out) != "absent" {
+		t.Errorf("ib_ipoib after the first run: %s, want absent", out)
+	}
+
+	// With ib_ipoib.
+	v.must(t, "modprobe -d /run/kernel ib_ipoib")
+	run("present")
+	if again := modprobeLog(); len(again) != len(asked) {
+		t.Errorf("with ib_ipoib loaded the kernel's modprobe was asked for more: %q, want nothing after %q", again, asked)
+	}
+	if n := len(invalidLengthWarning.FindAllString(v.must(t, "dmesg"), -1)); n != 2 {
+		t.Errorf("the kernel logged %d warnings about IFLA_IPOIB_PKEY's length, want 2 (the 1-byte and the 4-byte P_Key)", n)
+	}
+}
