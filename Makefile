@@ -30,7 +30,7 @@ lint:
 	$(STATICCHECK) -tags verbs ./...
 
 ## VM_TESTS: the QEMU tests, run in the first netns pass only.
-VM_TESTS    := TestVMRxe|TestVerbsRxe
+VM_TESTS    := TestVMRxe|TestVerbsRxe|TestIPoIBNetlinkVM
 
 ## unit: every Go test; the race detector on all but the netns tests,
 ## which drive real daemons and tools, with the TAP's offloads on (the
