@@ -216,6 +216,10 @@ type mcMember struct {
 	mtu  int
 }
 
+// errJoinRefused is a join whose id got a MULTICAST_ERROR instead of a
+// MULTICAST_JOIN: the SA (or cma_make_mc_event) refused it.
+var errJoinRefused = errors.New("verbsfabric: the join was refused (MULTICAST_ERROR)")
+
 // mcastError is a MULTICAST_ERROR event of an established membership:
 // multicast.c reports one to every member (-ENETRESET) when the port's
 // LID, SM or registration changes, and when the group goes away.

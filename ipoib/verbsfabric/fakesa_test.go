@@ -68,6 +68,10 @@ type fakeSA struct {
 	// broadcast group (ipoib_mcast_join_task joins it first).
 	ifs  map[netip.Addr]ipoib.PKey
 	woke <-chan struct{}
+	// newKernel: cma_join_ib_multicast no longer checks
+	// ib_sa_sendonly_fullmem_support (removed in 2021, "Remove racy
+	// Subnet Manager sendonly join checks"): the SA gets the join.
+	newKernel bool
 
 	mu      sync.Mutex
 	members map[ipoib.GID]bool // this port's rdma_cm memberships: MGID → send-only
@@ -259,7 +263,12 @@ func (sa *fakeSA) join(r joinReq) (mcMember, error) {
 	// cma_join_ib_multicast (kernels 4.9 to 5.11): a send-only join when
 	// the SA lacks send-only full members (ib_sa_sendonly_fullmem_support)
 	// fails with -EOPNOTSUPP.
+	// Since then the SA gets the join and an SM without them refuses it:
+	// the id's MULTICAST_ERROR.
 	if r.sendOnly && !sm.sendOnly {
+		if sa.newKernel {
+			return mcMember{}, fmt.Errorf("%w: the SA refused a send-only full member: %w", errJoinRefused, unix.EINVAL)
+		}
 		return mcMember{}, fmt.Errorf("cma_join_ib_multicast: SM doesn't support Send Only Full Member option: %w", unix.EOPNOTSUPP)
 	}
 	// The SA joins the port (rec.pkey and the MTU, rate and hop limit

@@ -948,7 +948,11 @@ func (s *ibvSA) join(r joinReq) (mcMember, error) {
 	}
 	if ev.typ != C.RDMA_CM_EVENT_MULTICAST_JOIN {
 		C.rdma_destroy_id(id)
-		return fail(fmt.Errorf("verbsfabric: join of %s: %s: %w", r.mgid, C.GoString(C.rdma_event_str(uint32(ev.typ))), cmErrno(ev.status)))
+		err := fmt.Errorf("verbsfabric: join of %s: %s: %w", r.mgid, C.GoString(C.rdma_event_str(uint32(ev.typ))), cmErrno(ev.status))
+		if ev.typ == C.RDMA_CM_EVENT_MULTICAST_ERROR {
+			err = fmt.Errorf("%w: %w", errJoinRefused, err)
+		}
+		return fail(err)
 	}
 	m := mcMember{mlid: ev.dlid, sl: ev.sl, qkey: ev.qkey}
 	if _, mtu, err := s.path(pathQuery{sgid: s.d.a.gid, dgid: r.mgid, pkey: ipoib.MGIDPKey(r.mgid), ps: psIB}); err == nil {

@@ -610,10 +610,12 @@ func (p *Port) saAttach(mgid ipoib.GID, q uint32) error {
 // host's IPoIB interface in the group's partition with RDMA_PS_IPOIB:
 // cma_join_ib_multicast looks the id's broadcast group up first
 // (ib_sa_get_mcmember_rec with the interface's broadcast MGID), which an
-// AF_IB bind never sets (cma_translate_ib). A send-only join the kernel
-// refuses with EOPNOTSUPP (the SM lacks send-only full members:
-// ib_sa_sendonly_fullmem_support) becomes a full-member join, as
-// ipoib_mcast_join falls back. Called with ctlMu held.
+// AF_IB bind never sets (cma_translate_ib). A send-only join refused
+// because the SM lacks send-only full members becomes a full-member
+// join, as ipoib_mcast_join falls back: kernels to 5.11 refuse it with
+// EOPNOTSUPP (cma_join_ib_multicast checks
+// ib_sa_sendonly_fullmem_support), later ones send it and the SA's
+// refusal comes as the id's MULTICAST_ERROR. Called with ctlMu held.
 func (p *Port) saJoin(mgid ipoib.GID, sendOnly bool) (*member, error) {
 	old := p.members[mgid]
 	if old != nil && !old.lost && (!old.sendOnly || sendOnly) {
@@ -625,7 +627,7 @@ func (p *Port) saJoin(mgid ipoib.GID, sendOnly bool) (*member, error) {
 	}
 	r := joinReq{mgid: mgid, sendOnly: sendOnly, ps: psIPoIB, bind: bind}
 	mc, err := p.sa.join(r)
-	if sendOnly && errors.Is(err, unix.EOPNOTSUPP) {
+	if sendOnly && (errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, errJoinRefused)) {
 		p.log.Info("the subnet manager has no send-only full members; joining as a full member", "mgid", mgid)
 		r.sendOnly = false
 		mc, err = p.sa.join(r)
