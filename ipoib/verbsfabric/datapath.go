@@ -1,6 +1,7 @@
 package verbsfabric
 
 import (
+	"fmt"
 	"net"
 	"time"
 
@@ -27,17 +28,19 @@ func (p *Port) Write(bufs [][]byte, meta []ipoib.TxMeta, offset int) (int, error
 	for i := range bufs {
 		pkt := bufs[i][offset:]
 		m := &meta[i]
-		if !p.valid(m, len(pkt)) {
+		q := p.valid(m, len(pkt))
+		if q == nil {
 			continue
 		}
-		ah, ok := p.ah(m.Dst.GID())
+		key := ahKey{m.Dst.GID(), q.wire}
+		ah, ok := p.ah(key)
 		if !ok {
-			if p.hold(pkt, m) {
+			if p.hold(pkt, m, key) {
 				accepted++
 			}
 			continue
 		}
-		if p.queue(pkt, m.SrcQPN, m.Dst.QPN(), ah) {
+		if p.queue(pkt, q, m.SrcQPN, m.Dst.QPN(), ah) {
 			accepted++
 		}
 		if len(p.descs) == batchSize {
@@ -48,8 +51,9 @@ func (p *Port) Write(bufs [][]byte, meta []ipoib.TxMeta, offset int) (int, error
 	return accepted, nil
 }
 
-// valid checks one packet's metadata and size, counting a refusal.
-func (p *Port) valid(m *ipoib.TxMeta, n int) bool {
+// valid checks one packet's metadata and size, counting a refusal, and
+// returns the sending QP (nil when refused).
+func (p *Port) valid(m *ipoib.TxMeta, n int) *qpState {
 	p.qpMu.RLock()
 	q, ok := p.qps[m.SrcQPN]
 	p.qpMu.RUnlock()
@@ -57,32 +61,33 @@ func (p *Port) valid(m *ipoib.TxMeta, n int) bool {
 	switch {
 	case !ok || q.pkey != m.PKey || mc != m.Dst.GID().IsMulticast() || m.GSO.Type != ipoib.GSONone || n < ipoib.HeaderLen:
 		p.drops[DropBadMeta].Add(1)
-		return false
-	case n > p.a.mtu:
-		// rxe completes a UD send larger than the MTU without sending it:
+		return nil
+	case n > int(q.part.mtu.Load()):
+		// The partition's MTU (its broadcast group's on IB). rxe
+		// completes a UD send larger than the MTU without sending it:
 		// refuse it here, where it can be counted.
 		p.drops[DropOversize].Add(1)
-		return false
+		return nil
 	}
-	return true
+	return q
 }
 
-// queue copies pkt into a send slot and adds its descriptor to the batch.
-func (p *Port) queue(pkt []byte, src, rqpn uint32, ah handle) bool {
+// queue copies pkt into a send slot and adds its descriptor to the
+// batch, with the partition's Q_Key as the remote Q_Key (IPoIB's
+// tx_wr.remote_qkey = priv->qkey, from the broadcast group).
+func (p *Port) queue(pkt []byte, q *qpState, src, rqpn uint32, ah handle) bool {
 	slot, ok := p.slot()
 	if !ok {
 		p.drops[DropRingFull].Add(1)
 		return false
 	}
-	p.qpMu.RLock()
-	q := p.qps[src]
-	p.qpMu.RUnlock()
 	copy(p.dev.sendBuf(slot), pkt)
 	p.slots[slot] = slotInfo{qpn: src, seq: q.posted}
 	q.posted++
-	p.descs = append(p.descs, sendDesc{qpn: src, ah: ah, rqpn: rqpn, slot: slot, len: len(pkt), wrID: q.posted - 1,
+	p.descs = append(p.descs, sendDesc{qpn: src, ah: ah, rqpn: rqpn, qkey: q.part.qkey.Load(), slot: slot, len: len(pkt), wrID: q.posted - 1,
 		signal: q.posted%signalEvery == 0})
 	p.used++
+	p.queued++
 	p.txBytes.Add(uint64(len(pkt)))
 	return true
 }
@@ -121,6 +126,7 @@ func (p *Port) post() {
 			}
 			p.txBytes.Add(^uint64(d.len - 1))
 			p.used--
+			p.queued--
 			p.head = (p.head - 1 + len(p.slots)) % len(p.slots)
 		}
 		p.qpMu.RUnlock()
@@ -172,29 +178,71 @@ func (p *Port) reap() {
 			break
 		}
 		p.used--
+		p.freed++
+	}
+	if len(p.dead) > 0 {
+		p.buryAHs()
 	}
 }
 
-// ah returns the address handle of gid, asking the resolver for one when
-// there is none.
-func (p *Port) ah(gid ipoib.GID) (handle, bool) {
+// buryAHs destroys the flushed address handles no queued send can still
+// use: those whose every earlier slot is free. Called with txMu held.
+func (p *Port) buryAHs() {
+	keep := p.dead[:0]
+	for _, d := range p.dead {
+		if d.mark <= p.freed {
+			p.dev.destroyAH(d.h)
+		} else {
+			keep = append(keep, d)
+		}
+	}
+	clear(p.dead[len(keep):])
+	p.dead = keep
+}
+
+// flushAHs drops the cached address handles whose key match selects, as
+// IPoIB's flushes drop paths and groups' handles; the next packet makes
+// new ones (a resolution under way is made again: its generation is
+// stale). The handles are destroyed once the sends queued on them are
+// done.
+func (p *Port) flushAHs(match func(ahKey) bool) {
+	p.txMu.Lock()
+	defer p.txMu.Unlock()
 	p.ahMu.Lock()
-	e := p.ahs[gid]
+	defer p.ahMu.Unlock()
+	p.ahGen++
+	for k, e := range p.ahs {
+		if !match(k) || (!e.ready && e.failedAt.IsZero()) {
+			continue
+		}
+		if e.ready {
+			p.dead = append(p.dead, deadAH{h: e.h, mark: p.queued})
+		}
+		delete(p.ahs, k)
+	}
+	p.buryAHs()
+}
+
+// ah returns the address handle of key, asking the resolver for one
+// when there is none.
+func (p *Port) ah(key ahKey) (handle, bool) {
+	p.ahMu.Lock()
+	e := p.ahs[key]
 	if e != nil && e.ready {
 		e.lastUsed = time.Now()
 		p.ahMu.Unlock()
 		return e.h, true
 	}
 	p.ahMu.Unlock()
-	p.wantAH(gid)
+	p.wantAH(key)
 	return 0, false
 }
 
-// wantAH asks the resolver for gid's address handle unless it has one,
+// wantAH asks the resolver for key's address handle unless it has one,
 // is making one, or failed to moments ago.
-func (p *Port) wantAH(gid ipoib.GID) {
+func (p *Port) wantAH(key ahKey) {
 	p.ahMu.Lock()
-	e := p.ahs[gid]
+	e := p.ahs[key]
 	if e != nil && (e.ready || e.failedAt.IsZero() || time.Since(e.failedAt) < ahRetry) {
 		p.ahMu.Unlock()
 		return
@@ -204,16 +252,16 @@ func (p *Port) wantAH(gid ipoib.GID) {
 			p.evictAH()
 		}
 		e = &ahEntry{}
-		p.ahs[gid] = e
+		p.ahs[key] = e
 	}
 	e.failedAt = time.Time{}
 	p.ahMu.Unlock()
 	select {
-	case p.resolve <- gid:
+	case p.resolve <- key:
 	default:
 		p.ahMu.Lock()
-		if p.ahs[gid] == e {
-			delete(p.ahs, gid)
+		if p.ahs[key] == e {
+			delete(p.ahs, key)
 		}
 		p.ahMu.Unlock()
 	}
@@ -223,10 +271,10 @@ func (p *Port) wantAH(gid ipoib.GID) {
 // with ahMu held, off the hot path (only when a new destination appears
 // and the cache is full).
 func (p *Port) evictAH() {
-	var old ipoib.GID
+	var old ahKey
 	var oldest *ahEntry
 	for g, e := range p.ahs {
-		if e.ready && !g.IsMulticast() && e.pending == 0 && (oldest == nil || e.lastUsed.Before(oldest.lastUsed)) {
+		if e.ready && !g.gid.IsMulticast() && e.pending == 0 && (oldest == nil || e.lastUsed.Before(oldest.lastUsed)) {
 			old, oldest = g, e
 		}
 	}
@@ -238,10 +286,9 @@ func (p *Port) evictAH() {
 
 // hold copies a packet into the pending pool until its destination's
 // address handle exists.
-func (p *Port) hold(pkt []byte, m *ipoib.TxMeta) bool {
-	gid := m.Dst.GID()
+func (p *Port) hold(pkt []byte, m *ipoib.TxMeta, key ahKey) bool {
 	p.ahMu.Lock()
-	e := p.ahs[gid]
+	e := p.ahs[key]
 	if e == nil || !e.failedAt.IsZero() {
 		p.ahMu.Unlock()
 		p.drops[DropNoAH].Add(1)
@@ -256,7 +303,7 @@ func (p *Port) hold(pkt []byte, m *ipoib.TxMeta) bool {
 	p.ahMu.Unlock()
 	b := p.pendFree[len(p.pendFree)-1]
 	p.pendFree = p.pendFree[:len(p.pendFree)-1]
-	p.pending = append(p.pending, pendingPkt{buf: b, n: copy(p.pendBufs[b], pkt), src: m.SrcQPN, dst: m.Dst, pkey: m.PKey})
+	p.pending = append(p.pending, pendingPkt{buf: b, n: copy(p.pendBufs[b], pkt), src: m.SrcQPN, dst: m.Dst, pkey: m.PKey, key: key})
 	return true
 }
 
@@ -264,21 +311,43 @@ func (p *Port) hold(pkt []byte, m *ipoib.TxMeta) bool {
 // waited for them.
 func (p *Port) resolver() {
 	defer p.wg.Done()
+	tick := time.NewTicker(ahRetry)
+	defer tick.Stop()
 	for {
-		var gid ipoib.GID
+		var key ahKey
 		select {
 		case <-p.done:
 			return
-		case gid = <-p.resolve:
+		case <-tick.C:
+			if p.sa != nil {
+				p.retryRejoins()
+			}
+			continue
+		case key = <-p.resolve:
 		}
-		h, err := p.makeAH(gid)
 		p.ahMu.Lock()
-		e := p.ahs[gid]
+		gen := p.ahGen
+		p.ahMu.Unlock()
+		h, err := p.makeAH(key)
+		p.ahMu.Lock()
+		e := p.ahs[key]
 		switch {
 		case e == nil:
 			if err == nil {
 				p.dev.destroyAH(h)
 			}
+		case p.ahGen != gen:
+			// A flush came while this path was resolved: it may be stale.
+			if err == nil {
+				p.dev.destroyAH(h)
+			}
+			select {
+			case p.resolve <- key:
+			default:
+				e.failedAt = time.Now()
+			}
+			p.ahMu.Unlock()
+			continue
 		case err != nil:
 			e.failedAt = time.Now()
 			p.ahFailed.Add(1)
@@ -290,41 +359,44 @@ func (p *Port) resolver() {
 		if err != nil {
 			p.warnOnce(err)
 		}
-		p.flushPending(gid, err == nil)
+		p.flushPending(key, err == nil)
 	}
 }
 
-// makeAH makes gid's address handle. Every packet carries a GRH (on IB
+// makeAH makes key's address handle. Every packet carries a GRH (on IB
 // too, so that receivers learn the source GID); on IB the DLID and SL
-// come from a path record, or for a group from its SA membership (a
-// send-only one is made here when the port is not a member).
-func (p *Port) makeAH(gid ipoib.GID) (handle, error) {
-	pa := path{gid: gid, global: true}
-	if p.a.ib {
-		var l lidSL
-		var err error
-		if gid.IsMulticast() {
-			var ok bool
-			if l, ok = p.mlid(gid); !ok {
-				l.lid, l.sl, err = p.dev.saJoin(gid, ipoib.MGIDPKey(gid), true)
-				if err == nil {
-					p.setMLID(gid, l)
-				}
+// come from a path record in the sending QP's partition, or for a group
+// from its SA membership (a send-only one is made here when the port is
+// not a member).
+func (p *Port) makeAH(key ahKey) (handle, error) {
+	pa := path{gid: key.gid, global: true}
+	if p.sa != nil {
+		if key.gid.IsMulticast() {
+			p.ctlMu.Lock()
+			m, err := p.saJoin(key.gid, true)
+			if err == nil {
+				pa.dlid, pa.sl = m.mlid, m.sl
+			}
+			p.ctlMu.Unlock()
+			if err != nil {
+				return 0, err
 			}
 		} else {
-			l.lid, l.sl, err = p.dev.pathRecord(gid, p.a.pkeys[0])
+			// AF_IB ids take RDMA_PS_IB, not RDMA_PS_IPOIB
+			// (cma_select_ib_ps); service ID 0: a plain path record.
+			r, err := p.sa.pathRecord(pathQuery{sgid: p.a.gid, dgid: key.gid, pkey: key.pkey, ps: psIB})
+			if err != nil {
+				return 0, fmt.Errorf("verbsfabric: path record to %s in partition %s: %w", key.gid, key.pkey, err)
+			}
+			pa.dlid, pa.sl = r.dlid, r.sl
 		}
-		if err != nil {
-			return 0, err
-		}
-		pa.dlid, pa.sl = l.lid, l.sl
 	}
 	return p.dev.createAH(pa)
 }
 
 // flushPending sends (or, when its address handle failed, drops) what
-// waited for gid.
-func (p *Port) flushPending(gid ipoib.GID, ok bool) {
+// waited for key.
+func (p *Port) flushPending(key ahKey, ok bool) {
 	p.txMu.Lock()
 	defer p.txMu.Unlock()
 	if p.closed.Load() {
@@ -332,15 +404,17 @@ func (p *Port) flushPending(gid ipoib.GID, ok bool) {
 	}
 	keep := p.pending[:0]
 	for _, w := range p.pending {
-		if w.dst.GID() != gid {
+		if w.key != key {
 			keep = append(keep, w)
 			continue
 		}
 		sent := false
 		if ok {
 			m := ipoib.TxMeta{Dst: w.dst, SrcQPN: w.src, PKey: w.pkey}
-			if h, ready := p.ah(gid); ready && p.valid(&m, w.n) {
-				sent = p.queue(p.pendBufs[w.buf][:w.n], w.src, w.dst.QPN(), h)
+			if h, ready := p.ah(key); ready {
+				if q := p.valid(&m, w.n); q != nil {
+					sent = p.queue(p.pendBufs[w.buf][:w.n], q, w.src, w.dst.QPN(), h)
+				}
 			}
 		}
 		if !sent && !ok {
@@ -351,7 +425,7 @@ func (p *Port) flushPending(gid ipoib.GID, ok bool) {
 	clear(p.pending[len(keep):])
 	p.pending = keep
 	p.ahMu.Lock()
-	if e := p.ahs[gid]; e != nil {
+	if e := p.ahs[key]; e != nil {
 		e.pending = 0
 	}
 	p.ahMu.Unlock()
@@ -443,7 +517,7 @@ func (p *Port) take(d recvDone, dst []byte, size *int, m *ipoib.RxMeta) bool {
 	if !d.grh {
 		m.Src, m.SrcUnknown = ipoib.HwAddr{}, true
 	} else if !own {
-		p.wantAH(src) // the reply will need it: make it now, off the TX path
+		p.wantAH(ahKey{src, q.wire}) // the reply will need it: make it now, off the TX path
 	}
 	if dgid.IsMulticast() {
 		m.DstQPN, m.MGID = ipoib.MulticastQPN, dgid

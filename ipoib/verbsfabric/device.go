@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net/netip"
 
 	"github.com/eipoib/eipoibd/ipoib"
 )
@@ -14,25 +15,26 @@ import (
 // postRecv, recvBuf, waitRecv); the rest may run concurrently with both.
 type device interface {
 	attr() devAttr
-	// createQP creates a UD QP with the IPoIB Q_Key in the P_Key table
-	// entry pkeyIndex, in state RTS, on the shared CQs and receive queue.
-	createQP(pkeyIndex int, psn uint32) (qpn uint32, err error)
+	// createQP creates a UD QP with Q_Key qkey in the P_Key table entry
+	// pkeyIndex, in state RTS, on the shared CQs and receive queue.
+	createQP(pkeyIndex int, qkey, psn uint32) (qpn uint32, err error)
+	// setQKey changes a QP's Q_Key in RTS, as ipoib_mcast_attach does
+	// (IB_QP_QKEY) when the broadcast group's Q_Key arrives.
+	setQKey(qpn, qkey uint32) error
 	destroyQP(qpn uint32) error
+	// pkeys reads the port's P_Key table again (after a PKEY_CHANGE).
+	pkeys() ([]ipoib.PKey, error)
 	// createAH creates an address handle; it may block (RoCE resolves the
 	// peer's MAC by neighbour discovery).
 	createAH(p path) (handle, error)
 	destroyAH(h handle)
 	// attach and detach a QP to a group; mlid is the group's LID on IB
-	// (from saJoin), 0 on RoCE.
+	// (from the SA join), 0 on RoCE.
 	attach(qpn uint32, mgid ipoib.GID, mlid uint16) error
 	detach(qpn uint32, mgid ipoib.GID, mlid uint16) error
-
-	// On the IB link layer: a path record from the subnet administrator
-	// (DLID and SL of the path to dgid), and SA multicast memberships
-	// (the group's MLID and SL). They block for up to a few seconds.
-	pathRecord(dgid ipoib.GID, pkey ipoib.PKey) (dlid uint16, sl uint8, err error)
-	saJoin(mgid ipoib.GID, pkey ipoib.PKey, sendOnly bool) (mlid uint16, sl uint8, err error)
-	saLeave(mgid ipoib.GID, sendOnly bool)
+	// sa is the port's subnet administrator on the IB link layer, nil on
+	// RoCE (which has none: no path records, no SA joins).
+	sa() subnetAdmin
 
 	// sendBuf is send slot slot of the registered send memory.
 	sendBuf(slot int) []byte
@@ -54,7 +56,8 @@ type device interface {
 
 	// waitEvent blocks until the next async event (true) or wake (false).
 	waitEvent() (portEvent, bool, error)
-	// wake ends every waitRecv and waitEvent, now and later.
+	// wake ends every waitRecv and waitEvent, the subnet administrator's
+	// included, now and later.
 	wake()
 	close()
 }
@@ -89,11 +92,13 @@ type path struct {
 	sl     uint8
 }
 
-// sendDesc is one UD SEND: slot holds len bytes to QP rqpn through ah.
+// sendDesc is one UD SEND: slot holds len bytes to QP rqpn through ah,
+// with the remote Q_Key qkey.
 type sendDesc struct {
 	qpn    uint32
 	ah     handle
 	rqpn   uint32
+	qkey   uint32
 	slot   int
 	len    int
 	wrID   uint64
@@ -124,7 +129,105 @@ const (
 	eventPortActive
 	eventPortDown
 	eventGIDChange
+	// The subnet manager's events (IB only): ipoib_event maps them to
+	// the flushes the Port repeats.
+	eventLIDChange
+	eventPKeyChange
+	eventSMChange
+	eventClientReregister
 )
+
+// subnetAdmin is the InfiniBand link layer's control side: path records
+// and multicast memberships from the subnet administrator, through the
+// kernel's rdma_cm (librdmacm in ibv.go; a fake that follows cma.c and
+// multicast.c in the tests). Every call may block for seconds; the Port
+// makes them off the data path.
+type subnetAdmin interface {
+	// pathRecord resolves the path q asks for: rdma_resolve_addr and
+	// rdma_resolve_route with AF_IB addresses (cma_query_ib_route).
+	pathRecord(q pathQuery) (pathRec, error)
+	// join joins a group (rdma_join_multicast_ex) and returns its
+	// MULTICAST_JOIN event's data. The membership lasts until leave or
+	// until the kernel reports a MULTICAST_ERROR for it.
+	join(r joinReq) (mcMember, error)
+	// leave ends the membership join made (rdma_leave_multicast).
+	leave(mgid ipoib.GID, sendOnly bool)
+	// waitEvent blocks until an established membership's id reports a
+	// MULTICAST_ERROR (true) or the device's wake (false).
+	waitEvent() (mcastError, bool, error)
+}
+
+// portSpace is an rdma_cm port space (enum rdma_ucm_port_space).
+type portSpace uint16
+
+// The port spaces the backend uses.
+const (
+	// psIPoIB binds an id to an IPoIB interface's IP address; AF_IB
+	// addresses refuse it (cma_select_ib_ps: -EPROTONOSUPPORT).
+	psIPoIB portSpace = 0x0002
+	// psIB is the port space cma_select_ib_ps accepts for an AF_IB
+	// address whose service ID and mask are 0.
+	psIB portSpace = 0x013F
+)
+
+// pathQuery asks for the path from sgid to dgid in partition pkey, with
+// the id in port space ps. The query's service ID is the destination
+// sockaddr_ib's sib_sid (rdma_get_service_id), which is 0: a plain path
+// record, as IPoIB's path_rec_start asks (no service ID).
+type pathQuery struct {
+	sgid, dgid ipoib.GID
+	pkey       ipoib.PKey
+	ps         portSpace
+}
+
+// pathRec is what the Port takes from a path record.
+type pathRec struct {
+	dlid uint16
+	sl   uint8
+}
+
+// joinReq asks to join mgid, from an id in port space ps bound to bind
+// (an IPoIB interface's address), as a send-only full member or a full
+// member.
+type joinReq struct {
+	mgid     ipoib.GID
+	sendOnly bool
+	ps       portSpace
+	bind     ipoibBind
+}
+
+// ipoibBind is an IP address of the host's IPoIB interface in one
+// partition, which a join's id binds to: rdma_translate_ip copies the
+// interface's hardware and broadcast addresses into the id, and
+// cma_join_ib_multicast reads the broadcast group from them.
+type ipoibBind struct {
+	ifname  string
+	ifindex int
+	addr    netip.Addr
+}
+
+// mcMember is a join's MULTICAST_JOIN event data: the group's MLID and
+// SL (event.param.ud.ah_attr), its Q_Key (event.param.ud.qkey) and its
+// MTU in bytes (0 when the SA gave none).
+type mcMember struct {
+	mlid uint16
+	sl   uint8
+	qkey uint32
+	mtu  int
+}
+
+// errJoinRefused is a join whose id got a MULTICAST_ERROR instead of a
+// MULTICAST_JOIN: the SA (or cma_make_mc_event) refused it.
+var errJoinRefused = errors.New("verbsfabric: the join was refused (MULTICAST_ERROR)")
+
+// mcastError is a MULTICAST_ERROR event of an established membership:
+// multicast.c reports one to every member (-ENETRESET) when the port's
+// LID, SM or registration changes, and when the group goes away.
+type mcastError struct {
+	mgid     ipoib.GID
+	sendOnly bool
+	err      error
+}
 
 // gidType is a GID table entry's type.
 type gidType uint8

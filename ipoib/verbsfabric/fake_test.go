@@ -7,11 +7,14 @@ import (
 	"github.com/eipoib/eipoibd/ipoib"
 )
 
-// fakeHub is an in-memory RoCE fabric of fake verbs devices, each with
-// the semantics ibv.go relies on: a shared receive queue per device, the
+// fakeHub is an in-memory fabric of fake verbs devices, each with the
+// semantics ibv.go relies on: a shared receive queue per device, the
 // 40-byte GRH in front of every received packet, completions only for
 // signalled sends, multicast to every attached QP (the sender's device
-// included), unicast lost when the QPN does not exist.
+// included), unicast lost when the QPN does not exist, and a UD packet
+// whose Q_Key is not the receiving QP's dropped (IBA 10.2.4: the Q_Key
+// check of a UD receive). Devices opened with openerIB have an IB link
+// layer and a fakeSA.
 type fakeHub struct {
 	mu   sync.Mutex
 	devs map[ipoib.GID]*fakeDev
@@ -24,8 +27,11 @@ type fakeDev struct {
 
 	mu       sync.Mutex
 	nextQPN  uint32
-	qps      map[uint32]bool
-	attached map[ipoib.GID]map[uint32]bool
+	qps      map[uint32]*fakeQP
+	table    []ipoib.PKey // the P_Key table pkeys reads
+	fsa      *fakeSA
+	qkeyDrop int                             // packets dropped for a Q_Key mismatch
+	attached map[ipoib.GID]map[uint32]uint16 // MGID → QPN → the MLID it was attached with
 	ahs      map[handle]path
 	nextAH   handle
 	send     []byte
@@ -41,17 +47,36 @@ type fakeDev struct {
 	wakeOnce sync.Once
 }
 
+// fakeQP is a fake UD QP: its P_Key index and Q_Key.
+type fakeQP struct {
+	pkeyIndex int
+	qkey      uint32
+}
+
 func newHub() *fakeHub { return &fakeHub{devs: map[ipoib.GID]*fakeDev{}} }
 
-// opener returns the open hook of a device with GID g.
+// opener returns the open hook of a RoCE device with GID g.
 func (h *fakeHub) opener(g ipoib.GID) func(string, layout) (device, error) {
+	return h.open(devAttr{gid: g, mtu: 4096, active: true, pkeys: []ipoib.PKey{0xffff}}, nil)
+}
+
+// openerIB returns the open hook of an IB device with GID g, P_Key table
+// pkeys and subnet administrator sa.
+func (h *fakeHub) openerIB(g ipoib.GID, sa *fakeSA, pkeys ...ipoib.PKey) func(string, layout) (device, error) {
+	return h.open(devAttr{gid: g, mtu: 4096, active: true, ib: true, pkeys: pkeys}, sa)
+}
+
+func (h *fakeHub) open(a devAttr, sa *fakeSA) func(string, layout) (device, error) {
 	return func(_ string, lay layout) (device, error) {
-		d := &fakeDev{hub: h, lay: lay, a: devAttr{gid: g, mtu: 4096, active: true, pkeys: []ipoib.PKey{0xffff}},
-			nextQPN: 0x11, qps: map[uint32]bool{}, attached: map[ipoib.GID]map[uint32]bool{}, ahs: map[handle]path{},
+		d := &fakeDev{hub: h, lay: lay, a: a, table: a.pkeys, fsa: sa,
+			nextQPN: 0x11, qps: map[uint32]*fakeQP{}, attached: map[ipoib.GID]map[uint32]uint16{}, ahs: map[handle]path{},
 			send: make([]byte, lay.sendSlots*lay.slotSize), recv: make([]byte, lay.recvBufs*lay.recvSize),
 			failAt: -1, notify: make(chan struct{}, 1), events: make(chan portEvent), woke: make(chan struct{})}
+		if sa != nil {
+			sa.woke = d.woke
+		}
 		h.mu.Lock()
-		h.devs[g] = d
+		h.devs[a.gid] = d
 		h.mu.Unlock()
 		return d, nil
 	}
@@ -59,19 +84,63 @@ func (h *fakeHub) opener(g ipoib.GID) func(string, layout) (device, error) {
 
 func (d *fakeDev) attr() devAttr { return d.a }
 
-func (d *fakeDev) createQP(int, uint32) (uint32, error) {
+func (d *fakeDev) sa() subnetAdmin {
+	if d.fsa == nil {
+		return nil
+	}
+	return d.fsa
+}
+
+func (d *fakeDev) createQP(pkeyIndex int, qkey, _ uint32) (uint32, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	q := d.nextQPN
 	d.nextQPN++
-	d.qps[q] = true
+	d.qps[q] = &fakeQP{pkeyIndex: pkeyIndex, qkey: qkey}
 	return q, nil
+}
+
+func (d *fakeDev) setQKey(qpn, qkey uint32) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	q := d.qps[qpn]
+	if q == nil {
+		return errors.New("no such QP")
+	}
+	q.qkey = qkey
+	return nil
+}
+
+// qkeyOf is QP qpn's Q_Key (0: no such QP).
+func (d *fakeDev) qkeyOf(qpn uint32) uint32 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if q := d.qps[qpn]; q != nil {
+		return q.qkey
+	}
+	return 0
+}
+
+// pkeyIndexOf is QP qpn's P_Key index (-1: no such QP).
+func (d *fakeDev) pkeyIndexOf(qpn uint32) int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if q := d.qps[qpn]; q != nil {
+		return q.pkeyIndex
+	}
+	return -1
+}
+
+func (d *fakeDev) pkeys() ([]ipoib.PKey, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.table, nil
 }
 
 func (d *fakeDev) destroyQP(q uint32) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if !d.qps[q] {
+	if d.qps[q] == nil {
 		return errors.New("no such QP")
 	}
 	delete(d.qps, q)
@@ -92,14 +161,22 @@ func (d *fakeDev) destroyAH(h handle) {
 	d.mu.Unlock()
 }
 
-func (d *fakeDev) attach(q uint32, g ipoib.GID, _ uint16) error {
+func (d *fakeDev) attach(q uint32, g ipoib.GID, mlid uint16) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.attached[g] == nil {
-		d.attached[g] = map[uint32]bool{}
+		d.attached[g] = map[uint32]uint16{}
 	}
-	d.attached[g][q] = true
+	d.attached[g][q] = mlid
 	return nil
+}
+
+// attachedMLID is the MLID group QP q is attached to mgid with.
+func (d *fakeDev) attachedMLID(mgid ipoib.GID, q uint32) (uint16, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	l, ok := d.attached[mgid][q]
+	return l, ok
 }
 
 func (d *fakeDev) detach(q uint32, g ipoib.GID, _ uint16) error {
@@ -108,16 +185,6 @@ func (d *fakeDev) detach(q uint32, g ipoib.GID, _ uint16) error {
 	d.mu.Unlock()
 	return nil
 }
-
-func (d *fakeDev) pathRecord(ipoib.GID, ipoib.PKey) (uint16, uint8, error) {
-	return 0, 0, errors.New("RoCE")
-}
-
-func (d *fakeDev) saJoin(ipoib.GID, ipoib.PKey, bool) (uint16, uint8, error) {
-	return 0, 0, errors.New("RoCE")
-}
-
-func (d *fakeDev) saLeave(ipoib.GID, bool) {}
 
 func (d *fakeDev) sendBuf(slot int) []byte {
 	return d.send[slot*d.lay.slotSize : (slot+1)*d.lay.slotSize]
@@ -145,16 +212,11 @@ func (d *fakeDev) postSend(s []sendDesc) (int, error) {
 				}
 				to.mu.Unlock()
 				for _, q := range qs {
-					to.deliver(d.a.gid, p.gid, w.qpn, q, data)
+					to.deliver(d.a.gid, p.gid, w.qpn, q, w.qkey, data)
 				}
 			}
 		} else if to := d.hub.devs[p.gid]; to != nil {
-			to.mu.Lock()
-			ok := to.qps[w.rqpn]
-			to.mu.Unlock()
-			if ok {
-				to.deliver(d.a.gid, p.gid, w.qpn, w.rqpn, data)
-			}
+			to.deliver(d.a.gid, p.gid, w.qpn, w.rqpn, w.qkey, data)
 		}
 		d.hub.mu.Unlock()
 		if w.signal {
@@ -167,10 +229,19 @@ func (d *fakeDev) postSend(s []sendDesc) (int, error) {
 }
 
 // deliver puts one packet with its GRH into a posted receive buffer (or
-// loses it when none is posted, as an HCA would).
-func (d *fakeDev) deliver(src, dst ipoib.GID, srcQPN, qpn uint32, data []byte) {
+// loses it when none is posted, as an HCA would); a packet for a QP that
+// does not exist, or whose Q_Key is not the QP's, is dropped.
+func (d *fakeDev) deliver(src, dst ipoib.GID, srcQPN, qpn, qkey uint32, data []byte) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	q := d.qps[qpn]
+	if q == nil {
+		return
+	}
+	if q.qkey != qkey {
+		d.qkeyDrop++
+		return
+	}
 	if d.postedAt == len(d.posted) {
 		return
 	}

@@ -26,6 +26,7 @@ struct eib_send {
 	struct ibv_qp *qp;
 	struct ibv_ah *ah;
 	uint32_t rqpn;
+	uint32_t qkey;
 	uint32_t len;
 	uint64_t addr;
 	uint64_t wr_id;
@@ -158,6 +159,15 @@ static struct ibv_qp *eib_create_qp(struct ibv_pd *pd, struct ibv_cq *scq, struc
 	return qp;
 }
 
+// eib_set_qkey changes a QP's Q_Key in RTS (ipoib_mcast_attach's
+// ib_modify_qp with IB_QP_QKEY: RTS to RTS may change it on a UD QP).
+static int eib_set_qkey(struct ibv_qp *qp, uint32_t qkey) {
+	struct ibv_qp_attr a;
+	memset(&a, 0, sizeof a);
+	a.qkey = qkey;
+	return ibv_modify_qp(qp, &a, IBV_QP_QKEY);
+}
+
 static struct ibv_ah *eib_create_ah(struct ibv_pd *pd, const uint8_t *dgid, int global, int sgid_index,
 		uint16_t dlid, uint8_t sl, int *err) {
 	struct ibv_ah_attr a;
@@ -179,7 +189,7 @@ static struct ibv_ah *eib_create_ah(struct ibv_pd *pd, const uint8_t *dgid, int 
 // eib_post_send posts n descriptors, one ibv_post_send per run of
 // consecutive descriptors on one QP (wrs and sges hold n entries each).
 // It returns how many were posted and sets *err for the first failure.
-static int eib_post_send(struct eib_send *d, int n, uint32_t lkey, uint32_t qkey,
+static int eib_post_send(struct eib_send *d, int n, uint32_t lkey,
 		struct ibv_send_wr *wrs, struct ibv_sge *sges, int *err) {
 	*err = 0;
 	int i = 0;
@@ -197,7 +207,7 @@ static int eib_post_send(struct eib_send *d, int n, uint32_t lkey, uint32_t qkey
 			wrs[j].send_flags = d[j].signal ? IBV_SEND_SIGNALED : 0;
 			wrs[j].wr.ud.ah = d[j].ah;
 			wrs[j].wr.ud.remote_qpn = d[j].rqpn;
-			wrs[j].wr.ud.remote_qkey = qkey;
+			wrs[j].wr.ud.remote_qkey = d[j].qkey;
 			wrs[j].next = j + 1 < n && d[j + 1].qp == d[i].qp ? &wrs[j + 1] : NULL;
 		}
 		struct ibv_send_wr *bad = NULL;
@@ -250,18 +260,27 @@ static int eib_poll_send(struct ibv_cq *cq, struct ibv_wc *wc, struct eib_sent *
 	return got;
 }
 
-// eib_wait_cq waits for the receive CQ's next completion event or for
-// wakefd, re-arming the CQ first. It returns 1 on an event, 0 on wakefd,
-// -errno on failure.
-static int eib_wait_cq(struct ibv_comp_channel *ch, struct ibv_cq *cq, int wakefd) {
-	struct pollfd p[2] = {{.fd = ch->fd, .events = POLLIN}, {.fd = wakefd, .events = POLLIN}};
+// eib_poll waits until fd is readable (1) or wakefd is (0), or fails
+// (-errno).
+static int eib_poll(int fd, int wakefd) {
+	struct pollfd p[2] = {{.fd = fd, .events = POLLIN}, {.fd = wakefd, .events = POLLIN}};
 	for (;;) {
 		int r = poll(p, 2, -1);
 		if (r < 0) {
 			if (errno == EINTR) continue;
 			return -errno;
 		}
-		if (p[1].revents) return 0;
+		return p[1].revents ? 0 : 1;
+	}
+}
+
+// eib_wait_cq waits for the receive CQ's next completion event or for
+// wakefd, re-arming the CQ first. It returns 1 on an event, 0 on wakefd,
+// -errno on failure.
+static int eib_wait_cq(struct ibv_comp_channel *ch, struct ibv_cq *cq, int wakefd) {
+	for (;;) {
+		int r = eib_poll(ch->fd, wakefd);
+		if (r <= 0) return r;
 		struct ibv_cq *ecq;
 		void *ectx;
 		if (ibv_get_cq_event(ch, &ecq, &ectx) == 0) {
@@ -275,14 +294,9 @@ static int eib_wait_cq(struct ibv_comp_channel *ch, struct ibv_cq *cq, int wakef
 // eib_wait_async waits for one async event or wakefd: 1 and the event's
 // type and port, 0 on wakefd, -errno on failure.
 static int eib_wait_async(struct ibv_context *ctx, int wakefd, int *type, int *port) {
-	struct pollfd p[2] = {{.fd = ctx->async_fd, .events = POLLIN}, {.fd = wakefd, .events = POLLIN}};
 	for (;;) {
-		int r = poll(p, 2, -1);
-		if (r < 0) {
-			if (errno == EINTR) continue;
-			return -errno;
-		}
-		if (p[1].revents) return 0;
+		int r = eib_poll(ctx->async_fd, wakefd);
+		if (r <= 0) return r;
 		struct ibv_async_event ev;
 		if (ibv_get_async_event(ctx, &ev) == 0) {
 			*type = ev.event_type;
@@ -294,24 +308,36 @@ static int eib_wait_async(struct ibv_context *ctx, int wakefd, int *type, int *p
 	}
 }
 
-// The IB link layer's subnet administrator, through librdmacm with AF_IB
-// addresses and synchronous ids (no event channel: each call waits for
-// its event), as libvma did. Unused on RoCE.
+// The IB link layer's subnet administrator, through librdmacm. Path
+// records: a synchronous id (no event channel: librdmacm's ucma_complete
+// waits for each call's event and rdma_destroy_id acks the last one)
+// with AF_IB addresses in the port space the Go side gives (RDMA_PS_IB:
+// cma_select_ib_ps refuses RDMA_PS_IPOIB for AF_IB). Joins: ids on one
+// event channel the Go side reads, bound to an IP address of the host's
+// IPoIB interface in the group's partition with RDMA_PS_IPOIB, so that
+// cma_join_ib_multicast finds the interface's broadcast group. Unused
+// on RoCE.
 
-static void eib_sib(struct sockaddr_ib *s, const uint8_t *gid, uint16_t pkey) {
+static void eib_sib(struct sockaddr_ib *s, const uint8_t *gid, uint16_t pkey, uint64_t sid) {
 	memset(s, 0, sizeof *s);
 	s->sib_family = AF_IB;
 	s->sib_pkey = htobe16(pkey);
+	s->sib_sid = htobe64(sid);
 	memcpy(&s->sib_addr, gid, 16);
 }
 
-// eib_path_record asks the SA for the path from sgid to dgid in pkey.
-static int eib_path_record(const uint8_t *sgid, const uint8_t *dgid, uint16_t pkey, int ms, uint16_t *dlid, uint8_t *sl) {
+// eib_path_record asks the SA for the path from sgid to dgid in pkey:
+// rdma_resolve_addr binds the source (sid and mask 0) and resolves the
+// destination (cma_resolve_ib_addr), rdma_resolve_route queries the SA
+// (cma_query_ib_route: SGID, DGID and P_Key from the source, the service
+// ID from the destination's sib_sid).
+static int eib_path_record(int ps, const uint8_t *sgid, const uint8_t *dgid, uint16_t pkey, uint64_t sid, int ms,
+		uint16_t *dlid, uint8_t *sl, int *mtu) {
 	struct rdma_cm_id *id;
-	if (rdma_create_id(NULL, &id, NULL, RDMA_PS_IPOIB)) return errno;
+	if (rdma_create_id(NULL, &id, NULL, (enum rdma_port_space)ps)) return errno;
 	struct sockaddr_ib src, dst;
-	eib_sib(&src, sgid, pkey);
-	eib_sib(&dst, dgid, pkey);
+	eib_sib(&src, sgid, pkey, 0);
+	eib_sib(&dst, dgid, pkey, sid);
 	int r = rdma_resolve_addr(id, (struct sockaddr *)&src, (struct sockaddr *)&dst, ms);
 	if (!r) r = rdma_resolve_route(id, ms);
 	int e = r ? errno : 0;
@@ -319,50 +345,101 @@ static int eib_path_record(const uint8_t *sgid, const uint8_t *dgid, uint16_t pk
 	if (!e) {
 		*dlid = be16toh(id->route.path_rec[0].dlid);
 		*sl = id->route.path_rec[0].sl;
+		*mtu = id->route.path_rec[0].mtu;
 	}
 	rdma_destroy_id(id);
 	return e;
 }
 
-// eib_sa_join joins mgid through the SA as a full or send-only member;
-// the id it returns holds the membership until eib_sa_leave.
-static struct rdma_cm_id *eib_sa_join(const uint8_t *sgid, const uint8_t *mgid, uint16_t pkey, int sendonly,
-		uint16_t *mlid, uint8_t *sl, int *err) {
+static int eib_cm_channel(struct rdma_event_channel **ch) {
+	*ch = rdma_create_event_channel();
+	if (!*ch) return errno ? errno : ENOMEM;
+	return eib_nonblock((*ch)->fd);
+}
+
+// eib_cm_join creates an id on ch in port space ps whose context is
+// uid, binds it to the IPoIB interface's address (family AF_INET or
+// AF_INET6, with scope for a link-local one) and joins mgid as a full or
+// send-only full member. The MULTICAST_JOIN or MULTICAST_ERROR event
+// comes on ch.
+static struct rdma_cm_id *eib_cm_join(struct rdma_event_channel *ch, int ps, int family, const uint8_t *addr,
+		uint32_t scope, const uint8_t *mgid, uint16_t pkey, int sendonly, uint64_t uid, int *err) {
 	struct rdma_cm_id *id;
-	if (rdma_create_id(NULL, &id, NULL, RDMA_PS_IPOIB)) {
+	if (rdma_create_id(ch, &id, (void *)(uintptr_t)uid, (enum rdma_port_space)ps)) {
 		*err = errno;
 		return NULL;
 	}
-	struct sockaddr_ib src, grp;
-	eib_sib(&src, sgid, pkey);
-	eib_sib(&grp, mgid, pkey);
-	int r = rdma_bind_addr(id, (struct sockaddr *)&src);
+	struct sockaddr_storage ss;
+	memset(&ss, 0, sizeof ss);
+	if (family == AF_INET) {
+		struct sockaddr_in *in = (struct sockaddr_in *)&ss;
+		in->sin_family = AF_INET;
+		memcpy(&in->sin_addr, addr, 4);
+	} else {
+		struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)&ss;
+		in6->sin6_family = AF_INET6;
+		memcpy(&in6->sin6_addr, addr, 16);
+		in6->sin6_scope_id = scope;
+	}
+	int r = rdma_bind_addr(id, (struct sockaddr *)&ss);
 	if (!r) {
+		struct sockaddr_ib grp;
+		eib_sib(&grp, mgid, pkey, 0);
 		struct rdma_cm_join_mc_attr_ex a;
 		memset(&a, 0, sizeof a);
 		a.comp_mask = RDMA_CM_JOIN_MC_ATTR_ADDRESS | RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS;
 		a.join_flags = sendonly ? RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER : RDMA_MC_JOIN_FLAG_FULLMEMBER;
 		a.addr = (struct sockaddr *)&grp;
-		r = rdma_join_multicast_ex(id, &a, NULL);
+		r = rdma_join_multicast_ex(id, &a, (void *)(uintptr_t)uid);
 	}
-	*err = r ? errno : 0;
-	if (!r && !id->event) *err = EPROTO;
-	if (*err) {
+	if (r) {
+		*err = errno;
 		rdma_destroy_id(id);
 		return NULL;
 	}
-	*mlid = id->event->param.ud.ah_attr.dlid;
-	*sl = id->event->param.ud.ah_attr.sl;
-	rdma_ack_cm_event(id->event);
-	id->event = NULL;
+	*err = 0;
 	return id;
 }
 
-static void eib_sa_leave(struct rdma_cm_id *id, const uint8_t *mgid, uint16_t pkey) {
+// eib_cm_leave ends a join's membership and frees its id.
+static void eib_cm_leave(struct rdma_cm_id *id, const uint8_t *mgid, uint16_t pkey) {
 	struct sockaddr_ib grp;
-	eib_sib(&grp, mgid, pkey);
+	eib_sib(&grp, mgid, pkey, 0);
 	rdma_leave_multicast(id, (struct sockaddr *)&grp);
 	rdma_destroy_id(id);
+}
+
+// A communication event, copied out of librdmacm's before it is acked.
+struct eib_cm_event {
+	int type;
+	int status;
+	uint64_t uid;
+	uint16_t dlid;
+	uint8_t sl;
+	uint32_t qkey;
+};
+
+// eib_cm_wait waits for ch's next event or wakefd: 1 and the event
+// (acked at once: rdma_leave_multicast and rdma_destroy_id wait for every
+// reported event to be acked), 0 on wakefd, -errno on failure.
+static int eib_cm_wait(struct rdma_event_channel *ch, int wakefd, struct eib_cm_event *out) {
+	for (;;) {
+		int r = eib_poll(ch->fd, wakefd);
+		if (r <= 0) return r;
+		struct rdma_cm_event *ev;
+		if (rdma_get_cm_event(ch, &ev)) {
+			if (errno == EAGAIN) continue;
+			return -errno;
+		}
+		out->type = ev->event;
+		out->status = ev->status;
+		out->uid = (uint64_t)(uintptr_t)ev->id->context;
+		out->dlid = ev->param.ud.ah_attr.dlid;
+		out->sl = ev->param.ud.ah_attr.sl;
+		out->qkey = ev->param.ud.qkey;
+		rdma_ack_cm_event(ev);
+		return 1;
+	}
 }
 
 static void *eib_alloc(size_t n) {
@@ -376,8 +453,10 @@ import "C"
 
 import (
 	"fmt"
+	"net"
 	"sync"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -408,7 +487,7 @@ type ibvDevice struct {
 	qps  map[uint32]*C.struct_ibv_qp
 	ahs  map[handle]*C.struct_ibv_ah
 	next handle
-	sa   map[saKey]saID // SA memberships (IB)
+	cm   *ibvSA // IB only
 
 	// C scratch arrays, one set per direction (the Port serialises each).
 	sd      *C.struct_eib_send
@@ -435,7 +514,7 @@ func errnoErr(what string, r C.int) error {
 // buffers.
 func openDevice(name string, lay layout) (_ device, err error) {
 	d := &ibvDevice{lay: lay, qps: make(map[uint32]*C.struct_ibv_qp), ahs: make(map[handle]*C.struct_ibv_ah),
-		sa: make(map[saKey]saID), wakeFD: -1}
+		wakeFD: -1}
 	defer func() {
 		if err != nil {
 			d.close()
@@ -527,6 +606,11 @@ func openDevice(name string, lay layout) (_ device, err error) {
 	if r := C.ibv_req_notify_cq(d.rcq, 0); r != 0 {
 		return nil, errnoErr("ibv_req_notify_cq", r)
 	}
+	if d.a.ib {
+		if d.cm, err = newIBVSA(d); err != nil {
+			return nil, err
+		}
+	}
 	return d, nil
 }
 
@@ -567,14 +651,32 @@ func (d *ibvDevice) query() error {
 		return err
 	}
 	d.a.gid, d.a.gidIndex, d.a.ifindex = e.gid, e.index, e.ifindex
+	d.a.pkeys, err = d.pkeys()
+	return err
+}
+
+// pkeys reads the port's P_Key table.
+func (d *ibvDevice) pkeys() ([]ipoib.PKey, error) {
+	var state, mtu, ll, gidLen, pkeyLen C.int
+	if r := C.eib_query_port(d.ctx, &state, &mtu, &ll, &gidLen, &pkeyLen); r != 0 {
+		return nil, errnoErr("ibv_query_port", r)
+	}
+	var t []ipoib.PKey
 	for i := 0; i < int(pkeyLen); i++ {
 		var pk C.uint16_t
 		if C.eib_query_pkey(d.ctx, C.int(i), &pk) != 0 {
 			break
 		}
-		d.a.pkeys = append(d.a.pkeys, ipoib.PKey(pk))
+		t = append(t, ipoib.PKey(pk))
 	}
-	return nil
+	return t, nil
+}
+
+func (d *ibvDevice) sa() subnetAdmin {
+	if d.cm == nil {
+		return nil
+	}
+	return d.cm
 }
 
 func (d *ibvDevice) attr() devAttr { return d.a }
@@ -587,9 +689,9 @@ func (d *ibvDevice) recvBuf(i int) []byte {
 	return unsafe.Slice((*byte)(unsafe.Add(d.recvMem, i*d.lay.recvSize)), d.lay.recvSize)
 }
 
-func (d *ibvDevice) createQP(pkeyIndex int, psn uint32) (uint32, error) {
+func (d *ibvDevice) createQP(pkeyIndex int, qkey, psn uint32) (uint32, error) {
 	var e C.int
-	qp := C.eib_create_qp(d.pd, d.scq, d.rcq, d.srq, C.int(d.sendWR), C.int(pkeyIndex), ipoib.QKey, C.uint32_t(psn&0xffffff), &e)
+	qp := C.eib_create_qp(d.pd, d.scq, d.rcq, d.srq, C.int(d.sendWR), C.int(pkeyIndex), C.uint32_t(qkey), C.uint32_t(psn&0xffffff), &e)
 	if qp == nil {
 		return 0, errnoErr("create UD QP", e)
 	}
@@ -597,6 +699,17 @@ func (d *ibvDevice) createQP(pkeyIndex int, psn uint32) (uint32, error) {
 	d.qps[uint32(qp.qp_num)] = qp
 	d.mu.Unlock()
 	return uint32(qp.qp_num), nil
+}
+
+func (d *ibvDevice) setQKey(qpn, qkey uint32) error {
+	qp := d.qp(qpn)
+	if qp == nil {
+		return fmt.Errorf("verbsfabric: no QP %#x", qpn)
+	}
+	if r := C.eib_set_qkey(qp, C.uint32_t(qkey)); r != 0 {
+		return errnoErr("ibv_modify_qp (Q_Key)", r)
+	}
+	return nil
 }
 
 func (d *ibvDevice) qp(qpn uint32) *C.struct_ibv_qp {
@@ -659,47 +772,27 @@ func (d *ibvDevice) detach(qpn uint32, mgid ipoib.GID, mlid uint16) error {
 	return d.mcast(qpn, mgid, mlid, false)
 }
 
-// saTimeout bounds each SA query.
-const saTimeout = 2000 // ms
+// saTimeout bounds each SA query and join (ms).
+const saTimeout = 2000
 
-func gidBytes(g ipoib.GID) *C.uint8_t { return (*C.uint8_t)(C.CBytes(g[:])) }
+// ibvSA is the port's subnet administrator through librdmacm: path
+// records on synchronous ids, joins on ids of one event channel whose
+// events a reader goroutine takes (and acks) as they come. A join waits
+// for its id's MULTICAST_JOIN or MULTICAST_ERROR; a later
+// MULTICAST_ERROR of a current membership goes to waitEvent.
+type ibvSA struct {
+	d  *ibvDevice
+	ch *C.struct_rdma_event_channel
+	ev *C.struct_eib_cm_event
+	wg sync.WaitGroup
 
-func (d *ibvDevice) pathRecord(dgid ipoib.GID, pkey ipoib.PKey) (uint16, uint8, error) {
-	s, t := gidBytes(d.a.gid), gidBytes(dgid)
-	defer C.free(unsafe.Pointer(s))
-	defer C.free(unsafe.Pointer(t))
-	var dlid C.uint16_t
-	var sl C.uint8_t
-	if r := C.eib_path_record(s, t, C.uint16_t(pkey), saTimeout, &dlid, &sl); r != 0 {
-		return 0, 0, errnoErr("path record for "+dgid.String(), r)
-	}
-	return uint16(dlid), uint8(sl), nil
-}
-
-func (d *ibvDevice) saJoin(mgid ipoib.GID, pkey ipoib.PKey, sendOnly bool) (uint16, uint8, error) {
-	k := saKey{mgid, sendOnly}
-	s, g := gidBytes(d.a.gid), gidBytes(mgid)
-	defer C.free(unsafe.Pointer(s))
-	defer C.free(unsafe.Pointer(g))
-	so := C.int(0)
-	if sendOnly {
-		so = 1
-	}
-	var mlid C.uint16_t
-	var sl C.uint8_t
-	var e C.int
-	id := C.eib_sa_join(s, g, C.uint16_t(pkey), so, &mlid, &sl, &e)
-	if id == nil {
-		return 0, 0, errnoErr("SA join of "+mgid.String(), e)
-	}
-	d.mu.Lock()
-	old, had := d.sa[k]
-	d.sa[k] = saID{id, pkey}
-	d.mu.Unlock()
-	if had {
-		C.eib_sa_leave(old.id, g, C.uint16_t(old.pkey))
-	}
-	return uint16(mlid), uint8(sl), nil
+	mu     sync.Mutex
+	uid    uint64
+	joins  map[uint64]*cmJoin // by uid (the ids' context)
+	cur    map[saKey]uint64   // the current membership of each group
+	errs   []mcastError
+	notify chan struct{}
+	woke   chan struct{}
 }
 
 // saKey names an SA multicast membership.
@@ -708,23 +801,227 @@ type saKey struct {
 	sendOnly bool
 }
 
-// saID is an SA membership: the rdma_cm id holding it and its P_Key.
-type saID struct {
-	id   *C.struct_rdma_cm_id
-	pkey ipoib.PKey
+// cmJoin is one join's id; ev gets its first event.
+type cmJoin struct {
+	key    saKey
+	id     *C.struct_rdma_cm_id
+	ev     chan cmEvent
+	joined bool
 }
 
-func (d *ibvDevice) saLeave(mgid ipoib.GID, sendOnly bool) {
-	d.mu.Lock()
-	m, ok := d.sa[saKey{mgid, sendOnly}]
-	delete(d.sa, saKey{mgid, sendOnly})
-	d.mu.Unlock()
-	if ok {
+// cmEvent is an rdma_cm event of a join's id.
+type cmEvent struct {
+	typ    C.int
+	status int
+	dlid   uint16
+	sl     uint8
+	qkey   uint32
+}
+
+func newIBVSA(d *ibvDevice) (*ibvSA, error) {
+	s := &ibvSA{d: d, joins: make(map[uint64]*cmJoin), cur: make(map[saKey]uint64),
+		notify: make(chan struct{}, 1), woke: make(chan struct{})}
+	if r := C.eib_cm_channel(&s.ch); r != 0 {
+		return nil, errnoErr("rdma_create_event_channel (is rdma_ucm loaded?)", r)
+	}
+	s.ev = (*C.struct_eib_cm_event)(C.calloc(1, C.size_t(unsafe.Sizeof(C.struct_eib_cm_event{}))))
+	if s.ev == nil {
+		C.rdma_destroy_event_channel(s.ch)
+		return nil, fmt.Errorf("verbsfabric: out of memory for rdma_cm events")
+	}
+	s.wg.Add(1)
+	go s.read()
+	return s, nil
+}
+
+// read takes every event of the join ids' channel until the device's
+// wake: a join's first event goes to its waiting join, a later
+// MULTICAST_ERROR of a current membership to waitEvent; the rest (an id
+// already replaced or left) are dropped.
+func (s *ibvSA) read() {
+	defer s.wg.Done()
+	defer close(s.woke)
+	for {
+		r := C.eib_cm_wait(s.ch, C.int(s.d.wakeFD), s.ev)
+		if r <= 0 {
+			return
+		}
+		e := cmEvent{typ: s.ev._type, status: int(s.ev.status), dlid: uint16(s.ev.dlid), sl: uint8(s.ev.sl), qkey: uint32(s.ev.qkey)}
+		s.mu.Lock()
+		j := s.joins[uint64(s.ev.uid)]
+		switch {
+		case j == nil:
+		case !j.joined:
+			select {
+			case j.ev <- e:
+			default:
+			}
+		case e.typ == C.RDMA_CM_EVENT_MULTICAST_ERROR && s.cur[j.key] == uint64(s.ev.uid):
+			s.errs = append(s.errs, mcastError{mgid: j.key.mgid, sendOnly: j.key.sendOnly, err: cmErrno(e.status)})
+			select {
+			case s.notify <- struct{}{}:
+			default:
+			}
+		}
+		s.mu.Unlock()
+	}
+}
+
+// cmErrno is an rdma_cm event's status as an errno: the kernel reports
+// -errno (-ENETRESET from multicast.c), an SA's refusal may come as a
+// positive MAD status.
+func cmErrno(status int) syscall.Errno {
+	if status < 0 {
+		return syscall.Errno(-status)
+	}
+	if status == 0 {
+		return syscall.EPROTO
+	}
+	return syscall.Errno(status)
+}
+
+func (s *ibvSA) pathRecord(q pathQuery) (pathRec, error) {
+	r, _, err := s.path(q)
+	return r, err
+}
+
+// path is pathRecord with the path's MTU in bytes.
+func (s *ibvSA) path(q pathQuery) (pathRec, int, error) {
+	sg, dg := gidBytes(q.sgid), gidBytes(q.dgid)
+	defer C.free(unsafe.Pointer(sg))
+	defer C.free(unsafe.Pointer(dg))
+	var dlid C.uint16_t
+	var sl C.uint8_t
+	var mtu C.int
+	if r := C.eib_path_record(C.int(q.ps), sg, dg, C.uint16_t(q.pkey), 0, saTimeout, &dlid, &sl, &mtu); r != 0 {
+		return pathRec{}, 0, errnoErr("path record for "+q.dgid.String(), r)
+	}
+	return pathRec{dlid: uint16(dlid), sl: uint8(sl)}, mtuOf(int(mtu)), nil
+}
+
+// join joins r.mgid and waits for its id's first event. The group's MTU
+// is not in the event (struct rdma_ud_param has none): it comes from a
+// path record to the MGID, which the SA answers with the group's
+// (OpenSM pr_process_multicast).
+func (s *ibvSA) join(r joinReq) (mcMember, error) {
+	key := saKey{r.mgid, r.sendOnly}
+	j := &cmJoin{key: key, ev: make(chan cmEvent, 1)}
+	s.mu.Lock()
+	s.uid++
+	uid := s.uid
+	s.joins[uid] = j
+	s.mu.Unlock()
+	fail := func(err error) (mcMember, error) {
+		s.mu.Lock()
+		delete(s.joins, uid)
+		s.mu.Unlock()
+		return mcMember{}, err
+	}
+	family, addr := C.int(C.AF_INET6), r.bind.addr.As16()
+	if r.bind.addr.Is4() {
+		family = C.AF_INET
+		a4 := r.bind.addr.As4()
+		copy(addr[:], a4[:])
+	}
+	a, g := C.CBytes(addr[:]), gidBytes(r.mgid)
+	defer C.free(a)
+	defer C.free(unsafe.Pointer(g))
+	so := C.int(0)
+	if r.sendOnly {
+		so = 1
+	}
+	pkey := C.uint16_t(ipoib.MGIDPKey(r.mgid))
+	var e C.int
+	id := C.eib_cm_join(s.ch, C.int(r.ps), family, (*C.uint8_t)(a), C.uint32_t(r.bind.ifindex), g, pkey, so, C.uint64_t(uid), &e)
+	if id == nil {
+		return fail(errnoErr(fmt.Sprintf("rdma_join_multicast of %s bound to %s (%s)", r.mgid, r.bind.addr, r.bind.ifname), e))
+	}
+	var ev cmEvent
+	select {
+	case ev = <-j.ev:
+	case <-time.After(2 * saTimeout * time.Millisecond):
+		C.rdma_destroy_id(id)
+		return fail(fmt.Errorf("verbsfabric: join of %s: no answer from the SA: %w", r.mgid, syscall.ETIMEDOUT))
+	case <-s.woke:
+		C.rdma_destroy_id(id)
+		return fail(net.ErrClosed)
+	}
+	if ev.typ != C.RDMA_CM_EVENT_MULTICAST_JOIN {
+		C.rdma_destroy_id(id)
+		err := fmt.Errorf("verbsfabric: join of %s: %s: %w", r.mgid, C.GoString(C.rdma_event_str(uint32(ev.typ))), cmErrno(ev.status))
+		if ev.typ == C.RDMA_CM_EVENT_MULTICAST_ERROR {
+			err = fmt.Errorf("%w: %w", errJoinRefused, err)
+		}
+		return fail(err)
+	}
+	m := mcMember{mlid: ev.dlid, sl: ev.sl, qkey: ev.qkey}
+	if _, mtu, err := s.path(pathQuery{sgid: s.d.a.gid, dgid: r.mgid, pkey: ipoib.MGIDPKey(r.mgid), ps: psIB}); err == nil {
+		m.mtu = mtu
+	}
+	s.mu.Lock()
+	j.id, j.joined = id, true
+	oldUID, had := s.cur[key]
+	old := s.joins[oldUID]
+	s.cur[key] = uid
+	if had {
+		delete(s.joins, oldUID)
+	}
+	s.mu.Unlock()
+	if old != nil {
+		C.eib_cm_leave(old.id, g, pkey)
+	}
+	return m, nil
+}
+
+func (s *ibvSA) leave(mgid ipoib.GID, sendOnly bool) {
+	key := saKey{mgid, sendOnly}
+	s.mu.Lock()
+	uid, ok := s.cur[key]
+	j := s.joins[uid]
+	delete(s.cur, key)
+	delete(s.joins, uid)
+	s.mu.Unlock()
+	if ok && j != nil {
 		g := gidBytes(mgid)
-		C.eib_sa_leave(m.id, g, C.uint16_t(m.pkey))
+		C.eib_cm_leave(j.id, g, C.uint16_t(ipoib.MGIDPKey(mgid)))
 		C.free(unsafe.Pointer(g))
 	}
 }
+
+func (s *ibvSA) waitEvent() (mcastError, bool, error) {
+	for {
+		s.mu.Lock()
+		if len(s.errs) > 0 {
+			e := s.errs[0]
+			s.errs = s.errs[1:]
+			s.mu.Unlock()
+			return e, true, nil
+		}
+		s.mu.Unlock()
+		select {
+		case <-s.notify:
+		case <-s.woke:
+			return mcastError{}, false, nil
+		}
+	}
+}
+
+// close leaves every membership and frees the channel; the device has
+// been woken, so the reader has ended or ends.
+func (s *ibvSA) close() {
+	s.wg.Wait()
+	for key, uid := range s.cur {
+		if j := s.joins[uid]; j != nil {
+			g := gidBytes(key.mgid)
+			C.eib_cm_leave(j.id, g, C.uint16_t(ipoib.MGIDPKey(key.mgid)))
+			C.free(unsafe.Pointer(g))
+		}
+	}
+	C.rdma_destroy_event_channel(s.ch)
+	C.free(unsafe.Pointer(s.ev))
+}
+
+func gidBytes(g ipoib.GID) *C.uint8_t { return (*C.uint8_t)(C.CBytes(g[:])) }
 
 func (d *ibvDevice) mcast(qpn uint32, mgid ipoib.GID, mlid uint16, attach bool) error {
 	qp := d.qp(qpn)
@@ -754,7 +1051,7 @@ func (d *ibvDevice) postSend(s []sendDesc) (int, error) {
 	d.mu.Lock()
 	for i := range s {
 		descs[i] = C.struct_eib_send{
-			qp: d.qps[s[i].qpn], ah: d.ahs[s[i].ah], rqpn: C.uint32_t(s[i].rqpn), len: C.uint32_t(s[i].len),
+			qp: d.qps[s[i].qpn], ah: d.ahs[s[i].ah], rqpn: C.uint32_t(s[i].rqpn), qkey: C.uint32_t(s[i].qkey), len: C.uint32_t(s[i].len),
 			addr: C.uint64_t(base + uintptr(s[i].slot*d.lay.slotSize)), wr_id: C.uint64_t(s[i].wrID),
 		}
 		if s[i].signal {
@@ -767,7 +1064,7 @@ func (d *ibvDevice) postSend(s []sendDesc) (int, error) {
 	}
 	d.mu.Unlock()
 	var e C.int
-	n := int(C.eib_post_send(d.sd, C.int(len(s)), d.sendMR.lkey, ipoib.QKey, d.swr, d.ssge, &e))
+	n := int(C.eib_post_send(d.sd, C.int(len(s)), d.sendMR.lkey, d.swr, d.ssge, &e))
 	if e != 0 {
 		return n, errnoErr("ibv_post_send", e)
 	}
@@ -836,6 +1133,14 @@ func (d *ibvDevice) waitEvent() (portEvent, bool, error) {
 		return eventPortDown, true, nil
 	case C.IBV_EVENT_GID_CHANGE:
 		return eventGIDChange, true, nil
+	case C.IBV_EVENT_LID_CHANGE:
+		return eventLIDChange, true, nil
+	case C.IBV_EVENT_PKEY_CHANGE:
+		return eventPKeyChange, true, nil
+	case C.IBV_EVENT_SM_CHANGE:
+		return eventSMChange, true, nil
+	case C.IBV_EVENT_CLIENT_REREGISTER:
+		return eventClientReregister, true, nil
 	}
 	return eventOther, true, nil
 }
@@ -850,10 +1155,9 @@ func (d *ibvDevice) wake() {
 // close frees everything in reverse order; the Port has stopped using
 // the device.
 func (d *ibvDevice) close() {
-	for k, m := range d.sa {
-		g := gidBytes(k.mgid)
-		C.eib_sa_leave(m.id, g, C.uint16_t(m.pkey))
-		C.free(unsafe.Pointer(g))
+	if d.cm != nil {
+		d.wake()
+		d.cm.close()
 	}
 	for _, qp := range d.qps {
 		C.ibv_destroy_qp(qp)

@@ -89,7 +89,7 @@ const (
 	// unicast one is destroyed.
 	ahMax = 16384
 	// ahRetry is how long a destination whose address handle failed is
-	// not tried again.
+	// not tried again, and how often failed rejoins are retried.
 	ahRetry = 2 * time.Second
 )
 
@@ -100,16 +100,53 @@ type Config struct {
 	// Logger receives lifecycle events (nil: slog.Default()).
 	Logger *slog.Logger
 
-	open func(name string, lay layout) (device, error) // tests
+	open      func(name string, lay layout) (device, error)           // tests
+	ipoibAddr func(gid ipoib.GID, pkey ipoib.PKey) (ipoibBind, error) // tests
 }
 
 // qpState is one QP of the port: a VIF's, or a partition's group QP.
 // posted and done count its sends; done is written by the send
-// completion reaper under txMu.
+// completion reaper under txMu. wire is the P_Key table entry the QP
+// sends with (its path records are asked in it), part its partition.
 type qpState struct {
 	pkey         ipoib.PKey
+	wire         ipoib.PKey
+	part         *partState
 	posted, done uint64
 	lastBatch    uint64
+}
+
+// partState is one partition of the port: its Q_Key and IB MTU, which on
+// IB come from its broadcast group as ipoib_mcast_join_finish takes them
+// (priv->qkey, priv->mcast_mtu); on RoCE the IPoIB Q_Key and the port's
+// MTU. The data path reads them atomically.
+type partState struct {
+	qkey atomic.Uint32
+	mtu  atomic.Int32
+}
+
+// ahKey names an address handle: the destination GID and the P_Key of
+// the sending QP, since a path record (DLID, SL) is per partition.
+type ahKey struct {
+	gid  ipoib.GID
+	pkey ipoib.PKey
+}
+
+// member is an SA multicast membership of the port: the join's event
+// data, whether it is send-only, and the group QP attached with its MLID
+// (0: none).
+type member struct {
+	mcMember
+	sendOnly bool
+	qp       uint32
+	lost     bool // a rejoin failed: not held, retried
+}
+
+// deadAH is an address handle flushed while sends may still use it:
+// destroyed once the send ring has freed every slot queued before mark.
+type deadAH struct {
+	h    handle
+	mark uint64
 }
 
 // ahEntry is a cached address handle, or a pending or failed resolution.
@@ -128,6 +165,7 @@ type pendingPkt struct {
 	src  uint32
 	dst  ipoib.HwAddr
 	pkey ipoib.PKey
+	key  ahKey
 }
 
 // Port is a verbs device's port 1 as an ipoib.Port.
@@ -139,15 +177,24 @@ type Port struct {
 
 	qpMu   sync.RWMutex
 	qps    map[uint32]*qpState
-	gqps   map[ipoib.PKey]uint32 // partition → its group QP
+	gqps   map[ipoib.PKey]uint32     // partition → its group QP
+	parts  map[ipoib.PKey]*partState // by full P_Key
+	pkeyT  []ipoib.PKey              // the P_Key table
 	groups *ipoib.GroupTable
 	mcSock int // IPv6 socket joining MGIDs on the RoCE netdev
-	// mlids are the groups' MLIDs and SLs from SA joins (IB only).
-	mlids map[ipoib.GID]lidSL
+
+	// The IB link layer (sa nil on RoCE). ctlMu serialises the SA work:
+	// joins, leaves, rejoins and flushes; members and rejoin are under it.
+	sa        subnetAdmin
+	ipoibAddr func(ipoib.GID, ipoib.PKey) (ipoibBind, error)
+	ctlMu     sync.Mutex
+	members   map[ipoib.GID]*member
+	rejoin    map[ipoib.GID]bool
 
 	ahMu    sync.Mutex
-	ahs     map[ipoib.GID]*ahEntry
-	resolve chan ipoib.GID
+	ahs     map[ahKey]*ahEntry
+	ahGen   uint64 // bumped by each flush: a resolution begun before is stale
+	resolve chan ahKey
 
 	txMu     sync.Mutex
 	slots    []slotInfo
@@ -159,6 +206,10 @@ type Port struct {
 	pendBufs [][]byte
 	pendFree []int
 	pending  []pendingPkt
+	// queued and freed count send slots ever taken and given back (in
+	// ring order); dead address handles wait for freed to pass their mark.
+	queued, freed uint64
+	dead          []deadAH
 
 	rxMu   sync.Mutex
 	rdone  []recvDone
@@ -173,12 +224,7 @@ type Port struct {
 	txPackets, txBytes, rxPackets, rxBytes atomic.Uint64
 	drops                                  [numDrops]atomic.Uint64
 	ahCreated, ahFailed, signalled         atomic.Uint64
-}
-
-// lidSL is an IB destination's LID and service level.
-type lidSL struct {
-	lid uint16
-	sl  uint8
+	joins, rejoins, flushes                atomic.Uint64
 }
 
 // slotInfo is a send slot in use: the QP it was posted on and its
@@ -211,8 +257,10 @@ func New(c Config) (*Port, error) {
 	}
 	p := &Port{
 		dev: dev, a: dev.attr(), log: log.With("device", c.Device),
-		qps: make(map[uint32]*qpState), gqps: make(map[ipoib.PKey]uint32), groups: ipoib.NewGroupTable(), mcSock: -1, mlids: make(map[ipoib.GID]lidSL),
-		ahs: make(map[ipoib.GID]*ahEntry), resolve: make(chan ipoib.GID, 256),
+		qps: make(map[uint32]*qpState), gqps: make(map[ipoib.PKey]uint32), parts: make(map[ipoib.PKey]*partState),
+		groups: ipoib.NewGroupTable(), mcSock: -1, sa: dev.sa(), ipoibAddr: c.ipoibAddr,
+		members: make(map[ipoib.GID]*member), rejoin: make(map[ipoib.GID]bool),
+		ahs: make(map[ahKey]*ahEntry), resolve: make(chan ahKey, 256),
 		slots: make([]slotInfo, sendSlots), descs: make([]sendDesc, 0, batchSize), dones: make([]sendDone, sendSlots),
 		rdone: make([]recvDone, batchSize), repost: make([]uint32, 0, batchSize), done: make(chan struct{}),
 	}
@@ -221,6 +269,10 @@ func New(c Config) (*Port, error) {
 		return nil, fmt.Errorf("verbsfabric: %s has active MTU %d; IPoIB needs 2048 or 4096 (on RoCE, a netdev MTU of at least 4096+80 for 4096)", c.Device, p.a.mtu)
 	}
 	p.down.Store(!p.a.active)
+	p.pkeyT = p.a.pkeys
+	if p.ipoibAddr == nil {
+		p.ipoibAddr = hostIPoIB
+	}
 	for i := range pendingMax {
 		p.pendBufs = append(p.pendBufs, make([]byte, p.a.mtu))
 		p.pendFree = append(p.pendFree, i)
@@ -243,7 +295,11 @@ func New(c Config) (*Port, error) {
 	}
 	p.wg.Add(2)
 	go p.resolver()
-	go p.events()
+	go follow(p, "verbs async events", p.dev.waitEvent, p.portEvent)
+	if p.sa != nil {
+		p.wg.Add(1)
+		go follow(p, "rdma_cm events", p.sa.waitEvent, p.mcastError)
+	}
 	link := "RoCE"
 	if p.a.ib {
 		link = "InfiniBand"
@@ -261,8 +317,19 @@ func (p *Port) LocalGID() ipoib.GID { return p.a.gid }
 // MTU is the port's active IB MTU.
 func (p *Port) MTU() int { return p.a.mtu }
 
-// PartitionMTU is MTU: every partition of this port has the port's MTU.
-func (p *Port) PartitionMTU(ipoib.PKey) int { return p.a.mtu }
+// PartitionMTU is the IB MTU of partition pkey: on IB its broadcast
+// group's (ipoib_mcast_join_finish sets the interface MTU from
+// broadcast->mcmember.mtu), never more than the port's; the port's for a
+// partition not used yet, and on RoCE.
+func (p *Port) PartitionMTU(pkey ipoib.PKey) int {
+	p.qpMu.RLock()
+	s := p.parts[pkey.Full()]
+	p.qpMu.RUnlock()
+	if s == nil {
+		return p.a.mtu
+	}
+	return int(s.mtu.Load())
+}
 
 // Offloads: UD QPs take no super-packets (LSO is for RC/UD on some HCAs
 // only, and rxe has none).
@@ -274,17 +341,91 @@ func (p *Port) IsDown() bool { return p.down.Load() }
 
 // pkeyIndex finds pkey in the port's P_Key table (full and limited
 // members match each other's base; a full-member entry is preferred).
-func (p *Port) pkeyIndex(pkey ipoib.PKey) (int, error) {
+func (p *Port) pkeyIndex(pkey ipoib.PKey) (int, ipoib.PKey, error) {
+	p.qpMu.RLock()
+	defer p.qpMu.RUnlock()
+	return pkeyIndexIn(p.pkeyT, pkey)
+}
+
+// pkeyIndexIn is pkeyIndex in table t: the index and the entry.
+func pkeyIndexIn(t []ipoib.PKey, pkey ipoib.PKey) (int, ipoib.PKey, error) {
 	best := -1
-	for i, k := range p.a.pkeys {
-		if k.Base() == pkey.Base() && (best < 0 || k.IsFull()) {
+	for i, k := range t {
+		if k.Base() == pkey.Base() && (best < 0 || k.IsFull() && !t[best].IsFull()) {
 			best = i
 		}
 	}
 	if best < 0 {
-		return 0, fmt.Errorf("verbsfabric: P_Key %s is not in the port's P_Key table %v", pkey, p.a.pkeys)
+		return 0, 0, fmt.Errorf("verbsfabric: P_Key %s is not in the port's P_Key table %v", pkey, t)
 	}
-	return best, nil
+	return best, t[best], nil
+}
+
+// partition returns pkey's partition state, making it: on IB the port
+// first joins the partition's broadcast group, whose MULTICAST_JOIN
+// event gives the Q_Key its QPs use and its MTU (as IPoIB joins the
+// broadcast group before anything else: ipoib_mcast_join_task).
+func (p *Port) partition(pkey ipoib.PKey) (*partState, error) {
+	pk := pkey.Full()
+	p.qpMu.RLock()
+	s := p.parts[pk]
+	p.qpMu.RUnlock()
+	if s != nil {
+		return s, nil
+	}
+	s = &partState{}
+	s.qkey.Store(ipoib.QKey)
+	s.mtu.Store(int32(p.a.mtu))
+	if p.sa != nil {
+		p.ctlMu.Lock()
+		m, err := p.saJoin(ipoib.BroadcastMGID(pk, ipoib.ScopeLinkLocal), false)
+		if err == nil {
+			p.setPart(s, m.mcMember, pk)
+		}
+		p.ctlMu.Unlock()
+		if err != nil {
+			return nil, fmt.Errorf("verbsfabric: partition %s: joining its broadcast group: %w", pk, err)
+		}
+	}
+	p.qpMu.Lock()
+	if old := p.parts[pk]; old != nil {
+		s = old
+	} else {
+		p.parts[pk] = s
+	}
+	p.qpMu.Unlock()
+	return s, nil
+}
+
+// setPart takes a partition's Q_Key and MTU from its broadcast group's
+// join (ipoib_mcast_join_finish: priv->qkey = mcmember.qkey, mcast_mtu
+// from mcmember.mtu) and sets a changed Q_Key on the partition's QPs
+// (ipoib_mcast_attach with set_qkey). Called with ctlMu held.
+func (p *Port) setPart(s *partState, m mcMember, pk ipoib.PKey) {
+	mtu := p.a.mtu
+	if m.mtu > 0 && m.mtu < mtu {
+		mtu = m.mtu
+	}
+	if m.mtu == 0 {
+		p.log.Warn("the SA gave no MTU for the broadcast group; using the port's", "pkey", pk, "mtu", mtu)
+	}
+	s.mtu.Store(int32(mtu))
+	if s.qkey.Swap(m.qkey) == m.qkey {
+		return
+	}
+	p.qpMu.RLock()
+	var qpns []uint32
+	for qpn, q := range p.qps {
+		if q.part == s {
+			qpns = append(qpns, qpn)
+		}
+	}
+	p.qpMu.RUnlock()
+	for _, qpn := range qpns {
+		if err := p.dev.setQKey(qpn, m.qkey); err != nil {
+			p.log.Error("setting the broadcast group's Q_Key on a QP", "qpn", qpn, "qkey", m.qkey, "err", err)
+		}
+	}
 }
 
 // AllocQP creates a UD QP in partition pkey. The device numbers QPs; hint
@@ -293,17 +434,27 @@ func (p *Port) AllocQP(pkey ipoib.PKey, _ uint32) (uint32, error) {
 	if p.closed.Load() {
 		return 0, net.ErrClosed
 	}
-	idx, err := p.pkeyIndex(pkey)
+	idx, wire, err := p.pkeyIndex(pkey)
 	if err != nil {
 		return 0, err
 	}
-	qpn, err := p.dev.createQP(idx, rand.Uint32())
+	part, err := p.partition(pkey)
+	if err != nil {
+		return 0, err
+	}
+	qkey := part.qkey.Load()
+	qpn, err := p.dev.createQP(idx, qkey, rand.Uint32())
 	if err != nil {
 		return 0, err
 	}
 	p.qpMu.Lock()
-	p.qps[qpn] = &qpState{pkey: pkey}
+	p.qps[qpn] = &qpState{pkey: pkey, wire: wire, part: part}
 	p.qpMu.Unlock()
+	if now := part.qkey.Load(); now != qkey { // a rejoin changed it meanwhile
+		if err := p.dev.setQKey(qpn, now); err != nil {
+			p.log.Error("setting the broadcast group's Q_Key on a QP", "qpn", qpn, "qkey", now, "err", err)
+		}
+	}
 	return qpn, nil
 }
 
@@ -358,33 +509,40 @@ func (p *Port) Join(mgid ipoib.GID) error {
 		return net.ErrClosed
 	}
 	pkey := ipoib.MGIDPKey(mgid)
+	if _, err := p.partition(pkey); err != nil {
+		return err
+	}
 	q, err := p.groupQP(pkey)
 	if err != nil {
 		return err
 	}
 	if err := p.groups.Join(mgid, func() error {
-		var mlid uint16
-		if p.a.ib {
-			l, sl, err := p.dev.saJoin(mgid, pkey, false)
-			if err != nil {
-				return err
-			}
-			p.setMLID(mgid, lidSL{l, sl})
-			mlid = l
+		if p.sa != nil {
+			return p.saAttach(mgid, q)
 		}
-		if err := p.dev.attach(q, mgid, mlid); err != nil {
+		if err := p.dev.attach(q, mgid, 0); err != nil {
 			return err
 		}
 		if err := p.ipv6Group(mgid, unix.IPV6_JOIN_GROUP); err != nil {
-			p.dev.detach(q, mgid, mlid)
+			p.dev.detach(q, mgid, 0)
 			return err
 		}
 		return nil
 	}); err != nil {
 		return err
 	}
-	p.wantAH(mgid)
+	p.wantAH(ahKey{mgid, p.wireOf(q)})
 	return nil
+}
+
+// wireOf is the P_Key QP qpn sends with.
+func (p *Port) wireOf(qpn uint32) ipoib.PKey {
+	p.qpMu.RLock()
+	defer p.qpMu.RUnlock()
+	if q := p.qps[qpn]; q != nil {
+		return q.wire
+	}
+	return 0
 }
 
 // JoinSendOnly makes the port a send-only member. On RoCE there is no
@@ -398,43 +556,166 @@ func (p *Port) JoinSendOnly(mgid ipoib.GID) error {
 	if err := p.groups.JoinSendOnly(mgid); err != nil {
 		return err
 	}
-	p.wantAH(mgid)
+	pkey := ipoib.MGIDPKey(mgid)
+	if _, wire, err := p.pkeyIndex(pkey); err == nil {
+		p.wantAH(ahKey{mgid, wire})
+	}
 	return nil
 }
 
-// Leave detaches the group QP from mgid and leaves the IPv6 group.
+// Leave detaches the group QP from mgid and leaves the IPv6 group (RoCE)
+// or the SA membership (IB; a partition's broadcast group stays joined
+// while the port is open, as IPoIB's does).
 func (p *Port) Leave(mgid ipoib.GID) error {
 	p.qpMu.RLock()
 	q, ok := p.gqps[ipoib.MGIDPKey(mgid).Full()]
 	p.qpMu.RUnlock()
 	err := p.groups.Leave(mgid, func() error {
-		if !ok {
+		if !ok || p.sa != nil {
 			return nil
 		}
-		l, _ := p.mlid(mgid)
-		err := p.dev.detach(q, mgid, l.lid)
-		if p.a.ib {
-			p.dev.saLeave(mgid, false)
-		}
-		return errors.Join(err, p.ipv6Group(mgid, unix.IPV6_LEAVE_GROUP))
+		return errors.Join(p.dev.detach(q, mgid, 0), p.ipv6Group(mgid, unix.IPV6_LEAVE_GROUP))
 	})
-	if p.a.ib {
-		p.dev.saLeave(mgid, true)
+	if p.sa != nil {
+		p.ctlMu.Lock()
+		err = errors.Join(err, p.saLeave(mgid))
+		p.ctlMu.Unlock()
+		p.flushAHs(func(k ahKey) bool { return k.gid == mgid })
 	}
 	return err
 }
 
-func (p *Port) setMLID(mgid ipoib.GID, l lidSL) {
-	p.qpMu.Lock()
-	p.mlids[mgid] = l
-	p.qpMu.Unlock()
+// saAttach makes the port a full SA member of mgid and attaches group QP
+// q with the group's MLID.
+func (p *Port) saAttach(mgid ipoib.GID, q uint32) error {
+	p.ctlMu.Lock()
+	defer p.ctlMu.Unlock()
+	m, err := p.saJoin(mgid, false)
+	if err != nil {
+		return err
+	}
+	if m.qp == q {
+		return nil
+	}
+	if err := p.dev.attach(q, mgid, m.mlid); err != nil {
+		return err
+	}
+	m.qp = q
+	return nil
 }
 
-func (p *Port) mlid(mgid ipoib.GID) (lidSL, bool) {
+// saJoin makes the port an SA member of mgid (a full one unless
+// sendOnly), keeping a membership that already suffices; a full join
+// replaces a send-only one. The join's id is bound to the address of the
+// host's IPoIB interface in the group's partition with RDMA_PS_IPOIB:
+// cma_join_ib_multicast looks the id's broadcast group up first
+// (ib_sa_get_mcmember_rec with the interface's broadcast MGID), which an
+// AF_IB bind never sets (cma_translate_ib). A send-only join refused
+// because the SM lacks send-only full members becomes a full-member
+// join, as ipoib_mcast_join falls back: kernels to 5.11 refuse it with
+// EOPNOTSUPP (cma_join_ib_multicast checks
+// ib_sa_sendonly_fullmem_support), later ones send it and the SA's
+// refusal comes as the id's MULTICAST_ERROR. Called with ctlMu held.
+func (p *Port) saJoin(mgid ipoib.GID, sendOnly bool) (*member, error) {
+	old := p.members[mgid]
+	if old != nil && !old.lost && (!old.sendOnly || sendOnly) {
+		return old, nil
+	}
+	bind, err := p.ipoibAddr(p.a.gid, ipoib.MGIDPKey(mgid))
+	if err != nil {
+		return nil, err
+	}
+	r := joinReq{mgid: mgid, sendOnly: sendOnly, ps: psIPoIB, bind: bind}
+	mc, err := p.sa.join(r)
+	if sendOnly && (errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, errJoinRefused)) {
+		p.log.Info("the subnet manager has no send-only full members; joining as a full member", "mgid", mgid)
+		r.sendOnly = false
+		mc, err = p.sa.join(r)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("verbsfabric: joining %s: %w", mgid, err)
+	}
+	p.joins.Add(1)
+	m := &member{mcMember: mc, sendOnly: r.sendOnly}
+	if old != nil && !old.lost {
+		m.qp = old.qp
+		p.sa.leave(mgid, old.sendOnly)
+	}
+	p.members[mgid] = m
+	delete(p.rejoin, mgid)
+	return m, nil
+}
+
+// saLeave ends the port's SA membership of mgid, detaching its group QP,
+// unless mgid is a partition's broadcast group. Called with ctlMu held.
+func (p *Port) saLeave(mgid ipoib.GID) error {
+	m := p.members[mgid]
+	if m == nil || p.isBroadcast(mgid) {
+		return nil
+	}
+	var err error
+	if !m.lost {
+		if m.qp != 0 {
+			err = p.dev.detach(m.qp, mgid, m.mlid)
+		}
+		p.sa.leave(mgid, m.sendOnly)
+	}
+	delete(p.members, mgid)
+	delete(p.rejoin, mgid)
+	return err
+}
+
+// isBroadcast reports mgid as the broadcast group of a partition in use.
+func (p *Port) isBroadcast(mgid ipoib.GID) bool {
+	pk := ipoib.MGIDPKey(mgid).Full()
 	p.qpMu.RLock()
-	defer p.qpMu.RUnlock()
-	l, ok := p.mlids[mgid]
-	return l, ok
+	_, ok := p.parts[pk]
+	p.qpMu.RUnlock()
+	return ok && mgid == ipoib.BroadcastMGID(pk, ipoib.ScopeLinkLocal)
+}
+
+// rejoinGroup leaves and joins mgid again, as ipoib_mcast_dev_flush and
+// ipoib_mcast_restart_task do, moving its group QP to the new MLID and,
+// for a broadcast group, taking its Q_Key and MTU again. A failed rejoin
+// is retried every ahRetry. Called with ctlMu held.
+func (p *Port) rejoinGroup(mgid ipoib.GID) {
+	m := p.members[mgid]
+	if m == nil {
+		return
+	}
+	if !m.lost {
+		p.sa.leave(mgid, m.sendOnly)
+		if m.qp != 0 {
+			p.dev.detach(m.qp, mgid, m.mlid)
+		}
+	}
+	delete(p.members, mgid)
+	bind, err := p.ipoibAddr(p.a.gid, ipoib.MGIDPKey(mgid))
+	var mc mcMember
+	if err == nil {
+		mc, err = p.sa.join(joinReq{mgid: mgid, sendOnly: m.sendOnly, ps: psIPoIB, bind: bind})
+	}
+	if err == nil && m.qp != 0 {
+		err = p.dev.attach(m.qp, mgid, mc.mlid)
+	}
+	if err != nil {
+		// Keep the membership's intent for the retry: lost, with the QP
+		// to attach once it is back.
+		p.members[mgid] = &member{sendOnly: m.sendOnly, qp: m.qp, lost: true}
+		p.rejoin[mgid] = true
+		p.log.Warn("rejoining a multicast group failed; retrying", "mgid", mgid, "err", err)
+		return
+	}
+	p.rejoins.Add(1)
+	p.members[mgid] = &member{mcMember: mc, sendOnly: m.sendOnly, qp: m.qp}
+	delete(p.rejoin, mgid)
+	if p.isBroadcast(mgid) {
+		pk := ipoib.MGIDPKey(mgid).Full()
+		p.qpMu.RLock()
+		s := p.parts[pk]
+		p.qpMu.RUnlock()
+		p.setPart(s, mc, pk)
+	}
 }
 
 func (p *Port) ipv6Group(mgid ipoib.GID, op int) error {
@@ -467,6 +748,9 @@ func (p *Port) Counters() ipoib.PortCounters {
 		"address_handles_made":  p.ahCreated.Load(),
 		"address_handle_errors": p.ahFailed.Load(),
 		"tx_signalled":          p.signalled.Load(),
+		"sa_joins":              p.joins.Load(),
+		"sa_rejoins":            p.rejoins.Load(),
+		"flushes":               p.flushes.Load(),
 	}
 	c.Levels = map[string]uint64{
 		"address_handles":        uint64(n),
@@ -502,28 +786,119 @@ func (p *Port) Close() error {
 	return nil
 }
 
-// events follows the port state.
-func (p *Port) events() {
+// portEvent follows the port state and, on IB, the subnet manager's
+// events, flushing as ipoib_event has IPoIB flush: CLIENT_REREGISTER and
+// SM_CHANGE a light flush, LID_CHANGE and PORT_ACTIVE a normal one,
+// PKEY_CHANGE a heavy one (ipoib_ib.c __ipoib_ib_dev_flush). Each drops
+// the address handles (paths and groups are resolved again on next use)
+// and rejoins every group; the heavy one first reads the P_Key table
+// again.
+func (p *Port) portEvent(ev portEvent) {
+	switch ev {
+	case eventPortActive:
+		p.down.Store(false)
+		p.log.Info("verbs port active")
+		p.flush("port active", false)
+	case eventPortDown:
+		p.down.Store(true)
+		p.log.Warn("verbs port down")
+	case eventGIDChange:
+		p.log.Warn("verbs port GID table changed; the port GID stays as at start", "gid", p.a.gid)
+	case eventClientReregister:
+		p.flush("client reregister", false)
+	case eventSMChange:
+		p.flush("SM change", false)
+	case eventLIDChange:
+		p.flush("LID change", false)
+	case eventPKeyChange:
+		p.flush("P_Key change", true)
+	}
+}
+
+// follow hands each event wait returns to handle until wait reports the
+// device's wake.
+func follow[T any](p *Port, what string, wait func() (T, bool, error), handle func(T)) {
 	defer p.wg.Done()
 	for {
-		ev, ok, err := p.dev.waitEvent()
+		ev, ok, err := wait()
 		if err != nil {
-			p.log.Error("verbs async events stopped", "err", err)
+			p.log.Error(what+" stopped", "err", err)
 			return
 		}
 		if !ok {
 			return
 		}
-		switch ev {
-		case eventPortActive:
-			p.down.Store(false)
-			p.log.Info("verbs port active")
-		case eventPortDown:
-			p.down.Store(true)
-			p.log.Warn("verbs port down")
-		case eventGIDChange:
-			p.log.Warn("verbs port GID table changed; the port GID stays as at start", "gid", p.a.gid)
+		handle(ev)
+	}
+}
+
+// flush drops every address handle and rejoins every group (IB only);
+// heavy first reads the P_Key table again.
+func (p *Port) flush(why string, heavy bool) {
+	if p.sa == nil {
+		return
+	}
+	p.flushes.Add(1)
+	p.log.Info("flushing address handles and rejoining groups", "reason", why)
+	if heavy {
+		p.reloadPKeys()
+	}
+	p.flushAHs(func(ahKey) bool { return true })
+	p.ctlMu.Lock()
+	defer p.ctlMu.Unlock()
+	for mgid := range p.members {
+		p.rejoinGroup(mgid)
+	}
+}
+
+// reloadPKeys reads the P_Key table after a PKEY_CHANGE: new QPs use the
+// new indices. A QP stays on the index it was made with (a UD QP's P_Key
+// index changes only through SQD); a partition whose entry moved or
+// left is logged.
+func (p *Port) reloadPKeys() {
+	t, err := p.dev.pkeys()
+	if err != nil {
+		p.log.Error("reading the P_Key table after a P_Key change", "err", err)
+		return
+	}
+	p.qpMu.Lock()
+	old := p.pkeyT
+	p.pkeyT = t
+	p.qpMu.Unlock()
+	p.qpMu.RLock()
+	defer p.qpMu.RUnlock()
+	for pk := range p.parts {
+		oi, _, _ := pkeyIndexIn(old, pk)
+		ni, _, err := pkeyIndexIn(t, pk)
+		switch {
+		case err != nil:
+			p.log.Error("a partition in use left the port's P_Key table; its QPs cannot send", "pkey", pk)
+		case ni != oi:
+			p.log.Warn("a partition in use moved in the P_Key table; its existing QPs keep the old index until they are made again", "pkey", pk, "from", oi, "to", ni)
 		}
+	}
+}
+
+// mcastError rejoins a group whose id reports a MULTICAST_ERROR (every
+// membership gets one when multicast.c's mcast_event_handler sees the
+// port's LID, SM or registration change, or its P_Key go), and drops
+// the group's address handle, made with the old MLID.
+func (p *Port) mcastError(ev mcastError) {
+	p.log.Warn("multicast error; rejoining", "mgid", ev.mgid, "err", ev.err)
+	p.ctlMu.Lock()
+	if m := p.members[ev.mgid]; m != nil && !m.lost && m.sendOnly == ev.sendOnly {
+		p.rejoinGroup(ev.mgid)
+	}
+	p.ctlMu.Unlock()
+	p.flushAHs(func(k ahKey) bool { return k.gid == ev.mgid })
+}
+
+// retryRejoins rejoins the groups whose rejoin failed.
+func (p *Port) retryRejoins() {
+	p.ctlMu.Lock()
+	defer p.ctlMu.Unlock()
+	for mgid := range p.rejoin {
+		p.rejoinGroup(mgid)
 	}
 }
 
