@@ -45,7 +45,7 @@ func BenchmarkDHCPToIB(b *testing.B) {
 	b.SetBytes(int64(len(orig)))
 	for i := 0; i < b.N; i++ {
 		n := copy(buf, orig)
-		if _, err := DHCPToIB(buf[:n]); err != nil {
+		if _, err := DHCPToIB(buf[:n], ClientIDMAC); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -10,6 +10,7 @@ package arpndp
 // checked before and fixed after a rewrite.
 
 import (
+	"bytes"
 	"encoding/binary"
 
 	"github.com/eipoib/eipoibd/internal/csum"
@@ -166,12 +167,70 @@ func SetBroadcastFlag(pkt []byte) error {
 	return nil
 }
 
+// ClientIDForm is the client-identifier DHCPToIB gives a guest's
+// request. RFC 4390 §2.1 requires one of an IPoIB client and leaves its
+// form to the client; DHCP servers key their host entries by it.
+type ClientIDForm uint8
+
+const (
+	// ClientIDMAC is type 1 and the guest's MAC (RFC 2132 §9.14), added
+	// only when the guest sent no client-identifier of its own.
+	ClientIDMAC ClientIDForm = iota
+	// ClientIDMlnx is the form OpenStack's Mellanox driver
+	// (networking-mlnx) keys its dnsmasq host entries by, and Mellanox
+	// adapters' boot firmware sends: type 255 (RFC 4361), IAID 0, a
+	// DUID-EN with Mellanox's enterprise number 713, and the port GUID,
+	// here made from the guest's MAC m as m0 m1 m2 00 00 m3 m4 m5. It
+	// replaces any client-identifier the guest sent.
+	ClientIDMlnx
+)
+
+// mlnxClientIDPrefix is the first 12 bytes of a ClientIDMlnx identifier.
+var mlnxClientIDPrefix = [12]byte{0xff, 0, 0, 0, 0, 0, 0x02, 0, 0, 0x02, 0xc9, 0}
+
+const mlnxClientIDLen = 2 + 20 // code, length, prefix + GUID
+
+// ParseClientIDForm reads "mac" or "mlnx".
+func ParseClientIDForm(s string) (ClientIDForm, bool) {
+	switch s {
+	case "mac":
+		return ClientIDMAC, true
+	case "mlnx":
+		return ClientIDMlnx, true
+	}
+	return 0, false
+}
+
+// String is the form's name, as ParseClientIDForm reads it.
+func (f ClientIDForm) String() string {
+	if f == ClientIDMlnx {
+		return "mlnx"
+	}
+	return "mac"
+}
+
+// putClientID writes the client-identifier option of form f for mac at
+// opt, which has room for it, and returns its length.
+func putClientID(opt []byte, f ClientIDForm, mac ether.MAC) int {
+	if f == ClientIDMlnx {
+		opt[0], opt[1] = optClientID, mlnxClientIDLen-2
+		copy(opt[2:14], mlnxClientIDPrefix[:])
+		copy(opt[14:17], mac[0:3])
+		opt[17], opt[18] = 0, 0
+		copy(opt[19:22], mac[3:6])
+		return mlnxClientIDLen
+	}
+	opt[0], opt[1], opt[2] = optClientID, 7, HwTypeEthernet
+	copy(opt[3:9], mac[:])
+	return clientIDLen
+}
+
 // DHCPToIB applies the RFC 4390 client translation to an Ethernet guest's
 // request: htype 32, hlen 0, chaddr zeroed, the BROADCAST flag set, and a
-// client-identifier (type 1 + the guest MAC, as RFC 2132 §9.14 suggests)
-// added when missing, which grows the packet by 9 bytes within pkt's
-// capacity. It returns the rewritten packet.
-func DHCPToIB(pkt []byte) ([]byte, error) {
+// client-identifier of form f for the guest's MAC, inserted before END
+// (the packet grows within pkt's capacity) in place of the guest's own
+// where f replaces it. It returns the rewritten packet.
+func DHCPToIB(pkt []byte, f ClientIDForm) ([]byte, error) {
 	m, err := parseDHCP(pkt)
 	if err != nil {
 		return nil, err
@@ -180,21 +239,35 @@ func DHCPToIB(pkt []byte) ([]byte, error) {
 	if b[0] != bootRequest || b[1] != HwTypeEthernet || b[2] != 6 {
 		return nil, ErrBadHwType
 	}
-	cid, endOpt := m.clientID, m.endOpt
 	mac := ether.MAC(b[28:34])
+	var want [mlnxClientIDLen]byte
+	wantLen := putClientID(want[:], f, mac)
+	cid := m.clientID
+	drop, add := 0, 0 // bytes of the guest's option removed, of ours inserted
+	switch {
+	case cid < 0:
+		add = wantLen
+	case f == ClientIDMlnx && !bytes.Equal(pkt[cid:cid+2+int(pkt[cid+1])], want[:wantLen]):
+		drop, add = 2+int(pkt[cid+1]), wantLen
+	}
 	out := pkt[:m.end]
-	if cid < 0 {
-		if m.end+clientIDLen > 0xffff {
+	if drop+add > 0 {
+		end := m.end - drop + add
+		if end > 0xffff {
 			return nil, ErrBadLength // the IPv4 total length would wrap
 		}
-		if cap(pkt) < m.end+clientIDLen {
+		if cap(pkt) < end {
 			return nil, ErrNoRoom
 		}
-		out = pkt[:m.end+clientIDLen]
-		copy(out[endOpt+clientIDLen:], pkt[endOpt:m.end])
-		out[endOpt], out[endOpt+1], out[endOpt+2] = optClientID, 7, HwTypeEthernet
-		copy(out[endOpt+3:endOpt+clientIDLen], mac[:])
-		m.end += clientIDLen
+		endOpt := m.endOpt
+		if drop > 0 { // close the gap; END and what follows move back
+			copy(pkt[cid:], pkt[cid+drop:m.end])
+			endOpt -= drop
+		}
+		out = pkt[:end]
+		copy(out[endOpt+add:], pkt[endOpt:m.end-drop])
+		copy(out[endOpt:], want[:add])
+		m.end = end
 		binary.BigEndian.PutUint16(out[2:4], uint16(m.end))
 		binary.BigEndian.PutUint16(out[m.ihl+4:], uint16(m.end-m.ihl))
 		csum.IPv4Header(out[:m.ihl])
@@ -207,17 +280,26 @@ func DHCPToIB(pkt []byte) ([]byte, error) {
 	return out, nil
 }
 
-// DHCPClientID returns the MAC in a type-1 client-identifier option.
+// DHCPClientID returns the MAC in a client-identifier option of either
+// form DHCPToIB writes: type 1 and the MAC, or the Mellanox form.
 func DHCPClientID(pkt []byte) (ether.MAC, bool) {
 	m, err := parseDHCP(pkt)
 	if err != nil {
 		return ether.MAC{}, false
 	}
 	at := m.clientID
-	if at < 0 || pkt[at+1] != 7 || pkt[at+2] != HwTypeEthernet {
+	switch {
+	case at < 0:
 		return ether.MAC{}, false
+	case pkt[at+1] == 7 && pkt[at+2] == HwTypeEthernet:
+		return ether.MAC(pkt[at+3 : at+9]), true
+	case int(pkt[at+1]) == mlnxClientIDLen-2 && [12]byte(pkt[at+2:at+14]) == mlnxClientIDPrefix && pkt[at+17] == 0 && pkt[at+18] == 0:
+		var mac ether.MAC
+		copy(mac[0:3], pkt[at+14:at+17])
+		copy(mac[3:6], pkt[at+19:at+22])
+		return mac, true
 	}
-	return ether.MAC(pkt[at+3 : at+9]), true
+	return ether.MAC{}, false
 }
 
 // DHCPXID returns the transaction ID of a valid DHCP message.

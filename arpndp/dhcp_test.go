@@ -33,7 +33,7 @@ func TestDHCPToIB(t *testing.T) {
 	for _, withCID := range []bool{false, true} {
 		pkt := dhcpRequest(t, withCID)
 		n := len(pkt)
-		out, err := DHCPToIB(pkt)
+		out, err := DHCPToIB(pkt, ClientIDMAC)
 		if err != nil {
 			t.Fatalf("cid %v: %v", withCID, err)
 		}
@@ -67,6 +67,95 @@ func TestDHCPToIB(t *testing.T) {
 	}
 }
 
+// mlnxCID is the Mellanox-form client-identifier of guestMAC, as
+// OpenStack's networking-mlnx writes it into dnsmasq's host file:
+// ff:00:00:00:00:00:02:00:00:02:c9:00 + MAC[0:3] + 00:00 + MAC[3:6].
+func mlnxCID() []byte {
+	return append([]byte{0xff, 0, 0, 0, 0, 0, 0x02, 0, 0, 0x02, 0xc9, 0, guestMAC[0], guestMAC[1], guestMAC[2], 0, 0},
+		guestMAC[3], guestMAC[4], guestMAC[5])
+}
+
+// TestDHCPToIBMlnx: the Mellanox form is added where the guest sent no
+// client-identifier and replaces the guest's own, leaving one
+// client-identifier, the other options and a valid packet; a reply
+// carrying it names the guest.
+func TestDHCPToIBMlnx(t *testing.T) {
+	for _, withCID := range []bool{false, true} {
+		pkt := dhcpRequest(t, withCID)
+		n := len(pkt)
+		before := checkUDP(t, pkt)
+		out, err := DHCPToIB(pkt, ClientIDMlnx)
+		if err != nil {
+			t.Fatalf("cid %v: %v", withCID, err)
+		}
+		d := checkUDP(t, out)
+		if d.HardwareType != HwTypeInfiniBand || d.HardwareLen != 0 || d.Flags&0x8000 == 0 {
+			t.Fatalf("htype %d hlen %d flags %#x", d.HardwareType, d.HardwareLen, d.Flags)
+		}
+		var others, was []layers.DHCPOption
+		cids := 0
+		for _, o := range d.Options {
+			if o.Type == layers.DHCPOptClientID {
+				cids++
+				if !bytes.Equal(o.Data, mlnxCID()) {
+					t.Fatalf("cid %v: client-id %x, want %x", withCID, o.Data, mlnxCID())
+				}
+				continue
+			}
+			others = append(others, o)
+		}
+		for _, o := range before.Options {
+			if o.Type != layers.DHCPOptClientID {
+				was = append(was, o)
+			}
+		}
+		if cids != 1 || len(others) != len(was) {
+			t.Fatalf("cid %v: %d client-identifiers, %d other options (was %d)", withCID, cids, len(others), len(was))
+		}
+		for i := range was {
+			if others[i].Type != was[i].Type || !bytes.Equal(others[i].Data, was[i].Data) {
+				t.Fatalf("cid %v: option %d is %v, was %v", withCID, i, others[i], was[i])
+			}
+		}
+		// 22 bytes added, less the guest's own 9-byte type-1 option.
+		if want := map[bool]int{false: n + 22, true: n + 22 - 9}[withCID]; len(out) != want {
+			t.Fatalf("cid %v: length %d, want %d", withCID, len(out), want)
+		}
+		if m, ok := DHCPClientID(out); !ok || m != guestMAC {
+			t.Fatalf("DHCPClientID = %s %v", m, ok)
+		}
+		// Already in the Mellanox form: unchanged but for the IPoIB fields.
+		again := append(slices.Clip(append([]byte(nil), out...)), make([]byte, 64)...)[:len(out)]
+		again[28+1], again[28+2] = HwTypeEthernet, 6
+		copy(again[28+28:], guestMAC[:])
+		fixForTest(again)
+		if out2, err := DHCPToIB(again, ClientIDMlnx); err != nil || !bytes.Equal(out2, out) {
+			t.Fatalf("cid %v: a request in the Mellanox form changed: %v\n%x\n%x", withCID, err, out2, out)
+		}
+	}
+}
+
+// fixForTest recomputes the IPv4 and UDP checksums of a DHCP packet.
+func fixForTest(b []byte) {
+	ihl := int(b[0]&0x0f) * 4
+	b[10], b[11] = 0, 0
+	binary.BigEndian.PutUint16(b[10:12], csum.Fold(csum.Sum(0, b[:ihl])))
+	b[ihl+6], b[ihl+7] = 0, 0
+	m := dhcpMsg{ihl: ihl, end: int(binary.BigEndian.Uint16(b[2:4]))}
+	binary.BigEndian.PutUint16(b[ihl+6:], udpSum(b, m))
+}
+
+func TestParseClientIDForm(t *testing.T) {
+	for _, f := range []ClientIDForm{ClientIDMAC, ClientIDMlnx} {
+		if g, ok := ParseClientIDForm(f.String()); !ok || g != f {
+			t.Errorf("%s: %v %v", f, g, ok)
+		}
+	}
+	if _, ok := ParseClientIDForm("duid"); ok {
+		t.Error("duid accepted")
+	}
+}
+
 func TestDHCPToEth(t *testing.T) {
 	pkt := dhcpReply(t)
 	if !IsDHCPServer(pkt) {
@@ -96,12 +185,7 @@ func TestDHCPBadInput(t *testing.T) {
 	req := dhcpRequest(t, false)
 	ihl := 20
 	fix := func(b []byte) []byte {
-		// Recompute the checksums so that only the intended fault remains.
-		b[10], b[11] = 0, 0
-		binary.BigEndian.PutUint16(b[10:12], csum.Fold(csum.Sum(0, b[:ihl])))
-		b[ihl+6], b[ihl+7] = 0, 0
-		m := dhcpMsg{ihl: ihl, end: int(binary.BigEndian.Uint16(b[2:4]))}
-		binary.BigEndian.PutUint16(b[ihl+6:], udpSum(b, m))
+		fixForTest(b) // so that only the intended fault remains
 		return b
 	}
 	shorten := func(n int) []byte {
@@ -134,7 +218,7 @@ func TestDHCPBadInput(t *testing.T) {
 	}
 	var c Counters
 	for _, tc := range tests {
-		_, err := DHCPToIB(roomy(tc.pkt))
+		_, err := DHCPToIB(roomy(tc.pkt), ClientIDMAC)
 		if !errors.Is(err, tc.want) {
 			t.Errorf("%s: err %v, want %v", tc.name, err, tc.want)
 		}
@@ -143,12 +227,12 @@ func TestDHCPBadInput(t *testing.T) {
 	if c.Get(ErrTruncated) != 3 {
 		t.Errorf("counters %v", c.Snapshot())
 	}
-	if out, err := DHCPToIB(dhcpOfLength(t, 0xffff-clientIDLen)); err != nil || len(out) != 0xffff {
+	if out, err := DHCPToIB(dhcpOfLength(t, 0xffff-clientIDLen), ClientIDMAC); err != nil || len(out) != 0xffff {
 		t.Errorf("longest packet that takes a client-identifier: %d bytes, %v", len(out), err)
 	} else {
 		checkUDP(t, out)
 	}
-	if _, err := DHCPToIB(slices.Clip(append([]byte(nil), req...))); !errors.Is(err, ErrNoRoom) {
+	if _, err := DHCPToIB(slices.Clip(append([]byte(nil), req...)), ClientIDMAC); !errors.Is(err, ErrNoRoom) {
 		t.Errorf("no capacity: %v", err)
 	}
 	if err := DHCPToEth(req, guestMAC); !errors.Is(err, ErrBadHwType) {

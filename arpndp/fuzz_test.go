@@ -3,6 +3,7 @@ package arpndp
 import (
 	"bytes"
 	"encoding/binary"
+	"slices"
 	"testing"
 
 	"github.com/eipoib/eipoibd/internal/csum"
@@ -242,7 +243,7 @@ func FuzzDHCPToIB(f *testing.F) {
 		b := fixDHCP(in, fix)
 		orig, _ := parseDHCP(b) // DHCPToIB succeeds only when this does
 		was := append([]byte(nil), b...)
-		out, err := DHCPToIB(b)
+		out, err := DHCPToIB(b, ClientIDMAC)
 		if err != nil {
 			mustReason(t, err)
 			return
@@ -280,6 +281,70 @@ func FuzzDHCPToIB(f *testing.F) {
 			ihl+4, ihl+8, // UDP length, checksum
 			bp+1, bp+3, bp+10, bp+11, bp+28, bp+44) // htype, hlen, flags (high byte), chaddr
 	})
+}
+
+// FuzzDHCPToIBMlnx: with the Mellanox client-identifier the request is
+// in the IPoIB form, its first client-identifier is the Mellanox one of
+// the guest's MAC, and its options are the guest's with the guest's own
+// first client-identifier taken out and the Mellanox one put before END
+// (or, where the guest's already was that, untouched).
+func FuzzDHCPToIBMlnx(f *testing.F) {
+	dhcpSeeds(f)
+	f.Fuzz(func(t *testing.T, in []byte, fix bool) {
+		b := fixDHCP(in, fix)
+		orig, _ := parseDHCP(b)
+		was := append([]byte(nil), b...)
+		out, err := DHCPToIB(b, ClientIDMlnx)
+		if err != nil {
+			mustReason(t, err)
+			return
+		}
+		m := checkDHCPOutput(t, out)
+		bp := m.bootp
+		if out[bp+1] != HwTypeInfiniBand || out[bp+2] != 0 || !bytes.Equal(out[bp+28:bp+44], make([]byte, 16)) ||
+			binary.BigEndian.Uint16(out[bp+10:])&flagBroadcast == 0 || m.clientID < 0 {
+			t.Fatalf("not the IPoIB form: htype %d hlen %d flags %#04x client-id at %d",
+				out[bp+1], out[bp+2], binary.BigEndian.Uint16(out[bp+10:]), m.clientID)
+		}
+		var cid [mlnxClientIDLen]byte
+		putClientID(cid[:], ClientIDMlnx, ether.MAC(was[bp+28:bp+34]))
+		if got := out[m.clientID : m.clientID+2+int(out[m.clientID+1])]; !bytes.Equal(got, cid[:]) {
+			t.Fatalf("client-identifier %x, want %x", got, cid)
+		}
+		if mac, ok := DHCPClientID(out); !ok || mac != ether.MAC(was[bp+28:bp+34]) {
+			t.Fatalf("DHCPClientID %s %v, want the guest's %x", mac, ok, was[bp+28:bp+34])
+		}
+		want := optionsOf(was, orig, -1)
+		if orig.clientID < 0 || !bytes.Equal(was[orig.clientID:orig.clientID+2+int(was[orig.clientID+1])], cid[:]) {
+			want = append(optionsOf(was, orig, orig.clientID), cid[:])
+		}
+		if got := optionsOf(out, m, -1); !slices.EqualFunc(got, want, bytes.Equal) {
+			t.Fatalf("options %x, want %x", got, want)
+		}
+		if !bytes.Equal(out[m.endOpt:], was[orig.endOpt:orig.end]) {
+			t.Fatalf("END and after: %x, was %x", out[m.endOpt:], was[orig.endOpt:orig.end])
+		}
+		ihl := orig.ihl
+		head := bp + dhcpMinLen
+		sameExcept(t, was[:head], out[:head], 2, 4, 10, 12, ihl+4, ihl+8, bp+1, bp+3, bp+10, bp+11, bp+28, bp+44)
+	})
+}
+
+// optionsOf lists the options of a valid DHCP message before END, each
+// as its bytes (a pad as one byte), leaving out the one at skip.
+func optionsOf(pkt []byte, m dhcpMsg, skip int) [][]byte {
+	var out [][]byte
+	for o := m.bootp + dhcpMinLen; o < m.endOpt; {
+		n := 1
+		if pkt[o] != optPad {
+			n = 2 + int(pkt[o+1])
+		}
+		if o != skip {
+			out = append(out, pkt[o:o+n])
+		}
+		o += n
+	}
+	return out
 }
 
 func FuzzDHCPToEth(f *testing.F) {

@@ -21,6 +21,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/eipoib/eipoibd/arpndp"
 	"github.com/eipoib/eipoibd/internal/clock"
 	"github.com/eipoib/eipoibd/internal/ether"
 	"github.com/eipoib/eipoibd/internal/loops"
@@ -63,6 +64,9 @@ type Config struct {
 	Partitions map[uint16]ipoib.PKey
 	Scope      uint8  // MGID scope, ipoib.ScopeLinkLocal
 	DHCP       string // DHCPBroadcast
+	// DHCPClientID is the client-identifier that DHCPRFC4390 gives
+	// guests' requests (arpndp.ClientIDMAC by default).
+	DHCPClientID arpndp.ClientIDForm
 	// Learn is LearnAuto (a VIF for any source MAC: promiscuous
 	// emulation) or LearnDeclared (only MACs declared with DeclareVIF;
 	// frames from others are dropped and counted, so a guest spoofing or

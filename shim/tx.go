@@ -290,7 +290,7 @@ func (s *Shim) tx(b *txBatch, buf []byte, n int, sup tap.Super, now time.Time) {
 				if xid, ok := arpndp.DHCPXID(pay); ok {
 					s.xids.remember(xid, src, now)
 				}
-				pay, err = arpndp.DHCPToIB(pay)
+				pay, err = arpndp.DHCPToIB(pay, s.cfg.DHCPClientID)
 			} else {
 				err = arpndp.SetBroadcastFlag(pay)
 			}

@@ -13,6 +13,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"github.com/eipoib/eipoibd/arpndp"
 	"github.com/eipoib/eipoibd/internal/cli"
 	"io"
 	"log/slog"
@@ -76,7 +77,7 @@ func main() {
 // options are the parsed flags of "run".
 type options struct {
 	underlay, name, bridge, fabric, metrics, logLevel, dhcp, faults, mac string
-	learn, ctlDir, config, logFormat                                     string
+	learn, ctlDir, config, logFormat, dhcpClientID                       string
 	ovsBridge, ovsDB, vlanPKey, ibDev                                    string
 	mcast                                                                snoop.Timers
 	ibMTU, maxVIFs, maxNeigh, queues, tapMTU                             int
@@ -84,6 +85,7 @@ type options struct {
 	offload, pprof, clampMSS, persist                                    bool
 	stateDir                                                             string
 	level                                                                slog.Level
+	clientID                                                             arpndp.ClientIDForm
 	// values are every flag's value as text, by name, for reloads.
 	values map[string]string
 }
@@ -132,6 +134,7 @@ func runFlags(o *options) *flag.FlagSet {
 	fs.StringVar(&o.metrics, "metrics", "", "listen address for Prometheus metrics, e.g. 127.0.0.1:9474 (off when empty)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&o.dhcp, "dhcp", shim.DHCPBroadcast, "DHCP handling: broadcast or rfc4390")
+	fs.StringVar(&o.dhcpClientID, "dhcp-client-id", "mac", "client-identifier --dhcp rfc4390 gives guests' requests: mac (type 1 + the guest MAC, only where the guest sent none) or mlnx (the Mellanox form OpenStack's networking-mlnx keys DHCP hosts by, always)")
 	fs.StringVar(&o.ovsBridge, "ovs-bridge", "", "Open vSwitch bridge to attach the TAP to as a trunk port (detached on shutdown)")
 	fs.StringVar(&o.ovsDB, "ovs-db", "", "OVSDB remote for --ovs-bridge (default: ovs-vsctl's, $OVS_RUNDIR/db.sock)")
 	fs.StringVar(&o.vlanPKey, "vlan-pkey", "", "VLAN to P_Key map, e.g. 10=0x800a,20=0x8014 (untagged is always 0xffff)")
@@ -181,6 +184,10 @@ func check(o *options) error {
 		return usageError{Msg: "--learn declared takes its guests from the --bridge FDB or the --ovs-bridge ports: give one"}
 	case o.dhcp != shim.DHCPBroadcast && o.dhcp != shim.DHCPRFC4390:
 		return usageError{Msg: fmt.Sprintf("--dhcp %q: want broadcast or rfc4390", o.dhcp)}
+	case !o.parseClientID():
+		return usageError{Msg: fmt.Sprintf("--dhcp-client-id %q: want mac or mlnx", o.dhcpClientID)}
+	case o.dhcpClientID != "mac" && o.dhcp != shim.DHCPRFC4390:
+		return usageError{Msg: fmt.Sprintf("--dhcp-client-id %s goes with --dhcp rfc4390 (with --dhcp %s guests' requests keep their own client-identifier)", o.dhcpClientID, o.dhcp)}
 	case o.pprof && o.metrics == "":
 		return usageError{Msg: "--pprof serves on the --metrics address: give --metrics too"}
 	case o.bridge != "" && o.ovsBridge != "":
@@ -309,7 +316,7 @@ func run(args []string, stderr io.Writer) error {
 
 	sh, err := shim.New(shim.Config{
 		Device: dev, Port: port, Logger: log,
-		MaxVIFs: o.maxVIFs, MaxNeighbours: o.maxNeigh, VIFIdle: o.vifIdle, DHCP: o.dhcp, ClampMSS: o.clampMSS, Learn: o.learn,
+		MaxVIFs: o.maxVIFs, MaxNeighbours: o.maxNeigh, VIFIdle: o.vifIdle, DHCP: o.dhcp, DHCPClientID: o.clientID, ClampMSS: o.clampMSS, Learn: o.learn,
 		Partitions: partitions, Multicast: o.mcast, AnnounceWindow: announceWindow,
 	})
 	if err != nil {
@@ -524,4 +531,10 @@ func bridgeGuest(sh *shim.Shim, log *slog.Logger, origin mactrans.Origin, g vswi
 	} else {
 		log.Info("guest gone", "origin", origin, "mac", g.MAC, "vlan", g.VLAN)
 	}
+}
+
+// parseClientID reads --dhcp-client-id into o.clientID.
+func (o *options) parseClientID() (ok bool) {
+	o.clientID, ok = arpndp.ParseClientIDForm(o.dhcpClientID)
+	return ok
 }

@@ -27,6 +27,8 @@ func TestBadCommandLines(t *testing.T) {
 		{[]string{"run", "--fabric", "verbs", "--ib-dev", "rxe0", "--fault", "loss=0.1"}, "are for --fabric sim", true},
 		{[]string{"run", "--fabric", "ud"}, `--fabric "ud": want sim, kernel or verbs`, true},
 		{[]string{"run", "--underlay", "x", "--dhcp", "nope"}, `--dhcp "nope"`, true},
+		{[]string{"run", "--underlay", "x", "--dhcp", "rfc4390", "--dhcp-client-id", "duid"}, `--dhcp-client-id "duid": want mac or mlnx`, true},
+		{[]string{"run", "--underlay", "x", "--dhcp-client-id", "mlnx"}, "--dhcp-client-id mlnx goes with --dhcp rfc4390", true},
 		{[]string{"run", "--underlay", "x", "--fault", "loss=2"}, "loss=2", true},
 		{[]string{"run", "--underlay", "x", "--fault", "jitter=0.1"}, "unknown fault", true},
 		{[]string{"run", "--underlay", "x", "--log-level", "loud"}, "--log-level", true},

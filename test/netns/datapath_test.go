@@ -5,9 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"runtime"
 	"strconv"
@@ -218,35 +216,15 @@ func TestTwoHypervisors(t *testing.T) {
 	}
 }
 
-// capture starts tshark on the hypervisor's underlay (fabric packets
-// only) and returns the capture file and a function that ends it.
+// capture captures the hypervisor's underlay (fabric packets only) and
+// returns the capture file and a function that ends it. It is captureOn:
+// a buffered capture (tshark's dumpcap) loses the packets still in the
+// kernel's ring when it ends, which a test whose traffic ends just before
+// (a DHCP exchange with a fixed address is over in milliseconds) sees as
+// an empty capture.
 func capture(t *testing.T, h *hypervisor) (string, func()) {
 	t.Helper()
-	pcap := filepath.Join(t.TempDir(), "ul.pcapng")
-	os.WriteFile(pcap, nil, 0o644) // tshark runs as root but may drop privileges
-	os.Chmod(filepath.Dir(pcap), 0o777)
-	cmd := exec.Command("ip", "netns", "exec", h.ns, "tshark", "-q", "-i", h.underlay, "-f", "udp port 4791", "-w", pcap)
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	waitCapture(t, cmd, pcap)
-	return pcap, func() { cmd.Process.Signal(syscall.SIGINT); cmd.Wait() }
-}
-
-// waitCapture waits until tshark writes its capture header.
-func waitCapture(t *testing.T, cmd *exec.Cmd, pcap string) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		if fi, err := os.Stat(pcap); err == nil && fi.Size() > 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			cmd.Process.Kill()
-			t.Fatal("tshark did not start capturing")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	return captureOn(t, h.ns, h.underlay, "udp port 4791")
 }
 
 // bcastGroup is the default partition's broadcast MGID (RFC 4391 §4).

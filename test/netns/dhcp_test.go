@@ -14,12 +14,17 @@ import (
 // TestDHCP: an Ethernet guest gets its address from a DHCP server (dnsmasq)
 // in a guest on another hypervisor, across the fabric, with the default
 // handling (BROADCAST flag) and with the RFC 4390 translation, which the
-// wire shows as hardware type 32 with a zero-length address.
+// wire shows as hardware type 32 with a zero-length address; with the
+// Mellanox client-identifier (rfc4390-mlnx), dnsmasq gives the guest the
+// fixed address of a host entry keyed by that client-identifier, as
+// OpenStack's networking-mlnx writes them, outside the dynamic range.
 func TestDHCP(t *testing.T) {
-	for _, mode := range []string{"broadcast", "rfc4390"} {
+	for _, mode := range []string{"broadcast", "rfc4390", "rfc4390-mlnx"} {
 		t.Run(mode, func(t *testing.T) {
 			nstestRequire(t, "dnsmasq", "dhclient")
-			tp := newTopo(t, 2, false, "--dhcp", mode)
+			flags := map[string][]string{"broadcast": {"--dhcp", "broadcast"}, "rfc4390": {"--dhcp", "rfc4390"},
+				"rfc4390-mlnx": {"--dhcp", "rfc4390", "--dhcp-client-id", "mlnx"}}[mode]
+			tp := newTopo(t, 2, false, flags...)
 			h1, h2 := tp.hvs[0], tp.hvs[1]
 			drops := watchDrops(t, h1, h2)
 			defer drops.check(t)
@@ -36,8 +41,12 @@ func TestDHCP(t *testing.T) {
 func dhcpLease(t *testing.T, mode string, h *hypervisor, server, client *guest, dev string) {
 	t.Helper()
 	dir := t.TempDir()
-	srv := exec.Command("ip", in(server.ns, "dnsmasq", "--no-daemon", "--port=0", "--interface="+dev, "--bind-interfaces",
-		"--dhcp-range=10.77.0.100,10.77.0.150,1h", "--dhcp-leasefile="+filepath.Join(dir, "dnsmasq.leases"))[1:]...)
+	args := []string{"dnsmasq", "--no-daemon", "--port=0", "--interface=" + dev, "--bind-interfaces",
+		"--dhcp-range=10.77.0.100,10.77.0.150,1h", "--dhcp-leasefile=" + filepath.Join(dir, "dnsmasq.leases")}
+	if mode == "rfc4390-mlnx" {
+		args = append(args, "--dhcp-host=id:"+mlnxClientID(client.mac(t))+","+mlnxFixedIP)
+	}
+	srv := exec.Command("ip", in(server.ns, args...)[1:]...)
 	if err := srv.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -53,7 +62,7 @@ func dhcpLease(t *testing.T, mode string, h *hypervisor, server, client *guest, 
 	checkLease(t, mode, out, string(b), string(d), server.ip4, client.mac(t))
 	hw := stdout(t, "tshark", "-r", pcap, "-Y", "dhcp", "-T", "fields", "-E", "occurrence=f", "-e", "dhcp.hw.type", "-e", "dhcp.flags.bc")
 	want := "0x01\t1" // Ethernet, BROADCAST flag
-	if mode == "rfc4390" {
+	if mode != "broadcast" {
 		want = "0x20\t1" // InfiniBand (RFC 4390 §2.1)
 	}
 	if strings.TrimSpace(hw) == "" {
@@ -64,6 +73,18 @@ func dhcpLease(t *testing.T, mode string, h *hypervisor, server, client *guest, 
 			t.Errorf("DHCP on the wire: hardware type and broadcast flag %q, want %q", l, want)
 		}
 	}
+}
+
+// mlnxFixedIP is the address of the host entry keyed by the Mellanox
+// client-identifier: outside dnsmasq's dynamic range, so only that entry
+// can give it.
+const mlnxFixedIP = "10.77.0.200"
+
+// mlnxClientID is the client-identifier networking-mlnx keys a port with
+// MAC m by: ff:00:00:00:00:00:02:00:00:02:c9:00, then m[0:3], 00:00,
+// m[3:6] (written here from that driver's format, apart from arpndp's).
+func mlnxClientID(m net.HardwareAddr) string {
+	return "ff:00:00:00:00:00:02:00:00:02:c9:00:" + m[:3].String() + ":00:00:" + m[3:].String()
 }
 
 var (
@@ -88,7 +109,11 @@ func checkLease(t *testing.T, mode, out, clientLease, serverLeases, server strin
 	if err != nil || ack[2] != server {
 		t.Fatalf("DHCPACK of %q from %s, want an address from %s", ack[1], ack[2], server)
 	}
-	if lo, hi := netip.MustParseAddr("10.77.0.100"), netip.MustParseAddr("10.77.0.150"); addr.Less(lo) || hi.Less(addr) {
+	if mode == "rfc4390-mlnx" {
+		if addr.String() != mlnxFixedIP {
+			t.Errorf("leased %s, want %s, the host entry keyed by the Mellanox client-identifier", addr, mlnxFixedIP)
+		}
+	} else if lo, hi := netip.MustParseAddr("10.77.0.100"), netip.MustParseAddr("10.77.0.150"); addr.Less(lo) || hi.Less(addr) {
 		t.Errorf("leased %s, outside dnsmasq's range %s–%s", addr, lo, hi)
 	}
 	if fixed[0][1] != addr.String() {
@@ -101,8 +126,11 @@ func checkLease(t *testing.T, mode, out, clientLease, serverLeases, server strin
 	}
 	f := strings.Fields(lines[0])
 	hw, cid := mac.String(), "*"
-	if mode == "rfc4390" {
+	switch mode {
+	case "rfc4390":
 		hw, cid = "20-", "01:"+mac.String()
+	case "rfc4390-mlnx":
+		hw, cid = "20-", mlnxClientID(mac)
 	}
 	if f[1] != hw || f[2] != addr.String() || f[4] != cid {
 		t.Errorf("dnsmasq leased %s to hardware address %s, client-id %s; want %s to %s, client-id %s",
