@@ -270,8 +270,8 @@ func (s *Shim) mcastJoin(k snoop.Key) error {
 	p := s.byVLAN[k.Scope].Load()
 	mgid := s.groupMGID(p, k.Group)
 	if err := s.groups.join(s.port, mgid, false); err != nil {
-		if s.groupWarn.allow(s.clk.Now()) {
-			s.log.Warn("join of a snooped group refused", "group", k.Group, "vlan", k.Scope, "err", err, "suppressed", s.groupWarn.take())
+		if s.groupWarn.Allow(s.clk.Now()) {
+			s.log.Warn("join of a snooped group refused", "group", k.Group, "vlan", k.Scope, "err", err, "suppressed", s.groupWarn.Suppressed())
 		}
 		return err
 	}
@@ -323,8 +323,8 @@ func (s *Shim) sendTo(mgid ipoib.GID, now time.Time) bool {
 		return true
 	}
 	if err := s.groups.joinSendOnly(s.port, mgid, now); err != nil {
-		if s.groupWarn.allow(now) {
-			s.log.Warn("send-only join refused", "mgid", mgid, "err", err, "suppressed", s.groupWarn.take())
+		if s.groupWarn.Allow(now) {
+			s.log.Warn("send-only join refused", "mgid", mgid, "err", err, "suppressed", s.groupWarn.Suppressed())
 		}
 		return false
 	}

@@ -25,6 +25,7 @@ import (
 	"github.com/eipoib/eipoibd/internal/clock"
 	"github.com/eipoib/eipoibd/internal/ether"
 	"github.com/eipoib/eipoibd/internal/loops"
+	"github.com/eipoib/eipoibd/internal/warnlimit"
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/mactrans"
 	"github.com/eipoib/eipoibd/snoop"
@@ -140,35 +141,10 @@ type Shim struct {
 	lastRound  atomic.Int64 // wall clock of the last housekeeping round
 	portLevels sync.Map     // names of the port's levels in Counters (gauges)
 
-	vifWarn, groupWarn  warnLimit // limit warnings a guest can cause per frame
+	vifWarn, groupWarn  warnlimit.Limit // limit warnings a guest can cause per frame
 	carrier, carrierSet atomic.Bool
 	stopping            atomic.Bool // set before Run frees the VIFs
 }
-
-// warnInterval is the least time between two warnings of one kind that a
-// guest can provoke per frame (limits reached).
-const warnInterval = time.Minute
-
-// warnLimit lets a warning through at most once per warnInterval and
-// counts the ones it holds back, to be reported with the next.
-type warnLimit struct {
-	last       atomic.Int64  // unix ns of the last warning let through
-	suppressed atomic.Uint64 // held back since
-}
-
-// allow reports whether a warning may be logged at now; if not, it counts
-// one more suppressed.
-func (w *warnLimit) allow(now time.Time) bool {
-	n, last := now.UnixNano(), w.last.Load()
-	if last != 0 && n-last < int64(warnInterval) || !w.last.CompareAndSwap(last, n) {
-		w.suppressed.Add(1)
-		return false
-	}
-	return true
-}
-
-// take returns and resets the number of suppressed warnings.
-func (w *warnLimit) take() uint64 { return w.suppressed.Swap(0) }
 
 // New validates cfg and builds a shim; it does not touch the port yet.
 func New(cfg Config) (*Shim, error) {

@@ -229,8 +229,8 @@ func (s *Shim) tx(b *txBatch, buf []byte, n int, sup tap.Super, now time.Time) {
 		}
 	} else if vif, err = s.vif(p, src, mactrans.OriginLearned, now); err != nil {
 		s.ctr.inc(DropVIFLimit)
-		if s.vifWarn.allow(now) {
-			s.log.Warn("new guest MAC refused", "mac", src, "vlan", p.vlan, "err", err, "suppressed", s.vifWarn.take())
+		if s.vifWarn.Allow(now) {
+			s.log.Warn("new guest MAC refused", "mac", src, "vlan", p.vlan, "err", err, "suppressed", s.vifWarn.Suppressed())
 		}
 		return
 	}

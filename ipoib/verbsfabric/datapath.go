@@ -131,7 +131,7 @@ func (p *Port) post() {
 		}
 		p.qpMu.RUnlock()
 		p.drops[DropSendError].Add(uint64(len(p.descs) - n))
-		p.warnOnce(err)
+		p.warnLimited(err)
 	}
 	p.descs = p.descs[:0]
 }
@@ -357,7 +357,7 @@ func (p *Port) resolver() {
 		}
 		p.ahMu.Unlock()
 		if err != nil {
-			p.warnOnce(err)
+			p.warnLimited(err)
 		}
 		p.flushPending(key, err == nil)
 	}

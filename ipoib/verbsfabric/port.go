@@ -34,6 +34,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/eipoib/eipoibd/internal/warnlimit"
 	"github.com/eipoib/eipoibd/ipoib"
 )
 
@@ -215,7 +216,7 @@ type Port struct {
 	rdone  []recvDone
 	repost []uint32
 
-	lastWarn atomic.Int64 // unix nanoseconds of the last data-path warning
+	dataWarn warnlimit.Limit // data-path warnings
 
 	closed atomic.Bool
 	wg     sync.WaitGroup
@@ -902,13 +903,10 @@ func (p *Port) retryRejoins() {
 	}
 }
 
-// warnOnce logs a data-path error at most once a minute (the counters
-// have every occurrence).
-func (p *Port) warnOnce(err error) {
-	now := time.Now().UnixNano()
-	last := p.lastWarn.Load()
-	if now-last < int64(time.Minute) || !p.lastWarn.CompareAndSwap(last, now) {
-		return
+// warnLimited logs a data-path error at most once a minute, with how
+// many were held back (the counters have every occurrence).
+func (p *Port) warnLimited(err error) {
+	if p.dataWarn.Allow(time.Now()) {
+		p.log.Warn("verbs data path error (at most once a minute; see the drop counters)", "err", err, "suppressed", p.dataWarn.Suppressed())
 	}
-	p.log.Warn("verbs data path error (logged once a minute; see the drop counters)", "err", err)
 }
