@@ -8,10 +8,14 @@ package kernelfabric
 
 import (
 	"errors"
+	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"runtime"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"unsafe"
 
@@ -160,25 +164,41 @@ func (System) SubscribeLinks(done <-chan struct{}) (<-chan Link, error) {
 	return out, nil
 }
 
-// ethPAll is htons(ETH_P_ALL).
-const ethPAll = unix.ETH_P_ALL>>8 | unix.ETH_P_ALL&0xff<<8
+// htons is the network-order value of a 16-bit protocol number, as the
+// protocol fields of socket(2) and struct sockaddr_ll take it.
+func htons(p uint16) uint16 { return p>>8 | p<<8 }
 
-// OpenPacket opens a non-blocking AF_PACKET SOCK_DGRAM socket for every
-// protocol, bound to ifindex, on the runtime poller.
-func (System) OpenPacket(ifindex int, vnet bool) (Socket, error) {
-	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_DGRAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, ethPAll)
+// OpenPacket opens a non-blocking AF_PACKET SOCK_DGRAM socket bound to
+// ifindex for every protocol, with PACKET_IGNORE_OUTGOING, on the runtime
+// poller: OpenPacketWith(ifindex, PacketOptions{Vnet: vnet}).
+func (s System) OpenPacket(ifindex int, vnet bool) (Socket, error) {
+	return s.OpenPacketWith(ifindex, PacketOptions{Vnet: vnet})
+}
+
+// OpenPacketWith opens a non-blocking AF_PACKET SOCK_DGRAM socket with
+// options o, bound to ifindex, on the runtime poller.
+//
+// af_packet.c packet_bind passes sll_protocol to packet_do_bind as it
+// is, in network order (x/sys/unix's SockaddrLinklayer.sockaddr copies
+// Protocol unchanged), and packet_do_bind hooks the socket to that
+// ethertype: bound with a host-order ETH_P_ALL (0x0003 read as 0x0300) it
+// matches no traffic at all. Both the socket and the bind take htons.
+func (System) OpenPacketWith(ifindex int, o PacketOptions) (Socket, error) {
+	proto := htons(unix.ETH_P_ALL)
+	if o.Protocol != 0 {
+		proto = htons(o.Protocol)
+	}
+	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_DGRAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, int(proto))
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("kernel: packet socket: %w", err)
 	}
-	if vnet {
-		if err := unix.SetsockoptInt(fd, unix.SOL_PACKET, unix.PACKET_VNET_HDR, 1); err != nil {
-			unix.Close(fd)
-			return nil, err
-		}
-	}
-	if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: unix.ETH_P_ALL, Ifindex: ifindex}); err != nil {
+	if err := setOptions(fd, o, unix.SetsockoptInt); err != nil {
 		unix.Close(fd)
 		return nil, err
+	}
+	if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: proto, Ifindex: ifindex}); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("kernel: bind packet socket to ifindex %d: %w", ifindex, err)
 	}
 	f := os.NewFile(uintptr(fd), "packet")
 	rc, err := f.SyscallConn()
@@ -190,6 +210,48 @@ func (System) OpenPacket(ifindex int, vnet bool) (Socket, error) {
 	s.sendFn, s.recvFn = s.sendCall, s.recvCall
 	return s, nil
 }
+
+// setOptions sets o's socket options on fd through setsockopt.
+//
+// PACKET_IGNORE_OUTGOING (Linux 4.20; af_packet.c packet_setsockopt sets
+// prot_hook.ignore_outgoing, and net/core/dev.c dev_queue_xmit_nit skips
+// such hooks) keeps the copies of what the socket's own device sends
+// (PACKET_OUTGOING) out of a socket bound to every protocol. An older
+// kernel answers ENOPROTOOPT: the socket then sees those copies, which
+// the backend drops as a wrong packet type; that is counted
+// (OutgoingNotIgnored) and logged once.
+func setOptions(fd int, o PacketOptions, setsockopt func(fd, level, opt, value int) error) error {
+	if o.Vnet {
+		if err := setsockopt(fd, unix.SOL_PACKET, unix.PACKET_VNET_HDR, 1); err != nil {
+			return fmt.Errorf("kernel: set PACKET_VNET_HDR: %w", err)
+		}
+	}
+	if o.SeeOutgoing {
+		return nil
+	}
+	err := setsockopt(fd, unix.SOL_PACKET, unix.PACKET_IGNORE_OUTGOING, 1)
+	if errors.Is(err, unix.ENOPROTOOPT) {
+		outgoingNotIgnored.Add(1)
+		outgoingOnce.Do(func() {
+			slog.Default().Warn("kernel: PACKET_IGNORE_OUTGOING refused (Linux before 4.20): packet sockets get a copy of what their device sends, dropped as a wrong packet type; upgrade the kernel to avoid the extra work")
+		})
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("kernel: set PACKET_IGNORE_OUTGOING: %w", err)
+	}
+	return nil
+}
+
+var (
+	outgoingNotIgnored atomic.Uint64
+	outgoingOnce       sync.Once
+)
+
+// OutgoingNotIgnored counts the packet sockets opened without
+// PACKET_IGNORE_OUTGOING because the kernel refused it (ENOPROTOOPT:
+// Linux before 4.20).
+func OutgoingNotIgnored() uint64 { return outgoingNotIgnored.Load() }
 
 // mmsghdr is struct mmsghdr.
 type mmsghdr struct {

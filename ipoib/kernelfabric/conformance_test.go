@@ -1,0 +1,364 @@
+package kernelfabric_test
+
+// The conformance suite: every case runs against the fake and against
+// the real kernel (witness_test.go), and both must answer alike. The
+// upstream function each rule comes from is named beside it;
+// docs/kernel-backend.md lists the cases.
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/eipoib/eipoibd/internal/gsotest"
+	kf "github.com/eipoib/eipoibd/ipoib/kernelfabric"
+)
+
+// sll encodes a sockaddr_ll to send through ifindex with protocol proto
+// and sll_halen halen; addr goes in sll_addr, which runs past the
+// struct's 8 bytes when addr is longer. The name is 12 + max(len(addr),
+// 8) bytes.
+func sll(ifindex int, proto uint16, halen int, addr []byte) []byte {
+	b := make([]byte, 12+max(len(addr), 8))
+	binary.NativeEndian.PutUint16(b[0:2], unix.AF_PACKET)
+	binary.BigEndian.PutUint16(b[2:4], proto)
+	binary.NativeEndian.PutUint32(b[4:8], uint32(int32(ifindex)))
+	b[11] = byte(halen)
+	copy(b[12:], addr)
+	return b
+}
+
+// openSock opens a packet socket on ifindex of k, where w's calls go,
+// closed at cleanup.
+func openSock(t *testing.T, w *witness, k kernel, ifindex int, o kf.PacketOptions) kf.Socket {
+	t.Helper()
+	var s kf.Socket
+	var err error
+	w.in(func() { s, err = k.OpenPacketWith(ifindex, o) })
+	if err != nil {
+		t.Fatalf("open packet socket on %d: %v", ifindex, err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// send sends one datagram (hdr, then payload) with name[:namelen].
+func send(s kf.Socket, name []byte, namelen int, hdr, payload []byte) error {
+	n, err := s.Send([]kf.Msg{{Name: name, NameLen: namelen, Hdr: hdr, Buf: payload}})
+	if err == nil && n != 1 {
+		return errors.New("sendmmsg took nothing and said nothing")
+	}
+	return err
+}
+
+// mustSend sends payload of ethertype proto from s to addr through
+// ifindex, with sll_halen the address's length.
+func mustSend(t *testing.T, s kf.Socket, ifindex int, proto uint16, addr, payload []byte) {
+	t.Helper()
+	name := sll(ifindex, proto, len(addr), addr)
+	if err := send(s, name, len(name), nil, payload); err != nil {
+		t.Fatalf("send %d bytes of %#04x to %x: %v", len(payload), proto, addr, err)
+	}
+}
+
+// received is one datagram as recvmmsg gave it.
+type received struct {
+	kf.Msg
+	sa kf.SockaddrLL
+}
+
+// recvOne returns the next datagram on s, read into a buffer of bufLen
+// bytes; nothing within 5 s (a lost or misrouted packet: nothing in this
+// suite waits on a slow path) fails the test.
+func recvOne(t *testing.T, s kf.Socket, bufLen int) received {
+	t.Helper()
+	m := []kf.Msg{{Name: make([]byte, kf.SockaddrLLIPoIBLen), Buf: make([]byte, bufLen)}}
+	type result struct {
+		n   int
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		n, err := s.Recv(m)
+		done <- result{n, err}
+	}()
+	var r result
+	select {
+	case r = <-done:
+	case <-time.After(5 * time.Second):
+		s.Close()
+		<-done
+		t.Fatal("nothing received within 5 s")
+	}
+	if r.err != nil || r.n != 1 {
+		t.Fatalf("recvmmsg: %d %v", r.n, r.err)
+	}
+	sa, err := kf.ParseSockaddrLL(m[0].Name, m[0].NameLen)
+	if err != nil {
+		t.Fatalf("received name %x (%d bytes): %v", m[0].Name, m[0].NameLen, err)
+	}
+	return received{m[0], sa}
+}
+
+// payload is n bytes that tell one send from another.
+func payload(tag byte, n int) []byte {
+	b := gsotest.Pattern(n)
+	b[0] = tag
+	return b
+}
+
+// checkRecv checks a datagram b received from a: its name (family,
+// ethertype, ifindex, device type, packet type, sll_halen and the
+// source address when the link gives one, name length
+// sizeof(sockaddr_ll): packet_recvmsg pads shorter names) and its bytes.
+func checkRecv(t *testing.T, w *witness, r received, proto uint16, pkttype uint8, want []byte) {
+	t.Helper()
+	sa := r.sa
+	if sa.Family != unix.AF_PACKET || sa.Protocol != proto || int(sa.Ifindex) != w.b || sa.Hatype != w.hatype || sa.Pkttype != pkttype {
+		t.Errorf("name %+v: want protocol %#04x, ifindex %d, hatype %d, pkttype %d", sa, proto, w.b, w.hatype, pkttype)
+	}
+	if r.NameLen != kf.SockaddrLLSize || int(sa.Halen) != w.srcLen || !bytes.Equal(sa.Addr, w.aAddr[:w.srcLen]) {
+		t.Errorf("name length %d, sll_halen %d, address %x: want %d, %d, %x", r.NameLen, sa.Halen, sa.Addr, kf.SockaddrLLSize, w.srcLen, w.aAddr[:w.srcLen])
+	}
+	if r.Trunc || !bytes.Equal(r.Buf[:r.N], want) {
+		t.Errorf("received %d bytes (trunc %v), want the %d sent", r.N, r.Trunc, len(want))
+	}
+}
+
+// TestConformanceSendRecv: a datagram sent with a sockaddr_ll naming the
+// ifindex, ethertype and destination reaches a socket bound (with htons:
+// af_packet.c packet_bind → packet_do_bind) to every protocol on the
+// receiving device: unicast as PACKET_HOST, broadcast as
+// PACKET_BROADCAST, a joined group as PACKET_MULTICAST, the payload
+// exact, the name as checkRecv says; a buffer shorter than the datagram
+// gets its first bytes and MSG_TRUNC (packet_recvmsg).
+func TestConformanceSendRecv(t *testing.T) {
+	each(t, func(t *testing.T, w *witness) {
+		tx := openSock(t, w, w.ka, w.a, kf.PacketOptions{})
+		rx := openSock(t, w, w.kb, w.b, kf.PacketOptions{})
+		var mreq [kf.MreqMaxSize]byte
+		putMreq(&mreq, w.b, kf.PacketMRMulticast, w.alen, w.mcast)
+		if err := rx.AddMembership(mreq[:]); err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range []struct {
+			what    string
+			dst     []byte
+			pkttype uint8
+			proto   uint16
+		}{
+			{"unicast", w.bAddr, kf.PacketHost, 0x0800},
+			{"unicast IPv6", w.bAddr, kf.PacketHost, 0x86dd},
+			{"broadcast", w.bcast, kf.PacketBroadcast, 0x0806},
+			{"multicast", w.mcast, kf.PacketMulticast, 0x0800},
+		} {
+			p := payload(byte(c.pkttype), 300)
+			mustSend(t, tx, w.a, c.proto, c.dst, p)
+			r := recvOne(t, rx, 2048)
+			checkRecv(t, w, r, c.proto, c.pkttype, p)
+		}
+		p := payload(9, 100)
+		mustSend(t, tx, w.a, 0x0800, w.bAddr, p)
+		if r := recvOne(t, rx, 40); r.N != 40 || !r.Trunc || !bytes.Equal(r.Buf, p[:40]) {
+			t.Errorf("short buffer: %d bytes, trunc %v", r.N, r.Trunc)
+		}
+	})
+}
+
+// TestConformanceBoundProtocol: a socket bound to one ethertype receives
+// that ethertype only; one bound to ETH_P_ALL receives both
+// (packet_do_bind hooks prot_hook.type; __netif_receive_skb_core matches
+// ptype_base by type, ptype_all takes everything).
+func TestConformanceBoundProtocol(t *testing.T) {
+	each(t, func(t *testing.T, w *witness) {
+		tx := openSock(t, w, w.ka, w.a, kf.PacketOptions{})
+		v6 := openSock(t, w, w.kb, w.b, kf.PacketOptions{Protocol: 0x86dd})
+		all := openSock(t, w, w.kb, w.b, kf.PacketOptions{})
+		p4, p6 := payload(4, 64), payload(6, 64)
+		mustSend(t, tx, w.a, 0x0800, w.bAddr, p4)
+		mustSend(t, tx, w.a, 0x86dd, w.bAddr, p6)
+		checkRecv(t, w, recvOne(t, v6, 2048), 0x86dd, kf.PacketHost, p6)
+		checkRecv(t, w, recvOne(t, all, 2048), 0x0800, kf.PacketHost, p4)
+		checkRecv(t, w, recvOne(t, all, 2048), 0x86dd, kf.PacketHost, p6)
+	})
+}
+
+// TestConformanceIgnoreOutgoing: a socket bound to every protocol on the
+// sending device gets a PACKET_OUTGOING copy of another socket's send
+// (net/core/dev.c dev_queue_xmit_nit; skb_loop_sk spares only the
+// sender), unless PACKET_IGNORE_OUTGOING is set, as OpenPacket sets it
+// (af_packet.c packet_setsockopt; dev_queue_xmit_nit skips
+// ptype->ignore_outgoing): then the next thing it gets is what b sends
+// back.
+func TestConformanceIgnoreOutgoing(t *testing.T) {
+	each(t, func(t *testing.T, w *witness) {
+		tx := openSock(t, w, w.ka, w.a, kf.PacketOptions{})
+		sees := openSock(t, w, w.ka, w.a, kf.PacketOptions{SeeOutgoing: true})
+		var ignores kf.Socket
+		w.in(func() {
+			var err error
+			if ignores, err = w.ka.OpenPacket(w.a, false); err != nil {
+				t.Fatal(err)
+			}
+		})
+		t.Cleanup(func() { ignores.Close() })
+		back := openSock(t, w, w.kb, w.b, kf.PacketOptions{})
+		out, reply := payload(1, 80), payload(2, 80)
+		mustSend(t, tx, w.a, 0x0800, w.bAddr, out)
+		mustSend(t, back, w.b, 0x0800, w.aAddr, reply)
+		r := recvOne(t, sees, 2048)
+		if r.sa.Pkttype != kf.PacketOutgoing || r.sa.Protocol != 0x0800 || int(r.sa.Ifindex) != w.a || !bytes.Equal(r.Buf[:r.N], out) {
+			t.Errorf("without PACKET_IGNORE_OUTGOING: %+v, %d bytes; want the send as PACKET_OUTGOING", r.sa, r.N)
+		}
+		if r := recvOne(t, ignores, 2048); r.sa.Pkttype != kf.PacketHost || !bytes.Equal(r.Buf[:r.N], reply) {
+			t.Errorf("with PACKET_IGNORE_OUTGOING: first datagram %+v, %d bytes; want b's reply", r.sa, r.N)
+		}
+	})
+}
+
+// TestIgnoreOutgoingFallback: a kernel that refuses PACKET_IGNORE_OUTGOING
+// (ENOPROTOOPT, before 4.20) still gets its socket, counted; any other
+// refusal fails the open; SeeOutgoing does not ask for it.
+func TestIgnoreOutgoingFallback(t *testing.T) {
+	var asked []int
+	refuse := func(err error) func(fd, level, opt, value int) error {
+		return func(_, level, opt, _ int) error {
+			asked = append(asked, opt)
+			if level == unix.SOL_PACKET && opt == unix.PACKET_IGNORE_OUTGOING {
+				return err
+			}
+			return nil
+		}
+	}
+	before := kf.OutgoingNotIgnored()
+	if err := kf.SetOptions(-1, kf.PacketOptions{Vnet: true}, refuse(unix.ENOPROTOOPT)); err != nil {
+		t.Fatal(err)
+	}
+	if got := kf.OutgoingNotIgnored() - before; got != 1 || !slices.Equal(asked, []int{unix.PACKET_VNET_HDR, unix.PACKET_IGNORE_OUTGOING}) {
+		t.Fatalf("counted %d, asked %v", got, asked)
+	}
+	if err := kf.SetOptions(-1, kf.PacketOptions{}, refuse(unix.EPERM)); !errors.Is(err, unix.EPERM) {
+		t.Fatalf("EPERM: got %v", err)
+	}
+	asked = nil
+	if err := kf.SetOptions(-1, kf.PacketOptions{SeeOutgoing: true}, refuse(unix.EPERM)); err != nil || len(asked) != 0 {
+		t.Fatalf("SeeOutgoing: %v, asked %v", err, asked)
+	}
+	if kf.OutgoingNotIgnored()-before != 1 {
+		t.Fatal("a refusal other than ENOPROTOOPT was counted")
+	}
+}
+
+// TestConformanceSendErrors: packet_snd's checks of the name, the device
+// and the length, in its order, and that an accepted odd name is sent
+// where dev->addr_len bytes of sll_addr say, whatever sll_halen says.
+func TestConformanceSendErrors(t *testing.T) {
+	each(t, func(t *testing.T, w *witness) {
+		tx := openSock(t, w, w.ka, w.a, kf.PacketOptions{})
+		rx := openSock(t, w, w.kb, w.b, kf.PacketOptions{})
+		full := sll(w.a, 0x0800, w.alen, w.bAddr)
+		// A 20-byte name holds a whole Ethernet address but not an
+		// IPoIB one: SOCK_DGRAM wants dev->addr_len + 12 bytes.
+		var short error
+		if w.alen+12 > kf.SockaddrLLSize {
+			short = unix.EINVAL
+		}
+		padded := append(slices.Clone(w.bAddr), 0xee, 0xee, 0xee, 0xee)
+		for _, c := range []struct {
+			what    string
+			name    []byte
+			namelen int
+			size    int
+			want    error // nil: sent, and b receives it
+		}{
+			{"name shorter than sockaddr_ll", full, kf.SockaddrLLSize - 1, 64, unix.EINVAL},
+			{"sll_halen past the name", sll(w.a, 0x0800, 9, w.bAddr), kf.SockaddrLLSize, 64, unix.EINVAL},
+			{"name of sizeof(sockaddr_ll)", sll(w.a, 0x0800, min(w.alen, 8), w.bAddr), kf.SockaddrLLSize, 64, short},
+			{"unknown ifindex", sll(9999, 0x0800, w.alen, w.bAddr), len(full), 64, unix.ENXIO},
+			{"unknown ifindex, short name", sll(9999, 0x0800, 0, w.bAddr), kf.SockaddrLLSize, 64, unix.ENXIO},
+			{"device down", sll(w.down, 0x0800, w.alen, w.bAddr), len(full), 64, unix.ENETDOWN},
+			{"longer than the MTU", full, len(full), w.mtu + 1, unix.EMSGSIZE},
+			{"the MTU", full, len(full), w.mtu, nil},
+			{"sll_halen longer than dev->addr_len", sll(w.a, 0x0800, w.alen+4, padded), 12 + w.alen + 4, 64, nil},
+			{"sll_halen 0", sll(w.a, 0x0800, 0, w.bAddr), len(full), 64, nil},
+		} {
+			p := payload(byte(len(c.what)), c.size)
+			err := send(tx, c.name, c.namelen, nil, p)
+			if !errors.Is(err, c.want) || (c.want == nil) != (err == nil) {
+				t.Errorf("%s: got %v, want %v", c.what, err, c.want)
+				continue
+			}
+			if c.want == nil {
+				checkRecv(t, w, recvOne(t, rx, 4096), 0x0800, kf.PacketHost, p)
+			}
+		}
+	})
+}
+
+// putMreq encodes a struct packet_mreq_max.
+func putMreq(b *[kf.MreqMaxSize]byte, ifindex int, typ uint16, alen int, addr []byte) {
+	*b = [kf.MreqMaxSize]byte{}
+	binary.NativeEndian.PutUint32(b[0:4], uint32(int32(ifindex)))
+	binary.NativeEndian.PutUint16(b[4:6], typ)
+	binary.NativeEndian.PutUint16(b[6:8], uint16(alen))
+	copy(b[8:], addr)
+}
+
+// TestConformanceMembership: PACKET_ADD_MEMBERSHIP / _DROP_MEMBERSHIP
+// (af_packet.c packet_setsockopt, packet_mc_add, packet_mc_drop,
+// packet_dev_mc, packet_flush_mclist): the device's multicast list gets
+// the address once per socket however often it joins, loses it with the
+// socket's last drop or its close; a drop of what was never joined is
+// no error; a wrong mr_alen, a short option and an unknown device are
+// refused with the kernel's errno.
+func TestConformanceMembership(t *testing.T) {
+	each(t, func(t *testing.T, w *witness) {
+		s1 := openSock(t, w, w.kb, w.b, kf.PacketOptions{})
+		s2 := openSock(t, w, w.kb, w.b, kf.PacketOptions{})
+		key := hex.EncodeToString(w.mcast)
+		users := func() int { return w.devMcast(w.b)[key] }
+		var m [kf.MreqMaxSize]byte
+		putMreq(&m, w.b, kf.PacketMRMulticast, w.alen, w.mcast)
+		step := func(what string, err error, wantUsers int) {
+			t.Helper()
+			if err != nil || users() != wantUsers {
+				t.Fatalf("%s: %v, %d users of %s; want %d (list %v)", what, err, users(), key, wantUsers, w.devMcast(w.b))
+			}
+		}
+		step("before", nil, 0)
+		step("join", s1.AddMembership(m[:]), 1)
+		step("join again", s1.AddMembership(m[:]), 1)
+		step("second socket joins", s2.AddMembership(m[:]), 2)
+		step("drop once of two", s1.DropMembership(m[:]), 2)
+		step("last drop", s1.DropMembership(m[:]), 1)
+		step("drop never joined", s1.DropMembership(m[:]), 1)
+		step("close", s2.Close(), 0)
+		for _, c := range []struct {
+			what string
+			req  []byte
+			want error
+		}{
+			{"mr_alen longer than the address", mreq(w.b, w.alen+1, w.mcast), unix.EINVAL},
+			{"mr_alen shorter than the address", mreq(w.b, w.alen-1, w.mcast), unix.EINVAL},
+			{"option shorter than packet_mreq", m[:kf.MreqSize-1], unix.EINVAL},
+			{"unknown device", mreq(9999, w.alen, w.mcast), unix.ENODEV},
+		} {
+			if err := s1.AddMembership(c.req); !errors.Is(err, c.want) {
+				t.Errorf("%s: got %v, want %v", c.what, err, c.want)
+			}
+		}
+		step("after refusals", nil, 0)
+	})
+}
+
+func mreq(ifindex, alen int, addr []byte) []byte {
+	var b [kf.MreqMaxSize]byte
+	putMreq(&b, ifindex, kf.PacketMRMulticast, alen, addr)
+	return b[:]
+}
