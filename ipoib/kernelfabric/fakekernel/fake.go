@@ -662,11 +662,12 @@ func (s *socket) send(m *kf.Msg) (func(), error) {
 	}, nil
 }
 
-// vnetParse is packet_snd_vnet_parse: the datagram must hold the
-// virtio_net_hdr (EINVAL); with NEEDS_CSUM, hdr_len is raised to cover
-// the checksum field; hdr_len longer than the data after the header is
-// EINVAL (the data, not counting the hard header csum_start counts from:
-// the kernel compares the two as they are).
+// vnetParse is packet_snd_vnet_parse on the SOCK_RAW socket System
+// opens for PACKET_VNET_HDR (packet_setsockopt takes it on no other
+// type), with the link header System puts in front of the data: the
+// datagram must hold the virtio_net_hdr (EINVAL); with NEEDS_CSUM,
+// hdr_len is raised to cover the checksum field; hdr_len longer than
+// the link header and data is EINVAL.
 func vnetParse(pkt []byte) (kf.VnetHdr, error) {
 	h, err := kf.ParseVnetHdr(pkt)
 	if err != nil {
@@ -676,7 +677,7 @@ func vnetParse(pkt []byte) (kf.VnetHdr, error) {
 	if h.Flags&kf.VnetNeedsCsum != 0 {
 		hdrLen = max(hdrLen, int(h.CsumStart)+int(h.CsumOffset)+2)
 	}
-	if hdrLen > len(pkt)-kf.VnetHdrLen {
+	if hdrLen > kf.IPoIBHardLen+len(pkt)-kf.VnetHdrLen {
 		return h, unix.EINVAL
 	}
 	return h, nil
