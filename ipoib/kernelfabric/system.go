@@ -30,19 +30,29 @@ type System struct{}
 
 var _ Kernel = System{}
 
+// toLink converts a netlink link. Carrier is IFF_LOWER_UP, which
+// dev_get_flags (net/core/dev.c) sets when the device is running and
+// netif_carrier_ok: the carrier itself, whatever the operational state
+// says (a veth whose peer is down is LOWERLAYERDOWN without it; a dummy
+// is UNKNOWN with it).
 func toLink(l netlink.Link) Link {
 	a := l.Attrs()
 	out := Link{Index: a.Index, ParentIndex: a.ParentIndex, Name: a.Name, Kind: l.Type(), MTU: a.MTU,
-		Up: a.Flags&net.FlagUp != 0, Carrier: a.OperState == netlink.OperUp || a.RawFlags&unix.IFF_LOWER_UP != 0}
+		Up: a.Flags&net.FlagUp != 0, Carrier: a.RawFlags&unix.IFF_LOWER_UP != 0}
 	if len(a.HardwareAddr) == ipoib.HwAddrLen {
 		out.HwAddr = ipoib.HwAddr(a.HardwareAddr)
 	}
 	return out
 }
 
-// LinkByName is RTM_GETLINK by name.
+// LinkByName is RTM_GETLINK by name. A missing link is ENODEV, as the
+// kernel answers (rtnl_getlink); vishvananda/netlink turns that errno
+// into its own LinkNotFoundError, which is turned back here.
 func (System) LinkByName(name string) (Link, error) {
 	l, err := netlink.LinkByName(name)
+	if _, ok := err.(netlink.LinkNotFoundError); ok {
+		return Link{}, fmt.Errorf("kernel: no link %s: %w", name, unix.ENODEV)
+	}
 	if err != nil {
 		return Link{}, err
 	}
@@ -62,9 +72,14 @@ func (System) Links() ([]Link, error) {
 	return out, nil
 }
 
-// AddChild sends newChildRequest.
+// AddChild sends newChildRequest. Without ib_ipoib the kernel knows no
+// link kind "ipoib" and answers EOPNOTSUPP (rtnl_newlink: no
+// rtnl_link_ops for the kind once request_module failed).
 func (System) AddChild(c ChildSpec) error {
 	_, err := newChildRequest(c).Execute(unix.NETLINK_ROUTE, 0)
+	if errors.Is(err, unix.EOPNOTSUPP) {
+		return fmt.Errorf("kernel: link kind ipoib unknown (load the ib_ipoib module): %w", err)
+	}
 	return err
 }
 

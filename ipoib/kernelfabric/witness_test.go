@@ -188,7 +188,11 @@ func realWitness(t *testing.T) *witness {
 		in("ip", "link", "set", "vb", state)
 	}
 	w.addLink = func(name string) error {
-		_, err := nstest.Run(nstest.In(ns, "ip", "link", "add", name, "type", "veth", "peer", "name", name+"p")...)
+		// A veth has carrier when its peer is up: the peer is.
+		if out, err := nstest.Run(nstest.In(ns, "ip", "link", "add", name, "type", "veth", "peer", "name", name+"p")...); err != nil {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		_, err := nstest.Run(nstest.In(ns, "ip", "link", "set", name+"p", "up")...)
 		return err
 	}
 	return w

@@ -12,9 +12,10 @@ package fakekernel
 import (
 	"encoding/binary"
 	"encoding/hex"
-	"fmt"
 	"net"
 	"net/netip"
+	"slices"
+	"strings"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -70,10 +71,16 @@ type link struct {
 	socks []*socket
 }
 
+// sub is a link subscription: its queue stands for the netlink
+// socket's receive buffer, so that a change is reported whether or not
+// the subscriber is reading at the time (rtnl_notify); a full queue
+// loses the change, as an overrun netlink socket does (ENOBUFS).
 type sub struct {
-	ch   chan kf.Link
-	done <-chan struct{}
+	q chan kf.Link
 }
+
+// subQueueLen bounds a subscription's queue.
+const subQueueLen = 1024
 
 var _ kf.Kernel = (*Kernel)(nil)
 
@@ -203,25 +210,33 @@ func (k *Kernel) Mode(name string) (string, error) {
 	return "datagram", nil
 }
 
-// WriteSysctl records a write to an existing interface's conf entry.
+// WriteSysctl records a write to an entry of /proc/sys/net/ipv4/conf/DEV
+// or /proc/sys/net/ipv6/conf/DEV (DEV a link, "all" or "default"); any
+// other path, a missing device or a key the kernel does not have there
+// is ENOENT, as proc_sys_lookup finds no entry (devinet_sysctl_register,
+// addrconf_sysctl_register make one directory a device).
 func (k *Kernel) WriteSysctl(path, value string) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	var fam, dev, key string
-	if n, _ := fmt.Sscanf(path, "net/%4s", &fam); n != 1 {
-		return unix.ENOENT
-	}
-	rest := path[len("net/"+fam+"/conf/"):]
-	for i := range rest {
-		if rest[i] == '/' {
-			dev, key = rest[:i], rest[i+1:]
-		}
-	}
-	if k.byName(dev) == nil || key == "" {
+	rest, ok := strings.CutPrefix(path, "net/")
+	fam, rest, _ := strings.Cut(rest, "/")
+	rest, ok2 := strings.CutPrefix(rest, "conf/")
+	dev, key, _ := strings.Cut(rest, "/")
+	if !ok || !ok2 || !confKeys[fam][key] || dev != "all" && dev != "default" && k.byName(dev) == nil {
 		return unix.ENOENT
 	}
 	k.sysctls[path] = value
 	return nil
+}
+
+// confKeys are the per-device entries the fake knows, a part of
+// net/ipv4/devinet.c devinet_sysctl and net/ipv6/addrconf.c
+// addrconf_sysctl.
+var confKeys = map[string]map[string]bool{
+	"ipv4": {"forwarding": true, "rp_filter": true, "arp_ignore": true, "arp_announce": true, "arp_filter": true,
+		"accept_redirects": true, "send_redirects": true, "accept_local": true, "proxy_arp": true, "mc_forwarding": true},
+	"ipv6": {"addr_gen_mode": true, "disable_ipv6": true, "forwarding": true, "accept_ra": true, "accept_dad": true,
+		"autoconf": true, "mtu": true, "accept_redirects": true, "hop_limit": true},
 }
 
 // Sysctl returns what was written to /proc/sys/path.
@@ -279,23 +294,44 @@ func (k *Kernel) SuperPackets() []SuperPacket {
 
 // SubscribeLinks sends link changes until done is closed.
 func (k *Kernel) SubscribeLinks(done <-chan struct{}) (<-chan kf.Link, error) {
-	s := &sub{ch: make(chan kf.Link), done: done}
+	s := &sub{q: make(chan kf.Link, subQueueLen)}
+	out := make(chan kf.Link)
 	k.mu.Lock()
 	k.subs = append(k.subs, s)
 	k.mu.Unlock()
 	go func() {
-		<-done
-		k.mu.Lock()
-		for i, x := range k.subs {
-			if x == s {
-				k.subs = append(k.subs[:i], k.subs[i+1:]...)
-				break
+		defer close(out)
+		defer func() {
+			k.mu.Lock()
+			k.subs = slices.DeleteFunc(k.subs, func(x *sub) bool { return x == s })
+			k.mu.Unlock()
+		}()
+		for {
+			select {
+			case l := <-s.q:
+				select {
+				case out <- l:
+				case <-done:
+					return
+				}
+			case <-done:
+				return
 			}
 		}
-		close(s.ch)
-		k.mu.Unlock()
 	}()
-	return s.ch, nil
+	return out, nil
+}
+
+// notify queues changed links for every subscriber. k.mu is held.
+func (k *Kernel) notify(changed ...kf.Link) {
+	for _, s := range k.subs {
+		for _, l := range changed {
+			select {
+			case s.q <- l:
+			default: // overrun: lost, as with ENOBUFS
+			}
+		}
+	}
 }
 
 // SetCarrier switches the parent's carrier (the port's physical state)
@@ -310,14 +346,7 @@ func (k *Kernel) SetCarrier(up bool) {
 			changed = append(changed, l.Link)
 		}
 	}
-	for _, s := range k.subs {
-		for _, l := range changed {
-			select {
-			case s.ch <- l:
-			case <-s.done:
-			}
-		}
-	}
+	k.notify(changed...)
 }
 
 // broadcast returns the 20-byte broadcast address of a link (the
