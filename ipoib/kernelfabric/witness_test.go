@@ -124,7 +124,13 @@ func realWitness(t *testing.T) *witness {
 	ns := "kconf-" + hex.EncodeToString(r[:])
 	nstest.Add(t, ns)
 	in := func(args ...string) string { return nstest.Must(t, nstest.In(ns, args...)...) }
-	in("sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1")
+	nstest.Do(t, ns, func() {
+		for _, p := range []string{"all", "default"} {
+			if err := os.WriteFile("/proc/sys/net/ipv6/conf/"+p+"/disable_ipv6", []byte("1"), 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
 	in("ip", "link", "add", "va", "address", "02:00:00:00:00:0a", "type", "veth", "peer", "name", "vb", "address", "02:00:00:00:00:0b")
 	in("ip", "link", "set", "va", "up")
 	in("ip", "link", "set", "vb", "up")
