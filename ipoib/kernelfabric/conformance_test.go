@@ -621,3 +621,32 @@ func TestSystemAddChildOnEthernet(t *testing.T) {
 		t.Fatalf("without ib_ipoib: got %v, want EOPNOTSUPP naming ib_ipoib", err)
 	}
 }
+
+// TestSystemNoAllocs: a batch sent and received through the real
+// kernel's sockets, SOCK_DGRAM and the SOCK_RAW ones that carry
+// PACKET_VNET_HDR, allocates nothing: they are the data path.
+func TestSystemNoAllocs(t *testing.T) {
+	w := realWitness(t)
+	for _, vnet := range []bool{false, true} {
+		tx := openSock(t, w, w.ka, w.a, kf.PacketOptions{Vnet: vnet})
+		rx := openSock(t, w, w.kb, w.b, kf.PacketOptions{Vnet: vnet})
+		var hdr []byte
+		if vnet {
+			hdr = make([]byte, kf.VnetHdrLen)
+		}
+		name := sll(w.a, 0x0800, w.alen, w.bAddr)
+		out := []kf.Msg{{Name: name, NameLen: len(name), Hdr: hdr, Buf: payload(1, 500)}}
+		in := []kf.Msg{{Name: make([]byte, kf.SockaddrLLIPoIBLen), Buf: make([]byte, 2048)}}
+		allocs := testing.AllocsPerRun(50, func() {
+			if n, err := tx.Send(out); n != 1 || err != nil {
+				t.Fatalf("send: %d %v", n, err)
+			}
+			if n, err := rx.Recv(in); n != 1 || err != nil {
+				t.Fatalf("recv: %d %v", n, err)
+			}
+		})
+		if allocs != 0 || in[0].N != len(hdr)+500 {
+			t.Errorf("vnet %v: %v allocations a send and receive; received %d bytes", vnet, allocs, in[0].N)
+		}
+	}
+}
