@@ -80,7 +80,14 @@ type received struct {
 // suite waits on a slow path) fails the test.
 func recvOne(t *testing.T, s kf.Socket, bufLen int) received {
 	t.Helper()
-	m := []kf.Msg{{Name: make([]byte, kf.SockaddrLLIPoIBLen), Buf: make([]byte, bufLen)}}
+	return recvMsg(t, s, kf.Msg{Buf: make([]byte, bufLen)})
+}
+
+// recvMsg is recvOne into m's Hdr and Buf.
+func recvMsg(t *testing.T, s kf.Socket, msg kf.Msg) received {
+	t.Helper()
+	msg.Name = make([]byte, kf.SockaddrLLIPoIBLen)
+	m := []kf.Msg{msg}
 	type result struct {
 		n   int
 		err error
@@ -371,7 +378,8 @@ func mreq(ifindex, alen int, addr []byte) []byte {
 // reaches the peer's PACKET_VNET_HDR socket whole on a veth (veth_xmit
 // forwards the GSO skb; packet_rcv_vnet describes it) and cut to
 // gso_size on IPoIB (the HCA's LSO or software GSO); a packet with a
-// zero header arrives as it was sent; bad headers are refused with
+// zero header arrives as it was sent, the header in Buf's first bytes or
+// in a Hdr iovec of its own; bad headers are refused with
 // EINVAL (packet_snd_vnet_parse, virtio_net_hdr_to_skb).
 func TestConformanceVnetGSO(t *testing.T) {
 	each(t, func(t *testing.T, w *witness) {
@@ -419,6 +427,12 @@ func TestConformanceVnetGSO(t *testing.T) {
 		}
 		if r := recvOne(t, rx, 4096); r.Buf[1] != kf.VnetGSONone || !bytes.Equal(r.Buf[kf.VnetHdrLen:r.N], plain) || r.sa.Pkttype != kf.PacketHost {
 			t.Fatalf("plain packet: header %x, %d bytes", r.Buf[:kf.VnetHdrLen], r.N)
+		}
+		if err := send(tx, name, len(name), hdr(kf.VnetHdr{}), plain); err != nil {
+			t.Fatalf("plain packet: %v", err)
+		}
+		if r := recvMsg(t, rx, kf.Msg{Hdr: make([]byte, kf.VnetHdrLen), Buf: make([]byte, 4096)}); r.Hdr[1] != kf.VnetGSONone || r.N != kf.VnetHdrLen+len(plain) || !bytes.Equal(r.Buf[:len(plain)], plain) {
+			t.Fatalf("plain packet, header apart: header %x, %d bytes", r.Hdr, r.N)
 		}
 		bad := func(f func(h *kf.VnetHdr)) []byte {
 			h := good

@@ -48,10 +48,13 @@ type Msg struct {
 	// it and sets NameLen to what the kernel returned.
 	Name    []byte
 	NameLen int
-	Hdr     []byte // optional first iovec
-	Buf     []byte
-	N       int  // bytes moved (Hdr included)
-	Trunc   bool // Recv: the datagram was longer than Hdr+Buf (MSG_TRUNC)
+	// Hdr is an optional first iovec; on a socket with
+	// PACKET_VNET_HDR, Recv takes it empty (the virtio_net_hdr then
+	// leads Buf) or of VnetHdrLen bytes.
+	Hdr   []byte
+	Buf   []byte
+	N     int  // bytes moved (Hdr included)
+	Trunc bool // Recv: the datagram was longer than Hdr+Buf (MSG_TRUNC)
 }
 
 // Socket is an AF_PACKET SOCK_DGRAM socket bound to one interface, with

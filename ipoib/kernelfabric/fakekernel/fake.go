@@ -885,8 +885,9 @@ func (s *socket) fill(m *kf.Msg, d datagram) {
 	if s.vnet {
 		pkt = append(make([]byte, kf.VnetHdrLen), d.data...)
 	}
-	m.N = copy(m.Buf, pkt)
-	m.Trunc = len(pkt) > len(m.Buf)
+	m.N = copy(m.Hdr, pkt)
+	m.N += copy(m.Buf, pkt[m.N:])
+	m.Trunc = len(pkt) > len(m.Hdr)+len(m.Buf)
 }
 
 var (
