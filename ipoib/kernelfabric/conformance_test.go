@@ -664,3 +664,48 @@ func TestSystemNoAllocs(t *testing.T) {
 		}
 	}
 }
+
+// TestConformanceLinkGone: a socket whose device is deleted gets
+// ENETDOWN from its next receive (af_packet.c packet_notifier:
+// NETDEV_UNREGISTER sets sk_err), and a send naming the gone ifindex is
+// ENXIO (packet_snd).
+func TestConformanceLinkGone(t *testing.T) {
+	each(t, func(t *testing.T, w *witness) {
+		if err := w.addLink("kc1"); err != nil {
+			t.Fatal(err)
+		}
+		l := waitLink(t, w, "kc1", func(kf.Link) bool { return true })
+		var err error
+		w.in(func() { err = w.ka.SetUp(l.Index) })
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := openSock(t, w, w.ka, l.Index, kf.PacketOptions{})
+		w.in(func() { err = w.ka.DelLink(l.Index) })
+		if err != nil {
+			t.Fatal(err)
+		}
+		type result struct {
+			n   int
+			err error
+		}
+		done := make(chan result, 1)
+		go func() {
+			n, err := s.Recv([]kf.Msg{{Name: make([]byte, kf.SockaddrLLIPoIBLen), Buf: make([]byte, 64)}})
+			done <- result{n, err}
+		}()
+		select {
+		case r := <-done:
+			if !errors.Is(r.err, unix.ENETDOWN) {
+				t.Errorf("receive after the device went: %d %v, want ENETDOWN", r.n, r.err)
+			}
+		case <-time.After(5 * time.Second):
+			s.Close()
+			t.Fatal("receive after the device went: still blocked after 5 s")
+		}
+		name := sll(l.Index, 0x0800, w.alen, w.bAddr)
+		if err := send(s, name, len(name), nil, payload(1, 64)); !errors.Is(err, unix.ENXIO) {
+			t.Errorf("send through the gone device: %v, want ENXIO", err)
+		}
+	})
+}
