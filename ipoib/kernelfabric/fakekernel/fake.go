@@ -323,7 +323,7 @@ func (k *Kernel) SubscribeLinks(done <-chan struct{}) (<-chan kf.Link, error) {
 }
 
 // notify queues changed links for every subscriber. k.mu is held.
-func (k *Kernel) notify(changed ...kf.Link) {
+func (k *Kernel) notify(changed []kf.Link) {
 	for _, s := range k.subs {
 		for _, l := range changed {
 			select {
@@ -346,7 +346,7 @@ func (k *Kernel) SetCarrier(up bool) {
 			changed = append(changed, l.Link)
 		}
 	}
-	k.notify(changed...)
+	k.notify(changed)
 }
 
 // broadcast returns the 20-byte broadcast address of a link (the
