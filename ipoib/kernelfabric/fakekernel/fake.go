@@ -14,7 +14,6 @@ import (
 	"encoding/hex"
 	"net"
 	"net/netip"
-	"slices"
 	"strings"
 	"sync"
 
@@ -71,16 +70,10 @@ type link struct {
 	socks []*socket
 }
 
-// sub is a link subscription: its queue stands for the netlink
-// socket's receive buffer, so that a change is reported whether or not
-// the subscriber is reading at the time (rtnl_notify); a full queue
-// loses the change, as an overrun netlink socket does (ENOBUFS).
 type sub struct {
-	q chan kf.Link
+	ch   chan kf.Link
+	done <-chan struct{}
 }
-
-// subQueueLen bounds a subscription's queue.
-const subQueueLen = 1024
 
 var _ kf.Kernel = (*Kernel)(nil)
 
@@ -294,44 +287,23 @@ func (k *Kernel) SuperPackets() []SuperPacket {
 
 // SubscribeLinks sends link changes until done is closed.
 func (k *Kernel) SubscribeLinks(done <-chan struct{}) (<-chan kf.Link, error) {
-	s := &sub{q: make(chan kf.Link, subQueueLen)}
-	out := make(chan kf.Link)
+	s := &sub{ch: make(chan kf.Link), done: done}
 	k.mu.Lock()
 	k.subs = append(k.subs, s)
 	k.mu.Unlock()
 	go func() {
-		defer close(out)
-		defer func() {
-			k.mu.Lock()
-			k.subs = slices.DeleteFunc(k.subs, func(x *sub) bool { return x == s })
-			k.mu.Unlock()
-		}()
-		for {
-			select {
-			case l := <-s.q:
-				select {
-				case out <- l:
-				case <-done:
-					return
-				}
-			case <-done:
-				return
+		<-done
+		k.mu.Lock()
+		for i, x := range k.subs {
+			if x == s {
+				k.subs = append(k.subs[:i], k.subs[i+1:]...)
+				break
 			}
 		}
+		close(s.ch)
+		k.mu.Unlock()
 	}()
-	return out, nil
-}
-
-// notify queues changed links for every subscriber. k.mu is held.
-func (k *Kernel) notify(changed []kf.Link) {
-	for _, s := range k.subs {
-		for _, l := range changed {
-			select {
-			case s.q <- l:
-			default: // overrun: lost, as with ENOBUFS
-			}
-		}
-	}
+	return s.ch, nil
 }
 
 // SetCarrier switches the parent's carrier (the port's physical state)
@@ -346,7 +318,14 @@ func (k *Kernel) SetCarrier(up bool) {
 			changed = append(changed, l.Link)
 		}
 	}
-	k.notify(changed)
+	for _, s := range k.subs {
+		for _, l := range changed {
+			select {
+			case s.ch <- l:
+			case <-s.done:
+			}
+		}
+	}
 }
 
 // broadcast returns the 20-byte broadcast address of a link (the
