@@ -48,14 +48,17 @@ type Msg struct {
 	// it and sets NameLen to what the kernel returned.
 	Name    []byte
 	NameLen int
-	Hdr     []byte // optional first iovec
-	Buf     []byte
-	N       int  // bytes moved (Hdr included)
-	Trunc   bool // Recv: the datagram was longer than Hdr+Buf (MSG_TRUNC)
+	// Hdr is an optional first iovec; on a socket with
+	// PACKET_VNET_HDR, Recv takes it empty (the virtio_net_hdr then
+	// leads Buf) or of VnetHdrLen bytes.
+	Hdr   []byte
+	Buf   []byte
+	N     int  // bytes moved (Hdr included)
+	Trunc bool // Recv: the datagram was longer than Hdr+Buf (MSG_TRUNC)
 }
 
-// Socket is an AF_PACKET SOCK_DGRAM socket bound to one interface with
-// protocol ETH_P_ALL.
+// Socket is an AF_PACKET SOCK_DGRAM socket bound to one interface, with
+// protocol ETH_P_ALL and PACKET_IGNORE_OUTGOING as the backend opens it.
 type Socket interface {
 	// Send is sendmmsg(2): it returns how many messages the kernel took;
 	// an error is about the first message not taken.
@@ -99,7 +102,22 @@ type Kernel interface {
 	// SubscribeLinks sends every link change until done is closed
 	// (RTNLGRP_LINK).
 	SubscribeLinks(done <-chan struct{}) (<-chan Link, error)
-	// OpenPacket opens a packet socket bound to ifindex, with
-	// PACKET_VNET_HDR set when vnet is true.
+	// OpenPacket opens a packet socket bound to ifindex for every
+	// protocol, with PACKET_IGNORE_OUTGOING, and PACKET_VNET_HDR when
+	// vnet is true.
 	OpenPacket(ifindex int, vnet bool) (Socket, error)
+}
+
+// PacketOptions are a packet socket's protocol and options, for the
+// kernels' OpenPacketWith; OpenPacket is OpenPacketWith with Vnet alone.
+type PacketOptions struct {
+	// Protocol is the ethertype (host order) the socket is bound to, and
+	// receives alone; 0 is every protocol (ETH_P_ALL).
+	Protocol uint16
+	// Vnet sets PACKET_VNET_HDR: a virtio_net_hdr leads every datagram.
+	Vnet bool
+	// SeeOutgoing leaves PACKET_IGNORE_OUTGOING off, so that a socket
+	// bound to every protocol also gets a copy (PACKET_OUTGOING) of what
+	// other sockets and the host send through its device.
+	SeeOutgoing bool
 }

@@ -8,10 +8,14 @@ package kernelfabric
 
 import (
 	"errors"
+	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"runtime"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"unsafe"
 
@@ -26,19 +30,29 @@ type System struct{}
 
 var _ Kernel = System{}
 
+// toLink converts a netlink link. Carrier is IFF_LOWER_UP, which
+// dev_get_flags (net/core/dev.c) sets when the device is running and
+// netif_carrier_ok: the carrier itself, whatever the operational state
+// says (a veth whose peer is down is LOWERLAYERDOWN without it; a dummy
+// is UNKNOWN with it).
 func toLink(l netlink.Link) Link {
 	a := l.Attrs()
 	out := Link{Index: a.Index, ParentIndex: a.ParentIndex, Name: a.Name, Kind: l.Type(), MTU: a.MTU,
-		Up: a.Flags&net.FlagUp != 0, Carrier: a.OperState == netlink.OperUp || a.RawFlags&unix.IFF_LOWER_UP != 0}
+		Up: a.Flags&net.FlagUp != 0, Carrier: a.RawFlags&unix.IFF_LOWER_UP != 0}
 	if len(a.HardwareAddr) == ipoib.HwAddrLen {
 		out.HwAddr = ipoib.HwAddr(a.HardwareAddr)
 	}
 	return out
 }
 
-// LinkByName is RTM_GETLINK by name.
+// LinkByName is RTM_GETLINK by name. A missing link is ENODEV, as the
+// kernel answers (rtnl_getlink); vishvananda/netlink turns that errno
+// into its own LinkNotFoundError, which is turned back here.
 func (System) LinkByName(name string) (Link, error) {
 	l, err := netlink.LinkByName(name)
+	if _, ok := err.(netlink.LinkNotFoundError); ok {
+		return Link{}, fmt.Errorf("kernel: no link %s: %w", name, unix.ENODEV)
+	}
 	if err != nil {
 		return Link{}, err
 	}
@@ -160,36 +174,173 @@ func (System) SubscribeLinks(done <-chan struct{}) (<-chan Link, error) {
 	return out, nil
 }
 
-// ethPAll is htons(ETH_P_ALL).
-const ethPAll = unix.ETH_P_ALL>>8 | unix.ETH_P_ALL&0xff<<8
+// htons is the network-order value of a 16-bit protocol number, as the
+// protocol fields of socket(2) and struct sockaddr_ll take it.
+func htons(p uint16) uint16 { return p>>8 | p<<8 }
 
-// OpenPacket opens a non-blocking AF_PACKET SOCK_DGRAM socket for every
-// protocol, bound to ifindex, on the runtime poller.
-func (System) OpenPacket(ifindex int, vnet bool) (Socket, error) {
-	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_DGRAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, ethPAll)
+// OpenPacket opens a non-blocking AF_PACKET SOCK_DGRAM socket bound to
+// ifindex for every protocol, with PACKET_IGNORE_OUTGOING, on the runtime
+// poller: OpenPacketWith(ifindex, PacketOptions{Vnet: vnet}).
+func (s System) OpenPacket(ifindex int, vnet bool) (Socket, error) {
+	return s.OpenPacketWith(ifindex, PacketOptions{Vnet: vnet})
+}
+
+// OpenPacketWith opens a non-blocking AF_PACKET socket with options o,
+// bound to ifindex, on the runtime poller.
+//
+// af_packet.c packet_bind passes sll_protocol to packet_do_bind as it
+// is, in network order (x/sys/unix's SockaddrLinklayer.sockaddr copies
+// Protocol unchanged), and packet_do_bind hooks the socket to that
+// ethertype: bound with a host-order ETH_P_ALL (0x0003 read as 0x0300) it
+// matches no traffic at all. Both the socket and the bind take htons.
+//
+// The socket is SOCK_DGRAM, unless o.Vnet: packet_setsockopt refuses
+// PACKET_VNET_HDR (EINVAL) on any socket but SOCK_RAW. A Vnet socket is
+// SOCK_RAW and behaves as a SOCK_DGRAM one would (see linkHdr).
+func (System) OpenPacketWith(ifindex int, o PacketOptions) (Socket, error) {
+	proto := htons(unix.ETH_P_ALL)
+	if o.Protocol != 0 {
+		proto = htons(o.Protocol)
+	}
+	typ := unix.SOCK_DGRAM
+	if o.Vnet {
+		typ = unix.SOCK_RAW
+	}
+	fd, err := unix.Socket(unix.AF_PACKET, typ|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, int(proto))
 	if err != nil {
+		return nil, fmt.Errorf("kernel: packet socket: %w", err)
+	}
+	s := &sysSocket{hdrs: make([]mmsghdr, batchSize), iovs: make([]unix.Iovec, 3*batchSize)}
+	if err := setOptions(fd, o, unix.SetsockoptInt); err != nil {
+		unix.Close(fd)
 		return nil, err
 	}
-	if vnet {
-		if err := unix.SetsockoptInt(fd, unix.SOL_PACKET, unix.PACKET_VNET_HDR, 1); err != nil {
+	if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: proto, Ifindex: ifindex}); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("kernel: bind packet socket to ifindex %d: %w", ifindex, err)
+	}
+	if o.Vnet {
+		if s.link, err = newLinkHdr(fd); err != nil {
 			unix.Close(fd)
 			return nil, err
 		}
 	}
-	if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: unix.ETH_P_ALL, Ifindex: ifindex}); err != nil {
-		unix.Close(fd)
+	s.f = os.NewFile(uintptr(fd), "packet")
+	if s.rc, err = s.f.SyscallConn(); err != nil {
+		s.f.Close()
 		return nil, err
 	}
-	f := os.NewFile(uintptr(fd), "packet")
-	rc, err := f.SyscallConn()
-	if err != nil {
-		f.Close()
-		return nil, err
-	}
-	s := &sysSocket{f: f, rc: rc, hdrs: make([]mmsghdr, batchSize), iovs: make([]unix.Iovec, 2*batchSize)}
 	s.sendFn, s.recvFn = s.sendCall, s.recvCall
 	return s, nil
 }
+
+// linkHdr makes a SOCK_RAW socket send and receive as a SOCK_DGRAM one:
+// Send puts the link header between the virtio_net_hdr and the data, as
+// the device's header_ops->create does for SOCK_DGRAM in packet_snd
+// (ipoib_hard_header: the 20-byte destination as the pseudo header, then
+// the ethertype and 2 reserved bytes, IPOIB_HARD_LEN in all; eth_header:
+// destination, the device's address, ethertype), and checks the name as
+// packet_snd checks a SOCK_DGRAM one (at least dev->addr_len address
+// bytes, EINVAL); Recv lands the link header of what it receives (from
+// the MAC header on: packet_rcv pushes it back for SOCK_RAW) in a
+// scratch buffer. csum_start counts from the link header either way
+// (virtio_net_hdr_to_skb on skb->data), so the virtio_net_hdr is the
+// same as a SOCK_DGRAM socket's would be.
+type linkHdr struct {
+	hlen, alen int     // dev->hard_header_len, dev->addr_len
+	hatype     uint16  // dev->type
+	src        [6]byte // Ethernet: the device's address
+	tx         [batchSize][IPoIBHardLen]byte
+	scratch    [IPoIBHardLen]byte
+}
+
+// newLinkHdr reads the bound device's type and address (getsockname:
+// af_packet.c packet_getname).
+func newLinkHdr(fd int) (*linkHdr, error) {
+	sa, err := unix.Getsockname(fd)
+	if err != nil {
+		return nil, fmt.Errorf("kernel: packet socket name: %w", err)
+	}
+	ll, ok := sa.(*unix.SockaddrLinklayer)
+	if !ok {
+		return nil, fmt.Errorf("kernel: packet socket name %T", sa)
+	}
+	h := &linkHdr{hatype: ll.Hatype}
+	switch ll.Hatype {
+	case ARPHRDInfiniBand:
+		h.hlen, h.alen = IPoIBHardLen, ipoib.HwAddrLen
+	case unix.ARPHRD_ETHER:
+		h.hlen, h.alen = 14, 6
+		copy(h.src[:], ll.Addr[:6])
+	default:
+		return nil, fmt.Errorf("kernel: PACKET_VNET_HDR on link type %d: only InfiniBand and Ethernet are supported: %w", ll.Hatype, unix.EPROTONOSUPPORT)
+	}
+	return h, nil
+}
+
+// nameOK reports whether m's name passes packet_snd's SOCK_DGRAM checks
+// as far as the socket's device tells: sizeof(sockaddr_ll), sll_halen
+// and dev->addr_len address bytes.
+func (h *linkHdr) nameOK(m *Msg) bool {
+	n := m.NameLen
+	return n >= SockaddrLLSize && n <= len(m.Name) && n >= sllAddrOff+int(m.Name[11]) && n >= sllAddrOff+h.alen
+}
+
+// put builds message i's link header from its name.
+func (h *linkHdr) put(i int, name []byte) []byte {
+	b := h.tx[i][:h.hlen]
+	if h.hatype == ARPHRDInfiniBand {
+		copy(b, name[sllAddrOff:sllAddrOff+ipoib.HwAddrLen])
+		b[20], b[21], b[22], b[23] = name[2], name[3], 0, 0
+		return b
+	}
+	copy(b, name[sllAddrOff:sllAddrOff+6])
+	copy(b[6:], h.src[:])
+	b[12], b[13] = name[2], name[3]
+	return b
+}
+
+// setOptions sets o's socket options on fd through setsockopt.
+//
+// PACKET_IGNORE_OUTGOING (Linux 4.20; af_packet.c packet_setsockopt sets
+// prot_hook.ignore_outgoing, and net/core/dev.c dev_queue_xmit_nit skips
+// such hooks) keeps the copies of what the socket's own device sends
+// (PACKET_OUTGOING) out of a socket bound to every protocol. An older
+// kernel answers ENOPROTOOPT: the socket then sees those copies, which
+// the backend drops as a wrong packet type; that is counted
+// (OutgoingNotIgnored) and logged once.
+func setOptions(fd int, o PacketOptions, setsockopt func(fd, level, opt, value int) error) error {
+	if o.Vnet {
+		if err := setsockopt(fd, unix.SOL_PACKET, unix.PACKET_VNET_HDR, 1); err != nil {
+			return fmt.Errorf("kernel: set PACKET_VNET_HDR: %w", err)
+		}
+	}
+	if o.SeeOutgoing {
+		return nil
+	}
+	err := setsockopt(fd, unix.SOL_PACKET, unix.PACKET_IGNORE_OUTGOING, 1)
+	if errors.Is(err, unix.ENOPROTOOPT) {
+		outgoingNotIgnored.Add(1)
+		outgoingOnce.Do(func() {
+			slog.Default().Warn("kernel: PACKET_IGNORE_OUTGOING refused (Linux before 4.20): packet sockets get a copy of what their device sends, dropped as a wrong packet type; upgrade the kernel to avoid the extra work")
+		})
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("kernel: set PACKET_IGNORE_OUTGOING: %w", err)
+	}
+	return nil
+}
+
+var (
+	outgoingNotIgnored atomic.Uint64
+	outgoingOnce       sync.Once
+)
+
+// OutgoingNotIgnored counts the packet sockets opened without
+// PACKET_IGNORE_OUTGOING because the kernel refused it (ENOPROTOOPT:
+// Linux before 4.20).
+func OutgoingNotIgnored() uint64 { return outgoingNotIgnored.Load() }
 
 // mmsghdr is struct mmsghdr.
 type mmsghdr struct {
@@ -201,8 +352,9 @@ type mmsghdr struct {
 // sysSocket is a packet socket. Send and Recv are each called by one
 // goroutine at a time (the port's TX lock, the child's reader).
 type sysSocket struct {
-	f  *os.File
-	rc syscall.RawConn
+	f    *os.File
+	rc   syscall.RawConn
+	link *linkHdr // a SOCK_RAW socket made to look SOCK_DGRAM; nil for SOCK_DGRAM
 
 	hdrs           []mmsghdr // for Send
 	iovs           []unix.Iovec
@@ -217,21 +369,37 @@ type sysSocket struct {
 	rerr  error
 }
 
-// setMsgs points hdrs at msgs' names and buffers.
-func setMsgs(hdrs []mmsghdr, iovs []unix.Iovec, msgs []Msg, recv bool) {
+// appendIov appends an iovec of b, if b is not empty.
+func appendIov(iov []unix.Iovec, b []byte) []unix.Iovec {
+	if len(b) == 0 {
+		return iov
+	}
+	iov = append(iov, unix.Iovec{Base: &b[0]})
+	iov[len(iov)-1].SetLen(len(b))
+	return iov
+}
+
+// setMsgs points hdrs at msgs' names and buffers: three iovecs a
+// message, Hdr, the link header of a SOCK_RAW socket and Buf; on
+// receive, the virtio_net_hdr lands in Hdr, or in Buf's first bytes when
+// Hdr is empty.
+func (s *sysSocket) setMsgs(hdrs []mmsghdr, iovs []unix.Iovec, msgs []Msg, recv bool) {
 	for i := range msgs {
 		m := &msgs[i]
 		h := &hdrs[i].hdr
-		iov := iovs[2*i : 2*i : 2*i+2]
-		if len(m.Hdr) > 0 {
-			iov = append(iov, unix.Iovec{Base: &m.Hdr[0]})
-			iov[len(iov)-1].SetLen(len(m.Hdr))
+		iov := iovs[3*i : 3*i : 3*i+3]
+		switch {
+		case s.link == nil:
+			iov = appendIov(appendIov(iov, m.Hdr), m.Buf)
+		case recv && len(m.Hdr) == 0:
+			v := min(len(m.Buf), VnetHdrLen)
+			iov = appendIov(appendIov(appendIov(iov, m.Buf[:v]), s.link.scratch[:s.link.hlen]), m.Buf[v:])
+		case recv:
+			iov = appendIov(appendIov(appendIov(iov, m.Hdr), s.link.scratch[:s.link.hlen]), m.Buf)
+		default:
+			iov = appendIov(appendIov(appendIov(iov, m.Hdr), s.link.put(i, m.Name)), m.Buf)
 		}
-		if len(m.Buf) > 0 {
-			iov = append(iov, unix.Iovec{Base: &m.Buf[0]})
-			iov[len(iov)-1].SetLen(len(m.Buf))
-		}
-		h.Iov = &iovs[2*i]
+		h.Iov = &iovs[3*i]
 		h.SetIovlen(len(iov))
 		h.Name = &m.Name[0]
 		h.Namelen = uint32(m.NameLen)
@@ -262,11 +430,22 @@ func (s *sysSocket) recvCall(fd uintptr) bool {
 
 // Send is sendmmsg.
 func (s *sysSocket) Send(msgs []Msg) (int, error) {
+	msgs = msgs[:min(len(msgs), len(s.hdrs))]
+	if s.link != nil {
+		for i := range msgs {
+			if !s.link.nameOK(&msgs[i]) {
+				if i == 0 {
+					return 0, unix.EINVAL
+				}
+				msgs = msgs[:i] // these go now; the bad one is refused on the next call, as sendmmsg does
+				break
+			}
+		}
+	}
 	if len(msgs) == 0 {
 		return 0, nil
 	}
-	msgs = msgs[:min(len(msgs), len(s.hdrs))]
-	setMsgs(s.hdrs, s.iovs, msgs, false)
+	s.setMsgs(s.hdrs, s.iovs, msgs, false)
 	s.k = len(msgs)
 	if err := s.rc.Write(s.sendFn); err != nil {
 		if errors.Is(err, os.ErrClosed) {
@@ -276,6 +455,9 @@ func (s *sysSocket) Send(msgs []Msg) (int, error) {
 	}
 	for i := range s.n {
 		msgs[i].N = int(s.hdrs[i].n)
+		if s.link != nil {
+			msgs[i].N -= s.link.hlen
+		}
 	}
 	return s.n, s.err
 }
@@ -283,9 +465,9 @@ func (s *sysSocket) Send(msgs []Msg) (int, error) {
 // Recv is recvmmsg.
 func (s *sysSocket) Recv(msgs []Msg) (int, error) {
 	if len(s.rhdrs) < len(msgs) {
-		s.rhdrs, s.riovs = make([]mmsghdr, len(msgs)), make([]unix.Iovec, 2*len(msgs))
+		s.rhdrs, s.riovs = make([]mmsghdr, len(msgs)), make([]unix.Iovec, 3*len(msgs))
 	}
-	setMsgs(s.rhdrs, s.riovs, msgs, true)
+	s.setMsgs(s.rhdrs, s.riovs, msgs, true)
 	s.rk = len(msgs)
 	if err := s.rc.Read(s.recvFn); err != nil {
 		if errors.Is(err, os.ErrClosed) {
@@ -296,6 +478,9 @@ func (s *sysSocket) Recv(msgs []Msg) (int, error) {
 	for i := range s.rn {
 		h := &s.rhdrs[i]
 		msgs[i].N, msgs[i].NameLen = int(h.n), int(h.hdr.Namelen)
+		if s.link != nil && msgs[i].N > VnetHdrLen {
+			msgs[i].N -= min(s.link.hlen, msgs[i].N-VnetHdrLen)
+		}
 		msgs[i].Trunc = h.hdr.Flags&unix.MSG_TRUNC != 0
 	}
 	return s.rn, s.rerr

@@ -11,13 +11,15 @@ package fakekernel
 
 import (
 	"encoding/binary"
-	"fmt"
+	"encoding/hex"
 	"net"
 	"net/netip"
+	"strings"
 	"sync"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/eipoib/eipoibd/internal/gso"
 	"github.com/eipoib/eipoibd/ipoib"
 	kf "github.com/eipoib/eipoibd/ipoib/kernelfabric"
 )
@@ -205,25 +207,33 @@ func (k *Kernel) Mode(name string) (string, error) {
 	return "datagram", nil
 }
 
-// WriteSysctl records a write to an existing interface's conf entry.
+// WriteSysctl records a write to an entry of /proc/sys/net/ipv4/conf/DEV
+// or /proc/sys/net/ipv6/conf/DEV (DEV a link, "all" or "default"); any
+// other path, a missing device or a key the kernel does not have there
+// is ENOENT, as proc_sys_lookup finds no entry (devinet_sysctl_register,
+// addrconf_sysctl_register make one directory a device).
 func (k *Kernel) WriteSysctl(path, value string) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	var fam, dev, key string
-	if n, _ := fmt.Sscanf(path, "net/%4s", &fam); n != 1 {
-		return unix.ENOENT
-	}
-	rest := path[len("net/"+fam+"/conf/"):]
-	for i := range rest {
-		if rest[i] == '/' {
-			dev, key = rest[:i], rest[i+1:]
-		}
-	}
-	if k.byName(dev) == nil || key == "" {
+	rest, ok := strings.CutPrefix(path, "net/")
+	fam, rest, _ := strings.Cut(rest, "/")
+	rest, ok2 := strings.CutPrefix(rest, "conf/")
+	dev, key, _ := strings.Cut(rest, "/")
+	if !ok || !ok2 || !confKeys[fam][key] || dev != "all" && dev != "default" && k.byName(dev) == nil {
 		return unix.ENOENT
 	}
 	k.sysctls[path] = value
 	return nil
+}
+
+// confKeys are the per-device entries the fake knows, a part of
+// net/ipv4/devinet.c devinet_sysctl and net/ipv6/addrconf.c
+// addrconf_sysctl.
+var confKeys = map[string]map[string]bool{
+	"ipv4": {"forwarding": true, "rp_filter": true, "arp_ignore": true, "arp_announce": true, "arp_filter": true,
+		"accept_redirects": true, "send_redirects": true, "accept_local": true, "proxy_arp": true, "mc_forwarding": true},
+	"ipv6": {"addr_gen_mode": true, "disable_ipv6": true, "forwarding": true, "accept_ra": true, "accept_dad": true,
+		"autoconf": true, "mtu": true, "accept_redirects": true, "hop_limit": true},
 }
 
 // Sysctl returns what was written to /proc/sys/path.
@@ -333,17 +343,40 @@ func (l *link) member(a ipoib.HwAddr) bool {
 	return [6]byte(a[:6]) == [6]byte(bc[:6]) && [3]byte(a[7:10]) == [3]byte(bc[7:10])
 }
 
-// OpenPacket opens a SOCK_DGRAM ETH_P_ALL socket bound to ifindex.
+// OpenPacket opens a SOCK_DGRAM socket bound to ifindex for every
+// protocol, with PACKET_IGNORE_OUTGOING, as System does.
 func (k *Kernel) OpenPacket(ifindex int, vnet bool) (kf.Socket, error) {
+	return k.OpenPacketWith(ifindex, kf.PacketOptions{Vnet: vnet})
+}
+
+// OpenPacketWith opens a SOCK_DGRAM socket with options o bound to
+// ifindex (ENODEV when there is none: packet_do_bind). It receives only
+// o.Protocol (every protocol when 0), as packet_do_bind hooks it.
+func (k *Kernel) OpenPacketWith(ifindex int, o kf.PacketOptions) (kf.Socket, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	l := k.links[ifindex]
 	if l == nil {
 		return nil, unix.ENODEV
 	}
-	s := &socket{k: k, l: l, vnet: vnet, ready: make(chan struct{}, 1), mc: make(map[[kf.MreqMaxSize]byte]int)}
+	s := &socket{k: k, l: l, vnet: o.Vnet, proto: o.Protocol, seeOut: o.SeeOutgoing, ready: make(chan struct{}, 1), mc: make(map[mcKey]int)}
 	l.socks = append(l.socks, s)
 	return s, nil
+}
+
+// DevMcast returns the multicast list of link ifindex as
+// /proc/net/dev_mcast shows it: each address in hex and its user count
+// (dev_mc_add references).
+func (k *Kernel) DevMcast(ifindex int) map[string]int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	out := make(map[string]int)
+	if l := k.links[ifindex]; l != nil {
+		for a, n := range l.mc {
+			out[hex.EncodeToString(a[:])] = n
+		}
+	}
+	return out
 }
 
 func (f *Fabric) host(gid ipoib.GID) *Kernel {
@@ -375,17 +408,31 @@ type datagram struct {
 const rxQueueLen = 4096
 
 type socket struct {
-	k     *Kernel
-	vnet  bool
-	ready chan struct{}
+	k      *Kernel
+	vnet   bool
+	proto  uint16 // bound protocol, 0 for all
+	seeOut bool   // PACKET_IGNORE_OUTGOING off
+	ready  chan struct{}
 
 	mu     sync.Mutex
 	l      *link // nil once the device is gone
 	q      []datagram
 	closed bool
 	err    error
-	mc     map[[kf.MreqMaxSize]byte]int
+	mc     map[mcKey]int // struct packet_mclist entries and their counts
 }
+
+// mcKey is what packet_mc_add and packet_mc_drop match a struct
+// packet_mclist entry on: ifindex, type, alen and alen address bytes.
+type mcKey struct {
+	ifindex   int32
+	typ, alen uint16
+	addr      [32]byte // MAX_ADDR_LEN, zero past alen
+}
+
+// wants reports whether the socket takes d: packet_do_bind hooked it to
+// its protocol only (ETH_P_ALL: all of them).
+func (s *socket) wants(proto uint16) bool { return s.proto == 0 || s.proto == proto }
 
 func (s *socket) detach() {
 	s.mu.Lock()
@@ -415,11 +462,11 @@ func (s *socket) Close() error {
 					break
 				}
 			}
-			for req, n := range s.mc {
-				a := ipoib.HwAddr(req[8 : 8+ipoib.HwAddrLen])
-				s.l.mc[a] -= n
-			}
 		}
+		for key := range s.mc {
+			s.k.devMc(key, -1)
+		}
+		clear(s.mc)
 	}
 	s.mu.Unlock()
 	s.k.mu.Unlock()
@@ -427,40 +474,76 @@ func (s *socket) Close() error {
 	return nil
 }
 
-// membership applies PACKET_ADD/DROP_MEMBERSHIP as packet_setsockopt,
-// packet_mc_add/packet_mc_drop and packet_dev_mc do.
+// devMc is packet_dev_mc on the device of key, if it still exists: a
+// multicast entry adds to or takes from the device's multicast list
+// (dev_mc_add / dev_mc_del) and must have the device's address length
+// (EINVAL); promiscuous, all-multicast and unknown types change nothing
+// the fake models; a unicast entry is checked as a multicast one is. k.mu
+// is held.
+func (k *Kernel) devMc(key mcKey, what int) error {
+	l := k.links[int(key.ifindex)]
+	if l == nil {
+		return nil
+	}
+	switch key.typ {
+	case kf.PacketMRMulticast, packetMRUnicast:
+		if int(key.alen) != ipoib.HwAddrLen {
+			return unix.EINVAL
+		}
+	}
+	if key.typ != kf.PacketMRMulticast {
+		return nil
+	}
+	a := ipoib.HwAddr(key.addr[:ipoib.HwAddrLen])
+	if l.mc[a] += what; l.mc[a] <= 0 {
+		delete(l.mc, a)
+	}
+	return nil
+}
+
+// packetMRUnicast is PACKET_MR_UNICAST.
+const packetMRUnicast = 3
+
+// membership applies PACKET_ADD/DROP_MEMBERSHIP as packet_setsockopt
+// (the option length: EINVAL), packet_mc_add and packet_mc_drop do: an
+// unknown device is ENODEV and an address longer than the device's
+// EINVAL on add; a request the socket already made is counted, not
+// passed to the device again; a drop of what the socket never added
+// succeeds and does nothing.
 func (s *socket) membership(b []byte, add bool) error {
 	m, err := kf.ParseMreq(b)
 	if err != nil {
 		return unix.EINVAL
 	}
+	key := mcKey{ifindex: m.Ifindex, typ: m.Type, alen: m.Alen}
+	copy(key.addr[:], m.Addr)
 	s.k.mu.Lock()
 	defer s.k.mu.Unlock()
-	l := s.k.links[int(m.Ifindex)]
-	if l == nil {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !add {
+		if s.mc[key] > 0 {
+			if s.mc[key]--; s.mc[key] == 0 {
+				delete(s.mc, key)
+				return s.k.devMc(key, -1)
+			}
+		}
+		return nil
+	}
+	if s.k.links[int(m.Ifindex)] == nil {
 		return unix.ENODEV
 	}
 	if int(m.Alen) > ipoib.HwAddrLen { // mr_alen > dev->addr_len
 		return unix.EINVAL
 	}
-	if m.Type != kf.PacketMRMulticast || int(m.Alen) != ipoib.HwAddrLen { // packet_dev_mc
-		return unix.EINVAL
-	}
-	var key [kf.MreqMaxSize]byte
-	copy(key[:], b)
-	a := ipoib.HwAddr(m.Addr)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if add {
+	if s.mc[key] > 0 {
 		s.mc[key]++
-		l.mc[a]++
 		return nil
 	}
-	if s.mc[key] == 0 {
-		return unix.EADDRNOTAVAIL
+	if err := s.k.devMc(key, 1); err != nil {
+		return err
 	}
-	s.mc[key]--
-	l.mc[a]--
+	s.mc[key] = 1
 	return nil
 }
 
@@ -493,66 +576,192 @@ func (s *socket) send(m *kf.Msg) (func(), error) {
 	if closed {
 		return nil, net.ErrClosed
 	}
+	// packet_snd: the name must hold a whole sockaddr_ll and sll_halen
+	// address bytes; a SOCK_DGRAM send takes dev->addr_len bytes of
+	// sll_addr whatever sll_halen says, so the name must hold those too
+	// (checked only when the device exists: ENXIO otherwise). sll_family
+	// is not checked.
 	if m.NameLen < kf.SockaddrLLSize || m.NameLen > len(m.Name) {
 		return nil, unix.EINVAL
 	}
-	halen := int(m.Name[11])
-	if m.NameLen < halen+12 {
+	if m.NameLen < int(m.Name[11])+12 {
 		return nil, unix.EINVAL
 	}
-	sa, err := kf.ParseSockaddrLL(m.Name, m.NameLen)
-	if err != nil {
-		return nil, unix.EINVAL
-	}
+	proto := binary.BigEndian.Uint16(m.Name[2:4])
 	k := s.k
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	dev := k.links[int(sa.Ifindex)]
+	dev := k.links[int(int32(binary.NativeEndian.Uint32(m.Name[4:8])))]
+	if dev != nil && m.NameLen < ipoib.HwAddrLen+12 { // SOCK_DGRAM: dev->addr_len + offsetof(sll_addr)
+		return nil, unix.EINVAL
+	}
 	if dev == nil {
 		return nil, unix.ENXIO
-	}
-	if m.NameLen < ipoib.HwAddrLen+12 { // SOCK_DGRAM: dev->addr_len + offsetof(sll_addr)
-		return nil, unix.EINVAL
 	}
 	if !dev.Up {
 		return nil, unix.ENETDOWN
 	}
-	if k.dropNoCarrier(dev) {
-		return nil, nil
-	}
-	payload := m.Buf
+	dst := ipoib.HwAddr(m.Name[12 : 12+ipoib.HwAddrLen])
+	pkt := append(append(make([]byte, 0, len(m.Hdr)+len(m.Buf)), m.Hdr...), m.Buf...)
+	var h kf.VnetHdr
 	if s.vnet {
-		if len(m.Hdr) != kf.VnetHdrLen {
-			return nil, unix.EINVAL
+		var err error
+		if h, err = vnetParse(pkt); err != nil {
+			return nil, err
 		}
-		h, _ := kf.ParseVnetHdr(m.Hdr)
-		if int(h.HdrLen) > len(payload)+kf.IPoIBHardLen {
-			return nil, unix.EINVAL
+		pkt = pkt[kf.VnetHdrLen:]
+	}
+	if h.GSOType == kf.VnetGSONone && len(pkt) > dev.MTU {
+		return nil, unix.EMSGSIZE // packet_extra_vlan_len_allowed holds only for Ethernet
+	}
+	var segs [][]byte
+	if s.vnet {
+		var err error
+		if segs, err = vnetToSkb(h, pkt, dev.MTU); err != nil {
+			return nil, err
 		}
 		if h.GSOType != kf.VnetGSONone {
-			k.supers = append(k.supers, SuperPacket{Hdr: h, Len: len(payload)})
-			return nil, nil
+			k.supers = append(k.supers, SuperPacket{Hdr: h, Len: len(pkt)})
 		}
 	}
-	if len(payload) > dev.MTU {
-		return nil, unix.EMSGSIZE
+	if segs == nil {
+		segs = [][]byte{pkt}
 	}
-	switch sa.Protocol {
+	if k.dropNoCarrier(dev) {
+		return nil, nil // the noop qdisc drops before dev_queue_xmit_nit
+	}
+	// dev_queue_xmit_nit: a copy to every other socket of the device
+	// bound to every protocol and not ignoring outgoing packets, before
+	// the driver sees it (skb_loop_sk spares the sender).
+	for _, o := range dev.socks {
+		if o != s && o.proto == 0 && o.seeOut {
+			for _, seg := range segs {
+				o.push(datagram{pkttype: kf.PacketOutgoing, proto: proto, ifindex: dev.Index, data: seg})
+			}
+		}
+	}
+	switch proto {
 	case 0x0800, 0x86dd, 0x0806, 0x8035:
 	default:
 		return nil, nil // ipoib_start_xmit: tx_dropped, the send still succeeds
 	}
-	dst := ipoib.HwAddr(sa.Addr)
-	data := append([]byte(nil), payload...)
+	pkey := dev.pkey
 	if dst[4] == 0xff {
 		// Multicast: the driver puts its own P_Key in the MGID.
-		dst[8], dst[9] = byte(dev.pkey>>8), byte(dev.pkey)
-		qpn, pkey := dev.HwAddr.QPN(), dev.pkey
-		return func() { k.f.multicast(k, qpn, pkey, dst, sa.Protocol, data) }, nil
+		dst[8], dst[9] = byte(pkey>>8), byte(pkey)
+		qpn := dev.HwAddr.QPN()
+		return func() {
+			for _, seg := range segs {
+				k.f.multicast(k, qpn, pkey, dst, proto, seg)
+			}
+		}, nil
 	}
-	pkey := dev.pkey
-	return func() { k.f.unicast(pkey, dst, sa.Protocol, data) }, nil
+	return func() {
+		for _, seg := range segs {
+			k.f.unicast(pkey, dst, proto, seg)
+		}
+	}, nil
 }
+
+// vnetParse is packet_snd_vnet_parse on the SOCK_RAW socket System
+// opens for PACKET_VNET_HDR (packet_setsockopt takes it on no other
+// type), with the link header System puts in front of the data: the
+// datagram must hold the virtio_net_hdr (EINVAL); with NEEDS_CSUM,
+// hdr_len is raised to cover the checksum field; hdr_len longer than
+// the link header and data is EINVAL.
+func vnetParse(pkt []byte) (kf.VnetHdr, error) {
+	h, err := kf.ParseVnetHdr(pkt)
+	if err != nil {
+		return h, unix.EINVAL
+	}
+	hdrLen := int(h.HdrLen)
+	if h.Flags&kf.VnetNeedsCsum != 0 {
+		hdrLen = max(hdrLen, int(h.CsumStart)+int(h.CsumOffset)+2)
+	}
+	if hdrLen > kf.IPoIBHardLen+len(pkt)-kf.VnetHdrLen {
+		return h, unix.EINVAL
+	}
+	return h, nil
+}
+
+// vnetToSkb applies virtio_net_hdr_to_skb's checks (include/linux/
+// virtio_net.h, Linux 6.12 and later) to data (what follows the
+// virtio_net_hdr), whose offsets count from the IPoIB hard header in
+// front of it (IPOIB_HARD_LEN), and returns, for a super-packet, the
+// segments the receiver gets: the HCA's UD LSO (ipoib_send) or the
+// kernel's software GSO (skb_gso_segment in validate_xmit_skb) cut it
+// to gso_size, within the device MTU. The fake cuts TCP only; a
+// super-packet it cannot cut is dropped on the way out, as GSO drops
+// one it cannot (the send has succeeded): no segments.
+func vnetToSkb(h kf.VnetHdr, data []byte, mtu int) ([][]byte, error) {
+	gsoType := h.GSOType &^ vnetGSOECN
+	thlen, nhMin := 0, 20 // sizeof(struct iphdr)
+	if h.GSOType != kf.VnetGSONone {
+		switch gsoType {
+		case kf.VnetGSOTCPv4:
+			thlen = 20 // sizeof(struct tcphdr)
+		case kf.VnetGSOTCPv6:
+			thlen, nhMin = 20, 40 // sizeof(struct ipv6hdr)
+		case vnetGSOUDP, vnetGSOUDPL4:
+			thlen = 8
+		default:
+			return nil, unix.EINVAL
+		}
+		if h.GSOSize == 0 {
+			return nil, unix.EINVAL
+		}
+	}
+	skbLen := kf.IPoIBHardLen + len(data)
+	start, off := int(h.CsumStart), int(h.CsumOffset)
+	csum := h.Flags&kf.VnetNeedsCsum != 0
+	pOff := thlen
+	if csum {
+		// pskb_may_pull(start + max(thlen, off + 2)), skb_partial_csum_set
+		// (the checksum field inside the packet), a transport header no
+		// nearer than an IP header's length, and the whole of it.
+		if start+max(thlen, off+2) > skbLen || start < nhMin {
+			return nil, unix.EINVAL
+		}
+		pOff = start + thlen
+	} else if h.GSOType != kf.VnetGSONone {
+		return nil, unix.EINVAL // the fake does not dissect: the backend always sets NEEDS_CSUM
+	}
+	if h.GSOType == kf.VnetGSONone {
+		return nil, nil
+	}
+	switch {
+	case gsoType == vnetGSOUDPL4 && (!csum || off != 6 || h.GSOType != gsoType): // offsetof(struct udphdr, check)
+		return nil, unix.EINVAL
+	case (gsoType == kf.VnetGSOTCPv4 || gsoType == kf.VnetGSOTCPv6) && csum && off != 16: // offsetof(struct tcphdr, check)
+		return nil, unix.EINVAL
+	case h.GSOSize == 0xffff: // GSO_BY_FRAGS
+		return nil, unix.EINVAL
+	}
+	nhOff := pOff
+	if gsoType == vnetGSOUDP {
+		nhOff -= thlen
+	}
+	if skbLen-nhOff <= int(h.GSOSize) {
+		return nil, nil // "too small packets are not really GSO ones": sent as one
+	}
+	var sg gso.Segmenter
+	if thlen != 20 || sg.Start(data, 0, start-kf.IPoIBHardLen, gsoType == kf.VnetGSOTCPv6, int(h.GSOSize), mtu) != nil {
+		return [][]byte{}, nil
+	}
+	var segs [][]byte
+	for !sg.Done() {
+		b := make([]byte, sg.HdrLen()+sg.MSS())
+		segs = append(segs, b[:sg.Cut(b)])
+	}
+	return segs, nil
+}
+
+// gso_type values beside the kernelfabric ones (linux/virtio_net.h).
+const (
+	vnetGSOUDP   = 3
+	vnetGSOUDPL4 = 5
+	vnetGSOECN   = 0x80
+)
 
 // multicast delivers to every attached QP of every host but the sender's.
 func (f *Fabric) multicast(from *Kernel, qpn uint32, pkey ipoib.PKey, dst ipoib.HwAddr, proto uint16, data []byte) {
@@ -588,15 +797,23 @@ func (f *Fabric) unicast(pkey ipoib.PKey, dst ipoib.HwAddr, proto uint16, data [
 	}
 }
 
+// deliver queues d on every socket of the link bound to its protocol.
 func (l *link) deliver(d datagram) {
 	for _, s := range l.socks {
-		s.mu.Lock()
-		if len(s.q) < rxQueueLen && !s.closed {
-			s.q = append(s.q, d)
+		if s.wants(d.proto) {
+			s.push(d)
 		}
-		s.mu.Unlock()
-		s.wake()
 	}
+}
+
+// push queues d (dropped when the queue is full, as sk_rcvbuf does).
+func (s *socket) push(d datagram) {
+	s.mu.Lock()
+	if len(s.q) < rxQueueLen && !s.closed {
+		s.q = append(s.q, d)
+	}
+	s.mu.Unlock()
+	s.wake()
 }
 
 // Recv is recvmmsg over packet_recvmsg: the name says the packet type,
@@ -640,8 +857,9 @@ func (s *socket) fill(m *kf.Msg, d datagram) {
 	if s.vnet {
 		pkt = append(make([]byte, kf.VnetHdrLen), d.data...)
 	}
-	m.N = copy(m.Buf, pkt)
-	m.Trunc = len(pkt) > len(m.Buf)
+	m.N = copy(m.Hdr, pkt)
+	m.N += copy(m.Buf, pkt[m.N:])
+	m.Trunc = len(pkt) > len(m.Hdr)+len(m.Buf)
 }
 
 var (
