@@ -180,9 +180,26 @@ func (p *Port) reap() {
 		p.used--
 		p.freed++
 	}
+	if p.nEvicted.Load() > 0 {
+		p.takeEvicted()
+	}
 	if len(p.dead) > 0 {
 		p.buryAHs()
 	}
+}
+
+// takeEvicted moves the address handles evictAH dropped to the dead
+// list, to be destroyed once every send queued so far is done: a send
+// queued on one before its eviction has an earlier slot. Called with
+// txMu held.
+func (p *Port) takeEvicted() {
+	p.ahMu.Lock()
+	for _, h := range p.evicted {
+		p.dead = append(p.dead, deadAH{h: h, mark: p.queued})
+	}
+	p.evicted = p.evicted[:0]
+	p.nEvicted.Store(0)
+	p.ahMu.Unlock()
 }
 
 // buryAHs destroys the flushed address handles no queued send can still
@@ -267,9 +284,11 @@ func (p *Port) wantAH(key ahKey) {
 	}
 }
 
-// evictAH destroys the least recently used unicast address handle. Called
-// with ahMu held, off the hot path (only when a new destination appears
-// and the cache is full).
+// evictAH drops the least recently used unicast address handle from the
+// cache. Sends queued on it may not have run yet (rxe looks the handle
+// up when the send executes), so it is destroyed only once they are
+// done: reap takes it to the dead list. Called with ahMu held, off the
+// hot path (only when a new destination appears and the cache is full).
 func (p *Port) evictAH() {
 	var old ahKey
 	var oldest *ahEntry
@@ -280,7 +299,8 @@ func (p *Port) evictAH() {
 	}
 	if oldest != nil {
 		delete(p.ahs, old)
-		p.dev.destroyAH(oldest.h)
+		p.evicted = append(p.evicted, oldest.h)
+		p.nEvicted.Store(int32(len(p.evicted)))
 	}
 }
 

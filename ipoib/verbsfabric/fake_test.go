@@ -41,10 +41,17 @@ type fakeDev struct {
 	rq       []recvDone
 	sq       []sendDone
 	failAt   int // postSend fails at this descriptor (-1: never)
-	notify   chan struct{}
-	events   chan portEvent // async events, as the test raises them
-	woke     chan struct{}
-	wakeOnce sync.Once
+	// inflight is, per address handle, the last send posted on it per
+	// QP; reaped the sends each QP's reaped completions cover. A handle
+	// destroyed while a send on it is not reaped is counted in
+	// busyDestroys (rxe looks the handle up when the send runs).
+	inflight     map[handle]map[uint32]uint64
+	reaped       map[uint32]uint64
+	busyDestroys int
+	notify       chan struct{}
+	events       chan portEvent // async events, as the test raises them
+	woke         chan struct{}
+	wakeOnce     sync.Once
 }
 
 // fakeQP is a fake UD QP: its P_Key index and Q_Key.
@@ -70,6 +77,7 @@ func (h *fakeHub) open(a devAttr, sa *fakeSA) func(string, layout) (device, erro
 	return func(_ string, lay layout) (device, error) {
 		d := &fakeDev{hub: h, lay: lay, a: a, table: a.pkeys, fsa: sa,
 			nextQPN: 0x11, qps: map[uint32]*fakeQP{}, attached: map[ipoib.GID]map[uint32]uint16{}, ahs: map[handle]path{},
+			inflight: map[handle]map[uint32]uint64{}, reaped: map[uint32]uint64{},
 			send: make([]byte, lay.sendSlots*lay.slotSize), recv: make([]byte, lay.recvBufs*lay.recvSize),
 			failAt: -1, notify: make(chan struct{}, 1), events: make(chan portEvent), woke: make(chan struct{})}
 		if sa != nil {
@@ -157,6 +165,12 @@ func (d *fakeDev) createAH(p path) (handle, error) {
 
 func (d *fakeDev) destroyAH(h handle) {
 	d.mu.Lock()
+	for qpn, wr := range d.inflight[h] {
+		if d.reaped[qpn] <= wr {
+			d.busyDestroys++
+		}
+	}
+	delete(d.inflight, h)
 	delete(d.ahs, h)
 	d.mu.Unlock()
 }
@@ -201,6 +215,12 @@ func (d *fakeDev) postSend(s []sendDesc) (int, error) {
 		if fail || !ok {
 			return i, errors.New("post failed")
 		}
+		d.mu.Lock()
+		if d.inflight[w.ah] == nil {
+			d.inflight[w.ah] = map[uint32]uint64{}
+		}
+		d.inflight[w.ah][w.qpn] = w.wrID
+		d.mu.Unlock()
 		data := d.sendBuf(w.slot)[:w.len]
 		d.hub.mu.Lock()
 		if p.gid.IsMulticast() {
@@ -264,6 +284,9 @@ func (d *fakeDev) pollSend(out []sendDone) int {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	n := copy(out, d.sq)
+	for _, c := range out[:n] {
+		d.reaped[c.qpn] = max(d.reaped[c.qpn], c.wrID+1)
+	}
 	d.sq = d.sq[:copy(d.sq, d.sq[n:])] // keeps its array: no allocation once warm
 	return n
 }
@@ -304,4 +327,8 @@ func (d *fakeDev) waitEvent() (portEvent, bool, error) {
 
 func (d *fakeDev) wake() { d.wakeOnce.Do(func() { close(d.woke) }) }
 
-func (d *fakeDev) close() {}
+func (d *fakeDev) close() {
+	if d.fsa != nil {
+		d.fsa.close()
+	}
+}

@@ -72,12 +72,25 @@ type fakeSA struct {
 	// ib_sa_sendonly_fullmem_support (removed in 2021, "Remove racy
 	// Subnet Manager sendonly join checks"): the SA gets the join.
 	newKernel bool
+	// qkeyFirst: cma_ib_mc_handler calls cma_set_qkey before making the
+	// event and reports nothing when it fails (the upstream change that
+	// moved it out of cma_make_mc_event); before, cma_make_mc_event's
+	// cma_set_qkey failure is the id's MULTICAST_ERROR. With no event
+	// the join times out, as ibvSA.join does after 4 s.
+	qkeyFirst bool
 
 	mu      sync.Mutex
 	members map[ipoib.GID]bool // this port's rdma_cm memberships: MGID → send-only
 	paths   []pathQuery        // path record queries asked
 	joined  []joinReq          // joins asked
 	errs    chan mcastError
+	// joinHook, when set, runs as each join starts (tests hold joins
+	// with it); refuse, when set, fails every join (an SA that does not
+	// answer).
+	joinHook func(joinReq)
+	refuse   error
+	closed   bool // the device was closed (ibvSA.close)
+	late     int  // joins and leaves after the close: ids used after free
 }
 
 // port adds a host with port GID gid and P_Key table pkeys to the subnet.
@@ -230,8 +243,21 @@ func sharesPKey(a, b []ipoib.PKey, pkey ipoib.PKey) bool {
 // then the id's MULTICAST_JOIN event.
 func (sa *fakeSA) join(r joinReq) (mcMember, error) {
 	sa.mu.Lock()
-	sa.joined = append(sa.joined, r)
+	hook := sa.joinHook
 	sa.mu.Unlock()
+	if hook != nil {
+		hook(r)
+	}
+	sa.mu.Lock()
+	sa.joined = append(sa.joined, r)
+	if sa.closed {
+		sa.late++
+	}
+	refuse := sa.refuse
+	sa.mu.Unlock()
+	if refuse != nil {
+		return mcMember{}, refuse
+	}
 	// rdma_bind_addr of an IP address: rdma_translate_ip finds the
 	// interface holding it and copies its hardware and broadcast
 	// addresses into the id (cma_translate_addr); an address no IPoIB
@@ -283,7 +309,10 @@ func (sa *fakeSA) join(r joinReq) (mcMember, error) {
 	// cma_make_mc_event: cma_set_qkey(id, rec.qkey) refuses a group
 	// whose Q_Key is not the id's (-EINVAL): a MULTICAST_ERROR.
 	if g.qkey != qkey {
-		return mcMember{}, fmt.Errorf("MULTICAST_ERROR: cma_set_qkey: group Q_Key %#x, id Q_Key %#x: %w", g.qkey, qkey, unix.EINVAL)
+		if sa.qkeyFirst {
+			return mcMember{}, fmt.Errorf("no MULTICAST_JOIN event (cma_ib_mc_handler: cma_set_qkey failed, no event sent): %w", unix.ETIMEDOUT)
+		}
+		return mcMember{}, fmt.Errorf("%w: cma_set_qkey: group Q_Key %#x, id Q_Key %#x: %w", errJoinRefused, g.qkey, qkey, unix.EINVAL)
 	}
 	g.ids[sa.gid] = r.sendOnly
 	sa.mu.Lock()
@@ -299,6 +328,9 @@ func (sa *fakeSA) join(r joinReq) (mcMember, error) {
 // leave is rdma_leave_multicast and rdma_destroy_id.
 func (sa *fakeSA) leave(mgid ipoib.GID, sendOnly bool) {
 	sa.mu.Lock()
+	if sa.closed {
+		sa.late++
+	}
 	if so, ok := sa.members[mgid]; ok && so == sendOnly {
 		delete(sa.members, mgid)
 	}
@@ -308,6 +340,27 @@ func (sa *fakeSA) leave(mgid ipoib.GID, sendOnly bool) {
 		delete(g.ids, sa.gid)
 	}
 	sa.sm.mu.Unlock()
+}
+
+// portErr is the port going down: multicast.c's mcast_event_handler
+// reports IB_EVENT_PORT_ERR to every member of every group of the port
+// (mcast_groups_event: -ENETRESET). The caller raises the device's
+// PORT_ERR.
+func (sa *fakeSA) portErr() {
+	sa.mu.Lock()
+	defer sa.mu.Unlock()
+	for mgid, so := range sa.members {
+		sa.errs <- mcastError{mgid: mgid, sendOnly: so, err: unix.ENETRESET}
+	}
+	clear(sa.members)
+}
+
+// close is ibvSA.close: every membership is left, and the ids are freed.
+func (sa *fakeSA) close() {
+	sa.mu.Lock()
+	clear(sa.members)
+	sa.closed = true
+	sa.mu.Unlock()
 }
 
 func (sa *fakeSA) waitEvent() (mcastError, bool, error) {

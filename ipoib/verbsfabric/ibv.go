@@ -401,7 +401,10 @@ static struct rdma_cm_id *eib_cm_join(struct rdma_event_channel *ch, int ps, int
 	return id;
 }
 
-// eib_cm_leave ends a join's membership and frees its id.
+// eib_cm_leave ends a join's membership and frees its id: librdmacm
+// cma.c rdma_leave_multicast unlinks the join's struct cma_multicast
+// from the id's mc_list and frees it; rdma_destroy_id (ucma_free_id)
+// frees only the id, so a join's id is always left first, failed or not.
 static void eib_cm_leave(struct rdma_cm_id *id, const uint8_t *mgid, uint16_t pkey) {
 	struct sockaddr_ib grp;
 	eib_sib(&grp, mgid, pkey, 0);
@@ -777,50 +780,21 @@ const saTimeout = 2000
 
 // ibvSA is the port's subnet administrator through librdmacm: path
 // records on synchronous ids, joins on ids of one event channel whose
-// events a reader goroutine takes (and acks) as they come. A join waits
-// for its id's MULTICAST_JOIN or MULTICAST_ERROR; a later
-// MULTICAST_ERROR of a current membership goes to waitEvent.
+// events a reader goroutine takes (and acks) as they come and routes
+// (cmRoutes): a join waits for its id's MULTICAST_JOIN or
+// MULTICAST_ERROR; a later MULTICAST_ERROR of a membership goes to
+// waitEvent.
 type ibvSA struct {
 	d  *ibvDevice
 	ch *C.struct_rdma_event_channel
 	ev *C.struct_eib_cm_event
 	wg sync.WaitGroup
-
-	mu     sync.Mutex
-	uid    uint64
-	joins  map[uint64]*cmJoin // by uid (the ids' context)
-	cur    map[saKey]uint64   // the current membership of each group
-	errs   []mcastError
-	notify chan struct{}
-	woke   chan struct{}
-}
-
-// saKey names an SA multicast membership.
-type saKey struct {
-	mgid     ipoib.GID
-	sendOnly bool
-}
-
-// cmJoin is one join's id; ev gets its first event.
-type cmJoin struct {
-	key    saKey
-	id     *C.struct_rdma_cm_id
-	ev     chan cmEvent
-	joined bool
-}
-
-// cmEvent is an rdma_cm event of a join's id.
-type cmEvent struct {
-	typ    C.int
-	status int
-	dlid   uint16
-	sl     uint8
-	qkey   uint32
+	cmRoutes
+	woke chan struct{}
 }
 
 func newIBVSA(d *ibvDevice) (*ibvSA, error) {
-	s := &ibvSA{d: d, joins: make(map[uint64]*cmJoin), cur: make(map[saKey]uint64),
-		notify: make(chan struct{}, 1), woke: make(chan struct{})}
+	s := &ibvSA{d: d, cmRoutes: newCMRoutes(), woke: make(chan struct{})}
 	if r := C.eib_cm_channel(&s.ch); r != 0 {
 		return nil, errnoErr("rdma_create_event_channel (is rdma_ucm loaded?)", r)
 	}
@@ -835,9 +809,7 @@ func newIBVSA(d *ibvDevice) (*ibvSA, error) {
 }
 
 // read takes every event of the join ids' channel until the device's
-// wake: a join's first event goes to its waiting join, a later
-// MULTICAST_ERROR of a current membership to waitEvent; the rest (an id
-// already replaced or left) are dropped.
+// wake and routes it.
 func (s *ibvSA) read() {
 	defer s.wg.Done()
 	defer close(s.woke)
@@ -846,38 +818,15 @@ func (s *ibvSA) read() {
 		if r <= 0 {
 			return
 		}
-		e := cmEvent{typ: s.ev._type, status: int(s.ev.status), dlid: uint16(s.ev.dlid), sl: uint8(s.ev.sl), qkey: uint32(s.ev.qkey)}
-		s.mu.Lock()
-		j := s.joins[uint64(s.ev.uid)]
-		switch {
-		case j == nil:
-		case !j.joined:
-			select {
-			case j.ev <- e:
-			default:
-			}
-		case e.typ == C.RDMA_CM_EVENT_MULTICAST_ERROR && s.cur[j.key] == uint64(s.ev.uid):
-			s.errs = append(s.errs, mcastError{mgid: j.key.mgid, sendOnly: j.key.sendOnly, err: cmErrno(e.status)})
-			select {
-			case s.notify <- struct{}{}:
-			default:
-			}
+		e := cmEvent{typ: int(s.ev._type), status: int(s.ev.status), dlid: uint16(s.ev.dlid), sl: uint8(s.ev.sl), qkey: uint32(s.ev.qkey)}
+		switch s.ev._type {
+		case C.RDMA_CM_EVENT_MULTICAST_JOIN:
+			e.kind = cmJoined
+		case C.RDMA_CM_EVENT_MULTICAST_ERROR:
+			e.kind = cmError
 		}
-		s.mu.Unlock()
+		s.route(uint64(s.ev.uid), e)
 	}
-}
-
-// cmErrno is an rdma_cm event's status as an errno: the kernel reports
-// -errno (-ENETRESET from multicast.c), an SA's refusal may come as a
-// positive MAD status.
-func cmErrno(status int) syscall.Errno {
-	if status < 0 {
-		return syscall.Errno(-status)
-	}
-	if status == 0 {
-		return syscall.EPROTO
-	}
-	return syscall.Errno(status)
 }
 
 func (s *ibvSA) pathRecord(q pathQuery) (pathRec, error) {
@@ -901,22 +850,11 @@ func (s *ibvSA) path(q pathQuery) (pathRec, int, error) {
 
 // join joins r.mgid and waits for its id's first event. The group's MTU
 // is not in the event (struct rdma_ud_param has none): it comes from a
-// path record to the MGID, which the SA answers with the group's
-// (OpenSM pr_process_multicast).
+// path record to the MGID, which the SA is expected to answer with the
+// group's (OpenSM pr_process_multicast; not checked against an SA here).
+// When that query fails the MTU is 0 and the Port uses the port's.
 func (s *ibvSA) join(r joinReq) (mcMember, error) {
-	key := saKey{r.mgid, r.sendOnly}
-	j := &cmJoin{key: key, ev: make(chan cmEvent, 1)}
-	s.mu.Lock()
-	s.uid++
-	uid := s.uid
-	s.joins[uid] = j
-	s.mu.Unlock()
-	fail := func(err error) (mcMember, error) {
-		s.mu.Lock()
-		delete(s.joins, uid)
-		s.mu.Unlock()
-		return mcMember{}, err
-	}
+	uid, j := s.add(saKey{r.mgid, r.sendOnly})
 	family, addr := C.int(C.AF_INET6), r.bind.addr.As16()
 	if r.bind.addr.Is4() {
 		family = C.AF_INET
@@ -934,22 +872,29 @@ func (s *ibvSA) join(r joinReq) (mcMember, error) {
 	var e C.int
 	id := C.eib_cm_join(s.ch, C.int(r.ps), family, (*C.uint8_t)(a), C.uint32_t(r.bind.ifindex), g, pkey, so, C.uint64_t(uid), &e)
 	if id == nil {
-		return fail(errnoErr(fmt.Sprintf("rdma_join_multicast of %s bound to %s (%s)", r.mgid, r.bind.addr, r.bind.ifname), e))
+		s.drop(uid)
+		return mcMember{}, errnoErr(fmt.Sprintf("rdma_join_multicast of %s bound to %s (%s)", r.mgid, r.bind.addr, r.bind.ifname), e)
+	}
+	// A failed join leaves before the id is destroyed: librdmacm's
+	// rdma_destroy_id (ucma_free_id) does not free the id's mc_list,
+	// rdma_leave_multicast unlinks and frees the join's struct
+	// cma_multicast (and cancels a join still under way).
+	fail := func(err error) (mcMember, error) {
+		s.drop(uid)
+		C.eib_cm_leave(id, g, pkey)
+		return mcMember{}, err
 	}
 	var ev cmEvent
 	select {
 	case ev = <-j.ev:
 	case <-time.After(2 * saTimeout * time.Millisecond):
-		C.rdma_destroy_id(id)
 		return fail(fmt.Errorf("verbsfabric: join of %s: no answer from the SA: %w", r.mgid, syscall.ETIMEDOUT))
 	case <-s.woke:
-		C.rdma_destroy_id(id)
 		return fail(net.ErrClosed)
 	}
-	if ev.typ != C.RDMA_CM_EVENT_MULTICAST_JOIN {
-		C.rdma_destroy_id(id)
+	if ev.kind != cmJoined {
 		err := fmt.Errorf("verbsfabric: join of %s: %s: %w", r.mgid, C.GoString(C.rdma_event_str(uint32(ev.typ))), cmErrno(ev.status))
-		if ev.typ == C.RDMA_CM_EVENT_MULTICAST_ERROR {
+		if ev.kind == cmError {
 			err = fmt.Errorf("%w: %w", errJoinRefused, err)
 		}
 		return fail(err)
@@ -958,46 +903,30 @@ func (s *ibvSA) join(r joinReq) (mcMember, error) {
 	if _, mtu, err := s.path(pathQuery{sgid: s.d.a.gid, dgid: r.mgid, pkey: ipoib.MGIDPKey(r.mgid), ps: psIB}); err == nil {
 		m.mtu = mtu
 	}
-	s.mu.Lock()
-	j.id, j.joined = id, true
-	oldUID, had := s.cur[key]
-	old := s.joins[oldUID]
-	s.cur[key] = uid
-	if had {
-		delete(s.joins, oldUID)
-	}
-	s.mu.Unlock()
-	if old != nil {
-		C.eib_cm_leave(old.id, g, pkey)
+	if old := s.establish(uid, unsafe.Pointer(id)); old != nil {
+		C.eib_cm_leave((*C.struct_rdma_cm_id)(old.id), g, pkey)
 	}
 	return m, nil
 }
 
 func (s *ibvSA) leave(mgid ipoib.GID, sendOnly bool) {
-	key := saKey{mgid, sendOnly}
-	s.mu.Lock()
-	uid, ok := s.cur[key]
-	j := s.joins[uid]
-	delete(s.cur, key)
-	delete(s.joins, uid)
-	s.mu.Unlock()
-	if ok && j != nil {
-		g := gidBytes(mgid)
-		C.eib_cm_leave(j.id, g, C.uint16_t(ipoib.MGIDPKey(mgid)))
-		C.free(unsafe.Pointer(g))
+	if j := s.remove(saKey{mgid, sendOnly}); j != nil {
+		s.leaveJoin(j)
 	}
+}
+
+// leaveJoin leaves a membership and frees its id.
+func (s *ibvSA) leaveJoin(j *cmJoin) {
+	g := gidBytes(j.key.mgid)
+	C.eib_cm_leave((*C.struct_rdma_cm_id)(j.id), g, C.uint16_t(ipoib.MGIDPKey(j.key.mgid)))
+	C.free(unsafe.Pointer(g))
 }
 
 func (s *ibvSA) waitEvent() (mcastError, bool, error) {
 	for {
-		s.mu.Lock()
-		if len(s.errs) > 0 {
-			e := s.errs[0]
-			s.errs = s.errs[1:]
-			s.mu.Unlock()
+		if e, ok := s.next(); ok {
 			return e, true, nil
 		}
-		s.mu.Unlock()
 		select {
 		case <-s.notify:
 		case <-s.woke:
@@ -1007,15 +936,12 @@ func (s *ibvSA) waitEvent() (mcastError, bool, error) {
 }
 
 // close leaves every membership and frees the channel; the device has
-// been woken, so the reader has ended or ends.
+// been woken, so the reader has ended or ends, and the Port holds its
+// control lock (no join or leave is under way).
 func (s *ibvSA) close() {
 	s.wg.Wait()
-	for key, uid := range s.cur {
-		if j := s.joins[uid]; j != nil {
-			g := gidBytes(key.mgid)
-			C.eib_cm_leave(j.id, g, C.uint16_t(ipoib.MGIDPKey(key.mgid)))
-			C.free(unsafe.Pointer(g))
-		}
+	for _, j := range s.takeAll() {
+		s.leaveJoin(j)
 	}
 	C.rdma_destroy_event_channel(s.ch)
 	C.free(unsafe.Pointer(s.ev))

@@ -191,11 +191,16 @@ type Port struct {
 	ctlMu     sync.Mutex
 	members   map[ipoib.GID]*member
 	rejoin    map[ipoib.GID]bool
+	mtuWarned map[ipoib.PKey]bool // partitions whose MTU fallback was logged
 
-	ahMu    sync.Mutex
-	ahs     map[ahKey]*ahEntry
-	ahGen   uint64 // bumped by each flush: a resolution begun before is stale
-	resolve chan ahKey
+	ahMu  sync.Mutex
+	ahs   map[ahKey]*ahEntry
+	ahGen uint64 // bumped by each flush: a resolution begun before is stale
+	// evicted are handles evictAH dropped, for reap to bury; nEvicted
+	// is their number, read without ahMu on the send path.
+	evicted  []handle
+	nEvicted atomic.Int32
+	resolve  chan ahKey
 
 	txMu     sync.Mutex
 	slots    []slotInfo
@@ -225,7 +230,7 @@ type Port struct {
 	txPackets, txBytes, rxPackets, rxBytes atomic.Uint64
 	drops                                  [numDrops]atomic.Uint64
 	ahCreated, ahFailed, signalled         atomic.Uint64
-	joins, rejoins, flushes                atomic.Uint64
+	joins, rejoins, flushes, mtuFallbacks  atomic.Uint64
 }
 
 // slotInfo is a send slot in use: the QP it was posted on and its
@@ -260,7 +265,7 @@ func New(c Config) (*Port, error) {
 		dev: dev, a: dev.attr(), log: log.With("device", c.Device),
 		qps: make(map[uint32]*qpState), gqps: make(map[ipoib.PKey]uint32), parts: make(map[ipoib.PKey]*partState),
 		groups: ipoib.NewGroupTable(), mcSock: -1, sa: dev.sa(), ipoibAddr: c.ipoibAddr,
-		members: make(map[ipoib.GID]*member), rejoin: make(map[ipoib.GID]bool),
+		members: make(map[ipoib.GID]*member), rejoin: make(map[ipoib.GID]bool), mtuWarned: make(map[ipoib.PKey]bool),
 		ahs: make(map[ahKey]*ahEntry), resolve: make(chan ahKey, 256),
 		slots: make([]slotInfo, sendSlots), descs: make([]sendDesc, 0, batchSize), dones: make([]sendDone, sendSlots),
 		rdone: make([]recvDone, batchSize), repost: make([]uint32, 0, batchSize), done: make(chan struct{}),
@@ -408,7 +413,13 @@ func (p *Port) setPart(s *partState, m mcMember, pk ipoib.PKey) {
 		mtu = m.mtu
 	}
 	if m.mtu == 0 {
-		p.log.Warn("the SA gave no MTU for the broadcast group; using the port's", "pkey", pk, "mtu", mtu)
+		// ibvSA takes the group's MTU from a path record to the MGID;
+		// when that query fails it has none.
+		p.mtuFallbacks.Add(1)
+		if !p.mtuWarned[pk] {
+			p.mtuWarned[pk] = true
+			p.log.Warn("no MTU for the partition's broadcast group (the path record query to its MGID failed); using the port's (logged once; counted in group_mtu_fallbacks)", "pkey", pk, "mtu", mtu)
+		}
 	}
 	s.mtu.Store(int32(mtu))
 	if s.qkey.Swap(m.qkey) == m.qkey {
@@ -517,10 +528,24 @@ func (p *Port) Join(mgid ipoib.GID) error {
 	if err != nil {
 		return err
 	}
-	if err := p.groups.Join(mgid, func() error {
-		if p.sa != nil {
-			return p.saAttach(mgid, q)
+	if p.sa != nil {
+		// The SA join and the attach run under ctlMu only: take() reads
+		// the group table for every multicast packet, so the table's lock
+		// is held just to record the membership, never across an SA call
+		// (seconds).
+		p.ctlMu.Lock()
+		err := p.saAttach(mgid, q)
+		if err == nil {
+			err = p.groups.Join(mgid, nil)
 		}
+		p.ctlMu.Unlock()
+		if err != nil {
+			return err
+		}
+		p.wantAH(ahKey{mgid, p.wireOf(q)})
+		return nil
+	}
+	if err := p.groups.Join(mgid, func() error {
 		if err := p.dev.attach(q, mgid, 0); err != nil {
 			return err
 		}
@@ -568,29 +593,27 @@ func (p *Port) JoinSendOnly(mgid ipoib.GID) error {
 // or the SA membership (IB; a partition's broadcast group stays joined
 // while the port is open, as IPoIB's does).
 func (p *Port) Leave(mgid ipoib.GID) error {
+	if p.sa != nil {
+		p.ctlMu.Lock()
+		err := errors.Join(p.groups.Leave(mgid, nil), p.saLeave(mgid))
+		p.ctlMu.Unlock()
+		p.flushAHs(func(k ahKey) bool { return k.gid == mgid })
+		return err
+	}
 	p.qpMu.RLock()
 	q, ok := p.gqps[ipoib.MGIDPKey(mgid).Full()]
 	p.qpMu.RUnlock()
-	err := p.groups.Leave(mgid, func() error {
-		if !ok || p.sa != nil {
+	return p.groups.Leave(mgid, func() error {
+		if !ok {
 			return nil
 		}
 		return errors.Join(p.dev.detach(q, mgid, 0), p.ipv6Group(mgid, unix.IPV6_LEAVE_GROUP))
 	})
-	if p.sa != nil {
-		p.ctlMu.Lock()
-		err = errors.Join(err, p.saLeave(mgid))
-		p.ctlMu.Unlock()
-		p.flushAHs(func(k ahKey) bool { return k.gid == mgid })
-	}
-	return err
 }
 
 // saAttach makes the port a full SA member of mgid and attaches group QP
-// q with the group's MLID.
+// q with the group's MLID. Called with ctlMu held.
 func (p *Port) saAttach(mgid ipoib.GID, q uint32) error {
-	p.ctlMu.Lock()
-	defer p.ctlMu.Unlock()
 	m, err := p.saJoin(mgid, false)
 	if err != nil {
 		return err
@@ -616,11 +639,21 @@ func (p *Port) saAttach(mgid ipoib.GID, q uint32) error {
 // join, as ipoib_mcast_join falls back: kernels to 5.11 refuse it with
 // EOPNOTSUPP (cma_join_ib_multicast checks
 // ib_sa_sendonly_fullmem_support), later ones send it and the SA's
-// refusal comes as the id's MULTICAST_ERROR. Called with ctlMu held.
+// refusal comes as the id's MULTICAST_ERROR. A membership whose rejoin
+// failed (lost) is joined again as what it was, a full member when
+// either it or this call wants one, and its group QP attached again with
+// the new MLID: a send-only join must not replace a lost full
+// membership and its QP. Called with ctlMu held.
 func (p *Port) saJoin(mgid ipoib.GID, sendOnly bool) (*member, error) {
+	if p.closed.Load() {
+		return nil, net.ErrClosed
+	}
 	old := p.members[mgid]
 	if old != nil && !old.lost && (!old.sendOnly || sendOnly) {
 		return old, nil
+	}
+	if old != nil && old.lost {
+		sendOnly = sendOnly && old.sendOnly
 	}
 	bind, err := p.ipoibAddr(p.a.gid, ipoib.MGIDPKey(mgid))
 	if err != nil {
@@ -634,24 +667,44 @@ func (p *Port) saJoin(mgid ipoib.GID, sendOnly bool) (*member, error) {
 		mc, err = p.sa.join(r)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("verbsfabric: joining %s: %w", mgid, err)
+		return nil, joinError(mgid, err)
 	}
 	p.joins.Add(1)
 	m := &member{mcMember: mc, sendOnly: r.sendOnly}
-	if old != nil && !old.lost {
+	if old != nil {
 		m.qp = old.qp
-		p.sa.leave(mgid, old.sendOnly)
+		if !old.lost {
+			p.sa.leave(mgid, old.sendOnly)
+		} else if m.qp != 0 {
+			if err := p.dev.attach(m.qp, mgid, mc.mlid); err != nil {
+				p.sa.leave(mgid, r.sendOnly)
+				return nil, fmt.Errorf("verbsfabric: attaching the group QP to %s again: %w", mgid, err)
+			}
+		}
 	}
 	p.members[mgid] = m
 	delete(p.rejoin, mgid)
 	return m, nil
 }
 
+// joinError wraps a failed join of mgid. A join the kernel never
+// answers is one of two things an operator can check: the SA did not
+// answer, or (kernels whose cma_ib_mc_handler calls cma_set_qkey before
+// making the event, and sends none when it fails) the group's Q_Key is
+// not the one the id took from the partition's broadcast group.
+func joinError(mgid ipoib.GID, err error) error {
+	if errors.Is(err, unix.ETIMEDOUT) {
+		return fmt.Errorf("verbsfabric: joining %s: no MULTICAST_JOIN event: the subnet manager did not answer, or the group's Q_Key differs from the partition's broadcast group's (newer kernels then send no event; compare the two with `saquery -g`): %w", mgid, err)
+	}
+	return fmt.Errorf("verbsfabric: joining %s: %w", mgid, err)
+}
+
 // saLeave ends the port's SA membership of mgid, detaching its group QP,
-// unless mgid is a partition's broadcast group. Called with ctlMu held.
+// unless mgid is a partition's broadcast group or the port is closed
+// (Close left every membership). Called with ctlMu held.
 func (p *Port) saLeave(mgid ipoib.GID) error {
 	m := p.members[mgid]
-	if m == nil || p.isBroadcast(mgid) {
+	if m == nil || p.isBroadcast(mgid) || p.closed.Load() {
 		return nil
 	}
 	var err error
@@ -684,13 +737,7 @@ func (p *Port) rejoinGroup(mgid ipoib.GID) {
 	if m == nil {
 		return
 	}
-	if !m.lost {
-		p.sa.leave(mgid, m.sendOnly)
-		if m.qp != 0 {
-			p.dev.detach(m.qp, mgid, m.mlid)
-		}
-	}
-	delete(p.members, mgid)
+	p.loseMember(mgid, m)
 	bind, err := p.ipoibAddr(p.a.gid, ipoib.MGIDPKey(mgid))
 	var mc mcMember
 	if err == nil {
@@ -700,10 +747,6 @@ func (p *Port) rejoinGroup(mgid ipoib.GID) {
 		err = p.dev.attach(m.qp, mgid, mc.mlid)
 	}
 	if err != nil {
-		// Keep the membership's intent for the retry: lost, with the QP
-		// to attach once it is back.
-		p.members[mgid] = &member{sendOnly: m.sendOnly, qp: m.qp, lost: true}
-		p.rejoin[mgid] = true
 		p.log.Warn("rejoining a multicast group failed; retrying", "mgid", mgid, "err", err)
 		return
 	}
@@ -717,6 +760,21 @@ func (p *Port) rejoinGroup(mgid ipoib.GID) {
 		p.qpMu.RUnlock()
 		p.setPart(s, mc, pk)
 	}
+}
+
+// loseMember ends membership m of mgid (the SA's id left, the group QP
+// detached from the old MLID) but keeps its intent for a rejoin: lost,
+// send-only or not, with the QP to attach once it is back. Called with
+// ctlMu held.
+func (p *Port) loseMember(mgid ipoib.GID, m *member) {
+	if !m.lost {
+		p.sa.leave(mgid, m.sendOnly)
+		if m.qp != 0 {
+			p.dev.detach(m.qp, mgid, m.mlid)
+		}
+	}
+	p.members[mgid] = &member{sendOnly: m.sendOnly, qp: m.qp, lost: true}
+	p.rejoin[mgid] = true
 }
 
 func (p *Port) ipv6Group(mgid ipoib.GID, op int) error {
@@ -752,6 +810,7 @@ func (p *Port) Counters() ipoib.PortCounters {
 		"sa_joins":              p.joins.Load(),
 		"sa_rejoins":            p.rejoins.Load(),
 		"flushes":               p.flushes.Load(),
+		"group_mtu_fallbacks":   p.mtuFallbacks.Load(),
 	}
 	c.Levels = map[string]uint64{
 		"address_handles":        uint64(n),
@@ -776,6 +835,11 @@ func (p *Port) Close() error {
 	close(p.done)
 	p.dev.wake()
 	p.wg.Wait()
+	// A control call under way (a join past its event, a leave) ends
+	// before the device and its rdma_cm ids are freed; later ones see
+	// closed (saJoin) and do nothing.
+	p.ctlMu.Lock()
+	defer p.ctlMu.Unlock()
 	p.rxMu.Lock()
 	p.txMu.Lock()
 	p.dev.close()
@@ -833,8 +897,8 @@ func follow[T any](p *Port, what string, wait func() (T, bool, error), handle fu
 	}
 }
 
-// flush drops every address handle and rejoins every group (IB only);
-// heavy first reads the P_Key table again.
+// flush rejoins every group and then drops every address handle (IB
+// only); heavy first reads the P_Key table again.
 func (p *Port) flush(why string, heavy bool) {
 	if p.sa == nil {
 		return
@@ -844,12 +908,15 @@ func (p *Port) flush(why string, heavy bool) {
 	if heavy {
 		p.reloadPKeys()
 	}
-	p.flushAHs(func(ahKey) bool { return true })
+	// Rejoin first, then drop the handles, as mcastError does: a handle
+	// the resolver makes before the rejoin (a group's with its old MLID)
+	// is dropped with the rest, and one it is making is stale.
 	p.ctlMu.Lock()
-	defer p.ctlMu.Unlock()
 	for mgid := range p.members {
 		p.rejoinGroup(mgid)
 	}
+	p.ctlMu.Unlock()
+	p.flushAHs(func(ahKey) bool { return true })
 }
 
 // reloadPKeys reads the P_Key table after a PKEY_CHANGE: new QPs use the
@@ -884,20 +951,35 @@ func (p *Port) reloadPKeys() {
 // membership gets one when multicast.c's mcast_event_handler sees the
 // port's LID, SM or registration change, or its P_Key go), and drops
 // the group's address handle, made with the old MLID.
+//
+// While the port is down (PORT_ERR: mcast_event_handler reports it to
+// every member too) no join can succeed: the membership is marked lost
+// and rejoined by the flush of PORT_ACTIVE, as IPoIB's
+// ipoib_mcast_join_task suspends itself while the port is not ACTIVE
+// ("port state is not ACTIVE ... suspending join task").
 func (p *Port) mcastError(ev mcastError) {
-	p.log.Warn("multicast error; rejoining", "mgid", ev.mgid, "err", ev.err)
 	p.ctlMu.Lock()
 	if m := p.members[ev.mgid]; m != nil && !m.lost && m.sendOnly == ev.sendOnly {
-		p.rejoinGroup(ev.mgid)
+		if p.down.Load() {
+			p.log.Warn("multicast error while the port is down; rejoining when it is active", "mgid", ev.mgid, "err", ev.err)
+			p.loseMember(ev.mgid, m)
+		} else {
+			p.log.Warn("multicast error; rejoining", "mgid", ev.mgid, "err", ev.err)
+			p.rejoinGroup(ev.mgid)
+		}
 	}
 	p.ctlMu.Unlock()
 	p.flushAHs(func(k ahKey) bool { return k.gid == ev.mgid })
 }
 
-// retryRejoins rejoins the groups whose rejoin failed.
+// retryRejoins rejoins the groups whose rejoin failed, unless the port
+// is down (PORT_ACTIVE's flush rejoins them).
 func (p *Port) retryRejoins() {
 	p.ctlMu.Lock()
 	defer p.ctlMu.Unlock()
+	if p.down.Load() {
+		return
+	}
 	for mgid := range p.rejoin {
 		p.rejoinGroup(mgid)
 	}

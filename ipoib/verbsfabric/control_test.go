@@ -1,0 +1,343 @@
+package verbsfabric
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/eipoib/eipoibd/ipoib"
+)
+
+// The tests of the control side's ordering and locking: each drives the
+// port through the fake SA into the state a review found mishandled.
+
+// otherGroup is a group of partition 0xFFFF no test has joined.
+var otherGroup = ipoib.MakeHwAddr(0, 0, gid("ff:12:40:1b:ff:ff:00:00:00:00:00:00:05:06:07:08")).GID()
+
+// holdJoins makes sa's next join wait until the returned release is
+// called; entered is closed once it waits. release is also called at
+// the test's end.
+func holdJoins(t *testing.T, sa *fakeSA) (entered <-chan struct{}, release func()) {
+	in, out := make(chan struct{}), make(chan struct{})
+	var once, rel sync.Once
+	sa.mu.Lock()
+	sa.joinHook = func(joinReq) {
+		once.Do(func() {
+			close(in)
+			<-out
+		})
+	}
+	sa.mu.Unlock()
+	release = func() { rel.Do(func() { close(out) }) }
+	t.Cleanup(release)
+	return in, release
+}
+
+// memberOf is p's SA membership of mgid (nil: none).
+func memberOf(p *Port, mgid ipoib.GID) *member {
+	p.ctlMu.Lock()
+	defer p.ctlMu.Unlock()
+	if m := p.members[mgid]; m != nil {
+		c := *m
+		return &c
+	}
+	return nil
+}
+
+// readyAH reports p's address handle of key made.
+func readyAH(p *Port, key ahKey) bool {
+	p.ahMu.Lock()
+	defer p.ahMu.Unlock()
+	e := p.ahs[key]
+	return e != nil && e.ready
+}
+
+// TestJoinDoesNotStallReceive: while a Join waits for the SA (held by
+// the fake), a packet to a group the port already joined is received:
+// the SA call holds no lock the receive path (take) needs.
+func TestJoinDoesNotStallReceive(t *testing.T) {
+	n, q1, _, g := groupSetup(t, newSM())
+	entered, release := holdJoins(t, n.s2)
+	joined := make(chan error, 1)
+	go func() { joined <- n.p2.Join(otherGroup) }()
+	<-entered
+	pkt := send(t, n.p1, q1, 0xffff, ipoib.MakeHwAddr(0, ipoib.MulticastQPN, g), 100, 9)
+	data, m := readN(t, n.p2, 1)
+	if !bytes.Equal(data[0], pkt) || m[0].MGID != g {
+		t.Fatalf("received %+v", m[0])
+	}
+	release()
+	if err := <-joined; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestMulticastErrorWhileDownWaitsForActive: a MULTICAST_ERROR that
+// comes with PORT_ERR (mcast_event_handler reports it to every member)
+// is not rejoined while the port is down, and the membership is
+// rejoined, with its group QP attached to the new MLID, on
+// PORT_ACTIVE.
+func TestMulticastErrorWhileDownWaitsForActive(t *testing.T) {
+	sm := newSM()
+	n, _, _, g := groupSetup(t, sm)
+	gq := groupQPOf(n.p1, 0xffff)
+	n.d1.events <- eventPortDown
+	waitFor(t, "the port down", n.p1.IsDown)
+	n.s1.mu.Lock()
+	joins := len(n.s1.joined)
+	n.s1.mu.Unlock()
+	n.s1.portErr()
+	waitFor(t, "the membership marked lost", func() bool {
+		m := memberOf(n.p1, g)
+		return m != nil && m.lost && m.qp == gq
+	})
+	n.p1.retryRejoins() // what the resolver's ticker does
+	n.s1.mu.Lock()
+	asked := len(n.s1.joined) - joins
+	n.s1.mu.Unlock()
+	if asked != 0 {
+		t.Fatalf("%d joins while the port was down", asked)
+	}
+	n.d1.events <- eventPortActive
+	waitFor(t, "the rejoin on PORT_ACTIVE", func() bool {
+		m := memberOf(n.p1, g)
+		joined, so := n.s1.member(g)
+		l, ok := n.d1.attachedMLID(g, gq)
+		return m != nil && !m.lost && joined && !so && ok && l == m.mlid
+	})
+}
+
+// TestSendOnlyKeepsLostFullMembership: a full membership whose rejoin
+// failed is not replaced by the send-only join a guest's packet makes:
+// the port rejoins as a full member and attaches its group QP again,
+// and the group's packets reach it.
+func TestSendOnlyKeepsLostFullMembership(t *testing.T) {
+	sm := newSM()
+	n, q1, q2, g := groupSetup(t, sm)
+	gq := groupQPOf(n.p1, 0xffff)
+	n.s1.mu.Lock()
+	n.s1.refuse = fmt.Errorf("no answer: %w", unix.ETIMEDOUT)
+	n.s1.mu.Unlock()
+	sm.dropGroup(g)
+	waitFor(t, "the failed rejoin", func() bool {
+		m := memberOf(n.p1, g)
+		return m != nil && m.lost
+	})
+	n.s1.mu.Lock()
+	n.s1.refuse = nil
+	n.s1.mu.Unlock()
+	n.p1.flushAHs(func(k ahKey) bool { return k.gid == g }) // the guest's packet needs a new handle
+	send(t, n.p1, q1, 0xffff, ipoib.MakeHwAddr(0, ipoib.MulticastQPN, g), 100, 4)
+	m := memberOf(n.p1, g)
+	if m == nil || m.lost || m.sendOnly || m.qp != gq {
+		t.Fatalf("membership %+v, want full with group QP %#x", m, gq)
+	}
+	if joined, so := n.s1.member(g); !joined || so {
+		t.Fatalf("SA member %v, send-only %v", joined, so)
+	}
+	if l, ok := n.d1.attachedMLID(g, gq); !ok || l != m.mlid {
+		t.Fatalf("group QP attached %v with MLID %#x, want %#x", ok, l, m.mlid)
+	}
+	pkt := send(t, n.p2, q2, 0xffff, ipoib.MakeHwAddr(0, ipoib.MulticastQPN, g), 120, 5)
+	if data, meta := readN(t, n.p1, 1); !bytes.Equal(data[0], pkt) || meta[0].MGID != g {
+		t.Fatalf("received %+v", meta[0])
+	}
+}
+
+// TestFlushDropsHandlesMadeBeforeRejoin: a group's address handle made
+// while a flush (LID_CHANGE) is under way, before the group is rejoined
+// (from the old membership: its MLID), does not survive the flush. The
+// fake SA's join hook stands in for the resolver, which cannot be
+// scheduled into that window deterministically: during the rejoin it
+// caches the handle the resolver would have made from the old
+// membership. (A LID change alone raises no MULTICAST_ERROR in the
+// fake, whose handling would drop the handle too.)
+func TestFlushDropsHandlesMadeBeforeRejoin(t *testing.T) {
+	sm := newSM()
+	n, _, _, g := groupSetup(t, sm)
+	waitFor(t, "the group's handle", func() bool { return readyAH(n.p1, ahKey{g, 0xffff}) })
+	old := memberOf(n.p1, g)
+	key := ahKey{g, 0xffff}
+	var stale atomic.Uint64
+	var once sync.Once
+	n.s1.mu.Lock()
+	n.s1.joinHook = func(r joinReq) {
+		if r.mgid != g {
+			return
+		}
+		once.Do(func() {
+			h, _ := n.d1.createAH(path{gid: g, global: true, dlid: old.mlid, sl: old.sl})
+			stale.Store(uint64(h))
+			n.p1.ahMu.Lock()
+			n.p1.ahs[key] = &ahEntry{h: h, ready: true, lastUsed: time.Now()}
+			n.p1.ahMu.Unlock()
+		})
+	}
+	n.s1.mu.Unlock()
+	n.d1.events <- eventLIDChange
+	waitFor(t, "the flush to drop the stale handle", func() bool {
+		m := memberOf(n.p1, g)
+		if m == nil || m.lost || stale.Load() == 0 {
+			return false
+		}
+		n.p1.ahMu.Lock()
+		defer n.p1.ahMu.Unlock()
+		e := n.p1.ahs[key]
+		return e == nil || uint64(e.h) != stale.Load()
+	})
+}
+
+// TestEvictionWaitsForQueuedSends: an address handle evicted from a
+// full cache while a send on it is not complete is destroyed only once
+// its completion is reaped (the fake counts a handle destroyed with a
+// send outstanding, as rxe would use it when the send runs).
+func TestEvictionWaitsForQueuedSends(t *testing.T) {
+	l := newLink(t)
+	send(t, l.p1, l.q1, 0xffff, ipoib.MakeHwAddr(0, l.q2, gid2), 100, 1)
+	p := l.p1
+	p.ahMu.Lock()
+	victim := p.ahs[ahKey{gid2, 0xffff}]
+	if victim == nil || !victim.ready {
+		p.ahMu.Unlock()
+		t.Fatal("no handle to gid2")
+	}
+	victim.lastUsed = time.Now().Add(-time.Hour)
+	for i := 0; len(p.ahs) < ahMax; i++ {
+		var g ipoib.GID
+		g[0], g[1], g[12], g[13], g[14], g[15] = 0xfe, 0x80, byte(i>>24), byte(i>>16), byte(i>>8), byte(i)
+		g[11] = 1 // never gid1 or gid2
+		p.ahs[ahKey{g, 0xffff}] = &ahEntry{h: handle(1<<40 + i), ready: true, lastUsed: time.Now()}
+	}
+	p.ahMu.Unlock()
+	p.wantAH(ahKey{gid("fe:80:00:00:00:00:00:00:00:00:00:00:00:00:00:99"), 0xffff})
+	p.ahMu.Lock()
+	_, still := p.ahs[ahKey{gid2, 0xffff}]
+	p.ahMu.Unlock()
+	if still {
+		t.Fatal("the least recently used handle was not evicted")
+	}
+	p.Write(nil, nil, 0) // reaps the send's completion
+	l.d1.mu.Lock()
+	busy, _ := l.d1.busyDestroys, 0
+	_, alive := l.d1.ahs[victim.h]
+	l.d1.mu.Unlock()
+	if busy != 0 || alive {
+		t.Fatalf("destroyed with a send outstanding: %d; still alive after the reap: %v", busy, alive)
+	}
+}
+
+// TestCloseWaitsForControlCalls: Close during a join waiting for the SA
+// frees the device (ibvSA.close: the rdma_cm ids) only after the join
+// returned; no join or leave reaches the SA after it.
+func TestCloseWaitsForControlCalls(t *testing.T) {
+	n, _, _, g := groupSetup(t, newSM())
+	// The resolver is idle: Close waits for it anyway.
+	waitFor(t, "the groups' handles", func() bool {
+		return readyAH(n.p1, ahKey{g, 0xffff}) && readyAH(n.p1, ahKey{ipoib.BroadcastMGID(0xffff, ipoib.ScopeLinkLocal), 0xffff})
+	})
+	entered, release := holdJoins(t, n.s1)
+	joined := make(chan error, 1)
+	go func() { joined <- n.p1.Join(otherGroup) }()
+	<-entered
+	closed := make(chan struct{})
+	go func() {
+		n.p1.Close()
+		close(closed)
+	}()
+	<-n.d1.woke
+	time.Sleep(50 * time.Millisecond) // lets a Close that does not wait free the device first
+	release()
+	<-joined
+	<-closed
+	n.s1.mu.Lock()
+	defer n.s1.mu.Unlock()
+	if n.s1.late != 0 || !n.s1.closed {
+		t.Fatalf("SA calls after the close: %d (closed %v)", n.s1.late, n.s1.closed)
+	}
+}
+
+// TestGroupMTUFallbackCounted: an SA that gives no MTU for the
+// broadcast group (the path record query to the MGID failed) makes the
+// partition use the port's MTU, counted in group_mtu_fallbacks at each
+// join and logged once per group.
+func TestGroupMTUFallbackCounted(t *testing.T) {
+	sm := newSM()
+	sm.mtu = 0
+	h := newHub()
+	s1 := sm.port(gid1, 0xffff)
+	s1.ipoibIf(0xffff, "10.0.0.1")
+	var logs bytes.Buffer
+	var logMu sync.Mutex
+	p, err := New(Config{Device: "mlx5_0", Logger: slog.New(slog.NewTextHandler(&lockedWriter{w: &logs, mu: &logMu}, nil)),
+		open: h.openerIB(gid1, s1, 0xffff), ipoibAddr: s1.lookup})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	if _, err := p.AllocQP(0xffff, 0); err != nil {
+		t.Fatal(err)
+	}
+	if got := p.PartitionMTU(0xffff); got != 4096 || p.Counters().Stats["group_mtu_fallbacks"] != 1 {
+		t.Fatalf("PartitionMTU %d, stats %v", got, p.Counters().Stats)
+	}
+	sm.restart(ipoib.QKey, 0)
+	h.devs[gid1].events <- eventClientReregister
+	// The restart rejoins the group twice: its MULTICAST_ERROR and the flush.
+	waitFor(t, "the rejoins' fallbacks", func() bool { return p.Counters().Stats["group_mtu_fallbacks"] == 3 })
+	logMu.Lock()
+	defer logMu.Unlock()
+	if c := strings.Count(logs.String(), "no MTU for the partition's broadcast group"); c != 1 {
+		t.Fatalf("logged %d times:\n%s", c, logs.String())
+	}
+}
+
+// lockedWriter serialises a log handler's writes with the test's reads.
+type lockedWriter struct {
+	w  *bytes.Buffer
+	mu *sync.Mutex
+}
+
+func (l *lockedWriter) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(b)
+}
+
+// TestJoinQKeyMismatch: a group whose Q_Key is not the partition
+// broadcast group's. Kernels whose cma_make_mc_event calls cma_set_qkey
+// report it as the id's MULTICAST_ERROR; newer ones (cma_ib_mc_handler
+// calls cma_set_qkey first and sends no event when it fails) leave the
+// join to time out, and the port's error says what to check.
+func TestJoinQKeyMismatch(t *testing.T) {
+	for _, qkeyFirst := range []bool{false, true} {
+		t.Run(fmt.Sprintf("qkeyFirst=%v", qkeyFirst), func(t *testing.T) {
+			sm := newSM()
+			n := newIBNet(t, sm, []ipoib.PKey{0xffff}, 0xffff)
+			n.s1.qkeyFirst = qkeyFirst
+			sm.mu.Lock()
+			sm.groups[otherGroup] = &fakeGroup{mlid: 0xc100, qkey: 0x1234, mtu: 4096,
+				kernel: map[ipoib.GID]bool{}, ids: map[ipoib.GID]bool{}}
+			sm.mu.Unlock()
+			err := n.p1.Join(otherGroup)
+			switch {
+			case err == nil:
+				t.Fatal("joined a group with another Q_Key")
+			case qkeyFirst && (!errors.Is(err, unix.ETIMEDOUT) || !strings.Contains(err.Error(), "Q_Key differs") || !strings.Contains(err.Error(), "saquery")):
+				t.Fatalf("timeout error %q does not say what to check", err)
+			case !qkeyFirst && !errors.Is(err, errJoinRefused):
+				t.Fatalf("error %v, want the MULTICAST_ERROR refusal", err)
+			}
+			if n.p1.groups.Full(otherGroup) {
+				t.Fatal("the group table records a failed join")
+			}
+		})
+	}
+}
