@@ -1,0 +1,194 @@
+package netns
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// kitTools are what test/hw/run.sh runs on the simulated fabric.
+var kitTools = []string{"bash", "nsenter", "bridge", "ping", "arping", "iperf", "awk", "sed"}
+
+// kitHosts makes two "host" namespaces joined by a veth underlay (ul,
+// MTU 9000) and returns the kit's options that make them host A and
+// host B, and their names. The kit reaches them with nsenter --net, not ip netns exec: the
+// guest namespaces it adds inside must be visible to the next command,
+// and ip netns exec gives each command a mount namespace of its own.
+func kitHosts(t *testing.T) ([]string, []string) {
+	t.Helper()
+	pfx := fmt.Sprintf("k%d%d", os.Getpid()%1000, nsSeq.Add(1))
+	a, b := pfx+"A", pfx+"B"
+	for _, ns := range []string{a, b} {
+		ns := ns
+		sh(t, "ip", "netns", "add", ns)
+		t.Cleanup(func() { shErr("ip", "netns", "delete", ns) })
+		sh(t, in(ns, "ip", "link", "set", "lo", "up")...)
+	}
+	sh(t, "ip", "link", "add", "ul", "netns", a, "type", "veth", "peer", "name", "ul", "netns", b)
+	for _, ns := range []string{a, b} {
+		sh(t, in(ns, "ip", "link", "set", "ul", "mtu", "9000", "up")...)
+	}
+	return []string{"--fabric", "sim", "--dev", "ul",
+		"--local-exec", "nsenter --net=/run/netns/" + a, "--peer-exec", "nsenter --net=/run/netns/" + b}, []string{a, b}
+}
+
+// runKit runs test/hw/run.sh with args and returns its output and exit
+// code.
+func runKit(t *testing.T, timeout time.Duration, args ...string) (string, int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "bash", append([]string{filepath.Join("..", "hw", "run.sh")}, args...)...).CombinedOutput()
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+		return string(out), 0
+	case errors.As(err, &ee) && ctx.Err() == nil:
+		return string(out), ee.ExitCode()
+	default:
+		t.Fatalf("run.sh %v: %v\n%s", args, err, out)
+		return "", -1
+	}
+}
+
+// kitRow is one row of the kit's summary table.
+type kitRow struct{ check, backend, partition, result, figure string }
+
+var (
+	kitSummary = regexp.MustCompile(`(?m)^summary: (\d+) passed, (\d+) failed, (\d+) not run$`)
+	kitRowRE   = regexp.MustCompile(`^(.{18}) (\S+) +(\S+) +(PASS|FAIL|not run) +(.*)$`)
+)
+
+// kitTable returns the rows of the summary table: the lines between its
+// header and the summary line.
+func kitTable(t *testing.T, out string) []kitRow {
+	t.Helper()
+	lines := strings.Split(out, "\n")
+	start := -1
+	for i, l := range lines {
+		if strings.HasPrefix(l, "check ") && strings.Contains(l, " figure") {
+			start = i + 1
+		}
+	}
+	if start < 0 {
+		t.Fatalf("no summary table in the kit's output:\n%s", out)
+	}
+	var rows []kitRow
+	for _, l := range lines[start:] {
+		if strings.HasPrefix(l, "summary:") {
+			return rows
+		}
+		m := kitRowRE.FindStringSubmatch(l)
+		if m == nil {
+			t.Fatalf("summary row %q does not parse\n%s", l, out)
+		}
+		rows = append(rows, kitRow{strings.TrimSpace(m[1]), m[2], m[3], m[4], m[5]})
+	}
+	t.Fatalf("summary table without a summary line:\n%s", out)
+	return nil
+}
+
+// TestHWKit runs the operators' kit (test/hw/run.sh) here, so that it
+// cannot rot: two host namespaces on a veth underlay, the simulated
+// fabric, one partition, no SM. It asserts that the kit exits 0, that
+// its summary says 0 failed with as many passed as the table has PASS
+// rows, that every leg this machine can run is in the table as PASS
+// (ping, ping -6, ARP, ND, TCP both ways, IPv4 and IPv6 multicast), and
+// that the legs left out by the options — the SM re-register, the
+// second partition, the kernel and verbs backends — are printed as "not
+// run" with their reason, never as passed; and that the kit left no
+// interface, namespace or process behind.
+func TestHWKit(t *testing.T) {
+	nstestRequire(t, kitTools...)
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	args, hosts := kitHosts(t)
+	args = append(args, "--eipoibd", daemonBin, "--partitions", "1", "--no-sm", "--count", "3",
+		"--bytes", "8388608", "--mcast-settle", "1", "--work", t.TempDir())
+	out, code := runKit(t, 90*time.Second, args...)
+	if code != 0 {
+		t.Errorf("run.sh exited %d, want 0", code)
+	}
+	m := kitSummary.FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("no summary line:\n%s", out)
+	}
+	rows := kitTable(t, out)
+	pass := 0
+	got := map[string]kitRow{}
+	for _, r := range rows {
+		got[r.check+"|"+r.backend+"|"+r.partition] = r
+		if r.result == "PASS" {
+			pass++
+		}
+	}
+	if m[2] != "0" || m[1] != strconv.Itoa(pass) || m[1] == "0" {
+		t.Errorf("summary %q, want 0 failed and %d passed (the table's PASS rows)", m[0], pass)
+	}
+	for _, c := range []string{"ping4", "ping6", "arp", "nd", "tcp A1>B1", "tcp B1>A1", "mcast4", "mcast6"} {
+		if r, ok := got[c+"|sim|0xffff"]; !ok || r.result != "PASS" {
+			t.Errorf("leg %s (sim, 0xffff): %+v, want PASS", c, r)
+		}
+	}
+	for key, reason := range map[string]string{
+		"sm-reregister|sim|0xffff": "(--no-sm)",
+		"all checks|all|0x8001":    "(--partitions 1)",
+		"all checks|kernel|all":    "(--fabric sim",
+		"all checks|verbs|all":     "(--fabric sim",
+	} {
+		if r, ok := got[key]; !ok || r.result != "not run" || !strings.HasPrefix(r.figure, reason) {
+			t.Errorf("leg %s: %+v, want not run %s…", key, r, reason)
+		}
+	}
+	if want := 8 + 4; len(rows) != want {
+		t.Errorf("%d rows, want %d", len(rows), want)
+	}
+	for _, ns := range hosts {
+		if l := sh(t, in(ns, "ip", "-o", "link")...); strings.Contains(l, "eht") {
+			t.Errorf("%s: the kit left interfaces behind:\n%s", ns, l)
+		}
+	}
+	if l := sh(t, "ip", "netns", "list"); strings.Contains(l, "ehtA") || strings.Contains(l, "ehtB") {
+		t.Errorf("the kit left guest namespaces behind:\n%s", l)
+	}
+	t.Logf("run.sh output:\n%s", out)
+}
+
+// TestHWKitPrerequisites: with an eipoibd that does not exist and
+// without --no-sm on the simulated fabric, the kit names both missing
+// prerequisites, with what to do, changes nothing and exits 2, and runs
+// no check.
+func TestHWKitPrerequisites(t *testing.T) {
+	nstestRequire(t, kitTools...)
+	args, _ := kitHosts(t)
+	args = append(args, "--eipoibd", "/nonexistent/eipoibd", "--partitions", "1", "--work", t.TempDir())
+	out, code := runKit(t, 30*time.Second, args...)
+	if code != 2 {
+		t.Errorf("run.sh exited %d, want 2", code)
+	}
+	for _, want := range []string{
+		"MISSING  A: eipoibd (/nonexistent/eipoibd): install it on host A, or give --eipoibd PATH",
+		"MISSING  B: eipoibd (/nonexistent/eipoibd): install it on host B, or give --eipoibd PATH",
+		"MISSING  the simulated fabric has no subnet manager: pass --no-sm",
+		"prerequisites: 3 missing",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q", want)
+		}
+	}
+	if strings.Contains(out, "summary:") || strings.Contains(out, "PASS") {
+		t.Errorf("checks ran although prerequisites were missing")
+	}
+	if t.Failed() {
+		t.Logf("run.sh output:\n%s", out)
+	}
+}
