@@ -40,11 +40,17 @@ Fabric and backends:
   --verbs-dev DEV      verbs device of --dev (default: the HCA under /sys/class/net/DEV/device)
   --eipoibd PATH       eipoibd on both hosts (default: eipoibd on PATH)
   --eipoibd-verbs PATH the -tags verbs build on both hosts (default: eipoibd-verbs on PATH)
+  --eipoibd-args ARGS  more flags for eipoibd run, e.g. '--ib-mtu 2048 --log-level debug'
 Partitions and addresses:
   --partitions 1|2     1: P_Key 0xffff only; 2 (default): also --pkey2
   --pkey2 PKEY         second partition's P_Key, full member (default 0x8001)
   --vlan2 VID          its guests' VLAN behind the bridge, mapped with
                        eipoibd --vlan-pkey VID=PKEY (default 100)
+  --switch bridge|ovs  the guests' switch: a Linux bridge (default; vlan_filtering
+                       for two partitions) or Open vSwitch (the running ovs-vswitchd;
+                       eipoibd --ovs-bridge)
+  --ovs-datapath DP    datapath of the OVS bridge: system (default) or netdev
+                       (userspace; the guests' veths then get tx checksumming off)
   --net4 A.B           partition N's guests and natives use A.B.N.0/24 (default 10.77):
                        native .1 (A) and .2 (B), guests .11 .12 (A) and .21 .22 (B)
   --net6 PFX           and PFX:N::/64 with the same last numbers (default fd77)
@@ -75,7 +81,7 @@ die() { # usage error
 PEER="" PEER_EXEC="" LOCAL_EXEC="" DEV=ib0 PEER_DEV="" FABRIC=ib BACKENDS="" VERBS_DEV=""
 EIPOIBD=eipoibd EIPOIBD_VERBS=eipoibd-verbs PARTITIONS=2 PKEY2=0x8001 VLAN2=100
 NET4=10.77 NET6=fd77 SM_MODE=reset SM_RESTART="" SM_TIMEOUT=60 COUNT=10 BYTES=67108864
-SETTLE=2 WORK=/tmp/eipoib-hwkit CLEANUP_ONLY=0
+SETTLE=2 WORK=/tmp/eipoib-hwkit CLEANUP_ONLY=0 SWITCH=bridge OVS_DP=system EXTRA=""
 
 while [ $# -gt 0 ]; do
 	opt=$1
@@ -99,9 +105,12 @@ while [ $# -gt 0 ]; do
 	--verbs-dev) VERBS_DEV=$val ;;
 	--eipoibd) EIPOIBD=$val ;;
 	--eipoibd-verbs) EIPOIBD_VERBS=$val ;;
+	--eipoibd-args) EXTRA=$val ;;
 	--partitions) PARTITIONS=$val ;;
 	--pkey2) PKEY2=$val ;;
 	--vlan2) VLAN2=$val ;;
+	--switch) SWITCH=$val ;;
+	--ovs-datapath) OVS_DP=$val ;;
 	--net4) NET4=$val ;;
 	--net6) NET6=$val ;;
 	--sm-restart) SM_MODE=restart SM_RESTART=$val ;;
@@ -118,9 +127,12 @@ done
 for v in "$DEV" "${PEER_DEV:-x}" "${VERBS_DEV:-x}" "$EIPOIBD" "$EIPOIBD_VERBS" "$WORK" "$NET4" "$NET6"; do
 	[[ $v =~ ^[A-Za-z0-9_./:@+-]+$ ]] || die "'$v': only letters, digits and _ . / : @ + - are allowed"
 done
+[[ $EXTRA =~ ^[A-Za-z0-9_.,=:/\ -]*$ ]] || die "--eipoibd-args: only flags and plain values"
 [ -n "$PEER" ] || [ -n "$PEER_EXEC" ] || die "--peer (or --peer-exec) is required"
 case $FABRIC in ib | sim) ;; *) die "--fabric is ib or sim, not $FABRIC" ;; esac
 case $PARTITIONS in 1 | 2) ;; *) die "--partitions is 1 or 2, not $PARTITIONS" ;; esac
+case $SWITCH in bridge | ovs) ;; *) die "--switch is bridge or ovs, not $SWITCH" ;; esac
+case $OVS_DP in system | netdev) ;; *) die "--ovs-datapath is system or netdev, not $OVS_DP" ;; esac
 [[ $PKEY2 =~ ^0x[0-9a-fA-F]{1,4}$ ]] || die "--pkey2 is a hex P_Key such as 0x8001, not $PKEY2"
 PKEY2=$(printf '0x%04x' $((PKEY2 | 0x8000)))
 if [ "$PKEY2" = 0xffff ] || [ "$PKEY2" = 0x8000 ]; then die "--pkey2 must differ from 0xffff and 0x8000"; fi
@@ -175,6 +187,7 @@ pidx() { [ "$1" = 0xffff ] && echo 1 || echo 2; }
 # topo_down_script HOST: what removes one backend's guests, bridge and
 # TAP from HOST, tolerating any of them absent.
 topo_down_script() {
+	[ "$SWITCH" = ovs ] && echo "ovs-vsctl --timeout=10 --if-exists del-br ehtbr"
 	cat <<EOF
 for n in \$(ip netns list 2>/dev/null | awk '{print \$1}' | grep '^eht$1'); do ip netns del "\$n"; done
 for l in eht0 ehtbr ehtu ehtv11 ehtv12 ehtv21 ehtv22; do ip link del "\$l" 2>/dev/null; done
@@ -277,9 +290,15 @@ prereqs() {
 		else
 			printf '  note     %s: no ndisc6 (apt-get install ndisc6): ND is checked by ping -6 and the neighbour table\n' "$h"
 		fi
-		if [ "$PARTITIONS" = 2 ]; then
+		if [ "$SWITCH" = ovs ]; then
+			need "$h" "Open vSwitch running (ovs-vsctl show)" "systemctl start openvswitch-switch (Debian: apt-get install openvswitch-switch)" \
+				"ovs-vsctl --timeout=5 show && command -v ovsdb-client"
+			if [ "$OVS_DP" = netdev ]; then
+				need "$h" "ethtool (checksums off for the netdev datapath)" "apt-get install ethtool" "command -v ethtool"
+			fi
+		elif [ "$PARTITIONS" = 2 ]; then
 			need "$h" "bridge VLAN filtering (second partition's guests)" \
-				"a kernel with CONFIG_BRIDGE_VLAN_FILTERING, or --partitions 1" \
+				"a kernel with CONFIG_BRIDGE_VLAN_FILTERING, or --switch ovs, or --partitions 1" \
 				"ip link add ehtvf type bridge vlan_filtering 1 && ip link del ehtvf"
 		fi
 		if [ "$h" = A ] && [ "$FABRIC" = ib ]; then
@@ -372,22 +391,32 @@ ip addr add $(ip6 "$p" "$h" 0)/64 dev $ndev nodad && echo '$ndev $(ip6 "$p" "$h"
 	on "$h" "$s"
 }
 
+# stack_off DEV: the line that keeps the host's own IP stack off a
+# device of the guests' switch. With arp_ignore 0 (the weak host model,
+# net/ipv4/arp.c arp_ignore) the host would answer guests' ARP for its
+# native IPoIB address through the switch too, and the guests would see
+# the host twice, once as a guest of eipoibd. A Linux bridge keeps its
+# ports' frames from the stack; OVS's userspace datapath does not, so
+# every port gets it.
+stack_off() {
+	echo "echo 1 >/proc/sys/net/ipv4/conf/$1/arp_ignore && echo 1 >/proc/sys/net/ipv6/conf/$1/disable_ipv6 || exit 1"
+}
+
 # guests_up HOST: the bridge and two guest namespaces per partition; the
 # second partition's guest ports are access ports of --vlan2.
 guests_up() {
-	local h=$1 pk p g n s=""
-	if [ "$PARTITIONS" = 2 ]; then
+	local h=$1 pk p g n s="" tag
+	if [ "$SWITCH" = ovs ]; then
+		s+="ovs-vsctl --timeout=10 add-br ehtbr -- set bridge ehtbr datapath_type=$OVS_DP || exit 1
+"
+	elif [ "$PARTITIONS" = 2 ]; then
 		s+="ip link add ehtbr type bridge vlan_filtering 1 || exit 1
 "
 	else
 		s+="ip link add ehtbr type bridge || exit 1
 "
 	fi
-	# The host's own stack stays off the bridge: with arp_ignore 0 (the
-	# weak host model, net/ipv4/arp.c arp_ignore) it would answer guests'
-	# ARP for its native IPoIB address through the bridge too, and the
-	# guests would see the host twice, once as a guest of eipoibd.
-	s+="echo 1 >/proc/sys/net/ipv4/conf/ehtbr/arp_ignore && echo 1 >/proc/sys/net/ipv6/conf/ehtbr/disable_ipv6 || exit 1
+	s+="$(stack_off ehtbr)
 ip link set ehtbr up
 "
 	for pk in "${PKEYS[@]}"; do
@@ -396,13 +425,28 @@ ip link set ehtbr up
 			n=$(ns "$h" "$p" "$g")
 			s+="ip netns add $n && ip -n $n link set lo up || exit 1
 ip link add ehtv$p$g type veth peer name eth0 netns $n || exit 1
-ip link set ehtv$p$g master ehtbr up
-ip -n $n link set eth0 up
+$(stack_off "ehtv$p$g")
+"
+			if [ "$SWITCH" = ovs ]; then
+				tag=""
+				[ "$p" = 2 ] && tag=" tag=$VLAN2"
+				s+="ovs-vsctl --timeout=10 add-port ehtbr ehtv$p$g$tag || exit 1
+ip link set ehtv$p$g up
+"
+				# The userspace datapath forwards what the veth hands it;
+				# checksums left to offload would stay unfilled.
+				[ "$OVS_DP" = netdev ] && s+="ethtool -K ehtv$p$g tx off >/dev/null && ip netns exec $n ethtool -K eth0 tx off >/dev/null || exit 1
+"
+			else
+				s+="ip link set ehtv$p$g master ehtbr up
+"
+			fi
+			s+="ip -n $n link set eth0 up
 ip -n $n addr add $(ip4 "$p" "$h" "$g")/24 dev eth0
 ip -n $n addr add $(ip6 "$p" "$h" "$g")/64 dev eth0 nodad
 ip -n $n route add 224.0.0.0/4 dev eth0
 "
-			if [ "$p" = 2 ]; then
+			if [ "$p" = 2 ] && [ "$SWITCH" = bridge ]; then
 				s+="bridge vlan del dev ehtv$p$g vid 1 && bridge vlan add dev ehtv$p$g vid $VLAN2 pvid untagged || exit 1
 "
 			fi
@@ -414,7 +458,8 @@ ip -n $n route add 224.0.0.0/4 dev eth0
 # daemon_up HOST BACKEND: eipoibd with the TAP eht0 in the bridge;
 # waits until it moves traffic.
 daemon_up() {
-	local h=$1 b=$2 d W args bin=$EIPOIBD
+	local h=$1 b=$2 d W args bin=$EIPOIBD sw=--bridge
+	[ "$SWITCH" = ovs ] && sw=--ovs-bridge
 	d=$(dev_of "$h")
 	W=$(w "$h")
 	case $b in
@@ -430,14 +475,16 @@ daemon_up() {
 	[ "$b" = sim ] && s+="ip link add ehtu link $d type macvlan mode bridge && ip link set ehtu up || exit 1
 "
 	s+="mkdir -p $W/ctl
-nohup $bin run $args --name eht0 --bridge ehtbr --ctl-dir $W/ctl </dev/null >$W/eipoibd-$b.log 2>&1 &
+nohup $bin run $args --name eht0 $sw ehtbr --ctl-dir $W/ctl $EXTRA </dev/null >$W/eipoibd-$b.log 2>&1 &
 echo \$! >$W/run.pid
 i=0; until grep -q 'shim running' $W/eipoibd-$b.log; do
 	kill -0 \$(cat $W/run.pid) 2>/dev/null && [ \$i -lt 300 ] || { tail -n 20 $W/eipoibd-$b.log; exit 1; }
 	sleep 0.2; i=\$((i+1))
 done
 "
-	[ "$PARTITIONS" = 2 ] && s+="bridge vlan add dev eht0 vid $VLAN2 || exit 1
+	s+="$(stack_off eht0)
+"
+	[ "$PARTITIONS" = 2 ] && [ "$SWITCH" = bridge ] && s+="bridge vlan add dev eht0 vid $VLAN2 || exit 1
 "
 	on "$h" "$s"
 }
@@ -720,7 +767,7 @@ if [ "$PARTITIONS" = 1 ]; then
 fi
 
 echo
-echo "eipoibd hardware kit: fabric $FABRIC, $COUNT requests per pair, logs in $WORK/{A,B}.prev on each host"
+echo "eipoibd hardware kit: fabric $FABRIC, switch $SWITCH, $COUNT requests per pair, logs in $WORK/{A,B}.prev on each host"
 printf '%-18s %-8s %-9s %-8s %s\n' check backend partition result figure
 for r in "${RESULTS[@]}"; do
 	IFS='|' read -r c b pk st fig <<<"$r"

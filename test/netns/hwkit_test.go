@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -19,34 +20,47 @@ var kitTools = []string{"bash", "nsenter", "bridge", "ping", "arping", "iperf", 
 
 // kitHosts makes two "host" namespaces joined by a veth underlay (ul,
 // MTU 9000) and returns the kit's options that make them host A and
-// host B, and their names. The kit reaches them with nsenter --net, not ip netns exec: the
-// guest namespaces it adds inside must be visible to the next command,
-// and ip netns exec gives each command a mount namespace of its own.
-func kitHosts(t *testing.T) ([]string, []string) {
+// host B, and their names. The kit reaches them with nsenter --net, not
+// ip netns exec: the guest namespaces it adds inside must be visible to
+// the next command, and ip netns exec gives each command a mount
+// namespace of its own. With ovs, each host also gets an Open vSwitch of
+// its own, which the kit and eipoibd find through OVS_RUNDIR.
+func kitHosts(t *testing.T, ovs bool) ([]string, []string) {
 	t.Helper()
 	pfx := fmt.Sprintf("k%d%d", os.Getpid()%1000, nsSeq.Add(1))
-	a, b := pfx+"A", pfx+"B"
-	for _, ns := range []string{a, b} {
+	hosts := []string{pfx + "A", pfx + "B"}
+	var exec []string
+	for _, ns := range hosts {
 		ns := ns
 		sh(t, "ip", "netns", "add", ns)
 		t.Cleanup(func() { shErr("ip", "netns", "delete", ns) })
 		sh(t, in(ns, "ip", "link", "set", "lo", "up")...)
+		prefix := "nsenter --net=/run/netns/" + ns
+		if ovs {
+			dir := startOVS(t, ns)
+			t.Cleanup(func() { stopOVS(dir) })
+			prefix = "env OVS_RUNDIR=" + dir + " " + prefix
+		}
+		exec = append(exec, prefix)
 	}
-	sh(t, "ip", "link", "add", "ul", "netns", a, "type", "veth", "peer", "name", "ul", "netns", b)
-	for _, ns := range []string{a, b} {
+	sh(t, "ip", "link", "add", "ul", "netns", hosts[0], "type", "veth", "peer", "name", "ul", "netns", hosts[1])
+	for _, ns := range hosts {
 		sh(t, in(ns, "ip", "link", "set", "ul", "mtu", "9000", "up")...)
 	}
-	return []string{"--fabric", "sim", "--dev", "ul",
-		"--local-exec", "nsenter --net=/run/netns/" + a, "--peer-exec", "nsenter --net=/run/netns/" + b}, []string{a, b}
+	return []string{"--fabric", "sim", "--dev", "ul", "--local-exec", exec[0], "--peer-exec", exec[1]}, hosts
 }
 
 // runKit runs test/hw/run.sh with args and returns its output and exit
-// code.
+// code. Past the timeout the kit gets SIGTERM, on which it removes what
+// it made, and 20 s to do so.
 func runKit(t *testing.T, timeout time.Duration, args ...string) (string, int) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, "bash", append([]string{filepath.Join("..", "hw", "run.sh")}, args...)...).CombinedOutput()
+	cmd := exec.CommandContext(ctx, "bash", append([]string{filepath.Join("..", "hw", "run.sh")}, args...)...)
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.WaitDelay = 20 * time.Second
+	out, err := cmd.CombinedOutput()
 	var ee *exec.ExitError
 	switch {
 	case err == nil:
@@ -96,25 +110,17 @@ func kitTable(t *testing.T, out string) []kitRow {
 	return nil
 }
 
-// TestHWKit runs the operators' kit (test/hw/run.sh) here, so that it
-// cannot rot: two host namespaces on a veth underlay, the simulated
-// fabric, one partition, no SM. It asserts that the kit exits 0, that
-// its summary says 0 failed with as many passed as the table has PASS
-// rows, that every leg this machine can run is in the table as PASS
-// (ping, ping -6, ARP, ND, TCP both ways, IPv4 and IPv6 multicast), and
-// that the legs left out by the options — the SM re-register, the
-// second partition, the kernel and verbs backends — are printed as "not
-// run" with their reason, never as passed; and that the kit left no
-// interface, namespace or process behind.
-func TestHWKit(t *testing.T) {
-	nstestRequire(t, kitTools...)
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	args, hosts := kitHosts(t)
-	args = append(args, "--eipoibd", daemonBin, "--partitions", "1", "--no-sm", "--count", "3",
-		"--bytes", "8388608", "--mcast-settle", "1", "--work", t.TempDir())
-	out, code := runKit(t, 90*time.Second, args...)
+// kitLegs are the legs the kit runs per backend and partition.
+var kitLegs = []string{"ping4", "ping6", "arp", "nd", "tcp A1>B1", "tcp B1>A1", "mcast4", "mcast6"}
+
+// checkKit asserts what the kit's run printed: exit 0; a summary of 0
+// failed with as many passed as the table has PASS rows; every leg in
+// the table as PASS for backend sim on each of the partitions; exactly
+// the notRun rows (check|backend|partition → the start of the reason) as
+// "not run", never as passed; no other row; and nothing left on the
+// hosts.
+func checkKit(t *testing.T, out string, code int, hosts, partitions []string, notRun map[string]string) {
+	t.Helper()
 	if code != 0 {
 		t.Errorf("run.sh exited %d, want 0", code)
 	}
@@ -134,22 +140,19 @@ func TestHWKit(t *testing.T) {
 	if m[2] != "0" || m[1] != strconv.Itoa(pass) || m[1] == "0" {
 		t.Errorf("summary %q, want 0 failed and %d passed (the table's PASS rows)", m[0], pass)
 	}
-	for _, c := range []string{"ping4", "ping6", "arp", "nd", "tcp A1>B1", "tcp B1>A1", "mcast4", "mcast6"} {
-		if r, ok := got[c+"|sim|0xffff"]; !ok || r.result != "PASS" {
-			t.Errorf("leg %s (sim, 0xffff): %+v, want PASS", c, r)
+	for _, pk := range partitions {
+		for _, c := range kitLegs {
+			if r, ok := got[c+"|sim|"+pk]; !ok || r.result != "PASS" {
+				t.Errorf("leg %s (sim, %s): %+v, want PASS", c, pk, r)
+			}
 		}
 	}
-	for key, reason := range map[string]string{
-		"sm-reregister|sim|0xffff": "(--no-sm)",
-		"all checks|all|0x8001":    "(--partitions 1)",
-		"all checks|kernel|all":    "(--fabric sim",
-		"all checks|verbs|all":     "(--fabric sim",
-	} {
+	for key, reason := range notRun {
 		if r, ok := got[key]; !ok || r.result != "not run" || !strings.HasPrefix(r.figure, reason) {
 			t.Errorf("leg %s: %+v, want not run %s…", key, r, reason)
 		}
 	}
-	if want := 8 + 4; len(rows) != want {
+	if want := len(kitLegs)*len(partitions) + len(notRun); len(rows) != want {
 		t.Errorf("%d rows, want %d", len(rows), want)
 	}
 	for _, ns := range hosts {
@@ -163,13 +166,69 @@ func TestHWKit(t *testing.T) {
 	t.Logf("run.sh output:\n%s", out)
 }
 
+// kitArgs are the self-tests' measurement options: fewer requests and
+// bytes than on hardware, so a run stays well under 90 s.
+var kitArgs = []string{"--no-sm", "--count", "3", "--bytes", "8388608", "--mcast-settle", "1"}
+
+// TestHWKit runs the operators' kit (test/hw/run.sh) here, so that it
+// cannot rot: two host namespaces on a veth underlay, the simulated
+// fabric, Linux bridges, one partition (this kernel's bridge has no VLAN
+// filtering), no SM. checkKit asserts the run: every leg this machine
+// can run (ping, ping -6, ARP, ND, TCP both ways, IPv4 and IPv6
+// multicast) PASS, the SM re-register, the second partition and the
+// kernel and verbs backends "not run" with their reason, 0 failed,
+// nothing left behind.
+func TestHWKit(t *testing.T) {
+	nstestRequire(t, kitTools...)
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	args, hosts := kitHosts(t, false)
+	args = append(append(args, kitArgs...), "--eipoibd", daemonBin, "--partitions", "1", "--work", t.TempDir())
+	out, code := runKit(t, 90*time.Second, args...)
+	checkKit(t, out, code, hosts, []string{"0xffff"}, map[string]string{
+		"sm-reregister|sim|0xffff": "(--no-sm)",
+		"all checks|all|0x8001":    "(--partitions 1)",
+		"all checks|kernel|all":    "(--fabric sim",
+		"all checks|verbs|all":     "(--fabric sim",
+	})
+}
+
+// TestHWKitOVS runs the kit with both partitions: the second one's
+// guests on VLAN 100 of an Open vSwitch bridge (userspace datapath, an
+// OVS per host), eipoibd mapping it to P_Key 0x8001 and each host's
+// second native address on an eipoibd host of that P_Key. checkKit
+// asserts every leg PASS on both partitions, and the SM re-register and
+// the kernel and verbs backends "not run". eipoibd runs with
+// --offload=false: the userspace datapath reads the TAP without its vnet
+// header, so the TCP super-frames eipoibd writes to it with offloads on
+// would reach the guests' 1500-byte veths whole, and TCP crawls through
+// retransmissions.
+func TestHWKitOVS(t *testing.T) {
+	nstestRequire(t, append(kitTools, "ethtool", "ovs-vsctl", "ovsdb-tool", "ovsdb-server", "ovs-vswitchd", "ovs-appctl", "ovsdb-client")...)
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	args, hosts := kitHosts(t, true)
+	// Two requests per pair: the second partition doubles the run.
+	args = append(append(args, kitArgs...), "--count", "2", "--eipoibd", daemonBin, "--switch", "ovs", "--ovs-datapath", "netdev",
+		"--eipoibd-args", "--offload=false",
+		"--pkey2", "0x8001", "--vlan2", "100", "--work", t.TempDir())
+	out, code := runKit(t, 90*time.Second, args...)
+	checkKit(t, out, code, hosts, []string{"0xffff", "0x8001"}, map[string]string{
+		"sm-reregister|sim|0xffff": "(--no-sm)",
+		"all checks|kernel|all":    "(--fabric sim",
+		"all checks|verbs|all":     "(--fabric sim",
+	})
+}
+
 // TestHWKitPrerequisites: with an eipoibd that does not exist and
 // without --no-sm on the simulated fabric, the kit names both missing
 // prerequisites, with what to do, changes nothing and exits 2, and runs
 // no check.
 func TestHWKitPrerequisites(t *testing.T) {
 	nstestRequire(t, kitTools...)
-	args, _ := kitHosts(t)
+	args, _ := kitHosts(t, false)
 	args = append(args, "--eipoibd", "/nonexistent/eipoibd", "--partitions", "1", "--work", t.TempDir())
 	out, code := runKit(t, 30*time.Second, args...)
 	if code != 2 {
