@@ -489,21 +489,25 @@ done
 	on "$h" "$s"
 }
 
-# daemon_down HOST: stops eipoibd (SIGTERM: it removes its TAP, QPs and
-# children) and forgets the neighbours learnt through it.
+# daemon_down HOST BACKEND: saves eipoibd's counters, VIFs, neighbours
+# and groups to WORK/HOST/show-BACKEND.txt for the operator, stops it
+# (SIGTERM: it removes its TAP, QPs and children) and makes the native
+# stack forget the guests' addresses, which the next backend's QPs change.
 daemon_down() {
-	local h=$1 W d p g s
+	local h=$1 b=$2 W d bin=$EIPOIBD s="" what
 	W=$(w "$h")
 	d=$(dev_of "$h")
-	s="p=\$(cat $W/run.pid 2>/dev/null) && kill -TERM \$p 2>/dev/null
+	[ "$b" = verbs ] && bin=$EIPOIBD_VERBS
+	for what in stats vifs neigh groups; do
+		s+="echo '== eipoibd show $what'; $bin show $what --ctl-dir $W/ctl --name eht0
+"
+	done
+	s="{
+$s} >$W/show-$b.txt 2>&1
+p=\$(cat $W/run.pid 2>/dev/null) && kill -TERM \$p 2>/dev/null
 i=0; while [ -n \"\$p\" ] && kill -0 \$p 2>/dev/null && [ \$i -lt 50 ]; do sleep 0.2; i=\$((i+1)); done
 kill -KILL \$p 2>/dev/null; rm -f $W/run.pid
-ip link del ehtu 2>/dev/null
 "
-	for p in 1 2; do
-		for g in 1 2; do s+="ip -n $(ns "$h" $p $g) neigh flush all 2>/dev/null
-"; done
-	done
 	[ "$FABRIC" = ib ] && s+="ip neigh flush dev $d; ip neigh flush dev $d.${PKEY2#0x} 2>/dev/null
 "
 	on "$h" "${s}true"
@@ -749,7 +753,7 @@ for b in ${BACKENDS//,/ }; do
 		sm_check "$b"
 	fi
 	for h in A B; do
-		daemon_down "$h"
+		daemon_down "$h" "$b"
 		on "$h" "$(topo_down_script "$h")" >/dev/null 2>&1
 	done
 done

@@ -117,9 +117,10 @@ var kitLegs = []string{"ping4", "ping6", "arp", "nd", "tcp A1>B1", "tcp B1>A1", 
 // failed with as many passed as the table has PASS rows; every leg in
 // the table as PASS for backend sim on each of the partitions; exactly
 // the notRun rows (check|backend|partition → the start of the reason) as
-// "not run", never as passed; no other row; and nothing left on the
-// hosts.
-func checkKit(t *testing.T, out string, code int, hosts, partitions []string, notRun map[string]string) {
+// "not run", never as passed; no other row; nothing left on the hosts;
+// and each host's eipoibd counters, VIFs, neighbours and groups saved
+// in its logs under work.
+func checkKit(t *testing.T, out string, code int, work string, hosts, partitions []string, notRun map[string]string) {
 	t.Helper()
 	if code != 0 {
 		t.Errorf("run.sh exited %d, want 0", code)
@@ -163,6 +164,14 @@ func checkKit(t *testing.T, out string, code int, hosts, partitions []string, no
 	if l := sh(t, "ip", "netns", "list"); strings.Contains(l, "ehtA") || strings.Contains(l, "ehtB") {
 		t.Errorf("the kit left guest namespaces behind:\n%s", l)
 	}
+	for _, h := range []string{"A", "B"} {
+		b, err := os.ReadFile(filepath.Join(work, h+".prev", "show-sim.txt"))
+		for _, want := range []string{"== eipoibd show stats", "tx_frames", "== eipoibd show vifs", "== eipoibd show neigh", "== eipoibd show groups"} {
+			if !strings.Contains(string(b), want) {
+				t.Errorf("host %s: the saved eipoibd state lacks %q (%v)\n%s", h, want, err, b)
+			}
+		}
+	}
 	t.Logf("run.sh output:\n%s", out)
 }
 
@@ -184,9 +193,10 @@ func TestHWKit(t *testing.T) {
 		t.Fatal(buildErr)
 	}
 	args, hosts := kitHosts(t, false)
-	args = append(append(args, kitArgs...), "--eipoibd", daemonBin, "--partitions", "1", "--work", t.TempDir())
+	work := t.TempDir()
+	args = append(append(args, kitArgs...), "--eipoibd", daemonBin, "--partitions", "1", "--work", work)
 	out, code := runKit(t, 90*time.Second, args...)
-	checkKit(t, out, code, hosts, []string{"0xffff"}, map[string]string{
+	checkKit(t, out, code, work, hosts, []string{"0xffff"}, map[string]string{
 		"sm-reregister|sim|0xffff": "(--no-sm)",
 		"all checks|all|0x8001":    "(--partitions 1)",
 		"all checks|kernel|all":    "(--fabric sim",
@@ -210,12 +220,13 @@ func TestHWKitOVS(t *testing.T) {
 		t.Fatal(buildErr)
 	}
 	args, hosts := kitHosts(t, true)
+	work := t.TempDir()
 	// Two requests per pair: the second partition doubles the run.
 	args = append(append(args, kitArgs...), "--count", "2", "--eipoibd", daemonBin, "--switch", "ovs", "--ovs-datapath", "netdev",
 		"--eipoibd-args", "--offload=false",
-		"--pkey2", "0x8001", "--vlan2", "100", "--work", t.TempDir())
+		"--pkey2", "0x8001", "--vlan2", "100", "--work", work)
 	out, code := runKit(t, 90*time.Second, args...)
-	checkKit(t, out, code, hosts, []string{"0xffff", "0x8001"}, map[string]string{
+	checkKit(t, out, code, work, hosts, []string{"0xffff", "0x8001"}, map[string]string{
 		"sm-reregister|sim|0xffff": "(--no-sm)",
 		"all checks|kernel|all":    "(--fabric sim",
 		"all checks|verbs|all":     "(--fabric sim",
