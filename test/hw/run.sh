@@ -345,8 +345,8 @@ prereqs() {
 				"$(port_script "$h"); [ -d /sys/class/infiniband/$vd ] && [ \$port = 1 ]"
 		fi
 	done
-	if [ "$FABRIC" = sim ] && [ "$SM_MODE" != none ]; then
-		echo "  MISSING  the simulated fabric has no subnet manager: pass --no-sm"
+	if [ "$FABRIC" = sim ] && [ "$SM_MODE" = reset ]; then
+		echo "  MISSING  the simulated fabric has no subnet manager: pass --no-sm, or --sm-restart CMD with a stand-in"
 		missing=$((missing + 1))
 	fi
 }
@@ -612,11 +612,11 @@ ${x}ip -6 neigh show to $dst dev eth0 | awk '/lladdr/ { print \$3 }'; done"
 # receiver stops counting when the end-of-test message overtakes data in
 # flight, so its counts differ even on a bare veth: iperf 2 counts exactly.)
 tcp_check() {
-	local b=$1 p=$2 from=$3 to=$4 W dst cli srv sent rcvd bps i
+	local b=$1 p=$2 from=$3 to=$4 W dst cli srv sent rcvd bps
 	W=$(w "$to")
 	dst=$(ip4 "$p" "$to" 1)
 	on "$to" "nohup $(in_g "$to" "$p" 1)iperf -s -y C -P 1 </dev/null >$W/tcp.out 2>&1 & echo \$! >$W/tcp.pid"
-	for i in $(seq 20); do
+	for _ in $(seq 20); do
 		cli=$(on "$from" "$(in_g "$from" "$p" 1)iperf -y C -c $dst -n $BYTES" 2>&1)
 		grep -q "^[0-9]*,.*,.*,.*,.*,.*,.*,.*,.*$" <<<"$cli" && break
 		sleep 0.25
@@ -639,7 +639,7 @@ kill \$(cat $W/tcp.pid) 2>/dev/null; rm -f $W/tcp.pid; cat $W/tcp.out")
 # receiver must report every datagram sent (the last one iperf counts is
 # its end-of-stream marker, which receivers do not count) and none lost.
 mcast_check() {
-	local fam=$1 b=$2 p=$3 name=${4:-mcast$1} grp v="" W g s out sent r lost total ok=0 bad="" i
+	local fam=$1 b=$2 p=$3 name=${4:-mcast$1} grp v="" W g s out sent r lost total ok=0 bad=""
 	W=$(w B)
 	if [ "$fam" = 4 ]; then grp=239.77.77.$p; else grp=ff15::77:$p v=" -V"; fi
 	s=""
@@ -653,7 +653,7 @@ mcast_check() {
 	sent=$(sed -n 's/.*Sent \([0-9]*\) datagrams.*/\1/p' <<<"$out" | head -n1)
 	sent=$((${sent:-1} - 1))
 	for g in 1 2; do
-		for i in $(seq 30); do # the receiver's last report comes after the stream ends
+		for _ in $(seq 30); do # the receiver's last report comes after the stream ends
 			r=$(on B "cat $W/mc$g.out")
 			read -r lost total <<<"$(grep -Eo '[0-9]+/ *[0-9]+ +\(' <<<"$r" | tr -d ' (' | awk -F/ '$2 >= t { l = $1; t = $2 } END { print l + 0, t + 0 }')"
 			[ "$total" -ge "$sent" ] && break
@@ -674,8 +674,9 @@ mcast_check() {
 # included, must be made again), then time how long until guest A1 pings
 # guest B1 again, and check that then COUNT pings and IPv4 multicast pass.
 sm_check() {
-	local b=$1 t0 t1 out dst i=0 rec
+	local b=$1 t0 t1 out dst rec how="ibportstate reset"
 	dst=$(ip4 1 B 1)
+	[ "$SM_MODE" = restart ] && how="--sm-restart"
 	t0=$(date +%s.%N)
 	if [ "$SM_MODE" = restart ]; then
 		out=$(on A "$SM_RESTART" 2>&1)
@@ -683,7 +684,6 @@ sm_check() {
 		out=$(on A "$(port_script A); ibportstate -C \$hca -P \$port -D 0 \$port reset" 2>&1)
 	fi || { record sm-reregister "$b" 0xffff FAIL "trigger failed: $(tail -n1 <<<"$out")"; return; }
 	until on A "$(in_g A 1 1)ping -n -c 1 -W 1 $dst" >/dev/null 2>&1; do
-		i=$((i + 1))
 		if [ "$(awk -v a="$t0" -v b="$(date +%s.%N)" -v m="$SM_TIMEOUT" 'BEGIN { print (b - a > m) }')" = 1 ]; then
 			record sm-reregister "$b" 0xffff FAIL "no ping A1>B1 within $SM_TIMEOUT s"
 			return
@@ -693,10 +693,10 @@ sm_check() {
 	rec=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')
 	out=$(on A "$(in_g A 1 1)ping -n -c $COUNT -i 0.2 -W 2 $dst" 2>&1)
 	if grep -q " $COUNT received" <<<"$out"; then
-		record sm-reregister "$b" 0xffff PASS "ping A1>B1 back after $rec s, then $COUNT/$COUNT"
+		record sm-reregister "$b" 0xffff PASS "ping A1>B1 back after $rec s, then $COUNT/$COUNT ($how)"
 		mcast_check 4 "$b" 1 "mcast4 after SM"
 	else
-		record sm-reregister "$b" 0xffff FAIL "first reply after $rec s, then $(sed -n 's/.* \([0-9]*\) received.*/\1/p' <<<"$out")/$COUNT"
+		record sm-reregister "$b" 0xffff FAIL "first reply after $rec s, then $(sed -n 's/.* \([0-9]*\) received.*/\1/p' <<<"$out")/$COUNT ($how)"
 	fi
 }
 
