@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/eipoib/eipoibd/ipoib"
 	kf "github.com/eipoib/eipoibd/ipoib/kernelfabric"
 	"github.com/eipoib/eipoibd/ipoib/kernelfabric/fakekernel"
@@ -26,24 +24,6 @@ func open(t testing.TB, k *fakekernel.Kernel) *kf.Port {
 	}
 	t.Cleanup(func() { p.Close() })
 	return p
-}
-
-// TestFakeRefusesShortName: a 20-byte address in a name of
-// sizeof(struct sockaddr_ll) is refused with EINVAL, as packet_snd does.
-func TestFakeRefusesShortName(t *testing.T) {
-	k := fakekernel.NewFabric().NewHost(gid("fe80::a"), "ib0", 2044)
-	s, err := k.OpenPacket(1, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var b [kf.SockaddrLLIPoIBLen]byte
-	kf.PutSockaddrLL(&b, 1, 0x0800, ipoib.MakeHwAddr(0, 0x100, gid("fe80::b")))
-	if _, err := s.Send([]kf.Msg{{Name: b[:], NameLen: kf.SockaddrLLSize, Buf: []byte{0x45}}}); !errors.Is(err, unix.EINVAL) {
-		t.Fatalf("got %v, want EINVAL", err)
-	}
-	if n, err := s.Send([]kf.Msg{{Name: b[:], NameLen: kf.SockaddrLLIPoIBLen, Buf: []byte{0x45}}}); n != 1 || err != nil {
-		t.Fatalf("full name: %d %v", n, err)
-	}
 }
 
 // TestChildLifecycle: leftovers are reclaimed; children share a P_Key,
