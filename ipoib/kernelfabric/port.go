@@ -35,21 +35,20 @@ import (
 
 // Drop reasons counted by a Port.
 const (
-	DropOversize     = "oversize"
-	DropBadMeta      = "bad_meta"
-	DropSendError    = "send_error"
-	DropBadSockaddr  = "bad_sockaddr"
-	DropTruncated    = "truncated"
-	DropBadVnetHdr   = "bad_vnet_hdr"
-	DropRxSuper      = "rx_super_packet"
-	DropPktType      = "pkttype"
-	DropBadMcast     = "bad_multicast"
-	DropNotJoined    = "not_joined"
-	DropEmpty        = "empty"
-	DropQueueFull    = "rx_queue_full"
-	DropBufferSmall  = "rx_buffer_small"
-	DropRecvError    = "recv_error"
-	DropMcastNoGroup = "no_group_child"
+	DropOversize    = "oversize"
+	DropBadMeta     = "bad_meta"
+	DropSendError   = "send_error"
+	DropBadSockaddr = "bad_sockaddr"
+	DropTruncated   = "truncated"
+	DropBadVnetHdr  = "bad_vnet_hdr"
+	DropRxSuper     = "rx_super_packet"
+	DropPktType     = "pkttype"
+	DropBadMcast    = "bad_multicast"
+	DropNotJoined   = "not_joined"
+	DropEmpty       = "empty"
+	DropQueueFull   = "rx_queue_full"
+	DropBufferSmall = "rx_buffer_small"
+	DropRecvError   = "recv_error"
 	// DropNoCarrier: the sending child has no carrier (its partition's
 	// broadcast join is not done, or the port or its P_Key went away);
 	// the kernel's noop qdisc would drop the packet and report it sent.
@@ -83,6 +82,10 @@ const (
 	// StatPartitionMTUChanges counts MTU changes of ready children (their
 	// partition's broadcast group MTU changed).
 	StatPartitionMTUChanges = "partition_mtu_changes"
+	// StatOutgoingNotIgnored is OutgoingNotIgnored: the packet sockets
+	// of this process (of every Port) opened without
+	// PACKET_IGNORE_OUTGOING because the kernel refused it.
+	StatOutgoingNotIgnored = "sockets_outgoing_not_ignored"
 )
 
 const (
@@ -430,6 +433,9 @@ func (p *Port) Counters() ipoib.PortCounters {
 	p.ctrMu.Unlock()
 	if n := p.mcastCopies.Load(); n > 0 {
 		c.Stats[StatMcastCopies] = n
+	}
+	if n := OutgoingNotIgnored(); n > 0 {
+		c.Stats[StatOutgoingNotIgnored] = n
 	}
 	return c
 }
@@ -848,6 +854,10 @@ func (p *Port) validate(b []byte, m ipoib.TxMeta, offset int) (*child, bool) {
 	}
 	pay := b[offset:]
 	mcast := m.Dst.QPN() == ipoib.MulticastQPN
+	// A VIF child always has its partition's group child: AllocQP makes
+	// the group child first, and group children go only with Close,
+	// which empties byQPN too. A multicast packet whose source QP is a
+	// VIF child therefore always finds one; c is nil only for bad meta.
 	var c *child
 	if src := p.byQPN[m.SrcQPN]; src != nil && src.pkey == m.PKey.Full() && m.PKey.IsValid() && mcast == m.Dst.GID().IsMulticast() {
 		c = src

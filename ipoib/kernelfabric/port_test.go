@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/eipoib/eipoibd/ipoib"
 	kf "github.com/eipoib/eipoibd/ipoib/kernelfabric"
 	"github.com/eipoib/eipoibd/ipoib/kernelfabric/fakekernel"
@@ -373,5 +375,24 @@ func TestPartitionMTUChange(t *testing.T) {
 	})
 	if p.PartitionMTU(0xffff) != 4096 {
 		t.Fatalf("default partition %d", p.PartitionMTU(0xffff))
+	}
+}
+
+// TestOutgoingNotIgnoredCounted: a socket opened without
+// PACKET_IGNORE_OUTGOING (the kernel refused it) shows in a Port's
+// counters, not only in the package's OutgoingNotIgnored.
+func TestOutgoingNotIgnoredCounted(t *testing.T) {
+	refuse := func(_, _, opt, _ int) error {
+		if opt == unix.PACKET_IGNORE_OUTGOING {
+			return unix.ENOPROTOOPT
+		}
+		return nil
+	}
+	if err := kf.SetOptions(-1, kf.PacketOptions{}, refuse); err != nil {
+		t.Fatal(err)
+	}
+	p := open(t, fakekernel.NewFabric().NewHost(gid("fe80::a"), "ib0", 2044))
+	if got, want := p.Counters().Stats[kf.StatOutgoingNotIgnored], kf.OutgoingNotIgnored(); got != want || got == 0 {
+		t.Fatalf("stat %d, OutgoingNotIgnored %d", got, want)
 	}
 }
