@@ -148,6 +148,11 @@ type child struct {
 	mtu     atomic.Int32
 	up      chan struct{}
 	upOnce  sync.Once
+	// linkMu serialises applying link states to the child; linkSeq
+	// counts the states applied from notifications and dumps, so that
+	// a poll's reading overtaken by one of them is dropped as stale.
+	linkMu  sync.Mutex
+	linkSeq uint64
 }
 
 // refusal is a partition's last refused child.
@@ -324,16 +329,25 @@ func (p *Port) follow(updates <-chan Link) {
 	}
 }
 
-// followChild applies a child's link notification: a waiting createChild
-// is woken by its carrier; a ready child's carrier and MTU are tracked
-// (ipoib_mcast_carrier_on_task sets the MTU before the carrier, so an MTU
-// seen with the carrier on is the partition's).
+// followChild applies a child's link notification (or its state in a
+// dump), in the order follow receives them.
 func (p *Port) followChild(l Link) {
 	v, ok := p.byIndex.Load(l.Index)
 	if !ok {
 		return
 	}
 	c := v.(*child)
+	c.linkMu.Lock()
+	defer c.linkMu.Unlock()
+	c.linkSeq++
+	p.applyLink(c, l)
+}
+
+// applyLink applies link state l to child c (c.linkMu held): a waiting
+// createChild is woken by its carrier; a ready child's carrier and MTU
+// are tracked (ipoib_mcast_carrier_on_task sets the MTU before the
+// carrier, so an MTU seen with the carrier on is the partition's).
+func (p *Port) applyLink(c *child, l Link) {
 	ready := c.mtu.Load() != 0 // had carrier before
 	// The MTU before the carrier: a Write that sees the carrier reads it.
 	if l.Carrier {
@@ -555,12 +569,31 @@ func (p *Port) waitCarrier(c *child) error {
 		case <-p.done:
 			return net.ErrClosed
 		case <-tick.C:
-			if l, err := p.k.LinkByName(c.name); err == nil {
-				p.followChild(l) // a lost notification
-			}
+			p.pollCarrier(c)
 		case <-timer.C:
 			return p.notReady(c)
 		}
+	}
+}
+
+// pollCarrier reads child c's link, in case its carrier-on notification
+// was lost, and applies a carrier on, never off, and only if no
+// notification was applied since the read began: a reading overtaken by
+// one is stale (read "off", then the notification "on" applied, then
+// "off" applied again would leave a ready child without carrier, and no
+// notification would come to correct it).
+func (p *Port) pollCarrier(c *child) {
+	c.linkMu.Lock()
+	seq := c.linkSeq
+	c.linkMu.Unlock()
+	l, err := p.k.LinkByName(c.name)
+	if err != nil || !l.Carrier {
+		return
+	}
+	c.linkMu.Lock()
+	defer c.linkMu.Unlock()
+	if c.linkSeq == seq {
+		p.applyLink(c, l)
 	}
 }
 

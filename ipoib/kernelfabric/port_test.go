@@ -147,7 +147,7 @@ func TestSuperPacketHandedWhole(t *testing.T) {
 }
 
 // openCfg opens the backend on k's ib0 with cfg's other fields.
-func openCfg(t *testing.T, k *fakekernel.Kernel, cfg kf.Config) *kf.Port {
+func openCfg(t *testing.T, k kf.Kernel, cfg kf.Config) *kf.Port {
 	t.Helper()
 	cfg.Kernel, cfg.Parent, cfg.Logger = k, "ib0", slog.New(slog.NewTextHandler(io.Discard, nil))
 	p, err := kf.New(cfg)
