@@ -128,8 +128,8 @@ func (k *staleKernel) LinkByName(name string) (kf.Link, error) {
 // SubscribeLinks passes the fake's notifications on and, after gate's
 // carrier on, one for an index no child has: once the backend takes
 // that, it has applied the one before.
-func (k *staleKernel) SubscribeLinks(done <-chan struct{}) (<-chan kf.Link, error) {
-	in, err := k.Kernel.SubscribeLinks(done)
+func (k *staleKernel) SubscribeLinks(done <-chan struct{}, onErr func(error)) (<-chan kf.Link, error) {
+	in, err := k.Kernel.SubscribeLinks(done, onErr)
 	if err != nil {
 		return nil, err
 	}
@@ -183,5 +183,24 @@ func TestStaleCarrierPollIgnored(t *testing.T) {
 	}
 	if c := a.Counters(); c.Stats[kf.StatCarrierLost] != 0 || c.Drops[kf.DropNoCarrier] != 0 {
 		t.Fatalf("stats %v, drops %v", c.Stats, c.Drops)
+	}
+}
+
+// TestCarrierFollowedAfterOverrun: the link subscription ends as an
+// overrun ends it (ENOBUFS), losing the notifications of a P_Key leaving
+// the port's table: the backend subscribes again (counted), reads every
+// link's state (its two children of the partition have lost carrier,
+// counted once each) and follows the carrier changes after it (the
+// P_Key back: the VIF's packets flow again).
+func TestCarrierFollowedAfterOverrun(t *testing.T) {
+	ka, a, b, qa, dst := partitionPair(t)
+	ka.OverrunLinks(func() { ka.SetPKeys(0xffff) })
+	waitFor(t, func() bool { return a.Counters().Stats[kf.StatCarrierLost] == 2 })
+	if n := unicast(a, qa, 0x8001, dst, 100); n != 0 || ka.TxNoCarrier() != 0 {
+		t.Fatalf("sent %d, handed to the kernel without carrier %d", n, ka.TxNoCarrier())
+	}
+	pkeyBack(t, ka, a, b, qa, dst)
+	if n := a.Counters().Stats[kf.StatResubscribed]; n != 1 {
+		t.Fatalf("%d resubscriptions, want 1", n)
 	}
 }

@@ -586,15 +586,14 @@ func TestConformanceEthtool(t *testing.T) {
 // and coming back (a veth whose peer goes down is LOWERLAYERDOWN without
 // IFF_LOWER_UP: the Carrier field is IFF_LOWER_UP, netif_carrier_ok; the
 // fake's parent carrier), and LinkByName agrees. The updates are read
-// as they come, as a subscriber must: the fake hands each one over before
-// the change returns.
+// as they come, as a subscriber must: a queue left unread overruns.
 func TestConformanceCarrier(t *testing.T) {
 	each(t, func(t *testing.T, w *witness) {
 		done := make(chan struct{})
 		defer close(done)
 		var ch <-chan kf.Link
 		var err error
-		w.in(func() { ch, err = w.ka.SubscribeLinks(done) })
+		w.in(func() { ch, err = w.ka.SubscribeLinks(done, nil) })
 		if err != nil {
 			t.Fatal(err)
 		}

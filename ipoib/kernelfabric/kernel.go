@@ -99,9 +99,13 @@ type Kernel interface {
 	// DisableGRO turns generic receive offload off (ETHTOOL_SGRO), so
 	// that packet sockets see datagrams as they arrived, never merged.
 	DisableGRO(name string) error
-	// SubscribeLinks sends every link change until done is closed
-	// (RTNLGRP_LINK).
-	SubscribeLinks(done <-chan struct{}) (<-chan Link, error)
+	// SubscribeLinks sends every link change (RTNLGRP_LINK) until done
+	// is closed or the subscription fails, and then closes the channel.
+	// onErr, if not nil, is told of every error: the one that ends the
+	// subscription (ENOBUFS when the kernel overran its socket, and
+	// notifications were lost) and those it survives. onErr must not
+	// call the Kernel.
+	SubscribeLinks(done <-chan struct{}, onErr func(error)) (<-chan Link, error)
 	// OpenPacket opens a packet socket bound to ifindex for every
 	// protocol, with PACKET_IGNORE_OUTGOING, and PACKET_VNET_HDR when
 	// vnet is true.

@@ -82,6 +82,10 @@ const (
 	// StatPartitionMTUChanges counts MTU changes of ready children (their
 	// partition's broadcast group MTU changed).
 	StatPartitionMTUChanges = "partition_mtu_changes"
+	// StatResubscribed counts new link subscriptions made after one
+	// ended (an overrun: notifications lost), each followed by a dump
+	// of every link's carrier and MTU.
+	StatResubscribed = "link_resubscriptions"
 	// StatOutgoingNotIgnored is OutgoingNotIgnored: the packet sockets
 	// of this process (of every Port) opened without
 	// PACKET_IGNORE_OUTGOING because the kernel refused it.
@@ -188,7 +192,8 @@ type Port struct {
 	// for mu (a Write holding it may wait for the kernel, which may be
 	// waiting to hand follow a notification).
 	byIndex sync.Map
-	pkeyErr atomic.Bool // the P_Key table could not be read (logged once)
+	pkeyErr atomic.Bool           // the P_Key table could not be read (logged once)
+	linkErr atomic.Pointer[error] // the last error of the link subscription
 
 	groups *ipoib.GroupTable
 	down   atomic.Bool
@@ -262,7 +267,7 @@ func New(cfg Config) (*Port, error) {
 		return nil, err
 	}
 	// Children's carrier is followed from the first.
-	updates, err := k.SubscribeLinks(p.done)
+	updates, err := k.SubscribeLinks(p.done, p.linkError)
 	if err != nil {
 		return nil, fmt.Errorf("kernel: subscribe to link changes of %s: %w", parent.Name, err)
 	}
@@ -311,21 +316,92 @@ func isOurs(parent, name string) bool {
 }
 
 // follow tracks the parent's carrier and MTU, and each child's carrier
-// and MTU. It never waits for the kernel or for mu.
+// and MTU. It never waits for mu, and for the kernel only when the
+// subscription has ended: it then subscribes again and applies every
+// link's state from a dump, taken after the new subscription began so
+// that the notifications that follow are newer.
 func (p *Port) follow(updates <-chan Link) {
 	defer p.wg.Done()
-	for l := range updates {
-		if l.Index != p.parent.Index {
-			p.followChild(l)
+	for updates != nil {
+		for l := range updates {
+			p.followLink(l)
+		}
+		updates = p.resubscribe()
+	}
+}
+
+// linkError records an error of the link subscription, for the warning
+// resubscribe logs (SubscribeLinks' onErr).
+func (p *Port) linkError(err error) { p.linkErr.Store(&err) }
+
+// resubscribeWait is how long resubscribe waits before trying again
+// when the kernel refuses a subscription.
+const resubscribeWait = time.Second
+
+// resubscribe subscribes to link changes again after the subscription
+// ended (vishvananda/netlink ends it on any receive error, ENOBUFS from
+// an overrun included: notifications were lost), applies every link's
+// state from a dump, and returns the new subscription; nil once the
+// port is closed.
+func (p *Port) resubscribe() <-chan Link {
+	for failed := false; ; failed = true {
+		select {
+		case <-p.done:
+			return nil
+		default:
+		}
+		reason := "unknown"
+		if e := p.linkErr.Load(); e != nil {
+			reason = (*e).Error()
+		}
+		updates, err := p.k.SubscribeLinks(p.done, p.linkError)
+		if err != nil {
+			if !failed {
+				p.log.Warn("kernel: link notifications ended and cannot be resubscribed; carrier and MTU changes are not followed until they are (retrying every second)", "dev", p.parent.Name, "reason", reason, "err", err)
+			}
+			select {
+			case <-p.done:
+				return nil
+			case <-time.After(resubscribeWait):
+			}
 			continue
 		}
-		if down := !l.Carrier; p.down.Swap(down) != down {
-			p.log.Info("parent carrier", "dev", l.Name, "up", !down)
-		}
-		if l.MTU != p.parent.MTU && l.MTU != 0 {
-			p.stat(StatMTUChanges)
-			p.log.Warn("parent MTU changed; restart eipoibd to follow it", "dev", l.Name, "mtu", l.MTU, "in_use", p.parent.MTU)
-		}
+		p.stat(StatResubscribed)
+		n, err := p.resync()
+		p.log.Warn("kernel: link notifications ended (some may be lost); resubscribed and read every link's carrier and MTU again", "dev", p.parent.Name, "reason", reason, "links", n, "dump_err", err)
+		return updates
+	}
+}
+
+// resync applies every link's state from a dump (Links), retried once
+// when it fails (an interrupted dump), and returns how many it applied.
+func (p *Port) resync() (int, error) {
+	links, err := p.k.Links()
+	if err != nil {
+		links, err = p.k.Links()
+	}
+	if err != nil {
+		return 0, fmt.Errorf("kernel: list links of %s to resynchronise carriers: %w", p.parent.Name, err)
+	}
+	for _, l := range links {
+		p.followLink(l)
+	}
+	return len(links), nil
+}
+
+// followLink applies a link's notification or dumped state: the
+// parent's carrier and MTU, or a child's.
+func (p *Port) followLink(l Link) {
+	if l.Index != p.parent.Index {
+		p.followChild(l)
+		return
+	}
+	if down := !l.Carrier; p.down.Swap(down) != down {
+		p.log.Info("parent carrier", "dev", l.Name, "up", !down)
+	}
+	if l.MTU != p.parent.MTU && l.MTU != 0 {
+		p.stat(StatMTUChanges)
+		p.log.Warn("parent MTU changed; restart eipoibd to follow it", "dev", l.Name, "mtu", l.MTU, "in_use", p.parent.MTU)
 	}
 }
 

@@ -273,27 +273,45 @@ func TestChildAttachLimit(t *testing.T) {
 }
 
 // TestChildCarrierFollowed: a ready child whose P_Key leaves the port's
-// table loses carrier (as does its partition's group child); its packets are dropped as child_no_carrier (not
-// handed to the kernel, whose noop qdisc would drop them and say sent),
-// and flow again once the P_Key is back and the child joined again.
+// table loses carrier (as does its partition's group child), counted
+// once each; once the backend has seen it, its packets are dropped as
+// child_no_carrier (not handed to the kernel, whose noop qdisc would
+// drop them and say sent), and flow again once the P_Key is back and the
+// child joined again.
 func TestChildCarrierFollowed(t *testing.T) {
+	ka, a, b, qa, dst := partitionPair(t)
+	ka.SetPKeys(0xffff)
+	waitFor(t, func() bool { return a.Counters().Stats[kf.StatCarrierLost] == 2 }) // the VIF's child and the group child
+	if n := unicast(a, qa, 0x8001, dst, 100); n != 0 || ka.TxNoCarrier() != 0 || a.Counters().Drops[kf.DropNoCarrier] != 1 {
+		t.Fatalf("sent %d, handed to the kernel without carrier %d; drops %v", n, ka.TxNoCarrier(), a.Counters().Drops)
+	}
+	pkeyBack(t, ka, a, b, qa, dst)
+}
+
+// partitionPair makes hosts a and b, each with a VIF in partition
+// 0x8001 (in a's P_Key table), and returns a's fake, both ports, a's
+// VIF QPN and the address of b's.
+func partitionPair(t *testing.T) (ka *fakekernel.Kernel, a, b *kf.Port, qa uint32, dst ipoib.HwAddr) {
+	t.Helper()
 	f := fakekernel.NewFabric()
 	ka, kb := f.NewHost(gid("fe80::a"), "ib0", 2044), f.NewHost(gid("fe80::b"), "ib0", 2044)
 	ka.SetPKeys(0xffff, 0x8001)
-	a, b := open(t, ka), open(t, kb)
+	a, b = open(t, ka), open(t, kb)
 	qa, err := a.AllocQP(0x8001, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	qb, _ := b.AllocQP(0x8001, 0)
-	dst := ipoib.MakeHwAddr(0, qb, gid("fe80::b"))
-	ka.SetPKeys(0xffff)
-	waitFor(t, func() bool {
-		return unicast(a, qa, 0x8001, dst, 100) == 0 && a.Counters().Drops[kf.DropNoCarrier] > 0
-	})
-	if ka.TxNoCarrier() != 0 || a.Counters().Stats[kf.StatCarrierLost] != 2 { // the VIF's child and the group child
-		t.Fatalf("handed to the kernel without carrier: %d; stats %v", ka.TxNoCarrier(), a.Counters().Stats)
+	qb, err := b.AllocQP(0x8001, 0)
+	if err != nil {
+		t.Fatal(err)
 	}
+	return ka, a, b, qa, ipoib.MakeHwAddr(0, qb, gid("fe80::b"))
+}
+
+// pkeyBack puts partition 0x8001 back in a's P_Key table and checks
+// that a's VIF qa reaches b's (dst) once its child has joined again.
+func pkeyBack(t *testing.T, ka *fakekernel.Kernel, a, b *kf.Port, qa uint32, dst ipoib.HwAddr) {
+	t.Helper()
 	ka.SetPKeys(0xffff, 0x8001)
 	waitFor(t, func() bool { return unicast(a, qa, 0x8001, dst, 100) == 1 })
 	if readOne(t, b) != 104 {

@@ -154,11 +154,30 @@ func (System) DisableGRO(name string) error {
 	return ethtool(name, &ethtoolValue{cmd: ethtoolSGRO})
 }
 
-// SubscribeLinks is an RTNLGRP_LINK subscription.
-func (System) SubscribeLinks(done <-chan struct{}) (<-chan Link, error) {
-	in := make(chan netlink.LinkUpdate, 16)
-	if err := netlink.LinkSubscribe(in, done); err != nil {
-		return nil, err
+// linkRcvBuf is the receive buffer of the RTNLGRP_LINK socket: a port
+// flap with 1,024 children is over 2,000 RTM_NEWLINK messages (about
+// 1.5 KB each, twice that in skb truesize), far more than the default
+// net.core.rmem_default (212,992 bytes) holds. netlink_overrun
+// (net/netlink/af_netlink.c) drops what does not fit and reports
+// ENOBUFS, which ends the subscription.
+const linkRcvBuf = 8 << 20
+
+// SubscribeLinks is an RTNLGRP_LINK subscription with a linkRcvBuf
+// receive buffer (SO_RCVBUFFORCE, which needs CAP_NET_ADMIN; without it
+// SO_RCVBUF, capped at net.core.rmem_max). vishvananda/netlink's
+// linkSubscribeAt closes its channel on any receive error, ENOBUFS
+// included, after telling onErr (its ErrorCallback); the channel
+// returned here is closed then too.
+func (System) SubscribeLinks(done <-chan struct{}, onErr func(error)) (<-chan Link, error) {
+	in := make(chan netlink.LinkUpdate, 64)
+	opt := netlink.LinkSubscribeOptions{ErrorCallback: onErr, ReceiveBufferSize: linkRcvBuf, ReceiveBufferForceSize: true}
+	err := netlink.LinkSubscribeWithOptions(in, done, opt)
+	if errors.Is(err, unix.EPERM) {
+		opt.ReceiveBufferForceSize = false
+		err = netlink.LinkSubscribeWithOptions(in, done, opt)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kernel: subscribe to RTNLGRP_LINK: %w", err)
 	}
 	out := make(chan Link)
 	go func() {
@@ -167,6 +186,8 @@ func (System) SubscribeLinks(done <-chan struct{}) (<-chan Link, error) {
 			select {
 			case out <- toLink(u.Link):
 			case <-done:
+				for range in { // the library's reader ends once it is not blocked on in
+				}
 				return
 			}
 		}

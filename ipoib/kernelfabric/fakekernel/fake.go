@@ -52,6 +52,9 @@ type Kernel struct {
 	TSOOn bool
 	// ModeOf is the parent's mode ("datagram").
 	ModeOf string
+	// LinkQueue is how many link notifications a subscription holds
+	// unread before it overruns (LinkQueueLen when 0).
+	LinkQueue int
 	IBKnobs
 
 	mu      sync.Mutex
@@ -60,6 +63,7 @@ type Kernel struct {
 	nextQPN uint32
 	sysctls map[string]string
 	subs    []*sub
+	overrun bool // OverrunLinks: notifications are lost
 	supers  []SuperPacket
 }
 
@@ -73,9 +77,12 @@ type link struct {
 	ib    ibLink
 }
 
+// sub is an RTNLGRP_LINK subscription: ch is its socket's receive
+// queue.
 type sub struct {
-	ch   chan kf.Link
-	done <-chan struct{}
+	ch    chan kf.Link
+	onErr func(error)
+	ended chan struct{} // closed when the subscription ends
 }
 
 var _ kf.Kernel = (*Kernel)(nil)
@@ -289,25 +296,66 @@ func (k *Kernel) SuperPackets() []SuperPacket {
 	return append([]SuperPacket(nil), k.supers...)
 }
 
-// SubscribeLinks sends link changes until done is closed.
-func (k *Kernel) SubscribeLinks(done <-chan struct{}) (<-chan kf.Link, error) {
-	s := &sub{ch: make(chan kf.Link), done: done}
+// LinkQueueLen is the default of Kernel.LinkQueue.
+const LinkQueueLen = 1024
+
+// SubscribeLinks sends link changes until done is closed or the
+// subscription's queue (LinkQueue notifications) overflows: then, as
+// netlink_overrun reports ENOBUFS and vishvananda/netlink's reader ends
+// on it, onErr is told ENOBUFS and the channel is closed once what was
+// queued has been read.
+func (k *Kernel) SubscribeLinks(done <-chan struct{}, onErr func(error)) (<-chan kf.Link, error) {
 	k.mu.Lock()
+	n := k.LinkQueue
+	if n <= 0 {
+		n = LinkQueueLen
+	}
+	s := &sub{ch: make(chan kf.Link, n), onErr: onErr, ended: make(chan struct{})}
 	k.subs = append(k.subs, s)
 	k.mu.Unlock()
 	go func() {
-		<-done
-		k.mu.Lock()
-		for i, x := range k.subs {
-			if x == s {
-				k.subs = append(k.subs[:i], k.subs[i+1:]...)
-				break
-			}
+		select {
+		case <-done:
+			k.mu.Lock()
+			k.endSub(s, nil)
+			k.mu.Unlock()
+		case <-s.ended:
 		}
-		close(s.ch)
-		k.mu.Unlock()
 	}()
 	return s.ch, nil
+}
+
+// OverrunLinks runs change with every link subscription overrun: its
+// notifications are lost (netlink_overrun drops what does not fit the
+// receive buffer), then each subscriber is told ENOBUFS and its channel
+// closed once what was queued before has been read.
+func (k *Kernel) OverrunLinks(change func()) {
+	k.mu.Lock()
+	k.overrun = true
+	k.mu.Unlock()
+	change()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.overrun = false
+	for len(k.subs) > 0 {
+		k.endSub(k.subs[0], unix.ENOBUFS)
+	}
+}
+
+// endSub ends subscription s (k.mu held), telling its onErr err if not
+// nil.
+func (k *Kernel) endSub(s *sub, err error) {
+	for i, x := range k.subs {
+		if x == s {
+			k.subs = append(k.subs[:i], k.subs[i+1:]...)
+			close(s.ch)
+			close(s.ended)
+			if err != nil && s.onErr != nil {
+				s.onErr(err)
+			}
+			return
+		}
+	}
 }
 
 // SetCarrier switches the parent's carrier (the port's physical state)
