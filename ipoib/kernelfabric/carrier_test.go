@@ -40,7 +40,7 @@ func TestNoCarrierSendAgrees(t *testing.T) {
 			if err != nil || l.Carrier {
 				t.Fatalf("nc0 %+v %v: want up without carrier", l, err)
 			}
-			s, err := kf.System{}.OpenPacket(l.Index, false)
+			s, err := kf.System{}.OpenPacketWith(l.Index, kf.PacketOptions{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -77,7 +77,7 @@ func TestNoCarrierSendAgrees(t *testing.T) {
 		if !l.Up || l.Carrier {
 			t.Fatalf("ib0.e1 %+v: want up without carrier", l)
 		}
-		s, err := k.OpenPacket(l.Index, false)
+		s, err := k.OpenPacketWith(l.Index, kf.PacketOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}

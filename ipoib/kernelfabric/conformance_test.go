@@ -196,10 +196,36 @@ func TestConformanceBoundProtocol(t *testing.T) {
 	})
 }
 
+// TestConformanceHostOnly: a socket with the HostOnly filter (classic
+// BPF on SKF_AD_PKTTYPE, run by packet_rcv before anything is queued)
+// receives a unicast and not a broadcast or a joined group's multicast
+// sent before it; a socket without it, on the same device, receives all
+// three.
+func TestConformanceHostOnly(t *testing.T) {
+	each(t, func(t *testing.T, w *witness) {
+		tx := openSock(t, w, w.ka, w.a, kf.PacketOptions{})
+		host := openSock(t, w, w.kb, w.b, kf.PacketOptions{HostOnly: true})
+		all := openSock(t, w, w.kb, w.b, kf.PacketOptions{})
+		var mreq [kf.MreqMaxSize]byte
+		putMreq(&mreq, w.b, kf.PacketMRMulticast, w.alen, w.mcast)
+		if err := all.AddMembership(mreq[:]); err != nil {
+			t.Fatal(err)
+		}
+		pb, pm, pu := payload(1, 100), payload(2, 100), payload(3, 100)
+		mustSend(t, tx, w.a, 0x0800, w.bcast, pb)
+		mustSend(t, tx, w.a, 0x0800, w.mcast, pm)
+		mustSend(t, tx, w.a, 0x0800, w.bAddr, pu)
+		checkRecv(t, w, recvOne(t, host, 2048), 0x0800, kf.PacketHost, pu)
+		checkRecv(t, w, recvOne(t, all, 2048), 0x0800, kf.PacketBroadcast, pb)
+		checkRecv(t, w, recvOne(t, all, 2048), 0x0800, kf.PacketMulticast, pm)
+		checkRecv(t, w, recvOne(t, all, 2048), 0x0800, kf.PacketHost, pu)
+	})
+}
+
 // TestConformanceIgnoreOutgoing: a socket bound to every protocol on the
 // sending device gets a PACKET_OUTGOING copy of another socket's send
 // (net/core/dev.c dev_queue_xmit_nit; skb_loop_sk spares only the
-// sender), unless PACKET_IGNORE_OUTGOING is set, as OpenPacket sets it
+// sender), unless PACKET_IGNORE_OUTGOING is set, as OpenPacketWith sets it unless SeeOutgoing
 // (af_packet.c packet_setsockopt; dev_queue_xmit_nit skips
 // ptype->ignore_outgoing): then the next thing it gets is what b sends
 // back.
@@ -207,13 +233,7 @@ func TestConformanceIgnoreOutgoing(t *testing.T) {
 	each(t, func(t *testing.T, w *witness) {
 		tx := openSock(t, w, w.ka, w.a, kf.PacketOptions{})
 		sees := openSock(t, w, w.ka, w.a, kf.PacketOptions{SeeOutgoing: true})
-		var ignores kf.Socket
-		w.in(func() {
-			var err error
-			if ignores, err = w.ka.OpenPacket(w.a, false); err != nil {
-				t.Fatal(err)
-			}
-		})
+		ignores := openSock(t, w, w.ka, w.a, kf.PacketOptions{})
 		t.Cleanup(func() { ignores.Close() })
 		back := openSock(t, w, w.kb, w.b, kf.PacketOptions{})
 		out, reply := payload(1, 80), payload(2, 80)

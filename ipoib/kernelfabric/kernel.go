@@ -106,14 +106,13 @@ type Kernel interface {
 	// notifications were lost) and those it survives. onErr must not
 	// call the Kernel.
 	SubscribeLinks(done <-chan struct{}, onErr func(error)) (<-chan Link, error)
-	// OpenPacket opens a packet socket bound to ifindex for every
-	// protocol, with PACKET_IGNORE_OUTGOING, and PACKET_VNET_HDR when
-	// vnet is true.
-	OpenPacket(ifindex int, vnet bool) (Socket, error)
+	// OpenPacketWith opens a packet socket bound to ifindex with
+	// options o.
+	OpenPacketWith(ifindex int, o PacketOptions) (Socket, error)
 }
 
-// PacketOptions are a packet socket's protocol and options, for the
-// kernels' OpenPacketWith; OpenPacket is OpenPacketWith with Vnet alone.
+// PacketOptions are a packet socket's protocol and options, for
+// OpenPacketWith.
 type PacketOptions struct {
 	// Protocol is the ethertype (host order) the socket is bound to, and
 	// receives alone; 0 is every protocol (ETH_P_ALL).
@@ -124,4 +123,9 @@ type PacketOptions struct {
 	// bound to every protocol also gets a copy (PACKET_OUTGOING) of what
 	// other sockets and the host send through its device.
 	SeeOutgoing bool
+	// HostOnly attaches a socket filter that accepts PACKET_HOST
+	// packets only: the kernel drops every broadcast, multicast (and
+	// outgoing) copy before it is queued to the socket, and counts it
+	// nowhere the socket sees.
+	HostOnly bool
 }

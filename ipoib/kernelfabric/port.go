@@ -16,7 +16,9 @@ package kernelfabric
 // marks the source unknown. Broadcast and multicast are taken from the
 // group child only: every child receives its partition's broadcast group
 // (the driver joins it on open) and the all-hosts group (the IPv4 stack
-// joins it), and each packet must reach the TAP once.
+// joins it), and each packet must reach the TAP once: a VIF child's
+// socket has a filter that accepts PACKET_HOST only, so the kernel drops
+// its copies before they are queued.
 
 import (
 	"errors"
@@ -57,8 +59,10 @@ const (
 
 // Stats counted by a Port beside its drops.
 const (
-	// StatMcastCopies counts broadcast/multicast copies received on VIF
-	// children and dropped as duplicates of the group child's copy.
+	// StatMcastCopies counts broadcast/multicast copies that reached a
+	// VIF child's socket despite its PACKET_HOST filter, dropped as
+	// duplicates of the group child's copy (the copies the filter drops
+	// are counted nowhere a socket sees).
 	StatMcastCopies = "rx_mcast_copies"
 	// StatSuperPackets counts super-packets handed to the kernel.
 	StatSuperPackets = "tx_super_packets"
@@ -602,7 +606,10 @@ func (p *Port) createChild(name string, pkey ipoib.PKey, group bool) (c *child, 
 		p.tsoKnown = true
 	}
 	c.vnet = p.tso
-	if c.sock, err = k.OpenPacket(l.Index, c.vnet); err != nil {
+	// A VIF child's socket takes PACKET_HOST only: the kernel drops its
+	// broadcast and multicast copies (the group child's are the ones
+	// read) instead of waking its reader for each.
+	if c.sock, err = k.OpenPacketWith(l.Index, PacketOptions{Vnet: c.vnet, HostOnly: !group}); err != nil {
 		return nil, fmt.Errorf("kernel: open packet socket on %s: %w", name, err)
 	}
 	return c, nil

@@ -199,13 +199,6 @@ func (System) SubscribeLinks(done <-chan struct{}, onErr func(error)) (<-chan Li
 // protocol fields of socket(2) and struct sockaddr_ll take it.
 func htons(p uint16) uint16 { return p>>8 | p<<8 }
 
-// OpenPacket opens a non-blocking AF_PACKET SOCK_DGRAM socket bound to
-// ifindex for every protocol, with PACKET_IGNORE_OUTGOING, on the runtime
-// poller: OpenPacketWith(ifindex, PacketOptions{Vnet: vnet}).
-func (s System) OpenPacket(ifindex int, vnet bool) (Socket, error) {
-	return s.OpenPacketWith(ifindex, PacketOptions{Vnet: vnet})
-}
-
 // OpenPacketWith opens a non-blocking AF_PACKET socket with options o,
 // bound to ifindex, on the runtime poller.
 //
@@ -236,6 +229,12 @@ func (System) OpenPacketWith(ifindex int, o PacketOptions) (Socket, error) {
 		unix.Close(fd)
 		return nil, err
 	}
+	if o.HostOnly {
+		if err := unix.SetsockoptSockFprog(fd, unix.SOL_SOCKET, unix.SO_ATTACH_FILTER, &hostOnlyProg); err != nil {
+			unix.Close(fd)
+			return nil, fmt.Errorf("kernel: attach the PACKET_HOST socket filter: %w", err)
+		}
+	}
 	if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: proto, Ifindex: ifindex}); err != nil {
 		unix.Close(fd)
 		return nil, fmt.Errorf("kernel: bind packet socket to ifindex %d: %w", ifindex, err)
@@ -254,6 +253,29 @@ func (System) OpenPacketWith(ifindex int, o PacketOptions) (Socket, error) {
 	s.sendFn, s.recvFn = s.sendCall, s.recvCall
 	return s, nil
 }
+
+// Classic BPF ancillary loads (linux/filter.h): SKF_AD_OFF +
+// SKF_AD_PKTTYPE loads skb->pkt_type (net/core/filter.c
+// convert_bpf_extensions).
+const (
+	skfAdOff     = 0xfffff000 // SKF_AD_OFF, -0x1000
+	skfAdPktType = 4          // SKF_AD_PKTTYPE
+)
+
+// hostOnlyFilter accepts PACKET_HOST packets whole and drops the rest
+// (PACKET_BROADCAST, PACKET_MULTICAST, PACKET_OTHERHOST,
+// PACKET_OUTGOING): af_packet.c packet_rcv runs it (run_filter) before
+// it clones the skb or queues it, and drops a packet it gives 0 without
+// counting it in PACKET_STATISTICS (drop_n_restore, not drop_n_acct).
+var hostOnlyFilter = [...]unix.SockFilter{
+	{Code: unix.BPF_LD | unix.BPF_W | unix.BPF_ABS, K: skfAdOff + skfAdPktType},
+	{Code: unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K, K: PacketHost, Jt: 0, Jf: 1},
+	{Code: unix.BPF_RET | unix.BPF_K, K: 0xffffffff},
+	{Code: unix.BPF_RET | unix.BPF_K, K: 0},
+}
+
+// hostOnlyProg is hostOnlyFilter as SO_ATTACH_FILTER takes it.
+var hostOnlyProg = unix.SockFprog{Len: uint16(len(hostOnlyFilter)), Filter: &hostOnlyFilter[0]}
 
 // linkHdr makes a SOCK_RAW socket send and receive as a SOCK_DGRAM one:
 // Send puts the link header between the virtio_net_hdr and the data, as

@@ -25,12 +25,8 @@ import (
 	"github.com/eipoib/eipoibd/ipoib/kernelfabric/fakekernel"
 )
 
-// kernel is a Kernel that also opens packet sockets with options, as
-// System and the fake both do.
-type kernel interface {
-	kf.Kernel
-	OpenPacketWith(ifindex int, o kf.PacketOptions) (kf.Socket, error)
-}
+// kernel is the Kernel a witness asks.
+type kernel = kf.Kernel
 
 // witness is one kernel the suite asks. Device a sends to device b; on
 // the real kernel they are the two ends of a veth pair, on the fake the

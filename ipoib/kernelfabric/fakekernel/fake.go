@@ -57,14 +57,15 @@ type Kernel struct {
 	LinkQueue int
 	IBKnobs
 
-	mu      sync.Mutex
-	links   map[int]*link
-	next    int
-	nextQPN uint32
-	sysctls map[string]string
-	subs    []*sub
-	overrun bool // OverrunLinks: notifications are lost
-	supers  []SuperPacket
+	mu       sync.Mutex
+	links    map[int]*link
+	next     int
+	nextQPN  uint32
+	sysctls  map[string]string
+	subs     []*sub
+	overrun  bool // OverrunLinks: notifications are lost
+	filtered uint64
+	supers   []SuperPacket
 }
 
 type link struct {
@@ -391,12 +392,6 @@ func (l *link) member(a ipoib.HwAddr) bool {
 	return [6]byte(a[:6]) == [6]byte(bc[:6]) && [3]byte(a[7:10]) == [3]byte(bc[7:10])
 }
 
-// OpenPacket opens a SOCK_DGRAM socket bound to ifindex for every
-// protocol, with PACKET_IGNORE_OUTGOING, as System does.
-func (k *Kernel) OpenPacket(ifindex int, vnet bool) (kf.Socket, error) {
-	return k.OpenPacketWith(ifindex, kf.PacketOptions{Vnet: vnet})
-}
-
 // OpenPacketWith opens a SOCK_DGRAM socket with options o bound to
 // ifindex (ENODEV when there is none: packet_do_bind). It receives only
 // o.Protocol (every protocol when 0), as packet_do_bind hooks it.
@@ -407,9 +402,18 @@ func (k *Kernel) OpenPacketWith(ifindex int, o kf.PacketOptions) (kf.Socket, err
 	if l == nil {
 		return nil, unix.ENODEV
 	}
-	s := &socket{k: k, l: l, vnet: o.Vnet, proto: o.Protocol, seeOut: o.SeeOutgoing, ready: make(chan struct{}, 1), mc: make(map[mcKey]int)}
+	s := &socket{k: k, l: l, vnet: o.Vnet, proto: o.Protocol, seeOut: o.SeeOutgoing, hostOnly: o.HostOnly, ready: make(chan struct{}, 1), mc: make(map[mcKey]int)}
 	l.socks = append(l.socks, s)
 	return s, nil
+}
+
+// Filtered counts the packets the sockets' HostOnly filters dropped
+// (the kernel counts them nowhere a socket sees; the fake does, for
+// tests).
+func (k *Kernel) Filtered() uint64 {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.filtered
 }
 
 // DevMcast returns the multicast list of link ifindex as
@@ -460,7 +464,10 @@ type socket struct {
 	vnet   bool
 	proto  uint16 // bound protocol, 0 for all
 	seeOut bool   // PACKET_IGNORE_OUTGOING off
-	ready  chan struct{}
+	// hostOnly: the PACKET_HOST socket filter (run_filter in
+	// packet_rcv, before anything is queued)
+	hostOnly bool
+	ready    chan struct{}
 
 	mu     sync.Mutex
 	l      *link // nil once the device is gone
@@ -854,8 +861,14 @@ func (l *link) deliver(d datagram) {
 	}
 }
 
-// push queues d (dropped when the queue is full, as sk_rcvbuf does).
+// push queues d (dropped when the queue is full, as sk_rcvbuf does),
+// unless the socket's filter drops it first (counted in the host's
+// Filtered; s.k.mu is held).
 func (s *socket) push(d datagram) {
+	if s.hostOnly && d.pkttype != kf.PacketHost {
+		s.k.filtered++
+		return
+	}
 	s.mu.Lock()
 	if len(s.q) < rxQueueLen && !s.closed {
 		s.q = append(s.q, d)
