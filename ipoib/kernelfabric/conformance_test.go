@@ -11,6 +11,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -635,6 +636,50 @@ func TestConformanceCarrier(t *testing.T) {
 				t.Fatalf("no update with carrier %v on %s", up, w.aName)
 			}
 			waitLink(t, w, w.aName, func(l kf.Link) bool { return l.Carrier == up && l.Up })
+		}
+	})
+}
+
+// TestConformanceLinkOverrun: a link subscription left unread while a's
+// carrier keeps changing is overrun (net/netlink/af_netlink.c
+// netlink_overrun: sk_err = ENOBUFS, what does not fit is dropped);
+// onErr is told ENOBUFS and the channel, once what was queued is read,
+// is closed: vishvananda/netlink's linkSubscribeAt ends the subscription
+// on that receive error, which is why the backend subscribes again.
+func TestConformanceLinkOverrun(t *testing.T) {
+	each(t, func(t *testing.T, w *witness) {
+		done := make(chan struct{})
+		defer close(done)
+		errs := make(chan error, 16)
+		ch, err := w.subscribeSmall(done, func(err error) {
+			select {
+			case errs <- err:
+			default:
+			}
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Over 64 notifications: the library's reader holds 64
+		// updates, the socket's minimal buffer about one more.
+		for i := range 50 {
+			w.setPeer(i%2 == 1)
+		}
+		timeout := time.After(5 * time.Second)
+		for open := true; open; {
+			select {
+			case _, open = <-ch:
+			case <-timeout:
+				t.Fatal("the subscription did not end")
+			}
+		}
+		select {
+		case err := <-errs:
+			if !strings.Contains(err.Error(), unix.ENOBUFS.Error()) {
+				t.Fatalf("told %v, want ENOBUFS", err)
+			}
+		default:
+			t.Fatal("the subscription ended and onErr was told nothing")
 		}
 	})
 }

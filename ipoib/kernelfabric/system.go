@@ -169,8 +169,14 @@ const linkRcvBuf = 8 << 20
 // included, after telling onErr (its ErrorCallback); the channel
 // returned here is closed then too.
 func (System) SubscribeLinks(done <-chan struct{}, onErr func(error)) (<-chan Link, error) {
+	return subscribeLinks(done, onErr, linkRcvBuf)
+}
+
+// subscribeLinks is SubscribeLinks with a receive buffer of rcvbuf bytes
+// (the kernel doubles it, and keeps at least SOCK_MIN_RCVBUF).
+func subscribeLinks(done <-chan struct{}, onErr func(error), rcvbuf int) (<-chan Link, error) {
 	in := make(chan netlink.LinkUpdate, 64)
-	opt := netlink.LinkSubscribeOptions{ErrorCallback: onErr, ReceiveBufferSize: linkRcvBuf, ReceiveBufferForceSize: true}
+	opt := netlink.LinkSubscribeOptions{ErrorCallback: onErr, ReceiveBufferSize: rcvbuf, ReceiveBufferForceSize: true}
 	err := netlink.LinkSubscribeWithOptions(in, done, opt)
 	if errors.Is(err, unix.EPERM) {
 		opt.ReceiveBufferForceSize = false
