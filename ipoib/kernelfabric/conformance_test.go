@@ -10,6 +10,8 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
+	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -221,6 +223,73 @@ func TestConformanceHostOnly(t *testing.T) {
 		checkRecv(t, w, recvOne(t, all, 2048), 0x0800, kf.PacketMulticast, pm)
 		checkRecv(t, w, recvOne(t, all, 2048), 0x0800, kf.PacketHost, pu)
 	})
+}
+
+// TestNothingBeforeBind (real kernel only): a socket OpenPacketWith
+// returns bound to a device holds nothing from other devices. A packet
+// socket created with a protocol is hooked to every device at once
+// (af_packet.c packet_create registers prot_hook when proto is not 0),
+// so what arrives anywhere between socket() and bind() would be queued
+// on it and read as the bound child's; created with protocol 0 it is
+// hooked only by the bind (packet_bind → packet_do_bind). While a floods
+// b, 50 sockets are opened on a device that is down (bound, they
+// receive nothing); /proc/net/packet must then show none holding data
+// (Rmem, sk_rmem_alloc).
+func TestNothingBeforeBind(t *testing.T) {
+	w := realWitness(t)
+	tx := openSock(t, w, w.ka, w.a, kf.PacketOptions{})
+	stop := make(chan struct{})
+	flooding := make(chan struct{})
+	go func() {
+		defer close(flooding)
+		name := sll(w.a, 0x0800, w.alen, w.bAddr)
+		msgs := make([]kf.Msg, 64)
+		for i := range msgs {
+			msgs[i] = kf.Msg{Name: name, NameLen: len(name), Buf: payload(byte(i), 64)}
+		}
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			tx.Send(msgs)
+		}
+	}()
+	w.in(func() {
+		for range 50 {
+			s, err := w.ka.OpenPacketWith(w.down, kf.PacketOptions{})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			t.Cleanup(func() { s.Close() })
+		}
+	})
+	close(stop)
+	<-flooding
+	var b []byte
+	w.in(func() {
+		var err error
+		if b, err = os.ReadFile("/proc/thread-self/net/packet"); err != nil {
+			t.Fatal(err)
+		}
+	})
+	n, holding := 0, 0
+	for _, line := range strings.Split(string(b), "\n")[1:] {
+		var sk, inode string
+		var ref, typ, proto, iface, running, rmem, user int
+		if c, _ := fmt.Sscanf(line, "%s %d %d %x %d %d %d %d %s", &sk, &ref, &typ, &proto, &iface, &running, &rmem, &user, &inode); c != 9 || iface != w.down {
+			continue
+		}
+		n++
+		if rmem > 0 {
+			holding++
+		}
+	}
+	if n != 50 || holding != 0 {
+		t.Fatalf("%d sockets on the down device, %d holding data received before their bind", n, holding)
+	}
 }
 
 // TestConformanceIgnoreOutgoing: a socket bound to every protocol on the

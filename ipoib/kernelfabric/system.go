@@ -212,7 +212,15 @@ func htons(p uint16) uint16 { return p>>8 | p<<8 }
 // is, in network order (x/sys/unix's SockaddrLinklayer.sockaddr copies
 // Protocol unchanged), and packet_do_bind hooks the socket to that
 // ethertype: bound with a host-order ETH_P_ALL (0x0003 read as 0x0300) it
-// matches no traffic at all. Both the socket and the bind take htons.
+// matches no traffic at all. The bind takes htons.
+//
+// The socket itself is created with protocol 0: packet_create hooks a
+// socket created with a protocol to every device at once, so what
+// arrived on any device before the bind would be queued on it and read
+// as the bound child's (TestNothingBeforeBind: about half of the
+// sockets opened while another device was busy held such packets).
+// Created with 0 it is hooked by the bind alone, after its options and
+// filter are set.
 //
 // The socket is SOCK_DGRAM, unless o.Vnet: packet_setsockopt refuses
 // PACKET_VNET_HDR (EINVAL) on any socket but SOCK_RAW. A Vnet socket is
@@ -226,7 +234,7 @@ func (System) OpenPacketWith(ifindex int, o PacketOptions) (Socket, error) {
 	if o.Vnet {
 		typ = unix.SOCK_RAW
 	}
-	fd, err := unix.Socket(unix.AF_PACKET, typ|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, int(proto))
+	fd, err := unix.Socket(unix.AF_PACKET, typ|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("kernel: packet socket: %w", err)
 	}
