@@ -348,15 +348,15 @@ const resubscribeWait = time.Second
 // state from a dump, and returns the new subscription; nil once the
 // port is closed.
 func (p *Port) resubscribe() <-chan Link {
+	reason := "unknown"
+	if e := p.linkErr.Swap(nil); e != nil {
+		reason = (*e).Error()
+	}
 	for failed := false; ; failed = true {
 		select {
 		case <-p.done:
 			return nil
 		default:
-		}
-		reason := "unknown"
-		if e := p.linkErr.Load(); e != nil {
-			reason = (*e).Error()
 		}
 		updates, err := p.k.SubscribeLinks(p.done, p.linkError)
 		if err != nil {

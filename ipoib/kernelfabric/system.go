@@ -162,6 +162,10 @@ func (System) DisableGRO(name string) error {
 // ENOBUFS, which ends the subscription.
 const linkRcvBuf = 8 << 20
 
+// rcvbufForceRefused: SO_RCVBUFFORCE was refused (EPERM); SO_RCVBUF is
+// used from then on.
+var rcvbufForceRefused atomic.Bool
+
 // SubscribeLinks is an RTNLGRP_LINK subscription with a linkRcvBuf
 // receive buffer (SO_RCVBUFFORCE, which needs CAP_NET_ADMIN; without it
 // SO_RCVBUF, capped at net.core.rmem_max). vishvananda/netlink's
@@ -176,9 +180,14 @@ func (System) SubscribeLinks(done <-chan struct{}, onErr func(error)) (<-chan Li
 // (the kernel doubles it, and keeps at least SOCK_MIN_RCVBUF).
 func subscribeLinks(done <-chan struct{}, onErr func(error), rcvbuf int) (<-chan Link, error) {
 	in := make(chan netlink.LinkUpdate, 64)
-	opt := netlink.LinkSubscribeOptions{ErrorCallback: onErr, ReceiveBufferSize: rcvbuf, ReceiveBufferForceSize: true}
+	opt := netlink.LinkSubscribeOptions{ErrorCallback: onErr, ReceiveBufferSize: rcvbuf, ReceiveBufferForceSize: !rcvbufForceRefused.Load()}
 	err := netlink.LinkSubscribeWithOptions(in, done, opt)
-	if errors.Is(err, unix.EPERM) {
+	if errors.Is(err, unix.EPERM) && opt.ReceiveBufferForceSize {
+		// sock_setsockopt's SO_RCVBUFFORCE asks for CAP_NET_ADMIN in
+		// the initial user namespace. linkSubscribeAt returns this
+		// error before it arranges to close its socket, which stays
+		// open: asked once a process.
+		rcvbufForceRefused.Store(true)
 		opt.ReceiveBufferForceSize = false
 		err = netlink.LinkSubscribeWithOptions(in, done, opt)
 	}
