@@ -191,10 +191,22 @@ func TestStaleCarrierPollIgnored(t *testing.T) {
 // the port's table: the backend subscribes again (counted), reads every
 // link's state (its two children of the partition have lost carrier,
 // counted once each) and follows the carrier changes after it (the
-// P_Key back: the VIF's packets flow again).
+// P_Key back: the VIF's packets flow again), also when its first
+// attempts to subscribe again are refused.
 func TestCarrierFollowedAfterOverrun(t *testing.T) {
+	t.Run("resubscribed at once", func(t *testing.T) { overrun(t, 0) })
+	t.Run("resubscription refused twice", func(t *testing.T) { overrun(t, 2) })
+}
+
+// overrun is TestCarrierFollowedAfterOverrun with the backend's first
+// refused attempts to subscribe again refused: it retries, and counts
+// one resubscription (made only once the refusals are used up).
+func overrun(t *testing.T, refused int) {
 	ka, a, b, qa, dst := partitionPair(t)
-	ka.OverrunLinks(func() { ka.SetPKeys(0xffff) })
+	ka.OverrunLinks(func() {
+		ka.SetPKeys(0xffff)
+		ka.RefuseSubscriptions(refused)
+	})
 	waitFor(t, func() bool { return a.Counters().Stats[kf.StatCarrierLost] == 2 })
 	if n := unicast(a, qa, 0x8001, dst, 100); n != 0 || ka.TxNoCarrier() != 0 {
 		t.Fatalf("sent %d, handed to the kernel without carrier %d", n, ka.TxNoCarrier())

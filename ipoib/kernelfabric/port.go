@@ -340,7 +340,7 @@ func (p *Port) linkError(err error) { p.linkErr.Store(&err) }
 
 // resubscribeWait is how long resubscribe waits before trying again
 // when the kernel refuses a subscription.
-const resubscribeWait = time.Second
+const resubscribeWait = 250 * time.Millisecond
 
 // resubscribe subscribes to link changes again after the subscription
 // ended (vishvananda/netlink ends it on any receive error, ENOBUFS from
@@ -361,7 +361,7 @@ func (p *Port) resubscribe() <-chan Link {
 		updates, err := p.k.SubscribeLinks(p.done, p.linkError)
 		if err != nil {
 			if !failed {
-				p.log.Warn("kernel: link notifications ended and cannot be resubscribed; carrier and MTU changes are not followed until they are (retrying every second)", "dev", p.parent.Name, "reason", reason, "err", err)
+				p.log.Warn("kernel: link notifications ended and cannot be resubscribed; carrier and MTU changes are not followed until they are (retrying)", "dev", p.parent.Name, "reason", reason, "err", err, "every", resubscribeWait)
 			}
 			select {
 			case <-p.done:

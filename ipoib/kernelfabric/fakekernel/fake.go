@@ -57,15 +57,16 @@ type Kernel struct {
 	LinkQueue int
 	IBKnobs
 
-	mu       sync.Mutex
-	links    map[int]*link
-	next     int
-	nextQPN  uint32
-	sysctls  map[string]string
-	subs     []*sub
-	overrun  bool // OverrunLinks: notifications are lost
-	filtered uint64
-	supers   []SuperPacket
+	mu         sync.Mutex
+	links      map[int]*link
+	next       int
+	nextQPN    uint32
+	sysctls    map[string]string
+	subs       []*sub
+	overrun    bool // OverrunLinks: notifications are lost
+	refuseSubs int  // RefuseSubscriptions
+	filtered   uint64
+	supers     []SuperPacket
 }
 
 type link struct {
@@ -307,6 +308,11 @@ const LinkQueueLen = 1024
 // queued has been read.
 func (k *Kernel) SubscribeLinks(done <-chan struct{}, onErr func(error)) (<-chan kf.Link, error) {
 	k.mu.Lock()
+	if k.refuseSubs > 0 {
+		k.refuseSubs--
+		k.mu.Unlock()
+		return nil, unix.ENOMEM // netlink_insert, netlink_alloc_groups
+	}
 	n := k.LinkQueue
 	if n <= 0 {
 		n = LinkQueueLen
@@ -324,6 +330,14 @@ func (k *Kernel) SubscribeLinks(done <-chan struct{}, onErr func(error)) (<-chan
 		}
 	}()
 	return s.ch, nil
+}
+
+// RefuseSubscriptions makes the next n SubscribeLinks calls fail
+// (ENOMEM, as a netlink socket's creation or group allocation may).
+func (k *Kernel) RefuseSubscriptions(n int) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.refuseSubs = n
 }
 
 // OverrunLinks runs change with every link subscription overrun: its
