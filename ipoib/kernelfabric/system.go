@@ -183,8 +183,9 @@ func subscribeLinks(done <-chan struct{}, onErr func(error), rcvbuf int) (<-chan
 	opt := netlink.LinkSubscribeOptions{ErrorCallback: onErr, ReceiveBufferSize: rcvbuf, ReceiveBufferForceSize: !rcvbufForceRefused.Load()}
 	err := netlink.LinkSubscribeWithOptions(in, done, opt)
 	if errors.Is(err, unix.EPERM) && opt.ReceiveBufferForceSize {
-		// sock_setsockopt's SO_RCVBUFFORCE asks for CAP_NET_ADMIN in
-		// the initial user namespace. linkSubscribeAt returns this
+		// net/core/sock.c sk_setsockopt: SO_RCVBUFFORCE wants
+		// sockopt_capable(CAP_NET_ADMIN), capable() in the initial
+		// user namespace (a container's CAP_NET_ADMIN is not enough). linkSubscribeAt returns this
 		// error before it arranges to close its socket, which stays
 		// open: asked once a process.
 		rcvbufForceRefused.Store(true)
