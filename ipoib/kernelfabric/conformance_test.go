@@ -10,7 +10,10 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
+	"fmt"
+	"os"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -196,10 +199,103 @@ func TestConformanceBoundProtocol(t *testing.T) {
 	})
 }
 
+// TestConformanceHostOnly: a socket with the HostOnly filter (classic
+// BPF on SKF_AD_PKTTYPE, run by packet_rcv before anything is queued)
+// receives a unicast and not a broadcast or a joined group's multicast
+// sent before it; a socket without it, on the same device, receives all
+// three.
+func TestConformanceHostOnly(t *testing.T) {
+	each(t, func(t *testing.T, w *witness) {
+		tx := openSock(t, w, w.ka, w.a, kf.PacketOptions{})
+		host := openSock(t, w, w.kb, w.b, kf.PacketOptions{HostOnly: true})
+		all := openSock(t, w, w.kb, w.b, kf.PacketOptions{})
+		var mreq [kf.MreqMaxSize]byte
+		putMreq(&mreq, w.b, kf.PacketMRMulticast, w.alen, w.mcast)
+		if err := all.AddMembership(mreq[:]); err != nil {
+			t.Fatal(err)
+		}
+		pb, pm, pu := payload(1, 100), payload(2, 100), payload(3, 100)
+		mustSend(t, tx, w.a, 0x0800, w.bcast, pb)
+		mustSend(t, tx, w.a, 0x0800, w.mcast, pm)
+		mustSend(t, tx, w.a, 0x0800, w.bAddr, pu)
+		checkRecv(t, w, recvOne(t, host, 2048), 0x0800, kf.PacketHost, pu)
+		checkRecv(t, w, recvOne(t, all, 2048), 0x0800, kf.PacketBroadcast, pb)
+		checkRecv(t, w, recvOne(t, all, 2048), 0x0800, kf.PacketMulticast, pm)
+		checkRecv(t, w, recvOne(t, all, 2048), 0x0800, kf.PacketHost, pu)
+	})
+}
+
+// TestNothingBeforeBind (real kernel only): a socket OpenPacketWith
+// returns bound to a device holds nothing from other devices. A packet
+// socket created with a protocol is hooked to every device at once
+// (af_packet.c packet_create registers prot_hook when proto is not 0),
+// so what arrives anywhere between socket() and bind() would be queued
+// on it and read as the bound child's; created with protocol 0 it is
+// hooked only by the bind (packet_bind → packet_do_bind). While a floods
+// b, 50 sockets are opened on a device that is down (bound, they
+// receive nothing); /proc/net/packet must then show none holding data
+// (Rmem, sk_rmem_alloc).
+func TestNothingBeforeBind(t *testing.T) {
+	w := realWitness(t)
+	tx := openSock(t, w, w.ka, w.a, kf.PacketOptions{})
+	stop := make(chan struct{})
+	flooding := make(chan struct{})
+	go func() {
+		defer close(flooding)
+		name := sll(w.a, 0x0800, w.alen, w.bAddr)
+		msgs := make([]kf.Msg, 64)
+		for i := range msgs {
+			msgs[i] = kf.Msg{Name: name, NameLen: len(name), Buf: payload(byte(i), 64)}
+		}
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			tx.Send(msgs)
+		}
+	}()
+	w.in(func() {
+		for range 50 {
+			s, err := w.ka.OpenPacketWith(w.down, kf.PacketOptions{})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			t.Cleanup(func() { s.Close() })
+		}
+	})
+	close(stop)
+	<-flooding
+	var b []byte
+	w.in(func() {
+		var err error
+		if b, err = os.ReadFile("/proc/thread-self/net/packet"); err != nil {
+			t.Fatal(err)
+		}
+	})
+	n, holding := 0, 0
+	for _, line := range strings.Split(string(b), "\n")[1:] {
+		var sk, inode string
+		var ref, typ, proto, iface, running, rmem, user int
+		if c, _ := fmt.Sscanf(line, "%s %d %d %x %d %d %d %d %s", &sk, &ref, &typ, &proto, &iface, &running, &rmem, &user, &inode); c != 9 || iface != w.down {
+			continue
+		}
+		n++
+		if rmem > 0 {
+			holding++
+		}
+	}
+	if n != 50 || holding != 0 {
+		t.Fatalf("%d sockets on the down device, %d holding data received before their bind", n, holding)
+	}
+}
+
 // TestConformanceIgnoreOutgoing: a socket bound to every protocol on the
 // sending device gets a PACKET_OUTGOING copy of another socket's send
 // (net/core/dev.c dev_queue_xmit_nit; skb_loop_sk spares only the
-// sender), unless PACKET_IGNORE_OUTGOING is set, as OpenPacket sets it
+// sender), unless PACKET_IGNORE_OUTGOING is set, as OpenPacketWith sets it unless SeeOutgoing
 // (af_packet.c packet_setsockopt; dev_queue_xmit_nit skips
 // ptype->ignore_outgoing): then the next thing it gets is what b sends
 // back.
@@ -207,13 +303,7 @@ func TestConformanceIgnoreOutgoing(t *testing.T) {
 	each(t, func(t *testing.T, w *witness) {
 		tx := openSock(t, w, w.ka, w.a, kf.PacketOptions{})
 		sees := openSock(t, w, w.ka, w.a, kf.PacketOptions{SeeOutgoing: true})
-		var ignores kf.Socket
-		w.in(func() {
-			var err error
-			if ignores, err = w.ka.OpenPacket(w.a, false); err != nil {
-				t.Fatal(err)
-			}
-		})
+		ignores := openSock(t, w, w.ka, w.a, kf.PacketOptions{})
 		t.Cleanup(func() { ignores.Close() })
 		back := openSock(t, w, w.kb, w.b, kf.PacketOptions{})
 		out, reply := payload(1, 80), payload(2, 80)
@@ -586,15 +676,14 @@ func TestConformanceEthtool(t *testing.T) {
 // and coming back (a veth whose peer goes down is LOWERLAYERDOWN without
 // IFF_LOWER_UP: the Carrier field is IFF_LOWER_UP, netif_carrier_ok; the
 // fake's parent carrier), and LinkByName agrees. The updates are read
-// as they come, as a subscriber must: the fake hands each one over before
-// the change returns.
+// as they come, as a subscriber must: a queue left unread overruns.
 func TestConformanceCarrier(t *testing.T) {
 	each(t, func(t *testing.T, w *witness) {
 		done := make(chan struct{})
 		defer close(done)
 		var ch <-chan kf.Link
 		var err error
-		w.in(func() { ch, err = w.ka.SubscribeLinks(done) })
+		w.in(func() { ch, err = w.ka.SubscribeLinks(done, nil) })
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -616,6 +705,50 @@ func TestConformanceCarrier(t *testing.T) {
 				t.Fatalf("no update with carrier %v on %s", up, w.aName)
 			}
 			waitLink(t, w, w.aName, func(l kf.Link) bool { return l.Carrier == up && l.Up })
+		}
+	})
+}
+
+// TestConformanceLinkOverrun: a link subscription left unread while a's
+// carrier keeps changing is overrun (net/netlink/af_netlink.c
+// netlink_overrun: sk_err = ENOBUFS, what does not fit is dropped);
+// onErr is told ENOBUFS and the channel, once what was queued is read,
+// is closed: vishvananda/netlink's linkSubscribeAt ends the subscription
+// on that receive error, which is why the backend subscribes again.
+func TestConformanceLinkOverrun(t *testing.T) {
+	each(t, func(t *testing.T, w *witness) {
+		done := make(chan struct{})
+		defer close(done)
+		errs := make(chan error, 16)
+		ch, err := w.subscribeSmall(done, func(err error) {
+			select {
+			case errs <- err:
+			default:
+			}
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Over 64 notifications: the library's reader holds 64
+		// updates, the socket's minimal buffer about one more.
+		for i := range 50 {
+			w.setPeer(i%2 == 1)
+		}
+		timeout := time.After(5 * time.Second)
+		for open := true; open; {
+			select {
+			case _, open = <-ch:
+			case <-timeout:
+				t.Fatal("the subscription did not end")
+			}
+		}
+		select {
+		case err := <-errs:
+			if !strings.Contains(err.Error(), unix.ENOBUFS.Error()) {
+				t.Fatalf("told %v, want ENOBUFS", err)
+			}
+		default:
+			t.Fatal("the subscription ended and onErr was told nothing")
 		}
 	})
 }

@@ -6,4 +6,7 @@ var (
 	HostOffSysctls = hostOffSysctls
 	// SetOptions is setOptions.
 	SetOptions = setOptions
+	// SubscribeLinksBuf is subscribeLinks: System.SubscribeLinks with
+	// a receive buffer of the given size.
+	SubscribeLinksBuf = subscribeLinks
 )

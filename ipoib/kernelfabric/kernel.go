@@ -99,17 +99,20 @@ type Kernel interface {
 	// DisableGRO turns generic receive offload off (ETHTOOL_SGRO), so
 	// that packet sockets see datagrams as they arrived, never merged.
 	DisableGRO(name string) error
-	// SubscribeLinks sends every link change until done is closed
-	// (RTNLGRP_LINK).
-	SubscribeLinks(done <-chan struct{}) (<-chan Link, error)
-	// OpenPacket opens a packet socket bound to ifindex for every
-	// protocol, with PACKET_IGNORE_OUTGOING, and PACKET_VNET_HDR when
-	// vnet is true.
-	OpenPacket(ifindex int, vnet bool) (Socket, error)
+	// SubscribeLinks sends every link change (RTNLGRP_LINK) until done
+	// is closed or the subscription fails, and then closes the channel.
+	// onErr, if not nil, is told of every error: the one that ends the
+	// subscription (ENOBUFS when the kernel overran its socket, and
+	// notifications were lost) and those it survives. onErr must not
+	// call the Kernel.
+	SubscribeLinks(done <-chan struct{}, onErr func(error)) (<-chan Link, error)
+	// OpenPacketWith opens a packet socket bound to ifindex with
+	// options o.
+	OpenPacketWith(ifindex int, o PacketOptions) (Socket, error)
 }
 
-// PacketOptions are a packet socket's protocol and options, for the
-// kernels' OpenPacketWith; OpenPacket is OpenPacketWith with Vnet alone.
+// PacketOptions are a packet socket's protocol and options, for
+// OpenPacketWith.
 type PacketOptions struct {
 	// Protocol is the ethertype (host order) the socket is bound to, and
 	// receives alone; 0 is every protocol (ETH_P_ALL).
@@ -120,4 +123,9 @@ type PacketOptions struct {
 	// bound to every protocol also gets a copy (PACKET_OUTGOING) of what
 	// other sockets and the host send through its device.
 	SeeOutgoing bool
+	// HostOnly attaches a socket filter that accepts PACKET_HOST
+	// packets only: the kernel drops every broadcast, multicast (and
+	// outgoing) copy before it is queued to the socket, and counts it
+	// nowhere the socket sees.
+	HostOnly bool
 }

@@ -16,7 +16,9 @@ package kernelfabric
 // marks the source unknown. Broadcast and multicast are taken from the
 // group child only: every child receives its partition's broadcast group
 // (the driver joins it on open) and the all-hosts group (the IPv4 stack
-// joins it), and each packet must reach the TAP once.
+// joins it), and each packet must reach the TAP once: a VIF child's
+// socket has a filter that accepts PACKET_HOST only, so the kernel drops
+// its copies before they are queued.
 
 import (
 	"errors"
@@ -35,21 +37,20 @@ import (
 
 // Drop reasons counted by a Port.
 const (
-	DropOversize     = "oversize"
-	DropBadMeta      = "bad_meta"
-	DropSendError    = "send_error"
-	DropBadSockaddr  = "bad_sockaddr"
-	DropTruncated    = "truncated"
-	DropBadVnetHdr   = "bad_vnet_hdr"
-	DropRxSuper      = "rx_super_packet"
-	DropPktType      = "pkttype"
-	DropBadMcast     = "bad_multicast"
-	DropNotJoined    = "not_joined"
-	DropEmpty        = "empty"
-	DropQueueFull    = "rx_queue_full"
-	DropBufferSmall  = "rx_buffer_small"
-	DropRecvError    = "recv_error"
-	DropMcastNoGroup = "no_group_child"
+	DropOversize    = "oversize"
+	DropBadMeta     = "bad_meta"
+	DropSendError   = "send_error"
+	DropBadSockaddr = "bad_sockaddr"
+	DropTruncated   = "truncated"
+	DropBadVnetHdr  = "bad_vnet_hdr"
+	DropRxSuper     = "rx_super_packet"
+	DropPktType     = "pkttype"
+	DropBadMcast    = "bad_multicast"
+	DropNotJoined   = "not_joined"
+	DropEmpty       = "empty"
+	DropQueueFull   = "rx_queue_full"
+	DropBufferSmall = "rx_buffer_small"
+	DropRecvError   = "recv_error"
 	// DropNoCarrier: the sending child has no carrier (its partition's
 	// broadcast join is not done, or the port or its P_Key went away);
 	// the kernel's noop qdisc would drop the packet and report it sent.
@@ -58,8 +59,10 @@ const (
 
 // Stats counted by a Port beside its drops.
 const (
-	// StatMcastCopies counts broadcast/multicast copies received on VIF
-	// children and dropped as duplicates of the group child's copy.
+	// StatMcastCopies counts broadcast/multicast copies that reached a
+	// VIF child's socket despite its PACKET_HOST filter, dropped as
+	// duplicates of the group child's copy (the copies the filter drops
+	// are counted nowhere a socket sees).
 	StatMcastCopies = "rx_mcast_copies"
 	// StatSuperPackets counts super-packets handed to the kernel.
 	StatSuperPackets = "tx_super_packets"
@@ -83,6 +86,14 @@ const (
 	// StatPartitionMTUChanges counts MTU changes of ready children (their
 	// partition's broadcast group MTU changed).
 	StatPartitionMTUChanges = "partition_mtu_changes"
+	// StatResubscribed counts new link subscriptions made after one
+	// ended (an overrun: notifications lost), each followed by a dump
+	// of every link's carrier and MTU.
+	StatResubscribed = "link_resubscriptions"
+	// StatOutgoingNotIgnored is OutgoingNotIgnored: the packet sockets
+	// of this process (of every Port) opened without
+	// PACKET_IGNORE_OUTGOING because the kernel refused it.
+	StatOutgoingNotIgnored = "sockets_outgoing_not_ignored"
 )
 
 const (
@@ -145,6 +156,11 @@ type child struct {
 	mtu     atomic.Int32
 	up      chan struct{}
 	upOnce  sync.Once
+	// linkMu serialises applying link states to the child; linkSeq
+	// counts the states applied from notifications and dumps, so that
+	// a poll's reading overtaken by one of them is dropped as stale.
+	linkMu  sync.Mutex
+	linkSeq uint64
 }
 
 // refusal is a partition's last refused child.
@@ -180,7 +196,8 @@ type Port struct {
 	// for mu (a Write holding it may wait for the kernel, which may be
 	// waiting to hand follow a notification).
 	byIndex sync.Map
-	pkeyErr atomic.Bool // the P_Key table could not be read (logged once)
+	pkeyErr atomic.Bool           // the P_Key table could not be read (logged once)
+	linkErr atomic.Pointer[error] // the last error of the link subscription
 
 	groups *ipoib.GroupTable
 	down   atomic.Bool
@@ -254,7 +271,7 @@ func New(cfg Config) (*Port, error) {
 		return nil, err
 	}
 	// Children's carrier is followed from the first.
-	updates, err := k.SubscribeLinks(p.done)
+	updates, err := k.SubscribeLinks(p.done, p.linkError)
 	if err != nil {
 		return nil, fmt.Errorf("kernel: subscribe to link changes of %s: %w", parent.Name, err)
 	}
@@ -303,34 +320,114 @@ func isOurs(parent, name string) bool {
 }
 
 // follow tracks the parent's carrier and MTU, and each child's carrier
-// and MTU. It never waits for the kernel or for mu.
+// and MTU. It never waits for mu, and for the kernel only when the
+// subscription has ended: it then subscribes again and applies every
+// link's state from a dump, taken after the new subscription began so
+// that the notifications that follow are newer.
 func (p *Port) follow(updates <-chan Link) {
 	defer p.wg.Done()
-	for l := range updates {
-		if l.Index != p.parent.Index {
-			p.followChild(l)
-			continue
+	for updates != nil {
+		for l := range updates {
+			p.followLink(l)
 		}
-		if down := !l.Carrier; p.down.Swap(down) != down {
-			p.log.Info("parent carrier", "dev", l.Name, "up", !down)
-		}
-		if l.MTU != p.parent.MTU && l.MTU != 0 {
-			p.stat(StatMTUChanges)
-			p.log.Warn("parent MTU changed; restart eipoibd to follow it", "dev", l.Name, "mtu", l.MTU, "in_use", p.parent.MTU)
-		}
+		updates = p.resubscribe()
 	}
 }
 
-// followChild applies a child's link notification: a waiting createChild
-// is woken by its carrier; a ready child's carrier and MTU are tracked
-// (ipoib_mcast_carrier_on_task sets the MTU before the carrier, so an MTU
-// seen with the carrier on is the partition's).
+// linkError records an error of the link subscription, for the warning
+// resubscribe logs (SubscribeLinks' onErr).
+func (p *Port) linkError(err error) { p.linkErr.Store(&err) }
+
+// resubscribeWait is how long resubscribe waits before trying again
+// when the kernel refuses a subscription.
+const resubscribeWait = 250 * time.Millisecond
+
+// resubscribe subscribes to link changes again after the subscription
+// ended (vishvananda/netlink ends it on any receive error, ENOBUFS from
+// an overrun included: notifications were lost), applies every link's
+// state from a dump, and returns the new subscription; nil once the
+// port is closed.
+func (p *Port) resubscribe() <-chan Link {
+	reason := "unknown"
+	if e := p.linkErr.Swap(nil); e != nil {
+		reason = (*e).Error()
+	}
+	for failed := false; ; failed = true {
+		select {
+		case <-p.done:
+			return nil
+		default:
+		}
+		updates, err := p.k.SubscribeLinks(p.done, p.linkError)
+		if err != nil {
+			if !failed {
+				p.log.Warn("kernel: link notifications ended and cannot be resubscribed; carrier and MTU changes are not followed until they are (retrying)", "dev", p.parent.Name, "reason", reason, "err", err, "every", resubscribeWait)
+			}
+			select {
+			case <-p.done:
+				return nil
+			case <-time.After(resubscribeWait):
+			}
+			continue
+		}
+		p.stat(StatResubscribed)
+		n, err := p.resync()
+		p.log.Warn("kernel: link notifications ended (some may be lost); resubscribed and read every link's carrier and MTU again", "dev", p.parent.Name, "reason", reason, "links", n, "dump_err", err)
+		return updates
+	}
+}
+
+// resync applies every link's state from a dump (Links), retried once
+// when it fails (an interrupted dump), and returns how many it applied.
+func (p *Port) resync() (int, error) {
+	links, err := p.k.Links()
+	if err != nil {
+		links, err = p.k.Links()
+	}
+	if err != nil {
+		return 0, fmt.Errorf("kernel: list links of %s to resynchronise carriers: %w", p.parent.Name, err)
+	}
+	for _, l := range links {
+		p.followLink(l)
+	}
+	return len(links), nil
+}
+
+// followLink applies a link's notification or dumped state: the
+// parent's carrier and MTU, or a child's.
+func (p *Port) followLink(l Link) {
+	if l.Index != p.parent.Index {
+		p.followChild(l)
+		return
+	}
+	if down := !l.Carrier; p.down.Swap(down) != down {
+		p.log.Info("parent carrier", "dev", l.Name, "up", !down)
+	}
+	if l.MTU != p.parent.MTU && l.MTU != 0 {
+		p.stat(StatMTUChanges)
+		p.log.Warn("parent MTU changed; restart eipoibd to follow it", "dev", l.Name, "mtu", l.MTU, "in_use", p.parent.MTU)
+	}
+}
+
+// followChild applies a child's link notification (or its state in a
+// dump), in the order follow receives them.
 func (p *Port) followChild(l Link) {
 	v, ok := p.byIndex.Load(l.Index)
 	if !ok {
 		return
 	}
 	c := v.(*child)
+	c.linkMu.Lock()
+	defer c.linkMu.Unlock()
+	c.linkSeq++
+	p.applyLink(c, l)
+}
+
+// applyLink applies link state l to child c (c.linkMu held): a waiting
+// createChild is woken by its carrier; a ready child's carrier and MTU
+// are tracked (ipoib_mcast_carrier_on_task sets the MTU before the
+// carrier, so an MTU seen with the carrier on is the partition's).
+func (p *Port) applyLink(c *child, l Link) {
 	ready := c.mtu.Load() != 0 // had carrier before
 	// The MTU before the carrier: a Write that sees the carrier reads it.
 	if l.Carrier {
@@ -431,6 +528,9 @@ func (p *Port) Counters() ipoib.PortCounters {
 	if n := p.mcastCopies.Load(); n > 0 {
 		c.Stats[StatMcastCopies] = n
 	}
+	if n := OutgoingNotIgnored(); n > 0 {
+		c.Stats[StatOutgoingNotIgnored] = n
+	}
 	return c
 }
 
@@ -506,7 +606,10 @@ func (p *Port) createChild(name string, pkey ipoib.PKey, group bool) (c *child, 
 		p.tsoKnown = true
 	}
 	c.vnet = p.tso
-	if c.sock, err = k.OpenPacket(l.Index, c.vnet); err != nil {
+	// A VIF child's socket takes PACKET_HOST only: the kernel drops its
+	// broadcast and multicast copies (the group child's are the ones
+	// read) instead of waking its reader for each.
+	if c.sock, err = k.OpenPacketWith(l.Index, PacketOptions{Vnet: c.vnet, HostOnly: !group}); err != nil {
 		return nil, fmt.Errorf("kernel: open packet socket on %s: %w", name, err)
 	}
 	return c, nil
@@ -549,12 +652,31 @@ func (p *Port) waitCarrier(c *child) error {
 		case <-p.done:
 			return net.ErrClosed
 		case <-tick.C:
-			if l, err := p.k.LinkByName(c.name); err == nil {
-				p.followChild(l) // a lost notification
-			}
+			p.pollCarrier(c)
 		case <-timer.C:
 			return p.notReady(c)
 		}
+	}
+}
+
+// pollCarrier reads child c's link, in case its carrier-on notification
+// was lost, and applies a carrier on, never off, and only if no
+// notification was applied since the read began: a reading overtaken by
+// one is stale (read "off", then the notification "on" applied, then
+// "off" applied again would leave a ready child without carrier, and no
+// notification would come to correct it).
+func (p *Port) pollCarrier(c *child) {
+	c.linkMu.Lock()
+	seq := c.linkSeq
+	c.linkMu.Unlock()
+	l, err := p.k.LinkByName(c.name)
+	if err != nil || !l.Carrier {
+		return
+	}
+	c.linkMu.Lock()
+	defer c.linkMu.Unlock()
+	if c.linkSeq == seq {
+		p.applyLink(c, l)
 	}
 }
 
@@ -848,6 +970,10 @@ func (p *Port) validate(b []byte, m ipoib.TxMeta, offset int) (*child, bool) {
 	}
 	pay := b[offset:]
 	mcast := m.Dst.QPN() == ipoib.MulticastQPN
+	// A VIF child always has its partition's group child: AllocQP makes
+	// the group child first, and group children go only with Close,
+	// which empties byQPN too. A multicast packet whose source QP is a
+	// VIF child therefore always finds one; c is nil only for bad meta.
 	var c *child
 	if src := p.byQPN[m.SrcQPN]; src != nil && src.pkey == m.PKey.Full() && m.PKey.IsValid() && mcast == m.Dst.GID().IsMulticast() {
 		c = src

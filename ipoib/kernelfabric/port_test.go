@@ -28,24 +28,6 @@ func open(t testing.TB, k *fakekernel.Kernel) *kf.Port {
 	return p
 }
 
-// TestFakeRefusesShortName: a 20-byte address in a name of
-// sizeof(struct sockaddr_ll) is refused with EINVAL, as packet_snd does.
-func TestFakeRefusesShortName(t *testing.T) {
-	k := fakekernel.NewFabric().NewHost(gid("fe80::a"), "ib0", 2044)
-	s, err := k.OpenPacket(1, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var b [kf.SockaddrLLIPoIBLen]byte
-	kf.PutSockaddrLL(&b, 1, 0x0800, ipoib.MakeHwAddr(0, 0x100, gid("fe80::b")))
-	if _, err := s.Send([]kf.Msg{{Name: b[:], NameLen: kf.SockaddrLLSize, Buf: []byte{0x45}}}); !errors.Is(err, unix.EINVAL) {
-		t.Fatalf("got %v, want EINVAL", err)
-	}
-	if n, err := s.Send([]kf.Msg{{Name: b[:], NameLen: kf.SockaddrLLIPoIBLen, Buf: []byte{0x45}}}); n != 1 || err != nil {
-		t.Fatalf("full name: %d %v", n, err)
-	}
-}
-
 // TestChildLifecycle: leftovers are reclaimed; children share a P_Key,
 // get the host-off settings before coming up, and go with FreeQP and
 // Close; the parent's carrier is followed.
@@ -114,10 +96,13 @@ func TestConnectedModeRefused(t *testing.T) {
 }
 
 // TestBroadcastOnce: a broadcast reaches every child of the receiving
-// host, and Read returns it once, from the group child, with no source.
+// host, and Read returns it once, from the group child, with no source;
+// the copies on the VIF children are dropped by their sockets' HostOnly
+// filters, before anything reads them.
 func TestBroadcastOnce(t *testing.T) {
 	f := fakekernel.NewFabric()
-	a, b := open(t, f.NewHost(gid("fe80::a"), "ib0", 2044)), open(t, f.NewHost(gid("fe80::b"), "ib0", 2044))
+	kb := f.NewHost(gid("fe80::b"), "ib0", 2044)
+	a, b := open(t, f.NewHost(gid("fe80::a"), "ib0", 2044)), open(t, kb)
 	bc := ipoib.BroadcastMGID(0xffff, ipoib.ScopeLinkLocal)
 	if err := b.Join(bc); err != nil {
 		t.Fatal(err)
@@ -137,7 +122,9 @@ func TestBroadcastOnce(t *testing.T) {
 	if err != nil || n != 1 || sizes[0] != 7 || !meta[0].SrcUnknown || meta[0].MGID != bc || meta[0].DstQPN != ipoib.MulticastQPN {
 		t.Fatalf("read %d %v %v %+v", n, err, sizes, meta[0])
 	}
-	waitFor(t, func() bool { return b.Counters().Stats[kf.StatMcastCopies] == 3 })
+	if n, copies := kb.Filtered(), b.Counters().Stats[kf.StatMcastCopies]; n != 3 || copies != 0 {
+		t.Fatalf("%d copies dropped by the VIF children's filters, %d read, want 3 and 0", n, copies)
+	}
 }
 
 // TestSuperPacketHandedWhole: with TSO on the children, a super-packet
@@ -165,7 +152,7 @@ func TestSuperPacketHandedWhole(t *testing.T) {
 }
 
 // openCfg opens the backend on k's ib0 with cfg's other fields.
-func openCfg(t *testing.T, k *fakekernel.Kernel, cfg kf.Config) *kf.Port {
+func openCfg(t *testing.T, k kf.Kernel, cfg kf.Config) *kf.Port {
 	t.Helper()
 	cfg.Kernel, cfg.Parent, cfg.Logger = k, "ib0", slog.New(slog.NewTextHandler(io.Discard, nil))
 	p, err := kf.New(cfg)
@@ -291,27 +278,45 @@ func TestChildAttachLimit(t *testing.T) {
 }
 
 // TestChildCarrierFollowed: a ready child whose P_Key leaves the port's
-// table loses carrier (as does its partition's group child); its packets are dropped as child_no_carrier (not
-// handed to the kernel, whose noop qdisc would drop them and say sent),
-// and flow again once the P_Key is back and the child joined again.
+// table loses carrier (as does its partition's group child), counted
+// once each; once the backend has seen it, its packets are dropped as
+// child_no_carrier (not handed to the kernel, whose noop qdisc would
+// drop them and say sent), and flow again once the P_Key is back and the
+// child joined again.
 func TestChildCarrierFollowed(t *testing.T) {
+	ka, a, b, qa, dst := partitionPair(t)
+	ka.SetPKeys(0xffff)
+	waitFor(t, func() bool { return a.Counters().Stats[kf.StatCarrierLost] == 2 }) // the VIF's child and the group child
+	if n := unicast(a, qa, 0x8001, dst, 100); n != 0 || ka.TxNoCarrier() != 0 || a.Counters().Drops[kf.DropNoCarrier] != 1 {
+		t.Fatalf("sent %d, handed to the kernel without carrier %d; drops %v", n, ka.TxNoCarrier(), a.Counters().Drops)
+	}
+	pkeyBack(t, ka, a, b, qa, dst)
+}
+
+// partitionPair makes hosts a and b, each with a VIF in partition
+// 0x8001 (in a's P_Key table), and returns a's fake, both ports, a's
+// VIF QPN and the address of b's.
+func partitionPair(t *testing.T) (ka *fakekernel.Kernel, a, b *kf.Port, qa uint32, dst ipoib.HwAddr) {
+	t.Helper()
 	f := fakekernel.NewFabric()
 	ka, kb := f.NewHost(gid("fe80::a"), "ib0", 2044), f.NewHost(gid("fe80::b"), "ib0", 2044)
 	ka.SetPKeys(0xffff, 0x8001)
-	a, b := open(t, ka), open(t, kb)
+	a, b = open(t, ka), open(t, kb)
 	qa, err := a.AllocQP(0x8001, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	qb, _ := b.AllocQP(0x8001, 0)
-	dst := ipoib.MakeHwAddr(0, qb, gid("fe80::b"))
-	ka.SetPKeys(0xffff)
-	waitFor(t, func() bool {
-		return unicast(a, qa, 0x8001, dst, 100) == 0 && a.Counters().Drops[kf.DropNoCarrier] > 0
-	})
-	if ka.TxNoCarrier() != 0 || a.Counters().Stats[kf.StatCarrierLost] != 2 { // the VIF's child and the group child
-		t.Fatalf("handed to the kernel without carrier: %d; stats %v", ka.TxNoCarrier(), a.Counters().Stats)
+	qb, err := b.AllocQP(0x8001, 0)
+	if err != nil {
+		t.Fatal(err)
 	}
+	return ka, a, b, qa, ipoib.MakeHwAddr(0, qb, gid("fe80::b"))
+}
+
+// pkeyBack puts partition 0x8001 back in a's P_Key table and checks
+// that a's VIF qa reaches b's (dst) once its child has joined again.
+func pkeyBack(t *testing.T, ka *fakekernel.Kernel, a, b *kf.Port, qa uint32, dst ipoib.HwAddr) {
+	t.Helper()
 	ka.SetPKeys(0xffff, 0x8001)
 	waitFor(t, func() bool { return unicast(a, qa, 0x8001, dst, 100) == 1 })
 	if readOne(t, b) != 104 {
@@ -393,5 +398,24 @@ func TestPartitionMTUChange(t *testing.T) {
 	})
 	if p.PartitionMTU(0xffff) != 4096 {
 		t.Fatalf("default partition %d", p.PartitionMTU(0xffff))
+	}
+}
+
+// TestOutgoingNotIgnoredCounted: a socket opened without
+// PACKET_IGNORE_OUTGOING (the kernel refused it) shows in a Port's
+// counters, not only in the package's OutgoingNotIgnored.
+func TestOutgoingNotIgnoredCounted(t *testing.T) {
+	refuse := func(_, _, opt, _ int) error {
+		if opt == unix.PACKET_IGNORE_OUTGOING {
+			return unix.ENOPROTOOPT
+		}
+		return nil
+	}
+	if err := kf.SetOptions(-1, kf.PacketOptions{}, refuse); err != nil {
+		t.Fatal(err)
+	}
+	p := open(t, fakekernel.NewFabric().NewHost(gid("fe80::a"), "ib0", 2044))
+	if got, want := p.Counters().Stats[kf.StatOutgoingNotIgnored], kf.OutgoingNotIgnored(); got != want || got == 0 {
+		t.Fatalf("stat %d, OutgoingNotIgnored %d", got, want)
 	}
 }

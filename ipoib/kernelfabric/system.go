@@ -154,11 +154,46 @@ func (System) DisableGRO(name string) error {
 	return ethtool(name, &ethtoolValue{cmd: ethtoolSGRO})
 }
 
-// SubscribeLinks is an RTNLGRP_LINK subscription.
-func (System) SubscribeLinks(done <-chan struct{}) (<-chan Link, error) {
-	in := make(chan netlink.LinkUpdate, 16)
-	if err := netlink.LinkSubscribe(in, done); err != nil {
-		return nil, err
+// linkRcvBuf is the receive buffer of the RTNLGRP_LINK socket: a port
+// flap with 1,024 children is over 2,000 RTM_NEWLINK messages (about
+// 1.5 KB each, twice that in skb truesize), far more than the default
+// net.core.rmem_default (212,992 bytes) holds. netlink_overrun
+// (net/netlink/af_netlink.c) drops what does not fit and reports
+// ENOBUFS, which ends the subscription.
+const linkRcvBuf = 8 << 20
+
+// rcvbufForceRefused: SO_RCVBUFFORCE was refused (EPERM); SO_RCVBUF is
+// used from then on.
+var rcvbufForceRefused atomic.Bool
+
+// SubscribeLinks is an RTNLGRP_LINK subscription with a linkRcvBuf
+// receive buffer (SO_RCVBUFFORCE, which needs CAP_NET_ADMIN; without it
+// SO_RCVBUF, capped at net.core.rmem_max). vishvananda/netlink's
+// linkSubscribeAt closes its channel on any receive error, ENOBUFS
+// included, after telling onErr (its ErrorCallback); the channel
+// returned here is closed then too.
+func (System) SubscribeLinks(done <-chan struct{}, onErr func(error)) (<-chan Link, error) {
+	return subscribeLinks(done, onErr, linkRcvBuf)
+}
+
+// subscribeLinks is SubscribeLinks with a receive buffer of rcvbuf bytes
+// (the kernel doubles it, and keeps at least SOCK_MIN_RCVBUF).
+func subscribeLinks(done <-chan struct{}, onErr func(error), rcvbuf int) (<-chan Link, error) {
+	in := make(chan netlink.LinkUpdate, 64)
+	opt := netlink.LinkSubscribeOptions{ErrorCallback: onErr, ReceiveBufferSize: rcvbuf, ReceiveBufferForceSize: !rcvbufForceRefused.Load()}
+	err := netlink.LinkSubscribeWithOptions(in, done, opt)
+	if errors.Is(err, unix.EPERM) && opt.ReceiveBufferForceSize {
+		// net/core/sock.c sk_setsockopt: SO_RCVBUFFORCE wants
+		// sockopt_capable(CAP_NET_ADMIN), capable() in the initial
+		// user namespace (a container's CAP_NET_ADMIN is not enough). linkSubscribeAt returns this
+		// error before it arranges to close its socket, which stays
+		// open: asked once a process.
+		rcvbufForceRefused.Store(true)
+		opt.ReceiveBufferForceSize = false
+		err = netlink.LinkSubscribeWithOptions(in, done, opt)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kernel: subscribe to RTNLGRP_LINK: %w", err)
 	}
 	out := make(chan Link)
 	go func() {
@@ -167,6 +202,8 @@ func (System) SubscribeLinks(done <-chan struct{}) (<-chan Link, error) {
 			select {
 			case out <- toLink(u.Link):
 			case <-done:
+				for range in { // the library's reader ends once it is not blocked on in
+				}
 				return
 			}
 		}
@@ -178,13 +215,6 @@ func (System) SubscribeLinks(done <-chan struct{}) (<-chan Link, error) {
 // protocol fields of socket(2) and struct sockaddr_ll take it.
 func htons(p uint16) uint16 { return p>>8 | p<<8 }
 
-// OpenPacket opens a non-blocking AF_PACKET SOCK_DGRAM socket bound to
-// ifindex for every protocol, with PACKET_IGNORE_OUTGOING, on the runtime
-// poller: OpenPacketWith(ifindex, PacketOptions{Vnet: vnet}).
-func (s System) OpenPacket(ifindex int, vnet bool) (Socket, error) {
-	return s.OpenPacketWith(ifindex, PacketOptions{Vnet: vnet})
-}
-
 // OpenPacketWith opens a non-blocking AF_PACKET socket with options o,
 // bound to ifindex, on the runtime poller.
 //
@@ -192,7 +222,15 @@ func (s System) OpenPacket(ifindex int, vnet bool) (Socket, error) {
 // is, in network order (x/sys/unix's SockaddrLinklayer.sockaddr copies
 // Protocol unchanged), and packet_do_bind hooks the socket to that
 // ethertype: bound with a host-order ETH_P_ALL (0x0003 read as 0x0300) it
-// matches no traffic at all. Both the socket and the bind take htons.
+// matches no traffic at all. The bind takes htons.
+//
+// The socket itself is created with protocol 0: packet_create hooks a
+// socket created with a protocol to every device at once, so what
+// arrived on any device before the bind would be queued on it and read
+// as the bound child's (TestNothingBeforeBind: about half of the
+// sockets opened while another device was busy held such packets).
+// Created with 0 it is hooked by the bind alone, after its options and
+// filter are set.
 //
 // The socket is SOCK_DGRAM, unless o.Vnet: packet_setsockopt refuses
 // PACKET_VNET_HDR (EINVAL) on any socket but SOCK_RAW. A Vnet socket is
@@ -206,7 +244,7 @@ func (System) OpenPacketWith(ifindex int, o PacketOptions) (Socket, error) {
 	if o.Vnet {
 		typ = unix.SOCK_RAW
 	}
-	fd, err := unix.Socket(unix.AF_PACKET, typ|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, int(proto))
+	fd, err := unix.Socket(unix.AF_PACKET, typ|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("kernel: packet socket: %w", err)
 	}
@@ -214,6 +252,12 @@ func (System) OpenPacketWith(ifindex int, o PacketOptions) (Socket, error) {
 	if err := setOptions(fd, o, unix.SetsockoptInt); err != nil {
 		unix.Close(fd)
 		return nil, err
+	}
+	if o.HostOnly {
+		if err := unix.SetsockoptSockFprog(fd, unix.SOL_SOCKET, unix.SO_ATTACH_FILTER, &hostOnlyProg); err != nil {
+			unix.Close(fd)
+			return nil, fmt.Errorf("kernel: attach the PACKET_HOST socket filter: %w", err)
+		}
 	}
 	if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: proto, Ifindex: ifindex}); err != nil {
 		unix.Close(fd)
@@ -233,6 +277,29 @@ func (System) OpenPacketWith(ifindex int, o PacketOptions) (Socket, error) {
 	s.sendFn, s.recvFn = s.sendCall, s.recvCall
 	return s, nil
 }
+
+// Classic BPF ancillary loads (linux/filter.h): SKF_AD_OFF +
+// SKF_AD_PKTTYPE loads skb->pkt_type (net/core/filter.c
+// convert_bpf_extensions).
+const (
+	skfAdOff     = 0xfffff000 // SKF_AD_OFF, -0x1000
+	skfAdPktType = 4          // SKF_AD_PKTTYPE
+)
+
+// hostOnlyFilter accepts PACKET_HOST packets whole and drops the rest
+// (PACKET_BROADCAST, PACKET_MULTICAST, PACKET_OTHERHOST,
+// PACKET_OUTGOING): af_packet.c packet_rcv runs it (run_filter) before
+// it clones the skb or queues it, and drops a packet it gives 0 without
+// counting it in PACKET_STATISTICS (drop_n_restore, not drop_n_acct).
+var hostOnlyFilter = [...]unix.SockFilter{
+	{Code: unix.BPF_LD | unix.BPF_W | unix.BPF_ABS, K: skfAdOff + skfAdPktType},
+	{Code: unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K, K: PacketHost, Jt: 0, Jf: 1},
+	{Code: unix.BPF_RET | unix.BPF_K, K: 0xffffffff},
+	{Code: unix.BPF_RET | unix.BPF_K, K: 0},
+}
+
+// hostOnlyProg is hostOnlyFilter as SO_ATTACH_FILTER takes it.
+var hostOnlyProg = unix.SockFprog{Len: uint16(len(hostOnlyFilter)), Filter: &hostOnlyFilter[0]}
 
 // linkHdr makes a SOCK_RAW socket send and receive as a SOCK_DGRAM one:
 // Send puts the link header between the virtio_net_hdr and the data, as

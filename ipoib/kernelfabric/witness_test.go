@@ -25,12 +25,8 @@ import (
 	"github.com/eipoib/eipoibd/ipoib/kernelfabric/fakekernel"
 )
 
-// kernel is a Kernel that also opens packet sockets with options, as
-// System and the fake both do.
-type kernel interface {
-	kf.Kernel
-	OpenPacketWith(ifindex int, o kf.PacketOptions) (kf.Socket, error)
-}
+// kernel is the Kernel a witness asks.
+type kernel = kf.Kernel
 
 // witness is one kernel the suite asks. Device a sends to device b; on
 // the real kernel they are the two ends of a veth pair, on the fake the
@@ -68,6 +64,9 @@ type witness struct {
 	noarp    func(name string) bool           // IFF_NOARP set
 	setPeer  func(up bool)                    // a's carrier off or on, from outside
 	addLink  func(name string) error          // a new link, down, of a kind made here
+	// subscribeSmall is a link subscription that holds the fewest
+	// notifications unread the kernel allows.
+	subscribeSmall func(done <-chan struct{}, onErr func(error)) (<-chan kf.Link, error)
 }
 
 // witnessKinds are the two witnesses; the real kernel's needs root, ip
@@ -110,6 +109,10 @@ func fakeWitness(t *testing.T) *witness {
 		noarp:    func(name string) bool { st, _ := ka.Link(name); return st.NoARP },
 		setPeer:  ka.SetCarrier,
 		addLink:  func(name string) error { return ka.AddChild(kf.ChildSpec{Name: name, Parent: la.Index, PKey: 0xffff}) },
+		subscribeSmall: func(done <-chan struct{}, onErr func(error)) (<-chan kf.Link, error) {
+			ka.LinkQueue = 1
+			return ka.SubscribeLinks(done, onErr)
+		},
 	}
 }
 
@@ -192,6 +195,10 @@ func realWitness(t *testing.T) *witness {
 			state = "up"
 		}
 		in("ip", "link", "set", "vb", state)
+	}
+	w.subscribeSmall = func(done <-chan struct{}, onErr func(error)) (ch <-chan kf.Link, err error) {
+		w.in(func() { ch, err = kf.SubscribeLinksBuf(done, onErr, 1) })
+		return ch, err
 	}
 	w.addLink = func(name string) error {
 		// A veth has carrier when its peer is up: the peer is.

@@ -52,15 +52,21 @@ type Kernel struct {
 	TSOOn bool
 	// ModeOf is the parent's mode ("datagram").
 	ModeOf string
+	// LinkQueue is how many link notifications a subscription holds
+	// unread before it overruns (LinkQueueLen when 0).
+	LinkQueue int
 	IBKnobs
 
-	mu      sync.Mutex
-	links   map[int]*link
-	next    int
-	nextQPN uint32
-	sysctls map[string]string
-	subs    []*sub
-	supers  []SuperPacket
+	mu         sync.Mutex
+	links      map[int]*link
+	next       int
+	nextQPN    uint32
+	sysctls    map[string]string
+	subs       []*sub
+	overrun    bool // OverrunLinks: notifications are lost
+	refuseSubs int  // RefuseSubscriptions
+	filtered   uint64
+	supers     []SuperPacket
 }
 
 type link struct {
@@ -73,9 +79,12 @@ type link struct {
 	ib    ibLink
 }
 
+// sub is an RTNLGRP_LINK subscription: ch is its socket's receive
+// queue.
 type sub struct {
-	ch   chan kf.Link
-	done <-chan struct{}
+	ch    chan kf.Link
+	onErr func(error)
+	ended chan struct{} // closed when the subscription ends
 }
 
 var _ kf.Kernel = (*Kernel)(nil)
@@ -289,25 +298,79 @@ func (k *Kernel) SuperPackets() []SuperPacket {
 	return append([]SuperPacket(nil), k.supers...)
 }
 
-// SubscribeLinks sends link changes until done is closed.
-func (k *Kernel) SubscribeLinks(done <-chan struct{}) (<-chan kf.Link, error) {
-	s := &sub{ch: make(chan kf.Link), done: done}
+// LinkQueueLen is the default of Kernel.LinkQueue.
+const LinkQueueLen = 1024
+
+// SubscribeLinks sends link changes until done is closed or the
+// subscription's queue (LinkQueue notifications) overflows: then, as
+// netlink_overrun reports ENOBUFS and vishvananda/netlink's reader ends
+// on it, onErr is told ENOBUFS and the channel is closed once what was
+// queued has been read.
+func (k *Kernel) SubscribeLinks(done <-chan struct{}, onErr func(error)) (<-chan kf.Link, error) {
 	k.mu.Lock()
+	if k.refuseSubs > 0 {
+		k.refuseSubs--
+		k.mu.Unlock()
+		return nil, unix.ENOMEM // netlink_insert, netlink_alloc_groups
+	}
+	n := k.LinkQueue
+	if n <= 0 {
+		n = LinkQueueLen
+	}
+	s := &sub{ch: make(chan kf.Link, n), onErr: onErr, ended: make(chan struct{})}
 	k.subs = append(k.subs, s)
 	k.mu.Unlock()
 	go func() {
-		<-done
-		k.mu.Lock()
-		for i, x := range k.subs {
-			if x == s {
-				k.subs = append(k.subs[:i], k.subs[i+1:]...)
-				break
-			}
+		select {
+		case <-done:
+			k.mu.Lock()
+			k.endSub(s, nil)
+			k.mu.Unlock()
+		case <-s.ended:
 		}
-		close(s.ch)
-		k.mu.Unlock()
 	}()
 	return s.ch, nil
+}
+
+// RefuseSubscriptions makes the next n SubscribeLinks calls fail
+// (ENOMEM, as a netlink socket's creation or group allocation may).
+func (k *Kernel) RefuseSubscriptions(n int) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.refuseSubs = n
+}
+
+// OverrunLinks runs change with every link subscription overrun: its
+// notifications are lost (netlink_overrun drops what does not fit the
+// receive buffer), then each subscriber is told ENOBUFS and its channel
+// closed once what was queued before has been read.
+func (k *Kernel) OverrunLinks(change func()) {
+	k.mu.Lock()
+	k.overrun = true
+	k.mu.Unlock()
+	change()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.overrun = false
+	for len(k.subs) > 0 {
+		k.endSub(k.subs[0], unix.ENOBUFS)
+	}
+}
+
+// endSub ends subscription s (k.mu held), telling its onErr err if not
+// nil.
+func (k *Kernel) endSub(s *sub, err error) {
+	for i, x := range k.subs {
+		if x == s {
+			k.subs = append(k.subs[:i], k.subs[i+1:]...)
+			close(s.ch)
+			close(s.ended)
+			if err != nil && s.onErr != nil {
+				s.onErr(err)
+			}
+			return
+		}
+	}
 }
 
 // SetCarrier switches the parent's carrier (the port's physical state)
@@ -343,12 +406,6 @@ func (l *link) member(a ipoib.HwAddr) bool {
 	return [6]byte(a[:6]) == [6]byte(bc[:6]) && [3]byte(a[7:10]) == [3]byte(bc[7:10])
 }
 
-// OpenPacket opens a SOCK_DGRAM socket bound to ifindex for every
-// protocol, with PACKET_IGNORE_OUTGOING, as System does.
-func (k *Kernel) OpenPacket(ifindex int, vnet bool) (kf.Socket, error) {
-	return k.OpenPacketWith(ifindex, kf.PacketOptions{Vnet: vnet})
-}
-
 // OpenPacketWith opens a SOCK_DGRAM socket with options o bound to
 // ifindex (ENODEV when there is none: packet_do_bind). It receives only
 // o.Protocol (every protocol when 0), as packet_do_bind hooks it.
@@ -359,9 +416,18 @@ func (k *Kernel) OpenPacketWith(ifindex int, o kf.PacketOptions) (kf.Socket, err
 	if l == nil {
 		return nil, unix.ENODEV
 	}
-	s := &socket{k: k, l: l, vnet: o.Vnet, proto: o.Protocol, seeOut: o.SeeOutgoing, ready: make(chan struct{}, 1), mc: make(map[mcKey]int)}
+	s := &socket{k: k, l: l, vnet: o.Vnet, proto: o.Protocol, seeOut: o.SeeOutgoing, hostOnly: o.HostOnly, ready: make(chan struct{}, 1), mc: make(map[mcKey]int)}
 	l.socks = append(l.socks, s)
 	return s, nil
+}
+
+// Filtered counts the packets the sockets' HostOnly filters dropped
+// (the kernel counts them nowhere a socket sees; the fake does, for
+// tests).
+func (k *Kernel) Filtered() uint64 {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.filtered
 }
 
 // DevMcast returns the multicast list of link ifindex as
@@ -412,7 +478,10 @@ type socket struct {
 	vnet   bool
 	proto  uint16 // bound protocol, 0 for all
 	seeOut bool   // PACKET_IGNORE_OUTGOING off
-	ready  chan struct{}
+	// hostOnly: the PACKET_HOST socket filter (run_filter in
+	// packet_rcv, before anything is queued)
+	hostOnly bool
+	ready    chan struct{}
 
 	mu     sync.Mutex
 	l      *link // nil once the device is gone
@@ -806,8 +875,14 @@ func (l *link) deliver(d datagram) {
 	}
 }
 
-// push queues d (dropped when the queue is full, as sk_rcvbuf does).
+// push queues d (dropped when the queue is full, as sk_rcvbuf does),
+// unless the socket's filter drops it first (counted in the host's
+// Filtered; s.k.mu is held).
 func (s *socket) push(d datagram) {
+	if s.hostOnly && d.pkttype != kf.PacketHost {
+		s.k.filtered++
+		return
+	}
 	s.mu.Lock()
 	if len(s.q) < rxQueueLen && !s.closed {
 		s.q = append(s.q, d)

@@ -27,7 +27,7 @@ func FuzzSend(f *testing.F) {
 		fab := NewFabric()
 		a := fab.NewHost(ipoib.GID(netip.MustParseAddr("fe80::a").As16()), "ib0", 2044)
 		fab.NewHost(ipoib.GID(netip.MustParseAddr("fe80::b").As16()), "ib0", 2044)
-		s, err := a.OpenPacket(1, vnet)
+		s, err := a.OpenPacketWith(1, kf.PacketOptions{Vnet: vnet})
 		if err != nil {
 			t.Fatal(err)
 		}

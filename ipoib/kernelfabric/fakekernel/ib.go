@@ -232,14 +232,21 @@ func (k *Kernel) portState(up bool) {
 	}
 }
 
-// notify sends link changes to the subscribers (k.mu held).
+// notify queues link changes to the subscribers (k.mu held); a
+// subscription whose queue is full is overrun (netlink_overrun).
 func (k *Kernel) notify(changed []kf.Link) {
-	for _, s := range k.subs {
+	if k.overrun {
+		return
+	}
+	for _, s := range append([]*sub(nil), k.subs...) {
 		for _, l := range changed {
 			select {
 			case s.ch <- l:
-			case <-s.done:
+				continue
+			default:
 			}
+			k.endSub(s, unix.ENOBUFS)
+			break
 		}
 	}
 }
