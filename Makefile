@@ -29,19 +29,20 @@ lint:
 	$(STATICCHECK) ./...
 	$(STATICCHECK) -tags verbs ./...
 
-## VM_TESTS: the QEMU tests, run in the first netns pass only.
-VM_TESTS    := TestVMRxe|TestVerbsRxe|TestIPoIBNetlinkVM
+## ONCE_TESTS: run in the first netns pass only: the QEMU tests (their
+## TCG guest is the slow part and has no TAP offload setting of its own)
+## and the hardware kit's self-tests (the kit sets eipoibd's flags itself).
+ONCE_TESTS  := TestVMRxe|TestVerbsRxe|TestIPoIBNetlinkVM|TestHWKit
 
 ## unit: every Go test; the race detector on all but the netns tests,
 ## which drive real daemons and tools, with the TAP's offloads on (the
-## default) and then off (the QEMU tests, whose TCG guest is the slow
-## part and has no TAP offload setting of its own, run in the first pass
-## only). scripts/netns.sh gives each pass an explicit timeout and
+## default) and then off (ONCE_TESTS in the first pass only).
+## scripts/netns.sh gives each pass an explicit timeout and
 ## lists its slowest tests.
 unit:
 	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v /test/netns)
 	./scripts/netns.sh
-	EIPOIB_NETNS_OFFLOAD=false ./scripts/netns.sh -skip '$(VM_TESTS)'
+	EIPOIB_NETNS_OFFLOAD=false ./scripts/netns.sh -skip '$(ONCE_TESTS)'
 
 ## build: the daemon, the daemon with the verbs backend (cgo,
 ## libibverbs) and the benchmark's UDP generator in bin/

@@ -16,7 +16,7 @@ import (
 )
 
 // kitTools are what test/hw/run.sh runs on the simulated fabric.
-var kitTools = []string{"bash", "nsenter", "bridge", "ping", "arping", "iperf", "awk", "sed"}
+var kitTools = []string{"bash", "nsenter", "bridge", "ping", "arping", "iperf", "ndisc6", "awk", "sed"}
 
 // kitHosts makes two "host" namespaces joined by a veth underlay (ul,
 // MTU 9000) and returns the kit's options that make them host A and
