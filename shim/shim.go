@@ -381,25 +381,35 @@ func (s *Shim) stopPort() {
 // carrierPort is implemented by ports that can report being down.
 type carrierPort interface{ IsDown() bool }
 
-// followCarrier sets the device carrier from the port state.
-func (s *Shim) followCarrier() {
+// followCarrier sets the device carrier from the port state, and
+// reports whether it just came back on after being off.
+func (s *Shim) followCarrier() (back bool) {
 	up := true
 	if cp, ok := s.port.(carrierPort); ok {
 		up = !cp.IsDown()
 	}
 	if up == s.carrier.Load() && s.carrierSet.Load() {
-		return
+		return false
 	}
 	if err := s.dev.SetCarrier(up); err != nil {
 		if !errors.Is(err, net.ErrClosed) {
 			s.log.Warn("set carrier", "up", up, "err", err)
 		}
-		return
+		return false
 	}
+	back = up && s.carrierSet.Load()
 	s.carrier.Store(up)
 	s.carrierSet.Store(true)
 	s.log.Info("link state", "up", up)
+	return back
 }
+
+// The steps of the general queries sent when the carrier returns.
+const (
+	requeryNone       = iota
+	requeryWaitOperUp // the carrier is back; the bridge may not know yet
+	requeryNextRound  // the TAP is operationally up: query next round
+)
 
 // housekeeping ages tables, retries and expires resolutions and follows
 // the port state.
@@ -409,6 +419,7 @@ func (s *Shim) housekeeping(ctx context.Context) error {
 	mt := s.snoop.Timers() // the timers' one home: a reload changes them there
 	s.sendQueries(mt.LastMemberQueryInterval)
 	nextQuery := s.clk.Now().Add(mt.QueryInterval)
+	requery := requeryNone // general queries after the carrier returns
 	for {
 		select {
 		case <-ctx.Done():
@@ -439,7 +450,27 @@ func (s *Shim) housekeeping(ctx context.Context) error {
 		for _, p := range s.partitions() {
 			s.refreshMTU(p)
 		}
-		s.followCarrier()
+		if s.followCarrier() {
+			requery = requeryWaitOperUp
+		}
+		// A Linux bridge forgets a port as a multicast router when its
+		// carrier goes (__br_multicast_disable_port_ctx drops it from the
+		// router list), and until it hears a query again it keeps guests'
+		// multicast for groups with no member on this host from the TAP
+		// (br_multicast_flood with mrouters_only). So query as after a
+		// start when the carrier returns, not at the next interval; but
+		// not before the bridge has seen the port up (the kernel acts on
+		// the carrier asynchronously, in linkwatch_do_dev, and a bridge
+		// drops what a disabled port sends it): once the TAP is
+		// operationally up, on the round after.
+		switch {
+		case requery == requeryWaitOperUp && s.dev.OperUp():
+			requery = requeryNextRound
+		case requery == requeryNextRound:
+			requery = requeryNone
+			s.sendQueries(mt.LastMemberQueryInterval)
+			nextQuery = now.Add(mt.QueryInterval)
+		}
 		s.lastRound.Store(time.Now().UnixNano())
 	}
 }

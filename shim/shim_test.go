@@ -3,10 +3,12 @@ package shim
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/netip"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -760,4 +762,54 @@ func (p *levelPort) Counters() ipoib.PortCounters {
 	c.Levels = p.levels
 	c.Stats = map[string]uint64{"tx_trains": 3}
 	return c
+}
+
+// downPort is a port whose IsDown a test sets.
+type downPort struct {
+	ipoib.Port
+	down atomic.Bool
+}
+
+func (p *downPort) IsDown() bool { return p.down.Load() }
+
+// TestQueriesWhenCarrierReturns: when the port comes back after being
+// down, the shim sends general queries (IGMP and MLD) at once, not at the
+// next query interval: a Linux bridge drops the TAP from its multicast
+// router ports when the carrier goes and would keep guests' multicast
+// from it until it hears a query. The clock never moves here, so only the
+// carrier's return can cause them.
+func TestQueriesWhenCarrierReturns(t *testing.T) {
+	f := memFab(t, 2048)
+	var dp *downPort
+	h := newHV(t, f, "fe80::a", func(c *Config) { dp = &downPort{Port: c.Port}; c.Port = dp })
+	waitFor := func(what string, ok func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(2 * time.Second); !ok(); time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal(what)
+			}
+		}
+	}
+	waitFor("no start-up queries", func() bool { return h.s.Get(TxQueries) == 2 })
+	dp.down.Store(true)
+	waitFor("carrier stayed on with the port down", func() bool { return !h.dev.Carrier() })
+	if n := h.s.Get(TxQueries); n != 2 {
+		t.Fatalf("%d queries with the port down, want the 2 of the start", n)
+	}
+	dp.down.Store(false)
+	waitFor("carrier stayed off with the port back", h.dev.Carrier)
+	waitFor(fmt.Sprintf("queries after the carrier came back: %d, want 4", h.s.Get(TxQueries)), func() bool { return h.s.Get(TxQueries) == 4 })
+	igmp, mld := 0, 0
+	for len(h.dev.Sent()) > 0 {
+		p := gopacket.NewPacket(<-h.dev.Sent(), layers.LayerTypeEthernet, gopacket.Default)
+		switch {
+		case p.Layer(layers.LayerTypeMLDv2MulticastListenerQuery) != nil:
+			mld++
+		case isQuery(p):
+			igmp++
+		}
+	}
+	if igmp != 2 || mld != 2 {
+		t.Errorf("delivered %d IGMP and %d MLD queries, want 2 each (start, carrier back)", igmp, mld)
+	}
 }

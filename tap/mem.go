@@ -154,6 +154,9 @@ func (m *Mem) Write(bufs [][]byte, offset int) (int, error) {
 // SetCarrier records the carrier state.
 func (m *Mem) SetCarrier(up bool) error { m.carrier.Store(up); return nil }
 
+// OperUp is the carrier: the in-memory device has no link watch.
+func (m *Mem) OperUp() bool { return m.carrier.Load() }
+
 // Close stops the device.
 func (m *Mem) Close() error {
 	m.once.Do(func() { close(m.done) })

@@ -33,6 +33,10 @@ type Device interface {
 	BatchSize() int
 	// SetCarrier reports the fabric port's state to the kernel.
 	SetCarrier(up bool) error
+	// OperUp reports whether the device is operationally up: the kernel
+	// has acted on the carrier (linkwatch runs after SetCarrier returns,
+	// and tells the bridge then), for work that must wait for that.
+	OperUp() bool
 	Close() error
 }
 
@@ -699,6 +703,25 @@ func (t *TAP) SetCarrier(up bool) error {
 
 // SetCarrier is the TAP's SetCarrier.
 func (q *Queue) SetCarrier(up bool) error { return q.t.SetCarrier(up) }
+
+// OperUp asks netlink for the TAP's operational state (IFLA_OPERSTATE),
+// which net/core/link_watch.c linkwatch_do_dev sets (rfc2863_policy) just
+// before it tells the bridge of the carrier change (netdev_state_change).
+// Netlink answers for the caller's network namespace, where sysfs would
+// answer for the namespace it was mounted in. A TAP whose carrier never
+// changed has had no link-watch event and reads "unknown" (the kernel's
+// IF_OPER_UNKNOWN, which ip(8) shows as state UNKNOWN): up as well.
+func (t *TAP) OperUp() bool {
+	l, err := netlink.LinkByName(t.name)
+	if err != nil {
+		return false
+	}
+	st := l.Attrs().OperState
+	return st == netlink.OperUp || st == netlink.OperUnknown
+}
+
+// OperUp is the TAP's OperUp.
+func (q *Queue) OperUp() bool { return q.t.OperUp() }
 
 // Close closes every queue, which removes the TAP unless it is
 // persistent; blocked reads and writes return net.ErrClosed.
