@@ -421,7 +421,8 @@ func BenchmarkVIFLookup(b *testing.B) {
 
 // TestVIFREMAC: a VIF's REMAC is the one a remote neighbour table derives
 // for its LIMAC, it finds the VIF until the VIF is removed or aged out,
-// and a neighbour records the local VIF its guest moved to.
+// a neighbour records the local VIF its guest moved to, and a VIF that
+// it moved in.
 func TestVIFREMAC(t *testing.T) {
 	tbl := NewVIFTable(localGID, 4)
 	var al allocator
@@ -449,5 +450,11 @@ func TestVIFREMAC(t *testing.T) {
 	}
 	if nb.MovedTo() != nil || !nb.MoveTo(w) || nb.MoveTo(w) || nb.MovedTo() != w {
 		t.Fatal("MoveTo: news once, then recorded")
+	}
+	if w.MovedIn() {
+		t.Fatal("moved in before SetMovedIn")
+	}
+	if w.SetMovedIn(); !w.MovedIn() || v.MovedIn() {
+		t.Fatal("SetMovedIn not recorded on its VIF alone")
 	}
 }

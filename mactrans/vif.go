@@ -49,6 +49,7 @@ type VIF struct {
 	lastUsed                               atomic.Int64                 // unix nanoseconds
 	ips                                    atomic.Pointer[[]netip.Addr] // the guest's addresses seen in its traffic, at most MaxGuestIPs
 	announceUntil                          atomic.Int64                 // unix ns: addresses learned before then are announced
+	movedIn                                atomic.Bool
 	origin                                 atomic.Uint32
 	txPackets, txBytes, rxPackets, rxBytes atomic.Uint64
 }
@@ -102,6 +103,13 @@ func (v *VIF) AnnounceUntil(t time.Time) { v.announceUntil.Store(t.UnixNano()) }
 
 // Announcing reports whether now is within the announcement window.
 func (v *VIF) Announcing(now time.Time) bool { return now.UnixNano() < v.announceUntil.Load() }
+
+// SetMovedIn records that the guest migrated here: it claimed an
+// address a remote endpoint had spoken for (see Neighbour.MoveTo).
+func (v *VIF) SetMovedIn() { v.movedIn.Store(true) }
+
+// MovedIn reports whether SetMovedIn was called (one atomic load).
+func (v *VIF) MovedIn() bool { return v.movedIn.Load() }
 
 // Origin is how a VIF came to be.
 type Origin uint32

@@ -34,7 +34,7 @@ const (
 // moved.go), or a question to a guest that moved here.
 const (
 	annFabric = iota // ip is at vif's QP: to the fabric
-	annLocal         // ip is at vif's MAC: to the other local guests
+	annLocal         // ip is at hw: to the local guest to, or every other one than vif's
 	annProbe         // has vif ip? To the guest of vif
 )
 
@@ -44,6 +44,7 @@ type announcement struct {
 	ip    netip.Addr
 	kind  int
 	stale ether.MAC     // annLocal, annProbe: the Ethernet source (see moved.go)
+	hw    ether.MAC     // annLocal: the MAC told
 	to    *mactrans.VIF // annLocal: the one guest to tell; nil: every other one of the VLAN
 	next  time.Time
 	left  int
@@ -60,10 +61,18 @@ func (s *Shim) announce(p *partition, vif *mactrans.VIF, ip netip.Addr, now time
 	s.queue(announcement{p: p, vif: vif, ip: ip, kind: annFabric}, now)
 }
 
-// queue queues a, to be sent announceTimes times from now on.
+// queue queues a, to be sent announceTimes times from now on; the same
+// local announcement queued already is not queued again.
 func (s *Shim) queue(a announcement, now time.Time) {
 	s.ann.mu.Lock()
 	defer s.ann.mu.Unlock()
+	if a.kind != annFabric {
+		for _, q := range s.ann.q {
+			if q.kind == a.kind && q.vif == a.vif && q.ip == a.ip && q.stale == a.stale && q.hw == a.hw && q.to == a.to {
+				return
+			}
+		}
+	}
 	if len(s.ann.q) >= announceMax {
 		s.ctr.inc(DropAnnounce)
 		return

@@ -64,6 +64,7 @@ func (s *Shim) movedHere(p *partition, v *mactrans.VIF, ip netip.Addr, now time.
 		return
 	}
 	if nb.MoveTo(v) {
+		v.SetMovedIn()
 		s.log.Info("guest moved here", "mac", v.Key.MAC, "vlan", p.vlan, "ip", ip, "old_rimac", nb.RIMAC, "old_remac", nb.REMAC)
 		// seekMoved asked already about a neighbour with the QPN the
 		// guest wishes for.
@@ -75,12 +76,12 @@ func (s *Shim) movedHere(p *partition, v *mactrans.VIF, ip netip.Addr, now time.
 		for _, w := range s.vifs.All() {
 			if w != v && w.Key.VLAN == p.vlan {
 				for _, a := range w.IPs() {
-					s.queue(announcement{p: p, vif: w, ip: a, stale: w.REMAC, kind: annLocal, to: v}, now)
+					s.queue(announcement{p: p, vif: w, ip: a, stale: w.REMAC, hw: w.Key.MAC, kind: annLocal, to: v}, now)
 				}
 			}
 		}
 	}
-	s.queue(announcement{p: p, vif: v, ip: ip, stale: remac, kind: annLocal}, now)
+	s.queue(announcement{p: p, vif: v, ip: ip, stale: remac, hw: v.Key.MAC, kind: annLocal}, now)
 }
 
 // seekMoved looks, when a guest's VIF is made here (from its first
@@ -106,6 +107,35 @@ func (s *Shim) seekMoved(p *partition, v *mactrans.VIF, now time.Time) {
 			}
 		}
 	}
+}
+
+// remoteOwner returns the neighbour a frame from a guest that moved here
+// (from) to an unknown MAC for the address target goes to, and tells the
+// guest that target is at the neighbour's REMAC; nil when the fabric
+// taught no such neighbour, or when its guest moved here too. The moved
+// guest's cache holds the real MACs of the guests it left behind: its
+// frames to them reach the TAP as unknown unicast, while the fabric has
+// taught their addresses already (the answer to the resolution of the
+// guest they talk to); resolving them frame by frame would lose the
+// frames (the queue waits for the REMAC the frames are not addressed
+// to) until the guest's kernel takes the answer, which it refuses within
+// a second of its last update (arp.c arp_process, LOCKTIME), while a
+// gratuitous ARP overrides (arp_is_garp). Called on the TX path, for
+// unknown destinations of moved guests only.
+func (s *Shim) remoteOwner(p *partition, from *mactrans.VIF, target netip.Addr, now time.Time) *mactrans.Neighbour {
+	if !target.IsValid() || target.IsUnspecified() {
+		return nil
+	}
+	remac, ok := s.srcs.lookup(srcKey{p.pkey, target})
+	if !ok {
+		return nil
+	}
+	nb, ok := s.neigh.LookupREMAC(p.pkey, remac)
+	if !ok || nb.MovedTo() != nil && s.vifLive(nb.MovedTo()) {
+		return nil
+	}
+	s.queue(announcement{p: p, vif: from, ip: target, stale: remac, hw: remac, kind: annLocal, to: from}, now)
+	return nb
 }
 
 // deliverMoved hands a frame for the REMAC of nb, an endpoint whose guest
@@ -143,9 +173,9 @@ func (s *Shim) sendBack(b *txBatch, buf []byte, n int, dst, src ether.MAC) {
 }
 
 // tellLocal sends one announcement to local guests: for annLocal, that
-// ip is at a.vif's MAC, to a.to or every other guest of the VLAN; for
-// annProbe, the question whether the moved guest a.vif has ip, to it.
-// Each frame comes from a.stale.
+// ip is at a.hw, to a.to or else every guest of the VLAN but a.vif's;
+// for annProbe, the question whether the moved guest a.vif has ip, to
+// it. Each frame comes from a.stale.
 func (s *Shim) tellLocal(a announcement) {
 	var frames [][]byte
 	if a.kind == annProbe {
@@ -153,8 +183,8 @@ func (s *Shim) tellLocal(a announcement) {
 		s.ctr.inc(TxProbedLocal)
 	} else {
 		for _, w := range s.vifs.All() {
-			if w != a.vif && w.Key.VLAN == a.p.vlan && (a.to == nil || a.to == w) {
-				frames = append(frames, localFrame(w.Key.MAC, a.stale, a.p.vlan, a.ip, a.vif.Key.MAC, false))
+			if w.Key.VLAN == a.p.vlan && (a.to == w || a.to == nil && w != a.vif) {
+				frames = append(frames, localFrame(w.Key.MAC, a.stale, a.p.vlan, a.ip, a.hw, false))
 			}
 		}
 		s.ctr.add(TxToldLocal, uint64(len(frames)))

@@ -103,7 +103,9 @@ func framed(t *testing.T, what string, ps []gopacket.Packet, src, dst ether.MAC)
 // frames to remacA1 for ipA1 go back to the bridge addressed to macA1
 // (nothing crosses the fabric), while those for another address still
 // cross it; A1's frames to remacB1 go back to the bridge for macB1; A1's
-// own answer to its old REMAC is dropped and counted.
+// own answer to its old REMAC is dropped and counted; A1's frames to the
+// real MAC of A2, a guest it left on A, go to A2 across the fabric, and
+// A1 is told A2's REMAC.
 // With hinted, A's backend gives A1 the QPN its MAC wishes for, so B,
 // making A1's VIF, finds A1's old QP at once and asks A1 about both its
 // addresses (seekMoved); without, B asks once A1's claim made the link.
@@ -146,6 +148,11 @@ func testMovedHere(t *testing.T, hinted bool) {
 		return ok && mac == remacA1
 	})
 	collect(b, la, 100*time.Millisecond) // A's announcements of A1
+	// A2 stays on A, and A1 knows it by its real MAC; B learns ipA2.
+	a.dev.Inject(arpFrame(t, layers.ARPRequest, macA2, ipA2, ether.Broadcast, ether.MAC{}, ipB1))
+	waitFor(t, "B to learn A2's address", func() bool { _, ok := b.s.srcs.lookup(srcKey{0xffff, ipA2}); return ok })
+	remacA2, _ := b.s.srcs.lookup(srcKey{0xffff, ipA2})
+	delivered(b, 100*time.Millisecond)
 
 	// A1 appears on B's bridge and ARPs for B1.
 	b.dev.Inject(arpFrame(t, layers.ARPRequest, macA1, ipA1, ether.Broadcast, ether.MAC{}, ipB1))
@@ -219,6 +226,18 @@ func testMovedHere(t *testing.T, hinted bool) {
 	b.dev.Inject(arpFrame(t, layers.ARPReply, macA1, ipA1, remacA1, remacA1, netip.IPv4Unspecified()))
 	b.waitCounter(t, DropDstLocal, drops+1)
 	crossed(t, a, layers.LayerTypeARP, layers.ARPReply)
+
+	// A1 to A2's real MAC, which B's bridge floods to the TAP: to A2
+	// across the fabric, and A1 is told that ipA2 is at remacA2.
+	b.dev.Inject(udpFrame(t, macA1, macA2, ipA1, ipA2, 10, true))
+	if p := a.recv(t); p.Layer(layers.LayerTypeUDP) == nil || ether.MAC(p.Layer(layers.LayerTypeEthernet).(*layers.Ethernet).DstMAC) != macA2 {
+		t.Fatalf("frame from the moved guest to a guest it left delivered as %v", p)
+	}
+	left := about(delivered(b, 300*time.Millisecond), ipA2)
+	framed(t, "gratuitous ARP to A1", left.told, remacA2, macA1)
+	if len(left.told) != 1 || ether.MAC(left.told[0].Layer(layers.LayerTypeARP).(*layers.ARP).SourceHwAddress) != remacA2 {
+		t.Fatalf("A1 told %d times that %s is at %s", len(left.told), ipA2, remacA2)
+	}
 
 	// A1 defends its IPv6 address, as a DAD solicitation makes it: an
 	// NA to all-nodes. B then tells B1.

@@ -280,9 +280,15 @@ func (s *Shim) tx(b *txBatch, buf []byte, n int, sup tap.Super, now time.Time) {
 			// it had for it elsewhere (moved.go).
 			s.sendBack(b, buf, n, w.Key.MAC, dst)
 			return
+		} else if source, target = ipAddrs(et, pay); sup.L4 == 0 && vif.MovedIn() {
+			if nb := s.remoteOwner(p, vif, target, now); nb != nil {
+				nb.Use(now)
+				m.Dst = nb.RIMAC.WithoutFlags()
+			} else {
+				unknown = true
+			}
 		} else {
 			unknown = true
-			source, target = ipAddrs(et, pay)
 		}
 	}
 	switch et {
