@@ -156,7 +156,8 @@ func testMovedHere(t *testing.T, hinted bool) {
 
 	// A1 appears on B's bridge and ARPs for B1.
 	b.dev.Inject(arpFrame(t, layers.ARPRequest, macA1, ipA1, ether.Broadcast, ether.MAC{}, ipB1))
-	ps := delivered(b, 300*time.Millisecond)
+	b.waitCounter(t, TxToldLocal, 2)
+	ps := delivered(b, 100*time.Millisecond)
 	first, mirror := about(ps, ipA1), about(ps, ipB1)
 	if len(first.told) != 1 || len(mirror.told) != 1 {
 		t.Fatalf("B1 told %d times of %s at once, A1 %d times of %s, want 1 each", len(first.told), ipA1, len(mirror.told), ipB1)
@@ -171,9 +172,12 @@ func testMovedHere(t *testing.T, hinted bool) {
 		t.Fatalf("gratuitous ARP says %s is at %s, want %s", ipB1, sha, macB1)
 	}
 	told, toldA1 := len(first.told), len(mirror.told)
-	for range 3 {
+	for i := range 3 {
 		b.clk.Advance(time.Second)
-		ps := delivered(b, 300*time.Millisecond)
+		if i < 2 {
+			b.waitCounter(t, TxToldLocal, uint64(4+2*i))
+		}
+		ps := delivered(b, 100*time.Millisecond)
 		told += len(about(ps, ipA1).told)
 		toldA1 += len(about(ps, ipB1).told)
 	}
@@ -233,7 +237,8 @@ func testMovedHere(t *testing.T, hinted bool) {
 	if p := a.recv(t); p.Layer(layers.LayerTypeUDP) == nil || ether.MAC(p.Layer(layers.LayerTypeEthernet).(*layers.Ethernet).DstMAC) != macA2 {
 		t.Fatalf("frame from the moved guest to a guest it left delivered as %v", p)
 	}
-	left := about(delivered(b, 300*time.Millisecond), ipA2)
+	b.waitCounter(t, TxToldLocal, 7)
+	left := about(delivered(b, 100*time.Millisecond), ipA2)
 	framed(t, "gratuitous ARP to A1", left.told, remacA2, macA1)
 	if len(left.told) != 1 || ether.MAC(left.told[0].Layer(layers.LayerTypeARP).(*layers.ARP).SourceHwAddress) != remacA2 {
 		t.Fatalf("A1 told %d times that %s is at %s", len(left.told), ipA2, remacA2)
@@ -242,7 +247,8 @@ func testMovedHere(t *testing.T, hinted bool) {
 	// A1 defends its IPv6 address, as a DAD solicitation makes it: an
 	// NA to all-nodes. B then tells B1.
 	b.dev.Inject(naFrame(macA1))
-	six := collect(b, la, 300*time.Millisecond)
+	b.waitCounter(t, TxToldLocal, 8)
+	six := collect(b, la, 100*time.Millisecond)
 	if len(six.told) != 1 {
 		t.Fatalf("B1 told %d times of %s at once, want 1", len(six.told), la)
 	}
