@@ -418,3 +418,43 @@ func BenchmarkVIFLookup(b *testing.B) {
 		}
 	}
 }
+
+// TestVIFREMAC: a VIF's REMAC is the one a remote neighbour table derives
+// for its LIMAC, it finds the VIF until the VIF is removed or aged out,
+// a neighbour records the local VIF its guest moved to, and a VIF that
+// it moved in.
+func TestVIFREMAC(t *testing.T) {
+	tbl := NewVIFTable(localGID, 4)
+	var al allocator
+	v, _, _ := tbl.Create(VIFKey{mac(1), 0}, 0xffff, OriginLearned, t0, al.alloc)
+	w, _, _ := tbl.Create(VIFKey{mac(2), 0}, 0xffff, OriginLearned, t0.Add(time.Minute), al.alloc)
+	remote := NewNeighTable(8) // another hypervisor's table
+	nb, err := remote.Learn(0xffff, v.LIMAC, t0)
+	if err != nil || nb.REMAC != v.REMAC {
+		t.Fatalf("VIF REMAC %s, a peer shows %s (%v)", v.REMAC, nb.REMAC, err)
+	}
+	for _, x := range []*VIF{v, w} {
+		if got, ok := tbl.LookupREMAC(x.REMAC); !ok || got != x {
+			t.Fatalf("LookupREMAC(%s) = %v, %v", x.REMAC, got, ok)
+		}
+	}
+	tbl.Remove(v.Key)
+	if _, ok := tbl.LookupREMAC(v.REMAC); ok {
+		t.Fatal("removed VIF still found by REMAC")
+	}
+	if gone := tbl.Expire(t0.Add(2*time.Minute), time.Minute); len(gone) != 1 {
+		t.Fatalf("%d aged out, want 1", len(gone))
+	}
+	if _, ok := tbl.LookupREMAC(w.REMAC); ok {
+		t.Fatal("aged-out VIF still found by REMAC")
+	}
+	if nb.MovedTo() != nil || !nb.MoveTo(w) || nb.MoveTo(w) || nb.MovedTo() != w {
+		t.Fatal("MoveTo: news once, then recorded")
+	}
+	if w.MovedIn() {
+		t.Fatal("moved in before SetMovedIn")
+	}
+	if w.SetMovedIn(); !w.MovedIn() || v.MovedIn() {
+		t.Fatal("SetMovedIn not recorded on its VIF alone")
+	}
+}

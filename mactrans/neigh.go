@@ -44,7 +44,19 @@ type Neighbour struct {
 
 	lastSeen atomic.Int64
 	lastUsed atomic.Int64 // a local guest last sent to it; 0: never
+	movedTo  atomic.Pointer[VIF]
 }
+
+// MoveTo records that a guest this endpoint spoke for now lives on a
+// local VIF (it migrated here: the VIF claimed an address the endpoint
+// had claimed on the fabric) and reports whether that is news. Frames
+// guests still send to the endpoint's REMAC for an address of v belong
+// to v, not to the fabric, where the endpoint's QP is gone.
+func (n *Neighbour) MoveTo(v *VIF) bool { return n.movedTo.Swap(v) != v }
+
+// MovedTo is the local VIF MoveTo recorded, or nil: one atomic load, for
+// the data path.
+func (n *Neighbour) MovedTo() *VIF { return n.movedTo.Load() }
 
 // Touch records traffic from or to the neighbour at now.
 func (n *Neighbour) Touch(now time.Time) { touch(&n.lastSeen, now) }

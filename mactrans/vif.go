@@ -41,10 +41,15 @@ type VIF struct {
 	PKey  ipoib.PKey
 	QPN   uint32
 	LIMAC ipoib.HwAddr
+	// REMAC is the MAC other hypervisors' shims show their guests for
+	// this VIF (DeriveREMAC of the port GID and QPN, first attempt): a
+	// guest that migrates here from one of them holds it in its caches.
+	REMAC ether.MAC
 
 	lastUsed                               atomic.Int64                 // unix nanoseconds
 	ips                                    atomic.Pointer[[]netip.Addr] // the guest's addresses seen in its traffic, at most MaxGuestIPs
 	announceUntil                          atomic.Int64                 // unix ns: addresses learned before then are announced
+	movedIn                                atomic.Bool
 	origin                                 atomic.Uint32
 	txPackets, txBytes, rxPackets, rxBytes atomic.Uint64
 }
@@ -98,6 +103,13 @@ func (v *VIF) AnnounceUntil(t time.Time) { v.announceUntil.Store(t.UnixNano()) }
 
 // Announcing reports whether now is within the announcement window.
 func (v *VIF) Announcing(now time.Time) bool { return now.UnixNano() < v.announceUntil.Load() }
+
+// SetMovedIn records that the guest migrated here: it claimed an
+// address a remote endpoint had spoken for (see Neighbour.MoveTo).
+func (v *VIF) SetMovedIn() { v.movedIn.Store(true) }
+
+// MovedIn reports whether SetMovedIn was called (one atomic load).
+func (v *VIF) MovedIn() bool { return v.movedIn.Load() }
 
 // Origin is how a VIF came to be.
 type Origin uint32
@@ -184,10 +196,11 @@ type VIFCounters struct {
 // evicted: a MAC flood must not push real guests off the fabric. Idle
 // VIFs are removed by Expire, which makes room again.
 type VIFTable struct {
-	gid   ipoib.GID
-	max   int
-	byKey *shardMap[VIFKey, *VIF]
-	byQPN *shardMap[uint32, *VIF]
+	gid     ipoib.GID
+	max     int
+	byKey   *shardMap[VIFKey, *VIF]
+	byQPN   *shardMap[uint32, *VIF]
+	byREMAC *shardMap[ether.MAC, *VIF]
 
 	mu    sync.Mutex // serialises writers
 	count int
@@ -197,7 +210,7 @@ type VIFTable struct {
 
 // NewVIFTable returns an empty table for the port with GID gid.
 func NewVIFTable(gid ipoib.GID, max int) *VIFTable {
-	return &VIFTable{gid: gid, max: max, byKey: newShardMap[VIFKey, *VIF](), byQPN: newShardMap[uint32, *VIF]()}
+	return &VIFTable{gid: gid, max: max, byKey: newShardMap[VIFKey, *VIF](), byQPN: newShardMap[uint32, *VIF](), byREMAC: newShardMap[ether.MAC, *VIF]()}
 }
 
 // Lookup returns the VIF of (mac, vlan). It takes no lock.
@@ -205,6 +218,10 @@ func (t *VIFTable) Lookup(k VIFKey) (*VIF, bool) { return t.byKey.load(k) }
 
 // LookupQPN returns the VIF owning qpn. It takes no lock.
 func (t *VIFTable) LookupQPN(qpn uint32) (*VIF, bool) { return t.byQPN.load(qpn) }
+
+// LookupREMAC returns the VIF whose REMAC (as other hypervisors show it)
+// is mac. It takes no lock.
+func (t *VIFTable) LookupREMAC(mac ether.MAC) (*VIF, bool) { return t.byREMAC.load(mac) }
 
 // Create returns the VIF of k, creating it when missing: alloc is called
 // (under the table lock, so once per VIF) to allocate its QP in pkey,
@@ -227,10 +244,11 @@ func (t *VIFTable) Create(k VIFKey, pkey ipoib.PKey, origin Origin, now time.Tim
 	if err != nil {
 		return nil, false, fmt.Errorf("mactrans: allocate QP for %s vlan %d: %w", k.MAC, k.VLAN, err)
 	}
-	v = &VIF{Key: k, PKey: pkey, QPN: qpn, LIMAC: ipoib.MakeHwAddr(0, qpn, t.gid)}
+	v = &VIF{Key: k, PKey: pkey, QPN: qpn, LIMAC: ipoib.MakeHwAddr(0, qpn, t.gid), REMAC: DeriveREMAC(t.gid, qpn, 0)}
 	v.lastUsed.Store(now.UnixNano())
 	v.origin.Store(uint32(origin))
 	t.byQPN.store(qpn, v)
+	t.byREMAC.store(v.REMAC, v)
 	t.byKey.store(k, v)
 	t.count++
 	t.created.Add(1)
@@ -273,6 +291,7 @@ func (t *VIFTable) Remove(k VIFKey) (*VIF, bool) {
 	}
 	t.byKey.remove(k)
 	t.byQPN.remove(v.QPN)
+	t.byREMAC.remove(v.REMAC)
 	t.count--
 	t.removed.Add(1)
 	return v, true
@@ -287,6 +306,7 @@ func (t *VIFTable) Expire(now time.Time, idle time.Duration) []*VIF {
 	gone := t.byKey.deleteWhere(func(_ VIFKey, v *VIF) bool { return v.lastUsed.Load() <= cut })
 	for _, v := range gone {
 		t.byQPN.remove(v.QPN)
+		t.byREMAC.remove(v.REMAC)
 	}
 	t.count -= len(gone)
 	t.aged.Add(uint64(len(gone)))

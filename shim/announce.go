@@ -30,12 +30,24 @@ const (
 	announceMax      = 1024 // announcements queued at once
 )
 
+// The announcements' kinds: to the fabric, to the local guests (see
+// moved.go), or a question to a guest that moved here.
+const (
+	annFabric = iota // ip is at vif's QP: to the fabric
+	annLocal         // ip is at hw: to the local guest to, or every other one than vif's
+	annProbe         // has vif ip? To the guest of vif
+)
+
 type announcement struct {
-	p    *partition
-	vif  *mactrans.VIF
-	ip   netip.Addr
-	next time.Time
-	left int
+	p     *partition
+	vif   *mactrans.VIF
+	ip    netip.Addr
+	kind  int
+	stale ether.MAC     // annLocal, annProbe: the Ethernet source (see moved.go)
+	hw    ether.MAC     // annLocal: the MAC told
+	to    *mactrans.VIF // annLocal: the one guest to tell; nil: every other one of the VLAN
+	next  time.Time
+	left  int
 }
 
 // announcer queues announcements for the housekeeping rounds.
@@ -46,13 +58,27 @@ type announcer struct {
 
 // announce queues the announcements of ip for the guest of vif.
 func (s *Shim) announce(p *partition, vif *mactrans.VIF, ip netip.Addr, now time.Time) {
+	s.queue(announcement{p: p, vif: vif, ip: ip, kind: annFabric}, now)
+}
+
+// queue queues a, to be sent announceTimes times from now on; the same
+// local announcement queued already is not queued again.
+func (s *Shim) queue(a announcement, now time.Time) {
 	s.ann.mu.Lock()
 	defer s.ann.mu.Unlock()
+	if a.kind != annFabric {
+		for _, q := range s.ann.q {
+			if q.kind == a.kind && q.vif == a.vif && q.ip == a.ip && q.stale == a.stale && q.hw == a.hw && q.to == a.to {
+				return
+			}
+		}
+	}
 	if len(s.ann.q) >= announceMax {
 		s.ctr.inc(DropAnnounce)
 		return
 	}
-	s.ann.q = append(s.ann.q, announcement{p: p, vif: vif, ip: ip, next: now, left: announceTimes})
+	a.next, a.left = now, announceTimes
+	s.ann.q = append(s.ann.q, a)
 }
 
 // announceTick sends the announcements due; called with live held for
@@ -66,7 +92,11 @@ func (s *Shim) announceTick(now time.Time) {
 			continue
 		}
 		if !now.Before(a.next) {
-			s.sendAnnounce(a.p, a.vif, a.ip)
+			if a.kind == annFabric {
+				s.sendAnnounce(a.p, a.vif, a.ip)
+			} else {
+				s.tellLocal(a)
+			}
 			a.left--
 			a.next = now.Add(announceInterval)
 		}
@@ -122,12 +152,13 @@ func (s *Shim) learnGuest(p *partition, vif *mactrans.VIF, et uint16, pay []byte
 		return
 	}
 	ip := guestIP(et, pay)
-	if !ip.IsValid() || vif.HasIP(ip) {
+	if !ip.IsValid() || vif.HasIP(ip) || !vif.AddIP(ip) {
 		return
 	}
-	if vif.AddIP(ip) && vif.Announcing(now) {
+	if vif.Announcing(now) {
 		s.announce(p, vif, ip, now)
 	}
+	s.movedHere(p, vif, ip, now)
 }
 
 // sendAnnounce sends one announcement of ip from vif.

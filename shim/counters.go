@@ -10,8 +10,8 @@ import (
 type Counter int
 
 // The shim's counters. Drops are named drop_*. Every frame read from the
-// TAP ends in exactly one of tx_forwarded, tx_fragmented, tx_icmp_too_big
-// or a TX drop (while queued for a resolution it is in pending_frames);
+// TAP ends in exactly one of tx_forwarded, tx_fragmented, tx_icmp_too_big,
+// tx_moved_local or a TX drop (while queued for a resolution it is in pending_frames);
 // every packet read from the port ends in exactly one of rx_frames or an
 // RX drop.
 const (
@@ -68,6 +68,9 @@ const (
 	TxAnnounced                        // gratuitous ARPs / unsolicited NAs sent for guests whose MAC appeared here
 	RARPAnnouncements                  // RARP announcements (QEMU's, after a migration) seen from guests
 	DropAnnounce                       // announcements not queued: too many at once
+	TxMovedLocal                       // frames to the old REMAC of a guest that moved here, sent back to the bridge for it
+	TxToldLocal                        // gratuitous ARPs / unsolicited NAs telling local guests a guest that moved here
+	TxProbedLocal                      // ARP probes / DAD solicitations asking a guest that moved here for its other addresses
 	numCounters
 )
 
@@ -88,6 +91,9 @@ var counterNames = [numCounters]string{
 	TxAnnounced:         "tx_announced",
 	RARPAnnouncements:   "rarp_announcements",
 	DropAnnounce:        "drop_announce",
+	TxMovedLocal:        "tx_moved_local",
+	TxToldLocal:         "tx_told_local",
+	TxProbedLocal:       "tx_probed_local",
 }
 
 // String returns the counter's metric name.

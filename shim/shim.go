@@ -586,6 +586,9 @@ func (s *Shim) vifQPN(p *partition, mac ether.MAC, origin mactrans.Origin, now t
 	if created {
 		s.refreshMTU(p)
 		v.AnnounceUntil(now.Add(s.cfg.AnnounceWindow))
+		if s.cfg.AnnounceWindow > 0 {
+			s.seekMoved(p, v, now)
+		}
 		s.ctr.inc(VIFsCreated)
 		s.log.Info("VIF created", "mac", mac, "vlan", p.vlan, "pkey", p.pkey, "qpn", fmt.Sprintf("%#06x", v.QPN), "limac", v.LIMAC, "origin", origin)
 	}

@@ -70,6 +70,20 @@ func (t *srcTable) learn(k srcKey, mac ether.MAC) {
 	t.mu.Unlock()
 }
 
+// ipsOf returns the addresses mac (a REMAC) spoke for in partition pkey
+// (a scan: for the rare guest that moved here, see moved.go).
+func (t *srcTable) ipsOf(pkey ipoib.PKey, mac ether.MAC) []netip.Addr {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	var out []netip.Addr
+	for k, e := range t.m {
+		if k.pkey == pkey && e.mac == mac {
+			out = append(out, k.ip)
+		}
+	}
+	return out
+}
+
 // ask reports whether a resolution of k is due at now, and records it.
 func (t *srcTable) ask(k srcKey, now time.Time) bool {
 	t.mu.Lock()

@@ -44,7 +44,8 @@ type txBatch struct {
 	meta  []ipoib.TxMeta
 	frags [][]byte // fragment buffers
 	nfrag int
-	icmp  []byte // an ICMP too-big reply to a guest
+	icmp  []byte   // an ICMP too-big reply to a guest
+	local [][]byte // a frame sent back to the bridge (deliverMoved)
 }
 
 // newTxBatch returns a batch for up to bs frames and their fragments.
@@ -54,6 +55,7 @@ func newTxBatch(bs int) *txBatch {
 		meta:  make([]ipoib.TxMeta, 0, bs+maxFrags),
 		frags: make([][]byte, maxFrags),
 		icmp:  make([]byte, tap.Headroom+ether.VLANHeaderLen+ipv6MinMTU),
+		local: make([][]byte, 1),
 	}
 	for i := range b.frags {
 		b.frags[i] = make([]byte, ipoib.Headroom+ipoib.HeaderLen+ipoib.MTU4092+64)
@@ -261,14 +263,32 @@ func (s *Shim) tx(b *txBatch, buf []byte, n int, sup tap.Super, now time.Time) {
 		kind = TxMulticast
 	default:
 		if nb, ok := s.neigh.LookupREMAC(p.pkey, dst); ok {
+			// For a guest that moved here (moved.go). A super-frame
+			// is not sent back, as the bridge would refuse it whole:
+			// it goes on and is lost, and TCP resends it once the
+			// guests know the moved guest's MAC.
+			if to := nb.MovedTo(); to != nil && sup.L4 == 0 && s.deliverMoved(b, buf, n, et, pay, nb, to, vif) {
+				return
+			}
 			nb.Use(now)
 			m.Dst = nb.RIMAC.WithoutFlags()
 		} else if _, local := s.vifs.Lookup(mactrans.VIFKey{MAC: dst, VLAN: p.vlan}); local {
 			s.ctr.inc(DropDstLocal)
 			return
+		} else if w, own := s.vifs.LookupREMAC(dst); own && w.Key.VLAN == p.vlan && sup.L4 == 0 {
+			// A guest that moved here, to a local guest by the REMAC
+			// it had for it elsewhere (moved.go).
+			s.sendBack(b, buf, n, w.Key.MAC, dst)
+			return
+		} else if source, target = ipAddrs(et, pay); sup.L4 == 0 && vif.MovedIn() {
+			if nb := s.remoteOwner(p, vif, target, now); nb != nil {
+				nb.Use(now)
+				m.Dst = nb.RIMAC.WithoutFlags()
+			} else {
+				unknown = true
+			}
 		} else {
 			unknown = true
-			source, target = ipAddrs(et, pay)
 		}
 	}
 	switch et {
