@@ -237,26 +237,39 @@ func sameExcept(t *testing.T, a, b []byte, skip ...int) {
 	}
 }
 
+// dhcpToIBChecked runs DHCPToIB of form f on the fuzzer's input and
+// checks what every output must be (RFC 4390 §2.1: a valid message with
+// htype 32, hlen 0, chaddr zero, BROADCAST set and a client-identifier);
+// it returns the output and its offsets, the input's offsets and bytes,
+// and false where DHCPToIB refused the input (with a Reason).
+func dhcpToIBChecked(t *testing.T, in []byte, fix bool, f ClientIDForm) (out []byte, m, orig dhcpMsg, was []byte, ok bool) {
+	t.Helper()
+	b := fixDHCP(in, fix)
+	orig, _ = parseDHCP(b) // DHCPToIB succeeds only when this does
+	was = append([]byte(nil), b...)
+	out, err := DHCPToIB(b, f)
+	if err != nil {
+		mustReason(t, err)
+		return nil, m, orig, was, false
+	}
+	m = checkDHCPOutput(t, out)
+	bp := m.bootp
+	if out[bp+1] != HwTypeInfiniBand || out[bp+2] != 0 || !bytes.Equal(out[bp+28:bp+44], make([]byte, 16)) ||
+		binary.BigEndian.Uint16(out[bp+10:])&flagBroadcast == 0 || m.clientID < 0 {
+		t.Fatalf("not the IPoIB form: htype %d hlen %d chaddr %x flags %#04x client-id at %d",
+			out[bp+1], out[bp+2], out[bp+28:bp+44], binary.BigEndian.Uint16(out[bp+10:]), m.clientID)
+	}
+	return out, m, orig, was, true
+}
+
 func FuzzDHCPToIB(f *testing.F) {
 	dhcpSeeds(f)
 	f.Fuzz(func(t *testing.T, in []byte, fix bool) {
-		b := fixDHCP(in, fix)
-		orig, _ := parseDHCP(b) // DHCPToIB succeeds only when this does
-		was := append([]byte(nil), b...)
-		out, err := DHCPToIB(b, ClientIDMAC)
-		if err != nil {
-			mustReason(t, err)
+		out, m, orig, was, ok := dhcpToIBChecked(t, in, fix, ClientIDMAC)
+		if !ok {
 			return
 		}
-		m := checkDHCPOutput(t, out)
 		bp := m.bootp
-		// RFC 4390 §2.1: htype 32, hlen 0, chaddr zero, BROADCAST set, a
-		// client-identifier present.
-		if out[bp+1] != HwTypeInfiniBand || out[bp+2] != 0 || !bytes.Equal(out[bp+28:bp+44], make([]byte, 16)) ||
-			binary.BigEndian.Uint16(out[bp+10:])&flagBroadcast == 0 || m.clientID < 0 {
-			t.Fatalf("not the IPoIB form: htype %d hlen %d chaddr %x flags %#04x client-id at %d",
-				out[bp+1], out[bp+2], out[bp+28:bp+44], binary.BigEndian.Uint16(out[bp+10:]), m.clientID)
-		}
 		// Nothing else changes: the fixed part but htype, hlen, flags and
 		// chaddr; the options, but for a client-identifier (type 1 and the
 		// guest's MAC) inserted before END when there was none.
@@ -291,21 +304,11 @@ func FuzzDHCPToIB(f *testing.F) {
 func FuzzDHCPToIBMlnx(f *testing.F) {
 	dhcpSeeds(f)
 	f.Fuzz(func(t *testing.T, in []byte, fix bool) {
-		b := fixDHCP(in, fix)
-		orig, _ := parseDHCP(b)
-		was := append([]byte(nil), b...)
-		out, err := DHCPToIB(b, ClientIDMlnx)
-		if err != nil {
-			mustReason(t, err)
+		out, m, orig, was, ok := dhcpToIBChecked(t, in, fix, ClientIDMlnx)
+		if !ok {
 			return
 		}
-		m := checkDHCPOutput(t, out)
 		bp := m.bootp
-		if out[bp+1] != HwTypeInfiniBand || out[bp+2] != 0 || !bytes.Equal(out[bp+28:bp+44], make([]byte, 16)) ||
-			binary.BigEndian.Uint16(out[bp+10:])&flagBroadcast == 0 || m.clientID < 0 {
-			t.Fatalf("not the IPoIB form: htype %d hlen %d flags %#04x client-id at %d",
-				out[bp+1], out[bp+2], binary.BigEndian.Uint16(out[bp+10:]), m.clientID)
-		}
 		var cid [mlnxClientIDLen]byte
 		putClientID(cid[:], ClientIDMlnx, ether.MAC(was[bp+28:bp+34]))
 		if got := out[m.clientID : m.clientID+2+int(out[m.clientID+1])]; !bytes.Equal(got, cid[:]) {
