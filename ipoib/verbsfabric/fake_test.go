@@ -52,6 +52,11 @@ type fakeDev struct {
 	events       chan portEvent // async events, as the test raises them
 	woke         chan struct{}
 	wakeOnce     sync.Once
+	// qpGate, when set, holds createQP after telling qpEntered; qpLate
+	// counts QP calls made after close.
+	qpGate, qpEntered chan struct{}
+	devClosed         bool
+	qpLate            int
 }
 
 // fakeQP is a fake UD QP: its P_Key index and Q_Key.
@@ -100,8 +105,15 @@ func (d *fakeDev) sa() subnetAdmin {
 }
 
 func (d *fakeDev) createQP(pkeyIndex int, qkey, _ uint32) (uint32, error) {
+	if d.qpGate != nil {
+		d.qpEntered <- struct{}{}
+		<-d.qpGate
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if d.devClosed {
+		d.qpLate++
+	}
 	q := d.nextQPN
 	d.nextQPN++
 	d.qps[q] = &fakeQP{pkeyIndex: pkeyIndex, qkey: qkey}
@@ -148,6 +160,9 @@ func (d *fakeDev) pkeys() ([]ipoib.PKey, error) {
 func (d *fakeDev) destroyQP(q uint32) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if d.devClosed {
+		d.qpLate++
+	}
 	if d.qps[q] == nil {
 		return errors.New("no such QP")
 	}
@@ -328,6 +343,9 @@ func (d *fakeDev) waitEvent() (portEvent, bool, error) {
 func (d *fakeDev) wake() { d.wakeOnce.Do(func() { close(d.woke) }) }
 
 func (d *fakeDev) close() {
+	d.mu.Lock()
+	d.devClosed = true
+	d.mu.Unlock()
 	if d.fsa != nil {
 		d.fsa.close()
 	}

@@ -378,6 +378,10 @@ func TestItem9PKeyChange(t *testing.T) {
 	if i := n.d1.pkeyIndexOf(q2); err != nil || i != 2 {
 		t.Fatalf("after the change: %v, index %d", err, i)
 	}
+	// The known limit: the QP made before keeps its index, counted.
+	if i, moves := n.d1.pkeyIndexOf(q), n.p1.Counters().Stats["pkey_index_moves"]; i != 1 || moves != 1 {
+		t.Fatalf("the QP made before: index %d (want 1, kept), pkey_index_moves %d (want 1)", i, moves)
+	}
 }
 
 // TestItem10SendOnlyFallback: where the SM lacks send-only full members

@@ -224,13 +224,18 @@ type Port struct {
 	dataWarn warnlimit.Limit // data-path warnings
 
 	closed atomic.Bool
-	wg     sync.WaitGroup
-	done   chan struct{}
+	// qpCalls holds Close back while AllocQP or FreeQP is in the device:
+	// they run outside ctlMu (a new VIF must not wait behind a slow SA
+	// join), and Close must not free the device under them.
+	qpCalls inflight
+	wg      sync.WaitGroup
+	done    chan struct{}
 
 	txPackets, txBytes, rxPackets, rxBytes atomic.Uint64
 	drops                                  [numDrops]atomic.Uint64
 	ahCreated, ahFailed, signalled         atomic.Uint64
 	joins, rejoins, flushes, mtuFallbacks  atomic.Uint64
+	pkeyMoves                              atomic.Uint64 // partitions in use whose P_Key index moved (their QPs keep the old)
 }
 
 // slotInfo is a send slot in use: the QP it was posted on and its
@@ -443,9 +448,10 @@ func (p *Port) setPart(s *partState, m mcMember, pk ipoib.PKey) {
 // AllocQP creates a UD QP in partition pkey. The device numbers QPs; hint
 // is ignored.
 func (p *Port) AllocQP(pkey ipoib.PKey, _ uint32) (uint32, error) {
-	if p.closed.Load() {
+	if !p.qpCalls.enter() {
 		return 0, net.ErrClosed
 	}
+	defer p.qpCalls.leave()
 	idx, wire, err := p.pkeyIndex(pkey)
 	if err != nil {
 		return 0, err
@@ -472,6 +478,10 @@ func (p *Port) AllocQP(pkey ipoib.PKey, _ uint32) (uint32, error) {
 
 // FreeQP destroys a QP made by AllocQP.
 func (p *Port) FreeQP(qpn uint32) error {
+	if !p.qpCalls.enter() {
+		return net.ErrClosed
+	}
+	defer p.qpCalls.leave()
 	p.qpMu.Lock()
 	_, ok := p.qps[qpn]
 	if ok {
@@ -811,6 +821,7 @@ func (p *Port) Counters() ipoib.PortCounters {
 		"sa_rejoins":            p.rejoins.Load(),
 		"flushes":               p.flushes.Load(),
 		"group_mtu_fallbacks":   p.mtuFallbacks.Load(),
+		"pkey_index_moves":      p.pkeyMoves.Load(),
 	}
 	c.Levels = map[string]uint64{
 		"address_handles":        uint64(n),
@@ -835,6 +846,7 @@ func (p *Port) Close() error {
 	close(p.done)
 	p.dev.wake()
 	p.wg.Wait()
+	p.qpCalls.close() // before ctlMu: an AllocQP may be waiting for it
 	// A control call under way (a join past its event, a leave) ends
 	// before the device and its rdma_cm ids are freed; later ones see
 	// closed (saJoin) and do nothing.
@@ -903,7 +915,6 @@ func (p *Port) flush(why string, heavy bool) {
 	if p.sa == nil {
 		return
 	}
-	p.flushes.Add(1)
 	p.log.Info("flushing address handles and rejoining groups", "reason", why)
 	if heavy {
 		p.reloadPKeys()
@@ -917,6 +928,7 @@ func (p *Port) flush(why string, heavy bool) {
 	}
 	p.ctlMu.Unlock()
 	p.flushAHs(func(ahKey) bool { return true })
+	p.flushes.Add(1) // done: what a flush changes is in place
 }
 
 // reloadPKeys reads the P_Key table after a PKEY_CHANGE: new QPs use the
@@ -942,6 +954,7 @@ func (p *Port) reloadPKeys() {
 		case err != nil:
 			p.log.Error("a partition in use left the port's P_Key table; its QPs cannot send", "pkey", pk)
 		case ni != oi:
+			p.pkeyMoves.Add(1)
 			p.log.Warn("a partition in use moved in the P_Key table; its existing QPs keep the old index until they are made again", "pkey", pk, "from", oi, "to", ni)
 		}
 	}
@@ -990,5 +1003,47 @@ func (p *Port) retryRejoins() {
 func (p *Port) warnLimited(err error) {
 	if p.dataWarn.Allow(time.Now()) {
 		p.log.Warn("verbs data path error (at most once a minute; see the drop counters)", "err", err, "suppressed", p.dataWarn.Suppressed())
+	}
+}
+
+// inflight counts calls under way and, once closed, lets none start:
+// close returns when the last one has left. Unlike a sync.RWMutex it lets
+// a call that is in start another (Join makes a group QP with AllocQP)
+// while close waits.
+type inflight struct {
+	mu     sync.Mutex
+	n      int
+	closed bool
+	idle   sync.Cond
+}
+
+// enter starts a call; false once closed.
+func (f *inflight) enter() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		return false
+	}
+	f.n++
+	return true
+}
+
+// leave ends a call.
+func (f *inflight) leave() {
+	f.mu.Lock()
+	if f.n--; f.n == 0 && f.idle.L != nil {
+		f.idle.Broadcast()
+	}
+	f.mu.Unlock()
+}
+
+// close refuses new calls and waits for those under way.
+func (f *inflight) close() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.closed = true
+	f.idle.L = &f.mu
+	for f.n > 0 {
+		f.idle.Wait()
 	}
 }

@@ -343,6 +343,47 @@ func TestCloseUnblocksRead(t *testing.T) {
 // port and read at another over the fake device, address handle cached:
 // the Go side of the data path (ring slots, work requests, selective
 // signalling, completions, GRH checks, re-posting receive buffers).
+// TestCloseWaitsForQPCalls: Close does not free the device under an
+// AllocQP that is in it (AllocQP runs outside the control lock), and
+// QP calls after Close are refused, never sent to a freed device.
+func TestCloseWaitsForQPCalls(t *testing.T) {
+	p, d := openPort(t, newHub(), gid1)
+	d.qpGate, d.qpEntered = make(chan struct{}), make(chan struct{})
+	allocated := make(chan error, 1)
+	go func() {
+		_, err := p.AllocQP(0xffff, 0)
+		allocated <- err
+	}()
+	<-d.qpEntered
+	closed := make(chan struct{})
+	go func() {
+		p.Close()
+		close(closed)
+	}()
+	<-d.woke
+	select {
+	case <-closed:
+		t.Fatal("Close returned while AllocQP was in the device")
+	case <-time.After(50 * time.Millisecond): // a Close that does not wait would be done
+	}
+	close(d.qpGate)
+	if err := <-allocated; err != nil {
+		t.Fatalf("AllocQP under way at Close: %v", err)
+	}
+	<-closed
+	if _, err := p.AllocQP(0xffff, 0); !errors.Is(err, net.ErrClosed) {
+		t.Errorf("AllocQP after Close: %v, want net.ErrClosed", err)
+	}
+	if err := p.FreeQP(0x11); !errors.Is(err, net.ErrClosed) {
+		t.Errorf("FreeQP after Close: %v, want net.ErrClosed", err)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.qpLate != 0 || !d.devClosed {
+		t.Fatalf("QP calls after the device was closed: %d (closed %v)", d.qpLate, d.devClosed)
+	}
+}
+
 func BenchmarkWriteRead(b *testing.B) {
 	l := newLink(b)
 	p1, p2 := l.p1, l.p2
