@@ -40,6 +40,7 @@ func TestDHCP(t *testing.T) {
 // mode, hardware type 32 with a zero-length address.
 func dhcpLease(t *testing.T, mode string, h *hypervisor, server, client *guest, dev string) {
 	t.Helper()
+	nstestRequire(t, "dnsmasq", "dhclient")
 	dir := t.TempDir()
 	args := []string{"dnsmasq", "--no-daemon", "--port=0", "--interface=" + dev, "--bind-interfaces",
 		"--dhcp-range=10.77.0.100,10.77.0.150,1h", "--dhcp-leasefile=" + filepath.Join(dir, "dnsmasq.leases")}
@@ -60,7 +61,7 @@ func dhcpLease(t *testing.T, mode string, h *hypervisor, server, client *guest, 
 	b, _ := os.ReadFile(lease)
 	d, _ := os.ReadFile(filepath.Join(dir, "dnsmasq.leases"))
 	checkLease(t, mode, out, string(b), string(d), server.ip4, client.mac(t))
-	hw := stdout(t, "tshark", "-r", pcap, "-Y", "dhcp", "-T", "fields", "-E", "occurrence=f", "-e", "dhcp.hw.type", "-e", "dhcp.flags.bc")
+	hw := tshark(t, "-r", pcap, "-Y", "dhcp", "-T", "fields", "-E", "occurrence=f", "-e", "dhcp.hw.type", "-e", "dhcp.flags.bc")
 	want := "0x01\t1" // Ethernet, BROADCAST flag
 	if mode != "broadcast" {
 		want = "0x20\t1" // InfiniBand (RFC 4390 §2.1)

@@ -98,6 +98,7 @@ func rawFrames(t *testing.T, ns, dev string, n int, frame func(i int) []byte) er
 // goroutine) and fails the test unless every request was answered once.
 func pingDuring(t *testing.T, g *guest, dst string, n int, fn func()) {
 	t.Helper()
+	nstestRequire(t, "ping")
 	type result struct {
 		r   pingResult
 		err error
@@ -130,6 +131,7 @@ func ethHeader(dst, src net.HardwareAddr, et uint16) []byte {
 // unaccounted (no receive-queue
 // overflow); neither daemon logged a warning or an error.
 func TestLossyFabric(t *testing.T) {
+	nstestRequire(t, "iperf") // tcpTransfer's
 	tp := newTopo(t, 2, false, "--fault", "loss=0.01,dup=0.01,reorder=0.01,corrupt=0.005")
 	h1, h2 := tp.hvs[0], tp.hvs[1]
 	g11, g21 := h1.guests[0], h2.guests[0]
@@ -480,6 +482,7 @@ type iperf3Run struct {
 // no TAP, no multicast group on the underlay, no child process, no
 // process at all.
 func TestCrashRestart(t *testing.T) {
+	nstestRequire(t, "iperf3")
 	tp := newTopo(t, 2, false)
 	h1, h2 := tp.hvs[0], tp.hvs[1]
 	g11, g21 := h1.guests[0], h2.guests[0]

@@ -245,7 +245,7 @@ func TestHWKit(t *testing.T) {
 // would reach the guests' 1500-byte veths whole, and TCP crawls through
 // retransmissions.
 func TestHWKitOVS(t *testing.T) {
-	nstestRequire(t, append(kitTools, "ethtool", "ovs-vsctl", "ovsdb-tool", "ovsdb-server", "ovs-vswitchd", "ovs-appctl", "ovsdb-client")...)
+	nstestRequire(t, append(kitTools, ovsTools...)...)
 	if buildErr != nil {
 		t.Fatal(buildErr)
 	}

@@ -59,6 +59,7 @@ type receiver struct {
 
 func startReceiver(t *testing.T, g *guest, group string) *receiver {
 	t.Helper()
+	nstestRequire(t, "iperf")
 	r := &receiver{out: filepath.Join(t.TempDir(), "iperf-"+g.ns+".log")}
 	f, err := os.Create(r.out)
 	if err != nil {
@@ -139,6 +140,7 @@ func (r *receiver) expectStream(t *testing.T, g *guest, i, sent int) {
 // end-of-stream marker, which receivers do not count.
 func send(t *testing.T, g *guest, group string) int {
 	t.Helper()
+	nstestRequire(t, "iperf")
 	args := []string{"iperf", "-c", group, "-u", "-T", "2", "-t", "2", "-b", "1M"}
 	if strings.Contains(group, ":") {
 		args = append(args, "-V")

@@ -197,6 +197,7 @@ func savedGuests(t *testing.T, h *hypervisor, want map[string][]string) []state.
 // --persist turned off, the kept queues handed back make way for a new
 // TAP, and the store lets go of them.
 func TestPersistRestart(t *testing.T) {
+	nstestRequire(t, "iperf3")
 	tp := newTopo(t, 2, false)
 	h1, h2 := tp.hvs[0], tp.hvs[1]
 	g11, g12, g21 := h1.guests[0], h1.guests[1], h2.guests[0]

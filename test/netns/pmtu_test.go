@@ -65,7 +65,7 @@ func TestPathMTU(t *testing.T) {
 		stop1()
 		stop2()
 		for _, c := range []struct{ pcap, from string }{{synAtServer, g11.ip4}, {synAtClient, g22.ip4}} {
-			out := stdout(t, "tshark", "-r", c.pcap, "-Y", "ip.src == "+c.from, "-T", "fields", "-e", "tcp.options.mss_val")
+			out := tshark(t, "-r", c.pcap, "-Y", "ip.src == "+c.from, "-T", "fields", "-e", "tcp.options.mss_val")
 			if lines := strings.Fields(out); len(lines) == 0 || strings.Count(out, "4052") != len(lines) {
 				t.Errorf("MSS of the SYNs from %s as received: %q, want 4052 each", c.from, lines)
 			}
