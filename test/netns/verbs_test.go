@@ -37,8 +37,10 @@ func (g *vmGuest) sh(t *testing.T, cmd string, timeout time.Duration) (string, e
 // drives a real UD QP through libibverbs on soft-RoCE (eipoibd --fabric
 // verbs --ib-dev rxe0) and talks, on one wire, to a hypervisor on the
 // host using the simulated fabric. Between their guests: ping and ping -6
-// both ways, arping, iperf3 TCP both ways with byte counts matching on
-// both ends, IPv4 and IPv6 multicast with iperf 2 both ways; the VM's two
+// both ways, arping both ways, TCP both ways with the sender's and the
+// receiver's byte counts exactly the amount sent (iperf 2) and iperf3's
+// throughput (logged), IPv4 and IPv6 multicast with iperf 2 both ways,
+// every datagram received; the VM's two
 // guests send from distinct QPNs; every packet on the wire, from either
 // side, decodes as an IPoIB UD SEND-only (tshark) with a good ICRC
 // (checked with the simulated fabric's decoder). The host's port also has
