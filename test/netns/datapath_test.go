@@ -235,6 +235,7 @@ const bcastGroup = "ff12:401b:ffff::ffff:ffff"
 
 // checkWire asserts what the fabric carried, as tshark decodes it.
 func checkWire(t *testing.T, pcap string, g1, g2 *guest) {
+	t.Helper()
 	out := tshark(t, "-r", pcap, "-T", "fields", "-E", "separator=|",
 		"-e", "frame.protocols", "-e", "infiniband.bth.opcode", "-e", "infiniband.bth.destqp",
 		"-e", "infiniband.deth.q_key", "-e", "infiniband.deth.srcqp", "-e", "ipv6.dst",

@@ -664,6 +664,16 @@ func pingN(t *testing.T, g *guest, dst string, n int, extra ...string) {
 	}
 }
 
+// unanswered pings dst from guest g for 2 s and fails the test unless
+// requests went out and none was answered.
+func unanswered(t *testing.T, g *guest, dst string) {
+	t.Helper()
+	nstestRequire(t, "ping")
+	if r, _ := runPing(g, dst, 2, 2*time.Second); r.tx == 0 || r.rx != 0 {
+		t.Fatalf("ping %s → %s: %d replies to %d requests, want requests and no reply\n%s", g.ns, dst, r.rx, r.tx, r.out)
+	}
+}
+
 var arpingSummary = regexp.MustCompile(`(\d+) packets transmitted, (\d+) packets received`)
 
 // arping sends n ARP requests from guest g for dst (arping -c n) and

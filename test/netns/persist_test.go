@@ -138,8 +138,11 @@ func (h *hypervisor) link(t *testing.T) link {
 	}
 	l.index, l.master = ls[0].Index, ls[0].Master
 	c := strings.Fields(sh(t, in(h.ns, "cat", "/sys/class/net/eib0/carrier_changes", "/sys/class/net/eib0/carrier")...))
+	if len(c) != 2 {
+		t.Fatalf("carrier_changes and carrier: %q", c)
+	}
 	var err error
-	if l.changes, err = strconv.Atoi(c[0]); err != nil || len(c) != 2 {
+	if l.changes, err = strconv.Atoi(c[0]); err != nil {
 		t.Fatalf("carrier_changes and carrier: %q %v", c, err)
 	}
 	l.carrier = c[1] == "1"

@@ -44,6 +44,7 @@ func TestPathMTU(t *testing.T) {
 	// at their sources.
 	shErr(in(g21.ns, "ping", "-6", "-c", "1", "-W", "1", "-s", "8000", g11.ip6)...)
 	ping(t, g11, g21.ip6, "-s", "8000")
+	ping(t, g21, g11.ip6, "-s", "8000")
 
 	jumbo, small := iperf(t, g21, g11, false), iperf(t, g21, g12, false)
 	t.Logf("iperf3 TCP from a guest at MTU 9000: %.2f Gbit/s; at MTU 4092: %.2f Gbit/s (%.0f %%)", jumbo/1e9, small/1e9, 100*jumbo/small)
