@@ -255,7 +255,7 @@ func TestCtl(t *testing.T) {
 		case <-time.After(10 * time.Second):
 			t.Fatalf("capture %s -c 10 did not end", c.side)
 		}
-		lines := strings.Split(strings.TrimSpace(stdout(t, "tshark", "-r", pcap, "-T", "fields", "-e", "frame.protocols")), "\n")
+		lines := strings.Split(strings.TrimSpace(tshark(t, "-r", pcap, "-T", "fields", "-e", "frame.protocols")), "\n")
 		icmp, link := 0, 0
 		for _, l := range lines {
 			if strings.HasPrefix(l, c.proto) {

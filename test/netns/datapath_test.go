@@ -27,6 +27,7 @@ import (
 // veth (tcpBytes checks the exact count).
 func iperf(t *testing.T, server, client *guest, reverse bool) float64 {
 	t.Helper()
+	nstestRequire(t, "iperf3")
 	srv := exec.Command("ip", "netns", "exec", server.ns, "iperf3", "-s", "-1")
 	if err := srv.Start(); err != nil {
 		t.Fatal(err)
@@ -80,6 +81,7 @@ func retryConnect(g *guest, args []string, refused string) (string, error) {
 // stream, and fails unless both ends counted exactly n.
 func tcpBytes(t *testing.T, server, client *guest, n int64) {
 	t.Helper()
+	nstestRequire(t, "iperf")
 	sent, rcvd, err := tcpTransfer(server, client, "-n", strconv.FormatInt(n, 10))
 	if err != nil || sent != n || rcvd != n {
 		t.Fatalf("TCP %s → %s: %d bytes sent, %d received, want %d both: %v", client.ip4, server.ip4, sent, rcvd, n, err)
@@ -89,7 +91,8 @@ func tcpBytes(t *testing.T, server, client *guest, n int64) {
 // tcpTransfer runs one iperf 2 TCP connection from client to server
 // with the client arguments given (-n bytes or -t seconds) and returns
 // what the client wrote and the server read, each -1 when its report
-// is missing. It may run in a goroutine of its own.
+// is missing. It may run in a goroutine of its own: its caller requires
+// iperf.
 func tcpTransfer(server, client *guest, args ...string) (sent, rcvd int64, err error) {
 	var srvOut strings.Builder
 	srv := exec.Command("ip", in(server.ns, "iperf", "-s", "-y", "C", "-P", "1")[1:]...)
@@ -232,7 +235,8 @@ const bcastGroup = "ff12:401b:ffff::ffff:ffff"
 
 // checkWire asserts what the fabric carried, as tshark decodes it.
 func checkWire(t *testing.T, pcap string, g1, g2 *guest) {
-	out := stdout(t, "tshark", "-r", pcap, "-T", "fields", "-E", "separator=|",
+	t.Helper()
+	out := tshark(t, "-r", pcap, "-T", "fields", "-E", "separator=|",
 		"-e", "frame.protocols", "-e", "infiniband.bth.opcode", "-e", "infiniband.bth.destqp",
 		"-e", "infiniband.deth.q_key", "-e", "infiniband.deth.srcqp", "-e", "ipv6.dst",
 		"-e", "arp.hw.type", "-e", "arp.opcode", "-e", "ip.src", "-e", "arp.src.proto_ipv4")
@@ -304,7 +308,7 @@ func checkWire(t *testing.T, pcap string, g1, g2 *guest) {
 // each crossing the fabric once.
 func checkARPing(t *testing.T, pcap string, a, b *guest, n int) {
 	t.Helper()
-	out := stdout(t, "tshark", "-r", pcap, "-Y", "arp", "-T", "fields", "-E", "separator=|",
+	out := tshark(t, "-r", pcap, "-Y", "arp", "-T", "fields", "-E", "separator=|",
 		"-e", "arp.opcode", "-e", "arp.src.proto_ipv4", "-e", "arp.dst.proto_ipv4")
 	var req, rep int
 	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {

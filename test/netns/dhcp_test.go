@@ -36,10 +36,12 @@ func TestDHCP(t *testing.T) {
 // dhcpLease runs dnsmasq on dev in server's namespace and dhclient in
 // client, a guest of hypervisor h whose eipoibd runs in --dhcp mode, and
 // checks the lease both ends recorded and the DHCP packets on h's side of
-// the fabric: the guest's own (Ethernet, BROADCAST flag) or, in rfc4390
-// mode, hardware type 32 with a zero-length address.
+// the fabric: the guest's own (Ethernet, 6-byte address, BROADCAST flag)
+// or, in rfc4390 mode, hardware type 32 with a zero-length address (and
+// the BROADCAST flag).
 func dhcpLease(t *testing.T, mode string, h *hypervisor, server, client *guest, dev string) {
 	t.Helper()
+	nstestRequire(t, "dnsmasq", "dhclient")
 	dir := t.TempDir()
 	args := []string{"dnsmasq", "--no-daemon", "--port=0", "--interface=" + dev, "--bind-interfaces",
 		"--dhcp-range=10.77.0.100,10.77.0.150,1h", "--dhcp-leasefile=" + filepath.Join(dir, "dnsmasq.leases")}
@@ -60,17 +62,17 @@ func dhcpLease(t *testing.T, mode string, h *hypervisor, server, client *guest, 
 	b, _ := os.ReadFile(lease)
 	d, _ := os.ReadFile(filepath.Join(dir, "dnsmasq.leases"))
 	checkLease(t, mode, out, string(b), string(d), server.ip4, client.mac(t))
-	hw := stdout(t, "tshark", "-r", pcap, "-Y", "dhcp", "-T", "fields", "-E", "occurrence=f", "-e", "dhcp.hw.type", "-e", "dhcp.flags.bc")
-	want := "0x01\t1" // Ethernet, BROADCAST flag
+	hw := tshark(t, "-r", pcap, "-Y", "dhcp", "-T", "fields", "-E", "occurrence=f", "-e", "dhcp.hw.type", "-e", "dhcp.hw.len", "-e", "dhcp.flags.bc")
+	want := "0x01\t6\t1" // Ethernet, BROADCAST flag
 	if mode != "broadcast" {
-		want = "0x20\t1" // InfiniBand (RFC 4390 §2.1)
+		want = "0x20\t0\t1" // InfiniBand, no address (RFC 4390 §2.1)
 	}
 	if strings.TrimSpace(hw) == "" {
 		t.Fatal("no DHCP captured on the fabric")
 	}
 	for _, l := range strings.Split(strings.TrimSpace(hw), "\n") {
 		if l != want {
-			t.Errorf("DHCP on the wire: hardware type and broadcast flag %q, want %q", l, want)
+			t.Errorf("DHCP on the wire: hardware type, address length and broadcast flag %q, want %q", l, want)
 		}
 	}
 }

@@ -1,10 +1,8 @@
 package netns
 
 import (
-	"bufio"
 	"bytes"
 	"net"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -15,38 +13,15 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// captureOn starts tcpdump on iface in namespace ns with a capture filter,
-// waits until it listens, and returns the capture file and a function
-// that ends the capture. Immediate mode and -U write every packet as it
-// comes: in buffered mode packets still in the kernel's ring when the
-// capture ends are lost.
+// captureOn captures on iface in namespace ns with a capture filter
+// (tcpdump: it has started listening when captureOn returns) and returns
+// the capture file and a function that ends the capture. Immediate mode
+// and -U write every packet as it comes: in buffered mode packets still
+// in the kernel's ring when the capture ends are lost.
 func captureOn(t *testing.T, ns, iface, filter string) (string, func()) {
 	t.Helper()
 	pcap := filepath.Join(t.TempDir(), iface+".pcap")
-	cmd := exec.Command("ip", "netns", "exec", ns, "tcpdump", "--immediate-mode", "-U", "-Z", "root", "-i", iface, "-w", pcap, filter)
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	listening := make(chan bool, 1)
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			if strings.Contains(sc.Text(), "listening on") {
-				listening <- true
-			}
-		}
-	}()
-	select {
-	case <-listening:
-	case <-time.After(15 * time.Second):
-		cmd.Process.Kill()
-		t.Fatal("tcpdump did not start listening")
-	}
-	return pcap, func() { cmd.Process.Signal(unix.SIGINT); cmd.Wait() }
+	return pcap, tcpdump(t, ns, nil, "--immediate-mode", "-U", "-Z", "root", "-i", iface, "-w", pcap, filter)
 }
 
 // TestFragmentReassembly: a guest behind a 9000-byte bridge sends a
@@ -122,7 +97,7 @@ func TestFragmentReassembly(t *testing.T) {
 	time.Sleep(200 * time.Millisecond)
 	stop()
 
-	out := stdout(t, "tshark", "-r", pcap, "-o", "ip.defragment:FALSE", "-o", "ip.check_checksum:TRUE", "-T", "fields", "-E", "separator=|",
+	out := tshark(t, "-r", pcap, "-o", "ip.defragment:FALSE", "-o", "ip.check_checksum:TRUE", "-T", "fields", "-E", "separator=|",
 		"-e", "ip.hdr_len", "-e", "ip.len", "-e", "ip.frag_offset", "-e", "ip.flags.mf", "-e", "ip.checksum.status", "-e", "ip.opt.type")
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	if len(lines) < 2 {

@@ -6,8 +6,10 @@ package netns
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/netip"
@@ -15,9 +17,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -32,9 +36,11 @@ var (
 	nsSeq     atomic.Int32
 )
 
-// tools the tests run.
-var tools = []string{"ping", "arping", "nstat", "iperf3", "tshark", "iperf", "tcpdump", "ethtool",
-	"ovs-vsctl", "ovsdb-tool", "ovsdb-server", "ovs-vswitchd", "ovs-appctl", "ovsdb-client"}
+// ovsTools are what a topology with Open vSwitch needs besides ip: the
+// daemons startOVS starts, the clients the tests (ovs-vsctl, ovs-appctl)
+// and eipoibd (ovs-vsctl, ovsdb-client: vswitch) run, and ethtool, which
+// turns off the checksum offload the userspace datapath cannot fill in.
+var ovsTools = []string{"ovs-vsctl", "ovsdb-tool", "ovsdb-server", "ovs-vswitchd", "ovs-appctl", "ovsdb-client", "ethtool"}
 
 func TestMain(m *testing.M) {
 	if os.Geteuid() == 0 {
@@ -56,8 +62,14 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// require checks root and the tools, and that the daemon was built.
-func require(t *testing.T) {
+// require checks root, ip and the tools given, and that the daemon was
+// built. Each test needs only the tools it runs: the helpers that run a
+// tool require it themselves (capture tcpdump, tshark tshark, iperf
+// iperf3, …), so that a test using one needs its tool without naming it,
+// and TestToolsRequired checks that every tool the tests name is
+// required on the path that runs it. Under EIPOIB_REQUIRE_NETNS=1 (CI)
+// a missing tool fails the test instead of skipping it.
+func require(t *testing.T, tools ...string) {
 	t.Helper()
 	nstest.Require(t, tools...)
 	if buildErr != nil {
@@ -135,7 +147,12 @@ func newTopo(t *testing.T, n int, viaBridge bool, extra ...string) *topo {
 
 func newTopoOpts(t *testing.T, o topoOpts) *topo {
 	t.Helper()
-	require(t)
+	// Every topology test pings (ping, runPing), not all through a
+	// helper with a t of its own; OVS, before any namespace is made.
+	require(t, "ping")
+	if slices.Contains(o.ovs, true) {
+		require(t, ovsTools...)
+	}
 	tp := &topo{t: t, pfx: fmt.Sprintf("e%d%d", os.Getpid()%1000, nsSeq.Add(1))}
 	var all []string
 	var ovsDirs []string
@@ -295,20 +312,20 @@ func (h *hypervisor) gid(t *testing.T) netip.Addr {
 // eth0 for the duration of fn, one tcpdump line each.
 func sniff(t *testing.T, g *guest, filter string, fn func()) []string {
 	t.Helper()
-	cmd := exec.Command("ip", in(g.ns, "tcpdump", "-i", "eth0", "-n", "-l", "-e", filter)[1:]...)
 	out := filepath.Join(t.TempDir(), "tcpdump.log")
-	f, _ := os.Create(out)
-	cmd.Stdout = f
-	if err := cmd.Start(); err != nil {
+	f, err := os.Create(out)
+	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(500 * time.Millisecond) // tcpdump opens its socket
+	defer f.Close()
+	stop := tcpdump(t, g.ns, f, "--immediate-mode", "-i", "eth0", "-n", "-l", "-e", filter)
 	fn()
 	time.Sleep(300 * time.Millisecond)
-	cmd.Process.Signal(syscall.SIGINT)
-	cmd.Wait()
-	f.Close()
-	b, _ := os.ReadFile(out)
+	stop()
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
 	var lines []string
 	for _, l := range strings.Split(string(b), "\n") {
 		if strings.TrimSpace(l) != "" {
@@ -318,10 +335,84 @@ func sniff(t *testing.T, g *guest, filter string, fn func()) []string {
 	return lines
 }
 
+// tcpdump starts tcpdump with args in namespace ns, its standard output
+// to w, and waits until it listens, so that nothing sent afterwards is
+// missed (a tcpdump that exits first, on a bad filter say, fails the
+// test instead of capturing nothing). It returns a function that ends
+// the capture (SIGINT: tcpdump writes out what it holds and exits 0) and
+// fails the test unless tcpdump ran until then; the capture also ends
+// at cleanup.
+func tcpdump(t *testing.T, ns string, w io.Writer, args ...string) func() {
+	t.Helper()
+	nstestRequire(t, "tcpdump")
+	cmd := exec.Command("ip", in(ns, append([]string{"tcpdump"}, args...)...)[1:]...)
+	stderr := &listenWatch{ready: make(chan struct{})}
+	cmd.Stdout, cmd.Stderr = w, stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case <-stderr.ready:
+	case err := <-done:
+		t.Fatalf("tcpdump %v in %s exited before it listened: %v\n%s", args, ns, err, stderr)
+	case <-time.After(15 * time.Second):
+		cmd.Process.Kill()
+		<-done
+		t.Fatalf("tcpdump %v in %s did not start listening:\n%s", args, ns, stderr)
+	}
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cmd.Process.Signal(syscall.SIGINT)
+			if err := <-done; err != nil {
+				t.Errorf("tcpdump %v in %s: %v\n%s", args, ns, err, stderr)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+// listenWatch keeps what tcpdump writes to its standard error and closes
+// ready at its "listening on" line.
+type listenWatch struct {
+	mu    sync.Mutex
+	b     []byte
+	ready chan struct{}
+}
+
+func (w *listenWatch) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	had := bytes.Contains(w.b, []byte("listening on"))
+	w.b = append(w.b, p...)
+	if !had && bytes.Contains(w.b, []byte("listening on")) {
+		close(w.ready)
+	}
+	return len(p), nil
+}
+
+func (w *listenWatch) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return string(w.b)
+}
+
+// tshark runs tshark with args (reading a capture file) and returns its
+// standard output.
+func tshark(t *testing.T, args ...string) string {
+	t.Helper()
+	nstestRequire(t, "tshark")
+	return stdout(t, append([]string{"tshark"}, args...)...)
+}
+
 // startOVS starts a private ovsdb-server and ovs-vswitchd (userspace
 // datapath) in namespace ns and returns their run directory.
 func startOVS(t *testing.T, ns string) string {
 	t.Helper()
+	nstestRequire(t, ovsTools...)
 	dir, err := os.MkdirTemp("", "eipoib-ovs")
 	if err != nil {
 		t.Fatal(err)
@@ -562,6 +653,7 @@ func ping(t *testing.T, g *guest, dst string, extra ...string) {
 // pingN is ping with n requests.
 func pingN(t *testing.T, g *guest, dst string, n int, extra ...string) {
 	t.Helper()
+	nstestRequire(t, "ping")
 	r, err := runPing(g, dst, n, time.Duration(n)*200*time.Millisecond+5*time.Second, extra...)
 	if err != nil || !r.lossless(n) {
 		t.Fatalf("ping %s → %s %v: replies to %v of requests 1–%d (%d transmitted, %d received, %d duplicates), want each answered once (%v)\n%s",
@@ -572,12 +664,23 @@ func pingN(t *testing.T, g *guest, dst string, n int, extra ...string) {
 	}
 }
 
+// unanswered pings dst from guest g for 2 s and fails the test unless
+// requests went out and none was answered.
+func unanswered(t *testing.T, g *guest, dst string) {
+	t.Helper()
+	nstestRequire(t, "ping")
+	if r, _ := runPing(g, dst, 2, 2*time.Second); r.tx == 0 || r.rx != 0 {
+		t.Fatalf("ping %s → %s: %d replies to %d requests, want requests and no reply\n%s", g.ns, dst, r.rx, r.tx, r.out)
+	}
+}
+
 var arpingSummary = regexp.MustCompile(`(\d+) packets transmitted, (\d+) packets received`)
 
 // arping sends n ARP requests from guest g for dst (arping -c n) and
 // fails the test unless all n were answered, once each.
 func arping(t *testing.T, g *guest, dst string, n int) {
 	t.Helper()
+	nstestRequire(t, "arping")
 	out, err := shErr(in(g.ns, "arping", "-c", strconv.Itoa(n), "-w", strconv.Itoa(n+3), "-I", "eth0", dst)...)
 	m := arpingSummary.FindStringSubmatch(out)
 	if err != nil || m == nil || m[1] != strconv.Itoa(n) || m[2] != m[1] || !strings.Contains(out, "(0 extra)") {

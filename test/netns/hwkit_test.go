@@ -245,7 +245,7 @@ func TestHWKit(t *testing.T) {
 // would reach the guests' 1500-byte veths whole, and TCP crawls through
 // retransmissions.
 func TestHWKitOVS(t *testing.T) {
-	nstestRequire(t, append(kitTools, "ethtool", "ovs-vsctl", "ovsdb-tool", "ovsdb-server", "ovs-vswitchd", "ovs-appctl", "ovsdb-client")...)
+	nstestRequire(t, append(kitTools, ovsTools...)...)
 	if buildErr != nil {
 		t.Fatal(buildErr)
 	}
@@ -265,13 +265,32 @@ func TestHWKitOVS(t *testing.T) {
 
 // TestHWKitPrerequisites: with an eipoibd that does not exist and
 // without --no-sm on the simulated fabric, the kit names both missing
-// prerequisites, with what to do, changes nothing and exits 2, and runs
-// no check.
+// prerequisites, with what to do, sets nothing up (no interface on either
+// host, no namespace) and exits 2, and runs no check.
 func TestHWKitPrerequisites(t *testing.T) {
 	nstestRequire(t, kitTools...)
-	args, _ := kitHosts(t, false)
-	args = append(args, "--eipoibd", "/nonexistent/eipoibd", "--partitions", "1", "--work", t.TempDir())
+	args, hosts := kitHosts(t, false)
+	work := t.TempDir()
+	args = append(args, "--eipoibd", "/nonexistent/eipoibd", "--partitions", "1", "--work", work)
+	// What the kit would set up: interfaces on the hosts, its guest
+	// namespaces (eht…). (It does make its work directories.)
+	state := func() string {
+		var s string
+		for _, l := range strings.Split(sh(t, "ip", "netns", "list"), "\n") {
+			if strings.HasPrefix(l, "eht") {
+				s += "netns " + l + "\n"
+			}
+		}
+		for _, ns := range hosts {
+			s += ns + ": " + strings.Join(strings.Fields(sh(t, in(ns, "ls", "/sys/class/net")...)), " ") + "\n"
+		}
+		return s
+	}
+	before := state()
 	out, code := runKit(t, 30*time.Second, args...)
+	if after := state(); after != before {
+		t.Errorf("the kit set something up:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
 	if code != 2 {
 		t.Errorf("run.sh exited %d, want 2", code)
 	}

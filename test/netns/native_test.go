@@ -157,7 +157,7 @@ func TestNativeHost(t *testing.T) {
 				t.Errorf("guest %s's MAC %s appears on the fabric", g.ip4, mac)
 			}
 		}
-		out := stdout(t, "tshark", "-r", pcap, "-Y", "arp or icmpv6.type == 135 or icmpv6.type == 136", "-T", "fields", "-E", "separator=|",
+		out := tshark(t, "-r", pcap, "-Y", "arp or icmpv6.type == 135 or icmpv6.type == 136", "-T", "fields", "-E", "separator=|",
 			"-e", "arp.hw.type", "-e", "arp.hw.size", "-e", "icmpv6.opt.type", "-e", "icmpv6.opt.length")
 		var arps, nds int
 		for _, l := range strings.Split(strings.TrimSpace(out), "\n") {

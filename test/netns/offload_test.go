@@ -13,6 +13,7 @@ var csumErrors = []string{"TcpInCsumErrors", "UdpInCsumErrors", "Udp6InCsumError
 // errors and the TCP segments received and retransmitted.
 func nstat(t *testing.T, g *guest) map[string]int64 {
 	t.Helper()
+	nstestRequire(t, "nstat")
 	out := sh(t, in(g.ns, "nstat", "-a", "-z", "-s")...) // absolute values, zeros too, no history file
 	m := make(map[string]int64)
 	for _, l := range strings.Split(out, "\n") {

@@ -100,7 +100,7 @@ func checkPartitions(t *testing.T, pcap string, tp *topo) {
 			guestIP[g.ip4], guestIP[g.ip6] = true, true
 		}
 	}
-	out := stdout(t, "tshark", "-r", pcap, "-T", "fields", "-E", "separator=|", "-e", "infiniband.bth.p_key",
+	out := tshark(t, "-r", pcap, "-T", "fields", "-E", "separator=|", "-e", "infiniband.bth.p_key",
 		"-e", "ipv6.dst", "-e", "infiniband.deth.srcqp", "-e", "ipv6.src", "-e", "ip.src", "-e", "arp.src.proto_ipv4", "-e", "frame.protocols")
 	counts, dsts := map[string]int{}, map[string]bool{}
 	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {

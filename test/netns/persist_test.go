@@ -138,8 +138,11 @@ func (h *hypervisor) link(t *testing.T) link {
 	}
 	l.index, l.master = ls[0].Index, ls[0].Master
 	c := strings.Fields(sh(t, in(h.ns, "cat", "/sys/class/net/eib0/carrier_changes", "/sys/class/net/eib0/carrier")...))
+	if len(c) != 2 {
+		t.Fatalf("carrier_changes and carrier: %q", c)
+	}
 	var err error
-	if l.changes, err = strconv.Atoi(c[0]); err != nil || len(c) != 2 {
+	if l.changes, err = strconv.Atoi(c[0]); err != nil {
 		t.Fatalf("carrier_changes and carrier: %q %v", c, err)
 	}
 	l.carrier = c[1] == "1"
@@ -197,6 +200,7 @@ func savedGuests(t *testing.T, h *hypervisor, want map[string][]string) []state.
 // --persist turned off, the kept queues handed back make way for a new
 // TAP, and the store lets go of them.
 func TestPersistRestart(t *testing.T) {
+	nstestRequire(t, "iperf3")
 	tp := newTopo(t, 2, false)
 	h1, h2 := tp.hvs[0], tp.hvs[1]
 	g11, g12, g21 := h1.guests[0], h1.guests[1], h2.guests[0]

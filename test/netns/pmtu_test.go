@@ -44,6 +44,7 @@ func TestPathMTU(t *testing.T) {
 	// at their sources.
 	shErr(in(g21.ns, "ping", "-6", "-c", "1", "-W", "1", "-s", "8000", g11.ip6)...)
 	ping(t, g11, g21.ip6, "-s", "8000")
+	ping(t, g21, g11.ip6, "-s", "8000")
 
 	jumbo, small := iperf(t, g21, g11, false), iperf(t, g21, g12, false)
 	t.Logf("iperf3 TCP from a guest at MTU 9000: %.2f Gbit/s; at MTU 4092: %.2f Gbit/s (%.0f %%)", jumbo/1e9, small/1e9, 100*jumbo/small)
@@ -65,7 +66,7 @@ func TestPathMTU(t *testing.T) {
 		stop1()
 		stop2()
 		for _, c := range []struct{ pcap, from string }{{synAtServer, g11.ip4}, {synAtClient, g22.ip4}} {
-			out := stdout(t, "tshark", "-r", c.pcap, "-Y", "ip.src == "+c.from, "-T", "fields", "-e", "tcp.options.mss_val")
+			out := tshark(t, "-r", c.pcap, "-Y", "ip.src == "+c.from, "-T", "fields", "-e", "tcp.options.mss_val")
 			if lines := strings.Fields(out); len(lines) == 0 || strings.Count(out, "4052") != len(lines) {
 				t.Errorf("MSS of the SYNs from %s as received: %q, want 4052 each", c.from, lines)
 			}

@@ -80,7 +80,11 @@ func TestSIGHUP(t *testing.T) {
 	if err := os.WriteFile(cfg, []byte("vif-idle = \"soon\"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	reloaded := strings.Count(h1.log(), `msg="config reloaded"`)
 	h1.cmd.Process.Signal(syscall.SIGHUP)
 	waitLog(t, h1, `msg="config reload failed; running on unchanged"`)
+	if n := strings.Count(h1.log(), `msg="config reloaded"`); n != reloaded {
+		t.Errorf("the bad file changed %d settings, want none:\n%s", n-reloaded, h1.log())
+	}
 	ping(t, g11, g21.ip4) // running, and the guest gets a VIF again
 }

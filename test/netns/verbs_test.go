@@ -37,8 +37,10 @@ func (g *vmGuest) sh(t *testing.T, cmd string, timeout time.Duration) (string, e
 // drives a real UD QP through libibverbs on soft-RoCE (eipoibd --fabric
 // verbs --ib-dev rxe0) and talks, on one wire, to a hypervisor on the
 // host using the simulated fabric. Between their guests: ping and ping -6
-// both ways, arping, iperf3 TCP both ways with byte counts matching on
-// both ends, IPv4 and IPv6 multicast with iperf 2 both ways; the VM's two
+// both ways, arping both ways, TCP both ways with the sender's and the
+// receiver's byte counts exactly the amount sent (iperf 2) and iperf3's
+// throughput (logged), IPv4 and IPv6 multicast with iperf 2 both ways,
+// every datagram received; the VM's two
 // guests send from distinct QPNs; every packet on the wire, from either
 // side, decodes as an IPoIB UD SEND-only (tshark) with a good ICRC
 // (checked with the simulated fabric's decoder). The host's port also has
@@ -49,6 +51,7 @@ func (g *vmGuest) sh(t *testing.T, cmd string, timeout time.Duration) (string, e
 // a packet under load, so reachability checks retry; counts that must
 // match still match exactly.
 func TestVerbsRxe(t *testing.T) {
+	nstestRequire(t, "arping", "iperf") // run here, in the host's guests and in the VM's
 	// The host's port has a partition besides the default one: it keeps
 	// talking to rxe, whose P_Key table holds 0xFFFF only.
 	tp := newTopoOpts(t, topoOpts{n: 1, viaBridge: true, extra: []string{"--vlan-pkey", "10=0x800a"}})
@@ -197,6 +200,7 @@ done
 // waitVMDaemon waits for the VM's eipoibd to serve its metrics.
 func waitVMDaemon(t *testing.T, vm *vmHost) {
 	t.Helper()
+	nstestRequire(t, "curl")
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		out, err := vm.run(t, "curl -sf 127.0.0.1:9474/metrics >/dev/null && echo up", 10*time.Second)
@@ -241,6 +245,7 @@ func expectCount(out string, err error, re string, want int) error {
 // vmPing: three pings from a VM guest, all answered.
 func vmPing(t *testing.T, g *vmGuest, dst string) {
 	t.Helper()
+	nstestRequire(t, "ping")
 	retry(t, g.ns+" ping "+dst, func() error {
 		out, err := g.sh(t, "ping -c 3 -i 0.3 -W 3 "+dst, 30*time.Second)
 		return expectCount(out, err, `(\d+) received`, 3)
@@ -250,6 +255,7 @@ func vmPing(t *testing.T, g *vmGuest, dst string) {
 // hostPing: three pings from a host guest, all answered.
 func hostPing(t *testing.T, g *guest, dst string) {
 	t.Helper()
+	nstestRequire(t, "ping")
 	retry(t, g.ns+" ping "+dst, func() error {
 		out, err := shErr(in(g.ns, "ping", "-c", "3", "-i", "0.3", "-W", "3", dst)...)
 		return expectCount(out, err, `(\d+) received`, 3)
@@ -264,6 +270,7 @@ func hostPing(t *testing.T, g *guest, dst string) {
 // is megabytes.)
 func tcpBytesVM(t *testing.T, vg *vmGuest, hg *guest, n int64, reverse bool) {
 	t.Helper()
+	nstestRequire(t, "iperf")
 	var sent, rcvd int64 = -1, -1
 	if !reverse {
 		srv := exec.Command("ip", in(hg.ns, "iperf", "-s", "-y", "C", "-P", "1")[1:]...)
@@ -314,6 +321,7 @@ func tcpBytesVM(t *testing.T, vg *vmGuest, hg *guest, n int64, reverse bool) {
 // iperf3Rate logs the TCP throughput through the TCG guest, each way.
 func iperf3Rate(t *testing.T, vg *vmGuest, hg *guest) {
 	t.Helper()
+	nstestRequire(t, "iperf3")
 	srv := exec.Command("ip", in(hg.ns, "iperf3", "-s")[1:]...)
 	if err := srv.Start(); err != nil {
 		t.Fatal(err)
@@ -347,6 +355,7 @@ func iperf3Rate(t *testing.T, vg *vmGuest, hg *guest) {
 // 1 Mbit/s and returns the data datagrams sent (see send).
 func vmSend(t *testing.T, g *vmGuest, group string) int {
 	t.Helper()
+	nstestRequire(t, "iperf")
 	args := "iperf -c " + group + " -u -T 2 -t 2 -b 1M"
 	if strings.Contains(group, ":") {
 		args += " -V"
@@ -382,6 +391,7 @@ func waitJoinedAny(t *testing.T, h *hypervisor, group string) {
 // vmMetrics reads the VM daemon's Prometheus metrics.
 func vmMetrics(t *testing.T, vm *vmHost) map[string]float64 {
 	t.Helper()
+	nstestRequire(t, "curl")
 	out, err := vm.run(t, "curl -sf 127.0.0.1:9474/metrics", 10*time.Second)
 	if err != nil {
 		t.Fatalf("VM metrics: %v\n%s", err, out)

@@ -25,8 +25,9 @@ import (
 // TAP is in a bridge of the test's: see test/vm/ and DESIGN.md, "Testing
 // against a real RDMA stack".
 
-// vmTools are what a VM needs on the host beyond require's tools (the
-// guest runs them from the host's root).
+// vmTools are what a VM needs on the host beyond ip (the guest runs
+// them from the host's root); the helpers that run more in the VM
+// require their own tools.
 var vmTools = []string{"qemu-system-x86_64", "rdma", "ibv_devinfo"}
 
 const (
