@@ -80,27 +80,36 @@ func Add(t testing.TB, ns string) {
 // netlink calls made by the test itself.
 func Do(t testing.TB, ns string, fn func()) {
 	t.Helper()
+	if err := DoErr(ns, func() error { fn(); return nil }); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// DoErr is Do for a goroutine other than the test's, which must not call
+// t.Fatal: it runs fn on a thread in namespace ns and returns fn's error,
+// or why it could not enter ns.
+func DoErr(ns string, fn func() error) error {
 	runtime.LockOSThread()
 	orig, err := netns.Get()
 	if err != nil {
 		runtime.UnlockOSThread()
-		t.Fatal(err)
+		return err
 	}
 	defer orig.Close()
 	h, err := netns.GetFromName(ns)
 	if err != nil {
 		runtime.UnlockOSThread()
-		t.Fatal(err)
+		return err
 	}
 	defer h.Close()
 	if err := netns.Set(h); err != nil {
 		runtime.UnlockOSThread()
-		t.Fatal(err)
+		return err
 	}
 	defer func() {
 		if netns.Set(orig) == nil {
 			runtime.UnlockOSThread() // a thread left in ns dies with its goroutine
 		}
 	}()
-	fn()
+	return fn()
 }

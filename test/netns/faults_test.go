@@ -3,6 +3,7 @@ package netns
 import (
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -18,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/eipoib/eipoibd/internal/csum"
+	"github.com/eipoib/eipoibd/internal/nstest"
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/ipoib/simfabric"
 )
@@ -279,14 +281,22 @@ func TestMACFlood(t *testing.T) {
 // hypervisor from's underlay address (a process on the fabric) to to's
 // port, about 40,000 a second: within what a daemon handles, so that
 // the kernel drops none of a flood (nor of the pings it is tested
-// against). It may run in a goroutine of its own.
+// against).
 func fabricFlood(t *testing.T, from, to *hypervisor, n int, datagram func(i int, src, dst *[16]byte, sport uint16) []byte) {
-	src, dst := from.gid(t), to.gid(t)
-	nsDo(t, from.ns, func() {
+	t.Helper()
+	if err := fabricFloodFrom(from, from.gid(t), to.gid(t), n, datagram); err != nil {
+		t.Error(err)
+	}
+}
+
+// fabricFloodFrom is fabricFlood from address src to dst, for a goroutine
+// other than the test's: it reports what went wrong instead of failing
+// the test.
+func fabricFloodFrom(from *hypervisor, src, dst netip.Addr, n int, datagram func(i int, src, dst *[16]byte, sport uint16) []byte) error {
+	return nstest.DoErr(from.ns, func() error {
 		c, err := net.ListenUDP("udp6", &net.UDPAddr{IP: src.AsSlice(), Zone: from.underlay})
 		if err != nil {
-			t.Error(err)
-			return
+			return err
 		}
 		defer c.Close()
 		sport := uint16(c.LocalAddr().(*net.UDPAddr).Port)
@@ -295,13 +305,13 @@ func fabricFlood(t *testing.T, from, to *hypervisor, n int, datagram func(i int,
 		start := time.Now()
 		for i := 0; i < n; i++ {
 			if _, err := c.WriteToUDP(datagram(i, &s16, &d16, sport), addr); err != nil {
-				t.Error(err)
-				return
+				return fmt.Errorf("datagram %d: %w", i, err)
 			}
 			if ahead := time.Duration(i)*time.Second/40000 - time.Since(start); ahead > time.Millisecond {
 				time.Sleep(ahead)
 			}
 		}
+		return nil
 	})
 }
 
@@ -405,11 +415,13 @@ func TestGarbage(t *testing.T) {
 	copy(badARP[14:], []byte{0, 1, 8, 0, 9, 4, 0, 1}) // a 9-byte hardware address
 	pingDuring(t, g11, g21.ip4, 10, func() {
 		var wg sync.WaitGroup
+		var floodErr error
+		src, dst := h2.gid(t), h1.gid(t)
 		wg.Add(1)
-		go func() {
+		go func() { // no t.Fatal here: fabricFloodFrom returns its error
 			defer wg.Done()
 			rng, buf := rand.New(rand.NewPCG(3, 4)), make([]byte, 1500)
-			fabricFlood(t, h2, h1, n, func(int, *[16]byte, *[16]byte, uint16) []byte {
+			floodErr = fabricFloodFrom(h2, src, dst, n, func(int, *[16]byte, *[16]byte, uint16) []byte {
 				b := buf[:1+rng.IntN(len(buf))]
 				for j := range b {
 					b[j] = byte(rng.Uint32())
@@ -419,7 +431,7 @@ func TestGarbage(t *testing.T) {
 		}()
 		err := rawFrames(t, g21.ns, "eth0", n, func(i int) []byte { return [][]byte{tagged, ipx, badARP}[i%3] })
 		wg.Wait()
-		if err != nil {
+		if err := errors.Join(err, floodErr); err != nil {
 			t.Error(err)
 		}
 	})
