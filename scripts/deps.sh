@@ -11,7 +11,7 @@ export PATH=$PATH:/usr/sbin:/sbin
 # Commands, by the package that provides them.
 declare -A pkg=([ip]=iproute2 [nstat]=iproute2 [ping]=iputils-ping [arping]=arping [iperf3]=iperf3 [iperf]=iperf [tshark]=tshark
   [tcpdump]=tcpdump [ethtool]=ethtool [ovs-vsctl]=openvswitch-switch [ovs-vswitchd]=openvswitch-switch [ovsdb-client]=openvswitch-common
-  [dnsmasq]=dnsmasq-base [dhclient]=isc-dhcp-client [ndisc6]=ndisc6 [nsenter]=util-linux
+  [dnsmasq]=dnsmasq-base [dhclient]=isc-dhcp-client [ndisc6]=ndisc6 [nsenter]=util-linux [curl]=curl [bridge]=iproute2 [rdma]=iproute2
   [qemu-system-x86_64]=qemu-system-x86 [cpio]=cpio [modprobe]=kmod [depmod]=kmod [xz]=xz-utils
   [ibv_devinfo]=ibverbs-utils [gcc]=gcc)
 # Packages with no command to look for (libraries, providers, a static
