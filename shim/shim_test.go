@@ -3,7 +3,6 @@ package shim
 import (
 	"context"
 	"encoding/binary"
-	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -782,23 +781,15 @@ func TestQueriesWhenCarrierReturns(t *testing.T) {
 	f := memFab(t, 2048)
 	var dp *downPort
 	h := newHV(t, f, "fe80::a", func(c *Config) { dp = &downPort{Port: c.Port}; c.Port = dp })
-	waitFor := func(what string, ok func() bool) {
-		t.Helper()
-		for deadline := time.Now().Add(2 * time.Second); !ok(); time.Sleep(time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatal(what)
-			}
-		}
-	}
-	waitFor("no start-up queries", func() bool { return h.s.Get(TxQueries) == 2 })
+	waitFor(t, "the 2 start-up queries", func() bool { return h.s.Get(TxQueries) == 2 })
 	dp.down.Store(true)
-	waitFor("carrier stayed on with the port down", func() bool { return !h.dev.Carrier() })
+	waitFor(t, "the carrier to go with the port", func() bool { return !h.dev.Carrier() })
 	if n := h.s.Get(TxQueries); n != 2 {
 		t.Fatalf("%d queries with the port down, want the 2 of the start", n)
 	}
 	dp.down.Store(false)
-	waitFor("carrier stayed off with the port back", h.dev.Carrier)
-	waitFor(fmt.Sprintf("queries after the carrier came back: %d, want 4", h.s.Get(TxQueries)), func() bool { return h.s.Get(TxQueries) == 4 })
+	waitFor(t, "the carrier to come back with the port", h.dev.Carrier)
+	waitFor(t, "4 queries (the start's 2, then 2 as the carrier came back)", func() bool { return h.s.Get(TxQueries) == 4 })
 	igmp, mld := 0, 0
 	for len(h.dev.Sent()) > 0 {
 		p := gopacket.NewPacket(<-h.dev.Sent(), layers.LayerTypeEthernet, gopacket.Default)
