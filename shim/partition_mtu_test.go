@@ -182,13 +182,7 @@ func TestPartitionMTURefresh(t *testing.T) {
 		t.Fatalf("VLAN 20 MTU %d", got)
 	}
 	f.mtu.Store(2048)
-	deadline := time.Now().Add(2 * time.Second)
-	for a.s.Port().PartitionMTUs[20] != 2044 {
-		if time.Now().After(deadline) {
-			t.Fatalf("VLAN 20 MTU still %d", a.s.Port().PartitionMTUs[20])
-		}
-		time.Sleep(time.Millisecond)
-	}
+	waitFor(t, "VLAN 20's MTU to become 2044", func() bool { return a.s.Port().PartitionMTUs[20] == 2044 })
 	checkTooBig(t, a, b, 20, meetOn(t, a, b, 20), 2044)
 }
 
