@@ -68,9 +68,11 @@ func (s *Shim) movedHere(p *partition, v *mactrans.VIF, ip netip.Addr, now time.
 		s.log.Info("guest moved here", "mac", v.Key.MAC, "vlan", p.vlan, "ip", ip, "old_rimac", nb.RIMAC, "old_remac", nb.REMAC)
 		// seekMoved asked already about a neighbour with the QPN the
 		// guest wishes for.
-		for _, a := range s.srcs.ipsOf(p.pkey, remac) {
-			if nb.RIMAC.QPN() != mactrans.QPNHint(v.Key) && a != ip && !v.HasIP(a) && !a.IsLinkLocalUnicast() {
-				s.queue(announcement{p: p, vif: v, ip: a, stale: remac, kind: annProbe}, now)
+		if nb.RIMAC.QPN() != mactrans.QPNHint(v.Key) {
+			for _, a := range s.srcs.ipsOf(p.pkey, remac) {
+				if a != ip && !v.HasIP(a) && !a.IsLinkLocalUnicast() {
+					s.queue(announcement{p: p, vif: v, ip: a, stale: remac, kind: annProbe}, now)
+				}
 			}
 		}
 		for _, w := range s.vifs.All() {
@@ -182,9 +184,19 @@ func (s *Shim) tellLocal(a announcement) {
 		frames = append(frames, localFrame(a.vif.Key.MAC, a.stale, a.p.vlan, a.ip, a.stale, true))
 		s.ctr.inc(TxProbedLocal)
 	} else {
-		for _, w := range s.vifs.All() {
-			if w.Key.VLAN == a.p.vlan && (a.to == w || a.to == nil && w != a.vif) {
-				frames = append(frames, localFrame(w.Key.MAC, a.stale, a.p.vlan, a.ip, a.hw, false))
+		tell := func(w *mactrans.VIF) {
+			frames = append(frames, localFrame(w.Key.MAC, a.stale, a.p.vlan, a.ip, a.hw, false))
+		}
+		switch {
+		case a.to != nil: // one guest: no need to list them all
+			if s.vifLive(a.to) && a.to.Key.VLAN == a.p.vlan {
+				tell(a.to)
+			}
+		default:
+			for _, w := range s.vifs.All() {
+				if w.Key.VLAN == a.p.vlan && w != a.vif {
+					tell(w)
+				}
 			}
 		}
 		s.ctr.add(TxToldLocal, uint64(len(frames)))
