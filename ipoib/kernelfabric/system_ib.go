@@ -44,7 +44,7 @@ type PKeyTable struct {
 // preferred, a limited one accepted).
 func (t PKeyTable) Has(pkey ipoib.PKey) bool {
 	for _, k := range t.PKeys {
-		if k&0x7fff == pkey&0x7fff {
+		if k.Base() == pkey.Base() {
 			return true
 		}
 	}
@@ -123,7 +123,7 @@ func parsePKeyEntry(text string) (k ipoib.PKey, ok bool, err error) {
 		return 0, false, fmt.Errorf("%q is no P_Key", s)
 	}
 	k = ipoib.PKey(v)
-	return k, k&0x7fff != 0, nil
+	return k, k.IsValid(), nil
 }
 
 // sysPort returns the HCA port number of the interface at sysfs dir:

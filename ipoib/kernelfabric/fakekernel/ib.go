@@ -51,13 +51,13 @@ func (f *Fabric) SetGroupMTU(pkey ipoib.PKey, ibMTU int) {
 	if f.groupMTU == nil {
 		f.groupMTU = make(map[ipoib.PKey]int)
 	}
-	f.groupMTU[pkey|0x8000] = ibMTU
+	f.groupMTU[pkey.Full()] = ibMTU
 }
 
 func (f *Fabric) groupIBMTU(pkey ipoib.PKey) (int, bool) {
 	f.smMu.Lock()
 	defer f.smMu.Unlock()
-	m, ok := f.groupMTU[pkey|0x8000]
+	m, ok := f.groupMTU[pkey.Full()]
 	return m, ok
 }
 
@@ -133,15 +133,7 @@ func (k *Kernel) TxNoCarrier() uint64 {
 
 // pkeyPresent is ib_find_pkey: the low 15 bits match.
 func (k *Kernel) pkeyPresent(pkey ipoib.PKey) bool {
-	if !k.pkeysSet {
-		return true
-	}
-	for _, p := range k.pkeys {
-		if p&0x7fff == pkey&0x7fff {
-			return true
-		}
-	}
-	return false
+	return !k.pkeysSet || kf.PKeyTable{PKeys: k.pkeys}.Has(pkey)
 }
 
 func (k *Kernel) parent() *link {
