@@ -38,27 +38,36 @@ const (
 	annProbe         // has vif ip? To the guest of vif
 )
 
-type announcement struct {
-	p     *partition
+// annKey is what an announcement says and to whom: a local one already
+// queued is not queued again.
+type annKey struct {
 	vif   *mactrans.VIF
 	ip    netip.Addr
 	kind  int
 	stale ether.MAC     // annLocal, annProbe: the Ethernet source (see moved.go)
 	hw    ether.MAC     // annLocal: the MAC told
 	to    *mactrans.VIF // annLocal: the one guest to tell; nil: every other one of the VLAN
-	next  time.Time
-	left  int
 }
 
-// announcer queues announcements for the housekeeping rounds.
+type announcement struct {
+	annKey
+	p    *partition
+	next time.Time
+	left int
+}
+
+// announcer queues announcements for the housekeeping rounds; local
+// marks the local ones queued (a move queues one per guest and address,
+// which a scan of the queue per insertion would make quadratic).
 type announcer struct {
-	mu sync.Mutex
-	q  []announcement
+	mu    sync.Mutex
+	q     []announcement
+	local map[annKey]bool
 }
 
 // announce queues the announcements of ip for the guest of vif.
 func (s *Shim) announce(p *partition, vif *mactrans.VIF, ip netip.Addr, now time.Time) {
-	s.queue(announcement{p: p, vif: vif, ip: ip, kind: annFabric}, now)
+	s.queue(announcement{p: p, annKey: annKey{vif: vif, ip: ip, kind: annFabric}}, now)
 }
 
 // queue queues a, to be sent announceTimes times from now on; the same
@@ -66,16 +75,18 @@ func (s *Shim) announce(p *partition, vif *mactrans.VIF, ip netip.Addr, now time
 func (s *Shim) queue(a announcement, now time.Time) {
 	s.ann.mu.Lock()
 	defer s.ann.mu.Unlock()
-	if a.kind != annFabric {
-		for _, q := range s.ann.q {
-			if q.kind == a.kind && q.vif == a.vif && q.ip == a.ip && q.stale == a.stale && q.hw == a.hw && q.to == a.to {
-				return
-			}
-		}
+	if a.kind != annFabric && s.ann.local[a.annKey] {
+		return
 	}
 	if len(s.ann.q) >= announceMax {
 		s.ctr.inc(DropAnnounce)
 		return
+	}
+	if a.kind != annFabric {
+		if s.ann.local == nil {
+			s.ann.local = make(map[annKey]bool)
+		}
+		s.ann.local[a.annKey] = true
 	}
 	a.next, a.left = now, announceTimes
 	s.ann.q = append(s.ann.q, a)
@@ -88,10 +99,7 @@ func (s *Shim) announceTick(now time.Time) {
 	defer s.ann.mu.Unlock()
 	keep := s.ann.q[:0]
 	for _, a := range s.ann.q {
-		if !s.vifLive(a.vif) {
-			continue
-		}
-		if !now.Before(a.next) {
+		if s.vifLive(a.vif) && !now.Before(a.next) {
 			if a.kind == annFabric {
 				s.sendAnnounce(a.p, a.vif, a.ip)
 			} else {
@@ -100,8 +108,10 @@ func (s *Shim) announceTick(now time.Time) {
 			a.left--
 			a.next = now.Add(announceInterval)
 		}
-		if a.left > 0 {
+		if s.vifLive(a.vif) && a.left > 0 {
 			keep = append(keep, a)
+		} else if a.kind != annFabric {
+			delete(s.ann.local, a.annKey)
 		}
 	}
 	clear(s.ann.q[len(keep):])

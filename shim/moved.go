@@ -71,19 +71,19 @@ func (s *Shim) movedHere(p *partition, v *mactrans.VIF, ip netip.Addr, now time.
 		if nb.RIMAC.QPN() != mactrans.QPNHint(v.Key) {
 			for _, a := range s.srcs.ipsOf(p.pkey, remac) {
 				if a != ip && !v.HasIP(a) && !a.IsLinkLocalUnicast() {
-					s.queue(announcement{p: p, vif: v, ip: a, stale: remac, kind: annProbe}, now)
+					s.queue(announcement{p: p, annKey: annKey{vif: v, ip: a, stale: remac, kind: annProbe}}, now)
 				}
 			}
 		}
 		for _, w := range s.vifs.All() {
 			if w != v && w.Key.VLAN == p.vlan {
 				for _, a := range w.IPs() {
-					s.queue(announcement{p: p, vif: w, ip: a, stale: w.REMAC, hw: w.Key.MAC, kind: annLocal, to: v}, now)
+					s.queue(announcement{p: p, annKey: annKey{vif: w, ip: a, stale: w.REMAC, hw: w.Key.MAC, kind: annLocal, to: v}}, now)
 				}
 			}
 		}
 	}
-	s.queue(announcement{p: p, vif: v, ip: ip, stale: remac, hw: v.Key.MAC, kind: annLocal}, now)
+	s.queue(announcement{p: p, annKey: annKey{vif: v, ip: ip, stale: remac, hw: v.Key.MAC, kind: annLocal}}, now)
 }
 
 // seekMoved looks, when a guest's VIF is made here (from its first
@@ -105,7 +105,7 @@ func (s *Shim) seekMoved(p *partition, v *mactrans.VIF, now time.Time) {
 		}
 		for _, a := range s.srcs.ipsOf(p.pkey, nb.REMAC) {
 			if !a.IsLinkLocalUnicast() {
-				s.queue(announcement{p: p, vif: v, ip: a, stale: nb.REMAC, kind: annProbe}, now)
+				s.queue(announcement{p: p, annKey: annKey{vif: v, ip: a, stale: nb.REMAC, kind: annProbe}}, now)
 			}
 		}
 	}
@@ -136,7 +136,7 @@ func (s *Shim) remoteOwner(p *partition, from *mactrans.VIF, target netip.Addr, 
 	if !ok || nb.MovedTo() != nil && s.vifLive(nb.MovedTo()) {
 		return nil
 	}
-	s.queue(announcement{p: p, vif: from, ip: target, stale: remac, hw: remac, kind: annLocal, to: from}, now)
+	s.queue(announcement{p: p, annKey: annKey{vif: from, ip: target, stale: remac, hw: remac, kind: annLocal, to: from}}, now)
 	return nb
 }
 
