@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/eipoib/eipoibd/internal/nstest"
 )
 
 // kitTools are what test/hw/run.sh runs on the simulated fabric.
@@ -31,10 +33,7 @@ func kitHosts(t *testing.T, ovs bool) ([]string, []string) {
 	hosts := []string{pfx + "A", pfx + "B"}
 	var exec []string
 	for _, ns := range hosts {
-		ns := ns
-		sh(t, "ip", "netns", "add", ns)
-		t.Cleanup(func() { shErr("ip", "netns", "delete", ns) })
-		sh(t, in(ns, "ip", "link", "set", "lo", "up")...)
+		nstest.Add(t, ns)
 		prefix := "nsenter --net=/run/netns/" + ns
 		if ovs {
 			dir := startOVS(t, ns)
@@ -209,10 +208,7 @@ var smRecovery = regexp.MustCompile(`^ping A1>B1 back after (\d+\.\d) s, then 3/
 // recovery is at least the 2 s the port was down: the leg measured the
 // outage, from the trigger on.
 func TestHWKit(t *testing.T) {
-	nstestRequire(t, kitTools...)
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
+	require(t, kitTools...)
 	args, hosts := kitHosts(t, false)
 	work := t.TempDir()
 	pid := "$(cat " + filepath.Join(work, "A", "run.pid") + ")"
@@ -245,10 +241,7 @@ func TestHWKit(t *testing.T) {
 // would reach the guests' 1500-byte veths whole, and TCP crawls through
 // retransmissions.
 func TestHWKitOVS(t *testing.T) {
-	nstestRequire(t, append(kitTools, ovsTools...)...)
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
+	require(t, append(kitTools, ovsTools...)...)
 	args, hosts := kitHosts(t, true)
 	work := t.TempDir()
 	// Two requests per pair: the second partition doubles the run.
