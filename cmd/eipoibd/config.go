@@ -117,8 +117,12 @@ func withConfig(fl *flag.FlagSet, path string, check func() error) error {
 	return err
 }
 
-// logFormatError checks a --log-format value.
-func logFormatError(format string) error {
+// checkLog reads --log-level into level and checks --log-format, for
+// "run" and "host" alike.
+func checkLog(logLevel, format string, level *slog.Level) error {
+	if err := level.UnmarshalText([]byte(logLevel)); err != nil {
+		return usageError{Msg: fmt.Sprintf("--log-level %q: want debug, info, warn or error", logLevel)}
+	}
 	if format != "text" && format != "json" {
 		return usageError{Msg: fmt.Sprintf("--log-format %q: want text or json", format)}
 	}

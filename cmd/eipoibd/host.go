@@ -59,12 +59,10 @@ func parseHost(args []string, stderr io.Writer) (*hostOptions, error) {
 
 // check validates the options of "host".
 func (o *hostOptions) check() error {
-	var err error
+	err := checkLog(o.logLevel, o.logFormat, &o.level)
 	switch {
-	case o.level.UnmarshalText([]byte(o.logLevel)) != nil:
-		return usageError{Msg: fmt.Sprintf("--log-level %q: want debug, info, warn or error", o.logLevel)}
-	case logFormatError(o.logFormat) != nil:
-		return logFormatError(o.logFormat)
+	case err != nil:
+		return err
 	case o.underlay == "":
 		return usageError{Msg: "--underlay is required (the interface the simulated fabric runs over)"}
 	case o.ibMTU != 2048 && o.ibMTU != 4096:

@@ -157,8 +157,8 @@ func runFlags(o *options) *flag.FlagSet {
 
 // check validates the options of "run".
 func check(o *options) error {
-	if err := o.level.UnmarshalText([]byte(o.logLevel)); err != nil {
-		return usageError{Msg: fmt.Sprintf("--log-level %q: want debug, info, warn or error", o.logLevel)}
+	if err := checkLog(o.logLevel, o.logFormat, &o.level); err != nil {
+		return err
 	}
 	if err := checkFabric(o); err != nil {
 		return err
@@ -172,8 +172,6 @@ func check(o *options) error {
 		return usageError{Msg: fmt.Sprintf("--tap-mtu %d: want %d to %d (below the IPoIB MTU it is raised to it)", o.tapMTU, minTAPMTU, maxTAPMTU)}
 	case o.queues < 0 || o.queues > maxQueues:
 		return usageError{Msg: fmt.Sprintf("--queues %d: want 0 (one per CPU) to %d", o.queues, maxQueues)}
-	case logFormatError(o.logFormat) != nil:
-		return logFormatError(o.logFormat)
 	case o.maxNeigh < 1:
 		return usageError{Msg: fmt.Sprintf("--max-neighbours %d: want at least 1", o.maxNeigh)}
 	case o.vifIdle < time.Second:
