@@ -293,11 +293,15 @@ func DHCPClientID(pkt []byte) (ether.MAC, bool) {
 		return ether.MAC{}, false
 	case pkt[at+1] == 7 && pkt[at+2] == HwTypeEthernet:
 		return ether.MAC(pkt[at+3 : at+9]), true
-	case int(pkt[at+1]) == mlnxClientIDLen-2 && [12]byte(pkt[at+2:at+14]) == mlnxClientIDPrefix && pkt[at+17] == 0 && pkt[at+18] == 0:
+	case int(pkt[at+1]) == mlnxClientIDLen-2:
 		var mac ether.MAC
 		copy(mac[0:3], pkt[at+14:at+17])
 		copy(mac[3:6], pkt[at+19:at+22])
-		return mac, true
+		var want [mlnxClientIDLen]byte
+		putClientID(want[:], ClientIDMlnx, mac) // the layout's one home
+		if bytes.Equal(pkt[at:at+mlnxClientIDLen], want[:]) {
+			return mac, true
+		}
 	}
 	return ether.MAC{}, false
 }
