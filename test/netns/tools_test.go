@@ -4,6 +4,7 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"go/types"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -147,7 +148,7 @@ func TestToolsRequired(t *testing.T) {
 func gather(d *ast.FuncDecl, vars map[string]ast.Expr) *fnInfo {
 	f := &fnInfo{uses: map[string]token.Pos{}, requires: map[string]bool{}, calls: map[string]bool{}}
 	for _, p := range d.Type.Params.List {
-		if s := types(p.Type); s == "*testing.T" || s == "testing.TB" {
+		if s := types.ExprString(p.Type); s == "*testing.T" || s == "testing.TB" {
 			f.hasT = true
 		}
 	}
@@ -232,17 +233,4 @@ func toolList(e ast.Expr, vars map[string]ast.Expr) []string {
 		}
 	}
 	return nil
-}
-
-// types renders a parameter's type as written: *testing.T, testing.TB.
-func types(e ast.Expr) string {
-	switch e := e.(type) {
-	case *ast.StarExpr:
-		return "*" + types(e.X)
-	case *ast.SelectorExpr:
-		return types(e.X) + "." + e.Sel.Name
-	case *ast.Ident:
-		return e.Name
-	}
-	return ""
 }
