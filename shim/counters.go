@@ -186,6 +186,9 @@ var families = []stat.Family{
 	{Prefix: "drop_", Name: "drops", Labels: []string{"reason"}, Help: "Frames from the TAP and packets from the port the shim dropped, by reason"},
 	{Prefix: "tx_rewrite_", Name: "rewrite_refused", Labels: []string{"direction", "reason"}, Fixed: []string{"tx"}, Help: rewriteHelp},
 	{Prefix: "rx_rewrite_", Name: "rewrite_refused", Labels: []string{"direction", "reason"}, Fixed: []string{"rx"}, Help: rewriteHelp},
+	// Guests refused a VIF, by the reason their VIF never became ready
+	// (issue 22's readiness states name them vifs_refused_<reason>).
+	{Prefix: "vifs_refused_", Name: "vifs_refused", Labels: []string{"reason"}, Help: "Guests refused a VIF, by reason"},
 	{Prefix: "tap_drop_", Name: "tap_drops", Labels: []string{"reason"}, Help: "Frames the TAP refused, by reason"},
 	{Prefix: "port_drop_", Name: "port_drops", Labels: []string{"reason"}, Help: "Packets the fabric port dropped or could not send, by the backend's reason"},
 }

@@ -26,13 +26,13 @@ const (
 // as the rule their families and kinds make.
 func renames(t *testing.T) string {
 	var b strings.Builder
-	b.WriteString("| Before | After |\n|---|---|\n")
-	row := func(before, after string) {
+	b.WriteString("| Before | After | What it counts |\n|---|---|---|\n")
+	row := func(before, after, help string) {
 		if before == after {
-			fmt.Fprintf(&b, "| `%s` | unchanged |\n", before)
+			fmt.Fprintf(&b, "| `%s` | unchanged | %s |\n", before, help)
 			return
 		}
-		fmt.Fprintf(&b, "| `%s` | `%s` |\n", before, after)
+		fmt.Fprintf(&b, "| `%s` | `%s` | %s |\n", before, after, help)
 	}
 	fams := shim.Families()
 	st := newShim(t).Stats()
@@ -42,19 +42,19 @@ func renames(t *testing.T) string {
 		if strings.HasPrefix(v.Name, "port_") && !slices.Contains(fixedPort, v.Name) {
 			continue // the test port's own: the rules below
 		}
-		row(Prefix+v.Name, SeriesOf(fams, v).String())
+		row(Prefix+v.Name, SeriesOf(fams, v).String(), v.Help)
 	}
 	for _, c := range vifColumns {
-		row(Prefix+strings.TrimSuffix(c.Name, "_total")+"{…}", Prefix+c.Name+"{…}")
+		row(Prefix+strings.TrimSuffix(c.Name, "_total")+"{…}", Prefix+c.Name+"{…}", c.Help)
 	}
 	for _, f := range fams {
 		if strings.HasPrefix(f.Prefix, "port_") || strings.HasPrefix(f.Prefix, "tap_") {
-			row(Prefix+f.Prefix+"<reason>", SeriesOf(fams, stat.Value{Name: f.Prefix + "<reason>"}).String())
+			row(Prefix+f.Prefix+"<reason>", SeriesOf(fams, stat.Value{Name: f.Prefix + "<reason>"}).String(), f.Help)
 		}
 	}
-	row(Prefix+"port_<counter>", SeriesOf(fams, stat.Value{Name: "port_<counter>"}).String())
-	row(Prefix+"port_<level>", SeriesOf(fams, stat.Value{Name: "port_<level>", Kind: stat.Level}).String())
-	row(Prefix+"tap_<counter>", SeriesOf(fams, stat.Value{Name: "tap_<counter>"}).String())
+	row(Prefix+"port_<counter>", SeriesOf(fams, stat.Value{Name: "port_<counter>"}).String(), "A total the fabric port counts (see its backend's section)")
+	row(Prefix+"port_<level>", SeriesOf(fams, stat.Value{Name: "port_<level>", Kind: stat.Level}).String(), "A level the fabric port reports (see its backend's section)")
+	row(Prefix+"tap_<counter>", SeriesOf(fams, stat.Value{Name: "tap_<counter>"}).String(), "The TAP's offload counters")
 	return b.String()
 }
 
