@@ -111,3 +111,10 @@ func (c *Counters) Snapshot() map[string]uint64 {
 	}
 	return m
 }
+
+// Each calls f with every reason and its count, zero or not, in order.
+func (c *Counters) Each(f func(r Reason, n uint64)) {
+	for r := Reason(1); r < numReasons; r++ {
+		f(r, c.c[r].Load())
+	}
+}

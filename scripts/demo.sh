@@ -94,6 +94,6 @@ echo "== the native host's neighbour table (20-byte IPoIB addresses: flags, QPN,
 sed 's/^/  /' "$LOG/neigh"
 echo "== what hypervisor 1 saw (eipoibd metrics)"
 x "$P-hv1" bash -c 'exec 3<>/dev/tcp/127.0.0.1/9474; printf "GET /metrics HTTP/1.0\r\n\r\n" >&3; cat <&3' |
-  grep -E '^eipoibd_(tx_frames|rx_frames|vifs|neighbours|groups|tx_broadcast|port_tx_packets|port_rx_packets) ' | sed 's/^/  /'
+  grep -E '^eipoibd_(tx_frames_total|rx_frames_total|vifs|neighbours|groups|tx_broadcast_total|port_tx_packets_total|port_rx_packets_total) ' | sed 's/^/  /'
 echo "== summary: $ok checks passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -4,100 +4,141 @@ import (
 	"sync/atomic"
 
 	"github.com/eipoib/eipoibd/arpndp"
+	"github.com/eipoib/eipoibd/internal/metrics/stat"
 )
 
 // Counter indexes the shim's counters.
 type Counter int
 
-// The shim's counters. Drops are named drop_*. Every frame read from the
-// TAP ends in exactly one of tx_forwarded, tx_fragmented, tx_icmp_too_big,
-// tx_moved_local or a TX drop (while queued for a resolution it is in pending_frames);
-// every packet read from the port ends in exactly one of rx_frames or an
-// RX drop.
+// The shim's counters; counterTable names and documents each. Drops are
+// named drop_*. Every frame read from the TAP ends in exactly one of
+// tx_forwarded, tx_fragmented, tx_icmp_too_big, tx_moved_local or a TX
+// drop (while queued for a resolution it is in pending_frames); every
+// packet read from the port ends in exactly one of rx_frames or an RX
+// drop.
 const (
-	TxFrames            Counter = iota // frames read from the TAP
-	TxBytes                            // their bytes (Ethernet header included)
-	TxForwarded                        // frames sent on as one IPoIB packet (at once or after a resolution)
-	TxPackets                          // IPoIB packets the port accepted (fragments and resolutions included; a super-frame once)
-	TxPortRefused                      // packets the port refused or lost (see its port_drop_* counters)
-	TxBroadcast                        // of tx_forwarded, those to the broadcast group
-	TxMulticast                        // of tx_forwarded, those to another MGID
-	TxSuper                            // of tx_forwarded, TCP super-frames the port took whole to cut itself
-	TxSuperSegments                    // the segments the port is to cut them into
-	TxMSSClamped                       // guests' TCP SYNs whose MSS was lowered to fit the IPoIB MTU (--clamp-mss)
-	TxFragmented                       // IPv4 packets fragmented to the IPoIB MTU
-	TxFragments                        // fragments made of them
-	TxICMPTooBig                       // ICMP fragmentation-needed / ICMPv6 packet-too-big sent to guests
-	TxQueued                           // frames queued while their destination was resolved
-	TxResolveSent                      // ARP/NS sent on a guest's behalf
-	TxQueries                          // IGMP/MLD queries sent to guests
-	McastJoins                         // groups joined for snooped members
-	McastLeaves                        // groups left when their last member went
-	RxPackets                          // packets read from the port
-	RxFrames                           // received packets written to the TAP as frames
-	RxBytes                            // their bytes (Ethernet header included)
-	VIFsCreated                        // VIFs created for new source MACs
-	VIFsAged                           // VIFs removed as idle
-	VIFsRemoved                        // VIFs removed when the bridge forgot their MAC
-	DropRunt                           // TX frame shorter than its Ethernet header
-	DropEtherType                      // TX: ethertype IPoIB does not carry
-	DropVLANUnmapped                   // TX frame on a VLAN with no P_Key
-	DropBadSrcMAC                      // multicast or zero source MAC
-	DropVIFLimit                       // no VIF: --max-vifs reached or QP allocation failed
-	DropUndeclared                     // --learn declared: a source MAC never declared (bridge static entry or DeclareVIF)
-	DropBadIP                          // IP header inconsistent with the frame
-	DropTooBig                         // oversized and neither fragmentable nor answerable
-	DropDstLocal                       // unicast to a local guest (the bridge delivers those)
-	DropUnresolved                     // destination not resolved in time, or queue full
-	DropVIFGone                        // queued for a resolution while the guest's VIF aged out
-	DropTxRewrite                      // ARP/NDP/DHCP rewrite refused (see rewrite counters)
-	DropRxRewrite                      // same, on receive
-	DropRxBadHeader                    // IPoIB header missing or reserved bits set
-	DropRxEtherType                    // RX: ethertype other than IPv4, IPv6, ARP, RARP
-	DropRxUnknownPKey                  // P_Key with no partition here
-	DropRxUnknownVIF                   // unicast to a QPN that is no VIF of that partition
-	DropRxMulticast                    // MGID that maps to no Ethernet multicast MAC
-	DropRxNeighbour                    // source could not get a REMAC
-	DropTAPWrite                       // received frames the kernel refused on the TAP
-	DropLocalTAPWrite                  // the shim's own frames to guests (queries, ICMP) the kernel refused
-	DropBadMcastReport                 // malformed IGMP/MLD report or leave from a guest
-	DropNoGroup                        // multicast to a group the port could not join (group table full)
-	DropSuperGroup                     // a TCP super-frame to a broadcast or multicast MAC
-	DropRxUnknownSource                // sender unknown to the port and never seen in ARP/NDP (a resolution is sent)
-	CaptureMissed                      // packets a capture left out because its reader was slow (forwarding is never held up)
-	TxAnnounced                        // gratuitous ARPs / unsolicited NAs sent for guests whose MAC appeared here
-	RARPAnnouncements                  // RARP announcements (QEMU's, after a migration) seen from guests
-	DropAnnounce                       // announcements not queued: too many at once
-	TxMovedLocal                       // frames to the old REMAC of a guest that moved here, sent back to the bridge for it
-	TxToldLocal                        // gratuitous ARPs / unsolicited NAs telling local guests a guest that moved here
-	TxProbedLocal                      // ARP probes / DAD solicitations asking a guest that moved here for its other addresses
+	TxFrames Counter = iota
+	TxBytes
+	TxForwarded
+	TxPackets
+	TxPortRefused
+	TxBroadcast
+	TxMulticast
+	TxSuper
+	TxSuperSegments
+	TxMSSClamped
+	TxFragmented
+	TxFragments
+	TxICMPTooBig
+	TxQueued
+	TxResolveSent
+	TxQueries
+	McastJoins
+	McastLeaves
+	RxPackets
+	RxFrames
+	RxBytes
+	VIFsCreated
+	VIFsAged
+	VIFsRemoved
+	DropRunt
+	DropEtherType
+	DropVLANUnmapped
+	DropBadSrcMAC
+	DropVIFLimit
+	DropUndeclared
+	DropBadIP
+	DropTooBig
+	DropDstLocal
+	DropUnresolved
+	DropVIFGone
+	DropTxRewrite
+	DropRxRewrite
+	DropRxBadHeader
+	DropRxEtherType
+	DropRxUnknownPKey
+	DropRxUnknownVIF
+	DropRxMulticast
+	DropRxNeighbour
+	DropTAPWrite
+	DropLocalTAPWrite
+	DropBadMcastReport
+	DropNoGroup
+	DropSuperGroup
+	DropRxUnknownSource
+	CaptureMissed
+	TxAnnounced
+	RARPAnnouncements
+	DropAnnounce
+	TxMovedLocal
+	TxToldLocal
+	TxProbedLocal
 	numCounters
 )
 
-var counterNames = [numCounters]string{
-	TxFrames: "tx_frames", TxBytes: "tx_bytes", RxBytes: "rx_bytes", TxForwarded: "tx_forwarded", TxPackets: "tx_packets", TxPortRefused: "tx_port_refused", TxFragments: "tx_fragments", TxBroadcast: "tx_broadcast", TxMulticast: "tx_multicast", TxSuper: "tx_super", TxSuperSegments: "tx_super_segments", TxMSSClamped: "tx_mss_clamped",
-	TxFragmented: "tx_fragmented", TxICMPTooBig: "tx_icmp_too_big", TxQueued: "tx_queued", TxResolveSent: "tx_resolve_sent",
-	TxQueries: "tx_queries", McastJoins: "mcast_joins", McastLeaves: "mcast_leaves", RxPackets: "rx_packets", RxFrames: "rx_frames", VIFsCreated: "vifs_created", VIFsAged: "vifs_aged", VIFsRemoved: "vifs_removed",
-	DropRunt: "drop_runt", DropEtherType: "drop_ethertype", DropVLANUnmapped: "drop_vlan_unmapped",
-	DropBadSrcMAC: "drop_bad_src_mac", DropVIFLimit: "drop_vif_limit", DropUndeclared: "drop_undeclared", DropBadIP: "drop_bad_ip",
-	DropTooBig: "drop_too_big", DropDstLocal: "drop_dst_local", DropUnresolved: "drop_unresolved", DropVIFGone: "drop_vif_gone",
-	DropTxRewrite: "drop_tx_rewrite", DropRxRewrite: "drop_rx_rewrite", DropRxBadHeader: "drop_rx_bad_header", DropRxEtherType: "drop_rx_ethertype",
-	DropRxUnknownPKey: "drop_rx_unknown_pkey", DropRxUnknownVIF: "drop_rx_unknown_vif",
-	DropRxMulticast: "drop_rx_multicast", DropRxNeighbour: "drop_rx_neighbour", DropTAPWrite: "drop_tap_write", DropLocalTAPWrite: "drop_local_tap_write",
-	DropBadMcastReport: "drop_bad_mcast_report", DropNoGroup: "drop_no_group",
-	DropSuperGroup:      "drop_super_group",
-	DropRxUnknownSource: "drop_rx_unknown_source",
-	CaptureMissed:       "capture_missed",
-	TxAnnounced:         "tx_announced",
-	RARPAnnouncements:   "rarp_announcements",
-	DropAnnounce:        "drop_announce",
-	TxMovedLocal:        "tx_moved_local",
-	TxToldLocal:         "tx_told_local",
-	TxProbedLocal:       "tx_probed_local",
+// counterTable is every counter's snapshot name and help; all are
+// totals.
+var counterTable = [numCounters]stat.Value{
+	TxFrames:            {Name: "tx_frames", Help: "Frames read from the TAP"},
+	TxBytes:             {Name: "tx_bytes", Help: "Bytes of the frames read from the TAP (Ethernet header included)"},
+	TxForwarded:         {Name: "tx_forwarded", Help: "Frames sent on as one IPoIB packet (at once or after a resolution)"},
+	TxPackets:           {Name: "tx_packets", Help: "IPoIB packets the port accepted (fragments and resolutions included; a super-frame once)"},
+	TxPortRefused:       {Name: "tx_port_refused", Help: "Packets the port refused or lost (the port's drops say why)"},
+	TxBroadcast:         {Name: "tx_broadcast", Help: "Frames forwarded to the broadcast group"},
+	TxMulticast:         {Name: "tx_multicast", Help: "Frames forwarded to a multicast group other than the broadcast group"},
+	TxSuper:             {Name: "tx_super", Help: "Frames forwarded that were TCP super-frames the port took whole to cut itself"},
+	TxSuperSegments:     {Name: "tx_super_segments", Help: "Segments the port is to cut the forwarded TCP super-frames into"},
+	TxMSSClamped:        {Name: "tx_mss_clamped", Help: "Guests' TCP SYNs whose MSS was lowered to fit the IPoIB MTU (--clamp-mss)"},
+	TxFragmented:        {Name: "tx_fragmented", Help: "IPv4 packets fragmented to the IPoIB MTU"},
+	TxFragments:         {Name: "tx_fragments", Help: "Fragments made of the IPv4 packets fragmented to the IPoIB MTU"},
+	TxICMPTooBig:        {Name: "tx_icmp_too_big", Help: "ICMP fragmentation-needed / ICMPv6 packet-too-big sent to guests"},
+	TxQueued:            {Name: "tx_queued", Help: "Frames queued while their destination was resolved"},
+	TxResolveSent:       {Name: "tx_resolve_sent", Help: "ARP/NS sent on a guest's behalf"},
+	TxQueries:           {Name: "tx_queries", Help: "IGMP/MLD queries sent to guests"},
+	McastJoins:          {Name: "mcast_joins", Help: "Groups joined for snooped members"},
+	McastLeaves:         {Name: "mcast_leaves", Help: "Groups left when their last member went"},
+	RxPackets:           {Name: "rx_packets", Help: "Packets read from the port"},
+	RxFrames:            {Name: "rx_frames", Help: "Received packets written to the TAP as frames"},
+	RxBytes:             {Name: "rx_bytes", Help: "Bytes of the received packets written to the TAP as frames (Ethernet header included)"},
+	VIFsCreated:         {Name: "vifs_created", Help: "VIFs created for new source MACs"},
+	VIFsAged:            {Name: "vifs_aged", Help: "VIFs removed as idle"},
+	VIFsRemoved:         {Name: "vifs_removed", Help: "VIFs removed when the bridge forgot their MAC"},
+	DropRunt:            {Name: "drop_runt", Help: "TX frame shorter than its Ethernet header"},
+	DropEtherType:       {Name: "drop_ethertype", Help: "TX: ethertype IPoIB does not carry"},
+	DropVLANUnmapped:    {Name: "drop_vlan_unmapped", Help: "TX frame on a VLAN with no P_Key"},
+	DropBadSrcMAC:       {Name: "drop_bad_src_mac", Help: "Multicast or zero source MAC"},
+	DropVIFLimit:        {Name: "drop_vif_limit", Help: "No VIF: --max-vifs reached or QP allocation failed"},
+	DropUndeclared:      {Name: "drop_undeclared", Help: "--learn declared: a source MAC never declared (bridge static entry or DeclareVIF)"},
+	DropBadIP:           {Name: "drop_bad_ip", Help: "IP header inconsistent with the frame"},
+	DropTooBig:          {Name: "drop_too_big", Help: "Oversized and neither fragmentable nor answerable"},
+	DropDstLocal:        {Name: "drop_dst_local", Help: "Unicast to a local guest (the bridge delivers those)"},
+	DropUnresolved:      {Name: "drop_unresolved", Help: "Destination not resolved in time, or queue full"},
+	DropVIFGone:         {Name: "drop_vif_gone", Help: "Queued for a resolution while the guest's VIF aged out"},
+	DropTxRewrite:       {Name: "drop_tx_rewrite", Help: "ARP/NDP/DHCP rewrite refused (the rewrite refusals say why)"},
+	DropRxRewrite:       {Name: "drop_rx_rewrite", Help: "RX: ARP/NDP/DHCP rewrite refused (the rewrite refusals say why)"},
+	DropRxBadHeader:     {Name: "drop_rx_bad_header", Help: "IPoIB header missing or reserved bits set"},
+	DropRxEtherType:     {Name: "drop_rx_ethertype", Help: "RX: ethertype other than IPv4, IPv6, ARP, RARP"},
+	DropRxUnknownPKey:   {Name: "drop_rx_unknown_pkey", Help: "P_Key with no partition here"},
+	DropRxUnknownVIF:    {Name: "drop_rx_unknown_vif", Help: "Unicast to a QPN that is no VIF of that partition"},
+	DropRxMulticast:     {Name: "drop_rx_multicast", Help: "MGID that maps to no Ethernet multicast MAC"},
+	DropRxNeighbour:     {Name: "drop_rx_neighbour", Help: "Source could not get a REMAC"},
+	DropTAPWrite:        {Name: "drop_tap_write", Help: "Received frames the kernel refused on the TAP"},
+	DropLocalTAPWrite:   {Name: "drop_local_tap_write", Help: "The shim's own frames to guests (queries, ICMP) the kernel refused"},
+	DropBadMcastReport:  {Name: "drop_bad_mcast_report", Help: "Malformed IGMP/MLD report or leave from a guest"},
+	DropNoGroup:         {Name: "drop_no_group", Help: "Multicast to a group the port could not join (group table full)"},
+	DropSuperGroup:      {Name: "drop_super_group", Help: "A TCP super-frame to a broadcast or multicast MAC"},
+	DropRxUnknownSource: {Name: "drop_rx_unknown_source", Help: "Sender unknown to the port and never seen in ARP/NDP (a resolution is sent)"},
+	CaptureMissed:       {Name: "capture_missed", Help: "Packets a capture left out because its reader was slow (forwarding is never held up)"},
+	TxAnnounced:         {Name: "tx_announced", Help: "Gratuitous ARPs / unsolicited NAs sent for guests whose MAC appeared here"},
+	RARPAnnouncements:   {Name: "rarp_announcements", Help: "RARP announcements (QEMU's, after a migration) seen from guests"},
+	DropAnnounce:        {Name: "drop_announce", Help: "Announcements not queued: too many at once"},
+	TxMovedLocal:        {Name: "tx_moved_local", Help: "Frames to the old REMAC of a guest that moved here, sent back to the bridge for it"},
+	TxToldLocal:         {Name: "tx_told_local", Help: "Gratuitous ARPs / unsolicited NAs telling local guests a guest that moved here"},
+	TxProbedLocal:       {Name: "tx_probed_local", Help: "ARP probes / DAD solicitations asking a guest that moved here for its other addresses"},
 }
 
-// String returns the counter's metric name.
-func (c Counter) String() string { return counterNames[c] }
+// String returns the counter's snapshot name.
+func (c Counter) String() string { return counterTable[c].Name }
 
 type counters struct {
 	c         [numCounters]atomic.Uint64
@@ -109,78 +150,111 @@ func (c *counters) inc(k Counter) { c.c[k].Add(1) }
 
 func (c *counters) add(k Counter, n uint64) { c.c[k].Add(n) }
 
-// gauges are the Counters names that are levels, which go up and down,
-// rather than totals.
-var gauges = map[string]bool{
-	"vifs": true, "neighbours": true, "groups": true, "groups_send_only": true,
-	"snooped_groups": true, "pending": true, "pending_frames": true,
+// tableStat is a number the shim reads from one of its tables rather
+// than counts: its description and how to read it.
+type tableStat struct {
+	stat.Value
+	read func(*Shim) uint64
 }
 
-// IsGauge reports whether the Counters name is a level (a table size or
-// queue depth, the port's levels included) rather than a running total.
-func (s *Shim) IsGauge(name string) bool {
-	if gauges[name] {
-		return true
-	}
-	_, ok := s.portLevels.Load(name)
-	return ok
+// tableStats are the shim's table sizes and queue depths (levels) and
+// the tables' own counters (totals).
+var tableStats = []tableStat{
+	{stat.Value{Name: "groups", Kind: stat.Level, Help: "Multicast groups the port is a full member of for guests"}, func(s *Shim) uint64 { full, _ := s.groups.counts(); return uint64(full) }},
+	{stat.Value{Name: "groups_send_only", Kind: stat.Level, Help: "Send-only memberships: groups guests send to with no member here"}, func(s *Shim) uint64 { _, so := s.groups.counts(); return uint64(so) }},
+	{stat.Value{Name: "groups_overflow", Help: "Groups not joined: the group table was full"}, func(s *Shim) uint64 { return s.groups.overflow.Load() }},
+	{stat.Value{Name: "groups_send_only_evicted", Help: "Send-only memberships evicted for room"}, func(s *Shim) uint64 { return s.groups.evicted.Load() }},
+	{stat.Value{Name: "snooped_groups", Kind: stat.Level, Help: "Group memberships snooped from guests' IGMP/MLD reports"}, func(s *Shim) uint64 { return uint64(s.snoop.Len()) }},
+	{stat.Value{Name: "snooped_groups_overflow", Help: "Snooped groups refused: the snooping table was full"}, func(s *Shim) uint64 { n, _ := s.snoop.Overflow(); return n }},
+	{stat.Value{Name: "snooped_groups_join_failed", Help: "Snooped groups refused: the port's join failed"}, func(s *Shim) uint64 { _, n := s.snoop.Overflow(); return n }},
+	{stat.Value{Name: "pending", Kind: stat.Level, Help: "Destinations being resolved"}, func(s *Shim) uint64 { return uint64(s.pending.count.Load()) }},
+	{stat.Value{Name: "pending_frames", Kind: stat.Level, Help: "Frames waiting for their destination's resolution"}, func(s *Shim) uint64 { return uint64(s.pending.frames.Load()) }},
+	{stat.Value{Name: "vifs", Kind: stat.Level, Help: "VIFs: local guests' MACs (per VLAN) with their own QP"}, func(s *Shim) uint64 { return uint64(s.vifs.Len()) }},
+	{stat.Value{Name: "vifs_overflow", Help: "New source MACs refused a VIF: the VIF table was full (--max-vifs)"}, func(s *Shim) uint64 { return s.vifs.Counters().Overflow }},
+	{stat.Value{Name: "neighbours", Kind: stat.Level, Help: "Remote endpoints known (RIMAC and REMAC)"}, func(s *Shim) uint64 { return uint64(s.neigh.Len()) }},
+	{stat.Value{Name: "neighbours_learned", Help: "Remote endpoints learned"}, func(s *Shim) uint64 { return s.neigh.Counters().Learned }},
+	{stat.Value{Name: "neighbours_aged", Help: "Remote endpoints forgotten as idle"}, func(s *Shim) uint64 { return s.neigh.Counters().Aged }},
+	{stat.Value{Name: "neighbours_evicted", Help: "Remote endpoints evicted from a full table"}, func(s *Shim) uint64 { return s.neigh.Counters().Evicted }},
+	{stat.Value{Name: "neighbours_collisions", Help: "REMACs derived again because the first was taken by another endpoint"}, func(s *Shim) uint64 { return s.neigh.Counters().Collisions }},
+	{stat.Value{Name: "neighbours_unresolved", Help: "Remote endpoints that got no REMAC: every derivation was taken"}, func(s *Shim) uint64 { return s.neigh.Counters().Unresolved }},
 }
+
+// families are the snapshot names that end in a label value. A name
+// <prefix><value> of a family declared here is exported as the family's
+// metric with the value as its last label, whoever adds the name.
+var families = []stat.Family{
+	{Prefix: "drop_", Name: "drops", Labels: []string{"reason"}, Help: "Frames from the TAP and packets from the port the shim dropped, by reason"},
+	{Prefix: "tx_rewrite_", Name: "rewrite_refused", Labels: []string{"direction", "reason"}, Fixed: []string{"tx"}, Help: rewriteHelp},
+	{Prefix: "rx_rewrite_", Name: "rewrite_refused", Labels: []string{"direction", "reason"}, Fixed: []string{"rx"}, Help: rewriteHelp},
+	// Guests refused a VIF, by the reason their VIF never became ready
+	// (issue 22's readiness states name them vifs_refused_<reason>).
+	{Prefix: "vifs_refused_", Name: "vifs_refused", Labels: []string{"reason"}, Help: "Guests refused a VIF, by reason"},
+	{Prefix: "tap_drop_", Name: "tap_drops", Labels: []string{"reason"}, Help: "Frames the TAP refused, by reason"},
+	{Prefix: "port_drop_", Name: "port_drops", Labels: []string{"reason"}, Help: "Packets the fabric port dropped or could not send, by the backend's reason"},
+}
+
+const rewriteHelp = "ARP, NDP and DHCP payloads whose rewrite was refused, by direction and reason"
+
+// Families returns the families of the Counters names, the same slice
+// every call (not to be changed).
+func Families() []stat.Family { return families }
 
 // Get returns one counter.
 func (s *Shim) Get(k Counter) uint64 { return s.ctr.c[k].Load() }
 
-// Counters returns every counter by name: the shim's own, the rewrite
-// rejections as tx_rewrite_<reason>/rx_rewrite_<reason>, the table sizes
-// and counters, and the port's (port_*).
-func (s *Shim) Counters() map[string]uint64 {
-	m := make(map[string]uint64, int(numCounters)+32)
+// Stats returns every number of Counters with its kind and help: the
+// shim's counters, the rewrite refusals by reason (every reason, zero or
+// not) as tx_rewrite_<reason>/rx_rewrite_<reason>, the tables' sizes and
+// counters, the TAP's counters (tap_*) and the port's (port_*; its
+// Levels are levels, everything else it counts is a total).
+func (s *Shim) Stats() []stat.Value {
+	out := make([]stat.Value, 0, int(numCounters)+len(tableStats)+64)
 	for i := range s.ctr.c {
-		m[counterNames[i]] = s.ctr.c[i].Load()
+		v := counterTable[i]
+		v.Value = s.ctr.c[i].Load()
+		out = append(out, v)
 	}
-	for k, v := range s.ctr.txRewrite.Snapshot() {
-		m["tx_rewrite_"+k] = v
+	s.ctr.txRewrite.Each(func(r arpndp.Reason, n uint64) {
+		out = append(out, stat.Value{Name: "tx_rewrite_" + r.String(), Value: n, Help: "TX: ARP/NDP/DHCP rewrite refused as " + r.String()})
+	})
+	s.ctr.rxRewrite.Each(func(r arpndp.Reason, n uint64) {
+		out = append(out, stat.Value{Name: "rx_rewrite_" + r.String(), Value: n, Help: "RX: ARP/NDP/DHCP rewrite refused as " + r.String()})
+	})
+	for _, t := range tableStats {
+		v := t.Value
+		v.Value = t.read(s)
+		out = append(out, v)
 	}
-	for k, v := range s.ctr.rxRewrite.Snapshot() {
-		m["rx_rewrite_"+k] = v
-	}
-	full, sendOnly := s.groups.counts()
-	m["groups"] = uint64(full)
-	m["groups_send_only"] = uint64(sendOnly)
-	m["snooped_groups"] = uint64(s.snoop.Len())
-	m["snooped_groups_overflow"], m["snooped_groups_join_failed"] = s.snoop.Overflow()
-	m["groups_overflow"] = s.groups.overflow.Load()
-	m["groups_send_only_evicted"] = s.groups.evicted.Load()
-	m["pending"] = uint64(s.pending.count.Load())
-	m["pending_frames"] = uint64(s.pending.frames.Load())
-	vc := s.vifs.Counters()
-	m["vifs"] = uint64(s.vifs.Len())
-	m["vifs_overflow"] = vc.Overflow
-	nc := s.neigh.Counters()
-	m["neighbours"] = uint64(s.neigh.Len())
-	m["neighbours_learned"] = nc.Learned
-	m["neighbours_aged"] = nc.Aged
-	m["neighbours_evicted"] = nc.Evicted
-	m["neighbours_collisions"] = nc.Collisions
-	m["neighbours_unresolved"] = nc.Unresolved
 	if dc, ok := s.dev.(interface{ Counters() map[string]uint64 }); ok {
-		for k, v := range dc.Counters() {
-			m["tap_"+k] = v
+		for k, n := range dc.Counters() {
+			out = append(out, stat.Value{Name: "tap_" + k, Value: n, Help: "The TAP's " + k + " (offloads)"})
 		}
 	}
 	pc := s.port.Counters()
-	m["port_tx_packets"] = pc.TxPackets
-	m["port_tx_bytes"] = pc.TxBytes
-	m["port_rx_packets"] = pc.RxPackets
-	m["port_rx_bytes"] = pc.RxBytes
-	for k, v := range pc.Drops {
-		m["port_drop_"+k] = v
+	out = append(out,
+		stat.Value{Name: "port_tx_packets", Value: pc.TxPackets, Help: "Packets the fabric port sent"},
+		stat.Value{Name: "port_tx_bytes", Value: pc.TxBytes, Help: "Bytes of the packets the fabric port sent"},
+		stat.Value{Name: "port_rx_packets", Value: pc.RxPackets, Help: "Packets the fabric port received"},
+		stat.Value{Name: "port_rx_bytes", Value: pc.RxBytes, Help: "Bytes of the packets the fabric port received"})
+	for k, n := range pc.Drops {
+		out = append(out, stat.Value{Name: "port_drop_" + k, Value: n, Help: "Packets the fabric port dropped as " + k})
 	}
-	for k, v := range pc.Stats {
-		m["port_"+k] = v
+	for k, n := range pc.Stats {
+		out = append(out, stat.Value{Name: "port_" + k, Value: n, Help: "The fabric port's " + k + " (a total the backend counts)"})
 	}
-	for k, v := range pc.Levels {
-		m["port_"+k] = v
-		s.portLevels.Store("port_"+k, true)
+	for k, n := range pc.Levels {
+		out = append(out, stat.Value{Name: "port_" + k, Value: n, Kind: stat.Level, Help: "The fabric port's " + k + " (a level the backend reports)"})
+	}
+	return out
+}
+
+// Counters returns every number of Stats by name: the snapshot that the
+// control socket and `eipoibd stats` show.
+func (s *Shim) Counters() map[string]uint64 {
+	st := s.Stats()
+	m := make(map[string]uint64, len(st))
+	for _, v := range st {
+		m[v.Name] = v.Value
 	}
 	return m
 }

@@ -135,11 +135,10 @@ type Shim struct {
 	xids    dhcpXIDs
 	ctr     counters
 
-	capture    atomic.Pointer[Capture] // the running capture, nil for none
-	ann        announcer
-	vifIdle    atomic.Int64 // Config.VIFIdle, changed by SetVIFIdle
-	lastRound  atomic.Int64 // wall clock of the last housekeeping round
-	portLevels sync.Map     // names of the port's levels in Counters (gauges)
+	capture   atomic.Pointer[Capture] // the running capture, nil for none
+	ann       announcer
+	vifIdle   atomic.Int64 // Config.VIFIdle, changed by SetVIFIdle
+	lastRound atomic.Int64 // wall clock of the last housekeeping round
 
 	vifWarn, groupWarn  warnlimit.Limit // limit warnings a guest can cause per frame
 	carrier, carrierSet atomic.Bool

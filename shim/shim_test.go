@@ -17,6 +17,7 @@ import (
 	"github.com/eipoib/eipoibd/internal/clock"
 	"github.com/eipoib/eipoibd/internal/csum"
 	"github.com/eipoib/eipoibd/internal/ether"
+	"github.com/eipoib/eipoibd/internal/metrics/stat"
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/ipoib/memfabric"
 	"github.com/eipoib/eipoibd/mactrans"
@@ -708,44 +709,62 @@ func TestVLANPartitions(t *testing.T) {
 	})
 }
 
-// TestGauges: the levels in Counters (table sizes, queue depths) are
-// exported as gauges, totals are not, and every gauge name exists.
-func TestGauges(t *testing.T) {
+// TestStats: every number of the snapshot is declared once with a
+// help line, the levels (table sizes, queue depths) are levels and the
+// totals totals, Counters holds exactly Stats' numbers, and a level the
+// port reports is a level on the first snapshot (declared by the port,
+// not learned from an earlier call), its stats totals.
+func TestStats(t *testing.T) {
 	f := memFab(t, 2048)
-	s, _ := stillShim(t, f.Fabric, "fe80::a", nil)
+	lp := &levelPort{levels: map[string]uint64{"address_handles": 7}}
+	s, _ := stillShim(t, f.Fabric, "fe80::a", func(c *Config) { lp.Port = c.Port; c.Port = lp })
+	st := s.Stats()
+	kinds := map[string]stat.Kind{}
+	for _, v := range st {
+		if _, dup := kinds[v.Name]; dup {
+			t.Errorf("%s is in Stats twice", v.Name)
+		}
+		kinds[v.Name] = v.Kind
+		if v.Help == "" {
+			t.Errorf("%s has no help", v.Name)
+		}
+	}
+	levels := []string{"vifs", "neighbours", "groups", "groups_send_only", "snooped_groups", "pending", "pending_frames", "port_address_handles"}
+	for _, name := range levels {
+		if k, ok := kinds[name]; !ok || k != stat.Level {
+			t.Errorf("%s is a level but Stats has it as %v (present: %v)", name, k, ok)
+		}
+	}
+	nLevels := 0
+	for _, k := range kinds {
+		if k == stat.Level {
+			nLevels++
+		}
+	}
+	if nLevels != len(levels) {
+		t.Errorf("Stats has %d levels, want the %d declared: %v", nLevels, len(levels), kinds)
+	}
+	for _, name := range []string{"tx_frames", "drop_unresolved", "groups_send_only_evicted", "port_rx_packets", "port_tx_trains", "tx_rewrite_truncated", "rx_rewrite_bad_checksum"} {
+		if k, ok := kinds[name]; !ok || k != stat.Total {
+			t.Errorf("%s is a total but Stats has it as %v (present: %v)", name, k, ok)
+		}
+	}
 	c := s.Counters()
-	for name := range gauges {
-		if _, ok := c[name]; !ok {
-			t.Errorf("gauge %s not in Counters", name)
+	if len(c) != len(st) {
+		t.Errorf("Counters has %d names, Stats %d", len(c), len(st))
+	}
+	for _, v := range st {
+		if got, ok := c[v.Name]; !ok || got != v.Value {
+			t.Errorf("Counters[%s] = %d (present: %v), Stats says %d", v.Name, got, ok, v.Value)
 		}
 	}
-	for _, name := range []string{"vifs", "neighbours", "groups", "groups_send_only", "snooped_groups", "pending", "pending_frames"} {
-		if !s.IsGauge(name) {
-			t.Errorf("%s is a level but exported as a counter", name)
+	if c["port_address_handles"] != 7 || c["port_tx_trains"] != 3 {
+		t.Errorf("port_address_handles = %d, port_tx_trains = %d, want the port's 7 and 3", c["port_address_handles"], c["port_tx_trains"])
+	}
+	for k := Counter(0); k < numCounters; k++ {
+		if k.String() == "" || counterTable[k].Kind != stat.Total {
+			t.Errorf("counter %d: name %q, kind %v, want a named total", k, k.String(), counterTable[k].Kind)
 		}
-	}
-	for _, name := range []string{"tx_frames", "drop_unresolved", "groups_send_only_evicted", "port_rx_packets"} {
-		if s.IsGauge(name) {
-			t.Errorf("%s is a total but exported as a gauge", name)
-		}
-	}
-
-	// The port's levels are learned from its Counters: a level the port
-	// reports is a gauge under port_<name> once Counters has seen it,
-	// with the port's value; the port's stats stay totals.
-	lp := &levelPort{Port: s.port, levels: map[string]uint64{"address_handles": 7}}
-	s2, _ := stillShim(t, f.Fabric, "fe80::b", func(c *Config) { lp.Port = c.Port; c.Port = lp })
-	if s2.IsGauge("port_address_handles") {
-		t.Error("port_address_handles is a gauge before the port reported it")
-	}
-	if got := s2.Counters()["port_address_handles"]; got != 7 {
-		t.Errorf("port_address_handles = %d, want the port's 7", got)
-	}
-	if !s2.IsGauge("port_address_handles") {
-		t.Error("port_address_handles, a level of the port, is exported as a counter")
-	}
-	if got := s2.Counters()["port_tx_trains"]; got != 3 || s2.IsGauge("port_tx_trains") {
-		t.Errorf("port_tx_trains = %d, want the port's 3 exported as a counter (gauge: %v)", got, s2.IsGauge("port_tx_trains"))
 	}
 }
 

@@ -12,7 +12,6 @@ import (
 	"io"
 	"os"
 	"sort"
-	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -20,12 +19,10 @@ import (
 	"github.com/gopacket/gopacket"
 	"github.com/gopacket/gopacket/layers"
 	"github.com/gopacket/gopacket/pcapgo"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/eipoib/eipoibd/internal/cli"
 	"github.com/eipoib/eipoibd/internal/ctl"
 	"github.com/eipoib/eipoibd/internal/ether"
-	"github.com/eipoib/eipoibd/internal/metrics"
 	"github.com/eipoib/eipoibd/mactrans"
 	"github.com/eipoib/eipoibd/shim"
 )
@@ -379,28 +376,4 @@ func printShow(what string, data json.RawMessage, asJSON bool) error {
 		}
 	}
 	return nil
-}
-
-// vifMetrics are the per-VIF metric families: packets and bytes each way
-// (eipoibd_vif_{tx,rx}_{packets,bytes}) and idle seconds, labeled by MAC,
-// VLAN and origin, all from one listing of the VIFs a scrape.
-func vifMetrics(sh *shim.Shim) []prometheus.Collector {
-	cols := []metrics.Column{
-		{Name: "vif_tx_packets", Help: "Frames from the guest", Type: prometheus.CounterValue},
-		{Name: "vif_tx_bytes", Help: "Bytes of frames from the guest", Type: prometheus.CounterValue},
-		{Name: "vif_rx_packets", Help: "IPoIB packets to the guest", Type: prometheus.CounterValue},
-		{Name: "vif_rx_bytes", Help: "Bytes of IPoIB packets to the guest", Type: prometheus.CounterValue},
-		{Name: "vif_idle_seconds", Help: "Time since the VIF last carried traffic", Type: prometheus.GaugeValue},
-	}
-	return []prometheus.Collector{metrics.NewTable([]string{"mac", "vlan", "origin"}, cols, func() []metrics.Row {
-		vs := sh.VIFs()
-		out := make([]metrics.Row, len(vs))
-		for i, v := range vs {
-			out[i] = metrics.Row{
-				Labels: []string{v.MAC.String(), strconv.Itoa(int(v.VLAN)), v.Origin.String()},
-				Values: []float64{float64(v.TxPackets), float64(v.TxBytes), float64(v.RxPackets), float64(v.RxBytes), v.Idle.Seconds()},
-			}
-		}
-		return out
-	})}
 }

@@ -376,7 +376,7 @@ func run(args []string, stderr io.Writer) error {
 			return fmt.Errorf("--metrics %s: %w", o.metrics, err)
 		}
 		mux := http.NewServeMux()
-		mux.Handle("/metrics", metrics.Handler(sh.Counters, sh.IsGauge, vifMetrics(sh)...))
+		mux.Handle("/metrics", metrics.Handler(sh, shim.Families(), metrics.VIFs(sh.VIFs)))
 		if o.pprof {
 			mux.HandleFunc("/debug/pprof/", pprof.Index)
 			mux.HandleFunc("/debug/pprof/profile", pprof.Profile)

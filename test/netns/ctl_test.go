@@ -137,8 +137,8 @@ func TestCtl(t *testing.T) {
 	// The same counters as labeled metrics, and the shim's byte totals
 	// cover every VIF's.
 	m := h1.metrics(t)
-	key := fmt.Sprintf(`vif_tx_packets{mac="%s",origin="%s",vlan="0"}`, mac, a.Origin)
-	if m[key] < float64(a.TxPackets) || m[fmt.Sprintf(`vif_rx_bytes{mac="%s",origin="%s",vlan="0"}`, mac, a.Origin)] < float64(a.RxBytes) {
+	key := fmt.Sprintf(`vif_tx_packets_total{mac="%s",origin="%s",vlan="0"}`, mac, a.Origin)
+	if m[key] < float64(a.TxPackets) || m[fmt.Sprintf(`vif_rx_bytes_total{mac="%s",origin="%s",vlan="0"}`, mac, a.Origin)] < float64(a.RxBytes) {
 		t.Errorf("metrics %s = %v, show vifs said %d", key, m[key], a.TxPackets)
 	}
 	var txb uint64

@@ -27,7 +27,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/eipoib/eipoibd/internal/metrics"
 	"github.com/eipoib/eipoibd/internal/nstest"
+	"github.com/eipoib/eipoibd/shim"
 )
 
 var (
@@ -565,12 +567,30 @@ func (h *hypervisor) readMetrics(t testing.TB) (map[string]float64, error) {
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
 		f := strings.Fields(sc.Text())
-		if len(f) == 2 && strings.HasPrefix(f[0], "eipoibd_") {
+		if len(f) == 2 && strings.HasPrefix(f[0], metrics.Prefix) {
 			v, _ := strconv.ParseFloat(f[1], 64)
-			m[strings.TrimPrefix(f[0], "eipoibd_")] = v
+			m[snapshotName(f[0])] = v
 		}
 	}
 	return m, nil
+}
+
+// snapshotName keys a series of the exposition by the name `eipoibd
+// stats` gives it (eipoibd_drops_total{reason="runt"} is drop_runt);
+// a series of no snapshot name (the per-VIF families) keeps its
+// exposition text without the eipoibd_ prefix.
+func snapshotName(series string) string {
+	name, ls, _ := strings.Cut(series, "{")
+	labels := map[string]string{}
+	for _, l := range strings.Split(strings.TrimSuffix(ls, "}"), ",") {
+		if k, v, ok := strings.Cut(l, "="); ok {
+			labels[k] = strings.Trim(v, `"`)
+		}
+	}
+	if sn, ok := metrics.SnapshotName(shim.Families(), name, labels); ok {
+		return sn
+	}
+	return strings.TrimPrefix(series, metrics.Prefix)
 }
 
 // dump logs each running daemon's log and non-zero counters, for a

@@ -160,15 +160,15 @@ done
 	}
 	drops := vmMetrics(t, vm)
 	for _, name := range []string{"bad_meta", "oversize", "tx_ring_full", "send_error", "recv_error", "no_grh", "bad_grh", "truncated", "unknown_qpn", "rx_buffer_small"} {
-		if v := drops["eipoibd_port_drop_"+name]; v != 0 {
+		if v := drops[`eipoibd_port_drops_total{reason="`+name+`"}`]; v != 0 {
 			t.Errorf("the verbs port counted %v drops as %s", v, name)
 		}
 	}
-	if drops["eipoibd_port_address_handles_made"] == 0 {
+	if drops["eipoibd_port_address_handles_made_total"] == 0 {
 		t.Errorf("the verbs port made no address handles: %v", drops)
 	}
 	t.Logf("verbs port: tx %v packets, rx %v packets, %v address handles",
-		drops["eipoibd_port_tx_packets"], drops["eipoibd_port_rx_packets"], drops["eipoibd_port_address_handles"])
+		drops["eipoibd_port_tx_packets_total"], drops["eipoibd_port_rx_packets_total"], drops["eipoibd_port_address_handles"])
 
 	// Link loss: eth0 down takes rxe0's port down (an IB_EVENT_PORT_ERR),
 	// and the TAP's carrier goes with it; eth0 up brings both back, and
