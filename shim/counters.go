@@ -162,10 +162,8 @@ func (s *Shim) Counters() map[string]uint64 {
 	m["neighbours_evicted"] = nc.Evicted
 	m["neighbours_collisions"] = nc.Collisions
 	m["neighbours_unresolved"] = nc.Unresolved
-	if dc, ok := s.dev.(interface{ Counters() map[string]uint64 }); ok {
-		for k, v := range dc.Counters() {
-			m["tap_"+k] = v
-		}
+	for k, v := range s.dev.Counters() {
+		m["tap_"+k] = v
 	}
 	pc := s.port.Counters()
 	m["port_tx_packets"] = pc.TxPackets

@@ -227,7 +227,7 @@ func New(cfg Config) (*Shim, error) {
 	s.srcs.max = cfg.MaxNeighbours
 	s.vifIdle.Store(int64(cfg.VIFIdle))
 	s.lastRound.Store(time.Now().UnixNano())
-	s.queues = s.deviceQueues()
+	s.queues = s.dev.Queues() // each read by a TX worker, written by RX (flowQueue)
 	s.groups.init(maxGroups, maxSendOnly)
 	s.pending.init()
 	s.snoop = snoop.NewTable(cfg.Multicast, maxGroups, snoop.Actions{Join: s.mcastJoin, Leave: s.mcastLeave, Query: s.mcastQuery})
