@@ -79,8 +79,9 @@ type Config struct {
 	// fields take the RFC 3376/3810 defaults (125 s queries, 260 s
 	// membership, 2 s leave).
 	Multicast snoop.Timers
-	// Housekeeping is the period of aging, resolution retries and the
-	// carrier check; 0 means 250 ms.
+	// Housekeeping is the period of aging and resolution retries (the
+	// carrier and the partitions' MTUs follow the port's events, not
+	// this); 0 means 250 ms.
 	Housekeeping time.Duration
 	// AnnounceWindow: the addresses a guest shows within this time of
 	// its MAC appearing here (its VIF created, or its RARP announcement
