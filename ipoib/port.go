@@ -133,6 +133,15 @@ type Port interface {
 	Offloads() Offloads
 	// Counters returns a snapshot of the port's counters.
 	Counters() PortCounters
+	// Events reports the port's state changes (see Event), as
+	// wireguard-go's tun.Device.Events reports a TUN's: the first event
+	// is the link state at the time the port was made, later ones come
+	// as the backend learns of changes. The channel is buffered and a
+	// backend never blocks on it: events of one state (the link, one
+	// partition's MTU) that the reader has not taken are coalesced to
+	// the latest (see EventQueue). It is closed on Close, and every call
+	// returns the same channel.
+	Events() <-chan Event
 
 	Close() error
 }

@@ -225,10 +225,8 @@ func (s *Shim) Stats() []stat.Value {
 		v.Value = t.read(s)
 		out = append(out, v)
 	}
-	if dc, ok := s.dev.(interface{ Counters() map[string]uint64 }); ok {
-		for k, n := range dc.Counters() {
-			out = append(out, stat.Value{Name: "tap_" + k, Value: n, Help: "The TAP's " + k + " (offloads)"})
-		}
+	for k, n := range s.dev.Counters() {
+		out = append(out, stat.Value{Name: "tap_" + k, Value: n, Help: "The TAP's " + k + " (offloads)"})
 	}
 	pc := s.port.Counters()
 	out = append(out,

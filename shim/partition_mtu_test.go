@@ -6,7 +6,6 @@ import (
 	"io"
 	"log/slog"
 	"net/netip"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,43 +17,30 @@ import (
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/ipoib/kernelfabric"
 	"github.com/eipoib/eipoibd/ipoib/kernelfabric/fakekernel"
+	"github.com/eipoib/eipoibd/ipoib/memfabric"
 	"github.com/eipoib/eipoibd/mactrans"
 	"github.com/eipoib/eipoibd/tap"
 )
 
-// smallPartition is a memfabric port whose partition pkey has IB MTU mtu,
-// below the port's, as an SM may configure a partition's broadcast group.
-type smallPartition struct {
-	testPort
-	pkey ipoib.PKey
-	mtu  *atomic.Int32
-}
-
-func (p smallPartition) PartitionMTU(pkey ipoib.PKey) int {
-	if pkey.Full() == p.pkey {
-		return int(p.mtu.Load())
-	}
-	return p.testPort.PartitionMTU(pkey)
-}
-
-// smallPartitionFabric makes smallPartition ports on an IB MTU 4096
-// memfabric with TSO.
+// smallPartitionFabric makes ports on an IB MTU 4096 memfabric with TSO
+// whose partition pkey has IB MTU mtu, below the port's, as an SM may
+// configure a partition's broadcast group.
 type smallPartitionFabric struct {
 	memFabric
 	pkey ipoib.PKey
-	mtu  *atomic.Int32
+	mtu  int
 }
 
 func newSmallPartitionFabric(t *testing.T, pkey ipoib.PKey, mtu int) smallPartitionFabric {
 	mf := memFab(t, 4096)
 	mf.SetTSO(true)
-	f := smallPartitionFabric{mf, pkey, new(atomic.Int32)}
-	f.mtu.Store(int32(mtu))
-	return f
+	return smallPartitionFabric{mf, pkey, mtu}
 }
 
 func (f smallPartitionFabric) port(t *testing.T, gid ipoib.GID) testPort {
-	return smallPartition{f.memFabric.port(t, gid), f.pkey, f.mtu}
+	p := f.memFabric.port(t, gid)
+	p.(*memfabric.Port).SetPartitionMTU(f.pkey, f.mtu)
+	return p
 }
 
 // tagged inserts an 802.1Q tag of vlan into an untagged Ethernet frame.
@@ -172,16 +158,20 @@ func TestPartitionMTU(t *testing.T) {
 }
 
 // TestPartitionMTURefresh: a partition's MTU that the port lowers while
-// the shim runs (the SM changed its broadcast group's) is taken up by the
-// next housekeeping round: VLAN 20's guests then get ICMP with 2044.
+// the shim runs (the SM changed its broadcast group's) is taken up from
+// the port's event, not from a housekeeping round (there is none within
+// the test: the period is an hour): VLAN 20's guests then get ICMP with
+// 2044.
 func TestPartitionMTURefresh(t *testing.T) {
 	f := newSmallPartitionFabric(t, 0x8014, 4096)
-	cfg := func(c *Config) { c.Partitions = map[uint16]ipoib.PKey{20: 0x8014} }
+	cfg := func(c *Config) { c.Partitions = map[uint16]ipoib.PKey{20: 0x8014}; c.Housekeeping = time.Hour }
 	a, b := newHV(t, f, "fe80::a", cfg), newHV(t, f, "fe80::b", cfg)
 	if got := a.s.Port().PartitionMTUs[20]; got != 4092 {
 		t.Fatalf("VLAN 20 MTU %d", got)
 	}
-	f.mtu.Store(2048)
+	for _, h := range []*hv{a, b} {
+		h.port.(*memfabric.Port).SetPartitionMTU(0x8014, 2048)
+	}
 	waitFor(t, "VLAN 20's MTU to become 2044", func() bool { return a.s.Port().PartitionMTUs[20] == 2044 })
 	checkTooBig(t, a, b, 20, meetOn(t, a, b, 20), 2044)
 }

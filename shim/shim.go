@@ -16,7 +16,6 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -80,8 +79,9 @@ type Config struct {
 	// fields take the RFC 3376/3810 defaults (125 s queries, 260 s
 	// membership, 2 s leave).
 	Multicast snoop.Timers
-	// Housekeeping is the period of aging, resolution retries and the
-	// carrier check; 0 means 250 ms.
+	// Housekeeping is the period of aging and resolution retries (the
+	// carrier and the partitions' MTUs follow the port's events, not
+	// this); 0 means 250 ms.
 	Housekeeping time.Duration
 	// AnnounceWindow: the addresses a guest shows within this time of
 	// its MAC appearing here (its VIF created, or its RARP announcement
@@ -142,6 +142,7 @@ type Shim struct {
 
 	vifWarn, groupWarn  warnlimit.Limit // limit warnings a guest can cause per frame
 	carrier, carrierSet atomic.Bool
+	carrierBack         atomic.Bool // the carrier came back; housekeeping queries
 	stopping            atomic.Bool // set before Run frees the VIFs
 }
 
@@ -226,7 +227,7 @@ func New(cfg Config) (*Shim, error) {
 	s.srcs.max = cfg.MaxNeighbours
 	s.vifIdle.Store(int64(cfg.VIFIdle))
 	s.lastRound.Store(time.Now().UnixNano())
-	s.queues = s.deviceQueues()
+	s.queues = s.dev.Queues() // each read by a TX worker, written by RX (flowQueue)
 	s.groups.init(maxGroups, maxSendOnly)
 	s.pending.init()
 	s.snoop = snoop.NewTable(cfg.Multicast, maxGroups, snoop.Actions{Join: s.mcastJoin, Leave: s.mcastLeave, Query: s.mcastQuery})
@@ -251,30 +252,13 @@ func (s *Shim) newPartition(vlan uint16, pkey ipoib.PKey) (*partition, error) {
 	}
 	p := &partition{vlan: vlan, pkey: full, bcast: ipoib.BroadcastMGID(full, s.cfg.Scope)}
 	p.view = &mactrans.View{VIFs: s.vifs, Neigh: s.neigh, Clock: s.clk, GID: s.port.LocalGID(), VLAN: vlan, PKey: full}
-	p.ipMTU.Store(int32(s.partitionIPMTU(full)))
+	p.ipMTU.Store(int32(s.ipMTUOf(s.port.PartitionMTU(full))))
 	return p, nil
 }
 
-// partitionIPMTU is the IPoIB MTU of partition pkey as the port reports
-// it, never above the port's (a value no port should give, at or below
-// the IPoIB header, reads as the port's).
-func (s *Shim) partitionIPMTU(pkey ipoib.PKey) int {
-	m := s.port.PartitionMTU(pkey) - ipoib.HeaderLen
-	if m <= 0 || m > s.ipMTU {
-		return s.ipMTU
-	}
-	return m
-}
-
 // refreshMTU reads partition p's MTU from the port again (its group or
-// first VIF was just made, or the port may have reported a change) and
-// logs a change.
-func (s *Shim) refreshMTU(p *partition) {
-	m := s.partitionIPMTU(p.pkey)
-	if old := int(p.ipMTU.Swap(int32(m))); old != m {
-		s.log.Info("partition MTU", "vlan", p.vlan, "pkey", p.pkey, "ipoib_mtu", m, "was", old)
-	}
-}
+// first VIF was just made) and logs a change.
+func (s *Shim) refreshMTU(p *partition) { s.setMTU(p, s.port.PartitionMTU(p.pkey)) }
 
 // publish makes partition p visible to the data path (copy on write).
 func (s *Shim) publish(p *partition) {
@@ -338,14 +322,22 @@ func (s *Shim) Run(ctx context.Context) error {
 			return err
 		}
 	}
-	s.followCarrier()
-	loop := loops.New("shim", len(s.queues)+2)
+	events := s.port.Events()
+	select { // the first is the link state: the carrier is set before traffic flows
+	case ev, ok := <-events:
+		if ok {
+			s.applyEvent(ev)
+		}
+	case <-ctx.Done():
+	}
+	loop := loops.New("shim", len(s.queues)+3)
 	var wg, rx sync.WaitGroup
 	hctx, stopHouse := context.WithCancel(ctx)
 	for i, q := range s.queues {
 		loop.Go(fmt.Sprintf("tx queue %d", i), &wg, func() error { return s.txLoop(q) })
 	}
 	loop.Go("rx", &rx, s.rxLoop)
+	loop.Go("port events", &rx, func() error { return s.followEvents(events) })
 	loop.Go("housekeeping", &wg, func() error { return s.housekeeping(hctx) })
 	s.log.Info("shim running", "gid", s.port.LocalGID(), "ib_mtu", s.port.MTU(), "ipoib_mtu", s.ipMTU, "partitions", len(s.partitions()), "max_vifs", s.cfg.MaxVIFs, "tx_workers", len(s.queues))
 	var err error
@@ -375,32 +367,6 @@ func (s *Shim) stopPort() {
 	}
 	s.groups.leaveAll(s.port, s.log)
 	s.log.Info("shim stopped", "counters_tx_frames", s.Get(TxFrames), "counters_rx_frames", s.Get(RxFrames))
-}
-
-// carrierPort is implemented by ports that can report being down.
-type carrierPort interface{ IsDown() bool }
-
-// followCarrier sets the device carrier from the port state, and
-// reports whether it just came back on after being off.
-func (s *Shim) followCarrier() (back bool) {
-	up := true
-	if cp, ok := s.port.(carrierPort); ok {
-		up = !cp.IsDown()
-	}
-	if up == s.carrier.Load() && s.carrierSet.Load() {
-		return false
-	}
-	if err := s.dev.SetCarrier(up); err != nil {
-		if !errors.Is(err, net.ErrClosed) {
-			s.log.Warn("set carrier", "up", up, "err", err)
-		}
-		return false
-	}
-	back = up && s.carrierSet.Load()
-	s.carrier.Store(up)
-	s.carrierSet.Store(true)
-	s.log.Info("link state", "up", up)
-	return back
 }
 
 // The steps of the general queries sent when the carrier returns.
@@ -446,10 +412,7 @@ func (s *Shim) housekeeping(ctx context.Context) error {
 		s.resolveTick(now)
 		s.announceTick(now)
 		s.live.RUnlock()
-		for _, p := range s.partitions() {
-			s.refreshMTU(p)
-		}
-		if s.followCarrier() {
+		if s.carrierBack.Swap(false) { // carrier.go
 			requery = requeryWaitOperUp
 		}
 		// A Linux bridge forgets a port as a multicast router when its

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -782,14 +781,6 @@ func (p *levelPort) Counters() ipoib.PortCounters {
 	return c
 }
 
-// downPort is a port whose IsDown a test sets.
-type downPort struct {
-	ipoib.Port
-	down atomic.Bool
-}
-
-func (p *downPort) IsDown() bool { return p.down.Load() }
-
 // TestQueriesWhenCarrierReturns: when the port comes back after being
 // down, the shim sends general queries (IGMP and MLD) at once, not at the
 // next query interval: a Linux bridge drops the TAP from its multicast
@@ -798,15 +789,15 @@ func (p *downPort) IsDown() bool { return p.down.Load() }
 // carrier's return can cause them.
 func TestQueriesWhenCarrierReturns(t *testing.T) {
 	f := memFab(t, 2048)
-	var dp *downPort
-	h := newHV(t, f, "fe80::a", func(c *Config) { dp = &downPort{Port: c.Port}; c.Port = dp })
+	h := newHV(t, f, "fe80::a", nil)
+	dp := h.port.(*memfabric.Port)
 	waitFor(t, "the 2 start-up queries", func() bool { return h.s.Get(TxQueries) == 2 })
-	dp.down.Store(true)
+	dp.SetDown(true)
 	waitFor(t, "the carrier to go with the port", func() bool { return !h.dev.Carrier() })
 	if n := h.s.Get(TxQueries); n != 2 {
 		t.Fatalf("%d queries with the port down, want the 2 of the start", n)
 	}
-	dp.down.Store(false)
+	dp.SetDown(false)
 	waitFor(t, "the carrier to come back with the port", h.dev.Carrier)
 	waitFor(t, "4 queries (the start's 2, then 2 as the carrier came back)", func() bool { return h.s.Get(TxQueries) == 4 })
 	igmp, mld := 0, 0

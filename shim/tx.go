@@ -75,29 +75,14 @@ func (s *Shim) flushTx(b *txBatch) {
 	b.bufs, b.meta, b.nfrag = b.bufs[:0], b.meta[:0], 0
 }
 
-// superReader returns dev as a SuperReader when the port cuts TCP
-// super-packets itself, so that super-frames cross the shim whole; nil
-// when the device cuts them.
-func (s *Shim) superReader(dev tap.Device) tap.SuperReader {
-	sr, ok := dev.(tap.SuperReader)
-	if o := s.port.Offloads(); ok && o.TSO && o.MaxSuper >= ipoib.MaxSuperPacket {
-		return sr
+// superReader returns dev when it hands over super-frames and the port
+// cuts TCP super-packets itself, so that super-frames cross the shim
+// whole; nil when the device cuts them.
+func (s *Shim) superReader(dev tap.Device) tap.Device {
+	if o := s.port.Offloads(); dev.Caps().SuperFrames && o.TSO && o.MaxSuper >= ipoib.MaxSuperPacket {
+		return dev
 	}
 	return nil
-}
-
-// deviceQueues are the device's queues, each read by a TX worker of its own
-// and written by the RX loop (see flowQueue): the device itself when it
-// has one.
-func (s *Shim) deviceQueues() []tap.Device {
-	if mq, ok := s.dev.(tap.MultiQueue); ok {
-		var qs []tap.Device
-		for _, q := range mq.Queues() {
-			qs = append(qs, q)
-		}
-		return qs
-	}
-	return []tap.Device{s.dev}
 }
 
 // txLoop is one TX worker: it reads batches from dev, translates them and

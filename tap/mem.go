@@ -36,7 +36,7 @@ type memFrame struct {
 	s Super
 }
 
-var _ MultiQueue = (*Mem)(nil)
+var _ Device = (*Mem)(nil)
 
 // NewMem returns an in-memory device with queues of n frames.
 func NewMem(n int) *Mem { return NewMemQueues(n, 1) }
@@ -55,14 +55,24 @@ func NewMemQueues(n, q int) *Mem {
 // Queue returns queue i, itself a Mem (0 is m).
 func (m *Mem) Queue(i int) *Mem { return m.queues[i] }
 
-// Queues returns the queues as devices.
-func (m *Mem) Queues() []SuperReader {
-	qs := make([]SuperReader, len(m.queues))
+// Queues returns the queues as devices (a queue other than the first
+// returns itself alone).
+func (m *Mem) Queues() []Device {
+	if len(m.queues) == 0 {
+		return []Device{m}
+	}
+	qs := make([]Device, len(m.queues))
 	for i, q := range m.queues {
 		qs[i] = q
 	}
 	return qs
 }
+
+// Caps reports super-frames: ReadSuper hands InjectSuper's whole.
+func (m *Mem) Caps() Caps { return Caps{SuperFrames: true} }
+
+// Counters is nil: the in-memory device keeps none.
+func (m *Mem) Counters() map[string]uint64 { return nil }
 
 // Inject queues a frame for the shim to read.
 func (m *Mem) Inject(frame []byte) { m.in <- memFrame{b: append([]byte(nil), frame...)} }

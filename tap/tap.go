@@ -27,8 +27,18 @@ import (
 // and returns how many frames the device took; the Headroom bytes before
 // offset are the device's scratch space. After Close both return
 // net.ErrClosed.
+//
+// What a device offers beyond that is in the interface, not found by type
+// assertions: whether ReadSuper hands over super-frames (Caps), its
+// queues (Queues, the device alone when it has one) and its counters
+// (Counters, none when it keeps none).
 type Device interface {
 	Read(bufs [][]byte, sizes []int, offset int) (int, error)
+	// ReadSuper is Read, except that on a device whose Caps report
+	// SuperFrames a TCP super-frame comes whole with how to cut it in
+	// super[i] (zero for an ordinary frame; bufs must then hold 64 KB
+	// past offset). On another device it is Read, every super[i] zero.
+	ReadSuper(bufs [][]byte, sizes []int, super []Super, offset int) (int, error)
 	Write(bufs [][]byte, offset int) (int, error)
 	BatchSize() int
 	// SetCarrier reports the fabric port's state to the kernel.
@@ -37,7 +47,25 @@ type Device interface {
 	// has acted on the carrier (linkwatch runs after SetCarrier returns,
 	// and tells the bridge then), for work that must wait for that.
 	OperUp() bool
+	// Caps says what the device offers beyond ordinary frames.
+	Caps() Caps
+	// Queues are the device's queues, each a Device that one goroutine
+	// reads; the first is the device's own, and a device with one queue
+	// returns itself alone.
+	Queues() []Device
+	// Counters returns the device's counters by name (e.g. frames
+	// refused for a bad vnet header); nil when it keeps none. Every
+	// queue returns the whole device's.
+	Counters() map[string]uint64
 	Close() error
+}
+
+// Caps says what a Device offers beyond ordinary frames.
+type Caps struct {
+	// SuperFrames: ReadSuper hands TCP super-frames over whole (a TAP
+	// with the vnet header and TSO; see Config.Offload), for a fabric
+	// port that cuts them itself.
+	SuperFrames bool
 }
 
 // Super says how to cut a TCP super-frame that ReadSuper returned whole;
@@ -51,22 +79,6 @@ type Super struct {
 	Size uint16
 	// V6 is set for IPv6, clear for IPv4.
 	V6 bool
-}
-
-// SuperReader is a Device that can hand over TCP super-frames whole, for
-// a fabric port that cuts them itself.
-type SuperReader interface {
-	Device
-	// ReadSuper is Read, except that a TCP super-frame comes whole with
-	// how to cut it in super[i] (zero for an ordinary frame).
-	ReadSuper(bufs [][]byte, sizes []int, super []Super, offset int) (int, error)
-}
-
-// MultiQueue is a Device with several queues, each a device of its own
-// that one goroutine reads; the first is the Device's own.
-type MultiQueue interface {
-	Device
-	Queues() []SuperReader
 }
 
 // Config describes the TAP to create.
@@ -182,9 +194,8 @@ type Queue struct {
 }
 
 var (
-	_ SuperReader = (*TAP)(nil)
-	_ MultiQueue  = (*TAP)(nil)
-	_ SuperReader = (*Queue)(nil)
+	_ Device = (*TAP)(nil)
+	_ Device = (*Queue)(nil)
 )
 
 // Create makes the TAP (or, with Persist, takes over the one an earlier
@@ -453,13 +464,25 @@ func (q *Queue) ioctl(req uint, arg uintptr) error {
 }
 
 // Queues returns the TAP's queues.
-func (t *TAP) Queues() []SuperReader {
-	qs := make([]SuperReader, len(t.queues))
+func (t *TAP) Queues() []Device {
+	qs := make([]Device, len(t.queues))
 	for i, q := range t.queues {
 		qs[i] = q
 	}
 	return qs
 }
+
+// Queues returns the queue alone.
+func (q *Queue) Queues() []Device { return []Device{q} }
+
+// Caps reports super-frames when the TAP has offloads.
+func (t *TAP) Caps() Caps { return Caps{SuperFrames: t.offload} }
+
+// Caps is the TAP's Caps.
+func (q *Queue) Caps() Caps { return q.t.Caps() }
+
+// Counters is the TAP's Counters.
+func (q *Queue) Counters() map[string]uint64 { return q.t.Counters() }
 
 // BatchSize is the largest batch per call.
 func (t *TAP) BatchSize() int { return batchSize }

@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/eipoib/eipoibd/internal/gsotest"
+	"github.com/eipoib/eipoibd/ipoib/internal/eventtest"
 	kf "github.com/eipoib/eipoibd/ipoib/kernelfabric"
 )
 
@@ -705,6 +706,38 @@ func TestConformanceCarrier(t *testing.T) {
 				t.Fatalf("no update with carrier %v on %s", up, w.aName)
 			}
 			waitLink(t, w, w.aName, func(l kf.Link) bool { return l.Carrier == up && l.Up })
+		}
+	})
+}
+
+// TestConformanceCarrierEvents: the port's link events (Port.Events),
+// made by the backend's own link following (follow, followLink) from the
+// notifications SubscribeLinks gives, report a's carrier: on first, then
+// off as the carrier goes and on as it comes back, in order, on the real
+// kernel (a veth whose peer goes down) as on the fake (the parent's
+// carrier). The Port itself cannot be opened on the real kernel here: it
+// wants an IPoIB parent, and this kernel has no IPoIB device (rxe is
+// RoCE, which ib_ipoib does not serve).
+func TestConformanceCarrierEvents(t *testing.T) {
+	each(t, func(t *testing.T, w *witness) {
+		done := make(chan struct{})
+		var ch <-chan kf.Link
+		var l kf.Link
+		var errs [2]error
+		w.in(func() {
+			l, errs[0] = w.ka.LinkByName(w.aName)
+			ch, errs[1] = w.ka.SubscribeLinks(done, nil)
+		})
+		if errs[0] != nil || errs[1] != nil {
+			close(done)
+			t.Fatal(errs)
+		}
+		events, stop := kf.FollowParent(w.ka, l, ch, done)
+		defer stop()
+		eventtest.Expect(t, events, eventtest.Link(true))
+		for _, up := range []bool{false, true, false, true} {
+			w.setPeer(up)
+			eventtest.Expect(t, events, eventtest.Link(up))
 		}
 	})
 }

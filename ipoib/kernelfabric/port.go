@@ -201,6 +201,7 @@ type Port struct {
 
 	groups *ipoib.GroupTable
 	down   atomic.Bool
+	events *ipoib.EventQueue // events.go
 	closed atomic.Bool
 	done   chan struct{}
 	rx     chan rxq.Packet
@@ -275,6 +276,7 @@ func New(cfg Config) (*Port, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kernel: subscribe to link changes of %s: %w", parent.Name, err)
 	}
+	p.events = ipoib.NewEventQueue(!p.down.Load())
 	p.wg.Add(1)
 	go p.follow(updates)
 	// The default partition's group child, made now: the shim asks for
@@ -403,6 +405,7 @@ func (p *Port) followLink(l Link) {
 	if down := !l.Carrier; p.down.Swap(down) != down {
 		p.log.Info("parent carrier", "dev", l.Name, "up", !down)
 	}
+	p.events.Link(l.Carrier)
 	if l.MTU != p.parent.MTU && l.MTU != 0 {
 		p.stat(StatMTUChanges)
 		p.log.Warn("parent MTU changed; restart eipoibd to follow it", "dev", l.Name, "mtu", l.MTU, "in_use", p.parent.MTU)
@@ -444,6 +447,7 @@ func (p *Port) applyLink(c *child, l Link) {
 			}
 		}
 	}
+	p.partitionMTU(c)
 	if was := c.carrier.Swap(l.Carrier); was != l.Carrier && ready {
 		if !l.Carrier {
 			p.stat(StatCarrierLost)
@@ -475,8 +479,8 @@ func (p *Port) count(m map[string]uint64, k string) {
 	p.ctrMu.Unlock()
 }
 
-// IsDown reports the parent's carrier being off; the shim takes the TAP's
-// carrier down with it.
+// IsDown reports the parent's carrier being off (Events reports each
+// change).
 func (p *Port) IsDown() bool { return p.down.Load() }
 
 // BatchSize is the largest batch Read returns and Write moves per call.
@@ -771,6 +775,7 @@ func (p *Port) groupChild(pkey ipoib.PKey) (*child, error) {
 	p.groupC[pkey] = c
 	p.all[name] = c
 	p.mu.Unlock()
+	p.partitionMTU(c)
 	p.startRx(c)
 	return c, nil
 }
@@ -915,6 +920,7 @@ func (p *Port) Close() error {
 		return nil
 	}
 	close(p.done)
+	p.events.Close()
 	p.mu.Lock()
 	all := p.all
 	p.all, p.byQPN, p.groupC = map[string]*child{}, map[uint32]*child{}, map[ipoib.PKey]*child{}

@@ -59,6 +59,12 @@ type Port struct {
 	done   chan struct{}
 	closed atomic.Bool
 
+	// down, partMTU and events: events.go (stateMu orders their changes).
+	stateMu sync.Mutex
+	down    atomic.Bool
+	partMTU map[ipoib.PKey]int
+	events  *ipoib.EventQueue
+
 	qps    *ipoib.QPTable
 	groups *ipoib.GroupTable
 
@@ -85,6 +91,7 @@ func (f *Fabric) NewPort(gid ipoib.GID) (*Port, error) {
 		groups: ipoib.NewGroupTable(),
 		drops:  make(map[string]uint64),
 	}
+	p.partMTU, p.events = make(map[ipoib.PKey]int), ipoib.NewEventQueue(true)
 	p.rxCtr = rxq.Counters{Packets: &p.rxPackets, Bytes: &p.rxBytes, TooSmall: func() { p.drop(DropBufferSmall) }}
 	f.ports[gid] = p
 	return p, nil
@@ -104,9 +111,6 @@ func (p *Port) LocalGID() ipoib.GID { return p.gid }
 
 // MTU returns the fabric's IB MTU.
 func (p *Port) MTU() int { return p.f.mtu }
-
-// PartitionMTU is MTU: every partition of this port has the port's MTU.
-func (p *Port) PartitionMTU(ipoib.PKey) int { return p.f.mtu }
 
 // SetTSO makes the fabric's ports take TCP super-packets and cut them, as
 // a port with LSO does; call it before attaching ports.
@@ -177,6 +181,7 @@ func (p *Port) Close() error {
 	delete(p.f.ports, p.gid)
 	p.f.mu.Unlock()
 	close(p.done)
+	p.events.Close()
 	return nil
 }
 
@@ -195,6 +200,12 @@ func (p *Port) Write(bufs [][]byte, meta []ipoib.TxMeta, offset int) (int, error
 	}
 	if len(meta) < len(bufs) {
 		return 0, fmt.Errorf("memfabric: write of %d packets with %d metadata", len(bufs), len(meta))
+	}
+	if p.down.Load() {
+		for range bufs {
+			p.drop(DropPortDown)
+		}
+		return 0, nil
 	}
 	n := 0
 	for i, b := range bufs {
@@ -252,6 +263,10 @@ func (p *Port) send(payload []byte, m ipoib.TxMeta) {
 // deliver applies the receive checks and queues a copy of payload.
 func (p *Port) deliver(payload []byte, m ipoib.RxMeta) {
 	if p.closed.Load() {
+		return
+	}
+	if p.down.Load() {
+		p.drop(DropPortDown)
 		return
 	}
 	if m.DstQPN == ipoib.MulticastQPN {

@@ -123,6 +123,8 @@ type Port struct {
 	pc     *ipv6.PacketConn
 	closed atomic.Bool
 	down   atomic.Bool
+	downMu sync.Mutex        // orders down's changes with their events
+	events *ipoib.EventQueue // events.go
 
 	qps    *ipoib.QPTable
 	groups *ipoib.GroupTable
@@ -278,6 +280,7 @@ func Open(cfg Config) (*Port, error) {
 		conn.Close()
 		return nil, fmt.Errorf("simfabric: %w", err)
 	}
+	p.events = ipoib.NewEventQueue(true)
 	p.snd = newSender(rc, 2*batch+1)
 	p.rcv = newReceiver(rc, rxBatch, maxTrainBytes+ICRCLen+HeaderLen+4, unix.CmsgSpace(unix.SizeofInet6Pktinfo)+2*unix.CmsgSpace(4))
 	return p, nil
@@ -349,7 +352,7 @@ func (p *Port) SetFaults(f Faults) error {
 
 // SetDown sets the injected port-down fault: while down, nothing is sent
 // or delivered (counted as port_down).
-func (p *Port) SetDown(down bool) { p.down.Store(down) }
+func (p *Port) SetDown(down bool) { p.setDown(down) }
 
 // IsDown reports the injected port-down fault.
 func (p *Port) IsDown() bool { return p.down.Load() }
@@ -424,6 +427,7 @@ func (p *Port) Close() error {
 	if p.closed.Swap(true) {
 		return nil
 	}
+	p.events.Close()
 	return p.conn.Close()
 }
 

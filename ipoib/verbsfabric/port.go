@@ -175,6 +175,8 @@ type Port struct {
 	a    devAttr
 	log  *slog.Logger
 	down atomic.Bool
+	// events reports the port state and partition MTUs (events.go).
+	events *ipoib.EventQueue
 
 	qpMu   sync.RWMutex
 	qps    map[uint32]*qpState
@@ -304,9 +306,10 @@ func New(c Config) (*Port, error) {
 		}
 		p.mcSock = fd
 	}
+	p.events = ipoib.NewEventQueue(p.a.active)
 	p.wg.Add(2)
 	go p.resolver()
-	go follow(p, "verbs async events", p.dev.waitEvent, p.portEvent)
+	go follow(p, "verbs async events", p.dev.waitEvent, p.asyncEvent)
 	if p.sa != nil {
 		p.wg.Add(1)
 		go follow(p, "rdma_cm events", p.sa.waitEvent, p.mcastError)
@@ -346,8 +349,8 @@ func (p *Port) PartitionMTU(pkey ipoib.PKey) int {
 // only, and rxe has none).
 func (p *Port) Offloads() ipoib.Offloads { return ipoib.Offloads{} }
 
-// IsDown reports the port not ACTIVE, from the device's async events; the
-// shim sets the TAP's carrier from it.
+// IsDown reports the port not ACTIVE, from the device's async events
+// (Events reports each change, PORT_ACTIVE once its flush is done).
 func (p *Port) IsDown() bool { return p.down.Load() }
 
 // pkeyIndex finds pkey in the port's P_Key table (full and limited
@@ -427,6 +430,7 @@ func (p *Port) setPart(s *partState, m mcMember, pk ipoib.PKey) {
 		}
 	}
 	s.mtu.Store(int32(mtu))
+	p.events.PartitionMTU(pk, mtu)
 	if s.qkey.Swap(m.qkey) == m.qkey {
 		return
 	}
@@ -846,6 +850,7 @@ func (p *Port) Close() error {
 	close(p.done)
 	p.dev.wake()
 	p.wg.Wait()
+	p.events.Close()
 	p.qpCalls.close() // before ctlMu: an AllocQP may be waiting for it
 	// A control call under way (a join past its event, a leave) ends
 	// before the device and its rdma_cm ids are freed; later ones see
