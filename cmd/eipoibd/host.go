@@ -11,6 +11,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/eipoib/eipoibd/internal/daemon"
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/ipoib/simfabric"
 	"github.com/eipoib/eipoibd/ipoibhost"
@@ -113,23 +114,12 @@ func runHost(args []string, stderr io.Writer) error {
 				log.Info("neighbours\n" + h.Neighbours())
 				continue
 			}
-			logCounters(log, h.Counters())
+			daemon.LogCounters(log, h.Counters())
 		}
 	}()
 	log.Info("started", "tun", o.name, "underlay", o.underlay, "gid", port.LocalGID(), "ib_mtu", o.ibMTU, "ipoib_mtu", ipMTU)
 	err = h.Run(ctx)
-	logCounters(log, h.Counters())
+	daemon.LogCounters(log, h.Counters())
 	log.Info("stopped", "tun_removed", o.name)
 	return err
-}
-
-// logCounters logs the non-zero counters.
-func logCounters(log *slog.Logger, ctrs map[string]uint64) {
-	args := []any{}
-	for k, v := range ctrs {
-		if v != 0 {
-			args = append(args, k, v)
-		}
-	}
-	log.Info("counters", args...)
 }
