@@ -68,6 +68,34 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
+// underlayNS makes a namespace with a veth pair, ula and ulb, up with
+// MTU 9000: ula is the simulated fabric's underlay.
+func underlayNS(t *testing.T) string {
+	t.Helper()
+	ns := fmt.Sprintf("dmn%d", os.Getpid()%100000)
+	nstest.Add(t, ns)
+	nstest.Must(t, "ip", "link", "add", "ula", "netns", ns, "type", "veth", "peer", "name", "ulb", "netns", ns)
+	for _, l := range []string{"ula", "ulb"} {
+		nstest.Must(t, nstest.In(ns, "ip", "link", "set", l, "mtu", "9000", "up")...)
+	}
+	return ns
+}
+
+// stopped ends a Run or RunHost by cancel and asserts it returns nil
+// within 10 s.
+func stopped(t *testing.T, cancel context.CancelFunc, done <-chan error) {
+	t.Helper()
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("run: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("run did not return 10 s after its context ended")
+	}
+}
+
 // TestRunInProcess starts the daemon with Run on the simulated fabric
 // over a veth in a namespace, with a real TAP there, and drives it
 // through its control socket with the typed client: it answers show
@@ -85,14 +113,9 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // operational state, which only times the queries after a carrier
 // change) is not what the binary sees, and is not checked here.
 func TestRunInProcess(t *testing.T) {
-	nstest.Require(t)
+	nstest.Require(t, "sysctl")
 	defer goleak.VerifyNone(t)
-	ns := fmt.Sprintf("dmn%d", os.Getpid()%100000)
-	nstest.Add(t, ns)
-	nstest.Must(t, "ip", "link", "add", "ula", "netns", ns, "type", "veth", "peer", "name", "ulb", "netns", ns)
-	for _, l := range []string{"ula", "ulb"} {
-		nstest.Must(t, nstest.In(ns, "ip", "link", "set", l, "mtu", "9000", "up")...)
-	}
+	ns := underlayNS(t)
 	// The TAP comes without IPv6, so the host's own router and MLD
 	// messages make no VIF: the test's is the only one.
 	nstest.Must(t, nstest.In(ns, "sysctl", "-qw", "net.ipv6.conf.default.disable_ipv6=1")...)
@@ -181,15 +204,7 @@ func TestRunInProcess(t *testing.T) {
 		t.Errorf("show port after the refused reload: %+v, %v", p, err)
 	}
 
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("Run: %v", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("Run did not return 10 s after its context ended")
-	}
+	stopped(t, cancel, done)
 	if out, err := nstest.Run(nstest.In(ns, "ip", "link", "show", "eibt0")...); err == nil {
 		t.Errorf("the TAP outlived Run: %s", out)
 	}
@@ -197,6 +212,39 @@ func TestRunInProcess(t *testing.T) {
 		t.Errorf("control socket after Run: %v", err)
 	}
 	if l := logs.String(); !strings.Contains(l, `msg=stopped tap_removed=eibt0`) {
+		t.Errorf("no stop in the log:\n%s", l)
+	}
+}
+
+// TestRunHostInProcess runs "eipoibd host" with RunHost in a namespace:
+// its TUN device appears with the IPoIB MTU, SIGUSR1 and SIGUSR2 (on
+// HostConfig.Signals) log the neighbour table and the counters, and
+// ending the context removes the device and leaves no goroutine.
+func TestRunHostInProcess(t *testing.T) {
+	nstest.Require(t)
+	defer goleak.VerifyNone(t)
+	ns := underlayNS(t)
+	var logs syncBuffer
+	sig := make(chan os.Signal, 1)
+	cfg := HostConfig{Name: "ibt0", Underlay: "ula", IBMTU: 2048, PKey: 0xffff, MaxNeighbours: 16,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil)), Signals: sig}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- nstest.DoErr(ns, func() error { return RunHost(ctx, cfg) }) }()
+	waitFor(t, "started", func() bool { return strings.Contains(logs.String(), "msg=started tun=ibt0") })
+	if out := nstest.Must(t, nstest.In(ns, "ip", "-o", "link", "show", "ibt0")...); !strings.Contains(out, "mtu 2044") {
+		t.Errorf("TUN: %s", out)
+	}
+	sig <- syscall.SIGUSR1
+	waitFor(t, "neighbour table", func() bool { return strings.Contains(logs.String(), `msg="neighbours\n`) })
+	sig <- syscall.SIGUSR2
+	waitFor(t, "counters", func() bool { return strings.Contains(logs.String(), "msg=counters") })
+	stopped(t, cancel, done)
+	if out, err := nstest.Run(nstest.In(ns, "ip", "link", "show", "ibt0")...); err == nil {
+		t.Errorf("the TUN outlived RunHost: %s", out)
+	}
+	if l := logs.String(); !strings.Contains(l, "msg=stopped tun_removed=ibt0") {
 		t.Errorf("no stop in the log:\n%s", l)
 	}
 }
