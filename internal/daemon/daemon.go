@@ -94,8 +94,9 @@ type Config struct {
 	// sets (nil: the level cannot change).
 	Logger *slog.Logger
 	Level  *slog.LevelVar
-	// Settings are every setting's value as text, by config key, as a
-	// reload compares and logs them.
+	// Settings are every setting's value as text, by config key (the
+	// flag's name), as a reload compares and logs them: a reload applies
+	// the settings whose text here changed, and only those.
 	Settings map[string]string
 	// Reload reads the settings afresh on SIGHUP (nil: a reload changes
 	// nothing).
@@ -109,6 +110,7 @@ type Config struct {
 // setting as its flag, its value and what is allowed.
 type ConfigError struct{ Msg string }
 
+// Error is the message.
 func (e ConfigError) Error() string { return e.Msg }
 
 // Validate checks the settings together.
@@ -301,14 +303,14 @@ func handleSignals(ctx context.Context, cfg *Config, port ipoib.Port, sh *shim.S
 			case syscall.SIGHUP:
 				r.reload()
 			case syscall.SIGUSR2:
-				LogCounters(cfg.Logger, sh.Counters())
+				logCounters(cfg.Logger, sh.Counters())
 			}
 		}
 	}
 }
 
-// LogCounters logs the non-zero counters (SIGUSR2).
-func LogCounters(log *slog.Logger, ctrs map[string]uint64) {
+// logCounters logs the non-zero counters (SIGUSR2).
+func logCounters(log *slog.Logger, ctrs map[string]uint64) {
 	args := []any{}
 	for k, v := range ctrs {
 		if v != 0 {
