@@ -118,16 +118,17 @@ func (h *ctlHandler) Stats() ctl.Stats { return h.sh.Counters() }
 // Capture streams a pcap of the capture's side until count packets, the
 // client's hang-up or the server's close.
 func (h *ctlHandler) Capture(r ctl.CaptureRequest, w io.Writer, gone <-chan struct{}) error {
-	c, err := h.sh.StartCapture(r.Side, 1024)
+	// The wire's side names are the protocol's, the shim's its own API.
+	side, lt, snap := shim.CaptureTAP, layers.LinkTypeEthernet, uint32(16384)
+	if r.Side == ctl.SideFabric {
+		side, lt, snap = shim.CaptureFabric, layers.LinkType(242), 16384+shim.CaptureHeader // LINKTYPE_IPOIB
+	}
+	c, err := h.sh.StartCapture(side, 1024)
 	if err != nil {
 		return err
 	}
 	defer c.Stop()
 	pw := pcapgo.NewWriter(w)
-	lt, snap := layers.LinkTypeEthernet, uint32(16384)
-	if r.Side == shim.CaptureFabric {
-		lt, snap = layers.LinkType(242), 16384+shim.CaptureHeader // LINKTYPE_IPOIB
-	}
 	if err := pw.WriteFileHeader(snap, lt); err != nil {
 		return err
 	}
