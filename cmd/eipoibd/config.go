@@ -7,17 +7,12 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
-	"maps"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/BurntSushi/toml"
-
-	"github.com/eipoib/eipoibd/ipoib"
-	"github.com/eipoib/eipoibd/shim"
 )
 
 // applyConfig sets the flags of fs from the TOML file at path, each key
@@ -137,111 +132,4 @@ func newLogger(format string, w io.Writer, level slog.Leveler) *slog.Logger {
 		return slog.New(slog.NewJSONHandler(w, opts))
 	}
 	return slog.New(slog.NewTextHandler(w, opts))
-}
-
-// liveKeys are the settings a reload (SIGHUP) applies to the running
-// daemon; any other change needs a restart.
-var liveKeys = map[string]bool{
-	"log-level": true, "vif-idle": true, "max-vifs": true, "max-neighbours": true, "vlan-pkey": true,
-	"mcast-query-interval": true, "mcast-response-interval": true, "mcast-last-member-interval": true, "mcast-robustness": true,
-}
-
-// changedKeys lists the settings whose values differ, by name (VLAN
-// maps compared as maps).
-func changedKeys(a, b *options) []string {
-	var ks []string
-	for k, v := range b.values {
-		if a.values[k] == v {
-			continue
-		}
-		if k == "vlan-pkey" {
-			x, err1 := parseVLANPKeys(a.values[k])
-			y, err2 := parseVLANPKeys(v)
-			if err1 == nil && err2 == nil && maps.Equal(x, y) {
-				continue
-			}
-		}
-		ks = append(ks, k)
-	}
-	sort.Strings(ks)
-	return ks
-}
-
-// formatVLANPKeys writes a VLAN map as --vlan-pkey takes it.
-func formatVLANPKeys(m map[uint16]ipoib.PKey) string {
-	var parts []string
-	for _, v := range slices.Sorted(maps.Keys(m)) {
-		parts = append(parts, fmt.Sprintf("%d=%s", v, m[v]))
-	}
-	return strings.Join(parts, ",")
-}
-
-// addPartitions applies the VLAN map want over the running one: new VLANs
-// are added to the shim; a VLAN removed or remapped needs a restart. It
-// returns the map now running.
-func addPartitions(sh *shim.Shim, log *slog.Logger, running, want map[uint16]ipoib.PKey) map[uint16]ipoib.PKey {
-	now := maps.Clone(running)
-	for v, pk := range running {
-		if w, ok := want[v]; !ok || w != pk {
-			log.Warn("config change needs a restart", "key", "vlan-pkey", "vlan", v, "running", pk, "new", formatVLANPKeys(want))
-		}
-	}
-	for _, v := range slices.Sorted(maps.Keys(want)) {
-		if _, ok := running[v]; ok {
-			continue
-		}
-		if err := sh.AddPartition(v, want[v]); err != nil {
-			log.Error("config reload: partition not added", "vlan", v, "pkey", want[v], "err", err)
-			continue
-		}
-		now[v] = want[v]
-	}
-	return now
-}
-
-// reload re-reads the command line and its config file (SIGHUP) and
-// applies what can change live to cur, logging each change and each
-// change that needs a restart. A file that does not parse changes
-// nothing.
-func reload(args []string, cur *options, level *slog.LevelVar, sh *shim.Shim, log *slog.Logger) {
-	o, err := parse(args, io.Discard)
-	if err != nil {
-		log.Error("config reload failed; running on unchanged", "err", err)
-		return
-	}
-	changed := changedKeys(cur, o)
-	for _, k := range changed {
-		if !liveKeys[k] {
-			log.Warn("config change needs a restart", "key", k, "running", cur.values[k], "new", o.values[k])
-			continue
-		}
-		old := cur.values[k]
-		switch k {
-		case "log-level":
-			level.Set(o.level)
-		case "vif-idle":
-			sh.SetVIFIdle(o.vifIdle)
-		case "mcast-query-interval", "mcast-response-interval", "mcast-last-member-interval", "mcast-robustness":
-			// parse validated them together; applied whole, once per key
-			if err := sh.SetMulticastTimers(o.mcast); err != nil {
-				log.Error("config reload: multicast timers not changed", "key", k, "err", err)
-				continue
-			}
-		case "max-vifs", "max-neighbours":
-			cur.maxVIFs, cur.maxNeigh = o.maxVIFs, o.maxNeigh
-			sh.SetLimits(cur.maxVIFs, cur.maxNeigh)
-		case "vlan-pkey":
-			running, _ := parseVLANPKeys(old) // it parsed when it was set
-			want, _ := parseVLANPKeys(o.vlanPKey)
-			o.values[k] = formatVLANPKeys(addPartitions(sh, log, running, want))
-			if o.values[k] == formatVLANPKeys(running) {
-				continue
-			}
-		}
-		log.Info("config reloaded", "key", k, "old", old, "new", o.values[k])
-		cur.values[k] = o.values[k]
-	}
-	if len(changed) == 0 {
-		log.Info("config reloaded: no changes")
-	}
 }

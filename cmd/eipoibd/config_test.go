@@ -5,11 +5,9 @@ import (
 	"encoding/json"
 	"flag"
 	"log/slog"
-	"maps"
 	"os"
 	"path/filepath"
 	"runtime"
-	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -49,7 +47,7 @@ func TestReferenceConfig(t *testing.T) {
 	}
 	// And the reference as a whole is a valid configuration.
 	o, err := parse([]string{"run", "--config", "../../docs/eipoibd.toml", "--underlay", "ul1"}, &bytes.Buffer{})
-	if err != nil || o.queues != runtime.NumCPU() {
+	if err != nil || o.cfg.Queues != runtime.NumCPU() {
 		t.Fatalf("the reference does not parse: %v", err)
 	}
 }
@@ -69,11 +67,11 @@ func writeConfig(t *testing.T, text string) string {
 func TestConfigFile(t *testing.T) {
 	p := writeConfig(t, "underlay = \"ul9\"\nib-mtu = 2048\nvif-idle = \"90s\"\noffload = false\nvlan-pkey = \"10=0x800a\"\n")
 	o, err := parse([]string{"run", "--config", p}, &bytes.Buffer{})
-	if err != nil || o.underlay != "ul9" || o.ibMTU != 2048 || o.vifIdle != 90*time.Second || o.offload || o.vlanPKey != "10=0x800a" {
+	if err != nil || o.cfg.Underlay != "ul9" || o.cfg.IBMTU != 2048 || o.cfg.VIFIdle != 90*time.Second || o.cfg.Offload || len(o.cfg.Partitions) != 1 || o.cfg.Partitions[10] != 0x800a {
 		t.Fatalf("from the file: %+v, %v", o, err)
 	}
 	o, err = parse([]string{"run", "--config", p, "--ib-mtu", "4096", "--offload=true"}, &bytes.Buffer{})
-	if err != nil || o.ibMTU != 4096 || !o.offload || o.underlay != "ul9" {
+	if err != nil || o.cfg.IBMTU != 4096 || !o.cfg.Offload || o.cfg.Underlay != "ul9" {
 		t.Fatalf("flags over the file: %+v, %v", o, err)
 	}
 	for _, c := range []struct{ text, want string }{
@@ -108,33 +106,5 @@ func TestLogFormatJSON(t *testing.T) {
 	var rec map[string]any
 	if err := json.Unmarshal(buf.Bytes(), &rec); err != nil || rec["msg"] != "started" || rec["tap"] != "eib0" || rec["ib_mtu"] != float64(4096) || rec["level"] != "INFO" {
 		t.Fatalf("%q: %v %v", buf.String(), rec, err)
-	}
-}
-
-// TestReloadDiff: a reload sees exactly the settings that changed, and
-// which of them apply live.
-func TestReloadDiff(t *testing.T) {
-	p := writeConfig(t, "underlay = \"u\"\nvif-idle = \"5m\"\n")
-	a, err := parse([]string{"run", "--config", p, "--name", "eib3"}, &bytes.Buffer{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	os.WriteFile(p, []byte("underlay = \"u\"\nvif-idle = \"10s\"\nlog-level = \"debug\"\nmax-vifs = 10\nname = \"other\"\n"), 0o600)
-	b, err := parse([]string{"run", "--config", p, "--name", "eib3"}, &bytes.Buffer{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	// name stays: the command line wins over the file.
-	if got := strings.Join(changedKeys(a, b), " "); got != "log-level max-vifs vif-idle" {
-		t.Fatalf("changed %q", got)
-	}
-	if got := strings.Join(slices.Sorted(maps.Keys(liveKeys)), " "); got != "log-level max-neighbours max-vifs mcast-last-member-interval mcast-query-interval mcast-response-interval mcast-robustness vif-idle vlan-pkey" {
-		t.Fatalf("live keys %q", got)
-	}
-	// VLAN maps compare as maps.
-	c, _ := parse([]string{"run", "--underlay", "u", "--vlan-pkey", "10=0x800a,20=0x8014"}, &bytes.Buffer{})
-	d, _ := parse([]string{"run", "--underlay", "u", "--vlan-pkey", "20=0x8014,10=0x800a"}, &bytes.Buffer{})
-	if ks := changedKeys(c, d); len(ks) != 0 {
-		t.Fatalf("reordered VLAN map seen as a change: %v", ks)
 	}
 }

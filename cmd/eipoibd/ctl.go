@@ -1,8 +1,8 @@
 package main
 
-// The control socket's two ends: the daemon's handler over the shim, and
-// the client commands (show, vif, neigh, capture) that print what it
-// answers, in columns like ip and bridge do, or as JSON.
+// The control socket's client commands (show, vif, neigh, capture): they
+// print what the daemon (internal/daemon) answers, in columns like ip and
+// bridge do, or as JSON.
 
 import (
 	"encoding/json"
@@ -16,173 +16,12 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/gopacket/gopacket"
-	"github.com/gopacket/gopacket/layers"
-	"github.com/gopacket/gopacket/pcapgo"
-
 	"github.com/eipoib/eipoibd/internal/cli"
 	"github.com/eipoib/eipoibd/internal/ctl"
-	"github.com/eipoib/eipoibd/internal/ether"
-	"github.com/eipoib/eipoibd/mactrans"
-	"github.com/eipoib/eipoibd/shim"
 )
 
 // stdout is where the client commands print (a variable for the tests).
 var stdout io.Writer = os.Stdout
-
-// The JSON the control socket answers with; the field names are stable
-// (README, "Control socket").
-type (
-	portJSON struct {
-		Name       string          `json:"name"`
-		Backend    string          `json:"backend"`
-		Device     string          `json:"device"`
-		GID        string          `json:"gid"`
-		IBMTU      int             `json:"ib_mtu"`
-		IPoIBMTU   int             `json:"ipoib_mtu"`
-		Link       string          `json:"link"`
-		Partitions []partitionJSON `json:"partitions"`
-	}
-	partitionJSON struct {
-		VLAN uint16 `json:"vlan"`
-		PKey string `json:"pkey"`
-	}
-	vifJSON struct {
-		MAC       string  `json:"mac"`
-		VLAN      uint16  `json:"vlan"`
-		PKey      string  `json:"pkey"`
-		QPN       string  `json:"qpn"`
-		Address   string  `json:"address"`
-		Origin    string  `json:"origin"`
-		IdleS     float64 `json:"idle_s"`
-		TxPackets uint64  `json:"tx_packets"`
-		TxBytes   uint64  `json:"tx_bytes"`
-		RxPackets uint64  `json:"rx_packets"`
-		RxBytes   uint64  `json:"rx_bytes"`
-	}
-	neighJSON struct {
-		REMAC string   `json:"remac"`
-		RIMAC string   `json:"rimac"`
-		PKey  string   `json:"pkey"`
-		IPs   []string `json:"ips"`
-		AgeS  float64  `json:"age_s"`
-	}
-	groupJSON struct {
-		MGID     string        `json:"mgid"`
-		SendOnly bool          `json:"send_only"`
-		Members  []snoopedJSON `json:"members"`
-	}
-	snoopedJSON struct {
-		VLAN         uint16  `json:"vlan"`
-		Group        string  `json:"group"`
-		ExpiresS     float64 `json:"expires_s"`
-		QueriesLeft  int     `json:"queries_left"`
-		LastReporter string  `json:"last_reporter"`
-	}
-)
-
-// ctlHandler answers the control socket from the shim.
-type ctlHandler struct {
-	sh             *shim.Shim
-	name, fab, dev string
-}
-
-func (h *ctlHandler) Do(r ctl.Request) (any, error) {
-	switch r.Cmd {
-	case "show":
-		return h.show(r.What), nil
-	case "vif-add", "vif-del":
-		mac, err := ether.ParseMAC(r.MAC)
-		if err != nil {
-			return nil, fmt.Errorf("MAC %q: %v", r.MAC, err)
-		}
-		if r.Cmd == "vif-del" {
-			return nil, h.sh.RemoveVIF(mac, uint16(r.VLAN))
-		}
-		return nil, h.sh.DeclareVIF(mac, uint16(r.VLAN), mactrans.OriginDeclared)
-	case "neigh-flush":
-		return map[string]int{"flushed": h.sh.FlushNeighbours()}, nil
-	}
-	return nil, fmt.Errorf("unknown command %q", r.Cmd)
-}
-
-func secs(d time.Duration) float64 { return float64(d.Milliseconds()) / 1000 }
-
-func (h *ctlHandler) show(what string) any {
-	switch what {
-	case "port":
-		pi := h.sh.Port()
-		p := portJSON{Name: h.name, Backend: h.fab, Device: h.dev, GID: pi.GID.String(), IBMTU: pi.IBMTU, IPoIBMTU: pi.IPoIBMTU, Link: "down"}
-		if pi.Up {
-			p.Link = "up"
-		}
-		for vlan, pk := range pi.Partitions {
-			p.Partitions = append(p.Partitions, partitionJSON{VLAN: vlan, PKey: pk.String()})
-		}
-		sort.Slice(p.Partitions, func(i, j int) bool { return p.Partitions[i].VLAN < p.Partitions[j].VLAN })
-		return p
-	case "vifs":
-		out := []vifJSON{}
-		for _, v := range h.sh.VIFs() {
-			out = append(out, vifJSON{MAC: v.MAC.String(), VLAN: v.VLAN, PKey: v.PKey.String(), QPN: fmt.Sprintf("%#06x", v.QPN),
-				Address: v.Addr.String(), Origin: v.Origin.String(), IdleS: secs(v.Idle),
-				TxPackets: v.TxPackets, TxBytes: v.TxBytes, RxPackets: v.RxPackets, RxBytes: v.RxBytes})
-		}
-		return out
-	case "neigh":
-		out := []neighJSON{}
-		for _, n := range h.sh.Neighbours() {
-			j := neighJSON{REMAC: n.REMAC.String(), RIMAC: n.RIMAC.String(), PKey: n.PKey.String(), IPs: []string{}, AgeS: secs(n.Age)}
-			for _, ip := range n.IPs {
-				j.IPs = append(j.IPs, ip.String())
-			}
-			out = append(out, j)
-		}
-		return out
-	case "groups":
-		out := []groupJSON{}
-		for _, g := range h.sh.Groups() {
-			j := groupJSON{MGID: g.MGID.String(), SendOnly: g.SendOnly, Members: []snoopedJSON{}}
-			for _, m := range g.Groups {
-				j.Members = append(j.Members, snoopedJSON{VLAN: m.VLAN, Group: m.Group.String(), ExpiresS: secs(m.Expires), QueriesLeft: m.QueriesLeft, LastReporter: m.LastReporter.String()})
-			}
-			out = append(out, j)
-		}
-		return out
-	}
-	return h.sh.Counters()
-}
-
-// Capture streams a pcap of the capture's side until count packets, the
-// client's hang-up or the server's close.
-func (h *ctlHandler) Capture(r ctl.Request, w io.Writer, gone <-chan struct{}) error {
-	c, err := h.sh.StartCapture(r.Side, 1024)
-	if err != nil {
-		return err
-	}
-	defer c.Stop()
-	pw := pcapgo.NewWriter(w)
-	lt, snap := layers.LinkTypeEthernet, uint32(16384)
-	if r.Side == shim.CaptureFabric {
-		lt, snap = layers.LinkType(242), 16384+shim.CaptureHeader // LINKTYPE_IPOIB
-	}
-	if err := pw.WriteFileHeader(snap, lt); err != nil {
-		return err
-	}
-	for n := 0; r.Count == 0 || n < r.Count; n++ {
-		select {
-		case <-gone:
-			return nil
-		case p := <-c.Packets():
-			err := pw.WritePacket(gopacket.CaptureInfo{Timestamp: p.At, CaptureLength: len(p.Data), Length: p.Len}, p.Data)
-			c.Release(p)
-			if err != nil {
-				return err
-			}
-		}
-	}
-	return nil
-}
 
 // runCtl runs a client command: show, vif, neigh or capture.
 func runCtl(cmd string, args []string, stderr io.Writer) error {
@@ -196,7 +35,7 @@ func runCtl(cmd string, args []string, stderr io.Writer) error {
 	fs.IntVar(count, "c", 0, "capture: stop after this many packets")
 	vlan := fs.Int("vlan", 0, "vif add/del: the guest's VLAN")
 	out := fs.String("w", "", "capture: the pcap file to write")
-	side := fs.String("side", shim.CaptureFabric, "capture: fabric (IPoIB, pcap link type 242) or tap (Ethernet)")
+	side := fs.String("side", ctl.SideFabric, "capture: fabric (IPoIB, pcap link type 242) or tap (Ethernet)")
 	usage := fmt.Sprintf(`usage: eipoibd show port|vifs|neigh|groups|stats [--name eib0] [--json] [--interval 1s]
        eipoibd vif add|del MAC [--vlan N] [--name eib0]
        eipoibd neigh flush [--name eib0]
@@ -211,19 +50,19 @@ Flags of eipoibd %s:
 	if err := cli.Parse(fs, args, usage, stderr, "eipoibd "+cmd+" -h lists the flags"); err != nil {
 		return err
 	}
-	path := ctl.Path(*dir, *name)
+	c := ctl.Client{Path: ctl.Path(*dir, *name)}
 	switch cmd {
 	case "show":
 		if len(words) != 1 {
 			return cli.UsageError{Msg: "show what? port, vifs, neigh, groups or stats"}
 		}
 		if *interval > 0 {
-			if words[0] != "stats" {
+			if words[0] != ctl.ShowStats {
 				return cli.UsageError{Msg: "--interval is for show stats"}
 			}
-			return statsEvery(path, *interval, *count, *asJSON)
+			return statsEvery(c, *interval, *count, *asJSON)
 		}
-		data, err := ctl.Do(path, ctl.Request{Cmd: "show", What: words[0]})
+		data, err := c.Show(words[0])
 		if err != nil {
 			return err
 		}
@@ -232,13 +71,16 @@ Flags of eipoibd %s:
 		if len(words) != 2 || (words[0] != "add" && words[0] != "del") {
 			return cli.UsageError{Msg: "usage: eipoibd vif add|del MAC [--vlan N]"}
 		}
-		_, err := ctl.Do(path, ctl.Request{Cmd: "vif-" + words[0], MAC: words[1], VLAN: *vlan})
-		return err
+		v := ctl.VIFRequest{MAC: words[1], VLAN: *vlan}
+		if words[0] == "add" {
+			return c.AddVIF(v)
+		}
+		return c.DelVIF(v)
 	case "neigh":
 		if len(words) != 1 || words[0] != "flush" {
 			return cli.UsageError{Msg: "usage: eipoibd neigh flush"}
 		}
-		data, err := ctl.Do(path, ctl.Request{Cmd: "neigh-flush"})
+		data, err := c.Do(ctl.Request{Cmd: ctl.CmdNeighFlush})
 		if err == nil && *asJSON {
 			fmt.Fprintln(stdout, string(data))
 		}
@@ -252,28 +94,20 @@ Flags of eipoibd %s:
 	if err != nil {
 		return err
 	}
-	err = ctl.Stream(path, ctl.Request{Cmd: "capture", Side: *side, Count: *count}, f)
+	err = c.Capture(ctl.CaptureRequest{Side: *side, Count: *count}, f)
 	return errors.Join(err, f.Close())
 }
 
 // statsEvery prints the counters' changes every interval, count times
 // (0: forever): non-zero deltas only, as "name delta (total)".
-func statsEvery(path string, every time.Duration, count int, asJSON bool) error {
-	get := func() (map[string]uint64, error) {
-		data, err := ctl.Do(path, ctl.Request{Cmd: "show", What: "stats"})
-		if err != nil {
-			return nil, err
-		}
-		var m map[string]uint64
-		return m, json.Unmarshal(data, &m)
-	}
-	prev, err := get()
+func statsEvery(c ctl.Client, every time.Duration, count int, asJSON bool) error {
+	prev, err := c.ShowStats()
 	if err != nil {
 		return err
 	}
 	for i := 0; count == 0 || i < count; i++ {
 		time.Sleep(every)
-		cur, err := get()
+		cur, err := c.ShowStats()
 		if err != nil {
 			return err
 		}
@@ -317,8 +151,8 @@ func printShow(what string, data json.RawMessage, asJSON bool) error {
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	defer tw.Flush()
 	switch what {
-	case "port":
-		var p portJSON
+	case ctl.ShowPort:
+		var p ctl.Port
 		if err := json.Unmarshal(data, &p); err != nil {
 			return err
 		}
@@ -326,8 +160,8 @@ func printShow(what string, data json.RawMessage, asJSON bool) error {
 		for _, pt := range p.Partitions {
 			fmt.Fprintf(tw, "partition\tvlan %d pkey %s\n", pt.VLAN, pt.PKey)
 		}
-	case "vifs":
-		var vs []vifJSON
+	case ctl.ShowVIFs:
+		var vs []ctl.VIF
 		if err := json.Unmarshal(data, &vs); err != nil {
 			return err
 		}
@@ -335,8 +169,8 @@ func printShow(what string, data json.RawMessage, asJSON bool) error {
 		for _, v := range vs {
 			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%.0fs\t%d\t%d\t%d\t%d\n", v.MAC, v.VLAN, v.PKey, v.QPN, v.Address, v.Origin, v.IdleS, v.TxPackets, v.TxBytes, v.RxPackets, v.RxBytes)
 		}
-	case "neigh":
-		var ns []neighJSON
+	case ctl.ShowNeigh:
+		var ns []ctl.Neigh
 		if err := json.Unmarshal(data, &ns); err != nil {
 			return err
 		}
@@ -344,8 +178,8 @@ func printShow(what string, data json.RawMessage, asJSON bool) error {
 		for _, n := range ns {
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%.0fs\n", n.REMAC, n.RIMAC, n.PKey, strings.Join(n.IPs, ","), n.AgeS)
 		}
-	case "groups":
-		var gs []groupJSON
+	case ctl.ShowGroups:
+		var gs []ctl.Group
 		if err := json.Unmarshal(data, &gs); err != nil {
 			return err
 		}
@@ -366,8 +200,8 @@ func printShow(what string, data json.RawMessage, asJSON bool) error {
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\n", g.MGID, kind, strings.Join(ms, "; "))
 		}
-	case "stats":
-		var m map[string]uint64
+	case ctl.ShowStats:
+		var m ctl.Stats
 		if err := json.Unmarshal(data, &m); err != nil {
 			return err
 		}

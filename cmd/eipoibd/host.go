@@ -11,10 +11,8 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/eipoib/eipoibd/internal/daemon"
 	"github.com/eipoib/eipoibd/ipoib"
-	"github.com/eipoib/eipoibd/ipoib/simfabric"
-	"github.com/eipoib/eipoibd/ipoibhost"
-	"github.com/eipoib/eipoibd/tap"
 )
 
 const hostUsage = `usage: eipoibd host --underlay IFACE [flags]
@@ -82,54 +80,13 @@ func runHost(args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	pkey := o.pkeyV
-	log := newLogger(o.logFormat, stderr, o.level)
-	port, err := simfabric.Open(simfabric.Config{Underlay: o.underlay, IBMTU: o.ibMTU})
-	if err != nil {
-		return err
-	}
-	defer port.Close()
-	ipMTU, _ := ipoib.IPMTU(o.ibMTU)
-	dev, err := tap.Create(tap.Config{Name: o.name, MTU: ipMTU, TUN: true})
-	if err != nil {
-		return err
-	}
-	defer dev.Close()
-	h, err := ipoibhost.New(ipoibhost.Config{
-		Device: dev, Port: port, Link: ipoibhost.OSLink(o.name), Name: o.name,
-		PKey: pkey, Logger: log, MaxNeighbours: o.maxNeigh, NeighFile: o.neighFile,
-	})
-	if err != nil {
-		return err
-	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	sig := make(chan os.Signal, 4)
 	signal.Notify(sig, syscall.SIGUSR1, syscall.SIGUSR2)
 	defer signal.Stop(sig)
-	go func() {
-		for s := range sig {
-			if s == syscall.SIGUSR1 {
-				log.Info("neighbours\n" + h.Neighbours())
-				continue
-			}
-			logCounters(log, h.Counters())
-		}
-	}()
-	log.Info("started", "tun", o.name, "underlay", o.underlay, "gid", port.LocalGID(), "ib_mtu", o.ibMTU, "ipoib_mtu", ipMTU)
-	err = h.Run(ctx)
-	logCounters(log, h.Counters())
-	log.Info("stopped", "tun_removed", o.name)
-	return err
-}
-
-// logCounters logs the non-zero counters.
-func logCounters(log *slog.Logger, ctrs map[string]uint64) {
-	args := []any{}
-	for k, v := range ctrs {
-		if v != 0 {
-			args = append(args, k, v)
-		}
-	}
-	log.Info("counters", args...)
+	return daemon.RunHost(ctx, daemon.HostConfig{
+		Name: o.name, Underlay: o.underlay, IBMTU: o.ibMTU, PKey: o.pkeyV, MaxNeighbours: o.maxNeigh, NeighFile: o.neighFile,
+		Logger: newLogger(o.logFormat, stderr, o.level), Signals: sig,
+	})
 }

@@ -49,7 +49,7 @@ func TestSystemdUnit(t *testing.T) {
 		}
 	}
 	o, err := parse(args[1:], &bytes.Buffer{})
-	if err != nil || o.name != "eib0" || o.underlay != "ul1" || o.ctlDir != "/run/eipoibd" {
+	if err != nil || o.cfg.Name != "eib0" || o.cfg.Underlay != "ul1" || o.cfg.CtlDir != "/run/eipoibd" {
 		t.Fatalf("ExecStart %v: %+v, %v", args, o, err)
 	}
 	if _, err := exec.LookPath("systemd-analyze"); err != nil {

@@ -5,26 +5,43 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
 
-// fakeHandler answers show with what it was asked and captures count
-// lines of "pkt\n".
+// fakeHandler answers each show with one entry naming the listing,
+// refuses the MAC "bad", and captures count lines of "pkt\n".
 type fakeHandler struct{}
 
-func (fakeHandler) Do(r Request) (any, error) {
-	if r.Cmd == "vif-add" && r.MAC == "bad" {
-		return nil, errors.New("MAC \"bad\": invalid")
-	}
-	return map[string]string{"cmd": r.Cmd, "what": r.What}, nil
+func (fakeHandler) Port() Port {
+	return Port{Name: "eib0", Backend: "sim", Link: "up", Partitions: []Partition{{VLAN: 0, PKey: "0xffff"}}}
 }
+func (fakeHandler) VIFs() []VIF {
+	return []VIF{{MAC: "02:00:00:00:00:01", VLAN: 10, Origin: "declared"}}
+}
+func (fakeHandler) Neighbours() []Neigh {
+	return []Neigh{{REMAC: "02:00:00:00:00:02", IPs: []string{"10.0.0.2"}}}
+}
+func (fakeHandler) Groups() []Group {
+	return []Group{{MGID: "ff12:401b:ffff::ffff:ffff", Members: []Member{}}}
+}
+func (fakeHandler) Stats() Stats             { return Stats{"tx_frames": 7} }
+func (fakeHandler) FlushNeighbours() Flushed { return Flushed{Flushed: 3} }
+func (fakeHandler) AddVIF(r VIFRequest) error {
+	if r.MAC == "bad" {
+		return errors.New("MAC \"bad\": invalid")
+	}
+	return nil
+}
+func (fakeHandler) DelVIF(r VIFRequest) error { return fmt.Errorf("no VIF %s vlan %d", r.MAC, r.VLAN) }
 
-func (fakeHandler) Capture(r Request, w io.Writer, gone <-chan struct{}) error {
+func (fakeHandler) Capture(r CaptureRequest, w io.Writer, gone <-chan struct{}) error {
 	for range r.Count {
 		if _, err := io.WriteString(w, "pkt\n"); err != nil {
 			return err
@@ -74,12 +91,41 @@ func TestServer(t *testing.T) {
 	if err != nil || fi.Mode().Perm() != 0o600 || fi.Mode()&os.ModeSocket == 0 {
 		t.Fatalf("socket %v, %v; want a 0600 socket", fi.Mode(), err)
 	}
-	data, err := Do(path, Request{Cmd: "show", What: "vifs"})
-	if err != nil || string(data) != `{"cmd":"show","what":"vifs"}` {
+	c := Client{Path: path}
+	data, err := c.Show(ShowVIFs)
+	if err != nil || string(data) != `[{"mac":"02:00:00:00:00:01","vlan":10,"pkey":"","qpn":"","address":"","origin":"declared","idle_s":0,"tx_packets":0,"tx_bytes":0,"rx_packets":0,"rx_bytes":0}]` {
 		t.Fatalf("show vifs: %s, %v", data, err)
 	}
-	if _, err := Do(path, Request{Cmd: "vif-add", MAC: "bad"}); err == nil || err.Error() != `MAC "bad": invalid` {
+	// Each typed call reaches its handler method and decodes its reply.
+	if p, err := c.ShowPort(); err != nil || p.Name != "eib0" || p.Link != "up" || len(p.Partitions) != 1 || p.Partitions[0].PKey != "0xffff" {
+		t.Errorf("ShowPort: %+v, %v", p, err)
+	}
+	if v, err := c.ShowVIFs(); err != nil || len(v) != 1 || v[0].VLAN != 10 || v[0].Origin != "declared" {
+		t.Errorf("ShowVIFs: %+v, %v", v, err)
+	}
+	if n, err := c.ShowNeighbours(); err != nil || len(n) != 1 || n[0].IPs[0] != "10.0.0.2" {
+		t.Errorf("ShowNeighbours: %+v, %v", n, err)
+	}
+	if g, err := c.ShowGroups(); err != nil || len(g) != 1 || g[0].MGID != "ff12:401b:ffff::ffff:ffff" {
+		t.Errorf("ShowGroups: %+v, %v", g, err)
+	}
+	if st, err := c.ShowStats(); err != nil || len(st) != 1 || st["tx_frames"] != 7 {
+		t.Errorf("ShowStats: %v, %v", st, err)
+	}
+	if f, err := c.FlushNeighbours(); err != nil || f.Flushed != 3 {
+		t.Errorf("FlushNeighbours: %+v, %v", f, err)
+	}
+	if err := c.AddVIF(VIFRequest{MAC: "02:00:00:00:00:09", VLAN: 4094}); err != nil {
+		t.Errorf("AddVIF: %v", err)
+	}
+	if err := c.AddVIF(VIFRequest{MAC: "bad"}); err == nil || err.Error() != `MAC "bad": invalid` {
 		t.Fatalf("refused vif-add: %v", err)
+	}
+	if err := c.DelVIF(VIFRequest{MAC: "02:00:00:00:00:09", VLAN: 5}); err == nil || err.Error() != "no VIF 02:00:00:00:00:09 vlan 5" {
+		t.Errorf("DelVIF reached the handler with %v", err)
+	}
+	if err := c.AddVIF(VIFRequest{MAC: "02:00:00:00:00:09", VLAN: 4095}); err == nil || err.Error() != "vif-add needs a MAC and a VLAN from 0 to 4094" {
+		t.Errorf("AddVIF on VLAN 4095: %v", err)
 	}
 	for line, want := range map[string]string{
 		"garbage\n": "malformed request",
@@ -95,11 +141,11 @@ func TestServer(t *testing.T) {
 		}
 	}
 	// The server still answers after all that.
-	if _, err := Do(path, Request{Cmd: "show", What: "port"}); err != nil {
+	if _, err := c.ShowPort(); err != nil {
 		t.Fatal(err)
 	}
 	var buf bytes.Buffer
-	if err := Stream(path, Request{Cmd: "capture", Side: "fabric", Count: 3}, &buf); err != nil || buf.String() != "pkt\npkt\npkt\n" {
+	if err := c.Capture(CaptureRequest{Side: SideFabric, Count: 3}, &buf); err != nil || buf.String() != "pkt\npkt\npkt\n" {
 		t.Fatalf("capture: %q, %v", buf.String(), err)
 	}
 	// A second server on the same path is refused while the first runs.
@@ -109,7 +155,7 @@ func TestServer(t *testing.T) {
 }
 
 func TestNoDaemon(t *testing.T) {
-	_, err := Do(filepath.Join(t.TempDir(), "eib0.sock"), Request{Cmd: "show", What: "port"})
+	_, err := Client{Path: filepath.Join(t.TempDir(), "eib0.sock")}.ShowPort()
 	if err == nil || !strings.Contains(err.Error(), "no eipoibd at") {
 		t.Fatalf("%v", err)
 	}
@@ -148,9 +194,18 @@ func TestParseRequest(t *testing.T) {
 // FuzzParseRequest: any line is parsed or refused without a panic, and
 // what is accepted is one of the commands with valid arguments.
 func FuzzParseRequest(f *testing.F) {
-	for _, s := range []string{`{"v":1,"cmd":"show","what":"vifs"}`, `{"v":1,"cmd":"vif-add","mac":"02:00:00:00:00:01"}`,
-		`{"v":1,"cmd":"capture","side":"fabric","count":10}`, `{"v":1}`, `garbage`, `{"v":1,"cmd":"show","what":"port"}{}`} {
+	for _, s := range []string{`{"v":1}`, `garbage`, `{"v":1,"cmd":"show","what":"port"}{}`, `{"v":1,"cmd":"vif-add","vlan":-1,"mac":"x"}`} {
 		f.Add([]byte(s))
+	}
+	// Every command, as the Client writes it.
+	for _, r := range []Request{
+		{Cmd: CmdShow, What: ShowPort}, {Cmd: CmdShow, What: ShowVIFs}, {Cmd: CmdShow, What: ShowNeigh}, {Cmd: CmdShow, What: ShowGroups},
+		{Cmd: CmdShow, What: ShowStats}, {Cmd: CmdVIFAdd, MAC: "02:00:00:00:00:01", VLAN: 10}, {Cmd: CmdVIFDel, MAC: "02:00:00:00:00:01"},
+		{Cmd: CmdNeighFlush}, {Cmd: CmdCapture, Side: SideFabric, Count: 10}, {Cmd: CmdCapture, Side: SideTAP},
+	} {
+		r.V = Version
+		b, _ := json.Marshal(r)
+		f.Add(b)
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		r, err := ParseRequest(b)
@@ -160,10 +215,14 @@ func FuzzParseRequest(f *testing.F) {
 		switch {
 		case r.V != Version:
 			t.Fatalf("version %d accepted", r.V)
-		case r.Cmd == "capture" && (r.Side != "fabric" && r.Side != "tap" || r.Count < 0):
+		case r.Cmd == CmdCapture && (r.Side != SideFabric && r.Side != SideTAP || r.Count < 0):
 			t.Fatalf("bad capture accepted: %+v", r)
-		case (r.Cmd == "vif-add" || r.Cmd == "vif-del") && (r.MAC == "" || r.VLAN < 0 || r.VLAN > 4094):
+		case (r.Cmd == CmdVIFAdd || r.Cmd == CmdVIFDel) && (r.MAC == "" || r.VLAN < 0 || r.VLAN > 4094):
 			t.Fatalf("bad vif accepted: %+v", r)
+		case r.Cmd == CmdShow && !slices.Contains([]string{ShowPort, ShowVIFs, ShowNeigh, ShowGroups, ShowStats}, r.What):
+			t.Fatalf("bad show accepted: %+v", r)
+		case !slices.Contains([]string{CmdShow, CmdVIFAdd, CmdVIFDel, CmdNeighFlush, CmdCapture}, r.Cmd):
+			t.Fatalf("unknown command accepted: %+v", r)
 		}
 	})
 }

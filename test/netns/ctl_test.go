@@ -6,66 +6,20 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/eipoib/eipoibd/internal/ctl"
 )
 
-// ctlVIF, ctlNeigh, ctlGroup and ctlPort are the control socket's JSON
-// as the README documents it; unknown fields fail the decoding, so a
-// field added without its test is noticed.
-type ctlVIF struct {
-	MAC       string  `json:"mac"`
-	VLAN      int     `json:"vlan"`
-	PKey      string  `json:"pkey"`
-	QPN       string  `json:"qpn"`
-	Address   string  `json:"address"`
-	Origin    string  `json:"origin"`
-	IdleS     float64 `json:"idle_s"`
-	TxPackets uint64  `json:"tx_packets"`
-	TxBytes   uint64  `json:"tx_bytes"`
-	RxPackets uint64  `json:"rx_packets"`
-	RxBytes   uint64  `json:"rx_bytes"`
-}
-
-type ctlNeigh struct {
-	REMAC string   `json:"remac"`
-	RIMAC string   `json:"rimac"`
-	PKey  string   `json:"pkey"`
-	IPs   []string `json:"ips"`
-	AgeS  float64  `json:"age_s"`
-}
-
-type ctlGroup struct {
-	MGID     string `json:"mgid"`
-	SendOnly bool   `json:"send_only"`
-	Members  []struct {
-		VLAN         int     `json:"vlan"`
-		Group        string  `json:"group"`
-		ExpiresS     float64 `json:"expires_s"`
-		QueriesLeft  int     `json:"queries_left"`
-		LastReporter string  `json:"last_reporter"`
-	} `json:"members"`
-}
-
-type ctlPort struct {
-	Name       string `json:"name"`
-	Backend    string `json:"backend"`
-	Device     string `json:"device"`
-	GID        string `json:"gid"`
-	IBMTU      int    `json:"ib_mtu"`
-	IPoIBMTU   int    `json:"ipoib_mtu"`
-	Link       string `json:"link"`
-	Partitions []struct {
-		VLAN int    `json:"vlan"`
-		PKey string `json:"pkey"`
-	} `json:"partitions"`
-}
-
 // ctlJSON runs a client command with --json and decodes its output
-// strictly into v.
+// strictly into v, one of the control protocol's reply types (package
+// ctl): a field the daemon answers with that the type lacks fails the
+// decoding.
 func ctlJSON(t *testing.T, h *hypervisor, v any, args ...string) {
 	t.Helper()
 	out := h.ctl(t, append(args, "--json")...)
@@ -76,13 +30,13 @@ func ctlJSON(t *testing.T, h *hypervisor, v any, args ...string) {
 	}
 }
 
-func vifOf(vs []ctlVIF, mac string) (ctlVIF, bool) {
+func vifOf(vs []ctl.VIF, mac string) (ctl.VIF, bool) {
 	for _, v := range vs {
 		if v.MAC == mac {
 			return v, true
 		}
 	}
-	return ctlVIF{}, false
+	return ctl.VIF{}, false
 }
 
 // TestCtl: every command of the control socket, against a running
@@ -93,12 +47,16 @@ func TestCtl(t *testing.T) {
 	g11, g21 := h1.guests[0], h2.guests[0]
 	ping(t, g11, g21.ip4)
 
-	var port ctlPort
+	var port ctl.Port
 	ctlJSON(t, h1, &port, "show", "port")
 	if port.Name != "eib0" || port.Backend != "sim" || port.Device != "ul1" || port.GID != h1.gid(t).String() ||
 		port.IBMTU != 4096 || port.IPoIBMTU != 4092 || port.Link != "up" || len(port.Partitions) != 2 ||
 		port.Partitions[0].VLAN != 0 || port.Partitions[0].PKey != "0xffff" || port.Partitions[1].VLAN != 10 || port.Partitions[1].PKey != "0x800a" {
 		t.Errorf("show port: %+v", port)
+	}
+	// The typed client, as the CLI uses it, decodes the same answer.
+	if p, err := (ctl.Client{Path: ctl.Path(h1.ctlDir(), "eib0")}).ShowPort(); err != nil || !reflect.DeepEqual(p, port) {
+		t.Errorf("ctl.Client.ShowPort: %+v, %v; the CLI's --json said %+v", p, err, port)
 	}
 	if out := h1.ctl(t, "show", "port"); !strings.Contains(out, "gid        "+h1.gid(t).String()) || !strings.Contains(out, "partition  vlan 10 pkey 0x800a") {
 		t.Errorf("show port (text):\n%s", out)
@@ -107,7 +65,7 @@ func TestCtl(t *testing.T) {
 	// Per-VIF counters: five pings of 100 bytes add five frames each way
 	// (and at most one stray frame, an ND or MLD message, in that time).
 	mac := g11.mac(t).String()
-	var before, after []ctlVIF
+	var before, after []ctl.VIF
 	ctlJSON(t, h1, &before, "show", "vifs")
 	pingN(t, g11, g21.ip4, 5, "-s", "100")
 	ctlJSON(t, h1, &after, "show", "vifs")
@@ -174,7 +132,7 @@ func TestCtl(t *testing.T) {
 	}
 
 	// Neighbours: g21's endpoint, with the IP its ARP spoke for.
-	var ns []ctlNeigh
+	var ns []ctl.Neigh
 	ctlJSON(t, h1, &ns, "show", "neigh")
 	want := fmt.Sprintf("%06x", h2.vifQPN(g21.mac(t).String(), 0))
 	found := false
@@ -189,9 +147,9 @@ func TestCtl(t *testing.T) {
 	if out := h1.ctl(t, "show", "neigh"); !strings.HasPrefix(out, "REMAC ") || !strings.Contains(out, g21.ip4) {
 		t.Errorf("show neigh (text):\n%s", out)
 	}
-	var flushed map[string]int
+	var flushed ctl.Flushed
 	ctlJSON(t, h1, &flushed, "neigh", "flush")
-	if flushed["flushed"] != len(ns) {
+	if flushed.Flushed != len(ns) {
 		t.Errorf("neigh flush: %v, want %d", flushed, len(ns))
 	}
 	ctlJSON(t, h1, &ns, "show", "neigh")
@@ -204,7 +162,7 @@ func TestCtl(t *testing.T) {
 	// the guest that reported it.
 	r := startReceiver(t, g11, "239.1.1.9")
 	waitJoinedAny(t, h1, "239.1.1.9")
-	var gs []ctlGroup
+	var gs []ctl.Group
 	ctlJSON(t, h1, &gs, "show", "groups")
 	var bcast, joined bool
 	for _, g := range gs {
@@ -225,7 +183,7 @@ func TestCtl(t *testing.T) {
 	waitJoined(t, h1, groupMGID("239.1.1.9"), false, 5*time.Second)
 
 	// Stats: the counters as the metrics have them, and deltas.
-	var st map[string]uint64
+	var st ctl.Stats
 	ctlJSON(t, h1, &st, "show", "stats")
 	if m := h1.metrics(t); float64(st["vifs_created"]) != m["vifs_created"] || st["vifs_removed"] != 1 || st["tx_frames"] == 0 {
 		t.Errorf("show stats: vifs_created %d (metrics %v), vifs_removed %d", st["vifs_created"], m["vifs_created"], st["vifs_removed"])

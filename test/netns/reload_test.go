@@ -7,6 +7,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/eipoib/eipoibd/internal/ctl"
 )
 
 // waitLog waits up to 5 s for h's log to contain s.
@@ -63,8 +65,10 @@ func TestSIGHUP(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	var port ctlPort
-	ctlJSON(t, h1, &port, "show", "port")
+	port, err := ctl.Client{Path: ctl.Path(h1.ctlDir(), "eib0")}.ShowPort()
+	if err != nil {
+		t.Fatal(err)
+	}
 	if len(port.Partitions) != 2 || port.Partitions[1].VLAN != 10 || port.Partitions[1].PKey != "0x800a" {
 		t.Fatalf("partitions after the reload: %+v", port.Partitions)
 	}

@@ -1,4 +1,4 @@
-package main
+package daemon
 
 // --persist: the TAP outlives the daemon (a persistent TAP whose queues
 // systemd's file descriptor store keeps open, so its carrier never
@@ -31,7 +31,7 @@ func fdName(tapName string) string { return "tap-" + tapName }
 // descriptor is closed, as nothing here listens on sockets. Without
 // --persist (an earlier run had it) systemd is told to let go of its
 // copies, so that the TAP goes when tap.Create closes these.
-func keptQueues(o *options, log *slog.Logger) []int {
+func keptQueues(c *Config, log *slog.Logger) []int {
 	fds, err := sdnotify.ListenFDs()
 	if err != nil {
 		log.Warn("file descriptors passed by systemd ignored", "err", err)
@@ -39,7 +39,7 @@ func keptQueues(o *options, log *slog.Logger) []int {
 	}
 	var queues []int
 	for n, list := range fds {
-		if n == fdName(o.name) {
+		if n == fdName(c.Name) {
 			queues = list
 			continue
 		}
@@ -48,9 +48,9 @@ func keptQueues(o *options, log *slog.Logger) []int {
 			os.NewFile(uintptr(fd), n).Close()
 		}
 	}
-	if len(queues) > 0 && !o.persist {
-		log.Info("--persist is off: the TAP an earlier run kept is removed and made afresh (its link drops once)", "tap", o.name)
-		if _, err := sdnotify.Notify("FDSTOREREMOVE=1\nFDNAME=" + fdName(o.name)); err != nil {
+	if len(queues) > 0 && !c.Persist {
+		log.Info("--persist is off: the TAP an earlier run kept is removed and made afresh (its link drops once)", "tap", c.Name)
+		if _, err := sdnotify.Notify("FDSTOREREMOVE=1\nFDNAME=" + fdName(c.Name)); err != nil {
 			log.Warn("systemd file descriptor store", "err", err)
 		}
 	}
@@ -59,23 +59,23 @@ func keptQueues(o *options, log *slog.Logger) []int {
 
 // storeQueues puts the TAP's queues into systemd's file descriptor store
 // (with --persist) and says what a restart will do to the link.
-func storeQueues(o *options, dev *tap.TAP, log *slog.Logger) {
-	if !o.persist {
+func storeQueues(c *Config, dev *tap.TAP, log *slog.Logger) {
+	if !c.Persist {
 		return
 	}
-	ok, err := sdnotify.StoreFiles(fdName(o.name), dev.Files())
+	ok, err := sdnotify.StoreFiles(fdName(c.Name), dev.Files())
 	switch {
 	case err != nil:
 		log.Warn("TAP queues not kept by systemd: a restart drops the carrier", "err", err)
 	case ok:
-		log.Info("TAP queues sent to systemd's file descriptor store: a restart keeps the link up (the unit needs FileDescriptorStoreMax= of at least the queue count)", "tap", o.name, "queues", len(dev.Files()))
+		log.Info("TAP queues sent to systemd's file descriptor store: a restart keeps the link up (the unit needs FileDescriptorStoreMax= of at least the queue count)", "tap", c.Name, "queues", len(dev.Files()))
 	default:
-		log.Info("no systemd file descriptor store: the TAP survives a restart, but its carrier drops while no eipoibd holds it", "tap", o.name)
+		log.Info("no systemd file descriptor store: the TAP survives a restart, but its carrier drops while no eipoibd holds it", "tap", c.Name)
 	}
 }
 
 // statePath is where --persist keeps the guests of TAP name.
-func statePath(o *options) string { return filepath.Join(o.stateDir, o.name+".state") }
+func statePath(c *Config) string { return filepath.Join(c.StateDir, c.Name+".state") }
 
 // vlanMap is the shim's VLAN to P_Key map as --vlan-pkey writes it,
 // sorted by VLAN, untagged left out.
@@ -98,8 +98,8 @@ func vlanMap(sh *shim.Shim) string {
 // restoreState reads the saved state and restores its guests' VIFs,
 // whose addresses are then announced. A corrupt file is reported and set
 // aside, never trusted.
-func restoreState(o *options, sh *shim.Shim, log *slog.Logger) {
-	path := statePath(o)
+func restoreState(c *Config, sh *shim.Shim, log *slog.Logger) {
+	path := statePath(c)
 	st, err := state.Load(path)
 	var ce *state.CorruptError
 	switch {
@@ -117,7 +117,7 @@ func restoreState(o *options, sh *shim.Shim, log *slog.Logger) {
 	case err != nil:
 		log.Warn("state file unreadable: guests are learned afresh", "err", err)
 		return
-	case st.TAP != o.name:
+	case st.TAP != c.Name:
 		log.Warn("state file is another TAP's: ignored", "path", path, "tap", st.TAP)
 		return
 	}

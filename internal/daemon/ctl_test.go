@@ -1,0 +1,84 @@
+package daemon
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"testing"
+
+	"github.com/eipoib/eipoibd/internal/ctl"
+	"github.com/eipoib/eipoibd/ipoib"
+	"github.com/eipoib/eipoibd/ipoib/memfabric"
+	"github.com/eipoib/eipoibd/shim"
+	"github.com/eipoib/eipoibd/tap"
+)
+
+// TestHandlerReplies: the control handler's answers over a shim on the
+// in-memory fabric, as the wire carries them, byte for byte: the field
+// names and order, the formats (QPN as 0x and six digits, P_Keys as 0x
+// and four), empty listings as [] rather than null; a declared VIF and
+// its removal; a bad MAC refused with the message the CLI prints. (The
+// groups' members and the neighbours' fields, which need traffic, are
+// checked against a running daemon by test/netns TestCtl.)
+func TestHandlerReplies(t *testing.T) {
+	f, err := memfabric.New(4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var gid ipoib.GID
+	gid[0], gid[1], gid[15] = 0xfe, 0x80, 1
+	port, err := f.NewPort(gid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer port.Close()
+	sh, err := shim.New(shim.Config{Device: tap.NewMem(16), Port: port, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Partitions: map[uint16]ipoib.PKey{10: 0x800a}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &ctlHandler{sh: sh, name: "eib0", fab: FabricSim, dev: "ul1"}
+	wire := func(v any) string {
+		b, err := json.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	link := "down"
+	if sh.Port().Up {
+		link = "up"
+	}
+	if got, want := wire(h.Port()), `{"name":"eib0","backend":"sim","device":"ul1","gid":"fe80::1","ib_mtu":4096,"ipoib_mtu":4092,"link":"`+link+
+		`","partitions":[{"vlan":0,"pkey":"0xffff"},{"vlan":10,"pkey":"0x800a"}]}`; got != want {
+		t.Errorf("port:\n%s\nwant\n%s", got, want)
+	}
+	for name, got := range map[string]string{"vifs": wire(h.VIFs()), "neigh": wire(h.Neighbours()), "groups": wire(h.Groups()), "flush": wire(h.FlushNeighbours())} {
+		if want := map[string]string{"vifs": "[]", "neigh": "[]", "groups": "[]", "flush": `{"flushed":0}`}[name]; got != want {
+			t.Errorf("%s: %s, want %s", name, got, want)
+		}
+	}
+	if err := h.AddVIF(ctl.VIFRequest{MAC: "02:00:00:00:cc:01", VLAN: 10}); err != nil {
+		t.Fatal(err)
+	}
+	vs := sh.VIFs()
+	if len(vs) != 1 {
+		t.Fatalf("shim VIFs after AddVIF: %+v", vs)
+	}
+	want := fmt.Sprintf(`[{"mac":"02:00:00:00:cc:01","vlan":10,"pkey":"0x800a","qpn":"%#06x","address":"%s","origin":"declared","idle_s":0,"tx_packets":0,"tx_bytes":0,"rx_packets":0,"rx_bytes":0}]`,
+		vs[0].QPN, vs[0].Addr)
+	if got := wire(h.VIFs()); got != want {
+		t.Errorf("vifs:\n%s\nwant\n%s", got, want)
+	}
+	if err := h.DelVIF(ctl.VIFRequest{MAC: "02:00:00:00:cc:01", VLAN: 10}); err != nil || wire(h.VIFs()) != "[]" {
+		t.Errorf("after DelVIF: %s, %v", wire(h.VIFs()), err)
+	}
+	if err := h.AddVIF(ctl.VIFRequest{MAC: "zz"}); err == nil || !strings.HasPrefix(err.Error(), `MAC "zz": `) {
+		t.Errorf("AddVIF zz: %v", err)
+	}
+	if st := h.Stats(); st["vifs_created"] != 1 || st["vifs_removed"] != 1 {
+		t.Errorf("stats: vifs_created %d, vifs_removed %d", st["vifs_created"], st["vifs_removed"])
+	}
+}

@@ -1,0 +1,321 @@
+// Package daemon is eipoibd's "run": it opens the TAP and the fabric
+// port, builds and runs the shim, attaches the TAP to its switch and
+// follows the switch's guests, serves the control socket and the
+// metrics, reloads its settings on SIGHUP, keeps its state across
+// restarts (--persist) and talks to systemd. cmd/eipoibd parses the
+// command line and the config file into a Config and calls Run; tests
+// call Run in-process.
+//
+// It lives under internal/ because nothing outside this module embeds
+// eipoibd: its Config follows the flags, and may change with them.
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/eipoib/eipoibd/arpndp"
+	"github.com/eipoib/eipoibd/internal/ctl"
+	"github.com/eipoib/eipoibd/internal/ether"
+	"github.com/eipoib/eipoibd/ipoib"
+	"github.com/eipoib/eipoibd/ipoib/simfabric"
+	"github.com/eipoib/eipoibd/shim"
+	"github.com/eipoib/eipoibd/snoop"
+	"github.com/eipoib/eipoibd/tap"
+)
+
+// The fabric backends of Config.Fabric.
+const (
+	FabricSim    = "sim"    // the simulated UD fabric over Config.Underlay
+	FabricKernel = "kernel" // the kernel's IPoIB driver under Config.IBDev
+	FabricVerbs  = "verbs"  // UD QPs through libibverbs on Config.IBDev
+)
+
+// MaxQueues bounds Config.Queues: the kernel's limit on TUN queues
+// (MAX_TAP_QUEUES, drivers/net/tun.c).
+const MaxQueues = 256
+
+// MinTAPMTU and MaxTAPMTU bound Config.TAPMTU: IPv6's minimum link MTU
+// (RFC 8200 §5), and the largest MTU a TAP takes, 65535 less its
+// Ethernet header (tun_net_init's max_mtu, drivers/net/tun.c).
+const (
+	MinTAPMTU = 1280
+	MaxTAPMTU = 65535 - 14
+)
+
+// announceWindow is how long after a guest's MAC appears (its VIF made,
+// or its RARP after a live migration) the addresses it shows are
+// announced on the fabric.
+const announceWindow = 30 * time.Second
+
+// Config is what the daemon runs with. Each field is the setting of the
+// flag (and config file key) named beside it; the README's flag table
+// says what it means.
+type Config struct {
+	Name     string    // --name: the TAP
+	MAC      ether.MAC // --mac: the TAP's MAC; zero for the kernel's random one
+	Fabric   string    // --fabric: FabricSim, FabricKernel or FabricVerbs
+	Underlay string    // --underlay: the simulated fabric's interface
+	IBDev    string    // --ib-dev: IPoIB parent or verbs device
+	IBMTU    int       // --ib-mtu: 2048 or 4096 (sim; the others ask the device)
+	TAPMTU   int       // --tap-mtu
+	Queues   int       // --queues: 0 for one per CPU
+	Offload  bool      // --offload
+
+	Bridge    string // --bridge
+	OVSBridge string // --ovs-bridge
+	OVSDB     string // --ovs-db
+
+	Learn         string                // --learn: shim.LearnAuto or shim.LearnDeclared
+	MaxVIFs       int                   // --max-vifs
+	MaxNeighbours int                   // --max-neighbours
+	VIFIdle       time.Duration         // --vif-idle
+	Partitions    map[uint16]ipoib.PKey // --vlan-pkey: untagged (0xffff) left out
+	Multicast     snoop.Timers          // --mcast-*
+	DHCP          string                // --dhcp: shim.DHCPBroadcast or shim.DHCPRFC4390
+	DHCPClientID  arpndp.ClientIDForm   // --dhcp-client-id
+	ClampMSS      bool                  // --clamp-mss
+	Faults        simfabric.Faults      // --fault
+
+	Metrics  string // --metrics: listen address; empty for none
+	PProf    bool   // --pprof
+	CtlDir   string // --ctl-dir: empty for no control socket
+	Persist  bool   // --persist
+	StateDir string // --state-dir
+
+	// Logger logs lifecycle events; Level is its level, which a reload
+	// sets (nil: the level cannot change).
+	Logger *slog.Logger
+	Level  *slog.LevelVar
+	// Settings are every setting's value as text, by config key (the
+	// flag's name), as a reload compares and logs them: a reload applies
+	// the settings whose text here changed, and only those.
+	Settings map[string]string
+	// Reload reads the settings afresh on SIGHUP (nil: a reload changes
+	// nothing).
+	Reload func() (Config, error)
+	// Signals delivers SIGHUP (reload), SIGUSR1 (toggle the simulated
+	// port) and SIGUSR2 (log the counters); nil for none.
+	Signals <-chan os.Signal
+}
+
+// ConfigError is a setting Validate refuses: one line naming the
+// setting as its flag, its value and what is allowed.
+type ConfigError struct{ Msg string }
+
+// Error is the message.
+func (e ConfigError) Error() string { return e.Msg }
+
+// Validate checks the settings together.
+func (c *Config) Validate() error {
+	if err := c.checkFabric(); err != nil {
+		return err
+	}
+	bad := func(format string, a ...any) error { return ConfigError{Msg: fmt.Sprintf(format, a...)} }
+	switch {
+	case c.IBMTU != 2048 && c.IBMTU != 4096:
+		return bad("--ib-mtu %d: want 2048 or 4096", c.IBMTU)
+	case c.MaxVIFs < 1 || c.MaxVIFs > 1<<20:
+		return bad("--max-vifs %d: want 1 to %d", c.MaxVIFs, 1<<20)
+	case c.TAPMTU < MinTAPMTU || c.TAPMTU > MaxTAPMTU:
+		return bad("--tap-mtu %d: want %d to %d (below the IPoIB MTU it is raised to it)", c.TAPMTU, MinTAPMTU, MaxTAPMTU)
+	case c.Queues < 0 || c.Queues > MaxQueues:
+		return bad("--queues %d: want 0 (one per CPU) to %d", c.Queues, MaxQueues)
+	case c.MaxNeighbours < 1:
+		return bad("--max-neighbours %d: want at least 1", c.MaxNeighbours)
+	case c.VIFIdle < time.Second:
+		return bad("--vif-idle %s: want at least 1s", c.VIFIdle)
+	case c.Learn != shim.LearnAuto && c.Learn != shim.LearnDeclared:
+		return bad("--learn %q: want auto or declared", c.Learn)
+	case c.Learn == shim.LearnDeclared && c.Bridge == "" && c.OVSBridge == "":
+		return bad("--learn declared takes its guests from the --bridge FDB or the --ovs-bridge ports: give one")
+	case c.DHCP != shim.DHCPBroadcast && c.DHCP != shim.DHCPRFC4390:
+		return bad("--dhcp %q: want broadcast or rfc4390", c.DHCP)
+	case c.DHCPClientID > arpndp.ClientIDMlnx:
+		return bad("--dhcp-client-id %d: want mac or mlnx", c.DHCPClientID)
+	case c.DHCPClientID != arpndp.ClientIDMAC && c.DHCP != shim.DHCPRFC4390:
+		return bad("--dhcp-client-id %s goes with --dhcp rfc4390 (with --dhcp %s guests' requests keep their own client-identifier)", c.DHCPClientID, c.DHCP)
+	case c.PProf && c.Metrics == "":
+		return bad("--pprof serves on the --metrics address: give --metrics too")
+	case c.Bridge != "" && c.OVSBridge != "":
+		return bad("--bridge and --ovs-bridge exclude each other: the TAP has one switch")
+	case c.Persist && c.StateDir == "":
+		return bad("--persist keeps its state in --state-dir: give one")
+	case c.MAC != (ether.MAC{}) && c.MAC.IsMulticast():
+		return bad("--mac %s: want a unicast MAC like 02:00:00:00:00:01", c.MAC)
+	}
+	for vlan, pk := range c.Partitions {
+		if vlan < 1 || vlan > 4094 || !pk.IsValid() {
+			return bad("--vlan-pkey %d=%s: want VLAN=P_Key with VLAN 1..4094, e.g. 10=0x800a", vlan, pk)
+		}
+	}
+	if err := c.Faults.Validate(); err != nil {
+		return ConfigError{Msg: err.Error()}
+	}
+	if err := c.Multicast.WithDefaults().Validate(); err != nil {
+		return bad("--mcast-*: %s", trimPrefix(err, "snoop: "))
+	}
+	return nil
+}
+
+// trimPrefix is err's message without a package's prefix.
+func trimPrefix(err error, prefix string) string {
+	return strings.TrimPrefix(err.Error(), prefix)
+}
+
+// Run runs the daemon until ctx ends (SIGINT, SIGTERM) or the shim stops
+// on its own, then shuts down cleanly: the in-flight batch is finished,
+// the state saved (--persist), QPs freed, groups left, and the TAP
+// removed unless it is kept. cfg is validated first.
+func Run(ctx context.Context, cfg Config) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	if cfg.Queues == 0 {
+		cfg.Queues = runtime.NumCPU()
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	log := cfg.Logger
+	if cfg.Persist {
+		if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+			return fmt.Errorf("--state-dir: %w", err)
+		}
+	}
+	port, err := openFabric(&cfg, log)
+	if err != nil {
+		return err
+	}
+	defer port.Close()
+	ipMTU, _ := ipoib.IPMTU(port.MTU())
+	kept := keptQueues(&cfg, log)
+	dev, err := tap.Create(tap.Config{Name: cfg.Name, MTU: ipMTU, LinkMTU: cfg.TAPMTU, MAC: cfg.MAC, Offload: cfg.Offload, Queues: cfg.Queues,
+		Persist: cfg.Persist, FDs: kept})
+	if err != nil {
+		return err
+	}
+	defer dev.Close()
+	fabDev := cfg.Underlay
+	if cfg.Fabric != FabricSim {
+		fabDev = cfg.IBDev
+	}
+	log.Info("started", "tap", cfg.Name, "tap_start", dev.Start(), "fabric", cfg.Fabric, "device", fabDev, "gid", port.LocalGID(), "ib_mtu", port.MTU(), "ipoib_mtu", ipMTU)
+	if dev.Offload() != cfg.Offload {
+		log.Warn("the kept TAP keeps its offload setting while its queues are open: stop eipoibd (not restart) to change it", "offload", dev.Offload(), "wanted", cfg.Offload)
+	}
+	storeQueues(&cfg, dev, log)
+
+	sh, err := shim.New(shim.Config{
+		Device: dev, Port: port, Logger: log,
+		MaxVIFs: cfg.MaxVIFs, MaxNeighbours: cfg.MaxNeighbours, VIFIdle: cfg.VIFIdle, DHCP: cfg.DHCP, DHCPClientID: cfg.DHCPClientID, ClampMSS: cfg.ClampMSS, Learn: cfg.Learn,
+		Partitions: cfg.Partitions, Multicast: cfg.Multicast, AnnounceWindow: announceWindow,
+	})
+	if err != nil {
+		return err
+	}
+	if cfg.Persist {
+		restoreState(&cfg, sh, log)
+	}
+	sw, err := attachSwitch(&cfg, dev, sh, log)
+	if err != nil {
+		return err
+	}
+	defer sw.detach()
+	if cfg.CtlDir != "" {
+		path := ctl.Path(cfg.CtlDir, cfg.Name)
+		srv, err := ctl.Listen(path, &ctlHandler{sh: sh, name: cfg.Name, fab: cfg.Fabric, dev: fabDev})
+		if err != nil {
+			return err
+		}
+		go srv.Serve()
+		defer srv.Close()
+		log.Info("control socket", "path", path)
+	}
+	if cfg.Metrics != "" {
+		stop, err := serveMetrics(cfg.Metrics, cfg.PProf, sh, log)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
+
+	// Everything started below ends with ctx, and Run waits for it.
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	sw.watch(ctx, &wg)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		handleSignals(ctx, &cfg, port, sh)
+	}()
+	notifySystemd(ctx, &wg, sh, log, fmt.Sprintf("%s on %s %s, GID %s", cfg.Name, cfg.Fabric, fabDev, port.LocalGID()))
+	// On a signal the shim stops after the state's last save, while it
+	// still has its VIFs; if the shim stops on its own, the saver is
+	// stopped after it and saves nothing more.
+	shimCtx, stopShim := context.WithCancel(context.Background())
+	defer stopShim()
+	saveCtx, stopSaving := context.WithCancel(ctx)
+	saverDone := make(chan struct{})
+	go func() {
+		defer close(saverDone)
+		if cfg.Persist {
+			(&stateSaver{path: statePath(&cfg), tap: cfg.Name, sh: sh, log: log}).run(saveCtx)
+		} else {
+			<-saveCtx.Done()
+		}
+		stopShim()
+	}()
+	err = sh.Run(shimCtx)
+	stopSaving()
+	<-saverDone
+	port.Close()
+	if cfg.Persist {
+		log.Info("stopped", "tap_kept", cfg.Name)
+	} else {
+		log.Info("stopped", "tap_removed", cfg.Name)
+	}
+	return err
+}
+
+// handleSignals answers cfg.Signals until ctx ends: SIGUSR1 toggles the
+// simulated port down and up (a test hook: the TAP's carrier follows),
+// SIGHUP reloads, SIGUSR2 logs the counters.
+func handleSignals(ctx context.Context, cfg *Config, port ipoib.Port, sh *shim.Shim) {
+	r := reloader{cur: *cfg, sh: sh, log: cfg.Logger}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case s := <-cfg.Signals:
+			switch s {
+			case syscall.SIGUSR1:
+				toggleDown(port, cfg.Logger)
+			case syscall.SIGHUP:
+				r.reload()
+			case syscall.SIGUSR2:
+				logCounters(cfg.Logger, sh.Counters())
+			}
+		}
+	}
+}
+
+// logCounters logs the non-zero counters (SIGUSR2).
+func logCounters(log *slog.Logger, ctrs map[string]uint64) {
+	args := []any{}
+	for k, v := range ctrs {
+		if v != 0 {
+			args = append(args, k, v)
+		}
+	}
+	log.Info("counters", args...)
+}

@@ -1,0 +1,60 @@
+package daemon
+
+import (
+	"fmt"
+	"log/slog"
+
+	"github.com/eipoib/eipoibd/ipoib"
+	"github.com/eipoib/eipoibd/ipoib/kernelfabric"
+	"github.com/eipoib/eipoibd/ipoib/simfabric"
+	"github.com/eipoib/eipoibd/ipoib/verbsfabric"
+)
+
+// checkFabric validates the backend settings: --underlay for sim,
+// --ib-dev for kernel and verbs.
+func (c *Config) checkFabric() error {
+	switch c.Fabric {
+	case FabricSim:
+		if c.Underlay == "" {
+			return ConfigError{Msg: "--underlay is required (the interface the simulated fabric runs over)"}
+		}
+	case FabricKernel, FabricVerbs:
+		if c.IBDev == "" {
+			what := "the IPoIB parent interface, e.g. ib0"
+			if c.Fabric == FabricVerbs {
+				what = "the verbs device, e.g. mlx5_0 or rxe0"
+			}
+			return ConfigError{Msg: fmt.Sprintf("--fabric %s needs --ib-dev (%s)", c.Fabric, what)}
+		}
+		if c.Faults != (simfabric.Faults{}) || c.Underlay != "" {
+			return ConfigError{Msg: "--fault and --underlay are for --fabric sim"}
+		}
+	default:
+		return ConfigError{Msg: fmt.Sprintf("--fabric %q: want sim, kernel or verbs", c.Fabric)}
+	}
+	return nil
+}
+
+// openFabric opens the port of the chosen backend. The kernel and verbs
+// backends take their MTU from the device, not --ib-mtu.
+func openFabric(c *Config, log *slog.Logger) (ipoib.Port, error) {
+	switch c.Fabric {
+	case FabricKernel:
+		return kernelfabric.New(kernelfabric.Config{Kernel: kernelfabric.System{}, Parent: c.IBDev, Logger: log})
+	case FabricVerbs:
+		return verbsfabric.New(verbsfabric.Config{Device: c.IBDev, Logger: log})
+	}
+	return simfabric.Open(simfabric.Config{Underlay: c.Underlay, IBMTU: c.IBMTU, Faults: c.Faults})
+}
+
+// toggleDown flips the simulated port down or up (SIGUSR1); other backends
+// follow their real link state and ignore it.
+func toggleDown(port ipoib.Port, log *slog.Logger) {
+	sp, ok := port.(*simfabric.Port)
+	if !ok {
+		log.Info("SIGUSR1 ignored: only the simulated port can be toggled")
+		return
+	}
+	sp.SetDown(!sp.IsDown())
+	log.Info("simulated port state toggled", "down", sp.IsDown())
+}

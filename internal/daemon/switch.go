@@ -1,0 +1,131 @@
+package daemon
+
+// The switch policy: the TAP on a Linux bridge or an Open vSwitch
+// bridge, and the guests the switch knows declared (and removed) ahead
+// of their traffic.
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+
+	"github.com/eipoib/eipoibd/mactrans"
+	"github.com/eipoib/eipoibd/shim"
+	"github.com/eipoib/eipoibd/tap"
+	"github.com/eipoib/eipoibd/vswitch"
+)
+
+// switchPort is the TAP's place on its switch, if it has one.
+type switchPort struct {
+	cfg *Config
+	sh  *shim.Shim
+	log *slog.Logger
+	ovs vswitch.OVS
+}
+
+// attachSwitch attaches the TAP to cfg's bridge or Open vSwitch bridge.
+// On a Linux bridge in auto mode, the guests the bridge already learned
+// get their VIFs now, so traffic to them flows before they speak (after
+// a restart, for one); static entries come through watch.
+func attachSwitch(cfg *Config, dev *tap.TAP, sh *shim.Shim, log *slog.Logger) (*switchPort, error) {
+	sw := &switchPort{cfg: cfg, sh: sh, log: log, ovs: vswitch.OVS{DB: cfg.OVSDB}}
+	if cfg.OVSBridge != "" {
+		// A kept TAP keeps its port: removing it first would flap it.
+		if err := sw.ovs.Attach(cfg.Name, cfg.OVSBridge, dev.Start() != tap.Created); err != nil {
+			return nil, err
+		}
+		log.Info("attached to Open vSwitch bridge", "tap", cfg.Name, "bridge", cfg.OVSBridge)
+	}
+	if cfg.Bridge == "" {
+		return sw, nil
+	}
+	if err := vswitch.AttachBridge(cfg.Name, cfg.Bridge); err != nil {
+		return nil, err
+	}
+	log.Info("attached to bridge", "tap", cfg.Name, "bridge", cfg.Bridge)
+	if cfg.Learn != shim.LearnAuto {
+		return sw, nil
+	}
+	guests, err := vswitch.BridgeGuests(cfg.Bridge, cfg.Name)
+	if err != nil {
+		log.Warn("read bridge FDB", "err", err)
+	}
+	for _, g := range guests {
+		if err := sh.DeclareVIF(g.MAC, g.VLAN, mactrans.OriginBridge); err != nil {
+			log.Warn("declare VIF from bridge FDB", "mac", g.MAC, "vlan", g.VLAN, "err", err)
+		}
+	}
+	return sw, nil
+}
+
+// detach takes the TAP off Open vSwitch at shutdown, unless --persist
+// keeps it (and its port with it). A Linux bridge port goes with the TAP.
+func (sw *switchPort) detach() {
+	if sw.cfg.OVSBridge == "" || sw.cfg.Persist {
+		return
+	}
+	if err := sw.ovs.Detach(sw.cfg.Name, sw.cfg.OVSBridge); err != nil {
+		sw.log.Warn("detach from Open vSwitch", "err", err)
+	} else {
+		sw.log.Info("detached from Open vSwitch bridge", "bridge", sw.cfg.OVSBridge)
+	}
+}
+
+// watch follows the switch's guests until ctx ends, in goroutines wg
+// counts. Guests the bridge knows, now and from now on, get their VIFs
+// before they speak (after a restart, or when libvirt adds a static
+// entry), and lose them as soon as the bridge forgets them (their port
+// went). The same for Open vSwitch: a port whose interface carries
+// external_ids:attached-mac (as libvirt and os-vif set it) is a
+// declared guest, on the port's access VLAN.
+func (sw *switchPort) watch(ctx context.Context, wg *sync.WaitGroup) {
+	cfg, log := sw.cfg, sw.log
+	if cfg.Bridge != "" {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := vswitch.WatchBridge(ctx, cfg.Bridge, cfg.Name, func(g vswitch.Guest, added bool) { sw.guest(mactrans.OriginBridge, g, added) },
+				func(err error) { log.Debug("bridge FDB events dropped by the kernel; listed afresh", "err", err) }); err != nil {
+				log.Warn("bridge guests are learned from their traffic only", "err", err)
+			}
+		}()
+	}
+	if cfg.OVSBridge != "" {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := sw.ovs.Watch(ctx, cfg.OVSBridge, cfg.Name, func(g vswitch.Guest, added bool) { sw.guest(mactrans.OriginOVS, g, added) },
+				func(err error) { log.Warn("watching Open vSwitch guests", "err", err) }); err != nil {
+				log.Warn("Open vSwitch guests are learned from their traffic only", "err", err)
+			}
+		}()
+	}
+}
+
+// guest declares or removes the VIF of a guest the switch (origin: the
+// bridge's forwarding database, or OVSDB) gained or lost. Only static
+// bridge entries and OVS attached-macs declare one: a learned entry
+// comes from a frame that reaches the shim anyway (and from traffic a
+// guest may forge, so a MAC flood would become a flood of
+// declarations); the start-up preload takes learned entries in auto
+// mode.
+func (sw *switchPort) guest(origin mactrans.Origin, g vswitch.Guest, added bool) {
+	var err error
+	if added && !g.Static {
+		return
+	}
+	if added {
+		err = sw.sh.DeclareVIF(g.MAC, g.VLAN, origin)
+	} else {
+		err = sw.sh.RemoveVIF(g.MAC, g.VLAN)
+	}
+	if err != nil {
+		sw.log.Warn("VIF of a switch guest", "origin", origin, "mac", g.MAC, "vlan", g.VLAN, "added", added, "err", err)
+		return
+	}
+	if added {
+		sw.log.Info("guest declared", "origin", origin, "mac", g.MAC, "vlan", g.VLAN)
+	} else {
+		sw.log.Info("guest gone", "origin", origin, "mac", g.MAC, "vlan", g.VLAN)
+	}
+}
