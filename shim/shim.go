@@ -31,23 +31,6 @@ import (
 	"github.com/eipoib/eipoibd/tap"
 )
 
-// DHCP modes.
-const (
-	// DHCPBroadcast sets the BROADCAST flag on guests' DHCP requests so
-	// that servers broadcast their replies (the default).
-	DHCPBroadcast = "broadcast"
-	// DHCPRFC4390 also rewrites requests to the IPoIB form of RFC 4390
-	// (htype 32, hlen 0, client-identifier) and restores the replies, for
-	// servers that insist on it.
-	DHCPRFC4390 = "rfc4390"
-)
-
-// Learning modes.
-const (
-	LearnAuto     = "auto"
-	LearnDeclared = "declared"
-)
-
 // Config configures a Shim. Zero fields take the defaults shown.
 type Config struct {
 	Device tap.Device
@@ -62,16 +45,14 @@ type Config struct {
 	// Partitions maps VLAN IDs to P_Keys; untagged (VLAN 0) is always the
 	// default partition 0xFFFF and cannot be remapped.
 	Partitions map[uint16]ipoib.PKey
-	Scope      uint8  // MGID scope, ipoib.ScopeLinkLocal
-	DHCP       string // DHCPBroadcast
+	Scope      uint8    // MGID scope, ipoib.ScopeLinkLocal
+	DHCP       DHCPMode // DHCPBroadcast
 	// DHCPClientID is the client-identifier that DHCPRFC4390 gives
 	// guests' requests (arpndp.ClientIDMAC by default).
 	DHCPClientID arpndp.ClientIDForm
-	// Learn is LearnAuto (a VIF for any source MAC: promiscuous
-	// emulation) or LearnDeclared (only MACs declared with DeclareVIF;
-	// frames from others are dropped and counted, so a guest spoofing or
-	// flooding MACs cannot take QPs).
-	Learn string // LearnAuto
+	// Learn is which guest MACs get a VIF: LearnAuto (any) or
+	// LearnDeclared (those declared with DeclareVIF).
+	Learn LearnMode // LearnAuto
 	// ClampMSS lowers the MSS of guests' TCP SYNs to fit the IPoIB MTU,
 	// for guests that ignore path MTU discovery.
 	ClampMSS bool
@@ -182,18 +163,8 @@ func New(cfg Config) (*Shim, error) {
 	if cfg.Housekeeping == 0 {
 		cfg.Housekeeping = 250 * time.Millisecond
 	}
-	for _, m := range []struct {
-		what       string
-		v          *string
-		def, other string
-	}{{"learning", &cfg.Learn, LearnAuto, LearnDeclared}, {"DHCP", &cfg.DHCP, DHCPBroadcast, DHCPRFC4390}} {
-		switch *m.v {
-		case "":
-			*m.v = m.def
-		case m.def, m.other:
-		default:
-			return nil, fmt.Errorf("shim: %s mode %q: want %q or %q", m.what, *m.v, m.def, m.other)
-		}
+	if !cfg.Learn.Valid() || !cfg.DHCP.Valid() {
+		return nil, fmt.Errorf("shim: learning mode %s or DHCP mode %s unknown", cfg.Learn, cfg.DHCP)
 	}
 	ipMTU, err := ipoib.IPMTU(cfg.Port.MTU())
 	if err != nil {

@@ -147,7 +147,7 @@ func TestLearnDeclared(t *testing.T) {
 	if a.s.Get(DropUndeclared) != 1 || a.s.Get(VIFsCreated) != 1 {
 		t.Fatalf("drop_undeclared %d, vifs_created %d; want 1 and 1", a.s.Get(DropUndeclared), a.s.Get(VIFsCreated))
 	}
-	if _, err := New(Config{Device: tap.NewMem(1), Port: a.port, Learn: "sometimes"}); err == nil || !strings.Contains(err.Error(), `learning mode "sometimes"`) {
+	if _, err := New(Config{Device: tap.NewMem(1), Port: a.port, Learn: 5}); err == nil || !strings.Contains(err.Error(), "learning mode LearnMode(5)") {
 		t.Fatalf("bad mode: %v", err)
 	}
 }

@@ -54,6 +54,7 @@ func main() {
 type options struct {
 	cfg                                                      daemon.Config
 	logLevel, logFormat, config, mac, vlanPKey, dhcpClientID string
+	learn, dhcp                                              string
 	faults                                                   string
 }
 
@@ -100,7 +101,7 @@ func runFlags(o *options) *flag.FlagSet {
 	fs.StringVar(&o.cfg.IBDev, "ib-dev", "", "IPoIB parent interface of --fabric kernel (e.g. ib0), or verbs device of --fabric verbs (e.g. mlx5_0, rxe0)")
 	fs.StringVar(&o.cfg.Metrics, "metrics", "", "listen address for Prometheus metrics, e.g. 127.0.0.1:9474 (off when empty)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
-	fs.StringVar(&o.cfg.DHCP, "dhcp", shim.DHCPBroadcast, "DHCP handling: broadcast or rfc4390")
+	fs.StringVar(&o.dhcp, "dhcp", shim.DHCPBroadcast.String(), "DHCP handling: broadcast or rfc4390")
 	fs.StringVar(&o.dhcpClientID, "dhcp-client-id", "mac", "client-identifier --dhcp rfc4390 gives guests' requests: mac (type 1 + the guest MAC, only where the guest sent none) or mlnx (the Mellanox form OpenStack's networking-mlnx keys DHCP hosts by, always)")
 	fs.StringVar(&o.cfg.OVSBridge, "ovs-bridge", "", "Open vSwitch bridge to attach the TAP to as a trunk port (detached on shutdown)")
 	fs.StringVar(&o.cfg.OVSDB, "ovs-db", "", "OVSDB remote for --ovs-bridge (default: ovs-vsctl's, $OVS_RUNDIR/db.sock)")
@@ -111,7 +112,7 @@ func runFlags(o *options) *flag.FlagSet {
 	fs.IntVar(&o.cfg.Multicast.Robustness, "mcast-robustness", 2, "robustness variable: queries after a leave, and the membership interval factor")
 	fs.BoolVar(&o.cfg.Offload, "offload", true, "TAP offloads: read guests' TCP super-frames whole and cut them here, write received segment runs as super-frames")
 	fs.IntVar(&o.cfg.TAPMTU, "tap-mtu", 9000, fmt.Sprintf("MTU of the TAP itself, up to %d: guests' frames up to it reach eipoibd, which fragments them or answers ICMP too-big with the IPoIB MTU (a bridge would drop them silently)", daemon.MaxTAPMTU))
-	fs.StringVar(&o.cfg.Learn, "learn", shim.LearnAuto, "auto: a VIF for any guest MAC (promiscuous emulation); declared: only MACs with a static entry in the --bridge FDB (as libvirt adds) or on an --ovs-bridge port's external_ids:attached-mac, others dropped and counted")
+	fs.StringVar(&o.learn, "learn", shim.LearnAuto.String(), "auto: a VIF for any guest MAC (promiscuous emulation); declared: only MACs with a static entry in the --bridge FDB (as libvirt adds) or on an --ovs-bridge port's external_ids:attached-mac, others dropped and counted")
 	fs.BoolVar(&o.cfg.ClampMSS, "clamp-mss", false, "lower the MSS of guests' TCP SYNs to fit the IPoIB MTU, for guests that ignore path MTU discovery")
 	fs.IntVar(&o.cfg.Queues, "queues", 0, "TAP queues, each read by its own TX worker (the kernel spreads guests' flows over them); 0: one per CPU")
 	fs.StringVar(&o.cfg.CtlDir, "ctl-dir", ctl.DefaultDir, "directory of the control socket NAME.sock (eipoibd show, vif, neigh, capture); empty: none")
@@ -132,6 +133,12 @@ func check(o *options) error {
 	o.cfg.Level = new(slog.LevelVar)
 	o.cfg.Level.Set(level)
 	var ok bool
+	if o.cfg.Learn, ok = shim.ParseLearnMode(o.learn); !ok {
+		return usageError{Msg: fmt.Sprintf("--learn %q: want auto or declared", o.learn)}
+	}
+	if o.cfg.DHCP, ok = shim.ParseDHCPMode(o.dhcp); !ok {
+		return usageError{Msg: fmt.Sprintf("--dhcp %q: want broadcast or rfc4390", o.dhcp)}
+	}
 	if o.cfg.DHCPClientID, ok = arpndp.ParseClientIDForm(o.dhcpClientID); !ok {
 		return usageError{Msg: fmt.Sprintf("--dhcp-client-id %q: want mac or mlnx", o.dhcpClientID)}
 	}

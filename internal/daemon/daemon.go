@@ -73,13 +73,13 @@ type Config struct {
 	OVSBridge string // --ovs-bridge
 	OVSDB     string // --ovs-db
 
-	Learn         string                // --learn: shim.LearnAuto or shim.LearnDeclared
+	Learn         shim.LearnMode        // --learn
 	MaxVIFs       int                   // --max-vifs
 	MaxNeighbours int                   // --max-neighbours
 	VIFIdle       time.Duration         // --vif-idle
 	Partitions    map[uint16]ipoib.PKey // --vlan-pkey: untagged (0xffff) left out
 	Multicast     snoop.Timers          // --mcast-*
-	DHCP          string                // --dhcp: shim.DHCPBroadcast or shim.DHCPRFC4390
+	DHCP          shim.DHCPMode         // --dhcp
 	DHCPClientID  arpndp.ClientIDForm   // --dhcp-client-id
 	ClampMSS      bool                  // --clamp-mss
 	Faults        simfabric.Faults      // --fault
@@ -132,12 +132,12 @@ func (c *Config) Validate() error {
 		return bad("--max-neighbours %d: want at least 1", c.MaxNeighbours)
 	case c.VIFIdle < time.Second:
 		return bad("--vif-idle %s: want at least 1s", c.VIFIdle)
-	case c.Learn != shim.LearnAuto && c.Learn != shim.LearnDeclared:
-		return bad("--learn %q: want auto or declared", c.Learn)
+	case !c.Learn.Valid():
+		return bad("--learn %s: want auto or declared", c.Learn)
 	case c.Learn == shim.LearnDeclared && c.Bridge == "" && c.OVSBridge == "":
 		return bad("--learn declared takes its guests from the --bridge FDB or the --ovs-bridge ports: give one")
-	case c.DHCP != shim.DHCPBroadcast && c.DHCP != shim.DHCPRFC4390:
-		return bad("--dhcp %q: want broadcast or rfc4390", c.DHCP)
+	case !c.DHCP.Valid():
+		return bad("--dhcp %s: want broadcast or rfc4390", c.DHCP)
 	case c.DHCPClientID > arpndp.ClientIDMlnx:
 		return bad("--dhcp-client-id %d: want mac or mlnx", c.DHCPClientID)
 	case c.DHCPClientID != arpndp.ClientIDMAC && c.DHCP != shim.DHCPRFC4390:
