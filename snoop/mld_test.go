@@ -133,6 +133,26 @@ func TestParseAllocs(t *testing.T) {
 	}
 }
 
+// BenchmarkParse is parsing a report and walking its records.
+func BenchmarkParse(b *testing.B) {
+	for _, tc := range []struct {
+		name  string
+		parse func([]byte) (Records, error)
+		pkt   string
+	}{{"IGMPv3", ParseIGMP, igmpv3Report}, {"MLDv2", ParseMLD, mldv2Report}} {
+		b.Run(tc.name, func(b *testing.B) {
+			pkt := unhex(b, tc.pkt)
+			b.ReportAllocs()
+			b.SetBytes(int64(len(pkt)))
+			for b.Loop() {
+				recs, err := tc.parse(pkt)
+				for _, ok := recs.Next(); ok && err == nil; _, ok = recs.Next() {
+				}
+			}
+		})
+	}
+}
+
 func FuzzParseMLD(f *testing.F) {
 	f.Add(unhex(f, mldv2Report))
 	f.Add(unhex(f, mldv1Report))
