@@ -267,11 +267,11 @@ func (s *Shim) groupMGID(p *partition, group netip.Addr) ipoib.GID {
 
 // mcastJoin is the snooping table's Join: the first guest of a group.
 func (s *Shim) mcastJoin(k snoop.Key) error {
-	p := s.byVLAN[k.Scope].Load()
+	p := s.byVLAN[k.VLAN].Load()
 	mgid := s.groupMGID(p, k.Group)
 	if err := s.groups.join(s.port, mgid, false); err != nil {
 		if s.groupWarn.Allow(s.clk.Now()) {
-			s.log.Warn("join of a snooped group refused", "group", k.Group, "vlan", k.Scope, "err", err, "suppressed", s.groupWarn.Suppressed())
+			s.log.Warn("join of a snooped group refused", "group", k.Group, "vlan", k.VLAN, "err", err, "suppressed", s.groupWarn.Suppressed())
 		}
 		return err
 	}
@@ -282,10 +282,10 @@ func (s *Shim) mcastJoin(k snoop.Key) error {
 
 // mcastLeave is the snooping table's Leave: the last guest left.
 func (s *Shim) mcastLeave(k snoop.Key) {
-	p := s.byVLAN[k.Scope].Load()
+	p := s.byVLAN[k.VLAN].Load()
 	mgid := s.groupMGID(p, k.Group)
 	if err := s.groups.leave(s.port, mgid); err != nil {
-		s.log.Warn("leave group", "group", k.Group, "vlan", k.Scope, "err", err)
+		s.log.Warn("leave group", "group", k.Group, "vlan", k.VLAN, "err", err)
 		return
 	}
 	s.ctr.inc(McastLeaves)
@@ -296,7 +296,7 @@ func (s *Shim) mcastLeave(k snoop.Key) {
 // solicited-node group of an address it uses), shown by a packet from
 // the address from.
 func (s *Shim) member(p *partition, group, from netip.Addr, leave bool, now time.Time) {
-	k := snoop.Key{Scope: p.vlan, Group: group}
+	k := snoop.Key{VLAN: p.vlan, Group: group}
 	if leave {
 		s.snoop.Leave(k, now)
 	} else {

@@ -164,12 +164,12 @@ func (s *Shim) Groups() []GroupInfo {
 		byMGID[out[i].MGID] = &out[i]
 	}
 	for _, g := range s.snoop.Groups() {
-		p := s.byVLAN[g.Scope].Load()
+		p := s.byVLAN[g.VLAN].Load()
 		if p == nil {
 			continue
 		}
 		if gi := byMGID[s.groupMGID(p, g.Group)]; gi != nil {
-			gi.Groups = append(gi.Groups, SnoopedGroup{VLAN: g.Scope, Group: g.Group, Expires: max(0, g.Expires.Sub(now)), QueriesLeft: g.QueriesLeft, LastReporter: g.LastReporter})
+			gi.Groups = append(gi.Groups, SnoopedGroup{VLAN: g.VLAN, Group: g.Group, Expires: max(0, g.Expires.Sub(now)), QueriesLeft: g.QueriesLeft, LastReporter: g.LastReporter})
 		}
 	}
 	slices.SortFunc(out, func(a, b GroupInfo) int { return a.MGID.Addr().Compare(b.MGID.Addr()) })

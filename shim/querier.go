@@ -73,7 +73,7 @@ func (s *Shim) sendQueries(resp time.Duration) {
 // a leave, answered within the last member query interval (RFC 3376
 // §6.6.3.1, RFC 3810 §7.6.3.1).
 func (s *Shim) mcastQuery(k snoop.Key) {
-	f := s.queryFrame(s.byVLAN[k.Scope].Load(), k.Group.Is6(), k.Group, s.snoop.Timers().LastMemberQueryInterval)
+	f := s.queryFrame(s.byVLAN[k.VLAN].Load(), k.Group.Is6(), k.Group, s.snoop.Timers().LastMemberQueryInterval)
 	s.writeLocal([][]byte{f})
 	s.ctr.inc(TxQueries)
 }

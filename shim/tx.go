@@ -394,14 +394,14 @@ func (s *Shim) snoopIPv6(p *partition, pay []byte, now time.Time) bool {
 
 // snoopRecords feeds the records of a guest's IGMP or MLD message, sent
 // from the address from, to the snooping table; it reports false
-// (counted) for a malformed one.
-func (s *Shim) snoopRecords(p *partition, parse func([]byte) ([]snoop.Record, error), pay []byte, from netip.Addr, now time.Time) bool {
+// (counted) for a malformed one or one with a wrong checksum.
+func (s *Shim) snoopRecords(p *partition, parse func([]byte) (snoop.Records, error), pay []byte, from netip.Addr, now time.Time) bool {
 	recs, err := parse(pay)
 	if err != nil {
 		s.ctr.inc(DropBadMcastReport)
 		return false
 	}
-	for _, r := range recs {
+	for r, ok := recs.Next(); ok; r, ok = recs.Next() {
 		if r.Group != allNodes && r.Group != allHosts {
 			s.member(p, r.Group, from, r.Leave, now)
 		}

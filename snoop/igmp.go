@@ -1,11 +1,6 @@
 package snoop
 
-import (
-	"encoding/binary"
-
-	"github.com/gopacket/gopacket"
-	"github.com/gopacket/gopacket/layers"
-)
+import "github.com/eipoib/eipoibd/internal/header"
 
 // IGMP message types (RFC 3376 §4, RFC 2236 §2.1, RFC 1112 App. I).
 const (
@@ -33,34 +28,31 @@ func IsIGMP(pkt []byte) bool {
 	return false
 }
 
-// ParseIGMP returns the records of an IGMPv1/v2 report, an IGMPv2 leave
-// or an IGMPv3 report (an IPv4 packet).
-func ParseIGMP(pkt []byte) ([]Record, error) {
+// ParseIGMP checks an IGMPv1/v2 report, an IGMPv2 leave or an IGMPv3
+// report (an IPv4 packet) whole and returns its records, read in place.
+// A fragment (a report never is one) is malformed; a message whose IGMP
+// checksum is wrong is ErrChecksum (RFC 3376 §9: ignored).
+func ParseIGMP(pkt []byte) (Records, error) {
 	if !IsIGMP(pkt) {
-		return nil, ErrNotReport
+		return Records{}, ErrNotReport
 	}
-	tl := int(binary.BigEndian.Uint16(pkt[2:4]))
-	if tl > len(pkt) || tl < int(pkt[0]&0x0f)*4+8 {
-		return nil, ErrMalformed
+	// igmp.c ip_mc_check_iphdr: version, header length, total length.
+	ip, ok := header.ParseIPv4(pkt)
+	if !ok || ip.MoreFragments() || ip.FragmentOffset() != 0 {
+		return Records{}, ErrMalformed
 	}
-	p := gopacket.NewPacket(pkt[:tl], layers.LayerTypeIPv4, gopacket.DecodeOptions{Lazy: true, NoCopy: true})
-	if p.ErrorLayer() != nil {
-		return nil, ErrMalformed
+	msg, ok := header.ParseIGMP(ip.Payload())
+	if !ok {
+		return Records{}, ErrMalformed
 	}
-	if l, ok := p.Layer(layers.LayerTypeIGMP).(*layers.IGMPv1or2); ok {
-		switch l.Type {
-		case igmpV1Report, igmpV2Report:
-			return oneRecord(l.GroupAddress, false, true)
-		case igmpV2Leave:
-			return oneRecord(l.GroupAddress, true, true)
-		}
-		return nil, ErrMalformed
+	if !msg.ChecksumValid() {
+		return Records{}, ErrChecksum
 	}
-	l, ok := p.Layer(layers.LayerTypeIGMP).(*layers.IGMP)
-	if !ok || l.Type != igmpV3Report || len(l.GroupRecords) != int(l.NumberOfGroupRecords) {
-		return nil, ErrMalformed
+	switch msg.Type() {
+	case igmpV1Report, igmpV2Report:
+		return oneRecord(msg.Group(), false, true)
+	case igmpV2Leave:
+		return oneRecord(msg.Group(), true, true)
 	}
-	return v3Records(l.GroupRecords, func(r layers.IGMPv3GroupRecord) ([]byte, uint8, int) {
-		return r.MulticastAddress, uint8(r.Type), int(r.NumberOfSources)
-	}, true)
+	return v3Records(msg.Records(), msg.NumRecords(), 4)
 }

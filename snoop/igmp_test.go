@@ -1,9 +1,14 @@
 package snoop
 
 import (
+	"encoding/binary"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
+
+	"github.com/eipoib/eipoibd/internal/csum"
+	"github.com/eipoib/eipoibd/internal/header"
 
 	"github.com/gopacket/gopacket"
 	"github.com/gopacket/gopacket/layers"
@@ -11,45 +16,106 @@ import (
 
 // IGMPv3 report (RFC 3376 §4.2) from 10.0.0.1 to 224.0.0.22 with a router
 // alert: CHANGE_TO_EXCLUDE({}) for 239.1.1.1 (a join), CHANGE_TO_INCLUDE({})
-// for 239.2.2.2 (a leave), ALLOW_NEW_SOURCES(10.9.9.9) for 232.1.1.1.
-const igmpv3Report = `4600 003c 0000 4000 0102 0000 0a000001 e0000016 94040000 |
-	2200 0000 0000 0003 |
+// for 239.2.2.2 (a leave), ALLOW_NEW_SOURCES(10.9.9.9) for 232.1.1.1. The
+// checksums (IPv4 header faa4, IGMP f4de) were computed apart from the
+// code under test.
+const igmpv3Report = `4600 003c 0000 4000 0102 faa4 0a000001 e0000016 94040000 |
+	2200 f4de 0000 0003 |
 	04 00 0000 ef010101 |
 	03 00 0000 ef020202 |
 	05 00 0001 e8010101 0a090909`
 
-// IGMPv2 report and leave for 239.1.1.1 (RFC 2236 §2).
+// IGMPv2 report and leave for 239.1.1.1 (RFC 2236 §2), IGMPv1 report.
 const (
-	igmpv2Report = `4600 0020 0000 4000 0102 0000 0a000001 ef010101 94040000 | 1600 0000 ef010101`
-	igmpv2Leave  = `4600 0020 0000 4000 0102 0000 0a000001 e0000002 94040000 | 1700 0000 ef010101`
-	igmpv1Report = `4500 001c 0000 4000 0102 0000 0a000001 ef010101 | 1200 0000 ef010101`
+	igmpv2Report = `4600 0020 0000 4000 0102 ead4 0a000001 ef010101 94040000 | 1600 f9fc ef010101`
+	igmpv2Leave  = `4600 0020 0000 4000 0102 fad4 0a000001 e0000002 94040000 | 1700 f8fc ef010101`
+	igmpv1Report = `4500 001c 0000 4000 0102 7fdd 0a000001 ef010101 | 1200 fdfc ef010101`
 )
 
-func TestParseIGMP(t *testing.T) {
-	got, err := ParseIGMP(unhex(t, igmpv3Report))
-	want := []Record{{netip.MustParseAddr("239.1.1.1"), false}, {netip.MustParseAddr("239.2.2.2"), true}, {netip.MustParseAddr("232.1.1.1"), false}}
-	if err != nil || len(got) != 3 {
-		t.Fatalf("IGMPv3: %v %v", got, err)
+// records walks all of recs.
+func records(recs Records) []Record {
+	var out []Record
+	for r, ok := recs.Next(); ok; r, ok = recs.Next() {
+		out = append(out, r)
 	}
-	for i := range want {
-		if got[i] != want[i] {
-			t.Fatalf("IGMPv3 record %d = %v, want %v", i, got[i], want[i])
-		}
+	return out
+}
+
+// igmpSum recomputes the IGMP checksum of an IPv4 packet a test changed.
+func igmpSum(pkt []byte) []byte {
+	msg := header.IPv4(pkt).Payload()
+	msg[2], msg[3] = 0, 0
+	binary.BigEndian.PutUint16(msg[2:], csum.Fold(csum.Sum(0, msg)))
+	return pkt
+}
+
+func TestParseIGMP(t *testing.T) {
+	recs, err := ParseIGMP(unhex(t, igmpv3Report))
+	got := records(recs)
+	want := []Record{{netip.MustParseAddr("239.1.1.1"), false}, {netip.MustParseAddr("239.2.2.2"), true}, {netip.MustParseAddr("232.1.1.1"), false}}
+	if err != nil || !slices.Equal(got, want) {
+		t.Fatalf("IGMPv3: %v %v, want %v", got, err, want)
 	}
 	g := netip.MustParseAddr("239.1.1.1")
 	for name, tc := range map[string]struct {
 		hex   string
 		leave bool
 	}{"v2 report": {igmpv2Report, false}, "v2 leave": {igmpv2Leave, true}, "v1 report": {igmpv1Report, false}} {
-		got, err := ParseIGMP(unhex(t, tc.hex))
-		if err != nil || len(got) != 1 || got[0] != (Record{g, tc.leave}) {
+		recs, err := ParseIGMP(unhex(t, tc.hex))
+		if got := records(recs); err != nil || !slices.Equal(got, []Record{{g, tc.leave}}) {
 			t.Errorf("%s: %v %v", name, got, err)
 		}
 	}
-	query := AppendIGMPv3Query(nil, netip.Addr{}, 2, 125*time.Second, time.Second)
-	for name, b := range map[string][]byte{"empty": nil, "query": query, "truncated": unhex(t, igmpv3Report)[:40], "unicast group": unhex(t, `4500 001c 0000 4000 0102 0000 0a000001 0a000002 | 1600 0000 0a000002`)} {
-		if r, err := ParseIGMP(b); err == nil {
-			t.Errorf("%s: accepted, %v", name, r)
+	// Trailing link-layer padding is not part of the message.
+	if recs, err := ParseIGMP(append(unhex(t, igmpv2Report), 0xaa, 0xbb)); err != nil || len(records(recs)) != 1 {
+		t.Errorf("padded v2 report: %v", err)
+	}
+}
+
+// TestParseIGMPv3Records covers the record walk: auxiliary data stepped
+// over, BLOCK_OLD_SOURCES ignored, IS_INCLUDE({}) a leave and
+// MODE_IS_EXCLUDE a join.
+func TestParseIGMPv3Records(t *testing.T) {
+	pkt := igmpSum(unhex(t, `4600 0048 0000 4000 0102 0000 0a000001 e0000016 94040000 |
+		2200 0000 0000 0004 |
+		02 01 0000 ef010101 deadbeef |
+		06 00 0001 ef030303 0a090909 |
+		01 00 0000 ef020202 |
+		02 00 0000 ef040404`))
+	recs, err := ParseIGMP(pkt)
+	want := []Record{{netip.MustParseAddr("239.1.1.1"), false}, {netip.MustParseAddr("239.2.2.2"), true}, {netip.MustParseAddr("239.4.4.4"), false}}
+	if got := records(recs); err != nil || !slices.Equal(got, want) {
+		t.Fatalf("records %v %v, want %v", got, err, want)
+	}
+}
+
+func TestParseIGMPRejects(t *testing.T) {
+	badSum := unhex(t, igmpv2Report)
+	badSum[len(badSum)-1] ^= 1
+	fragment := unhex(t, igmpv2Report)
+	fragment[6] |= 0x20 // MF
+	badType := igmpSum(unhex(t, igmpv3Report))
+	badType[24+8] = 7
+	igmpSum(badType)
+	short := unhex(t, igmpv3Report)
+	short[24+7] = 4 // four records stated, three there
+	igmpSum(short)
+	for name, tc := range map[string]struct {
+		b    []byte
+		want error
+	}{
+		"empty":          {nil, ErrNotReport},
+		"query":          {AppendIGMPv3Query(nil, netip.Addr{}, 2, 125*time.Second, time.Second), ErrNotReport},
+		"truncated":      {unhex(t, igmpv3Report)[:40], ErrMalformed},
+		"unicast group":  {unhex(t, `4500 001c 0000 4000 0102 0000 0a000001 0a000002 | 1600 dffd 0a000002`), ErrMalformed},
+		"bad checksum":   {badSum, ErrChecksum},
+		"fragment":       {fragment, ErrMalformed},
+		"record type 7":  {badType, ErrMalformed},
+		"record missing": {short, ErrMalformed},
+		"short message":  {unhex(t, `4500 0018 0000 4000 0102 0000 0a000001 ef010101 | 1600 0000`), ErrMalformed},
+	} {
+		if r, err := ParseIGMP(tc.b); err != tc.want {
+			t.Errorf("%s: %v %v, want %v", name, records(r), err, tc.want)
 		}
 	}
 }
@@ -62,9 +128,12 @@ func FuzzParseIGMP(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		recs, err := ParseIGMP(b)
 		if err != nil {
+			if r := records(recs); r != nil {
+				t.Fatalf("records %v with error %v", r, err)
+			}
 			return
 		}
-		for _, r := range recs {
+		for _, r := range records(recs) {
 			if !r.Group.Is4() || !r.Group.IsMulticast() {
 				t.Fatalf("record for non-IPv4-multicast %s", r.Group)
 			}

@@ -66,9 +66,10 @@ func (t Timers) LeaveTime() time.Duration {
 	return time.Duration(t.LastMemberQueryCount) * t.LastMemberQueryInterval
 }
 
-// Key is a group in one scope (the shim uses the VLAN of a partition).
+// Key is a group on one VLAN: the shim keeps a partition per VLAN, and
+// the same group on two VLANs is two groups (two MGIDs, one per P_Key).
 type Key struct {
-	Scope uint16
+	VLAN  uint16
 	Group netip.Addr
 }
 

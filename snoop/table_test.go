@@ -133,7 +133,7 @@ func TestTableLifecycle(t *testing.T) {
 	}
 }
 
-func TestTableScopesAndBound(t *testing.T) {
+func TestTableVLANsAndBound(t *testing.T) {
 	var r recorder
 	tbl := NewTable(Timers{}, 2, r.actions())
 	now := time.Unix(1e6, 0)
