@@ -35,30 +35,11 @@ import (
 	"github.com/eipoib/eipoibd/ipoib/internal/rxq"
 )
 
-// Names of drop reasons a Port counts (ipoib.Drop's), as
-// PortCounters.Drops keys them.
-var (
-	DropOversize    = ipoib.DropOversize.String()
-	DropBadMeta     = ipoib.DropBadMeta.String()
-	DropBadGSO      = ipoib.DropBadGSO.String()
-	DropSendError   = ipoib.DropSendError.String()
-	DropBadSockaddr = ipoib.DropBadSockaddr.String()
-	DropTruncated   = ipoib.DropTruncated.String()
-	DropBadVnetHdr  = ipoib.DropBadVnetHdr.String()
-	DropRxSuper     = ipoib.DropRxSuper.String()
-	DropPktType     = ipoib.DropPktType.String()
-	DropBadMcast    = ipoib.DropBadMcast.String()
-	DropNotJoined   = ipoib.DropNotJoined.String()
-	DropUnknownQPN  = ipoib.DropUnknownQPN.String()
-	DropEmpty       = ipoib.DropEmpty.String()
-	DropQueueFull   = ipoib.DropQueueFull.String()
-	DropBufferSmall = ipoib.DropBufferSmall.String()
-	DropRecvError   = ipoib.DropRecvError.String()
-	// DropNoCarrier: the sending child has no carrier (its partition's
-	// broadcast join is not done, or the port or its P_Key went away);
-	// the kernel's noop qdisc would drop the packet and report it sent.
-	DropNoCarrier = ipoib.DropNoCarrier.String()
-)
+// A Port counts its drops under ipoib.Drop's reasons; the one of its
+// own is ipoib.DropNoCarrier: the sending child has no carrier (its
+// partition's broadcast join is not done, or the port or its P_Key went
+// away), and the kernel's noop qdisc would drop the packet and report it
+// sent.
 
 // Stats counted by a Port beside its drops.
 const (

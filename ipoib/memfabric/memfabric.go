@@ -17,18 +17,12 @@ import (
 	"github.com/eipoib/eipoibd/ipoib/internal/rxq"
 )
 
-// Names of drop reasons a Port counts (ipoib.Drop's), as
-// PortCounters.Drops keys them.
+// A Port counts its drops under ipoib.Drop's reasons. DropPKey and
+// DropBadMeta are the names of the two that tests of the shim look for
+// in PortCounters.Drops.
 var (
-	DropOversize    = ipoib.DropOversize.String()
-	DropUnknownQPN  = ipoib.DropUnknownQPN.String()
-	DropPKey        = ipoib.DropPKey.String()
-	DropNotJoined   = ipoib.DropNotJoined.String()
-	DropQueueFull   = ipoib.DropQueueFull.String()
-	DropNoRoute     = ipoib.DropNoRoute.String()
-	DropBadMeta     = ipoib.DropBadMeta.String()
-	DropBufferSmall = ipoib.DropBufferSmall.String()
-	DropBadGSO      = ipoib.DropBadGSO.String()
+	DropPKey    = ipoib.DropPKey.String()
+	DropBadMeta = ipoib.DropBadMeta.String()
 )
 
 // queueLen is the receive queue of a port in packets.
