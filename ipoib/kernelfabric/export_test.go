@@ -1,5 +1,7 @@
 package kernelfabric
 
+import "github.com/eipoib/eipoibd/ipoib"
+
 // The unexported pieces the external tests (conformance_test.go) check.
 var (
 	// HostOffSysctls is hostOffSysctls.
@@ -10,3 +12,39 @@ var (
 	// a receive buffer of the given size.
 	SubscribeLinksBuf = subscribeLinks
 )
+
+// Inject hands p's receive path one packet (IPoIB header first) with
+// metadata m as a child's socket would receive it: a multicast one on
+// its partition's group child, a unicast one on the child of m.DstQPN.
+// It reports false when no child's socket could receive it: the kernel
+// gives each child only its own QPN's packets in its own partition.
+func Inject(p *Port, payload []byte, m ipoib.RxMeta) bool {
+	var c *child
+	pkttype := uint8(PacketHost)
+	if m.DstQPN == ipoib.MulticastQPN {
+		p.mu.RLock()
+		c = p.groupC[m.PKey.Full()]
+		p.mu.RUnlock()
+		pkttype = PacketMulticast
+	} else if q, ok := p.qps.Lookup(m.DstQPN); ok && q.PKey == m.PKey {
+		c = q.Data.(*child)
+	}
+	if c == nil {
+		return false
+	}
+	var name [SockaddrLLIPoIBLen]byte
+	PutSockaddrLL(&name, c.index, ipoib.Header(payload).EtherType(), ipoib.HwAddr{})
+	name[10] = pkttype
+	buf := p.pool.Get().(*[]byte)
+	clear(*buf)
+	at := rxHead
+	if c.vnet {
+		at += VnetHdrLen // a zero virtio_net_hdr: no GSO
+	}
+	n := copy((*buf)[at:], payload[ipoib.HeaderLen:])
+	msg := Msg{Name: name[:], NameLen: len(name), Buf: (*buf)[rxHead:], N: at - rxHead + n}
+	if pk, ok := p.accept(c, &msg, buf); ok {
+		p.rx <- pk
+	}
+	return true
+}
