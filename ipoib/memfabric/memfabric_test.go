@@ -12,7 +12,7 @@ import (
 
 func gid(s string) ipoib.GID { return ipoib.GID(netip.MustParseAddr(s).As16()) }
 
-func twoPorts(t *testing.T) (*Port, *Port) {
+func twoPorts(t testing.TB) (*Port, *Port) {
 	t.Helper()
 	f, err := New(2048)
 	if err != nil {
