@@ -450,7 +450,13 @@ func (p *Port) FreeQP(qpn uint32) error {
 	if !ok {
 		return fmt.Errorf("verbsfabric: QPN %#x not allocated", qpn)
 	}
-	// The slots still holding its sends are free once it is gone.
+	// A batch under way may have taken the QP from the table before it
+	// left: it is destroyed once that batch is posted (a send on a
+	// destroyed QP would fail the whole batch). The slots still holding
+	// its sends are free once it is gone.
+	p.txMu.Lock()
+	//lint:ignore SA2001 the empty critical section is the barrier
+	p.txMu.Unlock()
 	return p.dev.destroyQP(qpn)
 }
 
