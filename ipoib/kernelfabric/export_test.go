@@ -48,3 +48,16 @@ func Inject(p *Port, payload []byte, m ipoib.RxMeta) bool {
 	}
 	return true
 }
+
+// LockTx holds p's transmit lock, as a Write under way does, until the
+// returned function is called.
+func LockTx(p *Port) (unlock func()) {
+	p.txMu.Lock()
+	return p.txMu.Unlock
+}
+
+// HasQP reports whether qpn is in p's QP table.
+func HasQP(p *Port, qpn uint32) bool {
+	_, ok := p.qps.Lookup(qpn)
+	return ok
+}

@@ -22,3 +22,28 @@ func TestSharedChecks(t *testing.T) {
 		Inject: func(payload []byte, m ipoib.RxMeta) bool { return kf.Inject(a, payload, m) },
 	})
 }
+
+// TestFreeQPWaitsForBatch: FreeQP takes the child out of the table at
+// once but deletes it (closing its socket) only once the batch under way
+// has ended.
+func TestFreeQPWaitsForBatch(t *testing.T) {
+	k := fakekernel.NewFabric().NewHost(gid("fe80::a"), "ib0", 2044)
+	p := open(t, k)
+	q, err := p.AllocQP(ipoib.DefaultPKey, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	child := children(k)
+	unlock := kf.LockTx(p)
+	freed := make(chan error, 1)
+	go func() { freed <- p.FreeQP(q) }()
+	waitFor(t, func() bool { return !kf.HasQP(p, q) })
+	during := children(k)
+	unlock()
+	if err := <-freed; err != nil || len(during) != len(child) {
+		t.Fatalf("FreeQP: %v; children %v before, %v while a batch was under way", err, child, during)
+	}
+	if after := children(k); len(after) != len(child)-1 {
+		t.Fatalf("children %v after FreeQP", after)
+	}
+}

@@ -335,3 +335,27 @@ func TestJoinQKeyMismatch(t *testing.T) {
 		})
 	}
 }
+
+// TestFreeQPWaitsForBatch: FreeQP takes the QP out of the table at once
+// (no new packet is taken from it) but destroys it on the device only
+// once the batch under way (txMu) is posted.
+func TestFreeQPWaitsForBatch(t *testing.T) {
+	l := newLink(t)
+	p, d := l.p1, l.d1
+	p.txMu.Lock()
+	freed := make(chan error, 1)
+	go func() { freed <- p.FreeQP(l.q1) }()
+	waitFor(t, "the QP out of the table", func() bool { return p.qp(l.q1) == nil })
+	d.mu.Lock()
+	alive := d.qps[l.q1] != nil
+	d.mu.Unlock()
+	p.txMu.Unlock()
+	if err := <-freed; err != nil || !alive {
+		t.Fatalf("FreeQP: %v; on the device while a batch was under way: %v", err, alive)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.qps[l.q1] != nil {
+		t.Fatal("the QP outlived FreeQP on the device")
+	}
+}
