@@ -2,23 +2,41 @@ package ipoib
 
 import (
 	"fmt"
+	"maps"
 	"sync"
+	"sync/atomic"
 )
 
 // GroupTable is a port's multicast memberships, full or send-only; the
 // fabric backends share it. attach and detach (either may be nil) are the
 // backend's own work to receive a group or stop receiving it; they run
-// under the table's lock, so they happen once per change. It is safe for
-// concurrent use.
+// under the table's lock, so they happen once per change. Full, asked
+// per received multicast packet, takes no lock: the full memberships are
+// an immutable set replaced, copy on write, by Join and Leave. It is
+// safe for concurrent use.
 type GroupTable struct {
-	mu       sync.RWMutex
-	full     map[GID]bool
+	mu       sync.Mutex // serialises changes
+	full     atomic.Pointer[map[GID]struct{}]
 	sendOnly map[GID]bool
 }
 
 // NewGroupTable returns an empty table.
 func NewGroupTable() *GroupTable {
-	return &GroupTable{full: make(map[GID]bool), sendOnly: make(map[GID]bool)}
+	t := &GroupTable{sendOnly: make(map[GID]bool)}
+	t.full.Store(&map[GID]struct{}{})
+	return t
+}
+
+// setFull replaces the full memberships with a copy with mgid in or
+// out. Called with mu held.
+func (t *GroupTable) setFull(mgid GID, in bool) {
+	m := maps.Clone(*t.full.Load())
+	if in {
+		m[mgid] = struct{}{}
+	} else {
+		delete(m, mgid)
+	}
+	t.full.Store(&m)
 }
 
 // Join makes the port a full member of mgid, upgrading a send-only
@@ -29,7 +47,7 @@ func (t *GroupTable) Join(mgid GID, attach func() error) error {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.full[mgid] {
+	if t.Full(mgid) {
 		return nil
 	}
 	if attach != nil {
@@ -37,7 +55,7 @@ func (t *GroupTable) Join(mgid GID, attach func() error) error {
 			return err
 		}
 	}
-	t.full[mgid] = true
+	t.setFull(mgid, true)
 	delete(t.sendOnly, mgid)
 	return nil
 }
@@ -49,7 +67,7 @@ func (t *GroupTable) JoinSendOnly(mgid GID) error {
 		return fmt.Errorf("ipoib: %s is not an MGID", mgid)
 	}
 	t.mu.Lock()
-	if !t.full[mgid] {
+	if !t.Full(mgid) {
 		t.sendOnly[mgid] = true
 	}
 	t.mu.Unlock()
@@ -62,10 +80,10 @@ func (t *GroupTable) Leave(mgid GID, detach func() error) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	delete(t.sendOnly, mgid)
-	if !t.full[mgid] {
+	if !t.Full(mgid) {
 		return nil
 	}
-	delete(t.full, mgid)
+	t.setFull(mgid, false)
 	if detach != nil {
 		return detach()
 	}
@@ -73,16 +91,15 @@ func (t *GroupTable) Leave(mgid GID, detach func() error) error {
 }
 
 // Full reports whether the port is a full member of mgid: whether the
-// group's traffic may be delivered to it.
+// group's traffic may be delivered to it. It takes no lock.
 func (t *GroupTable) Full(mgid GID) bool {
-	t.mu.RLock()
-	defer t.mu.RUnlock()
-	return t.full[mgid]
+	_, ok := (*t.full.Load())[mgid]
+	return ok
 }
 
 // SendOnly reports whether the port is a send-only member of mgid.
 func (t *GroupTable) SendOnly(mgid GID) bool {
-	t.mu.RLock()
-	defer t.mu.RUnlock()
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	return t.sendOnly[mgid]
 }

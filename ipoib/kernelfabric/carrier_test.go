@@ -181,7 +181,7 @@ func TestStaleCarrierPollIgnored(t *testing.T) {
 	if n := unicast(a, qa, 0x8001, bc, 100); n != 1 {
 		t.Fatalf("broadcast not sent: drops %v", a.Counters().Drops)
 	}
-	if c := a.Counters(); c.Stats[kf.StatCarrierLost] != 0 || c.Drops[kf.DropNoCarrier] != 0 {
+	if c := a.Counters(); c.Stats[kf.StatCarrierLost] != 0 || c.Drops[ipoib.DropNoCarrier.String()] != 0 {
 		t.Fatalf("stats %v, drops %v", c.Stats, c.Drops)
 	}
 }

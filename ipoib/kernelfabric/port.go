@@ -35,27 +35,11 @@ import (
 	"github.com/eipoib/eipoibd/ipoib/internal/rxq"
 )
 
-// Drop reasons counted by a Port.
-const (
-	DropOversize    = "oversize"
-	DropBadMeta     = "bad_meta"
-	DropSendError   = "send_error"
-	DropBadSockaddr = "bad_sockaddr"
-	DropTruncated   = "truncated"
-	DropBadVnetHdr  = "bad_vnet_hdr"
-	DropRxSuper     = "rx_super_packet"
-	DropPktType     = "pkttype"
-	DropBadMcast    = "bad_multicast"
-	DropNotJoined   = "not_joined"
-	DropEmpty       = "empty"
-	DropQueueFull   = "rx_queue_full"
-	DropBufferSmall = "rx_buffer_small"
-	DropRecvError   = "recv_error"
-	// DropNoCarrier: the sending child has no carrier (its partition's
-	// broadcast join is not done, or the port or its P_Key went away);
-	// the kernel's noop qdisc would drop the packet and report it sent.
-	DropNoCarrier = "child_no_carrier"
-)
+// A Port counts its drops under ipoib.Drop's reasons; the one of its
+// own is ipoib.DropNoCarrier: the sending child has no carrier (its
+// partition's broadcast join is not done, or the port or its P_Key went
+// away), and the kernel's noop qdisc would drop the packet and report it
+// sent.
 
 // Stats counted by a Port beside its drops.
 const (
@@ -95,6 +79,40 @@ const (
 	// PACKET_IGNORE_OUTGOING because the kernel refused it.
 	StatOutgoingNotIgnored = "sockets_outgoing_not_ignored"
 )
+
+// stat indexes the stats a Port counts itself, in an array of atomic
+// counters: no lock, as drops are counted.
+type stat uint8
+
+const (
+	statSuperPackets stat = iota
+	statMTUChanges
+	statReclaimed
+	statRefusedPKey
+	statRefusedJoin
+	statRefusedMTU
+	statRefusedAgain
+	statCarrierLost
+	statPartitionMTUChanges
+	statResubscribed
+	statMcastCopies
+	numStats
+)
+
+// statNames are the stats' names, by index.
+var statNames = [numStats]string{
+	statSuperPackets:        StatSuperPackets,
+	statMTUChanges:          StatMTUChanges,
+	statReclaimed:           StatReclaimed,
+	statRefusedPKey:         StatRefusedPKey,
+	statRefusedJoin:         StatRefusedJoin,
+	statRefusedMTU:          StatRefusedMTU,
+	statRefusedAgain:        StatRefusedAgain,
+	statCarrierLost:         StatCarrierLost,
+	statPartitionMTUChanges: StatPartitionMTUChanges,
+	statResubscribed:        StatResubscribed,
+	statMcastCopies:         StatMcastCopies,
+}
 
 const (
 	batchSize = 64
@@ -146,8 +164,9 @@ type child struct {
 	index int
 	qpn   uint32
 	pkey  ipoib.PKey
-	group bool // the partition's multicast child
-	vnet  bool // PACKET_VNET_HDR on its socket
+	group bool   // the partition's multicast child
+	gc    *child // a VIF child's partition's group child, which sends its multicast
+	vnet  bool   // PACKET_VNET_HDR on its socket
 	sock  Socket
 	// carrier and mtu (its IB MTU, the IPoIB MTU + 4; 0 until its first
 	// carrier) follow the link's notifications; up is closed at the
@@ -181,8 +200,11 @@ type Port struct {
 	// setup, before any Write.
 	tso, tsoKnown bool
 
-	mu     sync.RWMutex // children; held for reading by Write, for writing to add or remove
-	byQPN  map[uint32]*child
+	// qps are the VIF children by QPN (ipoib.QPTable, Data *child),
+	// looked up without a lock by Write; a child is destroyed only
+	// after the batch that may have looked it up (under txMu) ends.
+	qps    *ipoib.QPTable
+	mu     sync.RWMutex // groupC and all; the data path never takes it
 	groupC map[ipoib.PKey]*child
 	all    map[string]*child
 	seq    int
@@ -215,10 +237,9 @@ type Port struct {
 	txSrcs [batchSize]*child
 
 	txPackets, txBytes, rxPackets, rxBytes atomic.Uint64
-	mcastCopies                            atomic.Uint64 // StatMcastCopies: one per child a broadcast wakes
 	rxCtr                                  rxq.Counters
-	ctrMu                                  sync.Mutex
-	drops, stats                           map[string]uint64
+	drops                                  ipoib.DropCounters
+	stats                                  [numStats]atomic.Uint64
 }
 
 var _ ipoib.Port = (*Port)(nil)
@@ -260,13 +281,12 @@ func New(cfg Config) (*Port, error) {
 	}
 	p := &Port{
 		k: k, log: cfg.Logger, parent: parent, gid: parent.HwAddr.GID(), mtu: mtu, scope: cfg.Scope,
-		byQPN: make(map[uint32]*child), groupC: make(map[ipoib.PKey]*child), all: make(map[string]*child),
+		qps: ipoib.NewQPTable(0), groupC: make(map[ipoib.PKey]*child), all: make(map[string]*child),
 		groups: ipoib.NewGroupTable(), done: make(chan struct{}), rx: make(chan rxq.Packet, queueLen),
-		drops: make(map[string]uint64), stats: make(map[string]uint64),
 		refused: make(map[ipoib.PKey]refusal), timeout: cfg.ChildTimeout,
 	}
 	p.pool.New = func() any { b := make([]byte, VnetHdrLen+mtu+rxHead); return &b }
-	p.rxCtr = rxq.Counters{Packets: &p.rxPackets, Bytes: &p.rxBytes, TooSmall: func() { p.drop(DropBufferSmall) }}
+	p.rxCtr = rxq.Counters{Packets: &p.rxPackets, Bytes: &p.rxBytes, TooSmall: func() { p.drops.Add(ipoib.DropBufferSmall) }}
 	p.down.Store(!parent.Carrier)
 	if err := p.reclaim(); err != nil {
 		return nil, err
@@ -301,7 +321,7 @@ func (p *Port) reclaim() error {
 		if err := p.k.DelLink(l.Index); err != nil {
 			return fmt.Errorf("kernel: delete leftover child %s: %w", l.Name, err)
 		}
-		p.stat(StatReclaimed)
+		p.stat(statReclaimed)
 		p.log.Info("deleted a child left by a previous run", "child", l.Name)
 	}
 	return nil
@@ -372,7 +392,7 @@ func (p *Port) resubscribe() <-chan Link {
 			}
 			continue
 		}
-		p.stat(StatResubscribed)
+		p.stat(statResubscribed)
 		n, err := p.resync()
 		p.log.Warn("kernel: link notifications ended (some may be lost); resubscribed and read every link's carrier and MTU again", "dev", p.parent.Name, "reason", reason, "links", n, "dump_err", err)
 		return updates
@@ -407,7 +427,7 @@ func (p *Port) followLink(l Link) {
 	}
 	p.events.Link(l.Carrier)
 	if l.MTU != p.parent.MTU && l.MTU != 0 {
-		p.stat(StatMTUChanges)
+		p.stat(statMTUChanges)
 		p.log.Warn("parent MTU changed; restart eipoibd to follow it", "dev", l.Name, "mtu", l.MTU, "in_use", p.parent.MTU)
 	}
 }
@@ -442,7 +462,7 @@ func (p *Port) applyLink(c *child, l Link) {
 			p.log.Warn("child's partition MTU is one eipoibd does not run; its packets are dropped as oversize", "child", c.name, "err", err)
 		case err == nil:
 			if old := c.mtu.Swap(int32(mtu)); old != 0 && int(old) != mtu {
-				p.stat(StatPartitionMTUChanges)
+				p.stat(statPartitionMTUChanges)
 				p.log.Warn("partition MTU changed", "child", c.name, "pkey", c.pkey, "ib_mtu", mtu, "was", old)
 			}
 		}
@@ -450,7 +470,7 @@ func (p *Port) applyLink(c *child, l Link) {
 	p.partitionMTU(c)
 	if was := c.carrier.Swap(l.Carrier); was != l.Carrier && ready {
 		if !l.Carrier {
-			p.stat(StatCarrierLost)
+			p.stat(statCarrierLost)
 		}
 		p.log.Info("child carrier", "child", c.name, "pkey", c.pkey, "up", l.Carrier)
 	}
@@ -471,13 +491,7 @@ func childMTU(l Link, parentIB int) (int, error) {
 	return ib, nil
 }
 
-func (p *Port) drop(reason string) { p.count(p.drops, reason) }
-func (p *Port) stat(name string)   { p.count(p.stats, name) }
-func (p *Port) count(m map[string]uint64, k string) {
-	p.ctrMu.Lock()
-	m[k]++
-	p.ctrMu.Unlock()
-}
+func (p *Port) stat(s stat) { p.stats[s].Add(1) }
 
 // IsDown reports the parent's carrier being off (Events reports each
 // change).
@@ -519,18 +533,12 @@ func (p *Port) Counters() ipoib.PortCounters {
 	c := ipoib.PortCounters{
 		TxPackets: p.txPackets.Load(), TxBytes: p.txBytes.Load(),
 		RxPackets: p.rxPackets.Load(), RxBytes: p.rxBytes.Load(),
-		Drops: make(map[string]uint64), Stats: make(map[string]uint64),
+		Drops: p.drops.Snapshot(), Stats: make(map[string]uint64),
 	}
-	p.ctrMu.Lock()
-	for k, v := range p.drops {
-		c.Drops[k] = v
-	}
-	for k, v := range p.stats {
-		c.Stats[k] = v
-	}
-	p.ctrMu.Unlock()
-	if n := p.mcastCopies.Load(); n > 0 {
-		c.Stats[StatMcastCopies] = n
+	for i := range p.stats {
+		if n := p.stats[i].Load(); n > 0 {
+			c.Stats[statNames[i]] = n
+		}
 	}
 	if n := OutgoingNotIgnored(); n > 0 {
 		c.Stats[StatOutgoingNotIgnored] = n
@@ -599,7 +607,7 @@ func (p *Port) createChild(name string, pkey ipoib.PKey, group bool) (c *child, 
 	if l.Carrier {
 		mtu, err := childMTU(l, p.mtu)
 		if err != nil {
-			return nil, p.refuse(pkey, StatRefusedMTU, fmt.Errorf("kernel: child %s (pkey %s): %w", name, pkey.Full(), err))
+			return nil, p.refuse(pkey, statRefusedMTU, fmt.Errorf("kernel: child %s (pkey %s): %w", name, pkey.Full(), err))
 		}
 		c.mtu.Store(int32(mtu))
 	}
@@ -634,7 +642,7 @@ func (p *Port) checkPKey(name string, pkey ipoib.PKey) error {
 	if t.Has(pkey) {
 		return nil
 	}
-	return p.refuse(pkey, StatRefusedPKey, fmt.Errorf("kernel: child %s: %w: P_Key %s is not in the P_Key table of %s port %d (%s), so the driver would keep the child without carrier: add this port to the partition in the subnet manager's configuration (e.g. opensm partitions.conf)",
+	return p.refuse(pkey, statRefusedPKey, fmt.Errorf("kernel: child %s: %w: P_Key %s is not in the P_Key table of %s port %d (%s), so the driver would keep the child without carrier: add this port to the partition in the subnet manager's configuration (e.g. opensm partitions.conf)",
 		name, ErrPKeyNotInTable, pkey.Full(), t.Device, t.Port, t.Path))
 }
 
@@ -697,14 +705,14 @@ func (p *Port) notReady(c *child) error {
 		}
 	}
 	p.mu.RUnlock()
-	return p.refuse(c.pkey, StatRefusedJoin, fmt.Errorf("kernel: child %s (pkey %s): %w within %s: check the SM's partition configuration and the kernel log (\"couldn't attach QP to multicast group\" there means the HCA's max_mcast_qp_attach, ibv_devinfo -v, is reached: this port has %d other children in the partition, and its parent may be attached too)",
+	return p.refuse(c.pkey, statRefusedJoin, fmt.Errorf("kernel: child %s (pkey %s): %w within %s: check the SM's partition configuration and the kernel log (\"couldn't attach QP to multicast group\" there means the HCA's max_mcast_qp_attach, ibv_devinfo -v, is reached: this port has %d other children in the partition, and its parent may be attached too)",
 		c.name, c.pkey, ErrJoinTimeout, p.timeout, n))
 }
 
 // refuse counts a refused child under stat, remembers err for the
 // partition (AllocQP answers with it for refuseFor) and returns it.
-func (p *Port) refuse(pkey ipoib.PKey, stat string, err error) error {
-	p.stat(stat)
+func (p *Port) refuse(pkey ipoib.PKey, st stat, err error) error {
+	p.stat(st)
 	p.refMu.Lock()
 	p.refused[pkey.Full()] = refusal{err: err, until: time.Now().Add(refuseFor)}
 	p.refMu.Unlock()
@@ -719,7 +727,7 @@ func (p *Port) refusedRecently(pkey ipoib.PKey) error {
 	if !ok || time.Now().After(r.until) {
 		return nil
 	}
-	p.stat(StatRefusedAgain)
+	p.stat(statRefusedAgain)
 	return fmt.Errorf("%w (refused again for %s unless one of its children is freed)", r.err, time.Until(r.until).Round(time.Second))
 }
 
@@ -789,7 +797,8 @@ func (p *Port) AllocQP(pkey ipoib.PKey, _ uint32) (uint32, error) {
 	if !pkey.IsValid() {
 		return 0, fmt.Errorf("kernel: invalid P_Key %s", pkey)
 	}
-	if _, err := p.groupChild(pkey); err != nil {
+	gc, err := p.groupChild(pkey)
+	if err != nil {
 		return 0, err
 	}
 	p.setup.Lock()
@@ -806,35 +815,41 @@ func (p *Port) AllocQP(pkey ipoib.PKey, _ uint32) (uint32, error) {
 	if err != nil {
 		return 0, err
 	}
-	p.mu.Lock()
-	if _, dup := p.byQPN[c.qpn]; dup {
-		p.mu.Unlock()
+	c.gc = gc
+	if err := p.qps.Add(c.qpn, pkey, c); err != nil {
 		p.destroy(c)
-		return 0, fmt.Errorf("kernel: create child %s: QPN %#06x already in use", name, c.qpn)
+		return 0, fmt.Errorf("kernel: create child %s: %w", name, err)
 	}
-	p.byQPN[c.qpn] = c
+	p.mu.Lock()
 	p.all[name] = c
 	p.mu.Unlock()
 	p.startRx(c)
 	return c.qpn, nil
 }
 
-// FreeQP deletes the child of qpn.
+// FreeQP deletes the child of qpn, once no batch can still send from it.
 func (p *Port) FreeQP(qpn uint32) error {
-	p.mu.Lock()
-	c, ok := p.byQPN[qpn]
-	if ok {
-		delete(p.byQPN, qpn)
-		delete(p.all, c.name)
-	}
-	p.mu.Unlock()
-	if !ok {
+	q, err := p.qps.Remove(qpn)
+	if err != nil {
 		return fmt.Errorf("kernel: free QP %#06x: no such child", qpn)
 	}
+	c := q.Data.(*child)
+	p.mu.Lock()
+	delete(p.all, c.name)
+	p.mu.Unlock()
+	p.waitBatch()
 	p.refMu.Lock()
 	delete(p.refused, c.pkey) // its attachment to the broadcast group goes
 	p.refMu.Unlock()
 	return p.destroy(c)
+}
+
+// waitBatch returns once the Write under way, if any, has ended: a
+// child taken out of qps before it is then used by no batch.
+func (p *Port) waitBatch() {
+	p.txMu.Lock()
+	//lint:ignore SA2001 the empty critical section is the barrier
+	p.txMu.Unlock()
 }
 
 // destroy closes c's socket and deletes the interface.
@@ -921,10 +936,12 @@ func (p *Port) Close() error {
 	}
 	close(p.done)
 	p.events.Close()
+	p.qps.Clear()
 	p.mu.Lock()
 	all := p.all
-	p.all, p.byQPN, p.groupC = map[string]*child{}, map[uint32]*child{}, map[ipoib.PKey]*child{}
+	p.all, p.groupC = map[string]*child{}, map[ipoib.PKey]*child{}
 	p.mu.Unlock()
+	p.waitBatch()
 	var errs []error
 	for _, c := range all {
 		if err := p.destroy(c); err != nil {
@@ -948,8 +965,6 @@ func (p *Port) Write(bufs [][]byte, meta []ipoib.TxMeta, offset int) (int, error
 	}
 	p.txMu.Lock()
 	defer p.txMu.Unlock()
-	p.mu.RLock()
-	defer p.mu.RUnlock()
 	sent, k := 0, 0
 	for i, b := range bufs {
 		c, ok := p.validate(b, meta[i], offset)
@@ -968,34 +983,30 @@ func (p *Port) Write(bufs [][]byte, meta []ipoib.TxMeta, offset int) (int, error
 	return sent, nil
 }
 
-// validate returns the child that sends packet b, or counts why none.
+// validate returns the child that sends packet b (ipoib.CheckTx's
+// checks, then the child's carrier and MTU), or counts why none.
 func (p *Port) validate(b []byte, m ipoib.TxMeta, offset int) (*child, bool) {
 	if len(b) < offset+ipoib.HeaderLen {
-		p.drop(DropBadMeta)
+		p.drops.Add(ipoib.DropBadMeta) // no ethertype to name
 		return nil, false
 	}
 	pay := b[offset:]
-	mcast := m.Dst.QPN() == ipoib.MulticastQPN
-	// A VIF child always has its partition's group child: AllocQP makes
-	// the group child first, and group children go only with Close,
-	// which empties byQPN too. A multicast packet whose source QP is a
-	// VIF child therefore always finds one; c is nil only for bad meta.
-	var c *child
-	if src := p.byQPN[m.SrcQPN]; src != nil && src.pkey == m.PKey.Full() && m.PKey.IsValid() && mcast == m.Dst.GID().IsMulticast() {
-		c = src
-		if mcast {
-			c = p.groupC[src.pkey]
-		}
+	q, d := ipoib.CheckTx(&m, len(pay), p.qps, p.tso)
+	if d != ipoib.DropNone {
+		p.drops.Add(d)
+		return nil, false
+	}
+	// Multicast leaves from the partition's group child, which AllocQP
+	// made before the VIF's.
+	c := q.Data.(*child)
+	if m.Dst.QPN() == ipoib.MulticastQPN {
+		c = c.gc
 	}
 	switch {
-	case c == nil:
-		p.drop(DropBadMeta)
 	case !c.carrier.Load():
-		p.drop(DropNoCarrier)
+		p.drops.Add(ipoib.DropNoCarrier)
 	case m.GSO.Type == ipoib.GSONone && len(pay) > int(c.mtu.Load()) || len(pay) > ipoib.MaxSuperPacket:
-		p.drop(DropOversize)
-	case m.GSO.Type != ipoib.GSONone && (!c.vnet || int(m.GSO.L4)+20 > len(pay) || m.GSO.L4 < ipoib.HeaderLen):
-		p.drop(DropBadMeta)
+		p.drops.Add(ipoib.DropOversize)
 	default:
 		return c, true
 	}
@@ -1028,14 +1039,14 @@ func (p *Port) flush(k int) int {
 		for _, m := range p.msgs[at : at+n] {
 			p.txBytes.Add(uint64(len(m.Buf) + ipoib.HeaderLen))
 			if len(m.Hdr) > 0 && m.Hdr[1] != VnetGSONone {
-				p.stat(StatSuperPackets)
+				p.stat(statSuperPackets)
 			}
 		}
 		p.txPackets.Add(uint64(n))
 		sent += n
 		at += n
 		if err != nil || n == 0 {
-			p.drop(DropSendError)
+			p.drops.Add(ipoib.DropSendError)
 			at++
 		}
 	}
@@ -1072,7 +1083,7 @@ func (p *Port) rxLoop(c *child) {
 			if errors.Is(err, net.ErrClosed) || p.closed.Load() {
 				return
 			}
-			p.drop(DropRecvError)
+			p.drops.Add(ipoib.DropRecvError)
 			time.Sleep(10 * time.Millisecond) // e.g. ENETDOWN while the link is down
 			continue
 		}
@@ -1083,7 +1094,7 @@ func (p *Port) rxLoop(c *child) {
 					bufs[i] = p.pool.Get().(*[]byte)
 					msgs[i].Buf = (*bufs[i])[rxHead:]
 				default:
-					p.drop(DropQueueFull)
+					p.drops.Add(ipoib.DropQueueFull)
 				}
 			}
 		}
@@ -1093,62 +1104,66 @@ func (p *Port) rxLoop(c *child) {
 // accept turns datagram m received on c (in buf, rxHead bytes in) into a
 // packet for Read, or counts why not.
 func (p *Port) accept(c *child, m *Msg, buf *[]byte) (rxq.Packet, bool) {
-	sa, err := ParseSockaddrLL(m.Name, m.NameLen)
-	if err != nil {
-		p.drop(DropBadSockaddr)
+	pk, d := p.parse(c, m, buf)
+	if d == ipoib.DropNone && pk.Buf != nil {
+		d = ipoib.CheckRx(&pk.Meta, p.qps, p.groups)
+	}
+	if d != ipoib.DropNone {
+		p.drops.Add(d)
 		return rxq.Packet{}, false
 	}
+	return pk, pk.Buf != nil
+}
+
+// parse reads datagram m received on c (in buf, rxHead bytes in): the
+// packet with its metadata for ipoib.CheckRx, or why it is dropped. A
+// broadcast or multicast copy on a VIF child is counted as
+// StatMcastCopies and comes back without a buffer and without a reason.
+func (p *Port) parse(c *child, m *Msg, buf *[]byte) (rxq.Packet, ipoib.Drop) {
+	sa, err := ParseSockaddrLL(m.Name, m.NameLen)
+	if err != nil {
+		return rxq.Packet{}, ipoib.DropBadSockaddr
+	}
 	if m.Trunc {
-		p.drop(DropTruncated)
-		return rxq.Packet{}, false
+		return rxq.Packet{}, ipoib.DropTruncated
 	}
 	start, end := rxHead, rxHead+m.N
 	if c.vnet {
 		h, err := ParseVnetHdr((*buf)[start:end])
 		if err != nil {
-			p.drop(DropBadVnetHdr)
-			return rxq.Packet{}, false
+			return rxq.Packet{}, ipoib.DropBadVnetHdr
 		}
 		if h.GSOType != VnetGSONone {
-			p.drop(DropRxSuper)
-			return rxq.Packet{}, false
+			return rxq.Packet{}, ipoib.DropRxSuper
 		}
 		start += VnetHdrLen
 	}
 	if start == end {
-		p.drop(DropEmpty)
-		return rxq.Packet{}, false
+		return rxq.Packet{}, ipoib.DropEmpty
 	}
 	meta := ipoib.RxMeta{SrcUnknown: true, PKey: c.pkey}
 	switch sa.Pkttype {
 	case PacketHost:
 		if c.group {
-			p.drop(DropPktType) // the group child has no VIF behind it
-			return rxq.Packet{}, false
+			return rxq.Packet{}, ipoib.DropPktType // the group child has no VIF behind it
 		}
 		meta.DstQPN = c.qpn
 	case PacketBroadcast, PacketMulticast:
 		if !c.group {
-			p.mcastCopies.Add(1)
-			return rxq.Packet{}, false
+			p.stat(statMcastCopies)
+			return rxq.Packet{}, ipoib.DropNone
 		}
 		mgid, ok := p.mgidOf(sa, (*buf)[start:end], c.pkey)
 		if !ok {
-			p.drop(DropBadMcast)
-			return rxq.Packet{}, false
-		}
-		if !p.groups.Full(mgid) {
-			p.drop(DropNotJoined)
-			return rxq.Packet{}, false
+			return rxq.Packet{}, ipoib.DropBadMcast
 		}
 		meta.DstQPN, meta.MGID = ipoib.MulticastQPN, mgid
 	default:
-		p.drop(DropPktType)
-		return rxq.Packet{}, false
+		return rxq.Packet{}, ipoib.DropPktType
 	}
 	start -= ipoib.HeaderLen
 	ipoib.PutHeader((*buf)[start:], sa.Protocol)
-	return rxq.Packet{Buf: buf, Start: start, N: end - start, Meta: meta}, true
+	return rxq.Packet{Buf: buf, Start: start, N: end - start, Meta: meta}, ipoib.DropNone
 }
 
 // mgidOf finds the group a broadcast or multicast packet was sent to: the

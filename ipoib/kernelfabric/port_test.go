@@ -287,7 +287,7 @@ func TestChildCarrierFollowed(t *testing.T) {
 	ka, a, b, qa, dst := partitionPair(t)
 	ka.SetPKeys(0xffff)
 	waitFor(t, func() bool { return a.Counters().Stats[kf.StatCarrierLost] == 2 }) // the VIF's child and the group child
-	if n := unicast(a, qa, 0x8001, dst, 100); n != 0 || ka.TxNoCarrier() != 0 || a.Counters().Drops[kf.DropNoCarrier] != 1 {
+	if n := unicast(a, qa, 0x8001, dst, 100); n != 0 || ka.TxNoCarrier() != 0 || a.Counters().Drops[ipoib.DropNoCarrier.String()] != 1 {
 		t.Fatalf("sent %d, handed to the kernel without carrier %d; drops %v", n, ka.TxNoCarrier(), a.Counters().Drops)
 	}
 	pkeyBack(t, ka, a, b, qa, dst)
@@ -340,7 +340,7 @@ func TestChildWhilePortDown(t *testing.T) {
 	}
 	qb, _ := b.AllocQP(0xffff, 0)
 	dst := ipoib.MakeHwAddr(0, qb, gid("fe80::b"))
-	if n := unicast(a, qa, 0xffff, dst, 100); n != 0 || a.Counters().Drops[kf.DropNoCarrier] != 1 {
+	if n := unicast(a, qa, 0xffff, dst, 100); n != 0 || a.Counters().Drops[ipoib.DropNoCarrier.String()] != 1 {
 		t.Fatalf("sent %d while down, drops %v", n, a.Counters().Drops)
 	}
 	ka.SetCarrier(true)
@@ -371,7 +371,7 @@ func TestPartitionMTUFromGroup(t *testing.T) {
 	}
 	qb, _ := b.AllocQP(0x8002, 0)
 	dst := ipoib.MakeHwAddr(0, qb, gid("fe80::b"))
-	if n := unicast(a, qa, 0x8002, dst, 3000); n != 0 || a.Counters().Drops[kf.DropOversize] != 1 {
+	if n := unicast(a, qa, 0x8002, dst, 3000); n != 0 || a.Counters().Drops[ipoib.DropOversize.String()] != 1 {
 		t.Fatalf("3000 bytes in a 2044-byte partition: sent %d, drops %v", n, a.Counters().Drops)
 	}
 	if n := unicast(a, qa, 0x8002, dst, 2040); n != 1 || readOne(t, b) != 2044 {

@@ -4,10 +4,6 @@ import (
 	"github.com/eipoib/eipoibd/ipoib"
 )
 
-// DropPortDown counts packets sent or delivered while the port is down
-// (SetDown).
-const DropPortDown = "port_down"
-
 // Events reports the port's link state (up when attached, then as
 // SetDown sets it) and the partition MTUs SetPartitionMTU sets; it is
 // closed on Close.

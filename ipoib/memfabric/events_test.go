@@ -32,7 +32,7 @@ func TestEvents(t *testing.T) {
 	if n, err := a.Write([][]byte{pkt}, []ipoib.TxMeta{{Dst: ipoib.MakeHwAddr(0, qb, b.gid), SrcQPN: qa, PKey: 0xffff}}, ipoib.Headroom); n != 0 || err != nil {
 		t.Fatalf("down port sent: %d %v", n, err)
 	}
-	if n, _ := b.Write([][]byte{pkt}, []ipoib.TxMeta{{Dst: ipoib.MakeHwAddr(0, qa, a.gid), SrcQPN: qb, PKey: 0xffff}}, ipoib.Headroom); n != 1 || a.Counters().Drops[DropPortDown] != 2 || len(a.rx) != 0 {
+	if n, _ := b.Write([][]byte{pkt}, []ipoib.TxMeta{{Dst: ipoib.MakeHwAddr(0, qa, a.gid), SrcQPN: qb, PKey: 0xffff}}, ipoib.Headroom); n != 1 || a.Counters().Drops[ipoib.DropPortDown.String()] != 2 || len(a.rx) != 0 {
 		t.Fatalf("to a down port: sent %d, drops %v, queued %d", n, a.Counters().Drops, len(a.rx))
 	}
 	eventtest.Expect(t, ch, eventtest.Link(false))

@@ -17,16 +17,12 @@ import (
 	"github.com/eipoib/eipoibd/ipoib/internal/rxq"
 )
 
-// Drop reasons counted by a Port.
-const (
-	DropOversize    = "oversize"
-	DropUnknownQPN  = "unknown_qpn"
-	DropPKey        = "pkey_mismatch"
-	DropQueueFull   = "rx_queue_full"
-	DropNoRoute     = "no_route"
-	DropBadMeta     = "bad_meta"
-	DropBufferSmall = "rx_buffer_small"
-	DropBadGSO      = "bad_gso"
+// A Port counts its drops under ipoib.Drop's reasons. DropPKey and
+// DropBadMeta are the names of the two that tests of the shim look for
+// in PortCounters.Drops.
+var (
+	DropPKey    = ipoib.DropPKey.String()
+	DropBadMeta = ipoib.DropBadMeta.String()
 )
 
 // queueLen is the receive queue of a port in packets.
@@ -70,8 +66,7 @@ type Port struct {
 
 	txPackets, txBytes, rxPackets, rxBytes atomic.Uint64
 	rxCtr                                  rxq.Counters
-	dropMu                                 sync.Mutex
-	drops                                  map[string]uint64
+	drops                                  ipoib.DropCounters
 }
 
 var _ ipoib.Port = (*Port)(nil)
@@ -89,18 +84,11 @@ func (f *Fabric) NewPort(gid ipoib.GID) (*Port, error) {
 		done:   make(chan struct{}),
 		qps:    ipoib.NewQPTable(0x48),
 		groups: ipoib.NewGroupTable(),
-		drops:  make(map[string]uint64),
 	}
 	p.partMTU, p.events = make(map[ipoib.PKey]int), ipoib.NewEventQueue(true)
-	p.rxCtr = rxq.Counters{Packets: &p.rxPackets, Bytes: &p.rxBytes, TooSmall: func() { p.drop(DropBufferSmall) }}
+	p.rxCtr = rxq.Counters{Packets: &p.rxPackets, Bytes: &p.rxBytes, TooSmall: func() { p.drops.Add(ipoib.DropBufferSmall) }}
 	f.ports[gid] = p
 	return p, nil
-}
-
-func (p *Port) drop(reason string) {
-	p.dropMu.Lock()
-	p.drops[reason]++
-	p.dropMu.Unlock()
 }
 
 // BatchSize is the largest batch Read and Write move at once.
@@ -158,17 +146,11 @@ func (p *Port) Joined(mgid ipoib.GID) bool { return p.groups.Full(mgid) }
 
 // Counters returns a snapshot of the counters.
 func (p *Port) Counters() ipoib.PortCounters {
-	c := ipoib.PortCounters{
+	return ipoib.PortCounters{
 		TxPackets: p.txPackets.Load(), TxBytes: p.txBytes.Load(),
 		RxPackets: p.rxPackets.Load(), RxBytes: p.rxBytes.Load(),
-		Drops: make(map[string]uint64),
+		Drops: p.drops.Snapshot(),
 	}
-	p.dropMu.Lock()
-	for k, v := range p.drops {
-		c.Drops[k] = v
-	}
-	p.dropMu.Unlock()
-	return c
 }
 
 // Close detaches the port; blocked and later Reads and Writes return
@@ -202,22 +184,20 @@ func (p *Port) Write(bufs [][]byte, meta []ipoib.TxMeta, offset int) (int, error
 		return 0, fmt.Errorf("memfabric: write of %d packets with %d metadata", len(bufs), len(meta))
 	}
 	if p.down.Load() {
-		for range bufs {
-			p.drop(DropPortDown)
-		}
+		p.drops.AddN(ipoib.DropPortDown, uint64(len(bufs)))
 		return 0, nil
 	}
 	n := 0
 	for i, b := range bufs {
 		payload := b[offset:]
 		m := meta[i]
-		if pk, own := p.qps.PKey(m.SrcQPN); !own || !m.PKey.IsValid() || pk != m.PKey || (m.Dst.QPN() == ipoib.MulticastQPN) != m.Dst.GID().IsMulticast() {
-			p.drop(DropBadMeta)
+		if _, d := ipoib.CheckTx(&m, len(payload), p.qps, p.f.tso); d != ipoib.DropNone {
+			p.drops.Add(d)
 			continue
 		}
 		if m.GSO.Type == ipoib.GSONone {
 			if len(payload) > p.f.mtu {
-				p.drop(DropOversize)
+				p.drops.Add(ipoib.DropOversize)
 				continue
 			}
 			p.send(payload, m)
@@ -225,8 +205,8 @@ func (p *Port) Write(bufs [][]byte, meta []ipoib.TxMeta, offset int) (int, error
 			continue
 		}
 		var seg gso.Segmenter
-		if !p.f.tso || seg.Start(payload, ipoib.HeaderLen, int(m.GSO.L4), m.GSO.Type == ipoib.GSOTCPv6, int(m.GSO.Size), p.f.mtu-ipoib.HeaderLen) != nil {
-			p.drop(DropBadGSO)
+		if seg.Start(payload, ipoib.HeaderLen, int(m.GSO.L4), m.GSO.Type == ipoib.GSOTCPv6, int(m.GSO.Size), p.f.mtu-ipoib.HeaderLen) != nil {
+			p.drops.Add(ipoib.DropBadGSO)
 			continue
 		}
 		buf := p.f.pool.Get().(*[]byte)
@@ -249,44 +229,32 @@ func (p *Port) send(payload []byte, m ipoib.TxMeta) {
 	if m.Dst.QPN() == ipoib.MulticastQPN {
 		rm.MGID = m.Dst.GID()
 		for _, q := range p.f.ports {
-			if q != p {
+			// The switch forwards a group's packets to its members
+			// only (the SM programs its forwarding tables so).
+			if q != p && q.groups.Full(rm.MGID) {
 				q.deliver(payload, rm)
 			}
 		}
 	} else if q, ok := p.f.ports[m.Dst.GID()]; ok {
 		q.deliver(payload, rm)
 	} else {
-		p.drop(DropNoRoute)
+		p.drops.Add(ipoib.DropNoRoute)
 	}
 }
 
-// deliver applies the receive checks and queues a copy of payload.
+// deliver applies the receive checks (ipoib.CheckRx) and queues a copy
+// of payload.
 func (p *Port) deliver(payload []byte, m ipoib.RxMeta) {
 	if p.closed.Load() {
 		return
 	}
 	if p.down.Load() {
-		p.drop(DropPortDown)
+		p.drops.Add(ipoib.DropPortDown)
 		return
 	}
-	if m.DstQPN == ipoib.MulticastQPN {
-		if !p.groups.Full(m.MGID) {
-			return // not a member: the switch never sends it here
-		}
-		if !ipoib.CanTalk(m.PKey, ipoib.MGIDPKey(m.MGID)) {
-			p.drop(DropPKey)
-			return
-		}
-	} else {
-		pk, ok := p.qps.PKey(m.DstQPN)
-		if !ok {
-			p.drop(DropUnknownQPN)
-			return
-		}
-		if !ipoib.CanTalk(m.PKey, pk) {
-			p.drop(DropPKey)
-			return
-		}
+	if d := ipoib.CheckRx(&m, p.qps, p.groups); d != ipoib.DropNone {
+		p.drops.Add(d)
+		return
 	}
 	buf := p.f.pool.Get().(*[]byte)
 	n := copy(*buf, payload)
@@ -294,7 +262,7 @@ func (p *Port) deliver(payload []byte, m ipoib.RxMeta) {
 	case p.rx <- rxq.Packet{Buf: buf, N: n, Meta: m}:
 	default:
 		p.f.pool.Put(buf)
-		p.drop(DropQueueFull)
+		p.drops.Add(ipoib.DropQueueFull)
 	}
 }
 

@@ -12,7 +12,7 @@ import (
 
 func gid(s string) ipoib.GID { return ipoib.GID(netip.MustParseAddr(s).As16()) }
 
-func twoPorts(t *testing.T) (*Port, *Port) {
+func twoPorts(t testing.TB) (*Port, *Port) {
 	t.Helper()
 	f, err := New(2048)
 	if err != nil {
@@ -80,10 +80,10 @@ func TestUnicastAndChecks(t *testing.T) {
 	send(t, a, []byte{8, 0, 0, 0}, ipoib.TxMeta{Dst: ipoib.MakeHwAddr(0, qb2, b.LocalGID()), SrcQPN: qa, PKey: 0xffff})
 	send(t, a, []byte{8, 0, 0, 0}, ipoib.TxMeta{Dst: ipoib.MakeHwAddr(0, 0x999, b.LocalGID()), SrcQPN: qa, PKey: 0xffff})
 	send(t, a, make([]byte, 2049), ipoib.TxMeta{Dst: ipoib.MakeHwAddr(0, qb, b.LocalGID()), SrcQPN: qa, PKey: 0xffff})
-	if d := b.Counters().Drops; d[DropPKey] != 1 || d[DropUnknownQPN] != 1 {
+	if d := b.Counters().Drops; d[DropPKey] != 1 || d[ipoib.DropUnknownQPN.String()] != 1 {
 		t.Fatalf("receiver drops %v", d)
 	}
-	if d := a.Counters().Drops; d[DropOversize] != 1 {
+	if d := a.Counters().Drops; d[ipoib.DropOversize.String()] != 1 {
 		t.Fatalf("sender drops %v", d)
 	}
 	if c := b.Counters(); c.RxPackets != 1 || c.RxBytes != 8 {

@@ -54,9 +54,7 @@ func memberOf(p *Port, mgid ipoib.GID) *member {
 
 // readyAH reports p's address handle of key made.
 func readyAH(p *Port, key ahKey) bool {
-	p.ahMu.Lock()
-	defer p.ahMu.Unlock()
-	e := p.ahs[key]
+	e := p.ahs.get(key)
 	return e != nil && e.ready
 }
 
@@ -177,7 +175,7 @@ func TestFlushDropsHandlesMadeBeforeRejoin(t *testing.T) {
 			h, _ := n.d1.createAH(path{gid: g, global: true, dlid: old.mlid, sl: old.sl})
 			stale.Store(uint64(h))
 			n.p1.ahMu.Lock()
-			n.p1.ahs[key] = &ahEntry{h: h, ready: true, lastUsed: time.Now()}
+			n.p1.ahs.set(key, &ahEntry{h: h, ready: true})
 			n.p1.ahMu.Unlock()
 		})
 	}
@@ -188,9 +186,7 @@ func TestFlushDropsHandlesMadeBeforeRejoin(t *testing.T) {
 		if m == nil || m.lost || stale.Load() == 0 {
 			return false
 		}
-		n.p1.ahMu.Lock()
-		defer n.p1.ahMu.Unlock()
-		e := n.p1.ahs[key]
+		e := n.p1.ahs.get(key)
 		return e == nil || uint64(e.h) != stale.Load()
 	})
 }
@@ -203,26 +199,24 @@ func TestEvictionWaitsForQueuedSends(t *testing.T) {
 	l := newLink(t)
 	send(t, l.p1, l.q1, 0xffff, ipoib.MakeHwAddr(0, l.q2, gid2), 100, 1)
 	p := l.p1
-	p.ahMu.Lock()
-	victim := p.ahs[ahKey{gid2, 0xffff}]
+	victim := p.ahs.get(ahKey{gid2, 0xffff})
 	if victim == nil || !victim.ready {
-		p.ahMu.Unlock()
 		t.Fatal("no handle to gid2")
 	}
-	victim.lastUsed = time.Now().Add(-time.Hour)
-	for i := 0; len(p.ahs) < ahMax; i++ {
+	// The cache fills with handles used since the hand last passed;
+	// gid2's was not (the hand cleared its bit): it is the one to go.
+	p.ahMu.Lock()
+	for i := 0; p.ahs.n.Load() < ahMax; i++ {
 		var g ipoib.GID
 		g[0], g[1], g[12], g[13], g[14], g[15] = 0xfe, 0x80, byte(i>>24), byte(i>>16), byte(i>>8), byte(i)
 		g[11] = 1 // never gid1 or gid2
-		p.ahs[ahKey{g, 0xffff}] = &ahEntry{h: handle(1<<40 + i), ready: true, lastUsed: time.Now()}
+		p.ahs.set(ahKey{g, 0xffff}, &ahEntry{h: handle(1<<40 + i), ready: true})
 	}
+	victim.used.Store(false)
 	p.ahMu.Unlock()
 	p.wantAH(ahKey{gid("fe:80:00:00:00:00:00:00:00:00:00:00:00:00:00:99"), 0xffff})
-	p.ahMu.Lock()
-	_, still := p.ahs[ahKey{gid2, 0xffff}]
-	p.ahMu.Unlock()
-	if still {
-		t.Fatal("the least recently used handle was not evicted")
+	if p.ahs.get(ahKey{gid2, 0xffff}) != nil {
+		t.Fatal("the handle not used since the hand's last pass was not evicted")
 	}
 	p.Write(nil, nil, 0) // reaps the send's completion
 	l.d1.mu.Lock()
@@ -339,5 +333,29 @@ func TestJoinQKeyMismatch(t *testing.T) {
 				t.Fatal("the group table records a failed join")
 			}
 		})
+	}
+}
+
+// TestFreeQPWaitsForBatch: FreeQP takes the QP out of the table at once
+// (no new packet is taken from it) but destroys it on the device only
+// once the batch under way (txMu) is posted.
+func TestFreeQPWaitsForBatch(t *testing.T) {
+	l := newLink(t)
+	p, d := l.p1, l.d1
+	p.txMu.Lock()
+	freed := make(chan error, 1)
+	go func() { freed <- p.FreeQP(l.q1) }()
+	waitFor(t, "the QP out of the table", func() bool { return p.qp(l.q1) == nil })
+	d.mu.Lock()
+	alive := d.qps[l.q1] != nil
+	d.mu.Unlock()
+	p.txMu.Unlock()
+	if err := <-freed; err != nil || !alive {
+		t.Fatalf("FreeQP: %v; on the device while a batch was under way: %v", err, alive)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.qps[l.q1] != nil {
+		t.Fatal("the QP outlived FreeQP on the device")
 	}
 }

@@ -20,7 +20,7 @@ func (p *Port) Write(bufs [][]byte, meta []ipoib.TxMeta, offset int) (int, error
 		return 0, net.ErrClosed
 	}
 	if p.down.Load() {
-		p.drops[DropPortDown].Add(uint64(len(bufs)))
+		p.drops.AddN(ipoib.DropPortDown, uint64(len(bufs)))
 		return 0, nil
 	}
 	p.reap()
@@ -35,10 +35,13 @@ func (p *Port) Write(bufs [][]byte, meta []ipoib.TxMeta, offset int) (int, error
 		key := ahKey{m.Dst.GID(), q.wire}
 		ah, ok := p.ah(key)
 		if !ok {
-			if p.hold(pkt, m, key) {
-				accepted++
+			var held bool
+			if ah, ok, held = p.hold(pkt, m, key); !ok {
+				if held {
+					accepted++
+				}
+				continue
 			}
-			continue
 		}
 		if p.queue(pkt, q, m.SrcQPN, m.Dst.QPN(), ah) {
 			accepted++
@@ -51,22 +54,24 @@ func (p *Port) Write(bufs [][]byte, meta []ipoib.TxMeta, offset int) (int, error
 	return accepted, nil
 }
 
-// valid checks one packet's metadata and size, counting a refusal, and
-// returns the sending QP (nil when refused).
+// valid checks one packet's metadata (ipoib.CheckTx; the port takes no
+// super-packets) and size, counting a refusal, and returns the sending
+// QP (nil when refused).
 func (p *Port) valid(m *ipoib.TxMeta, n int) *qpState {
-	p.qpMu.RLock()
-	q, ok := p.qps[m.SrcQPN]
-	p.qpMu.RUnlock()
-	mc := m.Dst.QPN() == ipoib.MulticastQPN
-	switch {
-	case !ok || q.pkey != m.PKey || mc != m.Dst.GID().IsMulticast() || m.GSO.Type != ipoib.GSONone || n < ipoib.HeaderLen:
-		p.drops[DropBadMeta].Add(1)
+	e, d := ipoib.CheckTx(m, n, p.qps, false)
+	if d == ipoib.DropNone && n < ipoib.HeaderLen {
+		d = ipoib.DropBadMeta
+	}
+	if d != ipoib.DropNone {
+		p.drops.Add(d)
 		return nil
-	case n > int(q.part.mtu.Load()):
+	}
+	q := e.Data.(*qpState)
+	if n > int(q.part.mtu.Load()) {
 		// The partition's MTU (its broadcast group's on IB). rxe
 		// completes a UD send larger than the MTU without sending it:
 		// refuse it here, where it can be counted.
-		p.drops[DropOversize].Add(1)
+		p.drops.Add(ipoib.DropOversize)
 		return nil
 	}
 	return q
@@ -78,7 +83,7 @@ func (p *Port) valid(m *ipoib.TxMeta, n int) *qpState {
 func (p *Port) queue(pkt []byte, q *qpState, src, rqpn uint32, ah handle) bool {
 	slot, ok := p.slot()
 	if !ok {
-		p.drops[DropRingFull].Add(1)
+		p.drops.Add(ipoib.DropRingFull)
 		return false
 	}
 	copy(p.dev.sendBuf(slot), pkt)
@@ -99,15 +104,14 @@ func (p *Port) post() {
 		return
 	}
 	p.batchNo++
-	p.qpMu.RLock()
 	for i := len(p.descs) - 1; i >= 0; i-- {
-		q := p.qps[p.descs[i].qpn]
-		if q.lastBatch != p.batchNo {
+		// A QP freed since its packet was queued is nil here: its
+		// send fails and is counted.
+		if q := p.qp(p.descs[i].qpn); q != nil && q.lastBatch != p.batchNo {
 			q.lastBatch = p.batchNo
 			p.descs[i].signal = true
 		}
 	}
-	p.qpMu.RUnlock()
 	for i := range p.descs {
 		if p.descs[i].signal {
 			p.signalled.Add(1)
@@ -118,10 +122,9 @@ func (p *Port) post() {
 	if err != nil {
 		// The rest were not posted: they never complete, so give their
 		// slots back (they are the newest) and rewind their QPs.
-		p.qpMu.RLock()
 		for i := len(p.descs) - 1; i >= n; i-- {
 			d := &p.descs[i]
-			if q := p.qps[d.qpn]; q != nil {
+			if q := p.qp(d.qpn); q != nil {
 				q.posted = d.wrID
 			}
 			p.txBytes.Add(^uint64(d.len - 1))
@@ -129,8 +132,7 @@ func (p *Port) post() {
 			p.queued--
 			p.head = (p.head - 1 + len(p.slots)) % len(p.slots)
 		}
-		p.qpMu.RUnlock()
-		p.drops[DropSendError].Add(uint64(len(p.descs) - n))
+		p.drops.AddN(ipoib.DropSendError, uint64(len(p.descs)-n))
 		p.warnLimited(err)
 	}
 	p.descs = p.descs[:0]
@@ -161,20 +163,18 @@ func (p *Port) slot() (int, bool) {
 // reap takes send completions and frees the slots they cover.
 func (p *Port) reap() {
 	n := p.dev.pollSend(p.dones)
-	p.qpMu.RLock()
-	defer p.qpMu.RUnlock()
 	for _, d := range p.dones[:n] {
 		if !d.ok {
-			p.drops[DropSendError].Add(1)
+			p.drops.Add(ipoib.DropSendError)
 		}
-		if q := p.qps[d.qpn]; q != nil && d.wrID+1 > q.done {
+		if q := p.qp(d.qpn); q != nil && d.wrID+1 > q.done {
 			q.done = d.wrID + 1
 		}
 	}
 	for p.used > 0 {
 		tail := (p.head - p.used + len(p.slots)) % len(p.slots)
 		s := p.slots[tail]
-		if q := p.qps[s.qpn]; q != nil && s.seq >= q.done {
+		if q := p.qp(s.qpn); q != nil && s.seq >= q.done {
 			break
 		}
 		p.used--
@@ -227,104 +227,98 @@ func (p *Port) flushAHs(match func(ahKey) bool) {
 	defer p.txMu.Unlock()
 	p.ahMu.Lock()
 	defer p.ahMu.Unlock()
-	p.ahGen++
-	for k, e := range p.ahs {
-		if !match(k) || (!e.ready && e.failedAt.IsZero()) {
-			continue
+	p.ahs.gen++
+	p.ahs.deleteIf(func(k ahKey, e *ahEntry) bool {
+		if !match(k) || e.resolving() {
+			return false
 		}
 		if e.ready {
 			p.dead = append(p.dead, deadAH{h: e.h, mark: p.queued})
 		}
-		delete(p.ahs, k)
-	}
+		return true
+	})
 	p.buryAHs()
 }
 
 // ah returns the address handle of key, asking the resolver for one
-// when there is none.
+// when there is none. It takes no lock.
 func (p *Port) ah(key ahKey) (handle, bool) {
-	p.ahMu.Lock()
-	e := p.ahs[key]
-	if e != nil && e.ready {
-		e.lastUsed = time.Now()
-		p.ahMu.Unlock()
-		return e.h, true
+	if h, ok := p.ahs.lookup(key); ok {
+		return h, true
 	}
-	p.ahMu.Unlock()
 	p.wantAH(key)
 	return 0, false
 }
 
+// settled reports e as needing no resolution now: ready, under way, or
+// failed moments ago.
+func settled(e *ahEntry) bool {
+	return e != nil && (e.ready || e.failedAt.IsZero() || time.Since(e.failedAt) < ahRetry)
+}
+
 // wantAH asks the resolver for key's address handle unless it has one,
-// is making one, or failed to moments ago.
+// is making one, or failed to moments ago. That answer takes no lock (the
+// receive path asks for every packet's sender); ahMu is taken only to
+// add the entry.
 func (p *Port) wantAH(key ahKey) {
+	if settled(p.ahs.get(key)) {
+		return
+	}
 	p.ahMu.Lock()
-	e := p.ahs[key]
-	if e != nil && (e.ready || e.failedAt.IsZero() || time.Since(e.failedAt) < ahRetry) {
+	if settled(p.ahs.get(key)) {
 		p.ahMu.Unlock()
 		return
 	}
-	if e == nil {
-		if len(p.ahs) >= ahMax {
-			p.evictAH()
-		}
-		e = &ahEntry{}
-		p.ahs[key] = e
+	if p.ahs.get(key) == nil && int(p.ahs.n.Load()) >= ahMax {
+		p.evictAH()
 	}
-	e.failedAt = time.Time{}
+	e := &ahEntry{}
+	p.ahs.set(key, e)
 	p.ahMu.Unlock()
 	select {
 	case p.resolve <- key:
 	default:
 		p.ahMu.Lock()
-		if p.ahs[key] == e {
-			delete(p.ahs, key)
+		if p.ahs.get(key) == e {
+			p.ahs.del(key)
 		}
 		p.ahMu.Unlock()
 	}
 }
 
-// evictAH drops the least recently used unicast address handle from the
-// cache. Sends queued on it may not have run yet (rxe looks the handle
-// up when the send executes), so it is destroyed only once they are
-// done: reap takes it to the dead list. Called with ahMu held, off the
-// hot path (only when a new destination appears and the cache is full).
+// evictAH drops a unicast address handle not used lately from the cache
+// (CLOCK). Sends queued on it may not have run yet (rxe looks the
+// handle up when the send executes), so it is destroyed only once they
+// are done: reap takes it to the dead list. Called with ahMu held, off
+// the hot path (only when a new destination appears and the cache is
+// full).
 func (p *Port) evictAH() {
-	var old ahKey
-	var oldest *ahEntry
-	for g, e := range p.ahs {
-		if e.ready && !g.gid.IsMulticast() && e.pending == 0 && (oldest == nil || e.lastUsed.Before(oldest.lastUsed)) {
-			old, oldest = g, e
-		}
-	}
-	if oldest != nil {
-		delete(p.ahs, old)
-		p.evicted = append(p.evicted, oldest.h)
+	if h, ok := p.ahs.evict(); ok {
+		p.evicted = append(p.evicted, h)
 		p.nEvicted.Store(int32(len(p.evicted)))
 	}
 }
 
 // hold copies a packet into the pending pool until its destination's
-// address handle exists.
-func (p *Port) hold(pkt []byte, m *ipoib.TxMeta, key ahKey) bool {
-	p.ahMu.Lock()
-	e := p.ahs[key]
-	if e == nil || !e.failedAt.IsZero() {
-		p.ahMu.Unlock()
-		p.drops[DropNoAH].Add(1)
-		return false
-	}
-	if len(p.pendFree) == 0 || e.pending >= pendingPerGID {
-		p.ahMu.Unlock()
-		p.drops[DropPendingFull].Add(1)
-		return false
+// address handle exists, and reports it held; or returns the handle
+// (ok) when it was made meanwhile. Called with txMu held.
+func (p *Port) hold(pkt []byte, m *ipoib.TxMeta, key ahKey) (h handle, ok, held bool) {
+	e := p.ahs.get(key)
+	switch {
+	case e != nil && e.ready:
+		return e.h, true, false
+	case e == nil || !e.resolving():
+		p.drops.Add(ipoib.DropNoAH)
+		return 0, false, false
+	case len(p.pendFree) == 0 || e.pending >= pendingPerGID:
+		p.drops.Add(ipoib.DropAHPending)
+		return 0, false, false
 	}
 	e.pending++
-	p.ahMu.Unlock()
 	b := p.pendFree[len(p.pendFree)-1]
 	p.pendFree = p.pendFree[:len(p.pendFree)-1]
 	p.pending = append(p.pending, pendingPkt{buf: b, n: copy(p.pendBufs[b], pkt), src: m.SrcQPN, dst: m.Dst, pkey: m.PKey, key: key})
-	return true
+	return 0, false, true
 }
 
 // resolver makes address handles off the hot path, then sends what
@@ -346,17 +340,19 @@ func (p *Port) resolver() {
 		case key = <-p.resolve:
 		}
 		p.ahMu.Lock()
-		gen := p.ahGen
+		gen := p.ahs.gen
 		p.ahMu.Unlock()
 		h, err := p.makeAH(key)
 		p.ahMu.Lock()
-		e := p.ahs[key]
+		e := p.ahs.get(key)
+		made := false
 		switch {
-		case e == nil:
+		case e == nil || !e.resolving():
+			// Flushed or replaced meanwhile.
 			if err == nil {
 				p.dev.destroyAH(h)
 			}
-		case p.ahGen != gen:
+		case p.ahs.gen != gen:
 			// A flush came while this path was resolved: it may be stale.
 			if err == nil {
 				p.dev.destroyAH(h)
@@ -364,22 +360,23 @@ func (p *Port) resolver() {
 			select {
 			case p.resolve <- key:
 			default:
-				e.failedAt = time.Now()
+				p.ahs.set(key, &ahEntry{failedAt: time.Now()})
 			}
 			p.ahMu.Unlock()
 			continue
 		case err != nil:
-			e.failedAt = time.Now()
+			p.ahs.set(key, &ahEntry{failedAt: time.Now()})
 			p.ahFailed.Add(1)
 		default:
-			e.h, e.ready, e.lastUsed = h, true, time.Now()
+			p.ahs.set(key, &ahEntry{h: h, ready: true})
 			p.ahCreated.Add(1)
+			made = true
 		}
 		p.ahMu.Unlock()
 		if err != nil {
 			p.warnLimited(err)
 		}
-		p.flushPending(key, err == nil)
+		p.flushPending(key, h, made)
 	}
 }
 
@@ -414,9 +411,10 @@ func (p *Port) makeAH(key ahKey) (handle, error) {
 	return p.dev.createAH(pa)
 }
 
-// flushPending sends (or, when its address handle failed, drops) what
-// waited for key.
-func (p *Port) flushPending(key ahKey, ok bool) {
+// flushPending sends on handle h (or, when none was made, drops and
+// counts) what waited for key. A handle evicted since it was made is
+// still alive: reap buries it only after the sends queued here.
+func (p *Port) flushPending(key ahKey, h handle, made bool) {
 	p.txMu.Lock()
 	defer p.txMu.Unlock()
 	if p.closed.Load() {
@@ -428,27 +426,18 @@ func (p *Port) flushPending(key ahKey, ok bool) {
 			keep = append(keep, w)
 			continue
 		}
-		sent := false
-		if ok {
+		if !made {
+			p.drops.Add(ipoib.DropNoAH)
+		} else {
 			m := ipoib.TxMeta{Dst: w.dst, SrcQPN: w.src, PKey: w.pkey}
-			if h, ready := p.ah(key); ready {
-				if q := p.valid(&m, w.n); q != nil {
-					sent = p.queue(p.pendBufs[w.buf][:w.n], q, w.src, w.dst.QPN(), h)
-				}
+			if q := p.valid(&m, w.n); q != nil {
+				p.queue(p.pendBufs[w.buf][:w.n], q, w.src, w.dst.QPN(), h)
 			}
-		}
-		if !sent && !ok {
-			p.drops[DropNoAH].Add(1)
 		}
 		p.pendFree = append(p.pendFree, w.buf)
 	}
 	clear(p.pending[len(keep):])
 	p.pending = keep
-	p.ahMu.Lock()
-	if e := p.ahs[key]; e != nil {
-		e.pending = 0
-	}
-	p.ahMu.Unlock()
 	p.post()
 }
 
@@ -490,13 +479,13 @@ func (p *Port) Read(bufs [][]byte, sizes []int, meta []ipoib.RxMeta, offset int)
 func (p *Port) take(d recvDone, dst []byte, size *int, m *ipoib.RxMeta) bool {
 	switch {
 	case !d.ok:
-		p.drops[DropRecvError].Add(1)
+		p.drops.Add(ipoib.DropRecvError)
 		return false
 	case !d.grh && !p.a.ib:
-		p.drops[DropNoGRH].Add(1)
+		p.drops.Add(ipoib.DropNoGRH)
 		return false
 	case d.len < grhLen+ipoib.HeaderLen:
-		p.drops[DropTruncated].Add(1)
+		p.drops.Add(ipoib.DropTruncated)
 		return false
 	}
 	// The buffer always starts with the GRH's 40 bytes; without a GRH
@@ -507,40 +496,39 @@ func (p *Port) take(d recvDone, dst []byte, size *int, m *ipoib.RxMeta) bool {
 	if d.grh {
 		var err error
 		if src, dgid, err = parseGRH(b); err != nil {
-			p.drops[DropBadGRH].Add(1)
+			p.drops.Add(ipoib.DropBadGRH)
 			return false
 		}
 	}
-	p.qpMu.RLock()
-	q, ok := p.qps[d.qpn]
-	_, own := p.qps[d.srcQPN]
-	p.qpMu.RUnlock()
+	q := p.qp(d.qpn)
+	_, own := p.qps.Lookup(d.srcQPN)
 	own = own && src == p.a.gid // a QPN of ours, from our GID: sent by this port
 	pkt := b[grhLen:]
-	switch {
-	case !ok:
-		p.drops[DropUnknownQPN].Add(1)
+	if q == nil {
+		p.drops.Add(ipoib.DropUnknownQPN)
 		return false
+	}
+	*m = ipoib.RxMeta{Src: ipoib.MakeHwAddr(0, d.srcQPN, src), DstQPN: d.qpn, PKey: q.pkey}
+	if dgid.IsMulticast() {
+		m.DstQPN, m.MGID = ipoib.MulticastQPN, dgid
+	}
+	drop := ipoib.CheckRx(m, p.qps, p.groups)
+	switch {
 	case own:
 		// Multicast the port sent, looped back to its group QP.
-		p.drops[DropOwn].Add(1)
-		return false
-	case dgid.IsMulticast() && !p.groups.Full(dgid):
-		p.drops[DropNotJoined].Add(1)
-		return false
-	case len(pkt) > len(dst):
-		p.drops[DropBufferSmall].Add(1)
+		drop = ipoib.DropOwn
+	case drop == ipoib.DropNone && len(pkt) > len(dst):
+		drop = ipoib.DropBufferSmall
+	}
+	if drop != ipoib.DropNone {
+		p.drops.Add(drop)
 		return false
 	}
 	*size = copy(dst, pkt)
-	*m = ipoib.RxMeta{Src: ipoib.MakeHwAddr(0, d.srcQPN, src), DstQPN: d.qpn, PKey: q.pkey}
 	if !d.grh {
 		m.Src, m.SrcUnknown = ipoib.HwAddr{}, true
-	} else if !own {
+	} else {
 		p.wantAH(ahKey{src, q.wire}) // the reply will need it: make it now, off the TX path
-	}
-	if dgid.IsMulticast() {
-		m.DstQPN, m.MGID = ipoib.MulticastQPN, dgid
 	}
 	p.rxPackets.Add(1)
 	p.rxBytes.Add(uint64(len(pkt)))

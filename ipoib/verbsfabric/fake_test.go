@@ -277,6 +277,14 @@ func (d *fakeDev) deliver(src, dst ipoib.GID, srcQPN, qpn, qkey uint32, data []b
 		d.qkeyDrop++
 		return
 	}
+	d.complete(src, dst, srcQPN, qpn, data)
+}
+
+// complete makes a receive completion for QP qpn of a packet with its
+// GRH, as deliver does once the QP took it; with d.mu held. A test
+// calls it for a QP the port no longer has (a completion of a QP
+// freed while it was queued). A packet is lost when no buffer is posted.
+func (d *fakeDev) complete(src, dst ipoib.GID, srcQPN, qpn uint32, data []byte) {
 	if d.postedAt == len(d.posted) {
 		return
 	}

@@ -38,44 +38,7 @@ import (
 	"github.com/eipoib/eipoibd/ipoib"
 )
 
-// Drop reasons counted by a Port.
-const (
-	DropBadMeta = iota
-	DropOversize
-	DropRingFull
-	DropSendError
-	DropNoAH
-	DropPendingFull
-	DropRecvError
-	DropNoGRH
-	DropBadGRH
-	DropTruncated
-	DropOwn
-	DropNotJoined
-	DropUnknownQPN
-	DropBufferSmall
-	DropPortDown
-	numDrops
-)
-
-// DropNames are the counter names of the drop reasons, by index.
-var DropNames = [numDrops]string{
-	DropBadMeta:     "bad_meta",
-	DropOversize:    "oversize",
-	DropRingFull:    "tx_ring_full",
-	DropSendError:   "send_error",
-	DropNoAH:        "no_address_handle",
-	DropPendingFull: "ah_pending_full",
-	DropRecvError:   "recv_error",
-	DropNoGRH:       "no_grh",
-	DropBadGRH:      "bad_grh",
-	DropTruncated:   "truncated",
-	DropOwn:         "own_packet",
-	DropNotJoined:   "not_joined",
-	DropUnknownQPN:  "unknown_qpn",
-	DropBufferSmall: "rx_buffer_small",
-	DropPortDown:    "port_down",
-}
+// A Port counts its drops under ipoib.Drop's reasons.
 
 const (
 	batchSize   = 64
@@ -86,8 +49,8 @@ const (
 	// for one destination.
 	pendingMax    = 64
 	pendingPerGID = 8
-	// ahMax address handles are cached; beyond, the least recently used
-	// unicast one is destroyed.
+	// ahMax address handles are cached; beyond, a unicast one not used
+	// lately is destroyed (CLOCK: see ahcache.go).
 	ahMax = 16384
 	// ahRetry is how long a destination whose address handle failed is
 	// not tried again, and how often failed rejoins are retried.
@@ -150,15 +113,6 @@ type deadAH struct {
 	mark uint64
 }
 
-// ahEntry is a cached address handle, or a pending or failed resolution.
-type ahEntry struct {
-	h        handle
-	ready    bool
-	failedAt time.Time
-	pending  int
-	lastUsed time.Time
-}
-
 // pendingPkt is a packet waiting for its destination's address handle.
 type pendingPkt struct {
 	buf  int
@@ -178,8 +132,10 @@ type Port struct {
 	// events reports the port state and partition MTUs (events.go).
 	events *ipoib.EventQueue
 
+	// qps are the QPs (Data *qpState), looked up without a lock; qpMu
+	// guards the rest.
+	qps    *ipoib.QPTable
 	qpMu   sync.RWMutex
-	qps    map[uint32]*qpState
 	gqps   map[ipoib.PKey]uint32     // partition → its group QP
 	parts  map[ipoib.PKey]*partState // by full P_Key
 	pkeyT  []ipoib.PKey              // the P_Key table
@@ -195,11 +151,12 @@ type Port struct {
 	rejoin    map[ipoib.GID]bool
 	mtuWarned map[ipoib.PKey]bool // partitions whose MTU fallback was logged
 
-	ahMu  sync.Mutex
-	ahs   map[ahKey]*ahEntry
-	ahGen uint64 // bumped by each flush: a resolution begun before is stale
-	// evicted are handles evictAH dropped, for reap to bury; nEvicted
-	// is their number, read without ahMu on the send path.
+	// ahs is the address handle cache, read without a lock; ahMu
+	// serialises its changes and guards evicted: the handles evictAH
+	// dropped, for reap to bury; nEvicted is their number, read without
+	// ahMu on the send path.
+	ahMu     sync.Mutex
+	ahs      *ahCache
 	evicted  []handle
 	nEvicted atomic.Int32
 	resolve  chan ahKey
@@ -234,7 +191,7 @@ type Port struct {
 	done    chan struct{}
 
 	txPackets, txBytes, rxPackets, rxBytes atomic.Uint64
-	drops                                  [numDrops]atomic.Uint64
+	drops                                  ipoib.DropCounters
 	ahCreated, ahFailed, signalled         atomic.Uint64
 	joins, rejoins, flushes, mtuFallbacks  atomic.Uint64
 	pkeyMoves                              atomic.Uint64 // partitions in use whose P_Key index moved (their QPs keep the old)
@@ -270,10 +227,10 @@ func New(c Config) (*Port, error) {
 	}
 	p := &Port{
 		dev: dev, a: dev.attr(), log: log.With("device", c.Device),
-		qps: make(map[uint32]*qpState), gqps: make(map[ipoib.PKey]uint32), parts: make(map[ipoib.PKey]*partState),
+		qps: ipoib.NewQPTable(0), gqps: make(map[ipoib.PKey]uint32), parts: make(map[ipoib.PKey]*partState),
 		groups: ipoib.NewGroupTable(), mcSock: -1, sa: dev.sa(), ipoibAddr: c.ipoibAddr,
 		members: make(map[ipoib.GID]*member), rejoin: make(map[ipoib.GID]bool), mtuWarned: make(map[ipoib.PKey]bool),
-		ahs: make(map[ahKey]*ahEntry), resolve: make(chan ahKey, 256),
+		ahs: newAHCache(), resolve: make(chan ahKey, 256),
 		slots: make([]slotInfo, sendSlots), descs: make([]sendDesc, 0, batchSize), dones: make([]sendDone, sendSlots),
 		rdone: make([]recvDone, batchSize), repost: make([]uint32, 0, batchSize), done: make(chan struct{}),
 	}
@@ -434,14 +391,12 @@ func (p *Port) setPart(s *partState, m mcMember, pk ipoib.PKey) {
 	if s.qkey.Swap(m.qkey) == m.qkey {
 		return
 	}
-	p.qpMu.RLock()
 	var qpns []uint32
-	for qpn, q := range p.qps {
-		if q.part == s {
+	for qpn, q := range p.qps.All() {
+		if q.Data.(*qpState).part == s {
 			qpns = append(qpns, qpn)
 		}
 	}
-	p.qpMu.RUnlock()
 	for _, qpn := range qpns {
 		if err := p.dev.setQKey(qpn, m.qkey); err != nil {
 			p.log.Error("setting the broadcast group's Q_Key on a QP", "qpn", qpn, "qkey", m.qkey, "err", err)
@@ -469,9 +424,10 @@ func (p *Port) AllocQP(pkey ipoib.PKey, _ uint32) (uint32, error) {
 	if err != nil {
 		return 0, err
 	}
-	p.qpMu.Lock()
-	p.qps[qpn] = &qpState{pkey: pkey, wire: wire, part: part}
-	p.qpMu.Unlock()
+	if err := p.qps.Add(qpn, pkey, &qpState{pkey: pkey, wire: wire, part: part}); err != nil {
+		p.dev.destroyQP(qpn)
+		return 0, fmt.Errorf("verbsfabric: %w", err)
+	}
 	if now := part.qkey.Load(); now != qkey { // a rejoin changed it meanwhile
 		if err := p.dev.setQKey(qpn, now); err != nil {
 			p.log.Error("setting the broadcast group's Q_Key on a QP", "qpn", qpn, "qkey", now, "err", err)
@@ -487,20 +443,24 @@ func (p *Port) FreeQP(qpn uint32) error {
 	}
 	defer p.qpCalls.leave()
 	p.qpMu.Lock()
-	_, ok := p.qps[qpn]
-	if ok {
-		for _, g := range p.gqps {
-			ok = ok && g != qpn
-		}
+	_, ok := p.qps.Lookup(qpn)
+	for _, g := range p.gqps {
+		ok = ok && g != qpn
 	}
 	if ok {
-		delete(p.qps, qpn)
+		p.qps.Free(qpn)
 	}
 	p.qpMu.Unlock()
 	if !ok {
 		return fmt.Errorf("verbsfabric: QPN %#x not allocated", qpn)
 	}
-	// The slots still holding its sends are free once it is gone.
+	// A batch under way may have taken the QP from the table before it
+	// left: it is destroyed once that batch is posted (a send on a
+	// destroyed QP would fail the whole batch). The slots still holding
+	// its sends are free once it is gone.
+	p.txMu.Lock()
+	//lint:ignore SA2001 the empty critical section is the barrier
+	p.txMu.Unlock()
 	return p.dev.destroyQP(qpn)
 }
 
@@ -577,12 +537,17 @@ func (p *Port) Join(mgid ipoib.GID) error {
 
 // wireOf is the P_Key QP qpn sends with.
 func (p *Port) wireOf(qpn uint32) ipoib.PKey {
-	p.qpMu.RLock()
-	defer p.qpMu.RUnlock()
-	if q := p.qps[qpn]; q != nil {
+	if q := p.qp(qpn); q != nil {
 		return q.wire
 	}
 	return 0
+}
+
+// qp returns QP qpn's state (nil: no such QP). It takes no lock.
+func (p *Port) qp(qpn uint32) *qpState {
+	q, _ := p.qps.Lookup(qpn)
+	s, _ := q.Data.(*qpState)
+	return s
 }
 
 // JoinSendOnly makes the port a send-only member. On RoCE there is no
@@ -807,16 +772,9 @@ func (p *Port) Counters() ipoib.PortCounters {
 	c := ipoib.PortCounters{
 		TxPackets: p.txPackets.Load(), TxBytes: p.txBytes.Load(),
 		RxPackets: p.rxPackets.Load(), RxBytes: p.rxBytes.Load(),
-		Drops: make(map[string]uint64),
+		Drops: p.drops.Snapshot(),
 	}
-	for i := range p.drops {
-		if v := p.drops[i].Load(); v != 0 {
-			c.Drops[DropNames[i]] = v
-		}
-	}
-	p.ahMu.Lock()
-	n := len(p.ahs)
-	p.ahMu.Unlock()
+	n := p.ahs.n.Load()
 	c.Stats = map[string]uint64{
 		"address_handles_made":  p.ahCreated.Load(),
 		"address_handle_errors": p.ahFailed.Load(),

@@ -195,7 +195,7 @@ func TestRefusals(t *testing.T) {
 		{packet(100, 0), ipoib.TxMeta{Dst: dst, SrcQPN: 0x777, PKey: 0xffff}, "bad_meta"},
 		{packet(100, 0), ipoib.TxMeta{Dst: dst, SrcQPN: q, PKey: 0x8001}, "bad_meta"},
 		{packet(100, 0), ipoib.TxMeta{Dst: ipoib.MakeHwAddr(0, ipoib.MulticastQPN, gid2), SrcQPN: q, PKey: 0xffff}, "bad_meta"},
-		{packet(100, 0), ipoib.TxMeta{Dst: dst, SrcQPN: q, PKey: 0xffff, GSO: ipoib.GSO{Type: ipoib.GSOTCPv4}}, "bad_meta"},
+		{packet(100, 0), ipoib.TxMeta{Dst: dst, SrcQPN: q, PKey: 0xffff, GSO: ipoib.GSO{Type: ipoib.GSOTCPv4}}, "bad_gso"},
 	}
 	for i, c := range cases {
 		before := p1.Counters().Drops[c.drop]

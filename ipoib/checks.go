@@ -1,0 +1,60 @@
+package ipoib
+
+// The checks every backend applies, written once: what a port refuses
+// to send (CheckTx) and what it refuses to deliver (CheckRx). Each
+// returns DropNone or the reason to count, and allocates nothing.
+
+// CheckTx checks the metadata of a packet of n bytes (IPoIB header
+// included) handed to Write: its source QP must be one of qps with the
+// P_Key it was allocated in, its destination QPN the multicast QPN
+// exactly when its GID is an MGID, and a super-packet must be one the
+// port takes (tso) with its TCP header inside the packet. A packet
+// shorter than the IPoIB header passes: a backend that reads the header
+// (for its ethertype) refuses one itself. It returns the
+// source QP's entry, and DropBadMeta or DropBadGSO for a packet to
+// refuse. Size against the MTU is the backend's check: the MTU may be
+// the partition's or the child's.
+func CheckTx(m *TxMeta, n int, qps *QPTable, tso bool) (QP, Drop) {
+	q, own := qps.Lookup(m.SrcQPN)
+	switch {
+	case !own || q.PKey != m.PKey:
+		return q, DropBadMeta
+	case (m.Dst.QPN() == MulticastQPN) != m.Dst.GID().IsMulticast():
+		return q, DropBadMeta
+	case m.GSO.Type == GSONone:
+		return q, DropNone
+	case !tso || m.GSO.Type > GSOTCPv6 || m.GSO.L4 < HeaderLen || int(m.GSO.L4)+20 > n || m.GSO.Size == 0:
+		return q, DropBadGSO
+	}
+	return q, DropNone
+}
+
+// CheckRx checks a received packet's metadata against the port's QPs and
+// groups: a multicast packet (m.DstQPN the multicast QPN, m.MGID its
+// group) must be to a group the port is a full member of, a unicast one
+// (m.MGID zero) to one of its QPs, and its P_Key must be able to talk to
+// the group's or the QP's (IBA 10.9.3); the multicast QPN goes only to
+// an MGID (IBA 9.8.1).
+func CheckRx(m *RxMeta, qps *QPTable, groups *GroupTable) Drop {
+	mcast := m.DstQPN == MulticastQPN
+	if mcast != m.MGID.IsMulticast() {
+		return DropBadDestQPN
+	}
+	if mcast {
+		if !groups.Full(m.MGID) {
+			return DropNotJoined
+		}
+		if !CanTalk(m.PKey, MGIDPKey(m.MGID)) {
+			return DropPKey
+		}
+		return DropNone
+	}
+	pk, ok := qps.PKey(m.DstQPN)
+	if !ok {
+		return DropUnknownQPN
+	}
+	if !CanTalk(m.PKey, pk) {
+		return DropPKey
+	}
+	return DropNone
+}
