@@ -1,0 +1,47 @@
+package simfabric
+
+// The drop reasons of a Port, in one place: a refused packet is counted
+// under one of these indexes and exported under its name.
+
+// Drop reasons counted by a Port. The first ones are the DecodeError
+// values, so a decode failure indexes the same array.
+const (
+	DropQKey = int(numDecodeErrors) + iota
+	DropPKey
+	DropUnknownQPN
+	DropNotJoined
+	DropOversize
+	DropNoRoom
+	DropBadMeta
+	DropPortDown
+	DropNoPktinfo
+	DropFaultLoss
+	DropSendError
+	DropBadSource
+	DropBadDestQPN
+	DropBadGSO
+	numDrops
+)
+
+// DropNames are the counter names of the drop reasons, by index.
+var DropNames = func() [numDrops]string {
+	var n [numDrops]string
+	for e := DecodeError(1); e < numDecodeErrors; e++ {
+		n[e] = e.String()
+	}
+	n[DropQKey] = "qkey_mismatch"
+	n[DropPKey] = "pkey_mismatch"
+	n[DropUnknownQPN] = "unknown_qpn"
+	n[DropNotJoined] = "not_joined"
+	n[DropOversize] = "oversize"
+	n[DropNoRoom] = "no_room"
+	n[DropBadMeta] = "bad_meta"
+	n[DropPortDown] = "port_down"
+	n[DropNoPktinfo] = "no_pktinfo"
+	n[DropFaultLoss] = "fault_loss"
+	n[DropSendError] = "send_error"
+	n[DropBadSource] = "bad_source"
+	n[DropBadDestQPN] = "bad_dest_qpn"
+	n[DropBadGSO] = "bad_gso"
+	return n
+}()
