@@ -5,6 +5,7 @@ import (
 	"log/slog"
 
 	"github.com/eipoib/eipoibd/ipoib"
+	"github.com/eipoib/eipoibd/ipoib/faultport"
 	"github.com/eipoib/eipoibd/ipoib/kernelfabric"
 	"github.com/eipoib/eipoibd/ipoib/simfabric"
 	"github.com/eipoib/eipoibd/ipoib/verbsfabric"
@@ -37,19 +38,31 @@ func checkFabric(o *options) error {
 
 // openFabric opens the port of the chosen backend. The kernel and verbs
 // backends take their MTU from the device, not --ib-mtu.
-func openFabric(o *options, faults simfabric.Faults, log *slog.Logger) (ipoib.Port, error) {
+func openFabric(o *options, faults faultport.Faults, log *slog.Logger) (ipoib.Port, error) {
 	switch o.fabric {
 	case "kernel":
 		return kernelfabric.New(kernelfabric.Config{Kernel: kernelfabric.System{}, Parent: o.ibDev, Logger: log})
 	case "verbs":
 		return verbsfabric.New(verbsfabric.Config{Device: o.ibDev, Logger: log})
 	}
-	return simfabric.Open(simfabric.Config{Underlay: o.underlay, IBMTU: o.ibMTU, Faults: faults})
+	p, err := simfabric.Open(simfabric.Config{Underlay: o.underlay, IBMTU: o.ibMTU})
+	if err != nil || faults == (faultport.Faults{}) {
+		return p, err
+	}
+	fp, err := faultport.New(p, faults)
+	if err != nil {
+		p.Close()
+		return nil, err
+	}
+	return fp, nil
 }
 
 // toggleDown flips the simulated port down or up (SIGUSR1); other backends
 // follow their real link state and ignore it.
 func toggleDown(port ipoib.Port, log *slog.Logger) {
+	if fp, ok := port.(*faultport.Port); ok {
+		port = fp.Unwrap()
+	}
 	sp, ok := port.(*simfabric.Port)
 	if !ok {
 		log.Info("SIGUSR1 ignored: only the simulated port can be toggled")

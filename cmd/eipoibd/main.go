@@ -33,7 +33,7 @@ import (
 	"github.com/eipoib/eipoibd/internal/metrics"
 	"github.com/eipoib/eipoibd/internal/sdnotify"
 	"github.com/eipoib/eipoibd/ipoib"
-	"github.com/eipoib/eipoibd/ipoib/simfabric"
+	"github.com/eipoib/eipoibd/ipoib/faultport"
 	"github.com/eipoib/eipoibd/mactrans"
 	"github.com/eipoib/eipoibd/shim"
 	"github.com/eipoib/eipoibd/snoop"
@@ -224,8 +224,8 @@ func parseVLANPKeys(s string) (map[uint16]ipoib.PKey, error) {
 }
 
 // parseFaults parses "loss=0.01,dup=0.02".
-func parseFaults(s string) (simfabric.Faults, error) {
-	var f simfabric.Faults
+func parseFaults(s string) (faultport.Faults, error) {
+	var f faultport.Faults
 	if s == "" {
 		return f, nil
 	}

@@ -15,7 +15,6 @@ const (
 	DropBadMeta
 	DropPortDown
 	DropNoPktinfo
-	DropFaultLoss
 	DropSendError
 	DropBadSource
 	DropBadDestQPN
@@ -38,7 +37,6 @@ var DropNames = func() [numDrops]string {
 	n[DropBadMeta] = "bad_meta"
 	n[DropPortDown] = "port_down"
 	n[DropNoPktinfo] = "no_pktinfo"
-	n[DropFaultLoss] = "fault_loss"
 	n[DropSendError] = "send_error"
 	n[DropBadSource] = "bad_source"
 	n[DropBadDestQPN] = "bad_dest_qpn"

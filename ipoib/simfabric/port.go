@@ -9,8 +9,9 @@
 // Receive path: recvmmsg straight into the caller's buffers, BTH and DETH
 // landing in the headroom → Decode (opcode, TVer, ICRC, pad) → Q_Key, QPN,
 // group and P_Key checks → payload left in place at offset. Send path:
-// BTH+DETH written into the headroom, pad and ICRC appended → faults →
-// sendmmsg. Every drop has a counter.
+// BTH+DETH written into the headroom, pad and ICRC appended → the encode
+// hook, if one is set (faultport's corruption) → sendmmsg, in UDP GSO
+// trains when no hook is set. Every drop has a counter.
 package simfabric
 
 import (
@@ -35,7 +36,6 @@ import (
 type Config struct {
 	Underlay string // interface name
 	IBMTU    int    // 2048 or 4096
-	Faults   Faults
 	// DADWait bounds the wait for the link-local address to leave the
 	// tentative state; 0 means 5 s.
 	DADWait time.Duration
@@ -47,7 +47,6 @@ type Port struct {
 	ifi    *net.Interface
 	gid    ipoib.GID
 	mtu    int
-	faults Faults
 	conn   *net.UDPConn
 	pc     *ipv6.PacketConn
 	closed atomic.Bool
@@ -73,27 +72,20 @@ type Port struct {
 	wbufs  [][1][]byte
 	snd    *sender
 	addrs  map[ipoib.GID]*peer
-	worig  []int // per message of the chunk: its index in bufs, -1 for a held one
+	worig  []int // per message of the chunk: its index in bufs
 	// UDP GSO trains (see trains): on until the kernel refuses one.
 	gso      bool
 	tmsgs    []ipv6.Message
 	tspan    []span
 	trainOOB [][]byte   // per train: its UDP_SEGMENT control message
 	trainIOV [][][]byte // per train: its packets, sent as one iovec list
-	held     []byte     // a reordered packet waiting for the next send
-	heldTo   *peer
-	// heldFrom is the chunk index of a packet held in this chunk, -1
-	// when the held packet (if any) came from an earlier one.
-	heldFrom int
-	heldBuf  []byte // reused storage of held
-	rng      *rand.Rand
+	// hook sees each packet once encoded (SetEncodeHook); while it is
+	// set, packets leave one datagram each.
+	hook func(body []byte, mcast bool)
 
 	txPackets, txBytes, rxPackets, rxBytes atomic.Uint64
 	drops                                  [numDrops]atomic.Uint64
 	trainsSent, trainPackets, gsoFallback  atomic.Uint64
-	faultCorrupt                           atomic.Uint64 // corrupted unicast packets sent, a held one when it leaves (the peer counts each as bad_icrc)
-	faultCorruptMcast                      atomic.Uint64 // corrupted multicast packets sent (counted as bad_icrc by the members only)
-	heldCorrupt, heldMcast                 bool          // the held packet is a corrupted one; to a group
 	groMerged, groPackets                  atomic.Uint64 // received merged datagrams (UDP GRO)
 	rxOverflow                             atomic.Uint64 // kernel receive-queue drops (SO_RXQ_OVFL)
 }
@@ -118,9 +110,6 @@ const (
 func Open(cfg Config) (*Port, error) {
 	if _, err := ipoib.IPMTU(cfg.IBMTU); err != nil {
 		return nil, fmt.Errorf("simfabric: %w", err)
-	}
-	if err := cfg.Faults.Validate(); err != nil {
-		return nil, err
 	}
 	ifi, err := net.InterfaceByName(cfg.Underlay)
 	if err != nil {
@@ -193,21 +182,20 @@ func Open(cfg Config) (*Port, error) {
 		return nil, fmt.Errorf("simfabric: multicast loopback: %w", err)
 	}
 	p := &Port{
-		ifi: ifi, gid: gid, mtu: cfg.IBMTU, faults: cfg.Faults, conn: conn, pc: pc,
+		ifi: ifi, gid: gid, mtu: cfg.IBMTU, conn: conn, pc: pc,
 		qps: ipoib.NewQPTable(0x100 + rand.Uint32N(0xff0000)), groups: ipoib.NewGroupTable(),
 		rinfo: make([]rxInfo, rxBatch),
-		wmsgs: make([]ipv6.Message, 0, 2*batch+1), wbufs: make([][1][]byte, 2*batch+1),
-		worig: make([]int, 0, 2*batch+1), heldFrom: -1,
-		gso: true, tmsgs: make([]ipv6.Message, 0, 2*batch+1), tspan: make([]span, 0, 2*batch+1),
+		wmsgs: make([]ipv6.Message, 0, batch), wbufs: make([][1][]byte, batch),
+		worig: make([]int, 0, batch),
+		gso:   true, tmsgs: make([]ipv6.Message, 0, batch), tspan: make([]span, 0, batch),
 		addrs: make(map[ipoib.GID]*peer),
-		rng:   rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
 	}
 	rc, err := conn.SyscallConn()
 	if err != nil {
 		conn.Close()
 		return nil, fmt.Errorf("simfabric: %w", err)
 	}
-	p.snd = newSender(rc, 2*batch+1)
+	p.snd = newSender(rc, batch)
 	p.rcv = newReceiver(rc, rxBatch, maxTrainBytes+ICRCLen+HeaderLen+4, unix.CmsgSpace(unix.SizeofInet6Pktinfo)+2*unix.CmsgSpace(4))
 	return p, nil
 }
@@ -263,6 +251,20 @@ func (p *Port) PartitionMTU(ipoib.PKey) int { return p.mtu }
 // device.
 func (p *Port) Offloads() ipoib.Offloads {
 	return ipoib.Offloads{TSO: true, MaxSuper: ipoib.MaxSuperPacket}
+}
+
+// SetEncodeHook installs fn, which Write calls with each packet once it is
+// encoded, ICRC included, before it is sent: body is what follows the BTH
+// and DETH (payload, pad and ICRC, so that changing any byte of it makes
+// the receiver count bad_icrc) and mcast says whether the packet goes to a
+// group. fn may change body in place; faultport's corrupt fault does. While
+// a hook is set, every packet leaves as a datagram of its own, never in a
+// UDP GSO train, so that each fault acts on single packets. nil removes
+// the hook.
+func (p *Port) SetEncodeHook(fn func(body []byte, mcast bool)) {
+	p.wmu.Lock()
+	p.hook = fn
+	p.wmu.Unlock()
 }
 
 // SetDown sets the injected port-down fault: while down, nothing is sent
@@ -326,13 +328,11 @@ func (p *Port) Counters() ipoib.PortCounters {
 		c.Drops["rx_queue_overflow"] = v
 	}
 	c.Stats = map[string]uint64{
-		"tx_trains":                  p.trainsSent.Load(),
-		"tx_train_packets":           p.trainPackets.Load(),
-		"tx_gso_fallbacks":           p.gsoFallback.Load(),
-		"rx_trains":                  p.groMerged.Load(),
-		"rx_train_packets":           p.groPackets.Load(),
-		"tx_fault_corrupt":           p.faultCorrupt.Load(),
-		"tx_fault_corrupt_multicast": p.faultCorruptMcast.Load(),
+		"tx_trains":        p.trainsSent.Load(),
+		"tx_train_packets": p.trainPackets.Load(),
+		"tx_gso_fallbacks": p.gsoFallback.Load(),
+		"rx_trains":        p.groMerged.Load(),
+		"rx_train_packets": p.groPackets.Load(),
 	}
 	return c
 }

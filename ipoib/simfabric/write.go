@@ -37,12 +37,11 @@ func (p *Port) udpAddr(g ipoib.GID) *peer {
 // before offset and TailRoom bytes of capacity after the payload are
 // used. A TCP super-packet (meta[i].GSO) is cut into segments here, in
 // the port's own buffers. n counts the packets the port accepted (a
-// super-packet when all its segments were): handed to the kernel, or
-// held back by the reorder fault to go out with the next send. A packet
-// refused locally (oversize, no room, bad metadata or a source QP this
-// port did not allocate, a super-packet that does not parse, port down),
-// lost by the loss fault or refused by the kernel is counted under its
-// drop reason and not in n; the port's packet counters count segments.
+// super-packet when all its segments were): handed to the kernel. A
+// packet refused locally (oversize, no room, bad metadata or a source QP
+// this port did not allocate, a super-packet that does not parse, port
+// down) or refused by the kernel is counted under its drop reason and not
+// in n; the port's packet counters count segments.
 func (p *Port) Write(bufs [][]byte, meta []ipoib.TxMeta, offset int) (int, error) {
 	if p.closed.Load() {
 		return 0, net.ErrClosed
@@ -198,23 +197,15 @@ func (p *Port) writeChunk(bufs [][]byte, meta []ipoib.TxMeta, offset int, ok *[b
 		dst := [16]byte(dstGID)
 		pkt := Packet{PKey: uint16(m.PKey), DestQPN: m.Dst.QPN(), PSN: p.psn.Add(1) & 0xffffff, QKey: ipoib.QKey, SrcQPN: m.SrcQPN}
 		out := p.wcodec.Encode(b, offset, &pkt, &src, &dst, UDPPort, UDPPort)
-		before := len(msgs)
-		msgs = p.faulty(msgs, out, p.udpAddr(dstGID), i, dstGID[0] == 0xff)
-		if len(msgs) > before || p.heldFrom == i {
-			size[i] = payload
+		if p.hook != nil {
+			p.hook(out[HeaderLen:], dstGID.IsMulticast())
 		}
+		msgs = p.add(msgs, out, p.udpAddr(dstGID), i)
+		size[i] = payload
 	}
-	if p.held != nil && p.heldFrom < 0 && len(msgs) > 0 {
-		msgs = p.add(msgs, p.held, p.heldTo, -1)
-		p.held = nil
-		if p.heldCorrupt {
-			p.corrupted(p.heldMcast, 1)
-		}
-	}
-	p.heldFrom = -1 // from here on, a held packet belongs to an earlier call
 	var out []ipv6.Message
 	var spans []span
-	if p.gso && !p.faulted() {
+	if p.gso && p.hook == nil {
 		out, spans = p.trains(msgs)
 	} else {
 		out, spans = msgs, p.singles(len(msgs))
@@ -241,9 +232,7 @@ func (p *Port) send(out []ipv6.Message, spans []span, orig []ipv6.Message, size 
 	// no buffer) loses it, as a full HCA send queue would.
 	lost := func(k int) {
 		p.drop(DropSendError)
-		if o := p.worig[k]; o >= 0 {
-			size[o] = 0
-		}
+		size[p.worig[k]] = 0
 	}
 	for off := 0; off < len(out); off++ {
 		sent, err := p.snd.send(out[off:])
@@ -297,7 +286,7 @@ func (p *Port) ownQP(m *ipoib.TxMeta) bool {
 }
 
 // add appends a message for b, sent on behalf of bufs[orig] of the
-// current chunk (-1: a packet held back by an earlier call).
+// current chunk.
 func (p *Port) add(msgs []ipv6.Message, b []byte, to *peer, orig int) []ipv6.Message {
 	i := len(msgs)
 	p.wbufs[i][0] = b
