@@ -232,8 +232,6 @@ func linkLocal(ifi *net.Interface, wait time.Duration) (ipoib.GID, error) {
 	}
 }
 
-func (p *Port) drop(reason int) { p.drops[reason].Add(1) }
-
 // BatchSize is the largest batch moved per call.
 func (p *Port) BatchSize() int { return batch }
 
@@ -317,15 +315,7 @@ func (p *Port) Counters() ipoib.PortCounters {
 	c := ipoib.PortCounters{
 		TxPackets: p.txPackets.Load(), TxBytes: p.txBytes.Load(),
 		RxPackets: p.rxPackets.Load(), RxBytes: p.rxBytes.Load(),
-		Drops: make(map[string]uint64),
-	}
-	for i := range p.drops {
-		if v := p.drops[i].Load(); v != 0 {
-			c.Drops[DropNames[i]] = v
-		}
-	}
-	if v := p.rxOverflow.Load(); v != 0 {
-		c.Drops["rx_queue_overflow"] = v
+		Drops: p.dropCounts(),
 	}
 	c.Stats = map[string]uint64{
 		"tx_trains":        p.trainsSent.Load(),
