@@ -29,7 +29,7 @@ import (
 	"github.com/eipoib/eipoibd/internal/daemon"
 	"github.com/eipoib/eipoibd/internal/ether"
 	"github.com/eipoib/eipoibd/ipoib"
-	"github.com/eipoib/eipoibd/ipoib/simfabric"
+	"github.com/eipoib/eipoibd/ipoib/faultport"
 	"github.com/eipoib/eipoibd/shim"
 )
 
@@ -185,8 +185,8 @@ func parseVLANPKeys(s string) (map[uint16]ipoib.PKey, error) {
 }
 
 // parseFaults parses "loss=0.01,dup=0.02".
-func parseFaults(s string) (simfabric.Faults, error) {
-	var f simfabric.Faults
+func parseFaults(s string) (faultport.Faults, error) {
+	var f faultport.Faults
 	if s == "" {
 		return f, nil
 	}

@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/eipoib/eipoibd/ipoib"
-	"github.com/eipoib/eipoibd/ipoib/simfabric"
+	"github.com/eipoib/eipoibd/ipoib/faultport"
 )
 
 // TestValidate: a valid Config passes, and each bad setting is refused
@@ -26,7 +26,7 @@ func TestValidate(t *testing.T) {
 		{func(c *Config) { c.Fabric = "ud" }, `--fabric "ud": want sim, kernel or verbs`},
 		{func(c *Config) { c.Fabric, c.IBDev, c.Underlay = FabricKernel, "ib0", "" }, ""},
 		{func(c *Config) {
-			c.Fabric, c.IBDev, c.Underlay, c.Faults = FabricVerbs, "rxe0", "", simfabric.Faults{Loss: 0.1}
+			c.Fabric, c.IBDev, c.Underlay, c.Faults = FabricVerbs, "rxe0", "", faultport.Faults{Loss: 0.1}
 		}, "--fault and --underlay are for --fabric sim"},
 		{func(c *Config) { c.IBMTU = 1500 }, "--ib-mtu 1500: want 2048 or 4096"},
 		{func(c *Config) { c.Queues = MaxQueues + 1 }, "--queues 257: want 0 (one per CPU) to 256"},

@@ -25,7 +25,7 @@ import (
 	"github.com/eipoib/eipoibd/internal/ctl"
 	"github.com/eipoib/eipoibd/internal/ether"
 	"github.com/eipoib/eipoibd/ipoib"
-	"github.com/eipoib/eipoibd/ipoib/simfabric"
+	"github.com/eipoib/eipoibd/ipoib/faultport"
 	"github.com/eipoib/eipoibd/shim"
 	"github.com/eipoib/eipoibd/snoop"
 	"github.com/eipoib/eipoibd/tap"
@@ -82,7 +82,7 @@ type Config struct {
 	DHCP          shim.DHCPMode         // --dhcp
 	DHCPClientID  arpndp.ClientIDForm   // --dhcp-client-id
 	ClampMSS      bool                  // --clamp-mss
-	Faults        simfabric.Faults      // --fault
+	Faults        faultport.Faults      // --fault
 
 	Metrics  string // --metrics: listen address; empty for none
 	PProf    bool   // --pprof

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 
 	"github.com/eipoib/eipoibd/ipoib"
+	"github.com/eipoib/eipoibd/ipoib/faultport"
 	"github.com/eipoib/eipoibd/ipoib/kernelfabric"
 	"github.com/eipoib/eipoibd/ipoib/simfabric"
 	"github.com/eipoib/eipoibd/ipoib/verbsfabric"
@@ -26,7 +27,7 @@ func (c *Config) checkFabric() error {
 			}
 			return ConfigError{Msg: fmt.Sprintf("--fabric %s needs --ib-dev (%s)", c.Fabric, what)}
 		}
-		if c.Faults != (simfabric.Faults{}) || c.Underlay != "" {
+		if c.Faults != (faultport.Faults{}) || c.Underlay != "" {
 			return ConfigError{Msg: "--fault and --underlay are for --fabric sim"}
 		}
 	default:
@@ -44,12 +45,27 @@ func openFabric(c *Config, log *slog.Logger) (ipoib.Port, error) {
 	case FabricVerbs:
 		return verbsfabric.New(verbsfabric.Config{Device: c.IBDev, Logger: log})
 	}
-	return simfabric.Open(simfabric.Config{Underlay: c.Underlay, IBMTU: c.IBMTU, Faults: c.Faults})
+	p, err := simfabric.Open(simfabric.Config{Underlay: c.Underlay, IBMTU: c.IBMTU})
+	if err != nil {
+		return nil, err
+	}
+	if c.Faults == (faultport.Faults{}) {
+		return p, nil
+	}
+	fp, err := faultport.New(p, c.Faults)
+	if err != nil {
+		p.Close()
+		return nil, err
+	}
+	return fp, nil
 }
 
 // toggleDown flips the simulated port down or up (SIGUSR1); other backends
 // follow their real link state and ignore it.
 func toggleDown(port ipoib.Port, log *slog.Logger) {
+	if fp, ok := port.(*faultport.Port); ok {
+		port = fp.Unwrap()
+	}
 	sp, ok := port.(*simfabric.Port)
 	if !ok {
 		log.Info("SIGUSR1 ignored: only the simulated port can be toggled")

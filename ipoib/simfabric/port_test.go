@@ -15,6 +15,7 @@ import (
 	"github.com/eipoib/eipoibd/internal/gsotest"
 	"github.com/eipoib/eipoibd/internal/nstest"
 	"github.com/eipoib/eipoibd/ipoib"
+	"github.com/eipoib/eipoibd/ipoib/faultport"
 )
 
 // pair opens a port in each of two namespaces joined by a veth.
@@ -41,7 +42,7 @@ func pair(t testing.TB, mtu int) (a, b *Port, nsA, nsB string) {
 	return a, b, nsA, nsB
 }
 
-func send(t *testing.T, p *Port, payload []byte, m ipoib.TxMeta) {
+func send(t *testing.T, p ipoib.Port, payload []byte, m ipoib.TxMeta) {
 	t.Helper()
 	buf := make([]byte, 64, 64+len(payload)+TailRoom)
 	buf = append(buf, payload...)
@@ -96,7 +97,7 @@ func none(t *testing.T, ch <-chan rx, what string) {
 	}
 }
 
-func waitDrop(t *testing.T, p *Port, reason string, want uint64) {
+func waitDrop(t *testing.T, p ipoib.Port, reason string, want uint64) {
 	t.Helper()
 	deadline := time.Now().Add(2 * time.Second)
 	for p.Counters().Drops[reason] < want {
@@ -172,34 +173,38 @@ func TestPortOverVeth(t *testing.T) {
 	waitDrop(t, b, "bad_icrc", 1)
 	none(t, got, "bad packets")
 
-	// Faults.
+	// Faults, through the faultport wrapper; corruption through the
+	// encode hook, after the ICRC was computed.
 	uni := ipoib.TxMeta{Dst: to(qb), SrcQPN: qa, PKey: 0xffff}
-	a.SetFaults(Faults{Loss: 1})
-	send(t, a, []byte{8, 0, 0, 0}, uni)
-	waitDrop(t, a, "fault_loss", 1)
+	fa, err := faultport.New(a, faultport.Faults{Loss: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	send(t, fa, []byte{8, 0, 0, 0}, uni)
+	waitDrop(t, fa, "fault_loss", 1)
 	none(t, got, "loss")
-	a.SetFaults(Faults{Dup: 1})
-	send(t, a, []byte{8, 0, 0, 0, 0xd}, uni)
+	fa.SetFaults(faultport.Faults{Dup: 1})
+	send(t, fa, []byte{8, 0, 0, 0, 0xd}, uni)
 	expect(t, got, "dup 1")
 	expect(t, got, "dup 2")
-	a.SetFaults(Faults{Corrupt: 1})
-	send(t, a, []byte{8, 0, 0, 0}, uni)
+	fa.SetFaults(faultport.Faults{Corrupt: 1})
+	send(t, fa, []byte{8, 0, 0, 0}, uni)
 	waitDrop(t, b, "bad_icrc", 2)
-	a.SetFaults(Faults{Corrupt: 1, Dup: 1}) // a corrupted duplicate is a second bad packet
-	send(t, a, []byte{8, 0, 0, 0}, uni)
+	fa.SetFaults(faultport.Faults{Corrupt: 1, Dup: 1}) // a corrupted duplicate is a second bad packet
+	send(t, fa, []byte{8, 0, 0, 0}, uni)
 	waitDrop(t, b, "bad_icrc", 4)
-	if n := a.Counters().Stats["tx_fault_corrupt"]; n != 3 {
+	if n := fa.Counters().Stats["tx_fault_corrupt"]; n != 3 {
 		t.Fatalf("tx_fault_corrupt %d, want 3 (the receiver counted 3 bad ICRCs since the corrupt fault went on)", n)
 	}
-	a.SetFaults(Faults{Reorder: 1})
-	send(t, a, []byte{8, 0, 0, 0, 1}, uni)
+	fa.SetFaults(faultport.Faults{Reorder: 1})
+	send(t, fa, []byte{8, 0, 0, 0, 1}, uni)
 	none(t, got, "held back")
-	send(t, a, []byte{8, 0, 0, 0, 2}, uni)
+	send(t, fa, []byte{8, 0, 0, 0, 2}, uni)
 	if r1, r2 := expect(t, got, "reorder 1"), expect(t, got, "reorder 2"); r1.payload[4] != 2 || r2.payload[4] != 1 {
 		t.Fatalf("reorder: %x then %x", r1.payload, r2.payload)
 	}
-	a.SetFaults(Faults{})
-	if err := a.SetFaults(Faults{Loss: 2}); err == nil {
+	fa.SetFaults(faultport.Faults{})
+	if err := fa.SetFaults(faultport.Faults{Loss: 2}); err == nil {
 		t.Fatal("loss=2 accepted")
 	}
 	a.SetDown(true)
@@ -246,7 +251,7 @@ func batchOf(n int, m ipoib.TxMeta) ([][]byte, []ipoib.TxMeta) {
 }
 
 // TestWriteAnyBatchLength: one Write of 1,000 packets (far more than the
-// 2×64+1 messages one system call takes) is sent whole, each packet once,
+// 64 messages one system call takes) is sent whole, each packet once,
 // and n and the counters say so. Before Write chunked its batches, this
 // panicked with an index out of range.
 func TestWriteAnyBatchLength(t *testing.T) {
@@ -309,12 +314,15 @@ func TestWriteCountsAccepted(t *testing.T) {
 	if c := a.Counters(); c.TxPackets != 2 || c.Drops["bad_meta"] != 3 {
 		t.Fatalf("counters %+v, want 2 sent and 3 bad_meta", c)
 	}
-	a.SetFaults(Faults{Loss: 1})
+	fa, err := faultport.New(a, faultport.Faults{Loss: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
 	bufs, meta = batchOf(3, ipoib.TxMeta{Dst: dst, SrcQPN: qa, PKey: 0xffff})
-	if n, err := a.Write(bufs, meta, 64); err != nil || n != 0 {
+	if n, err := fa.Write(bufs, meta, 64); err != nil || n != 0 {
 		t.Fatalf("Write under total loss: n %d, err %v; want 0", n, err)
 	}
-	if c := a.Counters(); c.TxPackets != 2 || c.Drops["fault_loss"] != 3 {
+	if c := fa.Counters(); c.TxPackets != 2 || c.Drops["fault_loss"] != 3 {
 		t.Fatalf("counters %+v, want still 2 sent and 3 fault_loss", c)
 	}
 }

@@ -123,14 +123,6 @@ const (
 	numDecodeErrors
 )
 
-var decodeNames = [numDecodeErrors]string{
-	ErrTruncated: "truncated",
-	ErrOpcode:    "bad_opcode",
-	ErrVersion:   "bad_tver",
-	ErrICRC:      "bad_icrc",
-	ErrPad:       "bad_pad",
-}
-
 // String returns the drop counter name.
 func (e DecodeError) String() string {
 	if e == 0 || e >= numDecodeErrors {
