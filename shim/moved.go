@@ -170,8 +170,8 @@ func (s *Shim) sendBack(b *txBatch, buf []byte, n int, dst, src ether.MAC) {
 	copy(f[0:6], dst[:])
 	copy(f[6:12], src[:])
 	b.local[0] = buf[devHeadroom-tap.Headroom : devHeadroom+n]
+	s.ctr.inc(TxMovedLocal) // before the guest can see the frame
 	s.writeLocal(b.local[:1])
-	s.ctr.inc(TxMovedLocal)
 }
 
 // tellLocal sends one announcement to local guests: for annLocal, that

@@ -37,6 +37,9 @@ func ParseIGMP(pkt []byte) (Records, error) {
 		return Records{}, ErrNotReport
 	}
 	// igmp.c ip_mc_check_iphdr: version, header length, total length.
+	// Unlike it, the IPv4 header checksum (ip_fast_csum) is not checked:
+	// the IGMP checksum below guards what snooping reads, and the packet
+	// is forwarded as the guest sent it either way.
 	ip, ok := header.ParseIPv4(pkt)
 	if !ok || ip.MoreFragments() || ip.FragmentOffset() != 0 {
 		return Records{}, ErrMalformed
