@@ -34,11 +34,11 @@ lint:
 ## and the hardware kit's self-tests (the kit sets eipoibd's flags itself).
 ONCE_TESTS  := TestVMRxe|TestVerbsRxe|TestIPoIBNetlinkVM|TestHWKit
 
-## unit: every Go test; the race detector on all but the netns tests
-## (and the shim's allocation tests run again without it, whose runtime
-## allocates in the code it watches, so that "0 in 100 frames" is checked),
+## unit: every Go test; the race detector on all but the netns tests,
 ## which drive real daemons and tools, with the TAP's offloads on (the
-## default) and then off (ONCE_TESTS in the first pass only).
+## default) and then off (ONCE_TESTS in the first pass only). The shim's
+## allocation tests run again without the race detector, whose runtime
+## allocates in the code it watches, so that "0 in 100 frames" holds.
 ## scripts/netns.sh gives each pass an explicit timeout and
 ## lists its slowest tests.
 unit:
