@@ -202,15 +202,17 @@ type VIFTable struct {
 	byQPN   *shardMap[uint32, *VIF]
 	byREMAC *shardMap[ether.MAC, *VIF]
 
-	mu    sync.Mutex // serialises writers
-	count int
+	createMu sync.Mutex // serialises Create
+	mu       sync.Mutex // serialises writers
+	count    int        // VIFs and reservations
+	reserved map[VIFKey]bool
 
 	created, removed, aged, overflow atomic.Uint64
 }
 
 // NewVIFTable returns an empty table for the port with GID gid.
 func NewVIFTable(gid ipoib.GID, max int) *VIFTable {
-	return &VIFTable{gid: gid, max: max, byKey: newShardMap[VIFKey, *VIF](), byQPN: newShardMap[uint32, *VIF](), byREMAC: newShardMap[ether.MAC, *VIF]()}
+	return &VIFTable{gid: gid, max: max, byKey: newShardMap[VIFKey, *VIF](), byQPN: newShardMap[uint32, *VIF](), byREMAC: newShardMap[ether.MAC, *VIF](), reserved: make(map[VIFKey]bool)}
 }
 
 // Lookup returns the VIF of (mac, vlan). It takes no lock.
@@ -223,36 +225,84 @@ func (t *VIFTable) LookupQPN(qpn uint32) (*VIF, bool) { return t.byQPN.load(qpn)
 // is mac. It takes no lock.
 func (t *VIFTable) LookupREMAC(mac ether.MAC) (*VIF, bool) { return t.byREMAC.load(mac) }
 
-// Create returns the VIF of k, creating it when missing: alloc is called
-// (under the table lock, so once per VIF) to allocate its QP in pkey,
-// with QPNHint(k) as the wished-for QPN.
-// created reports whether a new VIF was made.
+// Create returns the VIF of k, creating it when missing: Reserve, then
+// alloc (QPNHint(k) as the wished-for QPN, called once per VIF and
+// under no lock of the table), then Publish. created reports whether a
+// new VIF was made. Creates are serialised among themselves (not
+// against lookups, Remove or Len), so concurrent creators of one key get
+// one VIF. The shim does the three steps itself, to send a new guest's
+// held frames between the allocation and the publication.
 func (t *VIFTable) Create(k VIFKey, pkey ipoib.PKey, origin Origin, now time.Time, alloc func(pkey ipoib.PKey, hint uint32) (uint32, error)) (v *VIF, created bool, err error) {
 	if v, ok := t.byKey.load(k); ok {
 		return v, false, nil
 	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
+	t.createMu.Lock()
+	defer t.createMu.Unlock()
 	if v, ok := t.byKey.load(k); ok {
 		return v, false, nil
 	}
-	if t.count >= t.max {
-		t.overflow.Add(1)
-		return nil, false, fmt.Errorf("%w: %d VIFs (max)", ErrFull, t.max)
+	if err := t.Reserve(k); err != nil {
+		return nil, false, err
 	}
 	qpn, err := alloc(pkey, QPNHint(k))
 	if err != nil {
+		t.Unreserve(k)
 		return nil, false, fmt.Errorf("mactrans: allocate QP for %s vlan %d: %w", k.MAC, k.VLAN, err)
 	}
-	v = &VIF{Key: k, PKey: pkey, QPN: qpn, LIMAC: ipoib.MakeHwAddr(0, qpn, t.gid), REMAC: DeriveREMAC(t.gid, qpn, 0)}
+	v = t.NewVIF(k, pkey, qpn, origin, now)
+	t.Publish(v)
+	return v, true, nil
+}
+
+// Reserve takes a place in the table for the VIF of k, before its QP is
+// allocated (slowly, with no lock of the table held): ErrFull (counted
+// as overflow) when max VIFs exist or are reserved, ErrExists when k has
+// a VIF or a reservation. Publish or Unreserve ends the reservation.
+func (t *VIFTable) Reserve(k VIFKey) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, ok := t.byKey.load(k); ok || t.reserved[k] {
+		return fmt.Errorf("%w: %s vlan %d", ErrExists, k.MAC, k.VLAN)
+	}
+	if t.count >= t.max {
+		t.overflow.Add(1)
+		return fmt.Errorf("%w: %d VIFs (max)", ErrFull, t.max)
+	}
+	t.reserved[k] = true
+	t.count++
+	return nil
+}
+
+// Unreserve gives back the place Reserve took (the QP was refused).
+func (t *VIFTable) Unreserve(k VIFKey) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.reserved[k] {
+		delete(t.reserved, k)
+		t.count--
+	}
+}
+
+// NewVIF makes the VIF of k on QP qpn, not yet in the table.
+func (t *VIFTable) NewVIF(k VIFKey, pkey ipoib.PKey, qpn uint32, origin Origin, now time.Time) *VIF {
+	v := &VIF{Key: k, PKey: pkey, QPN: qpn, LIMAC: ipoib.MakeHwAddr(0, qpn, t.gid), REMAC: DeriveREMAC(t.gid, qpn, 0)}
 	v.lastUsed.Store(now.UnixNano())
 	v.origin.Store(uint32(origin))
-	t.byQPN.store(qpn, v)
+	return v
+}
+
+// Publish makes v, reserved with Reserve, visible to lookups.
+func (t *VIFTable) Publish(v *VIF) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !t.reserved[v.Key] {
+		t.count++ // published without a reservation
+	}
+	delete(t.reserved, v.Key)
+	t.byQPN.store(v.QPN, v)
 	t.byREMAC.store(v.REMAC, v)
-	t.byKey.store(k, v)
-	t.count++
+	t.byKey.store(v.Key, v)
 	t.created.Add(1)
-	return v, true, nil
 }
 
 // SetMax changes the bound (a configuration reload). Lowering it below
@@ -320,11 +370,11 @@ func (t *VIFTable) All() []*VIF {
 	return out
 }
 
-// Len returns the number of VIFs.
+// Len returns the number of VIFs (published ones: not reservations).
 func (t *VIFTable) Len() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.count
+	return t.count - len(t.reserved)
 }
 
 // Counters returns a snapshot of the counters.
