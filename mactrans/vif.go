@@ -50,9 +50,19 @@ type VIF struct {
 	ips                                    atomic.Pointer[[]netip.Addr] // the guest's addresses seen in its traffic, at most MaxGuestIPs
 	announceUntil                          atomic.Int64                 // unix ns: addresses learned before then are announced
 	movedIn                                atomic.Bool
+	ready                                  atomic.Bool
 	origin                                 atomic.Uint32
 	txPackets, txBytes, rxPackets, rxBytes atomic.Uint64
 }
+
+// Ready reports whether the VIF's guest may send (one atomic load): a
+// VIF is published before it is ready, so that the frames its guest sent
+// while its QP was being made are translated and sent first (the shim
+// sets it after them).
+func (v *VIF) Ready() bool { return v.ready.Load() }
+
+// SetReady marks the VIF ready.
+func (v *VIF) SetReady() { v.ready.Store(true) }
 
 // MaxGuestIPs bounds the addresses remembered per guest; a new one
 // beyond replaces the oldest.
@@ -251,6 +261,7 @@ func (t *VIFTable) Create(k VIFKey, pkey ipoib.PKey, origin Origin, now time.Tim
 	}
 	v = t.NewVIF(k, pkey, qpn, origin, now)
 	t.Publish(v)
+	v.SetReady()
 	return v, true, nil
 }
 
@@ -291,7 +302,8 @@ func (t *VIFTable) NewVIF(k VIFKey, pkey ipoib.PKey, qpn uint32, origin Origin, 
 	return v
 }
 
-// Publish makes v, reserved with Reserve, visible to lookups.
+// Publish makes v, reserved with Reserve, visible to lookups (not ready
+// yet: see Ready).
 func (t *VIFTable) Publish(v *VIF) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
