@@ -1,7 +1,8 @@
 // Package shim is the eIPoIB engine: it moves frames between a guest-facing
 // Ethernet device (a TAP) and an IB port speaking IPoIB. TX strips the
 // Ethernet header, picks the sending VIF (one UD QP per guest MAC and VLAN,
-// created on first sight: promiscuous-mode emulation), maps the destination
+// made on first sight by the control goroutine while the guest's frames
+// wait: promiscuous-mode emulation; see control.go), maps the destination
 // MAC to a RIMAC or MGID and rewrites ARP/NDP/DHCP payloads; RX does the
 // reverse, deriving a stable REMAC for every remote endpoint. Frames to an
 // unknown REMAC wait in a bounded queue while the shim resolves their
@@ -496,8 +497,9 @@ func (s *Shim) housekeeping(ctx context.Context) error {
 }
 
 // Healthy reports whether a housekeeping round finished within the last
-// d: the rounds take the table locks the data path takes, so a stuck
-// pipeline stops them (the daemon's systemd watchdog asks this).
+// d: the rounds share the data path's tables and locks (never a port
+// control call, which the control goroutine makes), so a stuck pipeline
+// stops them (the daemon's systemd watchdog asks this).
 func (s *Shim) Healthy(d time.Duration) bool {
 	return time.Since(time.Unix(0, s.lastRound.Load())) < d
 }
