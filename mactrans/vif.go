@@ -216,13 +216,29 @@ type VIFTable struct {
 	mu       sync.Mutex // serialises writers
 	count    int        // VIFs and reservations
 	reserved map[VIFKey]bool
+	// size and limit mirror count and max for Full, which takes no lock.
+	size, limit atomic.Int64
 
 	created, removed, aged, overflow atomic.Uint64
 }
 
 // NewVIFTable returns an empty table for the port with GID gid.
 func NewVIFTable(gid ipoib.GID, max int) *VIFTable {
-	return &VIFTable{gid: gid, max: max, byKey: newShardMap[VIFKey, *VIF](), byQPN: newShardMap[uint32, *VIF](), byREMAC: newShardMap[ether.MAC, *VIF](), reserved: make(map[VIFKey]bool)}
+	t := &VIFTable{gid: gid, max: max, byKey: newShardMap[VIFKey, *VIF](), byQPN: newShardMap[uint32, *VIF](), byREMAC: newShardMap[ether.MAC, *VIF](), reserved: make(map[VIFKey]bool)}
+	t.limit.Store(int64(max))
+	return t
+}
+
+// Full reports, without locking, whether max VIFs exist or are reserved,
+// and counts a refusal as overflow when they are: the data path asks it
+// before asking for a new guest's VIF, so that a MAC flood past the
+// bound is refused per frame without a request to the control plane.
+func (t *VIFTable) Full() bool {
+	if t.size.Load() < t.limit.Load() {
+		return false
+	}
+	t.overflow.Add(1)
+	return true
 }
 
 // Lookup returns the VIF of (mac, vlan). It takes no lock.
@@ -281,6 +297,7 @@ func (t *VIFTable) Reserve(k VIFKey) error {
 	}
 	t.reserved[k] = true
 	t.count++
+	t.size.Store(int64(t.count))
 	return nil
 }
 
@@ -291,6 +308,7 @@ func (t *VIFTable) Unreserve(k VIFKey) {
 	if t.reserved[k] {
 		delete(t.reserved, k)
 		t.count--
+		t.size.Store(int64(t.count))
 	}
 }
 
@@ -309,6 +327,7 @@ func (t *VIFTable) Publish(v *VIF) {
 	defer t.mu.Unlock()
 	if !t.reserved[v.Key] {
 		t.count++ // published without a reservation
+		t.size.Store(int64(t.count))
 	}
 	delete(t.reserved, v.Key)
 	t.byQPN.store(v.QPN, v)
@@ -323,6 +342,7 @@ func (t *VIFTable) Publish(v *VIF) {
 func (t *VIFTable) SetMax(n int) {
 	t.mu.Lock()
 	t.max = n
+	t.limit.Store(int64(n))
 	t.mu.Unlock()
 }
 
@@ -355,6 +375,7 @@ func (t *VIFTable) Remove(k VIFKey) (*VIF, bool) {
 	t.byQPN.remove(v.QPN)
 	t.byREMAC.remove(v.REMAC)
 	t.count--
+	t.size.Store(int64(t.count))
 	t.removed.Add(1)
 	return v, true
 }
@@ -371,6 +392,7 @@ func (t *VIFTable) Expire(now time.Time, idle time.Duration) []*VIF {
 		t.byREMAC.remove(v.REMAC)
 	}
 	t.count -= len(gone)
+	t.size.Store(int64(t.count))
 	t.aged.Add(uint64(len(gone)))
 	return gone
 }
