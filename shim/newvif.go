@@ -7,7 +7,8 @@ package shim
 // as read from the TAP, untranslated, since the translation needs the
 // VIF's QP: up to vifHoldPerGuest per guest and vifHoldTotal in all
 // (tx_queued_new_vif; beyond, drop_vif_pending_full), while one intent
-// asks the control goroutine for the VIF. Once its QP is allocated, the
+// asks the control goroutine for the VIF; with the VIF table full they
+// are refused at once (drop_vif_limit, vifs_overflow), with no intent. Once its QP is allocated, the
 // control goroutine publishes the VIF (the ARP/NDP rewrite and the
 // resolutions of the held frames look it up), then translates and sends
 // the held frames in order and only then marks it ready
@@ -142,6 +143,13 @@ func (s *Shim) holdNew(k mactrans.VIFKey, buf []byte, n int, sup tap.Super, now 
 		g = nil
 	}
 	if g == nil {
+		if s.vifs.Full() { // refused here, per frame, as a MAC flood's are
+			s.ctr.inc(DropVIFLimit)
+			if s.vifWarn.Allow(now) {
+				s.log.Warn("new guest MAC refused", "mac", k.MAC, "vlan", k.VLAN, "reason", "vif_limit", "suppressed", s.vifWarn.Suppressed())
+			}
+			return nil
+		}
 		if q.npend >= maxNewGuests {
 			s.ctr.inc(DropVIFPendingFull)
 			return nil
