@@ -16,6 +16,8 @@ import (
 	"github.com/eipoib/eipoibd/internal/ether"
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/ipoib/memfabric"
+	"github.com/eipoib/eipoibd/mactrans"
+	"github.com/eipoib/eipoibd/tap"
 )
 
 // blockingPort is a memfabric port whose AllocQP, FreeQP, Join,
@@ -336,5 +338,41 @@ func TestRefusedJoin(t *testing.T) {
 	}
 	if bp.joins.Load() != 1 || bp.sendOnly.Load() != 1 {
 		t.Fatalf("%d joins, %d send-only joins; want 1 each", bp.joins.Load(), bp.sendOnly.Load())
+	}
+}
+
+// TestHeldWhileMadeReady: a frame of a guest whose VIF is published but
+// not ready yet (its held frames being sent) is held too, even with the
+// VIF table at its bound, with no second request for the VIF, and goes
+// out when the VIF is made ready.
+func TestHeldWhileMadeReady(t *testing.T) {
+	f := memFab(t, 2048)
+	s, port := stillShim(t, f.Fabric, "fe80::a", func(c *Config) { c.MaxVIFs = 1 })
+	far, _ := f.NewPort(gidOf("fe80::b"))
+	qfar, _ := far.AllocQP(0xffff, 0)
+	nb, err := s.neigh.Learn(0xffff, ipoib.MakeHwAddr(0, qfar, far.LocalGID()), s.clk.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := s.byVLAN[0].Load()
+	k := mactrans.VIFKey{MAC: macA1}
+	if err := s.vifs.Reserve(k); err != nil {
+		t.Fatal(err)
+	}
+	qpn, _ := port.AllocQP(0xffff, 0)
+	v := s.vifs.NewVIF(k, 0xffff, qpn, mactrans.OriginLearned, s.clk.Now())
+	s.vifs.Publish(v)
+	b := newTxBatch(1)
+	buf := make([]byte, devBufSize)
+	frame := udpFrom(t, macA1, nb.REMAC, ipA1, 7)
+	copy(buf[devHeadroom:], frame)
+	s.tx(b, buf, len(frame), tap.Super{}, s.clk.Now())
+	if len(b.bufs) != 0 || s.Get(TxQueuedNewVIF) != 1 || s.Get(DropVIFLimit) != 0 || len(s.ctl.q) != 0 {
+		t.Fatalf("frame of a VIF being made ready: %d sent, %d intents, counters %v", len(b.bufs), len(s.ctl.q), s.Counters())
+	}
+	s.readyVIF(p, v, s.clk.Now())
+	got := readAll(t, far, 1)
+	if !v.Ready() || got[0].Src.QPN() != qpn || s.Get(TxForwarded) != 1 || s.Counters()["vifs_pending"] != 0 {
+		t.Fatalf("after readyVIF: ready %v, sent from %#x, counters %v", v.Ready(), got[0].Src.QPN(), s.Counters())
 	}
 }

@@ -91,6 +91,15 @@ func (q *newGuests) forget(k mactrans.VIFKey, g *newGuest) {
 	q.pending.Store(int32(q.npend))
 }
 
+// add adds pending guest k; call with mu held.
+func (q *newGuests) add(k mactrans.VIFKey) *newGuest {
+	g := &newGuest{}
+	q.m[k] = g
+	q.npend++
+	q.pending.Store(int32(q.npend))
+	return g
+}
+
 // drop drops guest k's held frames (the shim is stopping), counted.
 func (q *newGuests) drop(k mactrans.VIFKey, c *counters) {
 	q.mu.Lock()
@@ -130,7 +139,8 @@ func (s *Shim) holdNew(k mactrans.VIFKey, buf []byte, n int, sup tap.Super, now 
 	q := &s.newVIFs
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if v, ok := s.vifs.Lookup(k); ok && v.Ready() {
+	v, published := s.vifs.Lookup(k)
+	if published && v.Ready() {
 		return v
 	}
 	g := q.m[k]
@@ -142,7 +152,13 @@ func (s *Shim) holdNew(k mactrans.VIFKey, buf []byte, n int, sup tap.Super, now 
 		q.forget(k, g)
 		g = nil
 	}
-	if g == nil {
+	switch {
+	case g != nil:
+	case published:
+		// Being made ready (its held frames are being sent): its
+		// readyVIF, which holds mu next, sends this one after them.
+		g = q.add(k)
+	default:
 		if s.vifs.Full() { // refused here, per frame, as a MAC flood's are
 			s.ctr.inc(DropVIFLimit)
 			if s.vifWarn.Allow(now) {
@@ -158,10 +174,7 @@ func (s *Shim) holdNew(k mactrans.VIFKey, buf []byte, n int, sup tap.Super, now 
 			s.ctr.inc(DropControlFull)
 			return nil
 		}
-		g = &newGuest{}
-		q.m[k] = g
-		q.npend++
-		q.pending.Store(int32(q.npend))
+		g = q.add(k)
 	}
 	if len(g.frames) >= vifHoldPerGuest || q.frames >= vifHoldTotal {
 		s.ctr.inc(DropVIFPendingFull)
@@ -173,11 +186,10 @@ func (s *Shim) holdNew(k mactrans.VIFKey, buf []byte, n int, sup tap.Super, now 
 	return nil
 }
 
-// readyVIF publishes v, sends the frames held for its guest, translated
-// in order, then marks it ready, under newGuests.mu (see the top of this
+// readyVIF sends the frames held for the guest of v, published, translated
+// in order, then marks v ready, under newGuests.mu (see the top of this
 // file). Control plane only.
 func (s *Shim) readyVIF(p *partition, v *mactrans.VIF, now time.Time) {
-	s.vifs.Publish(v)
 	q := &s.newVIFs
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -244,6 +256,7 @@ func (s *Shim) makeVIF(p *partition, mac ether.MAC, origin mactrans.Origin, now 
 	v := s.vifs.NewVIF(k, p.pkey, qpn, origin, now)
 	s.refreshMTU(p)
 	v.AnnounceUntil(now.Add(s.cfg.AnnounceWindow))
+	s.vifs.Publish(v)
 	s.ctr.inc(VIFsCreated) // before its held frames go out
 	s.log.Info("VIF created", "mac", mac, "vlan", p.vlan, "pkey", p.pkey, "qpn", fmt.Sprintf("%#06x", v.QPN), "limac", v.LIMAC, "origin", origin)
 	s.readyVIF(p, v, now)
