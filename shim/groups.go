@@ -247,9 +247,10 @@ func (g *groupSet) counts() (full, sendOnly int) {
 
 // mcastQueue bounds the frames held per group while the port joins it,
 // as the kernel's IPoIB does during a send-only join
-// (drivers/infiniband/ulp/ipoib/ipoib_multicast.c ipoib_mcast_send:
-// up to IPOIB_MAX_MCAST_QUEUE = 64 skbs wait on mcast->pkt_queue, the
-// rest are dropped and counted as tx_dropped).
+// (drivers/infiniband/ulp/ipoib/ipoib_multicast.c ipoib_mcast_send: while
+// the group has no address handle, skbs wait on mcast->pkt_queue while
+// skb_queue_len < IPOIB_MAX_MCAST_QUEUE, the rest are dropped and counted
+// in tx_dropped; ipoib.h sets IPOIB_MAX_MCAST_QUEUE = 64).
 const mcastQueue = 64
 
 // groupWaits holds the frames to groups the port is joining.
@@ -432,7 +433,11 @@ var errControlFull = errors.New("shim: control queue full")
 
 // mcastJoin is the control goroutine's join of a snooped group; a join
 // the port refuses is forgotten by the table (snoop.Table.Forget) and
-// counted by reason.
+// counted by reason. (Forget drops the table's entry of the group
+// whatever join recorded it: if the group expired and was reported again
+// while this join waited in the queue, the later join finds the table
+// without it, and the port stays a member until shutdown. The queue is
+// short and a group expires after minutes, so this is left.)
 func (s *Shim) mcastJoin(k snoop.Key) {
 	p := s.byVLAN[k.Scope].Load()
 	mgid := s.groupMGID(p, k.Group)
