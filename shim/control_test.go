@@ -16,6 +16,7 @@ import (
 	"github.com/eipoib/eipoibd/internal/ether"
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/ipoib/memfabric"
+	"github.com/eipoib/eipoibd/ipoib/simfabric"
 	"github.com/eipoib/eipoibd/mactrans"
 	"github.com/eipoib/eipoibd/tap"
 )
@@ -374,5 +375,38 @@ func TestHeldWhileMadeReady(t *testing.T) {
 	got := readAll(t, far, 1)
 	if !v.Ready() || got[0].Src.QPN() != qpn || s.Get(TxForwarded) != 1 || s.Counters()["vifs_pending"] != 0 {
 		t.Fatalf("after readyVIF: ready %v, sent from %#x, counters %v", v.Ready(), got[0].Src.QPN(), s.Counters())
+	}
+}
+
+// TestHeldPacketsKeepTailRoom: packets held for a resolution or a group's
+// join keep the room after them that the simulated fabric writes its pad
+// and ICRC into (it refuses a packet without: no_room), as read ones do.
+func TestHeldPacketsKeepTailRoom(t *testing.T) {
+	f := memFab(t, 2048)
+	s, _ := stillShim(t, f.Fabric, "fe80::a", nil)
+	b := newTxBatch(1)
+	txFrame(s, b, arpFrame(t, 1, macA1, ipA1, ether.Broadcast, ether.MAC{}, ipB1)) // A1's VIF
+	remac := mactrans.DeriveREMAC(gidOf("fe80::b"), 0x77, 0)
+	send := func(frame []byte) {
+		buf := make([]byte, devBufSize)
+		copy(buf[devHeadroom:], frame)
+		s.tx(b, buf, len(frame), tap.Super{}, s.clk.Now())
+	}
+	send(udpFrame(t, macA1, remac, ipA1, ipB1, 64, true))                                                             // to be resolved
+	send(udpFrame(t, macA1, ether.MAC{1, 0, 0x5e, 1, 2, 3}, ipA1, netip.AddrFrom4([4]byte{239, 1, 2, 3}), 64, false)) // to a group being joined
+	var held []heldFrame
+	for _, e := range s.pending.m {
+		held = append(held, e.frames...)
+	}
+	for _, h := range s.gwait.m {
+		held = append(held, *h...)
+	}
+	if len(held) != 2 {
+		t.Fatalf("%d packets held, want 2 (counters %v)", len(held), s.Counters())
+	}
+	for _, h := range held {
+		if room := cap(h.buf) - len(h.buf); room < simfabric.TailRoom {
+			t.Errorf("a held packet has %d bytes after it, the simulated fabric needs %d", room, simfabric.TailRoom)
+		}
 	}
 }

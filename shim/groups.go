@@ -315,7 +315,7 @@ func (s *Shim) holdForGroup(mgid ipoib.GID, f heldFrame) bool {
 			s.ctr.inc(DropGroupPendingFull)
 		}
 	default:
-		h.hold(f.buf, 0, f)
+		h.hold(f.buf, portTailRoom, f)
 		if !f.own {
 			s.ctr.inc(TxQueuedGroup)
 		}

@@ -40,6 +40,10 @@ const (
 	// txTailRoom is room after a held TAP frame for the growth of its
 	// ARP/NDP/DHCP rewrite, as devBufSize leaves after a read one.
 	txTailRoom = 256
+	// portTailRoom is room after a held IPoIB packet for what a port
+	// writes after it (the pad and ICRC of the simulated fabric,
+	// simfabric.TailRoom), as every buffer the shim writes from leaves.
+	portTailRoom = 64
 )
 
 // heldFrame is a copy of a frame waiting for the control plane.

@@ -106,7 +106,7 @@ func (s *Shim) enqueue(p *partition, vif *mactrans.VIF, dst ether.MAC, pkt []byt
 	}
 	queued := false
 	if pkt != nil && len(e.frames) < pendingPerDst {
-		e.frames.hold(pkt, 0, heldFrame{meta: m, vif: vif})
+		e.frames.hold(pkt, portTailRoom, heldFrame{meta: m, vif: vif})
 		q.nframes++
 		queued = true
 	}
