@@ -214,9 +214,10 @@ func (s *Shim) runIntents(buf []intent) []intent {
 // handle carries out one intent; call with ctl.own held.
 func (s *Shim) handle(it intent) {
 	now := s.clk.Now()
+	stopping := s.stopping.Load() // QPs freed and groups left: make no new ones
 	switch it.kind {
 	case intentNewVIF:
-		if s.stopping.Load() {
+		if stopping {
 			s.newVIFs.drop(it.vif, &s.ctr)
 			return
 		}
@@ -224,10 +225,18 @@ func (s *Shim) handle(it intent) {
 			_, _ = s.makeVIF(p, it.vif.MAC, mactrans.OriginLearned, now, s.port.AllocQP) // a refusal is counted and logged there
 		}
 	case intentJoin:
-		s.mcastJoin(it.group)
+		if !stopping {
+			s.mcastJoin(it.group)
+		}
 	case intentLeave:
-		s.mcastLeave(it.group)
+		if !stopping {
+			s.mcastLeave(it.group)
+		}
 	case intentSendOnly:
+		if stopping {
+			s.groupFailed(it.mgid)
+			return
+		}
 		s.joinSendOnly(it.mgid, now)
 	case intentCall:
 		it.reply <- it.fn()
@@ -287,10 +296,10 @@ func (s *Shim) freeDrained() {
 	s.ctl.draining = keep
 }
 
-// unpublish removes VIFs from the table, waits (on the control
-// goroutine) until no sender can use them and frees their QPs, returning
-// the first error. Call with ctl.own held.
-func (s *Shim) unpublish(vs []*mactrans.VIF) error {
+// freeQuiesced waits (on the control goroutine) until no sender can use
+// the VIFs vs, which the caller removed from the table, and frees their
+// QPs, returning the first error. Call with ctl.own held.
+func (s *Shim) freeQuiesced(vs []*mactrans.VIF) error {
 	e := s.ep.advance()
 	for !s.ep.quiet(e) {
 		time.Sleep(100 * time.Microsecond) // a batch in flight ends within microseconds

@@ -398,7 +398,7 @@ func (s *Shim) stopPort() error {
 		gone = append(gone, d.vif)
 	}
 	s.ctl.draining = nil
-	if err := s.unpublish(gone); err != nil {
+	if err := s.freeQuiesced(gone); err != nil {
 		s.log.Warn("free QPs", "err", err)
 	}
 	s.groups.leaveAll(s.port, s.log)
@@ -568,6 +568,6 @@ func (s *Shim) RemoveVIF(mac ether.MAC, vlan uint16) error {
 		}
 		s.ctr.inc(VIFsRemoved)
 		s.log.Info("VIF removed", "mac", mac, "vlan", vlan, "qpn", fmt.Sprintf("%#06x", v.QPN))
-		return s.unpublish([]*mactrans.VIF{v})
+		return s.freeQuiesced([]*mactrans.VIF{v})
 	})
 }
