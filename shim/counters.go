@@ -16,68 +16,70 @@ type Counter int
 // every packet read from the port ends in exactly one of rx_frames or an
 // RX drop.
 const (
-	TxFrames             Counter = iota // frames read from the TAP
-	TxBytes                             // their bytes (Ethernet header included)
-	TxForwarded                         // frames sent on as one IPoIB packet (at once or after a resolution)
-	TxPackets                           // IPoIB packets the port accepted (fragments and resolutions included; a super-frame once)
-	TxPortRefused                       // packets the port refused or lost (see its port_drop_* counters)
-	TxBroadcast                         // of tx_forwarded, those to the broadcast group
-	TxMulticast                         // of tx_forwarded, those to another MGID
-	TxSuper                             // of tx_forwarded, TCP super-frames the port took whole to cut itself
-	TxSuperSegments                     // the segments the port is to cut them into
-	TxMSSClamped                        // guests' TCP SYNs whose MSS was lowered to fit the IPoIB MTU (--clamp-mss)
-	TxFragmented                        // IPv4 packets fragmented to the IPoIB MTU
-	TxFragments                         // fragments made of them
-	TxICMPTooBig                        // ICMP fragmentation-needed / ICMPv6 packet-too-big sent to guests
-	TxQueued                            // frames queued while their destination was resolved
-	TxResolveSent                       // ARP/NS sent on a guest's behalf
-	TxQueries                           // IGMP/MLD queries sent to guests
-	McastJoins                          // groups joined for snooped members
-	McastLeaves                         // groups left when their last member went
-	RxPackets                           // packets read from the port
-	RxFrames                            // received packets written to the TAP as frames
-	RxBytes                             // their bytes (Ethernet header included)
-	VIFsCreated                         // VIFs created for new source MACs
-	VIFsAged                            // VIFs removed as idle
-	VIFsRemoved                         // VIFs removed when the bridge forgot their MAC
-	DropRunt                            // TX frame shorter than its Ethernet header
-	DropEtherType                       // TX: ethertype IPoIB does not carry
-	DropVLANUnmapped                    // TX frame on a VLAN with no P_Key
-	DropBadSrcMAC                       // multicast or zero source MAC
-	DropVIFLimit                        // no VIF: --max-vifs reached (frames of a guest refused for it, during its back-off)
-	DropUndeclared                      // --learn declared: a source MAC never declared (bridge static entry or DeclareVIF)
-	DropBadIP                           // IP header inconsistent with the frame
-	DropTooBig                          // oversized and neither fragmentable nor answerable
-	DropDstLocal                        // unicast to a local guest (the bridge delivers those)
-	DropUnresolved                      // destination not resolved in time, or queue full
-	DropVIFGone                         // queued for a resolution while the guest's VIF aged out
-	DropTxRewrite                       // ARP/NDP/DHCP rewrite refused (see rewrite counters)
-	DropRxRewrite                       // same, on receive
-	DropRxBadHeader                     // IPoIB header missing or reserved bits set
-	DropRxEtherType                     // RX: ethertype other than IPv4, IPv6, ARP, RARP
-	DropRxUnknownPKey                   // P_Key with no partition here
-	DropRxUnknownVIF                    // unicast to a QPN that is no VIF of that partition
-	DropRxMulticast                     // MGID that maps to no Ethernet multicast MAC
-	DropRxNeighbour                     // source could not get a REMAC
-	DropTAPWrite                        // received frames the kernel refused on the TAP
-	DropLocalTAPWrite                   // the shim's own frames to guests (queries, ICMP) the kernel refused
-	DropBadMcastReport                  // malformed IGMP/MLD report or leave from a guest
-	DropNoGroup                         // multicast to a group the port could not join (group table full)
-	DropSuperGroup                      // a TCP super-frame to a broadcast or multicast MAC
-	DropRxUnknownSource                 // sender unknown to the port and never seen in ARP/NDP (a resolution is sent)
-	CaptureMissed                       // packets a capture left out because its reader was slow (forwarding is never held up)
-	TxAnnounced                         // gratuitous ARPs / unsolicited NAs sent for guests whose MAC appeared here
-	RARPAnnouncements                   // RARP announcements (QEMU's, after a migration) seen from guests
-	DropAnnounce                        // announcements not queued: too many at once
-	TxMovedLocal                        // frames to the old REMAC of a guest that moved here, sent back to the bridge for it
-	TxToldLocal                         // gratuitous ARPs / unsolicited NAs telling local guests a guest that moved here
-	TxProbedLocal                       // ARP probes / DAD solicitations asking a guest that moved here for its other addresses
-	TxQueuedNewVIF                      // frames of a new guest held while its VIF is made (sent once ready)
-	TxQueuedGroup                       // frames to a group held while the port joins it (sent once joined)
-	DropVIFPendingFull                  // frames of new guests beyond the bounds held while their VIFs are made
-	DropVIFRefused                      // frames of a guest whose QP the port refused (held ones, and new ones during the back-off)
-	DropGroupPendingFull                // frames to a group being joined beyond the 64 held per group
-	DropControlFull                     // frames whose request to the control plane found its queue full
+	TxFrames            Counter = iota // frames read from the TAP
+	TxBytes                            // their bytes (Ethernet header included)
+	TxForwarded                        // frames sent on as one IPoIB packet (at once or after a resolution)
+	TxPackets                          // IPoIB packets the port accepted (fragments and resolutions included; a super-frame once)
+	TxPortRefused                      // packets the port refused or lost (see its port_drop_* counters)
+	TxBroadcast                        // of tx_forwarded, those to the broadcast group
+	TxMulticast                        // of tx_forwarded, those to another MGID
+	TxSuper                            // of tx_forwarded, TCP super-frames the port took whole to cut itself
+	TxSuperSegments                    // the segments the port is to cut them into
+	TxMSSClamped                       // guests' TCP SYNs whose MSS was lowered to fit the IPoIB MTU (--clamp-mss)
+	TxFragmented                       // IPv4 packets fragmented to the IPoIB MTU
+	TxFragments                        // fragments made of them
+	TxICMPTooBig                       // ICMP fragmentation-needed / ICMPv6 packet-too-big sent to guests
+	TxQueued                           // frames queued while their destination was resolved
+	TxResolveSent                      // ARP/NS sent on a guest's behalf
+	TxQueries                          // IGMP/MLD queries sent to guests
+	McastJoins                         // groups joined for snooped members
+	McastLeaves                        // groups left when their last member went
+	RxPackets                          // packets read from the port
+	RxFrames                           // received packets written to the TAP as frames
+	RxBytes                            // their bytes (Ethernet header included)
+	VIFsCreated                        // VIFs created for new source MACs
+	VIFsAged                           // VIFs removed as idle
+	VIFsRemoved                        // VIFs removed when the bridge forgot their MAC
+	DropRunt                           // TX frame shorter than its Ethernet header
+	DropEtherType                      // TX: ethertype IPoIB does not carry
+	DropVLANUnmapped                   // TX frame on a VLAN with no P_Key
+	DropBadSrcMAC                      // multicast or zero source MAC
+	DropVIFLimit                       // no VIF: --max-vifs reached (a new guest refused for it)
+	DropUndeclared                     // --learn declared: a source MAC never declared (bridge static entry or DeclareVIF)
+	DropBadIP                          // IP header inconsistent with the frame
+	DropTooBig                         // oversized and neither fragmentable nor answerable
+	DropDstLocal                       // unicast to a local guest (the bridge delivers those)
+	DropUnresolved                     // destination not resolved in time, or queue full
+	DropVIFGone                        // queued for a resolution while the guest's VIF aged out
+	DropTxRewrite                      // ARP/NDP/DHCP rewrite refused (see rewrite counters)
+	DropRxRewrite                      // same, on receive
+	DropRxBadHeader                    // IPoIB header missing or reserved bits set
+	DropRxEtherType                    // RX: ethertype other than IPv4, IPv6, ARP, RARP
+	DropRxUnknownPKey                  // P_Key with no partition here
+	DropRxUnknownVIF                   // unicast to a QPN that is no VIF of that partition
+	DropRxMulticast                    // MGID that maps to no Ethernet multicast MAC
+	DropRxNeighbour                    // source could not get a REMAC
+	DropTAPWrite                       // received frames the kernel refused on the TAP
+	DropLocalTAPWrite                  // the shim's own frames to guests (queries, ICMP) the kernel refused
+	DropBadMcastReport                 // malformed IGMP/MLD report or leave from a guest
+	DropNoGroup                        // multicast to a group the port could not join (group table full)
+	DropSuperGroup                     // a TCP super-frame to a broadcast or multicast MAC
+	DropRxUnknownSource                // sender unknown to the port and never seen in ARP/NDP (a resolution is sent)
+	CaptureMissed                      // packets a capture left out because its reader was slow (forwarding is never held up)
+	TxAnnounced                        // gratuitous ARPs / unsolicited NAs sent for guests whose MAC appeared here
+	RARPAnnouncements                  // RARP announcements (QEMU's, after a migration) seen from guests
+	DropAnnounce                       // announcements not queued: too many at once
+	TxMovedLocal                       // frames to the old REMAC of a guest that moved here, sent back to the bridge for it
+	TxToldLocal                        // gratuitous ARPs / unsolicited NAs telling local guests a guest that moved here
+	TxProbedLocal                      // ARP probes / DAD solicitations asking a guest that moved here for its other addresses
+
+	// Frames waiting for the control plane (control.go, newvif.go).
+	TxQueuedNewVIF       // frames of a new guest held while its VIF is made (sent once ready)
+	TxQueuedGroup        // frames to a group held while the port joins it (sent once joined)
+	DropVIFPendingFull   // frames of new guests beyond the bounds held while their VIFs are made
+	DropVIFRefused       // frames of a guest whose QP the port refused (held ones, and new ones during the back-off)
+	DropGroupPendingFull // frames to a group being joined beyond the 64 held per group
+	DropControlFull      // frames whose request to the control plane found its queue full
 	numCounters
 )
 
@@ -92,21 +94,18 @@ var counterNames = [numCounters]string{
 	DropRxUnknownPKey: "drop_rx_unknown_pkey", DropRxUnknownVIF: "drop_rx_unknown_vif",
 	DropRxMulticast: "drop_rx_multicast", DropRxNeighbour: "drop_rx_neighbour", DropTAPWrite: "drop_tap_write", DropLocalTAPWrite: "drop_local_tap_write",
 	DropBadMcastReport: "drop_bad_mcast_report", DropNoGroup: "drop_no_group",
-	DropSuperGroup:       "drop_super_group",
-	DropRxUnknownSource:  "drop_rx_unknown_source",
-	CaptureMissed:        "capture_missed",
-	TxAnnounced:          "tx_announced",
-	RARPAnnouncements:    "rarp_announcements",
-	DropAnnounce:         "drop_announce",
-	TxMovedLocal:         "tx_moved_local",
-	TxToldLocal:          "tx_told_local",
-	TxProbedLocal:        "tx_probed_local",
-	TxQueuedNewVIF:       "tx_queued_new_vif",
-	TxQueuedGroup:        "tx_queued_group",
-	DropVIFPendingFull:   "drop_vif_pending_full",
-	DropVIFRefused:       "drop_vif_refused",
-	DropGroupPendingFull: "drop_group_pending_full",
-	DropControlFull:      "drop_control_full",
+	DropSuperGroup:      "drop_super_group",
+	DropRxUnknownSource: "drop_rx_unknown_source",
+	CaptureMissed:       "capture_missed",
+	TxAnnounced:         "tx_announced",
+	RARPAnnouncements:   "rarp_announcements",
+	DropAnnounce:        "drop_announce",
+	TxMovedLocal:        "tx_moved_local",
+	TxToldLocal:         "tx_told_local",
+	TxProbedLocal:       "tx_probed_local",
+
+	TxQueuedNewVIF: "tx_queued_new_vif", TxQueuedGroup: "tx_queued_group", DropVIFPendingFull: "drop_vif_pending_full",
+	DropVIFRefused: "drop_vif_refused", DropGroupPendingFull: "drop_group_pending_full", DropControlFull: "drop_control_full",
 }
 
 // String returns the counter's metric name.
