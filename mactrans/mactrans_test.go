@@ -70,6 +70,47 @@ func TestVIFCreateLookupBound(t *testing.T) {
 	}
 }
 
+// TestVIFReservePublish: a reservation takes a place (Full, ErrFull and
+// ErrExists count it) without being found; Unreserve gives it back; a
+// published VIF is found but not Ready until SetReady; Full counts a
+// refusal as overflow and follows SetMax.
+func TestVIFReservePublish(t *testing.T) {
+	tbl := NewVIFTable(localGID, 2)
+	k1, k2, k3 := VIFKey{mac(1), 0}, VIFKey{mac(2), 0}, VIFKey{mac(3), 0}
+	if err := tbl.Reserve(k1); err != nil {
+		t.Fatal(err)
+	}
+	if err := tbl.Reserve(k1); !errors.Is(err, ErrExists) {
+		t.Fatalf("second reservation: %v, want ErrExists", err)
+	}
+	if _, ok := tbl.Lookup(k1); ok || tbl.Len() != 0 || tbl.Full() {
+		t.Fatalf("a reservation is found, counted in Len (%d) or fills the table", tbl.Len())
+	}
+	if err := tbl.Reserve(k2); err != nil {
+		t.Fatal(err)
+	}
+	if !tbl.Full() || !errors.Is(tbl.Reserve(k3), ErrFull) || tbl.Counters().Overflow != 2 {
+		t.Fatalf("two reservations of two: full %v, overflow %d", tbl.Full(), tbl.Counters().Overflow)
+	}
+	tbl.Unreserve(k2)
+	if tbl.Full() {
+		t.Fatal("still full after Unreserve")
+	}
+	v := tbl.NewVIF(k1, 0xffff, 0x42, OriginLearned, t0)
+	tbl.Publish(v)
+	if got, ok := tbl.Lookup(k1); !ok || got != v || v.Ready() || tbl.Len() != 1 {
+		t.Fatalf("published VIF: found %v, ready %v, len %d", ok, v.Ready(), tbl.Len())
+	}
+	v.SetReady()
+	if !v.Ready() {
+		t.Fatal("SetReady")
+	}
+	tbl.SetMax(1)
+	if !tbl.Full() {
+		t.Fatal("not full at the lowered bound")
+	}
+}
+
 func TestVIFAllocError(t *testing.T) {
 	tbl := NewVIFTable(localGID, 4)
 	_, _, err := tbl.Create(VIFKey{mac(1), 0}, 0xffff, OriginLearned, t0, func(ipoib.PKey, uint32) (uint32, error) { return 0, errors.New("no QPs") })

@@ -50,9 +50,19 @@ type VIF struct {
 	ips                                    atomic.Pointer[[]netip.Addr] // the guest's addresses seen in its traffic, at most MaxGuestIPs
 	announceUntil                          atomic.Int64                 // unix ns: addresses learned before then are announced
 	movedIn                                atomic.Bool
+	ready                                  atomic.Bool
 	origin                                 atomic.Uint32
 	txPackets, txBytes, rxPackets, rxBytes atomic.Uint64
 }
+
+// Ready reports whether the VIF's guest may send (one atomic load): a
+// VIF is published before it is ready, so that the frames its guest sent
+// while its QP was being made are translated and sent first (the shim
+// sets it after them).
+func (v *VIF) Ready() bool { return v.ready.Load() }
+
+// SetReady marks the VIF ready.
+func (v *VIF) SetReady() { v.ready.Store(true) }
 
 // MaxGuestIPs bounds the addresses remembered per guest; a new one
 // beyond replaces the oldest.
@@ -202,15 +212,33 @@ type VIFTable struct {
 	byQPN   *shardMap[uint32, *VIF]
 	byREMAC *shardMap[ether.MAC, *VIF]
 
-	mu    sync.Mutex // serialises writers
-	count int
+	createMu sync.Mutex // serialises Create
+	mu       sync.Mutex // serialises writers
+	count    int        // VIFs and reservations
+	reserved map[VIFKey]bool
+	// size and limit mirror count and max for Full, which takes no lock.
+	size, limit atomic.Int64
 
 	created, removed, aged, overflow atomic.Uint64
 }
 
 // NewVIFTable returns an empty table for the port with GID gid.
 func NewVIFTable(gid ipoib.GID, max int) *VIFTable {
-	return &VIFTable{gid: gid, max: max, byKey: newShardMap[VIFKey, *VIF](), byQPN: newShardMap[uint32, *VIF](), byREMAC: newShardMap[ether.MAC, *VIF]()}
+	t := &VIFTable{gid: gid, max: max, byKey: newShardMap[VIFKey, *VIF](), byQPN: newShardMap[uint32, *VIF](), byREMAC: newShardMap[ether.MAC, *VIF](), reserved: make(map[VIFKey]bool)}
+	t.limit.Store(int64(max))
+	return t
+}
+
+// Full reports, without locking, whether max VIFs exist or are reserved,
+// and counts a refusal as overflow when they are: the data path asks it
+// before asking for a new guest's VIF, so that a MAC flood past the
+// bound is refused per frame without a request to the control plane.
+func (t *VIFTable) Full() bool {
+	if t.size.Load() < t.limit.Load() {
+		return false
+	}
+	t.overflow.Add(1)
+	return true
 }
 
 // Lookup returns the VIF of (mac, vlan). It takes no lock.
@@ -223,36 +251,89 @@ func (t *VIFTable) LookupQPN(qpn uint32) (*VIF, bool) { return t.byQPN.load(qpn)
 // is mac. It takes no lock.
 func (t *VIFTable) LookupREMAC(mac ether.MAC) (*VIF, bool) { return t.byREMAC.load(mac) }
 
-// Create returns the VIF of k, creating it when missing: alloc is called
-// (under the table lock, so once per VIF) to allocate its QP in pkey,
-// with QPNHint(k) as the wished-for QPN.
-// created reports whether a new VIF was made.
+// Create returns the VIF of k, creating it when missing: Reserve, then
+// alloc (QPNHint(k) as the wished-for QPN, called once per VIF and
+// under no lock of the table), then Publish. created reports whether a
+// new VIF was made. Creates are serialised among themselves (not
+// against lookups, Remove or Len), so concurrent creators of one key get
+// one VIF. The shim does the three steps itself, to send a new guest's
+// held frames between the allocation and the publication.
 func (t *VIFTable) Create(k VIFKey, pkey ipoib.PKey, origin Origin, now time.Time, alloc func(pkey ipoib.PKey, hint uint32) (uint32, error)) (v *VIF, created bool, err error) {
 	if v, ok := t.byKey.load(k); ok {
 		return v, false, nil
 	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
+	t.createMu.Lock()
+	defer t.createMu.Unlock()
 	if v, ok := t.byKey.load(k); ok {
 		return v, false, nil
 	}
-	if t.count >= t.max {
-		t.overflow.Add(1)
-		return nil, false, fmt.Errorf("%w: %d VIFs (max)", ErrFull, t.max)
+	if err := t.Reserve(k); err != nil {
+		return nil, false, err
 	}
 	qpn, err := alloc(pkey, QPNHint(k))
 	if err != nil {
+		t.Unreserve(k)
 		return nil, false, fmt.Errorf("mactrans: allocate QP for %s vlan %d: %w", k.MAC, k.VLAN, err)
 	}
-	v = &VIF{Key: k, PKey: pkey, QPN: qpn, LIMAC: ipoib.MakeHwAddr(0, qpn, t.gid), REMAC: DeriveREMAC(t.gid, qpn, 0)}
+	v = t.NewVIF(k, pkey, qpn, origin, now)
+	t.Publish(v)
+	v.SetReady()
+	return v, true, nil
+}
+
+// Reserve takes a place in the table for the VIF of k, before its QP is
+// allocated (slowly, with no lock of the table held): ErrFull (counted
+// as overflow) when max VIFs exist or are reserved, ErrExists when k has
+// a VIF or a reservation. Publish or Unreserve ends the reservation.
+func (t *VIFTable) Reserve(k VIFKey) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, ok := t.byKey.load(k); ok || t.reserved[k] {
+		return fmt.Errorf("%w: %s vlan %d", ErrExists, k.MAC, k.VLAN)
+	}
+	if t.count >= t.max {
+		t.overflow.Add(1)
+		return fmt.Errorf("%w: %d VIFs (max)", ErrFull, t.max)
+	}
+	t.reserved[k] = true
+	t.count++
+	t.size.Store(int64(t.count))
+	return nil
+}
+
+// Unreserve gives back the place Reserve took (the QP was refused).
+func (t *VIFTable) Unreserve(k VIFKey) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.reserved[k] {
+		delete(t.reserved, k)
+		t.count--
+		t.size.Store(int64(t.count))
+	}
+}
+
+// NewVIF makes the VIF of k on QP qpn, not yet in the table.
+func (t *VIFTable) NewVIF(k VIFKey, pkey ipoib.PKey, qpn uint32, origin Origin, now time.Time) *VIF {
+	v := &VIF{Key: k, PKey: pkey, QPN: qpn, LIMAC: ipoib.MakeHwAddr(0, qpn, t.gid), REMAC: DeriveREMAC(t.gid, qpn, 0)}
 	v.lastUsed.Store(now.UnixNano())
 	v.origin.Store(uint32(origin))
-	t.byQPN.store(qpn, v)
+	return v
+}
+
+// Publish makes v, reserved with Reserve, visible to lookups (not ready
+// yet: see Ready).
+func (t *VIFTable) Publish(v *VIF) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !t.reserved[v.Key] {
+		t.count++ // published without a reservation
+		t.size.Store(int64(t.count))
+	}
+	delete(t.reserved, v.Key)
+	t.byQPN.store(v.QPN, v)
 	t.byREMAC.store(v.REMAC, v)
-	t.byKey.store(k, v)
-	t.count++
+	t.byKey.store(v.Key, v)
 	t.created.Add(1)
-	return v, true, nil
 }
 
 // SetMax changes the bound (a configuration reload). Lowering it below
@@ -261,6 +342,7 @@ func (t *VIFTable) Create(k VIFKey, pkey ipoib.PKey, origin Origin, now time.Tim
 func (t *VIFTable) SetMax(n int) {
 	t.mu.Lock()
 	t.max = n
+	t.limit.Store(int64(n))
 	t.mu.Unlock()
 }
 
@@ -293,6 +375,7 @@ func (t *VIFTable) Remove(k VIFKey) (*VIF, bool) {
 	t.byQPN.remove(v.QPN)
 	t.byREMAC.remove(v.REMAC)
 	t.count--
+	t.size.Store(int64(t.count))
 	t.removed.Add(1)
 	return v, true
 }
@@ -309,6 +392,7 @@ func (t *VIFTable) Expire(now time.Time, idle time.Duration) []*VIF {
 		t.byREMAC.remove(v.REMAC)
 	}
 	t.count -= len(gone)
+	t.size.Store(int64(t.count))
 	t.aged.Add(uint64(len(gone)))
 	return gone
 }
@@ -320,11 +404,11 @@ func (t *VIFTable) All() []*VIF {
 	return out
 }
 
-// Len returns the number of VIFs.
+// Len returns the number of VIFs (published ones: not reservations).
 func (t *VIFTable) Len() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.count
+	return t.count - len(t.reserved)
 }
 
 // Counters returns a snapshot of the counters.

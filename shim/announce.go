@@ -92,8 +92,8 @@ func (s *Shim) queue(a announcement, now time.Time) {
 	s.ann.q = append(s.ann.q, a)
 }
 
-// announceTick sends the announcements due; called with live held for
-// reading (a freed VIF's are dropped).
+// announceTick sends the announcements due; called within housekeeping's
+// epoch (control.go); an unpublished VIF's are dropped.
 func (s *Shim) announceTick(now time.Time) {
 	s.ann.mu.Lock()
 	defer s.ann.mu.Unlock()

@@ -40,12 +40,16 @@ func stillShim(tb testing.TB, f *memfabric.Fabric, gid string, mod func(*Config)
 	return s, port
 }
 
-// benchShim is a still shim that knows one remote endpoint.
+// benchShim is a still shim that knows one remote endpoint and has the
+// VIF of guest macA1 (made by the control plane, off the measured path).
 func benchShim(b *testing.B) (*Shim, ether.MAC) {
 	f, _ := memfabric.New(4096)
 	s, _ := stillShim(b, f, "fe80::a", nil)
 	nb, err := s.neigh.Learn(0xffff, ipoib.MakeHwAddr(0, 0x77, gidOf("fe80::b")), time.Now())
 	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := s.vif(s.byVLAN[0].Load(), macA1, mactrans.OriginLearned, time.Now()); err != nil {
 		b.Fatal(err)
 	}
 	return s, nb.REMAC

@@ -31,7 +31,9 @@ func (s *Shim) applyEvent(ev ipoib.Event) {
 		}
 	case ipoib.EventPartitionMTU:
 		if p := s.partitions()[ev.PKey.Full()]; p != nil {
+			s.mtuMu.Lock()
 			s.setMTU(p, ev.MTU)
+			s.mtuMu.Unlock()
 		}
 	default:
 		s.log.Warn("port event of an unknown kind ignored", "kind", ev.Kind)
@@ -70,7 +72,7 @@ func (s *Shim) ipMTUOf(ib int) int {
 }
 
 // setMTU sets partition p's IPoIB MTU from its IB MTU ib and logs a
-// change.
+// change; call with mtuMu held.
 func (s *Shim) setMTU(p *partition, ib int) {
 	m := s.ipMTUOf(ib)
 	if old := int(p.ipMTU.Swap(int32(m))); old != m {

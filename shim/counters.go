@@ -73,6 +73,14 @@ const (
 	TxMovedLocal
 	TxToldLocal
 	TxProbedLocal
+
+	// Frames waiting for the control plane (control.go, newvif.go).
+	TxQueuedNewVIF
+	TxQueuedGroup
+	DropVIFPendingFull
+	DropVIFRefused
+	DropGroupPendingFull
+	DropControlFull
 	numCounters
 )
 
@@ -135,6 +143,13 @@ var counterTable = [numCounters]stat.Value{
 	TxMovedLocal:        {Name: "tx_moved_local", Help: "Frames to the old REMAC of a guest that moved here, sent back to the bridge for it"},
 	TxToldLocal:         {Name: "tx_told_local", Help: "Gratuitous ARPs / unsolicited NAs telling local guests a guest that moved here"},
 	TxProbedLocal:       {Name: "tx_probed_local", Help: "ARP probes / DAD solicitations asking a guest that moved here for its other addresses"},
+
+	TxQueuedNewVIF:       {Name: "tx_queued_new_vif", Help: "Frames of a new guest held while its VIF is made (sent once ready)"},
+	TxQueuedGroup:        {Name: "tx_queued_group", Help: "Frames to a group held while the port joins it (sent once joined)"},
+	DropVIFPendingFull:   {Name: "drop_vif_pending_full", Help: "Frames of new guests beyond the bounds held while their VIFs are made"},
+	DropVIFRefused:       {Name: "drop_vif_refused", Help: "Frames of a guest whose QP the port refused (held ones, and new ones during the back-off)"},
+	DropGroupPendingFull: {Name: "drop_group_pending_full", Help: "Frames to a group being joined beyond the 64 held per group"},
+	DropControlFull:      {Name: "drop_control_full", Help: "Frames whose request to the control plane found its queue full"},
 }
 
 // String returns the counter's snapshot name.
@@ -170,6 +185,7 @@ var tableStats = []tableStat{
 	{stat.Value{Name: "pending", Kind: stat.Level, Help: "Destinations being resolved"}, func(s *Shim) uint64 { return uint64(s.pending.count.Load()) }},
 	{stat.Value{Name: "pending_frames", Kind: stat.Level, Help: "Frames waiting for their destination's resolution"}, func(s *Shim) uint64 { return uint64(s.pending.frames.Load()) }},
 	{stat.Value{Name: "vifs", Kind: stat.Level, Help: "VIFs: local guests' MACs (per VLAN) with their own QP"}, func(s *Shim) uint64 { return uint64(s.vifs.Len()) }},
+	{stat.Value{Name: "vifs_pending", Kind: stat.Level, Help: "New guests whose VIF the control plane is making ready (their frames held)"}, func(s *Shim) uint64 { return uint64(s.newVIFs.pending.Load()) }},
 	{stat.Value{Name: "vifs_overflow", Help: "New source MACs refused a VIF: the VIF table was full (--max-vifs)"}, func(s *Shim) uint64 { return s.vifs.Counters().Overflow }},
 	{stat.Value{Name: "neighbours", Kind: stat.Level, Help: "Remote endpoints known (RIMAC and REMAC)"}, func(s *Shim) uint64 { return uint64(s.neigh.Len()) }},
 	{stat.Value{Name: "neighbours_learned", Help: "Remote endpoints learned"}, func(s *Shim) uint64 { return s.neigh.Counters().Learned }},
@@ -186,9 +202,10 @@ var families = []stat.Family{
 	{Prefix: "drop_", Name: "drops", Labels: []string{"reason"}, Help: "Frames from the TAP and packets from the port the shim dropped, by reason"},
 	{Prefix: "tx_rewrite_", Name: "rewrite_refused", Labels: []string{"direction", "reason"}, Fixed: []string{"tx"}, Help: rewriteHelp},
 	{Prefix: "rx_rewrite_", Name: "rewrite_refused", Labels: []string{"direction", "reason"}, Fixed: []string{"rx"}, Help: rewriteHelp},
-	// Guests refused a VIF, by the reason their VIF never became ready
-	// (issue 22's readiness states name them vifs_refused_<reason>).
-	{Prefix: "vifs_refused_", Name: "vifs_refused", Labels: []string{"reason"}, Help: "Guests refused a VIF, by reason"},
+	// Guests refused a VIF and group joins the port refused, by the
+	// reason the port gave (ipoib.RefusedError; control.go).
+	{Prefix: "vifs_refused_", Name: "vifs_refused", Labels: []string{"reason"}, Help: "Guests refused a VIF, by the port's reason"},
+	{Prefix: "groups_refused_", Name: "groups_refused", Labels: []string{"reason"}, Help: "Group joins the port refused, by its reason"},
 	{Prefix: "tap_drop_", Name: "tap_drops", Labels: []string{"reason"}, Help: "Frames the TAP refused, by reason"},
 	{Prefix: "port_drop_", Name: "port_drops", Labels: []string{"reason"}, Help: "Packets the fabric port dropped or could not send, by the backend's reason"},
 }
@@ -225,6 +242,7 @@ func (s *Shim) Stats() []stat.Value {
 		v.Value = t.read(s)
 		out = append(out, v)
 	}
+	out = s.refusalStats(out)
 	for k, n := range s.dev.Counters() {
 		out = append(out, stat.Value{Name: "tap_" + k, Value: n, Help: "The TAP's " + k + " (offloads)"})
 	}

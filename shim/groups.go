@@ -40,7 +40,7 @@ const (
 // full membership replaces the state.
 type groupState struct {
 	sendOnly bool
-	refs     int          // full memberships using the MGID (static ones never released); under groupSet.mu
+	refs     int          // full memberships using the MGID (static ones never released); control plane only
 	lastUsed atomic.Int64 // unix ns of the last send (send-only groups)
 }
 
@@ -48,13 +48,15 @@ type groupState struct {
 // reference-counted: several snooped groups can map to one MGID (IPv6
 // groups that differ only in scope or flags share the low 80 bits), and
 // the MGID is left when the last one goes. lookup is lock-free (a
-// copy-on-write map); changes are serialised by mu, which is held across
-// the port call so that the port and the set never disagree.
+// copy-on-write map); only the control plane changes it (control.go), so
+// no lock is held across a port call and no worker waits on one. A join
+// publishes the MGID through ready, which the shim runs under its
+// groupWaits lock to send the frames held for the group first.
 type groupSet struct {
-	mu          sync.Mutex
+	ready       publishFunc // nil: just add
 	m           atomic.Pointer[map[ipoib.GID]*groupState]
 	max, maxSO  int
-	sendOnlyLen int // under mu
+	sendOnlyLen int // control plane only
 	overflow    atomic.Uint64
 	evicted     atomic.Uint64 // send-only memberships evicted for room
 }
@@ -69,7 +71,7 @@ func (g *groupSet) lookup(mgid ipoib.GID) (*groupState, bool) {
 	return st, ok
 }
 
-// edit replaces the map with an edited copy; call with mu held.
+// edit replaces the map with an edited copy.
 func (g *groupSet) edit(fn func(m map[ipoib.GID]*groupState)) {
 	old := *g.m.Load()
 	m := make(map[ipoib.GID]*groupState, len(old)+1)
@@ -85,7 +87,7 @@ var errGroupsFull = errors.New("shim: multicast group table full")
 
 // makeRoom evicts least recently used send-only memberships until a new
 // membership fits: under the total bound, and for a send-only one under
-// the send-only bound too. Call with mu held.
+// the send-only bound too.
 func (g *groupSet) makeRoom(port ipoib.Port, sendOnly bool) error {
 	m := *g.m.Load()
 	need := len(m) - g.max + 1 // entries to evict for the total bound
@@ -115,7 +117,7 @@ func (g *groupSet) makeRoom(port ipoib.Port, sendOnly bool) error {
 	return nil
 }
 
-// remove leaves mgid on the port and forgets it; call with mu held.
+// remove forgets mgid and leaves it on the port.
 func (g *groupSet) remove(port ipoib.Port, mgid ipoib.GID) error {
 	st, ok := g.lookup(mgid)
 	if !ok {
@@ -131,11 +133,22 @@ func (g *groupSet) remove(port ipoib.Port, mgid ipoib.GID) error {
 	return nil
 }
 
+// publishFunc publishes a joined MGID: it runs add, which puts it in the
+// set, and whatever must happen with it.
+type publishFunc func(mgid ipoib.GID, add func())
+
+// publish runs add through ready.
+func (g *groupSet) publish(mgid ipoib.GID, add func()) {
+	if g.ready == nil {
+		add()
+		return
+	}
+	g.ready(mgid, add)
+}
+
 // join adds a full membership of mgid (upgrading a send-only one); a
 // static one is never released.
 func (g *groupSet) join(port ipoib.Port, mgid ipoib.GID, static bool) error {
-	g.mu.Lock()
-	defer g.mu.Unlock()
 	refs := 1
 	if static {
 		refs = math.MaxInt32 // never released
@@ -156,16 +169,15 @@ func (g *groupSet) join(port ipoib.Port, mgid ipoib.GID, static bool) error {
 	if ok {
 		g.sendOnlyLen--
 	}
-	g.edit(func(m map[ipoib.GID]*groupState) { m[mgid] = &groupState{refs: refs} })
+	g.publish(mgid, func() { g.edit(func(m map[ipoib.GID]*groupState) { m[mgid] = &groupState{refs: refs} }) })
 	return nil
 }
 
 // joinSendOnly makes the port a send-only member of mgid, unless it is a
 // member already.
 func (g *groupSet) joinSendOnly(port ipoib.Port, mgid ipoib.GID, now time.Time) error {
-	g.mu.Lock()
-	defer g.mu.Unlock()
 	if _, ok := g.lookup(mgid); ok {
+		g.publish(mgid, func() {})
 		return nil
 	}
 	if err := g.makeRoom(port, true); err != nil {
@@ -177,15 +189,13 @@ func (g *groupSet) joinSendOnly(port ipoib.Port, mgid ipoib.GID, now time.Time) 
 	st := &groupState{sendOnly: true}
 	st.lastUsed.Store(now.UnixNano())
 	g.sendOnlyLen++
-	g.edit(func(m map[ipoib.GID]*groupState) { m[mgid] = st })
+	g.publish(mgid, func() { g.edit(func(m map[ipoib.GID]*groupState) { m[mgid] = st }) })
 	return nil
 }
 
 // leave releases one full membership of mgid, leaving the MGID with the
 // last.
 func (g *groupSet) leave(port ipoib.Port, mgid ipoib.GID) error {
-	g.mu.Lock()
-	defer g.mu.Unlock()
 	st, ok := g.lookup(mgid)
 	if !ok || st.sendOnly {
 		return nil
@@ -197,15 +207,9 @@ func (g *groupSet) leave(port ipoib.Port, mgid ipoib.GID) error {
 }
 
 // expireSendOnly leaves the send-only groups unused for idle and returns
-// how many. Each is checked under the lock, so a group that became a full
-// membership meanwhile is kept.
+// how many.
 func (g *groupSet) expireSendOnly(port ipoib.Port, now time.Time, idle time.Duration) (int, error) {
 	cut := now.Add(-idle).UnixNano()
-	if !g.anyIdle(cut) {
-		return 0, nil
-	}
-	g.mu.Lock()
-	defer g.mu.Unlock()
 	n := 0
 	var first error
 	for mgid, st := range *g.m.Load() {
@@ -219,21 +223,8 @@ func (g *groupSet) expireSendOnly(port ipoib.Port, now time.Time, idle time.Dura
 	return n, first
 }
 
-// anyIdle reports, without locking, whether a send-only group was unused
-// since cut.
-func (g *groupSet) anyIdle(cut int64) bool {
-	for _, st := range *g.m.Load() {
-		if st.sendOnly && st.lastUsed.Load() <= cut {
-			return true
-		}
-	}
-	return false
-}
-
 // leaveAll leaves every group.
 func (g *groupSet) leaveAll(port ipoib.Port, log *slog.Logger) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
 	for mgid := range *g.m.Load() {
 		if err := port.Leave(mgid); err != nil {
 			log.Warn("leave group", "mgid", mgid, "err", err)
@@ -243,11 +234,169 @@ func (g *groupSet) leaveAll(port ipoib.Port, log *slog.Logger) {
 	g.sendOnlyLen = 0
 }
 
-// counts returns the full and send-only memberships.
+// counts returns the full and send-only memberships (lock-free).
 func (g *groupSet) counts() (full, sendOnly int) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return len(*g.m.Load()) - g.sendOnlyLen, g.sendOnlyLen
+	m := *g.m.Load()
+	for _, st := range m {
+		if st.sendOnly {
+			sendOnly++
+		}
+	}
+	return len(m) - sendOnly, sendOnly
+}
+
+// mcastQueue bounds the frames held per group while the port joins it,
+// as the kernel's IPoIB does during a send-only join
+// (drivers/infiniband/ulp/ipoib/ipoib_multicast.c ipoib_mcast_send: while
+// the group has no address handle, skbs wait on mcast->pkt_queue while
+// skb_queue_len < IPOIB_MAX_MCAST_QUEUE, the rest are dropped and counted
+// in tx_dropped; ipoib.h sets IPOIB_MAX_MCAST_QUEUE = 64).
+const mcastQueue = 64
+
+// groupWaits holds the frames to groups the port is joining.
+type groupWaits struct {
+	mu sync.Mutex
+	m  map[ipoib.GID]*heldFrames
+}
+
+// The answers of sendTo.
+const (
+	groupReady   = iota // joined: send
+	groupJoining        // a join is under way: hold the frame (holdForGroup)
+	groupRefused        // the port cannot join: drop
+)
+
+// sendTo says whether the port may send to mgid: a member already, or a
+// send-only join asked of the control goroutine (once per group) and
+// under way. It never waits.
+func (s *Shim) sendTo(mgid ipoib.GID, now time.Time) int {
+	if st, ok := s.groups.lookup(mgid); ok {
+		if n := now.UnixNano(); st.sendOnly && n-st.lastUsed.Load() >= int64(time.Second) {
+			st.lastUsed.Store(n)
+		}
+		return groupReady
+	}
+	w := &s.gwait
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if _, ok := s.groups.lookup(mgid); ok {
+		return groupReady
+	}
+	if _, ok := w.m[mgid]; ok {
+		return groupJoining
+	}
+	if len(w.m) >= maxSendOnly || !s.ctl.post(intent{kind: intentSendOnly, mgid: mgid}, false) {
+		return groupRefused
+	}
+	w.m[mgid] = &heldFrames{}
+	return groupJoining
+}
+
+// holdForGroup holds a copy of f (f.buf an IPoIB packet with
+// ipoib.Headroom before its header) until the port joined mgid; it
+// reports false when the group was joined meanwhile (the caller sends
+// it). A frame over the bound or to a group whose join failed meanwhile
+// is dropped and counted.
+func (s *Shim) holdForGroup(mgid ipoib.GID, f heldFrame) bool {
+	w := &s.gwait
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	h, ok := w.m[mgid]
+	switch {
+	case !ok:
+		if _, joined := s.groups.lookup(mgid); joined {
+			return false
+		}
+		if !f.own {
+			s.ctr.inc(DropNoGroup)
+		}
+	case len(*h) >= mcastQueue:
+		if !f.own {
+			s.ctr.inc(DropGroupPendingFull)
+		}
+	default:
+		h.hold(f.buf, portTailRoom, f)
+		if !f.own {
+			s.ctr.inc(TxQueuedGroup)
+		}
+	}
+	return true
+}
+
+// groupReady publishes a joined mgid (add) and sends the frames held for
+// it, under the groupWaits lock so that no newer frame overtakes them.
+// Control plane only.
+func (s *Shim) groupReady(mgid ipoib.GID, add func()) {
+	w := &s.gwait
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	add()
+	h, ok := w.m[mgid]
+	if !ok {
+		return
+	}
+	delete(w.m, mgid)
+	var bufs [][]byte
+	var meta []ipoib.TxMeta
+	for _, f := range *h {
+		if !s.vifLive(f.vif) {
+			if !f.own {
+				s.ctr.inc(DropVIFGone)
+			}
+			continue
+		}
+		bufs = append(bufs, f.buf)
+		meta = append(meta, f.meta)
+		if !f.own {
+			s.ctr.inc(TxForwarded)
+			s.ctr.inc(TxMulticast)
+		}
+	}
+	if len(bufs) > 0 {
+		s.writePort(bufs, meta)
+	}
+}
+
+// groupFailed drops the frames held for mgid, which the port did not
+// join, counted.
+func (s *Shim) groupFailed(mgid ipoib.GID) {
+	w := &s.gwait
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if h, ok := w.m[mgid]; ok {
+		for _, f := range *h {
+			if !f.own {
+				s.ctr.inc(DropNoGroup)
+			}
+		}
+		delete(w.m, mgid)
+	}
+}
+
+// dropAll drops every held frame (the shim is stopping), counted.
+func (w *groupWaits) dropAll(c *counters) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for mgid, h := range w.m {
+		for _, f := range *h {
+			if !f.own {
+				c.inc(DropNoGroup)
+			}
+		}
+		delete(w.m, mgid)
+	}
+}
+
+// joinSendOnly is the control goroutine's send-only join of mgid, for
+// frames a guest sends to it.
+func (s *Shim) joinSendOnly(mgid ipoib.GID, now time.Time) {
+	if err := s.groups.joinSendOnly(s.port, mgid, now); err != nil {
+		s.groupFailed(mgid)
+		reason := s.ctl.refused("groups", err)
+		if s.groupWarn.Allow(now) {
+			s.log.Warn("send-only join refused", "mgid", mgid, "reason", reason, "err", err, "suppressed", s.groupWarn.Suppressed())
+		}
+	}
 }
 
 // solicitedNode returns ff02::1:ffXX:XXXX for a unicast IPv6 address
@@ -265,22 +414,46 @@ func (s *Shim) groupMGID(p *partition, group netip.Addr) ipoib.GID {
 	return ipoib.IPv6MGID(group, p.pkey, s.cfg.Scope)
 }
 
-// mcastJoin is the snooping table's Join: the first guest of a group.
-func (s *Shim) mcastJoin(k snoop.Key) error {
-	p := s.byVLAN[k.VLAN].Load()
-	mgid := s.groupMGID(p, k.Group)
-	if err := s.groups.join(s.port, mgid, false); err != nil {
-		if s.groupWarn.Allow(s.clk.Now()) {
-			s.log.Warn("join of a snooped group refused", "group", k.Group, "vlan", k.VLAN, "err", err, "suppressed", s.groupWarn.Suppressed())
-		}
-		return err
+// snoopJoin is the snooping table's Join: the first guest of a group. It
+// only queues the join (the table's lock is held, by a worker maybe); it
+// fails when the queue is full, and the next report tries again.
+func (s *Shim) snoopJoin(k snoop.Key) error {
+	if !s.ctl.post(intent{kind: intentJoin, group: k}, false) {
+		return errControlFull
 	}
-	s.ctr.inc(McastJoins)
-	s.log.Debug("joined group", "group", k.Group, "vlan", p.vlan, "pkey", p.pkey, "mgid", mgid)
 	return nil
 }
 
-// mcastLeave is the snooping table's Leave: the last guest left.
+// snoopLeave is the snooping table's Leave: the last guest left. Never
+// dropped, so that the port never stays in a group the table forgot.
+func (s *Shim) snoopLeave(k snoop.Key) { s.ctl.post(intent{kind: intentLeave, group: k}, true) }
+
+// errControlFull is the refusal of an intent for a full queue.
+var errControlFull = errors.New("shim: control queue full")
+
+// mcastJoin is the control goroutine's join of a snooped group; a join
+// the port refuses is forgotten by the table (snoop.Table.Forget) and
+// counted by reason. (Forget drops the table's entry of the group
+// whatever join recorded it: if the group expired and was reported again
+// while this join waited in the queue, the later join finds the table
+// without it, and the port stays a member until shutdown. The queue is
+// short and a group expires after minutes, so this is left.)
+func (s *Shim) mcastJoin(k snoop.Key) {
+	p := s.byVLAN[k.VLAN].Load()
+	mgid := s.groupMGID(p, k.Group)
+	if err := s.groups.join(s.port, mgid, false); err != nil {
+		s.snoop.Forget(k)
+		reason := s.ctl.refused("groups", err)
+		if s.groupWarn.Allow(s.clk.Now()) {
+			s.log.Warn("join of a snooped group refused", "group", k.Group, "vlan", k.VLAN, "reason", reason, "err", err, "suppressed", s.groupWarn.Suppressed())
+		}
+		return
+	}
+	s.ctr.inc(McastJoins)
+	s.log.Debug("joined group", "group", k.Group, "vlan", p.vlan, "pkey", p.pkey, "mgid", mgid)
+}
+
+// mcastLeave is the control goroutine's leave of a snooped group.
 func (s *Shim) mcastLeave(k snoop.Key) {
 	p := s.byVLAN[k.VLAN].Load()
 	mgid := s.groupMGID(p, k.Group)
@@ -309,24 +482,4 @@ func (s *Shim) member(p *partition, group, from netip.Addr, leave bool, now time
 func (s *Shim) fullMember(p *partition, group netip.Addr) bool {
 	st, ok := s.groups.lookup(s.groupMGID(p, group))
 	return ok && !st.sendOnly
-}
-
-// sendTo makes sure the port may send to mgid: a member already, or a
-// send-only member from now on. It reports false when the port cannot be
-// a member (the frame is then dropped: a UD QP may only send to a group
-// it joined).
-func (s *Shim) sendTo(mgid ipoib.GID, now time.Time) bool {
-	if st, ok := s.groups.lookup(mgid); ok {
-		if n := now.UnixNano(); st.sendOnly && n-st.lastUsed.Load() >= int64(time.Second) {
-			st.lastUsed.Store(n)
-		}
-		return true
-	}
-	if err := s.groups.joinSendOnly(s.port, mgid, now); err != nil {
-		if s.groupWarn.Allow(now) {
-			s.log.Warn("send-only join refused", "mgid", mgid, "err", err, "suppressed", s.groupWarn.Suppressed())
-		}
-		return false
-	}
-	return true
 }

@@ -48,11 +48,15 @@ type VIFInfo struct {
 	mactrans.VIFStats
 }
 
-// VIFs returns every VIF, by VLAN and MAC.
+// VIFs returns every ready VIF, by VLAN and MAC (pending ones are counted
+// in Counters as vifs_pending).
 func (s *Shim) VIFs() []VIFInfo {
 	now := s.clk.Now()
 	var out []VIFInfo
 	for _, v := range s.vifs.All() {
+		if !v.Ready() { // its held frames are being sent: still pending (vifs_pending)
+			continue
+		}
 		out = append(out, VIFInfo{MAC: v.Key.MAC, VLAN: v.Key.VLAN, PKey: v.PKey, QPN: v.QPN, Addr: v.LIMAC,
 			Origin: v.Origin(), Idle: max(0, now.Sub(v.LastUsed())), VIFStats: v.Stats()})
 	}

@@ -236,7 +236,7 @@ func TestVIFPastAttachLimit(t *testing.T) {
 	b.recv(t)
 	macA3 := ether.MAC{0x52, 0x54, 0, 0, 0xa, 3}
 	a.dev.Inject(arpFrame(t, layers.ARPRequest, macA3, netip.MustParseAddr("10.0.0.5"), ether.Broadcast, ether.MAC{}, ipB1))
-	a.waitCounter(t, DropVIFLimit, 1)
+	a.waitCounter(t, DropVIFRefused, 1) // the ARP held while the VIF was tried
 	b.quiet(t)
 	if _, ok := a.s.vifs.Lookup(mactrans.VIFKey{MAC: macA3}); ok || len(a.s.VIFs()) != 2 {
 		t.Fatalf("VIFs after the refusal: %v", a.s.VIFs())

@@ -56,7 +56,11 @@ func (s *Shim) RestoreGuests(gs []state.Guest) (vifs, addrs int, skipped []error
 			continue
 		}
 		qpn := g.QPN
-		v, err := s.vifQPN(p, g.MAC, g.Origin, now, func(pkey ipoib.PKey, _ uint32) (uint32, error) { return s.port.AllocQP(pkey, qpn) })
+		var v *mactrans.VIF
+		err := s.call(func() (err error) {
+			v, err = s.makeVIF(p, g.MAC, g.Origin, now, func(pkey ipoib.PKey, _ uint32) (uint32, error) { return s.port.AllocQP(pkey, qpn) })
+			return err
+		})
 		if err != nil {
 			skipped = append(skipped, fmt.Errorf("%s on VLAN %d: %w", g.MAC, g.VLAN, err))
 			continue

@@ -28,7 +28,6 @@ const (
 	maxPendingDsts  = 256
 	resolveTries    = 3
 	resolveInterval = time.Second
-	pendingBufSize  = ipoib.Headroom + ipoib.HeaderLen + ipoib.MTU4092 + 64
 )
 
 type pendingKey struct {
@@ -41,10 +40,7 @@ type pendingEntry struct {
 	vif    *mactrans.VIF
 	source netip.Addr // the guest's address, sender of the resolution
 	target netip.Addr // the address to resolve
-	bufs   [pendingPerDst][]byte
-	meta   [pendingPerDst]ipoib.TxMeta
-	vifs   [pendingPerDst]*mactrans.VIF // each frame's sender: guests share a destination
-	n      int
+	frames heldFrames // each with its sender: guests share a destination
 	tries  int
 	next   time.Time
 }
@@ -69,7 +65,7 @@ func (q *pendingQueue) publish() {
 // forget deletes an entry whose frames are sent or dropped; call with mu
 // held.
 func (q *pendingQueue) forget(k pendingKey, e *pendingEntry) {
-	q.nframes -= e.n
+	q.nframes -= len(e.frames)
 	delete(q.m, k)
 }
 
@@ -78,7 +74,7 @@ func (q *pendingQueue) dropAll(c *counters) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	for k, e := range q.m {
-		c.c[DropUnresolved].Add(uint64(e.n))
+		c.c[DropUnresolved].Add(uint64(len(e.frames)))
 		q.forget(k, e)
 	}
 	q.publish()
@@ -109,14 +105,8 @@ func (s *Shim) enqueue(p *partition, vif *mactrans.VIF, dst ether.MAC, pkt []byt
 		q.m[k] = e
 	}
 	queued := false
-	if pkt != nil && e.n < pendingPerDst {
-		if e.bufs[e.n] == nil {
-			e.bufs[e.n] = make([]byte, 0, pendingBufSize)
-		}
-		e.bufs[e.n] = append(e.bufs[e.n][:0], pkt...)
-		e.meta[e.n] = m
-		e.vifs[e.n] = vif
-		e.n++
+	if pkt != nil && len(e.frames) < pendingPerDst {
+		e.frames.hold(pkt, portTailRoom, heldFrame{meta: m, vif: vif})
 		q.nframes++
 		queued = true
 	}
@@ -131,8 +121,8 @@ func (s *Shim) enqueue(p *partition, vif *mactrans.VIF, dst ether.MAC, pkt []byt
 	return queued
 }
 
-// resolveTick sends due resolutions and expires the hopeless. Call with
-// live held for reading.
+// resolveTick sends due resolutions and expires the hopeless. Call within
+// a sender's epoch (control.go).
 func (s *Shim) resolveTick(now time.Time) {
 	q := &s.pending
 	if q.count.Load() == 0 {
@@ -151,10 +141,10 @@ func (s *Shim) resolveTick(now time.Time) {
 		}
 		switch {
 		case !s.vifLive(e.vif):
-			s.ctr.c[DropVIFGone].Add(uint64(e.n))
+			s.ctr.c[DropVIFGone].Add(uint64(len(e.frames)))
 			q.forget(k, e)
 		case e.tries == resolveTries:
-			s.ctr.c[DropUnresolved].Add(uint64(e.n))
+			s.ctr.c[DropUnresolved].Add(uint64(len(e.frames)))
 			q.forget(k, e)
 		default:
 			e.tries++
@@ -170,7 +160,7 @@ func (s *Shim) resolveTick(now time.Time) {
 }
 
 // flushResolved sends the queued frames whose destination is now known.
-// Call with live held for reading.
+// Call within a sender's epoch (control.go).
 func (s *Shim) flushResolved() {
 	q := &s.pending
 	var bufs [][]byte
@@ -181,14 +171,14 @@ func (s *Shim) flushResolved() {
 		if !ok {
 			continue
 		}
-		for i := 0; i < e.n; i++ {
-			if !s.vifLive(e.vifs[i]) { // its guest's QP is gone: never send from it
+		for _, f := range e.frames {
+			if !s.vifLive(f.vif) { // its guest's QP is gone: never send from it
 				s.ctr.inc(DropVIFGone)
 				continue
 			}
-			e.meta[i].Dst = n.RIMAC.WithoutFlags()
-			bufs = append(bufs, e.bufs[i])
-			meta = append(meta, e.meta[i])
+			f.meta.Dst = n.RIMAC.WithoutFlags()
+			bufs = append(bufs, f.buf)
+			meta = append(meta, f.meta)
 			s.ctr.inc(TxForwarded)
 		}
 		q.forget(k, e)
@@ -283,10 +273,15 @@ func (s *Shim) sendNDP(p *partition, vif *mactrans.VIF, kind int, source, group,
 	sum := csum.Fold(csum.Sum(csum.Pseudo(ip.SrcBytes(), ip.DstBytes(), header.ProtoICMPv6, plen), icmp))
 	binary.BigEndian.PutUint16(icmp[2:4], sum)
 	mgid := ipoib.IPv6MGID(group, p.pkey, s.cfg.Scope)
-	if !s.sendTo(mgid, s.clk.Now()) { // a UD QP sends only to groups it joined
-		return false
-	}
 	m := ipoib.TxMeta{SrcQPN: vif.QPN, PKey: p.pkey, Dst: ipoib.MakeHwAddr(0, ipoib.MulticastQPN, mgid)}
+	switch s.sendTo(mgid, s.clk.Now()) { // a UD QP sends only to groups it joined
+	case groupRefused:
+		return false
+	case groupJoining:
+		if s.holdForGroup(mgid, heldFrame{buf: buf, meta: m, vif: vif, own: true}) {
+			return true
+		}
+	}
 	s.writePort([][]byte{buf}, []ipoib.TxMeta{m})
 	return true
 }

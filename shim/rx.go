@@ -39,6 +39,7 @@ func (s *Shim) rxLoop() error {
 			return err
 		}
 		now := s.clk.Now()
+		s.ep.enter(s.rxSlot()) // the batch may resolve (srcip.go) and flush from VIFs' QPs
 		if s.capture.Load() != nil {
 			for i := range n {
 				s.capFabricRx(bufs[i][rxOffset:rxOffset+sizes[i]], &meta[i])
@@ -55,10 +56,9 @@ func (s *Shim) rxLoop() error {
 		}
 		s.writeQueues(out)
 		if s.pending.count.Load() > 0 {
-			s.live.RLock()
 			s.flushResolved()
-			s.live.RUnlock()
 		}
+		s.ep.exit(s.rxSlot())
 	}
 }
 

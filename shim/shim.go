@@ -1,7 +1,8 @@
 // Package shim is the eIPoIB engine: it moves frames between a guest-facing
 // Ethernet device (a TAP) and an IB port speaking IPoIB. TX strips the
 // Ethernet header, picks the sending VIF (one UD QP per guest MAC and VLAN,
-// created on first sight: promiscuous-mode emulation), maps the destination
+// made on first sight by the control goroutine while the guest's frames
+// wait: promiscuous-mode emulation; see control.go), maps the destination
 // MAC to a RIMAC or MGID and rewrites ARP/NDP/DHCP payloads; RX does the
 // reverse, deriving a stable REMAC for every remote endpoint. Frames to an
 // unknown REMAC wait in a bounded queue while the shim resolves their
@@ -101,15 +102,20 @@ type Shim struct {
 	byVLAN [4096]atomic.Pointer[partition] // by VLAN ID; nil: unmapped
 	byPKey atomic.Pointer[map[ipoib.PKey]*partition]
 	partMu sync.Mutex // serialises partition additions
+	mtuMu  sync.Mutex // orders partitions' MTU changes (refreshMTU, port events)
 
 	devMu  sync.Mutex // serialises writes to the device
 	portMu sync.Mutex // serialises writes to the port
-	// live is held for reading by whoever sends from VIFs' QPs (a TX
-	// batch, a resolution, a flush of queued frames) and for writing
-	// by aging, which frees QPs: a QP is never freed under a sender.
-	live sync.RWMutex
+
+	// ctl is the control plane, which alone calls the port's control
+	// methods; ep tracks the senders' epochs, so that a QP is freed only
+	// when no sender can use it (control.go).
+	ctl     control
+	ep      epochs
+	newVIFs newGuests // guests whose VIF is pending or refused (newvif.go)
 
 	groups  groupSet
+	gwait   groupWaits // frames to groups being joined
 	snoop   *snoop.Table
 	pending pendingQueue
 	srcs    srcTable // source IP → REMAC, for ports that cannot tell senders
@@ -200,13 +206,19 @@ func New(cfg Config) (*Shim, error) {
 	s.lastRound.Store(time.Now().UnixNano())
 	s.queues = s.dev.Queues() // each read by a TX worker, written by RX (flowQueue)
 	s.groups.init(maxGroups, maxSendOnly)
+	s.groups.ready = s.groupReady
+	s.gwait.m = make(map[ipoib.GID]*heldFrames)
 	s.pending.init()
-	s.snoop = snoop.NewTable(cfg.Multicast, maxGroups, snoop.Actions{Join: s.mcastJoin, Leave: s.mcastLeave, Query: s.mcastQuery})
+	s.newVIFs.init()
+	s.ctl.init(vifHoldPerGuest)
+	s.ep.init(len(s.queues) + 2) // the TX workers, RX, housekeeping
+	s.snoop = snoop.NewTable(cfg.Multicast, maxGroups, snoop.Actions{Join: s.snoopJoin, Leave: s.snoopLeave, Query: s.mcastQuery})
 	return s, nil
 }
 
 // newPartition checks and makes partition vlan → pkey; call with partMu
-// held or before Run.
+// held, as a control action or before Run (it reads the port's
+// PartitionMTU).
 func (s *Shim) newPartition(vlan uint16, pkey ipoib.PKey) (*partition, error) {
 	if vlan > 4094 {
 		return nil, fmt.Errorf("shim: VLAN %d out of range 1..4094", vlan)
@@ -228,8 +240,14 @@ func (s *Shim) newPartition(vlan uint16, pkey ipoib.PKey) (*partition, error) {
 }
 
 // refreshMTU reads partition p's MTU from the port again (its group or
-// first VIF was just made) and logs a change.
-func (s *Shim) refreshMTU(p *partition) { s.setMTU(p, s.port.PartitionMTU(p.pkey)) }
+// first VIF was just made). Control plane only: never on a worker. The
+// port's MTU events (carrier.go) set it too: mtuMu orders the two, so a
+// value read before an event is never written after it.
+func (s *Shim) refreshMTU(p *partition) {
+	s.mtuMu.Lock()
+	defer s.mtuMu.Unlock()
+	s.setMTU(p, s.port.PartitionMTU(p.pkey))
+}
 
 // publish makes partition p visible to the data path (copy on write).
 func (s *Shim) publish(p *partition) {
@@ -243,7 +261,7 @@ func (s *Shim) publish(p *partition) {
 func (s *Shim) partitions() map[ipoib.PKey]*partition { return *s.byPKey.Load() }
 
 // joinPartition joins a partition's broadcast, all-nodes and all-hosts
-// groups for good.
+// groups for good. Control plane only.
 func (s *Shim) joinPartition(p *partition) error {
 	for _, mgid := range []ipoib.GID{p.bcast, s.groupMGID(p, allNodes), s.groupMGID(p, allHosts)} {
 		if err := s.groups.join(s.port, mgid, true); err != nil {
@@ -263,32 +281,38 @@ func (s *Shim) AddPartition(vlan uint16, pkey ipoib.PKey) error {
 	}
 	s.partMu.Lock()
 	defer s.partMu.Unlock()
-	p, err := s.newPartition(vlan, pkey)
-	if err != nil {
-		return err
-	}
-	if err := s.joinPartition(p); err != nil {
-		return fmt.Errorf("shim: join the groups of VLAN %d: %w", vlan, err)
-	}
-	s.publish(p)
-	s.log.Info("partition added", "vlan", vlan, "pkey", p.pkey)
-	return nil
+	return s.call(func() error {
+		p, err := s.newPartition(vlan, pkey)
+		if err != nil {
+			return err
+		}
+		if err := s.joinPartition(p); err != nil {
+			return fmt.Errorf("shim: join the groups of VLAN %d: %w", vlan, err)
+		}
+		s.publish(p)
+		s.log.Info("partition added", "vlan", vlan, "pkey", p.pkey)
+		return nil
+	})
 }
 
 // IPMTU is the port's IPoIB MTU: the largest IP packet carried
 // unfragmented in any partition (the TAP's MTU).
 func (s *Shim) IPMTU() int { return s.ipMTU }
 
-// Run joins each partition's broadcast, all-nodes and all-hosts groups, then moves
+// Run starts the control goroutine (control.go), joins each partition's
+// broadcast, all-nodes and all-hosts groups through it, then moves
 // traffic until ctx ends or the device or port fails. On return the
 // device is closed (the in-flight batch finished), queued frames dropped
 // and counted, QPs freed, groups left and the port closed; every
-// goroutine Run started has ended. If a join fails at start-up, the groups
-// already joined are left before Run returns the error.
+// goroutine Run started has ended, the control goroutine last. If a join
+// fails at start-up, the groups already joined are left before Run
+// returns the error.
 func (s *Shim) Run(ctx context.Context) error {
+	stopControl := s.startControl()
 	for _, p := range s.partitions() {
-		if err := s.joinPartition(p); err != nil {
-			s.groups.leaveAll(s.port, s.log)
+		if err := s.call(func() error { return s.joinPartition(p) }); err != nil {
+			s.call(func() error { s.groups.leaveAll(s.port, s.log); return nil })
+			stopControl()
 			s.port.Close()
 			return err
 		}
@@ -305,7 +329,7 @@ func (s *Shim) Run(ctx context.Context) error {
 	var wg, rx sync.WaitGroup
 	hctx, stopHouse := context.WithCancel(ctx)
 	for i, q := range s.queues {
-		loop.Go(fmt.Sprintf("tx queue %d", i), &wg, func() error { return s.txLoop(q) })
+		loop.Go(fmt.Sprintf("tx queue %d", i), &wg, func() error { return s.txLoop(i, q) })
 	}
 	loop.Go("rx", &rx, s.rxLoop)
 	loop.Go("port events", &rx, func() error { return s.followEvents(events) })
@@ -320,24 +344,35 @@ func (s *Shim) Run(ctx context.Context) error {
 	s.dev.Close() // the TX loop finishes its batch and leaves
 	wg.Wait()
 	s.pending.dropAll(&s.ctr)
-	s.stopPort()
+	s.call(s.stopPort)
 	s.port.Close() // the RX loop leaves
 	rx.Wait()
+	stopControl()
 	return err
 }
 
-// stopPort frees every QP and leaves every group.
-func (s *Shim) stopPort() {
+// stopPort drops the frames waiting for the control plane, frees every
+// QP once no sender can use it and leaves every group. A control action.
+func (s *Shim) stopPort() error {
 	s.stopping.Store(true)
+	s.newVIFs.dropAll(&s.ctr)
+	s.gwait.dropAll(&s.ctr)
+	var gone []*mactrans.VIF
 	for _, v := range s.vifs.All() {
 		if _, ok := s.vifs.Remove(v.Key); ok {
-			if err := s.port.FreeQP(v.QPN); err != nil {
-				s.log.Warn("free QP", "qpn", v.QPN, "err", err)
-			}
+			gone = append(gone, v)
 		}
+	}
+	for _, d := range s.ctl.draining {
+		gone = append(gone, d.vif)
+	}
+	s.ctl.draining = nil
+	if err := s.freeQuiesced(gone); err != nil {
+		s.log.Warn("free QPs", "err", err)
 	}
 	s.groups.leaveAll(s.port, s.log)
 	s.log.Info("shim stopped", "counters_tx_frames", s.Get(TxFrames), "counters_rx_frames", s.Get(RxFrames))
+	return nil
 }
 
 // The steps of the general queries sent when the carrier returns.
@@ -347,8 +382,10 @@ const (
 	requeryNextRound  // the TAP is operationally up: query next round
 )
 
-// housekeeping ages tables, retries and expires resolutions and follows
-// the port state.
+// housekeeping sends queries, ages the snooping and neighbour tables,
+// retries and expires resolutions, sends announcements and follows the
+// port state. It makes no port control call (VIF aging, send-only
+// expiry and MTU reads are the control goroutine's).
 func (s *Shim) housekeeping(ctx context.Context) error {
 	t := time.NewTimer(s.cfg.Housekeeping)
 	defer t.Stop()
@@ -372,17 +409,11 @@ func (s *Shim) housekeeping(ctx context.Context) error {
 			nextQuery = later // a shorter interval takes effect at once
 		}
 		s.snoop.Tick(now)
-		if n, err := s.groups.expireSendOnly(s.port, now, mt.MembershipInterval()); err != nil {
-			s.log.Warn("leave idle send-only groups", "left", n, "err", err)
-		} else if n > 0 {
-			s.log.Debug("left idle send-only groups", "left", n)
-		}
-		s.ageVIFs(now)
 		s.neigh.Expire(now, s.cfg.NeighTTL)
-		s.live.RLock()
+		s.ep.enter(s.houseSlot())
 		s.resolveTick(now)
 		s.announceTick(now)
-		s.live.RUnlock()
+		s.ep.exit(s.houseSlot())
 		if s.carrierBack.Swap(false) { // carrier.go
 			requery = requeryWaitOperUp
 		}
@@ -409,27 +440,11 @@ func (s *Shim) housekeeping(ctx context.Context) error {
 }
 
 // Healthy reports whether a housekeeping round finished within the last
-// d: the rounds take the table locks the data path takes, so a stuck
-// pipeline stops them (the daemon's systemd watchdog asks this).
+// d: the rounds share the data path's tables and locks (never a port
+// control call, which the control goroutine makes), so a stuck pipeline
+// stops them (the daemon's systemd watchdog asks this).
 func (s *Shim) Healthy(d time.Duration) bool {
 	return time.Since(time.Unix(0, s.lastRound.Load())) < d
-}
-
-// ageVIFs removes the VIFs idle for VIFIdle and frees their QPs. It holds
-// live for writing, so no batch is sending from a QP while it is freed.
-func (s *Shim) ageVIFs(now time.Time) {
-	s.live.Lock()
-	gone := s.vifs.Expire(now, time.Duration(s.vifIdle.Load()))
-	for _, v := range gone {
-		if err := s.port.FreeQP(v.QPN); err != nil {
-			s.log.Warn("free QP of aged VIF", "mac", v.Key.MAC, "vlan", v.Key.VLAN, "err", err)
-		}
-	}
-	s.live.Unlock()
-	for _, v := range gone {
-		s.ctr.inc(VIFsAged)
-		s.log.Info("VIF aged out", "mac", v.Key.MAC, "vlan", v.Key.VLAN, "qpn", v.QPN)
-	}
 }
 
 // nextHousekeeping returns the wait until the next pass: the period, or
@@ -476,54 +491,26 @@ func (s *Shim) DeclareVIF(mac ether.MAC, vlan uint16, origin mactrans.Origin) er
 	if mac.IsMulticast() || mac.IsZero() {
 		return fmt.Errorf("shim: %s is not a unicast MAC", mac)
 	}
-	v, err := s.vif(p, mac, origin, s.clk.Now())
-	if err == nil {
-		v.SetOrigin(origin)
-	}
-	return err
+	return s.call(func() error {
+		v, err := s.vif(p, mac, origin, s.clk.Now())
+		if err == nil {
+			v.SetOrigin(origin)
+		}
+		return err
+	})
 }
 
 // RemoveVIF frees the VIF of a guest MAC at once, e.g. when the bridge's
 // forwarding database forgets it (the guest's port went), instead of
 // waiting for it to age. A MAC without a VIF is no error.
 func (s *Shim) RemoveVIF(mac ether.MAC, vlan uint16) error {
-	s.live.Lock() // no batch is sending from the QP while it is freed
-	v, ok := s.vifs.Remove(mactrans.VIFKey{MAC: mac, VLAN: vlan})
-	var err error
-	if ok {
-		err = s.port.FreeQP(v.QPN)
-	}
-	s.live.Unlock()
-	if !ok {
-		return nil
-	}
-	s.ctr.inc(VIFsRemoved)
-	s.log.Info("VIF removed", "mac", mac, "vlan", vlan, "qpn", fmt.Sprintf("%#06x", v.QPN))
-	if err != nil {
-		return fmt.Errorf("shim: free QP %#x of %s: %w", v.QPN, mac, err)
-	}
-	return nil
-}
-
-// vif returns (creating when new) the VIF of a guest MAC in p.
-func (s *Shim) vif(p *partition, mac ether.MAC, origin mactrans.Origin, now time.Time) (*mactrans.VIF, error) {
-	return s.vifQPN(p, mac, origin, now, s.port.AllocQP)
-}
-
-// vifQPN is vif with the QP allocation given (to wish for a QPN).
-func (s *Shim) vifQPN(p *partition, mac ether.MAC, origin mactrans.Origin, now time.Time, alloc func(ipoib.PKey, uint32) (uint32, error)) (*mactrans.VIF, error) {
-	v, created, err := s.vifs.Create(mactrans.VIFKey{MAC: mac, VLAN: p.vlan}, p.pkey, origin, now, alloc)
-	if err != nil {
-		return nil, err
-	}
-	if created {
-		s.refreshMTU(p)
-		v.AnnounceUntil(now.Add(s.cfg.AnnounceWindow))
-		if s.cfg.AnnounceWindow > 0 {
-			s.seekMoved(p, v, now)
+	return s.call(func() error {
+		v, ok := s.vifs.Remove(mactrans.VIFKey{MAC: mac, VLAN: vlan})
+		if !ok {
+			return nil
 		}
-		s.ctr.inc(VIFsCreated)
-		s.log.Info("VIF created", "mac", mac, "vlan", p.vlan, "pkey", p.pkey, "qpn", fmt.Sprintf("%#06x", v.QPN), "limac", v.LIMAC, "origin", origin)
-	}
-	return v, nil
+		s.ctr.inc(VIFsRemoved)
+		s.log.Info("VIF removed", "mac", mac, "vlan", vlan, "qpn", fmt.Sprintf("%#06x", v.QPN))
+		return s.freeQuiesced([]*mactrans.VIF{v})
+	})
 }

@@ -728,7 +728,7 @@ func TestStats(t *testing.T) {
 			t.Errorf("%s has no help", v.Name)
 		}
 	}
-	levels := []string{"vifs", "neighbours", "groups", "groups_send_only", "snooped_groups", "pending", "pending_frames", "port_address_handles"}
+	levels := []string{"vifs", "vifs_pending", "neighbours", "groups", "groups_send_only", "snooped_groups", "pending", "pending_frames", "port_address_handles"}
 	for _, name := range levels {
 		if k, ok := kinds[name]; !ok || k != stat.Level {
 			t.Errorf("%s is a level but Stats has it as %v (present: %v)", name, k, ok)

@@ -1,7 +1,9 @@
 package shim
 
 // TX: TAP → fabric. Per frame: Ethernet header checks → partition from the
-// VLAN → the source MAC's VIF (created on first sight) → destination MAC
+// VLAN → the source MAC's VIF, looked up lock-free (a new guest's frames
+// are held while the control goroutine makes its VIF: newvif.go; the
+// rest, translate, takes the VIF) → destination MAC
 // to RIMAC/MGID → ARP/NDP/DHCP rewrite in place → MSS clamp (optional) →
 // MTU → the 4-byte IPoIB header written over the end of the Ethernet
 // header. The batch goes to the port in one Write; nothing here allocates
@@ -85,10 +87,11 @@ func (s *Shim) superReader(dev tap.Device) tap.Device {
 	return nil
 }
 
-// txLoop is one TX worker: it reads batches from dev, translates them and
-// hands them to the port. Workers share the tables (each locked) and
-// nothing else.
-func (s *Shim) txLoop(dev tap.Device) error {
+// txLoop is TX worker slot (its epoch slot): it reads batches from dev,
+// translates them and hands them to the port. Workers share the tables
+// (read lock-free) and nothing else; each batch runs within the worker's
+// epoch, so no QP it sends from is freed under it.
+func (s *Shim) txLoop(slot int, dev tap.Device) error {
 	bs := dev.BatchSize()
 	bufs := make([][]byte, bs)
 	for i := range bufs {
@@ -115,14 +118,14 @@ func (s *Shim) txLoop(dev tap.Device) error {
 				s.capTAP(bufs[i][devHeadroom : devHeadroom+sizes[i]])
 			}
 		}
-		s.live.RLock()
+		s.ep.enter(slot)
 		for i := 0; i < n; i++ {
 			s.ctr.inc(TxFrames)
 			s.ctr.add(TxBytes, uint64(sizes[i]))
 			s.tx(b, bufs[i], sizes[i], super[i], now)
 		}
 		s.flushTx(b)
-		s.live.RUnlock()
+		s.ep.exit(slot)
 	}
 }
 
@@ -173,54 +176,70 @@ func (s *Shim) multicastMGID(p *partition, et uint16, pay []byte) (ipoib.GID, bo
 	return ipoib.GID{}, false
 }
 
-// tx translates one frame at buf[devHeadroom:devHeadroom+n]; sup
-// describes a TCP super-frame to hand to the port whole.
+// tx takes one frame at buf[devHeadroom:devHeadroom+n]; sup describes a
+// TCP super-frame to hand to the port whole. It checks the frame, finds
+// the sending VIF and translates the frame, or holds it while the
+// guest's VIF is made.
 func (s *Shim) tx(b *txBatch, buf []byte, n int, sup tap.Super, now time.Time) {
+	p, pay, ok := s.txCheck(buf, n)
+	if !ok {
+		return
+	}
+	k := mactrans.VIFKey{MAC: ether.Frame(buf[devHeadroom:]).Src(), VLAN: p.vlan}
+	vif, ok := s.vifs.Lookup(k)
+	if !ok || !vif.Ready() {
+		if !ok && s.cfg.Learn == LearnDeclared {
+			s.ctr.inc(DropUndeclared)
+			return
+		}
+		if vif = s.holdNew(k, buf, n, sup, now); vif == nil {
+			return
+		}
+	}
+	s.translate(b, p, vif, buf, n, pay, sup, now)
+}
+
+// txCheck checks the headers of the frame at buf[devHeadroom:devHeadroom+n]
+// and returns its partition and its payload without Ethernet padding; ok
+// is false for a frame dropped (counted).
+func (s *Shim) txCheck(buf []byte, n int) (p *partition, pay []byte, ok bool) {
 	f := ether.Frame(buf[devHeadroom : devHeadroom+n])
 	if !f.IsValid() {
 		s.ctr.inc(DropRunt)
-		return
+		return nil, nil, false
 	}
-	p := s.byVLAN[f.VLAN()].Load()
-	if p == nil {
+	if p = s.byVLAN[f.VLAN()].Load(); p == nil {
 		s.ctr.inc(DropVLANUnmapped)
-		return
+		return nil, nil, false
 	}
-	src, dst := f.Src(), f.Dst()
-	if src.IsMulticast() || src.IsZero() {
+	if src := f.Src(); src.IsMulticast() || src.IsZero() {
 		s.ctr.inc(DropBadSrcMAC)
-		return
+		return nil, nil, false
 	}
 	et := f.EtherType()
-	payStart := devHeadroom + f.HeaderLen()
-	pay, ok := ipBounds(et, buf[payStart:devHeadroom+n])
-	if !ok {
+	if pay, ok = ipBounds(et, buf[devHeadroom+f.HeaderLen():devHeadroom+n]); !ok {
 		if et == ether.TypeIPv4 || et == ether.TypeIPv6 {
 			s.ctr.inc(DropBadIP)
 		} else {
 			s.ctr.inc(DropEtherType)
 		}
-		return
 	}
+	return p, pay, ok
+}
+
+// translate translates one frame of vif's guest in partition p, checked
+// by txCheck (pay its payload), and adds it to the batch (or queues it,
+// or answers it).
+func (s *Shim) translate(b *txBatch, p *partition, vif *mactrans.VIF, buf []byte, n int, pay []byte, sup tap.Super, now time.Time) {
+	f := ether.Frame(buf[devHeadroom : devHeadroom+n])
+	src, dst := f.Src(), f.Dst()
+	et := f.EtherType()
+	payStart := devHeadroom + f.HeaderLen()
 	mtu := p.mtu()
 	if s.cfg.ClampMSS && (et == ether.TypeIPv4 || et == ether.TypeIPv6) && s.clampMSS(pay, et == ether.TypeIPv6, mtu) {
 		s.ctr.inc(TxMSSClamped)
 	}
-	var vif *mactrans.VIF
 	var err error
-	if s.cfg.Learn == LearnDeclared {
-		var ok bool
-		if vif, ok = s.vifs.Lookup(mactrans.VIFKey{MAC: src, VLAN: p.vlan}); !ok {
-			s.ctr.inc(DropUndeclared)
-			return
-		}
-	} else if vif, err = s.vif(p, src, mactrans.OriginLearned, now); err != nil {
-		s.ctr.inc(DropVIFLimit)
-		if s.vifWarn.Allow(now) {
-			s.log.Warn("new guest MAC refused", "mac", src, "vlan", p.vlan, "err", err, "suppressed", s.vifWarn.Suppressed())
-		}
-		return
-	}
 	vif.Touch(now)
 	vif.CountTx(n)
 	if s.cfg.AnnounceWindow > 0 {
@@ -228,7 +247,9 @@ func (s *Shim) tx(b *txBatch, buf []byte, n int, sup tap.Super, now time.Time) {
 	}
 	m := ipoib.TxMeta{SrcQPN: vif.QPN, PKey: p.pkey}
 	unknown := false
-	kind := Counter(-1) // TxBroadcast or TxMulticast, counted when sent on
+	kind := Counter(-1)   // TxBroadcast or TxMulticast, counted when sent on
+	var joining ipoib.GID // a group being joined: the frame waits for it
+	waits := false
 	var source, target netip.Addr
 	switch {
 	case dst.IsBroadcast():
@@ -240,9 +261,12 @@ func (s *Shim) tx(b *txBatch, buf []byte, n int, sup tap.Super, now time.Time) {
 			s.ctr.inc(DropBadIP)
 			return
 		}
-		if !s.sendTo(mgid, now) {
+		switch s.sendTo(mgid, now) {
+		case groupRefused:
 			s.ctr.inc(DropNoGroup)
 			return
+		case groupJoining:
+			joining, waits = mgid, true
 		}
 		m.Dst = ipoib.MakeHwAddr(0, ipoib.MulticastQPN, mgid)
 		kind = TxMulticast
@@ -319,6 +343,12 @@ func (s *Shim) tx(b *txBatch, buf []byte, n int, sup tap.Super, now time.Time) {
 			return
 		}
 	} else if len(pay) > mtu {
+		if waits {
+			// Not held, as fragments are not: the group is being
+			// joined.
+			s.ctr.inc(DropNoGroup)
+			return
+		}
 		if unknown && fragmentable(et, pay) {
 			// Fragments are not queued: resolve, and let the guest's
 			// retransmission find the destination known.
@@ -336,6 +366,9 @@ func (s *Shim) tx(b *txBatch, buf []byte, n int, sup tap.Super, now time.Time) {
 		if !s.enqueue(p, vif, dst, pkt, m, source, target, now) {
 			s.ctr.inc(DropUnresolved)
 		}
+		return
+	}
+	if waits && s.holdForGroup(joining, heldFrame{buf: pkt, meta: m, vif: vif}) {
 		return
 	}
 	s.ctr.inc(TxForwarded)

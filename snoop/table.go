@@ -75,11 +75,15 @@ type Key struct {
 
 // Actions are what the table asks of its owner. Join and Leave are called
 // with the table's lock held, in the order of the state changes they
-// follow, so a leave can never overtake a later join of the same group;
-// they must not call back into the table. A Join that fails leaves the
-// group unrecorded (the next report tries again), so the table never
-// claims a group its owner did not join. Query is called without the
-// lock.
+// follow, so a leave can never overtake a later join of the same group
+// as long as the owner carries them out in that order (the shim queues
+// them, first in first out, to its control goroutine); they must be
+// quick (never a port call: the data path holds the lock while it
+// reports) and must not call back into the table. A Join that fails
+// leaves the group unrecorded (the next report tries again); a join the
+// owner accepted and then could not carry out is reported back with
+// Forget, so the table never claims a group its owner did not join.
+// Query is called without the lock.
 type Actions struct {
 	Join  func(Key) error // the group's first member appeared
 	Leave func(Key)       // the group's last member is gone
@@ -157,6 +161,18 @@ func (t *Table) Report(k Key, from netip.Addr, now time.Time) {
 	m.expires = now.Add(t.t.MembershipInterval())
 	m.queriesLeft = 0
 	m.reporter = from
+}
+
+// Forget drops group k without calling Leave: the owner accepted its
+// Join but could not carry it out (the port refused it). It counts as a
+// failed join; the next report tries again.
+func (t *Table) Forget(k Key) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, ok := t.m[k]; ok {
+		delete(t.m, k)
+		t.failed++
+	}
 }
 
 // Leave records that a member of k left at now: the remaining members,

@@ -172,6 +172,26 @@ func TestTableFailedJoin(t *testing.T) {
 	}
 }
 
+// TestTableForget: a group whose accepted join the owner could not carry
+// out is dropped without a Leave, counted as a failed join, and the next
+// report joins it again.
+func TestTableForget(t *testing.T) {
+	var r recorder
+	tbl := NewTable(Timers{}, 10, r.actions())
+	k := Key{0, netip.MustParseAddr("239.1.1.1")}
+	now := time.Unix(1e6, 0)
+	tbl.Report(k, host1, now)
+	tbl.Forget(k)
+	tbl.Forget(k) // a group not there: nothing
+	if _, failed := tbl.Overflow(); tbl.Len() != 0 || failed != 1 || len(r.leaves) != 0 {
+		t.Fatalf("after Forget: %d groups, %d failed, leaves %v", tbl.Len(), failed, r.leaves)
+	}
+	tbl.Report(k, host1, now)
+	if tbl.Len() != 1 || len(r.joins) != 2 {
+		t.Fatalf("after a new report: %d groups, joins %v", tbl.Len(), r.joins)
+	}
+}
+
 // TestTableJoinLeaveOrder: with reports and expiries racing, the owner's
 // view (joined by Join, unjoined by Leave) always ends equal to the
 // table's. When the actions ran outside the lock, a Tick's Leave could

@@ -141,7 +141,7 @@ func TestShimScrape(t *testing.T) {
 			t.Errorf("rewrite refusals %s: reasons %v, want %v", dir, got, rewrite)
 		}
 	}
-	for _, g := range []string{"vifs", "neighbours", "groups", "groups_send_only", "snooped_groups", "pending", "pending_frames", "port_address_handles"} {
+	for _, g := range []string{"vifs", "vifs_pending", "neighbours", "groups", "groups_send_only", "snooped_groups", "pending", "pending_frames", "port_address_handles"} {
 		if mf := fams[Prefix+g]; mf == nil || mf.GetType() != dto.MetricType_GAUGE {
 			t.Errorf("level %s is not the gauge %s: %v", g, Prefix+g, mf)
 		}

@@ -1,0 +1,412 @@
+package shim
+
+// The control plane off the data path (issue 22): a port whose control
+// calls take seconds, or refuse, must not stop or slow other guests'
+// traffic, nor housekeeping.
+
+import (
+	"errors"
+	"net/netip"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/eipoib/eipoibd/internal/ether"
+	"github.com/eipoib/eipoibd/ipoib"
+	"github.com/eipoib/eipoibd/ipoib/memfabric"
+	"github.com/eipoib/eipoibd/ipoib/simfabric"
+	"github.com/eipoib/eipoibd/mactrans"
+	"github.com/eipoib/eipoibd/tap"
+)
+
+// blockingPort is a memfabric port whose AllocQP, FreeQP, Join,
+// JoinSendOnly and Leave each block for delay while slow is set (as a
+// kernel IPoIB child or an SA join does on real hardware), and refuse
+// with a named reason when told to.
+type blockingPort struct {
+	*memfabric.Port
+	delay                   time.Duration
+	slow                    atomic.Bool
+	refuseAlloc, refuseJoin atomic.Bool
+	release                 chan struct{} // closed: no call blocks any more
+	allocs, joins, sendOnly atomic.Int32  // calls made while slow
+}
+
+// block waits delay while the port is slow and says whether it was.
+func (p *blockingPort) block() bool {
+	if !p.slow.Load() {
+		return false
+	}
+	select {
+	case <-time.After(p.delay):
+	case <-p.release:
+	}
+	return true
+}
+
+func (p *blockingPort) AllocQP(pkey ipoib.PKey, hint uint32) (uint32, error) {
+	if p.block() {
+		p.allocs.Add(1)
+	}
+	if p.refuseAlloc.Load() {
+		return 0, &ipoib.RefusedError{Reason: "no_qp", Err: errors.New("the device has no QP left")}
+	}
+	return p.Port.AllocQP(pkey, hint)
+}
+
+func (p *blockingPort) FreeQP(qpn uint32) error {
+	p.block()
+	return p.Port.FreeQP(qpn)
+}
+
+func (p *blockingPort) Join(mgid ipoib.GID) error {
+	if p.block() {
+		p.joins.Add(1)
+	}
+	if p.refuseJoin.Load() {
+		return &ipoib.RefusedError{Reason: "sa_refused", Err: errors.New("the SA refused the join")}
+	}
+	return p.Port.Join(mgid)
+}
+
+func (p *blockingPort) JoinSendOnly(mgid ipoib.GID) error {
+	if p.block() {
+		p.sendOnly.Add(1)
+	}
+	if p.refuseJoin.Load() {
+		return &ipoib.RefusedError{Reason: "sa_refused", Err: errors.New("the SA refused the join")}
+	}
+	return p.Port.JoinSendOnly(mgid)
+}
+
+func (p *blockingPort) Leave(mgid ipoib.GID) error {
+	p.block()
+	return p.Port.Leave(mgid)
+}
+
+// slowPair is hypervisor a on a blockingPort (housekeeping at the default
+// period, 250 ms)
+// and b on a plain one, guests A1 and B1 knowing each other; a's port is
+// not slow yet.
+func slowPair(t *testing.T, delay time.Duration) (a, b *hv, bp *blockingPort, remacA1, remacB1 ether.MAC) {
+	f := memFab(t, 2048)
+	bp = &blockingPort{delay: delay, release: make(chan struct{})}
+	a = newHV(t, f, "fe80::a", func(c *Config) {
+		bp.Port = c.Port.(*memfabric.Port)
+		c.Port = bp
+		c.Housekeeping = 250 * time.Millisecond
+	})
+	b = newHV(t, f, "fe80::b", nil)
+	t.Cleanup(func() { bp.slow.Store(false); close(bp.release) }) // before the shutdowns
+	remacA1, remacB1 = arpExchange(t, a, b)
+	return a, b, bp, remacA1, remacB1
+}
+
+// seqMod bounds the sequence numbers frames carry, to fit the IPoIB MTU.
+const seqMod = 1000
+
+// udpFrom is frame number seq of a UDP flow from src to dst; its payload
+// is seq%seqMod+1 bytes long, so the receiver can tell the frames' order.
+func udpFrom(t *testing.T, src, dst ether.MAC, sip netip.Addr, seq int) []byte {
+	return udpFrame(t, src, dst, sip, ipB1, seq%seqMod+1, true)
+}
+
+// receiver sorts the UDP frames b's guests get: those from from (A1's
+// REMAC) go to first, the others to rest.
+func receiver(t *testing.T, b *hv, from ether.MAC) (first, rest chan int, stop func()) {
+	first, rest = make(chan int, 1024), make(chan int, 1024)
+	quit := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-quit:
+				return
+			case f := <-b.dev.Sent():
+				if len(f) < 14+20+8 || ether.Frame(f).EtherType() != ether.TypeIPv4 || f[14+9] != 17 {
+					continue // queries, ARP
+				}
+				seq := len(f) - 14 - 20 - 8 - 1
+				if ether.MAC(f[6:12]) == from {
+					first <- seq
+				} else {
+					rest <- seq
+				}
+			}
+		}
+	}()
+	return first, rest, func() { close(quit); wg.Wait() }
+}
+
+// pingA1 sends A1's frame seq and waits for it on b; it returns the
+// latency and fails on a loss or a frame out of order.
+func pingA1(t *testing.T, a *hv, got <-chan int, remacB1 ether.MAC, seq int) time.Duration {
+	t.Helper()
+	start := time.Now()
+	a.dev.Inject(udpFrom(t, macA1, remacB1, ipA1, seq))
+	select {
+	case n := <-got:
+		if n != seq%seqMod {
+			t.Fatalf("A1's frame %d arrived when %d was sent", n, seq%seqMod)
+		}
+	case <-time.After(time.Second):
+		t.Fatalf("A1's frame %d lost (counters %v)", seq, a.s.Counters())
+	}
+	return time.Since(start)
+}
+
+// latencies summarises round trips for the log.
+func latencies(d []time.Duration) string {
+	if len(d) == 0 {
+		return "none"
+	}
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return "median " + s[len(s)/2].String() + ", max " + s[len(s)-1].String()
+}
+
+// watchHealth samples Healthy(2 × the housekeeping period) every 10 ms
+// until stop, returning the samples taken, how many were false, and the
+// longest time seen since a housekeeping round.
+func watchHealth(a *hv) (stop func() (samples, sick int, stalest time.Duration)) {
+	quit := make(chan struct{})
+	type result struct {
+		n, bad int
+		worst  time.Duration
+	}
+	done := make(chan result)
+	go func() {
+		var r result
+		tick := time.NewTicker(10 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-quit:
+				done <- r
+				return
+			case <-tick.C:
+				r.n++
+				r.worst = max(r.worst, time.Since(time.Unix(0, a.s.lastRound.Load())))
+				if !a.s.Healthy(2 * a.s.cfg.Housekeeping) {
+					r.bad++
+				}
+			}
+		}
+	}()
+	return func() (int, int, time.Duration) { close(quit); r := <-done; return r.n, r.bad, r.worst }
+}
+
+// TestSlowControlPlane: with AllocQP, Join, JoinSendOnly, Leave and FreeQP
+// each taking 3 s, a new guest appears and joins a group while guest A1
+// keeps sending: every one of A1's frames arrives, in order (its latency
+// is logged, before and during), housekeeping keeps its period
+// (Healthy(2 × period) sampled throughout), and the new guest's frames,
+// held while its VIF was made, go out once it is ready: all of them, in
+// order, none before.
+func TestSlowControlPlane(t *testing.T) {
+	a, b, bp, remacA1, remacB1 := slowPair(t, 3*time.Second)
+	first, rest, stopRecv := receiver(t, b, remacA1)
+	defer stopRecv()
+	var before, during []time.Duration
+	seq := 0
+	for range 50 {
+		before = append(before, pingA1(t, a, first, remacB1, seq))
+		seq++
+		time.Sleep(5 * time.Millisecond) // paced as below
+	}
+
+	bp.slow.Store(true)
+	queued := a.s.Get(TxQueuedNewVIF) // A1's first ARP, held while its VIF was made
+	health := watchHealth(a)
+	const held = 5
+	for i := range held {
+		a.dev.Inject(udpFrom(t, macA2, remacB1, ipA2, i))
+	}
+	g := netip.MustParseAddr("239.5.5.5")
+	a.dev.Inject(igmpReport(t, macA2, 4, g))
+	mgid := ipoib.IPv4MGID(g, 0xffff, 2)
+	// A1 talks on while the new guest's QP (3 s) and its joins (3 s
+	// each) are made.
+	for !a.port.Joined(mgid) {
+		during = append(during, pingA1(t, a, first, remacB1, seq))
+		seq++
+		time.Sleep(5 * time.Millisecond) // a steady flow, not a flood
+		if len(during) > 5000 {
+			t.Fatalf("the group was never joined (counters %v)", a.s.Counters())
+		}
+	}
+	samples, sick, stalest := health()
+	for i := range held {
+		select {
+		case n := <-rest:
+			if n != i {
+				t.Fatalf("the new guest's frame %d arrived as number %d", n, i)
+			}
+		case <-time.After(2 * time.Second):
+			t.Fatalf("the new guest's frame %d never arrived (counters %v)", i, a.s.Counters())
+		}
+	}
+	select {
+	case n := <-rest:
+		t.Fatalf("an extra frame %d from the new guest", n)
+	case <-time.After(100 * time.Millisecond):
+	}
+	t.Logf("A1 round trips: %d before (%s), %d while the control plane blocked (%s)", len(before), latencies(before), len(during), latencies(during))
+	t.Logf("housekeeping every %s: %d samples, %d unhealthy, at most %s since a round", a.s.cfg.Housekeeping, samples, sick, stalest)
+	if sick != 0 || samples == 0 {
+		t.Errorf("Healthy(%s) false in %d of %d samples while the port blocked", 2*a.s.cfg.Housekeeping, sick, samples)
+	}
+	if bp.allocs.Load() != 1 || bp.joins.Load() != 1 {
+		t.Errorf("slow calls: %d AllocQP, %d Join; want 1 each", bp.allocs.Load(), bp.joins.Load())
+	}
+	c := a.s.Counters()
+	if c["tx_queued_new_vif"]-queued != held+1 || c["vifs_created"] != 2 || c["mcast_joins"] != 1 || c["vifs_pending"] != 0 || c["drop_vif_pending_full"] != 0 {
+		t.Errorf("counters: %v", c)
+	}
+}
+
+// TestRefusedQP: a port that refuses AllocQP (reason "no_qp") refuses the
+// new guest: its frames are dropped and counted, the refusal counted by
+// reason, one AllocQP for a flood of frames (the back-off); A1's traffic
+// goes on. After the back-off the guest is tried again.
+func TestRefusedQP(t *testing.T) {
+	a, b, bp, remacA1, remacB1 := slowPair(t, 200*time.Millisecond)
+	first, rest, stopRecv := receiver(t, b, remacA1)
+	defer stopRecv()
+	bp.slow.Store(true)
+	bp.refuseAlloc.Store(true)
+	const flood = 10
+	for i := range flood {
+		a.dev.Inject(udpFrom(t, macA2, remacB1, ipA2, i))
+	}
+	for seq := range 20 {
+		pingA1(t, a, first, remacB1, seq)
+	}
+	a.waitCounter(t, DropVIFRefused, flood)
+	c := a.s.Counters()
+	if c["vifs_refused_no_qp"] != 1 || bp.allocs.Load() != 1 || c["vifs"] != 1 || c["vifs_pending"] != 0 || c["drop_vif_refused"] != flood {
+		t.Fatalf("after the refusal: %d AllocQP calls, counters %v", bp.allocs.Load(), c)
+	}
+	select {
+	case n := <-rest:
+		t.Fatalf("frame %d of the refused guest was sent", n)
+	default:
+	}
+	// The back-off over (the control round forgets the refusal), the
+	// port gives QPs again: the guest's next frame makes its VIF.
+	bp.refuseAlloc.Store(false)
+	bp.slow.Store(false)
+	a.clk.Advance(vifRefusedFor)
+	waitFor(t, "the refusal forgotten", func() bool {
+		a.s.newVIFs.mu.Lock()
+		defer a.s.newVIFs.mu.Unlock()
+		return len(a.s.newVIFs.m) == 0
+	})
+	a.dev.Inject(udpFrom(t, macA2, remacB1, ipA2, 0))
+	select {
+	case n := <-rest:
+		if n != 0 {
+			t.Fatalf("frame %d, want 0", n)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatalf("the guest was not tried again (counters %v)", a.s.Counters())
+	}
+}
+
+// TestRefusedJoin: a port that refuses joins (reason "sa_refused"): the
+// snooped group is refused and forgotten by the snooping table, the
+// report's own send-only join too (the report dropped and counted), both
+// counted by reason; A1's traffic goes on.
+func TestRefusedJoin(t *testing.T) {
+	a, b, bp, remacA1, remacB1 := slowPair(t, 200*time.Millisecond)
+	first, _, stopRecv := receiver(t, b, remacA1)
+	defer stopRecv()
+	bp.slow.Store(true)
+	bp.refuseJoin.Store(true)
+	g := netip.MustParseAddr("239.6.6.6")
+	a.dev.Inject(igmpReport(t, macA1, 4, g))
+	for seq := range 20 {
+		pingA1(t, a, first, remacB1, seq)
+	}
+	waitFor(t, "both joins refused", func() bool { return a.s.Counters()["groups_refused_sa_refused"] == 2 })
+	c := a.s.Counters()
+	if a.port.Joined(ipoib.IPv4MGID(g, 0xffff, 2)) || c["snooped_groups"] != 0 || c["snooped_groups_join_failed"] != 1 || c["drop_no_group"] != 1 || c["mcast_joins"] != 0 {
+		t.Fatalf("after the refused joins: counters %v", c)
+	}
+	if bp.joins.Load() != 1 || bp.sendOnly.Load() != 1 {
+		t.Fatalf("%d joins, %d send-only joins; want 1 each", bp.joins.Load(), bp.sendOnly.Load())
+	}
+}
+
+// TestHeldWhileMadeReady: a frame of a guest whose VIF is published but
+// not ready yet (its held frames being sent) is held too, even with the
+// VIF table at its bound, with no second request for the VIF, and goes
+// out when the VIF is made ready.
+func TestHeldWhileMadeReady(t *testing.T) {
+	f := memFab(t, 2048)
+	s, port := stillShim(t, f.Fabric, "fe80::a", func(c *Config) { c.MaxVIFs = 1 })
+	far, _ := f.NewPort(gidOf("fe80::b"))
+	qfar, _ := far.AllocQP(0xffff, 0)
+	nb, err := s.neigh.Learn(0xffff, ipoib.MakeHwAddr(0, qfar, far.LocalGID()), s.clk.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := s.byVLAN[0].Load()
+	k := mactrans.VIFKey{MAC: macA1}
+	if err := s.vifs.Reserve(k); err != nil {
+		t.Fatal(err)
+	}
+	qpn, _ := port.AllocQP(0xffff, 0)
+	v := s.vifs.NewVIF(k, 0xffff, qpn, mactrans.OriginLearned, s.clk.Now())
+	s.vifs.Publish(v)
+	b := newTxBatch(1)
+	buf := make([]byte, devBufSize)
+	frame := udpFrom(t, macA1, nb.REMAC, ipA1, 7)
+	copy(buf[devHeadroom:], frame)
+	s.tx(b, buf, len(frame), tap.Super{}, s.clk.Now())
+	if len(b.bufs) != 0 || s.Get(TxQueuedNewVIF) != 1 || s.Get(DropVIFLimit) != 0 || len(s.ctl.q) != 0 {
+		t.Fatalf("frame of a VIF being made ready: %d sent, %d intents, counters %v", len(b.bufs), len(s.ctl.q), s.Counters())
+	}
+	s.readyVIF(p, v, s.clk.Now())
+	got := readAll(t, far, 1)
+	if !v.Ready() || got[0].Src.QPN() != qpn || s.Get(TxForwarded) != 1 || s.Counters()["vifs_pending"] != 0 {
+		t.Fatalf("after readyVIF: ready %v, sent from %#x, counters %v", v.Ready(), got[0].Src.QPN(), s.Counters())
+	}
+}
+
+// TestHeldPacketsKeepTailRoom: packets held for a resolution or a group's
+// join keep the room after them that the simulated fabric writes its pad
+// and ICRC into (it refuses a packet without: no_room), as read ones do.
+func TestHeldPacketsKeepTailRoom(t *testing.T) {
+	f := memFab(t, 2048)
+	s, _ := stillShim(t, f.Fabric, "fe80::a", nil)
+	b := newTxBatch(1)
+	txFrame(s, b, arpFrame(t, 1, macA1, ipA1, ether.Broadcast, ether.MAC{}, ipB1)) // A1's VIF
+	remac := mactrans.DeriveREMAC(gidOf("fe80::b"), 0x77, 0)
+	send := func(frame []byte) {
+		buf := make([]byte, devBufSize)
+		copy(buf[devHeadroom:], frame)
+		s.tx(b, buf, len(frame), tap.Super{}, s.clk.Now())
+	}
+	send(udpFrame(t, macA1, remac, ipA1, ipB1, 64, true))                                                             // to be resolved
+	send(udpFrame(t, macA1, ether.MAC{1, 0, 0x5e, 1, 2, 3}, ipA1, netip.AddrFrom4([4]byte{239, 1, 2, 3}), 64, false)) // to a group being joined
+	var held []heldFrame
+	for _, e := range s.pending.m {
+		held = append(held, e.frames...)
+	}
+	for _, h := range s.gwait.m {
+		held = append(held, *h...)
+	}
+	if len(held) != 2 {
+		t.Fatalf("%d packets held, want 2 (counters %v)", len(held), s.Counters())
+	}
+	for _, h := range held {
+		if room := cap(h.buf) - len(h.buf); room < simfabric.TailRoom {
+			t.Errorf("a held packet has %d bytes after it, the simulated fabric needs %d", room, simfabric.TailRoom)
+		}
+	}
+}
