@@ -144,8 +144,8 @@ func (p *Port) check(b []byte, src, dst *[16]byte, sport uint16, rm *ipoib.RxMet
 	// The group is the IPv6 destination whenever that is multicast, so
 	// that CheckRx sees a unicast QPN to an MGID (IBA 9.8.1) as well as
 	// the multicast QPN to a unicast GID.
-	if g := ipoib.GID(*dst); g.IsMulticast() {
-		rm.MGID = g
+	if ipoib.GID(*dst).IsMulticast() {
+		rm.MGID = *dst
 	}
 	if d := ipoib.CheckRx(rm, p.qps, p.groups); d != ipoib.DropNone {
 		p.drop(d)
