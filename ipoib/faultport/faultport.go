@@ -5,9 +5,10 @@
 // duplicated or held whole); corruption needs the bytes after the ICRC
 // was computed, so it acts inside the inner port's write path through an
 // encode hook (Hooked, which simfabric.Port implements), one encoded
-// packet at a time. Every other method is the inner port's. Nothing here
-// runs unless a Port is made: the daemon wraps its port only when faults
-// are asked for.
+// packet at a time. Every other method is the inner port's: Events, which
+// the shim follows for the link state, is the inner port's channel.
+// Nothing here runs unless a Port is made: the daemon wraps its port only
+// when faults are asked for.
 package faultport
 
 import (
@@ -119,20 +120,13 @@ func (p *Port) SetFaults(f Faults) error {
 // Unwrap returns the inner port.
 func (p *Port) Unwrap() ipoib.Port { return p.inner }
 
-// IsDown reports the inner port's link state when it tells one (the shim
-// follows it as the TAP's carrier), false otherwise.
-func (p *Port) IsDown() bool {
-	d, ok := p.inner.(interface{ IsDown() bool })
-	return ok && d.IsDown()
-}
-
 // Write applies the faults to each packet of the batch and writes the
 // rest to the inner port: first the packets passed on, then, in a second
 // inner Write, the duplicates (copies, so that corrupting one leaves the
 // other) and a packet held back by an earlier call, which so leaves
 // after the next ones. n counts the packets of bufs the inner port
 // accepted, and a packet held back now as accepted; a lost one is counted
-// as fault_loss and not in n.
+// as fault_loss (ipoib.DropFaultLoss) and not in n.
 func (p *Port) Write(bufs [][]byte, meta []ipoib.TxMeta, offset int) (int, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -210,8 +204,8 @@ func (p *Port) corruptHook(body []byte, mcast bool) {
 	}
 }
 
-// Counters are the inner port's, with the faults' own: fault_loss among
-// the drops, and the corrupted packets sent as tx_fault_corrupt (unicast:
+// Counters are the inner port's, with the faults' own: fault_loss
+// (ipoib.DropFaultLoss) among the drops, and the corrupted packets sent as tx_fault_corrupt (unicast:
 // the peer counts each as bad_icrc) and tx_fault_corrupt_multicast (only
 // the group's members count them).
 func (p *Port) Counters() ipoib.PortCounters {
@@ -220,7 +214,7 @@ func (p *Port) Counters() ipoib.PortCounters {
 		if c.Drops == nil {
 			c.Drops = make(map[string]uint64)
 		}
-		c.Drops["fault_loss"] += v
+		c.Drops[ipoib.DropFaultLoss.String()] += v
 	}
 	if c.Stats == nil {
 		c.Stats = make(map[string]uint64)

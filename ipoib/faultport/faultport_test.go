@@ -20,7 +20,7 @@ type recorder struct {
 	ipoib.Port
 	writes [][]rec
 	refuse uint32 // packets from this source QP are refused, as bad metadata
-	down   bool
+	events chan ipoib.Event
 }
 
 type rec struct {
@@ -56,7 +56,7 @@ func (r *recorder) Counters() ipoib.PortCounters {
 	return ipoib.PortCounters{Drops: map[string]uint64{"bad_meta": 7}}
 }
 
-func (r *recorder) IsDown() bool { return r.down }
+func (r *recorder) Events() <-chan ipoib.Event { return r.events }
 
 // hooked is a recorder with an encode hook.
 type hooked struct {
@@ -344,17 +344,17 @@ func TestValidate(t *testing.T) {
 	}
 }
 
-// TestPassesThrough: the link state and the inner port are the inner
-// port's.
+// TestPassesThrough: the events (the link state the shim follows) and
+// the inner port are the inner port's, faults on or off.
 func TestPassesThrough(t *testing.T) {
-	in := &recorder{down: true}
-	p := mustNew(t, in, Faults{})
-	if !p.IsDown() || p.Unwrap() != ipoib.Port(in) {
-		t.Fatalf("IsDown %v, Unwrap %v", p.IsDown(), p.Unwrap())
+	in := &recorder{events: make(chan ipoib.Event, 1)}
+	p := mustNew(t, in, Faults{Loss: 1})
+	if p.Events() != (<-chan ipoib.Event)(in.events) || p.Unwrap() != ipoib.Port(in) {
+		t.Fatalf("Events %v (inner %v), Unwrap %v", p.Events(), in.events, p.Unwrap())
 	}
-	in.down = false
-	if p.IsDown() {
-		t.Fatal("IsDown after the inner port came up")
+	in.events <- ipoib.Event{Kind: ipoib.EventLink, Up: false}
+	if e := <-p.Events(); e.Kind != ipoib.EventLink || e.Up {
+		t.Fatalf("event %+v, want the inner port's link down", e)
 	}
 }
 

@@ -125,7 +125,8 @@ func FuzzCheck(f *testing.F) {
 		}
 		before := p.Counters()
 		var rm ipoib.RxMeta
-		n, ok := p.check(b, &src, &dst, sport, &rm)
+		payload, ok := p.check(b, &src, &dst, sport, &rm, p.mtu)
+		n := len(payload)
 		after := p.Counters()
 
 		// What DESIGN.md says of this datagram.
@@ -291,7 +292,7 @@ func TestDestQPNRule(t *testing.T) {
 		dst  [16]byte
 		dqpn uint32
 	}{{mgFull, qpFull}, {gid, ipoib.MulticastQPN}} {
-		if _, ok := p.check(datagram(0xffff, c.dqpn, 0x77, ipoib.QKey, up, &gidA, &c.dst), &gidA, &c.dst, 0xc000, &rm); ok {
+		if _, ok := p.check(datagram(0xffff, c.dqpn, 0x77, ipoib.QKey, up, &gidA, &c.dst), &gidA, &c.dst, 0xc000, &rm, p.mtu); ok {
 			t.Errorf("to %x with QPN %#x accepted", c.dst, c.dqpn)
 		}
 	}

@@ -6,12 +6,14 @@
 // underlay. The exact format is in DESIGN.md; other implementations
 // interoperate with it from that text alone.
 //
-// Receive path: recvmmsg straight into the caller's buffers, BTH and DETH
-// landing in the headroom → Decode (opcode, TVer, ICRC, pad) → Q_Key, QPN,
-// group and P_Key checks → payload left in place at offset. Send path:
-// BTH+DETH written into the headroom, pad and ICRC appended → the encode
-// hook, if one is set (faultport's corruption) → sendmmsg, in UDP GSO
-// trains when no hook is set. Every drop has a counter.
+// Receive path: recvmmsg into the port's buffers (a UDP GRO train whole)
+// → Decode (opcode, TVer, ICRC, pad) → Q_Key and size → the shared
+// receive checks (ipoib.CheckRx: QPN, group, P_Key) → payload copied to
+// the caller's buffer at offset. Send path: the shared transmit checks
+// (ipoib.CheckTx) → BTH+DETH written into the headroom, pad and ICRC
+// appended → the encode hook, if one is set (faultport's corruption) →
+// sendmmsg, in UDP GSO trains when no hook is set. Every drop is counted
+// under its ipoib.Drop reason.
 package simfabric
 
 import (
@@ -86,10 +88,12 @@ type Port struct {
 	hook func(body []byte, mcast bool)
 
 	txPackets, txBytes, rxPackets, rxBytes atomic.Uint64
-	drops                                  [numDrops]atomic.Uint64
-	trainsSent, trainPackets, gsoFallback  atomic.Uint64
-	groMerged, groPackets                  atomic.Uint64 // received merged datagrams (UDP GRO)
-	rxOverflow                             atomic.Uint64 // kernel receive-queue drops (SO_RXQ_OVFL)
+	// drops counts by reason; its DropRxOverflow entry holds the
+	// kernel's own count of receive-queue drops (SO_RXQ_OVFL), stored
+	// as the kernel reports it rather than added to.
+	drops                                 ipoib.DropCounters
+	trainsSent, trainPackets, gsoFallback atomic.Uint64
+	groMerged, groPackets                 atomic.Uint64 // received merged datagrams (UDP GRO)
 }
 
 var _ ipoib.Port = (*Port)(nil)
@@ -318,7 +322,7 @@ func (p *Port) Counters() ipoib.PortCounters {
 	c := ipoib.PortCounters{
 		TxPackets: p.txPackets.Load(), TxBytes: p.txBytes.Load(),
 		RxPackets: p.rxPackets.Load(), RxBytes: p.rxBytes.Load(),
-		Drops: p.dropCounts(),
+		Drops: p.drops.Snapshot(),
 	}
 	c.Stats = map[string]uint64{
 		"tx_trains":        p.trainsSent.Load(),

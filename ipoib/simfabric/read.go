@@ -3,7 +3,8 @@ package simfabric
 // The receive path: recvmmsg → inspect (addresses, flags, control
 // messages, once per datagram) → split (one packet per buffer, a merged
 // train cut into its packets) → check (decode, Q_Key, size, QP or group,
-// P_Key) → payload left in place at offset.
+// P_Key) in the receive buffer → payload copied to the caller's buffer
+// at offset.
 
 import (
 	"errors"
@@ -17,14 +18,15 @@ import (
 )
 
 // Read receives datagrams into the port's buffers, where UDP GRO may
-// have merged a train of them into one, and hands out one packet per
-// buffer: the BTH and DETH land in the headroom (offset must be at least
-// HeaderLen) and the IPoIB payload at bufs[i][offset:]. Packets of a
-// merged datagram that do not fit this call's bufs wait for the next.
-// Packets that fail a check are counted and skipped.
+// have merged a train of them into one, checks each packet there and
+// hands out one per buffer: its IPoIB payload copied to bufs[i][offset:]
+// (the bytes before offset are not touched). Packets of a merged
+// datagram that do not fit this call's bufs wait for the next. Packets
+// that fail a check, or do not fit their buffer, are counted and
+// skipped.
 func (p *Port) Read(bufs [][]byte, sizes []int, meta []ipoib.RxMeta, offset int) (int, error) {
-	if offset < HeaderLen {
-		return 0, fmt.Errorf("simfabric: read offset %d below header length %d", offset, HeaderLen)
+	if offset < 0 {
+		return 0, fmt.Errorf("simfabric: read offset %d is negative", offset)
 	}
 	p.rmu.Lock()
 	defer p.rmu.Unlock()
@@ -71,26 +73,26 @@ func (p *Port) inspect(data, oob []byte, flags int, sa *unix.RawSockaddrInet6) r
 	n := len(data)
 	r := rxInfo{oobInfo: parseOOB(oob)}
 	if r.hasOvfl {
-		p.rxOverflow.Store(uint64(r.ovfl))
+		p.drops[ipoib.DropRxOverflow].Store(uint64(r.ovfl))
 	}
 	if r.seg <= 0 || r.seg > n {
 		r.seg = n
 	}
-	reason := -1
+	reason := ipoib.DropNone
 	switch {
 	case p.down.Load():
-		reason = DropPortDown
+		reason = ipoib.DropPortDown
 	case flags&unix.MSG_TRUNC != 0:
-		reason = DropOversize
+		reason = ipoib.DropOversize
 	case sa.Family != unix.AF_INET6 || !net.IP(sa.Addr[:]).IsLinkLocalUnicast():
-		reason = DropBadSource
+		reason = ipoib.DropBadSource
 	case !r.ok:
-		reason = DropNoPktinfo
+		reason = ipoib.DropNoPktinfo
 	case n == 0:
-		reason = int(ErrTruncated)
+		reason = ipoib.DropTruncated
 	}
-	if reason >= 0 {
-		p.drops[reason].Add(uint64(max((n+r.seg-1)/max(r.seg, 1), 1)))
+	if reason != ipoib.DropNone {
+		p.drops.AddN(reason, uint64(max((n+r.seg-1)/max(r.seg, 1), 1)))
 		r.off = n
 		return r
 	}
@@ -103,22 +105,16 @@ func (p *Port) inspect(data, oob []byte, flags int, sa *unix.RawSockaddrInet6) r
 	return r
 }
 
-// split copies the packets of a datagram, from r.off on, into bufs (the
-// BTH at offset-HeaderLen), checks each, and returns how many it filled;
-// it stops when bufs are full.
+// split checks the packets of a datagram, from r.off on, copies the
+// payload of each good one into bufs at offset, and returns how many it
+// filled; it stops when bufs are full.
 func (p *Port) split(data []byte, r *rxInfo, bufs [][]byte, sizes []int, meta []ipoib.RxMeta, offset int) int {
 	n := 0
 	for r.off < len(data) && n < len(bufs) {
 		pkt := data[r.off:min(r.off+r.seg, len(data))]
 		r.off += len(pkt)
-		b := bufs[n][offset-HeaderLen:]
-		if len(pkt) > len(b) {
-			p.drop(DropOversize)
-			continue
-		}
-		copy(b, pkt)
-		if l, ok := p.check(b[:len(pkt)], &r.src, &r.dst, r.sport, &meta[n]); ok {
-			sizes[n] = l
+		if payload, ok := p.check(pkt, &r.src, &r.dst, r.sport, &meta[n], len(bufs[n])-offset); ok {
+			sizes[n] = copy(bufs[n][offset:], payload)
 			n++
 		}
 	}
@@ -126,54 +122,36 @@ func (p *Port) split(data []byte, r *rxInfo, bufs [][]byte, sizes []int, meta []
 }
 
 // check verifies the UDP payload b (starting with the BTH) of a datagram
-// from src, UDP port sport, to dst: decode, Q_Key, size, destination QP
-// or group, P_Key. It counts a failure, or fills rm and returns the
-// payload length.
-func (p *Port) check(b []byte, src, dst *[16]byte, sport uint16, rm *ipoib.RxMeta) (int, bool) {
+// from src, UDP port sport, to dst: decode, Q_Key, size (at most the
+// MTU and room bytes), then the shared receive checks (ipoib.CheckRx:
+// destination QP or group, P_Key). It counts a failure, or fills rm and
+// returns the payload, a view of b.
+func (p *Port) check(b []byte, src, dst *[16]byte, sport uint16, rm *ipoib.RxMeta, room int) ([]byte, bool) {
 	var pkt Packet
 	if err := p.rcodec.Decode(b, src, dst, sport, UDPPort, &pkt); err != nil {
-		p.drop(int(err.(DecodeError)))
-		return 0, false
+		p.drop(err.(DecodeError).Drop())
+		return nil, false
 	}
 	if pkt.QKey != ipoib.QKey {
-		p.drop(DropQKey)
-		return 0, false
+		p.drop(ipoib.DropQKey)
+		return nil, false
 	}
-	if len(pkt.Payload) > p.mtu {
-		p.drop(DropOversize)
-		return 0, false
+	if len(pkt.Payload) > min(p.mtu, room) {
+		p.drop(ipoib.DropOversize)
+		return nil, false
 	}
-	pk := ipoib.PKey(pkt.PKey)
-	*rm = ipoib.RxMeta{Src: ipoib.MakeHwAddr(0, pkt.SrcQPN, ipoib.GID(*src)), DstQPN: pkt.DestQPN, PKey: pk}
-	// IBA 9.8.1: a multicast packet's destination QP is 0xFFFFFF, and
-	// 0xFFFFFF is never a unicast one.
-	if (pkt.DestQPN == ipoib.MulticastQPN) != ipoib.GID(*dst).IsMulticast() {
-		p.drop(DropBadDestQPN)
-		return 0, false
+	*rm = ipoib.RxMeta{Src: ipoib.MakeHwAddr(0, pkt.SrcQPN, ipoib.GID(*src)), DstQPN: pkt.DestQPN, PKey: ipoib.PKey(pkt.PKey)}
+	// The group is the IPv6 destination whenever that is multicast, so
+	// that CheckRx sees a unicast QPN to an MGID (IBA 9.8.1) as well as
+	// the multicast QPN to a unicast GID.
+	if ipoib.GID(*dst).IsMulticast() {
+		rm.MGID = *dst
 	}
-	if pkt.DestQPN == ipoib.MulticastQPN {
-		mgid := ipoib.GID(*dst)
-		if !p.groups.Full(mgid) {
-			p.drop(DropNotJoined)
-			return 0, false
-		}
-		if !ipoib.CanTalk(pk, ipoib.MGIDPKey(mgid)) {
-			p.drop(DropPKey)
-			return 0, false
-		}
-		rm.MGID = mgid
-	} else {
-		qpk, ok := p.qps.PKey(pkt.DestQPN)
-		if !ok {
-			p.drop(DropUnknownQPN)
-			return 0, false
-		}
-		if !ipoib.CanTalk(pk, qpk) {
-			p.drop(DropPKey)
-			return 0, false
-		}
+	if d := ipoib.CheckRx(rm, p.qps, p.groups); d != ipoib.DropNone {
+		p.drop(d)
+		return nil, false
 	}
 	p.rxPackets.Add(1)
 	p.rxBytes.Add(uint64(len(pkt.Payload)))
-	return len(pkt.Payload), true
+	return pkt.Payload, true
 }

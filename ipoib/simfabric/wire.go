@@ -11,6 +11,8 @@ package simfabric
 import (
 	"encoding/binary"
 	"hash/crc32"
+
+	"github.com/eipoib/eipoibd/ipoib"
 )
 
 // Wire constants.
@@ -123,12 +125,13 @@ const (
 	numDecodeErrors
 )
 
-// String returns the drop counter name.
+// String returns the drop counter name, that of its Drop; "unknown"
+// for a value that is no decode error.
 func (e DecodeError) String() string {
-	if e == 0 || e >= numDecodeErrors {
+	if e.Drop() == ipoib.DropNone {
 		return "unknown"
 	}
-	return decodeNames[e]
+	return e.Drop().String()
 }
 
 func (e DecodeError) Error() string { return "simfabric: " + e.String() }

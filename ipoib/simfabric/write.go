@@ -35,13 +35,14 @@ func (p *Port) udpAddr(g ipoib.GID) *peer {
 // Write sends a batch of any length, up to BatchSize packets per system
 // call. bufs[i][offset:] is the IPoIB header and payload; HeaderLen bytes
 // before offset and TailRoom bytes of capacity after the payload are
-// used. A TCP super-packet (meta[i].GSO) is cut into segments here, in
-// the port's own buffers. n counts the packets the port accepted (a
-// super-packet when all its segments were): handed to the kernel. A
-// packet refused locally (oversize, no room, bad metadata or a source QP
-// this port did not allocate, a super-packet that does not parse, port
-// down) or refused by the kernel is counted under its drop reason and not
-// in n; the port's packet counters count segments.
+// used; a packet with less tail room is copied into the port's own
+// buffers first. A TCP super-packet (meta[i].GSO) is cut into segments
+// here, in the port's own buffers. n counts the packets the port
+// accepted (a super-packet when all its segments were): handed to the
+// kernel. A packet refused locally (oversize, metadata that
+// ipoib.CheckTx refuses, a super-packet that does not parse, port down)
+// or refused by the kernel is counted under its drop reason and not in
+// n; the port's packet counters count segments.
 func (p *Port) Write(bufs [][]byte, meta []ipoib.TxMeta, offset int) (int, error) {
 	if p.closed.Load() {
 		return 0, net.ErrClosed
@@ -67,12 +68,12 @@ func (p *Port) Write(bufs [][]byte, meta []ipoib.TxMeta, offset int) (int, error
 			}
 			continue
 		}
-		if !p.ownQP(m) {
-			p.drop(DropBadMeta)
+		if _, d := ipoib.CheckTx(m, len(b)-offset, p.qps, true); d != ipoib.DropNone {
+			p.drop(d)
 			continue
 		}
 		if p.cutter.Start(b[offset:], ipoib.HeaderLen, int(m.GSO.L4), m.GSO.Type == ipoib.GSOTCPv6, int(m.GSO.Size), p.mtu-ipoib.HeaderLen) != nil {
-			p.drop(DropBadGSO)
+			p.drop(ipoib.DropBadGSO)
 			continue
 		}
 		sm := *m
@@ -95,8 +96,8 @@ func (p *Port) Write(bufs [][]byte, meta []ipoib.TxMeta, offset int) (int, error
 	return c.n, nil
 }
 
-// segment returns the storage of chunk entry k's segment, with offset
-// bytes of headroom.
+// segment returns the storage of chunk entry k's segment (or copy, for a
+// packet given without tail room), with offset bytes of headroom.
 func (p *Port) segment(k, offset int) []byte {
 	if p.segBuf == nil || p.segOff != offset {
 		p.segBuf, p.segOff = make([][]byte, batch), offset
@@ -172,7 +173,7 @@ func (c *chunk) finish() {
 // accepted; call with wmu held.
 func (p *Port) writeChunk(bufs [][]byte, meta []ipoib.TxMeta, offset int, ok *[batch]bool) error {
 	if p.down.Load() {
-		p.drops[DropPortDown].Add(uint64(len(bufs)))
+		p.drops.AddN(ipoib.DropPortDown, uint64(len(bufs)))
 		return nil
 	}
 	var size [batch]int // payload length of each accepted packet, 0 if refused
@@ -182,16 +183,19 @@ func (p *Port) writeChunk(bufs [][]byte, meta []ipoib.TxMeta, offset int, ok *[b
 	for i, b := range bufs {
 		m := &meta[i]
 		payload := len(b) - offset
-		switch {
-		case payload > p.mtu:
-			p.drop(DropOversize)
+		if payload > p.mtu {
+			p.drop(ipoib.DropOversize)
 			continue
-		case cap(b)-len(b) < TailRoom:
-			p.drop(DropNoRoom)
+		}
+		if _, d := ipoib.CheckTx(m, payload, p.qps, true); d != ipoib.DropNone {
+			p.drop(d)
 			continue
-		case !p.ownQP(m):
-			p.drop(DropBadMeta)
-			continue
+		}
+		if cap(b)-len(b) < TailRoom {
+			// No room for pad and ICRC (ipoib.Port asks none of the
+			// caller): the packet leaves from the port's own copy.
+			s := p.segment(i, offset)
+			b = s[:offset+copy(s[offset:], b[offset:])]
 		}
 		dstGID := m.Dst.GID()
 		dst := [16]byte(dstGID)
@@ -231,7 +235,7 @@ func (p *Port) send(out []ipv6.Message, spans []span, orig []ipv6.Message, size 
 	// lost counts a packet the kernel refused: a send error (no route,
 	// no buffer) loses it, as a full HCA send queue would.
 	lost := func(k int) {
-		p.drop(DropSendError)
+		p.drop(ipoib.DropSendError)
 		size[p.worig[k]] = 0
 	}
 	for off := 0; off < len(out); off++ {
@@ -275,14 +279,6 @@ func (p *Port) send(out []ipv6.Message, spans []span, orig []ipv6.Message, size 
 		}
 	}
 	return nil
-}
-
-// ownQP reports whether m names a QP of this port and that QP's P_Key (a
-// QP freed or never allocated cannot send, as on a real HCA), and a
-// destination QPN that is 0xFFFFFF exactly when the GID is an MGID.
-func (p *Port) ownQP(m *ipoib.TxMeta) bool {
-	pk, ok := p.qps.PKey(m.SrcQPN)
-	return ok && m.PKey.IsValid() && pk == m.PKey && (m.Dst.QPN() == ipoib.MulticastQPN) == m.Dst.GID().IsMulticast()
 }
 
 // add appends a message for b, sent on behalf of bufs[orig] of the
