@@ -19,7 +19,6 @@ const (
 	DropNoCarrier  // kernel: the sending child has no carrier (its broadcast join is not done)
 	DropSendError  // the kernel or the device refused the send
 	DropNoRoute    // memfabric: no port has the destination GID
-	DropNoRoom     // simfabric: no room in front of the offset for the transport headers
 	DropFaultLoss  // simfabric: lost by fault injection
 	DropRingFull   // verbs: no free slot in the registered send ring
 	DropNoAH       // verbs: the destination's address handle could not be made
@@ -69,7 +68,6 @@ var dropNames = [NumDrops]string{
 	DropNoCarrier:   "child_no_carrier",
 	DropSendError:   "send_error",
 	DropNoRoute:     "no_route",
-	DropNoRoom:      "no_room",
 	DropFaultLoss:   "fault_loss",
 	DropRingFull:    "tx_ring_full",
 	DropNoAH:        "no_address_handle",

@@ -380,7 +380,8 @@ func TestHeldWhileMadeReady(t *testing.T) {
 
 // TestHeldPacketsKeepTailRoom: packets held for a resolution or a group's
 // join keep the room after them that the simulated fabric writes its pad
-// and ICRC into (it refuses a packet without: no_room), as read ones do.
+// and ICRC into, as read ones do (without it, the port must copy each
+// packet to send it).
 func TestHeldPacketsKeepTailRoom(t *testing.T) {
 	f := memFab(t, 2048)
 	s, _ := stillShim(t, f.Fabric, "fe80::a", nil)
