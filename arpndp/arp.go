@@ -7,7 +7,7 @@ package arpndp
 import (
 	"encoding/binary"
 
-	"github.com/eipoib/eipoibd/internal/ether"
+	"github.com/eipoib/eipoibd/ether"
 	"github.com/eipoib/eipoibd/ipoib"
 )
 

@@ -13,8 +13,8 @@ import (
 	"bytes"
 	"encoding/binary"
 
+	"github.com/eipoib/eipoibd/ether"
 	"github.com/eipoib/eipoibd/internal/csum"
-	"github.com/eipoib/eipoibd/internal/ether"
 )
 
 // DHCP/BOOTP constants.

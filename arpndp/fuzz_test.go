@@ -6,8 +6,8 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/eipoib/eipoibd/ether"
 	"github.com/eipoib/eipoibd/internal/csum"
-	"github.com/eipoib/eipoibd/internal/ether"
 	"github.com/eipoib/eipoibd/ipoib"
 )
 

@@ -11,8 +11,8 @@ package arpndp
 import (
 	"encoding/binary"
 
+	"github.com/eipoib/eipoibd/ether"
 	"github.com/eipoib/eipoibd/internal/csum"
-	"github.com/eipoib/eipoibd/internal/ether"
 	"github.com/eipoib/eipoibd/ipoib"
 )
 

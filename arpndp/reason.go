@@ -9,7 +9,7 @@ package arpndp
 import (
 	"sync/atomic"
 
-	"github.com/eipoib/eipoibd/internal/ether"
+	"github.com/eipoib/eipoibd/ether"
 	"github.com/eipoib/eipoibd/ipoib"
 )
 

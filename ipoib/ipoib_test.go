@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/eipoib/eipoibd/internal/ether"
+	"github.com/eipoib/eipoibd/ether"
 )
 
 // RFC 4391 §4: IPv4 MGID = ff1S:401b:PPPP:0000:0000:0000:GGGG:GGGG (low 28

@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/eipoib/eipoibd/arpndp"
+	"github.com/eipoib/eipoibd/ether"
 	"github.com/eipoib/eipoibd/internal/clock"
-	"github.com/eipoib/eipoibd/internal/ether"
 	"github.com/eipoib/eipoibd/ipoib"
 )
 

@@ -1,8 +1,8 @@
 package mactrans
 
 import (
+	"github.com/eipoib/eipoibd/ether"
 	"github.com/eipoib/eipoibd/internal/clock"
-	"github.com/eipoib/eipoibd/internal/ether"
 	"github.com/eipoib/eipoibd/ipoib"
 )
 

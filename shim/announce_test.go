@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/eipoib/eipoibd/internal/ether"
+	"github.com/eipoib/eipoibd/ether"
 	"github.com/gopacket/gopacket"
 	"github.com/gopacket/gopacket/layers"
 )

@@ -11,8 +11,8 @@ import (
 	"github.com/gopacket/gopacket"
 	"github.com/gopacket/gopacket/layers"
 
+	"github.com/eipoib/eipoibd/ether"
 	"github.com/eipoib/eipoibd/internal/clock"
-	"github.com/eipoib/eipoibd/internal/ether"
 	"github.com/eipoib/eipoibd/internal/gsotest"
 	"github.com/eipoib/eipoibd/internal/header"
 	"github.com/eipoib/eipoibd/ipoib"

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/eipoib/eipoibd/internal/ether"
+	"github.com/eipoib/eipoibd/ether"
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/ipoib/memfabric"
 	"github.com/eipoib/eipoibd/ipoib/simfabric"

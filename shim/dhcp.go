@@ -8,7 +8,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/eipoib/eipoibd/internal/ether"
+	"github.com/eipoib/eipoibd/ether"
 )
 
 const (

@@ -3,7 +3,7 @@ package shim
 import (
 	"encoding/binary"
 
-	"github.com/eipoib/eipoibd/internal/ether"
+	"github.com/eipoib/eipoibd/ether"
 	"github.com/eipoib/eipoibd/internal/header"
 )
 

@@ -6,7 +6,7 @@ import (
 
 	"github.com/gopacket/gopacket/layers"
 
-	"github.com/eipoib/eipoibd/internal/ether"
+	"github.com/eipoib/eipoibd/ether"
 )
 
 // TestFlowQueue: a flow's frames go to one queue whichever way they

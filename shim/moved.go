@@ -43,8 +43,8 @@ import (
 	"time"
 
 	"github.com/eipoib/eipoibd/arpndp"
+	"github.com/eipoib/eipoibd/ether"
 	"github.com/eipoib/eipoibd/internal/csum"
-	"github.com/eipoib/eipoibd/internal/ether"
 	"github.com/eipoib/eipoibd/internal/header"
 	"github.com/eipoib/eipoibd/mactrans"
 	"github.com/eipoib/eipoibd/tap"

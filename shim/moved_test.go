@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/eipoib/eipoibd/internal/ether"
+	"github.com/eipoib/eipoibd/ether"
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/mactrans"
 	"github.com/eipoib/eipoibd/tap"

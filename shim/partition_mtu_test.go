@@ -12,7 +12,7 @@ import (
 	"github.com/gopacket/gopacket"
 	"github.com/gopacket/gopacket/layers"
 
-	"github.com/eipoib/eipoibd/internal/ether"
+	"github.com/eipoib/eipoibd/ether"
 	"github.com/eipoib/eipoibd/internal/gsotest"
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/ipoib/kernelfabric"

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/eipoib/eipoibd/internal/ether"
+	"github.com/eipoib/eipoibd/ether"
 	"github.com/eipoib/eipoibd/internal/state"
 	"github.com/eipoib/eipoibd/mactrans"
 )

@@ -11,7 +11,7 @@ import (
 	"net/netip"
 	"time"
 
-	"github.com/eipoib/eipoibd/internal/ether"
+	"github.com/eipoib/eipoibd/ether"
 	"github.com/eipoib/eipoibd/mactrans"
 	"github.com/eipoib/eipoibd/snoop"
 	"github.com/eipoib/eipoibd/tap"

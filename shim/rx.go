@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/eipoib/eipoibd/arpndp"
-	"github.com/eipoib/eipoibd/internal/ether"
+	"github.com/eipoib/eipoibd/ether"
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/tap"
 )

@@ -19,7 +19,7 @@ import (
 	"time"
 
 	"github.com/eipoib/eipoibd/arpndp"
-	"github.com/eipoib/eipoibd/internal/ether"
+	"github.com/eipoib/eipoibd/ether"
 	"github.com/eipoib/eipoibd/ipoib"
 )
 

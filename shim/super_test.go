@@ -8,7 +8,7 @@ import (
 
 	"github.com/gopacket/gopacket/layers"
 
-	"github.com/eipoib/eipoibd/internal/ether"
+	"github.com/eipoib/eipoibd/ether"
 	"github.com/eipoib/eipoibd/internal/gsotest"
 	"github.com/eipoib/eipoibd/mactrans"
 	"github.com/eipoib/eipoibd/tap"

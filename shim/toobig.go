@@ -10,8 +10,8 @@ import (
 	"encoding/binary"
 	"net/netip"
 
+	"github.com/eipoib/eipoibd/ether"
 	"github.com/eipoib/eipoibd/internal/csum"
-	"github.com/eipoib/eipoibd/internal/ether"
 	"github.com/eipoib/eipoibd/internal/header"
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/tap"

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/eipoib/eipoibd/arpndp"
-	"github.com/eipoib/eipoibd/internal/ether"
+	"github.com/eipoib/eipoibd/ether"
 	"github.com/eipoib/eipoibd/internal/header"
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/mactrans"

@@ -18,8 +18,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/eipoib/eipoibd/ether"
 	"github.com/eipoib/eipoibd/internal/csum"
-	"github.com/eipoib/eipoibd/internal/ether"
 	"github.com/eipoib/eipoibd/internal/gso"
 	"github.com/eipoib/eipoibd/internal/header"
 )

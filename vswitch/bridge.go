@@ -11,7 +11,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/eipoib/eipoibd/internal/ether"
+	"github.com/eipoib/eipoibd/ether"
 )
 
 // AttachBridge enslaves the interface port to the existing Linux bridge br.

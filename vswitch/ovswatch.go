@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/eipoib/eipoibd/internal/ether"
+	"github.com/eipoib/eipoibd/ether"
 )
 
 // Open vSwitch guests: libvirt (and OpenStack's os-vif) record a guest's

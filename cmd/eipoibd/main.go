@@ -24,10 +24,10 @@ import (
 	"time"
 
 	"github.com/eipoib/eipoibd/arpndp"
+	"github.com/eipoib/eipoibd/ether"
 	"github.com/eipoib/eipoibd/internal/cli"
 	"github.com/eipoib/eipoibd/internal/ctl"
 	"github.com/eipoib/eipoibd/internal/daemon"
-	"github.com/eipoib/eipoibd/internal/ether"
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/ipoib/faultport"
 	"github.com/eipoib/eipoibd/shim"

@@ -22,8 +22,8 @@ import (
 	"time"
 
 	"github.com/eipoib/eipoibd/arpndp"
+	"github.com/eipoib/eipoibd/ether"
 	"github.com/eipoib/eipoibd/internal/ctl"
-	"github.com/eipoib/eipoibd/internal/ether"
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/ipoib/faultport"
 	"github.com/eipoib/eipoibd/shim"

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/eipoib/eipoibd/internal/ether"
+	"github.com/eipoib/eipoibd/ether"
 	"github.com/eipoib/eipoibd/mactrans"
 )
 

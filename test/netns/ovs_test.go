@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/eipoib/eipoibd/internal/ether"
+	"github.com/eipoib/eipoibd/ether"
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/ipoib/simfabric"
 	"github.com/eipoib/eipoibd/mactrans"
