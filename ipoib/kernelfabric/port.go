@@ -713,6 +713,9 @@ func (p *Port) notReady(c *child) error {
 // partition (AllocQP answers with it for refuseFor) and returns it.
 func (p *Port) refuse(pkey ipoib.PKey, st stat, err error) error {
 	p.stat(st)
+	// The shim counts the refusal by this name (vifs_refused_<reason>):
+	// the stat's name without its "child_refused_" prefix.
+	err = &ipoib.RefusedError{Reason: strings.TrimPrefix(statNames[st], "child_refused_"), Err: err}
 	p.refMu.Lock()
 	p.refused[pkey.Full()] = refusal{err: err, until: time.Now().Add(refuseFor)}
 	p.refMu.Unlock()

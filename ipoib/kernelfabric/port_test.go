@@ -242,6 +242,11 @@ func TestChildPKeyNotInTable(t *testing.T) {
 	if !errors.Is(err2, kf.ErrPKeyNotInTable) || c[kf.StatRefusedPKey] != 1 || c[kf.StatRefusedAgain] != 1 || len(children(k)) != 3 {
 		t.Fatalf("again: %v, stats %v, children %v", err2, c, children(k))
 	}
+	for _, e := range []error{err, err2} { // the shim counts it as vifs_refused_pkey
+		if re := (*ipoib.RefusedError)(nil); !errors.As(e, &re) || re.Reason != "pkey" {
+			t.Errorf("%v: not a RefusedError with reason pkey", e)
+		}
+	}
 }
 
 // TestChildAttachLimit: with the HCA's per-group QP limit at 3 (the
@@ -259,7 +264,7 @@ func TestChildAttachLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = a.AllocQP(0xffff, 0)
-	if !errors.Is(err, kf.ErrJoinTimeout) || !strings.Contains(err.Error(), "max_mcast_qp_attach") {
+	if re := (*ipoib.RefusedError)(nil); !errors.Is(err, kf.ErrJoinTimeout) || !strings.Contains(err.Error(), "max_mcast_qp_attach") || !errors.As(err, &re) || re.Reason != "join" {
 		t.Fatalf("got %v", err)
 	}
 	if ch := children(ka); ch["ib0.e2"] || len(ch) != 2 || a.Counters().Stats[kf.StatRefusedJoin] != 1 {
