@@ -241,8 +241,8 @@ func TestVIFPastAttachLimit(t *testing.T) {
 	if _, ok := a.s.vifs.Lookup(mactrans.VIFKey{MAC: macA3}); ok || len(a.s.VIFs()) != 2 {
 		t.Fatalf("VIFs after the refusal: %v", a.s.VIFs())
 	}
-	if links, _ := ka.Links(); len(links) != 4 || a.port.Counters().Stats[kernelfabric.StatRefusedJoin] != 1 {
-		t.Fatalf("links %v, port stats %v", links, a.port.Counters().Stats)
+	if links, _ := ka.Links(); len(links) != 4 || a.port.Counters().Stats[kernelfabric.StatRefusedJoin] != 1 || a.s.Counters()["vifs_refused_join"] != 1 {
+		t.Fatalf("links %v, port stats %v, shim counters %v", links, a.port.Counters().Stats, a.s.Counters())
 	}
 	a.dev.Inject(udpFrame(t, macA1, remacB1, ipA1, ipB1, 100, true))
 	if u, ok := b.recv(t).Layer(layers.LayerTypeUDP).(*layers.UDP); !ok || len(u.Payload) != 100 {
