@@ -492,3 +492,47 @@ func TestFlushPendingAfterFlush(t *testing.T) {
 		t.Fatalf("send errors %d, no_address_handle %d (want 1), handles destroyed under a send %d", se, noAH, busy)
 	}
 }
+
+// TestEvictionMidBatch: a handle evicted while a batch is under way,
+// after a packet looked it up and before that packet is queued (the
+// fake's pollSend hook evicts it from the reap that slot runs when the
+// ring is full), is not destroyed under the packet: eviction marks are
+// taken at a batch's start only. The old code marked it mid-batch,
+// buried it once the earlier slots were free, and posted the packet on
+// the destroyed handle.
+func TestEvictionMidBatch(t *testing.T) {
+	l := newLink(t)
+	p, d := l.p1, l.d1
+	send(t, p, l.q1, 0xffff, ipoib.MakeHwAddr(0, l.q2, gid2), 100, 1)
+	h, ok := p.ahs.lookup(ahKey{gid2, 0xffff})
+	if !ok {
+		t.Fatal("no handle to gid2")
+	}
+	var once sync.Once
+	d.mu.Lock()
+	d.pollHook = func() { // pollSend runs with txMu held: p.used is readable
+		if p.used == sendSlots {
+			once.Do(func() {
+				p.ahMu.Lock()
+				p.evictAH()
+				p.ahMu.Unlock()
+			})
+		}
+	}
+	d.mu.Unlock()
+	bufs, meta := l.batch(sendSlots+1, 100)
+	if n, err := p.Write(bufs, meta, ipoib.Headroom); n != sendSlots+1 || err != nil {
+		t.Fatalf("wrote %d: %v", n, err)
+	}
+	if p.ahs.get(ahKey{gid2, 0xffff}) != nil {
+		t.Fatal("the hook did not evict the handle")
+	}
+	p.Write(nil, nil, 0) // takes the eviction, reaps, buries
+	d.mu.Lock()
+	busy := d.busyDestroys
+	_, alive := d.ahs[h]
+	d.mu.Unlock()
+	if se := p.drops.Load(ipoib.DropSendError); se != 0 || busy != 0 || alive {
+		t.Fatalf("send errors %d, handles destroyed under a send %d, evicted handle still alive %v", se, busy, alive)
+	}
+}
