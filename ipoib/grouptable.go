@@ -2,6 +2,7 @@ package ipoib
 
 import (
 	"fmt"
+	"hash/maphash"
 	"maps"
 	"sync"
 	"sync/atomic"
@@ -11,32 +12,46 @@ import (
 // fabric backends share it. attach and detach (either may be nil) are the
 // backend's own work to receive a group or stop receiving it; they run
 // under the table's lock, so they happen once per change. Full, asked
-// per received multicast packet, takes no lock: the full memberships are
-// an immutable set replaced, copy on write, by Join and Leave. It is
-// safe for concurrent use.
+// per received multicast packet, takes no lock and allocates nothing:
+// the full memberships are groupShards immutable sets, chosen by a
+// seeded hash of the MGID (a guest cannot pile its groups into one),
+// each replaced copy on write by Join and Leave; a change copies one
+// shard, 1/groupShards of the set. It is safe for concurrent use.
 type GroupTable struct {
 	mu       sync.Mutex // serialises changes
-	full     atomic.Pointer[map[GID]struct{}]
+	seed     maphash.Seed
+	full     [groupShards]atomic.Pointer[map[GID]struct{}]
 	sendOnly map[GID]bool
 }
 
+// groupShards is the number of shards of the full memberships.
+const groupShards = 256
+
 // NewGroupTable returns an empty table.
 func NewGroupTable() *GroupTable {
-	t := &GroupTable{sendOnly: make(map[GID]bool)}
-	t.full.Store(&map[GID]struct{}{})
+	t := &GroupTable{seed: maphash.MakeSeed(), sendOnly: make(map[GID]bool)}
+	for i := range t.full {
+		t.full[i].Store(&map[GID]struct{}{})
+	}
 	return t
 }
 
-// setFull replaces the full memberships with a copy with mgid in or
-// out. Called with mu held.
+// shard is mgid's shard.
+func (t *GroupTable) shard(mgid GID) *atomic.Pointer[map[GID]struct{}] {
+	return &t.full[maphash.Comparable(t.seed, mgid)%groupShards]
+}
+
+// setFull replaces mgid's shard with a copy with mgid in or out.
+// Called with mu held.
 func (t *GroupTable) setFull(mgid GID, in bool) {
-	m := maps.Clone(*t.full.Load())
+	s := t.shard(mgid)
+	m := maps.Clone(*s.Load())
 	if in {
 		m[mgid] = struct{}{}
 	} else {
 		delete(m, mgid)
 	}
-	t.full.Store(&m)
+	s.Store(&m)
 }
 
 // Join makes the port a full member of mgid, upgrading a send-only
@@ -93,7 +108,7 @@ func (t *GroupTable) Leave(mgid GID, detach func() error) error {
 // Full reports whether the port is a full member of mgid: whether the
 // group's traffic may be delivered to it. It takes no lock.
 func (t *GroupTable) Full(mgid GID) bool {
-	_, ok := (*t.full.Load())[mgid]
+	_, ok := (*t.shard(mgid).Load())[mgid]
 	return ok
 }
 

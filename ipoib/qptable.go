@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"iter"
-	"maps"
 	"sync"
 	"sync/atomic"
 )
@@ -22,29 +21,72 @@ type QP struct {
 // QPTable is a port's UD QPs by QPN, each with its P_Key and the
 // backend's state; every fabric backend keeps its QPs in one. A backend
 // that numbers QPs itself uses Alloc, one whose device numbers them
-// Add. Lookups take no lock (the data path makes one per packet): the
-// table is an immutable map replaced, copy on write, by Alloc, Add and
-// Free, which are the control plane's and serialised among themselves.
-// It is safe for concurrent use.
+// Add. Lookups take no lock and allocate nothing (the data path makes
+// one per packet): the table is a two-level radix tree of atomic
+// pointers by QPN, qpRoots leaves of qpLeafSize entries, each entry an
+// immutable QP. Alloc, Add and Free are the control plane's, serialised
+// among themselves; each changes one entry (and makes or drops at most
+// one leaf), so filling or emptying a table of n QPs costs O(n), not
+// the O(n²) of a map copied on every change. It is safe for concurrent
+// use.
 type QPTable struct {
 	mu   sync.Mutex // serialises writers
-	qps  atomic.Pointer[map[uint32]QP]
+	root [qpRoots]atomic.Pointer[qpLeaf]
+	n    atomic.Int64
 	next uint32
+}
+
+const (
+	// qpLeafBits of a QPN index a leaf; the rest index the root.
+	qpLeafBits = 12
+	qpLeafSize = 1 << qpLeafBits
+	qpRoots    = (MaxQPN + 1) >> qpLeafBits
+)
+
+// qpLeaf is qpLeafSize consecutive QPNs' entries; n counts those in use
+// (under the table's mu), so that an emptied leaf is dropped.
+type qpLeaf struct {
+	n   int
+	qps [qpLeafSize]atomic.Pointer[QP]
 }
 
 // NewQPTable returns an empty table that numbers from first when no hint
 // is given (QPNs 0 and 1 are the IBA's special QPs and never handed out).
 func NewQPTable(first uint32) *QPTable {
-	t := &QPTable{next: max(first%MaxQPN, 2)}
-	t.qps.Store(&map[uint32]QP{})
-	return t
+	return &QPTable{next: max(first%MaxQPN, 2)}
 }
 
-// set replaces the table with a copy changed by f. Called with mu held.
-func (t *QPTable) set(f func(map[uint32]QP)) {
-	m := maps.Clone(*t.qps.Load())
-	f(m)
-	t.qps.Store(&m)
+// entry returns qpn's slot (nil: its leaf does not exist), without a
+// lock.
+func (t *QPTable) entry(qpn uint32) *atomic.Pointer[QP] {
+	if qpn >= MaxQPN {
+		return nil
+	}
+	l := t.root[qpn>>qpLeafBits].Load()
+	if l == nil {
+		return nil
+	}
+	return &l.qps[qpn&(qpLeafSize-1)]
+}
+
+// used reports qpn in the table. Called with mu held.
+func (t *QPTable) used(qpn uint32) bool {
+	e := t.entry(qpn)
+	return e != nil && e.Load() != nil
+}
+
+// put records q as qpn's entry, which is free, making its leaf when
+// needed. Called with mu held.
+func (t *QPTable) put(qpn uint32, q QP) {
+	r := &t.root[qpn>>qpLeafBits]
+	l := r.Load()
+	if l == nil {
+		l = &qpLeaf{}
+		r.Store(l)
+	}
+	l.n++
+	l.qps[qpn&(qpLeafSize-1)].Store(&q)
+	t.n.Add(1)
 }
 
 // Alloc records a QP in partition pkey, numbered hint when that is a free
@@ -55,22 +97,19 @@ func (t *QPTable) Alloc(pkey PKey, hint uint32) (uint32, error) {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	cur := *t.qps.Load()
-	_, used := cur[hint]
-	q, ok := hint, hint > 1 && hint < MaxQPN && !used
+	q, ok := hint, hint > 1 && hint < MaxQPN && !t.used(hint)
 	for i := 0; !ok && i < MaxQPN; i++ {
 		q = t.next
 		t.next++
 		if t.next >= MaxQPN {
 			t.next = 2
 		}
-		_, used = cur[q]
-		ok = !used
+		ok = !t.used(q)
 	}
 	if !ok {
 		return 0, ErrNoQPN
 	}
-	t.set(func(m map[uint32]QP) { m[q] = QP{PKey: pkey} })
+	t.put(q, QP{PKey: pkey})
 	return q, nil
 }
 
@@ -85,10 +124,10 @@ func (t *QPTable) Add(qpn uint32, pkey PKey, data any) error {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if _, used := (*t.qps.Load())[qpn]; used {
+	if t.used(qpn) {
 		return fmt.Errorf("ipoib: QPN %#x already in use", qpn)
 	}
-	t.set(func(m map[uint32]QP) { m[qpn] = QP{PKey: pkey, Data: data} })
+	t.put(qpn, QP{PKey: pkey, Data: data})
 	return nil
 }
 
@@ -98,31 +137,53 @@ func (t *QPTable) Free(qpn uint32) error {
 	return err
 }
 
-// Remove forgets a QP and returns its entry.
+// Remove forgets a QP and returns its entry. A leaf left empty is
+// dropped: a reader still in it finds no entry, as it would after the
+// Remove.
 func (t *QPTable) Remove(qpn uint32) (QP, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	q, ok := (*t.qps.Load())[qpn]
-	if !ok {
+	e := t.entry(qpn)
+	var q *QP
+	if e != nil {
+		q = e.Swap(nil)
+	}
+	if q == nil {
 		return QP{}, fmt.Errorf("ipoib: QPN %#x not allocated", qpn)
 	}
-	t.set(func(m map[uint32]QP) { delete(m, qpn) })
-	return q, nil
+	t.n.Add(-1)
+	r := &t.root[qpn>>qpLeafBits]
+	l := r.Load()
+	if l.n--; l.n == 0 {
+		r.Store(nil)
+	}
+	return *q, nil
 }
 
 // Clear forgets every QP and returns what the table held.
 func (t *QPTable) Clear() map[uint32]QP {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	old := *t.qps.Load()
-	t.qps.Store(&map[uint32]QP{})
+	old := make(map[uint32]QP, t.n.Load())
+	for qpn, q := range t.All() {
+		old[qpn] = q
+	}
+	for i := range t.root {
+		t.root[i].Store(nil)
+	}
+	t.n.Store(0)
 	return old
 }
 
-// Lookup returns QP qpn's entry, and whether it exists. It takes no lock.
+// Lookup returns QP qpn's entry, and whether it exists. It takes no lock
+// and allocates nothing.
 func (t *QPTable) Lookup(qpn uint32) (QP, bool) {
-	q, ok := (*t.qps.Load())[qpn]
-	return q, ok
+	if e := t.entry(qpn); e != nil {
+		if q := e.Load(); q != nil {
+			return *q, true
+		}
+	}
+	return QP{}, false
 }
 
 // PKey returns the P_Key of QP qpn, and whether it exists.
@@ -131,10 +192,24 @@ func (t *QPTable) PKey(qpn uint32) (PKey, bool) {
 	return q.PKey, ok
 }
 
-// All yields every QP of one snapshot of the table.
+// All yields every QP in QPN order, without a lock: a QP in the table
+// throughout is yielded once, one added or removed meanwhile may or may
+// not be.
 func (t *QPTable) All() iter.Seq2[uint32, QP] {
-	return maps.All(*t.qps.Load())
+	return func(yield func(uint32, QP) bool) {
+		for i := range t.root {
+			l := t.root[i].Load()
+			if l == nil {
+				continue
+			}
+			for j := range l.qps {
+				if q := l.qps[j].Load(); q != nil && !yield(uint32(i<<qpLeafBits|j), *q) {
+					return
+				}
+			}
+		}
+	}
 }
 
 // Len is the number of QPs.
-func (t *QPTable) Len() int { return len(*t.qps.Load()) }
+func (t *QPTable) Len() int { return int(t.n.Load()) }

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/eipoib/eipoibd/ipoib"
+	"github.com/eipoib/eipoibd/ipoib/internal/parked"
 )
 
 // The tests of the control side's ordering and locking: each drives the
@@ -336,26 +337,202 @@ func TestJoinQKeyMismatch(t *testing.T) {
 	}
 }
 
-// TestFreeQPWaitsForBatch: FreeQP takes the QP out of the table at once
-// (no new packet is taken from it) but destroys it on the device only
-// once the batch under way (txMu) is posted.
+// TestFreeQPWaitsForBatch: FreeQP takes the QP out of the table only
+// between batches (txMu) and destroys it on the device after the batch
+// under way has ended: the fake's destroy hook records whether txMu was
+// held and the QP still in the table. The test holds txMu as a batch
+// does and lets it go once FreeQP is blocked on it, or has reached the
+// device without waiting (the failure the hook records).
 func TestFreeQPWaitsForBatch(t *testing.T) {
 	l := newLink(t)
 	p, d := l.p1, l.d1
+	var held, listed bool
+	destroyed := make(chan struct{})
+	d.mu.Lock()
+	d.destroyHook = func(q uint32) {
+		if q != l.q1 {
+			return
+		}
+		if held = !p.txMu.TryLock(); !held {
+			p.txMu.Unlock()
+		}
+		listed = p.qp(q) != nil
+		close(destroyed)
+	}
+	d.mu.Unlock()
 	p.txMu.Lock()
 	freed := make(chan error, 1)
 	go func() { freed <- p.FreeQP(l.q1) }()
-	waitFor(t, "the QP out of the table", func() bool { return p.qp(l.q1) == nil })
-	d.mu.Lock()
-	alive := d.qps[l.q1] != nil
-	d.mu.Unlock()
+	waitFor(t, "FreeQP blocked on the batch, or at the device", func() bool {
+		select {
+		case <-destroyed:
+			return true
+		default:
+			return parked.OnMutex("verbsfabric.(*Port).unlist")
+		}
+	})
 	p.txMu.Unlock()
-	if err := <-freed; err != nil || !alive {
-		t.Fatalf("FreeQP: %v; on the device while a batch was under way: %v", err, alive)
+	if err := <-freed; err != nil {
+		t.Fatal(err)
+	}
+	<-destroyed
+	if held || listed {
+		t.Fatalf("destroyed while a batch held txMu: %v; while still in the table: %v", held, listed)
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.qps[l.q1] != nil {
 		t.Fatal("the QP outlived FreeQP on the device")
+	}
+}
+
+// TestFreedQPKeepsItsSlots: the send slots of a freed QP whose sends
+// have not completed stay in use until the device has destroyed it.
+// While FreeQP waits for the device, a ring's worth of another QP's
+// sends never takes one (the fake counts a slot taken while the device
+// may still read it); the four that find the ring full are dropped and
+// counted, and once the QP is destroyed its slots are free.
+func TestFreedQPKeepsItsSlots(t *testing.T) {
+	l := newLink(t)
+	p, d := l.p1, l.d1
+	qb, err := p.AllocQP(0xffff, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	send(t, p, qb, 0xffff, ipoib.MakeHwAddr(0, l.q2, gid2), 100, 1) // the handle to gid2 made: nothing is held below
+	d.mu.Lock()
+	d.holdQPN = l.q1
+	d.mu.Unlock()
+	bufs, meta := l.batch(4, 100)
+	if n, err := p.Write(bufs, meta, ipoib.Headroom); n != 4 || err != nil {
+		t.Fatalf("wrote %d: %v", n, err)
+	}
+	entered, release := make(chan struct{}), make(chan struct{})
+	var released sync.Once
+	letGo := func() { released.Do(func() { close(release) }) }
+	t.Cleanup(letGo) // before Close, which waits for FreeQP
+	d.mu.Lock()
+	d.destroyHook = func(q uint32) {
+		if q == l.q1 {
+			close(entered)
+			<-release
+		}
+	}
+	d.mu.Unlock()
+	freed := make(chan error, 1)
+	go func() { freed <- p.FreeQP(l.q1) }()
+	<-entered
+	bufs, meta = l.batch(batchSize, 100)
+	for i := range meta {
+		meta[i].SrcQPN = qb
+	}
+	for range sendSlots / batchSize {
+		p.Write(bufs, meta, ipoib.Headroom)
+	}
+	d.mu.Lock()
+	over := d.overwrites
+	d.mu.Unlock()
+	if full := p.drops.Load(ipoib.DropRingFull); over != 0 || full != 4 {
+		t.Fatalf("%d slots of the freed QP's sends taken; %d sends found the ring full, want 4", over, full)
+	}
+	letGo()
+	if err := <-freed; err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := p.Write(bufs[:1], meta[:1], ipoib.Headroom); n != 1 || p.slotsInUse() != 1 {
+		t.Fatalf("after the destroy: wrote %d, %d slots in use", n, p.slotsInUse())
+	}
+}
+
+// TestFlushPendingAfterFlush: a packet held for its destination's
+// address handle is not sent on the handle the resolver made when a
+// flush dropped it between the resolver publishing it and sending what
+// waited (the flush destroys it at once, no send being outstanding):
+// it is dropped and counted as no_address_handle, no send fails and no
+// handle is destroyed under a send. Hooks force the interleaving: the
+// fake's createAH holds the resolver until the test holds txMu, and the
+// flush runs once the resolver is blocked on txMu in flushPending.
+func TestFlushPendingAfterFlush(t *testing.T) {
+	l := newLink(t)
+	p, d := l.p1, l.d1
+	key := ahKey{gid2, 0xffff}
+	entered, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	d.mu.Lock()
+	d.createAHHook = func(pa path) {
+		if pa.gid == gid2 {
+			once.Do(func() {
+				close(entered)
+				<-release
+			})
+		}
+	}
+	d.mu.Unlock()
+	bufs, meta := l.batch(1, 100)
+	if n, _ := p.Write(bufs, meta, ipoib.Headroom); n != 1 {
+		t.Fatal("the packet was not held")
+	}
+	<-entered
+	p.txMu.Lock()
+	close(release)
+	waitFor(t, "the resolver blocked in flushPending", func() bool {
+		return readyAH(p, key) && parked.OnMutex("verbsfabric.(*Port).flushPending")
+	})
+	p.dropAHs(func(ahKey) bool { return true })
+	p.txMu.Unlock()
+	waitFor(t, "the held packet handled", func() bool {
+		p.txMu.Lock()
+		defer p.txMu.Unlock()
+		return len(p.pending) == 0
+	})
+	d.mu.Lock()
+	busy := d.busyDestroys
+	d.mu.Unlock()
+	if se, noAH := p.drops.Load(ipoib.DropSendError), p.drops.Load(ipoib.DropNoAH); se != 0 || noAH != 1 || busy != 0 {
+		t.Fatalf("send errors %d, no_address_handle %d (want 1), handles destroyed under a send %d", se, noAH, busy)
+	}
+}
+
+// TestEvictionMidBatch: a handle evicted while a batch is under way,
+// after a packet looked it up and before that packet is queued (the
+// fake's pollSend hook evicts it from the reap that slot runs when the
+// ring is full), is not destroyed under the packet: eviction marks are
+// taken at a batch's start only. The old code marked it mid-batch,
+// buried it once the earlier slots were free, and posted the packet on
+// the destroyed handle.
+func TestEvictionMidBatch(t *testing.T) {
+	l := newLink(t)
+	p, d := l.p1, l.d1
+	send(t, p, l.q1, 0xffff, ipoib.MakeHwAddr(0, l.q2, gid2), 100, 1)
+	h, ok := p.ahs.lookup(ahKey{gid2, 0xffff})
+	if !ok {
+		t.Fatal("no handle to gid2")
+	}
+	var once sync.Once
+	d.mu.Lock()
+	d.pollHook = func() { // pollSend runs with txMu held: p.used is readable
+		if p.used == sendSlots {
+			once.Do(func() {
+				p.ahMu.Lock()
+				p.evictAH()
+				p.ahMu.Unlock()
+			})
+		}
+	}
+	d.mu.Unlock()
+	bufs, meta := l.batch(sendSlots+1, 100)
+	if n, err := p.Write(bufs, meta, ipoib.Headroom); n != sendSlots+1 || err != nil {
+		t.Fatalf("wrote %d: %v", n, err)
+	}
+	if p.ahs.get(ahKey{gid2, 0xffff}) != nil {
+		t.Fatal("the hook did not evict the handle")
+	}
+	p.Write(nil, nil, 0) // takes the eviction, reaps, buries
+	d.mu.Lock()
+	busy := d.busyDestroys
+	_, alive := d.ahs[h]
+	d.mu.Unlock()
+	if se := p.drops.Load(ipoib.DropSendError); se != 0 || busy != 0 || alive {
+		t.Fatalf("send errors %d, handles destroyed under a send %d, evicted handle still alive %v", se, busy, alive)
 	}
 }

@@ -23,6 +23,7 @@ func (p *Port) Write(bufs [][]byte, meta []ipoib.TxMeta, offset int) (int, error
 		p.drops.AddN(ipoib.DropPortDown, uint64(len(bufs)))
 		return 0, nil
 	}
+	p.takeEvicted()
 	p.reap()
 	accepted := 0
 	for i := range bufs {
@@ -105,8 +106,8 @@ func (p *Port) post() {
 	}
 	p.batchNo++
 	for i := len(p.descs) - 1; i >= 0; i-- {
-		// A QP freed since its packet was queued is nil here: its
-		// send fails and is counted.
+		// FreeQP takes a QP out of the table between batches only:
+		// every QP of the batch is here.
 		if q := p.qp(p.descs[i].qpn); q != nil && q.lastBatch != p.batchNo {
 			q.lastBatch = p.batchNo
 			p.descs[i].signal = true
@@ -140,7 +141,7 @@ func (p *Port) post() {
 
 // slot returns the next free send slot. Slots are used as a ring and
 // freed in order: the oldest is free once its QP has completed its send
-// or the QP is gone.
+// or the QP is destroyed.
 func (p *Port) slot() (int, bool) {
 	if p.used == len(p.slots) {
 		p.reap()
@@ -160,39 +161,56 @@ func (p *Port) slot() (int, bool) {
 	return s, true
 }
 
-// reap takes send completions and frees the slots they cover.
+// reap takes send completions and frees the slots they cover: a slot is
+// free once its QP completed the send or is destroyed. A freed QP not
+// destroyed yet (dying) keeps its slots: its sends may still be reading
+// them. reap then destroys the dead address handles no send can still
+// use. It runs in the middle of a batch too (slot, when the ring is
+// full), so it takes no evicted handle (see takeEvicted).
 func (p *Port) reap() {
 	n := p.dev.pollSend(p.dones)
 	for _, d := range p.dones[:n] {
 		if !d.ok {
 			p.drops.Add(ipoib.DropSendError)
 		}
-		if q := p.qp(d.qpn); q != nil && d.wrID+1 > q.done {
+		if q := p.txQP(d.qpn); q != nil && d.wrID+1 > q.done {
 			q.done = d.wrID + 1
 		}
 	}
 	for p.used > 0 {
 		tail := (p.head - p.used + len(p.slots)) % len(p.slots)
 		s := p.slots[tail]
-		if q := p.qp(s.qpn); q != nil && s.seq >= q.done {
+		if q := p.txQP(s.qpn); q != nil && s.seq >= q.done {
 			break
 		}
 		p.used--
 		p.freed++
-	}
-	if p.nEvicted.Load() > 0 {
-		p.takeEvicted()
 	}
 	if len(p.dead) > 0 {
 		p.buryAHs()
 	}
 }
 
+// txQP is QP qpn's state, freed but not destroyed yet included (nil: no
+// such QP, or destroyed). Called with txMu held.
+func (p *Port) txQP(qpn uint32) *qpState {
+	if q := p.qp(qpn); q != nil {
+		return q
+	}
+	return p.dying[qpn]
+}
+
 // takeEvicted moves the address handles evictAH dropped to the dead
-// list, to be destroyed once every send queued so far is done: a send
-// queued on one before its eviction has an earlier slot. Called with
-// txMu held.
+// list, to be destroyed once every send queued so far is done. It runs
+// only where no handle looked up from the cache is held (a batch's
+// start, txMu held): a handle evicted after a lookup, before its send
+// is queued, then gets a mark past that send. Taken in the middle of a
+// batch, the mark could come before the send and the handle be
+// destroyed under it.
 func (p *Port) takeEvicted() {
+	if p.nEvicted.Load() == 0 {
+		return
+	}
 	p.ahMu.Lock()
 	for _, h := range p.evicted {
 		p.dead = append(p.dead, deadAH{h: h, mark: p.queued})
@@ -225,6 +243,11 @@ func (p *Port) buryAHs() {
 func (p *Port) flushAHs(match func(ahKey) bool) {
 	p.txMu.Lock()
 	defer p.txMu.Unlock()
+	p.dropAHs(match)
+}
+
+// dropAHs is flushAHs with txMu held (between batches).
+func (p *Port) dropAHs(match func(ahKey) bool) {
 	p.ahMu.Lock()
 	defer p.ahMu.Unlock()
 	p.ahs.gen++
@@ -317,7 +340,7 @@ func (p *Port) hold(pkt []byte, m *ipoib.TxMeta, key ahKey) (h handle, ok, held 
 	e.pending++
 	b := p.pendFree[len(p.pendFree)-1]
 	p.pendFree = p.pendFree[:len(p.pendFree)-1]
-	p.pending = append(p.pending, pendingPkt{buf: b, n: copy(p.pendBufs[b], pkt), src: m.SrcQPN, dst: m.Dst, pkey: m.PKey, key: key})
+	p.pending = append(p.pending, pendingPkt{buf: b, n: copy(p.pendBufs[b], pkt), src: m.SrcQPN, dst: m.Dst, pkey: m.PKey, key: key, e: e})
 	return 0, false, true
 }
 
@@ -345,7 +368,6 @@ func (p *Port) resolver() {
 		h, err := p.makeAH(key)
 		p.ahMu.Lock()
 		e := p.ahs.get(key)
-		made := false
 		switch {
 		case e == nil || !e.resolving():
 			// Flushed or replaced meanwhile.
@@ -362,21 +384,18 @@ func (p *Port) resolver() {
 			default:
 				p.ahs.set(key, &ahEntry{failedAt: time.Now()})
 			}
-			p.ahMu.Unlock()
-			continue
 		case err != nil:
 			p.ahs.set(key, &ahEntry{failedAt: time.Now()})
 			p.ahFailed.Add(1)
 		default:
 			p.ahs.set(key, &ahEntry{h: h, ready: true})
 			p.ahCreated.Add(1)
-			made = true
 		}
 		p.ahMu.Unlock()
 		if err != nil {
 			p.warnLimited(err)
 		}
-		p.flushPending(key, h, made)
+		p.flushPending(key)
 	}
 }
 
@@ -411,27 +430,43 @@ func (p *Port) makeAH(key ahKey) (handle, error) {
 	return p.dev.createAH(pa)
 }
 
-// flushPending sends on handle h (or, when none was made, drops and
-// counts) what waited for key. A handle evicted since it was made is
-// still alive: reap buries it only after the sends queued here.
-func (p *Port) flushPending(key ahKey, h handle, made bool) {
+// flushPending sends what waited for key on the handle the cache holds
+// for it now, under txMu: not on the one the resolver made, which a
+// flush (flushAHs) or an eviction may have dropped since the resolver
+// let ahMu go; a flush buries it at once when no send is outstanding,
+// and a send queued after the flush's mark would run on a destroyed
+// handle (rxe looks the handle up when the send executes). Under txMu
+// no flush runs, and a handle evicted from here on reaches the dead
+// list only at the next batch's start (takeEvicted), past these sends.
+// Packets whose key is being resolved again stay held; with no handle
+// (the resolution failed, or the entry was flushed or evicted) they are
+// dropped and counted.
+func (p *Port) flushPending(key ahKey) {
 	p.txMu.Lock()
 	defer p.txMu.Unlock()
 	if p.closed.Load() {
 		return
 	}
+	e := p.ahs.get(key)
 	keep := p.pending[:0]
 	for _, w := range p.pending {
-		if w.key != key {
+		switch {
+		case w.key != key:
 			keep = append(keep, w)
 			continue
-		}
-		if !made {
+		case e != nil && e.resolving():
+			if w.e != e { // held for an entry flushed since: count it in the new one
+				w.e = e
+				e.pending++
+			}
+			keep = append(keep, w)
+			continue
+		case e == nil || !e.ready:
 			p.drops.Add(ipoib.DropNoAH)
-		} else {
+		default:
 			m := ipoib.TxMeta{Dst: w.dst, SrcQPN: w.src, PKey: w.pkey}
 			if q := p.valid(&m, w.n); q != nil {
-				p.queue(p.pendBufs[w.buf][:w.n], q, w.src, w.dst.QPN(), h)
+				p.queue(p.pendBufs[w.buf][:w.n], q, w.src, w.dst.QPN(), e.h)
 			}
 		}
 		p.pendFree = append(p.pendFree, w.buf)

@@ -57,6 +57,26 @@ type fakeDev struct {
 	qpGate, qpEntered chan struct{}
 	devClosed         bool
 	qpLate            int
+	// destroyHook, when set (under mu), runs as destroyQP begins.
+	destroyHook func(qpn uint32)
+	// holdQPN's send completions are withheld: its sends stay under
+	// way. busy is the send slots under way (posted, not reaped and
+	// their QP not destroyed) with their QP and work request; a slot
+	// the port takes (sendBuf) while under way is counted in
+	// overwrites: the device may still be reading it.
+	holdQPN    uint32
+	busy       map[int]busySlot
+	overwrites int
+	// pollHook and createAHHook, when set (under mu), run as pollSend
+	// and createAH begin.
+	pollHook     func()
+	createAHHook func(path)
+}
+
+// busySlot is a send slot under way: its QP and work request.
+type busySlot struct {
+	qpn  uint32
+	wrID uint64
 }
 
 // fakeQP is a fake UD QP: its P_Key index and Q_Key.
@@ -82,7 +102,7 @@ func (h *fakeHub) open(a devAttr, sa *fakeSA) func(string, layout) (device, erro
 	return func(_ string, lay layout) (device, error) {
 		d := &fakeDev{hub: h, lay: lay, a: a, table: a.pkeys, fsa: sa,
 			nextQPN: 0x11, qps: map[uint32]*fakeQP{}, attached: map[ipoib.GID]map[uint32]uint16{}, ahs: map[handle]path{},
-			inflight: map[handle]map[uint32]uint64{}, reaped: map[uint32]uint64{},
+			inflight: map[handle]map[uint32]uint64{}, reaped: map[uint32]uint64{}, busy: map[int]busySlot{},
 			send: make([]byte, lay.sendSlots*lay.slotSize), recv: make([]byte, lay.recvBufs*lay.recvSize),
 			failAt: -1, notify: make(chan struct{}, 1), events: make(chan portEvent), woke: make(chan struct{})}
 		if sa != nil {
@@ -159,6 +179,12 @@ func (d *fakeDev) pkeys() ([]ipoib.PKey, error) {
 
 func (d *fakeDev) destroyQP(q uint32) error {
 	d.mu.Lock()
+	hook := d.destroyHook
+	d.mu.Unlock()
+	if hook != nil {
+		hook(q)
+	}
+	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.devClosed {
 		d.qpLate++
@@ -167,10 +193,21 @@ func (d *fakeDev) destroyQP(q uint32) error {
 		return errors.New("no such QP")
 	}
 	delete(d.qps, q)
+	for slot, b := range d.busy {
+		if b.qpn == q {
+			delete(d.busy, slot)
+		}
+	}
 	return nil
 }
 
 func (d *fakeDev) createAH(p path) (handle, error) {
+	d.mu.Lock()
+	hook := d.createAHHook
+	d.mu.Unlock()
+	if hook != nil {
+		hook(p)
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.nextAH++
@@ -216,6 +253,16 @@ func (d *fakeDev) detach(q uint32, g ipoib.GID, _ uint16) error {
 }
 
 func (d *fakeDev) sendBuf(slot int) []byte {
+	d.mu.Lock()
+	if _, ok := d.busy[slot]; ok {
+		d.overwrites++
+	}
+	d.mu.Unlock()
+	return d.slotBuf(slot)
+}
+
+// slotBuf is send slot slot's buffer, as the device reads it.
+func (d *fakeDev) slotBuf(slot int) []byte {
 	return d.send[slot*d.lay.slotSize : (slot+1)*d.lay.slotSize]
 }
 
@@ -235,8 +282,9 @@ func (d *fakeDev) postSend(s []sendDesc) (int, error) {
 			d.inflight[w.ah] = map[uint32]uint64{}
 		}
 		d.inflight[w.ah][w.qpn] = w.wrID
+		d.busy[w.slot] = busySlot{w.qpn, w.wrID}
 		d.mu.Unlock()
-		data := d.sendBuf(w.slot)[:w.len]
+		data := d.slotBuf(w.slot)[:w.len]
 		d.hub.mu.Lock()
 		if p.gid.IsMulticast() {
 			for _, to := range d.hub.devs {
@@ -254,7 +302,7 @@ func (d *fakeDev) postSend(s []sendDesc) (int, error) {
 			to.deliver(d.a.gid, p.gid, w.qpn, w.rqpn, w.qkey, data)
 		}
 		d.hub.mu.Unlock()
-		if w.signal {
+		if w.signal && w.qpn != d.holdQPN {
 			d.mu.Lock()
 			d.sq = append(d.sq, sendDone{wrID: w.wrID, qpn: w.qpn, ok: true})
 			d.mu.Unlock()
@@ -305,10 +353,21 @@ func (d *fakeDev) complete(src, dst ipoib.GID, srcQPN, qpn uint32, data []byte) 
 
 func (d *fakeDev) pollSend(out []sendDone) int {
 	d.mu.Lock()
+	hook := d.pollHook
+	d.mu.Unlock()
+	if hook != nil {
+		hook()
+	}
+	d.mu.Lock()
 	defer d.mu.Unlock()
 	n := copy(out, d.sq)
 	for _, c := range out[:n] {
 		d.reaped[c.qpn] = max(d.reaped[c.qpn], c.wrID+1)
+		for slot, b := range d.busy {
+			if b.qpn == c.qpn && b.wrID <= c.wrID {
+				delete(d.busy, slot)
+			}
+		}
 	}
 	d.sq = d.sq[:copy(d.sq, d.sq[n:])] // keeps its array: no allocation once warm
 	return n

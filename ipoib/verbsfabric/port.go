@@ -121,6 +121,7 @@ type pendingPkt struct {
 	dst  ipoib.HwAddr
 	pkey ipoib.PKey
 	key  ahKey
+	e    *ahEntry // the resolution it waits for, which counts it
 }
 
 // Port is a verbs device's port 1 as an ipoib.Port.
@@ -161,8 +162,11 @@ type Port struct {
 	nEvicted atomic.Int32
 	resolve  chan ahKey
 
-	txMu     sync.Mutex
-	slots    []slotInfo
+	txMu  sync.Mutex
+	slots []slotInfo
+	// dying are the QPs FreeQP took out of qps and has not destroyed
+	// yet: their slots stay in use (reap) until then.
+	dying    map[uint32]*qpState
 	head     int
 	used     int
 	descs    []sendDesc
@@ -231,7 +235,7 @@ func New(c Config) (*Port, error) {
 		groups: ipoib.NewGroupTable(), mcSock: -1, sa: dev.sa(), ipoibAddr: c.ipoibAddr,
 		members: make(map[ipoib.GID]*member), rejoin: make(map[ipoib.GID]bool), mtuWarned: make(map[ipoib.PKey]bool),
 		ahs: newAHCache(), resolve: make(chan ahKey, 256),
-		slots: make([]slotInfo, sendSlots), descs: make([]sendDesc, 0, batchSize), dones: make([]sendDone, sendSlots),
+		slots: make([]slotInfo, sendSlots), dying: make(map[uint32]*qpState), descs: make([]sendDesc, 0, batchSize), dones: make([]sendDone, sendSlots),
 		rdone: make([]recvDone, batchSize), repost: make([]uint32, 0, batchSize), done: make(chan struct{}),
 	}
 	if p.a.mtu != 2048 && p.a.mtu != 4096 {
@@ -443,25 +447,40 @@ func (p *Port) FreeQP(qpn uint32) error {
 	}
 	defer p.qpCalls.leave()
 	p.qpMu.Lock()
-	_, ok := p.qps.Lookup(qpn)
+	q := p.qp(qpn)
+	ok := q != nil
 	for _, g := range p.gqps {
 		ok = ok && g != qpn
 	}
 	if ok {
-		p.qps.Free(qpn)
+		p.unlist(qpn, q)
 	}
 	p.qpMu.Unlock()
 	if !ok {
 		return fmt.Errorf("verbsfabric: QPN %#x not allocated", qpn)
 	}
-	// A batch under way may have taken the QP from the table before it
-	// left: it is destroyed once that batch is posted (a send on a
-	// destroyed QP would fail the whole batch). The slots still holding
-	// its sends are free once it is gone.
+	// Destroyed outside txMu (a device call must not hold the data path
+	// up). Once ibv_destroy_qp returns the device reads none of its send
+	// buffers (rxe_qp.c: the QP's requester and completer tasks are
+	// cleaned up, rxe_cleanup_task, before the QP goes): its slots are
+	// free. A failed destroy frees them too: the ring must not stall on
+	// a QP that will never complete.
+	err := p.dev.destroyQP(qpn)
 	p.txMu.Lock()
-	//lint:ignore SA2001 the empty critical section is the barrier
+	delete(p.dying, qpn)
 	p.txMu.Unlock()
-	return p.dev.destroyQP(qpn)
+	return err
+}
+
+// unlist takes QP qpn out of the table between batches (txMu), so that
+// no batch under way still posts on it (a send on a destroyed QP would
+// fail the whole batch), and marks it dying: the slots of its sends stay
+// in use until it is destroyed or they complete. Called with qpMu held.
+func (p *Port) unlist(qpn uint32, q *qpState) {
+	p.txMu.Lock()
+	p.qps.Free(qpn)
+	p.dying[qpn] = q
+	p.txMu.Unlock()
 }
 
 // groupQP returns the QP of pkey's partition that multicast groups attach
