@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -534,5 +535,29 @@ func TestEvictionMidBatch(t *testing.T) {
 	d.mu.Unlock()
 	if se := p.drops.Load(ipoib.DropSendError); se != 0 || busy != 0 || alive {
 		t.Fatalf("send errors %d, handles destroyed under a send %d, evicted handle still alive %v", se, busy, alive)
+	}
+}
+
+// TestJoinRefusalReasons: a join the SA refuses or never answers is an
+// ipoib.RefusedError whose reason the shim counts (groups_refused_<reason>).
+func TestJoinRefusalReasons(t *testing.T) {
+	sm := newSM()
+	n, _, _, _ := groupSetup(t, sm)
+	for i, c := range []struct {
+		refuse error
+		reason string
+	}{
+		{fmt.Errorf("%w: %w", errJoinRefused, unix.EINVAL), "sa_refused"},
+		{fmt.Errorf("no answer: %w", unix.ETIMEDOUT), "sa_timeout"},
+	} {
+		n.s1.mu.Lock()
+		n.s1.refuse = c.refuse
+		n.s1.mu.Unlock()
+		mgid := ipoib.IPv4MGID(netip.AddrFrom4([4]byte{239, 9, 9, byte(i + 1)}), 0xffff, ipoib.ScopeLinkLocal)
+		err := n.p1.Join(mgid)
+		var re *ipoib.RefusedError
+		if !errors.As(err, &re) || re.Reason != c.reason {
+			t.Errorf("join refused with %v: got %v, want a RefusedError with reason %s", c.refuse, err, c.reason)
+		}
 	}
 }

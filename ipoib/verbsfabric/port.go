@@ -426,7 +426,7 @@ func (p *Port) AllocQP(pkey ipoib.PKey, _ uint32) (uint32, error) {
 	qkey := part.qkey.Load()
 	qpn, err := p.dev.createQP(idx, qkey, rand.Uint32())
 	if err != nil {
-		return 0, err
+		return 0, &ipoib.RefusedError{Reason: "no_qp", Err: err} // the shim counts vifs_refused_no_qp
 	}
 	if err := p.qps.Add(qpn, pkey, &qpState{pkey: pkey, wire: wire, part: part}); err != nil {
 		p.dev.destroyQP(qpn)
@@ -690,11 +690,18 @@ func (p *Port) saJoin(mgid ipoib.GID, sendOnly bool) (*member, error) {
 // answer, or (kernels whose cma_ib_mc_handler calls cma_set_qkey before
 // making the event, and sends none when it fails) the group's Q_Key is
 // not the one the id took from the partition's broadcast group.
+// The error is an ipoib.RefusedError, which the shim counts by its
+// reason (groups_refused_<reason>, vifs_refused_<reason>): sa_timeout,
+// sa_refused (the SA's MULTICAST_ERROR) or join_failed.
 func joinError(mgid ipoib.GID, err error) error {
 	if errors.Is(err, unix.ETIMEDOUT) {
-		return fmt.Errorf("verbsfabric: joining %s: no MULTICAST_JOIN event: the subnet manager did not answer, or the group's Q_Key differs from the partition's broadcast group's (newer kernels then send no event; compare the two with `saquery -g`): %w", mgid, err)
+		return &ipoib.RefusedError{Reason: "sa_timeout", Err: fmt.Errorf("verbsfabric: joining %s: no MULTICAST_JOIN event: the subnet manager did not answer, or the group's Q_Key differs from the partition's broadcast group's (newer kernels then send no event; compare the two with `saquery -g`): %w", mgid, err)}
 	}
-	return fmt.Errorf("verbsfabric: joining %s: %w", mgid, err)
+	reason := "join_failed"
+	if errors.Is(err, errJoinRefused) {
+		reason = "sa_refused"
+	}
+	return &ipoib.RefusedError{Reason: reason, Err: fmt.Errorf("verbsfabric: joining %s: %w", mgid, err)}
 }
 
 // saLeave ends the port's SA membership of mgid, detaching its group QP,
