@@ -89,21 +89,9 @@ func TestMulticastErrorWhileDownWaitsForActive(t *testing.T) {
 	sm := newSM()
 	n, _, _, g := groupSetup(t, sm)
 	gq := groupQPOf(n.p1, 0xffff)
-	n.d1.events <- eventPortDown
-	waitFor(t, "the port down", n.p1.IsDown)
-	n.s1.mu.Lock()
-	joins := len(n.s1.joined)
-	n.s1.mu.Unlock()
-	n.s1.portErr()
-	waitFor(t, "the membership marked lost", func() bool {
-		m := memberOf(n.p1, g)
-		return m != nil && m.lost && m.qp == gq
-	})
+	joins := loseWhileDown(t, n, g, gq)
 	n.p1.retryRejoins() // what the resolver's ticker does
-	n.s1.mu.Lock()
-	asked := len(n.s1.joined) - joins
-	n.s1.mu.Unlock()
-	if asked != 0 {
+	if asked := joinsSince(n.s1, joins); asked != 0 {
 		t.Fatalf("%d joins while the port was down", asked)
 	}
 	n.d1.events <- eventPortActive
@@ -113,6 +101,57 @@ func TestMulticastErrorWhileDownWaitsForActive(t *testing.T) {
 		l, ok := n.d1.attachedMLID(g, gq)
 		return m != nil && !m.lost && joined && !so && ok && l == m.mlid
 	})
+}
+
+// loseWhileDown takes n.p1's port down and raises the MULTICAST_ERROR
+// of PORT_ERR, and waits until its membership of g is lost with group
+// QP gq kept; it returns how many joins n.s1 had been asked before.
+func loseWhileDown(t *testing.T, n ibNet, g ipoib.GID, gq uint32) int {
+	t.Helper()
+	n.d1.events <- eventPortDown
+	waitFor(t, "the port down", n.p1.IsDown)
+	joins := joinsSince(n.s1, 0)
+	n.s1.portErr()
+	waitFor(t, "the membership marked lost", func() bool {
+		m := memberOf(n.p1, g)
+		return m != nil && m.lost && m.qp == gq
+	})
+	return joins
+}
+
+// joinsSince is how many joins sa was asked after the first n.
+func joinsSince(sa *fakeSA, n int) int {
+	sa.mu.Lock()
+	defer sa.mu.Unlock()
+	return len(sa.joined) - n
+}
+
+// TestLostMembershipNotJoinedWhileDown: while the port is down, neither
+// the resolver making a group's address handle (its send-only join)
+// nor a Join of the group joins a lost membership: both are refused
+// with reason port_down, the SA is asked nothing, and the membership
+// stays lost with its group QP for PORT_ACTIVE's flush. (The resolver
+// did join it, as a full member, when a handle request queued before
+// the MULTICAST_ERROR ran after it: the flake of
+// TestMulticastErrorWhileDownWaitsForActive.)
+func TestLostMembershipNotJoinedWhileDown(t *testing.T) {
+	n, _, _, g := groupSetup(t, newSM())
+	gq := groupQPOf(n.p1, 0xffff)
+	joins := loseWhileDown(t, n, g, gq)
+	_, ahErr := n.p1.makeAH(ahKey{g, 0xffff})
+	joinErr := n.p1.Join(g)
+	for what, err := range map[string]error{"makeAH": ahErr, "Join": joinErr} {
+		var re *ipoib.RefusedError
+		if !errors.As(err, &re) || re.Reason != "port_down" {
+			t.Errorf("%s while down: %v, want a RefusedError port_down", what, err)
+		}
+	}
+	if asked := joinsSince(n.s1, joins); asked != 0 {
+		t.Fatalf("%d joins while the port was down", asked)
+	}
+	if m := memberOf(n.p1, g); m == nil || !m.lost || m.qp != gq {
+		t.Fatalf("membership %+v, want lost with group QP %#x", m, gq)
+	}
 }
 
 // TestSendOnlyKeepsLostFullMembership: a full membership whose rejoin

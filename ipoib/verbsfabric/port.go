@@ -641,7 +641,12 @@ func (p *Port) saAttach(mgid ipoib.GID, q uint32) error {
 // failed (lost) is joined again as what it was, a full member when
 // either it or this call wants one, and its group QP attached again with
 // the new MLID: a send-only join must not replace a lost full
-// membership and its QP. Called with ctlMu held.
+// membership and its QP. While the port is down a lost membership is
+// not joined: it waits for PORT_ACTIVE's flush, as retryRejoins and
+// mcastError make it (the resolver's makeAH, which a guest's packet or
+// a flush's requeue runs at any time, would otherwise join it, and the
+// join could only time out while no MAD reaches the SA). Called with
+// ctlMu held.
 func (p *Port) saJoin(mgid ipoib.GID, sendOnly bool) (*member, error) {
 	if p.closed.Load() {
 		return nil, net.ErrClosed
@@ -651,6 +656,9 @@ func (p *Port) saJoin(mgid ipoib.GID, sendOnly bool) (*member, error) {
 		return old, nil
 	}
 	if old != nil && old.lost {
+		if p.down.Load() {
+			return nil, &ipoib.RefusedError{Reason: "port_down", Err: fmt.Errorf("verbsfabric: joining %s: the port is down; the membership is rejoined when the port is active again (check the cable and the subnet manager: `ibstat`)", mgid)}
+		}
 		sendOnly = sendOnly && old.sendOnly
 	}
 	bind, err := p.ipoibAddr(p.a.gid, ipoib.MGIDPKey(mgid))
