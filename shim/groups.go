@@ -323,14 +323,17 @@ func (s *Shim) holdForGroup(mgid ipoib.GID, f heldFrame) bool {
 	return true
 }
 
-// groupReady publishes a joined mgid (add) and sends the frames held for
-// it, under the groupWaits lock so that no newer frame overtakes them.
+// groupReady sends the frames held for a joined mgid, then publishes it
+// (add), under the groupWaits lock: a TX worker that sees the group sends
+// after them, one that does not holds its frame under that lock (sendTo,
+// holdForGroup) and finds the group by then, so no newer frame overtakes
+// a held one (as readyVIF sends first, then marks the VIF ready).
 // Control plane only.
 func (s *Shim) groupReady(mgid ipoib.GID, add func()) {
 	w := &s.gwait
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	add()
+	defer add()
 	h, ok := w.m[mgid]
 	if !ok {
 		return

@@ -1,0 +1,73 @@
+package shim
+
+// Tests of the findings of the review of the control plane (issue 22
+// follow-up): each drives the interleaving it is about through hooks in
+// the port, not sleeps.
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/eipoib/eipoibd/ether"
+	"github.com/eipoib/eipoibd/ipoib"
+	"github.com/eipoib/eipoibd/ipoib/memfabric"
+	"github.com/eipoib/eipoibd/tap"
+)
+
+// hookPort is a memfabric port that runs onWrite before each Write.
+type hookPort struct {
+	*memfabric.Port
+	onWrite func(meta []ipoib.TxMeta)
+}
+
+func (p *hookPort) Write(bufs [][]byte, meta []ipoib.TxMeta, offset int) (int, error) {
+	if p.onWrite != nil {
+		p.onWrite(meta)
+	}
+	return p.Port.Write(bufs, meta, offset)
+}
+
+// TestGroupHeldFramesBeforeVisible: the frames held for a group being
+// joined are written while the group is still invisible to the TX
+// workers; a worker that saw it could send a newer frame ahead of them.
+func TestGroupHeldFramesBeforeVisible(t *testing.T) {
+	f := memFab(t, 2048)
+	hp := &hookPort{}
+	s, _ := stillShim(t, f.Fabric, "fe80::a", func(c *Config) {
+		hp.Port = c.Port.(*memfabric.Port)
+		c.Port = hp
+	})
+	b := newTxBatch(1)
+	txFrame(s, b, arpFrame(t, 1, macA1, ipA1, ether.Broadcast, ether.MAC{}, ipB1)) // A1's VIF
+	s.flushTx(b)
+	g := netip.AddrFrom4([4]byte{239, 1, 2, 3})
+	mgid := ipoib.IPv4MGID(g, 0xffff, s.cfg.Scope)
+	const held = 3
+	for i := range held {
+		buf := make([]byte, devBufSize)
+		fr := udpFrame(t, macA1, ether.MAC{1, 0, 0x5e, 1, 2, 3}, ipA1, g, 64+i, false)
+		copy(buf[devHeadroom:], fr)
+		s.tx(b, buf, len(fr), tap.Super{}, s.clk.Now())
+	}
+	if s.Get(TxQueuedGroup) != held {
+		t.Fatalf("%d frames held for the group, want %d (counters %v)", s.Get(TxQueuedGroup), held, s.Counters())
+	}
+	written, visible := 0, 0
+	hp.onWrite = func(meta []ipoib.TxMeta) {
+		for _, m := range meta {
+			if m.Dst.GID() == mgid {
+				written++
+				if _, ok := s.groups.lookup(mgid); ok {
+					visible++
+				}
+			}
+		}
+	}
+	s.runIntents(nil) // the send-only join
+	if written != held || visible != 0 {
+		t.Fatalf("%d held frames written, %d of them with the group already visible to the workers; want %d, 0", written, visible, held)
+	}
+	if _, ok := s.groups.lookup(mgid); !ok {
+		t.Fatal("the group is not published after its held frames")
+	}
+}
