@@ -6,11 +6,14 @@ package shim
 
 import (
 	"net/netip"
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/eipoib/eipoibd/ether"
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/ipoib/memfabric"
+	"github.com/eipoib/eipoibd/mactrans"
 	"github.com/eipoib/eipoibd/tap"
 )
 
@@ -69,5 +72,39 @@ func TestGroupHeldFramesBeforeVisible(t *testing.T) {
 	}
 	if _, ok := s.groups.lookup(mgid); !ok {
 		t.Fatal("the group is not published after its held frames")
+	}
+}
+
+// TestShutdownWhileVIFMade: a new guest's frames, to a destination not
+// resolved yet, are held while its QP is allocated; Run stops meanwhile
+// (its TX workers gone, its stopPort queued behind the VIF). Once the QP
+// comes, the held frames wait for their resolution: every one of them
+// must end in drop_unresolved (beyond the destination's queue bound
+// or at the shutdown), none left held and uncounted.
+func TestShutdownWhileVIFMade(t *testing.T) {
+	a, _, bp, _, _ := slowPair(t, time.Minute)
+	unknown := mactrans.DeriveREMAC(gidOf("fe80::c"), 0x77, 0)
+	bp.slow.Store(true)
+	const held = 5
+	for i := range held {
+		a.dev.Inject(udpFrom(t, macA2, unknown, ipA2, i))
+	}
+	waitFor(t, "A2's QP being allocated", func() bool { return bp.entered.Load() == 1 && a.s.Get(TxQueuedNewVIF) >= held })
+	a.stop()
+	waitFor(t, "stopPort queued", func() bool {
+		a.s.ctl.mu.Lock()
+		defer a.s.ctl.mu.Unlock()
+		return slices.ContainsFunc(a.s.ctl.q, func(it intent) bool { return it.kind == intentCall })
+	})
+	bp.unblock()
+	if err := <-a.done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	a.stop = nil
+	a.s.pending.mu.Lock()
+	left := len(a.s.pending.m)
+	a.s.pending.mu.Unlock()
+	if c := a.s.Counters(); left != 0 || c["drop_unresolved"] != held || c["tx_queued"] == 0 {
+		t.Fatalf("after the shutdown: %d destinations still hold frames; counters %v (want %d dropped unresolved, over the queue's bound or at the shutdown)", left, c, held)
 	}
 }

@@ -343,7 +343,6 @@ func (s *Shim) Run(ctx context.Context) error {
 	stopHouse()
 	s.dev.Close() // the TX loop finishes its batch and leaves
 	wg.Wait()
-	s.pending.dropAll(&s.ctr)
 	s.call(s.stopPort)
 	s.port.Close() // the RX loop leaves
 	rx.Wait()
@@ -351,10 +350,14 @@ func (s *Shim) Run(ctx context.Context) error {
 	return err
 }
 
-// stopPort drops the frames waiting for the control plane, frees every
-// QP once no sender can use it and leaves every group. A control action.
+// stopPort drops the frames waiting for the control plane or a
+// resolution, frees every QP once no sender can use it and leaves every
+// group. A control action: the intents queued before it (a new guest's
+// VIF, whose held frames may wait for a resolution) have run, and those
+// after it see stopping, so no frame is held after the drop.
 func (s *Shim) stopPort() error {
 	s.stopping.Store(true)
+	s.pending.dropAll(&s.ctr)
 	s.newVIFs.dropAll(&s.ctr)
 	s.gwait.dropAll(&s.ctr)
 	var gone []*mactrans.VIF
