@@ -5,12 +5,14 @@ package shim
 // the port, not sleeps.
 
 import (
+	"errors"
 	"net/netip"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/eipoib/eipoibd/ether"
+	"github.com/eipoib/eipoibd/internal/state"
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/ipoib/memfabric"
 	"github.com/eipoib/eipoibd/mactrans"
@@ -106,5 +108,28 @@ func TestShutdownWhileVIFMade(t *testing.T) {
 	a.s.pending.mu.Unlock()
 	if c := a.s.Counters(); left != 0 || c["drop_unresolved"] != held || c["tx_queued"] == 0 {
 		t.Fatalf("after the shutdown: %d destinations still hold frames; counters %v (want %d dropped unresolved, over the queue's bound or at the shutdown)", left, c, held)
+	}
+}
+
+// TestNoWorkAfterStop: once stopPort has run, DeclareVIF, AddPartition
+// and RestoreGuests are refused with errStopping and allocate no QP and
+// join no group, since nothing would free or leave them.
+func TestNoWorkAfterStop(t *testing.T) {
+	f := memFab(t, 2048)
+	s, port := stillShim(t, f.Fabric, "fe80::a", nil)
+	if err := s.call(s.stopPort); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeclareVIF(macA1, 0, mactrans.OriginDeclared); !errors.Is(err, errStopping) {
+		t.Errorf("DeclareVIF after the stop: %v, want %v", err, errStopping)
+	}
+	if err := s.AddPartition(5, 0x8005); !errors.Is(err, errStopping) {
+		t.Errorf("AddPartition after the stop: %v, want %v", err, errStopping)
+	}
+	if n, _, skipped := s.RestoreGuests([]state.Guest{{MAC: macA2, Origin: mactrans.OriginDeclared}}); n != 0 || len(skipped) != 1 || !errors.Is(skipped[0], errStopping) {
+		t.Errorf("RestoreGuests after the stop: %d restored, skipped %v", n, skipped)
+	}
+	if port.Joined(ipoib.BroadcastMGID(0x8005, s.cfg.Scope)) || s.vifs.Len() != 0 || s.byVLAN[5].Load() != nil {
+		t.Errorf("after the refused calls: VLAN 5's group joined %v, %d VIFs, VLAN 5 mapped %v", port.Joined(ipoib.BroadcastMGID(0x8005, s.cfg.Scope)), s.vifs.Len(), s.byVLAN[5].Load() != nil)
 	}
 }
