@@ -8,6 +8,7 @@ import (
 	"errors"
 	"net/netip"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -19,10 +20,19 @@ import (
 	"github.com/eipoib/eipoibd/tap"
 )
 
-// hookPort is a memfabric port that runs onWrite before each Write.
+// hookPort is a memfabric port that runs onWrite before each Write and
+// onMTU in each PartitionMTU.
 type hookPort struct {
 	*memfabric.Port
 	onWrite func(meta []ipoib.TxMeta)
+	onMTU   func(pkey ipoib.PKey)
+}
+
+func (p *hookPort) PartitionMTU(pkey ipoib.PKey) int {
+	if p.onMTU != nil {
+		p.onMTU(pkey)
+	}
+	return p.Port.PartitionMTU(pkey)
 }
 
 func (p *hookPort) Write(bufs [][]byte, meta []ipoib.TxMeta, offset int) (int, error) {
@@ -131,5 +141,44 @@ func TestNoWorkAfterStop(t *testing.T) {
 	}
 	if port.Joined(ipoib.BroadcastMGID(0x8005, s.cfg.Scope)) || s.vifs.Len() != 0 || s.byVLAN[5].Load() != nil {
 		t.Errorf("after the refused calls: VLAN 5's group joined %v, %d VIFs, VLAN 5 mapped %v", port.Joined(ipoib.BroadcastMGID(0x8005, s.cfg.Scope)), s.vifs.Len(), s.byVLAN[5].Load() != nil)
+	}
+}
+
+// TestPartitionMTUEventWhileAdded: a port MTU event of a partition being
+// added, sent while AddPartition reads the partition's MTU (so after the
+// read), is applied to the partition once published, not lost because
+// the partition was not visible yet. The hook waits (bounded) for the
+// event to be applied, as it would be without the ordering.
+func TestPartitionMTUEventWhileAdded(t *testing.T) {
+	f := memFab(t, 2048)
+	hp := &hookPort{}
+	s, _ := stillShim(t, f.Fabric, "fe80::a", func(c *Config) {
+		hp.Port = c.Port.(*memfabric.Port)
+		c.Port = hp
+	})
+	const pkey, small = ipoib.PKey(0x8005), 1500
+	var events sync.WaitGroup
+	hp.onMTU = func(k ipoib.PKey) {
+		if k.Full() != pkey {
+			return
+		}
+		done := make(chan struct{})
+		events.Add(1)
+		go func() {
+			defer events.Done()
+			defer close(done)
+			s.applyEvent(ipoib.Event{Kind: ipoib.EventPartitionMTU, PKey: pkey, MTU: small})
+		}()
+		select { // the event applied, or waiting for the partition
+		case <-done:
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	if err := s.AddPartition(5, pkey); err != nil {
+		t.Fatal(err)
+	}
+	events.Wait()
+	if got, want := s.byVLAN[5].Load().mtu(), small-ipoib.HeaderLen; got != want {
+		t.Fatalf("VLAN 5's IPoIB MTU %d after an MTU event sent during AddPartition, want %d", got, want)
 	}
 }
