@@ -75,6 +75,7 @@ type intent struct {
 	kind  intentKind
 	vif   mactrans.VIFKey // intentNewVIF
 	group snoop.Key       // intentJoin, intentLeave
+	gen   uint64          // intentJoin: the snooping table's entry (snoop.Table.Forget)
 	mgid  ipoib.GID       // intentSendOnly
 	fn    func() error    // intentCall
 	reply chan error      // intentCall
@@ -239,7 +240,7 @@ func (s *Shim) handle(it intent) {
 		}
 	case intentJoin:
 		if !stopping {
-			s.mcastJoin(it.group)
+			s.mcastJoin(it.group, it.gen)
 		}
 	case intentLeave:
 		if !stopping {
