@@ -175,15 +175,21 @@ func TestTableFailedJoin(t *testing.T) {
 	}
 }
 
-// TestTableForget: a group whose accepted join the owner could not carry
-// out is dropped without a Leave, counted as a failed join, and the next
-// report joins it again.
-func TestTableForget(t *testing.T) {
-	var r recorder
+// joinedOne returns a table with group k reported (and joined) at now.
+func joinedOne() (*recorder, *Table, Key, time.Time) {
+	r := &recorder{}
 	tbl := NewTable(Timers{}, 10, r.actions())
 	k := Key{0, netip.MustParseAddr("239.1.1.1")}
 	now := time.Unix(1e6, 0)
 	tbl.Report(k, host1, now)
+	return r, tbl, k, now
+}
+
+// TestTableForget: a group whose accepted join the owner could not carry
+// out is dropped without a Leave, counted as a failed join, and the next
+// report joins it again.
+func TestTableForget(t *testing.T) {
+	r, tbl, k, now := joinedOne()
 	tbl.Forget(k, r.gens[0])
 	tbl.Forget(k, r.gens[0]) // a group not there: nothing
 	if _, failed := tbl.Overflow(); tbl.Len() != 0 || failed != 1 || len(r.leaves) != 0 {
@@ -202,11 +208,7 @@ func TestTableForget(t *testing.T) {
 // join then succeeds: else the port would stay in a group the table no
 // longer knows, and no Leave would ever release it.
 func TestTableForgetOtherGeneration(t *testing.T) {
-	var r recorder
-	tbl := NewTable(Timers{}, 10, r.actions())
-	k := Key{0, netip.MustParseAddr("239.1.1.1")}
-	now := time.Unix(1e6, 0)
-	tbl.Report(k, host1, now)
+	r, tbl, k, now := joinedOne()
 	now = now.Add(tbl.Timers().MembershipInterval())
 	tbl.Tick(now) // expired: Leave
 	tbl.Report(k, host1, now)
