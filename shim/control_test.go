@@ -308,9 +308,7 @@ func TestRefusedQP(t *testing.T) {
 	bp.slow.Store(false)
 	a.clk.Advance(vifRefusedFor)
 	waitFor(t, "the refusal forgotten", func() bool {
-		a.s.newVIFs.mu.Lock()
-		defer a.s.newVIFs.mu.Unlock()
-		return len(a.s.newVIFs.m) == 0
+		return len(*a.s.newVIFs.refused.Load()) == 0
 	})
 	a.dev.Inject(udpFrom(t, macA2, remacB1, ipA2, 0))
 	select {

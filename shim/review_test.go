@@ -42,16 +42,22 @@ func (p *hookPort) Write(bufs [][]byte, meta []ipoib.TxMeta, offset int) (int, e
 	return p.Port.Write(bufs, meta, offset)
 }
 
-// TestGroupHeldFramesBeforeVisible: the frames held for a group being
-// joined are written while the group is still invisible to the TX
-// workers; a worker that saw it could send a newer frame ahead of them.
-func TestGroupHeldFramesBeforeVisible(t *testing.T) {
+// hookShim is a still shim on a hookPort of a memfabric f.
+func hookShim(t *testing.T) (*Shim, *hookPort, memFabric) {
 	f := memFab(t, 2048)
 	hp := &hookPort{}
 	s, _ := stillShim(t, f.Fabric, "fe80::a", func(c *Config) {
 		hp.Port = c.Port.(*memfabric.Port)
 		c.Port = hp
 	})
+	return s, hp, f
+}
+
+// TestGroupHeldFramesBeforeVisible: the frames held for a group being
+// joined are written while the group is still invisible to the TX
+// workers; a worker that saw it could send a newer frame ahead of them.
+func TestGroupHeldFramesBeforeVisible(t *testing.T) {
+	s, hp, _ := hookShim(t)
 	b := newTxBatch(1)
 	txFrame(s, b, arpFrame(t, 1, macA1, ipA1, ether.Broadcast, ether.MAC{}, ipB1)) // A1's VIF
 	s.flushTx(b)
@@ -59,10 +65,7 @@ func TestGroupHeldFramesBeforeVisible(t *testing.T) {
 	mgid := ipoib.IPv4MGID(g, 0xffff, s.cfg.Scope)
 	const held = 3
 	for i := range held {
-		buf := make([]byte, devBufSize)
-		fr := udpFrame(t, macA1, ether.MAC{1, 0, 0x5e, 1, 2, 3}, ipA1, g, 64+i, false)
-		copy(buf[devHeadroom:], fr)
-		s.tx(b, buf, len(fr), tap.Super{}, s.clk.Now())
+		txOnly(s, b, udpFrame(t, macA1, ether.MAC{1, 0, 0x5e, 1, 2, 3}, ipA1, g, 64+i, false))
 	}
 	if s.Get(TxQueuedGroup) != held {
 		t.Fatalf("%d frames held for the group, want %d (counters %v)", s.Get(TxQueuedGroup), held, s.Counters())
@@ -150,12 +153,7 @@ func TestNoWorkAfterStop(t *testing.T) {
 // the partition was not visible yet. The hook waits (bounded) for the
 // event to be applied, as it would be without the ordering.
 func TestPartitionMTUEventWhileAdded(t *testing.T) {
-	f := memFab(t, 2048)
-	hp := &hookPort{}
-	s, _ := stillShim(t, f.Fabric, "fe80::a", func(c *Config) {
-		hp.Port = c.Port.(*memfabric.Port)
-		c.Port = hp
-	})
+	s, hp, _ := hookShim(t)
 	const pkey, small = ipoib.PKey(0x8005), 1500
 	var events sync.WaitGroup
 	hp.onMTU = func(k ipoib.PKey) {
@@ -181,4 +179,81 @@ func TestPartitionMTUEventWhileAdded(t *testing.T) {
 	if got, want := s.byVLAN[5].Load().mtu(), small-ipoib.HeaderLen; got != want {
 		t.Fatalf("VLAN 5's IPoIB MTU %d after an MTU event sent during AddPartition, want %d", got, want)
 	}
+}
+
+// TestMACFloodTakesNoLock: a frame of a guest in its refusal back-off, and
+// one of a new guest while the VIF table is full (no guest pending), are
+// dropped and counted without taking newGuests.mu, which a MAC flood
+// would otherwise make every TX worker queue on. The test holds the lock
+// while it sends them.
+func TestMACFloodTakesNoLock(t *testing.T) {
+	f := memFab(t, 2048)
+	s, _ := stillShim(t, f.Fabric, "fe80::a", func(c *Config) { c.MaxVIFs = 1 })
+	remac := knownRemote(t, s, f)
+	if _, err := s.vif(s.byVLAN[0].Load(), macA1, mactrans.OriginLearned, s.clk.Now()); err != nil {
+		t.Fatal(err)
+	}
+	s.refuseVIF(mactrans.VIFKey{MAC: macA2}, &ipoib.RefusedError{Reason: "no_qp"}, s.clk.Now())
+	s.newVIFs.mu.Lock()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		b := newTxBatch(1)
+		for _, src := range []ether.MAC{macA2, {0x02, 0xf1, 0, 0, 0, 1}} {
+			txOnly(s, b, udpFrom(t, src, remac, ipA2, 0))
+		}
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		s.newVIFs.mu.Unlock()
+		<-done
+		t.Fatal("the TX path waited for newGuests.mu to drop a refused guest's and a full table's frames")
+	}
+	s.newVIFs.mu.Unlock()
+	if s.Get(DropVIFRefused) != 1 || s.Get(DropVIFLimit) != 1 || len(s.ctl.q) != 0 {
+		t.Fatalf("counters %v, %d intents; want one drop_vif_refused, one drop_vif_limit, no intent", s.Counters(), len(s.ctl.q))
+	}
+}
+
+// TestHeldFramesOneWrite: a new guest's held frames go to the port in one
+// write once its VIF is made, not one write each.
+func TestHeldFramesOneWrite(t *testing.T) {
+	s, hp, f := hookShim(t)
+	remac := knownRemote(t, s, f)
+	b := newTxBatch(1)
+	const held = 4
+	for i := range held {
+		txOnly(s, b, udpFrom(t, macA1, remac, ipA1, i))
+	}
+	var writes []int
+	hp.onWrite = func(meta []ipoib.TxMeta) { writes = append(writes, len(meta)) }
+	s.runIntents(nil) // the VIF made, its held frames sent
+	if !slices.Equal(writes, []int{held}) || s.Get(TxForwarded) != held {
+		t.Fatalf("writes of %v packets, counters %v; want one write of %d", writes, s.Counters(), held)
+	}
+}
+
+// knownRemote makes a remote endpoint on f known to s and returns its
+// REMAC.
+func knownRemote(t *testing.T, s *Shim, f memFabric) ether.MAC {
+	t.Helper()
+	far, err := f.NewPort(gidOf("fe80::b"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, _ := far.AllocQP(0xffff, 0)
+	nb, err := s.neigh.Learn(0xffff, ipoib.MakeHwAddr(0, q, far.LocalGID()), s.clk.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return nb.REMAC
+}
+
+// txOnly runs frame through the TX path of a still shim, without playing
+// the control goroutine (txFrame does).
+func txOnly(s *Shim, b *txBatch, frame []byte) {
+	buf := make([]byte, devBufSize)
+	copy(buf[devHeadroom:], frame)
+	s.tx(b, buf, len(frame), tap.Super{}, s.clk.Now())
 }
