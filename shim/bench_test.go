@@ -274,3 +274,59 @@ func BenchmarkTxSuper64K(b *testing.B) {
 		batch.bufs, batch.meta = batch.bufs[:0], batch.meta[:0]
 	}
 }
+
+// BenchmarkMACFlood is the TX path for a MAC flood's frames, each from a
+// guest MAC with no VIF, from every TX worker at once (RunParallel): on
+// a full VIF table ("full", refused as vif_limit) and from guests in
+// their refusal back-off ("refused"). Neither may serialise the workers
+// on a lock.
+func BenchmarkMACFlood(b *testing.B) {
+	const macs = 1024
+	flood := func(b *testing.B, s *Shim, remac ether.MAC, drop Counter) {
+		ip := udpPacket(b, ipA2, ipB1, 64)
+		frames := make([][]byte, macs)
+		for i := range frames {
+			frames[i] = make([]byte, ether.HeaderLen+len(ip))
+			ether.PutHeader(frames[i], remac, ether.MAC{0x02, 0xf1, 0, 0, byte(i >> 8), byte(i)}, 0, ether.TypeIPv4)
+			copy(frames[i][ether.HeaderLen:], ip)
+		}
+		now := s.clk.Now()
+		b.ReportAllocs()
+		b.SetBytes(int64(len(frames[0])))
+		b.ResetTimer()
+		b.RunParallel(func(pb *testing.PB) {
+			batch := newTxBatch(1)
+			buf := make([]byte, devBufSize)
+			i := 0
+			for pb.Next() {
+				f := frames[i%macs]
+				i++
+				copy(buf[devHeadroom:], f)
+				s.tx(batch, buf, len(f), tap.Super{}, now)
+			}
+		})
+		b.StopTimer()
+		if got := s.Get(drop); got < uint64(b.N) || len(s.ctl.q) != 0 {
+			b.Fatalf("%d of %d frames counted as %s, %d intents: %v", got, b.N, drop, len(s.ctl.q), s.Counters())
+		}
+	}
+	b.Run("full", func(b *testing.B) {
+		f, _ := memfabric.New(4096)
+		s, _ := stillShim(b, f, "fe80::a", func(c *Config) { c.MaxVIFs = 1 })
+		nb, _ := s.neigh.Learn(0xffff, ipoib.MakeHwAddr(0, 0x77, gidOf("fe80::b")), s.clk.Now())
+		if _, err := s.vif(s.byVLAN[0].Load(), macA1, mactrans.OriginLearned, s.clk.Now()); err != nil {
+			b.Fatal(err)
+		}
+		flood(b, s, nb.REMAC, DropVIFLimit)
+	})
+	b.Run("refused", func(b *testing.B) {
+		f, _ := memfabric.New(4096)
+		s, _ := stillShim(b, f, "fe80::a", nil)
+		nb, _ := s.neigh.Learn(0xffff, ipoib.MakeHwAddr(0, 0x77, gidOf("fe80::b")), s.clk.Now())
+		for i := range macs {
+			k := mactrans.VIFKey{MAC: ether.MAC{0x02, 0xf1, 0, 0, byte(i >> 8), byte(i)}}
+			s.refuseVIF(k, &ipoib.RefusedError{Reason: "no_qp"}, s.clk.Now())
+		}
+		flood(b, s, nb.REMAC, DropVIFRefused)
+	})
+}

@@ -30,11 +30,13 @@ func (s *Shim) applyEvent(ev ipoib.Event) {
 			s.carrierBack.Store(true)
 		}
 	case ipoib.EventPartitionMTU:
+		// Looked up under mtuMu: a partition being added holds it from
+		// reading its MTU until it is published (joinPartition).
+		s.mtuMu.Lock()
 		if p := s.partitions()[ev.PKey.Full()]; p != nil {
-			s.mtuMu.Lock()
 			s.setMTU(p, ev.MTU)
-			s.mtuMu.Unlock()
 		}
+		s.mtuMu.Unlock()
 	default:
 		s.log.Warn("port event of an unknown kind ignored", "kind", ev.Kind)
 	}

@@ -75,6 +75,7 @@ type intent struct {
 	kind  intentKind
 	vif   mactrans.VIFKey // intentNewVIF
 	group snoop.Key       // intentJoin, intentLeave
+	gen   uint64          // intentJoin: the snooping table's entry (snoop.Table.Forget)
 	mgid  ipoib.GID       // intentSendOnly
 	fn    func() error    // intentCall
 	reply chan error      // intentCall
@@ -137,9 +138,21 @@ func (c *control) take(into []intent) []intent {
 	return into
 }
 
+// errStopping refuses a control action asked for after Run began to
+// stop: its QPs would never be freed nor its groups left.
+var errStopping = errors.New("shim: stopping: the daemon is shutting down, ask again once it runs")
+
 // call runs fn as a control action and returns its error: on the control
-// goroutine when it runs (waiting for it), else here. Not for workers.
-func (s *Shim) call(fn func() error) error {
+// goroutine when it runs (waiting for it), else here. Once stopPort has
+// run (stopping, set under ctl.own) it runs nothing and returns
+// errStopping. Not for workers.
+func (s *Shim) call(do func() error) error {
+	fn := func() error {
+		if s.stopping.Load() {
+			return errStopping
+		}
+		return do()
+	}
 	c := &s.ctl
 	c.mu.Lock()
 	if c.running {
@@ -227,7 +240,7 @@ func (s *Shim) handle(it intent) {
 		}
 	case intentJoin:
 		if !stopping {
-			s.mcastJoin(it.group)
+			s.mcastJoin(it.group, it.gen)
 		}
 	case intentLeave:
 		if !stopping {

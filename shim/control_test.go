@@ -30,15 +30,21 @@ type blockingPort struct {
 	delay                   time.Duration
 	slow                    atomic.Bool
 	refuseAlloc, refuseJoin atomic.Bool
-	release                 chan struct{} // closed: no call blocks any more
-	allocs, joins, sendOnly atomic.Int32  // calls made while slow
+	release                 chan struct{} // closed (unblock): no call blocks any more
+	once                    sync.Once
+	allocs, joins, sendOnly atomic.Int32 // calls made while slow
+	entered                 atomic.Int32 // calls that began blocking
 }
+
+// unblock ends every wait, now and to come.
+func (p *blockingPort) unblock() { p.once.Do(func() { close(p.release) }) }
 
 // block waits delay while the port is slow and says whether it was.
 func (p *blockingPort) block() bool {
 	if !p.slow.Load() {
 		return false
 	}
+	p.entered.Add(1)
 	select {
 	case <-time.After(p.delay):
 	case <-p.release:
@@ -99,7 +105,7 @@ func slowPair(t *testing.T, delay time.Duration) (a, b *hv, bp *blockingPort, re
 		c.Housekeeping = 250 * time.Millisecond
 	})
 	b = newHV(t, f, "fe80::b", nil)
-	t.Cleanup(func() { bp.slow.Store(false); close(bp.release) }) // before the shutdowns
+	t.Cleanup(func() { bp.slow.Store(false); bp.unblock() }) // before the shutdowns
 	remacA1, remacB1 = arpExchange(t, a, b)
 	return a, b, bp, remacA1, remacB1
 }
@@ -302,9 +308,7 @@ func TestRefusedQP(t *testing.T) {
 	bp.slow.Store(false)
 	a.clk.Advance(vifRefusedFor)
 	waitFor(t, "the refusal forgotten", func() bool {
-		a.s.newVIFs.mu.Lock()
-		defer a.s.newVIFs.mu.Unlock()
-		return len(a.s.newVIFs.m) == 0
+		return len(*a.s.newVIFs.refused.Load()) == 0
 	})
 	a.dev.Inject(udpFrom(t, macA2, remacB1, ipA2, 0))
 	select {

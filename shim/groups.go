@@ -323,14 +323,17 @@ func (s *Shim) holdForGroup(mgid ipoib.GID, f heldFrame) bool {
 	return true
 }
 
-// groupReady publishes a joined mgid (add) and sends the frames held for
-// it, under the groupWaits lock so that no newer frame overtakes them.
+// groupReady sends the frames held for a joined mgid, then publishes it
+// (add), under the groupWaits lock: a TX worker that sees the group sends
+// after them, one that does not holds its frame under that lock (sendTo,
+// holdForGroup) and finds the group by then, so no newer frame overtakes
+// a held one (as readyVIF sends first, then marks the VIF ready).
 // Control plane only.
 func (s *Shim) groupReady(mgid ipoib.GID, add func()) {
 	w := &s.gwait
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	add()
+	defer add()
 	h, ok := w.m[mgid]
 	if !ok {
 		return
@@ -417,8 +420,8 @@ func (s *Shim) groupMGID(p *partition, group netip.Addr) ipoib.GID {
 // snoopJoin is the snooping table's Join: the first guest of a group. It
 // only queues the join (the table's lock is held, by a worker maybe); it
 // fails when the queue is full, and the next report tries again.
-func (s *Shim) snoopJoin(k snoop.Key) error {
-	if !s.ctl.post(intent{kind: intentJoin, group: k}, false) {
+func (s *Shim) snoopJoin(k snoop.Key, gen uint64) error {
+	if !s.ctl.post(intent{kind: intentJoin, group: k, gen: gen}, false) {
 		return errControlFull
 	}
 	return nil
@@ -431,18 +434,17 @@ func (s *Shim) snoopLeave(k snoop.Key) { s.ctl.post(intent{kind: intentLeave, gr
 // errControlFull is the refusal of an intent for a full queue.
 var errControlFull = errors.New("shim: control queue full")
 
-// mcastJoin is the control goroutine's join of a snooped group; a join
-// the port refuses is forgotten by the table (snoop.Table.Forget) and
-// counted by reason. (Forget drops the table's entry of the group
-// whatever join recorded it: if the group expired and was reported again
-// while this join waited in the queue, the later join finds the table
-// without it, and the port stays a member until shutdown. The queue is
-// short and a group expires after minutes, so this is left.)
-func (s *Shim) mcastJoin(k snoop.Key) {
+// mcastJoin is the control goroutine's join of a snooped group, for the
+// table's entry of generation gen; a join the port refuses is forgotten
+// by the table (snoop.Table.Forget), which drops that entry only: if the
+// group expired and was reported again while this join waited in the
+// queue, the later entry stays, with its own join queued behind.
+// Counted by reason.
+func (s *Shim) mcastJoin(k snoop.Key, gen uint64) {
 	p := s.byVLAN[k.VLAN].Load()
 	mgid := s.groupMGID(p, k.Group)
 	if err := s.groups.join(s.port, mgid, false); err != nil {
-		s.snoop.Forget(k)
+		s.snoop.Forget(k, gen)
 		reason := s.ctl.refused("groups", err)
 		if s.groupWarn.Allow(s.clk.Now()) {
 			s.log.Warn("join of a snooped group refused", "group", k.Group, "vlan", k.VLAN, "reason", reason, "err", err, "suppressed", s.groupWarn.Suppressed())

@@ -8,19 +8,23 @@ package shim
 // VIF's QP: up to vifHoldPerGuest per guest and vifHoldTotal in all
 // (tx_queued_new_vif; beyond, drop_vif_pending_full), while one intent
 // asks the control goroutine for the VIF; with the VIF table full they
-// are refused at once (drop_vif_limit, vifs_overflow), with no intent. Once its QP is allocated, the
-// control goroutine publishes the VIF (the ARP/NDP rewrite and the
-// resolutions of the held frames look it up), then translates and sends
-// the held frames in order and only then marks it ready
+// are refused at once (drop_vif_limit, vifs_overflow), with no intent
+// and no lock when no guest is pending (a MAC flood's frames do not
+// serialise the TX workers). Once its QP is allocated, the control
+// goroutine publishes the VIF (the ARP/NDP rewrite and the resolutions of
+// the held frames look it up), then translates the held frames in order,
+// sends them in one write and only then marks it ready
 // (mactrans.VIF.Ready), under newGuests.mu: a TX worker that finds no
 // ready VIF re-checks under that lock, so no newer frame of the guest
-// overtakes a held one. A guest whose QP is refused is refused for vifRefusedFor
-// (its held and new frames dropped: drop_vif_refused, or drop_vif_limit
-// when the VIF table is full), so a flood of frames does not ask the port
-// once per frame.
+// overtakes a held one. A guest whose QP is refused is refused for
+// vifRefusedFor (its held and new frames dropped: drop_vif_refused, or
+// drop_vif_limit when the VIF table is full), so a flood of frames does
+// not ask the port once per frame; the refusals are a copy-on-write map
+// the workers read without a lock.
 
 import (
 	"fmt"
+	"maps"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -66,33 +70,55 @@ func (h *heldFrames) hold(data []byte, room int, f heldFrame) {
 	*h = append(*h, f)
 }
 
-// newGuest is a guest with no VIF yet: pending, or refused until until.
+// newGuest is a guest whose VIF is pending, with its held frames.
 type newGuest struct {
-	frames  heldFrames
-	refused bool
-	until   time.Time
-	drop    Counter // what its frames count as while refused
+	frames heldFrames
+}
+
+// refusal is a guest refused until until; its frames count as drop.
+type refusal struct {
+	until time.Time
+	drop  Counter
 }
 
 // newGuests is the guests whose VIF is pending or refused.
 type newGuests struct {
 	mu      sync.Mutex
-	m       map[mactrans.VIFKey]*newGuest
-	frames  int          // held, under mu
-	npend   int          // pending guests (not refused), under mu
-	pending atomic.Int32 // npend, for the counters
+	m       map[mactrans.VIFKey]*newGuest // pending guests, under mu
+	frames  int                           // held, under mu
+	npend   int                           // len(m), under mu
+	pending atomic.Int32                  // npend, read without mu
+	// refused is the refused guests (copy on write): read by the
+	// workers without a lock, written by the control plane only.
+	refused atomic.Pointer[map[mactrans.VIFKey]refusal]
 }
 
-func (q *newGuests) init() { q.m = make(map[mactrans.VIFKey]*newGuest) }
+func (q *newGuests) init() {
+	q.m = make(map[mactrans.VIFKey]*newGuest)
+	q.refused.Store(&map[mactrans.VIFKey]refusal{})
+}
 
-// forget deletes guest k; call with mu held.
+// forget deletes pending guest k; call with mu held.
 func (q *newGuests) forget(k mactrans.VIFKey, g *newGuest) {
 	q.frames -= len(g.frames)
-	if !g.refused {
-		q.npend--
-	}
+	q.npend--
 	delete(q.m, k)
 	q.pending.Store(int32(q.npend))
+}
+
+// refusedAt returns how guest k's frames are dropped when it is in its
+// refusal back-off at now. It takes no lock.
+func (q *newGuests) refusedAt(k mactrans.VIFKey, now time.Time) (Counter, bool) {
+	r, ok := (*q.refused.Load())[k]
+	return r.drop, ok && now.Before(r.until)
+}
+
+// editRefused replaces the refusals with an edited copy. Control plane
+// only.
+func (q *newGuests) editRefused(fn func(m map[mactrans.VIFKey]refusal)) {
+	m := maps.Clone(*q.refused.Load())
+	fn(m)
+	q.refused.Store(&m)
 }
 
 // add adds pending guest k; call with mu held.
@@ -124,13 +150,15 @@ func (q *newGuests) dropAll(c *counters) {
 	}
 }
 
-// expire forgets the refusals whose back-off is over.
+// expire forgets the refusals whose back-off is over. Control plane
+// only.
 func (q *newGuests) expire(now time.Time) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	for k, g := range q.m {
-		if g.refused && !now.Before(g.until) {
-			q.forget(k, g)
+	for _, r := range *q.refused.Load() {
+		if !now.Before(r.until) { // copied only when one is over (no allocation per round)
+			q.editRefused(func(m map[mactrans.VIFKey]refusal) {
+				maps.DeleteFunc(m, func(_ mactrans.VIFKey, r refusal) bool { return !now.Before(r.until) })
+			})
+			return
 		}
 	}
 }
@@ -138,24 +166,29 @@ func (q *newGuests) expire(now time.Time) {
 // holdNew holds a frame (buf, n, sup as tx got them) of guest k, which has
 // no VIF, asking the control goroutine for one on its first frame. It
 // returns the VIF when it became ready meanwhile (the caller translates
-// the frame), nil when the frame was held or dropped (counted).
+// the frame), nil when the frame was held or dropped (counted). A guest
+// in its refusal back-off, and a new one while the VIF table is full and
+// no guest is pending, are dropped without taking newGuests.mu.
 func (s *Shim) holdNew(k mactrans.VIFKey, buf []byte, n int, sup tap.Super, now time.Time) *mactrans.VIF {
 	q := &s.newVIFs
+	v, published := s.vifs.Lookup(k)
+	if published && v.Ready() { // made meanwhile (declared, say)
+		return v
+	}
+	if drop, ok := q.refusedAt(k, now); ok {
+		s.ctr.inc(drop)
+		return nil
+	}
+	if !published && q.pending.Load() == 0 && s.vifs.Full() { // so not pending itself
+		s.refuseFull(k, now)
+		return nil
+	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	v, published := s.vifs.Lookup(k)
-	if published && v.Ready() {
+	if v, published = s.vifs.Lookup(k); published && v.Ready() { // again, under the lock readyVIF holds
 		return v
 	}
 	g := q.m[k]
-	if g != nil && g.refused {
-		if now.Before(g.until) {
-			s.ctr.inc(g.drop)
-			return nil
-		}
-		q.forget(k, g)
-		g = nil
-	}
 	switch {
 	case g != nil:
 	case published:
@@ -164,10 +197,7 @@ func (s *Shim) holdNew(k mactrans.VIFKey, buf []byte, n int, sup tap.Super, now 
 		g = q.add(k)
 	default:
 		if s.vifs.Full() { // refused here, per frame, as a MAC flood's are
-			s.ctr.inc(DropVIFLimit)
-			if s.vifWarn.Allow(now) {
-				s.log.Warn("new guest MAC refused", "mac", k.MAC, "vlan", k.VLAN, "reason", "vif_limit", "suppressed", s.vifWarn.Suppressed())
-			}
+			s.refuseFull(k, now)
 			return nil
 		}
 		if q.npend >= maxNewGuests {
@@ -190,21 +220,30 @@ func (s *Shim) holdNew(k mactrans.VIFKey, buf []byte, n int, sup tap.Super, now 
 	return nil
 }
 
+// refuseFull counts a new guest's frame refused for a full VIF table
+// and warns (rate-limited).
+func (s *Shim) refuseFull(k mactrans.VIFKey, now time.Time) {
+	s.ctr.inc(DropVIFLimit)
+	if s.vifWarn.Allow(now) {
+		s.log.Warn("new guest MAC refused", "mac", k.MAC, "vlan", k.VLAN, "reason", "vif_limit", "suppressed", s.vifWarn.Suppressed())
+	}
+}
+
 // readyVIF sends the frames held for the guest of v, published, translated
-// in order, then marks v ready, under newGuests.mu (see the top of this
-// file). Control plane only.
+// in order and written at once, then marks v ready, under newGuests.mu
+// (see the top of this file). Control plane only.
 func (s *Shim) readyVIF(p *partition, v *mactrans.VIF, now time.Time) {
 	q := &s.newVIFs
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if g, ok := q.m[v.Key]; ok {
-		b := s.ctl.batch
+		b := s.ctl.batch // room for vifHoldPerGuest frames (control.init)
 		for _, f := range g.frames {
 			if _, pay, ok := s.txCheck(f.buf, f.n); ok { // as it was when held
 				s.translate(b, p, v, f.buf, f.n, pay, f.sup, now)
-				s.flushTx(b)
 			}
 		}
+		s.flushTx(b)
 		q.forget(v.Key, g)
 	}
 	v.SetReady()
@@ -220,14 +259,13 @@ func (s *Shim) refuseVIF(k mactrans.VIFKey, err error, now time.Time) {
 		drop = DropVIFLimit
 	}
 	q := &s.newVIFs
+	if len(*q.refused.Load()) < maxRefused {
+		q.editRefused(func(m map[mactrans.VIFKey]refusal) { m[k] = refusal{until: now.Add(vifRefusedFor), drop: drop} })
+	}
 	q.mu.Lock()
-	g := q.m[k]
-	if g != nil {
+	if g := q.m[k]; g != nil {
 		s.ctr.add(drop, uint64(len(g.frames)))
 		q.forget(k, g)
-	}
-	if len(q.m) < maxRefused {
-		q.m[k] = &newGuest{refused: true, until: now.Add(vifRefusedFor), drop: drop}
 	}
 	q.mu.Unlock()
 	if s.vifWarn.Allow(now) {

@@ -261,20 +261,26 @@ func (s *Shim) publish(p *partition) {
 func (s *Shim) partitions() map[ipoib.PKey]*partition { return *s.byPKey.Load() }
 
 // joinPartition joins a partition's broadcast, all-nodes and all-hosts
-// groups for good. Control plane only.
+// groups for good, then reads its MTU again and publishes it (again, for
+// one New published), both under mtuMu: a port MTU event that comes after
+// the read waits for the partition to be visible (applyEvent), so it is
+// applied, not lost. Control plane only.
 func (s *Shim) joinPartition(p *partition) error {
 	for _, mgid := range []ipoib.GID{p.bcast, s.groupMGID(p, allNodes), s.groupMGID(p, allHosts)} {
 		if err := s.groups.join(s.port, mgid, true); err != nil {
 			return err
 		}
 	}
-	s.refreshMTU(p)
+	s.mtuMu.Lock()
+	defer s.mtuMu.Unlock()
+	s.setMTU(p, s.port.PartitionMTU(p.pkey))
+	s.publish(p)
 	return nil
 }
 
 // AddPartition maps a new VLAN to a P_Key in the running shim (as a
 // configuration reload does): its groups are joined, then its traffic
-// flows. Remapping or removing a VLAN needs a restart.
+// flows (joinPartition publishes it). Remapping or removing a VLAN needs a restart.
 func (s *Shim) AddPartition(vlan uint16, pkey ipoib.PKey) error {
 	if vlan == 0 {
 		return errors.New("shim: VLAN 0 (untagged) is always the default partition 0xffff")
@@ -289,7 +295,6 @@ func (s *Shim) AddPartition(vlan uint16, pkey ipoib.PKey) error {
 		if err := s.joinPartition(p); err != nil {
 			return fmt.Errorf("shim: join the groups of VLAN %d: %w", vlan, err)
 		}
-		s.publish(p)
 		s.log.Info("partition added", "vlan", vlan, "pkey", p.pkey)
 		return nil
 	})
@@ -343,7 +348,6 @@ func (s *Shim) Run(ctx context.Context) error {
 	stopHouse()
 	s.dev.Close() // the TX loop finishes its batch and leaves
 	wg.Wait()
-	s.pending.dropAll(&s.ctr)
 	s.call(s.stopPort)
 	s.port.Close() // the RX loop leaves
 	rx.Wait()
@@ -351,10 +355,14 @@ func (s *Shim) Run(ctx context.Context) error {
 	return err
 }
 
-// stopPort drops the frames waiting for the control plane, frees every
-// QP once no sender can use it and leaves every group. A control action.
+// stopPort drops the frames waiting for the control plane or a
+// resolution, frees every QP once no sender can use it and leaves every
+// group. A control action: the intents queued before it (a new guest's
+// VIF, whose held frames may wait for a resolution) have run, and those
+// after it see stopping, so no frame is held after the drop.
 func (s *Shim) stopPort() error {
 	s.stopping.Store(true)
+	s.pending.dropAll(&s.ctr)
 	s.newVIFs.dropAll(&s.ctr)
 	s.gwait.dropAll(&s.ctr)
 	var gone []*mactrans.VIF

@@ -82,12 +82,15 @@ type Key struct {
 // reports) and must not call back into the table. A Join that fails
 // leaves the group unrecorded (the next report tries again); a join the
 // owner accepted and then could not carry out is reported back with
-// Forget, so the table never claims a group its owner did not join.
+// Forget and the generation Join was given, so the table never claims a
+// group its owner did not join, and a late Forget of an earlier join
+// never drops a later entry of the same group (its own join pending or
+// done, which a Leave must release).
 // Query is called without the lock.
 type Actions struct {
-	Join  func(Key) error // the group's first member appeared
-	Leave func(Key)       // the group's last member is gone
-	Query func(Key)       // send a group-specific query
+	Join  func(k Key, gen uint64) error // the group's first member appeared; gen names this entry (Forget)
+	Leave func(Key)                     // the group's last member is gone
+	Query func(Key)                     // send a group-specific query
 }
 
 type member struct {
@@ -95,6 +98,7 @@ type member struct {
 	queriesLeft int
 	nextQuery   time.Time
 	reporter    netip.Addr // source of the last report
+	gen         uint64     // the entry's generation, given to Join
 }
 
 // Table is the membership state machine for IGMP and MLD alike: a report
@@ -108,6 +112,7 @@ type Table struct {
 
 	mu       sync.Mutex
 	m        map[Key]*member
+	gen      uint64 // the last generation given to an entry
 	overflow uint64 // new groups refused for the bound
 	failed   uint64 // joins the owner refused
 }
@@ -149,13 +154,14 @@ func (t *Table) Report(k Key, from netip.Addr, now time.Time) {
 			t.overflow++
 			return
 		}
+		t.gen++
 		if t.act.Join != nil {
-			if err := t.act.Join(k); err != nil {
+			if err := t.act.Join(k, t.gen); err != nil {
 				t.failed++
 				return
 			}
 		}
-		m = &member{}
+		m = &member{gen: t.gen}
 		t.m[k] = m
 	}
 	m.expires = now.Add(t.t.MembershipInterval())
@@ -163,13 +169,15 @@ func (t *Table) Report(k Key, from netip.Addr, now time.Time) {
 	m.reporter = from
 }
 
-// Forget drops group k without calling Leave: the owner accepted its
-// Join but could not carry it out (the port refused it). It counts as a
-// failed join; the next report tries again.
-func (t *Table) Forget(k Key) {
+// Forget drops group k without calling Leave: the owner accepted the
+// Join of generation gen but could not carry it out (the port refused
+// it). It counts as a failed join; the next report tries again. An entry
+// of k of another generation (the group expired, was left and reported
+// again meanwhile: its own join is queued behind) is kept.
+func (t *Table) Forget(k Key, gen uint64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if _, ok := t.m[k]; ok {
+	if m, ok := t.m[k]; ok && m.gen == gen {
 		delete(t.m, k)
 		t.failed++
 	}

@@ -14,11 +14,14 @@ import (
 
 var host1, host2 = netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.2")
 
-type recorder struct{ joins, leaves, queries []Key }
+type recorder struct {
+	joins, leaves, queries []Key
+	gens                   []uint64 // the generations Join was given
+}
 
 func (r *recorder) actions() Actions {
 	return Actions{
-		Join:  func(k Key) error { r.joins = append(r.joins, k); return nil },
+		Join:  func(k Key, gen uint64) error { r.joins = append(r.joins, k); r.gens = append(r.gens, gen); return nil },
 		Leave: func(k Key) { r.leaves = append(r.leaves, k) },
 		Query: func(k Key) { r.queries = append(r.queries, k) },
 	}
@@ -152,7 +155,7 @@ func TestTableVLANsAndBound(t *testing.T) {
 func TestTableFailedJoin(t *testing.T) {
 	fail := true
 	var joins int
-	tbl := NewTable(Timers{}, 10, Actions{Join: func(Key) error {
+	tbl := NewTable(Timers{}, 10, Actions{Join: func(Key, uint64) error {
 		joins++
 		if fail {
 			return errors.New("no room")
@@ -172,23 +175,53 @@ func TestTableFailedJoin(t *testing.T) {
 	}
 }
 
-// TestTableForget: a group whose accepted join the owner could not carry
-// out is dropped without a Leave, counted as a failed join, and the next
-// report joins it again.
-func TestTableForget(t *testing.T) {
-	var r recorder
+// joinedOne returns a table with group k reported (and joined) at now.
+func joinedOne() (*recorder, *Table, Key, time.Time) {
+	r := &recorder{}
 	tbl := NewTable(Timers{}, 10, r.actions())
 	k := Key{0, netip.MustParseAddr("239.1.1.1")}
 	now := time.Unix(1e6, 0)
 	tbl.Report(k, host1, now)
-	tbl.Forget(k)
-	tbl.Forget(k) // a group not there: nothing
+	return r, tbl, k, now
+}
+
+// TestTableForget: a group whose accepted join the owner could not carry
+// out is dropped without a Leave, counted as a failed join, and the next
+// report joins it again.
+func TestTableForget(t *testing.T) {
+	r, tbl, k, now := joinedOne()
+	tbl.Forget(k, r.gens[0])
+	tbl.Forget(k, r.gens[0]) // a group not there: nothing
 	if _, failed := tbl.Overflow(); tbl.Len() != 0 || failed != 1 || len(r.leaves) != 0 {
 		t.Fatalf("after Forget: %d groups, %d failed, leaves %v", tbl.Len(), failed, r.leaves)
 	}
 	tbl.Report(k, host1, now)
 	if tbl.Len() != 1 || len(r.joins) != 2 {
 		t.Fatalf("after a new report: %d groups, joins %v", tbl.Len(), r.joins)
+	}
+}
+
+// TestTableForgetOtherGeneration: the owner's Forget of a join it could
+// not carry out drops only the entry that join was for. Join 1 is
+// queued, the group expires (Leave queued) and is reported again (Join
+// 2 queued); join 1 fails and its Forget must keep join 2's entry, whose
+// join then succeeds: else the port would stay in a group the table no
+// longer knows, and no Leave would ever release it.
+func TestTableForgetOtherGeneration(t *testing.T) {
+	r, tbl, k, now := joinedOne()
+	now = now.Add(tbl.Timers().MembershipInterval())
+	tbl.Tick(now) // expired: Leave
+	tbl.Report(k, host1, now)
+	if len(r.gens) != 2 || r.gens[0] == r.gens[1] || len(r.leaves) != 1 {
+		t.Fatalf("joins %v of generations %v, leaves %v; want two joins of different generations and one leave", r.joins, r.gens, r.leaves)
+	}
+	tbl.Forget(k, r.gens[0]) // join 1 failed
+	if _, failed := tbl.Overflow(); tbl.Len() != 1 || failed != 0 {
+		t.Fatalf("after the Forget of join 1: %d groups, %d failed; want join 2's entry kept", tbl.Len(), failed)
+	}
+	tbl.Tick(now.Add(tbl.Timers().MembershipInterval()))
+	if len(r.leaves) != 2 {
+		t.Fatalf("join 2's entry expired with leaves %v; want a second Leave releasing it", r.leaves)
 	}
 }
 
@@ -201,7 +234,7 @@ func TestTableJoinLeaveOrder(t *testing.T) {
 	k := Key{0, netip.MustParseAddr("239.1.1.1")}
 	var joined atomic.Int32 // the owner's state, changed only by the actions
 	act := Actions{
-		Join: func(Key) error {
+		Join: func(Key, uint64) error {
 			if !joined.CompareAndSwap(0, 1) {
 				return errors.New("join of a joined group")
 			}
