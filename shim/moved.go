@@ -53,7 +53,7 @@ import (
 // movedHere handles a local VIF claiming ip (new to it): if the fabric
 // taught that a remote endpoint of the partition spoke for ip, that
 // endpoint was the guest's QP before it migrated here. Called on the TX
-// path with live held for reading; only for addresses new to the VIF.
+// path within the TX worker's epoch; only for addresses new to the VIF.
 func (s *Shim) movedHere(p *partition, v *mactrans.VIF, ip netip.Addr, now time.Time) {
 	remac, ok := s.srcs.lookup(srcKey{p.pkey, ip})
 	if !ok {
