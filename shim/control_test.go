@@ -33,6 +33,7 @@ type blockingPort struct {
 	release                 chan struct{} // closed (unblock): no call blocks any more
 	once                    sync.Once
 	allocs, joins, sendOnly atomic.Int32 // calls made while slow
+	leaves, frees           atomic.Int32 // calls made while slow
 	entered                 atomic.Int32 // calls that began blocking
 }
 
@@ -63,7 +64,9 @@ func (p *blockingPort) AllocQP(pkey ipoib.PKey, hint uint32) (uint32, error) {
 }
 
 func (p *blockingPort) FreeQP(qpn uint32) error {
-	p.block()
+	if p.block() {
+		p.frees.Add(1)
+	}
 	return p.Port.FreeQP(qpn)
 }
 
@@ -88,7 +91,9 @@ func (p *blockingPort) JoinSendOnly(mgid ipoib.GID) error {
 }
 
 func (p *blockingPort) Leave(mgid ipoib.GID) error {
-	p.block()
+	if p.block() {
+		p.leaves.Add(1)
+	}
 	return p.Port.Leave(mgid)
 }
 
@@ -271,6 +276,64 @@ func TestSlowControlPlane(t *testing.T) {
 	}
 	c := a.s.Counters()
 	if c["tx_queued_new_vif"]-queued != held+1 || c["vifs_created"] != 2 || c["mcast_joins"] != 1 || c["vifs_pending"] != 0 || c["drop_vif_pending_full"] != 0 {
+		t.Errorf("counters: %v", c)
+	}
+}
+
+// TestSlowLeaveAndFree: with Leave and FreeQP each taking 3 s, a guest
+// leaves its group and is removed (as when the bridge forgets its port)
+// while guest A1 keeps sending: every one of A1's frames arrives, in
+// order, housekeeping keeps its period, and the group is left and the
+// QP freed once each, after which the guest's VIF and group are gone.
+func TestSlowLeaveAndFree(t *testing.T) {
+	a, b, bp, remacA1, remacB1 := slowPair(t, 3*time.Second)
+	first, rest, stopRecv := receiver(t, b, remacA1)
+	defer stopRecv()
+	g := netip.MustParseAddr("239.7.7.7")
+	mgid := ipoib.IPv4MGID(g, 0xffff, 2)
+	a.dev.Inject(udpFrom(t, macA2, remacB1, ipA2, 0))
+	a.dev.Inject(igmpReport(t, macA2, 4, g)) // CHANGE_TO_EXCLUDE {}: a join
+	select {
+	case <-rest:
+	case <-time.After(2 * time.Second):
+		t.Fatalf("A2's frame never arrived (counters %v)", a.s.Counters())
+	}
+	waitFor(t, "A2's group joined", func() bool { return a.port.Joined(mgid) })
+
+	bp.slow.Store(true)
+	health := watchHealth(a)
+	a.dev.Inject(igmpReport(t, macA2, 3, g))          // CHANGE_TO_INCLUDE {}: a leave
+	a.waitCounter(t, TxQueries, a.s.Get(TxQueries)+1) // the group-specific query
+	a.clk.Advance(a.s.snoop.Timers().LeaveTime())     // no answer: the group goes
+	removed := make(chan error, 1)
+	go func() { removed <- a.s.RemoveVIF(macA2, 0) }()
+	seq, n := 0, 0
+	for done := false; !done || a.port.Joined(mgid); seq++ {
+		pingA1(t, a, first, remacB1, seq)
+		n++
+		time.Sleep(5 * time.Millisecond) // a steady flow, not a flood
+		select {
+		case err := <-removed:
+			if err != nil {
+				t.Fatal(err)
+			}
+			done = true
+		default:
+		}
+		if n > 5000 {
+			t.Fatalf("the guest was never removed nor its group left (counters %v)", a.s.Counters())
+		}
+	}
+	samples, sick, stalest := health()
+	t.Logf("A1: %d frames while the control plane blocked; housekeeping: %d samples, %d unhealthy, at most %s since a round", n, samples, sick, stalest)
+	if sick != 0 || samples == 0 {
+		t.Errorf("Healthy(%s) false in %d of %d samples while the port blocked", 2*a.s.cfg.Housekeeping, sick, samples)
+	}
+	if bp.leaves.Load() != 1 || bp.frees.Load() != 1 {
+		t.Errorf("slow calls: %d Leave, %d FreeQP; want 1 each", bp.leaves.Load(), bp.frees.Load())
+	}
+	c := a.s.Counters()
+	if c["mcast_leaves"] != 1 || c["vifs_removed"] != 1 || c["vifs"] != 1 {
 		t.Errorf("counters: %v", c)
 	}
 }
