@@ -195,6 +195,17 @@ true
 EOF
 }
 
+# stop_pidfile FILE: the shell that stops the process whose pid FILE
+# holds (SIGTERM, up to 10 s, then SIGKILL) and removes FILE; the one
+# stop of cleanup_script and daemon_down.
+stop_pidfile() {
+	cat <<EOF
+p=\$(cat $1 2>/dev/null) && kill -TERM "\$p" 2>/dev/null
+i=0; while [ -n "\$p" ] && kill -0 "\$p" 2>/dev/null && [ \$i -lt 50 ]; do sleep 0.2; i=\$((i+1)); done
+[ -n "\$p" ] && kill -KILL "\$p" 2>/dev/null; rm -f $1
+EOF
+}
+
 # cleanup_script HOST: what removes everything this kit made on HOST:
 # its processes, the topology, the native addresses and the P_Key child
 # it added; the logs stay in WORK/HOST.prev.
@@ -204,9 +215,7 @@ cleanup_script() {
 	cat <<EOF
 for f in $W/*.pid; do
 	[ -f "\$f" ] || continue
-	p=\$(cat "\$f"); kill -TERM "\$p" 2>/dev/null
-	i=0; while kill -0 "\$p" 2>/dev/null && [ \$i -lt 50 ]; do sleep 0.2; i=\$((i+1)); done
-	kill -KILL "\$p" 2>/dev/null; rm -f "\$f"
+$(stop_pidfile '"$f"')
 done
 $(topo_down_script "$1")
 ip link del ehtn1 2>/dev/null; ip link del ehtn2 2>/dev/null
@@ -504,9 +513,7 @@ daemon_down() {
 	done
 	s="{
 $s} >$W/show-$b.txt 2>&1
-p=\$(cat $W/run.pid 2>/dev/null) && kill -TERM \$p 2>/dev/null
-i=0; while [ -n \"\$p\" ] && kill -0 \$p 2>/dev/null && [ \$i -lt 50 ]; do sleep 0.2; i=\$((i+1)); done
-kill -KILL \$p 2>/dev/null; rm -f $W/run.pid
+$(stop_pidfile "$W/run.pid")
 "
 	[ "$FABRIC" = ib ] && s+="ip neigh flush dev $d; ip neigh flush dev $d.${PKEY2#0x} 2>/dev/null
 "
