@@ -307,14 +307,14 @@ func TestAgingWaitsForBatch(t *testing.T) {
 	if len(s.ctl.draining) != 0 {
 		t.Fatal("the QP was not freed once the batch ended")
 	}
-	if send() != 0 || port.Counters().Drops[memfabric.DropBadMeta] != 1 {
+	if send() != 0 || port.Counters().Drops[ipoib.DropBadMeta.String()] != 1 {
 		t.Fatalf("freed QP still sends: %+v", port.Counters())
 	}
 	// The destination answers: the queued frame is dropped, not sent.
 	rxPacket(s, append([]byte{8, 0, 0, 0}, udpPacket(t, ipB1, ipA1, 10)...),
 		ipoib.RxMeta{Src: ipoib.MakeHwAddr(0, qfar, far.LocalGID()), DstQPN: ipoib.MulticastQPN, MGID: s.byVLAN[0].Load().bcast, PKey: 0xffff})
 	s.flushResolved()
-	if s.Get(DropVIFGone) != 1 || s.Get(TxForwarded) != 0 || port.Counters().Drops[memfabric.DropBadMeta] != 1 {
+	if s.Get(DropVIFGone) != 1 || s.Get(TxForwarded) != 0 || port.Counters().Drops[ipoib.DropBadMeta.String()] != 1 {
 		t.Fatalf("queued frame of an aged VIF: %v, port %+v", s.Counters(), port.Counters())
 	}
 }

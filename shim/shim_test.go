@@ -695,7 +695,7 @@ func TestVLANPartitions(t *testing.T) {
 		buf := append(make([]byte, ipoib.Headroom), 8, 0, 0, 0)
 		b.port.Write([][]byte{buf}, []ipoib.TxMeta{{Dst: va.LIMAC, SrcQPN: vb.QPN, PKey: 0x8014}}, ipoib.Headroom)
 		if f.countsPKeyDrops() {
-			waitFor(t, "P_Key drop", func() bool { return a.port.Counters().Drops[memfabric.DropPKey] == 1 })
+			waitFor(t, "P_Key drop", func() bool { return a.port.Counters().Drops[ipoib.DropPKey.String()] == 1 })
 		}
 		a.quiet(t)
 		a.dev.Inject(tagged(30, macA1, layers.ARPRequest, ether.Broadcast, ether.MAC{}, ipA1, ipB1))

@@ -17,14 +17,6 @@ import (
 	"github.com/eipoib/eipoibd/ipoib/internal/rxq"
 )
 
-// A Port counts its drops under ipoib.Drop's reasons. DropPKey and
-// DropBadMeta are the names of the two that tests of the shim look for
-// in PortCounters.Drops.
-var (
-	DropPKey    = ipoib.DropPKey.String()
-	DropBadMeta = ipoib.DropBadMeta.String()
-)
-
 // queueLen is the receive queue of a port in packets.
 const queueLen = 1024
 

@@ -80,7 +80,7 @@ func TestUnicastAndChecks(t *testing.T) {
 	send(t, a, []byte{8, 0, 0, 0}, ipoib.TxMeta{Dst: ipoib.MakeHwAddr(0, qb2, b.LocalGID()), SrcQPN: qa, PKey: 0xffff})
 	send(t, a, []byte{8, 0, 0, 0}, ipoib.TxMeta{Dst: ipoib.MakeHwAddr(0, 0x999, b.LocalGID()), SrcQPN: qa, PKey: 0xffff})
 	send(t, a, make([]byte, 2049), ipoib.TxMeta{Dst: ipoib.MakeHwAddr(0, qb, b.LocalGID()), SrcQPN: qa, PKey: 0xffff})
-	if d := b.Counters().Drops; d[DropPKey] != 1 || d[ipoib.DropUnknownQPN.String()] != 1 {
+	if d := b.Counters().Drops; d[ipoib.DropPKey.String()] != 1 || d[ipoib.DropUnknownQPN.String()] != 1 {
 		t.Fatalf("receiver drops %v", d)
 	}
 	if d := a.Counters().Drops; d[ipoib.DropOversize.String()] != 1 {
@@ -114,7 +114,7 @@ func TestMulticast(t *testing.T) {
 	// Wrong partition on the group's P_Key is a P_Key drop.
 	qa2, _ := a.AllocQP(0x8001, 0)
 	send(t, a, []byte{8, 0, 0, 0}, ipoib.TxMeta{Dst: m.Dst, SrcQPN: qa2, PKey: 0x8001})
-	if b.Counters().Drops[DropPKey] != 1 {
+	if b.Counters().Drops[ipoib.DropPKey.String()] != 1 {
 		t.Fatalf("drops %v", b.Counters().Drops)
 	}
 }
@@ -203,7 +203,7 @@ func TestWriteAnyBatchLength(t *testing.T) {
 			seen[i] = true
 		}
 	}
-	if c := a.Counters(); c.TxPackets != total || c.Drops[DropBadMeta] != 3 {
+	if c := a.Counters(); c.TxPackets != total || c.Drops[ipoib.DropBadMeta.String()] != 3 {
 		t.Fatalf("sender counters %+v, want %d packets and 3 bad_meta", c, total)
 	}
 	if c := b.Counters(); c.RxPackets != total || len(c.Drops) != 0 {

@@ -23,5 +23,3 @@ func (e DecodeError) Drop() ipoib.Drop {
 	}
 	return decodeDrops[e]
 }
-
-func (p *Port) drop(reason ipoib.Drop) { p.drops.Add(reason) }

@@ -8,8 +8,9 @@ import "github.com/eipoib/eipoibd/ipoib"
 // The channel is closed on Close.
 func (p *Port) Events() <-chan ipoib.Event { return p.events.Events() }
 
-// setDown sets the port-down fault and reports the link state it leaves.
-func (p *Port) setDown(down bool) {
+// SetDown sets the injected port-down fault: while down, nothing is sent
+// or delivered (counted as port_down); Events reports the change.
+func (p *Port) SetDown(down bool) {
 	p.downMu.Lock()
 	defer p.downMu.Unlock()
 	p.down.Store(down)

@@ -272,10 +272,6 @@ func (p *Port) SetEncodeHook(fn func(body []byte, mcast bool)) {
 	p.wmu.Unlock()
 }
 
-// SetDown sets the injected port-down fault: while down, nothing is sent
-// or delivered (counted as port_down).
-func (p *Port) SetDown(down bool) { p.setDown(down) }
-
 // IsDown reports the injected port-down fault.
 func (p *Port) IsDown() bool { return p.down.Load() }
 

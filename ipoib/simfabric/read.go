@@ -129,15 +129,15 @@ func (p *Port) split(data []byte, r *rxInfo, bufs [][]byte, sizes []int, meta []
 func (p *Port) check(b []byte, src, dst *[16]byte, sport uint16, rm *ipoib.RxMeta, room int) ([]byte, bool) {
 	var pkt Packet
 	if err := p.rcodec.Decode(b, src, dst, sport, UDPPort, &pkt); err != nil {
-		p.drop(err.(DecodeError).Drop())
+		p.drops.Add(err.(DecodeError).Drop())
 		return nil, false
 	}
 	if pkt.QKey != ipoib.QKey {
-		p.drop(ipoib.DropQKey)
+		p.drops.Add(ipoib.DropQKey)
 		return nil, false
 	}
 	if len(pkt.Payload) > min(p.mtu, room) {
-		p.drop(ipoib.DropOversize)
+		p.drops.Add(ipoib.DropOversize)
 		return nil, false
 	}
 	*rm = ipoib.RxMeta{Src: ipoib.MakeHwAddr(0, pkt.SrcQPN, ipoib.GID(*src)), DstQPN: pkt.DestQPN, PKey: ipoib.PKey(pkt.PKey)}
@@ -148,7 +148,7 @@ func (p *Port) check(b []byte, src, dst *[16]byte, sport uint16, rm *ipoib.RxMet
 		rm.MGID = *dst
 	}
 	if d := ipoib.CheckRx(rm, p.qps, p.groups); d != ipoib.DropNone {
-		p.drop(d)
+		p.drops.Add(d)
 		return nil, false
 	}
 	p.rxPackets.Add(1)

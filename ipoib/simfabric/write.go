@@ -69,11 +69,11 @@ func (p *Port) Write(bufs [][]byte, meta []ipoib.TxMeta, offset int) (int, error
 			continue
 		}
 		if _, d := ipoib.CheckTx(m, len(b)-offset, p.qps, true); d != ipoib.DropNone {
-			p.drop(d)
+			p.drops.Add(d)
 			continue
 		}
 		if p.cutter.Start(b[offset:], ipoib.HeaderLen, int(m.GSO.L4), m.GSO.Type == ipoib.GSOTCPv6, int(m.GSO.Size), p.mtu-ipoib.HeaderLen) != nil {
-			p.drop(ipoib.DropBadGSO)
+			p.drops.Add(ipoib.DropBadGSO)
 			continue
 		}
 		sm := *m
@@ -184,11 +184,11 @@ func (p *Port) writeChunk(bufs [][]byte, meta []ipoib.TxMeta, offset int, ok *[b
 		m := &meta[i]
 		payload := len(b) - offset
 		if payload > p.mtu {
-			p.drop(ipoib.DropOversize)
+			p.drops.Add(ipoib.DropOversize)
 			continue
 		}
 		if _, d := ipoib.CheckTx(m, payload, p.qps, true); d != ipoib.DropNone {
-			p.drop(d)
+			p.drops.Add(d)
 			continue
 		}
 		if cap(b)-len(b) < TailRoom {
@@ -235,7 +235,7 @@ func (p *Port) send(out []ipv6.Message, spans []span, orig []ipv6.Message, size 
 	// lost counts a packet the kernel refused: a send error (no route,
 	// no buffer) loses it, as a full HCA send queue would.
 	lost := func(k int) {
-		p.drop(ipoib.DropSendError)
+		p.drops.Add(ipoib.DropSendError)
 		size[p.worig[k]] = 0
 	}
 	for off := 0; off < len(out); off++ {

@@ -536,8 +536,10 @@ func (p *Port) take(d recvDone, dst []byte, size *int, m *ipoib.RxMeta) bool {
 		}
 	}
 	q := p.qp(d.qpn)
-	_, own := p.qps.Lookup(d.srcQPN)
-	own = own && src == p.a.gid // a QPN of ours, from our GID: sent by this port
+	own := src == p.a.gid // from our GID, and (looked up only then) a QPN of ours: sent by this port
+	if own {
+		_, own = p.qps.Lookup(d.srcQPN)
+	}
 	pkt := b[grhLen:]
 	if q == nil {
 		p.drops.Add(ipoib.DropUnknownQPN)
