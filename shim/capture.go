@@ -31,11 +31,11 @@ const (
 // (this port's, or the group's MGID).
 const CaptureHeader = 40
 
-// captureSnap bounds a captured packet; longer ones (super-packets) are
+// CaptureSnap bounds a captured packet; longer ones (super-packets) are
 // cut, their length kept.
-const captureSnap = 16384
+const CaptureSnap = 16384
 
-// CapturedPacket is one packet of a capture: Data (at most captureSnap
+// CapturedPacket is one packet of a capture: Data (at most CaptureSnap
 // bytes of it) and its full length.
 type CapturedPacket struct {
 	Data []byte
@@ -63,7 +63,7 @@ func (s *Shim) StartCapture(side string, bufs int) (*Capture, error) {
 	}
 	c := &Capture{s: s, fabric: side == CaptureFabric, pkts: make(chan CapturedPacket, bufs), free: make(chan []byte, bufs)}
 	for range bufs {
-		c.free <- make([]byte, captureSnap)
+		c.free <- make([]byte, CaptureSnap)
 	}
 	if !s.capture.CompareAndSwap(nil, c) {
 		return nil, ErrCaptureBusy

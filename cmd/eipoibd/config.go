@@ -7,7 +7,8 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
-	"sort"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -34,13 +35,8 @@ func applyConfig(fl *flag.FlagSet, path string) (map[string]bool, error) {
 		}
 		return nil, usageError{Msg: fmt.Sprintf("--config %s: %v", path, err)}
 	}
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
 	applied := map[string]bool{}
-	for _, k := range keys {
+	for _, k := range slices.Sorted(maps.Keys(m)) {
 		f := fl.Lookup(k)
 		if f == nil || k == "config" {
 			return nil, usageError{Msg: fmt.Sprintf("--config %s: unknown key %q (%s -h lists the keys, without the dashes)", path, k, fl.Name())}

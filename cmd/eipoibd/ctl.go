@@ -10,8 +10,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
-	"sort"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -123,7 +124,7 @@ func statsEvery(c ctl.Client, every time.Duration, count int, asJSON bool) error
 		} else {
 			tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintf(tw, "# %s, changes over %s\n", time.Now().Format(time.TimeOnly), every)
-			for _, k := range sortedNames(delta) {
+			for _, k := range slices.Sorted(maps.Keys(delta)) {
 				fmt.Fprintf(tw, "%s\t%d\t(%d)\n", k, delta[k], cur[k])
 			}
 			tw.Flush()
@@ -131,15 +132,6 @@ func statsEvery(c ctl.Client, every time.Duration, count int, asJSON bool) error
 		prev = cur
 	}
 	return nil
-}
-
-func sortedNames[V any](m map[string]V) []string {
-	ks := make([]string, 0, len(m))
-	for k := range m {
-		ks = append(ks, k)
-	}
-	sort.Strings(ks)
-	return ks
 }
 
 // printShow prints a show reply as JSON or in columns.
@@ -205,7 +197,7 @@ func printShow(what string, data json.RawMessage, asJSON bool) error {
 		if err := json.Unmarshal(data, &m); err != nil {
 			return err
 		}
-		for _, k := range sortedNames(m) {
+		for _, k := range slices.Sorted(maps.Keys(m)) {
 			fmt.Fprintf(tw, "%s\t%d\n", k, m[k])
 		}
 	}

@@ -119,9 +119,9 @@ func (h *ctlHandler) Stats() ctl.Stats { return h.sh.Counters() }
 // client's hang-up or the server's close.
 func (h *ctlHandler) Capture(r ctl.CaptureRequest, w io.Writer, gone <-chan struct{}) error {
 	// The wire's side names are the protocol's, the shim's its own API.
-	side, lt, snap := shim.CaptureTAP, layers.LinkTypeEthernet, uint32(16384)
+	side, lt, snap := shim.CaptureTAP, layers.LinkTypeEthernet, uint32(shim.CaptureSnap)
 	if r.Side == ctl.SideFabric {
-		side, lt, snap = shim.CaptureFabric, layers.LinkType(242), 16384+shim.CaptureHeader // LINKTYPE_IPOIB
+		side, lt, snap = shim.CaptureFabric, layers.LinkType(242), shim.CaptureSnap+shim.CaptureHeader // LINKTYPE_IPOIB
 	}
 	c, err := h.sh.StartCapture(side, 1024)
 	if err != nil {

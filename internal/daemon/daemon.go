@@ -160,14 +160,9 @@ func (c *Config) Validate() error {
 		return ConfigError{Msg: err.Error()}
 	}
 	if err := c.Multicast.WithDefaults().Validate(); err != nil {
-		return bad("--mcast-*: %s", trimPrefix(err, "snoop: "))
+		return bad("--mcast-*: %s", strings.TrimPrefix(err.Error(), "snoop: "))
 	}
 	return nil
-}
-
-// trimPrefix is err's message without a package's prefix.
-func trimPrefix(err error, prefix string) string {
-	return strings.TrimPrefix(err.Error(), prefix)
 }
 
 // Run runs the daemon until ctx ends (SIGINT, SIGTERM) or the shim stops

@@ -8,12 +8,9 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
-	"slices"
-	"strings"
 	"time"
 
 	"github.com/eipoib/eipoibd/internal/sdnotify"
@@ -80,19 +77,9 @@ func statePath(c *Config) string { return filepath.Join(c.StateDir, c.Name+".sta
 // vlanMap is the shim's VLAN to P_Key map as --vlan-pkey writes it,
 // sorted by VLAN, untagged left out.
 func vlanMap(sh *shim.Shim) string {
-	parts := sh.Port().Partitions
-	vlans := make([]int, 0, len(parts))
-	for v := range parts {
-		if v != 0 {
-			vlans = append(vlans, int(v))
-		}
-	}
-	slices.Sort(vlans)
-	s := make([]string, len(vlans))
-	for i, v := range vlans {
-		s[i] = fmt.Sprintf("%d=%s", v, parts[uint16(v)])
-	}
-	return strings.Join(s, ",")
+	parts := sh.Port().Partitions // a fresh map every call
+	delete(parts, 0)
+	return formatVLANPKeys(parts)
 }
 
 // restoreState reads the saved state and restores its guests' VIFs,
