@@ -207,16 +207,15 @@ type VIFCounters struct {
 // VIFs are removed by Expire, which makes room again.
 type VIFTable struct {
 	gid     ipoib.GID
-	max     int
 	byKey   *shardMap[VIFKey, *VIF]
 	byQPN   *shardMap[uint32, *VIF]
 	byREMAC *shardMap[ether.MAC, *VIF]
 
 	createMu sync.Mutex // serialises Create
 	mu       sync.Mutex // serialises writers
-	count    int        // VIFs and reservations
 	reserved map[VIFKey]bool
-	// size and limit mirror count and max for Full, which takes no lock.
+	// size is the VIFs and reservations, limit the bound: written under
+	// mu, read without a lock by Full.
 	size, limit atomic.Int64
 
 	created, removed, aged, overflow atomic.Uint64
@@ -224,7 +223,7 @@ type VIFTable struct {
 
 // NewVIFTable returns an empty table for the port with GID gid.
 func NewVIFTable(gid ipoib.GID, max int) *VIFTable {
-	t := &VIFTable{gid: gid, max: max, byKey: newShardMap[VIFKey, *VIF](), byQPN: newShardMap[uint32, *VIF](), byREMAC: newShardMap[ether.MAC, *VIF](), reserved: make(map[VIFKey]bool)}
+	t := &VIFTable{gid: gid, byKey: newShardMap[VIFKey, *VIF](), byQPN: newShardMap[uint32, *VIF](), byREMAC: newShardMap[ether.MAC, *VIF](), reserved: make(map[VIFKey]bool)}
 	t.limit.Store(int64(max))
 	return t
 }
@@ -291,13 +290,12 @@ func (t *VIFTable) Reserve(k VIFKey) error {
 	if _, ok := t.byKey.load(k); ok || t.reserved[k] {
 		return fmt.Errorf("%w: %s vlan %d", ErrExists, k.MAC, k.VLAN)
 	}
-	if t.count >= t.max {
+	if t.size.Load() >= t.limit.Load() {
 		t.overflow.Add(1)
-		return fmt.Errorf("%w: %d VIFs (max)", ErrFull, t.max)
+		return fmt.Errorf("%w: %d VIFs (max)", ErrFull, t.limit.Load())
 	}
 	t.reserved[k] = true
-	t.count++
-	t.size.Store(int64(t.count))
+	t.size.Add(1)
 	return nil
 }
 
@@ -307,8 +305,7 @@ func (t *VIFTable) Unreserve(k VIFKey) {
 	defer t.mu.Unlock()
 	if t.reserved[k] {
 		delete(t.reserved, k)
-		t.count--
-		t.size.Store(int64(t.count))
+		t.size.Add(-1)
 	}
 }
 
@@ -326,8 +323,7 @@ func (t *VIFTable) Publish(v *VIF) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if !t.reserved[v.Key] {
-		t.count++ // published without a reservation
-		t.size.Store(int64(t.count))
+		t.size.Add(1) // published without a reservation
 	}
 	delete(t.reserved, v.Key)
 	t.byQPN.store(v.QPN, v)
@@ -341,7 +337,6 @@ func (t *VIFTable) Publish(v *VIF) {
 // out.
 func (t *VIFTable) SetMax(n int) {
 	t.mu.Lock()
-	t.max = n
 	t.limit.Store(int64(n))
 	t.mu.Unlock()
 }
@@ -374,8 +369,7 @@ func (t *VIFTable) Remove(k VIFKey) (*VIF, bool) {
 	t.byKey.remove(k)
 	t.byQPN.remove(v.QPN)
 	t.byREMAC.remove(v.REMAC)
-	t.count--
-	t.size.Store(int64(t.count))
+	t.size.Add(-1)
 	t.removed.Add(1)
 	return v, true
 }
@@ -391,8 +385,7 @@ func (t *VIFTable) Expire(now time.Time, idle time.Duration) []*VIF {
 		t.byQPN.remove(v.QPN)
 		t.byREMAC.remove(v.REMAC)
 	}
-	t.count -= len(gone)
-	t.size.Store(int64(t.count))
+	t.size.Add(-int64(len(gone)))
 	t.aged.Add(uint64(len(gone)))
 	return gone
 }
@@ -408,7 +401,7 @@ func (t *VIFTable) All() []*VIF {
 func (t *VIFTable) Len() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.count - len(t.reserved)
+	return int(t.size.Load()) - len(t.reserved)
 }
 
 // Counters returns a snapshot of the counters.
