@@ -99,7 +99,8 @@ func (s *Shim) announceTick(now time.Time) {
 	defer s.ann.mu.Unlock()
 	keep := s.ann.q[:0]
 	for _, a := range s.ann.q {
-		if s.vifLive(a.vif) && !now.Before(a.next) {
+		live := s.vifLive(a.vif)
+		if live && !now.Before(a.next) {
 			if a.kind == annFabric {
 				s.sendAnnounce(a.p, a.vif, a.ip)
 			} else {
@@ -108,7 +109,7 @@ func (s *Shim) announceTick(now time.Time) {
 			a.left--
 			a.next = now.Add(announceInterval)
 		}
-		if s.vifLive(a.vif) && a.left > 0 {
+		if live && a.left > 0 {
 			keep = append(keep, a)
 		} else if a.kind != annFabric {
 			delete(s.ann.local, a.annKey)

@@ -121,11 +121,17 @@ func (c *control) post(it intent, must bool) bool {
 	}
 	c.q = append(c.q, it)
 	c.mu.Unlock()
+	c.wakeUp()
+	return true
+}
+
+// wakeUp tells the control goroutine intents are queued (never blocks:
+// one pending wake-up covers every intent queued before it is taken).
+func (c *control) wakeUp() {
 	select {
 	case c.wake <- struct{}{}:
 	default:
 	}
-	return true
 }
 
 // take moves the queued intents to into (emptied first).
@@ -159,10 +165,7 @@ func (s *Shim) call(do func() error) error {
 		reply := make(chan error, 1)
 		c.q = append(c.q, intent{kind: intentCall, fn: fn, reply: reply})
 		c.mu.Unlock()
-		select {
-		case c.wake <- struct{}{}:
-		default:
-		}
+		c.wakeUp()
 		return <-reply
 	}
 	c.mu.Unlock()
@@ -232,7 +235,7 @@ func (s *Shim) handle(it intent) {
 	switch it.kind {
 	case intentNewVIF:
 		if stopping {
-			s.newVIFs.drop(it.vif, &s.ctr)
+			s.newVIFs.drop(it.vif, DropVIFRefused, &s.ctr)
 			return
 		}
 		if p := s.byVLAN[it.vif.VLAN].Load(); p != nil {

@@ -366,21 +366,22 @@ func (s *Shim) groupFailed(mgid ipoib.GID) {
 	w := &s.gwait
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if h, ok := w.m[mgid]; ok {
-		for _, f := range *h {
-			if !f.own {
-				s.ctr.inc(DropNoGroup)
-			}
-		}
-		delete(w.m, mgid)
-	}
+	w.dropLocked(mgid, &s.ctr)
 }
 
 // dropAll drops every held frame (the shim is stopping), counted.
 func (w *groupWaits) dropAll(c *counters) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	for mgid, h := range w.m {
+	for mgid := range w.m {
+		w.dropLocked(mgid, c)
+	}
+}
+
+// dropLocked drops the frames held for mgid, counting the guests' ones
+// (not the shim's own) as drop_no_group; call with mu held.
+func (w *groupWaits) dropLocked(mgid ipoib.GID, c *counters) {
+	if h, ok := w.m[mgid]; ok {
 		for _, f := range *h {
 			if !f.own {
 				c.inc(DropNoGroup)

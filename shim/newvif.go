@@ -86,8 +86,7 @@ type newGuests struct {
 	mu      sync.Mutex
 	m       map[mactrans.VIFKey]*newGuest // pending guests, under mu
 	frames  int                           // held, under mu
-	npend   int                           // len(m), under mu
-	pending atomic.Int32                  // npend, read without mu
+	pending atomic.Int32                  // len(m), read without mu
 	// refused is the refused guests (copy on write): read by the
 	// workers without a lock, written by the control plane only.
 	refused atomic.Pointer[map[mactrans.VIFKey]refusal]
@@ -101,9 +100,8 @@ func (q *newGuests) init() {
 // forget deletes pending guest k; call with mu held.
 func (q *newGuests) forget(k mactrans.VIFKey, g *newGuest) {
 	q.frames -= len(g.frames)
-	q.npend--
 	delete(q.m, k)
-	q.pending.Store(int32(q.npend))
+	q.pending.Store(int32(len(q.m)))
 }
 
 // refusedAt returns how guest k's frames are dropped when it is in its
@@ -125,17 +123,16 @@ func (q *newGuests) editRefused(fn func(m map[mactrans.VIFKey]refusal)) {
 func (q *newGuests) add(k mactrans.VIFKey) *newGuest {
 	g := &newGuest{}
 	q.m[k] = g
-	q.npend++
-	q.pending.Store(int32(q.npend))
+	q.pending.Store(int32(len(q.m)))
 	return g
 }
 
-// drop drops guest k's held frames (the shim is stopping), counted.
-func (q *newGuests) drop(k mactrans.VIFKey, c *counters) {
+// drop drops guest k's held frames, counted as why.
+func (q *newGuests) drop(k mactrans.VIFKey, why Counter, c *counters) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if g, ok := q.m[k]; ok {
-		c.add(DropVIFRefused, uint64(len(g.frames)))
+		c.add(why, uint64(len(g.frames)))
 		q.forget(k, g)
 	}
 }
@@ -200,7 +197,7 @@ func (s *Shim) holdNew(k mactrans.VIFKey, buf []byte, n int, sup tap.Super, now 
 			s.refuseFull(k, now)
 			return nil
 		}
-		if q.npend >= maxNewGuests {
+		if len(q.m) >= maxNewGuests {
 			s.ctr.inc(DropVIFPendingFull)
 			return nil
 		}
@@ -262,12 +259,7 @@ func (s *Shim) refuseVIF(k mactrans.VIFKey, err error, now time.Time) {
 	if len(*q.refused.Load()) < maxRefused {
 		q.editRefused(func(m map[mactrans.VIFKey]refusal) { m[k] = refusal{until: now.Add(vifRefusedFor), drop: drop} })
 	}
-	q.mu.Lock()
-	if g := q.m[k]; g != nil {
-		s.ctr.add(drop, uint64(len(g.frames)))
-		q.forget(k, g)
-	}
-	q.mu.Unlock()
+	q.drop(k, drop, &s.ctr)
 	if s.vifWarn.Allow(now) {
 		s.log.Warn("new guest MAC refused", "mac", k.MAC, "vlan", k.VLAN, "reason", reason, "err", err, "retry_after", vifRefusedFor, "suppressed", s.vifWarn.Suppressed())
 	}

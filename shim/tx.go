@@ -247,9 +247,8 @@ func (s *Shim) translate(b *txBatch, p *partition, vif *mactrans.VIF, buf []byte
 	}
 	m := ipoib.TxMeta{SrcQPN: vif.QPN, PKey: p.pkey}
 	unknown := false
-	kind := Counter(-1)   // TxBroadcast or TxMulticast, counted when sent on
-	var joining ipoib.GID // a group being joined: the frame waits for it
-	waits := false
+	kind := Counter(-1) // TxBroadcast or TxMulticast, counted when sent on
+	waits := false      // m.Dst is a group being joined: the frame waits for it
 	var source, target netip.Addr
 	switch {
 	case dst.IsBroadcast():
@@ -266,7 +265,7 @@ func (s *Shim) translate(b *txBatch, p *partition, vif *mactrans.VIF, buf []byte
 			s.ctr.inc(DropNoGroup)
 			return
 		case groupJoining:
-			joining, waits = mgid, true
+			waits = true
 		}
 		m.Dst = ipoib.MakeHwAddr(0, ipoib.MulticastQPN, mgid)
 		kind = TxMulticast
@@ -368,7 +367,7 @@ func (s *Shim) translate(b *txBatch, p *partition, vif *mactrans.VIF, buf []byte
 		}
 		return
 	}
-	if waits && s.holdForGroup(joining, heldFrame{buf: pkt, meta: m, vif: vif}) {
+	if waits && s.holdForGroup(m.Dst.GID(), heldFrame{buf: pkt, meta: m, vif: vif}) {
 		return
 	}
 	s.ctr.inc(TxForwarded)
