@@ -190,10 +190,8 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer port.Close()
-	ipMTU, _ := ipoib.IPMTU(port.MTU())
-	kept := keptQueues(&cfg, log)
-	dev, err := tap.Create(tap.Config{Name: cfg.Name, MTU: ipMTU, LinkMTU: cfg.TAPMTU, MAC: cfg.MAC, Offload: cfg.Offload, Queues: cfg.Queues,
-		Persist: cfg.Persist, FDs: kept})
+	tc := TAPConfig(&cfg, port, keptQueues(&cfg, log))
+	dev, err := tap.Create(tc)
 	if err != nil {
 		return err
 	}
@@ -202,17 +200,13 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.Fabric != FabricSim {
 		fabDev = cfg.IBDev
 	}
-	log.Info("started", "tap", cfg.Name, "tap_start", dev.Start(), "fabric", cfg.Fabric, "device", fabDev, "gid", port.LocalGID(), "ib_mtu", port.MTU(), "ipoib_mtu", ipMTU)
+	log.Info("started", "tap", cfg.Name, "tap_start", dev.Start(), "fabric", cfg.Fabric, "device", fabDev, "gid", port.LocalGID(), "ib_mtu", port.MTU(), "ipoib_mtu", tc.MTU)
 	if dev.Offload() != cfg.Offload {
 		log.Warn("the kept TAP keeps its offload setting while its queues are open: stop eipoibd (not restart) to change it", "offload", dev.Offload(), "wanted", cfg.Offload)
 	}
 	storeQueues(&cfg, dev, log)
 
-	sh, err := shim.New(shim.Config{
-		Device: dev, Port: port, Logger: log,
-		MaxVIFs: cfg.MaxVIFs, MaxNeighbours: cfg.MaxNeighbours, VIFIdle: cfg.VIFIdle, DHCP: cfg.DHCP, DHCPClientID: cfg.DHCPClientID, ClampMSS: cfg.ClampMSS, Learn: cfg.Learn,
-		Partitions: cfg.Partitions, Multicast: cfg.Multicast, AnnounceWindow: announceWindow,
-	})
+	sh, err := shim.New(ShimConfig(&cfg, dev, port))
 	if err != nil {
 		return err
 	}
@@ -280,6 +274,26 @@ func Run(ctx context.Context, cfg Config) error {
 		log.Info("stopped", "tap_removed", cfg.Name)
 	}
 	return err
+}
+
+// TAPConfig is the TAP cfg asks for in front of port, whose IB MTU gives
+// the IPoIB MTU, with kept the queues an earlier run left (nil for
+// none). Run creates its TAP with it, and cmd/taplink (the benchmark's
+// ceiling: two TAPs joined in memory) each of its two.
+func TAPConfig(cfg *Config, port ipoib.Port, kept []int) tap.Config {
+	ipMTU, _ := ipoib.IPMTU(port.MTU())
+	return tap.Config{Name: cfg.Name, MTU: ipMTU, LinkMTU: cfg.TAPMTU, MAC: cfg.MAC, Offload: cfg.Offload, Queues: cfg.Queues,
+		Persist: cfg.Persist, FDs: kept}
+}
+
+// ShimConfig is the shim cfg asks for between dev and port, logging to
+// cfg.Logger: Run's, and each of cmd/taplink's two.
+func ShimConfig(cfg *Config, dev tap.Device, port ipoib.Port) shim.Config {
+	return shim.Config{
+		Device: dev, Port: port, Logger: cfg.Logger,
+		MaxVIFs: cfg.MaxVIFs, MaxNeighbours: cfg.MaxNeighbours, VIFIdle: cfg.VIFIdle, DHCP: cfg.DHCP, DHCPClientID: cfg.DHCPClientID, ClampMSS: cfg.ClampMSS, Learn: cfg.Learn,
+		Partitions: cfg.Partitions, Multicast: cfg.Multicast, AnnounceWindow: announceWindow,
+	}
 }
 
 // handleSignals answers cfg.Signals until ctx ends: SIGUSR1 toggles the
