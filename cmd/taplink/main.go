@@ -13,7 +13,8 @@
 // and shim is set up exactly as "eipoibd run" sets up its own
 // (daemon.TAPConfig, daemon.ShimConfig), with eipoibd run's defaults.
 // taplink logs "taplink running" once both shims run, and stops on
-// SIGINT or SIGTERM, removing both TAPs. A bad command line exits with
+// SIGINT or SIGTERM, logging each shim's non-zero counters (drops
+// included) and removing both TAPs. A bad command line exits with
 // status 2, a failure with status 1.
 package main
 
@@ -148,6 +149,9 @@ func link(ctx context.Context, o *options, log *slog.Logger) error {
 	}
 	log.Info("taplink running", "tap1", o.names[0], "tap2", o.names[1], "ib_mtu", o.cfg.IBMTU, "offload", o.cfg.Offload, "queues", o.cfg.Queues)
 	wg.Wait()
+	for i, sh := range shims {
+		daemon.LogCounters(log.With("tap", o.names[i]), sh.Counters())
+	}
 	log.Info("taplink stopped")
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("taplink: %w", err)

@@ -312,14 +312,15 @@ func handleSignals(ctx context.Context, cfg *Config, port ipoib.Port, sh *shim.S
 			case syscall.SIGHUP:
 				r.reload()
 			case syscall.SIGUSR2:
-				logCounters(cfg.Logger, sh.Counters())
+				LogCounters(cfg.Logger, sh.Counters())
 			}
 		}
 	}
 }
 
-// logCounters logs the non-zero counters (SIGUSR2).
-func logCounters(log *slog.Logger, ctrs map[string]uint64) {
+// LogCounters logs the non-zero counters, as eipoibd does on SIGUSR2 and
+// cmd/taplink when it stops.
+func LogCounters(log *slog.Logger, ctrs map[string]uint64) {
 	args := []any{}
 	for k, v := range ctrs {
 		if v != 0 {

@@ -68,14 +68,14 @@ func RunHost(ctx context.Context, cfg HostConfig) error {
 				if s == syscall.SIGUSR1 {
 					log.Info("neighbours\n" + h.Neighbours())
 				} else if s == syscall.SIGUSR2 {
-					logCounters(log, h.Counters())
+					LogCounters(log, h.Counters())
 				}
 			}
 		}
 	}()
 	log.Info("started", "tun", cfg.Name, "underlay", cfg.Underlay, "gid", port.LocalGID(), "ib_mtu", cfg.IBMTU, "ipoib_mtu", ipMTU)
 	err = h.Run(ctx)
-	logCounters(log, h.Counters())
+	LogCounters(log, h.Counters())
 	log.Info("stopped", "tun_removed", cfg.Name)
 	return err
 }
