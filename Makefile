@@ -48,11 +48,13 @@ unit:
 	EIPOIB_NETNS_OFFLOAD=false ./scripts/netns.sh -skip '$(ONCE_TESTS)'
 
 ## build: the daemon, the daemon with the verbs backend (cgo,
-## libibverbs) and the benchmark's UDP generator in bin/
+## libibverbs), the benchmark's UDP generator and its ceiling (two TAPs
+## joined by the shim in memory) in bin/
 build:
 	$(GO) build -o bin/eipoibd ./cmd/eipoibd
 	$(GO) build -tags verbs -o bin/eipoibd-verbs ./cmd/eipoibd
 	$(GO) build -o bin/udprate ./cmd/udprate
+	$(GO) build -o bin/taplink ./cmd/taplink
 
 ## fuzz: run every fuzz target for FUZZTIME (default 60s, or a count
 ## such as 200000x) each, all of them, then a summary; the Go fuzzer's own
@@ -70,8 +72,9 @@ bench:
 bench-go:
 	$(GO) test -run '^$$' -bench . -benchmem ./...
 
-## bench-net: eipoibd against kernel VXLAN and a socat tunnel between two
-## guests on two hypervisors (root; BENCH_TIME seconds a test, default 10);
-## results in bench/results/<UTC timestamp>/.
+## bench-net: eipoibd against kernel VXLAN, a socat tunnel and its own
+## ceiling between two guests on two hypervisors (root; BENCH_TIME seconds
+## a test, default 3; medians of 3 interleaved repetitions, about 15
+## minutes); results and issue 24's goals in bench/results/<UTC timestamp>/.
 bench-net: build
 	./scripts/bench.sh
