@@ -502,8 +502,9 @@ func TestVIFREMAC(t *testing.T) {
 
 // TestNeighIndexesAgree: after evictions, aging and a flush, which move
 // entries about in the table's sweep order, every entry All returns is
-// found by both lookups, the indexes hold as many entries as Len, and the
-// entries aged or flushed are found by neither.
+// found by both lookups, the indexes hold as many entries as Len, the
+// entries aged or flushed are found by neither, and an emptied table
+// gives back the room a flood made.
 func TestNeighIndexesAgree(t *testing.T) {
 	clk := clock.NewFake(t0)
 	tbl := NewNeighTable(300)
@@ -553,4 +554,7 @@ func TestNeighIndexesAgree(t *testing.T) {
 		t.Fatalf("Flush removed %d, want %d", gone, 300-old)
 	}
 	agree("after a flush", 0)
+	if tbl.all != nil {
+		t.Fatal("the flushed table keeps the array its entries were in")
+	}
 }

@@ -45,7 +45,7 @@ type Neighbour struct {
 	RIMAC ipoib.HwAddr // QPN + GID, flags as last learned
 	REMAC ether.MAC    // the MAC guests use for it
 
-	slot     int32 // index in NeighTable.all, under the table's mu
+	slot     int // index in NeighTable.all, under the table's mu
 	lastSeen atomic.Int64
 	lastUsed atomic.Int64 // a local guest last sent to it; 0: never
 	movedTo  atomic.Pointer[VIF]
@@ -176,7 +176,7 @@ func (t *NeighTable) learnSlow(pkey ipoib.PKey, hw ipoib.HwAddr, now time.Time) 
 	if len(t.all) >= t.max {
 		t.evictLocked()
 	}
-	n := &Neighbour{PKey: pkey, RIMAC: hw, REMAC: mac, slot: int32(len(t.all))}
+	n := &Neighbour{PKey: pkey, RIMAC: hw, REMAC: mac, slot: len(t.all)}
 	n.lastSeen.Store(now.UnixNano())
 	t.all = append(t.all, n)
 	t.byRIMAC.Store(rk, n)
@@ -241,7 +241,7 @@ func (t *NeighTable) removeWhereLocked(del func(n *Neighbour) bool) int {
 		i++
 	}
 	if cap(t.all) > 64 && len(t.all) < cap(t.all)/4 {
-		t.all = slices.Clip(t.all) // give back what a flood grew
+		t.all = append([]*Neighbour(nil), t.all...) // a smaller array: give back what a flood grew
 	}
 	return gone
 }
