@@ -499,3 +499,62 @@ func TestVIFREMAC(t *testing.T) {
 		t.Fatal("SetMovedIn not recorded on its VIF alone")
 	}
 }
+
+// TestNeighIndexesAgree: after evictions, aging and a flush, which move
+// entries about in the table's sweep order, every entry All returns is
+// found by both lookups, the indexes hold as many entries as Len, the
+// entries aged or flushed are found by neither, and an emptied table
+// gives back the room a flood made.
+func TestNeighIndexesAgree(t *testing.T) {
+	clk := clock.NewFake(t0)
+	tbl := NewNeighTable(300)
+	agree := func(when string, want int) {
+		t.Helper()
+		all := tbl.All()
+		if len(all) != want || tbl.Len() != want || tbl.byRIMAC.Size() != want || tbl.byREMAC.Size() != want {
+			t.Fatalf("%s: All %d, Len %d, indexes %d and %d; want %d", when, len(all), tbl.Len(), tbl.byRIMAC.Size(), tbl.byREMAC.Size(), want)
+		}
+		for _, n := range all {
+			if got, ok := tbl.LookupRIMAC(n.PKey, n.RIMAC); !ok || got != n {
+				t.Fatalf("%s: %s not found by its RIMAC", when, n.RIMAC)
+			}
+			if got, ok := tbl.LookupREMAC(n.PKey, n.REMAC); !ok || got != n {
+				t.Fatalf("%s: %s not found by its REMAC", when, n.REMAC)
+			}
+		}
+	}
+	var learned []*Neighbour
+	for i := range 1000 {
+		clk.Advance(time.Second)
+		n, err := tbl.Learn(0xffff, ipoib.MakeHwAddr(0, uint32(i), remoteGID), clk.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		learned = append(learned, n)
+	}
+	agree("after 700 evictions", 300)
+	held := make(map[*Neighbour]bool)
+	old := 0
+	for _, n := range tbl.All() {
+		held[n] = true
+		if clk.Now().Sub(n.LastSeen()) >= 100*time.Second {
+			old++
+		}
+	}
+	if gone := tbl.Expire(clk.Now(), 100*time.Second); gone != old || old == 0 {
+		t.Fatalf("Expire removed %d, want the %d not seen for 100 s", gone, old)
+	}
+	agree("after aging", 300-old)
+	for _, n := range learned {
+		if _, ok := tbl.LookupREMAC(n.PKey, n.REMAC); ok != (held[n] && clk.Now().Sub(n.LastSeen()) < 100*time.Second) {
+			t.Fatalf("%s found: %v, held before aging: %v, seen at %v", n.RIMAC, ok, held[n], n.LastSeen())
+		}
+	}
+	if gone := tbl.Flush(); gone != 300-old {
+		t.Fatalf("Flush removed %d, want %d", gone, 300-old)
+	}
+	agree("after a flush", 0)
+	if tbl.all != nil {
+		t.Fatal("the flushed table keeps the array its entries were in")
+	}
+}

@@ -3,9 +3,12 @@ package mactrans
 import (
 	"encoding/binary"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/puzpuzpuz/xsync/v4"
 
 	"github.com/eipoib/eipoibd/ether"
 	"github.com/eipoib/eipoibd/ipoib"
@@ -42,6 +45,7 @@ type Neighbour struct {
 	RIMAC ipoib.HwAddr // QPN + GID, flags as last learned
 	REMAC ether.MAC    // the MAC guests use for it
 
+	slot     int // index in NeighTable.all, under the table's mu
 	lastSeen atomic.Int64
 	lastUsed atomic.Int64 // a local guest last sent to it; 0: never
 	movedTo  atomic.Pointer[VIF]
@@ -90,40 +94,49 @@ type NeighCounters struct {
 // tried (counted as a collision); the two are never merged.
 //
 // Bound and eviction policy: at most max entries. Learning a new RIMAC in a
-// full table evicts one entry, counted as an eviction: among the entries
-// of the new entry's shard and the next non-empty ones (at most
-// evictScan shards), one that no local guest has sent to if there is
-// any, else the least recently used; the least recently seen among
-// equals. Entries guests use are thus never pushed out by a flood of
-// endpoints that only speak (a neighbour flood on the fabric), and the
-// work per eviction stays bounded. A guest still talking to an evicted
-// endpoint re-learns it on the next packet or ARP, under the same REMAC.
+// full table evicts one entry, counted as an eviction: among the next
+// evictWindow entries from a hand that sweeps the table (and the windows
+// after it, at most evictScan of them, while every entry seen is in
+// use), one that no local guest has sent to if there is any, else the
+// least recently used; the least recently seen among equals. Entries
+// guests use are thus never pushed out by a flood of endpoints that only
+// speak (a neighbour flood on the fabric), and the work per eviction
+// stays bounded. A guest still talking to an evicted endpoint re-learns
+// it on the next packet or ARP, under the same REMAC.
+//
+// Memory: both indexes are xsync.Maps, whose lookups are a few atomic
+// loads (no lock, no allocation) and whose writes change one bucket in
+// place, so that a flood of new endpoints leaves no garbage but the
+// evicted entries (each write of the copy-on-write maps this replaces
+// copied 1/256 of the table: 56 KB of garbage per endpoint learned at
+// 65,536 entries).
 type NeighTable struct {
 	max     int
 	derive  func(ipoib.GID, uint32, int) ether.MAC // DeriveREMAC; replaced in tests to force collisions
-	byREMAC *shardMap[remacKey, *Neighbour]
-	byRIMAC *shardMap[rimacKey, *Neighbour]
+	byREMAC *xsync.Map[remacKey, *Neighbour]
+	byRIMAC *xsync.Map[rimacKey, *Neighbour]
 
-	mu    sync.Mutex
-	count int
+	mu   sync.Mutex   // serialises writers
+	all  []*Neighbour // every entry, each at its slot: what eviction sweeps
+	hand int          // where the next eviction looks first
 
 	learned, aged, evicted, collisions, unresolved atomic.Uint64
 }
 
 // NewNeighTable returns an empty table bounded to max entries.
 func NewNeighTable(max int) *NeighTable {
-	return &NeighTable{max: max, derive: DeriveREMAC, byREMAC: newShardMap[remacKey, *Neighbour](), byRIMAC: newShardMap[rimacKey, *Neighbour]()}
+	return &NeighTable{max: max, derive: DeriveREMAC, byREMAC: xsync.NewMap[remacKey, *Neighbour](), byRIMAC: xsync.NewMap[rimacKey, *Neighbour]()}
 }
 
 // LookupREMAC returns the neighbour shown as mac in partition pkey. It takes
 // no lock and does not allocate.
 func (t *NeighTable) LookupREMAC(pkey ipoib.PKey, mac ether.MAC) (*Neighbour, bool) {
-	return t.byREMAC.load(remacKey{pkey.Full(), mac})
+	return t.byREMAC.Load(remacKey{pkey.Full(), mac})
 }
 
 // LookupRIMAC returns the neighbour with address hw in partition pkey.
 func (t *NeighTable) LookupRIMAC(pkey ipoib.PKey, hw ipoib.HwAddr) (*Neighbour, bool) {
-	return t.byRIMAC.load(rimacKey{pkey.Full(), hw.WithoutFlags()})
+	return t.byRIMAC.Load(rimacKey{pkey.Full(), hw.WithoutFlags()})
 }
 
 // Learn returns the neighbour for hw in partition pkey, creating it (and
@@ -142,7 +155,7 @@ func (t *NeighTable) learnSlow(pkey ipoib.PKey, hw ipoib.HwAddr, now time.Time) 
 	rk := rimacKey{pkey, hw.WithoutFlags()}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if n, ok := t.byRIMAC.load(rk); ok {
+	if n, ok := t.byRIMAC.Load(rk); ok {
 		n.Touch(now)
 		return n, nil
 	}
@@ -150,7 +163,7 @@ func (t *NeighTable) learnSlow(pkey ipoib.PKey, hw ipoib.HwAddr, now time.Time) 
 	found := false
 	for a := 0; a < maxDeriveAttempts; a++ {
 		mac = t.derive(hw.GID(), hw.QPN(), a)
-		if _, taken := t.byREMAC.load(remacKey{pkey, mac}); !taken {
+		if _, taken := t.byREMAC.Load(remacKey{pkey, mac}); !taken {
 			found = true
 			break
 		}
@@ -160,42 +173,41 @@ func (t *NeighTable) learnSlow(pkey ipoib.PKey, hw ipoib.HwAddr, now time.Time) 
 		t.unresolved.Add(1)
 		return nil, fmt.Errorf("mactrans: no free REMAC for %s after %d attempts", hw, maxDeriveAttempts)
 	}
-	if t.count >= t.max {
-		t.evictLocked(rk)
+	if len(t.all) >= t.max {
+		t.evictLocked()
 	}
-	n := &Neighbour{PKey: pkey, RIMAC: hw, REMAC: mac}
+	n := &Neighbour{PKey: pkey, RIMAC: hw, REMAC: mac, slot: len(t.all)}
 	n.lastSeen.Store(now.UnixNano())
-	t.byRIMAC.store(rk, n)
-	t.byREMAC.store(remacKey{pkey, mac}, n)
-	t.count++
+	t.all = append(t.all, n)
+	t.byRIMAC.Store(rk, n)
+	t.byREMAC.Store(remacKey{pkey, mac}, n)
 	t.learned.Add(1)
 	return n, nil
 }
 
-// evictScan bounds the shards evictLocked looks at for an unused entry.
-const evictScan = 16
+// An eviction looks at evictWindow entries, and at up to evictScan
+// windows while all it saw are in use.
+const (
+	evictWindow = 64
+	evictScan   = 16
+)
 
-// evictLocked removes one entry, chosen as NeighTable's doc says,
-// starting at k's shard.
-func (t *NeighTable) evictLocked(k rimacKey) {
-	idx := t.byRIMAC.index(k)
+// evictLocked removes one entry, chosen as NeighTable's doc says.
+func (t *NeighTable) evictLocked() {
 	var victim *Neighbour
 	older := func(n *Neighbour) bool {
 		nu, vu := n.lastUsed.Load(), victim.lastUsed.Load()
 		return nu < vu || nu == vu && n.lastSeen.Load() < victim.lastSeen.Load()
 	}
-	for i, scanned := 0, 0; i < nShards && scanned < evictScan; i++ {
-		m := t.byRIMAC.shards[(idx+i)%nShards].m.Load()
-		if m == nil || len(*m) == 0 {
-			continue
+	for seen := 0; seen < min(len(t.all), evictWindow*evictScan); seen++ {
+		if t.hand >= len(t.all) {
+			t.hand = 0
 		}
-		scanned++
-		for _, n := range *m {
-			if victim == nil || older(n) {
-				victim = n
-			}
+		if n := t.all[t.hand]; victim == nil || older(n) {
+			victim = n
 		}
-		if victim.lastUsed.Load() == 0 {
+		t.hand++
+		if (seen+1)%evictWindow == 0 && victim.lastUsed.Load() == 0 {
 			break // an entry no guest uses: as good a victim as any
 		}
 	}
@@ -205,10 +217,33 @@ func (t *NeighTable) evictLocked(k rimacKey) {
 	}
 }
 
+// removeLocked deletes n from both indexes and from all, where the last
+// entry takes its slot.
 func (t *NeighTable) removeLocked(n *Neighbour) {
-	t.byRIMAC.remove(rimacKey{n.PKey, n.RIMAC.WithoutFlags()})
-	t.byREMAC.remove(remacKey{n.PKey, n.REMAC})
-	t.count--
+	t.byRIMAC.Delete(rimacKey{n.PKey, n.RIMAC.WithoutFlags()})
+	t.byREMAC.Delete(remacKey{n.PKey, n.REMAC})
+	last := t.all[len(t.all)-1]
+	t.all[n.slot], last.slot = last, n.slot
+	t.all[len(t.all)-1] = nil
+	t.all = t.all[:len(t.all)-1]
+}
+
+// removeWhereLocked removes the entries for which del is true and
+// returns how many went.
+func (t *NeighTable) removeWhereLocked(del func(n *Neighbour) bool) int {
+	gone := 0
+	for i := 0; i < len(t.all); {
+		if n := t.all[i]; del(n) {
+			t.removeLocked(n) // the last entry moves to i: look at it next
+			gone++
+			continue
+		}
+		i++
+	}
+	if cap(t.all) > 64 && len(t.all) < cap(t.all)/4 {
+		t.all = append([]*Neighbour(nil), t.all...) // a smaller array: give back what a flood grew
+	}
+	return gone
 }
 
 // Expire removes the neighbours not seen for ttl or longer and returns how
@@ -217,13 +252,9 @@ func (t *NeighTable) Expire(now time.Time, ttl time.Duration) int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	cut := now.Add(-ttl).UnixNano()
-	gone := t.byRIMAC.deleteWhere(func(_ rimacKey, n *Neighbour) bool { return n.lastSeen.Load() <= cut })
-	for _, n := range gone {
-		t.byREMAC.remove(remacKey{n.PKey, n.REMAC})
-	}
-	t.count -= len(gone)
-	t.aged.Add(uint64(len(gone)))
-	return len(gone)
+	gone := t.removeWhereLocked(func(n *Neighbour) bool { return n.lastSeen.Load() <= cut })
+	t.aged.Add(uint64(gone))
+	return gone
 }
 
 // SetMax changes the bound (a configuration reload). Lowering it below
@@ -237,9 +268,9 @@ func (t *NeighTable) SetMax(n int) {
 
 // All returns every neighbour (a snapshot, for inspection).
 func (t *NeighTable) All() []*Neighbour {
-	var out []*Neighbour
-	t.byRIMAC.rangeAll(func(_ rimacKey, n *Neighbour) bool { out = append(out, n); return true })
-	return out
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return slices.Clone(t.all)
 }
 
 // Flush removes every neighbour and returns how many went; guests'
@@ -248,12 +279,7 @@ func (t *NeighTable) All() []*Neighbour {
 func (t *NeighTable) Flush() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	gone := t.byRIMAC.deleteWhere(func(rimacKey, *Neighbour) bool { return true })
-	for _, n := range gone {
-		t.byREMAC.remove(remacKey{n.PKey, n.REMAC})
-	}
-	t.count -= len(gone)
-	return len(gone)
+	return t.removeWhereLocked(func(*Neighbour) bool { return true })
 }
 
 // LastSeen is when the neighbour was last seen (within a second).
@@ -263,7 +289,7 @@ func (n *Neighbour) LastSeen() time.Time { return time.Unix(0, n.lastSeen.Load()
 func (t *NeighTable) Len() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.count
+	return len(t.all)
 }
 
 // Counters returns a snapshot of the counters.

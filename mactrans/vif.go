@@ -3,9 +3,9 @@
 // IPoIB address (LIMAC), and the neighbour table mapping each remote IPoIB
 // endpoint (RIMAC) to the stable Ethernet MAC shown to guests (REMAC), per
 // partition. Lookups on the hot path are lock-free and allocation-free
-// (sharded copy-on-write maps); writes are serialised per table. Both
-// tables are bounded, age entries with an injected clock and count what
-// they refuse or evict.
+// (xsync.Maps: a lookup is a few atomic loads); writes are serialised per
+// table and change the maps in place. Both tables are bounded, age
+// entries with an injected clock and count what they refuse or evict.
 package mactrans
 
 import (
@@ -16,6 +16,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/puzpuzpuz/xsync/v4"
 
 	"github.com/eipoib/eipoibd/ether"
 	"github.com/eipoib/eipoibd/ipoib"
@@ -207,9 +209,9 @@ type VIFCounters struct {
 // VIFs are removed by Expire, which makes room again.
 type VIFTable struct {
 	gid     ipoib.GID
-	byKey   *shardMap[VIFKey, *VIF]
-	byQPN   *shardMap[uint32, *VIF]
-	byREMAC *shardMap[ether.MAC, *VIF]
+	byKey   *xsync.Map[VIFKey, *VIF]
+	byQPN   *xsync.Map[uint32, *VIF]
+	byREMAC *xsync.Map[ether.MAC, *VIF]
 
 	createMu sync.Mutex // serialises Create
 	mu       sync.Mutex // serialises writers
@@ -223,7 +225,7 @@ type VIFTable struct {
 
 // NewVIFTable returns an empty table for the port with GID gid.
 func NewVIFTable(gid ipoib.GID, max int) *VIFTable {
-	t := &VIFTable{gid: gid, byKey: newShardMap[VIFKey, *VIF](), byQPN: newShardMap[uint32, *VIF](), byREMAC: newShardMap[ether.MAC, *VIF](), reserved: make(map[VIFKey]bool)}
+	t := &VIFTable{gid: gid, byKey: xsync.NewMap[VIFKey, *VIF](), byQPN: xsync.NewMap[uint32, *VIF](), byREMAC: xsync.NewMap[ether.MAC, *VIF](), reserved: make(map[VIFKey]bool)}
 	t.limit.Store(int64(max))
 	return t
 }
@@ -241,14 +243,14 @@ func (t *VIFTable) Full() bool {
 }
 
 // Lookup returns the VIF of (mac, vlan). It takes no lock.
-func (t *VIFTable) Lookup(k VIFKey) (*VIF, bool) { return t.byKey.load(k) }
+func (t *VIFTable) Lookup(k VIFKey) (*VIF, bool) { return t.byKey.Load(k) }
 
 // LookupQPN returns the VIF owning qpn. It takes no lock.
-func (t *VIFTable) LookupQPN(qpn uint32) (*VIF, bool) { return t.byQPN.load(qpn) }
+func (t *VIFTable) LookupQPN(qpn uint32) (*VIF, bool) { return t.byQPN.Load(qpn) }
 
 // LookupREMAC returns the VIF whose REMAC (as other hypervisors show it)
 // is mac. It takes no lock.
-func (t *VIFTable) LookupREMAC(mac ether.MAC) (*VIF, bool) { return t.byREMAC.load(mac) }
+func (t *VIFTable) LookupREMAC(mac ether.MAC) (*VIF, bool) { return t.byREMAC.Load(mac) }
 
 // Create returns the VIF of k, creating it when missing: Reserve, then
 // alloc (QPNHint(k) as the wished-for QPN, called once per VIF and
@@ -258,12 +260,12 @@ func (t *VIFTable) LookupREMAC(mac ether.MAC) (*VIF, bool) { return t.byREMAC.lo
 // one VIF. The shim does the three steps itself, to send a new guest's
 // held frames between the allocation and the publication.
 func (t *VIFTable) Create(k VIFKey, pkey ipoib.PKey, origin Origin, now time.Time, alloc func(pkey ipoib.PKey, hint uint32) (uint32, error)) (v *VIF, created bool, err error) {
-	if v, ok := t.byKey.load(k); ok {
+	if v, ok := t.byKey.Load(k); ok {
 		return v, false, nil
 	}
 	t.createMu.Lock()
 	defer t.createMu.Unlock()
-	if v, ok := t.byKey.load(k); ok {
+	if v, ok := t.byKey.Load(k); ok {
 		return v, false, nil
 	}
 	if err := t.Reserve(k); err != nil {
@@ -287,7 +289,7 @@ func (t *VIFTable) Create(k VIFKey, pkey ipoib.PKey, origin Origin, now time.Tim
 func (t *VIFTable) Reserve(k VIFKey) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if _, ok := t.byKey.load(k); ok || t.reserved[k] {
+	if _, ok := t.byKey.Load(k); ok || t.reserved[k] {
 		return fmt.Errorf("%w: %s vlan %d", ErrExists, k.MAC, k.VLAN)
 	}
 	if t.size.Load() >= t.limit.Load() {
@@ -326,9 +328,9 @@ func (t *VIFTable) Publish(v *VIF) {
 		t.size.Add(1) // published without a reservation
 	}
 	delete(t.reserved, v.Key)
-	t.byQPN.store(v.QPN, v)
-	t.byREMAC.store(v.REMAC, v)
-	t.byKey.store(v.Key, v)
+	t.byQPN.Store(v.QPN, v)
+	t.byREMAC.Store(v.REMAC, v)
+	t.byKey.Store(v.Key, v)
 	t.created.Add(1)
 }
 
@@ -362,13 +364,13 @@ func QPNHint(k VIFKey) uint32 {
 func (t *VIFTable) Remove(k VIFKey) (*VIF, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	v, ok := t.byKey.load(k)
+	v, ok := t.byKey.Load(k)
 	if !ok {
 		return nil, false
 	}
-	t.byKey.remove(k)
-	t.byQPN.remove(v.QPN)
-	t.byREMAC.remove(v.REMAC)
+	t.byKey.Delete(k)
+	t.byQPN.Delete(v.QPN)
+	t.byREMAC.Delete(v.REMAC)
 	t.size.Add(-1)
 	t.removed.Add(1)
 	return v, true
@@ -380,10 +382,16 @@ func (t *VIFTable) Expire(now time.Time, idle time.Duration) []*VIF {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	cut := now.Add(-idle).UnixNano()
-	gone := t.byKey.deleteWhere(func(_ VIFKey, v *VIF) bool { return v.lastUsed.Load() <= cut })
+	var gone []*VIF
+	for _, v := range t.byKey.All() {
+		if v.lastUsed.Load() <= cut {
+			gone = append(gone, v)
+		}
+	}
 	for _, v := range gone {
-		t.byQPN.remove(v.QPN)
-		t.byREMAC.remove(v.REMAC)
+		t.byKey.Delete(v.Key)
+		t.byQPN.Delete(v.QPN)
+		t.byREMAC.Delete(v.REMAC)
 	}
 	t.size.Add(-int64(len(gone)))
 	t.aged.Add(uint64(len(gone)))
@@ -393,7 +401,9 @@ func (t *VIFTable) Expire(now time.Time, idle time.Duration) []*VIF {
 // All returns every VIF (for shutdown and the control API).
 func (t *VIFTable) All() []*VIF {
 	var out []*VIF
-	t.byKey.rangeAll(func(_ VIFKey, v *VIF) bool { out = append(out, v); return true })
+	for _, v := range t.byKey.All() {
+		out = append(out, v)
+	}
 	return out
 }
 

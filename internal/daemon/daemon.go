@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"os"
 	"runtime"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"syscall"
@@ -50,6 +51,10 @@ const (
 	MaxTAPMTU = 65535 - 14
 )
 
+// MaxMemoryLimit bounds Config.MemoryLimit (MiB): 1 TiB, far past any
+// daemon's needs, so that a unit slip (bytes for MiB) is refused.
+const MaxMemoryLimit = 1 << 20
+
 // announceWindow is how long after a guest's MAC appears (its VIF made,
 // or its RARP after a live migration) the addresses it shows are
 // announced on the fabric.
@@ -76,6 +81,7 @@ type Config struct {
 	Learn         shim.LearnMode        // --learn
 	MaxVIFs       int                   // --max-vifs
 	MaxNeighbours int                   // --max-neighbours
+	MemoryLimit   int                   // --memory-limit: MiB; 0 leaves the runtime's ($GOMEMLIMIT or none)
 	VIFIdle       time.Duration         // --vif-idle
 	Partitions    map[uint16]ipoib.PKey // --vlan-pkey: untagged (0xffff) left out
 	Multicast     snoop.Timers          // --mcast-*
@@ -130,6 +136,8 @@ func (c *Config) Validate() error {
 		return bad("--queues %d: want 0 (one per CPU) to %d", c.Queues, MaxQueues)
 	case c.MaxNeighbours < 1:
 		return bad("--max-neighbours %d: want at least 1", c.MaxNeighbours)
+	case c.MemoryLimit < 0 || c.MemoryLimit > MaxMemoryLimit:
+		return bad("--memory-limit %d: want 0 (none) to %d MiB", c.MemoryLimit, MaxMemoryLimit)
 	case c.VIFIdle < time.Second:
 		return bad("--vif-idle %s: want at least 1s", c.VIFIdle)
 	case !c.Learn.Valid():
@@ -180,6 +188,12 @@ func Run(ctx context.Context, cfg Config) error {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	log := cfg.Logger
+	if cfg.MemoryLimit > 0 {
+		// A soft limit: the collector runs more often as the heap nears
+		// it, and gives up (at half the CPU) rather than fail when the
+		// live heap exceeds it.
+		debug.SetMemoryLimit(int64(cfg.MemoryLimit) << 20)
+	}
 	if cfg.Persist {
 		if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 			return fmt.Errorf("--state-dir: %w", err)

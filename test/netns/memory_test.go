@@ -1,0 +1,195 @@
+package netns
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/eipoib/eipoibd/internal/csum"
+	"github.com/eipoib/eipoibd/ipoib"
+	"github.com/eipoib/eipoibd/ipoib/simfabric"
+)
+
+// TestMemoryFlood: a daemon at the default table bounds (--max-vifs
+// 1024, --max-neighbours 65536) and --memory-limit 48 takes a flood of
+// 20,000 source MACs from a guest, then ARP requests from 100,000
+// distinct (GID, QPN) endpoints on the fabric, each in bursts the
+// daemon reads before the next, so that the kernel drops none, while another guest pings across the fabric. Each
+// flood frame is counted once (a VIF made for its MAC, up to the bound,
+// else drop_vif_limit, or drop_vif_pending_full when it came while the
+// VIFs being made held as many frames as they may), each flood endpoint
+// is learned once (and as many evicted as the bound calls for), every
+// ping is answered, and the daemon's RSS after both floods is at most
+// 64 MiB (logged).
+func TestMemoryFlood(t *testing.T) {
+	tp := newTopo(t, 2, false, "--memory-limit", "48")
+	h1, h2 := tp.hvs[0], tp.hvs[1]
+	g11, g12, g21 := h1.guests[0], h1.guests[1], h2.guests[0]
+	ping(t, g11, g21.ip4)
+	before, rss := h1.metrics(t), h1.rssKB(t)
+	const (
+		nMAC   = 20000
+		nNeigh = 100000
+	)
+	// A valid IPv4 UDP datagram to the subnet's broadcast from source
+	// MAC 02:ee:00:00:00:00 + i: distinct MACs, nothing else wrong.
+	ip := []byte{0x45, 0, 0, 28, 0, 0, 0x40, 0, 64, 17, 0, 0, 10, 77, 0, 12, 10, 77, 0, 255, 0, 9, 0, 9, 0, 8, 0, 0}
+	csum.IPv4Header(ip[:20])
+	bcast := net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
+	gid := ipoib.GID(h2.gid(t).As16())
+	dst := h1.vifQPN(g11.mac(t).String(), 0)
+	spa, tpa := netip.MustParseAddr("10.77.0.249"), netip.MustParseAddr("10.77.0.250")
+	// The MAC flood waits, every quarter of the TAP's queue, until the
+	// daemon has read as many frames from its TAP as were sent.
+	tapBurst := int(linkNumber(t, h1.ns, "eib0", "tx_queue_len")) / 4
+	tapCaughtUp := func(sent int) error {
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+			m, err := h1.readMetrics(t)
+			if err != nil {
+				return err
+			}
+			if m["tx_frames"]-before["tx_frames"] >= float64(sent) {
+				return nil
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("%s read %v frames from its TAP 5 s after the flood's frame %d", h1.name, m["tx_frames"]-before["tx_frames"], sent)
+			}
+		}
+	}
+	// The fabric flood waits, every fabricBurst datagrams, until the
+	// daemon has read all it was sent: however late it is scheduled on a
+	// loaded machine, its socket never overflows.
+	port := openUDP6(t, h1)
+	_, dropsBefore := port.state(t)
+	const fabricBurst = 64
+	waitDrained := func(sent int) {
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(100 * time.Microsecond) {
+			if queued, _ := port.state(t); queued == 0 {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Errorf("%s's port socket not drained 5 s after datagram %d", h1.name, sent)
+				return
+			}
+		}
+	}
+	pingDuring(t, g11, g21.ip4, 20, func() {
+		err := rawFramesPaced(t, g12.ns, "eth0", nMAC, func(i int) []byte {
+			src := net.HardwareAddr{0x02, 0xee, 0, 0, 0, 0}
+			binary.BigEndian.PutUint32(src[2:], uint32(i))
+			return append(ethHeader(bcast, src, 0x0800), ip...)
+		}, tapBurst, tapCaughtUp)
+		if err != nil {
+			t.Error(err)
+		}
+		floodFabric(t, h2, h1, nNeigh, func(i int) (simfabric.Packet, []byte) {
+			if i > 0 && i%fabricBurst == 0 {
+				waitDrained(i)
+			}
+			qpn := 0x100000 + uint32(i)
+			return simfabric.Packet{PKey: 0xffff, DestQPN: dst, QKey: ipoib.QKey, SrcQPN: qpn, PSN: uint32(i)},
+				ipoibARP(ipoib.MakeHwAddr(0, qpn, gid), spa, tpa)
+		})
+	})
+	delta := func(after map[string]float64, k string) float64 { return after[k] - before[k] }
+	// The flood's VIFs are those of its MACs (each sent one frame): the
+	// bridge's own MAC may get its VIF during the flood too.
+	floodVIFs := func(after map[string]float64) (n float64) {
+		for k := range after {
+			if strings.HasPrefix(k, `vif_tx_packets_total{mac="02:ee:`) {
+				n++
+			}
+		}
+		return n
+	}
+	macsCounted := func(after map[string]float64) float64 {
+		return floodVIFs(after) + delta(after, "drop_vif_limit") + delta(after, "drop_vif_pending_full")
+	}
+	var after map[string]float64
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		after = h1.metrics(t)
+		if macsCounted(after) >= nMAC && delta(after, "neighbours_learned") >= nNeigh || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	if n := macsCounted(after); n != nMAC {
+		t.Errorf("%v flood frames counted (%v VIFs made for them, %v drop_vif_limit, %v drop_vif_pending_full), want %d",
+			n, floodVIFs(after), delta(after, "drop_vif_limit"), delta(after, "drop_vif_pending_full"), nMAC)
+	}
+	if after["vifs"] != 1024 {
+		t.Errorf("%v VIFs after the flood, want the default --max-vifs 1024", after["vifs"])
+	}
+	learned, evicted, aged := delta(after, "neighbours_learned"), delta(after, "neighbours_evicted"), delta(after, "neighbours_aged")
+	if learned != nNeigh {
+		t.Errorf("%v neighbours learned during the flood, want one per flood endpoint: %d", learned, nNeigh)
+	}
+	if after["neighbours"] != 65536 || after["neighbours"] != before["neighbours"]+learned-evicted-aged {
+		t.Errorf("%v neighbours after the flood (%v before, %v learned, %v evicted, %v aged), want the default --max-neighbours 65536, every endpoint accounted for",
+			after["neighbours"], before["neighbours"], learned, evicted, aged)
+	}
+	if _, drops := port.state(t); drops != dropsBefore {
+		t.Errorf("the kernel dropped %d datagrams at %s's port socket", drops-dropsBefore, h1.name)
+	}
+	ping(t, g11, g21.ip4)
+	kb := h1.rssKB(t)
+	t.Logf("floods of %d MACs and %d endpoints: RSS %d KB before, %d KB after", nMAC, nNeigh, rss, kb)
+	if kb > 64<<10 {
+		t.Errorf("RSS %d KB after the floods, want at most 64 MiB", kb)
+	}
+	h1.running(t)
+}
+
+// udp6Table is /proc/net/udp6 of a hypervisor's namespace, opened there
+// (the file shows the namespace of the thread that opened it), read again
+// from any thread.
+type udp6Table struct{ f *os.File }
+
+func openUDP6(t *testing.T, h *hypervisor) udp6Table {
+	t.Helper()
+	var f *os.File
+	var err error
+	nsDo(t, h.ns, func() { f, err = os.Open("/proc/thread-self/net/udp6") })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return udp6Table{f}
+}
+
+// state returns the bytes queued on the sockets bound to the simulated
+// fabric's port and the datagrams the kernel dropped at them (the
+// rx_queue and drops columns: udp6_sock_seq_show, net/ipv6/udp.c, and
+// __ip6_dgram_sock_seq_show, net/ipv6/datagram.c).
+func (u udp6Table) state(t *testing.T) (queued, drops uint64) {
+	b, err := io.ReadAll(io.NewSectionReader(u.f, 0, 1<<20))
+	if err != nil {
+		t.Error(err)
+		return 0, 0
+	}
+	port := fmt.Sprintf(":%04X", simfabric.UDPPort)
+	for _, l := range strings.Split(string(b), "\n")[1:] {
+		f := strings.Fields(l)
+		if len(f) < 13 || !strings.HasSuffix(f[1], port) {
+			continue
+		}
+		_, rx, _ := strings.Cut(f[4], ":")
+		q, err1 := strconv.ParseUint(rx, 16, 64)
+		d, err2 := strconv.ParseUint(f[len(f)-1], 10, 64)
+		if err := errors.Join(err1, err2); err != nil {
+			t.Errorf("/proc/net/udp6 line %q: %v", l, err)
+		}
+		queued += q
+		drops += d
+	}
+	return queued, drops
+}
