@@ -7,7 +7,7 @@ STATICCHECK := $(GOBIN)/staticcheck
 export STATICCHECK_VERSION := v0.8.2
 FUZZTIME    ?= 60s
 
-.PHONY: demo test deps lint unit build fuzz bench bench-go bench-net
+.PHONY: demo test deps lint unit build fuzz bench bench-go bench-net bench-scale
 
 ## demo: two hypervisors with two guests each on the simulated fabric.
 demo:
@@ -78,3 +78,12 @@ bench-go:
 ## minutes); results and issue 24's goals in bench/results/<UTC timestamp>/.
 bench-net: build
 	./scripts/bench.sh
+
+## bench-scale: N hypervisors (default 32) on one simulated fabric, one
+## guest each, every guest pinging every other once, all at once (root):
+## pairs answered, wall time, CPU and drops per daemon; results in
+## bench/results/scale-<UTC timestamp>/. `make bench-scale N=64`. The
+## script builds bin/eipoibd itself (the simulated fabric needs no cgo).
+N ?= 32
+bench-scale:
+	./scripts/bench-scale.sh $(N)

@@ -17,7 +17,10 @@ const (
 	DropOversize   // larger than the IB MTU (of the port, partition or child)
 	DropPortDown   // the port is down
 	DropNoCarrier  // kernel: the sending child has no carrier (its broadcast join is not done)
-	DropSendError  // the kernel or the device refused the send
+	DropSendError  // the kernel or the device refused the send (an errno without a reason of its own below)
+	DropSendAgain  // simfabric: EAGAIN, the socket's send buffer still full after the bounded wait for room
+	DropSendNoBufs // simfabric: ENOBUFS, a queue below the socket still full after the bounded wait
+	DropSendInval  // simfabric: EINVAL, on the host: the kernel could not make the underlay neighbour (its table is full, gc_thresh3)
 	DropNoRoute    // memfabric: no port has the destination GID
 	DropFaultLoss  // simfabric: lost by fault injection
 	DropRingFull   // verbs: no free slot in the registered send ring
@@ -67,6 +70,9 @@ var dropNames = [NumDrops]string{
 	DropPortDown:    "port_down",
 	DropNoCarrier:   "child_no_carrier",
 	DropSendError:   "send_error",
+	DropSendAgain:   "send_eagain",
+	DropSendNoBufs:  "send_enobufs",
+	DropSendInval:   "send_einval",
 	DropNoRoute:     "no_route",
 	DropFaultLoss:   "fault_loss",
 	DropRingFull:    "tx_ring_full",

@@ -44,8 +44,9 @@ func newPeer(gid [16]byte, ifindex int) *peer {
 	return p
 }
 
-// sender calls sendmmsg for the send path; its function value is bound
-// once so that a call allocates nothing.
+// sender calls sendmmsg for the send path; its function values are
+// bound once so that a call allocates nothing. A refusal that may pass
+// is tried again, within a bound (retrier, write.go).
 type sender struct {
 	rc   syscall.RawConn
 	hdrs []mmsghdr
@@ -54,17 +55,24 @@ type sender struct {
 	n    int // sent
 	err  error
 	fn   func(fd uintptr) bool
+	retrier
 }
 
 func newSender(rc syscall.RawConn, msgs int) *sender {
 	s := &sender{rc: rc, hdrs: make([]mmsghdr, msgs), iovs: make([]unix.Iovec, msgs)}
 	s.fn = s.call
+	s.retrier.sys, s.retrier.pause = s.sendmmsg, s.wait
 	return s
 }
 
 func (s *sender) call(fd uintptr) bool {
-	s.n, s.err = mmsg(unix.SYS_SENDMMSG, fd, s.hdrs[:s.k])
-	return s.err != unix.EAGAIN // false: wait until writable
+	s.n, s.err = s.retry(fd)
+	return true // not the poller's wait for writability, which has no bound: retry's
+}
+
+// sendmmsg sends hdrs[:k] on fd, once.
+func (s *sender) sendmmsg(fd uintptr) (int, error) {
+	return mmsg(unix.SYS_SENDMMSG, fd, s.hdrs[:s.k])
 }
 
 // mmsg makes the sendmmsg or recvmmsg system call trap on hdrs and

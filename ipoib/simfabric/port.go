@@ -327,6 +327,7 @@ func (p *Port) Counters() ipoib.PortCounters {
 		"rx_trains":        p.groMerged.Load(),
 		"rx_train_packets": p.groPackets.Load(),
 	}
+	p.snd.refusalStats(c.Stats)
 	return c
 }
 

@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"sync/atomic"
+	"time"
 
 	"golang.org/x/net/ipv6"
 	"golang.org/x/sys/unix"
@@ -230,12 +232,15 @@ func (p *Port) writeChunk(bufs [][]byte, meta []ipoib.TxMeta, offset int, ok *[b
 // send sends out (each message standing for the messages of its span in
 // orig) and clears size for the packets lost. A refused train's packets
 // go again one by one; when the refusal is the kernel's word on GSO
-// itself, trains are off for the port from then on.
+// itself, trains are off for the port from then on. Refusals that may
+// pass wait, sendPatience at most for the whole of out (retrier).
 func (p *Port) send(out []ipv6.Message, spans []span, orig []ipv6.Message, size *[batch]int) error {
-	// lost counts a packet the kernel refused: a send error (no route,
-	// no buffer) loses it, as a full HCA send queue would.
-	lost := func(k int) {
-		p.drops.Add(ipoib.DropSendError)
+	p.snd.allow(sendPatience)
+	// lost counts a packet the kernel refused, under its errno's
+	// reason: a send error (no buffer, no neighbour) loses it, as a
+	// full HCA send queue would.
+	lost := func(k int, err error) {
+		p.drops.Add(refusals[refusalOf(err)].drop)
 		size[p.worig[k]] = 0
 	}
 	for off := 0; off < len(out); off++ {
@@ -258,27 +263,181 @@ func (p *Port) send(out []ipv6.Message, spans []span, orig []ipv6.Message, size 
 		}
 		s := spans[off]
 		if s.to-s.from == 1 {
-			lost(s.from)
+			lost(s.from, err)
 			continue
 		}
-		// The kernel refuses GSO itself (no UDP GSO, or not with this
-		// socket or device): trains off for good. Other errors (no
-		// buffer, link down) are passing: the train's packets go one
-		// by one this time only.
-		if p.gso && (errors.Is(err, unix.EIO) || errors.Is(err, unix.EINVAL) || errors.Is(err, unix.EOPNOTSUPP)) {
-			p.gso = false
-			p.gsoFallback.Add(1)
-		}
+		// The kernel may refuse GSO itself (no UDP GSO, or not with
+		// this socket or device: EIO, EINVAL, EOPNOTSUPP): trains go
+		// off for good, but only once the train's packets went one by
+		// one, since EINVAL is also ip6_finish_output2's word for a
+		// neighbour it could not make, which refuses them alike. Other
+		// errors (no buffer, link down) are passing: the train's
+		// packets go one by one this time only.
+		gsoRefused := p.gso && (errors.Is(err, unix.EIO) || errors.Is(err, unix.EINVAL) || errors.Is(err, unix.EOPNOTSUPP))
+		went := false
 		for k := s.from; k < s.to; k++ {
 			if _, err := p.snd.send(orig[k : k+1]); err != nil {
 				if p.closed.Load() {
 					return net.ErrClosed
 				}
-				lost(k)
+				lost(k, err)
+			} else {
+				went = true
 			}
+		}
+		if gsoRefused && went {
+			p.gso = false
+			p.gsoFallback.Add(1)
 		}
 	}
 	return nil
+}
+
+// Refused sends. The kernel refuses a sendmmsg (every message, or the
+// first after those it took: __sys_sendmmsg returns the count when it
+// is not 0, the error otherwise) with an errno; what each means on this
+// socket (a non-blocking UDP socket without IPV6_RECVERR), from the
+// kernel source:
+//   - EAGAIN: the send buffer is full (sock_alloc_send_pskb with no
+//     timeout). Passing: room comes back as sent datagrams are freed,
+//     and the socket says so (POLLOUT).
+//   - ENOBUFS: no memory for the skb (alloc_skb_with_frags). A queue
+//     below the socket that is full (the qdisc, veth_xmit's peer
+//     backlog: NET_XMIT_DROP, net_xmit_errno's ENOBUFS) does NOT come
+//     back: udp_v6_send_skb turns ENOBUFS into success unless
+//     IPV6_RECVERR is set, and counts it as Udp6SndbufErrors. Passing.
+//   - EINVAL: ip6_finish_output2 could not make the next hop's
+//     neighbour entry (__neigh_create: neigh_alloc finds the table at
+//     gc_thresh3, and neigh_forced_gc frees no entry younger than 5 s).
+//     On a host with many namespaces this is the host's one ND table,
+//     shared by them all (docs/scale.md). Not passing within any wait
+//     a TX worker may take.
+//   - any other (ENETUNREACH with the underlay down, EMSGSIZE): not
+//     passing.
+// A neighbour entry whose queue (unres_qlen_bytes) overflows while it
+// resolves drops the oldest packet silently (__neigh_event_send): no
+// errno either.
+
+// sendPatience bounds the pauses of one send (a chunk of at most batch
+// packets) for refusals that may pass. A full send buffer (8 MB) or
+// device backlog (netdev_max_backlog, 1,000 packets) drains in well under
+// a millisecond once its consumer runs; 2 ms covers a consumer kept off
+// the CPU for a scheduler slice on a busy host, and is short beside
+// what a loss costs a guest (TCP's 200 ms minimum RTO, ping's 1 s), so a
+// TX worker (and the TAP frames behind it) is never held longer than a
+// retransmission would take.
+const sendPatience = 2 * time.Millisecond
+
+// firstPause is the first pause after a refusal; each next one doubles.
+const firstPause = 100 * time.Microsecond
+
+// refusal is a class of the kernel's refusals of a send, by errno.
+type refusal uint8
+
+const (
+	refusedAgain  refusal = iota // EAGAIN
+	refusedNoBufs                // ENOBUFS
+	refusedInval                 // EINVAL
+	refusedOther                 // any other error
+	numRefusals
+)
+
+// refusals are, by class: the errno, the name the port's counters use,
+// the drop reason of a packet it loses, and whether it may pass.
+var refusals = [numRefusals]struct {
+	errno   unix.Errno
+	name    string
+	drop    ipoib.Drop
+	passing bool
+}{
+	refusedAgain:  {unix.EAGAIN, "eagain", ipoib.DropSendAgain, true},
+	refusedNoBufs: {unix.ENOBUFS, "enobufs", ipoib.DropSendNoBufs, true},
+	refusedInval:  {unix.EINVAL, "einval", ipoib.DropSendInval, false},
+	refusedOther:  {0, "other", ipoib.DropSendError, false},
+}
+
+// refusalOf is err's class (mmsg returns the bare errno).
+func refusalOf(err error) refusal {
+	if e, ok := err.(unix.Errno); ok {
+		for r := range refusedOther {
+			if refusals[r].errno == e {
+				return r
+			}
+		}
+	}
+	return refusedOther
+}
+
+// retrier tries a refused send again, pausing, while the refusal may
+// pass and the patience allow gave lasts.
+type retrier struct {
+	// sys makes one send on fd; pause waits up to d for the refusal r
+	// to pass (the sender's sendmmsg and wait; tests give fakes).
+	sys   func(fd uintptr) (int, error)
+	pause func(fd uintptr, r refusal, d time.Duration)
+	left  time.Duration // pauses still allowed until the next allow
+	pfd   [1]unix.PollFd
+	ts    unix.Timespec
+	// refused counts the refusals by class, each try, passed or not;
+	// passed counts the sends that went after a pause.
+	refused [numRefusals]atomic.Uint64
+	passed  atomic.Uint64
+}
+
+// allow gives the sends from now on d of pauses in all.
+func (t *retrier) allow(d time.Duration) { t.left = d }
+
+// retry sends and, while the kernel refuses with a refusal that may
+// pass and the patience lasts, pauses and sends again: the first pause
+// firstPause, each next one twice the last, cut to what is left. The
+// error is the last refusal's.
+func (t *retrier) retry(fd uintptr) (int, error) {
+	d, paused := firstPause, false
+	for {
+		n, err := t.sys(fd)
+		if err == nil {
+			if paused {
+				t.passed.Add(1)
+			}
+			return n, nil
+		}
+		r := refusalOf(err)
+		t.refused[r].Add(1)
+		if !refusals[r].passing || t.left <= 0 {
+			return 0, err
+		}
+		d = min(d, t.left)
+		t.left -= d
+		t.pause(fd, r, d)
+		d, paused = 2*d, true
+	}
+}
+
+// wait waits up to d for r to pass: for EAGAIN until the socket is
+// writable (ppoll for POLLOUT, which sock_def_write_space raises once
+// sent datagrams free half the send buffer); for ENOBUFS, which no
+// socket event ends, d.
+func (t *retrier) wait(fd uintptr, r refusal, d time.Duration) {
+	if r != refusedAgain {
+		time.Sleep(d)
+		return
+	}
+	t.pfd[0] = unix.PollFd{Fd: int32(fd), Events: unix.POLLOUT}
+	t.ts = unix.NsecToTimespec(d.Nanoseconds())
+	_, _ = unix.Ppoll(t.pfd[:], &t.ts, nil) // writable, timed out or EINTR: the caller sends again either way
+}
+
+// refusalStats adds the refusals to the port's stats: tx_refused_<errno>
+// for each class, tx_refused_passed for the sends that went after a
+// pause. A port without a socket (tests build some) has none.
+func (s *sender) refusalStats(m map[string]uint64) {
+	if s == nil {
+		return
+	}
+	for r := range numRefusals {
+		m["tx_refused_"+refusals[r].name] = s.refused[r].Load()
+	}
+	m["tx_refused_passed"] = s.passed.Load()
 }
 
 // add appends a message for b, sent on behalf of bufs[orig] of the
