@@ -38,7 +38,7 @@ type QPTable struct {
 
 const (
 	// qpLeafBits of a QPN index a leaf; the rest index the root.
-	qpLeafBits = 12
+	qpLeafBits = 8
 	qpLeafSize = 1 << qpLeafBits
 	qpRoots    = (MaxQPN + 1) >> qpLeafBits
 )

@@ -19,7 +19,7 @@ import (
 )
 
 // TestMemoryFlood: a daemon at the default table bounds (--max-vifs
-// 1024, --max-neighbours 65536) and --memory-limit 48 takes a flood of
+// 1024, --max-neighbours 65536, no memory limit) takes a flood of
 // 20,000 source MACs from a guest, then ARP requests from 100,000
 // distinct (GID, QPN) endpoints on the fabric, each in bursts the
 // daemon reads before the next, so that the kernel drops none, while another guest pings across the fabric. Each
@@ -30,7 +30,7 @@ import (
 // ping is answered, and the daemon's RSS after both floods is at most
 // 64 MiB (logged).
 func TestMemoryFlood(t *testing.T) {
-	tp := newTopo(t, 2, false, "--memory-limit", "48")
+	tp := newTopo(t, 2, false)
 	h1, h2 := tp.hvs[0], tp.hvs[1]
 	g11, g12, g21 := h1.guests[0], h1.guests[1], h2.guests[0]
 	ping(t, g11, g21.ip4)
