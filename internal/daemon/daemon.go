@@ -42,6 +42,10 @@ const (
 // (MAX_TAP_QUEUES, drivers/net/tun.c).
 const MaxQueues = 256
 
+// MaxBusyPoll bounds Config.BusyPoll: a reader spins at most this long
+// before it sleeps (a longer spin only burns a core between packets).
+const MaxBusyPoll = 10 * time.Millisecond
+
 // MinTAPMTU and MaxTAPMTU bound Config.TAPMTU: IPv6's minimum link MTU
 // (RFC 8200 §5), and the largest MTU a TAP takes, 65535 less its
 // Ethernet header (tun_net_init's max_mtu, drivers/net/tun.c).
@@ -59,15 +63,16 @@ const announceWindow = 30 * time.Second
 // flag (and config file key) named beside it; the README's flag table
 // says what it means.
 type Config struct {
-	Name     string    // --name: the TAP
-	MAC      ether.MAC // --mac: the TAP's MAC; zero for the kernel's random one
-	Fabric   string    // --fabric: FabricSim, FabricKernel or FabricVerbs
-	Underlay string    // --underlay: the simulated fabric's interface
-	IBDev    string    // --ib-dev: IPoIB parent or verbs device
-	IBMTU    int       // --ib-mtu: 2048 or 4096 (sim; the others ask the device)
-	TAPMTU   int       // --tap-mtu
-	Queues   int       // --queues: 0 for one per CPU
-	Offload  bool      // --offload
+	Name     string        // --name: the TAP
+	MAC      ether.MAC     // --mac: the TAP's MAC; zero for the kernel's random one
+	Fabric   string        // --fabric: FabricSim, FabricKernel or FabricVerbs
+	Underlay string        // --underlay: the simulated fabric's interface
+	IBDev    string        // --ib-dev: IPoIB parent or verbs device
+	IBMTU    int           // --ib-mtu: 2048 or 4096 (sim; the others ask the device)
+	TAPMTU   int           // --tap-mtu
+	Queues   int           // --queues: 0 for one per CPU
+	Offload  bool          // --offload
+	BusyPoll time.Duration // --busy-poll: 0 for off
 
 	Bridge    string // --bridge
 	OVSBridge string // --ovs-bridge
@@ -126,6 +131,8 @@ func (c *Config) Validate() error {
 		return bad("--max-vifs %d: want 1 to %d", c.MaxVIFs, 1<<20)
 	case c.TAPMTU < MinTAPMTU || c.TAPMTU > MaxTAPMTU:
 		return bad("--tap-mtu %d: want %d to %d (below the IPoIB MTU it is raised to it)", c.TAPMTU, MinTAPMTU, MaxTAPMTU)
+	case c.BusyPoll < 0 || c.BusyPoll > MaxBusyPoll:
+		return bad("--busy-poll %s: want 0 (off) to %s, e.g. 50us", c.BusyPoll, MaxBusyPoll)
 	case c.Queues < 0 || c.Queues > MaxQueues:
 		return bad("--queues %d: want 0 (one per CPU) to %d", c.Queues, MaxQueues)
 	case c.MaxNeighbours < 1:
@@ -193,7 +200,7 @@ func Run(ctx context.Context, cfg Config) error {
 	ipMTU, _ := ipoib.IPMTU(port.MTU())
 	kept := keptQueues(&cfg, log)
 	dev, err := tap.Create(tap.Config{Name: cfg.Name, MTU: ipMTU, LinkMTU: cfg.TAPMTU, MAC: cfg.MAC, Offload: cfg.Offload, Queues: cfg.Queues,
-		Persist: cfg.Persist, FDs: kept})
+		Persist: cfg.Persist, FDs: kept, BusyPoll: cfg.BusyPoll})
 	if err != nil {
 		return err
 	}
