@@ -63,15 +63,16 @@ const announceWindow = 30 * time.Second
 // flag (and config file key) named beside it; the README's flag table
 // says what it means.
 type Config struct {
-	Name     string        // --name: the TAP
-	MAC      ether.MAC     // --mac: the TAP's MAC; zero for the kernel's random one
-	Fabric   string        // --fabric: FabricSim, FabricKernel or FabricVerbs
-	Underlay string        // --underlay: the simulated fabric's interface
-	IBDev    string        // --ib-dev: IPoIB parent or verbs device
-	IBMTU    int           // --ib-mtu: 2048 or 4096 (sim; the others ask the device)
-	TAPMTU   int           // --tap-mtu
-	Queues   int           // --queues: 0 for one per CPU
-	Offload  bool          // --offload
+	Name     string    // --name: the TAP
+	MAC      ether.MAC // --mac: the TAP's MAC; zero for the kernel's random one
+	Fabric   string    // --fabric: FabricSim, FabricKernel or FabricVerbs
+	Underlay string    // --underlay: the simulated fabric's interface
+	IBDev    string    // --ib-dev: IPoIB parent or verbs device
+	IBMTU    int       // --ib-mtu: 2048 or 4096 (sim; the others ask the device)
+	TAPMTU   int       // --tap-mtu
+	Queues   int       // --queues: 0 for one per CPU
+	Offload  bool      // --offload
+
 	BusyPoll time.Duration // --busy-poll: 0 for off
 
 	Bridge    string // --bridge
