@@ -13,8 +13,8 @@ import (
 )
 
 // TestReadWriteClose: on a real TAP, with and without busy polling (a
-// spin of 1 µs: over at once, so the reader then waits in ppoll(2) on
-// its thread), Read returns the ARP request the kernel sends out of the
+// spin of 1 µs, over at once: the reader spins, then waits in the
+// netpoller), Read returns the ARP request the kernel sends out of the
 // TAP for an address on its subnet, Write hands a frame to the kernel,
 // and Close wakes a reader waiting on the empty queue, which returns
 // net.ErrClosed.

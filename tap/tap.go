@@ -123,8 +123,8 @@ type Config struct {
 	// created. Create owns the descriptors either way.
 	FDs []int
 	// BusyPoll makes a queue's reader spin on non-blocking reads for up
-	// to this long after finding the queue empty, before it blocks in
-	// ppoll(2) on its own thread; 0 waits in the netpoller at once.
+	// to this long after finding the queue empty, before it waits in
+	// the netpoller; 0 waits at once.
 	BusyPoll time.Duration
 }
 
@@ -171,8 +171,8 @@ type TAP struct {
 // Queue is one queue of a TAP: its own file descriptor, which the kernel
 // feeds with the frames of the flows it hashes to it. Closing the TAP
 // closes every queue. Read and Write go through internal/fdio: with
-// Config.BusyPoll a reader spins and then waits on its own thread, and a
-// write to a full queue waits at most writeTimeout.
+// Config.BusyPoll a reader spins before it waits, and a write to a full
+// queue waits at most writeTimeout.
 type Queue struct {
 	t    *TAP
 	file *os.File

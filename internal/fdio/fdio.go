@@ -1,21 +1,20 @@
 // Package fdio drives the hot descriptors of the data path (a TAP queue,
-// the simulated fabric's UDP socket), non-blocking, from the calling
-// thread: the caller's function tries the system call; when the
-// descriptor has nothing for it (EAGAIN), a reader with busy polling on
-// spins on it for a while and then blocks in ppoll(2) on the descriptor
-// and a wake-up eventfd on its own thread; without busy polling it waits
-// in Go's netpoller (see Read for why). A writer that meets a full
-// descriptor waits in ppoll(2) on its own thread, for a bounded time.
-// The goroutine continues on the thread the system call returned on, so
-// a frame read there is translated and written there.
+// the simulated fabric's UDP socket), non-blocking: the caller's
+// function tries the system call; when the descriptor has nothing for
+// it (EAGAIN), a reader with busy polling on retries on the calling
+// thread for a while, and then (without busy polling, at once) waits in
+// Go's netpoller (see Read for why not in poll(2) on its thread); a
+// writer that meets a full descriptor waits in ppoll(2) on its thread
+// for a bounded time.
 //
 // Close is safe against the reuse of the descriptor's number: it wakes
-// every thread blocked here through the eventfd, and the owner's close
-// (os.File.Close, net.UDPConn.Close) waits until every raw call on the
-// descriptor has returned, because the calls run inside
-// syscall.RawConn.Control, which holds a reference on the descriptor
-// (internal/poll FD.Close waits for the last reference of a non-blocking
-// descriptor before close(2)).
+// a writer waiting in ppoll through an eventfd (and a spinning reader
+// through a flag; the owner's close wakes the netpoller), and the
+// owner's close (os.File.Close, net.UDPConn.Close) waits until every
+// raw call on the descriptor has returned, because the calls run inside
+// syscall.RawConn's Control or Read, which hold a reference on the
+// descriptor (internal/poll FD.Close waits for the last reference of a
+// non-blocking descriptor before close(2)).
 package fdio
 
 import (
@@ -39,15 +38,16 @@ var ErrTimeout = errors.New("fdio: not writable before the timeout")
 // Write is for one goroutine at a time.
 type FD struct {
 	rc     syscall.RawConn
-	wake   int // eventfd, readable once Close has begun
+	wake   int // eventfd, readable once Close has begun: wakes a Write
 	closed atomic.Bool
 	spin   atomic.Int64 // busy-poll time, ns
 
 	read, write func(fd uintptr) bool
 	// Read and Write state, pre-bound so that a call allocates nothing.
 	rctl, wctl func(fd uintptr)
-	rerr, werr error
-	rfds, wfds [2]unix.PollFd
+	rdone      bool
+	werr       error
+	wfds       [2]unix.PollFd
 	wtimeout   unix.Timespec
 	wleft      unix.Timespec // of wtimeout, during a Write
 }
@@ -68,41 +68,59 @@ func New(rc syscall.RawConn, read, write func(fd uintptr) bool, writeTimeout tim
 	return f, nil
 }
 
-// SetBusyPoll makes Read (and Write) retry the system call for up to d
-// after it found nothing, before blocking in poll(2); 0 turns it off.
+// SetBusyPoll makes Read retry the read for up to d on the calling
+// thread after it found nothing, before it waits in the netpoller; 0
+// turns it off.
 func (f *FD) SetBusyPoll(d time.Duration) { f.spin.Store(int64(max(d, 0))) }
 
-// Read calls the read function until it returns true. Without busy
-// polling it waits for readability in Go's netpoller (syscall.RawConn's
-// Read); with it, the calling thread spins, then waits in poll(2)
-// itself. It returns net.ErrClosed once Close has begun.
+// Read calls the read function until it returns true: with busy polling
+// it first retries on the calling thread for up to the busy-poll time,
+// then (and without busy polling at once) it waits for readability in
+// Go's netpoller (syscall.RawConn's Read). It returns net.ErrClosed once
+// Close has begun.
 //
-// Why not poll(2) on the thread always: a Go thread blocked in a system
-// call keeps its P in the syscall state, so the runtime's sysmon thread
-// stays awake to watch it (every 20 µs at first, backing off only to
-// 10 ms, and woken again by each exitsyscall), and retakes the P after
-// a tick when no other P is idle. Measured on the two-hypervisor
-// topology (2 cores), that cost more than the netpoller's wake-up
-// chain: sysmon's usleep was half of the daemon's context switches and
-// the ping RTT median rose by 50-90 µs. A reader that busy-polls burns
-// its core anyway and gains from never leaving its thread.
+// Why the wait is the netpoller's, not poll(2) on the thread: a Go
+// thread blocked in a system call keeps its P in the syscall state, so
+// the runtime's sysmon thread stays awake to watch it (every 20 µs at
+// first, backing off to 10 ms, woken again by each exitsyscall) and
+// retakes the P; a goroutine locked to its thread (LockOSThread) adds a
+// hand-over whenever another thread readies it. Measured on the
+// two-hypervisor topology (2 cores, issue 24), readers locked to their
+// threads and waiting in poll(2) made sysmon's usleep half of the
+// daemon's context switches and raised the ping RTT median by 50-90 µs
+// over the netpoller; spinning and then waiting in poll(2) cost a third
+// more CPU than spinning and then waiting in the netpoller, for the
+// same RTT.
 func (f *FD) Read() error {
 	if f.closed.Load() {
 		return net.ErrClosed
 	}
-	if f.spin.Load() == 0 {
-		return f.closedErr(f.rc.Read(f.read))
+	if f.spin.Load() > 0 {
+		if err := f.rc.Control(f.rctl); err != nil {
+			return f.closedErr(err)
+		}
+		if f.rdone {
+			return nil
+		}
 	}
-	if err := f.rc.Control(f.rctl); err != nil {
-		return f.closedErr(err)
+	return f.closedErr(f.rc.Read(f.read))
+}
+
+// readCtl retries the read until it is done, the busy-poll time has
+// passed or Close has begun; rdone says whether it is done.
+func (f *FD) readCtl(fd uintptr) {
+	until := time.Now().Add(time.Duration(f.spin.Load()))
+	for f.rdone = f.read(fd); !f.rdone && !f.closed.Load() && time.Now().Before(until); {
+		f.rdone = f.read(fd)
 	}
-	return f.rerr
 }
 
 // Write calls the write function until it returns true, waiting in
-// poll(2) for writability in between, for at most the write timeout in
-// all: then it returns ErrTimeout. It returns net.ErrClosed once Close
-// has begun.
+// ppoll(2) on the calling thread for writability (or Close) in between,
+// for at most the write timeout in all: then it returns ErrTimeout.
+// What ppoll reports besides POLLOUT (POLLERR, POLLHUP: tun_chr_poll's
+// EPOLLERR for a detached queue) is left for the next write to return.
+// It returns net.ErrClosed once Close has begun.
 func (f *FD) Write() error {
 	if f.closed.Load() {
 		return net.ErrClosed
@@ -113,56 +131,35 @@ func (f *FD) Write() error {
 	return f.werr
 }
 
-func (f *FD) readCtl(fd uintptr) { f.rerr = f.loop(fd, f.read, unix.POLLIN, nil, &f.rfds) }
-
 func (f *FD) writeCtl(fd uintptr) {
-	f.wleft = f.wtimeout // ppoll leaves the time not slept in it
-	f.werr = f.loop(fd, f.write, unix.POLLOUT, &f.wleft, &f.wfds)
-}
-
-// loop runs fn until it is done: on EAGAIN it spins (SetBusyPoll), then
-// blocks in ppoll(2) on fd for events and on the eventfd, for at most
-// what is left of timeout in all (nil: no limit). What poll reports for fd besides events (POLLERR,
-// POLLHUP: tun_chr_poll's EPOLLERR for a detached queue, a socket
-// error) is left for fn's next system call to return.
-func (f *FD) loop(fd uintptr, fn func(uintptr) bool, events int16, timeout *unix.Timespec, fds *[2]unix.PollFd) error {
-	var spinUntil time.Time
-	for {
-		if fn(fd) {
-			return nil
-		}
+	// ppoll on Linux writes the time left back into its timeout
+	// (poll_select_finish, fs/select.c), so retries share one budget.
+	f.wleft = f.wtimeout
+	for !f.write(fd) {
 		if f.closed.Load() {
-			return net.ErrClosed
+			f.werr = net.ErrClosed
+			return
 		}
-		if spin := time.Duration(f.spin.Load()); spin > 0 {
-			now := time.Now()
-			if spinUntil.IsZero() {
-				spinUntil = now.Add(spin)
-			}
-			if now.Before(spinUntil) {
-				continue
-			}
-		}
-		fds[0] = unix.PollFd{Fd: int32(fd), Events: events}
-		fds[1] = unix.PollFd{Fd: int32(f.wake), Events: unix.POLLIN}
-		// ppoll on Linux writes the time left back into timeout
-		// (do_sys_poll, fs/select.c), so retries share one budget.
-		n, err := unix.Ppoll(fds[:], timeout, nil)
+		f.wfds[0] = unix.PollFd{Fd: int32(fd), Events: unix.POLLOUT}
+		f.wfds[1] = unix.PollFd{Fd: int32(f.wake), Events: unix.POLLIN}
+		n, err := unix.Ppoll(f.wfds[:], &f.wleft, nil)
 		switch {
 		case err == unix.EINTR:
-			continue
 		case err != nil:
-			return fmt.Errorf("fdio: poll: %w", err)
-		case fds[1].Revents != 0:
-			return net.ErrClosed
+			f.werr = fmt.Errorf("fdio: poll: %w", err)
+			return
+		case f.wfds[1].Revents != 0:
+			f.werr = net.ErrClosed
+			return
 		case n == 0:
-			return ErrTimeout
+			f.werr = ErrTimeout
+			return
 		}
-		spinUntil = time.Time{} // woken: spin afresh next time
 	}
+	f.werr = nil
 }
 
-// Close wakes every thread blocked in Read or Write, then calls
+// Close wakes a Write waiting in ppoll(2) and a Read spinning, then calls
 // closeFD, the owner's close of the descriptor, which returns once no
 // raw call uses the descriptor any more, and then closes the eventfd.
 // Read and Write return net.ErrClosed from then on.

@@ -110,7 +110,8 @@ func TestReadBlocksUntilData(t *testing.T) {
 
 // TestBusyPollSpins: with SetBusyPoll the reader retries the read while
 // the pipe is empty (the writer waits until it has retried 100 times,
-// which a reader blocked in poll(2) never does), then takes the byte.
+// which a reader waiting in the netpoller never does), then takes the
+// byte.
 func TestBusyPollSpins(t *testing.T) {
 	p := newPipe(t, time.Second)
 	p.r.SetBusyPoll(time.Hour)
@@ -131,8 +132,8 @@ func TestBusyPollSpins(t *testing.T) {
 }
 
 // TestCloseWakesReader: Close wakes a reader waiting in the netpoller
-// (no busy polling), in ppoll(2) on its thread (a spin of 1 ns, over
-// before Close) or spinning (a spin of an hour), which returns
+// (no busy polling, or a spin of 1 ns, over before Close) or spinning (a
+// spin of an hour), which returns
 // net.ErrClosed; the pipe's descriptor is closed by then, and Read after
 // Close returns net.ErrClosed at once.
 func TestCloseWakesReader(t *testing.T) {
@@ -202,7 +203,7 @@ func TestCloseWakesWriter(t *testing.T) {
 	p.out = []byte{1}
 	done := make(chan error)
 	go func() { done <- p.w.Write() }()
-	time.Sleep(10 * time.Millisecond) // most likely in poll(2) by now; either way it must wake
+	time.Sleep(10 * time.Millisecond) // most likely in ppoll(2) by now; either way it must wake
 	if err := p.w.Close(p.wf.Close); err != nil {
 		t.Fatal(err)
 	}

@@ -15,8 +15,7 @@ import (
 // many microseconds and SO_PREFER_BUSY_POLL on, as the kernel reads them
 // back (without it both are the defaults: 0, the net.core.busy_read
 // sysctl of a new namespace, and off); its reader, busy-polling and then
-// waiting in ppoll(2) on the empty socket, is woken by Close and
-// leaves.
+// waiting on the empty socket, is woken by Close and leaves.
 func TestBusyPoll(t *testing.T) {
 	nstest.Require(t, "ip")
 	ns := fmt.Sprintf("sfbp%d", os.Getpid()%10000)

@@ -117,8 +117,8 @@ func (s *sender) send(msgs []ipv6.Message) (int, error) {
 }
 
 // receiver calls recvmmsg for the receive path into buffers set up once,
-// through internal/fdio (with Config.BusyPoll, spinning and waiting on
-// the calling thread).
+// through internal/fdio (with Config.BusyPoll, spinning on the calling
+// thread before it waits).
 type receiver struct {
 	io   *fdio.FD
 	hdrs []mmsghdr

@@ -42,8 +42,8 @@ type Config struct {
 	// tentative state; 0 means 5 s.
 	DADWait time.Duration
 	// BusyPoll makes the receiver spin on non-blocking receives for up
-	// to this long after finding the socket empty, before it blocks in
-	// poll(2), and sets SO_BUSY_POLL and SO_PREFER_BUSY_POLL; 0 turns
+	// to this long after finding the socket empty, before it waits in
+	// the netpoller, and sets SO_BUSY_POLL and SO_PREFER_BUSY_POLL; 0 turns
 	// both off.
 	BusyPoll time.Duration
 }

@@ -400,8 +400,7 @@ func TestTrains(t *testing.T) {
 
 // TestSocketPathAllocs: once warm, sending a batch of 16 packets (a UDP
 // GSO train) and receiving them allocates nothing, socket calls included,
-// with the receiver waiting in the netpoller and, busy-polling, in
-// ppoll(2) on its thread.
+// with the receiver waiting at once and busy-polling first.
 func TestSocketPathAllocs(t *testing.T) {
 	a, b, _, _ := pair(t, 9000)
 	qa, _ := a.AllocQP(0xffff, 0)
