@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/eipoib/eipoibd/ether"
+	"github.com/eipoib/eipoibd/internal/fdio"
 )
 
 // Device moves Ethernet frames in batches. Read fills bufs[i][offset:],
@@ -121,6 +122,10 @@ type Config struct {
 	// the kept TAP is made non-persistent and closed, and a new one is
 	// created. Create owns the descriptors either way.
 	FDs []int
+	// BusyPoll makes a queue's reader spin on non-blocking reads for up
+	// to this long after finding the queue empty, before it waits in
+	// the netpoller; 0 waits at once.
+	BusyPoll time.Duration
 }
 
 // Start says how Create came by the TAP.
@@ -165,32 +170,33 @@ type TAP struct {
 
 // Queue is one queue of a TAP: its own file descriptor, which the kernel
 // feeds with the frames of the flows it hashes to it. Closing the TAP
-// closes every queue.
+// closes every queue. Read and Write go through internal/fdio: with
+// Config.BusyPoll a reader spins before it waits, and a write to a full
+// queue waits at most writeTimeout.
 type Queue struct {
 	t    *TAP
 	file *os.File
 	rc   syscall.RawConn
+	io   *fdio.FD
 
 	seg    segmenter // Read's super-frame being cut
 	segBuf []byte    // its storage
 	gro    coalescer // Write's super-frames
 
-	// Read and Write state, used by the pre-bound callbacks below so that
-	// a batch allocates nothing.
+	// Read and Write state, used by readBatch and writeBatch (bound once
+	// in io) so that a batch allocates nothing.
 	rbufs  [][]byte
 	rsizes []int
 	rsuper []Super // nil: cut super-frames here
 	roff   int
 	rn     int
 	rerr   error
-	readFn func(fd uintptr) bool
 
 	wbufs   [][]byte
 	woff    int
 	wn      int // frames dealt with
 	wok     int // of which the kernel accepted
 	wsingle int // frames before this index are written one by one
-	writeFn func(fd uintptr) bool
 }
 
 var (
@@ -261,7 +267,12 @@ func Create(cfg Config) (*TAP, error) {
 	files := append(kept, tt.Fds...)
 	t := &TAP{name: cfg.Name, mtu: cfg.MTU, offload: cfg.Offload, start: start}
 	fail := func(err error) (*TAP, error) {
-		closeFiles(files)
+		for _, q := range t.queues {
+			if q.io != nil {
+				q.Close()
+			}
+		}
+		closeFiles(files) // those not yet queues; the rest say "closed"
 		return nil, err
 	}
 	for _, f := range files {
@@ -270,7 +281,16 @@ func Create(cfg Config) (*TAP, error) {
 		if err != nil {
 			return fail(fmt.Errorf("tap: %s: %w", cfg.Name, err))
 		}
-		q.rc, q.readFn, q.writeFn = rc, q.readBatch, q.writeBatch
+		q.rc = rc
+		// A queue is readable when its ring has a frame (tun_chr_poll,
+		// drivers/net/tun.c: EPOLLIN when the ptr_ring is not empty) and
+		// always writable: tun_chr_poll reports EPOLLOUT unless the
+		// socket's send buffer is full (sock_writeable), so a write
+		// waits at most writeTimeout.
+		if q.io, err = fdio.New(rc, q.readBatch, q.writeBatch, writeTimeout); err != nil {
+			return fail(fmt.Errorf("tap: %s: %w", cfg.Name, err))
+		}
+		q.io.SetBusyPoll(cfg.BusyPoll)
 		if cfg.Offload {
 			q.segBuf = make([]byte, maxSuperFrame)
 		}
@@ -492,6 +512,10 @@ func (q *Queue) BatchSize() int { return batchSize }
 
 const batchSize = 64
 
+// writeTimeout bounds how long a Write waits for a queue that does not
+// take frames; the frames left are then refused.
+const writeTimeout = 100 * time.Millisecond
+
 func closedErr(err error) error {
 	if errors.Is(err, fs.ErrClosed) || errors.Is(err, net.ErrClosed) {
 		return net.ErrClosed
@@ -640,7 +664,7 @@ func (q *Queue) read(bufs [][]byte, sizes []int, super []Super, offset int) (int
 		return 0, fmt.Errorf("tap: read offset %d below the vnet header's %d bytes", offset, vnetHdrLen)
 	}
 	q.rbufs, q.rsizes, q.rsuper, q.roff, q.rn, q.rerr = bufs, sizes, super, offset, 0, nil
-	err := q.rc.Read(q.readFn)
+	err := q.io.Read()
 	q.rbufs, q.rsizes, q.rsuper = nil, nil, nil
 	if err != nil {
 		return 0, closedErr(err)
@@ -691,14 +715,18 @@ func (q *Queue) writeBatch(fd uintptr) bool {
 }
 
 // Write writes a batch of frames and returns how many the kernel
-// accepted; refused ones are skipped, so the caller counts them.
+// accepted; refused ones are skipped, so the caller counts them, and so
+// are those left when the queue stays unwritable for writeTimeout.
 func (q *Queue) Write(bufs [][]byte, offset int) (int, error) {
 	if q.t.offload && offset < vnetHdrLen {
 		return 0, fmt.Errorf("tap: write offset %d below the vnet header's %d bytes", offset, vnetHdrLen)
 	}
 	q.wbufs, q.woff, q.wn, q.wok, q.wsingle = bufs, offset, 0, 0, 0
-	err := q.rc.Write(q.writeFn)
+	err := q.io.Write()
 	q.wbufs = nil
+	if err == fdio.ErrTimeout {
+		return q.wok, nil // the rest refused: the caller counts them
+	}
 	if err != nil {
 		return q.wok, closedErr(err)
 	}
@@ -751,7 +779,7 @@ func (q *Queue) OperUp() bool { return q.t.OperUp() }
 func (t *TAP) Close() error {
 	var first error
 	for _, q := range t.queues {
-		if err := q.file.Close(); err != nil && first == nil {
+		if err := q.Close(); err != nil && first == nil {
 			first = err
 		}
 	}
@@ -759,4 +787,6 @@ func (t *TAP) Close() error {
 }
 
 // Close closes this queue only; the device goes when the TAP is closed.
-func (q *Queue) Close() error { return q.file.Close() }
+// A reader or writer blocked in it is woken first, and the descriptor is
+// closed once it has left its system call.
+func (q *Queue) Close() error { return q.io.Close(q.file.Close) }

@@ -115,6 +115,7 @@ func runFlags(o *options) *flag.FlagSet {
 	fs.IntVar(&o.cfg.TAPMTU, "tap-mtu", 9000, fmt.Sprintf("MTU of the TAP itself, up to %d: guests' frames up to it reach eipoibd, which fragments them or answers ICMP too-big with the IPoIB MTU (a bridge would drop them silently)", daemon.MaxTAPMTU))
 	fs.StringVar(&o.learn, "learn", shim.LearnAuto.String(), "auto: a VIF for any guest MAC (promiscuous emulation); declared: only MACs with a static entry in the --bridge FDB (as libvirt adds) or on an --ovs-bridge port's external_ids:attached-mac, others dropped and counted")
 	fs.BoolVar(&o.cfg.ClampMSS, "clamp-mss", false, "lower the MSS of guests' TCP SYNs to fit the IPoIB MTU, for guests that ignore path MTU discovery")
+	fs.DurationVar(&o.cfg.BusyPoll, "busy-poll", 0, fmt.Sprintf("spin on the TAP queues and the fabric socket for up to this long (e.g. 50us, at most %s) after finding them empty, before sleeping: lower latency for CPU time; 0: off", daemon.MaxBusyPoll))
 	fs.IntVar(&o.cfg.Queues, "queues", 0, "TAP queues, each read by its own TX worker (the kernel spreads guests' flows over them); 0: one per CPU")
 	fs.StringVar(&o.cfg.CtlDir, "ctl-dir", ctl.DefaultDir, "directory of the control socket NAME.sock (eipoibd show, vif, neigh, capture); empty: none")
 	fs.BoolVar(&o.cfg.Persist, "persist", false, "keep the TAP (and its bridge or OVS port) across restarts and crashes, its queues in systemd's file descriptor store so the link never drops, and the guests in --state-dir; a stop leaves the TAP (ip link del removes it)")

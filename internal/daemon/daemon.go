@@ -43,6 +43,10 @@ const (
 // (MAX_TAP_QUEUES, drivers/net/tun.c).
 const MaxQueues = 256
 
+// MaxBusyPoll bounds Config.BusyPoll: a reader spins at most this long
+// before it sleeps (a longer spin only burns a core between packets).
+const MaxBusyPoll = 10 * time.Millisecond
+
 // MinTAPMTU and MaxTAPMTU bound Config.TAPMTU: IPv6's minimum link MTU
 // (RFC 8200 §5), and the largest MTU a TAP takes, 65535 less its
 // Ethernet header (tun_net_init's max_mtu, drivers/net/tun.c).
@@ -73,6 +77,8 @@ type Config struct {
 	TAPMTU   int       // --tap-mtu
 	Queues   int       // --queues: 0 for one per CPU
 	Offload  bool      // --offload
+
+	BusyPoll time.Duration // --busy-poll: 0 for off
 
 	Bridge    string // --bridge
 	OVSBridge string // --ovs-bridge
@@ -132,6 +138,8 @@ func (c *Config) Validate() error {
 		return bad("--max-vifs %d: want 1 to %d", c.MaxVIFs, 1<<20)
 	case c.TAPMTU < MinTAPMTU || c.TAPMTU > MaxTAPMTU:
 		return bad("--tap-mtu %d: want %d to %d (below the IPoIB MTU it is raised to it)", c.TAPMTU, MinTAPMTU, MaxTAPMTU)
+	case c.BusyPoll < 0 || c.BusyPoll > MaxBusyPoll:
+		return bad("--busy-poll %s: want 0 (off) to %s, e.g. 50us", c.BusyPoll, MaxBusyPoll)
 	case c.Queues < 0 || c.Queues > MaxQueues:
 		return bad("--queues %d: want 0 (one per CPU) to %d", c.Queues, MaxQueues)
 	case c.MaxNeighbours < 1:
@@ -297,7 +305,7 @@ func Run(ctx context.Context, cfg Config) error {
 func TAPConfig(cfg *Config, port ipoib.Port, kept []int) tap.Config {
 	ipMTU, _ := ipoib.IPMTU(port.MTU())
 	return tap.Config{Name: cfg.Name, MTU: ipMTU, LinkMTU: cfg.TAPMTU, MAC: cfg.MAC, Offload: cfg.Offload, Queues: cfg.Queues,
-		Persist: cfg.Persist, FDs: kept}
+		Persist: cfg.Persist, FDs: kept, BusyPoll: cfg.BusyPoll}
 }
 
 // ShimConfig is the shim cfg asks for between dev and port, logging to

@@ -45,7 +45,7 @@ func openFabric(c *Config, log *slog.Logger) (ipoib.Port, error) {
 	case FabricVerbs:
 		return verbsfabric.New(verbsfabric.Config{Device: c.IBDev, Logger: log})
 	}
-	p, err := simfabric.Open(simfabric.Config{Underlay: c.Underlay, IBMTU: c.IBMTU})
+	p, err := simfabric.Open(simfabric.Config{Underlay: c.Underlay, IBMTU: c.IBMTU, BusyPoll: c.BusyPoll})
 	if err != nil {
 		return nil, err
 	}

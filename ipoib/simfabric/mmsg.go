@@ -13,6 +13,8 @@ import (
 
 	"golang.org/x/net/ipv6"
 	"golang.org/x/sys/unix"
+
+	"github.com/eipoib/eipoibd/internal/fdio"
 )
 
 // mmsghdr is struct mmsghdr (sendmmsg(2)): a message header and the bytes
@@ -122,9 +124,11 @@ func (s *sender) send(msgs []ipv6.Message) (int, error) {
 	return s.n, s.err
 }
 
-// receiver calls recvmmsg for the receive path into buffers set up once.
+// receiver calls recvmmsg for the receive path into buffers set up once,
+// through internal/fdio (with Config.BusyPoll, spinning on the calling
+// thread before it waits).
 type receiver struct {
-	rc   syscall.RawConn
+	io   *fdio.FD
 	hdrs []mmsghdr
 	iovs []unix.Iovec
 	sas  []unix.RawSockaddrInet6
@@ -132,11 +136,10 @@ type receiver struct {
 	oobs [][]byte
 	n    int
 	err  error
-	fn   func(fd uintptr) bool
 }
 
-func newReceiver(rc syscall.RawConn, msgs, size, oob int) *receiver {
-	r := &receiver{rc: rc, hdrs: make([]mmsghdr, msgs), iovs: make([]unix.Iovec, msgs),
+func newReceiver(rc syscall.RawConn, msgs, size, oob int) (*receiver, error) {
+	r := &receiver{hdrs: make([]mmsghdr, msgs), iovs: make([]unix.Iovec, msgs),
 		sas: make([]unix.RawSockaddrInet6, msgs), bufs: make([][]byte, msgs), oobs: make([][]byte, msgs)}
 	for i := range r.hdrs {
 		r.bufs[i], r.oobs[i] = make([]byte, size), make([]byte, oob)
@@ -148,8 +151,15 @@ func newReceiver(rc syscall.RawConn, msgs, size, oob int) *receiver {
 		h.SetIovlen(1)
 		h.Control = &r.oobs[i][0]
 	}
-	r.fn = r.call
-	return r
+	// The socket is readable when its receive queue holds a datagram
+	// (udp_poll, net/ipv4/udp.c, over datagram_poll); it is never
+	// written through r.io (the sender uses the netpoller).
+	io, err := fdio.New(rc, r.call, nil, 0)
+	if err != nil {
+		return nil, err
+	}
+	r.io = io
+	return r, nil
 }
 
 func (r *receiver) call(fd uintptr) bool {
@@ -165,7 +175,7 @@ func (r *receiver) call(fd uintptr) bool {
 
 // recv receives up to len(hdrs) datagrams and returns how many.
 func (r *receiver) recv() (int, error) {
-	if err := r.rc.Read(r.fn); err != nil {
+	if err := r.io.Read(); err != nil {
 		return 0, err
 	}
 	return r.n, r.err

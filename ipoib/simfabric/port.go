@@ -41,6 +41,11 @@ type Config struct {
 	// DADWait bounds the wait for the link-local address to leave the
 	// tentative state; 0 means 5 s.
 	DADWait time.Duration
+	// BusyPoll makes the receiver spin on non-blocking receives for up
+	// to this long after finding the socket empty, before it waits in
+	// the netpoller, and sets SO_BUSY_POLL and SO_PREFER_BUSY_POLL; 0 turns
+	// both off.
+	BusyPoll time.Duration
 }
 
 // Port is one IB port on the simulated fabric. It implements ipoib.Port.
@@ -159,6 +164,12 @@ func Open(cfg Config) (*Port, error) {
 			if serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RXQ_OVFL, 1); serr != nil {
 				return
 			}
+			if cfg.BusyPoll > 0 {
+				serr = setBusyPoll(int(fd), cfg.BusyPoll)
+				if serr != nil {
+					return
+				}
+			}
 			// Deep socket buffers absorb bursts (an HCA's receive queue
 			// does the same); FORCE works as root, the plain one up to
 			// the sysctl limits otherwise.
@@ -203,8 +214,34 @@ func Open(cfg Config) (*Port, error) {
 	}
 	p.events = ipoib.NewEventQueue(true)
 	p.snd = newSender(rc, batch)
-	p.rcv = newReceiver(rc, rxBatch, maxTrainBytes+ICRCLen+HeaderLen+4, unix.CmsgSpace(unix.SizeofInet6Pktinfo)+2*unix.CmsgSpace(4))
+	if p.rcv, err = newReceiver(rc, rxBatch, maxTrainBytes+ICRCLen+HeaderLen+4, unix.CmsgSpace(unix.SizeofInet6Pktinfo)+2*unix.CmsgSpace(4)); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("simfabric: %w", err)
+	}
+	p.rcv.io.SetBusyPoll(cfg.BusyPoll)
 	return p, nil
+}
+
+// setBusyPoll asks the kernel to busy-poll the device's NAPI context for
+// up to d when a receive finds the socket empty (SO_BUSY_POLL, in µs),
+// and to prefer that to interrupts (SO_PREFER_BUSY_POLL). Both act only
+// on a socket whose packets came through a NAPI context with an ID
+// (sk_busy_loop needs sk_napi_id >= MIN_NAPI_ID, include/net/busy_poll.h;
+// napi_busy_loop in net/core/dev.c polls that context): a veth peer
+// without XDP or GRO delivers through netif_rx and the per-CPU backlog,
+// which has none, so on such an underlay they do nothing and only the
+// receiver's own spinning acts. Raising SO_BUSY_POLL above the
+// net.core.busy_read sysctl, and SO_PREFER_BUSY_POLL, need
+// CAP_NET_ADMIN (sk_setsockopt, net/core/sock.c).
+func setBusyPoll(fd int, d time.Duration) error {
+	us := int(min(d/time.Microsecond, 1<<31-1))
+	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_BUSY_POLL, max(us, 1)); err != nil {
+		return fmt.Errorf("SO_BUSY_POLL %dµs: %w (it needs CAP_NET_ADMIN above net.core.busy_read; run as root or without --busy-poll)", us, err)
+	}
+	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_PREFER_BUSY_POLL, 1); err != nil {
+		return fmt.Errorf("SO_PREFER_BUSY_POLL: %w (it needs CAP_NET_ADMIN; run as root or without --busy-poll)", err)
+	}
+	return nil
 }
 
 // linkLocal returns the interface's IPv6 link-local address once it is no
@@ -337,5 +374,7 @@ func (p *Port) Close() error {
 		return nil
 	}
 	p.events.Close()
-	return p.conn.Close()
+	// The receiver's thread is woken and leaves its system call before
+	// the socket's descriptor is closed.
+	return p.rcv.io.Close(p.conn.Close)
 }
