@@ -79,6 +79,11 @@ type Super struct {
 	Size uint16
 	// V6 is set for IPv6, clear for IPv4.
 	V6 bool
+	// UDP marks a UDP super-frame (L4 the UDP header, Size the payload
+	// of each datagram but the last, not cut to the MTU: a datagram
+	// cannot be), which only a TAP whose kernel took UDP offloads hands
+	// over.
+	UDP bool
 }
 
 // Config describes the TAP to create.
@@ -161,6 +166,7 @@ type TAP struct {
 	drops                 [2]atomic.Uint64 // bad vnet header, bad GSO
 	gsoRead, gsoCut       atomic.Uint64
 	groWritten, groMerged atomic.Uint64
+	uso                   usoState
 }
 
 // Queue is one queue of a TAP: its own file descriptor, which the kernel
@@ -286,11 +292,19 @@ func Create(cfg Config) (*TAP, error) {
 	// vnet header to describe them, super-frames must never come.
 	var features uintptr
 	if cfg.Offload {
-		features = tunFCsum | tunFTSO4 | tunFTSO6 | tunFTSOECN
+		features = tunFCsum | tunFTSO4 | tunFTSO6 | tunFTSOECN | tunFUSO
 	}
-	if err := t.queues[0].ioctl(unix.TUNSETOFFLOAD, features); err != nil {
+	err = t.queues[0].ioctl(unix.TUNSETOFFLOAD, features)
+	if err == unix.EINVAL && features&tunFUSO != 0 {
+		// Before Linux 6.2 set_offload refuses the UDP flags: UDP
+		// crosses datagram by datagram, as Counters' "uso" 0 says.
+		features &^= tunFUSO
+		err = t.queues[0].ioctl(unix.TUNSETOFFLOAD, features)
+	}
+	if err != nil {
 		return fail(fmt.Errorf("tap: set offloads %#x on %s (TUNSETOFFLOAD): %w", features, cfg.Name, err))
 	}
+	t.uso.on = features&tunFUSO != 0
 	link, err := netlink.LinkByName(cfg.Name)
 	if err != nil {
 		return fail(fmt.Errorf("tap: %s: %w", cfg.Name, err))
@@ -562,18 +576,27 @@ func (q *Queue) unpack(b []byte) (Super, error) {
 	}
 	if q.rsuper != nil {
 		var s segmenter // checks only: nothing is cut
-		if err := s.start(frame, h, q.t.mtu); err != nil {
-			return Super{}, err
+		sup, err := s.start(frame, h, q.t.mtu)
+		if err == nil {
+			q.t.countRead(sup)
 		}
-		q.t.gsoRead.Add(1)
-		return Super{L4: h.csumStart, Size: uint16(s.MSS()), V6: h.gsoType&^unix.VIRTIO_NET_HDR_GSO_ECN == unix.VIRTIO_NET_HDR_GSO_TCPV6}, nil
+		return sup, err
 	}
 	n := copy(q.segBuf, frame)
-	if err := q.seg.start(q.segBuf[:n], h, q.t.mtu); err != nil {
+	sup, err := q.seg.start(q.segBuf[:n], h, q.t.mtu)
+	if err != nil {
 		return Super{}, err
 	}
-	q.t.gsoRead.Add(1)
+	q.t.countRead(sup)
 	return Super{}, nil
+}
+
+// countRead counts a super-frame read.
+func (t *TAP) countRead(sup Super) {
+	t.gsoRead.Add(1)
+	if sup.UDP {
+		t.uso.read.Add(1)
+	}
 }
 
 // drop counts a frame refused for err.
@@ -590,7 +613,7 @@ func (t *TAP) drop(err error) {
 // segments cut from them, super-frames written and the segments merged
 // into them.
 func (t *TAP) Counters() map[string]uint64 {
-	return map[string]uint64{
+	m := map[string]uint64{
 		"drop_" + errBadVnet.Error(): t.drops[0].Load(),
 		"drop_" + errBadGSO.Error():  t.drops[1].Load(),
 		"gso_frames_read":            t.gsoRead.Load(),
@@ -598,6 +621,8 @@ func (t *TAP) Counters() map[string]uint64 {
 		"gro_frames_written":         t.groWritten.Load(),
 		"gro_segments_merged":        t.groMerged.Load(),
 	}
+	t.uso.counters(m)
+	return m
 }
 
 // Read reads a batch of frames from the first queue. With offloads, a
@@ -654,10 +679,10 @@ func (q *Queue) read(bufs [][]byte, sizes []int, super []Super, offset int) (int
 func (q *Queue) writeBatch(fd uintptr) bool {
 	for q.wn < len(q.wbufs) {
 		out, k := q.wbufs[q.wn][q.woff:], 1
+		var first seg
 		if q.t.offload {
-			var first tcpSeg
 			if q.wn >= q.wsingle {
-				k, first = run(q.wbufs[q.wn:], q.woff)
+				k, first = run(q.wbufs[q.wn:], q.woff, q.t.uso.on)
 			}
 			if k > 1 {
 				out = q.gro.merge(first, q.wbufs[q.wn:q.wn+k], q.woff)
@@ -677,6 +702,10 @@ func (q *Queue) writeBatch(fd uintptr) bool {
 			if k > 1 {
 				q.t.groWritten.Add(1)
 				q.t.groMerged.Add(uint64(k))
+				if first.udp {
+					q.t.uso.written.Add(1)
+					q.t.uso.merged.Add(uint64(k))
+				}
 			}
 		default:
 			if k > 1 { // a merged run refused: try its frames one by one
