@@ -181,7 +181,7 @@ func (s *Shim) multicastMGID(p *partition, et uint16, pay []byte) (ipoib.GID, bo
 }
 
 // tx takes one frame at buf[devHeadroom:devHeadroom+n]; sup describes a
-// TCP super-frame to hand to the port whole. It checks the frame, finds
+// TCP or UDP super-frame to hand to the port whole. It checks the frame, finds
 // the sending VIF and translates the frame, or holds it while the
 // guest's VIF is made.
 func (s *Shim) tx(b *txBatch, buf []byte, n int, sup tap.Super, now time.Time) {

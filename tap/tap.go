@@ -35,7 +35,7 @@ import (
 type Device interface {
 	Read(bufs [][]byte, sizes []int, offset int) (int, error)
 	// ReadSuper is Read, except that on a device whose Caps report
-	// SuperFrames a TCP super-frame comes whole with how to cut it in
+	// SuperFrames a TCP or UDP super-frame comes whole with how to cut it in
 	// super[i] (zero for an ordinary frame; bufs must then hold 64 KB
 	// past offset). On another device it is Read, every super[i] zero.
 	ReadSuper(bufs [][]byte, sizes []int, super []Super, offset int) (int, error)
@@ -63,16 +63,17 @@ type Device interface {
 // Caps says what a Device offers beyond ordinary frames.
 type Caps struct {
 	// SuperFrames: ReadSuper hands TCP super-frames over whole (a TAP
-	// with the vnet header and TSO; see Config.Offload), for a fabric
-	// port that cuts them itself.
+	// with the vnet header and TSO; see Config.Offload), and UDP ones
+	// where the kernel took USO, for a fabric port that cuts them itself.
 	SuperFrames bool
 }
 
-// Super says how to cut a TCP super-frame that ReadSuper returned whole;
-// its zero value marks an ordinary frame. The frame's TCP checksum field
-// holds the pseudo-header sum over its whole TCP length (see gso).
+// Super says how to cut a TCP or UDP super-frame that ReadSuper returned
+// whole; its zero value marks an ordinary frame. The frame's TCP (UDP)
+// checksum field holds the pseudo-header sum over its whole TCP (UDP)
+// length (see gso).
 type Super struct {
-	// L4 is the offset of the TCP header in the frame.
+	// L4 is the offset of the TCP (UDP) header in the frame.
 	L4 uint16
 	// Size is the TCP payload of each segment but the last, cut to the
 	// TAP's MTU.
@@ -101,10 +102,12 @@ type Config struct {
 	// one): the kernel spreads guests' flows over them by hash, so that
 	// as many goroutines can read them in parallel. 0 means 1.
 	Queues int
-	// Offload turns on the vnet header with checksum offload and TSO:
-	// TCP super-frames are read whole and cut here, partial checksums
-	// completed here, and runs of received segments are written as
-	// super-frames. Read buffers must then hold 64 KB plus headroom.
+	// Offload turns on the vnet header with checksum offload, TSO and,
+	// where the kernel takes it (Linux 6.2), USO: TCP and UDP
+	// super-frames are read whole and cut here, partial checksums
+	// completed here, and runs of received segments (datagrams) are
+	// written as super-frames. Read buffers must then hold 64 KB plus
+	// headroom.
 	Offload bool
 	// TUN makes a layer-3 device instead (IFF_TUN): bare IP packets, no
 	// MAC, no offloads. eipoibd's native IPoIB host uses it.
