@@ -7,15 +7,26 @@ package ipoib
 // CheckTx checks the metadata of a packet of n bytes (IPoIB header
 // included) handed to Write: its source QP must be one of qps with the
 // P_Key it was allocated in, its destination QPN the multicast QPN
-// exactly when its GID is an MGID, and a super-packet must be one the
-// port takes (tso) with its TCP header inside the packet. A packet
+// exactly when its GID is an MGID, and a super-packet must be a TCP one
+// the port takes (tso) with its TCP header inside the packet. A packet
 // shorter than the IPoIB header passes: a backend that reads the header
 // (for its ethertype) refuses one itself. It returns the
 // source QP's entry, and DropBadMeta or DropBadGSO for a packet to
 // refuse. Size against the MTU is the backend's check: the MTU may be
 // the partition's or the child's.
 func CheckTx(m *TxMeta, n int, qps *QPTable, tso bool) (QP, Drop) {
+	return CheckTxOffloads(m, n, qps, Offloads{TSO: tso})
+}
+
+// CheckTxOffloads is CheckTx for a port that takes the super-packets o
+// says: TCP ones with TSO, UDP ones with USO (the UDP header inside the
+// packet).
+func CheckTxOffloads(m *TxMeta, n int, qps *QPTable, o Offloads) (QP, Drop) {
 	q, own := qps.Lookup(m.SrcQPN)
+	l4min := 20 // a TCP header
+	if m.GSO.Type.UDP() {
+		l4min = 8
+	}
 	switch {
 	case !own || q.PKey != m.PKey:
 		return q, DropBadMeta
@@ -23,7 +34,8 @@ func CheckTx(m *TxMeta, n int, qps *QPTable, tso bool) (QP, Drop) {
 		return q, DropBadMeta
 	case m.GSO.Type == GSONone:
 		return q, DropNone
-	case !tso || m.GSO.Type > GSOTCPv6 || m.GSO.L4 < HeaderLen || int(m.GSO.L4)+20 > n || m.GSO.Size == 0:
+	case m.GSO.Type > GSOUDPv6 || !o.TSO || m.GSO.Type.UDP() && !o.USO ||
+		m.GSO.L4 < HeaderLen || int(m.GSO.L4)+l4min > n || m.GSO.Size == 0:
 		return q, DropBadGSO
 	}
 	return q, DropNone

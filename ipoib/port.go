@@ -29,8 +29,9 @@ type TxMeta struct {
 	SrcQPN uint32
 	// PKey is the partition the packet is sent in.
 	PKey PKey
-	// GSO marks a TCP super-packet; zero for an ordinary packet. Only a
-	// port whose Offloads report TSO is given super-packets.
+	// GSO marks a TCP or UDP super-packet; zero for an ordinary packet.
+	// Only a port whose Offloads report TSO is given TCP super-packets,
+	// and only one that reports USO UDP ones.
 	GSO GSO
 }
 
@@ -42,7 +43,15 @@ const (
 	GSONone  GSOType = iota // an ordinary packet, at most the IB MTU
 	GSOTCPv4                // IPv4 TCP super-packet
 	GSOTCPv6                // IPv6 TCP super-packet
+	GSOUDPv4                // IPv4 UDP super-packet (Linux's SKB_GSO_UDP_L4)
+	GSOUDPv6                // IPv6 UDP super-packet
 )
+
+// UDP reports whether t is a UDP super-packet kind.
+func (t GSOType) UDP() bool { return t == GSOUDPv4 || t == GSOUDPv6 }
+
+// V6 reports whether t is an IPv6 super-packet kind.
+func (t GSOType) V6() bool { return t == GSOTCPv6 || t == GSOUDPv6 }
 
 // GSO describes a TCP super-packet handed to a port whole: the 4-byte IPoIB
 // header, the IP header (IPv6 extension headers included), the TCP header
@@ -55,13 +64,22 @@ const (
 // leaves it in a CHECKSUM_PARTIAL GSO skb (virtio_net_hdr NEEDS_CSUM):
 // each segment's checksum is computed from it with the segment's length,
 // and each IPv4 header checksum from scratch.
+//
+// A UDP super-packet (GSOUDPv4, GSOUDPv6) is cut as Linux's
+// __udp_gso_segment cuts an SKB_GSO_UDP_L4 skb: into datagrams of Size
+// bytes of UDP payload (the last may be shorter), each with the headers,
+// its own IP and UDP lengths, IPv4 ID (one more per datagram) and
+// checksums, the UDP one computed from the pseudo-header sum the checksum
+// field holds (0 sent as 0xFFFF). Every datagram fits the IPoIB MTU: the
+// caller checks, as a datagram cannot be cut smaller.
 type GSO struct {
 	Type GSOType
-	// L4 is the offset of the TCP header from the start of the IPoIB
-	// header.
+	// L4 is the offset of the TCP (UDP) header from the start of the
+	// IPoIB header.
 	L4 uint16
-	// Size is the TCP payload of each segment but the last (the MSS);
-	// the caller keeps a segment within the IPoIB MTU.
+	// Size is the TCP (UDP) payload of each segment (datagram) but the
+	// last: the MSS, or gso_size; the caller keeps a segment within the
+	// IPoIB MTU.
 	Size uint16
 }
 
@@ -70,7 +88,10 @@ type Offloads struct {
 	// TSO: the port takes TCP super-packets (TxMeta.GSO) of up to
 	// MaxSuper bytes from offset and cuts them itself; Headroom still
 	// applies in front of offset.
-	TSO      bool
+	TSO bool
+	// USO: the port takes UDP super-packets as well (with TSO's
+	// MaxSuper); the shim cuts them into datagrams for a port without.
+	USO      bool
 	MaxSuper int
 }
 

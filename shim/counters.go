@@ -26,6 +26,7 @@ const (
 	TxMulticast
 	TxSuper
 	TxSuperSegments
+	TxSuperCut
 	TxMSSClamped
 	TxFragmented
 	TxFragments
@@ -94,8 +95,9 @@ var counterTable = [numCounters]stat.Value{
 	TxPortRefused:       {Name: "tx_port_refused", Help: "Packets the port refused or lost (the port's drops say why)"},
 	TxBroadcast:         {Name: "tx_broadcast", Help: "Frames forwarded to the broadcast group"},
 	TxMulticast:         {Name: "tx_multicast", Help: "Frames forwarded to a multicast group other than the broadcast group"},
-	TxSuper:             {Name: "tx_super", Help: "Frames forwarded that were TCP super-frames the port took whole to cut itself"},
-	TxSuperSegments:     {Name: "tx_super_segments", Help: "Segments the port is to cut the forwarded TCP super-frames into"},
+	TxSuper:             {Name: "tx_super", Help: "Frames forwarded that were TCP or UDP super-frames the port took whole to cut itself"},
+	TxSuperSegments:     {Name: "tx_super_segments", Help: "Segments (datagrams) the port is to cut the forwarded TCP and UDP super-frames into"},
+	TxSuperCut:          {Name: "tx_super_cut", Help: "UDP super-frames cut into datagrams here, for a port that does not take them or datagrams longer than the IPoIB MTU"},
 	TxMSSClamped:        {Name: "tx_mss_clamped", Help: "Guests' TCP SYNs whose MSS was lowered to fit the IPoIB MTU (--clamp-mss)"},
 	TxFragmented:        {Name: "tx_fragmented", Help: "IPv4 packets fragmented to the IPoIB MTU"},
 	TxFragments:         {Name: "tx_fragments", Help: "Fragments made of the IPv4 packets fragmented to the IPoIB MTU"},

@@ -15,6 +15,7 @@ import (
 
 	"github.com/eipoib/eipoibd/arpndp"
 	"github.com/eipoib/eipoibd/ether"
+	"github.com/eipoib/eipoibd/internal/gso"
 	"github.com/eipoib/eipoibd/internal/header"
 	"github.com/eipoib/eipoibd/internal/iobuf"
 	"github.com/eipoib/eipoibd/ipoib"
@@ -49,6 +50,8 @@ type txBatch struct {
 	nfrag int
 	icmp  []byte   // an ICMP too-big reply to a guest
 	local [][]byte // a frame sent back to the bridge (deliverMoved)
+	cut   gso.Segmenter
+	dgram []byte // a datagram cut from a UDP super-frame, too big to send (made on first use)
 }
 
 // newTxBatch returns a batch for up to bs frames and their fragments.
@@ -80,7 +83,8 @@ func (s *Shim) flushTx(b *txBatch) {
 
 // superReader returns dev when it hands over super-frames and the port
 // cuts TCP super-packets itself, so that super-frames cross the shim
-// whole; nil when the device cuts them.
+// whole; nil when the device cuts them. UDP super-frames then cross
+// whole too, and are cut here for a port that does not take them.
 func (s *Shim) superReader(dev tap.Device) tap.Device {
 	if o := s.port.Offloads(); dev.Caps().SuperFrames && o.TSO && o.MaxSuper >= ipoib.MaxSuperPacket {
 		return dev
@@ -182,7 +186,7 @@ func (s *Shim) multicastMGID(p *partition, et uint16, pay []byte) (ipoib.GID, bo
 }
 
 // tx takes one frame at buf[devHeadroom:devHeadroom+n]; sup describes a
-// TCP super-frame to hand to the port whole. It checks the frame, finds
+// TCP or UDP super-frame to hand to the port whole. It checks the frame, finds
 // the sending VIF and translates the frame, or holds it while the
 // guest's VIF is made.
 func (s *Shim) tx(b *txBatch, buf []byte, n int, sup tap.Super, now time.Time) {
@@ -341,9 +345,18 @@ func (s *Shim) translate(b *txBatch, p *partition, vif *mactrans.VIF, buf []byte
 		}
 		if unknown {
 			// Not queued, as fragments are not: resolve, and let TCP's
-			// retransmission find the destination known.
+			// retransmission (or the UDP application) find the
+			// destination known.
 			s.ctr.inc(DropUnresolved)
 			s.enqueue(p, vif, dst, nil, m, source, target, now)
+			return
+		}
+		if sup.UDP && m.GSO.Type == ipoib.GSONone {
+			if waits {
+				s.ctr.inc(DropNoGroup) // not held, as fragments are not
+				return
+			}
+			s.cutUDP(b, f, et, pay, sup, m, kind, mtu)
 			return
 		}
 	} else if len(pay) > mtu {
@@ -386,23 +399,82 @@ func (s *Shim) translate(b *txBatch, p *partition, vif *mactrans.VIF, buf []byte
 	b.add(pkt, m)
 }
 
-// superMeta describes a TCP super-frame (checked by the device) to the
-// port, with segments cut to the partition's IPoIB MTU mtu, and returns
-// how many segments the port will cut; 0 (counted) when the frame goes to
-// a group, where TCP never goes.
+// superMeta describes a super-frame (checked by the device) to the
+// port and returns how many segments it is cut into: a TCP one with
+// segments cut to the partition's IPoIB MTU mtu, 0 (counted) when it
+// goes to a group, where TCP never goes; a UDP one, to any destination,
+// when the port takes UDP super-packets and its datagrams fit mtu (else
+// m.GSO stays zero, for cutUDP).
 func (s *Shim) superMeta(m *ipoib.TxMeta, f ether.Frame, pay []byte, sup tap.Super, kind Counter, mtu int) int {
+	l4 := int(sup.L4) - f.HeaderLen() // from the IP header
+	if sup.UDP {
+		hdrs := l4 + gso.UDPHeaderLen
+		if s.port.Offloads().USO && hdrs+int(sup.Size) <= mtu {
+			m.GSO = ipoib.GSO{Type: ipoib.GSOUDPv4, L4: uint16(ipoib.HeaderLen + l4), Size: sup.Size}
+			if sup.V6 {
+				m.GSO.Type = ipoib.GSOUDPv6
+			}
+		}
+		return gso.Segments(len(pay), hdrs, int(sup.Size))
+	}
 	if kind >= 0 {
 		s.ctr.inc(DropSuperGroup)
 		return 0
 	}
-	l4 := int(sup.L4) - f.HeaderLen() // from the IP header
 	hdrs := l4 + header.TCP(pay[l4:]).HeaderLen()
 	size := min(int(sup.Size), mtu-hdrs)
 	m.GSO = ipoib.GSO{Type: ipoib.GSOTCPv4, L4: uint16(ipoib.HeaderLen + l4), Size: uint16(size)}
 	if sup.V6 {
 		m.GSO.Type = ipoib.GSOTCPv6
 	}
-	return (len(pay) - hdrs + size - 1) / size
+	return gso.Segments(len(pay), hdrs, size)
+}
+
+// cutUDP cuts a UDP super-frame (pay its IP packet, checked by the
+// device) that the port is not given whole into its datagrams, each sent
+// as an ordinary packet in a fragment buffer; kind is the group counter
+// as translate has it. Datagrams longer than mtu are fragmented one by
+// one (IPv4 without DF; each counted as any packet fragmented), else the
+// guest gets one ICMP too-big for the frame, as the kernel's
+// ip_finish_output_gso and ip6_finish_output_gso do for a GSO skb whose
+// segments do not fit. The frame counts once as forwarded or answered,
+// or each of its datagrams as fragmented.
+func (s *Shim) cutUDP(b *txBatch, f ether.Frame, et uint16, pay []byte, sup tap.Super, m ipoib.TxMeta, kind Counter, mtu int) {
+	l4 := int(sup.L4) - f.HeaderLen()
+	big := l4+gso.UDPHeaderLen+int(sup.Size) > mtu
+	if big && !fragmentable(et, pay) {
+		s.tooBig(b, f, et, pay, m, mtu)
+		return
+	}
+	if b.cut.StartUDP(pay, 0, l4, sup.V6, int(sup.Size), 65535) != nil {
+		s.ctr.inc(DropBadIP)
+		return
+	}
+	s.ctr.inc(TxSuperCut)
+	for !b.cut.Done() {
+		if big {
+			if b.dgram == nil {
+				b.dgram = make([]byte, 65535)
+			}
+			n := b.cut.Cut(b.dgram)
+			s.fragment(b, header.IPv4(b.dgram[:n]), m, mtu)
+			continue
+		}
+		if b.nfrag == len(b.frags) {
+			s.flushTx(b)
+		}
+		fb := b.frags[b.nfrag]
+		b.nfrag++
+		ipoib.PutHeader(fb[ipoib.Headroom:], et)
+		n := b.cut.Cut(fb[ipoib.Headroom+ipoib.HeaderLen:])
+		b.add(fb[:ipoib.Headroom+ipoib.HeaderLen+n], m)
+	}
+	if !big {
+		s.ctr.inc(TxForwarded)
+	}
+	if kind >= 0 {
+		s.ctr.inc(kind)
+	}
 }
 
 // snoopIPv6 records the memberships an IPv6 packet from a guest shows:

@@ -11,10 +11,20 @@ package tap
 // is never laundered into a valid one. The shape follows wireguard-go's
 // tun offload, which does the same for IP packets; this is the Ethernet
 // frame version (802.1Q tags included).
+//
+// UDP likewise, where the kernel takes UDP segmentation offload on the
+// TAP (TUN_F_USO4|TUN_F_USO6, Linux 6.2 and later): a guest's run of
+// same-size datagrams (a UDP_SEGMENT send) comes as one
+// VIRTIO_NET_HDR_GSO_UDP_L4 super-frame, cut here (or by the port) into
+// its datagrams as __udp_gso_segment does, and consecutive same-size
+// datagrams of one flow are written back as one, as udp_gro_receive
+// merges them for a UDP_GRO socket. Where the kernel refuses the flags,
+// UDP crosses the TAP datagram by datagram, as before.
 
 import (
 	"encoding/binary"
 	"errors"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 
@@ -34,6 +44,9 @@ const (
 	tunFTSO4   = 0x02
 	tunFTSO6   = 0x04
 	tunFTSOECN = 0x08
+	// UDP segmentation offload (Linux 6.2, drivers/net/tun.c
+	// set_offload): both or neither, or the kernel refuses with EINVAL.
+	tunFUSO = unix.TUN_F_USO4 | unix.TUN_F_USO6
 )
 
 // vnetHdrLen is sizeof(struct virtio_net_hdr) (include/uapi/linux/
@@ -79,8 +92,28 @@ func (h vnetHdr) encode(b []byte) {
 // Offload drop reasons, counted by the TAP.
 var (
 	errBadVnet = errors.New("bad_vnet_header") // a header the kernel would not send
-	errBadGSO  = gso.ErrBad                    // a super-frame that is not one TCP flow's
+	errBadGSO  = gso.ErrBad                    // a super-frame that is not one TCP or UDP flow's
 )
+
+// usoState is a TAP's UDP offload: whether the kernel took the flags,
+// and the UDP super-frames read from the TAP and written to it (the
+// datagrams merged into them), apart from the TCP ones.
+type usoState struct {
+	on                    bool
+	read, written, merged atomic.Uint64
+}
+
+// counters adds the UDP offload's counters to m: "uso" is 1 when the
+// kernel took the flags, 0 when it refused them (Linux before 6.2).
+func (u *usoState) counters(m map[string]uint64) {
+	m["uso"] = 0
+	if u.on {
+		m["uso"] = 1
+	}
+	m["uso_frames_read"] = u.read.Load()
+	m["uso_frames_written"] = u.written.Load()
+	m["uso_datagrams_merged"] = u.merged.Load()
+}
 
 // completeChecksum finishes a partial checksum (VIRTIO_NET_HDR_F_NEEDS_CSUM):
 // the field at csumStart+csumOffset holds the pseudo-header sum, and the
@@ -106,95 +139,129 @@ func nonZero(c uint16) uint16 {
 	return c
 }
 
-// segmenter cuts the TCP super-frames read from the TAP into segments.
+// segmenter cuts the TCP and UDP super-frames read from the TAP into
+// segments.
 type segmenter struct{ gso.Segmenter }
 
 // start checks a super-frame against its vnet header and prepares to cut
-// it into segments whose IP packets fit mtu. frame must stay untouched
-// until Done.
-func (s *segmenter) start(frame []byte, h vnetHdr, mtu int) error {
-	l3, v6, err := checkSuper(frame, h)
+// it: a TCP one into segments whose IP packets fit mtu, a UDP one into
+// its datagrams of gso_size bytes (however large: one longer than the
+// IPoIB MTU goes on as any such datagram does, to be fragmented or
+// answered "too big"). It returns how the frame is cut, as ReadSuper
+// describes it. frame must stay untouched until Done.
+func (s *segmenter) start(frame []byte, h vnetHdr, mtu int) (Super, error) {
+	l3, v6, udp, err := checkSuper(frame, h)
 	if err != nil {
-		return err
+		return Super{}, err
 	}
-	return s.Start(frame, l3, int(h.csumStart), v6, int(h.gsoSize), mtu)
+	if udp {
+		err = s.StartUDP(frame, l3, int(h.csumStart), v6, int(h.gsoSize), maxSuperFrame)
+	} else {
+		err = s.Start(frame, l3, int(h.csumStart), v6, int(h.gsoSize), mtu)
+	}
+	if err != nil {
+		return Super{}, err
+	}
+	return Super{L4: h.csumStart, Size: uint16(s.MSS()), V6: v6, UDP: udp}, nil
 }
 
 // checkSuper checks what a vnet header says of a super-frame against its
-// Ethernet header and returns the IP header's offset and version.
-func checkSuper(frame []byte, h vnetHdr) (l3 int, v6 bool, err error) {
+// Ethernet header and returns the IP header's offset, its version and
+// whether the frame is UDP (VIRTIO_NET_HDR_GSO_UDP_L4: the checksum at
+// the UDP header's offset, no ECN bit; include/linux/virtio_net.h
+// virtio_net_hdr_to_skb) rather than TCP.
+func checkSuper(frame []byte, h vnetHdr) (l3 int, v6, udp bool, err error) {
 	f := ether.Frame(frame)
-	if !f.IsValid() || h.flags&unix.VIRTIO_NET_HDR_F_NEEDS_CSUM == 0 || int(h.csumOffset) != header.TCPChecksumOff {
-		return 0, false, errBadGSO
+	if !f.IsValid() || h.flags&unix.VIRTIO_NET_HDR_F_NEEDS_CSUM == 0 {
+		return 0, false, false, errBadGSO
 	}
+	et, off := f.EtherType(), int(h.csumOffset)
 	switch {
-	case h.gsoType&^unix.VIRTIO_NET_HDR_GSO_ECN == unix.VIRTIO_NET_HDR_GSO_TCPV4 && f.EtherType() == ether.TypeIPv4:
-	case h.gsoType&^unix.VIRTIO_NET_HDR_GSO_ECN == unix.VIRTIO_NET_HDR_GSO_TCPV6 && f.EtherType() == ether.TypeIPv6:
+	case h.gsoType&^unix.VIRTIO_NET_HDR_GSO_ECN == unix.VIRTIO_NET_HDR_GSO_TCPV4 && et == ether.TypeIPv4 && off == header.TCPChecksumOff:
+	case h.gsoType&^unix.VIRTIO_NET_HDR_GSO_ECN == unix.VIRTIO_NET_HDR_GSO_TCPV6 && et == ether.TypeIPv6 && off == header.TCPChecksumOff:
 		v6 = true
+	case h.gsoType == unix.VIRTIO_NET_HDR_GSO_UDP_L4 && (et == ether.TypeIPv4 || et == ether.TypeIPv6) && off == gso.UDPChecksumOff:
+		v6, udp = et == ether.TypeIPv6, true
 	default:
-		return 0, false, errBadGSO
+		return 0, false, false, errBadGSO
 	}
-	return f.HeaderLen(), v6, nil
+	return f.HeaderLen(), v6, udp, nil
 }
 
-// tcpSeg is a frame carrying one TCP segment that may be coalesced: plain
-// IPv4 (no options, not a fragment) or IPv6 (TCP right after the fixed
-// header), ACK with at most PSH besides, some payload and a valid
-// checksum.
-type tcpSeg struct {
-	f      []byte
-	l3, l4 int
-	hl     int // all headers
-	v6     bool
-	seq    uint32
-	flags  uint8
+// seg is a frame carrying one TCP segment or UDP datagram that may be
+// coalesced: plain IPv4 (no options, not a fragment) or IPv6 (TCP or
+// UDP right after the fixed header), some payload and a valid checksum;
+// TCP with ACK and at most PSH besides, UDP with a checksum (not the
+// "none" of IPv4's 0) and a UDP length that is the packet's.
+type seg struct {
+	f       []byte
+	l3, l4  int
+	hl      int // all headers
+	v6, udp bool
+	seq     uint32
+	flags   uint8
 }
 
-func (s *tcpSeg) payload() int { return len(s.f) - s.hl }
+func (s *seg) payload() int { return len(s.f) - s.hl }
 
-// parseTCPSeg reports whether f is a frame that may be coalesced.
-func parseTCPSeg(f []byte) (tcpSeg, bool) {
+// parseSeg reports whether f is a frame that may be coalesced; UDP only
+// when uso (the kernel takes UDP super-frames).
+func parseSeg(f []byte, uso bool) (seg, bool) {
 	ef := ether.Frame(f)
 	if !ef.IsValid() {
-		return tcpSeg{}, false
+		return seg{}, false
 	}
-	s := tcpSeg{f: f, l3: ef.HeaderLen()}
-	var sum uint32
+	s := seg{f: f, l3: ef.HeaderLen()}
+	var src, dst []byte
+	var proto uint8
 	switch ef.EtherType() {
 	case ether.TypeIPv4:
 		ip, ok := header.ParseIPv4(f[s.l3:])
-		if !ok || len(ip) != len(f)-s.l3 || ip.HeaderLen() != header.IPv4MinLen || ip.Protocol() != header.ProtoTCP || ip.MoreFragments() || ip.FragmentOffset() != 0 ||
+		if !ok || len(ip) != len(f)-s.l3 || ip.HeaderLen() != header.IPv4MinLen || ip.MoreFragments() || ip.FragmentOffset() != 0 ||
 			csum.Fold(csum.Sum(0, ip[:header.IPv4MinLen])) != 0 { // merging rewrites the header: verify it first
-			return tcpSeg{}, false
+			return seg{}, false
 		}
-		s.l4 = s.l3 + header.IPv4MinLen
-		sum = csum.Pseudo(ip.SrcBytes(), ip.DstBytes(), header.ProtoTCP, len(f)-s.l4)
+		s.l4, proto, src, dst = s.l3+header.IPv4MinLen, ip.Protocol(), ip.SrcBytes(), ip.DstBytes()
 	case ether.TypeIPv6:
 		ip, ok := header.ParseIPv6(f[s.l3:])
-		if !ok || len(ip) != len(f)-s.l3 || ip.NextHeader() != header.ProtoTCP {
-			return tcpSeg{}, false
+		if !ok || len(ip) != len(f)-s.l3 {
+			return seg{}, false
 		}
-		s.l4, s.v6 = s.l3+header.IPv6Len, true
-		sum = csum.Pseudo(ip.SrcBytes(), ip.DstBytes(), header.ProtoTCP, len(f)-s.l4)
+		s.l4, s.v6, proto, src, dst = s.l3+header.IPv6Len, true, ip.NextHeader(), ip.SrcBytes(), ip.DstBytes()
 	default:
-		return tcpSeg{}, false
+		return seg{}, false
 	}
-	tcp, ok := header.ParseTCP(f[s.l4:])
-	if !ok {
-		return tcpSeg{}, false
+	switch {
+	case proto == header.ProtoTCP:
+		tcp, ok := header.ParseTCP(f[s.l4:])
+		if !ok {
+			return seg{}, false
+		}
+		s.hl, s.seq, s.flags = s.l4+tcp.HeaderLen(), tcp.Seq(), tcp.Flags()
+		if s.flags&^header.TCPFlagPSH != header.TCPFlagACK {
+			return seg{}, false
+		}
+	case proto == header.ProtoUDP && uso:
+		// udp_gro_receive merges only datagrams whose checksum
+		// verifies (the "none" of 0 is not merged: the super-frame's
+		// datagrams would get one).
+		s.hl, s.udp = s.l4+gso.UDPHeaderLen, true
+		if s.hl > len(f) || int(binary.BigEndian.Uint16(f[s.l4+4:])) != len(f)-s.l4 || binary.BigEndian.Uint16(f[s.l4+gso.UDPChecksumOff:]) == 0 {
+			return seg{}, false
+		}
+	default:
+		return seg{}, false
 	}
-	s.hl, s.seq, s.flags = s.l4+tcp.HeaderLen(), tcp.Seq(), tcp.Flags()
-	if s.flags&^header.TCPFlagPSH != header.TCPFlagACK || s.payload() == 0 || csum.Fold(csum.Sum(sum, f[s.l4:])) != 0 {
-		return tcpSeg{}, false
+	if s.payload() <= 0 || csum.Fold(csum.Sum(csum.Pseudo(src, dst, proto, len(f)-s.l4), f[s.l4:])) != 0 {
+		return seg{}, false
 	}
 	return s, true
 }
 
 // follows reports whether b continues a's flow right after a, so that
-// a run of segments of size mss can take it.
-func follows(a, b *tcpSeg, mss int) bool {
-	if a.hl != b.hl || a.l4 != b.l4 || a.v6 != b.v6 || a.flags&header.TCPFlagPSH != 0 ||
-		b.seq != a.seq+uint32(a.payload()) || a.payload() != mss || b.payload() > mss {
+// a run of segments (datagrams) of size bytes can take it.
+func follows(a, b *seg, size int) bool {
+	if a.hl != b.hl || a.l4 != b.l4 || a.v6 != b.v6 || a.udp != b.udp || a.payload() != size || b.payload() > size {
 		return false
 	}
 	x, y := a.f, b.f
@@ -210,10 +277,14 @@ func follows(a, b *tcpSeg, mss int) bool {
 	} else if string(ipx[:2]) != string(ipy[:2]) || string(ipx[6:10]) != string(ipy[6:10]) || string(ipx[12:]) != string(ipy[12:]) {
 		return false
 	}
+	tx, ty := x[a.l4:a.hl], y[a.l4:a.hl]
+	if a.udp {
+		return string(tx[:4]) == string(ty[:4]) // the ports: one flow
+	}
 	// TCP without sequence number, PSH and checksum: ports, ACK, window,
 	// options all equal.
-	tx, ty := x[a.l4:a.hl], y[a.l4:a.hl]
-	return string(tx[:4]) == string(ty[:4]) && string(tx[8:13]) == string(ty[8:13]) &&
+	return a.flags&header.TCPFlagPSH == 0 && b.seq == a.seq+uint32(a.payload()) &&
+		string(tx[:4]) == string(ty[:4]) && string(tx[8:13]) == string(ty[8:13]) &&
 		tx[13]&^header.TCPFlagPSH == ty[13]&^header.TCPFlagPSH &&
 		string(tx[14:16]) == string(ty[14:16]) && string(tx[18:]) == string(ty[18:])
 }
@@ -224,18 +295,19 @@ type coalescer struct {
 }
 
 // run returns how many frames at the start of frames form one run that
-// can be coalesced (1 if the first cannot be), and the first one parsed.
-func run(frames [][]byte, off int) (int, tcpSeg) {
-	first, ok := parseTCPSeg(frames[0][off:])
+// can be coalesced (1 if the first cannot be), and the first one parsed;
+// UDP datagrams only when uso.
+func run(frames [][]byte, off int, uso bool) (int, seg) {
+	first, ok := parseSeg(frames[0][off:], uso)
 	if !ok {
 		return 1, first
 	}
-	mss, total := first.payload(), len(first.f)-first.l3
+	size, total := first.payload(), len(first.f)-first.l3
 	prev := first
 	k := 1
 	for ; k < len(frames) && k < maxCoalesce; k++ {
-		next, ok := parseTCPSeg(frames[k][off:])
-		if !ok || !follows(&prev, &next, mss) || total+next.payload() > 65535 {
+		next, ok := parseSeg(frames[k][off:], uso)
+		if !ok || !follows(&prev, &next, size) || total+next.payload() > 65535 {
 			break
 		}
 		total += next.payload()
@@ -245,8 +317,11 @@ func run(frames [][]byte, off int) (int, tcpSeg) {
 }
 
 // merge builds the super-frame of frames (a run from run, at least two,
-// whose first run parsed) behind its GSO header and returns it.
-func (c *coalescer) merge(first tcpSeg, frames [][]byte, off int) []byte {
+// whose first run parsed) behind its GSO header and returns it: a TCP
+// one as the kernel's tcp_gro_complete leaves it, a UDP one as
+// udp_gro_complete does (UDP length the whole, SKB_GSO_UDP_L4 with the
+// first datagram's size).
+func (c *coalescer) merge(first seg, frames [][]byte, off int) []byte {
 	if c.buf == nil {
 		c.buf = make([]byte, vnetHdrLen+maxSuperFrame)
 	}
@@ -255,30 +330,39 @@ func (c *coalescer) merge(first tcpSeg, frames [][]byte, off int) []byte {
 	for _, f := range frames[1:] {
 		f = f[off:]
 		n += copy(c.buf[n:], f[first.hl:])
-		flags |= f[first.l4+13] & header.TCPFlagPSH
+		if !first.udp {
+			flags |= f[first.l4+13] & header.TCPFlagPSH
+		}
 	}
 	sf := c.buf[vnetHdrLen:n]
-	tcpLen := len(sf) - first.l4
+	l4Len := len(sf) - first.l4
 	h := vnetHdr{flags: unix.VIRTIO_NET_HDR_F_NEEDS_CSUM, hdrLen: uint16(first.hl), gsoSize: uint16(first.payload()),
 		csumStart: uint16(first.l4), csumOffset: header.TCPChecksumOff}
-	var sum uint32
+	proto := uint8(header.ProtoTCP)
+	var src, dst []byte
 	if first.v6 {
 		ip := header.IPv6(sf[first.l3:])
 		ip.SetPayloadLen(len(sf) - first.l3 - header.IPv6Len)
-		sum = csum.Pseudo(ip.SrcBytes(), ip.DstBytes(), header.ProtoTCP, tcpLen)
+		src, dst = ip.SrcBytes(), ip.DstBytes()
 		h.gsoType = unix.VIRTIO_NET_HDR_GSO_TCPV6
 	} else {
 		ip := header.IPv4(sf[first.l3:])
 		ip.SetTotalLen(len(sf) - first.l3)
 		ip.SetChecksum()
-		sum = csum.Pseudo(ip.SrcBytes(), ip.DstBytes(), header.ProtoTCP, tcpLen)
+		src, dst = ip.SrcBytes(), ip.DstBytes()
 		h.gsoType = unix.VIRTIO_NET_HDR_GSO_TCPV4
 	}
-	tcp := header.TCP(sf[first.l4:])
-	tcp.SetFlags(flags)
+	at := first.l4 + header.TCPChecksumOff
+	if first.udp {
+		proto, h.gsoType, h.csumOffset = header.ProtoUDP, unix.VIRTIO_NET_HDR_GSO_UDP_L4, gso.UDPChecksumOff
+		binary.BigEndian.PutUint16(sf[first.l4+4:], uint16(l4Len))
+		at = first.l4 + gso.UDPChecksumOff
+	} else {
+		header.TCP(sf[first.l4:]).SetFlags(flags)
+	}
 	// A partial checksum: the folded pseudo-header sum, not complemented;
 	// whoever segments or delivers the frame completes it.
-	tcp.SetChecksum(^csum.Fold(sum))
+	binary.BigEndian.PutUint16(sf[at:], ^csum.Fold(csum.Pseudo(src, dst, proto, l4Len)))
 	h.encode(c.buf)
 	return c.buf[:n]
 }

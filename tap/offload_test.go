@@ -84,8 +84,8 @@ func superFrame(tb testing.TB, f []byte, v6 bool, mss int) ([]byte, vnetHdr) {
 
 // parseAnyTCP locates the headers of a TCP frame without the checks
 // parseTCPSeg makes (checksum, flags).
-func parseAnyTCP(f []byte) (tcpSeg, bool) {
-	s := tcpSeg{f: f, l3: 14}
+func parseAnyTCP(f []byte) (seg, bool) {
+	s := seg{f: f, l3: 14}
 	et := binary.BigEndian.Uint16(f[12:])
 	if et == 0x8100 {
 		s.l3, et = 18, binary.BigEndian.Uint16(f[16:])
@@ -153,7 +153,7 @@ func TestSegment(t *testing.T) {
 		payload := pattern(60000)
 		f, h := superFrame(t, tcpFrame(t, c.v6, c.vlan, 1000, 50, header.TCPFlagACK|header.TCPFlagPSH|header.TCPFlagFIN|header.TCPFlagCWR, payload), c.v6, c.mss)
 		var s segmenter
-		if err := s.start(f, h, 4092); err != nil {
+		if _, err := s.start(f, h, 4092); err != nil {
 			t.Fatal(err)
 		}
 		var got []byte
@@ -198,7 +198,7 @@ func TestSegmentSeed(t *testing.T) {
 	seed := csum.Pseudo(ip.SrcBytes(), final, header.ProtoTCP, len(f)-st.l4)
 	header.TCP(f[st.l4:]).SetChecksum(^csum.Fold(seed))
 	var s segmenter
-	if err := s.start(f, h, 4092); err != nil {
+	if _, err := s.start(f, h, 4092); err != nil {
 		t.Fatal(err)
 	}
 	dst := make([]byte, 70000)
@@ -231,7 +231,7 @@ func TestSegmentRefuses(t *testing.T) {
 		"IPv6, csum start before the IP header": {good6, vnetHdr{flags: h6.flags, gsoType: h6.gsoType, csumStart: 13, csumOffset: 16, gsoSize: 1000}},
 		"IPv6, no TCP header at csum start":     {good6, vnetHdr{flags: h6.flags, gsoType: h6.gsoType, csumStart: 14 + 40 + 8, csumOffset: 16, gsoSize: 1000}},
 	} {
-		if err := s.start(c.f, c.h, 4092); err == nil {
+		if _, err := s.start(c.f, c.h, 4092); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
 	}
@@ -303,7 +303,7 @@ func segments(t testing.TB, v6 bool, vlan uint16, n, mss, last int) [][]byte {
 func TestCoalesceRoundTrip(t *testing.T) {
 	for _, v6 := range []bool{false, true} {
 		segs := segments(t, v6, 7, 12, 4000, 1234)
-		k, first := run(segs, Headroom)
+		k, first := run(segs, Headroom, true)
 		if k != len(segs) {
 			t.Fatalf("run of %d, want %d", k, len(segs))
 		}
@@ -319,7 +319,7 @@ func TestCoalesceRoundTrip(t *testing.T) {
 		}
 		sf := append([]byte(nil), out[vnetHdrLen:]...)
 		var s segmenter
-		if err := s.start(sf, h, 4092); err != nil {
+		if _, err := s.start(sf, h, 4092); err != nil {
 			t.Fatal(err)
 		}
 		dst := make([]byte, 70000)
@@ -366,7 +366,7 @@ func TestCoalesceBreaks(t *testing.T) {
 		if want < 1 {
 			want = 1
 		}
-		if got, _ := run(s, Headroom); got != want {
+		if got, _ := run(s, Headroom, true); got != want {
 			t.Errorf("%s: run of %d, want %d", name, got, want)
 		}
 	}
@@ -394,7 +394,7 @@ func setFlags(s [][]byte, i int, flags uint8) int {
 }
 
 // refresh recomputes the TCP checksum of an IPv4 frame.
-func refresh(f []byte, st tcpSeg) {
+func refresh(f []byte, st seg) {
 	ip := header.IPv4(f[st.l3:])
 	tcp := header.TCP(f[st.l4:])
 	tcp.SetChecksum(0)
@@ -402,8 +402,9 @@ func refresh(f []byte, st tcpSeg) {
 }
 
 // FuzzSegment: for any frame and vnet header, start either refuses or
-// cutting yields segments that fit the MTU, verify as TCP, and add up to
-// the payload. The frame is the fuzzer's bytes (headers, mostly) and a
+// cutting yields TCP segments that fit the MTU, or UDP datagrams, whose
+// checksums verify (and UDP lengths are right), and that add up to the
+// payload. The frame is the fuzzer's bytes (headers, mostly) and a
 // patterned payload of a fuzzed length, so long frames stay cheap for the
 // fuzzer's minimizer, whose cost grows with the square of an input's
 // length.
@@ -416,6 +417,12 @@ func FuzzSegment(f *testing.F) {
 	}
 	add(false, 0, 9000, 1448)
 	add(true, 5, 3000, 600)
+	addUDP := func(v6 bool, vlan uint16, payload, size int) {
+		sf, h := udpSuperFrame(f, v6, vlan, pattern(payload), size)
+		f.Add(sf[:h.hdrLen], uint16(payload), h.gsoType, h.flags, h.gsoSize, h.csumStart, h.csumOffset)
+	}
+	addUDP(false, 0, 2048, 64)
+	addUDP(true, 3, 9000, 1400)
 	dst := make([]byte, maxSuperFrame+100)
 	f.Fuzz(func(t *testing.T, hdrs []byte, payload uint16, gsoType, flags uint8, gsoSize, csumStart, csumOffset uint16) {
 		if len(hdrs) > 256 || len(hdrs)+int(payload) > maxSuperFrame {
@@ -424,45 +431,52 @@ func FuzzSegment(f *testing.F) {
 		frame := append(hdrs[:len(hdrs):len(hdrs)], pattern(int(payload))...)
 		h := vnetHdr{flags: flags, gsoType: gsoType, gsoSize: gsoSize, csumStart: csumStart, csumOffset: csumOffset}
 		var s segmenter
-		if s.start(frame, h, 4092) != nil {
+		if _, err := s.start(frame, h, 4092); err != nil {
 			return
 		}
-		l3, v6, _ := checkSuper(frame, h)
+		l3, v6, udp, _ := checkSuper(frame, h)
 		l4 := int(h.csumStart)
+		proto, mtu := uint8(header.ProtoTCP), 4092
+		if udp {
+			proto, mtu = header.ProtoUDP, maxSuperFrame // datagrams are not cut smaller
+		}
 		// The seed the kernel would have left: the pseudo-header sum of
-		// the header's addresses and the whole TCP length.
+		// the header's addresses and the whole TCP or UDP length.
 		var seed uint32
 		if v6 {
 			ip := header.IPv6(frame[l3:])
-			seed = csum.Pseudo(ip.SrcBytes(), ip.DstBytes(), header.ProtoTCP, len(frame)-l4)
+			seed = csum.Pseudo(ip.SrcBytes(), ip.DstBytes(), proto, len(frame)-l4)
 		} else {
 			ip := header.IPv4(frame[l3:])
-			seed = csum.Pseudo(ip.SrcBytes(), ip.DstBytes(), header.ProtoTCP, len(frame)-l4)
+			seed = csum.Pseudo(ip.SrcBytes(), ip.DstBytes(), proto, len(frame)-l4)
 		}
-		header.TCP(frame[l4:]).SetChecksum(^csum.Fold(seed))
-		if err := s.start(frame, h, 4092); err != nil {
+		binary.BigEndian.PutUint16(frame[l4+int(h.csumOffset):], ^csum.Fold(seed))
+		if _, err := s.start(frame, h, 4092); err != nil {
 			t.Fatalf("accepted, then refused after the seed was written: %v", err)
 		}
 		hl := s.HdrLen()
 		total := 0
 		for i := 0; !s.Done(); i++ {
 			n := s.Cut(dst)
-			if n-l3 > 4092 {
+			if n-l3 > mtu {
 				t.Fatalf("segment %d: IP packet of %d bytes", i, n-l3)
 			}
 			var sum uint32
 			if v6 {
 				ip := header.IPv6(dst[l3:n])
-				sum = csum.Pseudo(ip.SrcBytes(), ip.DstBytes(), header.ProtoTCP, n-l4)
+				sum = csum.Pseudo(ip.SrcBytes(), ip.DstBytes(), proto, n-l4)
 			} else {
 				ip := header.IPv4(dst[l3:n])
 				if csum.Fold(csum.Sum(0, ip[:ip.HeaderLen()])) != 0 || ip.TotalLen() != n-l3 {
 					t.Fatalf("segment %d: bad IPv4 header", i)
 				}
-				sum = csum.Pseudo(ip.SrcBytes(), ip.DstBytes(), header.ProtoTCP, n-l4)
+				sum = csum.Pseudo(ip.SrcBytes(), ip.DstBytes(), proto, n-l4)
 			}
 			if csum.Fold(csum.Sum(sum, dst[l4:n])) != 0 {
-				t.Fatalf("segment %d: TCP checksum does not verify", i)
+				t.Fatalf("segment %d: checksum does not verify", i)
+			}
+			if udp && int(binary.BigEndian.Uint16(dst[l4+4:])) != n-l4 {
+				t.Fatalf("datagram %d: UDP length %d for %d bytes", i, binary.BigEndian.Uint16(dst[l4+4:]), n-l4)
 			}
 			total += n - hl
 		}
@@ -473,14 +487,17 @@ func FuzzSegment(f *testing.F) {
 }
 
 // FuzzCoalesce: for any three frames, run never overruns the batch, and a
-// run longer than one merges into a super-frame whose re-cut segments
-// carry exactly the run's payloads. Each frame is the fuzzer's bytes and
+// run longer than one (TCP segments, or UDP datagrams) merges into a
+// super-frame whose re-cut segments carry exactly the run's payloads. Each frame is the fuzzer's bytes and
 // a patterned payload of a fuzzed length (see FuzzSegment).
 func FuzzCoalesce(f *testing.F) {
 	segs := segments(f, false, 0, 3, 1000, 500)
 	st, _ := parseAnyTCP(segs[0][Headroom:])
 	h := func(i int) []byte { return segs[i][Headroom : Headroom+st.hl] }
 	f.Add(h(0), h(1), h(2), uint16(1000), uint16(1000), uint16(500))
+	ds := datagrams(f, true, 0, 3, 64, 64)
+	d := func(i int) []byte { return ds[i][Headroom : Headroom+14+40+8] }
+	f.Add(d(0), d(1), d(2), uint16(64), uint16(64), uint16(64))
 	f.Fuzz(func(t *testing.T, a, b, c []byte, la, lb, lc uint16) {
 		var frames [][]byte
 		for i, hdr := range [][]byte{a, b, c} {
@@ -490,7 +507,7 @@ func FuzzCoalesce(f *testing.F) {
 			fr := append(make([]byte, Headroom), hdr...)
 			frames = append(frames, append(fr, pattern(int([]uint16{la, lb, lc}[i])%9000)...))
 		}
-		k, first := run(frames, Headroom)
+		k, first := run(frames, Headroom, true)
 		if k < 1 || k > len(frames) {
 			t.Fatalf("run of %d in %d frames", k, len(frames))
 		}
@@ -500,7 +517,7 @@ func FuzzCoalesce(f *testing.F) {
 		var co coalescer
 		out := co.merge(first, frames[:k], Headroom)
 		var s segmenter
-		if err := s.start(append([]byte(nil), out[vnetHdrLen:]...), decodeVnet(out), 65535); err != nil {
+		if _, err := s.start(append([]byte(nil), out[vnetHdrLen:]...), decodeVnet(out), maxSuperFrame); err != nil {
 			t.Fatalf("merged super-frame refused: %v", err)
 		}
 		dst := make([]byte, maxSuperFrame+100)
@@ -509,9 +526,7 @@ func FuzzCoalesce(f *testing.F) {
 				t.Fatalf("%d segments from a run of %d", i, k)
 			}
 			n := s.Cut(dst)
-			cut, _ := parseAnyTCP(dst[:n])
-			orig, _ := parseAnyTCP(frames[i][Headroom:])
-			if !bytes.Equal(dst[cut.hl:n], orig.f[orig.hl:]) {
+			if !bytes.Equal(dst[first.hl:n], frames[i][Headroom+first.hl:]) {
 				t.Fatalf("segment %d payload differs", i)
 			}
 		}
@@ -527,12 +542,17 @@ func FuzzCoalesce(f *testing.F) {
 func BenchmarkSegment64K(b *testing.B) {
 	full := tcpFrame(b, false, 0, 1, 1, header.TCPFlagACK, pattern(65535-20-32))
 	f, h := superFrame(b, full, false, 4040)
+	benchSegment(b, f, h)
+}
+
+// benchSegment cuts super-frame f described by h, per op.
+func benchSegment(b *testing.B, f []byte, h vnetHdr) {
 	dst := make([]byte, 70000)
 	var s segmenter
 	b.ReportAllocs()
 	b.SetBytes(int64(len(f)))
 	for i := 0; i < b.N; i++ {
-		if err := s.start(f, h, 4092); err != nil {
+		if _, err := s.start(f, h, 4092); err != nil {
 			b.Fatal(err)
 		}
 		for !s.Done() {
@@ -545,19 +565,23 @@ func BenchmarkSegment64K(b *testing.B) {
 // super-frame, checksums verified, as the TAP does on write (per
 // super-frame).
 func BenchmarkCoalesce64K(b *testing.B) {
-	segs := segments(b, false, 0, 16, 4040, 4040)
+	benchCoalesce(b, segments(b, false, 0, 16, 4040, 4040))
+}
+
+// benchCoalesce merges frames (behind Headroom), one run, per op.
+func benchCoalesce(b *testing.B, frames [][]byte) {
 	var c coalescer
 	size := 0
-	for _, s := range segs {
+	for _, s := range frames {
 		size += len(s) - Headroom
 	}
 	b.ReportAllocs()
 	b.SetBytes(int64(size))
 	for i := 0; i < b.N; i++ {
-		k, first := run(segs, Headroom)
-		if k != len(segs) {
+		k, first := run(frames, Headroom, true)
+		if k != len(frames) {
 			b.Fatalf("run of %d", k)
 		}
-		c.merge(first, segs, Headroom)
+		c.merge(first, frames, Headroom)
 	}
 }

@@ -36,7 +36,7 @@ import (
 type Device interface {
 	Read(bufs [][]byte, sizes []int, offset int) (int, error)
 	// ReadSuper is Read, except that on a device whose Caps report
-	// SuperFrames a TCP super-frame comes whole with how to cut it in
+	// SuperFrames a TCP or UDP super-frame comes whole with how to cut it in
 	// super[i] (zero for an ordinary frame; bufs must then hold 64 KB
 	// past offset). On another device it is Read, every super[i] zero.
 	ReadSuper(bufs [][]byte, sizes []int, super []Super, offset int) (int, error)
@@ -64,22 +64,28 @@ type Device interface {
 // Caps says what a Device offers beyond ordinary frames.
 type Caps struct {
 	// SuperFrames: ReadSuper hands TCP super-frames over whole (a TAP
-	// with the vnet header and TSO; see Config.Offload), for a fabric
-	// port that cuts them itself.
+	// with the vnet header and TSO; see Config.Offload), and UDP ones
+	// where the kernel took USO, for a fabric port that cuts them itself.
 	SuperFrames bool
 }
 
-// Super says how to cut a TCP super-frame that ReadSuper returned whole;
-// its zero value marks an ordinary frame. The frame's TCP checksum field
-// holds the pseudo-header sum over its whole TCP length (see gso).
+// Super says how to cut a TCP or UDP super-frame that ReadSuper returned
+// whole; its zero value marks an ordinary frame. The frame's TCP (UDP)
+// checksum field holds the pseudo-header sum over its whole TCP (UDP)
+// length (see gso).
 type Super struct {
-	// L4 is the offset of the TCP header in the frame.
+	// L4 is the offset of the TCP (UDP) header in the frame.
 	L4 uint16
 	// Size is the TCP payload of each segment but the last, cut to the
 	// TAP's MTU.
 	Size uint16
 	// V6 is set for IPv6, clear for IPv4.
 	V6 bool
+	// UDP marks a UDP super-frame (L4 the UDP header, Size the payload
+	// of each datagram but the last, not cut to the MTU: a datagram
+	// cannot be), which only a TAP whose kernel took UDP offloads hands
+	// over.
+	UDP bool
 }
 
 // Config describes the TAP to create.
@@ -97,10 +103,12 @@ type Config struct {
 	// one): the kernel spreads guests' flows over them by hash, so that
 	// as many goroutines can read them in parallel. 0 means 1.
 	Queues int
-	// Offload turns on the vnet header with checksum offload and TSO:
-	// TCP super-frames are read whole and cut here, partial checksums
-	// completed here, and runs of received segments are written as
-	// super-frames. Read buffers must then hold 64 KB plus headroom.
+	// Offload turns on the vnet header with checksum offload, TSO and,
+	// where the kernel takes it (Linux 6.2), USO: TCP and UDP
+	// super-frames are read whole and cut here, partial checksums
+	// completed here, and runs of received segments (datagrams) are
+	// written as super-frames. Read buffers must then hold 64 KB plus
+	// headroom.
 	Offload bool
 	// TUN makes a layer-3 device instead (IFF_TUN): bare IP packets, no
 	// MAC, no offloads. eipoibd's native IPoIB host uses it.
@@ -166,6 +174,7 @@ type TAP struct {
 	drops                 [2]atomic.Uint64 // bad vnet header, bad GSO
 	gsoRead, gsoCut       atomic.Uint64
 	groWritten, groMerged atomic.Uint64
+	uso                   usoState
 }
 
 // Queue is one queue of a TAP: its own file descriptor, which the kernel
@@ -306,11 +315,19 @@ func Create(cfg Config) (*TAP, error) {
 	// vnet header to describe them, super-frames must never come.
 	var features uintptr
 	if cfg.Offload {
-		features = tunFCsum | tunFTSO4 | tunFTSO6 | tunFTSOECN
+		features = tunFCsum | tunFTSO4 | tunFTSO6 | tunFTSOECN | tunFUSO
 	}
-	if err := t.queues[0].ioctl(unix.TUNSETOFFLOAD, features); err != nil {
+	err = t.queues[0].ioctl(unix.TUNSETOFFLOAD, features)
+	if err == unix.EINVAL && features&tunFUSO != 0 {
+		// Before Linux 6.2 set_offload refuses the UDP flags: UDP
+		// crosses datagram by datagram, as Counters' "uso" 0 says.
+		features &^= tunFUSO
+		err = t.queues[0].ioctl(unix.TUNSETOFFLOAD, features)
+	}
+	if err != nil {
 		return fail(fmt.Errorf("tap: set offloads %#x on %s (TUNSETOFFLOAD): %w", features, cfg.Name, err))
 	}
+	t.uso.on = features&tunFUSO != 0
 	link, err := netlink.LinkByName(cfg.Name)
 	if err != nil {
 		return fail(fmt.Errorf("tap: %s: %w", cfg.Name, err))
@@ -586,18 +603,27 @@ func (q *Queue) unpack(b []byte) (Super, error) {
 	}
 	if q.rsuper != nil {
 		var s segmenter // checks only: nothing is cut
-		if err := s.start(frame, h, q.t.mtu); err != nil {
-			return Super{}, err
+		sup, err := s.start(frame, h, q.t.mtu)
+		if err == nil {
+			q.t.countRead(sup)
 		}
-		q.t.gsoRead.Add(1)
-		return Super{L4: h.csumStart, Size: uint16(s.MSS()), V6: h.gsoType&^unix.VIRTIO_NET_HDR_GSO_ECN == unix.VIRTIO_NET_HDR_GSO_TCPV6}, nil
+		return sup, err
 	}
 	n := copy(q.segBuf, frame)
-	if err := q.seg.start(q.segBuf[:n], h, q.t.mtu); err != nil {
+	sup, err := q.seg.start(q.segBuf[:n], h, q.t.mtu)
+	if err != nil {
 		return Super{}, err
 	}
-	q.t.gsoRead.Add(1)
+	q.t.countRead(sup)
 	return Super{}, nil
+}
+
+// countRead counts a super-frame read.
+func (t *TAP) countRead(sup Super) {
+	t.gsoRead.Add(1)
+	if sup.UDP {
+		t.uso.read.Add(1)
+	}
 }
 
 // drop counts a frame refused for err.
@@ -614,7 +640,7 @@ func (t *TAP) drop(err error) {
 // segments cut from them, super-frames written and the segments merged
 // into them.
 func (t *TAP) Counters() map[string]uint64 {
-	return map[string]uint64{
+	m := map[string]uint64{
 		"drop_" + errBadVnet.Error(): t.drops[0].Load(),
 		"drop_" + errBadGSO.Error():  t.drops[1].Load(),
 		"gso_frames_read":            t.gsoRead.Load(),
@@ -622,6 +648,8 @@ func (t *TAP) Counters() map[string]uint64 {
 		"gro_frames_written":         t.groWritten.Load(),
 		"gro_segments_merged":        t.groMerged.Load(),
 	}
+	t.uso.counters(m)
+	return m
 }
 
 // Read reads a batch of frames from the first queue. With offloads, a
@@ -678,10 +706,10 @@ func (q *Queue) read(bufs [][]byte, sizes []int, super []Super, offset int) (int
 func (q *Queue) writeBatch(fd uintptr) bool {
 	for q.wn < len(q.wbufs) {
 		out, k := q.wbufs[q.wn][q.woff:], 1
+		var first seg
 		if q.t.offload {
-			var first tcpSeg
 			if q.wn >= q.wsingle {
-				k, first = run(q.wbufs[q.wn:], q.woff)
+				k, first = run(q.wbufs[q.wn:], q.woff, q.t.uso.on)
 			}
 			if k > 1 {
 				out = q.gro.merge(first, q.wbufs[q.wn:q.wn+k], q.woff)
@@ -701,6 +729,10 @@ func (q *Queue) writeBatch(fd uintptr) bool {
 			if k > 1 {
 				q.t.groWritten.Add(1)
 				q.t.groMerged.Add(uint64(k))
+				if first.udp {
+					q.t.uso.written.Add(1)
+					q.t.uso.merged.Add(uint64(k))
+				}
 			}
 		default:
 			if k > 1 { // a merged run refused: try its frames one by one

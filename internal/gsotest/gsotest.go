@@ -1,10 +1,12 @@
-// Package gsotest builds TCP super-packets as a guest with TSO hands them
-// over and checks the segments cut from them, for the tests of every
-// package that cuts them (tap, the ports, the shim).
+// Package gsotest builds TCP and UDP super-packets as a guest with TSO
+// or UDP_SEGMENT hands them over and checks the segments cut from them,
+// for the tests of every package that cuts them (tap, the ports, the
+// shim).
 package gsotest
 
 import (
 	"bytes"
+	"encoding/binary"
 	"net"
 	"testing"
 
@@ -114,4 +116,76 @@ func Pattern(n int) []byte {
 		b[i] = byte(i*7 + i/251)
 	}
 	return b
+}
+
+// UDP ports and the IPv4 ID of the datagrams SuperUDP builds.
+const (
+	UDPSrcPort = 40001
+	UDPDstPort = 5202
+	UDPID      = 7
+)
+
+// Datagram returns link followed by an IPv4 or IPv6 UDP datagram from
+// 10.0.0.1 / fd00::1 port UDPSrcPort to 10.0.0.2 / fd00::2 port
+// UDPDstPort carrying payload, with the IPv4 ID id, its lengths and
+// checksums computed by gopacket: what a guest sends one datagram at a
+// time, and what cutting a super-packet must give byte for byte.
+func Datagram(tb testing.TB, link []byte, v6 bool, id uint16, payload []byte) []byte {
+	tb.Helper()
+	udp := &layers.UDP{SrcPort: UDPSrcPort, DstPort: UDPDstPort}
+	var ip gopacket.SerializableLayer
+	if v6 {
+		ip6 := &layers.IPv6{Version: 6, HopLimit: 64, NextHeader: layers.IPProtocolUDP, SrcIP: net.ParseIP("fd00::1"), DstIP: net.ParseIP("fd00::2")}
+		udp.SetNetworkLayerForChecksum(ip6)
+		ip = ip6
+	} else {
+		ip4 := &layers.IPv4{Version: 4, TTL: 64, Id: id, Flags: layers.IPv4DontFragment, Protocol: layers.IPProtocolUDP,
+			SrcIP: net.IP{10, 0, 0, 1}, DstIP: net.IP{10, 0, 0, 2}}
+		udp.SetNetworkLayerForChecksum(ip4)
+		ip = ip4
+	}
+	buf := gopacket.NewSerializeBuffer()
+	if err := gopacket.SerializeLayers(buf, gopacket.SerializeOptions{FixLengths: true, ComputeChecksums: true}, ip, udp, gopacket.Payload(payload)); err != nil {
+		tb.Fatal(err)
+	}
+	return append(append([]byte(nil), link...), buf.Bytes()...)
+}
+
+// SuperUDP returns the UDP super-packet a guest's UDP_SEGMENT send of
+// payload hands over (Linux's SKB_GSO_UDP_L4 skb): the headers of
+// Datagram with the IPv4 ID UDPID, the whole payload, the UDP length the
+// whole UDP length and the checksum field holding the pseudo-header sum
+// over it (CHECKSUM_PARTIAL); l4 is the UDP header's offset.
+func SuperUDP(tb testing.TB, link []byte, v6 bool, payload []byte) (pkt []byte, l4 int) {
+	tb.Helper()
+	pkt = Datagram(tb, link, v6, UDPID, payload)
+	var sum uint32
+	if v6 {
+		l4 = len(link) + header.IPv6Len
+		h := header.IPv6(pkt[len(link):])
+		sum = csum.Pseudo(h.SrcBytes(), h.DstBytes(), header.ProtoUDP, len(pkt)-l4)
+	} else {
+		l4 = len(link) + header.IPv4MinLen
+		h := header.IPv4(pkt[len(link):])
+		sum = csum.Pseudo(h.SrcBytes(), h.DstBytes(), header.ProtoUDP, len(pkt)-l4)
+	}
+	binary.BigEndian.PutUint16(pkt[l4+6:], ^csum.Fold(sum))
+	return pkt, l4
+}
+
+// CheckUDPCut checks datagrams cut from SuperUDP(link, v6, payload) into
+// size-byte payloads, byte for byte against Datagram: IPv4 IDs following
+// on from UDPID, each datagram its own lengths and checksums.
+func CheckUDPCut(tb testing.TB, dgrams [][]byte, link []byte, v6 bool, payload []byte, size int) {
+	tb.Helper()
+	want := (len(payload) + size - 1) / size
+	if len(dgrams) != want {
+		tb.Fatalf("%d datagrams, want %d", len(dgrams), want)
+	}
+	for i, d := range dgrams {
+		exp := Datagram(tb, link, v6, UDPID+uint16(i), payload[i*size:min((i+1)*size, len(payload))])
+		if !bytes.Equal(d, exp) {
+			tb.Fatalf("datagram %d of %d:\n got %x\nwant %x", i, want, d, exp)
+		}
+	}
 }

@@ -288,11 +288,11 @@ func (p *Port) MTU() int { return p.mtu }
 // PartitionMTU is MTU: every partition of this port has the port's MTU.
 func (p *Port) PartitionMTU(ipoib.PKey) int { return p.mtu }
 
-// Offloads reports TSO: the port cuts TCP super-packets itself, straight
-// into the UDP GSO trains it sends, as the kernel's GSO would for a
-// device.
+// Offloads reports TSO and USO: the port cuts TCP and UDP super-packets
+// itself, straight into the UDP GSO trains it sends, as the kernel's GSO
+// would for a device.
 func (p *Port) Offloads() ipoib.Offloads {
-	return ipoib.Offloads{TSO: true, MaxSuper: ipoib.MaxSuperPacket}
+	return ipoib.Offloads{TSO: true, USO: true, MaxSuper: ipoib.MaxSuperPacket}
 }
 
 // SetEncodeHook installs fn, which Write calls with each packet once it is

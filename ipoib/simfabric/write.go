@@ -38,7 +38,7 @@ func (p *Port) udpAddr(g ipoib.GID) *peer {
 // call. bufs[i][offset:] is the IPoIB header and payload; HeaderLen bytes
 // before offset and TailRoom bytes of capacity after the payload are
 // used; a packet with less tail room is copied into the port's own
-// buffers first. A TCP super-packet (meta[i].GSO) is cut into segments
+// buffers first. A TCP or UDP super-packet (meta[i].GSO) is cut into segments
 // here, in the port's own buffers. n counts the packets the port
 // accepted (a super-packet when all its segments were): handed to the
 // kernel. A packet refused locally (oversize, metadata that
@@ -70,11 +70,11 @@ func (p *Port) Write(bufs [][]byte, meta []ipoib.TxMeta, offset int) (int, error
 			}
 			continue
 		}
-		if _, d := ipoib.CheckTx(m, len(b)-offset, p.qps, true); d != ipoib.DropNone {
+		if _, d := ipoib.CheckTxOffloads(m, len(b)-offset, p.qps, p.Offloads()); d != ipoib.DropNone {
 			p.drops.Add(d)
 			continue
 		}
-		if p.cutter.Start(b[offset:], ipoib.HeaderLen, int(m.GSO.L4), m.GSO.Type == ipoib.GSOTCPv6, int(m.GSO.Size), p.mtu-ipoib.HeaderLen) != nil {
+		if p.startCut(b[offset:], m.GSO) != nil {
 			p.drops.Add(ipoib.DropBadGSO)
 			continue
 		}
@@ -96,6 +96,17 @@ func (p *Port) Write(bufs [][]byte, meta []ipoib.TxMeta, offset int) (int, error
 	}
 	c.finish()
 	return c.n, nil
+}
+
+// startCut prepares the cutter for super-packet pkt described by g: TCP
+// into segments, UDP into its datagrams (whose IP packets must fit the
+// IPoIB MTU), which leave as one of the port's UDP GSO trains when they
+// are of one size.
+func (p *Port) startCut(pkt []byte, g ipoib.GSO) error {
+	if g.Type.UDP() {
+		return p.cutter.StartUDP(pkt, ipoib.HeaderLen, int(g.L4), g.Type.V6(), int(g.Size), p.mtu-ipoib.HeaderLen)
+	}
+	return p.cutter.Start(pkt, ipoib.HeaderLen, int(g.L4), g.Type.V6(), int(g.Size), p.mtu-ipoib.HeaderLen)
 }
 
 // segment returns the storage of chunk entry k's segment (or copy, for a

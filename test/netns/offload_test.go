@@ -32,6 +32,33 @@ func nstat(t *testing.T, g *guest) map[string]int64 {
 	return m
 }
 
+// csumWatch remembers guests' checksum error counters (nstat), to assert
+// later that none rose.
+type csumWatch map[*guest]map[string]int64
+
+// watchCsumErrors snapshots the counters of gs.
+func watchCsumErrors(t *testing.T, gs ...*guest) csumWatch {
+	t.Helper()
+	w := csumWatch{}
+	for _, g := range gs {
+		w[g] = nstat(t, g)
+	}
+	return w
+}
+
+// check fails the test for each checksum error counter that rose.
+func (w csumWatch) check(t *testing.T) {
+	t.Helper()
+	for g, b := range w {
+		after := nstat(t, g)
+		for _, k := range csumErrors {
+			if after[k] != b[k] {
+				t.Errorf("%s: %s rose by %d", g.ns, k, after[k]-b[k])
+			}
+		}
+	}
+}
+
 // TestOffloads: with the TAP's offloads on (the default) and off, 64 MiB
 // of TCP cross each way between guests at the IPoIB MTU and both ends
 // count exactly 64 MiB (iperf 2); no checksum error counter rises in
@@ -56,17 +83,10 @@ func TestOffloads(t *testing.T) {
 			}
 			ping(t, g1, g2.ip4)
 			drops := watchDrops(t, h1, h2)
-			before := map[*guest]map[string]int64{g1: nstat(t, g1), g2: nstat(t, g2)}
+			csums := watchCsumErrors(t, g1, g2)
 			tcpBytes(t, g2, g1, 64<<20)
 			tcpBytes(t, g1, g2, 64<<20)
-			for g, b := range before {
-				after := nstat(t, g)
-				for _, k := range csumErrors {
-					if after[k] != b[k] {
-						t.Errorf("%s: %s rose by %d", g.ns, k, after[k]-b[k])
-					}
-				}
-			}
+			csums.check(t)
 			drops.check(t)
 			for _, h := range tp.hvs {
 				m := h.metrics(t)
