@@ -57,9 +57,10 @@
 # BENCH_UDP_FLOWS (sender sockets, each its own source port and thread,
 # default 2), BENCH_UDP_GSO (datagrams per sent buffer in the GSO column,
 # default 32; the per-call column always sends them one by one),
-# BENCH_UDP_GUEST_USO (1: g1's eth0 keeps UDP segmentation on, so the
-# GSO column's buffers reach the forwarder as super-frames, as from a
-# virtio-net guest with USO; default 0, cut in g1's eth0 as before),
+# BENCH_UDP_GUEST_USO (default 1: g1's eth0 keeps UDP segmentation on,
+# so the GSO column's buffers reach the forwarder as super-frames, as
+# from a virtio-net guest with USO (host_uso); 0: cut in g1's eth0 into
+# single datagrams, as from a NIC that segments),
 # BENCH_PING_COUNT (default 200, 10 ms apart), BENCH_PING_SLOW_COUNT
 # (default 30, 200 ms apart), BENCH_FORWARDERS (subset of "a b c d e").
 set -euo pipefail
@@ -76,7 +77,7 @@ BENCH_UDP_TRIES=${BENCH_UDP_TRIES:-1}
 BENCH_UDP_LOSS=${BENCH_UDP_LOSS:-0.1} # percent
 BENCH_UDP_FLOWS=${BENCH_UDP_FLOWS:-2}
 BENCH_UDP_GSO=${BENCH_UDP_GSO:-32}
-BENCH_UDP_GUEST_USO=${BENCH_UDP_GUEST_USO:-0}
+BENCH_UDP_GUEST_USO=${BENCH_UDP_GUEST_USO:-1}
 BENCH_PING_COUNT=${BENCH_PING_COUNT:-200}
 BENCH_PING_SLOW_COUNT=${BENCH_PING_SLOW_COUNT:-30}
 BENCH_FORWARDERS=${BENCH_FORWARDERS:-a b c d e}
@@ -199,10 +200,10 @@ for h in 1 2; do
   ip -n "$P-g$h" link set eth0 up
   ip -n "$P-g$h" addr add "10.88.0.$h/24" dev eth0
 done
-# udprate's GSO buffers leave g1 as single datagrams, as from a NIC that
-# segments: every forwarder sees 64-byte frames. BENCH_UDP_GUEST_USO=1
-# leaves the veth's segmentation on: the buffers cross br0 whole, and a
-# forwarder that does not take them has the kernel cut them in front of it.
+# udprate's GSO buffers cross br0 whole (BENCH_UDP_GUEST_USO=1, the
+# default), and a forwarder that does not take them has the kernel cut
+# them in front of it; with 0 they leave g1 as single datagrams, as from a
+# NIC that segments: every forwarder sees 64-byte frames.
 [ "$BENCH_UDP_GUEST_USO" = 1 ] || ip netns exec "$P-g1" ethtool -K eth0 tx-udp-segmentation off >/dev/null
 # The underlays' link-local addresses, once DAD is done: the port GIDs of
 # the simulated fabric, and the tunnel endpoints of VXLAN and socat.
