@@ -1,5 +1,7 @@
 package ipoib
 
+import "github.com/eipoib/eipoibd/internal/gso"
+
 // RxMeta describes one received UD packet.
 type RxMeta struct {
 	// Src is the sender: its source QPN and source GID (flags zero).
@@ -81,6 +83,17 @@ type GSO struct {
 	// last: the MSS, or gso_size; the caller keeps a segment within the
 	// IPoIB MTU.
 	Size uint16
+}
+
+// StartCut starts s cutting pkt, the super-packet g describes (from its
+// IPoIB header), into packets of at most mtu bytes, IPoIB header
+// included: TCP into segments, UDP into its datagrams (which must fit
+// already). Every port that takes super-packets cuts them so.
+func (g GSO) StartCut(s *gso.Segmenter, pkt []byte, mtu int) error {
+	if g.Type.UDP() {
+		return s.StartUDP(pkt, HeaderLen, int(g.L4), g.Type.V6(), int(g.Size), mtu-HeaderLen)
+	}
+	return s.Start(pkt, HeaderLen, int(g.L4), g.Type.V6(), int(g.Size), mtu-HeaderLen)
 }
 
 // Offloads says what a port takes beyond ordinary packets.

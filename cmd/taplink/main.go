@@ -111,9 +111,11 @@ func link(ctx context.Context, o *options, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("taplink: %w", err)
 	}
-	// The simulated fabric's ports take TCP super-packets and cut them;
-	// so do these, so that the shim does the same work in front of both.
+	// The simulated fabric's ports take TCP and UDP super-packets and cut
+	// them; so do these, so that the shim does the same work in front of
+	// both.
 	fab.SetTSO(true)
+	fab.SetUSO(true)
 	var shims [2]*shim.Shim
 	for i, name := range o.names {
 		cfg := o.cfg

@@ -25,6 +25,7 @@ type Fabric struct {
 	mu    sync.RWMutex
 	mtu   int
 	tso   bool
+	uso   bool
 	ports map[ipoib.GID]*Port
 	pool  sync.Pool
 }
@@ -96,10 +97,16 @@ func (p *Port) MTU() int { return p.f.mtu }
 // a port with LSO does; call it before attaching ports.
 func (f *Fabric) SetTSO(on bool) { f.tso = on }
 
-// Offloads reports TSO when the fabric was set to take super-packets.
+// SetUSO makes the fabric's ports (set to TSO) take UDP super-packets as
+// well and cut them, as the simulated fabric's do; call it before
+// attaching ports.
+func (f *Fabric) SetUSO(on bool) { f.uso = on }
+
+// Offloads reports TSO when the fabric was set to take super-packets,
+// and USO when to take UDP ones too.
 func (p *Port) Offloads() ipoib.Offloads {
 	if p.f.tso {
-		return ipoib.Offloads{TSO: true, MaxSuper: ipoib.MaxSuperPacket}
+		return ipoib.Offloads{TSO: true, USO: p.f.uso, MaxSuper: ipoib.MaxSuperPacket}
 	}
 	return ipoib.Offloads{}
 }
@@ -165,9 +172,9 @@ func (p *Port) Close() error {
 // reverse) is counted and skipped;
 // n counts the packets handed to the fabric (one to a GID no port has is
 // lost there, counted as no_route, as the simulated fabric's kernel
-// accepts a datagram to an absent peer). On a fabric set to TSO, a TCP
-// super-packet is cut into segments, each sent and counted as a packet;
-// one that cannot be cut is counted as bad_gso.
+// accepts a datagram to an absent peer). On a fabric set to TSO (USO), a
+// TCP (UDP) super-packet is cut into segments (datagrams), each sent and
+// counted as a packet; one that cannot be cut is counted as bad_gso.
 func (p *Port) Write(bufs [][]byte, meta []ipoib.TxMeta, offset int) (int, error) {
 	if p.closed.Load() {
 		return 0, net.ErrClosed
@@ -183,7 +190,7 @@ func (p *Port) Write(bufs [][]byte, meta []ipoib.TxMeta, offset int) (int, error
 	for i, b := range bufs {
 		payload := b[offset:]
 		m := meta[i]
-		if _, d := ipoib.CheckTx(&m, len(payload), p.qps, p.f.tso); d != ipoib.DropNone {
+		if _, d := ipoib.CheckTxOffloads(&m, len(payload), p.qps, p.Offloads()); d != ipoib.DropNone {
 			p.drops.Add(d)
 			continue
 		}
@@ -197,7 +204,7 @@ func (p *Port) Write(bufs [][]byte, meta []ipoib.TxMeta, offset int) (int, error
 			continue
 		}
 		var seg gso.Segmenter
-		if seg.Start(payload, ipoib.HeaderLen, int(m.GSO.L4), m.GSO.Type == ipoib.GSOTCPv6, int(m.GSO.Size), p.f.mtu-ipoib.HeaderLen) != nil {
+		if m.GSO.StartCut(&seg, payload, p.f.mtu) != nil {
 			p.drops.Add(ipoib.DropBadGSO)
 			continue
 		}

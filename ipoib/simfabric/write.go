@@ -74,7 +74,7 @@ func (p *Port) Write(bufs [][]byte, meta []ipoib.TxMeta, offset int) (int, error
 			p.drops.Add(d)
 			continue
 		}
-		if p.startCut(b[offset:], m.GSO) != nil {
+		if m.GSO.StartCut(&p.cutter, b[offset:], p.mtu) != nil { // UDP: one of the port's trains when its datagrams are of one size
 			p.drops.Add(ipoib.DropBadGSO)
 			continue
 		}
@@ -96,17 +96,6 @@ func (p *Port) Write(bufs [][]byte, meta []ipoib.TxMeta, offset int) (int, error
 	}
 	c.finish()
 	return c.n, nil
-}
-
-// startCut prepares the cutter for super-packet pkt described by g: TCP
-// into segments, UDP into its datagrams (whose IP packets must fit the
-// IPoIB MTU), which leave as one of the port's UDP GSO trains when they
-// are of one size.
-func (p *Port) startCut(pkt []byte, g ipoib.GSO) error {
-	if g.Type.UDP() {
-		return p.cutter.StartUDP(pkt, ipoib.HeaderLen, int(g.L4), g.Type.V6(), int(g.Size), p.mtu-ipoib.HeaderLen)
-	}
-	return p.cutter.Start(pkt, ipoib.HeaderLen, int(g.L4), g.Type.V6(), int(g.Size), p.mtu-ipoib.HeaderLen)
 }
 
 // segment returns the storage of chunk entry k's segment (or copy, for a
