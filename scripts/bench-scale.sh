@@ -209,7 +209,8 @@ for mode in $SCALE_MODES; do
   rss=$(for pid in "${DPIDS[@]}"; do awk '/^VmHWM/ {print $2}' "/proc/$pid/status"; done | sort -n | tail -1 | awk '{printf "%.1f", $1 / 1024}')
   # Counters over the ping phase: after minus before, summed over the
   # daemons. Every broadcast one daemon sends, each other one receives
-  # and translates: the sum of tx_broadcast is what each daemon received.
+  # and translates: each daemon received the sum of tx_broadcast but its
+  # own, (N-1)/N of the sum on average.
   rises=$(awk 'FNR == 1 {after = FILENAME ~ /-after-/}
       after {d[$1] += $2; next} {d[$1] -= $2}
       END {for (k in d) if (d[k] != 0) print k, d[k]}' "$OUT"/stats-"$mode"-{before,after}-*.txt | sort)
@@ -218,7 +219,7 @@ for mode in $SCALE_MODES; do
   drops=$(list '^(port_|tap_)?drop_')
   refused=$(list '^port_tx_refused_')
   kernel=$(list '^kernel_')
-  bcast=$(sum '^tx_broadcast$')
+  bcast=$(($(sum '^tx_broadcast$') * (N - 1) / N))
   rxpk=$(($(sum '^rx_packets$') / N))
   printf '%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$mode" "$N" $((N * (N - 1))) "$ok" "$wall" "$cpuline" "$rss" "$bcast" "$rxpk" "$drops" "$refused" "$kernel" >>"$TSV"
   echo "   $ok of $((N * (N - 1))) pairs answered in $wall s; drops: $drops; refused sends: $refused; kernel: $kernel"
@@ -234,7 +235,7 @@ done
   echo "cold: each ping also resolves the guest's ARP; warm: after an arping warm-up of every pair."
   echo "CPU: utime+stime of each daemon over the ping phase (all daemons; min/median/max of one)."
   echo "Broadcast rx: broadcast packets each daemon received and translated over the ping phase (the"
-  echo "daemons' tx_broadcast summed); rx packets: packets each daemon read from the fabric (mean)."
+  echo "daemons' tx_broadcast summed, times (N-1)/N: all but its own); rx packets: packets each daemon read from the fabric (mean)."
   echo "Drops: the daemons' drop_*, port_drop_* and tap_drop_* counters' rises, summed; refused: the"
   echo "sends their ports' kernel refused, by errno, each try (passed: went after a bounded wait)."
   echo "Kernel: drops no sender was told of (neighbour table overflows, host-wide; hidden ENOBUFS)."

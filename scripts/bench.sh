@@ -22,8 +22,9 @@
 # raw/figures.tsv.
 # Measures: iperf3 TCP with 1 and 4 streams, both directions; the highest
 # rate of 64-byte UDP datagrams received with < 0.1 % loss, in two
-# columns: from a guest sending GSO buffers (cut into single datagrams in
-# g1's eth0, as by a NIC that segments) and from a guest sending one
+# columns: from a guest sending GSO buffers (crossing g1's eth0 whole, as
+# from a virtio-net guest with USO; BENCH_UDP_GUEST_USO=0 cuts them into
+# single datagrams there, as a NIC that segments) and from a guest sending one
 # datagram per buffer (bin/udprate, built from cmd/udprate: a paced
 # sendmmsg sender in g1, a counting recvmmsg receiver in g2; iperf3 -u
 # cannot offer more than ~80 kpps); ping RTT median, mean and p99 at
