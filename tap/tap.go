@@ -293,9 +293,11 @@ func Create(cfg Config) (*TAP, error) {
 		q.rc = rc
 		// A queue is readable when its ring has a frame (tun_chr_poll,
 		// drivers/net/tun.c: EPOLLIN when the ptr_ring is not empty) and
-		// always writable: tun_chr_poll reports EPOLLOUT unless the
-		// socket's send buffer is full (sock_writeable), so a write
-		// waits at most writeTimeout.
+		// writable while the socket's send buffer is not full and the
+		// device is up: tun_chr_poll reports EPOLLOUT when
+		// tun_sock_writeable, (tun->dev->flags & IFF_UP) &&
+		// sock_writeable(sk) (a write to a down TAP fails at once with
+		// EIO, tun_get_user), so a write waits at most writeTimeout.
 		if q.io, err = fdio.New(rc, q.readBatch, q.writeBatch, writeTimeout); err != nil {
 			return fail(fmt.Errorf("tap: %s: %w", cfg.Name, err))
 		}

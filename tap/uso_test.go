@@ -110,6 +110,10 @@ func TestSegmentUDPRefuses(t *testing.T) {
 	good, h := udpSuperFrame(t, false, 0, pattern(3000), 1000)
 	good6, h6 := udpSuperFrame(t, true, 0, pattern(3000), 1000)
 	tcp, th := superFrame(t, tcpFrame(t, false, 0, 1, 1, header.TCPFlagACK, pattern(5000)), false, 1000)
+	// Headers only: IP and UDP lengths say so, as a guest's zero-length
+	// UDP_SEGMENT send would (the frame passes checkIP; only the missing
+	// payload is wrong).
+	empty, eh := udpSuperFrame(t, false, 0, nil, 1000)
 	badLen := append([]byte(nil), good...)
 	binary.BigEndian.PutUint16(badLen[h.csumStart+4:], 1008)
 	with := func(f func(*vnetHdr)) vnetHdr { c := h; f(&c); return c }
@@ -127,7 +131,7 @@ func TestSegmentUDPRefuses(t *testing.T) {
 		"truncated":                {good[:len(good)-1], h},
 		"IPv6, csum start in IP":   {good6, vnetHdr{flags: h6.flags, gsoType: h6.gsoType, csumStart: 14 + 20, csumOffset: 6, gsoSize: 1000}},
 		"a TCP frame called UDP":   {tcp, vnetHdr{flags: th.flags, gsoType: unix.VIRTIO_NET_HDR_GSO_UDP_L4, csumStart: th.csumStart, csumOffset: 6, gsoSize: 1000}},
-		"headers only, no payload": {good[:14+20+8], h},
+		"headers only, no payload": {empty, eh},
 		"not IP":                   {append(append([]byte(nil), good[:12]...), append([]byte{0x08, 0x06}, good[14:]...)...), h},
 	} {
 		if _, err := s.start(c.f, c.h, 4092); err == nil {

@@ -101,12 +101,16 @@ func run(args []string, stderr io.Writer) error {
 	log := slog.New(slog.NewTextHandler(stderr, nil))
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	return link(ctx, o, log)
+	return link(ctx, o, log, nil)
 }
 
 // link runs the two TAPs and their shims over one in-memory fabric until
-// ctx ends or a shim stops on its own.
-func link(ctx context.Context, o *options, log *slog.Logger) error {
+// ctx ends or a shim stops on its own. Unless ready is nil, link closes it
+// once both TAPs are made and set up and both shims started, just before
+// it logs "taplink running": from then on the caller may move the TAPs to
+// other namespaces (before, tap.Create may still be finding a TAP by name
+// in this one).
+func link(ctx context.Context, o *options, log *slog.Logger, ready chan<- struct{}) error {
 	fab, err := memfabric.New(o.cfg.IBMTU)
 	if err != nil {
 		return fmt.Errorf("taplink: %w", err)
@@ -148,6 +152,9 @@ func link(ctx context.Context, o *options, log *slog.Logger) error {
 			defer cancel() // one shim stopping stops the link
 			errs[i] = sh.Run(ctx)
 		}()
+	}
+	if ready != nil {
+		close(ready)
 	}
 	log.Info("taplink running", "tap1", o.names[0], "tap2", o.names[1], "ib_mtu", o.cfg.IBMTU, "offload", o.cfg.Offload, "queues", o.cfg.Queues)
 	wg.Wait()
