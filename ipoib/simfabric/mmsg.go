@@ -9,6 +9,7 @@ package simfabric
 import (
 	"net"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"golang.org/x/net/ipv6"
@@ -63,7 +64,7 @@ type sender struct {
 func newSender(rc syscall.RawConn, msgs int) *sender {
 	s := &sender{rc: rc, hdrs: make([]mmsghdr, msgs), iovs: make([]unix.Iovec, msgs)}
 	s.fn = s.call
-	s.retrier.sys, s.retrier.pause = s.sendmmsg, s.wait
+	s.retrier.sys, s.retrier.pause, s.retrier.now = s.sendmmsg, s.wait, time.Now
 	return s
 }
 
