@@ -318,14 +318,17 @@ func (p *Port) send(out []ipv6.Message, spans []span, orig []ipv6.Message, size 
 // resolves drops the oldest packet silently (__neigh_event_send): no
 // errno either.
 
-// sendPatience bounds the pauses of one send (a chunk of at most batch
-// packets) for refusals that may pass. A full send buffer (8 MB) or
-// device backlog (netdev_max_backlog, 1,000 packets) drains in well under
-// a millisecond once its consumer runs; 2 ms covers a consumer kept off
-// the CPU for a scheduler slice on a busy host, and is short beside
-// what a loss costs a guest (TCP's 200 ms minimum RTO, ping's 1 s), so a
-// TX worker (and the TAP frames behind it) is never held longer than a
-// retransmission would take.
+// sendPatience bounds the time one send (a chunk of at most batch
+// packets) may spend pausing for refusals that may pass: a deadline
+// sendPatience after its first refusal. What can refuse for a while is
+// a full send buffer (EAGAIN: 8 MB, which drains in well under a
+// millisecond once the datagrams it holds leave) or the kernel short of
+// memory for the skb (ENOBUFS); a full qdisc or device backlog refuses
+// nothing here (see Refused sends above). 2 ms covers a consumer kept
+// off the CPU for a scheduler slice on a busy host, and is short beside
+// what a loss costs a guest (TCP's 200 ms minimum RTO, ping's 1 s), so
+// a TX worker (and the TAP frames behind it) is never held longer than
+// a retransmission would take.
 const sendPatience = 2 * time.Millisecond
 
 // firstPause is the first pause after a refusal; each next one doubles.
