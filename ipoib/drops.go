@@ -19,7 +19,7 @@ const (
 	DropNoCarrier  // kernel: the sending child has no carrier (its broadcast join is not done)
 	DropSendError  // the kernel or the device refused the send (an errno without a reason of its own below)
 	DropSendAgain  // simfabric: EAGAIN, the socket's send buffer still full after the bounded wait for room
-	DropSendNoBufs // simfabric: ENOBUFS, a queue below the socket still full after the bounded wait
+	DropSendNoBufs // simfabric: ENOBUFS, the kernel had no memory for the skb, still after the bounded wait (a full qdisc or veth backlog does not say ENOBUFS here: udp_v6_send_skb turns it into success)
 	DropSendInval  // simfabric: EINVAL, on the host: the kernel could not make the underlay neighbour (its table is full, gc_thresh3)
 	DropNoRoute    // memfabric: no port has the destination GID
 	DropFaultLoss  // simfabric: lost by fault injection

@@ -9,6 +9,7 @@ package simfabric
 import (
 	"net"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"golang.org/x/net/ipv6"
@@ -63,7 +64,7 @@ type sender struct {
 func newSender(rc syscall.RawConn, msgs int) *sender {
 	s := &sender{rc: rc, hdrs: make([]mmsghdr, msgs), iovs: make([]unix.Iovec, msgs)}
 	s.fn = s.call
-	s.retrier.sys, s.retrier.pause = s.sendmmsg, s.wait
+	s.retrier.sys, s.retrier.pause, s.retrier.now = s.sendmmsg, s.wait, time.Now
 	return s
 }
 
@@ -153,7 +154,10 @@ func newReceiver(rc syscall.RawConn, msgs, size, oob int) (*receiver, error) {
 	}
 	// The socket is readable when its receive queue holds a datagram
 	// (udp_poll, net/ipv4/udp.c, over datagram_poll); it is never
-	// written through r.io (the sender uses the netpoller).
+	// written through r.io: the sender makes its sendmmsg in
+	// RawConn.Write's callback, which never asks the netpoller to wait
+	// for writability, and waits for a refusal to pass itself, bounded
+	// (retrier, write.go: ppoll or nanosleep).
 	io, err := fdio.New(rc, r.call, nil, 0)
 	if err != nil {
 		return nil, err

@@ -12,12 +12,16 @@ import (
 )
 
 // script is a fake send: it answers with errs in turn (nil: sent, 1
-// message), then with last; pauses records the pauses asked for.
+// message), then with last; pauses records the pauses asked for. Its
+// clock starts at an arbitrary time and moves only in a pause, by the
+// pause asked for and over more (a sleep that wakes late).
 type script struct {
 	errs   []error
 	last   error
 	calls  int
 	pauses []time.Duration
+	clock  time.Time
+	over   time.Duration
 }
 
 func (s *script) sys(uintptr) (int, error) {
@@ -36,9 +40,17 @@ func (s *script) sys(uintptr) (int, error) {
 	return 0, s.last
 }
 
-func (s *script) pause(_ uintptr, _ refusal, d time.Duration) { s.pauses = append(s.pauses, d) }
+func (s *script) pause(_ uintptr, _ refusal, d time.Duration) {
+	s.pauses = append(s.pauses, d)
+	s.clock = s.clock.Add(d + s.over)
+}
 
-func (s *script) retrier() *retrier { return &retrier{sys: s.sys, pause: s.pause} }
+func (s *script) now() time.Time { return s.clock }
+
+func (s *script) retrier() *retrier {
+	s.clock = time.Unix(1_000_000, 0)
+	return &retrier{sys: s.sys, pause: s.pause, now: s.now}
+}
 
 // A refusal that may pass (EAGAIN, ENOBUFS) is tried again after pauses
 // of 100 µs, then twice the last; the send that then goes is counted as
@@ -58,34 +70,48 @@ func TestRetryPassingRefusal(t *testing.T) {
 	}
 }
 
-// A refusal that lasts gets pauses summing to the patience exactly (the
-// last one cut to what is left), then its error; no pause is left for
-// the sends after it until the next allow.
+// A refusal that lasts pauses until sendPatience has passed on the
+// clock since its first refusal, each pause the next backoff cut to the
+// time left, then returns its error; the sends after it until the next
+// allow do not pause. With pauses that take what they ask, they sum to
+// the patience; with pauses that wake 300 µs late, the time left shrinks
+// by what each took (100+300, 200+300, 400+300 µs: 400 µs left for the
+// fourth, and none after it), not by what it asked.
 func TestRetryBound(t *testing.T) {
-	s := &script{last: unix.ENOBUFS}
-	r := s.retrier()
-	r.allow(sendPatience)
-	if _, err := r.retry(0); !errors.Is(err, unix.ENOBUFS) {
-		t.Fatalf("retry: %v, want ENOBUFS once the patience is spent", err)
-	}
-	var sum time.Duration
-	for _, d := range s.pauses {
-		sum += d
-	}
-	if want := []time.Duration{100 * time.Microsecond, 200 * time.Microsecond, 400 * time.Microsecond, 800 * time.Microsecond, 500 * time.Microsecond}; !slices.Equal(s.pauses, want) || sum != sendPatience {
-		t.Fatalf("pauses %v (sum %v), want %v (sum %v)", s.pauses, sum, want, sendPatience)
-	}
-	s.pauses, s.calls = nil, 0
-	if _, err := r.retry(0); !errors.Is(err, unix.ENOBUFS) || len(s.pauses) != 0 || s.calls != 1 {
-		t.Fatalf("next send: %v after %d calls and pauses %v; want ENOBUFS at once", err, s.calls, s.pauses)
-	}
-	if got := r.refused[refusedNoBufs].Load(); got != 7 || r.passed.Load() != 0 {
-		t.Fatalf("refused enobufs %d, passed %d; want 7 and 0", got, r.passed.Load())
-	}
-	r.allow(sendPatience)
-	s.last = nil
-	if n, err := r.retry(0); n != 1 || err != nil {
-		t.Fatalf("after allow: %d, %v; want sent", n, err)
+	µs := time.Microsecond
+	for _, c := range []struct {
+		over time.Duration
+		want []time.Duration
+	}{
+		{0, []time.Duration{100 * µs, 200 * µs, 400 * µs, 800 * µs, 500 * µs}},
+		{300 * µs, []time.Duration{100 * µs, 200 * µs, 400 * µs, 400 * µs}},
+	} {
+		s := &script{last: unix.ENOBUFS, over: c.over}
+		r := s.retrier()
+		r.allow(sendPatience)
+		start := s.clock
+		if _, err := r.retry(0); !errors.Is(err, unix.ENOBUFS) {
+			t.Fatalf("over %v: retry: %v, want ENOBUFS once the patience is spent", c.over, err)
+		}
+		if !slices.Equal(s.pauses, c.want) || s.calls != len(c.want)+1 {
+			t.Fatalf("over %v: pauses %v in %d calls, want %v in %d", c.over, s.pauses, s.calls, c.want, len(c.want)+1)
+		}
+		if spent, last := s.clock.Sub(start), s.pauses[len(s.pauses)-1]+c.over; spent < sendPatience || spent-last >= sendPatience {
+			t.Fatalf("over %v: paused %v, want the patience %v reached by the last pause", c.over, spent, sendPatience)
+		}
+		s.pauses, s.calls = nil, 0
+		if _, err := r.retry(0); !errors.Is(err, unix.ENOBUFS) || len(s.pauses) != 0 || s.calls != 1 {
+			t.Fatalf("over %v: next send: %v after %d calls and pauses %v; want ENOBUFS at once", c.over, err, s.calls, s.pauses)
+		}
+		if got, want := r.refused[refusedNoBufs].Load(), uint64(len(c.want)+2); got != want || r.passed.Load() != 0 {
+			t.Fatalf("over %v: refused enobufs %d, passed %d; want %d and 0", c.over, got, r.passed.Load(), want)
+		}
+		// The next allow's deadline counts from its own first refusal.
+		r.allow(sendPatience)
+		s.errs, s.last = []error{unix.EAGAIN}, nil
+		if n, err := r.retry(0); n != 1 || err != nil || !slices.Equal(s.pauses, []time.Duration{100 * µs}) {
+			t.Fatalf("over %v: after allow: %d, %v, pauses %v; want sent after one pause of 100µs", c.over, n, err, s.pauses)
+		}
 	}
 }
 
@@ -109,19 +135,51 @@ func TestRetryNotPassing(t *testing.T) {
 	}
 }
 
-// The wait for a send that may pass allocates nothing.
+// The real wait allocates nothing: a send to a datagram socketpair
+// whose peer's queue is full is refused with EAGAIN, and the sender's
+// wait (ppoll for POLLOUT, which never comes) runs until the deadline;
+// ENOBUFS (given by a fake send: no socket can be made to give it)
+// sleeps (nanosleep). Each retry tries more than once, so the wait ran.
 func TestRetryAllocs(t *testing.T) {
-	r := &retrier{}
-	fails := 0
-	r.sys = func(uintptr) (int, error) {
-		if fails++; fails%2 == 1 {
-			return 0, unix.EAGAIN
-		}
-		return 1, nil
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
 	}
-	r.pause = func(uintptr, refusal, time.Duration) {}
-	if a := testing.AllocsPerRun(100, func() { r.allow(sendPatience); _, _ = r.retry(0) }); a != 0 {
-		t.Fatalf("%v allocations per refused send, want 0", a)
+	defer unix.Close(fds[0])
+	defer unix.Close(fds[1])
+	msg := make([]byte, 64)
+	for {
+		if _, err := unix.Write(fds[0], msg); errors.Is(err, unix.EAGAIN) {
+			break // the peer's receive queue is full (unix_dgram_sendmsg)
+		} else if err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := &sender{}
+	s.retrier.pause, s.retrier.now = s.wait, time.Now
+	errno := unix.EAGAIN
+	s.retrier.sys = func(fd uintptr) (int, error) {
+		if errno != unix.EAGAIN {
+			return 0, errno
+		}
+		return unix.Write(int(fd), msg)
+	}
+	const runs = 5
+	for _, c := range []struct {
+		errno unix.Errno
+		r     refusal
+	}{{unix.EAGAIN, refusedAgain}, {unix.ENOBUFS, refusedNoBufs}} {
+		errno = c.errno
+		var last error
+		if a := testing.AllocsPerRun(runs, func() { s.allow(sendPatience); _, last = s.retry(uintptr(fds[0])) }); a != 0 {
+			t.Fatalf("%v: %v allocations per refused send, want 0", c.errno, a)
+		}
+		if !errors.Is(last, c.errno) {
+			t.Fatalf("%v: retry returned %v", c.errno, last)
+		}
+		if got := s.refused[c.r].Load(); got < 2*(runs+1) { // AllocsPerRun runs once more to warm up
+			t.Fatalf("%v: %d tries in %d retries, want more than one each", c.errno, got, runs+1)
+		}
 	}
 }
 
@@ -136,7 +194,7 @@ func TestWriteRefused(t *testing.T) {
 	qb, _ := b.AllocQP(0xffff, 0)
 	m := ipoib.TxMeta{Dst: ipoib.MakeHwAddr(0, qb, b.LocalGID()), SrcQPN: qa, PKey: 0xffff}
 	s := &script{}
-	a.snd.pause = s.pause
+	a.snd.pause, a.snd.now = s.pause, s.now
 	fake := func(errs []error, last error) {
 		s.errs, s.last, s.calls, s.pauses = errs, last, 0, nil
 		a.snd.sys = func(fd uintptr) (int, error) {

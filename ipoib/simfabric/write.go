@@ -318,14 +318,17 @@ func (p *Port) send(out []ipv6.Message, spans []span, orig []ipv6.Message, size 
 // resolves drops the oldest packet silently (__neigh_event_send): no
 // errno either.
 
-// sendPatience bounds the pauses of one send (a chunk of at most batch
-// packets) for refusals that may pass. A full send buffer (8 MB) or
-// device backlog (netdev_max_backlog, 1,000 packets) drains in well under
-// a millisecond once its consumer runs; 2 ms covers a consumer kept off
-// the CPU for a scheduler slice on a busy host, and is short beside
-// what a loss costs a guest (TCP's 200 ms minimum RTO, ping's 1 s), so a
-// TX worker (and the TAP frames behind it) is never held longer than a
-// retransmission would take.
+// sendPatience bounds the time one send (a chunk of at most batch
+// packets) may spend pausing for refusals that may pass: a deadline
+// sendPatience after its first refusal. What can refuse for a while is
+// a full send buffer (EAGAIN: 8 MB, which drains in well under a
+// millisecond once the datagrams it holds leave) or the kernel short of
+// memory for the skb (ENOBUFS); a full qdisc or device backlog refuses
+// nothing here (see Refused sends above). 2 ms covers a consumer kept
+// off the CPU for a scheduler slice on a busy host, and is short beside
+// what a loss costs a guest (TCP's 200 ms minimum RTO, ping's 1 s), so
+// a TX worker (and the TAP frames behind it) is never held longer than
+// a retransmission would take.
 const sendPatience = 2 * time.Millisecond
 
 // firstPause is the first pause after a refusal; each next one doubles.
@@ -372,25 +375,31 @@ func refusalOf(err error) refusal {
 // pass and the patience allow gave lasts.
 type retrier struct {
 	// sys makes one send on fd; pause waits up to d for the refusal r
-	// to pass (the sender's sendmmsg and wait; tests give fakes).
-	sys   func(fd uintptr) (int, error)
-	pause func(fd uintptr, r refusal, d time.Duration)
-	left  time.Duration // pauses still allowed until the next allow
-	pfd   [1]unix.PollFd
-	ts    unix.Timespec
+	// to pass; now reads the clock (the sender's sendmmsg, wait and
+	// time.Now; tests give fakes).
+	sys      func(fd uintptr) (int, error)
+	pause    func(fd uintptr, r refusal, d time.Duration)
+	now      func() time.Time
+	patience time.Duration // what allow gave
+	deadline time.Time     // patience after the first refusal since allow; zero before it
+	pfd      [1]unix.PollFd
+	ts       unix.Timespec
 	// refused counts the refusals by class, each try, passed or not;
 	// passed counts the sends that went after a pause.
 	refused [numRefusals]atomic.Uint64
 	passed  atomic.Uint64
 }
 
-// allow gives the sends from now on d of pauses in all.
-func (t *retrier) allow(d time.Duration) { t.left = d }
+// allow gives the sends from now on d to pause in all, counted from the
+// first refusal that pauses (so a send the kernel takes reads no clock).
+func (t *retrier) allow(d time.Duration) { t.patience, t.deadline = d, time.Time{} }
 
 // retry sends and, while the kernel refuses with a refusal that may
-// pass and the patience lasts, pauses and sends again: the first pause
-// firstPause, each next one twice the last, cut to what is left. The
-// error is the last refusal's.
+// pass and the deadline is not reached, pauses and sends again: the
+// first pause firstPause, each next one twice the last, cut to the time
+// left. The time left is read from the clock, not summed from the
+// pauses asked for: a pause may take longer than asked. The error is
+// the last refusal's.
 func (t *retrier) retry(fd uintptr) (int, error) {
 	d, paused := firstPause, false
 	for {
@@ -403,12 +412,18 @@ func (t *retrier) retry(fd uintptr) (int, error) {
 		}
 		r := refusalOf(err)
 		t.refused[r].Add(1)
-		if !refusals[r].passing || t.left <= 0 {
+		if !refusals[r].passing {
 			return 0, err
 		}
-		d = min(d, t.left)
-		t.left -= d
-		t.pause(fd, r, d)
+		now := t.now()
+		if t.deadline.IsZero() {
+			t.deadline = now.Add(t.patience)
+		}
+		left := t.deadline.Sub(now)
+		if left <= 0 {
+			return 0, err
+		}
+		t.pause(fd, r, min(d, left))
 		d, paused = 2*d, true
 	}
 }
@@ -416,14 +431,21 @@ func (t *retrier) retry(fd uintptr) (int, error) {
 // wait waits up to d for r to pass: for EAGAIN until the socket is
 // writable (ppoll for POLLOUT, which sock_def_write_space raises once
 // sent datagrams free half the send buffer); for ENOBUFS, which no
-// socket event ends, d.
+// socket event ends, d. Both are system calls with a nanosecond timeout
+// (an hrtimer, give or take the thread's timer slack) that allocate
+// nothing; time.Sleep is not used: the runtime's timers wake here no
+// finer than about a millisecond (netpoll's epoll_pwait takes whole
+// milliseconds), so five pauses of 100–800 µs took some 5 ms.
 func (t *retrier) wait(fd uintptr, r refusal, d time.Duration) {
+	t.ts = unix.NsecToTimespec(d.Nanoseconds())
 	if r != refusedAgain {
-		time.Sleep(d)
+		// hrtimer_nanosleep writes the time left on EINTR (the
+		// runtime's preemption signal): sleep the rest.
+		for unix.Nanosleep(&t.ts, &t.ts) == unix.EINTR {
+		}
 		return
 	}
 	t.pfd[0] = unix.PollFd{Fd: int32(fd), Events: unix.POLLOUT}
-	t.ts = unix.NsecToTimespec(d.Nanoseconds())
 	_, _ = unix.Ppoll(t.pfd[:], &t.ts, nil) // writable, timed out or EINTR: the caller sends again either way
 }
 
