@@ -34,6 +34,7 @@ func TestMemoryFlood(t *testing.T) {
 	h1, h2 := tp.hvs[0], tp.hvs[1]
 	g11, g12, g21 := h1.guests[0], h1.guests[1], h2.guests[0]
 	ping(t, g11, g21.ip4)
+	quiet(t, h1) // every new source MAC is the flood's
 	before, rss := h1.metrics(t), h1.rssKB(t)
 	const (
 		nMAC   = 20000
@@ -47,23 +48,24 @@ func TestMemoryFlood(t *testing.T) {
 	gid := ipoib.GID(h2.gid(t).As16())
 	dst := h1.vifQPN(g11.mac(t).String(), 0)
 	spa, tpa := netip.MustParseAddr("10.77.0.249"), netip.MustParseAddr("10.77.0.250")
-	// The MAC flood waits, every quarter of the TAP's queue, until the
-	// daemon has read as many frames from its TAP as were sent.
-	tapBurst := int(linkNumber(t, h1.ns, "eib0", "tx_queue_len")) / 4
-	tapCaughtUp := func(sent int) error {
-		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
-			m, err := h1.readMetrics(t)
-			if err != nil {
-				return err
-			}
-			if m["tx_frames"]-before["tx_frames"] >= float64(sent) {
-				return nil
-			}
-			if time.Now().After(deadline) {
-				return fmt.Errorf("%s read %v frames from its TAP 5 s after the flood's frame %d", h1.name, m["tx_frames"]-before["tx_frames"], sent)
+	delta := func(after map[string]float64, k string) float64 { return after[k] - before[k] }
+	// The flood's VIFs are those of its MACs (each sent one frame).
+	floodVIFs := func(after map[string]float64) (n float64) {
+		for k := range after {
+			if strings.HasPrefix(k, `vif_tx_packets_total{mac="02:ee:`) {
+				n++
 			}
 		}
+		return n
 	}
+	macsCounted := func(after map[string]float64) float64 {
+		return floodVIFs(after) + delta(after, "drop_vif_limit") + delta(after, "drop_vif_pending_full")
+	}
+	// The MAC flood waits, every quarter of the TAP's queue, until the
+	// daemon has counted every frame sent so far, and the kernel drops
+	// none on the way.
+	hopsBefore := hopDrops(t, g12, h1)
+	tapBurst, tapCaughtUp := pacer(t, g12, h1, macsCounted)
 	// The fabric flood waits, every fabricBurst datagrams, until the
 	// daemon has read all it was sent: however late it is scheduled on a
 	// loaded machine, its socket never overflows.
@@ -99,19 +101,8 @@ func TestMemoryFlood(t *testing.T) {
 				ipoibARP(ipoib.MakeHwAddr(0, qpn, gid), spa, tpa)
 		})
 	})
-	delta := func(after map[string]float64, k string) float64 { return after[k] - before[k] }
-	// The flood's VIFs are those of its MACs (each sent one frame): the
-	// bridge's own MAC may get its VIF during the flood too.
-	floodVIFs := func(after map[string]float64) (n float64) {
-		for k := range after {
-			if strings.HasPrefix(k, `vif_tx_packets_total{mac="02:ee:`) {
-				n++
-			}
-		}
-		return n
-	}
-	macsCounted := func(after map[string]float64) float64 {
-		return floodVIFs(after) + delta(after, "drop_vif_limit") + delta(after, "drop_vif_pending_full")
+	if hops := hopDrops(t, g12, h1); hops != hopsBefore {
+		t.Errorf("the kernel dropped flood frames on the way to %s's TAP: %+v, then %+v", h1.name, hopsBefore, hops)
 	}
 	var after map[string]float64
 	deadline := time.Now().Add(10 * time.Second)
