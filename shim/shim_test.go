@@ -209,6 +209,18 @@ func arpExchange(t *testing.T, a, b *hv) (remacA1, remacB1 ether.MAC) {
 	if ether.MAC(e.DstMAC) != macA1 || ether.MAC(arp.DstHwAddress) != macA1 || arp.Operation != layers.ARPReply || ether.MAC(e.SrcMAC) != remacB1 {
 		t.Fatalf("reply as delivered: eth %s→%s arp %+v", e.SrcMAC, e.DstMAC, arp)
 	}
+	// A VIF's first frames reach the fabric before the control goroutine
+	// marks it ready (newvif.go): the exchange is over once both are, so
+	// that VIFs and Guests list them.
+	for _, h := range []struct {
+		hv  *hv
+		mac ether.MAC
+	}{{a, macA1}, {b, macB1}} {
+		waitFor(t, "the VIF of "+h.mac.String()+" ready", func() bool {
+			v, ok := h.hv.s.vifs.Lookup(mactrans.VIFKey{MAC: h.mac})
+			return ok && v.Ready()
+		})
+	}
 	return remacA1, remacB1
 }
 
