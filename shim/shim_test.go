@@ -179,8 +179,9 @@ func udpFrame(t *testing.T, src, dst ether.MAC, sip, dip netip.Addr, size int, d
 	return serialize(t, eth(src, dst, layers.EthernetTypeIPv4), ip, udp, gopacket.Payload(payload))
 }
 
-// resolveRemote makes hypervisor b learn guest macA1 of a (by an ARP
-// request from it) and returns the REMAC b's guests see for it.
+// arpExchange has guest macA1 of a ask for ipB1 (ARP) and guest macB1 of
+// b answer, and returns the REMAC b's guests see for macA1 and the one
+// a's guests see for macB1.
 func arpExchange(t *testing.T, a, b *hv) (remacA1, remacB1 ether.MAC) {
 	t.Helper()
 	a.dev.Inject(arpFrame(t, layers.ARPRequest, macA1, ipA1, ether.Broadcast, ether.MAC{}, ipB1))
