@@ -317,7 +317,9 @@ func TestItem9ClientReregister(t *testing.T) {
 	n.d1.events <- eventClientReregister
 	n.d2.events <- eventClientReregister
 	gq := groupQPOf(n.p1, 0xffff)
-	waitFor(t, "the rejoin with the new MLID and Q_Key", func() bool {
+	// The flush rejoins, then drops the handles, then counts itself
+	// (Port.flush): the rejoin is visible before the count.
+	waitFor(t, "the rejoin with the new MLID and Q_Key, and the flush done", func() bool {
 		sm.mu.Lock()
 		grp := sm.groups[g]
 		sm.mu.Unlock()
@@ -325,9 +327,10 @@ func TestItem9ClientReregister(t *testing.T) {
 			return false
 		}
 		l, ok := n.d1.attachedMLID(g, gq)
-		return ok && l == grp.mlid && n.d1.qkeyOf(q1) == 0x00BEEF00 && n.d2.qkeyOf(q2) == 0x00BEEF00
+		return ok && l == grp.mlid && n.d1.qkeyOf(q1) == 0x00BEEF00 && n.d2.qkeyOf(q2) == 0x00BEEF00 &&
+			n.p1.Counters().Stats["flushes"] > 0
 	})
-	if c := n.p1.Counters(); c.Stats["flushes"] == 0 || c.Stats["sa_rejoins"] < 2 {
+	if c := n.p1.Counters(); c.Stats["sa_rejoins"] < 2 {
 		t.Fatalf("counters %+v", c.Stats)
 	}
 	pkt := send(t, n.p1, q1, 0xffff, dst, 200, 2)
