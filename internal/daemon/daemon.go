@@ -55,6 +55,10 @@ const (
 	MaxTAPMTU = 65535 - 14
 )
 
+// gcPercent is the collector's GOGC unless $GOGC sets one: the heap may
+// grow by half the live heap between collections, not by all of it.
+const gcPercent = 50
+
 // MaxMemoryLimit bounds Config.MemoryLimit (MiB): 1 TiB, far past any
 // daemon's needs, so that a unit slip (bytes for MiB) is refused.
 const MaxMemoryLimit = 1 << 20
@@ -201,6 +205,12 @@ func Run(ctx context.Context, cfg Config) error {
 		// it, and gives up (at half the CPU) rather than fail when the
 		// live heap exceeds it.
 		debug.SetMemoryLimit(int64(cfg.MemoryLimit) << 20)
+	}
+	if os.Getenv("GOGC") == "" {
+		// The data path allocates nothing per frame, so the collector
+		// runs only for control-plane churn (floods, scrapes), whose
+		// garbage would otherwise grow the heap to twice the live one.
+		debug.SetGCPercent(gcPercent)
 	}
 	if cfg.Persist {
 		if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
