@@ -136,7 +136,8 @@ mkdir -p "$RAW"
 
 # --- processes and namespaces, removed on any exit -----------------------------
 P=eb$$
-NS=()
+# shellcheck source=scripts/lib-netns.sh
+. scripts/lib-netns.sh # NS, nsadd, ns_remove, on_exit, hypervisor_guest
 exec 3>&1 4>&2
 declare -A RUNNING=() # pid → what, for the processes this script started and has not reaped
 # x runs a command in a namespace. Not for background processes: "x … &"
@@ -167,25 +168,16 @@ reap() {
 }
 
 cleanup() {
-  local rc=$? pids ns pid
+  local rc=$? pid
   set +e
   exec 1>&3 2>&4 # a trap can run inside a redirected measurement
   trap - INT TERM
   for pid in "${!RUNNING[@]}"; do reap "$pid"; done
-  # Anything still inside our namespaces was started by this script too.
-  for ns in "${NS[@]}"; do
-    mapfile -t pids < <(ip netns pids "$ns" 2>/dev/null)
-    [ ${#pids[@]} -eq 0 ] || { echo "bench: stopping leftover processes in $ns: ${pids[*]}" >&2; kill -KILL "${pids[@]}" 2>/dev/null; }
-  done
-  for ns in "${NS[@]}"; do ip netns delete "$ns" 2>/dev/null; done
+  ns_remove # anything still inside our namespaces was started by this script too
   [ "$rc" -eq 0 ] || echo "bench: stopped (exit $rc); partial results in $OUT" >&2
   exit "$rc"
 }
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
-nsadd() { ip netns add "$1"; NS+=("$1"); ip -n "$1" link set lo up; }
+on_exit cleanup
 
 # --- the topology ----------------------------------------------------------------
 echo "== topology: h1, h2 over a veth underlay (MTU 9000); br0 and one guest (MTU 4092) each"
@@ -194,12 +186,7 @@ for g in 1 2; do nsadd "$P-g$g"; done
 ip link add ul1 netns "$P-h1" type veth peer name ul2 netns "$P-h2"
 for h in 1 2; do
   ip -n "$P-h$h" link set "ul$h" mtu 9000 up
-  ip -n "$P-h$h" link add br0 type bridge
-  ip -n "$P-h$h" link set br0 up
-  ip link add eth0 netns "$P-g$h" mtu 4092 type veth peer name vg1 netns "$P-h$h" mtu 4092
-  ip -n "$P-h$h" link set vg1 master br0 up
-  ip -n "$P-g$h" link set eth0 up
-  ip -n "$P-g$h" addr add "10.88.0.$h/24" dev eth0
+  hypervisor_guest "$P-h$h" "$P-g$h" "10.88.0.$h/24"
 done
 # udprate's GSO buffers cross br0 whole (BENCH_UDP_GUEST_USO=1, the
 # default), and a forwarder that does not take them has the kernel cut
