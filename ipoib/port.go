@@ -90,10 +90,7 @@ type GSO struct {
 // included: TCP into segments, UDP into its datagrams (which must fit
 // already). Every port that takes super-packets cuts them so.
 func (g GSO) StartCut(s *gso.Segmenter, pkt []byte, mtu int) error {
-	if g.Type.UDP() {
-		return s.StartUDP(pkt, HeaderLen, int(g.L4), g.Type.V6(), int(g.Size), mtu-HeaderLen)
-	}
-	return s.Start(pkt, HeaderLen, int(g.L4), g.Type.V6(), int(g.Size), mtu-HeaderLen)
+	return s.StartL4(g.Type.UDP(), pkt, HeaderLen, int(g.L4), g.Type.V6(), int(g.Size), mtu-HeaderLen)
 }
 
 // Offloads says what a port takes beyond ordinary packets.

@@ -131,7 +131,7 @@ func (m *Mem) read(bufs [][]byte, sizes []int, super []Super, offset int) (int, 
 		}
 		if f.s.L4 != 0 && super == nil {
 			// Size is within the MTU already.
-			if err := m.seg.Start(f.b, ether.Frame(f.b).HeaderLen(), int(f.s.L4), f.s.V6, int(f.s.Size), 1<<16); err != nil {
+			if err := m.seg.StartL4(f.s.UDP, f.b, ether.Frame(f.b).HeaderLen(), int(f.s.L4), f.s.V6, int(f.s.Size), 1<<16); err != nil {
 				panic("tap.Mem: the test injected a bad super-frame: " + err.Error())
 			}
 			continue

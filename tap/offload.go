@@ -155,11 +155,9 @@ func (s *segmenter) start(frame []byte, h vnetHdr, mtu int) (Super, error) {
 		return Super{}, err
 	}
 	if udp {
-		err = s.StartUDP(frame, l3, int(h.csumStart), v6, int(h.gsoSize), maxSuperFrame)
-	} else {
-		err = s.Start(frame, l3, int(h.csumStart), v6, int(h.gsoSize), mtu)
+		mtu = maxSuperFrame // a datagram is not cut smaller: the caller checks its size
 	}
-	if err != nil {
+	if err := s.StartL4(udp, frame, l3, int(h.csumStart), v6, int(h.gsoSize), mtu); err != nil {
 		return Super{}, err
 	}
 	return Super{L4: h.csumStart, Size: uint16(s.MSS()), V6: v6, UDP: udp}, nil

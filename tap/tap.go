@@ -277,9 +277,7 @@ func Create(cfg Config) (*TAP, error) {
 	t := &TAP{name: cfg.Name, mtu: cfg.MTU, offload: cfg.Offload, start: start}
 	fail := func(err error) (*TAP, error) {
 		for _, q := range t.queues {
-			if q.io != nil {
-				q.Close()
-			}
+			q.Close()
 		}
 		closeFiles(files) // those not yet queues; the rest say "closed"
 		return nil, err
@@ -697,7 +695,7 @@ func (q *Queue) read(bufs [][]byte, sizes []int, super []Super, offset int) (int
 	err := q.io.Read()
 	q.rbufs, q.rsizes, q.rsuper = nil, nil, nil
 	if err != nil {
-		return 0, closedErr(err)
+		return 0, err // fdio says net.ErrClosed for a closed queue
 	}
 	if q.rn == 0 && q.rerr != nil {
 		return 0, fmt.Errorf("tap: read %s: %w", q.t.name, q.rerr)
@@ -762,7 +760,7 @@ func (q *Queue) Write(bufs [][]byte, offset int) (int, error) {
 		return q.wok, nil // the rest refused: the caller counts them
 	}
 	if err != nil {
-		return q.wok, closedErr(err)
+		return q.wok, err // fdio says net.ErrClosed for a closed queue
 	}
 	return q.wok, nil
 }

@@ -89,6 +89,15 @@ func (s *Segmenter) Start(pkt []byte, l3, l4 int, v6 bool, size, mtu int) error 
 	return nil
 }
 
+// StartL4 starts a TCP super-packet's cut (Start), or a UDP one's
+// (StartUDP) when udp is set.
+func (s *Segmenter) StartL4(udp bool, pkt []byte, l3, l4 int, v6 bool, size, mtu int) error {
+	if udp {
+		return s.StartUDP(pkt, l3, l4, v6, size, mtu)
+	}
+	return s.Start(pkt, l3, l4, v6, size, mtu)
+}
+
 // StartUDP checks pkt, a UDP super-packet (SKB_GSO_UDP_L4) whose IP
 // header starts at l3 and UDP header at l4, and prepares to cut it into
 // datagrams of size bytes of payload (gso_size), the last possibly
@@ -116,7 +125,7 @@ func checkIP(pkt []byte, l3, l4 int, v6 bool, proto uint8) (id uint16, ok bool) 
 	}
 	if v6 {
 		ip, ok := header.ParseIPv6(pkt[l3:])
-		return 0, ok && len(ip) == len(pkt)-l3 && AfterIPv6(ip, proto) == l4-l3
+		return 0, ok && len(ip) == len(pkt)-l3 && afterIPv6(ip, proto) == l4-l3
 	}
 	ip, ok := header.ParseIPv4(pkt[l3:])
 	if !ok || ip.Protocol() != proto || l4 != l3+ip.HeaderLen() || len(ip) != len(pkt)-l3 {
@@ -125,14 +134,10 @@ func checkIP(pkt []byte, l3, l4 int, v6 bool, proto uint8) (id uint16, ok bool) 
 	return ip.ID(), true
 }
 
-// TCPAfterIPv6 returns the offset of the TCP header in an IPv6 packet,
-// after any hop-by-hop, routing and destination options headers, or -1.
-func TCPAfterIPv6(ip header.IPv6) int { return AfterIPv6(ip, header.ProtoTCP) }
-
-// AfterIPv6 returns the offset of the header of protocol proto in an
+// afterIPv6 returns the offset of the header of protocol proto in an
 // IPv6 packet, after any hop-by-hop, routing and destination options
 // headers, or -1.
-func AfterIPv6(ip header.IPv6, proto uint8) int {
+func afterIPv6(ip header.IPv6, proto uint8) int {
 	nh, off := ip.NextHeader(), header.IPv6Len
 	for {
 		switch nh {
