@@ -368,12 +368,17 @@ func (t *VIFTable) Remove(k VIFKey) (*VIF, bool) {
 	if !ok {
 		return nil, false
 	}
-	t.byKey.Delete(k)
+	t.removeLocked(v)
+	t.removed.Add(1)
+	return v, true
+}
+
+// removeLocked takes v out of every index. Called with mu held.
+func (t *VIFTable) removeLocked(v *VIF) {
+	t.byKey.Delete(v.Key)
 	t.byQPN.Delete(v.QPN)
 	t.byREMAC.Delete(v.REMAC)
 	t.size.Add(-1)
-	t.removed.Add(1)
-	return v, true
 }
 
 // Expire removes the VIFs unused for idle or longer and returns
@@ -389,11 +394,8 @@ func (t *VIFTable) Expire(now time.Time, idle time.Duration) []*VIF {
 		}
 	}
 	for _, v := range gone {
-		t.byKey.Delete(v.Key)
-		t.byQPN.Delete(v.QPN)
-		t.byREMAC.Delete(v.REMAC)
+		t.removeLocked(v)
 	}
-	t.size.Add(-int64(len(gone)))
 	t.aged.Add(uint64(len(gone)))
 	return gone
 }
