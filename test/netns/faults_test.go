@@ -253,22 +253,19 @@ func TestMACFlood(t *testing.T) {
 		}
 		return c
 	}
-	hopsBefore := hopDrops(t, g12, h1)
-	burst, caughtUp := pacer(t, g12, h1, counted)
+	p := pacer(t, g12, h1, counted)
 	pingDuring(t, g11, g21.ip4, 10, func() {
 		err := rawFramesPaced(t, g12.ns, "eth0", n, func(int) []byte {
 			src := make(net.HardwareAddr, 6)
 			binary.BigEndian.PutUint32(src[2:], rng.Uint32())
 			src[0], src[1] = 0x02, byte(rng.Uint32())
 			return append(ethHeader(net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, src, 0x0800), ip...)
-		}, burst, caughtUp)
+		}, p.burst, p.caughtUp)
 		if err != nil {
 			t.Error(err)
 		}
 	})
-	if hops := hopDrops(t, g12, h1); hops != hopsBefore {
-		t.Errorf("the kernel dropped flood frames on the way to %s's TAP: %+v, then %+v", h1.name, hopsBefore, hops)
-	}
+	p.checkHops(t)
 	after := h1.metrics(t)
 	if c := counted(after); c != n {
 		t.Errorf("%v flood frames counted (VIFs created + drop_vif_limit + drop_vif_pending_full), want %d", c, n)
@@ -445,8 +442,7 @@ func TestGarbage(t *testing.T) {
 	// The writer goes on after each quarter queue only once h2 has
 	// counted every frame written so far, and the kernel must drop none
 	// of them anywhere on the way.
-	hopsBefore := hopDrops(t, g21, h2)
-	burst, caughtUp := pacer(t, g21, h2, func(after map[string]float64) (c float64) {
+	p := pacer(t, g21, h2, func(after map[string]float64) (c float64) {
 		for k := range want {
 			c += after[k] - before2[k]
 		}
@@ -469,15 +465,13 @@ func TestGarbage(t *testing.T) {
 			})
 		}()
 		err := rawFramesPaced(t, g21.ns, "eth0", n, func(i int) []byte { return [][]byte{tagged, ipx, badARP}[i%3] },
-			burst, caughtUp)
+			p.burst, p.caughtUp)
 		wg.Wait()
 		if err := errors.Join(err, floodErr); err != nil {
 			t.Error(err)
 		}
 	})
-	if hops := hopDrops(t, g21, h2); hops != hopsBefore {
-		t.Errorf("the kernel dropped frames on the way to %s's TAP: %+v, then %+v", h2.name, hopsBefore, hops)
-	}
+	p.checkHops(t)
 	var after1, after2 map[string]float64
 	deadline := time.Now().Add(5 * time.Second)
 	for {
@@ -511,7 +505,7 @@ func TestGarbage(t *testing.T) {
 	}
 	t.Logf("%s's port drops by reason: %s", h1.name, dropRises(before1, after1))
 	t.Logf("%s read the %d frames in bursts of %d, %v frames in all (tx_frames); the kernel's drop counters of the hops stayed at %+v",
-		h2.name, n, burst, after2["tx_frames"]-before2["tx_frames"], hopsBefore)
+		h2.name, n, p.burst, after2["tx_frames"]-before2["tx_frames"], p.hopsBefore)
 	pingN(t, g21, g11.ip4, 3)
 	for _, h := range tp.hvs {
 		h.running(t)
@@ -561,8 +555,28 @@ func quiet(t *testing.T, h *hypervisor) {
 	}
 }
 
-// pacer returns rawFramesPaced's burst and caughtUp for frames from
-// guest g of h: a quarter of the TAP's queue of tx_queue_len frames,
+// pace is how a test paces frames from a guest to its hypervisor's TAP
+// (pacer): rawFramesPaced's burst and caughtUp, and the kernel's drop
+// counters on the way when it began.
+type pace struct {
+	burst      int
+	caughtUp   func(sent int) error
+	hopsBefore hopCounts
+	g          *guest
+	h          *hypervisor
+}
+
+// checkHops fails the test when the kernel dropped frames on the way
+// from the guest to the TAP since the pacing began.
+func (p *pace) checkHops(t *testing.T) {
+	t.Helper()
+	if hops := hopDrops(t, p.g, p.h); hops != p.hopsBefore {
+		t.Errorf("the kernel dropped frames on the way to %s's TAP: %+v, then %+v", p.h.name, p.hopsBefore, hops)
+	}
+}
+
+// pacer returns the pace for frames from guest g of h: bursts of a
+// quarter of the TAP's queue of tx_queue_len frames,
 // which overflows whenever the writer fills it before eipoibd is
 // scheduled to read it (tun.c tun_net_xmit: a full ptr_ring is a drop,
 // counted in tx_dropped), as on a loaded machine; caughtUp waits until
@@ -570,9 +584,9 @@ func quiet(t *testing.T, h *hypervisor) {
 // fails when it is not exactly that by a deadline. It reads the metrics
 // every 10 ms: each read is a whole scrape, whose garbage a test of the
 // daemon's RSS would otherwise measure.
-func pacer(t *testing.T, g *guest, h *hypervisor, counted func(map[string]float64) float64) (int, func(sent int) error) {
-	hopsBefore := hopDrops(t, g, h)
-	return int(linkNumber(t, h.ns, "eib0", "tx_queue_len")) / 4, func(sent int) error {
+func pacer(t *testing.T, g *guest, h *hypervisor, counted func(map[string]float64) float64) *pace {
+	p := &pace{burst: int(linkNumber(t, h.ns, "eib0", "tx_queue_len")) / 4, hopsBefore: hopDrops(t, g, h), g: g, h: h}
+	p.caughtUp = func(sent int) error {
 		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 			m, err := h.readMetrics(t)
 			if err != nil {
@@ -581,12 +595,13 @@ func pacer(t *testing.T, g *guest, h *hypervisor, counted func(map[string]float6
 			if c := counted(m); c >= float64(sent) || time.Now().After(deadline) {
 				if c != float64(sent) {
 					return fmt.Errorf("%s counted %v of the %d frames written so far; kernel drops on the way %+v, now %+v",
-						h.name, c, sent, hopsBefore, hopDrops(t, g, h))
+						h.name, c, sent, p.hopsBefore, hopDrops(t, g, h))
 				}
 				return nil
 			}
 		}
 	}
+	return p
 }
 
 // dropRises formats the port drop counters that rose.
