@@ -396,3 +396,15 @@ func TestPersistOVS(t *testing.T) {
 	}
 	pingN(t, h1.guests[0], h2.guests[0].ip4, 3)
 }
+
+// iperf3Run is what the tests read of iperf3 -J: its error and the bytes
+// of each interval.
+type iperf3Run struct {
+	Error     string `json:"error"`
+	Intervals []struct {
+		Sum struct {
+			Start float64 `json:"start"`
+			Bytes int64   `json:"bytes"`
+		} `json:"sum"`
+	} `json:"intervals"`
+}
