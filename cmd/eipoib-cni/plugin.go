@@ -62,14 +62,7 @@ func cmdAdd(args *skel.CmdArgs) error {
 		}
 		return types.PrintResult(r, c.Net.CNIVersion)
 	}
-	if c.Net.PrevResult == nil {
-		return badConf(`no prevResult: list "eipoib" after "bridge" in the plugins of a conflist`)
-	}
-	res, err := current.NewResultFromResult(c.Net.PrevResult)
-	if err != nil {
-		return badConf("prevResult: %v", err)
-	}
-	mac, err := podMAC(res, args)
+	mac, err := prevMAC(c, args, `no prevResult: list "eipoib" after "bridge" in the plugins of a conflist`)
 	if err != nil {
 		return err
 	}
@@ -97,9 +90,7 @@ func cmdDel(args *skel.CmdArgs) error {
 	}
 	var mac net.HardwareAddr
 	if c.Net.PrevResult != nil {
-		if res, err := current.NewResultFromResult(c.Net.PrevResult); err == nil {
-			mac, _ = podMAC(res, args)
-		}
+		mac, _ = prevMAC(c, args, "")
 	} else if args.Netns != "" {
 		mac, _ = netnsMAC(args.Netns, args.IfName)
 	}
@@ -113,42 +104,26 @@ func cmdDel(args *skel.CmdArgs) error {
 	return refused(c, "vif-del", mac, err)
 }
 
-// cmdCheck fails unless the pod's interface still has the MAC of the
-// prevResult (chained; in ipamWrap mode the real IPAM's CHECK runs
-// first) and eipoibd holds a VIF for it on the configured VLAN.
+// cmdCheck fails unless eipoibd holds a VIF for the MAC of the pod's
+// interface in the prevResult (the MAC ADD declared) on the configured
+// VLAN. The interface's MAC now is not compared: KubeVirt's bridge
+// binding hands the pod interface's MAC to the VM and gives the
+// interface another, and the VM's MAC is the one that must have a VIF.
+// In ipamWrap mode only the real IPAM's CHECK runs; the chained eipoib
+// checks the VIF.
 func cmdCheck(args *skel.CmdArgs) error {
 	c, err := ParseConf(args.StdinData)
 	if err != nil {
 		return err
 	}
-	var mac net.HardwareAddr
 	if c.mode == ipamWrap {
 		ctx, cancel := context.WithTimeout(context.Background(), delegateTimeout)
 		defer cancel()
-		if err := invoke.DelegateCheck(ctx, c.ipamType, c.delegate, nil); err != nil {
-			return err
-		}
-		if mac, err = netnsMAC(args.Netns, args.IfName); err != nil {
-			return types.NewError(types.ErrInvalidNetNS, fmt.Sprintf("eipoib: pod interface %s in %s: %v", args.IfName, args.Netns, err), "")
-		}
-	} else {
-		if c.Net.PrevResult == nil {
-			return badConf("CHECK without a prevResult: the runtime must pass the result of ADD")
-		}
-		res, err := current.NewResultFromResult(c.Net.PrevResult)
-		if err != nil {
-			return badConf("prevResult: %v", err)
-		}
-		if mac, err = podMAC(res, args); err != nil {
-			return err
-		}
-		now, err := netnsMAC(args.Netns, args.IfName)
-		if err != nil {
-			return types.NewError(types.ErrInvalidNetNS, fmt.Sprintf("eipoib: pod interface %s in %s: %v", args.IfName, args.Netns, err), "")
-		}
-		if now.String() != mac.String() {
-			return types.NewError(ErrVIFMissing, fmt.Sprintf("eipoib: pod interface %s has MAC %s, but %s was declared to eipoibd %s: re-create the pod", args.IfName, now, mac, c.TAP), "")
-		}
+		return invoke.DelegateCheck(ctx, c.ipamType, c.delegate, nil)
+	}
+	mac, err := prevMAC(c, args, "CHECK without a prevResult: the runtime must pass the result of ADD")
+	if err != nil {
+		return err
 	}
 	return checkVIF(c, mac)
 }
@@ -217,6 +192,19 @@ func daemonGone(c *Conf) error {
 // refused reports a request eipoibd answered with an error.
 func refused(c *Conf, op string, mac net.HardwareAddr, err error) error {
 	return types.NewError(ErrDaemonRefused, fmt.Sprintf("eipoibd %s refused %s of %s on VLAN %d: %v", c.TAP, op, mac, c.VLAN, err), "")
+}
+
+// prevMAC returns the MAC of the pod's interface in c's prevResult; a
+// configuration without one is the error missing.
+func prevMAC(c *Conf, args *skel.CmdArgs, missing string) (net.HardwareAddr, error) {
+	if c.Net.PrevResult == nil {
+		return nil, badConf("%s", missing)
+	}
+	res, err := current.NewResultFromResult(c.Net.PrevResult)
+	if err != nil {
+		return nil, badConf("prevResult: %v", err)
+	}
+	return podMAC(res, args)
 }
 
 // podMAC finds the pod's interface in a previous result: the interface

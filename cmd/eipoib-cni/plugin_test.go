@@ -91,7 +91,9 @@ func quiet(t *testing.T, fn func() error) (string, error) {
 }
 
 // TestAddDel: chained ADD declares the pod's MAC from the prevResult on
-// the configured VLAN and prints the prevResult on; DEL frees it, and a
+// the configured VLAN and prints the prevResult on; CHECK passes, and
+// fails with code 101 once the VIF is gone or on another VLAN (naming
+// it); DEL frees it, and a
 // second DEL (nothing left) succeeds too; a refusal is a code 100 error
 // quoting the daemon.
 func TestAddDel(t *testing.T) {
@@ -111,6 +113,21 @@ func TestAddDel(t *testing.T) {
 	if !strings.Contains(out, `"0a:58:0a:4d:00:32"`) || !strings.Contains(out, `"10.77.0.50/24"`) {
 		t.Errorf("ADD printed %s, want the prevResult passed on", out)
 	}
+	if err := cmdCheck(args); err != nil {
+		t.Errorf("CHECK after ADD: %v", err)
+	}
+	d.DelVIF(want)
+	d.AddVIF(ctl.VIFRequest{MAC: want.MAC, VLAN: 20})
+	err = cmdCheck(args)
+	var ce *types.Error
+	if !errors.As(err, &ce) || ce.Code != ErrVIFMissing || !strings.Contains(ce.Msg, "no VIF for the pod's MAC 0a:58:0a:4d:00:32 on VLAN 10 (it has one on VLAN 20") {
+		t.Errorf("CHECK with the VIF on another VLAN: %v, want code 101 naming both VLANs", err)
+	}
+	d.DelVIF(ctl.VIFRequest{MAC: want.MAC, VLAN: 20})
+	if err := cmdCheck(args); !errors.As(err, &ce) || ce.Code != ErrVIFMissing || !strings.Contains(ce.Msg, "`eipoibd vif add 0a:58:0a:4d:00:32 --vlan 10 --name eib1`") {
+		t.Errorf("CHECK without the VIF: %v, want code 101 saying how to declare it again", err)
+	}
+	d.AddVIF(want)
 	for i := 0; i < 2; i++ {
 		if err := cmdDel(args); err != nil {
 			t.Fatalf("DEL %d: %v", i+1, err)
@@ -123,7 +140,6 @@ func TestAddDel(t *testing.T) {
 	d.refuse = "shim: VLAN 10 has no P_Key"
 	d.mu.Unlock()
 	_, err = quiet(t, func() error { return cmdAdd(args) })
-	var ce *types.Error
 	if !errors.As(err, &ce) || ce.Code != ErrDaemonRefused || !strings.Contains(ce.Msg, "eipoibd eib1 refused vif-add of 0a:58:0a:4d:00:32 on VLAN 10: shim: VLAN 10 has no P_Key") {
 		t.Errorf("ADD refused: %v, want code 100 quoting the daemon", err)
 	}
