@@ -46,20 +46,27 @@ func newCNIRuntime(t *testing.T, h *hypervisor, pluginDir string) *cniRuntime {
 
 // list is the network list of docs/kubernetes.md, as a Multus
 // NetworkAttachmentDefinition carries it: bridge (on the hypervisor's
-// br0) with eipoib as its IPAM wrapping ipam (so the pod's MAC is
-// declared before its addresses are configured and it announces them),
-// then eipoib chained (CHECK, and DEL's freeing of the VIF), both on the
-// hypervisor's eipoibd.
-func (r *cniRuntime) list(t *testing.T, name, ipam string) *libcni.NetworkConfigList {
+// br0) with IPAM bridgeIPAM, then eipoib chained (it declares the MAC,
+// frees the VIF at DEL and checks it at CHECK), on the hypervisor's
+// eipoibd.
+func (r *cniRuntime) list(t *testing.T, name, bridgeIPAM string) *libcni.NetworkConfigList {
 	t.Helper()
 	conf := fmt.Sprintf(`{"cniVersion":"1.0.0","name":%q,"plugins":[
-  {"type":"bridge","bridge":"br0","ipam":{"type":"eipoib","tap":"eib0","socketDir":%q,"ipam":%s}},
-  {"type":"eipoib","tap":"eib0","socketDir":%q}]}`, name, r.h.ctlDir(), ipam, r.h.ctlDir())
+  {"type":"bridge","bridge":"br0","ipam":%s},
+  {"type":"eipoib","tap":"eib0","socketDir":%q}]}`, name, bridgeIPAM, r.h.ctlDir())
 	l, err := libcni.NetworkConfFromBytes([]byte(conf))
 	if err != nil {
 		t.Fatalf("%s: %v\n%s", name, err, conf)
 	}
 	return l
+}
+
+// wrap is bridge's IPAM eipoib wrapping ipam: the pod's MAC is declared
+// before its addresses are asked for and configured, so that its DHCP
+// and its announcements (MLD reports for its solicited-node groups)
+// pass under --learn declared.
+func (r *cniRuntime) wrap(ipam string) string {
+	return fmt.Sprintf(`{"type":"eipoib","tap":"eib0","socketDir":%q,"ipam":%s}`, r.h.ctlDir(), ipam)
 }
 
 // hostLocal is host-local IPAM handing out 10.77.0.lo–hi and
@@ -170,7 +177,7 @@ func buildCNIPlugin(t *testing.T) string {
 
 // TestCNI runs the CNI chain bridge (its IPAM wrapped by eipoib) +
 // eipoib through libcni, as a container runtime does, with Debian's
-// reference plugins, on two
+// reference plugins (and the plugin built from this tree), on two
 // hypervisors whose eipoibd serves declared guests only (--learn
 // declared), and a native IPoIB host on the fabric:
 //   - host-local: a pod on each hypervisor; each pod's VIF exists,
@@ -181,6 +188,9 @@ func buildCNIPlugin(t *testing.T) string {
 //     pod and the native host;
 //   - dhcp: a pod with the reference dhcp plugin (its daemon running)
 //     gets a lease from dnsmasq on the native host, and pings it;
+//   - layer 2 (no IPAM, eipoib chained only, as for a KubeVirt VM): the
+//     pod's VIF is declared at ADD; addresses configured afterwards
+//     ping and ping -6 the other hypervisor's pod;
 //   - CHECK passes on a healthy pod, and fails, naming the missing VIF,
 //     after the VIF is removed behind the plugin's back;
 //   - DEL frees the VIF (show vifs, vifs_removed);
@@ -193,7 +203,7 @@ func TestCNI(t *testing.T) {
 	h1, h2 := tp.hvs[0], tp.hvs[1]
 	nh := addNative(t, tp, 1)
 	r1, r2 := newCNIRuntime(t, h1, plugins), newCNIRuntime(t, h2, plugins)
-	l1, l2 := r1.list(t, "ib-hl1", r1.hostLocal(50, 59)), r2.list(t, "ib-hl2", r2.hostLocal(60, 69))
+	l1, l2 := r1.list(t, "ib-hl1", r1.wrap(r1.hostLocal(50, 59))), r2.list(t, "ib-hl2", r2.wrap(r2.hostLocal(60, 69)))
 	ns := func(name string) string { return tp.pfx + name }
 
 	p1 := r1.add(t, l1, ns("p1"))
@@ -218,7 +228,7 @@ func TestCNI(t *testing.T) {
 	})
 
 	t.Run("static", func(t *testing.T) {
-		l := r1.list(t, "ib-static", `{"type":"static","addresses":[{"address":"10.77.0.71/24"},{"address":"fd77::71/64"}]}`)
+		l := r1.list(t, "ib-static", r1.wrap(`{"type":"static","addresses":[{"address":"10.77.0.71/24"},{"address":"fd77::71/64"}]}`))
 		p := r1.add(t, l, ns("p3"))
 		if p.g.ip4 != "10.77.0.71" || p.g.ip6 != "fd77::71" {
 			t.Fatalf("static gave %s %s", p.g.ip4, p.g.ip6)
@@ -231,6 +241,25 @@ func TestCNI(t *testing.T) {
 	})
 
 	t.Run("dhcp", func(t *testing.T) { cniDHCP(t, r2, nh, ns("p4")) })
+
+	t.Run("layer2", func(t *testing.T) {
+		// No IPAM, as for a KubeVirt VM, which configures its address
+		// when it boots, after ADD.
+		l := r1.list(t, "ib-l2", `{}`)
+		p := r1.add(t, l, ns("p5"))
+		if v, ok := h1.vifs(t)[p.mac]; !ok || v.Origin != "declared" {
+			t.Fatalf("VIF of the layer-2 pod %s: %+v (found %v), want one declared", p.mac, v, ok)
+		}
+		p.g.ip4, p.g.ip6 = "10.77.0.81", "fd77::81"
+		sh(t, in(p.g.ns, "ip", "addr", "add", p.g.ip4+"/24", "dev", "eth0")...)
+		sh(t, in(p.g.ns, "ip", "addr", "add", p.g.ip6+"/64", "dev", "eth0", "nodad")...)
+		ping(t, p.g, p2.g.ip4)
+		ping(t, p.g, p2.g.ip6)
+		ping(t, p2.g, p.g.ip6)
+		// No CHECK: bridge's CHECK runs its IPAM's unconditionally and
+		// fails without one ("no plugin name provided").
+		r1.del(t, l, p)
+	})
 
 	t.Run("check", func(t *testing.T) {
 		if err := r1.check(l1, p1); err != nil {
@@ -304,7 +333,7 @@ func cniDHCP(t *testing.T, r *cniRuntime, nh *native, name string) {
 			t.Fatalf("the dhcp plugin's daemon made no socket %s", sock)
 		}
 	}
-	l := r.list(t, "ib-dhcp", fmt.Sprintf(`{"type":"dhcp","daemonSocketPath":%q}`, sock))
+	l := r.list(t, "ib-dhcp", r.wrap(fmt.Sprintf(`{"type":"dhcp","daemonSocketPath":%q}`, sock)))
 	p := r.add(t, l, name)
 	addr, err := netip.ParseAddr(p.g.ip4)
 	if lo, hi := netip.MustParseAddr("10.77.0.100"), netip.MustParseAddr("10.77.0.150"); err != nil || addr.Less(lo) || hi.Less(addr) {
