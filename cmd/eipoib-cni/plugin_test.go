@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -145,10 +146,10 @@ func TestAddDel(t *testing.T) {
 	}
 }
 
-// TestNoDaemon: with nothing listening on the socket, ADD fails with
-// "try again later" (code 11) and a message naming the socket, the
-// system's error and the question to ask; DEL succeeds (the VIFs went
-// with the daemon).
+// TestNoDaemon: with no socket, or a stale one nothing listens on, ADD
+// fails with "try again later" (code 11) and a message naming the
+// socket, the system's error and the question to ask; DEL succeeds (the
+// VIFs went with the daemon).
 func TestNoDaemon(t *testing.T) {
 	dir := t.TempDir()
 	conf := strings.Replace(chainedConf, `"/run/x"`, `"`+dir+`"`, 1)
@@ -161,6 +162,21 @@ func TestNoDaemon(t *testing.T) {
 	}
 	if err := cmdDel(args); err != nil {
 		t.Errorf("DEL without a daemon: %v, want success", err)
+	}
+	// A socket left by a daemon that died: connection refused.
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: filepath.Join(dir, "eib1.sock"), Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.SetUnlinkOnClose(false)
+	ln.Close()
+	_, err = quiet(t, func() error { return cmdAdd(args) })
+	want = "eipoibd control socket " + filepath.Join(dir, "eib1.sock") + ": connection refused: is eipoibd running for eib1?"
+	if !errors.As(err, &ce) || ce.Code != types.ErrTryAgainLater || ce.Msg != want {
+		t.Errorf("ADD with a stale socket: %v, want code 11 %q", err, want)
+	}
+	if err := cmdDel(args); err != nil {
+		t.Errorf("DEL with a stale socket: %v, want success", err)
 	}
 }
 
