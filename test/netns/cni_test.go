@@ -51,9 +51,15 @@ func newCNIRuntime(t *testing.T, h *hypervisor, pluginDir string) *cniRuntime {
 // eipoibd.
 func (r *cniRuntime) list(t *testing.T, name, bridgeIPAM string) *libcni.NetworkConfigList {
 	t.Helper()
-	conf := fmt.Sprintf(`{"cniVersion":"1.0.0","name":%q,"plugins":[
+	return r.listVersion(t, "1.0.0", name, bridgeIPAM)
+}
+
+// listVersion is list in spec version v.
+func (r *cniRuntime) listVersion(t *testing.T, v, name, bridgeIPAM string) *libcni.NetworkConfigList {
+	t.Helper()
+	conf := fmt.Sprintf(`{"cniVersion":%q,"name":%q,"plugins":[
   {"type":"bridge","bridge":"br0","ipam":%s},
-  {"type":"eipoib","tap":"eib0","socketDir":%q}]}`, name, bridgeIPAM, r.h.ctlDir())
+  {"type":"eipoib","tap":"eib0","socketDir":%q}]}`, v, name, bridgeIPAM, r.h.ctlDir())
 	l, err := libcni.NetworkConfFromBytes([]byte(conf))
 	if err != nil {
 		t.Fatalf("%s: %v\n%s", name, err, conf)
@@ -188,6 +194,8 @@ func buildCNIPlugin(t *testing.T) string {
 //     pod and the native host;
 //   - dhcp: a pod with the reference dhcp plugin (its daemon running)
 //     gets a lease from dnsmasq on the native host, and pings it;
+//   - spec versions 0.3.1 and 0.4.0: ADD declares, CHECK (0.4.0)
+//     passes, DEL frees;
 //   - layer 2 (no IPAM, eipoib chained only, as for a KubeVirt VM): the
 //     pod's VIF is declared at ADD; addresses configured afterwards
 //     ping and ping -6 the other hypervisor's pod;
@@ -259,6 +267,27 @@ func TestCNI(t *testing.T) {
 		// No CHECK: bridge's CHECK runs its IPAM's unconditionally and
 		// fails without one ("no plugin name provided").
 		r1.del(t, l, p)
+	})
+
+	t.Run("versions", func(t *testing.T) {
+		// Older lists, as runtimes may still hold them: ADD declares,
+		// CHECK (0.4.0 on) passes, DEL frees.
+		for i, v := range []string{"0.3.1", "0.4.0"} {
+			l := r1.listVersion(t, v, "ib-v"+v, r1.wrap(r1.hostLocal(90+i, 90+i)))
+			p := r1.add(t, l, ns(fmt.Sprintf("v%d", i)))
+			if vif, ok := h1.vifs(t)[p.mac]; !ok || vif.Origin != "declared" || p.g.ip4 != fmt.Sprintf("10.77.0.%d", 90+i) {
+				t.Errorf("spec %s: VIF %+v (found %v), address %s", v, vif, ok, p.g.ip4)
+			}
+			if v != "0.3.1" {
+				if err := r1.check(l, p); err != nil {
+					t.Errorf("spec %s: CHECK: %v", v, err)
+				}
+			}
+			r1.del(t, l, p)
+			if vif, ok := h1.vifs(t)[p.mac]; ok {
+				t.Errorf("spec %s: VIF left after DEL: %+v", v, vif)
+			}
+		}
 	})
 
 	t.Run("check", func(t *testing.T) {
