@@ -55,6 +55,7 @@ build:
 	$(GO) build -tags verbs -o bin/eipoibd-verbs ./cmd/eipoibd
 	$(GO) build -o bin/udprate ./cmd/udprate
 	$(GO) build -o bin/taplink ./cmd/taplink
+	$(GO) build -o bin/eipoib ./cmd/eipoib-cni
 
 ## fuzz: run every fuzz target for FUZZTIME (default 60s, or a count
 ## such as 200000x) each, all of them, then a summary; the Go fuzzer's own

@@ -1,0 +1,185 @@
+package main
+
+// The network configuration: which eipoibd to talk to (tap, socketDir),
+// the VLAN the pod's VIF is declared on, and which of the two ways the
+// plugin was invoked (chained after bridge, or as bridge's IPAM wrapping
+// the real IPAM).
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"strings"
+
+	"github.com/containernetworking/cni/pkg/types"
+	"github.com/containernetworking/cni/pkg/version"
+
+	"github.com/eipoib/eipoibd/internal/ctl"
+)
+
+// PluginType is the network configuration "type" of this plugin, and the
+// name of its binary in the runtime's CNI_PATH.
+const PluginType = "eipoib"
+
+// DefaultTAP is the TAP (eipoibd --name) a configuration without "tap"
+// talks to.
+const DefaultTAP = "eib0"
+
+// mode is how the plugin was invoked.
+type mode int
+
+const (
+	// chained: listed after bridge in a conflist; it finds the pod's
+	// interface in the prevResult and passes the prevResult on.
+	chained mode = iota
+	// ipamWrap: bridge's "ipam" is {"type": "eipoib", ..., "ipam": {the
+	// real IPAM}}; bridge runs it once the pod's veth exists and before
+	// any address is asked for, so the VIF is declared before a DHCP
+	// DISCOVER leaves the pod (under --learn declared, an undeclared
+	// MAC's frames are dropped).
+	ipamWrap
+)
+
+// Conf is what the plugin was told.
+type Conf struct {
+	// The plugin's own keys: the TAP of the eipoibd to talk to, the
+	// directory of its control socket and the VLAN (0: untagged) the
+	// pod's VIF is declared on.
+	TAP       string
+	SocketDir string
+	VLAN      int
+
+	mode mode
+	// Net is the whole network configuration: its cniVersion, name and
+	// (chained) prevResult, parsed.
+	Net types.PluginConf
+	// ipamType and delegate: in ipamWrap mode, the real IPAM's type and
+	// the configuration it is run with (the network configuration with
+	// "ipam" replaced by the real IPAM's section).
+	ipamType string
+	delegate []byte
+}
+
+// Socket is the control socket of the eipoibd the configuration names.
+func (c *Conf) Socket() string { return ctl.Path(c.SocketDir, c.TAP) }
+
+// keys are the plugin's own keys in a network configuration (chained)
+// or its IPAM section (ipamWrap).
+type keys struct {
+	Type      string          `json:"type"`
+	TAP       *string         `json:"tap"`
+	SocketDir *string         `json:"socketDir"`
+	VLAN      *int            `json:"vlan"`
+	IPAM      json.RawMessage `json:"ipam"`
+}
+
+// badConf is a configuration error as CNI reports it.
+func badConf(format string, a ...any) *types.Error {
+	return types.NewError(types.ErrInvalidNetworkConfig, "eipoib: "+fmt.Sprintf(format, a...), "")
+}
+
+// ParseConf parses the network configuration given on standard input.
+// With "type": "eipoib" the plugin is chained after bridge and its keys
+// are at the top; with bridge's "ipam": {"type": "eipoib", ...} it wraps
+// the IPAM section's own "ipam". Any other configuration is an error
+// that names both ways.
+func ParseConf(stdin []byte) (*Conf, error) {
+	c := &Conf{}
+	if err := json.Unmarshal(stdin, &c.Net); err != nil {
+		return nil, badConf("network configuration is not JSON: %v", err)
+	}
+	var top keys
+	if err := json.Unmarshal(stdin, &top); err != nil {
+		return nil, badConf("network configuration: %v", err)
+	}
+	own := top
+	switch {
+	case top.Type == PluginType:
+		c.mode = chained
+		if c.Net.RawPrevResult != nil {
+			if err := version.ParsePrevResult(&c.Net); err != nil {
+				return nil, badConf("prevResult: %v", err)
+			}
+		}
+	case ipamType(top.IPAM) == PluginType:
+		c.mode = ipamWrap
+		if err := json.Unmarshal(top.IPAM, &own); err != nil {
+			return nil, badConf("ipam: %v", err)
+		}
+		inner := ipamType(own.IPAM)
+		if inner == "" || inner == PluginType {
+			return nil, badConf(`ipam of type "eipoib" wraps the real IPAM: give it an "ipam" section with a type such as "dhcp" or "host-local"`)
+		}
+		c.ipamType = inner
+		var err error
+		if c.delegate, err = replaceIPAM(stdin, own.IPAM); err != nil {
+			return nil, badConf("ipam: %v", err)
+		}
+	default:
+		return nil, badConf(`network configuration of type %q (ipam %q): want type "eipoib", listed after "bridge" in a conflist, or "bridge" with ipam type "eipoib" wrapping the real IPAM`,
+			top.Type, ipamType(top.IPAM))
+	}
+	c.TAP, c.SocketDir = DefaultTAP, ctl.DefaultDir
+	if own.TAP != nil {
+		c.TAP = *own.TAP
+	}
+	if own.SocketDir != nil {
+		c.SocketDir = *own.SocketDir
+	}
+	if own.VLAN != nil {
+		c.VLAN = *own.VLAN
+	}
+	if err := checkIfName(c.TAP); err != nil {
+		return nil, badConf("tap %q: %v (eipoibd's --name)", c.TAP, err)
+	}
+	if !filepath.IsAbs(c.SocketDir) {
+		return nil, badConf("socketDir %q: want an absolute directory such as %s (eipoibd's --ctl-dir)", c.SocketDir, ctl.DefaultDir)
+	}
+	c.SocketDir = filepath.Clean(c.SocketDir)
+	if c.VLAN < 0 || c.VLAN > 4094 {
+		return nil, badConf("vlan %d: want 0 (untagged) to 4094", c.VLAN)
+	}
+	return c, nil
+}
+
+// ipamType is the "type" of an IPAM section, or "".
+func ipamType(section json.RawMessage) string {
+	var t struct {
+		Type string `json:"type"`
+	}
+	if len(section) == 0 || json.Unmarshal(section, &t) != nil {
+		return ""
+	}
+	return t.Type
+}
+
+// replaceIPAM returns the network configuration stdin with its "ipam"
+// section replaced by inner, every other key kept as it was.
+func replaceIPAM(stdin []byte, inner json.RawMessage) ([]byte, error) {
+	var m map[string]json.RawMessage
+	d := json.NewDecoder(bytes.NewReader(stdin))
+	d.UseNumber()
+	if err := d.Decode(&m); err != nil {
+		return nil, err
+	}
+	m["ipam"] = inner
+	return json.Marshal(m)
+}
+
+// checkIfName applies the kernel's rule for interface names
+// (net/core/dev.c dev_valid_name): 1 to 15 bytes, not "." or "..", no
+// '/', ':' or white space.
+func checkIfName(name string) error {
+	switch {
+	case name == "":
+		return fmt.Errorf("empty")
+	case len(name) > 15:
+		return fmt.Errorf("longer than 15 bytes")
+	case name == "." || name == "..":
+		return fmt.Errorf("not an interface name")
+	case strings.ContainsAny(name, "/: \t\n\v\f\r"):
+		return fmt.Errorf("contains '/', ':' or white space")
+	}
+	return nil
+}

@@ -1,0 +1,198 @@
+package main
+
+import (
+	"errors"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/eipoib/eipoibd/internal/ctl"
+	"github.com/eipoib/eipoibd/internal/nstest"
+)
+
+// fakeDaemon answers vif-add and vif-del as eipoibd does, keeping the
+// declared VIFs; refuse makes vif-add fail with that message.
+type fakeDaemon struct {
+	mu     sync.Mutex
+	vifs   map[ctl.VIFRequest]bool
+	refuse string
+}
+
+func (d *fakeDaemon) Port() ctl.Port               { return ctl.Port{} }
+func (d *fakeDaemon) Neighbours() []ctl.Neigh      { return nil }
+func (d *fakeDaemon) Groups() []ctl.Group          { return nil }
+func (d *fakeDaemon) Stats() ctl.Stats             { return nil }
+func (d *fakeDaemon) FlushNeighbours() ctl.Flushed { return ctl.Flushed{} }
+func (d *fakeDaemon) Capture(ctl.CaptureRequest, io.Writer, <-chan struct{}) error {
+	return errors.New("no capture")
+}
+
+func (d *fakeDaemon) VIFs() []ctl.VIF {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var out []ctl.VIF
+	for v := range d.vifs {
+		out = append(out, ctl.VIF{MAC: v.MAC, VLAN: uint16(v.VLAN)})
+	}
+	return out
+}
+
+func (d *fakeDaemon) AddVIF(r ctl.VIFRequest) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.refuse != "" {
+		return errors.New(d.refuse)
+	}
+	d.vifs[r] = true
+	return nil
+}
+
+func (d *fakeDaemon) DelVIF(r ctl.VIFRequest) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	delete(d.vifs, r)
+	return nil
+}
+
+// serve runs a fake daemon on dir/eib1.sock until the test ends.
+func serve(t *testing.T, dir string) *fakeDaemon {
+	t.Helper()
+	d := &fakeDaemon{vifs: map[ctl.VIFRequest]bool{}}
+	s, err := ctl.Listen(ctl.Path(dir, "eib1"), d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Serve()
+	t.Cleanup(func() { s.Close() })
+	return d
+}
+
+// quiet sends what fn prints on standard output (the plugin's result)
+// to a file, so that the test's output stays readable, and returns it.
+func quiet(t *testing.T, fn func() error) (string, error) {
+	t.Helper()
+	f, err := os.CreateTemp(t.TempDir(), "stdout")
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := os.Stdout
+	os.Stdout = f
+	err = fn()
+	os.Stdout = old
+	b, _ := os.ReadFile(f.Name())
+	f.Close()
+	return string(b), err
+}
+
+// TestAddDel: chained ADD declares the pod's MAC from the prevResult on
+// the configured VLAN and prints the prevResult on; CHECK passes, and
+// fails with code 101 once the VIF is gone or on another VLAN (naming
+// it); DEL frees it, and a
+// second DEL (nothing left) succeeds too; a refusal is a code 100 error
+// quoting the daemon.
+func TestAddDel(t *testing.T) {
+	nstest.Require(t) // the control socket serves root peers only
+	dir := t.TempDir()
+	d := serve(t, dir)
+	conf := strings.Replace(chainedConf, `"/run/x"`, `"`+dir+`"`, 1)
+	args := &skel.CmdArgs{ContainerID: "c1", Netns: "/var/run/netns/pod", IfName: "eth0", StdinData: []byte(conf)}
+	out, err := quiet(t, func() error { return cmdAdd(args) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := ctl.VIFRequest{MAC: "0a:58:0a:4d:00:32", VLAN: 10}
+	if got := d.VIFs(); len(got) != 1 || got[0] != (ctl.VIF{MAC: want.MAC, VLAN: uint16(want.VLAN)}) {
+		t.Errorf("after ADD the daemon holds %v, want %v", got, want)
+	}
+	if !strings.Contains(out, `"0a:58:0a:4d:00:32"`) || !strings.Contains(out, `"10.77.0.50/24"`) {
+		t.Errorf("ADD printed %s, want the prevResult passed on", out)
+	}
+	if err := cmdCheck(args); err != nil {
+		t.Errorf("CHECK after ADD: %v", err)
+	}
+	d.DelVIF(want)
+	d.AddVIF(ctl.VIFRequest{MAC: want.MAC, VLAN: 20})
+	err = cmdCheck(args)
+	var ce *types.Error
+	if !errors.As(err, &ce) || ce.Code != ErrVIFMissing || !strings.Contains(ce.Msg, "no VIF for the pod's MAC 0a:58:0a:4d:00:32 on VLAN 10 (it has one on VLAN 20") {
+		t.Errorf("CHECK with the VIF on another VLAN: %v, want code 101 naming both VLANs", err)
+	}
+	d.DelVIF(ctl.VIFRequest{MAC: want.MAC, VLAN: 20})
+	if err := cmdCheck(args); !errors.As(err, &ce) || ce.Code != ErrVIFMissing || !strings.Contains(ce.Msg, "`eipoibd vif add 0a:58:0a:4d:00:32 --vlan 10 --name eib1`") {
+		t.Errorf("CHECK without the VIF: %v, want code 101 saying how to declare it again", err)
+	}
+	d.AddVIF(want)
+	for i := 0; i < 2; i++ {
+		if err := cmdDel(args); err != nil {
+			t.Fatalf("DEL %d: %v", i+1, err)
+		}
+		if got := d.VIFs(); len(got) != 0 {
+			t.Errorf("after DEL %d the daemon holds %v, want nothing", i+1, got)
+		}
+	}
+	d.mu.Lock()
+	d.refuse = "shim: VLAN 10 has no P_Key"
+	d.mu.Unlock()
+	_, err = quiet(t, func() error { return cmdAdd(args) })
+	if !errors.As(err, &ce) || ce.Code != ErrDaemonRefused || !strings.Contains(ce.Msg, "eipoibd eib1 refused vif-add of 0a:58:0a:4d:00:32 on VLAN 10: shim: VLAN 10 has no P_Key") {
+		t.Errorf("ADD refused: %v, want code 100 quoting the daemon", err)
+	}
+}
+
+// TestNoDaemon: with no socket, or a stale one nothing listens on, ADD
+// fails with "try again later" (code 11) and a message naming the
+// socket, the system's error and the question to ask; DEL succeeds (the
+// VIFs went with the daemon).
+func TestNoDaemon(t *testing.T) {
+	dir := t.TempDir()
+	conf := strings.Replace(chainedConf, `"/run/x"`, `"`+dir+`"`, 1)
+	args := &skel.CmdArgs{ContainerID: "c1", Netns: "/var/run/netns/pod", IfName: "eth0", StdinData: []byte(conf)}
+	_, err := quiet(t, func() error { return cmdAdd(args) })
+	var ce *types.Error
+	want := "eipoibd control socket " + filepath.Join(dir, "eib1.sock") + ": no such file or directory: is eipoibd running for eib1?"
+	if !errors.As(err, &ce) || ce.Code != types.ErrTryAgainLater || ce.Msg != want {
+		t.Errorf("ADD without a daemon: %v, want code 11 %q", err, want)
+	}
+	if err := cmdDel(args); err != nil {
+		t.Errorf("DEL without a daemon: %v, want success", err)
+	}
+	// A socket left by a daemon that died: connection refused.
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: filepath.Join(dir, "eib1.sock"), Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.SetUnlinkOnClose(false)
+	ln.Close()
+	_, err = quiet(t, func() error { return cmdAdd(args) })
+	want = "eipoibd control socket " + filepath.Join(dir, "eib1.sock") + ": connection refused: is eipoibd running for eib1?"
+	if !errors.As(err, &ce) || ce.Code != types.ErrTryAgainLater || ce.Msg != want {
+		t.Errorf("ADD with a stale socket: %v, want code 11 %q", err, want)
+	}
+	if err := cmdDel(args); err != nil {
+		t.Errorf("DEL with a stale socket: %v, want success", err)
+	}
+}
+
+// TestAddNoPodInterface: a prevResult without the pod's interface (the
+// plugin listed first, or another IfName) is a configuration error
+// saying where to list the plugin.
+func TestAddNoPodInterface(t *testing.T) {
+	args := &skel.CmdArgs{ContainerID: "c1", Netns: "/var/run/netns/pod", IfName: "net1", StdinData: []byte(chainedConf)}
+	_, err := quiet(t, func() error { return cmdAdd(args) })
+	var ce *types.Error
+	if !errors.As(err, &ce) || ce.Code != types.ErrInvalidNetworkConfig || !strings.Contains(ce.Msg, `list "eipoib" after "bridge"`) {
+		t.Errorf("ADD: %v, want code 7 naming the chain order", err)
+	}
+	args.StdinData = []byte(`{"cniVersion":"1.0.0","name":"ib","type":"eipoib"}`)
+	_, err = quiet(t, func() error { return cmdAdd(args) })
+	if !errors.As(err, &ce) || ce.Code != types.ErrInvalidNetworkConfig || !strings.Contains(ce.Msg, "no prevResult") {
+		t.Errorf("ADD without prevResult: %v, want code 7", err)
+	}
+}
