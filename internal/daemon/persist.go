@@ -42,6 +42,7 @@ func keptQueues(c *Config, log *slog.Logger) (queues []int, inKeeper bool) {
 	if c.FDStore != "" {
 		queues, inKeeper = keeperQueues(c, queues, log)
 	}
+	queues = liveQueues(c, queues, log)
 	if len(queues) == 0 || c.Persist {
 		return queues, inKeeper
 	}
@@ -56,6 +57,33 @@ func keptQueues(c *Config, log *slog.Logger) (queues []int, inKeeper bool) {
 		log.Warn("file descriptor store not told to let go of the TAP's queues", "err", err)
 	}
 	return queues, inKeeper
+}
+
+// liveQueues closes the kept queues whose TAP is gone ("ip link del"
+// detached them: TUNGETIFF answers EBADFD, __tun_chr_ioctl in
+// drivers/net/tun.c), so that the TAP is made afresh instead of refused.
+// No store notices them: tun_detach_all wakes a queue's waiters
+// (sk_data_ready: EPOLLIN, which ep_poll_callback passes over for a
+// descriptor watched for EPOLLERR and EPOLLHUP only, as systemd's store
+// and the keeper watch theirs) before it detaches the queue, and never
+// after. Other errors are left to tap.Create.
+func liveQueues(c *Config, fds []int, log *slog.Logger) []int {
+	live := fds[:0]
+	for _, fd := range fds {
+		ifr, err := unix.NewIfreq("")
+		if err == nil {
+			err = unix.IoctlIfreq(fd, unix.TUNGETIFF, ifr)
+		}
+		if errors.Is(err, unix.EBADFD) {
+			unix.Close(fd)
+			continue
+		}
+		live = append(live, fd)
+	}
+	if dead := len(fds) - len(live); dead > 0 {
+		log.Warn("kept queues of a deleted TAP closed: the TAP is made afresh", "tap", c.Name, "closed", dead)
+	}
+	return live
 }
 
 // systemdQueues returns the TAP queues systemd passed; any other passed

@@ -59,8 +59,12 @@ type entry struct {
 }
 
 // Keeper holds descriptors by name until told to let go, or until they
-// report EPOLLHUP or EPOLLERR (a TAP queue whose TAP was deleted), as
-// systemd's store does (on_fd_store_io, src/core/service.c).
+// report EPOLLHUP or EPOLLERR (a socket whose peer is gone, a pipe
+// whose reader is), as systemd's store does (on_fd_store_io,
+// src/core/service.c). A TAP queue whose TAP was deleted is not
+// noticed (tun_detach_all wakes its waiters with EPOLLIN, which
+// ep_poll_callback passes over here, before it detaches it): eipoibd
+// closes such queues when it takes them back.
 type Keeper struct {
 	cfg  Config
 	log  *slog.Logger
@@ -114,8 +118,8 @@ func Listen(cfg Config) (*Keeper, error) {
 	var serr error
 	if err := rc.Control(func(fd uintptr) {
 		// The kernel stamps each message with its sender's pid, uid and
-		// gid (maybe_add_creds, net/unix/af_unix.c), as systemd's notify
-		// socket asks for them.
+		// gid (maybe_add_creds, unix_maybe_add_creds in newer kernels,
+		// net/unix/af_unix.c), as systemd's notify socket asks for them.
 		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_PASSCRED, 1)
 	}); err != nil || serr != nil {
 		return fail(errors.Join(err, serr))

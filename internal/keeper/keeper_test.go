@@ -170,9 +170,8 @@ func TestLimits(t *testing.T) {
 }
 
 // TestDropFailed: a held descriptor that reports EPOLLERR (a pipe's
-// write end whose reader is gone; a TAP queue whose TAP was deleted) is
-// dropped, as systemd's store drops it, unless it was stored with
-// FDPOLL=0.
+// write end whose reader is gone) is dropped, as systemd's store drops
+// it, unless it was stored with FDPOLL=0.
 func TestDropFailed(t *testing.T) {
 	k, path := start(t, DefaultMaxFDs, DefaultMaxNames)
 	w, r := pipes(t, 2)

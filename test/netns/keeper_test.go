@@ -24,7 +24,7 @@ type keeperProc struct {
 }
 
 // startKeeper runs a keeper on socket, logging to logPath, and waits
-// until it serves; the test's end stops it.
+// until it serves; the caller stops it.
 func startKeeper(t *testing.T, socket, logPath string) *keeperProc {
 	t.Helper()
 	logf, err := os.Create(logPath)
@@ -38,7 +38,6 @@ func startKeeper(t *testing.T, socket, logPath string) *keeperProc {
 		t.Fatal(err)
 	}
 	go func() { k.done <- k.cmd.Wait(); logf.Close() }()
-	t.Cleanup(func() { k.signal(syscall.SIGTERM) })
 	k.waitLog(t, "keeper serving")
 	return k
 }
@@ -118,13 +117,16 @@ func flapsOf(link, fdb string) []string {
 // while the daemon runs gets the queues from it (the daemon watches the
 // keeper's socket); malformed requests to it are refused and counted
 // by kind, logged once per kind, and it goes on serving: another
-// restart keeps the carrier.
+// restart keeps the carrier. Last, eib0 is deleted while eipoibd is
+// down: the next start closes the detached queues the keeper hands
+// back, makes the TAP afresh, and the keeper holds the new ones.
 func TestKeeperRestart(t *testing.T) {
 	tp := newTopo(t, 2, false)
 	h1, h2 := tp.hvs[0], tp.hvs[1]
 	g11, g12, g21 := h1.guests[0], h1.guests[1], h2.guests[0]
 	socket := filepath.Join(h1.logDir, "keeper.sock")
 	kp := startKeeper(t, socket, filepath.Join(h1.logDir, "keeper-1.log"))
+	t.Cleanup(func() { kp.signal(syscall.SIGTERM) }) // the keeper of the moment
 	h1.stop(t, true)
 	const queues = 2
 	h1.extra = append(slices.Clone(h1.extra), "--persist", "--queues", strconv.Itoa(queues), "--fd-store", socket)
@@ -247,6 +249,26 @@ func TestKeeperRestart(t *testing.T) {
 		if l := h1.link(t); l != before {
 			t.Errorf("eib0 changed across the restart: %+v, before %+v", l, before)
 		}
+		pingN(t, g11, g21.ip4, 3)
+	})
+
+	// A TAP deleted while only the keeper holds its queues: nothing
+	// tells the keeper (tun_detach_all wakes them, with EPOLLIN, before
+	// it detaches them),
+	// so the next eipoibd gets detached queues back, closes them, makes
+	// the TAP afresh and has the keeper hold its new queues instead.
+	t.Run("TAP deleted", func(t *testing.T) {
+		h1.stop(t, false)
+		sh(t, in(h1.ns, "ip", "link", "del", "eib0")...)
+		h1.start(t)
+		for _, want := range []string{fmt.Sprintf(`msg="kept queues of a deleted TAP closed: the TAP is made afresh" tap=eib0 closed=%d`, queues), "tap_start=created", "TAP queues sent to the keeper"} {
+			if !strings.Contains(h1.log(), want) {
+				t.Errorf("no %q after the TAP's deletion:\n%s", want, h1.log())
+			}
+		}
+		kp.waitLog(t, fmt.Sprintf("msg=removed name=tap-eib0 fds=%d", queues))
+		kp.signal(syscall.SIGUSR2)
+		kp.waitLog(t, fmt.Sprintf("fds_by_name=map[tap-eib0:%d]", queues))
 		pingN(t, g11, g21.ip4, 3)
 	})
 }
