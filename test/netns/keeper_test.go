@@ -50,9 +50,15 @@ func (k *keeperProc) log() string {
 // waitLog waits up to 5 s for the keeper's log to contain s.
 func (k *keeperProc) waitLog(t *testing.T, s string) {
 	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(k.log(), s); time.Sleep(20 * time.Millisecond) {
+	k.waitLogN(t, s, 1)
+}
+
+// waitLogN waits up to 5 s for the keeper's log to contain s n times.
+func (k *keeperProc) waitLogN(t *testing.T, s string, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); strings.Count(k.log(), s) < n; time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("the keeper did not log %q:\n%s", s, k.log())
+			t.Fatalf("the keeper did not log %q %d times:\n%s", s, n, k.log())
 		}
 	}
 }
@@ -119,7 +125,9 @@ func flapsOf(link, fdb string) []string {
 // by kind, logged once per kind, and it goes on serving: another
 // restart keeps the carrier. Last, eib0 is deleted while eipoibd is
 // down: the next start closes the detached queues the keeper hands
-// back, makes the TAP afresh, and the keeper holds the new ones.
+// back, makes the TAP afresh, and the keeper holds the new ones; then
+// --persist is turned off: the keeper is told to let go, and a new,
+// ordinary TAP replaces the persistent one.
 func TestKeeperRestart(t *testing.T) {
 	tp := newTopo(t, 2, false)
 	h1, h2 := tp.hvs[0], tp.hvs[1]
@@ -270,5 +278,26 @@ func TestKeeperRestart(t *testing.T) {
 		kp.signal(syscall.SIGUSR2)
 		kp.waitLog(t, fmt.Sprintf("fds_by_name=map[tap-eib0:%d]", queues))
 		pingN(t, g11, g21.ip4, 3)
+	})
+
+	// --persist turned off with --fd-store: the daemon takes the queues
+	// the keeper holds, tells it to let go, and the persistent TAP goes
+	// for an ordinary new one.
+	t.Run("persist turned off", func(t *testing.T) {
+		old := h1.link(t)
+		h1.stop(t, false)
+		h1.extra = slices.DeleteFunc(slices.Clone(h1.extra), func(a string) bool { return a == "--persist" })
+		h1.start(t)
+		if !strings.Contains(h1.log(), "tap_start=created") || !strings.Contains(h1.log(), "--persist is off") {
+			t.Errorf("TAP not made afresh, or no word of it:\n%s", h1.log())
+		}
+		kp.waitLogN(t, fmt.Sprintf("msg=removed name=tap-eib0 fds=%d", queues), 2)
+		kp.signal(syscall.SIGUSR2)
+		kp.waitLog(t, "fds_by_name=map[]")
+		if l := h1.link(t); l.index == old.index || l.master != "br0" || !l.carrier {
+			t.Errorf("eib0 with --persist off: %+v, before %+v; want a new TAP on br0 with carrier", l, old)
+		}
+		pingN(t, g11, g21.ip4, 3)
+		h1.stop(t, true) // and eib0 goes with it
 	})
 }
