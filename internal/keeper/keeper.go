@@ -72,7 +72,8 @@ type Keeper struct {
 	ep   int // epoll set of the watched descriptors
 	uid  uint32
 	done chan struct{}
-	wg   sync.WaitGroup
+	wg   sync.WaitGroup // the watcher
+	stop sync.Once
 
 	mu       sync.Mutex
 	held     map[string][]entry
@@ -127,6 +128,11 @@ func Listen(cfg Config) (*Keeper, error) {
 	if k.ep, err = unix.EpollCreate1(unix.EPOLL_CLOEXEC); err != nil {
 		return fail(err)
 	}
+	k.wg.Add(1)
+	go func() {
+		defer k.wg.Done()
+		k.watch()
+	}()
 	return k, nil
 }
 
@@ -153,11 +159,6 @@ func removeStale(path string) error {
 
 // Serve answers requests until Close; it returns nil then.
 func (k *Keeper) Serve() error {
-	k.wg.Add(1)
-	go func() {
-		defer k.wg.Done()
-		k.watch()
-	}()
 	k.log.Info("keeper serving", "socket", k.cfg.Socket, "max_fds", k.cfg.MaxFDs, "max_names", k.cfg.MaxNames)
 	b := make([]byte, MaxMessage)
 	oob := make([]byte, unix.CmsgSpace(4*sdnotify.MaxFDsPerMessage)+unix.CmsgSpace(unix.SizeofUcred))
@@ -424,7 +425,14 @@ func (k *Keeper) Held() map[string]int {
 
 // Close stops serving, closes every held descriptor and removes the
 // socket. A TAP whose queues only the keeper held loses its carrier.
+// Closing again does nothing.
 func (k *Keeper) Close() error {
+	err := net.ErrClosed
+	k.stop.Do(func() { err = k.close() })
+	return err
+}
+
+func (k *Keeper) close() error {
 	close(k.done)
 	err := k.conn.Close()
 	k.wg.Wait()
