@@ -83,3 +83,22 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+// FuzzParseAnswer: no answer crashes Take's parser; what it takes names
+// the asked-for name and a count of at least 0, and the keeper's own
+// answers parse.
+func FuzzParseAnswer(f *testing.F) {
+	for _, s := range []string{"FDNAME=tap-eib0\nFDCOUNT=2", "FDNAME=tap-eib0\nFDCOUNT=0", "FDNAME=tap-eib0\nFDCOUNT=-1",
+		"FDNAME=other\nFDCOUNT=1", "FDNAME=tap-eib0", "", "FDNAME=tap-eib0\nFDCOUNT=99999999999999999999"} {
+		f.Add([]byte(s))
+	}
+	if n, err := parseAnswer([]byte("FDNAME=tap-eib0\nFDCOUNT=3"), "tap-eib0"); err != nil || n != 3 {
+		f.Fatalf("the keeper's answer: %d, %v", n, err)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		n, err := parseAnswer(b, "tap-eib0")
+		if err == nil && (n < 0 || !strings.HasPrefix(string(b), "FDNAME=tap-eib0\nFDCOUNT=")) {
+			t.Fatalf("parseAnswer(%q) = %d", b, n)
+		}
+	})
+}
