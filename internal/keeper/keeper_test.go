@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"syscall"
 	"testing"
 	"time"
@@ -284,5 +285,22 @@ func TestSendHelper(t *testing.T) {
 	}
 	if err := sdnotify.Send(path, "FDSTORE=1\nFDNAME=intruder", []*os.File{os.Stdin}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestTakeMany: more descriptors than one SCM_RIGHTS message carries
+// (SCM_MAX_FD, 253) are stored in several messages and come back in
+// several answers, all of them.
+func TestTakeMany(t *testing.T) {
+	k, path := start(t, DefaultMaxFDs, DefaultMaxNames)
+	w, _ := pipes(t, 1)
+	if err := sdnotify.StoreFilesAt(path, "many", slices.Repeat(w, 300)); err != nil {
+		t.Fatal(err)
+	}
+	held(t, k, map[string]int{"many": 300})
+	fds, err := Take(path, "many", 2*time.Second)
+	closeFDs(fds)
+	if err != nil || len(fds) != 300 {
+		t.Fatalf("Take: %d descriptors, %v; want 300", len(fds), err)
 	}
 }
