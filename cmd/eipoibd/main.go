@@ -2,11 +2,13 @@
 // whose traffic travels over an InfiniBand fabric as standard IPoIB. It
 // parses the command line and the config file into a daemon.Config and
 // runs internal/daemon, which does the rest; "show", "vif", "neigh" and
-// "capture" are the control socket's client, "host" a native IPoIB host.
+// "capture" are the control socket's client, "host" a native IPoIB host,
+// "keeper" the holder of --persist's TAP queues outside systemd.
 //
 //	eipoibd run --underlay IFACE [--name eib0] [--bridge BR] [--ib-mtu 4096]
 //	            [--max-vifs N] [--fabric sim] [--metrics ADDR] ...
 //	eipoibd host --underlay IFACE [--name ib0] [--ib-mtu 4096] [--pkey P]
+//	eipoibd keeper [--socket /run/eipoibd/keeper.sock] [--max-fds 1024]
 package main
 
 import (
@@ -120,6 +122,7 @@ func runFlags(o *options) *flag.FlagSet {
 	fs.StringVar(&o.cfg.CtlDir, "ctl-dir", ctl.DefaultDir, "directory of the control socket NAME.sock (eipoibd show, vif, neigh, capture); empty: none")
 	fs.BoolVar(&o.cfg.Persist, "persist", false, "keep the TAP (and its bridge or OVS port) across restarts and crashes, its queues in systemd's file descriptor store so the link never drops, and the guests in --state-dir; a stop leaves the TAP (ip link del removes it)")
 	fs.StringVar(&o.cfg.StateDir, "state-dir", ctl.DefaultDir, "directory of the --persist state file NAME.state")
+	fs.StringVar(&o.cfg.FDStore, "fd-store", "", "socket of an \"eipoibd keeper\" (e.g. /run/eipoibd/keeper.sock) that keeps --persist's TAP queues instead of systemd's file descriptor store, and hands them back at the next start; empty: systemd's")
 	fs.BoolVar(&o.cfg.PProf, "pprof", false, "also serve Go's profiles at /debug/pprof/ on the --metrics address")
 	fs.StringVar(&o.faults, "fault", "", "simulated fabric faults, e.g. loss=0.01,dup=0.01,reorder=0.01,corrupt=0.01")
 	return fs
@@ -222,6 +225,8 @@ func run(args []string, stderr io.Writer) error {
 		switch args[0] {
 		case "host":
 			return runHost(args[1:], stderr)
+		case "keeper":
+			return runKeeper(args[1:], stderr)
 		case "show", "vif", "neigh", "capture":
 			return runCtl(args[0], args[1:], stderr)
 		}

@@ -105,6 +105,7 @@ type Config struct {
 	CtlDir   string // --ctl-dir: empty for no control socket
 	Persist  bool   // --persist
 	StateDir string // --state-dir
+	FDStore  string // --fd-store: the keeper's socket; empty for systemd's store
 
 	// Logger logs lifecycle events; Level is its level, which a reload
 	// sets (nil: the level cannot change).
@@ -222,7 +223,8 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer port.Close()
-	tc := TAPConfig(&cfg, port, keptQueues(&cfg, log))
+	kept, inKeeper := keptQueues(&cfg, log)
+	tc := TAPConfig(&cfg, port, kept)
 	dev, err := tap.Create(tc)
 	if err != nil {
 		return err
@@ -236,7 +238,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if dev.Offload() != cfg.Offload {
 		log.Warn("the kept TAP keeps its offload setting while its queues are open: stop eipoibd (not restart) to change it", "offload", dev.Offload(), "wanted", cfg.Offload)
 	}
-	storeQueues(&cfg, dev, log)
+	keeperSocket := storeQueues(&cfg, dev, kept, inKeeper, log)
 
 	sh, err := shim.New(ShimConfig(&cfg, dev, port))
 	if err != nil {
@@ -274,6 +276,13 @@ func Run(ctx context.Context, cfg Config) error {
 	defer wg.Wait()
 	defer cancel()
 	sw.watch(ctx, &wg)
+	if cfg.Persist && cfg.FDStore != "" {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			watchKeeper(ctx, &cfg, dev, keeperSocket, log)
+		}()
+	}
 	wg.Add(1)
 	go func() {
 		defer wg.Done()

@@ -1,8 +1,9 @@
 package daemon
 
 // --persist: the TAP outlives the daemon (a persistent TAP whose queues
-// systemd's file descriptor store keeps open, so its carrier never
-// drops), and the guests' VIFs come back from a state file.
+// systemd's file descriptor store, or an eipoibd keeper with --fd-store,
+// keeps open, so its carrier never drops), and the guests' VIFs come
+// back from a state file.
 
 import (
 	"bytes"
@@ -11,8 +12,12 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
+	"golang.org/x/sys/unix"
+
+	"github.com/eipoib/eipoibd/internal/keeper"
 	"github.com/eipoib/eipoibd/internal/sdnotify"
 	"github.com/eipoib/eipoibd/internal/state"
 	"github.com/eipoib/eipoibd/shim"
@@ -20,15 +25,70 @@ import (
 )
 
 // fdName is the name the TAP's queues have in systemd's file descriptor
-// store.
+// store, and in the keeper's.
 func fdName(tapName string) string { return "tap-" + tapName }
 
-// keptQueues returns the TAP queues systemd passed back from its file
-// descriptor store ($LISTEN_FDS, named fdName); any other passed
-// descriptor is closed, as nothing here listens on sockets. Without
-// --persist (an earlier run had it) systemd is told to let go of its
-// copies, so that the TAP goes when tap.Create closes these.
-func keptQueues(c *Config, log *slog.Logger) []int {
+// keeperTimeout bounds the wait for the keeper's answer at start.
+const keeperTimeout = 2 * time.Second
+
+// keptQueues returns the TAP queues an earlier run left in a file
+// descriptor store, and whether the keeper (--fd-store) holds them:
+// systemd's passed back as $LISTEN_FDS (named fdName), or with
+// --fd-store the keeper's, asked for. Without --persist (an earlier run
+// had it) the store is told to let go of its copies, so that the TAP
+// goes when tap.Create closes these.
+func keptQueues(c *Config, log *slog.Logger) (queues []int, inKeeper bool) {
+	queues = systemdQueues(c, log)
+	if c.FDStore != "" {
+		queues, inKeeper = keeperQueues(c, queues, log)
+	}
+	queues = liveQueues(c, queues, log)
+	if len(queues) == 0 || c.Persist {
+		return queues, inKeeper
+	}
+	log.Info("--persist is off: the TAP an earlier run kept is removed and made afresh (its link drops once)", "tap", c.Name)
+	var err error
+	if inKeeper {
+		err = sdnotify.Send(c.FDStore, "FDSTOREREMOVE=1\nFDNAME="+fdName(c.Name), nil)
+	} else {
+		_, err = sdnotify.Notify("FDSTOREREMOVE=1\nFDNAME=" + fdName(c.Name))
+	}
+	if err != nil {
+		log.Warn("file descriptor store not told to let go of the TAP's queues", "err", err)
+	}
+	return queues, inKeeper
+}
+
+// liveQueues closes the kept queues whose TAP is gone ("ip link del"
+// detached them: TUNGETIFF answers EBADFD, __tun_chr_ioctl in
+// drivers/net/tun.c), so that the TAP is made afresh instead of refused.
+// No store notices them: tun_detach_all wakes a queue's waiters
+// (sk_data_ready: EPOLLIN, which ep_poll_callback passes over for a
+// descriptor watched for EPOLLERR and EPOLLHUP only, as systemd's store
+// and the keeper watch theirs) before it detaches the queue, and never
+// after. Other errors are left to tap.Create.
+func liveQueues(c *Config, fds []int, log *slog.Logger) []int {
+	live := fds[:0]
+	for _, fd := range fds {
+		ifr, err := unix.NewIfreq("")
+		if err == nil {
+			err = unix.IoctlIfreq(fd, unix.TUNGETIFF, ifr)
+		}
+		if errors.Is(err, unix.EBADFD) {
+			unix.Close(fd)
+			continue
+		}
+		live = append(live, fd)
+	}
+	if dead := len(fds) - len(live); dead > 0 {
+		log.Warn("kept queues of a deleted TAP closed: the TAP is made afresh", "tap", c.Name, "closed", dead)
+	}
+	return live
+}
+
+// systemdQueues returns the TAP queues systemd passed; any other passed
+// descriptor is closed, as nothing here listens on sockets.
+func systemdQueues(c *Config, log *slog.Logger) []int {
 	fds, err := sdnotify.ListenFDs()
 	if err != nil {
 		log.Warn("file descriptors passed by systemd ignored", "err", err)
@@ -45,20 +105,56 @@ func keptQueues(c *Config, log *slog.Logger) []int {
 			os.NewFile(uintptr(fd), n).Close()
 		}
 	}
-	if len(queues) > 0 && !c.Persist {
-		log.Info("--persist is off: the TAP an earlier run kept is removed and made afresh (its link drops once)", "tap", c.Name)
-		if _, err := sdnotify.Notify("FDSTOREREMOVE=1\nFDNAME=" + fdName(c.Name)); err != nil {
-			log.Warn("systemd file descriptor store", "err", err)
-		}
-	}
 	return queues
 }
 
-// storeQueues puts the TAP's queues into systemd's file descriptor store
-// (with --persist) and says what a restart will do to the link.
-func storeQueues(c *Config, dev *tap.TAP, log *slog.Logger) {
+// keeperQueues asks the keeper at --fd-store for the TAP's queues. An
+// unreachable keeper is reported: a persistent TAP is then reopened,
+// its carrier having dropped when the last run ended. Queues systemd
+// passed as well (kept before --fd-store was set) are used when the
+// keeper has none, and systemd is told to let go of them either way:
+// the keeper keeps them from now on.
+func keeperQueues(c *Config, fromSystemd []int, log *slog.Logger) ([]int, bool) {
+	queues, err := keeper.Take(c.FDStore, fdName(c.Name), keeperTimeout)
+	if err != nil {
+		log.Warn("keeper unreachable: any TAP queues it kept are lost, so a persistent TAP is opened again and its carrier drops once (is \"eipoibd keeper\" running on --fd-store?)", "fd_store", c.FDStore, "err", err)
+	} else if len(queues) > 0 {
+		log.Info("TAP queues taken back from the keeper", "fd_store", c.FDStore, "queues", len(queues))
+	}
+	if len(fromSystemd) == 0 {
+		return queues, len(queues) > 0
+	}
+	if _, err := sdnotify.Notify("FDSTOREREMOVE=1\nFDNAME=" + fdName(c.Name)); err != nil {
+		log.Warn("systemd file descriptor store", "err", err)
+	}
+	if len(queues) == 0 {
+		log.Info("TAP queues passed by systemd taken: the keeper keeps them from now on", "queues", len(fromSystemd))
+		return fromSystemd, false
+	}
+	log.Info("TAP queues passed by systemd closed: the keeper's are used", "queues", len(fromSystemd))
+	for _, fd := range fromSystemd {
+		os.NewFile(uintptr(fd), "systemd").Close()
+	}
+	return queues, true
+}
+
+// storeQueues puts the TAP's queues into the keeper (--fd-store) or
+// systemd's file descriptor store (with --persist) and says what a
+// restart will do to the link. With --fd-store it returns the identity
+// of the keeper's socket it used, for watchKeeper.
+func storeQueues(c *Config, dev *tap.TAP, kept []int, inKeeper bool, log *slog.Logger) socketID {
 	if !c.Persist {
-		return
+		return socketID{}
+	}
+	if c.FDStore != "" {
+		files := dev.Files()
+		if inKeeper && dev.Start() == tap.Kept && sameFDs(files, kept) {
+			// The keeper's copies never closed, so a daemon killed at
+			// any point of its start leaves them held.
+			log.Info("the keeper still holds the TAP's queues: a restart keeps the link up", "tap", c.Name, "fd_store", c.FDStore, "queues", len(files))
+			return socketOf(c.FDStore)
+		}
+		return sendToKeeper(c, dev, "TAP queues sent to the keeper: a restart keeps the link up", log)
 	}
 	ok, err := sdnotify.StoreFiles(fdName(c.Name), dev.Files())
 	switch {
@@ -69,6 +165,80 @@ func storeQueues(c *Config, dev *tap.TAP, log *slog.Logger) {
 	default:
 		log.Info("no systemd file descriptor store: the TAP survives a restart, but its carrier drops while no eipoibd holds it", "tap", c.Name)
 	}
+	return socketID{}
+}
+
+// sendToKeeper has the keeper hold exactly the TAP's queues, logging
+// done on success, and returns the identity its socket had before.
+func sendToKeeper(c *Config, dev *tap.TAP, done string, log *slog.Logger) socketID {
+	id := socketOf(c.FDStore)
+	if err := sdnotify.StoreFilesAt(c.FDStore, fdName(c.Name), dev.Files()); err != nil {
+		log.Warn("TAP queues not kept by the keeper: a restart drops the carrier (is \"eipoibd keeper\" running on --fd-store? they are sent again when it starts)", "fd_store", c.FDStore, "err", err)
+		return id
+	}
+	log.Info(done, "tap", c.Name, "fd_store", c.FDStore, "queues", len(dev.Files()))
+	return id
+}
+
+// keeperCheck is how often a daemon with --fd-store looks whether its
+// keeper's socket was made anew.
+const keeperCheck = 2 * time.Second
+
+// socketID tells one socket file from another at the same path: a
+// keeper started anew binds a new one.
+type socketID struct {
+	ino   uint64
+	ctime unix.Timespec
+}
+
+// socketOf returns the identity of the socket at path; zero when there
+// is none.
+func socketOf(path string) socketID {
+	var st unix.Stat_t
+	if unix.Stat(path, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFSOCK {
+		return socketID{}
+	}
+	return socketID{st.Ino, st.Ctim}
+}
+
+// watchKeeper sends the TAP's queues to the keeper again whenever its
+// socket is another than the one last used (a keeper started anew holds
+// nothing, and the next restart would drop the carrier), until ctx
+// ends.
+func watchKeeper(ctx context.Context, c *Config, dev *tap.TAP, last socketID, log *slog.Logger) {
+	t := time.NewTicker(keeperCheck)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if now := socketOf(c.FDStore); now != (socketID{}) && now != last {
+			last = sendToKeeper(c, dev, "the keeper started anew: TAP queues sent to it again, a restart keeps the link up", log)
+		}
+	}
+}
+
+// sameFDs reports whether files are exactly the descriptors fds: the
+// TAP took over every kept queue (tap.Create keeps their numbers) and
+// opened none.
+func sameFDs(files []*os.File, fds []int) bool {
+	if len(files) != len(fds) {
+		return false
+	}
+	for _, f := range files {
+		rc, err := f.SyscallConn()
+		if err != nil {
+			return false
+		}
+		var fd int
+		// Not f.Fd(): it would make the non-blocking queue blocking.
+		if rc.Control(func(u uintptr) { fd = int(u) }) != nil || !slices.Contains(fds, fd) {
+			return false
+		}
+	}
+	return true
 }
 
 // statePath is where --persist keeps the guests of TAP name.

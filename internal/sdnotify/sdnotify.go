@@ -29,6 +29,20 @@ func NotifyFiles(state string, files []*os.File) (bool, error) {
 	if name == "" {
 		return false, nil
 	}
+	return true, Send(name, state, files)
+}
+
+// sendTimeout bounds how long Send waits for room in a receiver's queue
+// (a unix datagram sender blocks while it is full: unix_wait_for_peer,
+// net/unix/af_unix.c, for SO_SNDTIMEO at most).
+const sendTimeout = 5 * time.Second
+
+// Send sends state to the datagram socket named socket (a path, or an
+// abstract name with a leading @) with files passed along, as
+// sd_pid_notify_with_fds does: Notify's protocol to any receiver of it,
+// such as eipoibd keeper. The receiver learns the sender's credentials
+// when it asks for them (SO_PASSCRED); files stay open here.
+func Send(socket, state string, files []*os.File) error {
 	var oob []byte
 	if len(files) > 0 {
 		fds := make([]int, len(files))
@@ -36,30 +50,34 @@ func NotifyFiles(state string, files []*os.File) (bool, error) {
 			// Not f.Fd(): it would make a non-blocking file blocking.
 			rc, err := f.SyscallConn()
 			if err != nil {
-				return false, fmt.Errorf("sdnotify: %s: %w", f.Name(), err)
+				return fmt.Errorf("sdnotify: %s: %w", f.Name(), err)
 			}
 			if err := rc.Control(func(fd uintptr) { fds[i] = int(fd) }); err != nil {
-				return false, fmt.Errorf("sdnotify: %s: %w", f.Name(), err)
+				return fmt.Errorf("sdnotify: %s: %w", f.Name(), err)
 			}
 		}
 		oob = unix.UnixRights(fds...)
 	}
 	s, err := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
-		return false, fmt.Errorf("sdnotify: %w", err)
+		return fmt.Errorf("sdnotify: %w", err)
 	}
 	defer unix.Close(s)
-	// A leading @ names an abstract socket; unix.SockaddrUnix knows.
-	if err := unix.Sendmsg(s, []byte(state), oob, &unix.SockaddrUnix{Name: name}, 0); err != nil {
-		return false, fmt.Errorf("sdnotify: %s: %w", name, err)
+	tv := unix.NsecToTimeval(sendTimeout.Nanoseconds())
+	if err := unix.SetsockoptTimeval(s, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv); err != nil {
+		return fmt.Errorf("sdnotify: %w", err)
 	}
-	return true, nil
+	// A leading @ names an abstract socket; unix.SockaddrUnix knows.
+	if err := unix.Sendmsg(s, []byte(state), oob, &unix.SockaddrUnix{Name: socket}, 0); err != nil {
+		return fmt.Errorf("sdnotify: %s: %w", socket, err)
+	}
+	return nil
 }
 
-// maxFDsPerMessage is how many descriptors one SCM_RIGHTS message may
+// MaxFDsPerMessage is how many descriptors one SCM_RIGHTS message may
 // carry: SCM_MAX_FD in the kernel's include/net/scm.h; scm_fp_copy
 // refuses more with EINVAL.
-const maxFDsPerMessage = 253
+const MaxFDsPerMessage = 253
 
 // StoreFiles puts files into systemd's file descriptor store under name
 // (FDSTORE=1 with FDNAME=), first taking out whatever the store holds
@@ -72,19 +90,32 @@ const maxFDsPerMessage = 253
 // and the error says how many were sent. The service needs
 // FileDescriptorStoreMax= at least len(files).
 func StoreFiles(name string, files []*os.File) (bool, error) {
+	socket := os.Getenv("NOTIFY_SOCKET")
+	if socket == "" {
+		if !ValidName(name) {
+			return false, fmt.Errorf("sdnotify: bad file descriptor name %q", name)
+		}
+		return false, nil
+	}
+	return true, StoreFilesAt(socket, name, files)
+}
+
+// StoreFilesAt is StoreFiles to the store at socket, systemd's or
+// another speaking its protocol (eipoibd keeper).
+func StoreFilesAt(socket, name string, files []*os.File) error {
 	if !ValidName(name) {
-		return false, fmt.Errorf("sdnotify: bad file descriptor name %q", name)
+		return fmt.Errorf("sdnotify: bad file descriptor name %q", name)
 	}
-	if ok, err := Notify("FDSTOREREMOVE=1\nFDNAME=" + name); !ok || err != nil {
-		return ok, err
+	if err := Send(socket, "FDSTOREREMOVE=1\nFDNAME="+name, nil); err != nil {
+		return err
 	}
-	for i := 0; i < len(files); i += maxFDsPerMessage {
-		chunk := files[i:min(i+maxFDsPerMessage, len(files))]
-		if _, err := NotifyFiles("FDSTORE=1\nFDNAME="+name, chunk); err != nil {
-			return true, fmt.Errorf("%w (%d of %d files under %s sent to the store)", err, i, len(files), name)
+	for i := 0; i < len(files); i += MaxFDsPerMessage {
+		chunk := files[i:min(i+MaxFDsPerMessage, len(files))]
+		if err := Send(socket, "FDSTORE=1\nFDNAME="+name, chunk); err != nil {
+			return fmt.Errorf("%w (%d of %d files under %s sent to the store)", err, i, len(files), name)
 		}
 	}
-	return true, nil
+	return nil
 }
 
 // ValidName reports whether name may name stored file descriptors: 1 to

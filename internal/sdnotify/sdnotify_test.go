@@ -168,7 +168,7 @@ func TestStoreFilesMany(t *testing.T) {
 func recvFDs(t *testing.T, c *net.UnixConn) (string, []int) {
 	t.Helper()
 	c.SetReadDeadline(time.Now().Add(2 * time.Second))
-	b, oob := make([]byte, 256), make([]byte, unix.CmsgSpace(4*maxFDsPerMessage))
+	b, oob := make([]byte, 256), make([]byte, unix.CmsgSpace(4*MaxFDsPerMessage))
 	n, oobn, flags, _, err := c.ReadMsgUnix(b, oob)
 	if err != nil {
 		t.Fatal(err)

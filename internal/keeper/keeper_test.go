@@ -1,0 +1,306 @@
+package keeper
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"golang.org/x/sys/unix"
+
+	"github.com/eipoib/eipoibd/internal/nstest"
+	"github.com/eipoib/eipoibd/internal/sdnotify"
+)
+
+// start runs a keeper on a socket in a temporary directory and stops it
+// when the test ends.
+func start(t *testing.T, maxFDs, maxNames int) (*Keeper, string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "keeper.sock")
+	k, err := Listen(Config{Socket: path, MaxFDs: maxFDs, MaxNames: maxNames})
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- k.Serve() }()
+	t.Cleanup(func() {
+		k.Close()
+		if err := <-served; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+	return k, path
+}
+
+// pipes returns n pipes' write ends, and their read ends.
+func pipes(t *testing.T, n int) (w, r []*os.File) {
+	t.Helper()
+	for range n {
+		pr, pw, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { pr.Close(); pw.Close() })
+		w, r = append(w, pw), append(r, pr)
+	}
+	return w, r
+}
+
+// waitFor waits up to 5 s for cond.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited 5 s for %s", what)
+		}
+	}
+}
+
+// held waits until the keeper holds exactly want (names to counts).
+func held(t *testing.T, k *Keeper, want map[string]int) {
+	t.Helper()
+	waitFor(t, fmt.Sprintf("the keeper to hold %v", want), func() bool { return fmt.Sprint(k.Held()) == fmt.Sprint(want) })
+}
+
+// TestStoreTakeRemove: descriptors stored as sd_notify stores them come
+// back from Take as descriptors of the same open files (a byte written
+// through a returned one reaches the pipe's reader), as often as asked
+// (the keeper keeps its copies), two names stay apart, and
+// FDSTOREREMOVE=1 lets go of one name only.
+func TestStoreTakeRemove(t *testing.T) {
+	leaks := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, leaks) }) // after the keeper's Close
+	k, path := start(t, DefaultMaxFDs, DefaultMaxNames)
+	w, r := pipes(t, 3)
+	if err := sdnotify.StoreFilesAt(path, "tap-eib0", w[:2]); err != nil {
+		t.Fatal(err)
+	}
+	if err := sdnotify.StoreFilesAt(path, "tap-eib1", w[2:]); err != nil {
+		t.Fatal(err)
+	}
+	held(t, k, map[string]int{"tap-eib0": 2, "tap-eib1": 1})
+	for round := range 2 {
+		fds, err := Take(path, "tap-eib0", 2*time.Second)
+		if err != nil || len(fds) != 2 {
+			t.Fatalf("round %d: Take: %v, %v", round, fds, err)
+		}
+		for i, fd := range fds {
+			if _, err := unix.Write(fd, []byte{byte(10*round + i)}); err != nil {
+				t.Fatal(err)
+			}
+			unix.Close(fd)
+			b := make([]byte, 1)
+			if _, err := r[i].Read(b); err != nil || b[0] != byte(10*round+i) {
+				t.Fatalf("round %d: pipe %d read %v, %v", round, i, b, err)
+			}
+		}
+	}
+	if err := sdnotify.Send(path, "FDSTOREREMOVE=1\nFDNAME=tap-eib0", nil); err != nil {
+		t.Fatal(err)
+	}
+	held(t, k, map[string]int{"tap-eib1": 1})
+	if fds, err := Take(path, "tap-eib0", 2*time.Second); err != nil || len(fds) != 0 {
+		t.Fatalf("Take of a removed name: %v, %v", fds, err)
+	}
+	c := k.Counters()
+	if c["stored"] != 3 || c["returned"] != 4 || c["removed"] != 2 {
+		t.Errorf("counters %v: want 3 stored, 4 returned, 2 removed", c)
+	}
+}
+
+// TestTakeUnreachable: without a keeper, Take fails at once and says
+// where it looked.
+func TestTakeUnreachable(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "keeper.sock")
+	if _, err := Take(path, "tap-eib0", time.Second); err == nil {
+		t.Fatal("Take without a keeper succeeded")
+	}
+	// A socket left by a keeper that is gone refuses too.
+	c, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: path, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	if _, err := Take(path, "tap-eib0", time.Second); err == nil {
+		t.Fatal("Take from a stale socket succeeded")
+	}
+	// and a keeper takes the stale socket over.
+	k, err := Listen(Config{Socket: path, MaxFDs: 1, MaxNames: 1})
+	if err != nil {
+		t.Fatalf("stale socket not replaced: %v", err)
+	}
+	go k.Serve()
+	defer k.Close()
+	if _, err := Listen(Config{Socket: path, MaxFDs: 1, MaxNames: 1}); err == nil {
+		t.Fatal("a second keeper took a live keeper's socket")
+	}
+	if fds, err := Take(path, "tap-eib0", time.Second); err != nil || len(fds) != 0 {
+		t.Fatalf("Take from the new keeper: %v, %v", fds, err)
+	}
+}
+
+// TestLimits: descriptors past --max-fds and names past --max-names are
+// closed and counted, not held.
+func TestLimits(t *testing.T) {
+	k, path := start(t, 3, 2)
+	w, _ := pipes(t, 5)
+	for _, s := range []struct {
+		name  string
+		files []*os.File
+	}{{"a", w[:2]}, {"b", w[2:4]}, {"c", w[4:]}} {
+		if err := sdnotify.Send(path, "FDSTORE=1\nFDNAME="+s.name, s.files); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "two refusals", func() bool { return k.Counters()["over_limit"] == 2 })
+	held(t, k, map[string]int{"a": 2, "b": 1})
+	// A refused descriptor was closed: only the keeper's copy of "b"'s
+	// second pipe would have kept it open; its reader sees no writer
+	// once the test closes its own.
+	if fds, err := Take(path, "b", time.Second); err != nil || len(fds) != 1 {
+		t.Fatalf("Take b: %v, %v", fds, err)
+	} else {
+		closeFDs(fds)
+	}
+}
+
+// TestDropFailed: a held descriptor that reports EPOLLERR (a pipe's
+// write end whose reader is gone) is dropped, as systemd's store drops
+// it, unless it was stored with FDPOLL=0.
+func TestDropFailed(t *testing.T) {
+	k, path := start(t, DefaultMaxFDs, DefaultMaxNames)
+	w, r := pipes(t, 2)
+	if err := sdnotify.Send(path, "FDSTORE=1\nFDNAME=polled", w[:1]); err != nil {
+		t.Fatal(err)
+	}
+	if err := sdnotify.Send(path, "FDSTORE=1\nFDNAME=unpolled\nFDPOLL=0", w[1:]); err != nil {
+		t.Fatal(err)
+	}
+	held(t, k, map[string]int{"polled": 1, "unpolled": 1})
+	r[0].Close()
+	r[1].Close()
+	held(t, k, map[string]int{"unpolled": 1})
+	if c := k.Counters(); c["dropped"] != 1 {
+		t.Errorf("counters %v: want 1 dropped", c)
+	}
+}
+
+// TestMalformed: each defective request is refused, counted by kind and
+// its descriptors closed, and the keeper goes on serving.
+func TestMalformed(t *testing.T) {
+	k, path := start(t, DefaultMaxFDs, DefaultMaxNames)
+	w, _ := pipes(t, 1)
+	for _, s := range []struct {
+		msg   string
+		files []*os.File
+	}{
+		{"", nil},
+		{"FDSTORE=1\nFDNAME=a:b", w},
+		{"FDSTORE=1\nFDNAME=a:b", w},
+		{"FDSTOREREMOVE=1", nil},
+		{"FDGET=1\nFDNAME=x", nil}, // no socket to answer on
+		{"FDGET=1\nFDNAME=x", w},   // a pipe is no socket
+		{"READY=1", w},
+		{"FDSTOREREMOVE=1\nFDNAME=x", w},
+		{string(make([]byte, MaxMessage+1)), nil},
+	} {
+		if err := sdnotify.Send(path, s.msg, s.files); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := map[string]uint64{"malformed_empty": 1, "malformed_bad_name": 2, "malformed_no_name": 1,
+		"get_bad_socket": 2, "malformed_no_request": 1, "unexpected_fds": 1, "truncated": 1, "removed": 0}
+	waitFor(t, fmt.Sprintf("counters %v", want), func() bool {
+		c := k.Counters()
+		for kind, n := range want {
+			if c[kind] != n {
+				return false
+			}
+		}
+		return true
+	})
+	if err := sdnotify.StoreFilesAt(path, "tap-eib0", w); err != nil {
+		t.Fatal(err)
+	}
+	if fds, err := Take(path, "tap-eib0", 2*time.Second); err != nil || len(fds) != 1 {
+		t.Fatalf("Take after the malformed requests: %v, %v", fds, err)
+	} else {
+		closeFDs(fds)
+	}
+	if len(k.Held()) != 1 {
+		t.Errorf("held %v: a refused request left descriptors", k.Held())
+	}
+}
+
+// TestRefusedUser: a request from another user than the keeper's (and
+// not root) is refused by its credentials, even where the socket's mode
+// would let it through. The sender is this test binary run again as
+// nobody (see TestSendHelper).
+func TestRefusedUser(t *testing.T) {
+	nstest.Require(t)
+	k, path := start(t, DefaultMaxFDs, DefaultMaxNames)
+	// The test's temporary directories are root's alone: open them.
+	for _, dir := range []string{filepath.Dir(filepath.Dir(path)), filepath.Dir(path)} {
+		if err := os.Chmod(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Chmod(path, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	// A copy of this test binary that nobody may run (go test's own
+	// directory is root's alone).
+	bin := filepath.Join(filepath.Dir(path), "sender")
+	b, err := os.ReadFile(os.Args[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "-test.run=^TestSendHelper$")
+	cmd.Env = append(os.Environ(), "KEEPER_SEND_TO="+path)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("sender as nobody: %v\n%s", err, out)
+	}
+	waitFor(t, "the refusal", func() bool { return k.Counters()["refused"] == 1 })
+	if len(k.Held()) != 0 {
+		t.Errorf("held %v from another user", k.Held())
+	}
+}
+
+// TestSendHelper stores its standard input under "intruder" at
+// $KEEPER_SEND_TO, for TestRefusedUser; without it, it does nothing.
+func TestSendHelper(t *testing.T) {
+	path := os.Getenv("KEEPER_SEND_TO")
+	if path == "" {
+		return
+	}
+	if err := sdnotify.Send(path, "FDSTORE=1\nFDNAME=intruder", []*os.File{os.Stdin}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestTakeMany: more descriptors than one SCM_RIGHTS message carries
+// (SCM_MAX_FD, 253) are stored in several messages and come back in
+// several answers, all of them.
+func TestTakeMany(t *testing.T) {
+	k, path := start(t, DefaultMaxFDs, DefaultMaxNames)
+	w, _ := pipes(t, 1)
+	if err := sdnotify.StoreFilesAt(path, "many", slices.Repeat(w, 300)); err != nil {
+		t.Fatal(err)
+	}
+	held(t, k, map[string]int{"many": 300})
+	fds, err := Take(path, "many", 2*time.Second)
+	closeFDs(fds)
+	if err != nil || len(fds) != 300 {
+		t.Fatalf("Take: %d descriptors, %v; want 300", len(fds), err)
+	}
+}
