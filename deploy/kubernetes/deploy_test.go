@@ -102,13 +102,6 @@ func kinds(objs []object) []string {
 	return k
 }
 
-// agreedFlags are flags of eipoibd that the other helpers of this
-// round build (s29-shared.md): "run --fd-store" and "keeper --socket",
-// from the keeper's branch. Until it is merged they are not in
-// docs/eipoibd.toml; after the merge "fd-store" is, and this list only
-// keeps "keeper", whose flags have no reference file.
-var agreedFlags = map[string][]string{"run": {"fd-store"}, "keeper": {"socket"}}
-
 // runFlags are the flags of "eipoibd run": docs/eipoibd.toml lists each
 // as a key (cmd/eipoibd's TestReferenceConfig keeps it so), and config.
 func runFlags(t *testing.T) map[string]any {
@@ -187,7 +180,7 @@ func TestDaemonSet(t *testing.T) {
 	}
 	flagValue := map[string]string{}
 	for _, f := range flagNames(t, d.Args[1:]) {
-		if _, ok := ref[f]; !ok && !slices.Contains(agreedFlags["run"], f) {
+		if _, ok := ref[f]; !ok {
 			t.Errorf("eipoibd container: --%s is no flag of eipoibd run", f)
 		}
 	}
@@ -206,11 +199,6 @@ func TestDaemonSet(t *testing.T) {
 	}
 	if len(k.Args) < 1 || k.Args[0] != "keeper" || k.RestartPolicy != "Always" {
 		t.Fatalf("keeper: args %v, restartPolicy %q: want a sidecar running keeper", k.Args, k.RestartPolicy)
-	}
-	for _, f := range flagNames(t, k.Args[1:]) {
-		if !slices.Contains(agreedFlags["keeper"], f) {
-			t.Errorf("keeper container: --%s is no flag of eipoibd keeper", f)
-		}
 	}
 	if sock := flagValue["fd-store"]; sock == "" || !slices.Equal(k.Args, []string{"keeper", "--socket", sock}) {
 		t.Errorf("keeper args %v, eipoibd --fd-store %q: want the same socket", k.Args, sock)
