@@ -38,6 +38,9 @@ func AttachBridge(port, br string) error {
 type Guest struct {
 	MAC  ether.MAC
 	VLAN uint16
+	// Port is the interface index of the bridge port the entry is on
+	// (0 for Open vSwitch guests).
+	Port int
 	// Static: the entry was added by hand or by libvirt (NUD_NOARP),
 	// not learned from the guest's traffic.
 	Static bool
@@ -78,7 +81,7 @@ func guestOf(e *netlink.Neigh, br, skip int) (Guest, bool) {
 	if mac.IsMulticast() || mac.IsZero() {
 		return Guest{}, false
 	}
-	return Guest{MAC: mac, VLAN: uint16(e.Vlan), Static: e.State&netlink.NUD_NOARP != 0}, true
+	return Guest{MAC: mac, VLAN: uint16(e.Vlan), Port: e.LinkIndex, Static: e.State&netlink.NUD_NOARP != 0}, true
 }
 
 // WatchBridge calls fn for each guest the forwarding database of bridge
