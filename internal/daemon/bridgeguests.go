@@ -9,6 +9,7 @@ package daemon
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"maps"
 	"slices"
@@ -43,6 +44,7 @@ type bridgeGuests struct {
 	static   map[fdbKey]int               // static entries: their port
 	declared map[mactrans.VIFKey]bool     // guests declared from them
 	failed   map[mactrans.VIFKey]struct{} // guests the shim refused (warned once)
+	logged   bool                         // setVLANs has logged the VLANs at info level
 }
 
 // newBridgeGuests returns a bridgeGuests that declares to sink, with the
@@ -91,22 +93,45 @@ func (bg *bridgeGuests) entry(g vswitch.Guest, added bool) {
 
 // setVLANs takes the bridge's VLANs as they are now: the FDB is listed
 // afresh and every static entry mapped again (VLAN filtering turned on
-// or off, a PVID changed, a VLAN added to the TAP's port or taken off).
+// or off, a PVID changed, a VLAN added to the TAP's port or taken off, a
+// guest's port added or gone). The first call, and a change of what
+// the bridge and the TAP's port say, are logged at info level; a change
+// of guests' ports alone at debug level (it comes with every libvirt
+// guest's start and stop).
 func (bg *bridgeGuests) setVLANs(v vswitch.VLANs) {
 	bg.mu.Lock()
 	defer bg.mu.Unlock()
+	old, now := tapView(&bg.vlans), tapView(&v)
+	level := slog.LevelDebug
+	if !bg.logged || old != now {
+		level, bg.logged = slog.LevelInfo, true
+	}
 	bg.vlans = v
+	bg.log.Log(context.Background(), level, "bridge VLANs", "vlan_filtering", now.filtering, "default_pvid", now.defaultPVID,
+		"tap_pvid", now.pvid, "tap_untagged", now.untagged, "tap_tagged", now.tagged)
+	bg.relistLocked()
+}
+
+// tapVLANs is what a bridge's VLANs say about eipoibd's TAP.
+type tapVLANs struct {
+	filtering   bool
+	defaultPVID uint16
+	pvid        uint16
+	untagged    bool   // the PVID leaves the TAP untagged
+	tagged      string // the VLANs the TAP carries tagged, as "[10 20]"
+}
+
+func tapView(v *vswitch.VLANs) tapVLANs {
 	tap := v.Ports[v.TAP]
-	tagged := []uint16{}
+	var tagged []uint16
 	for vid, untagged := range tap.VIDs {
 		if !untagged {
 			tagged = append(tagged, vid)
 		}
 	}
 	slices.Sort(tagged)
-	bg.log.Info("bridge VLANs", "vlan_filtering", v.Filtering, "default_pvid", v.DefaultPVID, "tap_pvid", tap.PVID,
-		"tap_untagged", tap.PVID != 0 && tap.VIDs[tap.PVID], "tap_tagged", tagged)
-	bg.relistLocked()
+	return tapVLANs{filtering: v.Filtering, defaultPVID: v.DefaultPVID, pvid: tap.PVID,
+		untagged: tap.PVID != 0 && tap.VIDs[tap.PVID], tagged: fmt.Sprint(tagged)}
 }
 
 // relist lists the FDB afresh (its events were lost) and declares and

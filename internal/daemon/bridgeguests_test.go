@@ -186,7 +186,9 @@ func TestBridgeGuestsLearned(t *testing.T) {
 // TestBridgeGuestsVLANChanges: VLAN filtering turned off and on, and the
 // TAP's PVID changed, are followed: the FDB is listed afresh, guests
 // whose entries now map elsewhere are freed and declared again, and a
-// change that maps nothing differently frees nothing.
+// change that maps nothing differently frees nothing. Each change of
+// the bridge's or the TAP's VLANs is logged at info level, one of a
+// guest's port at debug level.
 func TestBridgeGuestsVLANChanges(t *testing.T) {
 	h := newBGHarness(filtering(1))
 	h.add(macA, 0, bgPort1, true)
@@ -221,6 +223,14 @@ func TestBridgeGuestsVLANChanges(t *testing.T) {
 	delete(h.fdb, fdbKey{macC, 10})
 	h.relist()
 	h.expect(t, "listed afresh", "+"+macB.String()+"/10", "-"+macC.String()+"/10")
+	// Each change of the bridge or the TAP's VLANs said at info level,
+	// the guest's port's alone at debug level.
+	if i, d := strings.Count(h.log.String(), `level=INFO msg="bridge VLANs"`), strings.Count(h.log.String(), `level=DEBUG msg="bridge VLANs"`); i != 3 || d != 1 {
+		t.Errorf(`"bridge VLANs" logged %d times at info and %d at debug level, want 3 and 1:\n%s`, i, d, h.log.String())
+	}
+	if !strings.Contains(h.log.String(), `msg="bridge VLANs" vlan_filtering=true default_pvid=1 tap_pvid=2 tap_untagged=true tap_tagged="[10 20]"`) {
+		t.Errorf("the TAP's VLANs are not logged as they are:\n%s", h.log.String())
+	}
 	if strings.Contains(h.log.String(), "level=WARN") {
 		t.Errorf("warnings logged:\n%s", h.log.String())
 	}
