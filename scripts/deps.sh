@@ -17,6 +17,7 @@ declare -A pkg=([ip]=iproute2 [nstat]=iproute2 [ping]=iputils-ping [arping]=arpi
 # Packages with no command to look for (libraries, providers, a static
 # busybox where a dynamic one may be installed): installed or not.
 libs=(busybox-static rdma-core ibverbs-providers libibverbs-dev librdmacm-dev)
+libs+=(libvirt-daemon-system libvirt-daemon-driver-qemu) # TestVLANFilterVM runs libvirtd in the QEMU guest
 missing=()
 for cmd in "${!pkg[@]}"; do
   command -v "$cmd" >/dev/null 2>&1 || missing+=("${pkg[$cmd]}")

@@ -18,11 +18,22 @@ import (
 // vlanFilterTopo is TestVLANFilterVM's topology, built in the QEMU guest
 // (whose Debian kernel has CONFIG_BRIDGE_VLAN_FILTERING; this machine's
 // has not): a simulated fabric on bridge fab joins namespace hv, the
-// hypervisor (bridge br0 with vlan_filtering=1), and two native IPoIB
-// hosts, n0 on the default partition and n10 on 0x800a. Guests: g1 and
-// g3 on br0's default PVID 1, g2 on a port whose only VLAN is 10 (PVID
-// untagged: its untagged frames are VLAN 10's).
+// hypervisor (bridge br0, whose vlan_filtering libvirt turns on), and
+// two native IPoIB hosts, n0 on the default partition and n10 on
+// 0x800a. Guests: g1 and g3 on br0's default PVID 1, g2 on a port whose
+// only VLAN is 10 (PVID untagged: its untagged frames are VLAN 10's).
+// libvirtd runs in hv (the guest's own namespace has rxe0's UDP port
+// 4791, which the simulated fabric needs), with its state on tmpfs (the
+// guest's root is the host's, read-only), as root without a security
+// driver, QEMU's output to a file (no virtlogd) and cgroup2 mounted.
 const vlanFilterTopo = `set -e
+for d in /etc/libvirt /var/lib/libvirt /var/log/libvirt /var/cache/libvirt; do
+  mkdir -p /tmp/libvirt$d
+  cp -a $d/. /tmp/libvirt$d/
+  mount --bind /tmp/libvirt$d $d
+done
+printf 'user = "root"\ngroup = "root"\nsecurity_driver = "none"\nstdio_handler = "file"\n' >/etc/libvirt/qemu.conf
+mountpoint -q /sys/fs/cgroup || mount -t cgroup2 none /sys/fs/cgroup
 for n in hv n0 n10 g1 g2 g3; do
   ip netns add $n
   ip -n $n link set lo up
@@ -35,7 +46,7 @@ for n in hv n0 n10; do
   ip link set u$n master fab up
   ip -n $n link set ul up
 done
-ip -n hv link add br0 type bridge vlan_filtering 1
+ip -n hv link add br0 type bridge
 ip -n hv link set br0 up
 for g in g1 g2 g3; do
   ip -n $g link add eth0 type veth peer name v$g netns hv
@@ -47,7 +58,46 @@ bridge -n hv vlan del vid 1 dev vg2
 ip -n g1 addr add 10.78.0.1/24 dev eth0
 ip -n g3 addr add 10.78.0.3/24 dev eth0
 ip -n g2 addr add 10.78.10.2/24 dev eth0
+ip netns exec hv libvirtd --daemon --pid-file /run/libvirtd.pid
 `
+
+// libvirtDomain is the libvirt domain TestVLANFilterVM starts: no disk,
+// nothing to boot, with docs/libvirt.md's guest interface (%s).
+const libvirtDomain = `<domain type='qemu'>
+  <name>lv1</name>
+  <memory unit='MiB'>64</memory>
+  <vcpu>1</vcpu>
+  <os><type arch='x86_64' machine='pc'>hvm</type></os>
+  <devices>
+    <emulator>/usr/bin/qemu-system-x86_64</emulator>
+    %s
+  </devices>
+</domain>
+`
+
+var (
+	docsNetwork   = regexp.MustCompile(`(?s)<network>.*?macTableManager='libvirt'.*?</network>`)
+	docsNetName   = regexp.MustCompile(`<name>([^<]+)</name>`)
+	docsInterface = regexp.MustCompile(`(?s)<interface type='network'>.*?</interface>`)
+	docsIfMAC     = regexp.MustCompile(`<mac address='([0-9a-f:]+)'/>`)
+)
+
+// libvirtDocs returns docs/libvirt.md's Linux-bridge network (the one
+// with macTableManager='libvirt'), its name, the guest interface and
+// its MAC.
+func libvirtDocs(t *testing.T) (network, name, iface, mac string) {
+	t.Helper()
+	b, err := os.ReadFile("../../docs/libvirt.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	network, iface = docsNetwork.FindString(string(b)), docsInterface.FindString(string(b))
+	n, m := docsNetName.FindStringSubmatch(network), docsIfMAC.FindStringSubmatch(iface)
+	if n == nil || m == nil {
+		t.Fatalf("docs/libvirt.md: no <network> with macTableManager='libvirt' and a <name> (%q), or no <interface type='network'> with a <mac> (%q)", network, iface)
+	}
+	return network, n[1], iface, m[1]
+}
 
 // vifCreatedVM and vifRemovedVM are the shim's log lines of a VIF made
 // and freed.
@@ -57,28 +107,33 @@ var (
 )
 
 // TestVLANFilterVM: bridge VLAN filtering, in the QEMU guest with
-// Debian's kernel. First vswitch's TestBridgeVLANsKernel runs there (the
-// kernel must accept vlan_filtering): BridgeVLANs, the FDB's per-VLAN
-// copies and WatchBridgeVLANs against the real br_netlink.c. Then
-// eipoibd runs on a bridge with vlan_filtering=1 (--learn declared,
-// --vlan-pkey 10=0x800a) and, while it runs, VLAN 10 is added tagged to
-// its TAP's port and guests' static entries are added as libvirt adds
-// them: g1's without a VLAN (the kernel adds its VLAN 1 copy), g3's with
-// vlan 1, g2's without a VLAN on its VLAN 10 port (the kernel's copy is
-// VLAN 10). It asserts that eipoibd shows g1's and g3's VIFs on VLAN 0
-// (the untagged partition) and g2's on VLAN 10, each made once, with no
-// warning logged (no "has no P_Key"); that each guest pings the native
-// host of its partition across the fabric (declared mode: a VIF on a
-// wrong VLAN would leave the guest's frames dropped); that turning
+// Debian's kernel and the host's libvirt 9.0. First vswitch's
+// TestBridgeVLANsKernel runs there (the kernel must accept
+// vlan_filtering): BridgeVLANs, the FDB's per-VLAN copies and
+// WatchBridgeVLANs against the real br_netlink.c. Then eipoibd runs on
+// bridge br0 (--learn declared, --vlan-pkey 10=0x800a) and, while it
+// runs, virsh net-define/net-start docs/libvirt.md's Linux-bridge
+// network (libvirt turns vlan_filtering on: eipoibd follows), VLAN 10 is
+// added tagged to its TAP's port and guests' static entries are added
+// as libvirt adds them: g1's without a VLAN (the kernel adds its VLAN 1
+// copy), g3's with vlan 1, g2's without a VLAN on its VLAN 10 port (the
+// kernel's copy is VLAN 10). It asserts that eipoibd shows g1's and
+// g3's VIFs on VLAN 0 (the untagged partition) and g2's on VLAN 10; that
+// a libvirt domain with docs/libvirt.md's interface, started, gets
+// libvirt's static entry and its VLAN 1 copy and one VIF on VLAN 0,
+// freed by virsh destroy; that each netns guest pings the native host
+// of its partition across the fabric (declared mode: a VIF on a wrong
+// VLAN would leave the guest's frames dropped); that turning
 // vlan_filtering off leaves the VIFs of the entries without a VLAN, all
 // on VLAN 0 (g2 moves there, g3's entry with a VLAN declares nothing),
 // and on again brings back the three as before, g2 pinging again; that
 // removing g1's VLAN 1 entry keeps its VIF, removing its last entry
 // frees it, and deleting g2's and g3's ports (as libvirt's TAPs go)
 // frees theirs; and that the log made and freed each VIF once (g3's,
-// and g2's on VLAN 10, twice: vlan_filtering 0 freed them).
+// and g2's on VLAN 10, twice: vlan_filtering 0 freed them), with no
+// warning (no "has no P_Key").
 func TestVLANFilterVM(t *testing.T) {
-	require(t, "bridge")
+	require(t, "bridge", "libvirtd", "virsh")
 	pfx := fmt.Sprintf("e%d%d", os.Getpid()%1000, nsSeq.Add(1))
 	ns := pfx + "vm"
 	nstest.Add(t, ns)
@@ -129,8 +184,18 @@ func TestVLANFilterVM(t *testing.T) {
 	waitVM(n10, "eipoibd host (0x800a)'s start", has("host running"))
 	v.must(t, "ip -n n0 addr add 10.78.0.100/24 dev ib0 && ip -n n10 addr add 10.78.10.100/24 dev ib0")
 
-	// While it runs: VLAN 10 on the TAP's port, tagged, then the guests'
-	// entries as libvirt adds them (g3's with the VLAN named).
+	// While it runs: docs/libvirt.md's network started (libvirt turns on
+	// vlan_filtering), VLAN 10 on the TAP's port, tagged, then the
+	// guests' entries as libvirt adds them (g3's with the VLAN named).
+	network, netName, iface, lvMAC := libvirtDocs(t)
+	if err := os.WriteFile(v.file("net.xml"), []byte(network), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(v.file("lv1.xml"), []byte(fmt.Sprintf(libvirtDomain, iface)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	v.must(t, "virsh -q net-define net.xml && virsh -q net-start "+netName)
+	waitVM(hv, "vlan_filtering turned on by libvirt followed", has(`msg="bridge VLANs" vlan_filtering=true default_pvid=1 tap_pvid=1 tap_untagged=true tap_tagged=[]`))
 	v.must(t, "bridge -n hv vlan add vid 10 dev eib0")
 	waitVM(hv, "the TAP's VLAN 10 followed", has(`msg="bridge VLANs" vlan_filtering=true default_pvid=1 tap_pvid=1 tap_untagged=true tap_tagged=[10]`))
 	v.must(t, fmt.Sprintf("bridge -n hv fdb replace %s dev vg1 master static && bridge -n hv fdb replace %s dev vg3 master static vlan 1 && bridge -n hv fdb replace %s dev vg2 master static",
@@ -176,6 +241,20 @@ func TestVLANFilterVM(t *testing.T) {
 	pvidAndTagged := vifSet(mac["g1"]+"/0", mac["g3"]+"/0", mac["g2"]+"/10")
 	waitVIFs("the guests' static entries", pvidAndTagged)
 
+	// A libvirt domain on the network: libvirt adds its static entry
+	// when its vCPUs start (a paused domain has none), and the kernel
+	// its VLAN 1 copy: one guest on VLAN 0. It goes at once (its CPU,
+	// emulated inside the emulated guest, would slow the rest).
+	v.must(t, "virsh -q define lv1.xml && virsh -q start --paused lv1 && virsh -q resume lv1")
+	waitVIFs("the libvirt domain's entries", vifSet(mac["g1"]+"/0", mac["g3"]+"/0", mac["g2"]+"/10", lvMAC+"/0"))
+	fdb = v.must(t, "bridge -n hv fdb show br br0 | grep -v permanent")
+	if !regexp.MustCompile(`(?m)^`+lvMAC+` dev vnet\d+ master br0 static$`).MatchString(fdb) ||
+		!regexp.MustCompile(`(?m)^`+lvMAC+` dev vnet\d+ vlan 1 master br0 static$`).MatchString(fdb) {
+		t.Errorf("libvirt's static entry and its VLAN 1 copy are not in the bridge's FDB:\n%s", fdb)
+	}
+	v.must(t, "virsh -q destroy lv1")
+	waitVIFs("the libvirt domain destroyed", pvidAndTagged)
+
 	// Traffic across the fabric, each guest to its partition's native
 	// host.
 	ping := func(g, dst string) {
@@ -219,7 +298,7 @@ func TestVLANFilterVM(t *testing.T) {
 	}
 	// Once each, and once more for g3's and g2's VLAN 10 VIFs, which
 	// vlan_filtering 0 freed.
-	want := map[string]int{mac["g1"] + "/0": 1, mac["g3"] + "/0": 2, mac["g2"] + "/10": 2, mac["g2"] + "/0": 1}
+	want := map[string]int{mac["g1"] + "/0": 1, mac["g3"] + "/0": 2, mac["g2"] + "/10": 2, mac["g2"] + "/0": 1, lvMAC + "/0": 1}
 	for name, got := range map[string]map[string]int{"made": count(vifCreatedVM), "freed": count(vifRemovedVM)} {
 		if fmt.Sprint(got) != fmt.Sprint(want) {
 			t.Errorf("VIFs %s: %v, want %v", name, got, want)
