@@ -25,7 +25,6 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
-	"golang.org/x/sys/unix"
 )
 
 // PortVLANs are the VLANs of one bridge port.
@@ -208,7 +207,7 @@ func WatchBridgeVLANs(ctx context.Context, br, tap string, fn func(VLANs), warn 
 	}
 	concerns := func(u *netlink.LinkUpdate) bool {
 		a := u.Attrs()
-		if a == nil || u.Family == unix.AF_BRIDGE || a.Index == brIdx || a.MasterIndex == brIdx {
+		if a == nil || a.Index == brIdx || a.MasterIndex == brIdx {
 			return true
 		}
 		if last == nil {
