@@ -22,6 +22,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
@@ -185,8 +186,8 @@ func vlansOf(b *netlink.Bridge, tap int, list map[int32][]*nl.BridgeVlanInfo) VL
 // br_setlink, br_dellink, br_if.c br_add_if and del_nbp →
 // br_ifinfo_notify). Each notification, or burst of them, makes it read
 // the VLANs afresh; fn hears only of a change. A failed read or a lost
-// subscription goes to warn, and the watch goes on (subscribing again)
-// unless subscribing fails.
+// subscription goes to warn, and the watch goes on (subscribing again a
+// second later) unless subscribing fails.
 func WatchBridgeVLANs(ctx context.Context, br, tap string, fn func(VLANs), warn func(error)) error {
 	b, err := netlink.LinkByName(br)
 	if err != nil {
@@ -232,7 +233,11 @@ func WatchBridgeVLANs(ctx context.Context, br, tap string, fn func(VLANs), warn 
 			if subErr != nil {
 				err = fmt.Errorf("%w: %v", err, subErr)
 			}
-			warn(fmt.Errorf("vswitch: watch the VLANs of %s: %w; subscribing again", br, err))
+			warn(fmt.Errorf("vswitch: watch the VLANs of %s: %w; subscribing again in a second", br, err))
+			select { // no tight loop (and log flood) if it fails at once again
+			case <-ctx.Done():
+			case <-time.After(time.Second):
+			}
 		}
 	}
 	return nil

@@ -9,6 +9,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -165,7 +166,7 @@ func (bg *bridgeGuests) relistLocked() {
 // entry without a VLAN declares the guest), else at info.
 func (bg *bridgeGuests) logUnserved(g vswitch.Guest, err error) {
 	level := slog.LevelInfo
-	if err == vswitch.ErrUnfiltered {
+	if errors.Is(err, vswitch.ErrUnfiltered) {
 		level = slog.LevelDebug
 	}
 	bg.log.Log(context.Background(), level, "bridge entry declares no guest", "mac", g.MAC, "bridge_vlan", g.VLAN, "port", g.Port, "reason", err)
