@@ -122,20 +122,33 @@ func watchOnce(ctx context.Context, br, skip int, fn func(g Guest, added bool)) 
 	if err := netlink.NeighSubscribeWithOptions(ch, done, opts); err != nil {
 		return err
 	}
+	err := consume(ctx, ch, func(u netlink.NeighUpdate) {
+		if g, ok := guestOf(&u.Neigh, br, skip); ok {
+			fn(g, u.Type == unix.RTM_NEWNEIGH)
+		}
+	})
+	if err != nil && subErr != nil {
+		return subErr // ENOBUFS, for one
+	}
+	return err
+}
+
+// errClosed is consume's error when its channel closes: a netlink
+// subscription ended (its ErrorCallback may say why).
+var errClosed = errors.New("subscription closed")
+
+// consume calls fn with each value of ch until ctx ends (nil) or ch
+// closes (errClosed).
+func consume[T any](ctx context.Context, ch <-chan T, fn func(T)) error {
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
-		case u, ok := <-ch:
+		case v, ok := <-ch:
 			if !ok {
-				if subErr == nil {
-					subErr = errors.New("subscription closed")
-				}
-				return subErr
+				return errClosed
 			}
-			if g, ok := guestOf(&u.Neigh, br, skip); ok {
-				fn(g, u.Type == unix.RTM_NEWNEIGH)
-			}
+			fn(v)
 		}
 	}
 }

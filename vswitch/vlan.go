@@ -244,27 +244,19 @@ func WatchBridgeVLANs(ctx context.Context, br, tap string, fn func(VLANs), warn 
 }
 
 // followLinks calls read for each burst of link notifications that
-// concern the bridge until ctx ends (nil) or ch closes.
+// concern the bridge until ctx ends (nil) or ch closes (errClosed).
 func followLinks(ctx context.Context, ch <-chan netlink.LinkUpdate, concerns func(*netlink.LinkUpdate) bool, read func()) error {
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case u, ok := <-ch:
-			if !ok {
-				return errors.New("link subscription closed")
-			}
-			if !concerns(&u) {
-				continue
-			}
-			for more := true; more; { // the rest of the burst
-				select {
-				case _, more = <-ch:
-				default:
-					more = false
-				}
-			}
-			read()
+	return consume(ctx, ch, func(u netlink.LinkUpdate) {
+		if !concerns(&u) {
+			return
 		}
-	}
+		for more := true; more; { // the rest of the burst
+			select {
+			case _, more = <-ch:
+			default:
+				more = false
+			}
+		}
+		read()
+	})
 }
