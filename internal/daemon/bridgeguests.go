@@ -41,6 +41,7 @@ type bridgeGuests struct {
 	sink     vifSink
 	log      *slog.Logger
 	list     func() ([]vswitch.Guest, error) // the FDB afresh (vswitch.BridgeGuests)
+	read     func() (vswitch.VLANs, error)   // the VLANs afresh (vswitch.BridgeVLANs)
 	vlans    vswitch.VLANs
 	static   map[fdbKey]int               // static entries: their port
 	declared map[mactrans.VIFKey]bool     // guests declared from them
@@ -49,9 +50,10 @@ type bridgeGuests struct {
 }
 
 // newBridgeGuests returns a bridgeGuests that declares to sink, with the
-// bridge's VLANs vlans, listing the FDB afresh with list.
-func newBridgeGuests(sink vifSink, log *slog.Logger, vlans vswitch.VLANs, list func() ([]vswitch.Guest, error)) *bridgeGuests {
-	return &bridgeGuests{sink: sink, log: log, list: list, vlans: vlans,
+// bridge's VLANs vlans, listing the FDB afresh with list and reading the
+// VLANs afresh with read.
+func newBridgeGuests(sink vifSink, log *slog.Logger, vlans vswitch.VLANs, list func() ([]vswitch.Guest, error), read func() (vswitch.VLANs, error)) *bridgeGuests {
+	return &bridgeGuests{sink: sink, log: log, list: list, read: read, vlans: vlans,
 		static: map[fdbKey]int{}, declared: map[mactrans.VIFKey]bool{}, failed: map[mactrans.VIFKey]struct{}{}}
 }
 
@@ -71,6 +73,13 @@ func (bg *bridgeGuests) entry(g vswitch.Guest, added bool) {
 			return // the same entry again (refreshed, or listed afresh)
 		}
 		bg.static[k] = g.Port
+		if _, ok := bg.vlans.Ports[g.Port]; bg.vlans.Filtering && !ok {
+			// An entry added just after its port joined may come
+			// before the port's VLANs (the watch's next read).
+			if v, err := bg.read(); err == nil {
+				bg.useVLANs(v)
+			}
+		}
 		if _, err := bg.vlans.GuestVLAN(g.Port, g.VLAN); err != nil {
 			bg.logUnserved(g, err)
 		}
@@ -102,6 +111,12 @@ func (bg *bridgeGuests) entry(g vswitch.Guest, added bool) {
 func (bg *bridgeGuests) setVLANs(v vswitch.VLANs) {
 	bg.mu.Lock()
 	defer bg.mu.Unlock()
+	bg.useVLANs(v)
+	bg.relistLocked()
+}
+
+// useVLANs makes v the bridge's VLANs, and logs them (bg.mu held).
+func (bg *bridgeGuests) useVLANs(v vswitch.VLANs) {
 	old, now := tapView(&bg.vlans), tapView(&v)
 	level := slog.LevelDebug
 	if !bg.logged || old != now {
@@ -110,7 +125,6 @@ func (bg *bridgeGuests) setVLANs(v vswitch.VLANs) {
 	bg.vlans = v
 	bg.log.Log(context.Background(), level, "bridge VLANs", "vlan_filtering", now.filtering, "default_pvid", now.defaultPVID,
 		"tap_pvid", now.pvid, "tap_untagged", now.untagged, "tap_tagged", now.tagged)
-	bg.relistLocked()
 }
 
 // tapVLANs is what a bridge's VLANs say about eipoibd's TAP.

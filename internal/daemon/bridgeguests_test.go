@@ -67,13 +67,15 @@ var (
 // 10) and a fake FDB, logging into a buffer.
 type bgHarness struct {
 	*bridgeGuests
-	sh  *fakeShim
-	fdb map[fdbKey]vswitch.Guest
-	log bytes.Buffer
+	sh    *fakeShim
+	fdb   map[fdbKey]vswitch.Guest
+	now   vswitch.VLANs // what reading the VLANs afresh finds
+	reads int
+	log   bytes.Buffer
 }
 
 func newBGHarness(v vswitch.VLANs) *bgHarness {
-	h := &bgHarness{sh: &fakeShim{pkeys: map[uint16]bool{0: true, 10: true}}, fdb: map[fdbKey]vswitch.Guest{}}
+	h := &bgHarness{sh: &fakeShim{pkeys: map[uint16]bool{0: true, 10: true}}, fdb: map[fdbKey]vswitch.Guest{}, now: v}
 	log := slog.New(slog.NewTextHandler(&h.log, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	h.bridgeGuests = newBridgeGuests(h.sh, log, v, func() ([]vswitch.Guest, error) {
 		return slices.Collect(func(yield func(vswitch.Guest) bool) {
@@ -83,7 +85,7 @@ func newBGHarness(v vswitch.VLANs) *bgHarness {
 				}
 			}
 		}), nil
-	})
+	}, func() (vswitch.VLANs, error) { h.reads++; return h.now, nil })
 	return h
 }
 
@@ -233,5 +235,27 @@ func TestBridgeGuestsVLANChanges(t *testing.T) {
 	}
 	if strings.Contains(h.log.String(), "level=WARN") {
 		t.Errorf("warnings logged:\n%s", h.log.String())
+	}
+}
+
+// TestBridgeGuestsNewPort: a static entry on a port the VLANs do not
+// know yet (added just after the port joined, before the watch read the
+// VLANs again) makes bridgeGuests read them at once: the entry without
+// a VLAN maps to the new port's PVID, with no line saying it declares no
+// guest; an entry on a known port reads nothing.
+func TestBridgeGuestsNewPort(t *testing.T) {
+	const newPort = 9
+	h := newBGHarness(filtering(1))
+	h.now = filtering(1)
+	h.now.Ports[newPort] = vswitch.PortVLANs{PVID: 10, VIDs: map[uint16]bool{10: true}}
+	h.add(macA, 0, newPort, true)
+	h.expect(t, "an entry without a VLAN on a new VLAN 10 port", "+"+macA.String()+"/10")
+	if h.reads != 1 || strings.Contains(h.log.String(), "declares no guest") {
+		t.Errorf("%d reads of the VLANs, want 1; log:\n%s", h.reads, h.log.String())
+	}
+	h.add(macB, 0, bgPort1, true)
+	h.expect(t, "an entry on a known port", "+"+macB.String()+"/0")
+	if h.reads != 1 {
+		t.Errorf("%d reads of the VLANs after an entry on a known port, want still 1", h.reads)
 	}
 }

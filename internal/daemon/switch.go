@@ -48,7 +48,8 @@ func attachSwitch(cfg *Config, dev *tap.TAP, sh *shim.Shim, log *slog.Logger) (*
 	if err != nil {
 		log.Warn("read bridge VLANs; taking VLAN filtering as off", "err", err)
 	}
-	sw.bg = newBridgeGuests(sh, log, vlans, func() ([]vswitch.Guest, error) { return vswitch.BridgeGuests(cfg.Bridge, cfg.Name) })
+	sw.bg = newBridgeGuests(sh, log, vlans, func() ([]vswitch.Guest, error) { return vswitch.BridgeGuests(cfg.Bridge, cfg.Name) },
+		func() (vswitch.VLANs, error) { return vswitch.BridgeVLANs(cfg.Bridge, cfg.Name) })
 	if cfg.Learn != shim.LearnAuto {
 		return sw, nil
 	}

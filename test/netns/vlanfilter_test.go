@@ -121,7 +121,8 @@ var (
 // g3's VIFs on VLAN 0 (the untagged partition) and g2's on VLAN 10; that
 // a libvirt domain with docs/libvirt.md's interface, started, gets
 // libvirt's static entry and its VLAN 1 copy and one VIF on VLAN 0,
-// freed by virsh destroy; that each netns guest pings the native host
+// freed by virsh destroy; that a port given its entry right after it
+// joins gets its VIF; that each netns guest pings the native host
 // of its partition across the fabric (declared mode: a VIF on a wrong
 // VLAN would leave the guest's frames dropped); that turning
 // vlan_filtering off leaves the VIFs of the entries without a VLAN, all
@@ -255,6 +256,14 @@ func TestVLANFilterVM(t *testing.T) {
 	v.must(t, "virsh -q destroy lv1")
 	waitVIFs("the libvirt domain destroyed", pvidAndTagged)
 
+	// A port that joins and gets its entry at once (as a script does):
+	// the entry may come before the port's VLANs, and still maps.
+	const quick = "02:00:00:00:04:01"
+	v.must(t, "ip -n hv link add vg4 type veth peer name vg4p && ip -n hv link set vg4 master br0 up && bridge -n hv fdb replace "+quick+" dev vg4 master static")
+	waitVIFs("a port's entry right after it joined", vifSet(mac["g1"]+"/0", mac["g3"]+"/0", mac["g2"]+"/10", quick+"/0"))
+	v.must(t, "ip -n hv link del vg4")
+	waitVIFs("that port gone", pvidAndTagged)
+
 	// Traffic across the fabric, each guest to its partition's native
 	// host.
 	ping := func(g, dst string) {
@@ -298,7 +307,7 @@ func TestVLANFilterVM(t *testing.T) {
 	}
 	// Once each, and once more for g3's and g2's VLAN 10 VIFs, which
 	// vlan_filtering 0 freed.
-	want := map[string]int{mac["g1"] + "/0": 1, mac["g3"] + "/0": 2, mac["g2"] + "/10": 2, mac["g2"] + "/0": 1, lvMAC + "/0": 1}
+	want := map[string]int{mac["g1"] + "/0": 1, mac["g3"] + "/0": 2, mac["g2"] + "/10": 2, mac["g2"] + "/0": 1, lvMAC + "/0": 1, quick + "/0": 1}
 	for name, got := range map[string]map[string]int{"made": count(vifCreatedVM), "freed": count(vifRemovedVM)} {
 		if fmt.Sprint(got) != fmt.Sprint(want) {
 			t.Errorf("VIFs %s: %v, want %v", name, got, want)
@@ -306,6 +315,11 @@ func TestVLANFilterVM(t *testing.T) {
 	}
 	if strings.Contains(log, "has no P_Key") || strings.Contains(log, "level=WARN") {
 		t.Errorf("eipoibd warned:\n%s", log)
+	}
+	// Every entry maps to a guest (g2's port left VLAN 1): none is said
+	// to declare none, not even one seen before its port's VLANs.
+	if strings.Contains(log, "declares no guest") {
+		t.Errorf("eipoibd said an entry declares no guest:\n%s", log)
 	}
 	if t.Failed() {
 		t.Logf("eipoibd run's log:\n%s", log)
