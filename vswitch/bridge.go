@@ -38,6 +38,9 @@ func AttachBridge(port, br string) error {
 type Guest struct {
 	MAC  ether.MAC
 	VLAN uint16
+	// Port is the interface index of the bridge port the entry is on
+	// (0 for Open vSwitch guests).
+	Port int
 	// Static: the entry was added by hand or by libvirt (NUD_NOARP),
 	// not learned from the guest's traffic.
 	Static bool
@@ -78,7 +81,7 @@ func guestOf(e *netlink.Neigh, br, skip int) (Guest, bool) {
 	if mac.IsMulticast() || mac.IsZero() {
 		return Guest{}, false
 	}
-	return Guest{MAC: mac, VLAN: uint16(e.Vlan), Static: e.State&netlink.NUD_NOARP != 0}, true
+	return Guest{MAC: mac, VLAN: uint16(e.Vlan), Port: e.LinkIndex, Static: e.State&netlink.NUD_NOARP != 0}, true
 }
 
 // WatchBridge calls fn for each guest the forwarding database of bridge
@@ -119,20 +122,33 @@ func watchOnce(ctx context.Context, br, skip int, fn func(g Guest, added bool)) 
 	if err := netlink.NeighSubscribeWithOptions(ch, done, opts); err != nil {
 		return err
 	}
+	err := consume(ctx, ch, func(u netlink.NeighUpdate) {
+		if g, ok := guestOf(&u.Neigh, br, skip); ok {
+			fn(g, u.Type == unix.RTM_NEWNEIGH)
+		}
+	})
+	if err != nil && subErr != nil {
+		return subErr // ENOBUFS, for one
+	}
+	return err
+}
+
+// errClosed is consume's error when its channel closes: a netlink
+// subscription ended (its ErrorCallback may say why).
+var errClosed = errors.New("subscription closed")
+
+// consume calls fn with each value of ch until ctx ends (nil) or ch
+// closes (errClosed).
+func consume[T any](ctx context.Context, ch <-chan T, fn func(T)) error {
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
-		case u, ok := <-ch:
+		case v, ok := <-ch:
 			if !ok {
-				if subErr == nil {
-					subErr = errors.New("subscription closed")
-				}
-				return subErr
+				return errClosed
 			}
-			if g, ok := guestOf(&u.Neigh, br, skip); ok {
-				fn(g, u.Type == unix.RTM_NEWNEIGH)
-			}
+			fn(v)
 		}
 	}
 }

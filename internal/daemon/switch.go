@@ -21,6 +21,7 @@ type switchPort struct {
 	sh  *shim.Shim
 	log *slog.Logger
 	ovs vswitch.OVS
+	bg  *bridgeGuests // the Linux bridge's guests
 }
 
 // attachSwitch attaches the TAP to cfg's bridge or Open vSwitch bridge.
@@ -43,6 +44,12 @@ func attachSwitch(cfg *Config, dev *tap.TAP, sh *shim.Shim, log *slog.Logger) (*
 		return nil, err
 	}
 	log.Info("attached to bridge", "tap", cfg.Name, "bridge", cfg.Bridge)
+	vlans, err := vswitch.BridgeVLANs(cfg.Bridge, cfg.Name)
+	if err != nil {
+		log.Warn("read bridge VLANs; taking VLAN filtering as off", "err", err)
+	}
+	sw.bg = newBridgeGuests(sh, log, vlans, func() ([]vswitch.Guest, error) { return vswitch.BridgeGuests(cfg.Bridge, cfg.Name) },
+		func() (vswitch.VLANs, error) { return vswitch.BridgeVLANs(cfg.Bridge, cfg.Name) })
 	if cfg.Learn != shim.LearnAuto {
 		return sw, nil
 	}
@@ -51,8 +58,15 @@ func attachSwitch(cfg *Config, dev *tap.TAP, sh *shim.Shim, log *slog.Logger) (*
 		log.Warn("read bridge FDB", "err", err)
 	}
 	for _, g := range guests {
-		if err := sh.DeclareVIF(g.MAC, g.VLAN, mactrans.OriginBridge); err != nil {
-			log.Warn("declare VIF from bridge FDB", "mac", g.MAC, "vlan", g.VLAN, "err", err)
+		if g.Static {
+			continue // the watch declares them
+		}
+		vlan, err := vlans.GuestVLAN(g.Port, g.VLAN)
+		if err != nil {
+			continue
+		}
+		if err := sh.DeclareVIF(g.MAC, vlan, mactrans.OriginBridge); err != nil {
+			log.Warn("declare VIF from bridge FDB", "mac", g.MAC, "vlan", vlan, "err", err)
 		}
 	}
 	return sw, nil
@@ -74,19 +88,30 @@ func (sw *switchPort) detach() {
 // watch follows the switch's guests until ctx ends, in goroutines wg
 // counts. Guests the bridge knows, now and from now on, get their VIFs
 // before they speak (after a restart, or when libvirt adds a static
-// entry), and lose them as soon as the bridge forgets them (their port
+// entry), on the VLAN its VLAN filtering gives them (followed as it
+// changes), and lose them as soon as the bridge forgets them (their port
 // went). The same for Open vSwitch: a port whose interface carries
 // external_ids:attached-mac (as libvirt and os-vif set it) is a
 // declared guest, on the port's access VLAN.
 func (sw *switchPort) watch(ctx context.Context, wg *sync.WaitGroup) {
 	cfg, log := sw.cfg, sw.log
 	if cfg.Bridge != "" {
-		wg.Add(1)
+		wg.Add(2)
 		go func() {
 			defer wg.Done()
-			if err := vswitch.WatchBridge(ctx, cfg.Bridge, cfg.Name, func(g vswitch.Guest, added bool) { sw.guest(mactrans.OriginBridge, g, added) },
-				func(err error) { log.Debug("bridge FDB events dropped by the kernel; listed afresh", "err", err) }); err != nil {
+			if err := vswitch.WatchBridge(ctx, cfg.Bridge, cfg.Name, sw.bg.entry,
+				func(err error) {
+					log.Debug("bridge FDB events dropped by the kernel; listed afresh", "err", err)
+					sw.bg.relist()
+				}); err != nil {
 				log.Warn("bridge guests are learned from their traffic only", "err", err)
+			}
+		}()
+		go func() {
+			defer wg.Done()
+			if err := vswitch.WatchBridgeVLANs(ctx, cfg.Bridge, cfg.Name, sw.bg.setVLANs,
+				func(err error) { log.Warn("watching the bridge's VLANs", "err", err) }); err != nil {
+				log.Warn("bridge VLAN changes are not followed", "err", err)
 			}
 		}()
 	}
@@ -102,13 +127,9 @@ func (sw *switchPort) watch(ctx context.Context, wg *sync.WaitGroup) {
 	}
 }
 
-// guest declares or removes the VIF of a guest the switch (origin: the
-// bridge's forwarding database, or OVSDB) gained or lost. Only static
-// bridge entries and OVS attached-macs declare one: a learned entry
-// comes from a frame that reaches the shim anyway (and from traffic a
-// guest may forge, so a MAC flood would become a flood of
-// declarations); the start-up preload takes learned entries in auto
-// mode.
+// guest declares or removes the VIF of a guest Open vSwitch (origin:
+// OVSDB's attached-macs) gained or lost; a Linux bridge's guests go
+// through bridgeGuests.
 func (sw *switchPort) guest(origin mactrans.Origin, g vswitch.Guest, added bool) {
 	var err error
 	if added && !g.Static {

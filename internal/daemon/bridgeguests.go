@@ -1,0 +1,240 @@
+package daemon
+
+// The guests of a Linux bridge: its static FDB entries (libvirt's, with
+// macTableManager='libvirt') become declared VIFs, each on the shim's
+// VLAN that the bridge's VLAN filtering gives it (vswitch.GuestVLAN).
+// With VLAN filtering one guest has several entries (without a VLAN and
+// on each VLAN of its port): they are counted, so that the guest is
+// declared when the first maps to its VLAN and freed when the last goes.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"sync"
+
+	"github.com/eipoib/eipoibd/ether"
+	"github.com/eipoib/eipoibd/mactrans"
+	"github.com/eipoib/eipoibd/vswitch"
+)
+
+// vifSink declares and frees guests' VIFs: the shim.
+type vifSink interface {
+	DeclareVIF(mac ether.MAC, vlan uint16, origin mactrans.Origin) error
+	RemoveVIF(mac ether.MAC, vlan uint16) error
+}
+
+// fdbKey is what keys a bridge's FDB entry: a MAC and a VLAN (0: none).
+type fdbKey struct {
+	mac ether.MAC
+	vid uint16
+}
+
+// bridgeGuests follows the static entries of a bridge's FDB and its
+// VLANs, and keeps the set of guests declared to the shim equal to what
+// they map to. Its methods may be called from several goroutines.
+type bridgeGuests struct {
+	mu       sync.Mutex
+	sink     vifSink
+	log      *slog.Logger
+	list     func() ([]vswitch.Guest, error) // the FDB afresh (vswitch.BridgeGuests)
+	read     func() (vswitch.VLANs, error)   // the VLANs afresh (vswitch.BridgeVLANs)
+	vlans    vswitch.VLANs
+	static   map[fdbKey]int               // static entries: their port
+	declared map[mactrans.VIFKey]bool     // guests declared from them
+	failed   map[mactrans.VIFKey]struct{} // guests the shim refused (warned once)
+	logged   bool                         // setVLANs has logged the VLANs at info level
+}
+
+// newBridgeGuests returns a bridgeGuests that declares to sink, with the
+// bridge's VLANs vlans, listing the FDB afresh with list and reading the
+// VLANs afresh with read.
+func newBridgeGuests(sink vifSink, log *slog.Logger, vlans vswitch.VLANs, list func() ([]vswitch.Guest, error), read func() (vswitch.VLANs, error)) *bridgeGuests {
+	return &bridgeGuests{sink: sink, log: log, list: list, read: read, vlans: vlans,
+		static: map[fdbKey]int{}, declared: map[mactrans.VIFKey]bool{}, failed: map[mactrans.VIFKey]struct{}{}}
+}
+
+// entry takes an FDB entry the bridge gained (added) or lost. A static
+// one counts towards its guest; a learned one is no declaration (its
+// guest's frames reach the shim anyway, and a guest may forge them, so
+// that a MAC flood would become a flood of declarations), but its
+// going frees the VIF of its guest unless a static entry holds it.
+func (bg *bridgeGuests) entry(g vswitch.Guest, added bool) {
+	bg.mu.Lock()
+	defer bg.mu.Unlock()
+	k := fdbKey{g.MAC, g.VLAN}
+	port, known := bg.static[k]
+	switch {
+	case added && g.Static:
+		if known && port == g.Port {
+			return // the same entry again (refreshed, or listed afresh)
+		}
+		bg.static[k] = g.Port
+		if _, ok := bg.vlans.Ports[g.Port]; bg.vlans.Filtering && !ok {
+			// An entry added just after its port joined may come
+			// before the port's VLANs (the watch's next read).
+			if v, err := bg.read(); err == nil {
+				bg.useVLANs(v)
+			}
+		}
+		if _, err := bg.vlans.GuestVLAN(g.Port, g.VLAN); err != nil {
+			bg.logUnserved(g, err)
+		}
+		bg.reconcile()
+	case added:
+	case known:
+		delete(bg.static, k)
+		bg.reconcile()
+	default:
+		vlan, err := bg.vlans.GuestVLAN(g.Port, g.VLAN)
+		if err != nil || bg.declared[mactrans.VIFKey{MAC: g.MAC, VLAN: vlan}] {
+			return
+		}
+		if err := bg.sink.RemoveVIF(g.MAC, vlan); err != nil {
+			bg.log.Warn("VIF of a switch guest", "origin", mactrans.OriginBridge, "mac", g.MAC, "vlan", vlan, "added", false, "err", err)
+			return
+		}
+		bg.log.Info("guest gone", "origin", mactrans.OriginBridge, "mac", g.MAC, "vlan", vlan, "bridge_vlan", g.VLAN)
+	}
+}
+
+// setVLANs takes the bridge's VLANs as they are now: the FDB is listed
+// afresh and every static entry mapped again (VLAN filtering turned on
+// or off, a PVID changed, a VLAN added to the TAP's port or taken off, a
+// guest's port added or gone). The first call, and a change of what
+// the bridge and the TAP's port say, are logged at info level; a change
+// of guests' ports alone at debug level (it comes with every libvirt
+// guest's start and stop).
+func (bg *bridgeGuests) setVLANs(v vswitch.VLANs) {
+	bg.mu.Lock()
+	defer bg.mu.Unlock()
+	bg.useVLANs(v)
+	bg.relistLocked()
+}
+
+// useVLANs makes v the bridge's VLANs, and logs them (bg.mu held).
+func (bg *bridgeGuests) useVLANs(v vswitch.VLANs) {
+	old, now := tapView(&bg.vlans), tapView(&v)
+	level := slog.LevelDebug
+	if !bg.logged || old != now {
+		level, bg.logged = slog.LevelInfo, true
+	}
+	bg.vlans = v
+	bg.log.Log(context.Background(), level, "bridge VLANs", "vlan_filtering", now.filtering, "default_pvid", now.defaultPVID,
+		"tap_pvid", now.pvid, "tap_untagged", now.untagged, "tap_tagged", now.tagged)
+}
+
+// tapVLANs is what a bridge's VLANs say about eipoibd's TAP.
+type tapVLANs struct {
+	filtering   bool
+	defaultPVID uint16
+	pvid        uint16
+	untagged    bool   // the PVID leaves the TAP untagged
+	tagged      string // the VLANs the TAP carries tagged, as "[10 20]"
+}
+
+func tapView(v *vswitch.VLANs) tapVLANs {
+	tap := v.Ports[v.TAP]
+	var tagged []uint16
+	for vid, untagged := range tap.VIDs {
+		if !untagged {
+			tagged = append(tagged, vid)
+		}
+	}
+	slices.Sort(tagged)
+	return tapVLANs{filtering: v.Filtering, defaultPVID: v.DefaultPVID, pvid: tap.PVID,
+		untagged: tap.PVID != 0 && tap.VIDs[tap.PVID], tagged: fmt.Sprint(tagged)}
+}
+
+// relist lists the FDB afresh (its events were lost) and declares and
+// frees guests to match.
+func (bg *bridgeGuests) relist() {
+	bg.mu.Lock()
+	defer bg.mu.Unlock()
+	bg.relistLocked()
+}
+
+func (bg *bridgeGuests) relistLocked() {
+	gs, err := bg.list()
+	if err != nil {
+		bg.log.Warn("read bridge FDB", "err", err)
+	} else {
+		bg.static = make(map[fdbKey]int, len(gs))
+		for _, g := range gs {
+			if g.Static {
+				bg.static[fdbKey{g.MAC, g.VLAN}] = g.Port
+				if _, err := bg.vlans.GuestVLAN(g.Port, g.VLAN); err != nil {
+					bg.logUnserved(g, err)
+				}
+			}
+		}
+	}
+	bg.reconcile()
+}
+
+// logUnserved says why static entry g declares no guest: at debug level
+// for the per-VLAN copies of a bridge without VLAN filtering (whose
+// entry without a VLAN declares the guest), else at info.
+func (bg *bridgeGuests) logUnserved(g vswitch.Guest, err error) {
+	level := slog.LevelInfo
+	if errors.Is(err, vswitch.ErrUnfiltered) {
+		level = slog.LevelDebug
+	}
+	bg.log.Log(context.Background(), level, "bridge entry declares no guest", "mac", g.MAC, "bridge_vlan", g.VLAN, "port", g.Port, "reason", err)
+}
+
+// reconcile declares the guests the static entries map to and frees
+// those they no longer do.
+func (bg *bridgeGuests) reconcile() {
+	want := make(map[mactrans.VIFKey]bool, len(bg.static))
+	for k, port := range bg.static {
+		if vlan, err := bg.vlans.GuestVLAN(port, k.vid); err == nil {
+			want[mactrans.VIFKey{MAC: k.mac, VLAN: vlan}] = true
+		}
+	}
+	for _, k := range sortedKeys(want) {
+		if bg.declared[k] {
+			continue
+		}
+		if err := bg.sink.DeclareVIF(k.MAC, k.VLAN, mactrans.OriginBridge); err != nil {
+			if _, warned := bg.failed[k]; !warned {
+				bg.failed[k] = struct{}{}
+				bg.log.Warn("VIF of a switch guest", "origin", mactrans.OriginBridge, "mac", k.MAC, "vlan", k.VLAN, "added", true, "err", err)
+			}
+			continue
+		}
+		delete(bg.failed, k)
+		bg.declared[k] = true
+		bg.log.Info("guest declared", "origin", mactrans.OriginBridge, "mac", k.MAC, "vlan", k.VLAN)
+	}
+	for k := range bg.failed {
+		if !want[k] {
+			delete(bg.failed, k)
+		}
+	}
+	for _, k := range sortedKeys(bg.declared) {
+		if want[k] {
+			continue
+		}
+		delete(bg.declared, k)
+		if err := bg.sink.RemoveVIF(k.MAC, k.VLAN); err != nil {
+			bg.log.Warn("VIF of a switch guest", "origin", mactrans.OriginBridge, "mac", k.MAC, "vlan", k.VLAN, "added", false, "err", err)
+			continue
+		}
+		bg.log.Info("guest gone", "origin", mactrans.OriginBridge, "mac", k.MAC, "vlan", k.VLAN)
+	}
+}
+
+// sortedKeys returns m's keys by MAC and VLAN, so that the log follows
+// one order.
+func sortedKeys(m map[mactrans.VIFKey]bool) []mactrans.VIFKey {
+	return slices.SortedFunc(maps.Keys(m), func(a, b mactrans.VIFKey) int {
+		if c := slices.Compare(a.MAC[:], b.MAC[:]); c != 0 {
+			return c
+		}
+		return int(a.VLAN) - int(b.VLAN)
+	})
+}
