@@ -69,7 +69,7 @@ func BenchmarkVIFCreateRemove(b *testing.B) {
 		if _, _, err := tbl.Create(VIFKey{mac(size - 1 + i), 0}, 0xffff, OriginLearned, t0, al.alloc); err != nil {
 			b.Fatal(err)
 		}
-		if _, ok := tbl.Remove(VIFKey{mac(i), 0}); !ok {
+		if _, ok := tbl.Remove(VIFKey{mac(i), 0}, OriginDeclared); !ok {
 			b.Fatalf("VIF %d missing", i)
 		}
 	}

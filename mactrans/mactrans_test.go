@@ -62,7 +62,7 @@ func TestVIFCreateLookupBound(t *testing.T) {
 	if al.n.Load() != 2 {
 		t.Fatalf("%d QPs allocated, want 2 (none for the refused VIF)", al.n.Load())
 	}
-	if r, ok := tbl.Remove(VIFKey{mac(1), 10}); !ok || tbl.Len() != 1 {
+	if r, ok := tbl.Remove(VIFKey{mac(1), 10}, OriginDeclared); !ok || tbl.Len() != 1 {
 		t.Fatal("Remove", r)
 	}
 	if _, ok := tbl.LookupQPN(0x102); ok {
@@ -140,6 +140,53 @@ func TestVIFExpire(t *testing.T) {
 	}
 	if tbl.Len() != 1 || tbl.Counters().Aged != 1 {
 		t.Fatalf("len %d counters %+v", tbl.Len(), tbl.Counters())
+	}
+}
+
+// TestVIFDeclaredStays: only learned VIFs age; a removal frees a VIF
+// only when its source may (Origin.Frees): the control socket any, a
+// switch what it declared or what was learned, a learned FDB entry only
+// a learned VIF.
+func TestVIFDeclaredStays(t *testing.T) {
+	clk := clock.NewFake(t0)
+	tbl := NewVIFTable(localGID, 10)
+	var al allocator
+	byOrigin := map[Origin]*VIF{}
+	for o := OriginLearned; o <= OriginOVS; o++ {
+		v, _, err := tbl.Create(VIFKey{mac(int(o) + 1), 0}, 0xffff, o, clk.Now(), al.alloc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		byOrigin[o] = v
+	}
+	clk.Advance(time.Hour)
+	if gone := tbl.Expire(clk.Now(), time.Minute); len(gone) != 1 || gone[0] != byOrigin[OriginLearned] {
+		t.Fatalf("expired %v, want only the learned VIF", gone)
+	}
+	for _, c := range []struct {
+		by, held Origin
+		frees    bool
+	}{
+		{OriginLearned, OriginDeclared, false}, {OriginLearned, OriginBridge, false}, {OriginLearned, OriginOVS, false},
+		{OriginBridge, OriginDeclared, false}, {OriginBridge, OriginOVS, false},
+		{OriginOVS, OriginDeclared, false}, {OriginOVS, OriginBridge, false},
+		{OriginBridge, OriginBridge, true}, {OriginOVS, OriginOVS, true}, {OriginDeclared, OriginDeclared, true},
+	} {
+		v := byOrigin[c.held]
+		if _, ok := tbl.Remove(v.Key, c.by); ok != c.frees {
+			t.Fatalf("a removal by %v of a VIF declared by %v: freed %v, want %v", c.by, c.held, ok, c.frees)
+		}
+		if c.frees { // put it back for the cases after
+			byOrigin[c.held], _, _ = tbl.Create(v.Key, 0xffff, c.held, clk.Now(), al.alloc)
+		}
+	}
+	for _, by := range []Origin{OriginLearned, OriginBridge, OriginOVS, OriginDeclared} {
+		if !by.Frees(OriginLearned) {
+			t.Fatalf("a removal by %v keeps a learned VIF", by)
+		}
+	}
+	if _, ok := tbl.Remove(byOrigin[OriginOVS].Key, OriginDeclared); !ok {
+		t.Fatal("the control socket could not free an OVS guest's VIF")
 	}
 }
 
@@ -479,7 +526,7 @@ func TestVIFREMAC(t *testing.T) {
 			t.Fatalf("LookupREMAC(%s) = %v, %v", x.REMAC, got, ok)
 		}
 	}
-	tbl.Remove(v.Key)
+	tbl.Remove(v.Key, OriginDeclared)
 	if _, ok := tbl.LookupREMAC(v.REMAC); ok {
 		t.Fatal("removed VIF still found by REMAC")
 	}

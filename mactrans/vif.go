@@ -159,6 +159,16 @@ func ParseOrigin(s string) (Origin, bool) {
 	return 0, false
 }
 
+// Frees reports whether a removal by source o frees a VIF whose origin
+// is held. The control socket (an operator, the CNI plugin) frees any
+// VIF; a switch's static entry or port frees what it declared and what
+// was learned; a learned FDB entry going frees only a learned VIF. So a
+// guest declared over the control socket stays while the bridge learns
+// and forgets its MAC.
+func (o Origin) Frees(held Origin) bool {
+	return o == OriginDeclared || held == OriginLearned || held == o
+}
+
 // Origin is how the VIF came to be (the last declaration wins over
 // learning).
 func (v *VIF) Origin() Origin { return Origin(v.origin.Load()) }
@@ -360,12 +370,13 @@ func QPNHint(k VIFKey) uint32 {
 	return q
 }
 
-// Remove deletes the VIF of k and returns it, so the caller frees its QP.
-func (t *VIFTable) Remove(k VIFKey) (*VIF, bool) {
+// Remove deletes the VIF of k, if source by frees it (Origin.Frees),
+// and returns it, so the caller frees its QP.
+func (t *VIFTable) Remove(k VIFKey, by Origin) (*VIF, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	v, ok := t.byKey.Load(k)
-	if !ok {
+	if !ok || !by.Frees(v.Origin()) {
 		return nil, false
 	}
 	t.removeLocked(v)
@@ -381,15 +392,17 @@ func (t *VIFTable) removeLocked(v *VIF) {
 	t.size.Add(-1)
 }
 
-// Expire removes the VIFs unused for idle or longer and returns
-// them, so the caller frees their QPs.
+// Expire removes the learned VIFs unused for idle or longer and returns
+// them, so the caller frees their QPs. A declared VIF (control socket,
+// static bridge entry, OVS port) stays, idle or not, until its source
+// undeclares it: a silent pod or VM keeps its QP.
 func (t *VIFTable) Expire(now time.Time, idle time.Duration) []*VIF {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	cut := now.Add(-idle).UnixNano()
 	var gone []*VIF
 	for _, v := range t.byKey.All() {
-		if v.lastUsed.Load() <= cut {
+		if v.Origin() == OriginLearned && v.lastUsed.Load() <= cut {
 			gone = append(gone, v)
 		}
 	}

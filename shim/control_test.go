@@ -306,7 +306,10 @@ func TestSlowLeaveAndFree(t *testing.T) {
 	a.waitCounter(t, TxQueries, a.s.Get(TxQueries)+1) // the group-specific query
 	a.clk.Advance(a.s.snoop.Timers().LeaveTime())     // no answer: the group goes
 	removed := make(chan error, 1)
-	go func() { removed <- a.s.RemoveVIF(macA2, 0) }()
+	go func() {
+		_, err := a.s.RemoveVIF(macA2, 0, mactrans.OriginDeclared)
+		removed <- err
+	}()
 	seq, n := 0, 0
 	for done := false; !done || a.port.Joined(mgid); seq++ {
 		pingA1(t, a, first, remacB1, seq)

@@ -29,8 +29,8 @@ func TestRestoreGuests(t *testing.T) {
 		a.clk.Advance(time.Second)
 		announcements(t, b, ipA1, 100*time.Millisecond)
 	}
-	if err := a.s.RemoveVIF(macA1, 0); err != nil {
-		t.Fatal(err)
+	if removed, err := a.s.RemoveVIF(macA1, 0, mactrans.OriginDeclared); err != nil || !removed {
+		t.Fatalf("RemoveVIF: removed %v, %v", removed, err)
 	}
 	saved := gs[0]
 	saved.QPN = 0x777

@@ -367,7 +367,7 @@ func (s *Shim) stopPort() error {
 	s.gwait.dropAll(&s.ctr)
 	var gone []*mactrans.VIF
 	for _, v := range s.vifs.All() {
-		if _, ok := s.vifs.Remove(v.Key); ok {
+		if _, ok := s.vifs.Remove(v.Key, mactrans.OriginDeclared); ok {
 			gone = append(gone, v)
 		}
 	}
@@ -508,17 +508,22 @@ func (s *Shim) DeclareVIF(mac ether.MAC, vlan uint16, origin mactrans.Origin) er
 	})
 }
 
-// RemoveVIF frees the VIF of a guest MAC at once, e.g. when the bridge's
+// RemoveVIF frees the VIF of a guest MAC at once when source by
+// undeclares it (mactrans.Origin.Frees: the control socket frees any, a
+// switch what it declared or what was learned), e.g. when the bridge's
 // forwarding database forgets it (the guest's port went), instead of
-// waiting for it to age. A MAC without a VIF is no error.
-func (s *Shim) RemoveVIF(mac ether.MAC, vlan uint16) error {
-	return s.call(func() error {
-		v, ok := s.vifs.Remove(mactrans.VIFKey{MAC: mac, VLAN: vlan})
+// waiting for it to age. It reports whether a VIF went: a MAC without a
+// VIF, or whose VIF another source declared, is no error.
+func (s *Shim) RemoveVIF(mac ether.MAC, vlan uint16, by mactrans.Origin) (removed bool, err error) {
+	err = s.call(func() error {
+		v, ok := s.vifs.Remove(mactrans.VIFKey{MAC: mac, VLAN: vlan}, by)
 		if !ok {
 			return nil
 		}
+		removed = true
 		s.ctr.inc(VIFsRemoved)
-		s.log.Info("VIF removed", "mac", mac, "vlan", vlan, "qpn", fmt.Sprintf("%#06x", v.QPN))
+		s.log.Info("VIF removed", "mac", mac, "vlan", vlan, "qpn", fmt.Sprintf("%#06x", v.QPN), "by", by)
 		return s.freeQuiesced([]*mactrans.VIF{v})
 	})
+	return removed, err
 }

@@ -646,6 +646,35 @@ func TestVIFAgingAndShutdown(t *testing.T) {
 	})
 }
 
+// TestDeclaredVIFStays: a guest declared over the control socket keeps
+// its VIF while silent past --vif-idle (the learned one beside it ages),
+// and while a switch's learned or static entry of its MAC goes; only
+// the control socket frees it.
+func TestDeclaredVIFStays(t *testing.T) {
+	a, b := pair(t, func(c *Config) { c.VIFIdle = time.Minute })
+	arpExchange(t, a, b) // macA1: learned
+	if err := a.s.DeclareVIF(macA2, 0, mactrans.OriginDeclared); err != nil {
+		t.Fatal(err)
+	}
+	a.clk.Advance(2 * time.Minute)
+	a.waitCounter(t, VIFsAged, 1)
+	if _, ok := a.s.vifs.Lookup(mactrans.VIFKey{MAC: macA1}); ok {
+		t.Fatal("the idle learned VIF did not age")
+	}
+	for _, by := range []mactrans.Origin{mactrans.OriginLearned, mactrans.OriginBridge, mactrans.OriginOVS} {
+		if removed, err := a.s.RemoveVIF(macA2, 0, by); removed || err != nil {
+			t.Fatalf("a removal by %v of the declared VIF: removed %v, %v", by, removed, err)
+		}
+	}
+	if _, ok := a.s.vifs.Lookup(mactrans.VIFKey{MAC: macA2}); !ok || a.s.Get(VIFsAged) != 1 {
+		t.Fatalf("the declared VIF went (aged %d)", a.s.Get(VIFsAged))
+	}
+	if removed, err := a.s.RemoveVIF(macA2, 0, mactrans.OriginDeclared); !removed || err != nil {
+		t.Fatalf("vif-del: removed %v, %v", removed, err)
+	}
+	a.waitCounter(t, VIFsRemoved, 1)
+}
+
 func TestFromFabricBadInput(t *testing.T) {
 	a, b := pair(t, nil)
 	arpExchange(t, a, b)

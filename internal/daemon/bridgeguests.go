@@ -24,7 +24,7 @@ import (
 // vifSink declares and frees guests' VIFs: the shim.
 type vifSink interface {
 	DeclareVIF(mac ether.MAC, vlan uint16, origin mactrans.Origin) error
-	RemoveVIF(mac ether.MAC, vlan uint16) error
+	RemoveVIF(mac ether.MAC, vlan uint16, by mactrans.Origin) (bool, error)
 }
 
 // fdbKey is what keys a bridge's FDB entry: a MAC and a VLAN (0: none).
@@ -61,7 +61,8 @@ func newBridgeGuests(sink vifSink, log *slog.Logger, vlans vswitch.VLANs, list f
 // one counts towards its guest; a learned one is no declaration (its
 // guest's frames reach the shim anyway, and a guest may forge them, so
 // that a MAC flood would become a flood of declarations), but its
-// going frees the VIF of its guest unless a static entry holds it.
+// going frees the VIF of its guest if that was learned too (not one a
+// static entry, OVS or the control socket declared).
 func (bg *bridgeGuests) entry(g vswitch.Guest, added bool) {
 	bg.mu.Lock()
 	defer bg.mu.Unlock()
@@ -93,11 +94,14 @@ func (bg *bridgeGuests) entry(g vswitch.Guest, added bool) {
 		if err != nil || bg.declared[mactrans.VIFKey{MAC: g.MAC, VLAN: vlan}] {
 			return
 		}
-		if err := bg.sink.RemoveVIF(g.MAC, vlan); err != nil {
+		removed, err := bg.sink.RemoveVIF(g.MAC, vlan, mactrans.OriginLearned)
+		if err != nil {
 			bg.log.Warn("VIF of a switch guest", "origin", mactrans.OriginBridge, "mac", g.MAC, "vlan", vlan, "added", false, "err", err)
 			return
 		}
-		bg.log.Info("guest gone", "origin", mactrans.OriginBridge, "mac", g.MAC, "vlan", vlan, "bridge_vlan", g.VLAN)
+		if removed {
+			bg.log.Info("guest gone", "origin", mactrans.OriginBridge, "mac", g.MAC, "vlan", vlan, "bridge_vlan", g.VLAN)
+		}
 	}
 }
 
@@ -220,11 +224,16 @@ func (bg *bridgeGuests) reconcile() {
 			continue
 		}
 		delete(bg.declared, k)
-		if err := bg.sink.RemoveVIF(k.MAC, k.VLAN); err != nil {
+		removed, err := bg.sink.RemoveVIF(k.MAC, k.VLAN, mactrans.OriginBridge)
+		if err != nil {
 			bg.log.Warn("VIF of a switch guest", "origin", mactrans.OriginBridge, "mac", k.MAC, "vlan", k.VLAN, "added", false, "err", err)
 			continue
 		}
-		bg.log.Info("guest gone", "origin", mactrans.OriginBridge, "mac", k.MAC, "vlan", k.VLAN)
+		if removed {
+			bg.log.Info("guest gone", "origin", mactrans.OriginBridge, "mac", k.MAC, "vlan", k.VLAN)
+		} else {
+			bg.log.Info("guest's static entry gone; its VIF stays, declared over the control socket", "mac", k.MAC, "vlan", k.VLAN)
+		}
 	}
 }
 

@@ -28,9 +28,9 @@ func (f *fakeShim) DeclareVIF(mac ether.MAC, vlan uint16, _ mactrans.Origin) err
 	return nil
 }
 
-func (f *fakeShim) RemoveVIF(mac ether.MAC, vlan uint16) error {
+func (f *fakeShim) RemoveVIF(mac ether.MAC, vlan uint16, _ mactrans.Origin) (bool, error) {
 	f.calls = append(f.calls, fmt.Sprintf("-%s/%d", mac, vlan))
-	return nil
+	return true, nil
 }
 
 // take returns the calls since the last take.

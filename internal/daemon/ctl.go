@@ -51,7 +51,8 @@ func (h *ctlHandler) DelVIF(v ctl.VIFRequest) error {
 	if err != nil {
 		return err
 	}
-	return h.sh.RemoveVIF(mac, vlan)
+	_, err = h.sh.RemoveVIF(mac, vlan, mactrans.OriginDeclared)
+	return err
 }
 
 // FlushNeighbours forgets the remote endpoints (neigh-flush).

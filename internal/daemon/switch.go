@@ -65,7 +65,7 @@ func attachSwitch(cfg *Config, dev *tap.TAP, sh *shim.Shim, log *slog.Logger) (*
 		if err != nil {
 			continue
 		}
-		if err := sh.DeclareVIF(g.MAC, vlan, mactrans.OriginBridge); err != nil {
+		if err := sh.DeclareVIF(g.MAC, vlan, mactrans.OriginLearned); err != nil {
 			log.Warn("declare VIF from bridge FDB", "mac", g.MAC, "vlan", vlan, "err", err)
 		}
 	}
@@ -135,18 +135,18 @@ func (sw *switchPort) guest(origin mactrans.Origin, g vswitch.Guest, added bool)
 	if added && !g.Static {
 		return
 	}
+	changed := true
 	if added {
 		err = sw.sh.DeclareVIF(g.MAC, g.VLAN, origin)
 	} else {
-		err = sw.sh.RemoveVIF(g.MAC, g.VLAN)
+		changed, err = sw.sh.RemoveVIF(g.MAC, g.VLAN, origin)
 	}
-	if err != nil {
+	switch {
+	case err != nil:
 		sw.log.Warn("VIF of a switch guest", "origin", origin, "mac", g.MAC, "vlan", g.VLAN, "added", added, "err", err)
-		return
-	}
-	if added {
+	case added:
 		sw.log.Info("guest declared", "origin", origin, "mac", g.MAC, "vlan", g.VLAN)
-	} else {
+	case changed:
 		sw.log.Info("guest gone", "origin", origin, "mac", g.MAC, "vlan", g.VLAN)
 	}
 }
