@@ -274,6 +274,7 @@ func Run(ctx context.Context, cfg Config) error {
 	defer wg.Wait()
 	defer cancel()
 	sw.watch(ctx, &wg)
+	sw.watchLocal(ctx, &wg)
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
