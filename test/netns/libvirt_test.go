@@ -29,7 +29,8 @@ import (
 //     VLAN 20, booted by libvirt under TCG (test/vm's kernel and
 //     initramfs, direct kernel boot), is declared with origin ovs on
 //     VLAN 20 before it sends anything, pings a native IPoIB host in
-//     partition 0x8014 on another hypervisor (IPv4 and IPv6), has its
+//     partition 0x8014 on another hypervisor (IPv4 and IPv6) and
+//     reaches it over TCP (its checksum offload off, as the doc says), has its
 //     frames from a forged MAC dropped as drop_undeclared (exactly its
 //     3, no VIF for it) while the hypervisor's own frames (ovsbr0's and
 //     eib0's, 2 each) count as drop_undeclared_local, and `virsh
@@ -37,7 +38,7 @@ import (
 //
 // Slow (libvirtd's first QEMU probe, then a TCG boot): in ONCE_TESTS.
 func TestLibvirt(t *testing.T) {
-	require(t, append(append([]string{"ping", "arping"}, ovsTools...), "libvirtd", "virtlogd", "virsh", "qemu-system-x86_64", "rdma", "ibv_devinfo")...)
+	require(t, append(append([]string{"ping", "arping", "iperf3"}, ovsTools...), "libvirtd", "virtlogd", "virsh", "qemu-system-x86_64", "rdma", "ibv_devinfo")...)
 	doc := docBlocks(t, "../../docs/libvirt.md")
 	pfx := fmt.Sprintf("e%d%d", os.Getpid()%1000, nsSeq.Add(1))
 	hv, nat := pfx+"lv", pfx+"nat"
@@ -133,6 +134,24 @@ func TestLibvirt(t *testing.T) {
 		if err != nil || !strings.Contains(out, "3 packets transmitted, 3 received") {
 			t.Errorf("the libvirt guest pinging the native host %s: want 3 of 3 answered (%v):\n%s", dst, err, out)
 		}
+	}
+
+	// TCP too, with the guest's checksum offload off as the doc says.
+	srv := exec.Command("ip", "netns", "exec", nat, "iperf3", "-s", "-1")
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { srv.Process.Kill(); srv.Wait() }()
+	var out string
+	var err error
+	for range 20 { // until the server listens
+		if out, err = vm.run(t, "iperf3 -c 10.77.0.200 -n 200K", 20*time.Second); err == nil || !strings.Contains(out, "Connection refused") {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err != nil || !strings.Contains(out, "iperf Done.") {
+		t.Errorf("TCP (iperf3) from the libvirt guest to the native host: %v\n%s", err, out)
 	}
 
 	// Only the declared MAC is served: 3 ARP requests from a forged MAC
@@ -347,8 +366,10 @@ func startLibvirt(t *testing.T, ns, ovsDir string) *libvirt {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait(); logf.Close() }()
+	// exited closes once libvirtd has exited, with its error in waitErr.
+	exited := make(chan struct{})
+	var waitErr error
+	go func() { waitErr = cmd.Wait(); logf.Close(); close(exited) }()
 	t.Cleanup(func() {
 		if t.Failed() {
 			b, _ := os.ReadFile(logPath)
@@ -360,10 +381,10 @@ func startLibvirt(t *testing.T, ns, ovsDir string) *libvirt {
 		}
 		cmd.Process.Signal(syscall.SIGTERM)
 		select {
-		case <-done:
+		case <-exited:
 		case <-time.After(10 * time.Second):
 			cmd.Process.Kill()
-			<-done
+			<-exited
 		}
 		if b, err := os.ReadFile(filepath.Join(dir, "virtlogd.pid")); err == nil {
 			var pid int
@@ -380,9 +401,9 @@ func startLibvirt(t *testing.T, ns, ovsDir string) *libvirt {
 			break
 		}
 		select {
-		case err := <-done:
+		case <-exited:
 			b, _ := os.ReadFile(logPath)
-			t.Fatalf("libvirtd exited: %v\n%s", err, b)
+			t.Fatalf("libvirtd exited: %v\n%s", waitErr, b)
 		default:
 		}
 		if time.Now().After(deadline) {
