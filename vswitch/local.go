@@ -51,13 +51,21 @@ func LocalMACs(devs ...string) ([]ether.MAC, error) {
 // WatchLocalMACs calls fn with LocalMACs(devs...) now and again after
 // each change of any link (a port added or gone, an address changed: a
 // Linux bridge takes its lowest port's address unless given one), until
-// ctx ends. An error listing the links is passed to fail, and the next
-// change lists them again.
+// ctx ends. An error of the subscription or of a listing is passed to
+// fail (after a failed listing, the next change lists them again); it
+// returns an error if it cannot subscribe, or once the subscription ends
+// before ctx.
 func WatchLocalMACs(ctx context.Context, fn func([]ether.MAC), fail func(error), devs ...string) error {
 	ch := make(chan netlink.LinkUpdate, 64)
 	done := make(chan struct{})
 	defer close(done)
-	if err := netlink.LinkSubscribeWithOptions(ch, done, netlink.LinkSubscribeOptions{ErrorCallback: fail}); err != nil {
+	// The subscription's socket fails once done closes it: no error then.
+	onErr := func(err error) {
+		if ctx.Err() == nil {
+			fail(err)
+		}
+	}
+	if err := netlink.LinkSubscribeWithOptions(ch, done, netlink.LinkSubscribeOptions{ErrorCallback: onErr}); err != nil {
 		return fmt.Errorf("vswitch: watch links: %w", err)
 	}
 	var last []ether.MAC
