@@ -34,7 +34,7 @@ import (
 //     frames from a forged MAC dropped as drop_undeclared (exactly its
 //     3, no VIF for it) while the hypervisor's own frames (ovsbr0's and
 //     eib0's, 2 each) count as drop_undeclared_local, and `virsh
-//     destroy` frees its VIF.
+//     destroy` frees its VIF; eipoibd warns of nothing all along.
 //
 // Slow (libvirtd's first QEMU probe, then a TCG boot): in ONCE_TESTS.
 func TestLibvirt(t *testing.T) {
@@ -179,6 +179,9 @@ func TestLibvirt(t *testing.T) {
 	waitVIF(t, h1, guestMAC, false)
 	if !strings.Contains(h1.log(), `msg="guest gone" origin=ovs mac=`+guestMAC+" vlan=20") {
 		t.Errorf("no log of the guest gone:\n%s", h1.log())
+	}
+	if l := h1.log(); strings.Contains(l, "level=WARN") || strings.Contains(l, "level=ERROR") {
+		t.Errorf("eipoibd warned with libvirt's guest on the doc's network:\n%s", l)
 	}
 }
 
