@@ -28,7 +28,8 @@ import (
 //     doc's configuration, and a guest with the doc's <interface> in
 //     VLAN 20, booted by libvirt under TCG (test/vm's kernel and
 //     initramfs, direct kernel boot), is declared with origin ovs on
-//     VLAN 20 before it sends anything, pings a native IPoIB host in
+//     VLAN 20 before it sends anything (none of its frames is ever
+//     dropped as undeclared), pings a native IPoIB host in
 //     partition 0x8014 on another hypervisor (IPv4 and IPv6) and
 //     reaches it over TCP (its checksum offload off, as the doc says), has its
 //     frames from a forged MAC dropped as drop_undeclared (exactly its
@@ -152,6 +153,12 @@ func TestLibvirt(t *testing.T) {
 	}
 	if err != nil || !strings.Contains(out, "iperf Done.") {
 		t.Errorf("TCP (iperf3) from the libvirt guest to the native host: %v\n%s", err, out)
+	}
+
+	// Nothing of the guest's was ever dropped as undeclared (its IPv6
+	// stack speaks as soon as eth0 is up): its VIF came first.
+	if m := h1.metrics(t); m["drop_undeclared"] != 0 {
+		t.Errorf("drop_undeclared %v before the forged MAC: the guest spoke before it was declared", m["drop_undeclared"])
 	}
 
 	// Only the declared MAC is served: 3 ARP requests from a forged MAC
