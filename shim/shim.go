@@ -131,6 +131,9 @@ type Shim struct {
 	carrier, carrierSet atomic.Bool
 	carrierBack         atomic.Bool // the carrier came back; housekeeping queries
 	stopping            atomic.Bool // set before Run frees the VIFs
+
+	// local are the hypervisor's own MACs (SetLocalMACs, local.go).
+	local atomic.Pointer[localMACs]
 }
 
 // New validates cfg and builds a shim; it does not touch the port yet.

@@ -37,6 +37,25 @@ func TestSystemdUnit(t *testing.T) {
 		k["CapabilityBoundingSet"] != "CAP_NET_ADMIN CAP_NET_RAW" || k["DeviceAllow"] != "/dev/net/tun rw" || k["RuntimeDirectory"] != "eipoibd" {
 		t.Fatalf("unit keys: %v", k)
 	}
+	// Documentation= names what the install steps (the unit's comment,
+	// docs/libvirt.md) put in /usr/local/share/doc/eipoibd: README.md
+	// and docs/*.md.
+	const install = "install -D -m 644 -t /usr/local/share/doc/eipoibd README.md docs/*.md"
+	b, _ := os.ReadFile(unit)
+	doc, _ := os.ReadFile("../../docs/libvirt.md")
+	if !bytes.Contains(b, []byte(install)) || !bytes.Contains(doc, []byte(install)) {
+		t.Errorf("the unit's comment and docs/libvirt.md do not both say %q", install)
+	}
+	for _, u := range strings.Fields(k["Documentation"]) {
+		name, ok := strings.CutPrefix(u, "file:///usr/local/share/doc/eipoibd/")
+		src := filepath.Join("../../docs", name)
+		if name == "README.md" {
+			src = "../../README.md"
+		}
+		if _, err := os.Stat(src); !ok || err != nil {
+			t.Errorf("Documentation=%s: not a file the install steps install (%v)", u, err)
+		}
+	}
 	args := strings.Fields(strings.ReplaceAll(k["ExecStart"], "%i", "eib0"))
 	if args[0] != "/usr/local/bin/eipoibd" {
 		t.Fatalf("ExecStart %v", args)
@@ -60,7 +79,6 @@ func TestSystemdUnit(t *testing.T) {
 	if out, err := exec.Command("go", "build", "-o", filepath.Join(dir, "eipoibd"), ".").CombinedOutput(); err != nil {
 		t.Fatalf("build: %v\n%s", err, out)
 	}
-	b, _ := os.ReadFile(unit)
 	inst := filepath.Join(dir, "eipoibd@eib0.service")
 	os.WriteFile(inst, bytes.ReplaceAll(b, []byte("/usr/local/bin/eipoibd"), []byte(filepath.Join(dir, "eipoibd"))), 0o644)
 	if out, err := exec.Command("systemd-analyze", "verify", inst).CombinedOutput(); err != nil || len(bytes.TrimSpace(out)) != 0 {

@@ -283,6 +283,7 @@ func Run(ctx context.Context, cfg Config) error {
 			watchKeeper(ctx, &cfg, dev, keeperSocket, log)
 		}()
 	}
+	sw.watchLocal(ctx, &wg)
 	wg.Add(1)
 	go func() {
 		defer wg.Done()

@@ -1,0 +1,39 @@
+package daemon
+
+import (
+	"context"
+	"sync"
+
+	"github.com/eipoib/eipoibd/ether"
+	"github.com/eipoib/eipoibd/shim"
+	"github.com/eipoib/eipoibd/vswitch"
+)
+
+// watchLocal tells the shim the hypervisor's own MACs (the TAP's, the
+// bridge's and its ports', or the Open vSwitch bridge's internal port's)
+// in --learn declared, where their frames count as drop_undeclared_local
+// rather than drop_undeclared, until ctx ends, in a goroutine wg counts.
+func (sw *switchPort) watchLocal(ctx context.Context, wg *sync.WaitGroup) {
+	cfg := sw.cfg
+	if cfg.Learn != shim.LearnDeclared {
+		return
+	}
+	devs := []string{cfg.Name}
+	for _, br := range []string{cfg.Bridge, cfg.OVSBridge} {
+		if br != "" {
+			devs = append(devs, br)
+		}
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		set := func(macs []ether.MAC) {
+			sw.sh.SetLocalMACs(macs)
+			sw.log.Debug("the hypervisor's own MACs", "macs", macs)
+		}
+		fail := func(err error) { sw.log.Warn("the hypervisor's own MACs", "err", err) }
+		if err := vswitch.WatchLocalMACs(ctx, set, fail, devs...); err != nil {
+			sw.log.Warn("the hypervisor's own frames count as drop_undeclared", "err", err)
+		}
+	}()
+}

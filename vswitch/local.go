@@ -1,0 +1,100 @@
+package vswitch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/eipoib/eipoibd/ether"
+)
+
+// LocalMACs returns the hypervisor's own MACs on its switch: those of
+// the devices named that exist (the TAP; the Linux bridge, or the Open
+// vSwitch bridge's internal port of the same name) and, for a Linux
+// bridge among them, those of its ports (the kernel's "permanent" FDB
+// entries: br_fdb_add_local in net/bridge/br_fdb.c adds one for each
+// port's address). Frames from these MACs are the host's own, not a
+// guest's.
+func LocalMACs(devs ...string) ([]ether.MAC, error) {
+	links, err := netlink.LinkList()
+	if err != nil {
+		return nil, fmt.Errorf("vswitch: list links: %w", err)
+	}
+	var bridges []int
+	var out []ether.MAC
+	add := func(l netlink.Link) {
+		if a := l.Attrs().HardwareAddr; len(a) == 6 {
+			if m := ether.MAC(a); !m.IsZero() && !m.IsMulticast() && !slices.Contains(out, m) {
+				out = append(out, m)
+			}
+		}
+	}
+	for _, l := range links {
+		if slices.Contains(devs, l.Attrs().Name) {
+			add(l)
+			if _, ok := l.(*netlink.Bridge); ok {
+				bridges = append(bridges, l.Attrs().Index)
+			}
+		}
+	}
+	for _, l := range links {
+		if slices.Contains(bridges, l.Attrs().MasterIndex) {
+			add(l)
+		}
+	}
+	return out, nil
+}
+
+// WatchLocalMACs calls fn with LocalMACs(devs...) now and again after
+// each change of any link (a port added or gone, an address changed: a
+// Linux bridge takes its lowest port's address unless given one), until
+// ctx ends. An error of the subscription or of a listing is passed to
+// fail (after a failed listing, the next change lists them again); it
+// returns an error if it cannot subscribe, or once the subscription ends
+// before ctx.
+func WatchLocalMACs(ctx context.Context, fn func([]ether.MAC), fail func(error), devs ...string) error {
+	ch := make(chan netlink.LinkUpdate, 64)
+	done := make(chan struct{})
+	defer close(done)
+	// The subscription's socket fails once done closes it: no error then.
+	onErr := func(err error) {
+		if ctx.Err() == nil {
+			fail(err)
+		}
+	}
+	if err := netlink.LinkSubscribeWithOptions(ch, done, netlink.LinkSubscribeOptions{ErrorCallback: onErr}); err != nil {
+		return fmt.Errorf("vswitch: watch links: %w", err)
+	}
+	var last []ether.MAC
+	told := false
+	refresh := func() {
+		macs, err := LocalMACs(devs...)
+		if err != nil {
+			fail(err)
+			return
+		}
+		if !told || !slices.Equal(macs, last) {
+			last, told = macs, true
+			fn(macs)
+		}
+	}
+	refresh()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case _, ok := <-ch:
+			if !ok {
+				return errors.New("vswitch: watch links: subscription closed")
+			}
+			// One listing for a burst of changes.
+			for len(ch) > 0 {
+				<-ch
+			}
+			refresh()
+		}
+	}
+}
