@@ -190,6 +190,9 @@ func buildCNIPlugin(t *testing.T) string {
 //     declared, once ADD returns (before the pod's processes start);
 //     ping and ping -6 both ways, every request (the first included)
 //     answered once;
+//   - silent: a pod silent past --vif-idle (2 s here) and past the
+//     bridge's ageing of its learned FDB entry (2 s) keeps its VIF (none
+//     aged, none removed) and is answered at once;
 //   - static: a pod with fixed addresses pings the other hypervisor's
 //     pod and the native host;
 //   - dhcp: a pod with the reference dhcp plugin (its daemon running)
@@ -207,7 +210,7 @@ func buildCNIPlugin(t *testing.T) string {
 func TestCNI(t *testing.T) {
 	require(t, "dnsmasq", cniDir+"/bridge", cniDir+"/host-local", cniDir+"/static", cniDir+"/dhcp", "bridge")
 	plugins := buildCNIPlugin(t)
-	tp := newTopoOpts(t, topoOpts{n: 2, viaBridge: true, extra: []string{"--learn", "declared"}})
+	tp := newTopoOpts(t, topoOpts{n: 2, viaBridge: true, extra: []string{"--learn", "declared", "--vif-idle", "2s"}})
 	h1, h2 := tp.hvs[0], tp.hvs[1]
 	nh := addNative(t, tp, 1)
 	r1, r2 := newCNIRuntime(t, h1, plugins), newCNIRuntime(t, h2, plugins)
@@ -231,6 +234,39 @@ func TestCNI(t *testing.T) {
 	t.Run("host-local", func(t *testing.T) {
 		ping(t, p1.g, p2.g.ip4)
 		ping(t, p1.g, p2.g.ip6)
+		ping(t, p2.g, p1.g.ip4)
+		ping(t, p2.g, p1.g.ip6)
+	})
+
+	t.Run("silent", func(t *testing.T) {
+		sh(t, in(h1.ns, "ip", "link", "set", "br0", "type", "bridge", "ageing_time", "200")...) // 2 s
+		before := h1.metrics(t)
+		learned := func() bool {
+			for _, l := range strings.Split(sh(t, in(h1.ns, "bridge", "fdb", "show", "br", "br0")...), "\n") {
+				if f := strings.Fields(l); len(f) > 0 && f[0] == p1.mac && !strings.Contains(l, "permanent") && !strings.Contains(l, "static") {
+					return true
+				}
+			}
+			return false
+		}
+		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(250 * time.Millisecond) {
+			v, ok := h1.vifs(t)[p1.mac]
+			if !ok || v.Origin != "declared" {
+				t.Fatalf("VIF of the silent pod %s: %+v (found %v), want it kept, declared", p1.mac, v, ok)
+			}
+			if !learned() && v.IdleS >= 3 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("pod %s after 20 s: learned FDB entry still there (%v), VIF idle %.1f s", p1.mac, learned(), v.IdleS)
+			}
+		}
+		after := h1.metrics(t)
+		for _, k := range []string{"vifs_aged", "vifs_removed"} {
+			if after[k] != before[k] {
+				t.Errorf("%s %v → %v while the pod was silent", k, before[k], after[k])
+			}
+		}
 		ping(t, p2.g, p1.g.ip4)
 		ping(t, p2.g, p1.g.ip6)
 	})
