@@ -504,7 +504,10 @@ func (s *Shim) DeclareVIF(mac ether.MAC, vlan uint16, origin mactrans.Origin) er
 	}
 	return s.call(func() error {
 		v, err := s.vif(p, mac, origin, s.clk.Now())
-		if err == nil {
+		// A declaration wins over learning, never the reverse: the
+		// auto-mode preload of the bridge's learned entries must not make
+		// a declared (e.g. restored) VIF age.
+		if err == nil && (origin != mactrans.OriginLearned || v.Origin() == mactrans.OriginLearned) {
 			v.SetOrigin(origin)
 		}
 		return err

@@ -648,13 +648,22 @@ func TestVIFAgingAndShutdown(t *testing.T) {
 
 // TestDeclaredVIFStays: a guest declared over the control socket keeps
 // its VIF while silent past --vif-idle (the learned one beside it ages),
-// and while a switch's learned or static entry of its MAC goes; only
-// the control socket frees it.
+// a learned declaration of it (the auto-mode preload) does not lower its
+// origin, and a switch's learned or static entry of its MAC going does
+// not free it; only the control socket does.
 func TestDeclaredVIFStays(t *testing.T) {
 	a, b := pair(t, func(c *Config) { c.VIFIdle = time.Minute })
 	arpExchange(t, a, b) // macA1: learned
 	if err := a.s.DeclareVIF(macA2, 0, mactrans.OriginDeclared); err != nil {
 		t.Fatal(err)
+	}
+	// The auto-mode preload declares learned entries as learned: that
+	// does not lower a declared VIF.
+	if err := a.s.DeclareVIF(macA2, 0, mactrans.OriginLearned); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := a.s.vifs.Lookup(mactrans.VIFKey{MAC: macA2}); v.Origin() != mactrans.OriginDeclared {
+		t.Fatalf("origin %v after a learned declaration, want declared", v.Origin())
 	}
 	a.clk.Advance(2 * time.Minute)
 	a.waitCounter(t, VIFsAged, 1)
