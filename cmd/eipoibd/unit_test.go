@@ -38,13 +38,13 @@ func TestSystemdUnit(t *testing.T) {
 		t.Fatalf("unit keys: %v", k)
 	}
 	// Documentation= names what the install steps (the unit's comment,
-	// docs/libvirt.md) put in /usr/local/share/doc/eipoibd: README.md
-	// and docs/*.md.
+	// docs/libvirt.md, the README) put in /usr/local/share/doc/eipoibd:
+	// README.md and docs/*.md.
 	const install = "install -D -m 644 -t /usr/local/share/doc/eipoibd README.md docs/*.md"
-	b, _ := os.ReadFile(unit)
-	doc, _ := os.ReadFile("../../docs/libvirt.md")
-	if !bytes.Contains(b, []byte(install)) || !bytes.Contains(doc, []byte(install)) {
-		t.Errorf("the unit's comment and docs/libvirt.md do not both say %q", install)
+	for _, f := range []string{unit, "../../docs/libvirt.md", "../../README.md"} {
+		if b, err := os.ReadFile(f); err != nil || !bytes.Contains(b, []byte(install)) {
+			t.Errorf("%s does not say %q (%v)", f, install, err)
+		}
 	}
 	for _, u := range strings.Fields(k["Documentation"]) {
 		name, ok := strings.CutPrefix(u, "file:///usr/local/share/doc/eipoibd/")
@@ -80,6 +80,10 @@ func TestSystemdUnit(t *testing.T) {
 		t.Fatalf("build: %v\n%s", err, out)
 	}
 	inst := filepath.Join(dir, "eipoibd@eib0.service")
+	b, err := os.ReadFile(unit)
+	if err != nil {
+		t.Fatal(err)
+	}
 	os.WriteFile(inst, bytes.ReplaceAll(b, []byte("/usr/local/bin/eipoibd"), []byte(filepath.Join(dir, "eipoibd"))), 0o644)
 	if out, err := exec.Command("systemd-analyze", "verify", inst).CombinedOutput(); err != nil || len(bytes.TrimSpace(out)) != 0 {
 		t.Fatalf("systemd-analyze verify: %v\n%s", err, out)
