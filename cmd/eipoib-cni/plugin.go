@@ -84,9 +84,7 @@ func cmdDel(args *skel.CmdArgs) error {
 		return err
 	}
 	if c.mode == ipamWrap {
-		ctx, cancel := context.WithTimeout(context.Background(), delegateTimeout)
-		defer cancel()
-		return invoke.DelegateDel(ctx, c.ipamType, c.delegate, nil)
+		return delegate(c, invoke.DelegateDel)
 	}
 	var mac net.HardwareAddr
 	if c.Net.PrevResult != nil {
@@ -117,15 +115,22 @@ func cmdCheck(args *skel.CmdArgs) error {
 		return err
 	}
 	if c.mode == ipamWrap {
-		ctx, cancel := context.WithTimeout(context.Background(), delegateTimeout)
-		defer cancel()
-		return invoke.DelegateCheck(ctx, c.ipamType, c.delegate, nil)
+		return delegate(c, invoke.DelegateCheck)
 	}
 	mac, err := prevMAC(c, args, "CHECK without a prevResult: the runtime must pass the result of ADD")
 	if err != nil {
 		return err
 	}
 	return checkVIF(c, mac)
+}
+
+// delegate runs op, the real IPAM's DEL or CHECK (invoke.DelegateDel,
+// invoke.DelegateCheck), with c's delegate configuration, bounded by
+// delegateTimeout.
+func delegate(c *Conf, op func(context.Context, string, []byte, invoke.Exec) error) error {
+	ctx, cancel := context.WithTimeout(context.Background(), delegateTimeout)
+	defer cancel()
+	return op(ctx, c.ipamType, c.delegate, nil)
 }
 
 // checkVIF fails unless eipoibd holds a VIF for mac on c's VLAN.
