@@ -1,7 +1,7 @@
 package main
 
 // The network configuration: which eipoibd to talk to (tap, socketDir),
-// the VLAN the pod's VIF is declared on, and which of the two ways the
+// where it keeps its --persist state (stateDir), the VLAN the pod's VIF is declared on, and which of the two ways the
 // plugin was invoked (chained after bridge, or as bridge's IPAM wrapping
 // the real IPAM).
 
@@ -44,10 +44,13 @@ const (
 // Conf is what the plugin was told.
 type Conf struct {
 	// The plugin's own keys: the TAP of the eipoibd to talk to, the
-	// directory of its control socket and the VLAN (0: untagged) the
-	// pod's VIF is declared on.
+	// directory of its control socket, the directory of its --persist
+	// state file and the VLAN (0: untagged) the pod's VIF is declared
+	// on. Each is one of eipoibd's flags (--name, --ctl-dir,
+	// --state-dir), with the same default.
 	TAP       string
 	SocketDir string
+	StateDir  string
 	VLAN      int
 
 	mode mode
@@ -64,12 +67,18 @@ type Conf struct {
 // Socket is the control socket of the eipoibd the configuration names.
 func (c *Conf) Socket() string { return ctl.Path(c.SocketDir, c.TAP) }
 
+// StateFile is the --persist state file of the eipoibd the
+// configuration names, from which it restores its VIFs when it starts
+// (internal/daemon statePath: STATEDIR/NAME.state).
+func (c *Conf) StateFile() string { return filepath.Join(c.StateDir, c.TAP+".state") }
+
 // keys are the plugin's own keys in a network configuration (chained)
 // or its IPAM section (ipamWrap).
 type keys struct {
 	Type      string          `json:"type"`
 	TAP       *string         `json:"tap"`
 	SocketDir *string         `json:"socketDir"`
+	StateDir  *string         `json:"stateDir"`
 	VLAN      *int            `json:"vlan"`
 	IPAM      json.RawMessage `json:"ipam"`
 }
@@ -120,12 +129,15 @@ func ParseConf(stdin []byte) (*Conf, error) {
 		return nil, badConf(`network configuration of type %q (ipam %q): want type "eipoib", listed after "bridge" in a conflist, or "bridge" with ipam type "eipoib" wrapping the real IPAM`,
 			top.Type, ipamType(top.IPAM))
 	}
-	c.TAP, c.SocketDir = DefaultTAP, ctl.DefaultDir
+	c.TAP, c.SocketDir, c.StateDir = DefaultTAP, ctl.DefaultDir, ctl.DefaultDir
 	if own.TAP != nil {
 		c.TAP = *own.TAP
 	}
 	if own.SocketDir != nil {
 		c.SocketDir = *own.SocketDir
+	}
+	if own.StateDir != nil {
+		c.StateDir = *own.StateDir
 	}
 	if own.VLAN != nil {
 		c.VLAN = *own.VLAN
@@ -137,6 +149,10 @@ func ParseConf(stdin []byte) (*Conf, error) {
 		return nil, badConf("socketDir %q: want an absolute directory such as %s (eipoibd's --ctl-dir)", c.SocketDir, ctl.DefaultDir)
 	}
 	c.SocketDir = filepath.Clean(c.SocketDir)
+	if !filepath.IsAbs(c.StateDir) {
+		return nil, badConf("stateDir %q: want an absolute directory such as %s (eipoibd's --state-dir)", c.StateDir, ctl.DefaultDir)
+	}
+	c.StateDir = filepath.Clean(c.StateDir)
 	if c.VLAN < 0 || c.VLAN > 4094 {
 		return nil, badConf("vlan %d: want 0 (untagged) to 4094", c.VLAN)
 	}

@@ -12,7 +12,7 @@ import (
 
 // chainedConf is a chained configuration as libcni hands it to the
 // second plugin of a conflist: bridge's result as prevResult.
-const chainedConf = `{"cniVersion":"1.0.0","name":"ib","type":"eipoib","tap":"eib1","socketDir":"/run/x","vlan":10,
+const chainedConf = `{"cniVersion":"1.0.0","name":"ib","type":"eipoib","tap":"eib1","socketDir":"/run/x","stateDir":"/run/s/","vlan":10,
 "prevResult":{"cniVersion":"1.0.0","interfaces":[{"name":"br0","mac":"aa:bb:cc:dd:ee:01"},
 {"name":"veth1","mac":"aa:bb:cc:dd:ee:02"},{"name":"eth0","mac":"0a:58:0a:4d:00:32","sandbox":"/var/run/netns/pod"}],
 "ips":[{"address":"10.77.0.50/24","interface":2}]}}`
@@ -24,8 +24,8 @@ func TestParseConfChained(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.mode != chained || c.TAP != "eib1" || c.SocketDir != "/run/x" || c.VLAN != 10 || c.Socket() != "/run/x/eib1.sock" {
-		t.Errorf("parsed %+v, want chained, tap eib1, socketDir /run/x, vlan 10", c)
+	if c.mode != chained || c.TAP != "eib1" || c.SocketDir != "/run/x" || c.VLAN != 10 || c.Socket() != "/run/x/eib1.sock" || c.StateFile() != "/run/s/eib1.state" {
+		t.Errorf("parsed %+v, want chained, tap eib1, socketDir /run/x, stateDir /run/s, vlan 10", c)
 	}
 	if c.Net.PrevResult == nil || c.Net.CNIVersion != "1.0.0" {
 		t.Errorf("prevResult %v, cniVersion %q: want the parsed result of version 1.0.0", c.Net.PrevResult, c.Net.CNIVersion)
@@ -34,8 +34,8 @@ func TestParseConfChained(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.TAP != "eib0" || c.SocketDir != "/run/eipoibd" || c.VLAN != 0 || c.Net.PrevResult != nil {
-		t.Errorf("defaults %+v, want tap eib0, socketDir /run/eipoibd, vlan 0, no prevResult", c)
+	if c.TAP != "eib0" || c.SocketDir != "/run/eipoibd" || c.StateFile() != "/run/eipoibd/eib0.state" || c.VLAN != 0 || c.Net.PrevResult != nil {
+		t.Errorf("defaults %+v, want tap eib0, socketDir and stateDir /run/eipoibd (eipoibd's defaults), vlan 0, no prevResult", c)
 	}
 }
 
@@ -84,6 +84,7 @@ func TestParseConfErrors(t *testing.T) {
 		{`{"type":"eipoib","tap":"a/b"}`, "contains '/'"},
 		{`{"type":"eipoib","tap":".."}`, "not an interface name"},
 		{`{"type":"eipoib","socketDir":"run/eipoibd"}`, "want an absolute directory"},
+		{`{"type":"eipoib","stateDir":""}`, `stateDir "": want an absolute directory`},
 		{`{"type":"eipoib","vlan":4095}`, "vlan 4095: want 0 (untagged) to 4094"},
 		{`{"type":"eipoib","vlan":-1}`, "vlan -1"},
 		{`{"type":"eipoib","vlan":"10"}`, "network configuration"},
@@ -102,10 +103,10 @@ func TestParseConfErrors(t *testing.T) {
 
 // FuzzParseConf: any input is parsed or refused with a code 7 error,
 // never a panic, and what is accepted holds: a valid TAP name, an
-// absolute clean socketDir, a VLAN from 0 to 4094, and in ipamWrap mode
+// absolute clean socketDir and stateDir, a VLAN from 0 to 4094, and in ipamWrap mode
 // a delegate configuration that parses with a real IPAM type.
 func FuzzParseConf(f *testing.F) {
-	for _, s := range []string{chainedConf, `{"type":"eipoib"}`, `{"type":"eipoib","vlan":4094,"tap":"x","socketDir":"/a/../b/"}`,
+	for _, s := range []string{chainedConf, `{"type":"eipoib"}`, `{"type":"eipoib","vlan":4094,"tap":"x","socketDir":"/a/../b/","stateDir":"/c/./d"}`,
 		`{"type":"bridge","ipam":{"type":"eipoib","ipam":{"type":"host-local","ranges":[[{"subnet":"10.0.0.0/24"}]]}}}`,
 		`{"type":"bridge","ipam":{"type":"eipoib","ipam":{}}}`, `{"type":"eipoib","prevResult":{"cniVersion":"0.3.1","ips":[]}}`,
 		`{"type":"eipoib","prevResult":null}`, `[]`, `{"type":"eipoib","tap":"é"}`} {
@@ -120,7 +121,8 @@ func FuzzParseConf(f *testing.F) {
 			}
 			return
 		}
-		if checkIfName(c.TAP) != nil || !filepath.IsAbs(c.SocketDir) || filepath.Clean(c.SocketDir) != c.SocketDir || c.VLAN < 0 || c.VLAN > 4094 {
+		if checkIfName(c.TAP) != nil || !filepath.IsAbs(c.SocketDir) || filepath.Clean(c.SocketDir) != c.SocketDir ||
+			!filepath.IsAbs(c.StateDir) || filepath.Clean(c.StateDir) != c.StateDir || c.VLAN < 0 || c.VLAN > 4094 {
 			t.Fatalf("accepted %+v", c)
 		}
 		if c.mode == ipamWrap {

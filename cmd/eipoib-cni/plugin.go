@@ -8,7 +8,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
+	"os"
 	"strings"
 	"syscall"
 	"time"
@@ -74,8 +76,8 @@ func cmdAdd(args *skel.CmdArgs) error {
 
 // cmdDel frees the pod's VIF. Per the spec DEL must succeed when there
 // is nothing left to free: no prevResult and no interface (the MAC is
-// unknown), no VIF, or no daemon (whose VIFs went with it) are not
-// errors. In ipamWrap mode the real IPAM's DEL runs and nothing is
+// unknown), no VIF, or no daemon that could still hold one (delGone)
+// are not errors. In ipamWrap mode the real IPAM's DEL runs and nothing is
 // freed here: bridge has deleted the pod's interface before it runs its
 // IPAM's DEL, so the MAC is unknown; the chained eipoib frees the VIF.
 func cmdDel(args *skel.CmdArgs) error {
@@ -84,9 +86,7 @@ func cmdDel(args *skel.CmdArgs) error {
 		return err
 	}
 	if c.mode == ipamWrap {
-		ctx, cancel := context.WithTimeout(context.Background(), delegateTimeout)
-		defer cancel()
-		return invoke.DelegateDel(ctx, c.ipamType, c.delegate, nil)
+		return delegate(c, invoke.DelegateDel)
 	}
 	var mac net.HardwareAddr
 	if c.Net.PrevResult != nil {
@@ -98,10 +98,38 @@ func cmdDel(args *skel.CmdArgs) error {
 		return nil
 	}
 	err = client(c).DelVIF(ctl.VIFRequest{MAC: mac.String(), VLAN: c.VLAN})
-	if err == nil || daemonGone(c) != nil {
+	if err == nil {
 		return nil
 	}
+	if gone := daemonGone(c); gone != nil {
+		return delGone(c, mac, gone)
+	}
 	return refused(c, "vif-del", mac, err)
+}
+
+// delGone is DEL's answer when nothing answers on c's control socket
+// (gone says why). A daemon with --persist restores the VIFs of its
+// state file when it starts again (internal/daemon restoreState), and a
+// declared VIF never ages (mactrans.Origin.Frees): a DEL that succeeded
+// while eipoibd restarts would leave the pod's VIF, a QP, for good. So
+// while the daemon's control socket (it crashed, or is starting) or its
+// state file (it stopped with --persist) is there, DEL fails with "try
+// again later", which the runtime retries, and the message says which
+// files to remove if that eipoibd is gone for good. With neither, the
+// daemon's VIFs went with it: DEL succeeds.
+func delGone(c *Conf, mac net.HardwareAddr, gone *types.Error) error {
+	var left []string
+	for _, path := range []string{c.Socket(), c.StateFile()} {
+		// ENOTDIR: a component of the path is a file, so nothing is there.
+		if _, err := os.Lstat(path); !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ENOTDIR) {
+			left = append(left, path)
+		}
+	}
+	if len(left) == 0 {
+		return nil
+	}
+	return types.NewError(types.ErrTryAgainLater, fmt.Sprintf("%s The VIF of the pod's MAC %s on VLAN %d is not freed yet: eipoibd restores its VIFs when it starts and keeps a declared one until it is deleted. If eipoibd for %s is gone for good, remove %s: the next DEL then succeeds",
+		gone.Msg, mac, c.VLAN, c.TAP, strings.Join(left, " and ")), "")
 }
 
 // cmdCheck fails unless eipoibd holds a VIF for the MAC of the pod's
@@ -117,15 +145,22 @@ func cmdCheck(args *skel.CmdArgs) error {
 		return err
 	}
 	if c.mode == ipamWrap {
-		ctx, cancel := context.WithTimeout(context.Background(), delegateTimeout)
-		defer cancel()
-		return invoke.DelegateCheck(ctx, c.ipamType, c.delegate, nil)
+		return delegate(c, invoke.DelegateCheck)
 	}
 	mac, err := prevMAC(c, args, "CHECK without a prevResult: the runtime must pass the result of ADD")
 	if err != nil {
 		return err
 	}
 	return checkVIF(c, mac)
+}
+
+// delegate runs op, the real IPAM's DEL or CHECK (invoke.DelegateDel,
+// invoke.DelegateCheck), with c's delegate configuration, bounded by
+// delegateTimeout.
+func delegate(c *Conf, op func(context.Context, string, []byte, invoke.Exec) error) error {
+	ctx, cancel := context.WithTimeout(context.Background(), delegateTimeout)
+	defer cancel()
+	return op(ctx, c.ipamType, c.delegate, nil)
 }
 
 // checkVIF fails unless eipoibd holds a VIF for mac on c's VLAN.
@@ -175,7 +210,7 @@ func declare(c *Conf, mac net.HardwareAddr) error {
 // when something does, i.e. a failed request was the daemon's refusal.
 // The ctl client's own message does not keep the system's error, so the
 // socket is tried once more here to name it.
-func daemonGone(c *Conf) error {
+func daemonGone(c *Conf) *types.Error {
 	conn, err := net.DialTimeout("unix", c.Socket(), 2*time.Second)
 	if err == nil {
 		conn.Close()

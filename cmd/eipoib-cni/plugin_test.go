@@ -74,6 +74,13 @@ func serve(t *testing.T, dir string) *fakeDaemon {
 	return d
 }
 
+// podArgs are the arguments of the runtime's call for the pod of
+// chainedConf, its eipoibd's control socket and state file in dir.
+func podArgs(dir string) *skel.CmdArgs {
+	conf := strings.NewReplacer(`"/run/x"`, `"`+dir+`"`, `"/run/s/"`, `"`+dir+`"`).Replace(chainedConf)
+	return &skel.CmdArgs{ContainerID: "c1", Netns: "/var/run/netns/pod", IfName: "eth0", StdinData: []byte(conf)}
+}
+
 // quiet sends what fn prints on standard output (the plugin's result)
 // to a file, so that the test's output stays readable, and returns it.
 func quiet(t *testing.T, fn func() error) (string, error) {
@@ -101,8 +108,7 @@ func TestAddDel(t *testing.T) {
 	nstest.Require(t) // the control socket serves root peers only
 	dir := t.TempDir()
 	d := serve(t, dir)
-	conf := strings.Replace(chainedConf, `"/run/x"`, `"`+dir+`"`, 1)
-	args := &skel.CmdArgs{ContainerID: "c1", Netns: "/var/run/netns/pod", IfName: "eth0", StdinData: []byte(conf)}
+	args := podArgs(dir)
 	out, err := quiet(t, func() error { return cmdAdd(args) })
 	if err != nil {
 		t.Fatal(err)
@@ -148,35 +154,78 @@ func TestAddDel(t *testing.T) {
 
 // TestNoDaemon: with no socket, or a stale one nothing listens on, ADD
 // fails with "try again later" (code 11) and a message naming the
-// socket, the system's error and the question to ask; DEL succeeds (the
-// VIFs went with the daemon).
+// socket, the system's error and the question to ask.
 func TestNoDaemon(t *testing.T) {
 	dir := t.TempDir()
-	conf := strings.Replace(chainedConf, `"/run/x"`, `"`+dir+`"`, 1)
-	args := &skel.CmdArgs{ContainerID: "c1", Netns: "/var/run/netns/pod", IfName: "eth0", StdinData: []byte(conf)}
+	args := podArgs(dir)
 	_, err := quiet(t, func() error { return cmdAdd(args) })
 	var ce *types.Error
 	want := "eipoibd control socket " + filepath.Join(dir, "eib1.sock") + ": no such file or directory: is eipoibd running for eib1?"
 	if !errors.As(err, &ce) || ce.Code != types.ErrTryAgainLater || ce.Msg != want {
 		t.Errorf("ADD without a daemon: %v, want code 11 %q", err, want)
 	}
-	if err := cmdDel(args); err != nil {
-		t.Errorf("DEL without a daemon: %v, want success", err)
+	staleSocket(t, dir)
+	_, err = quiet(t, func() error { return cmdAdd(args) })
+	want = "eipoibd control socket " + filepath.Join(dir, "eib1.sock") + ": connection refused: is eipoibd running for eib1?"
+	if !errors.As(err, &ce) || ce.Code != types.ErrTryAgainLater || ce.Msg != want {
+		t.Errorf("ADD with a stale socket: %v, want code 11 %q", err, want)
 	}
-	// A socket left by a daemon that died: connection refused.
+}
+
+// staleSocket leaves dir/eib1.sock as a daemon that died does: a
+// socket nothing listens on (connection refused).
+func staleSocket(t *testing.T, dir string) {
+	t.Helper()
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: filepath.Join(dir, "eib1.sock"), Net: "unix"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ln.SetUnlinkOnClose(false)
 	ln.Close()
-	_, err = quiet(t, func() error { return cmdAdd(args) })
-	want = "eipoibd control socket " + filepath.Join(dir, "eib1.sock") + ": connection refused: is eipoibd running for eib1?"
-	if !errors.As(err, &ce) || ce.Code != types.ErrTryAgainLater || ce.Msg != want {
-		t.Errorf("ADD with a stale socket: %v, want code 11 %q", err, want)
-	}
+}
+
+// TestDelNoDaemon: DEL while nothing answers on the control socket.
+// With neither the daemon's control socket nor its state file there,
+// the daemon is gone with its VIFs: DEL succeeds. With a stale socket (a
+// crash), the state file (a stop with --persist: the VIFs come back at
+// the next start) or both, DEL fails with "try again later" (code 11):
+// the system's error, the pod's MAC and VLAN, and the files to remove if
+// that eipoibd is gone for good; once they are removed DEL succeeds.
+func TestDelNoDaemon(t *testing.T) {
+	dir := t.TempDir()
+	args := podArgs(dir)
+	sock, state := filepath.Join(dir, "eib1.sock"), filepath.Join(dir, "eib1.state")
 	if err := cmdDel(args); err != nil {
-		t.Errorf("DEL with a stale socket: %v, want success", err)
+		t.Errorf("DEL without a daemon, its socket or its state file: %v, want success", err)
+	}
+	for _, tc := range []struct {
+		name        string
+		sock, state bool
+		why, remove string
+	}{
+		{"state file only", false, true, "no such file or directory", state},
+		{"stale socket and state file", true, true, "connection refused", sock + " and " + state},
+		{"stale socket only", true, false, "connection refused", sock},
+	} {
+		os.Remove(sock)
+		os.Remove(state)
+		if tc.sock {
+			staleSocket(t, dir)
+		}
+		if tc.state && os.WriteFile(state, []byte("{}"), 0o600) != nil {
+			t.Fatal("state file not written")
+		}
+		err := cmdDel(args)
+		var ce *types.Error
+		want := "eipoibd control socket " + sock + ": " + tc.why + ": is eipoibd running for eib1? The VIF of the pod's MAC 0a:58:0a:4d:00:32 on VLAN 10 is not freed yet: " +
+			"eipoibd restores its VIFs when it starts and keeps a declared one until it is deleted. If eipoibd for eib1 is gone for good, remove " + tc.remove + ": the next DEL then succeeds"
+		if !errors.As(err, &ce) || ce.Code != types.ErrTryAgainLater || ce.Msg != want {
+			t.Errorf("DEL, %s: %v, want code 11 %q", tc.name, err, want)
+		}
+	}
+	os.Remove(sock)
+	if err := cmdDel(args); err != nil {
+		t.Errorf("DEL once the files are removed: %v, want success", err)
 	}
 }
 

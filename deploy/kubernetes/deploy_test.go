@@ -279,6 +279,11 @@ func TestNetworks(t *testing.T) {
 			t.Errorf("%s: bridge %q, the ConfigMap's %v", o.Metadata.Name, br.Bridge, conf["bridge"])
 		}
 		own.check(t, o.Metadata.Name+" (chained eipoib)", conf)
+		// The chained plugin's DEL, while eipoibd does not answer, looks
+		// for its --persist state file.
+		if own.StateDir != conf["state-dir"] {
+			t.Errorf("%s (chained eipoib): stateDir %q, the ConfigMap's state-dir %v", o.Metadata.Name, own.StateDir, conf["state-dir"])
+		}
 		var wrap struct {
 			eipoibKeys
 			IPAM *struct {
@@ -306,6 +311,7 @@ type eipoibKeys struct {
 	Type      string `json:"type"`
 	TAP       string `json:"tap"`
 	SocketDir string `json:"socketDir"`
+	StateDir  string `json:"stateDir"`
 	VLAN      int    `json:"vlan"`
 }
 
