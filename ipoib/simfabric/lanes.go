@@ -42,12 +42,15 @@ func (p *Port) laneOf(pkt []byte, m *ipoib.TxMeta) int {
 	return int((q >> 32) % n)
 }
 
+// maxLanes is the most lanes a port has.
+const maxLanes = lanesPerSocket * MaxSockets
+
 // laneSort orders a chunk's messages by lane, each lane's in the order
 // they came (a counting sort into storage made once).
 type laneSort struct {
 	msgs  []ipv6.Message
 	orig  []int
-	start [MaxSockets + 1]int // lane l's messages are [start[l], start[l+1])
+	start [maxLanes + 1]int // lane l's messages are [start[l], start[l+1])
 }
 
 func (s *laneSort) init() {
@@ -64,7 +67,7 @@ func (s *laneSort) sort(msgs []ipv6.Message, orig []int, lanes []uint8, n int) {
 	for l := 1; l <= n; l++ {
 		s.start[l] += s.start[l-1]
 	}
-	var next [MaxSockets]int
+	var next [maxLanes]int
 	copy(next[:n], s.start[:n])
 	for i, l := range lanes {
 		k := next[l]

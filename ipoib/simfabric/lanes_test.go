@@ -44,8 +44,10 @@ func udpPacket(flow, seq int) []byte {
 // flows of 8 packets, sent interleaved, arrive each packet once; each
 // flow's packets all on one socket and in the order sent (the sender
 // gives a flow one source port, and the receiver's SO_REUSEPORT hash one
-// socket); the flows over more than one socket (a chance of 4^-15 of
-// all on one if the hash spread them at random); and the port's
+// socket); the flows over more than one socket (the 16 flows use most
+// of the sender's 8 lanes, each landing on one of the receiver's 4
+// sockets at random: all on one socket has a chance of the order of
+// 4^-6); and the port's
 // counters, per socket and summed, count exactly what each socket
 // delivered.
 func TestSocketsSpreadFlows(t *testing.T) {

@@ -51,15 +51,25 @@ type Config struct {
 	// socket, on UDP port 4791 both ways, as before parallel receive.
 	// With more, they are bound to port 4791 together (SO_REUSEPORT),
 	// the kernel spreading datagrams over them by a hash of the
-	// sender's address and UDP source port; Sockets-1 more sockets on
-	// ephemeral ports send, and each unicast packet leaves from the one
-	// its inner flow hashes to, so that a peer's receive sockets see one
+	// sender's address and UDP source port; and the port sends from
+	// 2×Sockets lanes (the first receive socket and 2×Sockets-1 more
+	// sockets on ephemeral ports), each unicast packet from the one its
+	// inner flow hashes to, so that a peer's receive sockets see one
 	// source port per flow (see lanes.go). At most MaxSockets.
 	Sockets int
 }
 
 // MaxSockets bounds Config.Sockets.
-const MaxSockets = 64
+const MaxSockets = 32
+
+// lanesPerSocket is the number of send lanes (source ports) per receive
+// socket when there are several. Which of a peer's sockets a source
+// port lands on is the peer's secret hash: with as many ports as the
+// peer has sockets, two flows on different ports would share a socket
+// as often as not, and all the ports one socket 1 time in n^(n-1) for n
+// sockets (1 in 64 for 4). Twice as many ports spread flows more
+// evenly, for a sendmmsg per lane a batch holds packets of.
+const lanesPerSocket = 2
 
 // Port is one IB port on the simulated fabric. It implements ipoib.Port.
 // Read and Write may each be used by one goroutine at a time.
@@ -198,7 +208,11 @@ func Open(cfg Config) (*Port, error) {
 	// The senders: lane 0 on the first receive socket (source port
 	// 4791, and every multicast packet), the others each on a socket
 	// of its own, on a port the kernel picks, that receives nothing.
-	for i := range nsock {
+	nlanes := 1
+	if nsock > 1 {
+		nlanes = lanesPerSocket * nsock
+	}
+	for i := range nlanes {
 		conn := p.conn
 		if i > 0 {
 			if conn, err = listen(ifi, cfg, 0, rxSocket{}); err != nil {
