@@ -177,6 +177,22 @@ type Port interface {
 	Close() error
 }
 
+// RxQueue is one of a port's receive queues (Port.Read's signature and
+// contract): each may be read by its own goroutine, in parallel with the
+// others.
+type RxQueue interface {
+	Read(bufs [][]byte, sizes []int, meta []RxMeta, offset int) (n int, err error)
+}
+
+// RxQueues is a Port that receives on several queues, as the simulated
+// fabric's port does on several sockets: every packet arrives on exactly
+// one of them, and each flow's packets on one, in order. The shim reads
+// each with a worker of its own; a Port without it has Read alone, and
+// a wrapper of a Port (faultport) passes its inner port's on.
+type RxQueues interface {
+	RxQueues() []RxQueue
+}
+
 // PortCounters is a snapshot of a port's traffic and drop counters. Drops
 // is keyed by reason, e.g. "bad_icrc", "unknown_qpn".
 type PortCounters struct {

@@ -63,7 +63,9 @@
 # from a virtio-net guest with USO (host_uso); 0: cut in g1's eth0 into
 # single datagrams, as from a NIC that segments),
 # BENCH_PING_COUNT (default 200, 10 ms apart), BENCH_PING_SLOW_COUNT
-# (default 30, 200 ms apart), BENCH_FORWARDERS (subset of "a b c d e").
+# (default 30, 200 ms apart), BENCH_FORWARDERS (subset of "a b c d e"),
+# BENCH_EIPOIBD_FLAGS (more flags for eipoibd in (a) and (b), e.g.
+# "--rx-workers 2", to compare settings run against run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -82,6 +84,7 @@ BENCH_UDP_GUEST_USO=${BENCH_UDP_GUEST_USO:-1}
 BENCH_PING_COUNT=${BENCH_PING_COUNT:-200}
 BENCH_PING_SLOW_COUNT=${BENCH_PING_SLOW_COUNT:-30}
 BENCH_FORWARDERS=${BENCH_FORWARDERS:-a b c d e}
+BENCH_EIPOIBD_FLAGS=${BENCH_EIPOIBD_FLAGS:-}
 UDP_PORT=5300
 
 # The baseline the issue 24 goals are stated against: make bench of
@@ -131,7 +134,8 @@ mkdir -p "$RAW"
   echo "settings: BENCH_REPS=$BENCH_REPS BENCH_TIME=$BENCH_TIME BENCH_UDP_TIME=$BENCH_UDP_TIME BENCH_UDP_START=$BENCH_UDP_START" \
     "BENCH_UDP_STEPS=$BENCH_UDP_STEPS BENCH_UDP_TRIES=$BENCH_UDP_TRIES BENCH_UDP_LOSS=$BENCH_UDP_LOSS" \
     "BENCH_UDP_FLOWS=$BENCH_UDP_FLOWS BENCH_UDP_GSO=$BENCH_UDP_GSO BENCH_UDP_GUEST_USO=$BENCH_UDP_GUEST_USO" \
-    "BENCH_PING_COUNT=$BENCH_PING_COUNT BENCH_PING_SLOW_COUNT=$BENCH_PING_SLOW_COUNT BENCH_FORWARDERS=\"$BENCH_FORWARDERS\""
+    "BENCH_PING_COUNT=$BENCH_PING_COUNT BENCH_PING_SLOW_COUNT=$BENCH_PING_SLOW_COUNT BENCH_FORWARDERS=\"$BENCH_FORWARDERS\"" \
+    "BENCH_EIPOIBD_FLAGS=\"$BENCH_EIPOIBD_FLAGS\""
 } >"$OUT/machine.txt"
 
 # --- processes and namespaces, removed on any exit -----------------------------
@@ -224,7 +228,8 @@ eipoibd_up() { # extra flags...
   local h
   FPIDS=()
   for h in 1 2; do
-    ip netns exec "$P-h$h" "$BIN" run --underlay "ul$h" --bridge br0 --ctl-dir "/run/eipoibd/$P-h$h" "$@" >"$RAW/$N-eipoibd-h$h.log" 2>&1 &
+    # shellcheck disable=SC2086 # BENCH_EIPOIBD_FLAGS is a list of flags
+    ip netns exec "$P-h$h" "$BIN" run --underlay "ul$h" --bridge br0 --ctl-dir "/run/eipoibd/$P-h$h" "$@" $BENCH_EIPOIBD_FLAGS >"$RAW/$N-eipoibd-h$h.log" 2>&1 &
     RUNNING[$!]="eipoibd h$h"
     FPIDS+=("$!")
   done

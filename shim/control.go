@@ -1,7 +1,7 @@
 package shim
 
 // The control plane. One goroutine, the control goroutine (controlLoop),
-// started by Run before anything else and ended after the TX and RX loops,
+// started by Run before anything else and ended after the TX and RX workers,
 // makes every control call on the port: AllocQP and FreeQP, Join,
 // JoinSendOnly and Leave, PartitionMTU, partition additions. On real
 // hardware each takes milliseconds to seconds (a kernel IPoIB child is a
@@ -10,7 +10,7 @@ package shim
 // guest for it.
 //
 // Who owns what:
-//   - TX workers, the RX loop and housekeeping only read the tables
+//   - TX workers, the RX workers and housekeeping only read the tables
 //     (lock-free) and hand the control goroutine intents through a
 //     bounded queue (controlQueue): a full queue drops the intent and
 //     counts the frame that needed it (drop_control_full); a worker never
@@ -31,7 +31,7 @@ package shim
 //
 // Epochs (RCU-style quiescent states): a QP is freed only once no sender
 // can still use it. Every sender that can hold a VIF across a send (each
-// TX worker, the RX loop, housekeeping's resolution and announcement
+// TX worker, each RX worker, housekeeping's resolution and announcement
 // sends) marks in its own slot the epoch it entered at the start of a
 // batch and clears it at the end. Removing a VIF unpublishes it first,
 // then advances the epoch to e: a sender that entered at e or later can no
@@ -406,6 +406,7 @@ func (ep *epochs) quiet(e uint64) bool {
 	return true
 }
 
-// The senders' slots: TX worker i has slot i.
-func (s *Shim) rxSlot() int    { return len(s.queues) }
-func (s *Shim) houseSlot() int { return len(s.queues) + 1 }
+// The senders' slots: TX worker i has slot i, then the RX workers, then
+// housekeeping.
+func (s *Shim) rxSlot(i int) int { return len(s.queues) + i }
+func (s *Shim) houseSlot() int   { return len(s.queues) + len(s.rxq) }

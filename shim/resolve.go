@@ -50,7 +50,7 @@ type pendingQueue struct {
 	mu      sync.Mutex
 	m       map[pendingKey]*pendingEntry
 	nframes int          // frames held, under mu
-	count   atomic.Int32 // len(m), read lock-free by the RX loop
+	count   atomic.Int32 // len(m), read lock-free by the RX workers
 	frames  atomic.Int32 // nframes, for the counters
 }
 

@@ -21,7 +21,11 @@ import (
 // device's headroom before that.
 const rxOffset = 64
 
-func (s *Shim) rxLoop() error {
+// rxLoop is RX worker w, which reads the port's receive queue rq: each
+// worker translates its batches and writes them through the device
+// queues their flows hash to, in parallel with the others (a flow
+// arrives on one receive queue, so its frames stay in order).
+func (s *Shim) rxLoop(w int, rq ipoib.RxQueue) error {
 	bs := s.port.BatchSize()
 	bufs := make([][]byte, bs)
 	for i := range bufs {
@@ -34,12 +38,12 @@ func (s *Shim) rxLoop() error {
 		out[q] = make([][]byte, 0, bs)
 	}
 	for {
-		n, err := s.port.Read(bufs, sizes, meta, rxOffset)
+		n, err := rq.Read(bufs, sizes, meta, rxOffset)
 		if err != nil {
 			return err
 		}
 		now := s.clk.Now()
-		s.ep.enter(s.rxSlot()) // the batch may resolve (srcip.go) and flush from VIFs' QPs
+		s.ep.enter(s.rxSlot(w)) // the batch may resolve (srcip.go) and flush from VIFs' QPs
 		if s.capture.Load() != nil {
 			for i := range n {
 				s.capFabricRx(bufs[i][rxOffset:rxOffset+sizes[i]], &meta[i])
@@ -58,17 +62,17 @@ func (s *Shim) rxLoop() error {
 		if s.pending.count.Load() > 0 {
 			s.flushResolved()
 		}
-		s.ep.exit(s.rxSlot())
+		s.ep.exit(s.rxSlot(w))
 	}
 }
 
 // writeDev writes frames, each tap.Headroom bytes into its buffer, to the
-// device and returns how many it took.
+// device (its first queue) and returns how many it took.
 func (s *Shim) writeDev(frames [][]byte) int {
 	s.capFrames(frames)
-	s.devMu.Lock()
+	s.qmu[0].Lock()
 	n, err := s.dev.Write(frames, tap.Headroom)
-	s.devMu.Unlock()
+	s.qmu[0].Unlock()
 	if err != nil {
 		return 0
 	}
@@ -89,14 +93,14 @@ func (s *Shim) capFrames(frames [][]byte) {
 // buffer, through the device queue they are listed under, and counts
 // them; it empties the lists.
 func (s *Shim) writeQueues(byQueue [][][]byte) {
-	s.devMu.Lock()
-	defer s.devMu.Unlock()
 	for q, frames := range byQueue {
 		if len(frames) == 0 {
 			continue
 		}
 		s.capFrames(frames)
+		s.qmu[q].Lock()
 		n, err := s.queues[q].Write(frames, tap.Headroom)
+		s.qmu[q].Unlock()
 		if err != nil {
 			n = 0
 		}

@@ -96,7 +96,8 @@ type Shim struct {
 	dev    tap.Device
 	queues []tap.Device // the device's queues (itself when it has one)
 	port   ipoib.Port
-	ipMTU  int // the port's IPoIB MTU, the largest of the partitions'
+	rxq    []ipoib.RxQueue // the port's receive queues, each read by an RX worker
+	ipMTU  int             // the port's IPoIB MTU, the largest of the partitions'
 	vifs   *mactrans.VIFTable
 	neigh  *mactrans.NeighTable
 	byVLAN [4096]atomic.Pointer[partition] // by VLAN ID; nil: unmapped
@@ -104,8 +105,8 @@ type Shim struct {
 	partMu sync.Mutex // serialises partition additions
 	mtuMu  sync.Mutex // orders partitions' MTU changes (refreshMTU, port events)
 
-	devMu  sync.Mutex // serialises writes to the device
-	portMu sync.Mutex // serialises writes to the port
+	qmu    []sync.Mutex // by device queue: serialises writes to it (the RX workers', and queue 0 the shim's own)
+	portMu sync.Mutex   // serialises writes to the port
 
 	// ctl is the control plane, which alone calls the port's control
 	// methods; ep tracks the senders' epochs, so that a QP is freed only
@@ -207,14 +208,19 @@ func New(cfg Config) (*Shim, error) {
 	s.srcs.max = cfg.MaxNeighbours
 	s.vifIdle.Store(int64(cfg.VIFIdle))
 	s.lastRound.Store(time.Now().UnixNano())
-	s.queues = s.dev.Queues() // each read by a TX worker, written by RX (flowQueue)
+	s.queues = s.dev.Queues() // each read by a TX worker, written by the RX workers (flowQueue)
+	s.qmu = make([]sync.Mutex, len(s.queues))
+	s.rxq = []ipoib.RxQueue{s.port}
+	if q, ok := s.port.(ipoib.RxQueues); ok && len(q.RxQueues()) > 0 {
+		s.rxq = q.RxQueues()
+	}
 	s.groups.init(maxGroups, maxSendOnly)
 	s.groups.ready = s.groupReady
 	s.gwait.m = make(map[ipoib.GID]*heldFrames)
 	s.pending.init()
 	s.newVIFs.init()
 	s.ctl.init(vifHoldPerGuest)
-	s.ep.init(len(s.queues) + 2) // the TX workers, RX, housekeeping
+	s.ep.init(len(s.queues) + len(s.rxq) + 1) // the TX workers, the RX workers, housekeeping
 	s.snoop = snoop.NewTable(cfg.Multicast, maxGroups, snoop.Actions{Join: s.snoopJoin, Leave: s.snoopLeave, Query: s.mcastQuery})
 	return s, nil
 }
@@ -333,16 +339,18 @@ func (s *Shim) Run(ctx context.Context) error {
 		}
 	case <-ctx.Done():
 	}
-	loop := loops.New("shim", len(s.queues)+3)
+	loop := loops.New("shim", len(s.queues)+len(s.rxq)+2)
 	var wg, rx sync.WaitGroup
 	hctx, stopHouse := context.WithCancel(ctx)
 	for i, q := range s.queues {
 		loop.Go(fmt.Sprintf("tx queue %d", i), &wg, func() error { return s.txLoop(i, q) })
 	}
-	loop.Go("rx", &rx, s.rxLoop)
+	for i, q := range s.rxq {
+		loop.Go(fmt.Sprintf("rx %d", i), &rx, func() error { return s.rxLoop(i, q) })
+	}
 	loop.Go("port events", &rx, func() error { return s.followEvents(events) })
 	loop.Go("housekeeping", &wg, func() error { return s.housekeeping(hctx) })
-	s.log.Info("shim running", "gid", s.port.LocalGID(), "ib_mtu", s.port.MTU(), "ipoib_mtu", s.ipMTU, "partitions", len(s.partitions()), "max_vifs", s.cfg.MaxVIFs, "tx_workers", len(s.queues))
+	s.log.Info("shim running", "gid", s.port.LocalGID(), "ib_mtu", s.port.MTU(), "ipoib_mtu", s.ipMTU, "partitions", len(s.partitions()), "max_vifs", s.cfg.MaxVIFs, "tx_workers", len(s.queues), "rx_workers", len(s.rxq))
 	var err error
 	select {
 	case <-ctx.Done():
@@ -352,7 +360,7 @@ func (s *Shim) Run(ctx context.Context) error {
 	s.dev.Close() // the TX loop finishes its batch and leaves
 	wg.Wait()
 	s.call(s.stopPort)
-	s.port.Close() // the RX loop leaves
+	s.port.Close() // the RX workers leave
 	rx.Wait()
 	stopControl()
 	return err

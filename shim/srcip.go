@@ -131,7 +131,7 @@ func (s *Shim) sourceOf(p *partition, et uint16, pkt []byte, m *ipoib.RxMeta, no
 		return ether.MAC{}, false
 	}
 	if vif, ok := s.vifs.LookupQPN(m.DstQPN); ok {
-		s.sendResolve(p, vif, dip, sip) // within the RX loop's epoch
+		s.sendResolve(p, vif, dip, sip) // within the RX worker's epoch
 	}
 	return ether.MAC{}, false
 }

@@ -119,6 +119,7 @@ func runFlags(o *options) *flag.FlagSet {
 	fs.BoolVar(&o.cfg.ClampMSS, "clamp-mss", false, "lower the MSS of guests' TCP SYNs to fit the IPoIB MTU, for guests that ignore path MTU discovery")
 	fs.DurationVar(&o.cfg.BusyPoll, "busy-poll", 0, fmt.Sprintf("spin on the TAP queues and (simulated fabric) the fabric socket for up to this long (e.g. 50us, at most %s) after finding them empty, before sleeping: lower latency for CPU time; 0: off", daemon.MaxBusyPoll))
 	fs.IntVar(&o.cfg.Queues, "queues", 0, "TAP queues, each read by its own TX worker (the kernel spreads guests' flows over them); 0: one per CPU")
+	fs.IntVar(&o.cfg.RxWorkers, "rx-workers", 1, fmt.Sprintf("simulated fabric: receive sockets on UDP 4791 (SO_REUSEPORT), each read by its own RX worker, and twice as many source ports, one per flow, for the peers' sockets to spread flows by (set it alike on every hypervisor); 0: one per TAP queue; at most %d", daemon.MaxRxWorkers))
 	fs.StringVar(&o.cfg.CtlDir, "ctl-dir", ctl.DefaultDir, "directory of the control socket NAME.sock (eipoibd show, vif, neigh, capture); empty: none")
 	fs.BoolVar(&o.cfg.Persist, "persist", false, "keep the TAP (and its bridge or OVS port) across restarts and crashes, its queues in systemd's file descriptor store so the link never drops, and the guests in --state-dir; a stop leaves the TAP (ip link del removes it)")
 	fs.StringVar(&o.cfg.StateDir, "state-dir", ctl.DefaultDir, "directory of the --persist state file NAME.state")

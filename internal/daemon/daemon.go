@@ -80,7 +80,10 @@ type Config struct {
 	IBMTU    int       // --ib-mtu: 2048 or 4096 (sim; the others ask the device)
 	TAPMTU   int       // --tap-mtu
 	Queues   int       // --queues: 0 for one per CPU
-	Offload  bool      // --offload
+	// RxWorkers is --rx-workers: the simulated fabric's receive sockets
+	// and RX workers; 0 for one per TAP queue.
+	RxWorkers int
+	Offload   bool // --offload
 
 	BusyPoll time.Duration // --busy-poll: 0 for off
 
@@ -147,6 +150,8 @@ func (c *Config) Validate() error {
 		return bad("--busy-poll %s: want 0 (off) to %s, e.g. 50us", c.BusyPoll, MaxBusyPoll)
 	case c.Queues < 0 || c.Queues > MaxQueues:
 		return bad("--queues %d: want 0 (one per CPU) to %d", c.Queues, MaxQueues)
+	case c.RxWorkers < 0 || c.RxWorkers > MaxRxWorkers:
+		return bad("--rx-workers %d: want 0 (one per TAP queue) to %d", c.RxWorkers, MaxRxWorkers)
 	case c.MaxNeighbours < 1:
 		return bad("--max-neighbours %d: want at least 1", c.MaxNeighbours)
 	case c.MemoryLimit < 0 || c.MemoryLimit > MaxMemoryLimit:

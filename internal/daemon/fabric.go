@@ -30,6 +30,9 @@ func (c *Config) checkFabric() error {
 		if c.Faults != (faultport.Faults{}) || c.Underlay != "" {
 			return ConfigError{Msg: "--fault and --underlay are for --fabric sim"}
 		}
+		if c.RxWorkers > 1 {
+			return ConfigError{Msg: fmt.Sprintf("--rx-workers %d: the %s backend receives on one queue; --rx-workers is for --fabric sim (leave it at 1)", c.RxWorkers, c.Fabric)}
+		}
 	default:
 		return ConfigError{Msg: fmt.Sprintf("--fabric %q: want sim, kernel or verbs", c.Fabric)}
 	}
@@ -45,7 +48,7 @@ func openFabric(c *Config, log *slog.Logger) (ipoib.Port, error) {
 	case FabricVerbs:
 		return verbsfabric.New(verbsfabric.Config{Device: c.IBDev, Logger: log})
 	}
-	p, err := simfabric.Open(simfabric.Config{Underlay: c.Underlay, IBMTU: c.IBMTU, BusyPoll: c.BusyPoll})
+	p, err := simfabric.Open(simfabric.Config{Underlay: c.Underlay, IBMTU: c.IBMTU, BusyPoll: c.BusyPoll, Sockets: rxWorkers(c)})
 	if err != nil {
 		return nil, err
 	}
@@ -58,6 +61,20 @@ func openFabric(c *Config, log *slog.Logger) (ipoib.Port, error) {
 		return nil, err
 	}
 	return fp, nil
+}
+
+// MaxRxWorkers bounds Config.RxWorkers: the simulated fabric's most
+// sockets.
+const MaxRxWorkers = simfabric.MaxSockets
+
+// rxWorkers is the number of receive sockets (and RX workers) of the
+// simulated fabric: --rx-workers, or for 0 one per TAP queue (at most
+// simfabric.MaxSockets).
+func rxWorkers(c *Config) int {
+	if c.RxWorkers == 0 {
+		return min(max(c.Queues, 1), MaxRxWorkers)
+	}
+	return c.RxWorkers
 }
 
 // toggleDown flips the simulated port down or up (SIGUSR1); other backends

@@ -53,10 +53,11 @@ var (
 	mgSend    = ipoib.IPv4MGID(netip.AddrFrom4([4]byte{239, 1, 1, 1}), 0xffff, ipoib.ScopeLinkLocal)
 )
 
-// checkPort is a Port without a socket, with what check needs: QPs in
+// checkPort is a Port without a socket, with what check needs (a receive lane): QPs in
 // three partitions, two full and one send-only membership.
 func checkPort(t testing.TB) *Port {
 	p := &Port{gid: ipoib.GID(gidB), mtu: 2048, qps: ipoib.NewQPTable(0x100), groups: ipoib.NewGroupTable()}
+	p.rx = []*rxLane{{p: p}}
 	for _, q := range []struct {
 		pkey ipoib.PKey
 		qpn  uint32
@@ -125,7 +126,7 @@ func FuzzCheck(f *testing.F) {
 		}
 		before := p.Counters()
 		var rm ipoib.RxMeta
-		payload, ok := p.check(b, &src, &dst, sport, &rm, p.mtu)
+		payload, ok := p.rx[0].check(b, &src, &dst, sport, &rm, p.mtu)
 		n := len(payload)
 		after := p.Counters()
 
@@ -292,7 +293,7 @@ func TestDestQPNRule(t *testing.T) {
 		dst  [16]byte
 		dqpn uint32
 	}{{mgFull, qpFull}, {gid, ipoib.MulticastQPN}} {
-		if _, ok := p.check(datagram(0xffff, c.dqpn, 0x77, ipoib.QKey, up, &gidA, &c.dst), &gidA, &c.dst, 0xc000, &rm, p.mtu); ok {
+		if _, ok := p.rx[0].check(datagram(0xffff, c.dqpn, 0x77, ipoib.QKey, up, &gidA, &c.dst), &gidA, &c.dst, 0xc000, &rm, p.mtu); ok {
 			t.Errorf("to %x with QPN %#x accepted", c.dst, c.dqpn)
 		}
 	}

@@ -46,7 +46,30 @@ type Config struct {
 	// the netpoller, and sets SO_BUSY_POLL and SO_PREFER_BUSY_POLL; 0 turns
 	// both off.
 	BusyPoll time.Duration
+	// Sockets is the number of sockets the port receives on, each read
+	// by its own caller through RxQueues, and sends from; 0 or 1 is one
+	// socket, on UDP port 4791 both ways, as before parallel receive.
+	// With more, they are bound to port 4791 together (SO_REUSEPORT),
+	// the kernel spreading datagrams over them by a hash of the
+	// sender's address and UDP source port; and the port sends from
+	// 2×Sockets lanes (the first receive socket and 2×Sockets-1 more
+	// sockets on ephemeral ports), each unicast packet from the one its
+	// inner flow hashes to, so that a peer's receive sockets see one
+	// source port per flow (see lanes.go). At most MaxSockets.
+	Sockets int
 }
+
+// MaxSockets bounds Config.Sockets.
+const MaxSockets = 32
+
+// lanesPerSocket is the number of send lanes (source ports) per receive
+// socket when there are several. Which of a peer's sockets a source
+// port lands on is the peer's secret hash: with as many ports as the
+// peer has sockets, two flows on different ports would share a socket
+// as often as not, and all the ports one socket 1 time in n^(n-1) for n
+// sockets (1 in 64 for 4). Twice as many ports spread flows more
+// evenly, for a sendmmsg per lane a batch holds packets of.
+const lanesPerSocket = 2
 
 // Port is one IB port on the simulated fabric. It implements ipoib.Port.
 // Read and Write may each be used by one goroutine at a time.
@@ -54,7 +77,8 @@ type Port struct {
 	ifi    *net.Interface
 	gid    ipoib.GID
 	mtu    int
-	conn   *net.UDPConn
+	conn   *net.UDPConn   // the first receive socket: the group member, and lane 0's sender
+	conns  []*net.UDPConn // every socket, conn first
 	pc     *ipv6.PacketConn
 	closed atomic.Bool
 	down   atomic.Bool
@@ -65,12 +89,7 @@ type Port struct {
 	groups *ipoib.GroupTable
 	psn    atomic.Uint32
 
-	rmu    sync.Mutex // Read state
-	rcodec Codec
-	rcv    *receiver // datagrams of the last receive, rgot of them (a merged train can be 64 KB)
-	rinfo  []rxInfo
-	rcur   int // the datagram Read hands out packets from
-	rgot   int
+	rx     []*rxLane  // the receive sockets' state (read.go), rx[0] on conn
 	wmu    sync.Mutex // Write state
 	wcodec Codec
 	chunk  chunk
@@ -79,9 +98,12 @@ type Port struct {
 	segOff int      // the offset segBuf was made for
 	wmsgs  []ipv6.Message
 	wbufs  [][1][]byte
-	snd    *sender
+	snds   []*sender // by lane: the socket each sends from (lanes.go)
+	sports []uint16  // by lane: its socket's UDP port
 	addrs  map[ipoib.GID]*peer
-	worig  []int // per message of the chunk: its index in bufs
+	worig  []int   // per message of the chunk: its index in bufs
+	wlane  []uint8 // per message of the chunk: its lane
+	sorted laneSort
 	// UDP GSO trains (see trains): on until the kernel refuses one.
 	gso      bool
 	tmsgs    []ipv6.Message
@@ -92,13 +114,13 @@ type Port struct {
 	// set, packets leave one datagram each.
 	hook func(body []byte, mcast bool)
 
-	txPackets, txBytes, rxPackets, rxBytes atomic.Uint64
-	// drops counts by reason; its DropRxOverflow entry holds the
-	// kernel's own count of receive-queue drops (SO_RXQ_OVFL), stored
-	// as the kernel reports it rather than added to.
+	txPackets, txBytes atomic.Uint64
+	// drops counts by reason, but for DropRxOverflow: the kernel's own
+	// counts of receive-queue drops (SO_RXQ_OVFL), one per socket, are
+	// kept by each rxLane as the kernel reports them and summed by
+	// Counters.
 	drops                                 ipoib.DropCounters
 	trainsSent, trainPackets, gsoFallback atomic.Uint64
-	groMerged, groPackets                 atomic.Uint64 // received merged datagrams (UDP GRO)
 }
 
 var _ ipoib.Port = (*Port)(nil)
@@ -122,6 +144,10 @@ func Open(cfg Config) (*Port, error) {
 	if _, err := ipoib.IPMTU(cfg.IBMTU); err != nil {
 		return nil, fmt.Errorf("simfabric: %w", err)
 	}
+	if cfg.Sockets < 0 || cfg.Sockets > MaxSockets {
+		return nil, fmt.Errorf("simfabric: %d sockets: want 1 to %d", cfg.Sockets, MaxSockets)
+	}
+	nsock := max(cfg.Sockets, 1)
 	ifi, err := net.InterfaceByName(cfg.Underlay)
 	if err != nil {
 		return nil, fmt.Errorf("simfabric: underlay interface %q not found", cfg.Underlay)
@@ -138,88 +164,154 @@ func Open(cfg Config) (*Port, error) {
 	if err != nil {
 		return nil, err
 	}
+	p := &Port{
+		ifi: ifi, gid: gid, mtu: cfg.IBMTU,
+		qps: ipoib.NewQPTable(0x100 + rand.Uint32N(0xff0000)), groups: ipoib.NewGroupTable(),
+		wmsgs: make([]ipv6.Message, 0, batch), wbufs: make([][1][]byte, batch),
+		worig: make([]int, 0, batch), wlane: make([]uint8, 0, batch),
+		gso: true, tmsgs: make([]ipv6.Message, 0, batch), tspan: make([]span, 0, batch),
+		addrs: make(map[ipoib.GID]*peer),
+	}
+	p.sorted.init()
+	p.events = ipoib.NewEventQueue(true)
+	fail := func(err error) (*Port, error) {
+		for _, c := range p.conns {
+			c.Close()
+		}
+		return nil, err
+	}
+	// The receive sockets, on port 4791; with several, the kernel picks
+	// one per datagram (udp6_lib_lookup2 → inet6_lookup_reuseport →
+	// reuseport_select_sock, net/core/sock_reuseport.c: the socket at
+	// reciprocal_scale(udp6_ehashfn(daddr, dport, saddr, sport), n) of
+	// the group, which binds alike, to one device, by one user).
+	for i := range nsock {
+		conn, err := listen(ifi, cfg, UDPPort, rxSocket{reuse: nsock > 1, extra: i > 0})
+		if err != nil {
+			return fail(err)
+		}
+		p.conns = append(p.conns, conn)
+		l, err := newRxLane(p, conn, cfg.BusyPoll)
+		if err != nil {
+			return fail(err)
+		}
+		p.rx = append(p.rx, l)
+	}
+	p.conn = p.conns[0]
+	p.pc = ipv6.NewPacketConn(p.conn)
+	if err := p.pc.SetMulticastInterface(ifi); err != nil {
+		return fail(fmt.Errorf("simfabric: multicast interface %s: %w", ifi.Name, err))
+	}
+	if err := p.pc.SetMulticastLoopback(false); err != nil {
+		return fail(fmt.Errorf("simfabric: multicast loopback: %w", err))
+	}
+	// The senders: lane 0 on the first receive socket (source port
+	// 4791, and every multicast packet), the others each on a socket
+	// of its own, on a port the kernel picks, that receives nothing.
+	nlanes := 1
+	if nsock > 1 {
+		nlanes = lanesPerSocket * nsock
+	}
+	for i := range nlanes {
+		conn := p.conn
+		if i > 0 {
+			if conn, err = listen(ifi, cfg, 0, rxSocket{}); err != nil {
+				return fail(err)
+			}
+			p.conns = append(p.conns, conn)
+		}
+		rc, err := conn.SyscallConn()
+		if err != nil {
+			return fail(fmt.Errorf("simfabric: %w", err))
+		}
+		p.snds = append(p.snds, newSender(rc, batch))
+		p.sports = append(p.sports, uint16(conn.LocalAddr().(*net.UDPAddr).Port))
+	}
+	return p, nil
+}
+
+// rxSocket says how listen makes a socket: one of several receive
+// sockets on port 4791 (reuse), and one of those that must not take
+// group traffic (extra).
+type rxSocket struct{ reuse, extra bool }
+
+// listen makes a UDP socket bound to port on the underlay, with the
+// options the port's sockets share; a receive socket (port 4791) gets
+// those of the receive path too.
+func listen(ifi *net.Interface, cfg Config, port int, how rxSocket) (*net.UDPConn, error) {
 	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
 		var serr error
-		err := c.Control(func(fd uintptr) {
-			if serr = unix.BindToDevice(int(fd), ifi.Name); serr != nil {
-				return
-			}
-			if serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEADDR, 1); serr != nil {
-				return
-			}
-			if serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IPV6, unix.IPV6_RECVPKTINFO, 1); serr != nil {
-				return
-			}
-			// Accept a zero UDP checksum, as rxe sends it (DESIGN.md):
-			// the ICRC protects the packet.
-			if serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_UDP, unix.UDP_NO_CHECK6_RX, 1); serr != nil {
-				return
-			}
-			// Take trains whole (UDP GRO): one queued datagram, cut
-			// here, instead of one per packet. Without it (older
-			// kernels) datagrams come one by one, which Read handles
-			// the same way.
-			_ = unix.SetsockoptInt(int(fd), unix.IPPROTO_UDP, unix.UDP_GRO, 1)
-			// Count what the kernel drops on a full receive queue.
-			if serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RXQ_OVFL, 1); serr != nil {
-				return
-			}
-			if cfg.BusyPoll > 0 {
-				serr = setBusyPoll(int(fd), cfg.BusyPoll)
-				if serr != nil {
-					return
-				}
-			}
-			// Deep socket buffers absorb bursts (an HCA's receive queue
-			// does the same); FORCE works as root, the plain one up to
-			// the sysctl limits otherwise.
-			for _, o := range [][2]int{{unix.SO_RCVBUFFORCE, unix.SO_RCVBUF}, {unix.SO_SNDBUFFORCE, unix.SO_SNDBUF}} {
-				if unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, o[0], socketBuffer) != nil {
-					_ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, o[1], socketBuffer)
-				}
-			}
-		})
+		err := c.Control(func(fd uintptr) { serr = socketOptions(int(fd), ifi, cfg, port == UDPPort, how) })
 		if err != nil {
 			return err
 		}
 		return serr
 	}}
-	pconn, err := lc.ListenPacket(context.Background(), "udp6", fmt.Sprintf("[::]:%d", UDPPort))
+	pconn, err := lc.ListenPacket(context.Background(), "udp6", fmt.Sprintf("[::]:%d", port))
 	if err != nil {
-		return nil, fmt.Errorf("simfabric: listen on UDP %d on %s: %w", UDPPort, ifi.Name, err)
+		return nil, fmt.Errorf("simfabric: listen on UDP %d on %s: %w", port, ifi.Name, err)
 	}
-	conn := pconn.(*net.UDPConn)
-	pc := ipv6.NewPacketConn(conn)
-	if err := pc.SetMulticastInterface(ifi); err != nil {
-		conn.Close()
-		return nil, fmt.Errorf("simfabric: multicast interface %s: %w", ifi.Name, err)
+	return pconn.(*net.UDPConn), nil
+}
+
+// socketOptions sets a socket's options before it is bound: those of
+// every socket of the port, and of a receive socket (rx) those of the
+// receive path.
+func socketOptions(fd int, ifi *net.Interface, cfg Config, rx bool, how rxSocket) error {
+	if err := unix.BindToDevice(fd, ifi.Name); err != nil {
+		return err
 	}
-	if err := pc.SetMulticastLoopback(false); err != nil {
-		conn.Close()
-		return nil, fmt.Errorf("simfabric: multicast loopback: %w", err)
+	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1); err != nil {
+		return err
 	}
-	p := &Port{
-		ifi: ifi, gid: gid, mtu: cfg.IBMTU, conn: conn, pc: pc,
-		qps: ipoib.NewQPTable(0x100 + rand.Uint32N(0xff0000)), groups: ipoib.NewGroupTable(),
-		rinfo: make([]rxInfo, rxBatch),
-		wmsgs: make([]ipv6.Message, 0, batch), wbufs: make([][1][]byte, batch),
-		worig: make([]int, 0, batch),
-		gso:   true, tmsgs: make([]ipv6.Message, 0, batch), tspan: make([]span, 0, batch),
-		addrs: make(map[ipoib.GID]*peer),
+	// Deep socket buffers absorb bursts (an HCA's receive queue does
+	// the same); FORCE works as root, the plain one up to the sysctl
+	// limits otherwise.
+	for _, o := range [][2]int{{unix.SO_RCVBUFFORCE, unix.SO_RCVBUF}, {unix.SO_SNDBUFFORCE, unix.SO_SNDBUF}} {
+		if unix.SetsockoptInt(fd, unix.SOL_SOCKET, o[0], socketBuffer) != nil {
+			_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, o[1], socketBuffer)
+		}
 	}
-	rc, err := conn.SyscallConn()
-	if err != nil {
-		conn.Close()
-		return nil, fmt.Errorf("simfabric: %w", err)
+	if !rx {
+		return nil
 	}
-	p.events = ipoib.NewEventQueue(true)
-	p.snd = newSender(rc, batch)
-	if p.rcv, err = newReceiver(rc, rxBatch, maxTrainBytes+ICRCLen+HeaderLen+4, unix.CmsgSpace(unix.SizeofInet6Pktinfo)+2*unix.CmsgSpace(4)); err != nil {
-		conn.Close()
-		return nil, fmt.Errorf("simfabric: %w", err)
+	if how.reuse {
+		if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEPORT, 1); err != nil {
+			return fmt.Errorf("SO_REUSEPORT: %w", err)
+		}
 	}
-	p.rcv.io.SetBusyPoll(cfg.BusyPoll)
-	return p, nil
+	if how.extra {
+		// A group datagram goes to every socket bound to its port that
+		// inet6_mc_check lets through (__udp6_lib_mcast_deliver clones
+		// it for each, net/ipv6/udp.c): one that has not joined the
+		// group passes only while IPV6_MULTICAST_ALL is on, the
+		// default (net/ipv6/mcast.c inet6_mc_check returns mc_all).
+		// The groups are joined on the first socket alone, so off here:
+		// guests get one copy, not one per socket.
+		if err := unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_MULTICAST_ALL, 0); err != nil {
+			return fmt.Errorf("IPV6_MULTICAST_ALL: %w", err)
+		}
+	}
+	if err := unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_RECVPKTINFO, 1); err != nil {
+		return err
+	}
+	// Accept a zero UDP checksum, as rxe sends it (DESIGN.md): the ICRC
+	// protects the packet.
+	if err := unix.SetsockoptInt(fd, unix.IPPROTO_UDP, unix.UDP_NO_CHECK6_RX, 1); err != nil {
+		return err
+	}
+	// Take trains whole (UDP GRO): one queued datagram, cut here,
+	// instead of one per packet. Without it (older kernels) datagrams
+	// come one by one, which Read handles the same way.
+	_ = unix.SetsockoptInt(fd, unix.IPPROTO_UDP, unix.UDP_GRO, 1)
+	// Count what the kernel drops on a full receive queue.
+	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RXQ_OVFL, 1); err != nil {
+		return err
+	}
+	if cfg.BusyPoll > 0 {
+		return setBusyPoll(fd, cfg.BusyPoll)
+	}
+	return nil
 }
 
 // setBusyPoll asks the kernel to busy-poll the device's NAPI context for
@@ -350,31 +442,56 @@ func (p *Port) Leave(mgid ipoib.GID) error {
 	})
 }
 
-// Counters returns a snapshot of the counters.
+// Counters returns a snapshot of the counters: the receive sockets'
+// summed, and with several sockets each one's received packets as
+// rx_socket_<i>_packets.
 func (p *Port) Counters() ipoib.PortCounters {
 	c := ipoib.PortCounters{
 		TxPackets: p.txPackets.Load(), TxBytes: p.txBytes.Load(),
-		RxPackets: p.rxPackets.Load(), RxBytes: p.rxBytes.Load(),
 		Drops: p.drops.Snapshot(),
 	}
-	c.Stats = map[string]uint64{
-		"tx_trains":        p.trainsSent.Load(),
-		"tx_train_packets": p.trainPackets.Load(),
-		"tx_gso_fallbacks": p.gsoFallback.Load(),
-		"rx_trains":        p.groMerged.Load(),
-		"rx_train_packets": p.groPackets.Load(),
+	var trains, trainPackets uint64
+	c.Stats = make(map[string]uint64)
+	for i, l := range p.rx {
+		n := l.packets.Load()
+		c.RxPackets += n
+		c.RxBytes += l.bytes.Load()
+		trains += l.groMerged.Load()
+		trainPackets += l.groPackets.Load()
+		if len(p.rx) > 1 {
+			c.Stats[fmt.Sprintf("rx_socket_%d_packets", i)] = n
+		}
 	}
-	p.snd.refusalStats(c.Stats)
+	c.Stats["tx_trains"] = p.trainsSent.Load()
+	c.Stats["tx_train_packets"] = p.trainPackets.Load()
+	c.Stats["tx_gso_fallbacks"] = p.gsoFallback.Load()
+	c.Stats["rx_trains"] = trains
+	c.Stats["rx_train_packets"] = trainPackets
+	for _, s := range p.snds {
+		s.refusalStats(c.Stats)
+	}
 	return c
 }
 
-// Close closes the socket; Read and Write then return net.ErrClosed.
+// Close closes the sockets; Read and Write then return net.ErrClosed.
 func (p *Port) Close() error {
 	if p.closed.Swap(true) {
 		return nil
 	}
 	p.events.Close()
-	// The receiver's thread is woken and leaves its system call before
-	// the socket's descriptor is closed.
-	return p.rcv.io.Close(p.conn.Close)
+	// Each receiver's thread is woken and leaves its system call before
+	// its socket's descriptor is closed.
+	var first error
+	for i, c := range p.conns {
+		var err error
+		if i < len(p.rx) {
+			err = p.rx[i].rcv.io.Close(c.Close)
+		} else {
+			err = c.Close()
+		}
+		if first == nil {
+			first = err
+		}
+	}
+	return first
 }

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -21,6 +22,12 @@ import (
 // pair opens a port in each of two namespaces joined by a veth.
 func pair(t testing.TB, mtu int) (a, b *Port, nsA, nsB string) {
 	t.Helper()
+	return pairN(t, mtu, 1, 1)
+}
+
+// pairN is pair with ports of sa and sb sockets.
+func pairN(t testing.TB, mtu, sa, sb int) (a, b *Port, nsA, nsB string) {
+	t.Helper()
 	nstest.Require(t)
 	pfx := fmt.Sprintf("sf%d", os.Getpid()%10000)
 	nsA, nsB = pfx+"a", pfx+"b"
@@ -30,11 +37,11 @@ func pair(t testing.TB, mtu int) (a, b *Port, nsA, nsB string) {
 	nstest.Must(t, nstest.In(nsA, "ip", "link", "set", "ula", "mtu", fmt.Sprint(mtu), "up")...)
 	nstest.Must(t, nstest.In(nsB, "ip", "link", "set", "ulb", "mtu", fmt.Sprint(mtu), "up")...)
 	var err error
-	nstest.Do(t, nsA, func() { a, err = Open(Config{Underlay: "ula", IBMTU: 2048}) })
+	nstest.Do(t, nsA, func() { a, err = Open(Config{Underlay: "ula", IBMTU: 2048, Sockets: sa}) })
 	if err != nil {
 		t.Fatal(err)
 	}
-	nstest.Do(t, nsB, func() { b, err = Open(Config{Underlay: "ulb", IBMTU: 2048}) })
+	nstest.Do(t, nsB, func() { b, err = Open(Config{Underlay: "ulb", IBMTU: 2048, Sockets: sb}) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,25 +63,41 @@ type rx struct {
 	meta    ipoib.RxMeta
 }
 
-// reader collects what a port receives.
+// reader collects what a port receives, on every socket; the channel
+// is closed once every socket's Read returned an error.
 func reader(p *Port) <-chan rx {
 	ch := make(chan rx, 64)
-	go func() {
-		bufs := [][]byte{make([]byte, 4200), make([]byte, 4200)}
-		sizes := make([]int, 2)
-		meta := make([]ipoib.RxMeta, 2)
-		for {
-			n, err := p.Read(bufs, sizes, meta, 64)
-			if err != nil {
-				close(ch)
-				return
-			}
-			for i := 0; i < n; i++ {
-				ch <- rx{append([]byte(nil), bufs[i][64:64+sizes[i]]...), meta[i]}
-			}
-		}
-	}()
+	readQueues(p, 2, func(r rx, _ int) { ch <- r }, func() { close(ch) })
 	return ch
+}
+
+// readQueues reads each of p's sockets in a goroutine of its own, n
+// packets per Read at most, and hands put each packet with its socket's
+// index; once every socket's Read returned an error, it calls end.
+func readQueues(p *Port, n int, put func(r rx, q int), end func()) {
+	var wg sync.WaitGroup
+	for i, q := range p.RxQueues() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			bufs := make([][]byte, n)
+			for k := range bufs {
+				bufs[k] = make([]byte, 4200)
+			}
+			sizes := make([]int, n)
+			meta := make([]ipoib.RxMeta, n)
+			for {
+				got, err := q.Read(bufs, sizes, meta, 64)
+				if err != nil {
+					return
+				}
+				for k := range got {
+					put(rx{append([]byte(nil), bufs[k][64:64+sizes[k]]...), meta[k]}, i)
+				}
+			}
+		}()
+	}
+	go func() { wg.Wait(); end() }()
 }
 
 func expect(t *testing.T, ch <-chan rx, what string) rx {
@@ -108,8 +131,17 @@ func waitDrop(t *testing.T, p ipoib.Port, reason string, want uint64) {
 	}
 }
 
+// TestPortOverVeth: a port's traffic, receive checks, faults and Close,
+// with one socket and with four (whose packets each arrive on one of
+// them).
 func TestPortOverVeth(t *testing.T) {
-	a, b, _, _ := pair(t, 9000)
+	for _, n := range []int{1, 4} {
+		t.Run(fmt.Sprintf("sockets=%d", n), func(t *testing.T) { portOverVeth(t, n) })
+	}
+}
+
+func portOverVeth(t *testing.T, sockets int) {
+	a, b, _, _ := pairN(t, 9000, sockets, sockets)
 	qa, _ := a.AllocQP(0xffff, 0)
 	qb, _ := b.AllocQP(0xffff, 0x1234)
 	if qb != 0x1234 {
@@ -425,7 +457,7 @@ func TestSocketPathAllocs(t *testing.T) {
 	}
 	round() // warm: caches and pools fill
 	for _, busy := range []time.Duration{0, 50 * time.Microsecond} {
-		b.rcv.io.SetBusyPoll(busy)
+		b.rx[0].rcv.io.SetBusyPoll(busy)
 		if allocs := testing.AllocsPerRun(50, round); allocs != 0 {
 			t.Fatalf("busy poll %v: %.1f allocations per batch sent and received, want 0", busy, allocs)
 		}

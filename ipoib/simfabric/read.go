@@ -10,6 +10,9 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sync"
+	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -17,41 +20,89 @@ import (
 	"github.com/eipoib/eipoibd/ipoib"
 )
 
-// Read receives datagrams into the port's buffers, where UDP GRO may
-// have merged a train of them into one, checks each packet there and
-// hands out one per buffer: its IPoIB payload copied to bufs[i][offset:]
-// (the bytes before offset are not touched). Packets of a merged
-// datagram that do not fit this call's bufs wait for the next. Packets
-// that fail a check, or do not fit their buffer, are counted and
-// skipped.
+// rxLane is one receive socket's state: its receiver and what the last
+// receive brought, its codec and counters. A port has one per socket
+// (Config.Sockets), each read by one caller at a time.
+type rxLane struct {
+	p     *Port
+	mu    sync.Mutex
+	codec Codec
+	rcv   *receiver // datagrams of the last receive, got of them (a merged train can be 64 KB)
+	info  []rxInfo
+	cur   int // the datagram Read hands out packets from
+	got   int
+	// ovfl is the kernel's count of this socket's receive-queue drops
+	// last reported (SO_RXQ_OVFL); the port's drop counter is raised
+	// by each rise of it.
+	ovfl                  uint32
+	packets, bytes        atomic.Uint64
+	groMerged, groPackets atomic.Uint64 // received merged datagrams (UDP GRO)
+}
+
+func newRxLane(p *Port, conn *net.UDPConn, busyPoll time.Duration) (*rxLane, error) {
+	rc, err := conn.SyscallConn()
+	if err != nil {
+		return nil, fmt.Errorf("simfabric: %w", err)
+	}
+	l := &rxLane{p: p, info: make([]rxInfo, rxBatch)}
+	if l.rcv, err = newReceiver(rc, rxBatch, maxTrainBytes+ICRCLen+HeaderLen+4, unix.CmsgSpace(unix.SizeofInet6Pktinfo)+2*unix.CmsgSpace(4)); err != nil {
+		return nil, fmt.Errorf("simfabric: %w", err)
+	}
+	l.rcv.io.SetBusyPoll(busyPoll)
+	return l, nil
+}
+
+// Read is the first receive socket's Read (rxLane.Read); with several
+// sockets, RxQueues gives them all.
 func (p *Port) Read(bufs [][]byte, sizes []int, meta []ipoib.RxMeta, offset int) (int, error) {
+	return p.rx[0].Read(bufs, sizes, meta, offset)
+}
+
+// RxQueues returns the port's receive sockets, one ipoib.RxQueue each,
+// for as many callers to read in parallel (Config.Sockets).
+func (p *Port) RxQueues() []ipoib.RxQueue {
+	qs := make([]ipoib.RxQueue, len(p.rx))
+	for i, l := range p.rx {
+		qs[i] = l
+	}
+	return qs
+}
+
+// Read receives datagrams on the lane's socket into its buffers, where
+// UDP GRO may have merged a train of them into one, checks each packet
+// there and hands out one per buffer: its IPoIB payload copied to
+// bufs[i][offset:] (the bytes before offset are not touched). Packets of
+// a merged datagram that do not fit this call's bufs wait for the next.
+// Packets that fail a check, or do not fit their buffer, are counted
+// and skipped.
+func (l *rxLane) Read(bufs [][]byte, sizes []int, meta []ipoib.RxMeta, offset int) (int, error) {
 	if offset < 0 {
 		return 0, fmt.Errorf("simfabric: read offset %d is negative", offset)
 	}
-	p.rmu.Lock()
-	defer p.rmu.Unlock()
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	for {
 		n := 0
-		for ; p.rcur < p.rgot && n < len(bufs); p.rcur++ {
-			data, _, _, _ := p.rcv.datagram(p.rcur)
-			n += p.split(data, &p.rinfo[p.rcur], bufs[n:], sizes[n:], meta[n:], offset)
-			if p.rinfo[p.rcur].off < len(data) {
+		for ; l.cur < l.got && n < len(bufs); l.cur++ {
+			data, _, _, _ := l.rcv.datagram(l.cur)
+			n += l.split(data, &l.info[l.cur], bufs[n:], sizes[n:], meta[n:], offset)
+			if l.info[l.cur].off < len(data) {
 				break // bufs are full: the rest of this datagram next time
 			}
 		}
 		if n > 0 {
 			return n, nil
 		}
-		got, err := p.rcv.recv()
+		got, err := l.rcv.recv()
 		if err != nil {
-			if p.closed.Load() || errors.Is(err, net.ErrClosed) {
+			if l.p.closed.Load() || errors.Is(err, net.ErrClosed) {
 				return 0, net.ErrClosed
 			}
 			return 0, fmt.Errorf("simfabric: receive: %w", err)
 		}
-		p.rcur, p.rgot = 0, got
+		l.cur, l.got = 0, got
 		for i := 0; i < got; i++ {
-			p.rinfo[i] = p.inspect(p.rcv.datagram(i))
+			l.info[i] = l.inspect(l.rcv.datagram(i))
 		}
 	}
 }
@@ -69,11 +120,13 @@ type rxInfo struct {
 // inspect checks what a received datagram's addresses, flags and control
 // messages say, once for all the packets UDP GRO may have merged into it.
 // A datagram refused here is counted once per packet in it.
-func (p *Port) inspect(data, oob []byte, flags int, sa *unix.RawSockaddrInet6) rxInfo {
+func (l *rxLane) inspect(data, oob []byte, flags int, sa *unix.RawSockaddrInet6) rxInfo {
+	p := l.p
 	n := len(data)
 	r := rxInfo{oobInfo: parseOOB(oob)}
-	if r.hasOvfl {
-		p.drops[ipoib.DropRxOverflow].Store(uint64(r.ovfl))
+	if r.hasOvfl && r.ovfl != l.ovfl {
+		p.drops.AddN(ipoib.DropRxOverflow, uint64(r.ovfl-l.ovfl)) // a u32 in the kernel (sk_drops): the difference survives its wrap
+		l.ovfl = r.ovfl
 	}
 	if r.seg <= 0 || r.seg > n {
 		r.seg = n
@@ -99,8 +152,8 @@ func (p *Port) inspect(data, oob []byte, flags int, sa *unix.RawSockaddrInet6) r
 	port := (*[2]byte)(unsafe.Pointer(&sa.Port))
 	r.src, r.sport, r.good = sa.Addr, uint16(port[0])<<8|uint16(port[1]), true
 	if r.seg < n {
-		p.groMerged.Add(1)
-		p.groPackets.Add(uint64((n + r.seg - 1) / r.seg))
+		l.groMerged.Add(1)
+		l.groPackets.Add(uint64((n + r.seg - 1) / r.seg))
 	}
 	return r
 }
@@ -108,12 +161,12 @@ func (p *Port) inspect(data, oob []byte, flags int, sa *unix.RawSockaddrInet6) r
 // split checks the packets of a datagram, from r.off on, copies the
 // payload of each good one into bufs at offset, and returns how many it
 // filled; it stops when bufs are full.
-func (p *Port) split(data []byte, r *rxInfo, bufs [][]byte, sizes []int, meta []ipoib.RxMeta, offset int) int {
+func (l *rxLane) split(data []byte, r *rxInfo, bufs [][]byte, sizes []int, meta []ipoib.RxMeta, offset int) int {
 	n := 0
 	for r.off < len(data) && n < len(bufs) {
 		pkt := data[r.off:min(r.off+r.seg, len(data))]
 		r.off += len(pkt)
-		if payload, ok := p.check(pkt, &r.src, &r.dst, r.sport, &meta[n], len(bufs[n])-offset); ok {
+		if payload, ok := l.check(pkt, &r.src, &r.dst, r.sport, &meta[n], len(bufs[n])-offset); ok {
 			sizes[n] = copy(bufs[n][offset:], payload)
 			n++
 		}
@@ -126,9 +179,10 @@ func (p *Port) split(data []byte, r *rxInfo, bufs [][]byte, sizes []int, meta []
 // MTU and room bytes), then the shared receive checks (ipoib.CheckRx:
 // destination QP or group, P_Key). It counts a failure, or fills rm and
 // returns the payload, a view of b.
-func (p *Port) check(b []byte, src, dst *[16]byte, sport uint16, rm *ipoib.RxMeta, room int) ([]byte, bool) {
+func (l *rxLane) check(b []byte, src, dst *[16]byte, sport uint16, rm *ipoib.RxMeta, room int) ([]byte, bool) {
+	p := l.p
 	var pkt Packet
-	if err := p.rcodec.Decode(b, src, dst, sport, UDPPort, &pkt); err != nil {
+	if err := l.codec.Decode(b, src, dst, sport, UDPPort, &pkt); err != nil {
 		p.drops.Add(err.(DecodeError).Drop())
 		return nil, false
 	}
@@ -151,7 +205,7 @@ func (p *Port) check(b []byte, src, dst *[16]byte, sport uint16, rm *ipoib.RxMet
 		p.drops.Add(d)
 		return nil, false
 	}
-	p.rxPackets.Add(1)
-	p.rxBytes.Add(uint64(len(pkt.Payload)))
+	l.packets.Add(1)
+	l.bytes.Add(uint64(len(pkt.Payload)))
 	return pkt.Payload, true
 }

@@ -2,6 +2,7 @@ package simfabric
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -186,22 +187,34 @@ func TestRetryAllocs(t *testing.T) {
 // Through a port: packets the kernel refuses for good are dropped under
 // their errno's reason; one that a pause lets through arrives, counted
 // as refused and passed; trains refused with EINVAL whose packets are
-// refused alike (a full neighbour table) leave trains on.
+// refused alike (a full neighbour table) leave trains on. With four
+// sockets, each socket's sender is scripted alike: the packets leave
+// from one of them (their lane) and are retried there.
 func TestWriteRefused(t *testing.T) {
-	a, b, _, _ := pair(t, 9000)
+	for _, n := range []int{1, 4} {
+		t.Run(fmt.Sprintf("sockets=%d", n), func(t *testing.T) { writeRefused(t, n) })
+	}
+}
+
+func writeRefused(t *testing.T, sockets int) {
+	a, b, _, _ := pairN(t, 9000, sockets, sockets)
 	got := reader(b)
 	qa, _ := a.AllocQP(0xffff, 0)
 	qb, _ := b.AllocQP(0xffff, 0)
 	m := ipoib.TxMeta{Dst: ipoib.MakeHwAddr(0, qb, b.LocalGID()), SrcQPN: qa, PKey: 0xffff}
 	s := &script{}
-	a.snd.pause, a.snd.now = s.pause, s.now
+	for _, snd := range a.snds {
+		snd.pause, snd.now = s.pause, s.now
+	}
 	fake := func(errs []error, last error) {
 		s.errs, s.last, s.calls, s.pauses = errs, last, 0, nil
-		a.snd.sys = func(fd uintptr) (int, error) {
-			if _, err := s.sys(fd); err != nil {
-				return 0, err
+		for _, snd := range a.snds {
+			snd.sys = func(fd uintptr) (int, error) {
+				if _, err := s.sys(fd); err != nil {
+					return 0, err
+				}
+				return snd.sendmmsg(fd)
 			}
-			return a.snd.sendmmsg(fd)
 		}
 	}
 	write := func(what string, n int) {
@@ -247,12 +260,12 @@ func BenchmarkWriteRefused(b *testing.B) {
 	bufs, meta := batchOf(1, ipoib.TxMeta{Dst: ipoib.MakeHwAddr(0, qb, p.LocalGID()), SrcQPN: qa, PKey: 0xffff})
 	bufs[0] = append(bufs[0][:64], make([]byte, 1000)...)
 	refuse := false
-	a.snd.sys = func(fd uintptr) (int, error) {
+	a.snds[0].sys = func(fd uintptr) (int, error) {
 		if refuse = !refuse; refuse {
 			return 0, unix.EAGAIN
 		}
-		return a.snd.sendmmsg(fd)
+		return a.snds[0].sendmmsg(fd)
 	}
-	a.snd.pause = func(uintptr, refusal, time.Duration) {}
+	a.snds[0].pause = func(uintptr, refusal, time.Duration) {}
 	benchRoundTrip(b, a, p, bufs, meta, 1, 1000)
 }

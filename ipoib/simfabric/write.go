@@ -181,7 +181,7 @@ func (p *Port) writeChunk(bufs [][]byte, meta []ipoib.TxMeta, offset int, ok *[b
 	var size [batch]int // payload length of each accepted packet, 0 if refused
 	src := [16]byte(p.gid)
 	msgs := p.wmsgs[:0]
-	p.worig = p.worig[:0]
+	p.worig, p.wlane = p.worig[:0], p.wlane[:0]
 	for i, b := range bufs {
 		m := &meta[i]
 		payload := len(b) - offset
@@ -201,22 +201,20 @@ func (p *Port) writeChunk(bufs [][]byte, meta []ipoib.TxMeta, offset int, ok *[b
 		}
 		dstGID := m.Dst.GID()
 		dst := [16]byte(dstGID)
+		lane := 0
+		if !dstGID.IsMulticast() {
+			lane = p.laneOf(b[offset:], m)
+		}
 		pkt := Packet{PKey: uint16(m.PKey), DestQPN: m.Dst.QPN(), PSN: p.psn.Add(1) & 0xffffff, QKey: ipoib.QKey, SrcQPN: m.SrcQPN}
-		out := p.wcodec.Encode(b, offset, &pkt, &src, &dst, UDPPort, UDPPort)
+		out := p.wcodec.Encode(b, offset, &pkt, &src, &dst, p.sports[lane], UDPPort) // the ICRC covers the source port
+		p.wlane = append(p.wlane, uint8(lane))
 		if p.hook != nil {
 			p.hook(out[HeaderLen:], dstGID.IsMulticast())
 		}
 		msgs = p.add(msgs, out, p.udpAddr(dstGID), i)
 		size[i] = payload
 	}
-	var out []ipv6.Message
-	var spans []span
-	if p.gso && p.hook == nil {
-		out, spans = p.trains(msgs)
-	} else {
-		out, spans = msgs, p.singles(len(msgs))
-	}
-	if err := p.send(out, spans, msgs, &size); err != nil {
+	if err := p.sendLanes(msgs, &size); err != nil {
 		return err
 	}
 	for i, l := range size[:len(bufs)] {
@@ -229,22 +227,24 @@ func (p *Port) writeChunk(bufs [][]byte, meta []ipoib.TxMeta, offset int, ok *[b
 	return nil
 }
 
-// send sends out (each message standing for the messages of its span in
-// orig) and clears size for the packets lost. A refused train's packets
+// send sends out from snd's socket (each message standing for the
+// messages of its span in orig, whose indices in the batch are worig)
+// and clears size for the packets lost. A refused train's packets
 // go again one by one; when the refusal is the kernel's word on GSO
 // itself, trains are off for the port from then on. Refusals that may
-// pass wait, sendPatience at most for the whole of out (retrier).
-func (p *Port) send(out []ipv6.Message, spans []span, orig []ipv6.Message, size *[batch]int) error {
-	p.snd.allow(sendPatience)
+// pass wait, sendPatience at most for the whole of out (retrier): per
+// socket, as each has its own send buffer.
+func (p *Port) send(snd *sender, out []ipv6.Message, spans []span, orig []ipv6.Message, worig []int, size *[batch]int) error {
+	snd.allow(sendPatience)
 	// lost counts a packet the kernel refused, under its errno's
 	// reason: a send error (no buffer, no neighbour) loses it, as a
 	// full HCA send queue would.
 	lost := func(k int, err error) {
 		p.drops.Add(refusals[refusalOf(err)].drop)
-		size[p.worig[k]] = 0
+		size[worig[k]] = 0
 	}
 	for off := 0; off < len(out); off++ {
-		sent, err := p.snd.send(out[off:])
+		sent, err := snd.send(out[off:])
 		if err == nil && sent <= 0 {
 			err = io.ErrNoProgress
 		}
@@ -276,7 +276,7 @@ func (p *Port) send(out []ipv6.Message, spans []span, orig []ipv6.Message, size 
 		gsoRefused := p.gso && (errors.Is(err, unix.EIO) || errors.Is(err, unix.EINVAL) || errors.Is(err, unix.EOPNOTSUPP))
 		went := false
 		for k := s.from; k < s.to; k++ {
-			if _, err := p.snd.send(orig[k : k+1]); err != nil {
+			if _, err := snd.send(orig[k : k+1]); err != nil {
 				if p.closed.Load() {
 					return net.ErrClosed
 				}
@@ -449,17 +449,14 @@ func (t *retrier) wait(fd uintptr, r refusal, d time.Duration) {
 	_, _ = unix.Ppoll(t.pfd[:], &t.ts, nil) // writable, timed out or EINTR: the caller sends again either way
 }
 
-// refusalStats adds the refusals to the port's stats: tx_refused_<errno>
-// for each class, tx_refused_passed for the sends that went after a
-// pause. A port without a socket (tests build some) has none.
+// refusalStats adds the sender's refusals to the port's stats (the
+// senders' sums): tx_refused_<errno> for each class, tx_refused_passed
+// for the sends that went after a pause.
 func (s *sender) refusalStats(m map[string]uint64) {
-	if s == nil {
-		return
-	}
 	for r := range numRefusals {
-		m["tx_refused_"+refusals[r].name] = s.refused[r].Load()
+		m["tx_refused_"+refusals[r].name] += s.refused[r].Load()
 	}
-	m["tx_refused_passed"] = s.passed.Load()
+	m["tx_refused_passed"] += s.passed.Load()
 }
 
 // add appends a message for b, sent on behalf of bufs[orig] of the

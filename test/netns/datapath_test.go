@@ -94,8 +94,15 @@ func tcpBytes(t *testing.T, server, client *guest, n int64) {
 // is missing. It may run in a goroutine of its own: its caller requires
 // iperf.
 func tcpTransfer(server, client *guest, args ...string) (sent, rcvd int64, err error) {
+	return tcpTransferOn(server, client, 5001, args...)
+}
+
+// tcpTransferOn is tcpTransfer with the server on TCP port port (iperf's
+// default is 5001), so that several can run between two guests at once.
+func tcpTransferOn(server, client *guest, port int, args ...string) (sent, rcvd int64, err error) {
 	var srvOut strings.Builder
-	srv := exec.Command("ip", in(server.ns, "iperf", "-s", "-y", "C", "-P", "1")[1:]...)
+	p := strconv.Itoa(port)
+	srv := exec.Command("ip", in(server.ns, "iperf", "-s", "-p", p, "-y", "C", "-P", "1")[1:]...)
 	srv.Stdout, srv.Stderr = &srvOut, &srvOut
 	if err := srv.Start(); err != nil {
 		return -1, -1, err
@@ -103,7 +110,7 @@ func tcpTransfer(server, client *guest, args ...string) (sent, rcvd int64, err e
 	done := make(chan error, 1)
 	go func() { done <- srv.Wait() }()
 	defer func() { srv.Process.Kill(); <-done }()
-	args = append([]string{"iperf", "-y", "C", "-c", server.ip4}, args...)
+	args = append([]string{"iperf", "-y", "C", "-c", server.ip4, "-p", p}, args...)
 	out, err := retryConnect(client, args, "connect failed")
 	if err != nil {
 		return -1, -1, fmt.Errorf("%v: %v\n%s", args, err, out)

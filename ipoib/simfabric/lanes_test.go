@@ -1,0 +1,163 @@
+package simfabric
+
+import (
+	"encoding/binary"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/eipoib/eipoibd/ipoib"
+)
+
+// queued is a packet received on socket q of a port.
+type queued struct {
+	rx
+	q int
+}
+
+// queueReader collects what each of a port's sockets receives, tagged
+// with the socket; it stops at the port's Close, at the test's end.
+func queueReader(t *testing.T, p *Port) <-chan queued {
+	ch := make(chan queued, 1024)
+	done := make(chan struct{})
+	readQueues(p, 8, func(r rx, q int) { ch <- queued{r, q} }, func() { close(done) })
+	t.Cleanup(func() { p.Close(); <-done })
+	return ch
+}
+
+// udpPacket is an IPoIB packet carrying an IPv4 UDP datagram of flow
+// (its source port 10000+flow) with seq in its payload, with headroom and
+// tail room for Write.
+func udpPacket(flow, seq int) []byte {
+	b := make([]byte, 64, 64+4+20+8+8+TailRoom)
+	b = append(b, 8, 0, 0, 0) // IPoIB header: IPv4
+	ip := []byte{0x45, 0, 0, 36, 0, 0, 0x40, 0, 64, 17, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2}
+	b = append(b, ip...)
+	b = binary.BigEndian.AppendUint16(b, uint16(10000+flow))
+	b = binary.BigEndian.AppendUint16(b, 5201)
+	b = append(b, 0, 16, 0, 0) // UDP length, checksum
+	b = binary.BigEndian.AppendUint32(b, uint32(flow))
+	return binary.BigEndian.AppendUint32(b, uint32(seq))
+}
+
+// TestSocketsSpreadFlows: between two ports of four sockets each, 16 UDP
+// flows of 8 packets, sent interleaved, arrive each packet once; each
+// flow's packets all on one socket and in the order sent (the sender
+// gives a flow one source port, and the receiver's SO_REUSEPORT hash one
+// socket); the flows over more than one socket (the 16 flows use most
+// of the sender's 8 lanes, each landing on one of the receiver's 4
+// sockets at random: all on one socket has a chance of the order of
+// 4^-6); and the port's
+// counters, per socket and summed, count exactly what each socket
+// delivered.
+func TestSocketsSpreadFlows(t *testing.T) {
+	const flows, per = 16, 8
+	a, b, _, _ := pairN(t, 9000, 4, 4)
+	qa, _ := a.AllocQP(0xffff, 0)
+	qb, _ := b.AllocQP(0xffff, 0)
+	got := queueReader(t, b)
+	m := ipoib.TxMeta{Dst: ipoib.MakeHwAddr(0, qb, b.LocalGID()), SrcQPN: qa, PKey: 0xffff}
+	var bufs [][]byte
+	var meta []ipoib.TxMeta
+	for seq := range per {
+		for f := range flows {
+			bufs, meta = append(bufs, udpPacket(f, seq)), append(meta, m)
+		}
+	}
+	if n, err := a.Write(bufs, meta, 64); err != nil || n != len(bufs) {
+		t.Fatalf("Write: %d of %d, %v", n, len(bufs), err)
+	}
+	queueOf := make(map[int]int)  // flow → socket
+	next := make(map[int]int)     // flow → next seq
+	perQueue := make(map[int]int) // socket → packets
+	for range flows * per {
+		var r queued
+		select {
+		case r = <-got:
+		case <-time.After(2 * time.Second):
+			t.Fatalf("received %d of %d packets (by socket %v)", len(perQueue), flows*per, perQueue)
+		}
+		p := r.payload[4+28:]
+		f, seq := int(binary.BigEndian.Uint32(p)), int(binary.BigEndian.Uint32(p[4:]))
+		if q, ok := queueOf[f]; ok && q != r.q {
+			t.Fatalf("flow %d on sockets %d and %d", f, q, r.q)
+		}
+		queueOf[f] = r.q
+		if seq != next[f] {
+			t.Fatalf("flow %d: packet %d arrived when %d was next", f, seq, next[f])
+		}
+		next[f]++
+		perQueue[r.q]++
+	}
+	select {
+	case r := <-got:
+		t.Fatalf("a packet more than sent arrived on socket %d: %x", r.q, r.payload)
+	case <-time.After(200 * time.Millisecond):
+	}
+	if len(perQueue) < 2 {
+		t.Fatalf("all %d flows arrived on one socket: %v", flows, perQueue)
+	}
+	c := b.Counters()
+	if c.RxPackets != flows*per || len(c.Drops) != 0 {
+		t.Fatalf("receiver counters %+v, want %d packets and no drops", c, flows*per)
+	}
+	for q := range 4 {
+		if got := c.Stats[fmt.Sprintf("rx_socket_%d_packets", q)]; got != uint64(perQueue[q]) {
+			t.Fatalf("rx_socket_%d_packets %d, socket delivered %d (%v)", q, got, perQueue[q], c.Stats)
+		}
+	}
+	t.Logf("packets by socket: %v", perQueue)
+}
+
+// TestSocketsMulticastOnce: a port of four sockets that joined a group
+// hands each packet sent to the group up once, on its first socket (the
+// member), not once per socket: the others have IPV6_MULTICAST_ALL off.
+func TestSocketsMulticastOnce(t *testing.T) {
+	const sent = 20
+	a, b, _, _ := pairN(t, 9000, 4, 4)
+	qa, _ := a.AllocQP(0xffff, 0)
+	mgid := ipoib.BroadcastMGID(0xffff, ipoib.ScopeLinkLocal)
+	if err := b.Join(mgid); err != nil {
+		t.Fatal(err)
+	}
+	got := queueReader(t, b)
+	m := ipoib.TxMeta{Dst: ipoib.MakeHwAddr(0, ipoib.MulticastQPN, mgid), SrcQPN: qa, PKey: 0xffff}
+	for i := range sent {
+		send(t, a, []byte{8, 6, 0, 0, byte(i)}, m)
+	}
+	seen := make(map[byte]bool)
+	for len(seen) < sent {
+		select {
+		case r := <-got:
+			if r.q != 0 || seen[r.payload[4]] {
+				t.Fatalf("packet %d on socket %d, seen before: %v", r.payload[4], r.q, seen[r.payload[4]])
+			}
+			seen[r.payload[4]] = true
+		case <-time.After(2 * time.Second):
+			t.Fatalf("received %d of %d group packets", len(seen), sent)
+		}
+	}
+	select {
+	case r := <-got:
+		t.Fatalf("a copy more: packet %d on socket %d", r.payload[4], r.q)
+	case <-time.After(200 * time.Millisecond):
+	}
+	if c := b.Counters(); c.RxPackets != sent {
+		t.Fatalf("receiver counted %d packets, want %d", c.RxPackets, sent)
+	}
+}
+
+// BenchmarkSocketLanes is BenchmarkSocketPath's batch of 16 packets as
+// 16 UDP flows, from a port of four sockets (each flow sent from its
+// lane's socket: a sendmmsg per lane) to a port of one.
+func BenchmarkSocketLanes(b *testing.B) {
+	a, p, _, _ := pairN(b, 9000, 4, 1)
+	qa, _ := a.AllocQP(0xffff, 0)
+	qb, _ := p.AllocQP(0xffff, 0)
+	m := ipoib.TxMeta{Dst: ipoib.MakeHwAddr(0, qb, p.LocalGID()), SrcQPN: qa, PKey: 0xffff}
+	bufs, meta := make([][]byte, 16), make([]ipoib.TxMeta, 16)
+	for f := range bufs {
+		bufs[f], meta[f] = udpPacket(f, 0), m
+	}
+	benchRoundTrip(b, a, p, bufs, meta, 16, 16*len(bufs[0][64:]))
+}
