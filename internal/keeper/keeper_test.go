@@ -2,6 +2,7 @@ package keeper
 
 import (
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -167,6 +168,49 @@ func TestLimits(t *testing.T) {
 		t.Fatalf("Take b: %v, %v", fds, err)
 	} else {
 		closeFDs(fds)
+	}
+}
+
+// request returns a request's control data as the kernel delivers it
+// to the keeper: fds, and this process's credentials.
+func request(fds ...int) []byte {
+	cred := unix.Ucred{Pid: int32(os.Getpid()), Uid: uint32(os.Geteuid()), Gid: uint32(os.Getegid())}
+	return append(unix.UnixRights(fds...), unix.UnixCredentials(&cred)...)
+}
+
+// TestClosedTakesNothing: a request Serve read just before Close and
+// handles after it takes nothing: a store's descriptors are handed back
+// to be closed (none is held, or added to the closed epoll set), and a
+// get answers nothing (its socket is closed without a message).
+func TestClosedTakesNothing(t *testing.T) {
+	k, _ := start(t, DefaultMaxFDs, DefaultMaxNames)
+	w, r := pipes(t, 1)
+	if err := k.Close(); err != nil {
+		t.Fatal(err)
+	}
+	fd, err := unix.Dup(int(w[0].Fd()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	left := k.handle([]byte("FDSTORE=1\nFDNAME=late"), request(fd), 0)
+	closeFDs(left)
+	if len(left) != 1 || len(k.Held()) != 0 {
+		t.Errorf("store after Close: handed back %v of [%d], held %v; want all handed back, none held", left, fd, k.Held())
+	}
+	w[0].Close()
+	r[0].SetReadDeadline(time.Now().Add(5 * time.Second))
+	if n, err := r[0].Read(make([]byte, 1)); n != 0 || err != io.EOF {
+		t.Errorf("pipe stored after Close: read %d, %v; want end of file", n, err)
+	}
+
+	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(pair[0])
+	closeFDs(k.handle([]byte("FDGET=1\nFDNAME=late"), request(pair[1]), 0))
+	if n, _, _, _, err := unix.Recvmsg(pair[0], make([]byte, 64), nil, unix.MSG_DONTWAIT); n != 0 || err != nil {
+		t.Errorf("get after Close: read %d bytes, %v; want the socket closed without an answer", n, err)
 	}
 }
 
