@@ -150,7 +150,7 @@ func TestTakeUnreachable(t *testing.T) {
 // closed and counted, not held.
 func TestLimits(t *testing.T) {
 	k, path := start(t, 3, 2)
-	w, _ := pipes(t, 5)
+	w, r := pipes(t, 5)
 	for _, s := range []struct {
 		name  string
 		files []*os.File
@@ -161,13 +161,21 @@ func TestLimits(t *testing.T) {
 	}
 	waitFor(t, "two refusals", func() bool { return k.Counters()["over_limit"] == 2 })
 	held(t, k, map[string]int{"a": 2, "b": 1})
-	// A refused descriptor was closed: only the keeper's copy of "b"'s
-	// second pipe would have kept it open; its reader sees no writer
-	// once the test closes its own.
 	if fds, err := Take(path, "b", time.Second); err != nil || len(fds) != 1 {
 		t.Fatalf("Take b: %v, %v", fds, err)
 	} else {
 		closeFDs(fds)
+	}
+	// A refused descriptor was closed: only the keeper's copy of "b"'s
+	// second pipe (past --max-fds) or of "c"'s (past --max-names) would
+	// keep it open; its reader sees end of file once the test closes its
+	// own (the keeper closes refused ones just after counting them).
+	for _, i := range []int{3, 4} {
+		w[i].Close()
+		r[i].SetReadDeadline(time.Now().Add(5 * time.Second))
+		if n, err := r[i].Read(make([]byte, 1)); n != 0 || err != io.EOF {
+			t.Errorf("pipe %d, refused: read %d, %v; want end of file (the keeper closed its copy)", i, n, err)
+		}
 	}
 }
 
