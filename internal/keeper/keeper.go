@@ -213,7 +213,9 @@ func (k *Keeper) handle(b, oob []byte, flags int) []int {
 		return k.store(m, fds, who)
 	}
 	if len(fds) > 0 {
-		k.bad("unexpected_fds", "descriptors passed without FDSTORE=1 closed", "name", m.Name, "count", len(fds), "pid", cred.Pid)
+		// With FDSTOREREMOVE=1, FDSTORE=1 is not acted on: systemd's
+		// service_notify_message carries out only the remove then.
+		k.bad("unexpected_fds", "descriptors closed: only FDSTORE=1 without FDSTOREREMOVE=1 stores them", "name", m.Name, "count", len(fds), "store", m.Store, "remove", m.Remove, "pid", cred.Pid)
 	}
 	return fds
 }

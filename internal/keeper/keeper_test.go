@@ -1,13 +1,16 @@
 package keeper
 
 import (
+	"bytes"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -219,6 +222,44 @@ func TestClosedTakesNothing(t *testing.T) {
 	closeFDs(k.handle([]byte("FDGET=1\nFDNAME=late"), request(pair[1]), 0))
 	if n, _, _, _, err := unix.Recvmsg(pair[0], make([]byte, 64), nil, unix.MSG_DONTWAIT); n != 0 || err != nil {
 		t.Errorf("get after Close: read %d bytes, %v; want the socket closed without an answer", n, err)
+	}
+}
+
+// TestRemoveWinsOverStore: a message with FDSTOREREMOVE=1 and FDSTORE=1
+// only removes, as systemd's service_notify_message does: what the name
+// held goes, the descriptors passed along are closed, counted as
+// unexpected_fds, and the log says why without claiming FDSTORE=1 was
+// missing.
+func TestRemoveWinsOverStore(t *testing.T) {
+	// The keeper logs under its lock, which Counters and Held take: the
+	// log is read after them, and before Close logs again.
+	var logs bytes.Buffer
+	path := filepath.Join(t.TempDir(), "keeper.sock")
+	k, err := Listen(Config{Socket: path, MaxFDs: 4, MaxNames: 4, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go k.Serve()
+	defer k.Close()
+	w, r := pipes(t, 2)
+	if err := sdnotify.Send(path, "FDSTORE=1\nFDNAME=x", w[:1]); err != nil {
+		t.Fatal(err)
+	}
+	held(t, k, map[string]int{"x": 1})
+	if err := sdnotify.Send(path, "FDSTOREREMOVE=1\nFDSTORE=1\nFDNAME=x", w[1:]); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the refusal", func() bool { return k.Counters()["unexpected_fds"] == 1 })
+	held(t, k, map[string]int{})
+	for i := range w {
+		w[i].Close()
+		r[i].SetReadDeadline(time.Now().Add(5 * time.Second))
+		if n, err := r[i].Read(make([]byte, 1)); n != 0 || err != io.EOF {
+			t.Errorf("pipe %d: read %d, %v; want end of file (the keeper closed its copy)", i, n, err)
+		}
+	}
+	if l := logs.String(); !strings.Contains(l, `msg="descriptors closed: only FDSTORE=1 without FDSTOREREMOVE=1 stores them" name=x count=1 store=true remove=true`) || strings.Contains(l, "without FDSTORE=1 closed") {
+		t.Errorf("log:\n%s", l)
 	}
 }
 
