@@ -20,24 +20,27 @@ import (
 type keeperProc struct {
 	socket, logPath string
 	cmd             *exec.Cmd
-	done            chan error
+	exited          chan struct{} // closed when the process has ended
 }
 
 // startKeeper runs a keeper on socket, logging to logPath, and waits
-// until it serves; the caller stops it.
+// until it serves. It is stopped (SIGTERM) when t ends, if it still
+// runs, even when it never began serving.
 func startKeeper(t *testing.T, socket, logPath string) *keeperProc {
 	t.Helper()
 	logf, err := os.Create(logPath)
 	if err != nil {
 		t.Fatal(err)
 	}
-	k := &keeperProc{socket: socket, logPath: logPath, done: make(chan error, 1)}
+	k := &keeperProc{socket: socket, logPath: logPath, exited: make(chan struct{})}
 	k.cmd = exec.Command(daemonBin, "keeper", "--socket", socket)
 	k.cmd.Stdout, k.cmd.Stderr = logf, logf
 	if err := k.cmd.Start(); err != nil {
+		logf.Close()
 		t.Fatal(err)
 	}
-	go func() { k.done <- k.cmd.Wait(); logf.Close() }()
+	t.Cleanup(func() { k.signal(syscall.SIGTERM) })
+	go func() { k.cmd.Wait(); logf.Close(); close(k.exited) }()
 	k.waitLog(t, "keeper serving")
 	return k
 }
@@ -64,14 +67,16 @@ func (k *keeperProc) waitLogN(t *testing.T, s string, n int) {
 }
 
 // signal sends sig and, unless it is SIGUSR2, waits for the keeper to
-// end.
+// end; to a keeper that has ended, nothing.
 func (k *keeperProc) signal(sig syscall.Signal) {
-	if k.cmd.ProcessState != nil {
+	select {
+	case <-k.exited:
 		return
+	default:
 	}
 	k.cmd.Process.Signal(sig)
 	if sig != syscall.SIGUSR2 {
-		<-k.done
+		<-k.exited
 	}
 }
 
@@ -134,7 +139,6 @@ func TestKeeperRestart(t *testing.T) {
 	g11, g12, g21 := h1.guests[0], h1.guests[1], h2.guests[0]
 	socket := filepath.Join(h1.logDir, "keeper.sock")
 	kp := startKeeper(t, socket, filepath.Join(h1.logDir, "keeper-1.log"))
-	t.Cleanup(func() { kp.signal(syscall.SIGTERM) }) // the keeper of the moment
 	h1.stop(t, true)
 	const queues = 2
 	h1.extra = append(slices.Clone(h1.extra), "--persist", "--queues", strconv.Itoa(queues), "--fd-store", socket)
@@ -223,10 +227,10 @@ func TestKeeperRestart(t *testing.T) {
 		before = l
 	})
 
+	// A new keeper, for the rest of the test: the running daemon sees its
+	// socket and sends it the queues again.
+	kp = startKeeper(t, socket, filepath.Join(h1.logDir, "keeper-2.log"))
 	t.Run("malformed requests", func(t *testing.T) {
-		// The running daemon sees the new keeper's socket and sends it
-		// the queues again.
-		kp = startKeeper(t, socket, filepath.Join(h1.logDir, "keeper-2.log"))
 		kp.waitLog(t, fmt.Sprintf("msg=stored name=tap-eib0 fds=%d", queues))
 		if !strings.Contains(h1.log(), "the keeper started anew: TAP queues sent to it again") {
 			t.Errorf("the daemon did not say it sent its queues to the new keeper:\n%s", h1.log())
