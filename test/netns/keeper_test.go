@@ -94,6 +94,28 @@ func monitor(t *testing.T, h *hypervisor, args ...string) *listenWatch {
 	return w
 }
 
+// subscribed waits until the "ip -o monitor link" and "bridge monitor
+// fdb" of h print events (watching eib0 needs a subscription made before
+// its flap): events made for them on a veth pair of h's own, on no
+// bridge, are made again until each monitor has shown one, then the
+// pair is deleted.
+func subscribed(t *testing.T, h *hypervisor, links, fdb *listenWatch) {
+	t.Helper()
+	sh(t, in(h.ns, "ip", "link", "add", "kprobe0", "type", "veth", "peer", "name", "kprobe1")...)
+	defer sh(t, in(h.ns, "ip", "link", "del", "kprobe0")...)
+	deadline := time.Now().Add(10 * time.Second)
+	for i := 0; !strings.Contains(links.String(), "kprobe0") || !strings.Contains(fdb.String(), "dev kprobe0"); i++ {
+		if time.Now().After(deadline) {
+			t.Fatalf("the monitors showed no event of kprobe0 in 10 s:\n%s\n%s", links.String(), fdb.String())
+		}
+		// A new MTU is an RTM_NEWLINK; a permanent "self" entry of a
+		// port of no bridge is an RTM_NEWNEIGH that eipoibd passes over.
+		sh(t, in(h.ns, "ip", "link", "set", "kprobe0", "mtu", strconv.Itoa(1400+i))...)
+		sh(t, in(h.ns, "bridge", "fdb", "add", fmt.Sprintf("02:00:5e:00:53:%02x", i%256), "dev", "kprobe0", "self", "permanent")...)
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 // flapsOf returns the lines of "ip -o monitor link" and "bridge monitor
 // fdb" that show eib0 losing its carrier or going down, or an FDB entry
 // on eib0 deleted.
@@ -161,7 +183,7 @@ func TestKeeperRestart(t *testing.T) {
 	}
 	links := monitor(t, h1, "ip", "-o", "monitor", "link")
 	fdb := monitor(t, h1, "bridge", "monitor", "fdb")
-	time.Sleep(300 * time.Millisecond) // the monitors subscribe
+	subscribed(t, h1, links, fdb)
 
 	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL} {
 		t.Run(sig.String(), func(t *testing.T) {
