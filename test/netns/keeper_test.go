@@ -80,6 +80,17 @@ func (k *keeperProc) signal(sig syscall.Signal) {
 	}
 }
 
+// handled waits until the keeper has handled every request sent to it
+// so far: it handles them in order, so once it logs the removal of a
+// name nothing is stored under, those sent before are done.
+func (k *keeperProc) handled(t *testing.T) {
+	t.Helper()
+	if err := sdnotify.Send(k.socket, "FDSTOREREMOVE=1\nFDNAME=sentinel", nil); err != nil {
+		t.Fatal(err)
+	}
+	k.waitLog(t, "msg=removed name=sentinel fds=0")
+}
+
 // monitor runs a command in h's namespace for the rest of the test and
 // keeps what it prints.
 func monitor(t *testing.T, h *hypervisor, args ...string) *listenWatch {
@@ -262,7 +273,7 @@ func TestKeeperRestart(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		time.Sleep(200 * time.Millisecond) // the keeper reads them
+		kp.handled(t)
 		kp.signal(syscall.SIGUSR2)
 		kp.waitLog(t, "keeper holds")
 		counters := regexp.MustCompile(`counters="map\[([^]]*)\]"`).FindStringSubmatch(kp.log())
