@@ -9,6 +9,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -20,6 +21,7 @@ import (
 	"github.com/eipoib/eipoibd/internal/keeper"
 	"github.com/eipoib/eipoibd/internal/sdnotify"
 	"github.com/eipoib/eipoibd/internal/state"
+	"github.com/eipoib/eipoibd/internal/warnlimit"
 	"github.com/eipoib/eipoibd/shim"
 	"github.com/eipoib/eipoibd/tap"
 )
@@ -140,21 +142,24 @@ func keeperQueues(c *Config, fromSystemd []int, log *slog.Logger) ([]int, bool) 
 
 // storeQueues puts the TAP's queues into the keeper (--fd-store) or
 // systemd's file descriptor store (with --persist) and says what a
-// restart will do to the link. With --fd-store it returns the identity
-// of the keeper's socket it used, for watchKeeper.
-func storeQueues(c *Config, dev *tap.TAP, kept []int, inKeeper bool, log *slog.Logger) socketID {
+// restart will do to the link. With --fd-store it returns what the
+// daemon knows of its keeper, for watchKeeper; nil otherwise.
+func storeQueues(c *Config, dev *tap.TAP, kept []int, inKeeper bool, log *slog.Logger) *keeperLink {
 	if !c.Persist {
-		return socketID{}
+		return nil
 	}
 	if c.FDStore != "" {
+		l := &keeperLink{}
 		files := dev.Files()
 		if inKeeper && dev.Start() == tap.Kept && sameFDs(files, kept) {
 			// The keeper's copies never closed, so a daemon killed at
 			// any point of its start leaves them held.
 			log.Info("the keeper still holds the TAP's queues: a restart keeps the link up", "tap", c.Name, "fd_store", c.FDStore, "queues", len(files))
-			return socketOf(c.FDStore)
+			l.last, l.holds = socketOf(c.FDStore), true
+			return l
 		}
-		return sendToKeeper(c, dev, "TAP queues sent to the keeper: a restart keeps the link up", log)
+		l.send(c, files, "TAP queues sent to the keeper: a restart keeps the link up", log)
+		return l
 	}
 	ok, err := sdnotify.StoreFiles(fdName(c.Name), dev.Files())
 	switch {
@@ -165,24 +170,66 @@ func storeQueues(c *Config, dev *tap.TAP, kept []int, inKeeper bool, log *slog.L
 	default:
 		log.Info("no systemd file descriptor store: the TAP survives a restart, but its carrier drops while no eipoibd holds it", "tap", c.Name)
 	}
-	return socketID{}
-}
-
-// sendToKeeper has the keeper hold exactly the TAP's queues, logging
-// done on success, and returns the identity its socket had before.
-func sendToKeeper(c *Config, dev *tap.TAP, done string, log *slog.Logger) socketID {
-	id := socketOf(c.FDStore)
-	if err := sdnotify.StoreFilesAt(c.FDStore, fdName(c.Name), dev.Files()); err != nil {
-		log.Warn("TAP queues not kept by the keeper: a restart drops the carrier (is \"eipoibd keeper\" running on --fd-store? they are sent again when it starts)", "fd_store", c.FDStore, "err", err)
-		return id
-	}
-	log.Info(done, "tap", c.Name, "fd_store", c.FDStore, "queues", len(dev.Files()))
-	return id
+	return nil
 }
 
 // keeperCheck is how often a daemon with --fd-store looks whether its
-// keeper's socket was made anew.
+// keeper's socket was made anew, or retries a keeper that did not hold
+// the queues.
 const keeperCheck = 2 * time.Second
+
+// keeperLink is what a daemon with --fd-store knows of its keeper.
+type keeperLink struct {
+	last  socketID        // the socket the queues were last sent to
+	holds bool            // and the keeper there holds all of them
+	warn  warnlimit.Limit // the warnings of failed sends, retried every keeperCheck
+}
+
+// send has the keeper hold exactly files, the TAP's queues, and checks
+// that it does: the keeper answers no store (over --max-fds or
+// --max-names, or from another user than its own and root, it closes
+// the descriptors and only logs), so the queues are asked back (Take
+// returns copies, closed here) and counted. It logs done on success and
+// a warning otherwise, at most one a warnlimit.Interval.
+func (l *keeperLink) send(c *Config, files []*os.File, done string, log *slog.Logger) {
+	l.last, l.holds = socketOf(c.FDStore), false
+	name := fdName(c.Name)
+	err := sdnotify.StoreFilesAt(c.FDStore, name, files)
+	if err == nil {
+		var held []int
+		held, err = keeper.Take(c.FDStore, name, keeperTimeout)
+		for _, fd := range held {
+			unix.Close(fd)
+		}
+		if err == nil && len(held) != len(files) {
+			err = fmt.Errorf("daemon: the keeper holds %d of the %d queues sent: its log says why (over --max-fds or --max-names?)", len(held), len(files))
+		}
+	}
+	if err != nil {
+		if l.warn.Allow(time.Now()) {
+			log.Warn("TAP queues not kept by the keeper: a restart drops the carrier (is \"eipoibd keeper\" running on --fd-store, as root or as eipoibd's user? they are sent again every "+keeperCheck.String()+" until it holds them)",
+				"fd_store", c.FDStore, "err", err, "suppressed", l.warn.Suppressed())
+		}
+		return
+	}
+	l.holds = true
+	log.Info(done, "tap", c.Name, "fd_store", c.FDStore, "queues", len(files))
+}
+
+// check sends files to the keeper again when its socket is another than
+// the one last used (a keeper started anew holds nothing, and the next
+// restart would drop the carrier), or when the keeper there did not
+// hold them.
+func (l *keeperLink) check(c *Config, files []*os.File, log *slog.Logger) {
+	now := socketOf(c.FDStore)
+	switch {
+	case now == socketID{} || now == l.last && l.holds:
+	case now != l.last:
+		l.send(c, files, "the keeper started anew: TAP queues sent to it again, a restart keeps the link up", log)
+	default:
+		l.send(c, files, "the keeper holds the TAP's queues now: a restart keeps the link up", log)
+	}
+}
 
 // socketID tells one socket file from another at the same path: a
 // keeper started anew binds a new one.
@@ -201,11 +248,9 @@ func socketOf(path string) socketID {
 	return socketID{st.Ino, st.Ctim}
 }
 
-// watchKeeper sends the TAP's queues to the keeper again whenever its
-// socket is another than the one last used (a keeper started anew holds
-// nothing, and the next restart would drop the carrier), until ctx
-// ends.
-func watchKeeper(ctx context.Context, c *Config, dev *tap.TAP, last socketID, log *slog.Logger) {
+// watchKeeper checks every keeperCheck that the keeper holds the TAP's
+// queues (keeperLink.check), until ctx ends.
+func watchKeeper(ctx context.Context, c *Config, dev *tap.TAP, l *keeperLink, log *slog.Logger) {
 	t := time.NewTicker(keeperCheck)
 	defer t.Stop()
 	for {
@@ -214,9 +259,7 @@ func watchKeeper(ctx context.Context, c *Config, dev *tap.TAP, last socketID, lo
 			return
 		case <-t.C:
 		}
-		if now := socketOf(c.FDStore); now != (socketID{}) && now != last {
-			last = sendToKeeper(c, dev, "the keeper started anew: TAP queues sent to it again, a restart keeps the link up", log)
-		}
+		l.check(c, dev.Files(), log)
 	}
 }
 

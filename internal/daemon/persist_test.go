@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"bytes"
+	"fmt"
 	"log/slog"
 	"net"
 	"os"
@@ -120,6 +121,93 @@ func TestKeeperQueues(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), `level=WARN msg="keeper unreachable`) {
 		t.Errorf("no warning of the unreachable keeper:\n%s", logs.String())
+	}
+}
+
+// TestKeeperLink: the daemon checks that its keeper holds the queues it
+// sent (the keeper answers no store): a keeper past --max-fds, or one
+// that takes the datagrams and keeps nothing (as a keeper of another
+// user refuses), is warned of once however often the next checks
+// retry it; a keeper started anew with room gets them and says so, and
+// then nothing more is sent.
+func TestKeeperLink(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "keeper.sock")
+	listen := func(maxFDs int) *keeper.Keeper {
+		k, err := keeper.Listen(keeper.Config{Socket: sock, MaxFDs: maxFDs, MaxNames: 4})
+		if err != nil {
+			t.Fatal(err)
+		}
+		go k.Serve()
+		return k
+	}
+	var files []*os.File
+	for range 2 {
+		r, w, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { r.Close(); w.Close() })
+		files = append(files, w)
+	}
+	var logs bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	c := &Config{Name: "eib0", Persist: true, FDStore: sock}
+	warnings := func() int { return strings.Count(logs.String(), `level=WARN msg="TAP queues not kept by the keeper`) }
+
+	small := listen(1)
+	l := &keeperLink{}
+	l.send(c, files, "sent", log)
+	if l.holds || l.last != socketOf(sock) || warnings() != 1 || !strings.Contains(logs.String(), "the keeper holds 1 of the 2 queues sent") {
+		t.Fatalf("keeper past --max-fds: holds %v, last %v (socket %v); log:\n%s", l.holds, l.last, socketOf(sock), logs.String())
+	}
+	for range 2 {
+		l.check(c, files, log)
+	}
+	if n := small.Counters()["over_limit"]; n != 3 || l.holds || warnings() != 1 {
+		t.Errorf("two checks of a keeper past --max-fds: it refused %d times (want 3: each check retries), holds %v, %d warnings (want 1):\n%s", n, l.holds, warnings(), logs.String())
+	}
+	small.Close()
+
+	roomy := listen(16)
+	defer roomy.Close()
+	l.check(c, files, log)
+	if !l.holds || !strings.Contains(logs.String(), "msg=\"the keeper started anew: TAP queues sent to it again") || fmt.Sprint(roomy.Held()) != "map[tap-eib0:2]" {
+		t.Errorf("a new keeper with room: holds %v, it holds %v; log:\n%s", l.holds, roomy.Held(), logs.String())
+	}
+	l.check(c, files, log)
+	if n := roomy.Counters()["stored"]; n != 2 {
+		t.Errorf("a keeper holding the queues was sent them again: %d stored, want 2", n)
+	}
+
+	// A socket that takes the datagrams, closes what comes with them and
+	// answers nothing, as a keeper does to another user.
+	c.FDStore = filepath.Join(dir, "deaf.sock")
+	deaf, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: c.FDStore, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer deaf.Close()
+	go func() {
+		b, oob := make([]byte, 512), make([]byte, 512)
+		for {
+			_, oobn, _, _, err := deaf.ReadMsgUnix(b, oob)
+			if err != nil {
+				return
+			}
+			msgs, _ := unix.ParseSocketControlMessage(oob[:oobn])
+			for i := range msgs {
+				fds, _ := unix.ParseUnixRights(&msgs[i])
+				for _, fd := range fds {
+					unix.Close(fd)
+				}
+			}
+		}
+	}()
+	l = &keeperLink{}
+	l.send(c, files, "sent", log)
+	if l.holds || warnings() != 2 {
+		t.Errorf("a keeper that keeps nothing: holds %v, %d warnings (want 2):\n%s", l.holds, warnings(), logs.String())
 	}
 }
 

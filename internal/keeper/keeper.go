@@ -76,6 +76,7 @@ type Keeper struct {
 	stop sync.Once
 
 	mu       sync.Mutex
+	closed   bool // Close dropped what was held: nothing more is taken
 	held     map[string][]entry
 	count    int
 	nextKey  int32
@@ -212,7 +213,9 @@ func (k *Keeper) handle(b, oob []byte, flags int) []int {
 		return k.store(m, fds, who)
 	}
 	if len(fds) > 0 {
-		k.bad("unexpected_fds", "descriptors passed without FDSTORE=1 closed", "name", m.Name, "count", len(fds), "pid", cred.Pid)
+		// With FDSTOREREMOVE=1, FDSTORE=1 is not acted on: systemd's
+		// service_notify_message carries out only the remove then.
+		k.bad("unexpected_fds", "descriptors closed: only FDSTORE=1 without FDSTOREREMOVE=1 stores them", "name", m.Name, "count", len(fds), "store", m.Store, "remove", m.Remove, "pid", cred.Pid)
 	}
 	return fds
 }
@@ -235,12 +238,14 @@ func parseControl(oob []byte) (fds []int, cred *unix.Ucred) {
 }
 
 // store keeps fds under m.Name, within the bounds, and returns those it
-// did not take.
+// did not take: all of them once Close has begun (a request read just
+// before it), whose epoll set is gone and whose held descriptors are
+// closed.
 func (k *Keeper) store(m Message, fds []int, who []any) []int {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if len(fds) == 0 {
-		return nil
+	if len(fds) == 0 || k.closed {
+		return fds
 	}
 	list, ok := k.held[m.Name]
 	if !ok && len(k.held) >= k.cfg.MaxNames {
@@ -273,10 +278,13 @@ func (k *Keeper) store(m Message, fds []int, who []any) []int {
 	return fds[take:]
 }
 
-// remove closes what is held under name.
+// remove closes what is held under name; after Close there is nothing.
 func (k *Keeper) remove(name string, who []any) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	if k.closed {
+		return
+	}
 	n := k.dropLocked(name)
 	k.counters["removed"] += uint64(n)
 	k.log.Info("removed", append([]any{"name", name, "fds", n}, who...)...)
@@ -302,7 +310,8 @@ func (k *Keeper) closeEntryLocked(e entry) {
 }
 
 // get passes what is held under name over the socket that came with the
-// request, and keeps it held.
+// request, and keeps it held. After Close it answers nothing: the
+// requester sees the socket closed without an answer.
 func (k *Keeper) get(name string, fds []int, who []any) {
 	if len(fds) != 1 || !isSeqpacket(fds[0]) {
 		k.bad("get_bad_socket", "FDGET=1 refused: it needs exactly one SOCK_SEQPACKET unix socket passed along", append([]any{"name", name, "fds", len(fds)}, who...)...)
@@ -310,6 +319,9 @@ func (k *Keeper) get(name string, fds []int, who []any) {
 	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	if k.closed {
+		return
+	}
 	list := k.held[name]
 	head := []byte("FDNAME=" + name + "\nFDCOUNT=" + strconv.Itoa(len(list)))
 	for i := 0; i == 0 || i < len(list); i += sdnotify.MaxFDsPerMessage {
@@ -439,6 +451,9 @@ func (k *Keeper) close() error {
 	os.Remove(k.cfg.Socket)
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	// Serve may still be handling a request it read before conn
+	// closed: from here on it takes nothing (store, get, remove look).
+	k.closed = true
 	released := map[string]int{}
 	for name := range k.held {
 		released[name] = k.dropLocked(name)

@@ -1,12 +1,16 @@
 package keeper
 
 import (
+	"bytes"
 	"fmt"
+	"io"
+	"log/slog"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -149,7 +153,7 @@ func TestTakeUnreachable(t *testing.T) {
 // closed and counted, not held.
 func TestLimits(t *testing.T) {
 	k, path := start(t, 3, 2)
-	w, _ := pipes(t, 5)
+	w, r := pipes(t, 5)
 	for _, s := range []struct {
 		name  string
 		files []*os.File
@@ -160,13 +164,102 @@ func TestLimits(t *testing.T) {
 	}
 	waitFor(t, "two refusals", func() bool { return k.Counters()["over_limit"] == 2 })
 	held(t, k, map[string]int{"a": 2, "b": 1})
-	// A refused descriptor was closed: only the keeper's copy of "b"'s
-	// second pipe would have kept it open; its reader sees no writer
-	// once the test closes its own.
 	if fds, err := Take(path, "b", time.Second); err != nil || len(fds) != 1 {
 		t.Fatalf("Take b: %v, %v", fds, err)
 	} else {
 		closeFDs(fds)
+	}
+	// A refused descriptor was closed: only the keeper's copy of "b"'s
+	// second pipe (past --max-fds) or of "c"'s (past --max-names) would
+	// keep it open; its reader sees end of file once the test closes its
+	// own (the keeper closes refused ones just after counting them).
+	for _, i := range []int{3, 4} {
+		w[i].Close()
+		r[i].SetReadDeadline(time.Now().Add(5 * time.Second))
+		if n, err := r[i].Read(make([]byte, 1)); n != 0 || err != io.EOF {
+			t.Errorf("pipe %d, refused: read %d, %v; want end of file (the keeper closed its copy)", i, n, err)
+		}
+	}
+}
+
+// request returns a request's control data as the kernel delivers it
+// to the keeper: fds, and this process's credentials.
+func request(fds ...int) []byte {
+	cred := unix.Ucred{Pid: int32(os.Getpid()), Uid: uint32(os.Geteuid()), Gid: uint32(os.Getegid())}
+	return append(unix.UnixRights(fds...), unix.UnixCredentials(&cred)...)
+}
+
+// TestClosedTakesNothing: a request Serve read just before Close and
+// handles after it takes nothing: a store's descriptors are handed back
+// to be closed (none is held, or added to the closed epoll set), and a
+// get answers nothing (its socket is closed without a message).
+func TestClosedTakesNothing(t *testing.T) {
+	k, _ := start(t, DefaultMaxFDs, DefaultMaxNames)
+	w, r := pipes(t, 1)
+	if err := k.Close(); err != nil {
+		t.Fatal(err)
+	}
+	fd, err := unix.Dup(int(w[0].Fd()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	left := k.handle([]byte("FDSTORE=1\nFDNAME=late"), request(fd), 0)
+	closeFDs(left)
+	if len(left) != 1 || len(k.Held()) != 0 {
+		t.Errorf("store after Close: handed back %v of [%d], held %v; want all handed back, none held", left, fd, k.Held())
+	}
+	w[0].Close()
+	r[0].SetReadDeadline(time.Now().Add(5 * time.Second))
+	if n, err := r[0].Read(make([]byte, 1)); n != 0 || err != io.EOF {
+		t.Errorf("pipe stored after Close: read %d, %v; want end of file", n, err)
+	}
+
+	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(pair[0])
+	closeFDs(k.handle([]byte("FDGET=1\nFDNAME=late"), request(pair[1]), 0))
+	if n, _, _, _, err := unix.Recvmsg(pair[0], make([]byte, 64), nil, unix.MSG_DONTWAIT); n != 0 || err != nil {
+		t.Errorf("get after Close: read %d bytes, %v; want the socket closed without an answer", n, err)
+	}
+}
+
+// TestRemoveWinsOverStore: a message with FDSTOREREMOVE=1 and FDSTORE=1
+// only removes, as systemd's service_notify_message does: what the name
+// held goes, the descriptors passed along are closed, counted as
+// unexpected_fds, and the log says why without claiming FDSTORE=1 was
+// missing.
+func TestRemoveWinsOverStore(t *testing.T) {
+	// The keeper logs under its lock, which Counters and Held take: the
+	// log is read after them, and before Close logs again.
+	var logs bytes.Buffer
+	path := filepath.Join(t.TempDir(), "keeper.sock")
+	k, err := Listen(Config{Socket: path, MaxFDs: 4, MaxNames: 4, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go k.Serve()
+	defer k.Close()
+	w, r := pipes(t, 2)
+	if err := sdnotify.Send(path, "FDSTORE=1\nFDNAME=x", w[:1]); err != nil {
+		t.Fatal(err)
+	}
+	held(t, k, map[string]int{"x": 1})
+	if err := sdnotify.Send(path, "FDSTOREREMOVE=1\nFDSTORE=1\nFDNAME=x", w[1:]); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the refusal", func() bool { return k.Counters()["unexpected_fds"] == 1 })
+	held(t, k, map[string]int{})
+	for i := range w {
+		w[i].Close()
+		r[i].SetReadDeadline(time.Now().Add(5 * time.Second))
+		if n, err := r[i].Read(make([]byte, 1)); n != 0 || err != io.EOF {
+			t.Errorf("pipe %d: read %d, %v; want end of file (the keeper closed its copy)", i, n, err)
+		}
+	}
+	if l := logs.String(); !strings.Contains(l, `msg="descriptors closed: only FDSTORE=1 without FDSTOREREMOVE=1 stores them" name=x count=1 store=true remove=true`) || strings.Contains(l, "without FDSTORE=1 closed") {
+		t.Errorf("log:\n%s", l)
 	}
 }
 

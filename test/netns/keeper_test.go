@@ -20,24 +20,27 @@ import (
 type keeperProc struct {
 	socket, logPath string
 	cmd             *exec.Cmd
-	done            chan error
+	exited          chan struct{} // closed when the process has ended
 }
 
 // startKeeper runs a keeper on socket, logging to logPath, and waits
-// until it serves; the caller stops it.
+// until it serves. It is stopped (SIGTERM) when t ends, if it still
+// runs, even when it never began serving.
 func startKeeper(t *testing.T, socket, logPath string) *keeperProc {
 	t.Helper()
 	logf, err := os.Create(logPath)
 	if err != nil {
 		t.Fatal(err)
 	}
-	k := &keeperProc{socket: socket, logPath: logPath, done: make(chan error, 1)}
+	k := &keeperProc{socket: socket, logPath: logPath, exited: make(chan struct{})}
 	k.cmd = exec.Command(daemonBin, "keeper", "--socket", socket)
 	k.cmd.Stdout, k.cmd.Stderr = logf, logf
 	if err := k.cmd.Start(); err != nil {
+		logf.Close()
 		t.Fatal(err)
 	}
-	go func() { k.done <- k.cmd.Wait(); logf.Close() }()
+	t.Cleanup(func() { k.signal(syscall.SIGTERM) })
+	go func() { k.cmd.Wait(); logf.Close(); close(k.exited) }()
 	k.waitLog(t, "keeper serving")
 	return k
 }
@@ -64,15 +67,28 @@ func (k *keeperProc) waitLogN(t *testing.T, s string, n int) {
 }
 
 // signal sends sig and, unless it is SIGUSR2, waits for the keeper to
-// end.
+// end; to a keeper that has ended, nothing.
 func (k *keeperProc) signal(sig syscall.Signal) {
-	if k.cmd.ProcessState != nil {
+	select {
+	case <-k.exited:
 		return
+	default:
 	}
 	k.cmd.Process.Signal(sig)
 	if sig != syscall.SIGUSR2 {
-		<-k.done
+		<-k.exited
 	}
+}
+
+// handled waits until the keeper has handled every request sent to it
+// so far: it handles them in order, so once it logs the removal of a
+// name nothing is stored under, those sent before are done.
+func (k *keeperProc) handled(t *testing.T) {
+	t.Helper()
+	if err := sdnotify.Send(k.socket, "FDSTOREREMOVE=1\nFDNAME=sentinel", nil); err != nil {
+		t.Fatal(err)
+	}
+	k.waitLog(t, "msg=removed name=sentinel fds=0")
 }
 
 // monitor runs a command in h's namespace for the rest of the test and
@@ -87,6 +103,28 @@ func monitor(t *testing.T, h *hypervisor, args ...string) *listenWatch {
 	}
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 	return w
+}
+
+// subscribed waits until the "ip -o monitor link" and "bridge monitor
+// fdb" of h print events (watching eib0 needs a subscription made before
+// its flap): events made for them on a veth pair of h's own, on no
+// bridge, are made again until each monitor has shown one, then the
+// pair is deleted.
+func subscribed(t *testing.T, h *hypervisor, links, fdb *listenWatch) {
+	t.Helper()
+	sh(t, in(h.ns, "ip", "link", "add", "kprobe0", "type", "veth", "peer", "name", "kprobe1")...)
+	defer sh(t, in(h.ns, "ip", "link", "del", "kprobe0")...)
+	deadline := time.Now().Add(10 * time.Second)
+	for i := 0; !strings.Contains(links.String(), "kprobe0") || !strings.Contains(fdb.String(), "dev kprobe0"); i++ {
+		if time.Now().After(deadline) {
+			t.Fatalf("the monitors showed no event of kprobe0 in 10 s:\n%s\n%s", links.String(), fdb.String())
+		}
+		// A new MTU is an RTM_NEWLINK; a permanent "self" entry of a
+		// port of no bridge is an RTM_NEWNEIGH that eipoibd passes over.
+		sh(t, in(h.ns, "ip", "link", "set", "kprobe0", "mtu", strconv.Itoa(1400+i))...)
+		sh(t, in(h.ns, "bridge", "fdb", "add", fmt.Sprintf("02:00:5e:00:53:%02x", i%256), "dev", "kprobe0", "self", "permanent")...)
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // flapsOf returns the lines of "ip -o monitor link" and "bridge monitor
@@ -134,7 +172,6 @@ func TestKeeperRestart(t *testing.T) {
 	g11, g12, g21 := h1.guests[0], h1.guests[1], h2.guests[0]
 	socket := filepath.Join(h1.logDir, "keeper.sock")
 	kp := startKeeper(t, socket, filepath.Join(h1.logDir, "keeper-1.log"))
-	t.Cleanup(func() { kp.signal(syscall.SIGTERM) }) // the keeper of the moment
 	h1.stop(t, true)
 	const queues = 2
 	h1.extra = append(slices.Clone(h1.extra), "--persist", "--queues", strconv.Itoa(queues), "--fd-store", socket)
@@ -157,7 +194,7 @@ func TestKeeperRestart(t *testing.T) {
 	}
 	links := monitor(t, h1, "ip", "-o", "monitor", "link")
 	fdb := monitor(t, h1, "bridge", "monitor", "fdb")
-	time.Sleep(300 * time.Millisecond) // the monitors subscribe
+	subscribed(t, h1, links, fdb)
 
 	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL} {
 		t.Run(sig.String(), func(t *testing.T) {
@@ -223,10 +260,10 @@ func TestKeeperRestart(t *testing.T) {
 		before = l
 	})
 
+	// A new keeper, for the rest of the test: the running daemon sees its
+	// socket and sends it the queues again.
+	kp = startKeeper(t, socket, filepath.Join(h1.logDir, "keeper-2.log"))
 	t.Run("malformed requests", func(t *testing.T) {
-		// The running daemon sees the new keeper's socket and sends it
-		// the queues again.
-		kp = startKeeper(t, socket, filepath.Join(h1.logDir, "keeper-2.log"))
 		kp.waitLog(t, fmt.Sprintf("msg=stored name=tap-eib0 fds=%d", queues))
 		if !strings.Contains(h1.log(), "the keeper started anew: TAP queues sent to it again") {
 			t.Errorf("the daemon did not say it sent its queues to the new keeper:\n%s", h1.log())
@@ -236,7 +273,7 @@ func TestKeeperRestart(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		time.Sleep(200 * time.Millisecond) // the keeper reads them
+		kp.handled(t)
 		kp.signal(syscall.SIGUSR2)
 		kp.waitLog(t, "keeper holds")
 		counters := regexp.MustCompile(`counters="map\[([^]]*)\]"`).FindStringSubmatch(kp.log())
