@@ -46,6 +46,7 @@ type bridgeGuests struct {
 	static   map[fdbKey]int               // static entries: their port
 	declared map[mactrans.VIFKey]bool     // guests declared from them
 	failed   map[mactrans.VIFKey]struct{} // guests the shim refused (warned once)
+	restored []mactrans.VIFKey            // VIFs a state file restored, declared from static entries, not yet listed
 	logged   bool                         // setVLANs has logged the VLANs at info level
 }
 
@@ -161,11 +162,29 @@ func (bg *bridgeGuests) relist() {
 	bg.relistLocked()
 }
 
+// restore takes the VIFs --persist restored that a static entry of the
+// bridge had declared (origin bridge) as declared from the bridge, and
+// lists the FDB: those whose entry went while eipoibd was down are freed
+// (the watch, which lists only what is there, would never see them go),
+// the others keep their VIF and its QPN. Should the listing fail, they
+// are taken with the first that succeeds (a relist, or the VLAN watch's
+// first read); until then no removal frees them.
+func (bg *bridgeGuests) restore(keys []mactrans.VIFKey) {
+	bg.mu.Lock()
+	defer bg.mu.Unlock()
+	bg.restored = keys
+	bg.relistLocked()
+}
+
 func (bg *bridgeGuests) relistLocked() {
 	gs, err := bg.list()
 	if err != nil {
 		bg.log.Warn("read bridge FDB", "err", err)
 	} else {
+		for _, k := range bg.restored {
+			bg.declared[k] = true
+		}
+		bg.restored = nil
 		bg.static = make(map[fdbKey]int, len(gs))
 		for _, g := range gs {
 			if g.Static {

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -260,4 +261,34 @@ func TestBridgeGuestsNewPort(t *testing.T) {
 	if h.reads != 1 {
 		t.Errorf("%d reads of the VLANs after an entry on a known port, want still 1", h.reads)
 	}
+}
+
+// TestBridgeGuestsRestored: of two guests a state file restored as
+// declared from the bridge, the one whose static entry went while
+// eipoibd was down is freed at start (as OriginBridge), the one whose
+// entry is still there is neither freed nor declared again (its VIF, and
+// QPN, stay); then its entry going frees it. Had the listing failed,
+// nothing is freed until a listing succeeds.
+func TestBridgeGuestsRestored(t *testing.T) {
+	h := newBGHarness(filtering(1))
+	h.fdb[fdbKey{macA, 0}] = vswitch.Guest{MAC: macA, Port: bgPort1, Static: true}
+	h.restore([]mactrans.VIFKey{{MAC: macA}, {MAC: macB}})
+	h.expect(t, "restored, macB's entry gone", "-"+macB.String()+"/0 bridge")
+	h.del(macA, 0)
+	h.expect(t, "macA's entry gone after the start", "-"+macA.String()+"/0 bridge")
+
+	h = newBGHarness(filtering(1))
+	fail := true
+	list := h.list
+	h.list = func() ([]vswitch.Guest, error) {
+		if fail {
+			return nil, errors.New("no FDB")
+		}
+		return list()
+	}
+	h.restore([]mactrans.VIFKey{{MAC: macB}})
+	h.expect(t, "restored, the FDB unreadable")
+	fail = false
+	h.relist()
+	h.expect(t, "the FDB listed", "-"+macB.String()+"/0 bridge")
 }
