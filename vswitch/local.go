@@ -19,9 +19,9 @@ import (
 // port's address). Frames from these MACs are the host's own, not a
 // guest's.
 func LocalMACs(devs ...string) ([]ether.MAC, error) {
-	links, err := netlink.LinkList()
+	links, err := dump("list links", netlink.LinkList)
 	if err != nil {
-		return nil, fmt.Errorf("vswitch: list links: %w", err)
+		return nil, err
 	}
 	var bridges []int
 	var out []ether.MAC
