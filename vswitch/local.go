@@ -2,8 +2,6 @@ package vswitch
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"slices"
 
 	"github.com/vishvananda/netlink"
@@ -50,24 +48,11 @@ func LocalMACs(devs ...string) ([]ether.MAC, error) {
 
 // WatchLocalMACs calls fn with LocalMACs(devs...) now and again after
 // each change of any link (a port added or gone, an address changed: a
-// Linux bridge takes its lowest port's address unless given one), until
-// ctx ends. An error of the subscription or of a listing is passed to
-// fail (after a failed listing, the next change lists them again); it
-// returns an error if it cannot subscribe, or once the subscription ends
-// before ctx.
+// Linux bridge takes its lowest port's address unless given one) that
+// changes them, until ctx ends. A failed listing, or a lost
+// subscription, goes to fail, and the watch goes on (subscribing again a
+// second later); it returns an error only if subscribing fails.
 func WatchLocalMACs(ctx context.Context, fn func([]ether.MAC), fail func(error), devs ...string) error {
-	ch := make(chan netlink.LinkUpdate, 64)
-	done := make(chan struct{})
-	defer close(done)
-	// The subscription's socket fails once done closes it: no error then.
-	onErr := func(err error) {
-		if ctx.Err() == nil {
-			fail(err)
-		}
-	}
-	if err := netlink.LinkSubscribeWithOptions(ch, done, netlink.LinkSubscribeOptions{ErrorCallback: onErr}); err != nil {
-		return fmt.Errorf("vswitch: watch links: %w", err)
-	}
 	var last []ether.MAC
 	told := false
 	refresh := func() {
@@ -81,20 +66,5 @@ func WatchLocalMACs(ctx context.Context, fn func([]ether.MAC), fail func(error),
 			fn(macs)
 		}
 	}
-	refresh()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case _, ok := <-ch:
-			if !ok {
-				return errors.New("vswitch: watch links: subscription closed")
-			}
-			// One listing for a burst of changes.
-			for len(ch) > 0 {
-				<-ch
-			}
-			refresh()
-		}
-	}
+	return watchLinks(ctx, "links for local MACs", nil, refresh, fail)
 }

@@ -229,6 +229,19 @@ func WatchBridgeVLANs(ctx context.Context, br, tap string, fn func(VLANs), warn 
 		_, known := last.Ports[a.Index] // a port that left
 		return known
 	}
+	return watchLinks(ctx, "the VLANs of "+br, concerns, read, warn)
+}
+
+// watchLinks calls read after subscribing to link notifications, then
+// once for each burst of them of which one concerns it (nil: all), until
+// ctx ends. When the subscription ends (ENOBUFS: notifications came
+// faster than they were read, and some were lost), it tells warn and
+// subscribes again a second later, reading afresh. It returns an error
+// only when subscribing fails.
+func watchLinks(ctx context.Context, what string, concerns func(*netlink.LinkUpdate) bool, read func(), warn func(error)) error {
+	if concerns == nil {
+		concerns = func(*netlink.LinkUpdate) bool { return true }
+	}
 	for ctx.Err() == nil {
 		ch := make(chan netlink.LinkUpdate, 256)
 		done := make(chan struct{})
@@ -236,7 +249,7 @@ func WatchBridgeVLANs(ctx context.Context, br, tap string, fn func(VLANs), warn 
 		opts := netlink.LinkSubscribeOptions{ErrorCallback: func(err error) { subErr = err },
 			ReceiveBufferSize: 1 << 20, ReceiveBufferForceSize: true}
 		if err := netlink.LinkSubscribeWithOptions(ch, done, opts); err != nil {
-			return fmt.Errorf("vswitch: watch the VLANs of %s: %w", br, err)
+			return fmt.Errorf("vswitch: watch %s: %w", what, err)
 		}
 		read() // after subscribing: no change falls in between
 		err := followLinks(ctx, ch, concerns, read)
@@ -245,7 +258,7 @@ func WatchBridgeVLANs(ctx context.Context, br, tap string, fn func(VLANs), warn 
 			if subErr != nil {
 				err = fmt.Errorf("%w: %v", err, subErr)
 			}
-			warn(fmt.Errorf("vswitch: watch the VLANs of %s: %w; subscribing again in a second", br, err))
+			warn(fmt.Errorf("vswitch: watch %s: %w; subscribing again in a second", what, err))
 			select { // no tight loop (and log flood) if it fails at once again
 			case <-ctx.Done():
 			case <-time.After(time.Second):

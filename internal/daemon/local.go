@@ -33,7 +33,7 @@ func (sw *switchPort) watchLocal(ctx context.Context, wg *sync.WaitGroup) {
 		}
 		fail := func(err error) { sw.log.Warn("the hypervisor's own MACs", "err", err) }
 		if err := vswitch.WatchLocalMACs(ctx, set, fail, devs...); err != nil {
-			sw.log.Warn("the hypervisor's own frames count as drop_undeclared", "err", err)
+			sw.log.Warn("the hypervisor's own MACs are not followed: frames from one not known when the watch ended count as drop_undeclared, not drop_undeclared_local", "err", err)
 		}
 	}()
 }
