@@ -11,36 +11,26 @@ import (
 
 // LocalMACs returns the hypervisor's own MACs on its switch: those of
 // the devices named that exist (the TAP; the Linux bridge, or the Open
-// vSwitch bridge's internal port of the same name) and, for a Linux
-// bridge among them, those of its ports (the kernel's "permanent" FDB
-// entries: br_fdb_add_local in net/bridge/br_fdb.c adds one for each
-// port's address). Frames from these MACs are the host's own, not a
-// guest's.
+// vSwitch bridge's internal port of the same name). Frames from these
+// MACs are the host's own, not a guest's. A bridge port's MAC is not
+// among them: what the host sends on a port leaves by it and never
+// enters the bridge (br_input.c br_handle_frame, the port's rx_handler,
+// sees what the port receives, never what is sent on it), so none
+// reaches the TAP.
 func LocalMACs(devs ...string) ([]ether.MAC, error) {
 	links, err := dump("list links", netlink.LinkList)
 	if err != nil {
 		return nil, err
 	}
-	var bridges []int
 	var out []ether.MAC
-	add := func(l netlink.Link) {
+	for _, l := range links {
+		if !slices.Contains(devs, l.Attrs().Name) {
+			continue
+		}
 		if a := l.Attrs().HardwareAddr; len(a) == 6 {
 			if m := ether.MAC(a); !m.IsZero() && !m.IsMulticast() && !slices.Contains(out, m) {
 				out = append(out, m)
 			}
-		}
-	}
-	for _, l := range links {
-		if slices.Contains(devs, l.Attrs().Name) {
-			add(l)
-			if _, ok := l.(*netlink.Bridge); ok {
-				bridges = append(bridges, l.Attrs().Index)
-			}
-		}
-	}
-	for _, l := range links {
-		if slices.Contains(bridges, l.Attrs().MasterIndex) {
-			add(l)
 		}
 	}
 	return out, nil

@@ -10,7 +10,7 @@ import (
 )
 
 // watchLocal tells the shim the hypervisor's own MACs (the TAP's, the
-// bridge's and its ports', or the Open vSwitch bridge's internal port's)
+// bridge's or the Open vSwitch bridge's internal port's)
 // in --learn declared, where their frames count as drop_undeclared_local
 // rather than drop_undeclared, until ctx ends, in a goroutine wg counts.
 func (sw *switchPort) watchLocal(ctx context.Context, wg *sync.WaitGroup) {
