@@ -292,3 +292,25 @@ func TestBridgeGuestsRestored(t *testing.T) {
 	h.relist()
 	h.expect(t, "the FDB listed", "-"+macB.String()+"/0 bridge")
 }
+
+// TestBridgeGuestsUnservedOnce: a static entry that declares no guest
+// is logged once, however often the FDB is listed again (each guest
+// port's change relists), and again once it declared a guest and then
+// no longer does.
+func TestBridgeGuestsUnservedOnce(t *testing.T) {
+	h := newBGHarness(filtering(1))
+	h.add(macC, 30, bgPort1, true) // VLAN 30: the TAP is no member
+	h.relist()
+	h.relist()
+	line := `msg="bridge entry declares no guest" mac=` + macC.String() + " bridge_vlan=30"
+	if n := strings.Count(h.log.String(), line); n != 1 {
+		t.Fatalf("%d lines about the VLAN 30 entry after two relists, want 1:\n%s", n, h.log.String())
+	}
+	v := filtering(1)
+	v.Ports[bgTAP].VIDs[30] = false // the TAP carries VLAN 30 tagged: served, no P_Key
+	h.setVLANs(v)
+	h.setVLANs(filtering(1))
+	if n := strings.Count(h.log.String(), line); n != 2 {
+		t.Errorf("%d lines about the VLAN 30 entry after it was served and is no more, want 2:\n%s", n, h.log.String())
+	}
+}
