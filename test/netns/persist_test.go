@@ -193,7 +193,9 @@ func savedGuests(t *testing.T, h *hypervisor, want map[string][]string) []state.
 // file with the same QPNs, their saved addresses (IPv4 and IPv6 of
 // both guests) are announced three times each, iperf3 completes with
 // traffic after the restart, an exact transfer follows, and the ping
-// outage is reported (and must stay under 2 s). A corrupt state file is
+// outage is reported (and must stay under 2 s). A guest declared by a
+// static FDB entry that went while eipoibd was down loses its VIF at the
+// restart; one whose entry stayed keeps it, and its QPN. A corrupt state file is
 // then set aside and reported, not trusted. Without the store (as after
 // "systemctl stop") the TAP still survives, same ifindex and still on
 // br0, though its carrier dropped while no process held it. With
@@ -306,6 +308,45 @@ func TestPersistRestart(t *testing.T) {
 			store.waitHeld(t, "tap-eib0", queues)
 		})
 	}
+
+	// Two guests declared by static entries (libvirt's); one entry is
+	// deleted while eipoibd is down (its guest's port went): the
+	// restart frees that guest's VIF at once, as the bridge's removal
+	// (it would not age: it was declared), and keeps the other's, with
+	// its QPN.
+	t.Run("static entry gone while down", func(t *testing.T) {
+		const kept, gone = "52:54:00:77:00:01", "52:54:00:77:00:02"
+		fdb := func(op, mac, dev string) {
+			sh(t, in(h1.ns, "bridge", "fdb", op, mac, "dev", dev, "master", "static")...)
+		}
+		fdb("add", kept, "vg1")
+		fdb("add", gone, "vg2")
+		deadline := time.Now().Add(5 * time.Second)
+		for vs := h1.vifs(t); vs[kept].Origin != "bridge" || vs[gone].Origin != "bridge"; vs = h1.vifs(t) {
+			if time.Now().After(deadline) {
+				t.Fatalf("the static entries' VIFs: %+v, want both of origin bridge\n%s", vs, h1.log())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		qpn := h1.vifs(t)[kept].QPN
+		savedGuests(t, h1, map[string][]string{kept: nil, gone: nil})
+		h1.stop(t, false)
+		sh(t, in(h1.ns, "bridge", "fdb", "del", gone, "dev", "vg2", "master")...)
+		h1.files, h1.fdNames = store.held("tap-eib0"), []string{"tap-eib0", "tap-eib0"}
+		h1.start(t)
+		h1.files = nil
+		vs := h1.vifs(t)
+		if v, ok := vs[gone]; ok {
+			t.Errorf("the VIF of %s, whose entry went while eipoibd was down, is still there after the start: %+v\n%s", gone, v, h1.log())
+		}
+		if !strings.Contains(h1.log(), `msg="VIF removed" mac=`+gone+" vlan=0") || !strings.Contains(h1.log(), "by=bridge") {
+			t.Errorf("no line of %s's VIF removed by the bridge:\n%s", gone, h1.log())
+		}
+		if v := vs[kept]; v.QPN != qpn || v.Origin != "bridge" {
+			t.Errorf("the VIF of %s, whose entry stayed: %+v, want QPN %s, origin bridge", kept, v, qpn)
+		}
+		sh(t, in(h1.ns, "bridge", "fdb", "del", kept, "dev", "vg1", "master")...)
+	})
 
 	t.Run("corrupt state", func(t *testing.T) {
 		path := filepath.Join(h1.ctlDir(), "eib0.state")
