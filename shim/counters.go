@@ -120,7 +120,7 @@ var counterTable = [numCounters]stat.Value{
 	DropBadSrcMAC:       {Name: "drop_bad_src_mac", Help: "Multicast or zero source MAC"},
 	DropVIFLimit:        {Name: "drop_vif_limit", Help: "No VIF: --max-vifs reached or QP allocation failed"},
 	DropUndeclared:      {Name: "drop_undeclared", Help: "--learn declared: a source MAC never declared (bridge static entry or DeclareVIF)"},
-	DropUndeclaredLocal: {Name: "drop_undeclared_local", Help: "--learn declared: the hypervisor's own MAC (the bridge's, a port's, the TAP's), never declared: the host's own frames, not a guest's"},
+	DropUndeclaredLocal: {Name: "drop_undeclared_local", Help: "--learn declared: the hypervisor's own MAC (the bridge's or the OVS bridge's internal port's, the TAP's), never declared: the host's own frames, not a guest's"},
 	DropBadIP:           {Name: "drop_bad_ip", Help: "IP header inconsistent with the frame"},
 	DropTooBig:          {Name: "drop_too_big", Help: "Oversized and neither fragmentable nor answerable"},
 	DropDstLocal:        {Name: "drop_dst_local", Help: "Unicast to a local guest (the bridge delivers those)"},

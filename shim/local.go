@@ -1,7 +1,7 @@
 package shim
 
 // The hypervisor's own MACs in --learn declared: the bridge (or the
-// Open vSwitch bridge's internal port), its ports and the TAP are no
+// Open vSwitch bridge's internal port) and the TAP are no
 // guests, and nothing declares them, so their frames (the host stack's
 // IPv6 router solicitations, MLD reports and neighbour discovery on br0,
 // an ARP from the host) are dropped like a forged MAC's. They are counted
@@ -18,7 +18,7 @@ import (
 type localMACs []ether.MAC
 
 // SetLocalMACs replaces the MACs that are the hypervisor's own (the
-// bridge's, its ports', the TAP's): in --learn declared, a frame from one
+// bridge's or the OVS internal port's, the TAP's): in --learn declared, a frame from one
 // of them that has no VIF is counted as drop_undeclared_local instead of
 // drop_undeclared. It changes nothing else: such a frame is still
 // dropped, and a local MAC that is declared is served as any guest.

@@ -27,8 +27,12 @@ func TestUndeclaredLocal(t *testing.T) {
 	}
 	check := func(step string, want map[string]uint64) {
 		t.Helper()
+		// TxFrames counts a frame before tx drops it: wait for the drops.
 		a.waitCounter(t, TxFrames, want["frames"])
 		delete(want, "frames")
+		waitFor(t, step+": the drops counted", func() bool {
+			return a.s.Get(DropUndeclaredLocal)+a.s.Get(DropUndeclared) >= want["local"]+want["undeclared"]
+		})
 		if got := drops(); !maps.Equal(got, want) {
 			t.Fatalf("%s: counters %v, want %v", step, got, want)
 		}

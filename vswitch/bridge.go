@@ -57,9 +57,9 @@ func BridgeGuests(br, except string) ([]Guest, error) {
 	if l, err := netlink.LinkByName(except); err == nil {
 		skip = l.Attrs().Index
 	}
-	entries, err := netlink.NeighList(0, unix.AF_BRIDGE)
+	entries, err := dump("bridge FDB", func() ([]netlink.Neigh, error) { return netlink.NeighList(0, unix.AF_BRIDGE) })
 	if err != nil {
-		return nil, fmt.Errorf("vswitch: bridge FDB: %w", err)
+		return nil, err
 	}
 	var out []Guest
 	for i := range entries {

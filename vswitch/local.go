@@ -2,8 +2,6 @@ package vswitch
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"slices"
 
 	"github.com/vishvananda/netlink"
@@ -13,36 +11,26 @@ import (
 
 // LocalMACs returns the hypervisor's own MACs on its switch: those of
 // the devices named that exist (the TAP; the Linux bridge, or the Open
-// vSwitch bridge's internal port of the same name) and, for a Linux
-// bridge among them, those of its ports (the kernel's "permanent" FDB
-// entries: br_fdb_add_local in net/bridge/br_fdb.c adds one for each
-// port's address). Frames from these MACs are the host's own, not a
-// guest's.
+// vSwitch bridge's internal port of the same name). Frames from these
+// MACs are the host's own, not a guest's. A bridge port's MAC is not
+// among them: what the host sends on a port leaves by it and never
+// enters the bridge (br_input.c br_handle_frame, the port's rx_handler,
+// sees what the port receives, never what is sent on it), so none
+// reaches the TAP.
 func LocalMACs(devs ...string) ([]ether.MAC, error) {
-	links, err := netlink.LinkList()
+	links, err := dump("list links", netlink.LinkList)
 	if err != nil {
-		return nil, fmt.Errorf("vswitch: list links: %w", err)
+		return nil, err
 	}
-	var bridges []int
 	var out []ether.MAC
-	add := func(l netlink.Link) {
+	for _, l := range links {
+		if !slices.Contains(devs, l.Attrs().Name) {
+			continue
+		}
 		if a := l.Attrs().HardwareAddr; len(a) == 6 {
 			if m := ether.MAC(a); !m.IsZero() && !m.IsMulticast() && !slices.Contains(out, m) {
 				out = append(out, m)
 			}
-		}
-	}
-	for _, l := range links {
-		if slices.Contains(devs, l.Attrs().Name) {
-			add(l)
-			if _, ok := l.(*netlink.Bridge); ok {
-				bridges = append(bridges, l.Attrs().Index)
-			}
-		}
-	}
-	for _, l := range links {
-		if slices.Contains(bridges, l.Attrs().MasterIndex) {
-			add(l)
 		}
 	}
 	return out, nil
@@ -50,24 +38,11 @@ func LocalMACs(devs ...string) ([]ether.MAC, error) {
 
 // WatchLocalMACs calls fn with LocalMACs(devs...) now and again after
 // each change of any link (a port added or gone, an address changed: a
-// Linux bridge takes its lowest port's address unless given one), until
-// ctx ends. An error of the subscription or of a listing is passed to
-// fail (after a failed listing, the next change lists them again); it
-// returns an error if it cannot subscribe, or once the subscription ends
-// before ctx.
+// Linux bridge takes its lowest port's address unless given one) that
+// changes them, until ctx ends. A failed listing, or a lost
+// subscription, goes to fail, and the watch goes on (subscribing again a
+// second later); it returns an error only if subscribing fails.
 func WatchLocalMACs(ctx context.Context, fn func([]ether.MAC), fail func(error), devs ...string) error {
-	ch := make(chan netlink.LinkUpdate, 64)
-	done := make(chan struct{})
-	defer close(done)
-	// The subscription's socket fails once done closes it: no error then.
-	onErr := func(err error) {
-		if ctx.Err() == nil {
-			fail(err)
-		}
-	}
-	if err := netlink.LinkSubscribeWithOptions(ch, done, netlink.LinkSubscribeOptions{ErrorCallback: onErr}); err != nil {
-		return fmt.Errorf("vswitch: watch links: %w", err)
-	}
 	var last []ether.MAC
 	told := false
 	refresh := func() {
@@ -81,20 +56,5 @@ func WatchLocalMACs(ctx context.Context, fn func([]ether.MAC), fail func(error),
 			fn(macs)
 		}
 	}
-	refresh()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case _, ok := <-ch:
-			if !ok {
-				return errors.New("vswitch: watch links: subscription closed")
-			}
-			// One listing for a burst of changes.
-			for len(ch) > 0 {
-				<-ch
-			}
-			refresh()
-		}
-	}
+	return watchLinks(ctx, "links for local MACs", nil, refresh, fail)
 }

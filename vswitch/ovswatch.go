@@ -147,11 +147,13 @@ func (o OVS) remote() string {
 }
 
 // Watch calls fn for each guest bridge br gains (added) or loses on ports
-// other than except, starting with those it has, until ctx ends. It
-// follows the Interface and Port tables with ovsdb-client monitor; when a
-// monitor exits it is restarted after a second, and trouble is told to
-// warn (which may be nil).
-func (o OVS) Watch(ctx context.Context, br, except string, fn func(g Guest, added bool), warn func(err error)) error {
+// other than except, starting with those it has, until ctx ends. Guests
+// in have are taken as known already (the caller holds them, e.g.
+// restored from a state file): the first listing reports those whose
+// port is gone as lost, and no others. It follows the Interface and Port
+// tables with ovsdb-client monitor; when a monitor exits it is restarted
+// after a second, and trouble is told to warn (which may be nil).
+func (o OVS) Watch(ctx context.Context, br, except string, have []Guest, fn func(g Guest, added bool), warn func(err error)) error {
 	if _, err := exec.LookPath("ovsdb-client"); err != nil {
 		return fmt.Errorf("vswitch: watching Open vSwitch needs ovsdb-client (Debian: openvswitch-common): %w", err)
 	}
@@ -159,7 +161,10 @@ func (o OVS) Watch(ctx context.Context, br, except string, fn func(g Guest, adde
 	for _, spec := range [][]string{{"Interface", "name,external_ids"}, {"Port", "name,tag,interfaces"}} {
 		go o.monitor(ctx, spec, changed, warn)
 	}
-	known := map[Guest]bool{}
+	known := make(guestSet, len(have))
+	for _, g := range have {
+		known[g] = true
+	}
 	resync := func() {
 		gs, err := o.Guests(br, except)
 		if err != nil {
@@ -168,19 +173,7 @@ func (o OVS) Watch(ctx context.Context, br, except string, fn func(g Guest, adde
 			}
 			return
 		}
-		now := make(map[Guest]bool, len(gs))
-		for _, g := range gs {
-			now[g] = true
-			if !known[g] {
-				fn(g, true)
-			}
-		}
-		for g := range known {
-			if !now[g] {
-				fn(g, false)
-			}
-		}
-		known = now
+		known = known.update(gs, fn)
 	}
 	resync()
 	for {
@@ -197,6 +190,27 @@ func (o OVS) Watch(ctx context.Context, br, except string, fn func(g Guest, adde
 			resync()
 		}
 	}
+}
+
+// guestSet is the set of a switch's guests as last listed.
+type guestSet map[Guest]bool
+
+// update calls fn for each guest of listing gs not in s (added) and each
+// of s not in gs (lost), and returns gs as a guestSet.
+func (s guestSet) update(gs []Guest, fn func(g Guest, added bool)) guestSet {
+	now := make(guestSet, len(gs))
+	for _, g := range gs {
+		now[g] = true
+		if !s[g] {
+			fn(g, true)
+		}
+	}
+	for g := range s {
+		if !now[g] {
+			fn(g, false)
+		}
+	}
+	return now
 }
 
 // monitor runs ovsdb-client monitor on one table until ctx ends, telling

@@ -2,7 +2,11 @@ package vswitch
 
 import (
 	"encoding/json"
+	"fmt"
+	"slices"
 	"testing"
+
+	"github.com/eipoib/eipoibd/ether"
 )
 
 // The --format=json tables ovs-vsctl and ovsdb-client print, as this
@@ -72,4 +76,24 @@ func FuzzOVSTable(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestGuestSetRestored: a guest set seeded with restored guests reports,
+// at the first listing, those not listed as lost and those listed
+// anew as added, and nothing for a restored guest still there.
+func TestGuestSetRestored(t *testing.T) {
+	kept := Guest{MAC: ether.MAC{2, 0, 0, 0, 0, 1}, VLAN: 10, Static: true}
+	gone := Guest{MAC: ether.MAC{2, 0, 0, 0, 0, 2}, Static: true}
+	fresh := Guest{MAC: ether.MAC{2, 0, 0, 0, 0, 3}, Static: true}
+	var got []string
+	s := guestSet{kept: true, gone: true}.update([]Guest{kept, fresh}, func(g Guest, added bool) {
+		got = append(got, fmt.Sprint(g.MAC, added))
+	})
+	want := []string{fmt.Sprint(fresh.MAC, true), fmt.Sprint(gone.MAC, false)}
+	if !slices.Equal(got, want) {
+		t.Errorf("calls %q, want %q", got, want)
+	}
+	if len(s) != 2 || !s[kept] || !s[fresh] {
+		t.Errorf("set after the listing %v, want the two listed", s)
+	}
 }

@@ -138,16 +138,28 @@ func BridgeVLANs(br, tap string) (VLANs, error) {
 	// IFLA_BRIDGE_VLAN_INFO a VLAN with BRIDGE_VLAN_INFO_PVID and
 	// BRIDGE_VLAN_INFO_UNTAGGED (br_fill_ifvlaninfo); none where the
 	// kernel has no CONFIG_BRIDGE_VLAN_FILTERING.
-	list, err := netlink.BridgeVlanList()
+	// It answers for every bridge port in the namespace (other bridges',
+	// such as cni0's or virbr0's, too): the links' masters say which
+	// are br's.
+	list, err := dump("VLANs of the ports of "+br, netlink.BridgeVlanList)
 	if err != nil {
-		return VLANs{}, fmt.Errorf("vswitch: VLANs of the ports of %s: %w", br, err)
+		return VLANs{}, err
 	}
-	return vlansOf(bridge, t.Attrs().Index, list), nil
+	links, err := dump("list links", netlink.LinkList)
+	if err != nil {
+		return VLANs{}, err
+	}
+	masters := make(map[int]int, len(links))
+	for _, l := range links {
+		masters[l.Attrs().Index] = l.Attrs().MasterIndex
+	}
+	return vlansOf(bridge, t.Attrs().Index, masters, list), nil
 }
 
 // vlansOf builds VLANs from the bridge's attributes and
-// BridgeVlanList's answer.
-func vlansOf(b *netlink.Bridge, tap int, list map[int32][]*nl.BridgeVlanInfo) VLANs {
+// BridgeVlanList's answer, keeping the TAP and the links whose master
+// (in masters, by interface index) is the bridge.
+func vlansOf(b *netlink.Bridge, tap int, masters map[int]int, list map[int32][]*nl.BridgeVlanInfo) VLANs {
 	// br_netlink.c br_fill_info: IFLA_BR_VLAN_FILTERING always,
 	// IFLA_BR_VLAN_DEFAULT_PVID with CONFIG_BRIDGE_VLAN_FILTERING.
 	v := VLANs{TAP: tap, Ports: make(map[int]PortVLANs, len(list))}
@@ -158,8 +170,8 @@ func vlansOf(b *netlink.Bridge, tap int, list map[int32][]*nl.BridgeVlanInfo) VL
 		v.DefaultPVID = *b.VlanDefaultPVID
 	}
 	for idx, infos := range list {
-		if int(idx) == b.Attrs().Index {
-			continue // the bridge's own VLANs (bridge vlan … self)
+		if int(idx) != tap && masters[int(idx)] != b.Attrs().Index {
+			continue // the bridge's own VLANs (bridge vlan … self), another bridge's port
 		}
 		p := PortVLANs{VIDs: make(map[uint16]bool, len(infos))}
 		for _, in := range infos {
@@ -217,6 +229,19 @@ func WatchBridgeVLANs(ctx context.Context, br, tap string, fn func(VLANs), warn 
 		_, known := last.Ports[a.Index] // a port that left
 		return known
 	}
+	return watchLinks(ctx, "the VLANs of "+br, concerns, read, warn)
+}
+
+// watchLinks calls read after subscribing to link notifications, then
+// once for each burst of them of which one concerns it (nil: all), until
+// ctx ends. When the subscription ends (ENOBUFS: notifications came
+// faster than they were read, and some were lost), it tells warn and
+// subscribes again a second later, reading afresh. It returns an error
+// only when subscribing fails.
+func watchLinks(ctx context.Context, what string, concerns func(*netlink.LinkUpdate) bool, read func(), warn func(error)) error {
+	if concerns == nil {
+		concerns = func(*netlink.LinkUpdate) bool { return true }
+	}
 	for ctx.Err() == nil {
 		ch := make(chan netlink.LinkUpdate, 256)
 		done := make(chan struct{})
@@ -224,7 +249,7 @@ func WatchBridgeVLANs(ctx context.Context, br, tap string, fn func(VLANs), warn 
 		opts := netlink.LinkSubscribeOptions{ErrorCallback: func(err error) { subErr = err },
 			ReceiveBufferSize: 1 << 20, ReceiveBufferForceSize: true}
 		if err := netlink.LinkSubscribeWithOptions(ch, done, opts); err != nil {
-			return fmt.Errorf("vswitch: watch the VLANs of %s: %w", br, err)
+			return fmt.Errorf("vswitch: watch %s: %w", what, err)
 		}
 		read() // after subscribing: no change falls in between
 		err := followLinks(ctx, ch, concerns, read)
@@ -233,7 +258,7 @@ func WatchBridgeVLANs(ctx context.Context, br, tap string, fn func(VLANs), warn 
 			if subErr != nil {
 				err = fmt.Errorf("%w: %v", err, subErr)
 			}
-			warn(fmt.Errorf("vswitch: watch the VLANs of %s: %w; subscribing again in a second", br, err))
+			warn(fmt.Errorf("vswitch: watch %s: %w; subscribing again in a second", what, err))
 			select { // no tight loop (and log flood) if it fails at once again
 			case <-ctx.Done():
 			case <-time.After(time.Second):

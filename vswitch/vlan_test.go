@@ -11,12 +11,14 @@ import (
 
 // The ports of the fake bridge below: eipoibd's TAP, and guests' ports.
 const (
-	fakeBridge = 1
-	fakeTAP    = 5
-	portPVID1  = 6 // default: VLAN 1 PVID untagged
-	portPVID10 = 7 // VLAN 10 PVID untagged only
-	portNoPVID = 8 // VLAN 10 tagged only
-	portGone   = 9 // not in the table
+	fakeBridge  = 1
+	fakeTAP     = 5
+	portPVID1   = 6  // default: VLAN 1 PVID untagged
+	portPVID10  = 7  // VLAN 10 PVID untagged only
+	portNoPVID  = 8  // VLAN 10 tagged only
+	portGone    = 9  // not in the table
+	otherBridge = 10 // another bridge (cni0, virbr0)
+	otherPort   = 11 // a port of otherBridge
 )
 
 // fakeVLANs is a filtering bridge with default_pvid 1 whose TAP port has
@@ -88,7 +90,8 @@ func TestGuestVLAN(t *testing.T) {
 
 // TestVLANsOf: the bridge's attributes and BridgeVlanList's answer
 // (BRIDGE_VLAN_INFO_PVID 2, BRIDGE_VLAN_INFO_UNTAGGED 4) become VLANs:
-// the bridge's own VLANs and VIDs 0 and 4095 left out, the PVID found
+// the bridge's own VLANs, another bridge's port (BridgeVlanList
+// lists every bridge's) and VIDs 0 and 4095 left out, the PVID found
 // whatever its order, no attributes read as no filtering.
 func TestVLANsOf(t *testing.T) {
 	on, pvid := true, uint16(1)
@@ -97,8 +100,10 @@ func TestVLANsOf(t *testing.T) {
 		fakeBridge: {{Flags: 6, Vid: 1}},
 		fakeTAP:    {{Flags: 0, Vid: 10}, {Flags: 6, Vid: 1}, {Flags: 0, Vid: 4095}, {Flags: 0, Vid: 0}},
 		portPVID10: {{Flags: 6, Vid: 10}},
+		otherPort:  {{Flags: 6, Vid: 1}},
 	}
-	got := vlansOf(b, fakeTAP, list)
+	masters := map[int]int{fakeTAP: fakeBridge, portPVID10: fakeBridge, otherPort: otherBridge}
+	got := vlansOf(b, fakeTAP, masters, list)
 	want := VLANs{Filtering: true, DefaultPVID: 1, TAP: fakeTAP, Ports: map[int]PortVLANs{
 		fakeTAP:    {PVID: 1, VIDs: map[uint16]bool{1: true, 10: false}},
 		portPVID10: {PVID: 10, VIDs: map[uint16]bool{10: true}},
@@ -106,7 +111,7 @@ func TestVLANsOf(t *testing.T) {
 	if !got.Equal(&want) {
 		t.Errorf("vlansOf = %+v, want %+v", got, want)
 	}
-	bare := vlansOf(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Index: fakeBridge}}, fakeTAP, nil)
+	bare := vlansOf(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Index: fakeBridge}}, fakeTAP, nil, nil)
 	if bare.Filtering || bare.DefaultPVID != 0 || len(bare.Ports) != 0 {
 		t.Errorf("a bridge without VLAN attributes: %+v, want no filtering and no ports", bare)
 	}

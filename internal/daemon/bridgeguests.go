@@ -46,6 +46,8 @@ type bridgeGuests struct {
 	static   map[fdbKey]int               // static entries: their port
 	declared map[mactrans.VIFKey]bool     // guests declared from them
 	failed   map[mactrans.VIFKey]struct{} // guests the shim refused (warned once)
+	unserved map[fdbKey]string            // static entries that declare no guest, and why (logged once)
+	restored []mactrans.VIFKey            // VIFs a state file restored, declared from static entries, not yet listed
 	logged   bool                         // setVLANs has logged the VLANs at info level
 }
 
@@ -54,7 +56,7 @@ type bridgeGuests struct {
 // VLANs afresh with read.
 func newBridgeGuests(sink vifSink, log *slog.Logger, vlans vswitch.VLANs, list func() ([]vswitch.Guest, error), read func() (vswitch.VLANs, error)) *bridgeGuests {
 	return &bridgeGuests{sink: sink, log: log, list: list, read: read, vlans: vlans,
-		static: map[fdbKey]int{}, declared: map[mactrans.VIFKey]bool{}, failed: map[mactrans.VIFKey]struct{}{}}
+		static: map[fdbKey]int{}, declared: map[mactrans.VIFKey]bool{}, failed: map[mactrans.VIFKey]struct{}{}, unserved: map[fdbKey]string{}}
 }
 
 // entry takes an FDB entry the bridge gained (added) or lost. A static
@@ -161,11 +163,29 @@ func (bg *bridgeGuests) relist() {
 	bg.relistLocked()
 }
 
+// restore takes the VIFs --persist restored that a static entry of the
+// bridge had declared (origin bridge) as declared from the bridge, and
+// lists the FDB: those whose entry went while eipoibd was down are freed
+// (the watch, which lists only what is there, would never see them go),
+// the others keep their VIF and its QPN. Should the listing fail, they
+// are taken with the first that succeeds (a relist, or the VLAN watch's
+// first read); until then no removal frees them.
+func (bg *bridgeGuests) restore(keys []mactrans.VIFKey) {
+	bg.mu.Lock()
+	defer bg.mu.Unlock()
+	bg.restored = keys
+	bg.relistLocked()
+}
+
 func (bg *bridgeGuests) relistLocked() {
 	gs, err := bg.list()
 	if err != nil {
 		bg.log.Warn("read bridge FDB", "err", err)
 	} else {
+		for _, k := range bg.restored {
+			bg.declared[k] = true
+		}
+		bg.restored = nil
 		bg.static = make(map[fdbKey]int, len(gs))
 		for _, g := range gs {
 			if g.Static {
@@ -179,10 +199,16 @@ func (bg *bridgeGuests) relistLocked() {
 	bg.reconcile()
 }
 
-// logUnserved says why static entry g declares no guest: at debug level
+// logUnserved says why static entry g declares no guest, once while it
+// does not for that reason (every relist maps it again): at debug level
 // for the per-VLAN copies of a bridge without VLAN filtering (whose
 // entry without a VLAN declares the guest), else at info.
 func (bg *bridgeGuests) logUnserved(g vswitch.Guest, err error) {
+	k := fdbKey{g.MAC, g.VLAN}
+	if bg.unserved[k] == err.Error() {
+		return
+	}
+	bg.unserved[k] = err.Error()
 	level := slog.LevelInfo
 	if errors.Is(err, vswitch.ErrUnfiltered) {
 		level = slog.LevelDebug
@@ -219,6 +245,13 @@ func (bg *bridgeGuests) reconcile() {
 			delete(bg.failed, k)
 		}
 	}
+	for k := range bg.unserved {
+		if port, ok := bg.static[k]; !ok {
+			delete(bg.unserved, k)
+		} else if _, err := bg.vlans.GuestVLAN(port, k.vid); err == nil {
+			delete(bg.unserved, k)
+		}
+	}
 	for _, k := range sortedKeys(bg.declared) {
 		if want[k] {
 			continue
@@ -232,7 +265,7 @@ func (bg *bridgeGuests) reconcile() {
 		if removed {
 			bg.log.Info("guest gone", "origin", mactrans.OriginBridge, "mac", k.MAC, "vlan", k.VLAN)
 		} else {
-			bg.log.Info("guest's static entry gone; its VIF stays, declared over the control socket", "mac", k.MAC, "vlan", k.VLAN)
+			bg.log.Info("guest's static entry gone; no VIF freed (none, or another source declared it)", "mac", k.MAC, "vlan", k.VLAN)
 		}
 	}
 }

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -17,19 +18,19 @@ import (
 // without a P_Key as the shim does.
 type fakeShim struct {
 	pkeys map[uint16]bool
-	calls []string // "+MAC/VLAN" declared, "-MAC/VLAN" removed
+	calls []string // "+MAC/VLAN origin" declared, "-MAC/VLAN origin" removed
 }
 
-func (f *fakeShim) DeclareVIF(mac ether.MAC, vlan uint16, _ mactrans.Origin) error {
+func (f *fakeShim) DeclareVIF(mac ether.MAC, vlan uint16, origin mactrans.Origin) error {
 	if !f.pkeys[vlan] {
 		return fmt.Errorf("shim: VLAN %d has no P_Key", vlan)
 	}
-	f.calls = append(f.calls, fmt.Sprintf("+%s/%d", mac, vlan))
+	f.calls = append(f.calls, fmt.Sprintf("+%s/%d %s", mac, vlan, origin))
 	return nil
 }
 
-func (f *fakeShim) RemoveVIF(mac ether.MAC, vlan uint16, _ mactrans.Origin) (bool, error) {
-	f.calls = append(f.calls, fmt.Sprintf("-%s/%d", mac, vlan))
+func (f *fakeShim) RemoveVIF(mac ether.MAC, vlan uint16, by mactrans.Origin) (bool, error) {
+	f.calls = append(f.calls, fmt.Sprintf("-%s/%d %s", mac, vlan, by))
 	return true, nil
 }
 
@@ -120,24 +121,24 @@ func (h *bgHarness) expect(t *testing.T, step string, want ...string) {
 func TestBridgeGuestsPVID(t *testing.T) {
 	h := newBGHarness(filtering(1))
 	h.add(macA, 0, bgPort1, true)
-	h.expect(t, "entry without a VLAN", "+"+macA.String()+"/0")
+	h.expect(t, "entry without a VLAN", "+"+macA.String()+"/0 bridge")
 	h.add(macA, 1, bgPort1, true)
 	h.add(macA, 1, bgPort1, true)
 	h.expect(t, "the PVID entry, twice")
 	h.del(macA, 0)
 	h.expect(t, "entry without a VLAN gone, the PVID entry left")
 	h.del(macA, 1)
-	h.expect(t, "the last entry gone", "-"+macA.String()+"/0")
+	h.expect(t, "the last entry gone", "-"+macA.String()+"/0 bridge")
 
 	h.add(macB, 1, bgPort1, true) // bridge fdb add … vlan 1
-	h.expect(t, "a PVID entry alone", "+"+macB.String()+"/0")
+	h.expect(t, "a PVID entry alone", "+"+macB.String()+"/0 bridge")
 
 	h.add(macC, 0, bgPort10, true)
 	h.add(macC, 10, bgPort10, true)
-	h.expect(t, "a VLAN 10 guest's two entries", "+"+macC.String()+"/10")
+	h.expect(t, "a VLAN 10 guest's two entries", "+"+macC.String()+"/10 bridge")
 	h.del(macC, 10)
 	h.del(macC, 0)
-	h.expect(t, "a VLAN 10 guest gone", "-"+macC.String()+"/10")
+	h.expect(t, "a VLAN 10 guest gone", "-"+macC.String()+"/10 bridge")
 
 	if strings.Contains(h.log.String(), "level=WARN") {
 		t.Errorf("warnings logged:\n%s", h.log.String())
@@ -155,7 +156,7 @@ func TestBridgeGuestsRefused(t *testing.T) {
 	h := newBGHarness(filtering(1))
 	h.add(macA, 20, bgPort1, true)
 	h.add(macB, 0, bgPort1, true) // maps again: macA/20 retried
-	h.expect(t, "VLAN 20 refused, then another guest", "+"+macB.String()+"/0")
+	h.expect(t, "VLAN 20 refused, then another guest", "+"+macB.String()+"/0 bridge")
 	h.del(macA, 20)
 	h.expect(t, "the refused entry gone")
 	if n := strings.Count(h.log.String(), "VLAN 20 has no P_Key"); n != 1 {
@@ -171,16 +172,18 @@ func TestBridgeGuestsRefused(t *testing.T) {
 
 // TestBridgeGuestsLearned: a learned entry declares nothing; its going
 // frees its guest's VIF on the VLAN it maps to (the untagged partition
-// for the PVID), unless a static entry holds that guest.
+// for the PVID) as OriginLearned (which frees only a learned VIF),
+// unless a static entry holds that guest. A static entry's going frees
+// as OriginBridge (the other tests).
 func TestBridgeGuestsLearned(t *testing.T) {
 	h := newBGHarness(filtering(1))
 	h.add(macA, 1, bgPort1, false)
 	h.expect(t, "a learned entry")
 	h.del(macA, 1)
-	h.expect(t, "a learned entry gone", "-"+macA.String()+"/0")
+	h.expect(t, "a learned entry gone", "-"+macA.String()+"/0 learned")
 
 	h.add(macB, 0, bgPort1, true)
-	h.expect(t, "a static entry", "+"+macB.String()+"/0")
+	h.expect(t, "a static entry", "+"+macB.String()+"/0 bridge")
 	h.entry(vswitch.Guest{MAC: macB, VLAN: 1, Port: bgPort1}, false) // a learned PVID entry of the same MAC
 	h.expect(t, "a learned entry of a declared guest gone")
 }
@@ -196,35 +199,35 @@ func TestBridgeGuestsVLANChanges(t *testing.T) {
 	h.add(macA, 0, bgPort1, true)
 	h.add(macA, 1, bgPort1, true)
 	h.add(macC, 10, bgPort10, true)
-	h.expect(t, "two guests", "+"+macA.String()+"/0", "+"+macC.String()+"/10")
+	h.expect(t, "two guests", "+"+macA.String()+"/0 bridge", "+"+macC.String()+"/10 bridge")
 
 	off := filtering(1)
 	off.Filtering = false
 	h.setVLANs(off)
-	h.expect(t, "filtering off", "-"+macC.String()+"/10")
+	h.expect(t, "filtering off", "-"+macC.String()+"/10 bridge")
 	if !strings.Contains(h.log.String(), `level=DEBUG msg="bridge entry declares no guest" mac=`+macA.String()+" bridge_vlan=1") {
 		t.Errorf("the per-VLAN copy is not logged at debug level as unused:\n%s", h.log.String())
 	}
 
 	h.setVLANs(filtering(1))
-	h.expect(t, "filtering on again", "+"+macC.String()+"/10")
+	h.expect(t, "filtering on again", "+"+macC.String()+"/10 bridge")
 
 	// The TAP's PVID becomes 2 (bridge vlan add vid 2 dev TAP pvid
 	// untagged; VLAN 1 off it): VLAN 1 no longer reaches eipoibd.
 	h.setVLANs(filtering(2))
-	h.expect(t, "the TAP's PVID changed", "-"+macA.String()+"/0")
+	h.expect(t, "the TAP's PVID changed", "-"+macA.String()+"/0 bridge")
 	// The guest's port follows (bridge vlan add vid 2 dev PORT pvid
 	// untagged): the entry without a VLAN is on PVID 2 again.
 	v := filtering(2)
 	v.Ports[bgPort1] = vswitch.PortVLANs{PVID: 2, VIDs: map[uint16]bool{1: true, 2: true}}
 	h.setVLANs(v)
-	h.expect(t, "the guest's PVID changed", "+"+macA.String()+"/0")
+	h.expect(t, "the guest's PVID changed", "+"+macA.String()+"/0 bridge")
 
 	// An entry the watch missed is found by the listing.
 	h.fdb[fdbKey{macB, 10}] = vswitch.Guest{MAC: macB, VLAN: 10, Port: bgPort10, Static: true}
 	delete(h.fdb, fdbKey{macC, 10})
 	h.relist()
-	h.expect(t, "listed afresh", "+"+macB.String()+"/10", "-"+macC.String()+"/10")
+	h.expect(t, "listed afresh", "+"+macB.String()+"/10 bridge", "-"+macC.String()+"/10 bridge")
 	// Each change of the bridge or the TAP's VLANs said at info level,
 	// the guest's port's alone at debug level.
 	if i, d := strings.Count(h.log.String(), `level=INFO msg="bridge VLANs"`), strings.Count(h.log.String(), `level=DEBUG msg="bridge VLANs"`); i != 3 || d != 1 {
@@ -249,13 +252,65 @@ func TestBridgeGuestsNewPort(t *testing.T) {
 	h.now = filtering(1)
 	h.now.Ports[newPort] = vswitch.PortVLANs{PVID: 10, VIDs: map[uint16]bool{10: true}}
 	h.add(macA, 0, newPort, true)
-	h.expect(t, "an entry without a VLAN on a new VLAN 10 port", "+"+macA.String()+"/10")
+	h.expect(t, "an entry without a VLAN on a new VLAN 10 port", "+"+macA.String()+"/10 bridge")
 	if h.reads != 1 || strings.Contains(h.log.String(), "declares no guest") {
 		t.Errorf("%d reads of the VLANs, want 1; log:\n%s", h.reads, h.log.String())
 	}
 	h.add(macB, 0, bgPort1, true)
-	h.expect(t, "an entry on a known port", "+"+macB.String()+"/0")
+	h.expect(t, "an entry on a known port", "+"+macB.String()+"/0 bridge")
 	if h.reads != 1 {
 		t.Errorf("%d reads of the VLANs after an entry on a known port, want still 1", h.reads)
+	}
+}
+
+// TestBridgeGuestsRestored: of two guests a state file restored as
+// declared from the bridge, the one whose static entry went while
+// eipoibd was down is freed at start (as OriginBridge), the one whose
+// entry is still there is neither freed nor declared again (its VIF, and
+// QPN, stay); then its entry going frees it. Had the listing failed,
+// nothing is freed until a listing succeeds.
+func TestBridgeGuestsRestored(t *testing.T) {
+	h := newBGHarness(filtering(1))
+	h.fdb[fdbKey{macA, 0}] = vswitch.Guest{MAC: macA, Port: bgPort1, Static: true}
+	h.restore([]mactrans.VIFKey{{MAC: macA}, {MAC: macB}})
+	h.expect(t, "restored, macB's entry gone", "-"+macB.String()+"/0 bridge")
+	h.del(macA, 0)
+	h.expect(t, "macA's entry gone after the start", "-"+macA.String()+"/0 bridge")
+
+	h = newBGHarness(filtering(1))
+	fail := true
+	list := h.list
+	h.list = func() ([]vswitch.Guest, error) {
+		if fail {
+			return nil, errors.New("no FDB")
+		}
+		return list()
+	}
+	h.restore([]mactrans.VIFKey{{MAC: macB}})
+	h.expect(t, "restored, the FDB unreadable")
+	fail = false
+	h.relist()
+	h.expect(t, "the FDB listed", "-"+macB.String()+"/0 bridge")
+}
+
+// TestBridgeGuestsUnservedOnce: a static entry that declares no guest
+// is logged once, however often the FDB is listed again (each guest
+// port's change relists), and again once it declared a guest and then
+// no longer does.
+func TestBridgeGuestsUnservedOnce(t *testing.T) {
+	h := newBGHarness(filtering(1))
+	h.add(macC, 30, bgPort1, true) // VLAN 30: the TAP is no member
+	h.relist()
+	h.relist()
+	line := `msg="bridge entry declares no guest" mac=` + macC.String() + " bridge_vlan=30"
+	if n := strings.Count(h.log.String(), line); n != 1 {
+		t.Fatalf("%d lines about the VLAN 30 entry after two relists, want 1:\n%s", n, h.log.String())
+	}
+	v := filtering(1)
+	v.Ports[bgTAP].VIDs[30] = false // the TAP carries VLAN 30 tagged: served, no P_Key
+	h.setVLANs(v)
+	h.setVLANs(filtering(1))
+	if n := strings.Count(h.log.String(), line); n != 2 {
+		t.Errorf("%d lines about the VLAN 30 entry after it was served and is no more, want 2:\n%s", n, h.log.String())
 	}
 }

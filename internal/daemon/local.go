@@ -10,7 +10,7 @@ import (
 )
 
 // watchLocal tells the shim the hypervisor's own MACs (the TAP's, the
-// bridge's and its ports', or the Open vSwitch bridge's internal port's)
+// bridge's or the Open vSwitch bridge's internal port's)
 // in --learn declared, where their frames count as drop_undeclared_local
 // rather than drop_undeclared, until ctx ends, in a goroutine wg counts.
 func (sw *switchPort) watchLocal(ctx context.Context, wg *sync.WaitGroup) {
@@ -33,7 +33,7 @@ func (sw *switchPort) watchLocal(ctx context.Context, wg *sync.WaitGroup) {
 		}
 		fail := func(err error) { sw.log.Warn("the hypervisor's own MACs", "err", err) }
 		if err := vswitch.WatchLocalMACs(ctx, set, fail, devs...); err != nil {
-			sw.log.Warn("the hypervisor's own frames count as drop_undeclared", "err", err)
+			sw.log.Warn("the hypervisor's own MACs are not followed: frames from one not known when the watch ended count as drop_undeclared, not drop_undeclared_local", "err", err)
 		}
 	}()
 }

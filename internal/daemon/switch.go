@@ -22,6 +22,10 @@ type switchPort struct {
 	log *slog.Logger
 	ovs vswitch.OVS
 	bg  *bridgeGuests // the Linux bridge's guests
+	// ovsRestored are the VIFs --persist restored that Open vSwitch had
+	// declared: those whose port went while eipoibd was down are freed
+	// once the watch has listed the ports.
+	ovsRestored []vswitch.Guest
 }
 
 // attachSwitch attaches the TAP to cfg's bridge or Open vSwitch bridge.
@@ -36,6 +40,9 @@ func attachSwitch(cfg *Config, dev *tap.TAP, sh *shim.Shim, log *slog.Logger) (*
 			return nil, err
 		}
 		log.Info("attached to Open vSwitch bridge", "tap", cfg.Name, "bridge", cfg.OVSBridge)
+		for _, k := range restoredKeys(sh, mactrans.OriginOVS) {
+			sw.ovsRestored = append(sw.ovsRestored, vswitch.Guest{MAC: k.MAC, VLAN: k.VLAN, Static: true})
+		}
 	}
 	if cfg.Bridge == "" {
 		return sw, nil
@@ -50,6 +57,7 @@ func attachSwitch(cfg *Config, dev *tap.TAP, sh *shim.Shim, log *slog.Logger) (*
 	}
 	sw.bg = newBridgeGuests(sh, log, vlans, func() ([]vswitch.Guest, error) { return vswitch.BridgeGuests(cfg.Bridge, cfg.Name) },
 		func() (vswitch.VLANs, error) { return vswitch.BridgeVLANs(cfg.Bridge, cfg.Name) })
+	sw.bg.restore(restoredKeys(sh, mactrans.OriginBridge))
 	if cfg.Learn != shim.LearnAuto {
 		return sw, nil
 	}
@@ -70,6 +78,18 @@ func attachSwitch(cfg *Config, dev *tap.TAP, sh *shim.Shim, log *slog.Logger) (*
 		}
 	}
 	return sw, nil
+}
+
+// restoredKeys returns the keys of the shim's VIFs of origin o: at
+// start, those --persist restored from the switch o.
+func restoredKeys(sh *shim.Shim, o mactrans.Origin) []mactrans.VIFKey {
+	var keys []mactrans.VIFKey
+	for _, v := range sh.VIFs() {
+		if v.Origin == o {
+			keys = append(keys, mactrans.VIFKey{MAC: v.MAC, VLAN: v.VLAN})
+		}
+	}
+	return keys
 }
 
 // detach takes the TAP off Open vSwitch at shutdown, unless --persist
@@ -119,7 +139,7 @@ func (sw *switchPort) watch(ctx context.Context, wg *sync.WaitGroup) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := sw.ovs.Watch(ctx, cfg.OVSBridge, cfg.Name, func(g vswitch.Guest, added bool) { sw.guest(mactrans.OriginOVS, g, added) },
+			if err := sw.ovs.Watch(ctx, cfg.OVSBridge, cfg.Name, sw.ovsRestored, sw.guest,
 				func(err error) { log.Warn("watching Open vSwitch guests", "err", err) }); err != nil {
 				log.Warn("Open vSwitch guests are learned from their traffic only", "err", err)
 			}
@@ -127,10 +147,11 @@ func (sw *switchPort) watch(ctx context.Context, wg *sync.WaitGroup) {
 	}
 }
 
-// guest declares or removes the VIF of a guest Open vSwitch (origin:
+// guest declares or removes the VIF of a guest Open vSwitch (its
 // OVSDB's attached-macs) gained or lost; a Linux bridge's guests go
 // through bridgeGuests.
-func (sw *switchPort) guest(origin mactrans.Origin, g vswitch.Guest, added bool) {
+func (sw *switchPort) guest(g vswitch.Guest, added bool) {
+	const origin = mactrans.OriginOVS
 	var err error
 	if added && !g.Static {
 		return

@@ -1,15 +1,11 @@
 package netns
 
 import (
-	"fmt"
 	"os"
-	"os/exec"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/eipoib/eipoibd/internal/nstest"
 )
 
 // vmInitramfsRoot is where the VM's initramfs mounts the host's root
@@ -54,16 +50,9 @@ var invalidLengthWarning = regexp.MustCompile(`(?m)netlink: 'kernelfabric\.te': 
 //     modprobe for nothing more.
 func TestIPoIBNetlinkVM(t *testing.T) {
 	require(t)
-	pfx := fmt.Sprintf("e%d%d", os.Getpid()%1000, nsSeq.Add(1))
-	ns := pfx + "vm"
-	nstest.Add(t, ns)
-	sh(t, in(ns, "ip", "link", "add", "ubr", "type", "bridge")...)
-	sh(t, in(ns, "ip", "link", "set", "ubr", "up")...)
+	_, ns := vmNamespace(t)
 	v := startVM(t, ns, "ubr")
-
-	if out, err := exec.Command("go", "test", "-c", "-o", v.file("kernelfabric.test"), "github.com/eipoib/eipoibd/ipoib/kernelfabric").CombinedOutput(); err != nil {
-		t.Fatalf("build ipoib/kernelfabric's test binary: %v\n%s", err, out)
-	}
+	v.buildTest(t, "kernelfabric.test", "github.com/eipoib/eipoibd/ipoib/kernelfabric")
 	if err := os.WriteFile(v.file("modprobe-refuse"), []byte(modprobeRefuse), 0o755); err != nil {
 		t.Fatal(err)
 	}

@@ -321,6 +321,24 @@ type libvirt struct {
 var libvirtDirs = [][2]string{{"etc", "/etc/libvirt"}, {"run", "/run/libvirt"}, {"lib", "/var/lib/libvirt"},
 	{"cache", "/var/cache/libvirt"}, {"log", "/var/log/libvirt"}, {"ovs", "/run/openvswitch"}}
 
+// killPidFile sends SIGKILL to the process pid file f names, if it is
+// still the one libvirt started (its command line names QEMU or
+// virtlogd: a pid left in a stale file may have been reused).
+func killPidFile(f string) {
+	b, err := os.ReadFile(f)
+	if err != nil {
+		return
+	}
+	var pid int
+	if _, err := fmt.Sscan(string(b), &pid); err != nil || pid <= 1 {
+		return
+	}
+	if c, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); err == nil &&
+		(strings.Contains(string(c), "qemu") || strings.Contains(string(c), "virtlogd")) {
+		syscall.Kill(pid, syscall.SIGKILL)
+	}
+}
+
 // startLibvirt starts virtlogd and libvirtd in namespace ns with
 // Open vSwitch ovsDir and waits until virsh gets an answer. QEMU runs as
 // root with no security driver, cgroups or namespaces of libvirt's (the
@@ -396,11 +414,12 @@ func startLibvirt(t *testing.T, ns, ovsDir string) *libvirt {
 			cmd.Process.Kill()
 			<-exited
 		}
-		if b, err := os.ReadFile(filepath.Join(dir, "virtlogd.pid")); err == nil {
-			var pid int
-			if _, err := fmt.Sscan(string(b), &pid); err == nil && pid > 1 {
-				syscall.Kill(pid, syscall.SIGTERM)
-			}
+		// virtlogd -d forked away from the script (no Pdeathsig), and
+		// a QEMU libvirtd failed to destroy outlives it: kill what
+		// their pid files name before they go with dir.
+		qemus, _ := filepath.Glob(filepath.Join(dir, "run", "qemu", "*.pid"))
+		for _, f := range append(qemus, filepath.Join(dir, "virtlogd.pid")) {
+			killPidFile(f)
 		}
 		os.RemoveAll(dir)
 	})

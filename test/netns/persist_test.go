@@ -17,6 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/eipoib/eipoibd/internal/ctl"
 	"github.com/eipoib/eipoibd/internal/state"
 )
 
@@ -193,7 +194,9 @@ func savedGuests(t *testing.T, h *hypervisor, want map[string][]string) []state.
 // file with the same QPNs, their saved addresses (IPv4 and IPv6 of
 // both guests) are announced three times each, iperf3 completes with
 // traffic after the restart, an exact transfer follows, and the ping
-// outage is reported (and must stay under 2 s). A corrupt state file is
+// outage is reported (and must stay under 2 s). A guest declared by a
+// static FDB entry that went while eipoibd was down loses its VIF at the
+// restart; one whose entry stayed keeps it, and its QPN. A corrupt state file is
 // then set aside and reported, not trusted. Without the store (as after
 // "systemctl stop") the TAP still survives, same ifindex and still on
 // br0, though its carrier dropped while no process held it. With
@@ -307,6 +310,38 @@ func TestPersistRestart(t *testing.T) {
 		})
 	}
 
+	// Two guests declared by static entries (libvirt's); one entry is
+	// deleted while eipoibd is down (its guest's port went): the
+	// restart frees that guest's VIF at once, as the bridge's removal
+	// (it would not age: it was declared), and keeps the other's, with
+	// its QPN.
+	t.Run("static entry gone while down", func(t *testing.T) {
+		const kept, gone = "52:54:00:77:00:01", "52:54:00:77:00:02"
+		fdb := func(op, mac, dev string) {
+			sh(t, in(h1.ns, "bridge", "fdb", op, mac, "dev", dev, "master", "static")...)
+		}
+		fdb("add", kept, "vg1")
+		fdb("add", gone, "vg2")
+		qpn := waitVIFs(t, h1, "bridge", kept, gone)[kept].QPN
+		savedGuests(t, h1, map[string][]string{kept: nil, gone: nil})
+		h1.stop(t, false)
+		sh(t, in(h1.ns, "bridge", "fdb", "del", gone, "dev", "vg2", "master")...)
+		h1.files, h1.fdNames = store.held("tap-eib0"), []string{"tap-eib0", "tap-eib0"}
+		h1.start(t)
+		h1.files = nil
+		vs := h1.vifs(t)
+		if v, ok := vs[gone]; ok {
+			t.Errorf("the VIF of %s, whose entry went while eipoibd was down, is still there after the start: %+v\n%s", gone, v, h1.log())
+		}
+		if !strings.Contains(h1.log(), `msg="VIF removed" mac=`+gone+" vlan=0") || !strings.Contains(h1.log(), "by=bridge") {
+			t.Errorf("no line of %s's VIF removed by the bridge:\n%s", gone, h1.log())
+		}
+		if v := vs[kept]; v.QPN != qpn || v.Origin != "bridge" {
+			t.Errorf("the VIF of %s, whose entry stayed: %+v, want QPN %s, origin bridge", kept, v, qpn)
+		}
+		sh(t, in(h1.ns, "bridge", "fdb", "del", kept, "dev", "vg1", "master")...)
+	})
+
 	t.Run("corrupt state", func(t *testing.T) {
 		path := filepath.Join(h1.ctlDir(), "eib0.state")
 		h1.stop(t, false)
@@ -365,10 +400,29 @@ func TestPersistRestart(t *testing.T) {
 	})
 }
 
+// waitVIFs waits up to 10 s until h has a VIF of origin for each of
+// macs, and returns h's VIFs.
+func waitVIFs(t *testing.T, h *hypervisor, origin string, macs ...string) map[string]ctl.VIF {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		vs := h.vifs(t)
+		if !slices.ContainsFunc(macs, func(m string) bool { return vs[m].Origin != origin }) {
+			return vs
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("VIFs %+v, want %v of origin %s\n%s", vs, macs, origin, h.log())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // TestPersistOVS: with --persist on an Open vSwitch bridge, a restart
 // keeps the TAP's OVS port (the same Port row, not deleted and added
 // again) and the TAP's carrier, and a guest behind it still reaches the
-// other hypervisor.
+// other hypervisor. Of two guests declared by attached-macs, the one
+// whose port was deleted while eipoibd was down loses its VIF once the
+// watch has listed the ports; the other keeps its VIF and QPN.
 func TestPersistOVS(t *testing.T) {
 	tp := newTopoOpts(t, topoOpts{n: 2, ovs: []bool{true, false}})
 	h1, h2 := tp.hvs[0], tp.hvs[1]
@@ -383,13 +437,36 @@ func TestPersistOVS(t *testing.T) {
 	port := func() string {
 		return strings.TrimSpace(sh(t, "ovs-vsctl", "--timeout=10", "--db="+db, "get", "Port", "eib0", "_uuid"))
 	}
+	vsctl := func(args ...string) { sh(t, append([]string{"ovs-vsctl", "--timeout=10", "--db=" + db}, args...)...) }
+	// Guests libvirt declares in OVSDB, on vg1 and vg2.
+	const kept, gone = "52:54:00:78:00:01", "52:54:00:78:00:02"
+	vsctl("set", "Interface", "vg1", "external_ids:attached-mac="+kept)
+	vsctl("set", "Interface", "vg2", "external_ids:attached-mac="+gone)
+	qpn := waitVIFs(t, h1, "ovs", kept, gone)[kept].QPN
+	savedGuests(t, h1, map[string][]string{kept: nil, gone: nil})
 	beforePort, before := port(), h1.link(t)
 	h1.stop(t, false)
+	vsctl("del-port", "obr", "vg2") // while eipoibd is down
 	h1.files, h1.fdNames = store.held("tap-eib0"), []string{"tap-eib0", "tap-eib0"}
 	h1.start(t)
 	h1.files = nil
 	if after := port(); after != beforePort {
 		t.Errorf("OVS port of eib0 replaced across the restart: %s, before %s", after, beforePort)
+	}
+	// The watch's first listing frees the VIF whose port went.
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(h1.log(), `msg="VIF removed" mac=`+gone+" vlan=0") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the VIF of %s, whose port went while eipoibd was down, not removed after the start:\n%s", gone, h1.log())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	vs := h1.vifs(t)
+	if v, ok := vs[gone]; ok {
+		t.Errorf("the VIF of %s is still listed: %+v", gone, v)
+	}
+	if v := vs[kept]; v.QPN != qpn || v.Origin != "ovs" {
+		t.Errorf("the VIF of %s, whose port stayed: %+v, want QPN %s, origin ovs", kept, v, qpn)
 	}
 	if after := h1.link(t); after.changes != before.changes || !after.carrier || after.index != before.index {
 		t.Errorf("eib0 across the restart: %+v, before %+v", after, before)

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"regexp"
 	"slices"
 	"strings"
@@ -12,7 +11,6 @@ import (
 	"time"
 
 	"github.com/eipoib/eipoibd/internal/ctl"
-	"github.com/eipoib/eipoibd/internal/nstest"
 )
 
 // vlanFilterTopo is TestVLANFilterVM's topology, built in the QEMU guest
@@ -135,28 +133,15 @@ var (
 // warning (no "has no P_Key").
 func TestVLANFilterVM(t *testing.T) {
 	require(t, "bridge", "libvirtd", "virsh")
-	pfx := fmt.Sprintf("e%d%d", os.Getpid()%1000, nsSeq.Add(1))
-	ns := pfx + "vm"
-	nstest.Add(t, ns)
-	sh(t, in(ns, "ip", "link", "add", "ubr", "type", "bridge")...)
-	sh(t, in(ns, "ip", "link", "set", "ubr", "up")...)
+	_, ns := vmNamespace(t)
 	v := startVM(t, ns, "ubr")
-
-	if out, err := exec.Command("go", "test", "-c", "-o", v.file("vswitch.test"), "github.com/eipoib/eipoibd/vswitch").CombinedOutput(); err != nil {
-		t.Fatalf("build vswitch's test binary: %v\n%s", err, out)
-	}
+	v.buildTest(t, "vswitch.test", "github.com/eipoib/eipoibd/vswitch")
 	out, err := v.run(t, "EIPOIB_REQUIRE_NETNS=1 EIPOIB_REQUIRE_VLAN_FILTERING=1 ./vswitch.test -test.run '^TestBridgeVLANsKernel$' -test.count=1 -test.v", time.Minute)
 	if err != nil || !strings.Contains(out, "--- PASS: TestBridgeVLANsKernel") {
 		t.Fatalf("TestBridgeVLANsKernel in the VM did not pass (%v):\n%s", err, out)
 	}
 
-	bin, err := os.ReadFile(daemonBin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(v.file("eipoibd"), bin, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	v.copyDaemon(t)
 	v.must(t, vlanFilterTopo)
 	mac := map[string]string{}
 	for _, g := range []string{"g1", "g2", "g3"} {

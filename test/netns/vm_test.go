@@ -193,6 +193,41 @@ func vmBuild(t *testing.T) (kernel, initrd, pkgRoot string) {
 // except /tmp, /run and /dev/shm: tmpfs of its own.
 func (v *vmHost) file(name string) string { return filepath.Join(v.work, name) }
 
+// vmNamespace makes the namespace pfx+"vm" (removed at cleanup) with
+// bridge ubr (MTU 9000) up in it, for startVM's TAP, and returns pfx,
+// a prefix unique to the test, and the namespace.
+func vmNamespace(t *testing.T) (pfx, ns string) {
+	t.Helper()
+	pfx = fmt.Sprintf("e%d%d", os.Getpid()%1000, nsSeq.Add(1))
+	ns = pfx + "vm"
+	nstest.Add(t, ns)
+	sh(t, in(ns, "ip", "link", "add", "ubr", "mtu", "9000", "type", "bridge")...)
+	sh(t, in(ns, "ip", "link", "set", "ubr", "up")...)
+	return pfx, ns
+}
+
+// copyDaemon puts the eipoibd binary the tests built into the VM's work
+// directory, as ./eipoibd.
+func (v *vmHost) copyDaemon(t *testing.T) {
+	t.Helper()
+	bin, err := os.ReadFile(daemonBin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(v.file("eipoibd"), bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// buildTest builds package pkg's test binary into the VM's work
+// directory, as ./name.
+func (v *vmHost) buildTest(t *testing.T, name, pkg string) {
+	t.Helper()
+	if out, err := exec.Command("go", "test", "-c", "-o", v.file(name), pkg).CombinedOutput(); err != nil {
+		t.Fatalf("build %s's test binary: %v\n%s", pkg, err, out)
+	}
+}
+
 // consoleTail returns the last n lines of the VM's console log, without
 // the terminal control sequences the firmware prints.
 func (v *vmHost) consoleTail(n int) string {
@@ -383,12 +418,9 @@ var (
 func TestVMRxe(t *testing.T) {
 	require(t)
 	t0 := time.Now()
-	pfx := fmt.Sprintf("e%d%d", os.Getpid()%1000, nsSeq.Add(1))
-	ns, peer := pfx+"vm", pfx+"peer"
-	nstest.Add(t, ns)
+	pfx, ns := vmNamespace(t)
+	peer := pfx + "peer"
 	nstest.Add(t, peer)
-	sh(t, in(ns, "ip", "link", "add", "ubr", "mtu", "9000", "type", "bridge")...)
-	sh(t, in(ns, "ip", "link", "set", "ubr", "up")...)
 	sh(t, in(peer, "sysctl", "-qw", "net.ipv6.conf.default.accept_dad=0")...)
 	sh(t, "ip", "link", "add", "eth0", "netns", peer, "type", "veth", "peer", "name", "vpeer", "netns", ns)
 	sh(t, in(ns, "ip", "link", "set", "vpeer", "mtu", "9000", "master", "ubr", "up")...)
@@ -441,13 +473,7 @@ func TestVMRxe(t *testing.T) {
 	}
 
 	// Host binaries run in the VM.
-	bin, err := os.ReadFile(daemonBin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(v.file("eipoibd"), bin, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	v.copyDaemon(t)
 	if out, err := v.run(t, vmWork+"/eipoibd run -h", 20*time.Second); err != nil {
 		t.Errorf("eipoibd run -h in the VM: %v\n%s", err, out)
 	}
