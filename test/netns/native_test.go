@@ -47,7 +47,7 @@ func addNative(t *testing.T, tp *topo, i int) *native {
 	port := fmt.Sprintf("pnh%d", i)
 	sh(t, "ip", "link", "add", "ul", "netns", ns, "type", "veth", "peer", "name", port, "netns", tp.pfx+"ul")
 	sh(t, in(tp.pfx+"ul", "ip", "link", "set", port, "mtu", "9000", "master", "ubr", "up")...)
-	sh(t, in(ns, "ip", "link", "set", "ul", "mtu", "9000", "up")...)
+	underlayUp(t, ns, "ul")
 	n.d.start(t)
 	sh(t, in(ns, "ip", "addr", "add", n.ep.ip4+"/24", "dev", "ib0")...)
 	sh(t, in(ns, "ip", "addr", "add", n.ep.ip6+"/64", "dev", "ib0", "nodad")...)
