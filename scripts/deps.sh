@@ -3,8 +3,9 @@
 # network tools, QEMU and what test/vm/build.sh needs to boot Debian's
 # kernel with soft-RoCE, rdma-core and the verbs libraries (the guest runs
 # the host's own binaries), and a C compiler for the verbs backend's cgo
-# (all only when missing, so it is quick once done), the Go modules and
-# staticcheck.
+# (all only when missing, so it is quick once done), the Go modules,
+# staticcheck and the VM tests' kernel (test/vm/build.sh), the last two
+# at once.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH=$PATH:/usr/sbin:/sbin
@@ -36,8 +37,24 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends $(printf '%s\n' "${missing[@]}" | sort -u) >/dev/null
 fi
+# The VM tests' kernel (test/vm/build.sh: on a fresh machine it downloads
+# Debian's kernel package and unpacks it; once cached it only checks),
+# fetched while Go fetches the modules and builds staticcheck, so that the
+# download and the compiler overlap instead of the first VM test waiting
+# for it. A failure is reported here and again, with its reason, by the
+# VM tests.
+vm=""
+vmlog=$(mktemp)
+trap 'rm -f "$vmlog"' EXIT
+if [ "$(id -u)" -eq 0 ]; then
+  test/vm/build.sh >/dev/null 2>"$vmlog" &
+  vm=$!
+fi
 go mod download
 if [ "${1:-}" = "--lint" ]; then
   gobin=$(go env GOPATH)/bin
   [ -x "$gobin/staticcheck" ] || go install "honnef.co/go/tools/cmd/staticcheck@${STATICCHECK_VERSION:-v0.8.2}"
+fi
+if [ -n "$vm" ] && ! wait "$vm"; then
+  echo "deps: the VM tests' kernel is not ready: $(cat "$vmlog")" >&2
 fi

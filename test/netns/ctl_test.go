@@ -66,12 +66,29 @@ func TestCtl(t *testing.T) {
 	// (and at most one stray frame, an ND or MLD message, in that time:
 	// the two guests' ARP entries for each other are pinned first, or a
 	// stale one's unicast probe and its answer would add one more each
-	// way, as they did once in ten runs).
+	// way, as they did once in ten runs; and the guest's start-up
+	// chatter, its MLD reports (sent twice, the second within 1 s) and
+	// router solicitation once its link-local address is usable, is
+	// over first: quiet for 1 s).
 	pinNeighbour(t, g11, g21.ip4)
 	pinNeighbour(t, g21, g11.ip4)
 	mac := g11.mac(t).String()
 	var before, after []ctl.VIF
-	ctlJSON(t, h1, &before, "show", "vifs")
+	start := time.Now()
+	quiet := start
+	for last := uint64(0); ; time.Sleep(100 * time.Millisecond) {
+		ctlJSON(t, h1, &before, "show", "vifs")
+		b, _ := vifOf(before, mac)
+		if b.TxPackets != last {
+			last, quiet = b.TxPackets, time.Now()
+		}
+		if time.Since(quiet) >= time.Second {
+			break
+		}
+		if time.Since(start) > 10*time.Second {
+			t.Fatalf("guest %s sent frames for 10 s without a pause", g11.ns)
+		}
+	}
 	pingN(t, g11, g21.ip4, 5, "-s", "100")
 	ctlJSON(t, h1, &after, "show", "vifs")
 	b, ok1 := vifOf(before, mac)

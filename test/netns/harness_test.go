@@ -197,7 +197,7 @@ func newTopoOpts(t *testing.T, o topoOpts) *topo {
 		}
 	}
 	for i, h := range tp.hvs {
-		sh(t, in(h.ns, "ip", "link", "set", h.underlay, "mtu", "9000", "up")...)
+		underlayUp(t, h.ns, h.underlay)
 		useOVS := i < len(o.ovs) && o.ovs[i]
 		var vsctl func(args ...string) string
 		if useOVS {
@@ -248,6 +248,32 @@ func newTopoOpts(t *testing.T, o topoOpts) *topo {
 		}
 	}
 	return tp
+}
+
+// underlayUp brings a hypervisor's underlay up at MTU 9000 without
+// duplicate address detection (noDAD).
+func underlayUp(t *testing.T, ns, dev string) {
+	t.Helper()
+	noDAD(t, ns, dev)
+	sh(t, in(ns, "ip", "link", "set", dev, "mtu", "9000", "up")...)
+}
+
+// noDAD turns duplicate address detection off on device dev of
+// namespace ns before it comes up ("default": on the devices made there
+// from now on). A simulated port's GID is its underlay's link-local
+// address, which the daemon waits to see leave the tentative state
+// (simfabric.Open) and which no neighbour can also hold (an IB port runs
+// no DAD on its GID): DAD would only delay each daemon's start by 1-2 s
+// (addrconf_dad_kick: a random delay up to rtr_solicit_delay, then
+// dad_transmits solicitations retrans_time apart).
+func noDAD(t *testing.T, ns, dev string) {
+	t.Helper()
+	var err error
+	// /proc/sys/net is the calling thread's namespace's.
+	nsDo(t, ns, func() { err = os.WriteFile("/proc/sys/net/ipv6/conf/"+dev+"/dad_transmits", []byte("0"), 0) })
+	if err != nil {
+		t.Fatalf("DAD off on %s in %s: %v", dev, ns, err)
+	}
 }
 
 // abridge keeps the first head and last tail lines of a long log.

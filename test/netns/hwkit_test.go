@@ -26,7 +26,8 @@ var kitTools = []string{"bash", "nsenter", "bridge", "ping", "arping", "iperf", 
 // ip netns exec: the guest namespaces it adds inside must be visible to
 // the next command, and ip netns exec gives each command a mount
 // namespace of its own. With ovs, each host also gets an Open vSwitch of
-// its own, which the kit and eipoibd find through OVS_RUNDIR.
+// its own, which the kit and eipoibd find through OVS_RUNDIR. The
+// hosts' ports run no DAD (noDAD).
 func kitHosts(t *testing.T, ovs bool) ([]string, []string) {
 	t.Helper()
 	pfx := fmt.Sprintf("k%d%d", os.Getpid()%1000, nsSeq.Add(1))
@@ -44,7 +45,9 @@ func kitHosts(t *testing.T, ovs bool) ([]string, []string) {
 	}
 	sh(t, "ip", "link", "add", "ul", "netns", hosts[0], "type", "veth", "peer", "name", "ul", "netns", hosts[1])
 	for _, ns := range hosts {
-		sh(t, in(ns, "ip", "link", "set", "ul", "mtu", "9000", "up")...)
+		// The kit's simulated ports are macvlans it adds on ul.
+		noDAD(t, ns, "default")
+		underlayUp(t, ns, "ul")
 	}
 	return []string{"--fabric", "sim", "--dev", "ul", "--local-exec", exec[0], "--peer-exec", exec[1]}, hosts
 }

@@ -158,20 +158,24 @@ func send(t *testing.T, g *guest, group string) int {
 // Members receive; a guest that did not join receives nothing; a
 // hypervisor without members never joins the MGID (the sender's is a
 // send-only member); after a receiver stops, its hypervisor leaves the
-// MGID within the leave time (2 s; the test allows 1 s more) and its port
+// MGID within the leave time (two group-specific queries
+// --mcast-last-member-interval apart: 1 s with the 500 ms the daemons
+// get here, which their start-up queries also give guests to answer;
+// the test allows 1 s more) and its port
 // then receives no more than 10 packets (NDP, IGMP) while the sender sends
 // its next 2 s stream (some 170 datagrams), which the remaining member
 // receives whole. With IPv4 (IGMP) and IPv6 (MLD, an ff15:: group); NDP
 // keeps working throughout.
 func TestMulticast(t *testing.T) {
-	tp := newTopo(t, 3, true)
+	const lmqi = 500 * time.Millisecond
+	tp := newTopo(t, 3, true, "--mcast-last-member-interval", lmqi.String())
 	h1, h2, h3 := tp.hvs[0], tp.hvs[1], tp.hvs[2]
 	drops := watchDrops(t, h1, h2, h3)
 	defer drops.check(t)
 	// A snooping Linux bridge floods multicast for the maximum response
 	// time after a general query (it waits for the reports before it
-	// prunes); the shims' start-up queries ask for answers within 1 s.
-	time.Sleep(2 * time.Second)
+	// prunes); the shims' start-up queries ask for answers within lmqi.
+	time.Sleep(2 * lmqi)
 	for _, tc := range []struct{ name, group string }{{"IPv4", "239.1.1.1"}, {"IPv6", "ff15::1234"}} {
 		t.Run(tc.name, func(t *testing.T) {
 			mgid := groupMGID(tc.group)
@@ -210,7 +214,7 @@ func TestMulticast(t *testing.T) {
 			// shim's group-specific queries go unanswered, and h2 leaves
 			// the MGID within the leave time.
 			r2.stop()
-			took := waitJoined(t, h2, mgid, false, 2*time.Second+time.Second)
+			took := waitJoined(t, h2, mgid, false, 2*lmqi+time.Second)
 			t.Logf("%s left %s %s after the receiver stopped", h2.name, mgid, took.Round(10*time.Millisecond))
 			rx := func(h *hypervisor) float64 { return h.metrics(t)["rx_packets"] }
 			h2rx := rx(h2)
@@ -237,12 +241,13 @@ func TestMulticast(t *testing.T) {
 // from h2. The flood is not logged per frame: h1's log grows by a few
 // lines at most.
 func TestSendOnlyFlood(t *testing.T) {
-	tp := newTopoOpts(t, topoOpts{n: 2, guests: 3})
+	const lmqi = 500 * time.Millisecond
+	tp := newTopoOpts(t, topoOpts{n: 2, guests: 3, extra: []string{"--mcast-last-member-interval", lmqi.String()}})
 	h1, h2 := tp.hvs[0], tp.hvs[1]
 	flooder, listener, third := h1.guests[0], h1.guests[1], h1.guests[2]
-	// The guests answer the start-up queries within 1 s: their joins are
-	// logged before the log is measured.
-	time.Sleep(2 * time.Second)
+	// The guests answer the start-up queries within lmqi: their joins
+	// are logged before the log is measured.
+	time.Sleep(2 * lmqi)
 	logBefore := strings.Count(h1.log(), "\n")
 
 	floodGroups(t, flooder, h1, 5000)

@@ -47,7 +47,7 @@ func addNative(t *testing.T, tp *topo, i int) *native {
 	port := fmt.Sprintf("pnh%d", i)
 	sh(t, "ip", "link", "add", "ul", "netns", ns, "type", "veth", "peer", "name", port, "netns", tp.pfx+"ul")
 	sh(t, in(tp.pfx+"ul", "ip", "link", "set", port, "mtu", "9000", "master", "ubr", "up")...)
-	sh(t, in(ns, "ip", "link", "set", "ul", "mtu", "9000", "up")...)
+	underlayUp(t, ns, "ul")
 	n.d.start(t)
 	sh(t, in(ns, "ip", "addr", "add", n.ep.ip4+"/24", "dev", "ib0")...)
 	sh(t, in(ns, "ip", "addr", "add", n.ep.ip6+"/64", "dev", "ib0", "nodad")...)
@@ -137,10 +137,13 @@ func TestNativeHost(t *testing.T) {
 	t.Run("multicast", func(t *testing.T) {
 		for _, c := range []struct {
 			from, to *guest
+			member   *hypervisor // the receiver's port on the fabric
 			group    string
-		}{{g1, n1, "239.1.2.3"}, {n1, g1, "239.1.2.4"}, {g2, n1, "ff15::1:7"}, {n1, g2, "ff15::1:8"}} {
+		}{{g1, n1, nh1.d, "239.1.2.3"}, {n1, g1, h1, "239.1.2.4"}, {g2, n1, nh1.d, "ff15::1:7"}, {n1, g2, h1, "ff15::1:8"}} {
 			r := startReceiver(t, c.to, c.group)
-			time.Sleep(time.Second) // the join reaches the fabric (the host polls its groups every 250 ms)
+			// The join reaches the fabric (the host polls its groups
+			// every 250 ms; the shim joins on the guest's report).
+			waitJoined(t, c.member, groupMGID(c.group), true, 5*time.Second)
 			r.expectStream(t, c.to, 0, send(t, c.from, c.group))
 			r.stop()
 		}

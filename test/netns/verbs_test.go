@@ -80,6 +80,7 @@ done
 	}
 	vm.start(t, "exec /tmp/work/eipoibd run --fabric verbs --ib-dev rxe0 --bridge br0 --queues 1 --metrics 127.0.0.1:9474 >/tmp/work/eipoibd.log 2>&1")
 	waitVMDaemon(t, vm)
+	vmUp := time.Now()
 	var vgs []*vmGuest
 	for i := 1; i <= 2; i++ {
 		g := &vmGuest{vm: vm, ns: fmt.Sprintf("gv%d", i), ip4: fmt.Sprintf("10.77.0.2%d", i), ip6: fmt.Sprintf("fd77::2%d", i)}
@@ -121,7 +122,10 @@ done
 	iperf3Rate(t, vgs[0], h.guests[0])
 
 	// Multicast, both ways, IPv4 and IPv6.
-	time.Sleep(2 * time.Second) // the snooping bridges' first query round
+	// The snooping bridges' first query round: the daemons' start-up
+	// queries ask for answers within 1 s (the host's daemon started
+	// before the VM's, whose start the tests above are long past).
+	time.Sleep(time.Until(vmUp.Add(2 * time.Second)))
 	for _, group := range []string{"239.1.1.7", "ff15::77"} {
 		retry(t, "multicast VM → host "+group, func() error {
 			r := startReceiver(t, h.guests[0], group)
@@ -139,7 +143,7 @@ done
 			}
 			rp := vm.start(t, fmt.Sprintf("exec ip netns exec %s timeout 12 iperf -s -u -B %s -i 1%s >/tmp/work/mc.log 2>&1", vgs[0].ns, group, v6))
 			defer rp.stop()
-			time.Sleep(2 * time.Second) // the VM guest's report and the join on the fabric
+			vmWaitJoined(t, vm, group) // the VM guest's report and the join on the fabric
 			sent := send(t, h.guests[0], group)
 			r := &receiver{out: log}
 			deadline := time.Now().Add(5 * time.Second)
@@ -386,6 +390,19 @@ func (r *receiver) received(sent int) error {
 func waitJoinedAny(t *testing.T, h *hypervisor, group string) {
 	t.Helper()
 	waitJoined(t, h, groupMGID(group), true, 5*time.Second)
+}
+
+// vmWaitJoined waits up to 5 s for the VM's daemon to be a full member
+// of group's MGID (a guest's report crossed its shim and the join on
+// the fabric completed: the shim lists an MGID once joined), polling in
+// the VM, where each command costs much under TCG.
+func vmWaitJoined(t *testing.T, vm *vmHost, group string) {
+	t.Helper()
+	want := fmt.Sprintf(`"mgid":%q,"send_only":false`, groupMGID(group).String())
+	script := fmt.Sprintf(`for i in $(seq 50); do /tmp/work/eipoibd show groups --json | grep -qF '%s' && exit 0; sleep 0.1; done; /tmp/work/eipoibd show groups --json; exit 1`, want)
+	if out, err := vm.run(t, script, 20*time.Second); err != nil {
+		t.Fatalf("the VM's eipoibd did not join %s (%s) within 5 s: %v\n%s", group, want, err, out)
+	}
 }
 
 // vmMetrics reads the VM daemon's Prometheus metrics.
