@@ -69,11 +69,20 @@ func In(ns string, args ...string) []string {
 }
 
 // Add creates namespace ns with loopback up and deletes it at cleanup.
+// Links made in it (or moved into it) later run no IPv6 duplicate
+// address detection: their link-local address is usable at once, as a
+// real IB port's GID is, instead of 1-2 s later (the simulated fabric
+// waits for it to stop being tentative).
 func Add(t testing.TB, ns string) {
 	t.Helper()
 	Must(t, "ip", "netns", "add", ns)
 	t.Cleanup(func() { Run("ip", "netns", "delete", ns) })
 	Must(t, In(ns, "ip", "link", "set", "lo", "up")...)
+	Do(t, ns, func() { // /proc/sys/net is the calling thread's namespace's
+		if err := os.WriteFile("/proc/sys/net/ipv6/conf/default/dad_transmits", []byte("0"), 0); err != nil {
+			t.Fatalf("DAD off in %s: %v", ns, err)
+		}
+	})
 }
 
 // Do runs fn with the calling thread in namespace ns, for sockets and
