@@ -2,17 +2,32 @@
 # Runs the network-namespace tests (test/netns) verbosely with an explicit
 # timeout (NETNS_TIMEOUT, default 30m: one pass takes 6-8 minutes on a
 # 2-core machine, and go test's default of 10 minutes would panic a run
-# on a loaded one), then lists the slowest tests. Arguments go to go test
-# (e.g. -skip 'TestVMRxe'). Exits with go test's status.
+# on a loaded one), then lists the slowest tests and, last, each failed
+# test's own messages (its t.Log/t.Error lines, cut to one line each),
+# so that they are in the tail of a long log whose middle a CI summary
+# may cut. Arguments go to go test (e.g. -skip 'TestVMRxe'). Exits with
+# go test's status.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
-go test -count=1 -v -timeout "${NETNS_TIMEOUT:-30m}" "$@" ./test/netns/ 2>&1 |
+raw=$(mktemp)
+trap 'rm -f "$log" "$raw"' EXIT
+go test -count=1 -v -timeout "${NETNS_TIMEOUT:-30m}" "$@" ./test/netns/ 2>&1 | tee "$raw" |
   grep --line-buffered -Ev '^=== (RUN|PAUSE|CONT)' | tee "$log"
 rc=${PIPESTATUS[0]}
 echo "slowest netns tests:"
 grep -E '^\s*--- (PASS|FAIL): Test[^ /]* \(' "$log" |
   sed -E 's/^\s*--- (PASS|FAIL): ([^ ]+) \(([0-9.]+)s\)/\3 \2 \1/' | sort -rn | head -10 |
   awk '{printf "  %8.1fs  %s (%s)\n", $1, $2, $3}'
+if grep -qE '^--- FAIL: ' "$raw"; then
+  echo "failed netns tests, their messages (the last 15 of each, cut at 300 characters):"
+  awk '
+    /^=== (RUN|NAME|CONT) +Test[^\/ ]*$/ { t = $3; n[t] = 0 }
+    /^ +[A-Za-z0-9_]+_test\.go:[0-9]+: / { m[t, n[t]++ % 15] = substr($0, 1, 300) }
+    /^--- FAIL: Test/ {
+      f = $3; print "  " f ":"
+      k = n[f] > 15 ? n[f] - 15 : 0
+      for (i = k; i < n[f]; i++) print "  " m[f, i % 15]
+    }' "$raw"
+fi
 exit "$rc"
