@@ -78,8 +78,11 @@ func (s *laneSort) sort(msgs []ipv6.Message, orig []int, lanes []uint8, n int) {
 
 // sendLanes sends the chunk's messages (p.worig their indices in the
 // batch, p.wlane their lanes), each lane's from its own socket, and
-// clears size for the packets lost.
+// clears size for the packets lost. The lanes' refusals that may pass
+// share one patience: sendPatience for the chunk, whatever the number
+// of lanes it takes.
 func (p *Port) sendLanes(msgs []ipv6.Message, size *[batch]int) error {
+	p.budget.allow(sendPatience)
 	if len(p.snds) == 1 {
 		return p.sendOn(p.snds[0], msgs, p.worig, size)
 	}

@@ -61,10 +61,12 @@ type sender struct {
 	retrier
 }
 
-func newSender(rc syscall.RawConn, msgs int) *sender {
+// newSender makes a sender for msgs messages at a time whose pauses
+// come out of b.
+func newSender(rc syscall.RawConn, msgs int, b *budget) *sender {
 	s := &sender{rc: rc, hdrs: make([]mmsghdr, msgs), iovs: make([]unix.Iovec, msgs)}
 	s.fn = s.call
-	s.retrier.sys, s.retrier.pause, s.retrier.now = s.sendmmsg, s.wait, time.Now
+	s.retrier.sys, s.retrier.pause, s.retrier.now, s.retrier.budget = s.sendmmsg, s.wait, time.Now, b
 	return s
 }
 

@@ -99,6 +99,7 @@ type Port struct {
 	wmsgs  []ipv6.Message
 	wbufs  [][1][]byte
 	snds   []*sender // by lane: the socket each sends from (lanes.go)
+	budget budget    // the pauses the senders may make for a chunk, all lanes together
 	sports []uint16  // by lane: its socket's UDP port
 	addrs  map[ipoib.GID]*peer
 	worig  []int   // per message of the chunk: its index in bufs
@@ -224,7 +225,7 @@ func Open(cfg Config) (*Port, error) {
 		if err != nil {
 			return fail(fmt.Errorf("simfabric: %w", err))
 		}
-		p.snds = append(p.snds, newSender(rc, batch))
+		p.snds = append(p.snds, newSender(rc, batch, &p.budget))
 		p.sports = append(p.sports, uint16(conn.LocalAddr().(*net.UDPAddr).Port))
 	}
 	return p, nil

@@ -50,7 +50,7 @@ func (s *script) now() time.Time { return s.clock }
 
 func (s *script) retrier() *retrier {
 	s.clock = time.Unix(1_000_000, 0)
-	return &retrier{sys: s.sys, pause: s.pause, now: s.now}
+	return &retrier{sys: s.sys, pause: s.pause, now: s.now, budget: &budget{}}
 }
 
 // A refusal that may pass (EAGAIN, ENOBUFS) is tried again after pauses
@@ -157,7 +157,7 @@ func TestRetryAllocs(t *testing.T) {
 		}
 	}
 	s := &sender{}
-	s.retrier.pause, s.retrier.now = s.wait, time.Now
+	s.retrier.pause, s.retrier.now, s.retrier.budget = s.wait, time.Now, &budget{}
 	errno := unix.EAGAIN
 	s.retrier.sys = func(fd uintptr) (int, error) {
 		if errno != unix.EAGAIN {
@@ -189,7 +189,9 @@ func TestRetryAllocs(t *testing.T) {
 // as refused and passed; trains refused with EINVAL whose packets are
 // refused alike (a full neighbour table) leave trains on. With four
 // sockets, each socket's sender is scripted alike: the packets leave
-// from one of them (their lane) and are retried there.
+// from one of them (their lane) and are retried there; and a chunk
+// spread over several lanes and refused for good pauses sendPatience
+// in all, not once per lane.
 func TestWriteRefused(t *testing.T) {
 	for _, n := range []int{1, 4} {
 		t.Run(fmt.Sprintf("sockets=%d", n), func(t *testing.T) { writeRefused(t, n) })
@@ -247,6 +249,34 @@ func writeRefused(t *testing.T, sockets int) {
 	none(t, got, "packets refused with EINVAL")
 	if d, st := a.Counters().Drops, a.Counters().Stats; d["send_einval"] != 5 || !a.gso || st["tx_gso_fallbacks"] != 0 || st["tx_refused_einval"] != 6 || len(s.pauses) != 0 {
 		t.Fatalf("drops %v, stats %v, trains on %v, pauses %v; want 5 send_einval, 6 refusals, trains on, no pause", d, st, a.gso, s.pauses)
+	}
+	if sockets == 1 {
+		return
+	}
+
+	// With several lanes, a chunk whose packets leave from several
+	// sockets, all refused with ENOBUFS for good, pauses sendPatience
+	// in all (one budget for the chunk), not once per lane.
+	fake(nil, unix.ENOBUFS)
+	const flows = 16
+	bufs, meta := make([][]byte, flows), make([]ipoib.TxMeta, flows)
+	lanes := make(map[uint8]bool)
+	for f := range bufs {
+		bufs[f], meta[f] = udpPacket(f, 0), m
+	}
+	if _, err := a.Write(bufs, meta, 64); err != nil {
+		t.Fatalf("ENOBUFS on several lanes: %v", err)
+	}
+	for _, l := range a.wlane {
+		lanes[l] = true
+	}
+	none(t, got, "packets refused on several lanes")
+	var paused time.Duration
+	for _, d := range s.pauses {
+		paused += d
+	}
+	if d := a.Counters().Drops; len(lanes) < 2 || d["send_enobufs"] != flows || paused != sendPatience {
+		t.Fatalf("%d lanes, drops %v, paused %v in all (%v); want several lanes, %d send_enobufs, %v of pauses", len(lanes), d, paused, s.pauses, flows, sendPatience)
 	}
 }
 

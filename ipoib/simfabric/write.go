@@ -232,10 +232,9 @@ func (p *Port) writeChunk(bufs [][]byte, meta []ipoib.TxMeta, offset int, ok *[b
 // and clears size for the packets lost. A refused train's packets
 // go again one by one; when the refusal is the kernel's word on GSO
 // itself, trains are off for the port from then on. Refusals that may
-// pass wait, sendPatience at most for the whole of out (retrier): per
-// socket, as each has its own send buffer.
+// pass wait within the chunk's patience (the port's budget, which
+// sendLanes gives once for all the lanes' sends).
 func (p *Port) send(snd *sender, out []ipv6.Message, spans []span, orig []ipv6.Message, worig []int, size *[batch]int) error {
-	snd.allow(sendPatience)
 	// lost counts a packet the kernel refused, under its errno's
 	// reason: a send error (no buffer, no neighbour) loses it, as a
 	// full HCA send queue would.
@@ -371,28 +370,38 @@ func refusalOf(err error) refusal {
 	return refusedOther
 }
 
+// budget is the time the sends of one chunk may pause in all: one for
+// the port, shared by the senders of all its lanes, since what refuses
+// is mostly host-wide (ENOBUFS: the kernel short of memory), and a TX
+// worker holds the port's send lock while it waits; a budget per lane
+// would let a chunk wait the patience once per lane.
+type budget struct {
+	patience time.Duration // what allow gave
+	deadline time.Time     // patience after the first refusal since allow; zero before it
+}
+
+// allow gives the sends from now on d to pause in all, counted from the
+// first refusal that pauses (so a send the kernel takes reads no clock).
+func (b *budget) allow(d time.Duration) { b.patience, b.deadline = d, time.Time{} }
+
 // retrier tries a refused send again, pausing, while the refusal may
-// pass and the patience allow gave lasts.
+// pass and the patience of its budget (shared with the port's other
+// senders) lasts.
 type retrier struct {
 	// sys makes one send on fd; pause waits up to d for the refusal r
 	// to pass; now reads the clock (the sender's sendmmsg, wait and
 	// time.Now; tests give fakes).
-	sys      func(fd uintptr) (int, error)
-	pause    func(fd uintptr, r refusal, d time.Duration)
-	now      func() time.Time
-	patience time.Duration // what allow gave
-	deadline time.Time     // patience after the first refusal since allow; zero before it
-	pfd      [1]unix.PollFd
-	ts       unix.Timespec
+	sys   func(fd uintptr) (int, error)
+	pause func(fd uintptr, r refusal, d time.Duration)
+	now   func() time.Time
+	*budget
+	pfd [1]unix.PollFd
+	ts  unix.Timespec
 	// refused counts the refusals by class, each try, passed or not;
 	// passed counts the sends that went after a pause.
 	refused [numRefusals]atomic.Uint64
 	passed  atomic.Uint64
 }
-
-// allow gives the sends from now on d to pause in all, counted from the
-// first refusal that pauses (so a send the kernel takes reads no clock).
-func (t *retrier) allow(d time.Duration) { t.patience, t.deadline = d, time.Time{} }
 
 // retry sends and, while the kernel refuses with a refusal that may
 // pass and the deadline is not reached, pauses and sends again: the
