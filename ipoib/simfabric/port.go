@@ -116,6 +116,7 @@ type Port struct {
 	hook func(body []byte, mcast bool)
 
 	txPackets, txBytes atomic.Uint64
+	txMulticast        atomic.Uint64 // of txPackets: those to a group
 	// drops counts by reason, but for DropRxOverflow: the kernel's own
 	// counts of receive-queue drops (SO_RXQ_OVFL), one per socket, are
 	// kept by each rxLane as the kernel reports them and summed by
@@ -445,17 +446,21 @@ func (p *Port) Leave(mgid ipoib.GID) error {
 
 // Counters returns a snapshot of the counters: the receive sockets'
 // summed, and with several sockets each one's received packets as
-// rx_socket_<i>_packets.
+// rx_socket_<i>_packets; of the packets sent and received, those to a
+// group as tx_multicast_packets and rx_multicast_packets (so that the
+// unicast ones of two ports can be compared: a group's packets reach
+// only the ports that joined it).
 func (p *Port) Counters() ipoib.PortCounters {
 	c := ipoib.PortCounters{
 		TxPackets: p.txPackets.Load(), TxBytes: p.txBytes.Load(),
 		Drops: p.drops.Snapshot(),
 	}
-	var trains, trainPackets uint64
+	var trains, trainPackets, rxMulticast uint64
 	c.Stats = make(map[string]uint64)
 	for i, l := range p.rx {
 		n := l.packets.Load()
 		c.RxPackets += n
+		rxMulticast += l.multicast.Load()
 		c.RxBytes += l.bytes.Load()
 		trains += l.groMerged.Load()
 		trainPackets += l.groPackets.Load()
@@ -463,6 +468,8 @@ func (p *Port) Counters() ipoib.PortCounters {
 			c.Stats[fmt.Sprintf("rx_socket_%d_packets", i)] = n
 		}
 	}
+	c.Stats["tx_multicast_packets"] = p.txMulticast.Load()
+	c.Stats["rx_multicast_packets"] = rxMulticast
 	c.Stats["tx_trains"] = p.trainsSent.Load()
 	c.Stats["tx_train_packets"] = p.trainPackets.Load()
 	c.Stats["tx_gso_fallbacks"] = p.gsoFallback.Load()

@@ -36,6 +36,7 @@ type rxLane struct {
 	// by each rise of it.
 	ovfl                  uint32
 	packets, bytes        atomic.Uint64
+	multicast             atomic.Uint64 // of packets: those to a group
 	groMerged, groPackets atomic.Uint64 // received merged datagrams (UDP GRO)
 }
 
@@ -198,12 +199,16 @@ func (l *rxLane) check(b []byte, src, dst *[16]byte, sport uint16, rm *ipoib.RxM
 	// The group is the IPv6 destination whenever that is multicast, so
 	// that CheckRx sees a unicast QPN to an MGID (IBA 9.8.1) as well as
 	// the multicast QPN to a unicast GID.
-	if ipoib.GID(*dst).IsMulticast() {
+	mc := ipoib.GID(*dst).IsMulticast()
+	if mc {
 		rm.MGID = *dst
 	}
 	if d := ipoib.CheckRx(rm, p.qps, p.groups); d != ipoib.DropNone {
 		p.drops.Add(d)
 		return nil, false
+	}
+	if mc {
+		l.multicast.Add(1)
 	}
 	l.packets.Add(1)
 	l.bytes.Add(uint64(len(pkt.Payload)))

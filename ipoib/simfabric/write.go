@@ -221,6 +221,9 @@ func (p *Port) writeChunk(bufs [][]byte, meta []ipoib.TxMeta, offset int, ok *[b
 		if l > 0 {
 			ok[i] = true
 			p.txPackets.Add(1)
+			if meta[i].Dst.GID().IsMulticast() {
+				p.txMulticast.Add(1)
+			}
 			p.txBytes.Add(uint64(l))
 		}
 	}

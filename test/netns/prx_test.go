@@ -4,19 +4,39 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 )
 
 // TestParallelReceive (issue 24, parallel receive): with --rx-workers 4
 // each daemon receives on four sockets bound to UDP 4791 (SO_REUSEPORT)
 // and sends each flow from one of eight source ports. Eight TCP
-// connections between two guests, 16 MiB each, arrive exactly (iperf 2
-// counts every byte at both ends, so a flow reordered across sockets
-// or a packet lost or doubled would show); the receiving daemon's
-// per-socket counters (port_rx_socket_<i>_packets) show the flows over
-// more than one socket and sum to its port_rx_packets; no drop counter
-// and no checksum error counter rises. Eight connections, not four: each
-// lands on a socket by the kernel's secret hash, and four all on one
-// socket would happen about once in 64 runs.
+// connections from g1 to g2, 16 MiB each, and it asserts:
+//   - each connection's bytes arrive, as many as sent (iperf 2 at both
+//     ends);
+//   - h1's unicast packets sent (port_tx_packets less
+//     port_tx_multicast_packets) rose as much as h2's unicast packets
+//     received (port_rx_packets less port_rx_multicast_packets), polled
+//     until they match: every unicast packet h1 sent arrived at h2 once
+//     (its only unicast peer), and nothing more. Multicast is left out:
+//     a guest's MLD reports and the like go to groups h2 may not join;
+//   - h2's per-socket counters (port_rx_socket_<i>_packets) show the
+//     flows over more than one socket;
+//   - no drop counter of either daemon and no checksum error counter of
+//     either guest rises.
+//
+// Not asserted: the guests' TcpExtTCPOFOQueue and TcpRetransSegs, which
+// are logged. With the TAP's offloads off they rise in about half the
+// runs with --rx-workers 1 as with 4 (on this 2-core host; in the run
+// looked at, no daemon or link counted a drop): the reordering is
+// after the daemon, most likely the guest veth's netif_rx, which queues
+// each packet on the backlog of the CPU the writing thread is on
+// (veth_xmit → __netif_rx → enqueue_to_backlog), so a thread that moves
+// between CPUs mid-flow reorders it. They witness nothing about
+// parallel receive; the daemon's own order would be seen on h2's TAP.
+//
+// Eight connections, not four: each lands on a socket by the kernel's
+// secret hash, and four all on one socket would happen about once in
+// 64 runs.
 func TestParallelReceive(t *testing.T) {
 	nstestRequire(t, "iperf")
 	const flows, size = 8, 16 << 20
@@ -27,7 +47,12 @@ func TestParallelReceive(t *testing.T) {
 	ping(t, g1, g2.ip4)
 	drops := watchDrops(t, h1, h2)
 	csums := watchCsumErrors(t, g1, g2)
+	n1, n2 := nstat(t, g1), nstat(t, g2)
+	m1 := h1.metrics(t)
 	before := h2.metrics(t)
+	unicast := func(m map[string]float64, way string) float64 {
+		return m["port_"+way+"_packets"] - m["port_"+way+"_multicast_packets"]
+	}
 	type result struct {
 		sent, rcvd int64
 		err        error
@@ -49,9 +74,23 @@ func TestParallelReceive(t *testing.T) {
 	}
 	csums.check(t)
 	drops.check(t)
+	t.Logf("%s: TcpExtTCPOFOQueue rose by %d; %s: TcpRetransSegs rose by %d (not asserted: see the comment)",
+		g2.ns, nstat(t, g2)["TcpExtTCPOFOQueue"]-n2["TcpExtTCPOFOQueue"], g1.ns, nstat(t, g1)["TcpRetransSegs"]-n1["TcpRetransSegs"])
+	// The counters settle once the last packets are through: poll
+	// until h1's sends and h2's receives since the start match.
+	var sent, rcvd float64
+	for range 50 {
+		sent, rcvd = unicast(h1.metrics(t), "tx")-unicast(m1, "tx"), unicast(h2.metrics(t), "rx")-unicast(before, "rx")
+		if sent == rcvd {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if sent != rcvd {
+		t.Errorf("%s sent %v unicast packets to the fabric, %s received %v", h1.name, sent, h2.name, rcvd)
+	}
 	after := h2.metrics(t)
 	var used int
-	var sum float64
 	bySocket := make([]float64, sockets)
 	for i := range sockets {
 		k := fmt.Sprintf("port_rx_socket_%d_packets", i)
@@ -59,16 +98,12 @@ func TestParallelReceive(t *testing.T) {
 			t.Fatalf("%s: no %s in the metrics", h2.name, k)
 		}
 		bySocket[i] = after[k] - before[k]
-		sum += bySocket[i]
 		if bySocket[i] > 0 {
 			used++
 		}
 	}
-	if rx := after["port_rx_packets"] - before["port_rx_packets"]; sum != rx {
-		t.Errorf("%s: the sockets received %v packets (%v), the port counted %v", h2.name, sum, bySocket, rx)
-	}
 	if used < 2 {
 		t.Errorf("%s: %d connections all arrived on one socket: %v", h2.name, flows, bySocket)
 	}
-	t.Logf("%s: packets by socket %v", h2.name, bySocket)
+	t.Logf("%s: packets by socket %v; unicast %v sent by %s, %v received", h2.name, bySocket, sent, h1.name, rcvd)
 }
