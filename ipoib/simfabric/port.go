@@ -177,9 +177,7 @@ func Open(cfg Config) (*Port, error) {
 	p.sorted.init()
 	p.events = ipoib.NewEventQueue(true)
 	fail := func(err error) (*Port, error) {
-		for _, c := range p.conns {
-			c.Close()
-		}
+		p.Close() // the sockets made so far, and the receive lanes' eventfds (fdio)
 		return nil, err
 	}
 	// The receive sockets, on port 4791; with several, the kernel picks
