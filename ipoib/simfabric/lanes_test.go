@@ -3,8 +3,11 @@ package simfabric
 import (
 	"encoding/binary"
 	"fmt"
+	"net"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/eipoib/eipoibd/ipoib"
 )
@@ -160,4 +163,47 @@ func BenchmarkSocketLanes(b *testing.B) {
 		bufs[f], meta[f] = udpPacket(f, 0), m
 	}
 	benchRoundTrip(b, a, p, bufs, meta, 16, 16*len(bufs[0][64:]))
+}
+
+// TestSendOnlySockets: a port of two sockets has send-only sockets (the
+// lanes' other than the first) with the deep send buffer but the
+// smallest receive buffer, and a datagram sent to one (from the port's
+// first socket) is dropped, not queued; the receive sockets keep the
+// deep receive buffer.
+func TestSendOnlySockets(t *testing.T) {
+	a, _, _, _ := pairN(t, 9000, 2, 1)
+	if len(a.conns) <= len(a.rx) {
+		t.Fatalf("%d sockets, %d receive sockets: no send-only socket", len(a.conns), len(a.rx))
+	}
+	opt := func(c *net.UDPConn, o int) int {
+		rc, err := c.SyscallConn()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var v int
+		var serr error
+		if err := rc.Control(func(fd uintptr) { v, serr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, o) }); err != nil || serr != nil {
+			t.Fatal(err, serr)
+		}
+		return v
+	}
+	// The kernel reports twice what was set (sock_setsockopt doubles
+	// it for its bookkeeping).
+	if r := opt(a.conns[0], unix.SO_RCVBUF); r < socketBuffer {
+		t.Fatalf("receive socket: SO_RCVBUF %d, want %d", r, socketBuffer)
+	}
+	for _, c := range a.conns[len(a.rx):] {
+		if r, s := opt(c, unix.SO_RCVBUF), opt(c, unix.SO_SNDBUF); r > 8192 || s < socketBuffer {
+			t.Fatalf("send-only socket %s: SO_RCVBUF %d, SO_SNDBUF %d; want the smallest and %d", c.LocalAddr(), r, s, socketBuffer)
+		}
+	}
+	c := a.conns[len(a.rx)]
+	to := &net.UDPAddr{IP: net.IP(a.gid[:]), Port: c.LocalAddr().(*net.UDPAddr).Port, Zone: a.ifi.Name}
+	if _, err := a.conns[0].WriteToUDP([]byte("stray"), to); err != nil {
+		t.Fatalf("send to the send-only socket %v: %v", to, err)
+	}
+	c.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+	if n, from, err := c.ReadFromUDP(make([]byte, 64)); err == nil {
+		t.Fatalf("the send-only socket queued %d bytes from %v", n, from)
+	}
 }

@@ -266,13 +266,29 @@ func socketOptions(fd int, ifi *net.Interface, cfg Config, rx bool, how rxSocket
 	}
 	// Deep socket buffers absorb bursts (an HCA's receive queue does
 	// the same); FORCE works as root, the plain one up to the sysctl
-	// limits otherwise.
-	for _, o := range [][2]int{{unix.SO_RCVBUFFORCE, unix.SO_RCVBUF}, {unix.SO_SNDBUFFORCE, unix.SO_SNDBUF}} {
+	// limits otherwise. A send-only socket (a lane's other than the
+	// first) gets the deep send buffer alone: it is never read, so it
+	// takes the smallest receive buffer (sock_setsockopt clamps 0 to
+	// SOCK_MIN_RCVBUF) and a filter that drops every datagram before it
+	// is queued (sk_filter in udpv6_queue_rcv_one_skb), so that nothing
+	// sent to its port holds memory.
+	bufs := [][2]int{{unix.SO_SNDBUFFORCE, unix.SO_SNDBUF}}
+	if rx {
+		bufs = append(bufs, [2]int{unix.SO_RCVBUFFORCE, unix.SO_RCVBUF})
+	}
+	for _, o := range bufs {
 		if unix.SetsockoptInt(fd, unix.SOL_SOCKET, o[0], socketBuffer) != nil {
 			_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, o[1], socketBuffer)
 		}
 	}
 	if !rx {
+		if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 0); err != nil {
+			return fmt.Errorf("SO_RCVBUF: %w", err)
+		}
+		dropAll := []unix.SockFilter{{Code: unix.BPF_RET | unix.BPF_K, K: 0}}
+		if err := unix.SetsockoptSockFprog(fd, unix.SOL_SOCKET, unix.SO_ATTACH_FILTER, &unix.SockFprog{Len: 1, Filter: &dropAll[0]}); err != nil {
+			return fmt.Errorf("SO_ATTACH_FILTER: %w", err)
+		}
 		return nil
 	}
 	if how.reuse {
