@@ -207,3 +207,31 @@ func TestSendOnlySockets(t *testing.T) {
 		t.Fatalf("the send-only socket queued %d bytes from %v", n, from)
 	}
 }
+
+// TestOverflowPerSocket: each receive socket reports the kernel's count
+// of its own receive-queue drops (SO_RXQ_OVFL, a u32); the port's
+// rx_queue_overflow rises by each socket's rise, kept apart per socket
+// (a count one socket repeats adds nothing, another socket's lower count
+// is no step back), and across the u32's wrap (0xfffffffe then 1 is 3).
+func TestOverflowPerSocket(t *testing.T) {
+	p := &Port{}
+	lanes := []*rxLane{{p: p}, {p: p}}
+	for _, c := range []struct {
+		lane int
+		ovfl uint32
+		want uint64 // rx_queue_overflow after it
+	}{
+		{0, 5, 5},
+		{1, 3, 8},
+		{0, 5, 8},
+		{1, 0xfffffffe, 0xfffffffe + 5},
+		{1, 1, 0xfffffffe + 8},
+		{0, 7, 0xfffffffe + 10},
+	} {
+		oob := cmsg(nil, unix.SOL_SOCKET, unix.SO_RXQ_OVFL, binary.NativeEndian.AppendUint32(nil, c.ovfl))
+		lanes[c.lane].inspect(make([]byte, 64), oob, 0, &unix.RawSockaddrInet6{})
+		if got := p.drops.Snapshot()["rx_queue_overflow"]; got != c.want {
+			t.Fatalf("socket %d reporting %#x: rx_queue_overflow %d, want %d", c.lane, c.ovfl, got, c.want)
+		}
+	}
+}
