@@ -21,12 +21,13 @@ import (
 	"github.com/eipoib/eipoibd/ipoib"
 )
 
-// laneOf is the lane of unicast packet pkt (IPoIB header first) sent
-// as m: by the hash of its inner flow (IPs, and ports for TCP and UDP:
-// header.FlowHash), else of the QPs it goes between.
+// laneOf is the lane of packet pkt (IPoIB header first) sent as m: 0
+// for a group (the member socket's); for unicast by the hash of its
+// inner flow (IPs, and ports for TCP and UDP: header.FlowHash), else
+// of the QPs it goes between.
 func (p *Port) laneOf(pkt []byte, m *ipoib.TxMeta) int {
 	n := uint64(len(p.snds))
-	if n == 1 {
+	if n == 1 || m.Dst.GID().IsMulticast() {
 		return 0
 	}
 	h := ipoib.Header(pkt)

@@ -235,3 +235,37 @@ func TestOverflowPerSocket(t *testing.T) {
 		}
 	}
 }
+
+// TestLaneOf: with eight lanes, a packet to a group takes lane 0 whatever
+// it carries; each UDP flow's packets take one lane, and 16 flows more
+// than one; a packet that is not IP takes the lane of the QPs it goes
+// between, the same for any payload, and 16 QP pairs more than one.
+func TestLaneOf(t *testing.T) {
+	p := &Port{snds: make([]*sender, 8)}
+	uni := func(src, dst uint32) *ipoib.TxMeta {
+		return &ipoib.TxMeta{Dst: ipoib.MakeHwAddr(0, dst, ipoib.GID{0xfe, 0x80, 15: 2}), SrcQPN: src, PKey: 0xffff}
+	}
+	group := &ipoib.TxMeta{Dst: ipoib.MakeHwAddr(0, ipoib.MulticastQPN, ipoib.BroadcastMGID(0xffff, ipoib.ScopeLinkLocal)), SrcQPN: 0x100, PKey: 0xffff}
+	flowLanes, qpLanes := make(map[int]bool), make(map[int]bool)
+	for f := range 16 {
+		if l := p.laneOf(udpPacket(f, 0)[64:], group); l != 0 {
+			t.Fatalf("flow %d to a group: lane %d, want 0", f, l)
+		}
+		lane := p.laneOf(udpPacket(f, 0)[64:], uni(0x100, 0x200))
+		for seq := 1; seq < 8; seq++ {
+			if l := p.laneOf(udpPacket(f, seq)[64:], uni(0x100+uint32(seq), 0x200)); l != lane {
+				t.Fatalf("flow %d: packet %d on lane %d, packet 0 on %d", f, seq, l, lane)
+			}
+		}
+		flowLanes[lane] = true
+		m := uni(0x100+uint32(f), 0x200)
+		q := p.laneOf([]byte{8, 6, 0, 0, 1}, m)
+		if l := p.laneOf([]byte{8, 6, 0, 0, 2, 3, 4}, m); l != q {
+			t.Fatalf("QPs %#x→%#x: ARP packets on lanes %d and %d", m.SrcQPN, m.Dst.QPN(), q, l)
+		}
+		qpLanes[q] = true
+	}
+	if len(flowLanes) < 2 || len(qpLanes) < 2 {
+		t.Fatalf("16 flows on lanes %v, 16 QP pairs on lanes %v: want more than one each", flowLanes, qpLanes)
+	}
+}

@@ -201,10 +201,7 @@ func (p *Port) writeChunk(bufs [][]byte, meta []ipoib.TxMeta, offset int, ok *[b
 		}
 		dstGID := m.Dst.GID()
 		dst := [16]byte(dstGID)
-		lane := 0
-		if !dstGID.IsMulticast() {
-			lane = p.laneOf(b[offset:], m)
-		}
+		lane := p.laneOf(b[offset:], m)
 		pkt := Packet{PKey: uint16(m.PKey), DestQPN: m.Dst.QPN(), PSN: p.psn.Add(1) & 0xffffff, QKey: ipoib.QKey, SrcQPN: m.SrcQPN}
 		out := p.wcodec.Encode(b, offset, &pkt, &src, &dst, p.sports[lane], UDPPort) // the ICRC covers the source port
 		p.wlane = append(p.wlane, uint8(lane))
