@@ -186,7 +186,10 @@ type RxQueue interface {
 
 // RxQueues is a Port that receives on several queues, as the simulated
 // fabric's port does on several sockets: every packet arrives on exactly
-// one of them, and each flow's packets on one, in order. The shim reads
+// one of them, and each flow's packets on one, in order. A flow's IP
+// fragments, which carry no ports, may take another queue than its
+// unfragmented packets (each fragmented datagram's on one, in order), so
+// the order between the two kinds is not kept. The shim reads
 // each with a worker of its own; a Port without it has Read alone, and
 // a wrapper of a Port (faultport) passes its inner port's on.
 type RxQueues interface {
