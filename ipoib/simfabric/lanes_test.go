@@ -73,12 +73,12 @@ func TestSocketsSpreadFlows(t *testing.T) {
 	queueOf := make(map[int]int)  // flow → socket
 	next := make(map[int]int)     // flow → next seq
 	perQueue := make(map[int]int) // socket → packets
-	for range flows * per {
+	for i := range flows * per {
 		var r queued
 		select {
 		case r = <-got:
 		case <-time.After(2 * time.Second):
-			t.Fatalf("received %d of %d packets (by socket %v)", len(perQueue), flows*per, perQueue)
+			t.Fatalf("received %d of %d packets (by socket %v)", i, flows*per, perQueue)
 		}
 		p := r.payload[4+28:]
 		f, seq := int(binary.BigEndian.Uint32(p)), int(binary.BigEndian.Uint32(p[4:]))
