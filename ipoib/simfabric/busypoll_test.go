@@ -32,7 +32,7 @@ func TestBusyPoll(t *testing.T) {
 		}
 		var usecs, prefer int
 		var gerr error
-		rc, err := p.conn.SyscallConn()
+		rc, err := p.conns[0].SyscallConn()
 		if err != nil {
 			t.Fatal(err)
 		}

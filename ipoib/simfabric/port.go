@@ -71,14 +71,15 @@ const MaxSockets = 32
 // evenly, for a sendmmsg per lane a batch holds packets of.
 const lanesPerSocket = 2
 
-// Port is one IB port on the simulated fabric. It implements ipoib.Port.
-// Read and Write may each be used by one goroutine at a time.
+// Port is one IB port on the simulated fabric. It implements ipoib.Port
+// and ipoib.RxQueues. Each receive queue (RxQueues; Read is the first's)
+// may be read by one goroutine at a time, in parallel with the others;
+// Write may be called from several goroutines (wmu orders them).
 type Port struct {
 	ifi    *net.Interface
 	gid    ipoib.GID
 	mtu    int
-	conn   *net.UDPConn   // the first receive socket: the group member, and lane 0's sender
-	conns  []*net.UDPConn // every socket, conn first
+	conns  []*net.UDPConn // every socket; the first receive socket first: the group member, and lane 0's sender
 	pc     *ipv6.PacketConn
 	closed atomic.Bool
 	down   atomic.Bool
@@ -89,7 +90,7 @@ type Port struct {
 	groups *ipoib.GroupTable
 	psn    atomic.Uint32
 
-	rx     []*rxLane  // the receive sockets' state (read.go), rx[0] on conn
+	rx     []*rxLane  // the receive sockets' state (read.go), rx[i] on conns[i]
 	wmu    sync.Mutex // Write state
 	wcodec Codec
 	chunk  chunk
@@ -197,8 +198,7 @@ func Open(cfg Config) (*Port, error) {
 		}
 		p.rx = append(p.rx, l)
 	}
-	p.conn = p.conns[0]
-	p.pc = ipv6.NewPacketConn(p.conn)
+	p.pc = ipv6.NewPacketConn(p.conns[0])
 	if err := p.pc.SetMulticastInterface(ifi); err != nil {
 		return fail(fmt.Errorf("simfabric: multicast interface %s: %w", ifi.Name, err))
 	}
@@ -213,7 +213,7 @@ func Open(cfg Config) (*Port, error) {
 		nlanes = lanesPerSocket * nsock
 	}
 	for i := range nlanes {
-		conn := p.conn
+		conn := p.conns[0]
 		if i > 0 {
 			if conn, err = listen(ifi, cfg, 0, rxSocket{}); err != nil {
 				return fail(err)

@@ -193,7 +193,7 @@ func portOverVeth(t *testing.T, sockets int) {
 			out[len(out)-6] ^= 1
 		}
 		a.wmu.Lock()
-		_, err := a.conn.WriteToUDP(out, &net.UDPAddr{IP: net.IP(dst[:]), Port: UDPPort, Zone: a.ifi.Name})
+		_, err := a.conns[0].WriteToUDP(out, &net.UDPAddr{IP: net.IP(dst[:]), Port: UDPPort, Zone: a.ifi.Name})
 		a.wmu.Unlock()
 		if err != nil {
 			t.Fatal(err)
@@ -416,7 +416,7 @@ func TestTrains(t *testing.T) {
 	}
 	// A socket that sends zero UDP checksums may not send GSO trains
 	// (udp_send_skb: EINVAL with sk_no_check_tx), so the kernel refuses.
-	rc, err := a.conn.SyscallConn()
+	rc, err := a.conns[0].SyscallConn()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -53,8 +53,11 @@ func newRxLane(p *Port, conn *net.UDPConn, busyPoll time.Duration) (*rxLane, err
 	return l, nil
 }
 
-// Read is the first receive socket's Read (rxLane.Read); with several
-// sockets, RxQueues gives them all.
+// Read is the first receive socket's Read (rxLane.Read). With several
+// sockets it reads that one alone: a caller that uses Read, not
+// RxQueues, gets the packets the kernel puts on the first socket (its
+// share of the unicast flows, and all multicast), and the others stay
+// queued until they overflow (counted as rx_queue_overflow).
 func (p *Port) Read(bufs [][]byte, sizes []int, meta []ipoib.RxMeta, offset int) (int, error) {
 	return p.rx[0].Read(bufs, sizes, meta, offset)
 }

@@ -53,7 +53,7 @@ func TestSharedChecks(t *testing.T) {
 			pkt := Packet{PKey: uint16(m.PKey), DestQPN: m.DstQPN, QKey: ipoib.QKey, SrcQPN: m.Src.QPN()}
 			out := codec.Encode(buf, HeaderLen, &pkt, &src, &to, UDPPort, UDPPort)
 			b.wmu.Lock()
-			_, err := b.conn.WriteToUDP(out, &net.UDPAddr{IP: to[:], Port: UDPPort, Zone: b.ifi.Name})
+			_, err := b.conns[0].WriteToUDP(out, &net.UDPAddr{IP: to[:], Port: UDPPort, Zone: b.ifi.Name})
 			b.wmu.Unlock()
 			if err != nil {
 				t.Fatalf("send to %s: %v", dst, err)
