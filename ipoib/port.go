@@ -196,6 +196,17 @@ type RxQueues interface {
 	RxQueues() []RxQueue
 }
 
+// RxQueuesOf is p's receive queues: those RxQueues gives, or p (its Read)
+// alone for a port without any.
+func RxQueuesOf(p Port) []RxQueue {
+	if q, ok := p.(RxQueues); ok {
+		if qs := q.RxQueues(); len(qs) > 0 {
+			return qs
+		}
+	}
+	return []RxQueue{p}
+}
+
 // PortCounters is a snapshot of a port's traffic and drop counters. Drops
 // is keyed by reason, e.g. "bad_icrc", "unknown_qpn".
 type PortCounters struct {

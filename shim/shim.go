@@ -210,10 +210,7 @@ func New(cfg Config) (*Shim, error) {
 	s.lastRound.Store(time.Now().UnixNano())
 	s.queues = s.dev.Queues() // each read by a TX worker, written by the RX workers (flowQueue)
 	s.qmu = make([]sync.Mutex, len(s.queues))
-	s.rxq = []ipoib.RxQueue{s.port}
-	if q, ok := s.port.(ipoib.RxQueues); ok && len(q.RxQueues()) > 0 {
-		s.rxq = q.RxQueues()
-	}
+	s.rxq = ipoib.RxQueuesOf(s.port)
 	s.groups.init(maxGroups, maxSendOnly)
 	s.groups.ready = s.groupReady
 	s.gwait.m = make(map[ipoib.GID]*heldFrames)

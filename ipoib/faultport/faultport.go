@@ -119,12 +119,7 @@ func (p *Port) SetFaults(f Faults) error {
 
 // RxQueues is the inner port's receive queues (faults act on Write
 // alone), or its Read alone for a port with one.
-func (p *Port) RxQueues() []ipoib.RxQueue {
-	if q, ok := p.inner.(ipoib.RxQueues); ok {
-		return q.RxQueues()
-	}
-	return []ipoib.RxQueue{p.inner}
-}
+func (p *Port) RxQueues() []ipoib.RxQueue { return ipoib.RxQueuesOf(p.inner) }
 
 // Unwrap returns the inner port.
 func (p *Port) Unwrap() ipoib.Port { return p.inner }
