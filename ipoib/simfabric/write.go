@@ -171,8 +171,8 @@ func (c *chunk) finish() {
 	c.cur = -1
 }
 
-// writeChunk sends at most batch packets and sets ok[i] for each one
-// accepted; call with wmu held.
+// writeChunk sends the chunk's packets (bufs and meta are p.chunk's) and
+// sets ok[i] for each one accepted; call with wmu held.
 func (p *Port) writeChunk(bufs [][]byte, meta []ipoib.TxMeta, offset int, ok *[batch]bool) error {
 	if p.down.Load() {
 		p.drops.AddN(ipoib.DropPortDown, uint64(len(bufs)))
@@ -182,6 +182,7 @@ func (p *Port) writeChunk(bufs [][]byte, meta []ipoib.TxMeta, offset int, ok *[b
 	src := [16]byte(p.gid)
 	msgs := p.wmsgs[:0]
 	p.worig, p.wlane = p.worig[:0], p.wlane[:0]
+	lane, laneFor := 0, -1 // lane is that of batch entry laneFor
 	for i, b := range bufs {
 		m := &meta[i]
 		payload := len(b) - offset
@@ -201,7 +202,11 @@ func (p *Port) writeChunk(bufs [][]byte, meta []ipoib.TxMeta, offset int, ok *[b
 		}
 		dstGID := m.Dst.GID()
 		dst := [16]byte(dstGID)
-		lane := p.laneOf(b[offset:], m)
+		// The segments of one super-packet (one entry of Write's batch:
+		// chunk.orig) are one flow: hashed once.
+		if o := p.chunk.orig[i]; o != laneFor {
+			lane, laneFor = p.laneOf(b[offset:], m), o
+		}
 		pkt := Packet{PKey: uint16(m.PKey), DestQPN: m.Dst.QPN(), PSN: p.psn.Add(1) & 0xffffff, QKey: ipoib.QKey, SrcQPN: m.SrcQPN}
 		out := p.wcodec.Encode(b, offset, &pkt, &src, &dst, p.sports[lane], UDPPort) // the ICRC covers the source port
 		p.wlane = append(p.wlane, uint8(lane))
