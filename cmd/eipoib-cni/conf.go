@@ -69,8 +69,8 @@ func (c *Conf) Socket() string { return ctl.Path(c.SocketDir, c.TAP) }
 
 // StateFile is the --persist state file of the eipoibd the
 // configuration names, from which it restores its VIFs when it starts
-// (internal/daemon statePath: STATEDIR/NAME.state).
-func (c *Conf) StateFile() string { return filepath.Join(c.StateDir, c.TAP+".state") }
+// (ctl.StatePath).
+func (c *Conf) StateFile() string { return ctl.StatePath(c.StateDir, c.TAP) }
 
 // keys are the plugin's own keys in a network configuration (chained)
 // or its IPAM section (ipamWrap).

@@ -48,6 +48,11 @@ const DefaultDir = "/run/eipoibd"
 // Path is the socket of the daemon whose TAP is name.
 func Path(dir, name string) string { return filepath.Join(dir, name+".sock") }
 
+// StatePath is the --persist state file, in state directory dir, of the
+// daemon whose TAP is name: the daemon restores its guests' VIFs from it
+// at start (and the CNI plugin's DEL looks for it).
+func StatePath(dir, name string) string { return filepath.Join(dir, name+".state") }
+
 // The commands, as the wire names them.
 const (
 	CmdShow       = "show"        // a listing: Request.What

@@ -12,12 +12,12 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"slices"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/eipoib/eipoibd/internal/ctl"
 	"github.com/eipoib/eipoibd/internal/keeper"
 	"github.com/eipoib/eipoibd/internal/sdnotify"
 	"github.com/eipoib/eipoibd/internal/state"
@@ -285,7 +285,7 @@ func sameFDs(files []*os.File, fds []int) bool {
 }
 
 // statePath is where --persist keeps the guests of TAP name.
-func statePath(c *Config) string { return filepath.Join(c.StateDir, c.Name+".state") }
+func statePath(c *Config) string { return ctl.StatePath(c.StateDir, c.Name) }
 
 // vlanMap is the shim's VLAN to P_Key map as --vlan-pkey writes it,
 // sorted by VLAN, untagged left out.
