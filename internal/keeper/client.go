@@ -50,7 +50,7 @@ func Take(socket, name string, timeout time.Duration) (fds []int, err error) {
 		return nil, fmt.Errorf("keeper: %w", err)
 	}
 	b := make([]byte, 512)
-	oob := make([]byte, unix.CmsgSpace(4*sdnotify.MaxFDsPerMessage)+unix.CmsgSpace(unix.SizeofUcred))
+	oob := make([]byte, oobSize)
 	want := -1
 	for {
 		n, oobn, flags, _, err := unix.Recvmsg(mine, b, oob, unix.MSG_CMSG_CLOEXEC)

@@ -43,6 +43,10 @@ const (
 	DefaultMaxNames = 64
 )
 
+// oobSize holds the control data of one message either way: the most
+// descriptors a message carries and the sender's credentials.
+var oobSize = unix.CmsgSpace(4*sdnotify.MaxFDsPerMessage) + unix.CmsgSpace(unix.SizeofUcred)
+
 // Config is what a keeper runs with.
 type Config struct {
 	Socket   string // path of its datagram socket (made with mode 0600)
@@ -162,7 +166,7 @@ func removeStale(path string) error {
 func (k *Keeper) Serve() error {
 	k.log.Info("keeper serving", "socket", k.cfg.Socket, "max_fds", k.cfg.MaxFDs, "max_names", k.cfg.MaxNames)
 	b := make([]byte, MaxMessage)
-	oob := make([]byte, unix.CmsgSpace(4*sdnotify.MaxFDsPerMessage)+unix.CmsgSpace(unix.SizeofUcred))
+	oob := make([]byte, oobSize)
 	for {
 		// net's ReadMsgUnix receives with MSG_CMSG_CLOEXEC.
 		n, oobn, flags, _, err := k.conn.ReadMsgUnix(b, oob)
