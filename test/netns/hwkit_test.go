@@ -27,7 +27,7 @@ var kitTools = []string{"bash", "nsenter", "bridge", "ping", "arping", "iperf", 
 // the next command, and ip netns exec gives each command a mount
 // namespace of its own. With ovs, each host also gets an Open vSwitch of
 // its own, which the kit and eipoibd find through OVS_RUNDIR. The
-// hosts' ports run no DAD (noDAD).
+// hosts' ports run no DAD (nstest.Add).
 func kitHosts(t *testing.T, ovs bool) ([]string, []string) {
 	t.Helper()
 	pfx := fmt.Sprintf("k%d%d", os.Getpid()%1000, nsSeq.Add(1))
@@ -45,9 +45,7 @@ func kitHosts(t *testing.T, ovs bool) ([]string, []string) {
 	}
 	sh(t, "ip", "link", "add", "ul", "netns", hosts[0], "type", "veth", "peer", "name", "ul", "netns", hosts[1])
 	for _, ns := range hosts {
-		// The kit's simulated ports are macvlans it adds on ul.
-		noDAD(t, ns, "default")
-		underlayUp(t, ns, "ul")
+		underlayUp(t, ns, "ul") // nstest.Add turned DAD off for the kit's macvlans on ul too
 	}
 	return []string{"--fabric", "sim", "--dev", "ul", "--local-exec", exec[0], "--peer-exec", exec[1]}, hosts
 }
