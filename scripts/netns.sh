@@ -9,14 +9,13 @@
 # go test's status.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-log=$(mktemp)
 raw=$(mktemp)
-trap 'rm -f "$log" "$raw"' EXIT
+trap 'rm -f "$raw"' EXIT
 go test -count=1 -v -timeout "${NETNS_TIMEOUT:-30m}" "$@" ./test/netns/ 2>&1 | tee "$raw" |
-  grep --line-buffered -Ev '^=== (RUN|PAUSE|CONT)' | tee "$log"
+  grep --line-buffered -Ev '^=== (RUN|PAUSE|CONT)'
 rc=${PIPESTATUS[0]}
 echo "slowest netns tests:"
-grep -E '^\s*--- (PASS|FAIL): Test[^ /]* \(' "$log" |
+grep -E '^\s*--- (PASS|FAIL): Test[^ /]* \(' "$raw" |
   sed -E 's/^\s*--- (PASS|FAIL): ([^ ]+) \(([0-9.]+)s\)/\3 \2 \1/' | sort -rn | head -10 |
   awk '{printf "  %8.1fs  %s (%s)\n", $1, $2, $3}'
 if grep -qE '^--- FAIL: ' "$raw"; then
