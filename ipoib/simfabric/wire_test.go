@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"net/netip"
+	"slices"
 	"testing"
 )
 
@@ -129,6 +130,49 @@ func FuzzDecode(f *testing.F) {
 			t.Fatalf("re-encoded\n got %x\nwant %x", out, norm)
 		}
 	})
+}
+
+// TestICRCPrefixReused: one Codec, whose prefix CRC is kept from packet
+// to packet, computes the reference ICRC for a run in which each field
+// the prefix covers changes in turn (length, addresses, ports, opcode
+// byte, P_Key) and changes back, and for bytes after the prefix alone.
+func TestICRCPrefixReused(t *testing.T) {
+	var c Codec
+	body := make([]byte, 64)
+	for i := range body {
+		body[i] = byte(i * 7)
+	}
+	type key struct {
+		n            int
+		src, dst     [16]byte
+		sport, dport uint16
+		b0, b2       byte
+	}
+	base := key{n: 64, src: gidA, dst: gidB, sport: 0xc000, dport: UDPPort, b0: OpUDSendOnly, b2: 0xff}
+	otherGID := gidA
+	otherGID[15] ^= 1
+	keys := []key{base, base}
+	for _, change := range []func(*key){
+		func(k *key) { k.n = 60 },
+		func(k *key) { k.src = otherGID },
+		func(k *key) { k.dst = otherGID },
+		func(k *key) { k.sport++ },
+		func(k *key) { k.dport++ },
+		func(k *key) { k.b0 = 0 },
+		func(k *key) { k.b2 = 0x7f },
+	} {
+		k := base
+		change(&k)
+		keys = append(keys, k, base)
+	}
+	for i, k := range keys {
+		b := slices.Clone(body[:k.n])
+		b[0], b[2] = k.b0, k.b2
+		b[9] = byte(i) // a byte past the prefix: the PSN
+		if got, want := c.ICRC(b, &k.src, &k.dst, k.sport, k.dport, udpHeaderLen+k.n+ICRCLen), refICRC(b, &k.src, &k.dst, k.sport, k.dport); got != want {
+			t.Fatalf("packet %d (%+v): ICRC %#08x, reference %#08x", i, k, got, want)
+		}
+	}
 }
 
 func BenchmarkEncodeDecode(b *testing.B) {
