@@ -45,7 +45,10 @@ func Sum(acc uint32, b []byte) uint32 {
 	if len(b) == 1 {
 		s, c = bits.Add64(s, uint64(b[0]), c)
 	}
-	s, c = bits.Add64(s, 0, c) // end-around carry; it cannot carry again
+	// The end-around carry. It cannot carry again: a carry out leaves s
+	// at most 2^64-2 (s = 2^64-1 with a carry needs s, the word and the
+	// carry before all at their largest, a state no sum from 0 reaches).
+	s += c
 	s = s&0xffffffff + s>>32
 	s = s&0xffff + s>>16
 	s = s&0xffff + s>>16
