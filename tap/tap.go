@@ -554,7 +554,7 @@ func (q *Queue) readBatch(fd uintptr) bool {
 		if q.t.offload {
 			start -= vnetHdrLen // the header lands in the headroom
 		}
-		n, err := unix.Read(int(fd), q.rbufs[q.rn][start:])
+		n, err := fdio.RawRead(fd, q.rbufs[q.rn][start:])
 		if err == unix.EINTR {
 			continue
 		}
@@ -718,7 +718,7 @@ func (q *Queue) writeBatch(fd uintptr) bool {
 				clear(out[:vnetHdrLen]) // no offload asked for this one
 			}
 		}
-		_, err := unix.Write(int(fd), out)
+		_, err := fdio.RawWrite(fd, out)
 		switch err {
 		case unix.EINTR:
 			continue

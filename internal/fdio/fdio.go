@@ -15,6 +15,10 @@
 // syscall.RawConn's Control or Read, which hold a reference on the
 // descriptor (internal/poll FD.Close waits for the last reference of a
 // non-blocking descriptor before close(2)).
+//
+// RawRead, RawWrite and RawMmsg are the data path's system calls on
+// those descriptors, made without the runtime's syscall state (raw.go
+// says why).
 package fdio
 
 import (

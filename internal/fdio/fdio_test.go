@@ -54,7 +54,7 @@ func newPipe(t *testing.T, writeTimeout time.Duration) *pipe {
 func (p *pipe) read(fd uintptr) bool {
 	p.reads.Add(1)
 	var b [1]byte
-	n, err := unix.Read(int(fd), b[:])
+	n, err := RawRead(fd, b[:])
 	if err == unix.EAGAIN {
 		return false
 	}
@@ -63,7 +63,7 @@ func (p *pipe) read(fd uintptr) bool {
 }
 
 func (p *pipe) write(fd uintptr) bool {
-	n, err := unix.Write(int(fd), p.out)
+	n, err := RawWrite(fd, p.out)
 	if err == unix.EAGAIN {
 		return false
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/eipoib/eipoibd/internal/fdio"
 	"github.com/eipoib/eipoibd/ipoib"
 )
 
@@ -478,11 +479,7 @@ func (s *sysSocket) setMsgs(hdrs []mmsghdr, iovs []unix.Iovec, msgs []Msg, recv 
 }
 
 func mmsgCall(trap, fd uintptr, hdrs []mmsghdr) (int, error) {
-	n, _, e := unix.Syscall6(trap, fd, uintptr(unsafe.Pointer(&hdrs[0])), uintptr(len(hdrs)), unix.MSG_DONTWAIT, 0, 0)
-	if e != 0 {
-		return 0, e
-	}
-	return int(n), nil
+	return fdio.RawMmsg(trap, fd, unsafe.Pointer(&hdrs[0]), len(hdrs), unix.MSG_DONTWAIT)
 }
 
 func (s *sysSocket) sendCall(fd uintptr) bool {

@@ -83,11 +83,7 @@ func (s *sender) sendmmsg(fd uintptr) (int, error) {
 // mmsg makes the sendmmsg or recvmmsg system call trap on hdrs and
 // returns how many messages moved, or the error (EAGAIN: none yet).
 func mmsg(trap, fd uintptr, hdrs []mmsghdr) (int, error) {
-	n, _, e := unix.Syscall6(trap, fd, uintptr(unsafe.Pointer(&hdrs[0])), uintptr(len(hdrs)), 0, 0, 0)
-	if e != 0 {
-		return 0, e
-	}
-	return int(n), nil
+	return fdio.RawMmsg(trap, fd, unsafe.Pointer(&hdrs[0]), len(hdrs), 0)
 }
 
 // send sends msgs (each with a *peer address, and buffers that are not
