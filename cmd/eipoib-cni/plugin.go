@@ -101,7 +101,7 @@ func cmdDel(args *skel.CmdArgs) error {
 	if err == nil {
 		return nil
 	}
-	if gone := daemonGone(c); gone != nil {
+	if gone := daemonGone(c, err); gone != nil {
 		return delGone(c, mac, gone)
 	}
 	return refused(c, "vif-del", mac, err)
@@ -167,7 +167,7 @@ func delegate(c *Conf, op func(context.Context, string, []byte, invoke.Exec) err
 func checkVIF(c *Conf, mac net.HardwareAddr) error {
 	vifs, err := client(c).ShowVIFs()
 	if err != nil {
-		if gone := daemonGone(c); gone != nil {
+		if gone := daemonGone(c, err); gone != nil {
 			return gone
 		}
 		return refused(c, "show vifs", mac, err)
@@ -199,26 +199,24 @@ func declare(c *Conf, mac net.HardwareAddr) error {
 	if err == nil {
 		return nil
 	}
-	if gone := daemonGone(c); gone != nil {
+	if gone := daemonGone(c, err); gone != nil {
 		return gone
 	}
 	return refused(c, "vif-add", mac, err)
 }
 
-// daemonGone returns the error an operator sees when nothing answers on
-// c's control socket (try again later: the runtime retries), or nil
-// when something does, i.e. a failed request was the daemon's refusal.
-// The ctl client's own message does not keep the system's error, so the
-// socket is tried once more here to name it.
-func daemonGone(c *Conf) *types.Error {
-	conn, err := net.DialTimeout("unix", c.Socket(), 2*time.Second)
-	if err == nil {
-		conn.Close()
+// daemonGone returns the error an operator sees when a request to c's
+// eipoibd failed because nothing answered on its control socket (try
+// again later: the runtime retries), or nil when err is something else,
+// i.e. the daemon's refusal.
+func daemonGone(c *Conf, err error) *types.Error {
+	var de *ctl.DialError
+	if !errors.As(err, &de) {
 		return nil
 	}
-	why := err.Error()
+	why := de.Err.Error()
 	var errno syscall.Errno
-	if errors.As(err, &errno) {
+	if errors.As(de.Err, &errno) {
 		why = errno.Error()
 	}
 	return types.NewError(types.ErrTryAgainLater, fmt.Sprintf("eipoibd control socket %s: %s: is eipoibd running for %s?", c.Socket(), why, c.TAP), "")

@@ -455,13 +455,29 @@ func (c Client) Capture(r CaptureRequest, w io.Writer) error {
 	return err
 }
 
+// DialError is a request's error when nothing answered on the control
+// socket at Path; Err is the system's reason (ENOENT: no socket there,
+// ECONNREFUSED: a socket no daemon listens on, e.g. one left by a
+// crash).
+type DialError struct {
+	Path string
+	Err  error
+}
+
+func (e *DialError) Error() string {
+	if errors.Is(e.Err, os.ErrNotExist) || errors.Is(e.Err, unix.ECONNREFUSED) {
+		return fmt.Sprintf("no eipoibd at %s (is it running, with this --name?)", e.Path)
+	}
+	return e.Err.Error()
+}
+
+// Unwrap returns the system's reason.
+func (e *DialError) Unwrap() error { return e.Err }
+
 func dial(path string, req Request) (net.Conn, error) {
 	c, err := net.DialTimeout("unix", path, 5*time.Second)
 	if err != nil {
-		if errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ECONNREFUSED) {
-			return nil, fmt.Errorf("no eipoibd at %s (is it running, with this --name?)", path)
-		}
-		return nil, err
+		return nil, &DialError{Path: path, Err: err}
 	}
 	req.V = Version
 	b, _ := json.Marshal(req)

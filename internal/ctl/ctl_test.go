@@ -13,6 +13,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // fakeHandler answers each show with one entry naming the listing,
@@ -154,10 +156,29 @@ func TestServer(t *testing.T) {
 	}
 }
 
+// TestNoDaemon: a request with no socket at the path, and one to a
+// socket nobody listens on, fail with a DialError that says so and keeps
+// the system's reason (ENOENT, ECONNREFUSED).
 func TestNoDaemon(t *testing.T) {
-	_, err := Client{Path: filepath.Join(t.TempDir(), "eib0.sock")}.ShowPort()
-	if err == nil || !strings.Contains(err.Error(), "no eipoibd at") {
-		t.Fatalf("%v", err)
+	dir := t.TempDir()
+	stale := filepath.Join(dir, "stale.sock")
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Bind(fd, &unix.SockaddrUnix{Name: stale}); err != nil {
+		t.Fatal(err)
+	}
+	unix.Close(fd) // bound, never listened on: what a crash leaves
+	for _, c := range []struct {
+		path  string
+		errno unix.Errno
+	}{{filepath.Join(dir, "eib0.sock"), unix.ENOENT}, {stale, unix.ECONNREFUSED}} {
+		_, err := Client{Path: c.path}.ShowPort()
+		var de *DialError
+		if !errors.As(err, &de) || de.Path != c.path || !errors.Is(err, c.errno) || !strings.Contains(err.Error(), "no eipoibd at "+c.path) {
+			t.Fatalf("%s: %v, want a DialError for it, %v, saying \"no eipoibd at\"", c.path, err, c.errno)
+		}
 	}
 }
 
