@@ -50,10 +50,13 @@ func keptQueues(c *Config, log *slog.Logger) (queues []int, inKeeper bool) {
 	}
 	log.Info("--persist is off: the TAP an earlier run kept is removed and made afresh (its link drops once)", "tap", c.Name)
 	var err error
-	if inKeeper {
-		err = sdnotify.Send(c.FDStore, "FDSTOREREMOVE=1\nFDNAME="+fdName(c.Name), nil)
-	} else {
-		_, err = sdnotify.Notify("FDSTOREREMOVE=1\nFDNAME=" + fdName(c.Name))
+	switch {
+	case inKeeper:
+		err = sdnotify.RemoveFilesAt(c.FDStore, fdName(c.Name))
+	case c.FDStore == "":
+		err = sdnotify.RemoveFiles(fdName(c.Name))
+		// else the queues are systemd's, which keeperQueues has told to
+		// let go of them already
 	}
 	if err != nil {
 		log.Warn("file descriptor store not told to let go of the TAP's queues", "err", err)
@@ -126,7 +129,7 @@ func keeperQueues(c *Config, fromSystemd []int, log *slog.Logger) ([]int, bool) 
 	if len(fromSystemd) == 0 {
 		return queues, len(queues) > 0
 	}
-	if _, err := sdnotify.Notify("FDSTOREREMOVE=1\nFDNAME=" + fdName(c.Name)); err != nil {
+	if err := sdnotify.RemoveFiles(fdName(c.Name)); err != nil {
 		log.Warn("systemd file descriptor store", "err", err)
 	}
 	if len(queues) == 0 {

@@ -100,13 +100,29 @@ func StoreFiles(name string, files []*os.File) (bool, error) {
 	return true, StoreFilesAt(socket, name, files)
 }
 
+// RemoveFiles tells systemd's file descriptor store to close what it
+// holds under name (FDSTOREREMOVE=1 with FDNAME=); without
+// $NOTIFY_SOCKET nothing is sent.
+func RemoveFiles(name string) error {
+	if socket := os.Getenv("NOTIFY_SOCKET"); socket != "" {
+		return RemoveFilesAt(socket, name)
+	}
+	return nil
+}
+
+// RemoveFilesAt is RemoveFiles to the store at socket, systemd's or
+// another speaking its protocol (eipoibd keeper).
+func RemoveFilesAt(socket, name string) error {
+	return Send(socket, "FDSTOREREMOVE=1\nFDNAME="+name, nil)
+}
+
 // StoreFilesAt is StoreFiles to the store at socket, systemd's or
 // another speaking its protocol (eipoibd keeper).
 func StoreFilesAt(socket, name string, files []*os.File) error {
 	if !ValidName(name) {
 		return fmt.Errorf("sdnotify: bad file descriptor name %q", name)
 	}
-	if err := Send(socket, "FDSTOREREMOVE=1\nFDNAME="+name, nil); err != nil {
+	if err := RemoveFilesAt(socket, name); err != nil {
 		return err
 	}
 	for i := 0; i < len(files); i += MaxFDsPerMessage {

@@ -65,6 +65,36 @@ func TestNotify(t *testing.T) {
 	}
 }
 
+// TestRemoveFiles: RemoveFiles and RemoveFilesAt send FDSTOREREMOVE=1
+// with the name, to $NOTIFY_SOCKET and to the socket given; without
+// $NOTIFY_SOCKET RemoveFiles sends nothing and is no error.
+func TestRemoveFiles(t *testing.T) {
+	dir := t.TempDir()
+	c := listen(t, filepath.Join(dir, "notify"))
+	other := listen(t, filepath.Join(dir, "keeper"))
+	t.Setenv("NOTIFY_SOCKET", filepath.Join(dir, "notify"))
+	if err := RemoveFiles("tap-eib0"); err != nil {
+		t.Fatal(err)
+	}
+	if got := recv(t, c); got != "FDSTOREREMOVE=1\nFDNAME=tap-eib0" {
+		t.Fatalf("systemd heard %q", got)
+	}
+	if err := RemoveFilesAt(filepath.Join(dir, "keeper"), "tap-eib1"); err != nil {
+		t.Fatal(err)
+	}
+	if got := recv(t, other); got != "FDSTOREREMOVE=1\nFDNAME=tap-eib1" {
+		t.Fatalf("the other store heard %q", got)
+	}
+	t.Setenv("NOTIFY_SOCKET", "")
+	if err := RemoveFiles("tap-eib0"); err != nil {
+		t.Fatal("without a socket:", err)
+	}
+	c.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+	if n, err := c.Read(make([]byte, 64)); err == nil {
+		t.Fatalf("without a socket, systemd's still heard %d bytes", n)
+	}
+}
+
 func TestWatchdogInterval(t *testing.T) {
 	t.Setenv("WATCHDOG_PID", "")
 	t.Setenv("WATCHDOG_USEC", "30000000")
