@@ -99,6 +99,12 @@ type Config struct {
 	// frames reach the shim, which fragments them or answers ICMP "too
 	// big" with the IPoIB MTU. 0 means MTU.
 	LinkMTU int
+	// TxQueueLen is the TAP's txqueuelen: how many frames each queue
+	// holds for its reader (tun's ptr_ring, tun_queue_resize; a frame
+	// that finds it full is dropped and counted in the TAP's TX
+	// "dropped"). It must cover what guests send while the reader is
+	// not running. 0 leaves what the TAP has.
+	TxQueueLen int
 	// Queues is the number of queues (IFF_MULTI_QUEUE when more than
 	// one): the kernel spreads guests' flows over them by hash, so that
 	// as many goroutines can read them in parallel. 0 means 1.
@@ -340,6 +346,11 @@ func Create(cfg Config) (*TAP, error) {
 	if mtu := max(cfg.LinkMTU, cfg.MTU); mtu > 0 && mtu != link.Attrs().MTU {
 		if err := netlink.LinkSetMTU(link, mtu); err != nil {
 			return fail(fmt.Errorf("tap: set MTU %d on %s: %w", mtu, cfg.Name, err))
+		}
+	}
+	if cfg.TxQueueLen > 0 && cfg.TxQueueLen != link.Attrs().TxQLen {
+		if err := netlink.LinkSetTxQLen(link, cfg.TxQueueLen); err != nil {
+			return fail(fmt.Errorf("tap: set txqueuelen %d on %s: %w", cfg.TxQueueLen, cfg.Name, err))
 		}
 	}
 	if err := netlink.LinkSetUp(link); err != nil {

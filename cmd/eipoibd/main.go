@@ -115,6 +115,7 @@ func runFlags(o *options) *flag.FlagSet {
 	fs.IntVar(&o.cfg.Multicast.Robustness, "mcast-robustness", 2, "robustness variable: queries after a leave, and the membership interval factor")
 	fs.BoolVar(&o.cfg.Offload, "offload", true, "TAP offloads: read guests' TCP super-frames whole and cut them here, write received segment runs as super-frames")
 	fs.IntVar(&o.cfg.TAPMTU, "tap-mtu", 9000, fmt.Sprintf("MTU of the TAP itself, up to %d: guests' frames up to it reach eipoibd, which fragments them or answers ICMP too-big with the IPoIB MTU (a bridge would drop them silently)", daemon.MaxTAPMTU))
+	fs.IntVar(&o.cfg.TAPQueueLen, "tap-queue-len", daemon.DefaultTAPQueueLen, "frames each TAP queue holds for its reader (the TAP's txqueuelen): guests' frames beyond it are dropped by the kernel (the TAP's TX dropped) while the reader is not running")
 	fs.StringVar(&o.learn, "learn", shim.LearnAuto.String(), "auto: a VIF for any guest MAC (promiscuous emulation); declared: only MACs with a static entry in the --bridge FDB (as libvirt adds) or on an --ovs-bridge port's external_ids:attached-mac, others dropped and counted")
 	fs.BoolVar(&o.cfg.ClampMSS, "clamp-mss", false, "lower the MSS of guests' TCP SYNs to fit the IPoIB MTU, for guests that ignore path MTU discovery")
 	fs.DurationVar(&o.cfg.BusyPoll, "busy-poll", 0, fmt.Sprintf("spin on the TAP queues and (simulated fabric) the fabric socket for up to this long (e.g. 50us, at most %s) after finding them empty, before sleeping: lower latency for CPU time; 0: off", daemon.MaxBusyPoll))

@@ -43,6 +43,8 @@ func TestBadCommandLines(t *testing.T) {
 		{[]string{"run", "--underlay", "x", "--tap-mtu", "576"}, "--tap-mtu 576: want 1280 to 65521", true},
 		{[]string{"run", "--underlay", "x", "--tap-mtu", "70000"}, "--tap-mtu 70000", true},
 		{[]string{"run", "--underlay", "x", "--queues", "257"}, "--queues 257", true},
+		{[]string{"run", "--underlay", "x", "--tap-queue-len", "-1"}, "--tap-queue-len -1: want 1 to 1048576 (0: the TAP's own)", true},
+		{[]string{"run", "--underlay", "x", "--tap-queue-len", "2000000"}, "--tap-queue-len 2000000", true},
 		{[]string{"run", "--underlay", "x", "--busy-poll", "-1us"}, "--busy-poll -1µs: want 0 (off) to 10ms, e.g. 50us", true},
 		{[]string{"run", "--underlay", "x", "--busy-poll", "1s"}, "--busy-poll 1s: want 0 (off) to 10ms", true},
 		{[]string{"run", "--underlay", "x", "--busy-poll", "soon"}, "-busy-poll", true},

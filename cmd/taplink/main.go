@@ -5,7 +5,7 @@
 // shim to the other TAP, so the TAP + shim cost is measured apart from
 // the simulated fabric's (its UDP sockets, encoding and ICRC).
 //
-//	taplink --tap1 NAME --tap2 NAME [--offload=true] [--queues N] [--ib-mtu 4096] [--tap-mtu 9000]
+//	taplink --tap1 NAME --tap2 NAME [--offload=true] [--queues N] [--ib-mtu 4096] [--tap-mtu 9000] [--tap-queue-len 8192]
 //
 // Both TAPs are made in taplink's network namespace, up and unattached;
 // the caller moves them where it wants (a TAP's queues stay open across
@@ -71,6 +71,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.cfg.Queues, "queues", 0, "queues of each TAP; 0: one per CPU")
 	fs.IntVar(&o.cfg.IBMTU, "ib-mtu", 4096, "IB MTU of the in-memory fabric, 2048 or 4096")
 	fs.IntVar(&o.cfg.TAPMTU, "tap-mtu", 9000, "MTU of each TAP itself, as eipoibd run --tap-mtu")
+	fs.IntVar(&o.cfg.TAPQueueLen, "tap-queue-len", daemon.DefaultTAPQueueLen, "txqueuelen of each TAP, as eipoibd run --tap-queue-len")
 	if err := cli.Parse(fs, args, usage, stderr, "taplink -h lists the flags"); err != nil {
 		return nil, err
 	}
@@ -86,6 +87,8 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 		return nil, bad("--queues %d: want 0 (one per CPU) to %d", o.cfg.Queues, daemon.MaxQueues)
 	case o.cfg.TAPMTU < daemon.MinTAPMTU || o.cfg.TAPMTU > daemon.MaxTAPMTU:
 		return nil, bad("--tap-mtu %d: want %d to %d", o.cfg.TAPMTU, daemon.MinTAPMTU, daemon.MaxTAPMTU)
+	case o.cfg.TAPQueueLen < 1 || o.cfg.TAPQueueLen > daemon.MaxTAPQueueLen:
+		return nil, bad("--tap-queue-len %d: want 1 to %d", o.cfg.TAPQueueLen, daemon.MaxTAPQueueLen)
 	}
 	if o.cfg.Queues == 0 {
 		o.cfg.Queues = runtime.NumCPU()

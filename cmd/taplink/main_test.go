@@ -27,6 +27,7 @@ func TestParse(t *testing.T) {
 		{[]string{"--tap1", "a", "--tap2", "b", "--ib-mtu", "1500"}, "--ib-mtu 1500"},
 		{[]string{"--tap1", "a", "--tap2", "b", "--queues", "-1"}, "--queues -1"},
 		{[]string{"--tap1", "a", "--tap2", "b", "--tap-mtu", "1000"}, "--tap-mtu 1000"},
+		{[]string{"--tap1", "a", "--tap2", "b", "--tap-queue-len", "0"}, "--tap-queue-len 0: want 1 to 1048576"},
 		{[]string{"--tap1", "a", "--tap2", "b", "extra"}, "unexpected argument"},
 		{[]string{"--tap1", "a", "--tap2", "b", "--offload=false"}, ""},
 	} {
@@ -35,7 +36,7 @@ func TestParse(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%v: %v", tc.args, err)
 			}
-			if o.names != [2]string{"a", "b"} || o.cfg.Offload || o.cfg.Queues < 1 || o.cfg.IBMTU != 4096 || o.cfg.TAPMTU != 9000 ||
+			if o.names != [2]string{"a", "b"} || o.cfg.Offload || o.cfg.Queues < 1 || o.cfg.IBMTU != 4096 || o.cfg.TAPMTU != 9000 || o.cfg.TAPQueueLen != 8192 ||
 				o.cfg.MaxVIFs != 1024 || o.cfg.MaxNeighbours != 65536 || o.cfg.VIFIdle != 300*time.Second {
 				t.Fatalf("%v: %+v", tc.args, o)
 			}
