@@ -100,10 +100,13 @@ type Config struct {
 	// big" with the IPoIB MTU. 0 means MTU.
 	LinkMTU int
 	// TxQueueLen is the TAP's txqueuelen: how many frames each queue
-	// holds for its reader (tun's ptr_ring, tun_queue_resize; a frame
-	// that finds it full is dropped and counted in the TAP's TX
-	// "dropped"). It must cover what guests send while the reader is
-	// not running. 0 leaves what the TAP has.
+	// holds for its reader. tun_net_xmit (drivers/net/tun.c) puts a
+	// frame into the queue's ring (ptr_ring_produce), and drops one
+	// that finds it full, counted in the TAP's TX "dropped";
+	// tun_device_event resizes the rings to a new txqueuelen
+	// (NETDEV_CHANGE_TX_QUEUE_LEN, tun_queue_resize). It must cover what
+	// guests send while the reader is not running. 0 leaves what the
+	// TAP has.
 	TxQueueLen int
 	// Queues is the number of queues (IFF_MULTI_QUEUE when more than
 	// one): the kernel spreads guests' flows over them by hash, so that

@@ -61,9 +61,12 @@ const (
 // second lost 3.7 % of them in the TAP's queue at the 1000 a TAP is
 // created with (the reader waiting a few ms for a core the sender
 // held), 0.07 % at 4096, none up to the sender's most (264,000 a
-// second) at 8192. A full queue of 8192 small frames is about 8 MB of
-// the kernel's memory per queue; TCP's super-frames are bounded by the
-// guests' windows, not by this count.
+// second) at 8192. A queued frame is orphaned (tun_net_xmit's
+// skb_orphan), not charged to the guest's socket: a full queue holds
+// about 8 MB of the kernel's memory per queue in 64-byte frames, and at
+// worst, full of 64 KB super-frames a guest sends faster than eipoibd
+// reads them, 512 MB (64 MB at 1000); TCP's super-frames are bounded
+// by the guests' windows before that.
 const DefaultTAPQueueLen = 8192
 
 // MaxTAPQueueLen bounds Config.TAPQueueLen (each queue's ring holds a
