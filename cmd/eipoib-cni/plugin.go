@@ -210,7 +210,7 @@ func declare(c *Conf, mac net.HardwareAddr) error {
 // again later: the runtime retries), or nil when err is something else,
 // i.e. the daemon's refusal.
 func daemonGone(c *Conf, err error) *types.Error {
-	var de *ctl.DialError
+	var de *ctl.NoDaemonError
 	if !errors.As(err, &de) {
 		return nil
 	}
@@ -218,6 +218,9 @@ func daemonGone(c *Conf, err error) *types.Error {
 	var errno syscall.Errno
 	if errors.As(de.Err, &errno) {
 		why = errno.Error()
+	}
+	if de.Connected {
+		why = "no reply (" + why + ")"
 	}
 	return types.NewError(types.ErrTryAgainLater, fmt.Sprintf("eipoibd control socket %s: %s: is eipoibd running for %s?", c.Socket(), why, c.TAP), "")
 }

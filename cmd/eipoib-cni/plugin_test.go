@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"errors"
 	"io"
 	"net"
@@ -152,9 +153,10 @@ func TestAddDel(t *testing.T) {
 	}
 }
 
-// TestNoDaemon: with no socket, or a stale one nothing listens on, ADD
-// fails with "try again later" (code 11) and a message naming the
-// socket, the system's error and the question to ask.
+// TestNoDaemon: with no socket, a stale one nothing listens on, or a
+// daemon that takes the connection and closes it without a reply (one
+// stopping), ADD fails with "try again later" (code 11) and a message
+// naming the socket, the system's error and the question to ask.
 func TestNoDaemon(t *testing.T) {
 	dir := t.TempDir()
 	args := podArgs(dir)
@@ -170,6 +172,36 @@ func TestNoDaemon(t *testing.T) {
 	if !errors.As(err, &ce) || ce.Code != types.ErrTryAgainLater || ce.Msg != want {
 		t.Errorf("ADD with a stale socket: %v, want code 11 %q", err, want)
 	}
+	os.Remove(filepath.Join(dir, "eib1.sock"))
+	closingDaemon(t, dir)
+	_, err = quiet(t, func() error { return cmdAdd(args) })
+	want = "eipoibd control socket " + filepath.Join(dir, "eib1.sock") + ": no reply (EOF): is eipoibd running for eib1?"
+	if !errors.As(err, &ce) || ce.Code != types.ErrTryAgainLater || ce.Msg != want {
+		t.Errorf("ADD to a daemon closing without a reply: %v, want code 11 %q", err, want)
+	}
+}
+
+// closingDaemon serves dir/eib1.sock as a daemon stopping does: each
+// connection is taken, its request read, and closed without a reply.
+func closingDaemon(t *testing.T, dir string) {
+	t.Helper()
+	ln, err := net.Listen("unix", filepath.Join(dir, "eib1.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	t.Cleanup(func() { ln.Close(); <-done })
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			bufio.NewReader(c).ReadBytes('\n')
+			c.Close()
+		}
+	}()
 }
 
 // staleSocket leaves dir/eib1.sock as a daemon that died does: a

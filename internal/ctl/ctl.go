@@ -365,7 +365,7 @@ func (c Client) Do(req Request) (json.RawMessage, error) {
 		return nil, err
 	}
 	defer conn.Close()
-	r, _, err := readReply(conn)
+	r, _, err := readReply(c.Path, conn)
 	return r, err
 }
 
@@ -447,7 +447,7 @@ func (c Client) Capture(r CaptureRequest, w io.Writer) error {
 		return err
 	}
 	defer conn.Close()
-	_, rest, err := readReply(conn)
+	_, rest, err := readReply(c.Path, conn)
 	if err != nil {
 		return err
 	}
@@ -455,29 +455,35 @@ func (c Client) Capture(r CaptureRequest, w io.Writer) error {
 	return err
 }
 
-// DialError is a request's error when nothing answered on the control
-// socket at Path; Err is the system's reason (ENOENT: no socket there,
-// ECONNREFUSED: a socket no daemon listens on, e.g. one left by a
-// crash).
-type DialError struct {
-	Path string
-	Err  error
+// NoDaemonError is a request's error when no daemon answered on the
+// control socket at Path: the dial failed (Connected false; ENOENT: no
+// socket there, ECONNREFUSED: a socket no daemon listens on, e.g. one
+// left by a crash), or the connection ended before any reply (Connected:
+// a daemon stopping took the connection into its listen backlog, then
+// closed it). Err is the system's reason.
+type NoDaemonError struct {
+	Path      string
+	Connected bool
+	Err       error
 }
 
-func (e *DialError) Error() string {
-	if errors.Is(e.Err, os.ErrNotExist) || errors.Is(e.Err, unix.ECONNREFUSED) {
+func (e *NoDaemonError) Error() string {
+	switch {
+	case e.Connected:
+		return fmt.Sprintf("no reply from eipoibd at %s: %v", e.Path, e.Err)
+	case errors.Is(e.Err, os.ErrNotExist) || errors.Is(e.Err, unix.ECONNREFUSED):
 		return fmt.Sprintf("no eipoibd at %s (is it running, with this --name?)", e.Path)
 	}
-	return e.Err.Error()
+	return e.Err.Error() // net.OpError's, which names the path
 }
 
 // Unwrap returns the system's reason.
-func (e *DialError) Unwrap() error { return e.Err }
+func (e *NoDaemonError) Unwrap() error { return e.Err }
 
 func dial(path string, req Request) (net.Conn, error) {
 	c, err := net.DialTimeout("unix", path, 5*time.Second)
 	if err != nil {
-		return nil, &DialError{Path: path, Err: err}
+		return nil, &NoDaemonError{Path: path, Err: err}
 	}
 	req.V = Version
 	b, _ := json.Marshal(req)
@@ -485,13 +491,13 @@ func dial(path string, req Request) (net.Conn, error) {
 		// A daemon that refuses the peer (not root) replies and closes
 		// before reading the request: its reply says why.
 		c.SetReadDeadline(time.Now().Add(time.Second))
-		_, _, rerr := readReply(c)
+		_, _, rerr := readReply(path, c)
 		c.Close()
 		var re replyError
 		if errors.As(rerr, &re) {
 			return nil, rerr
 		}
-		return nil, err
+		return nil, &NoDaemonError{Path: path, Connected: true, Err: err}
 	}
 	return c, nil
 }
@@ -501,12 +507,13 @@ type replyError string
 
 func (e replyError) Error() string { return string(e) }
 
-// readReply reads the reply line; rest holds what was read past it.
-func readReply(c net.Conn) (json.RawMessage, io.Reader, error) {
+// readReply reads the reply line of the daemon at path from c; rest
+// holds what was read past it.
+func readReply(path string, c net.Conn) (json.RawMessage, io.Reader, error) {
 	br := bufio.NewReader(c)
 	line, err := br.ReadBytes('\n')
 	if err != nil && len(line) == 0 {
-		return nil, nil, fmt.Errorf("no reply from eipoibd: %w", err)
+		return nil, nil, &NoDaemonError{Path: path, Connected: true, Err: err}
 	}
 	var r Response
 	if err := json.Unmarshal(line, &r); err != nil {

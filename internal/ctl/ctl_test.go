@@ -157,8 +157,10 @@ func TestServer(t *testing.T) {
 }
 
 // TestNoDaemon: a request with no socket at the path, and one to a
-// socket nobody listens on, fail with a DialError that says so and keeps
-// the system's reason (ENOENT, ECONNREFUSED).
+// socket nobody listens on, fail with a NoDaemonError that says so and
+// keeps the system's reason (ENOENT, ECONNREFUSED); one to a daemon that
+// takes the connection and closes it without a reply (one stopping)
+// fails with a NoDaemonError, Connected, saying "no reply".
 func TestNoDaemon(t *testing.T) {
 	dir := t.TempDir()
 	stale := filepath.Join(dir, "stale.sock")
@@ -175,10 +177,28 @@ func TestNoDaemon(t *testing.T) {
 		errno unix.Errno
 	}{{filepath.Join(dir, "eib0.sock"), unix.ENOENT}, {stale, unix.ECONNREFUSED}} {
 		_, err := Client{Path: c.path}.ShowPort()
-		var de *DialError
-		if !errors.As(err, &de) || de.Path != c.path || !errors.Is(err, c.errno) || !strings.Contains(err.Error(), "no eipoibd at "+c.path) {
-			t.Fatalf("%s: %v, want a DialError for it, %v, saying \"no eipoibd at\"", c.path, err, c.errno)
+		var de *NoDaemonError
+		if !errors.As(err, &de) || de.Path != c.path || de.Connected || !errors.Is(err, c.errno) || !strings.Contains(err.Error(), "no eipoibd at "+c.path) {
+			t.Fatalf("%s: %v, want a NoDaemonError for it, %v, saying \"no eipoibd at\"", c.path, err, c.errno)
 		}
+	}
+	closing := filepath.Join(dir, "closing.sock")
+	ln, err := net.Listen("unix", closing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		c, err := ln.Accept()
+		if err == nil {
+			bufio.NewReader(c).ReadBytes('\n')
+			c.Close()
+		}
+	}()
+	_, err = Client{Path: closing}.ShowPort()
+	var de *NoDaemonError
+	if !errors.As(err, &de) || de.Path != closing || !de.Connected || !strings.Contains(err.Error(), "no reply from eipoibd at "+closing) {
+		t.Fatalf("a daemon closing without a reply: %v, want a NoDaemonError, Connected, saying \"no reply from eipoibd at\"", err)
 	}
 }
 
