@@ -87,8 +87,8 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 		return nil, bad("--queues %d: want 0 (one per CPU) to %d", o.cfg.Queues, daemon.MaxQueues)
 	case o.cfg.TAPMTU < daemon.MinTAPMTU || o.cfg.TAPMTU > daemon.MaxTAPMTU:
 		return nil, bad("--tap-mtu %d: want %d to %d", o.cfg.TAPMTU, daemon.MinTAPMTU, daemon.MaxTAPMTU)
-	case o.cfg.TAPQueueLen < 1 || o.cfg.TAPQueueLen > daemon.MaxTAPQueueLen:
-		return nil, bad("--tap-queue-len %d: want 1 to %d", o.cfg.TAPQueueLen, daemon.MaxTAPQueueLen)
+	case o.cfg.TAPQueueLen < 0 || o.cfg.TAPQueueLen > daemon.MaxTAPQueueLen:
+		return nil, bad("--tap-queue-len %d: want 0 (the TAP's own, 1000) to %d", o.cfg.TAPQueueLen, daemon.MaxTAPQueueLen)
 	}
 	if o.cfg.Queues == 0 {
 		o.cfg.Queues = runtime.NumCPU()

@@ -27,7 +27,7 @@ func TestParse(t *testing.T) {
 		{[]string{"--tap1", "a", "--tap2", "b", "--ib-mtu", "1500"}, "--ib-mtu 1500"},
 		{[]string{"--tap1", "a", "--tap2", "b", "--queues", "-1"}, "--queues -1"},
 		{[]string{"--tap1", "a", "--tap2", "b", "--tap-mtu", "1000"}, "--tap-mtu 1000"},
-		{[]string{"--tap1", "a", "--tap2", "b", "--tap-queue-len", "0"}, "--tap-queue-len 0: want 1 to 1048576"},
+		{[]string{"--tap1", "a", "--tap2", "b", "--tap-queue-len", "-1"}, "--tap-queue-len -1: want 0 (the TAP's own, 1000) to 524288"},
 		{[]string{"--tap1", "a", "--tap2", "b", "extra"}, "unexpected argument"},
 		{[]string{"--tap1", "a", "--tap2", "b", "--offload=false"}, ""},
 	} {

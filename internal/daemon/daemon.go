@@ -69,9 +69,12 @@ const (
 // by the guests' windows before that.
 const DefaultTAPQueueLen = 8192
 
-// MaxTAPQueueLen bounds Config.TAPQueueLen (each queue's ring holds a
-// pointer per frame, allocated whole).
-const MaxTAPQueueLen = 1 << 20
+// MaxTAPQueueLen bounds Config.TAPQueueLen: each queue's ring is an
+// array of a pointer per frame, and __ptr_ring_init_queue_alloc
+// (include/linux/ptr_ring.h) refuses one above KMALLOC_MAX_SIZE (4 MB
+// on x86-64) / 8: on this kernel a TAP with a queue open takes 524,288
+// and refuses 524,289 (EPERM, tun_device_event's NOTIFY_BAD).
+const MaxTAPQueueLen = 1 << 19
 
 // gcPercent is the collector's GOGC unless $GOGC sets one: the heap may
 // grow by half the live heap between collections, not by all of it.
@@ -98,7 +101,7 @@ type Config struct {
 	IBMTU    int       // --ib-mtu: 2048 or 4096 (sim; the others ask the device)
 	TAPMTU   int       // --tap-mtu
 	// TAPQueueLen is --tap-queue-len: the TAP's txqueuelen; 0 leaves
-	// the TAP's own (1000 as created).
+	// the TAP's own (1000 as netlink creates it).
 	TAPQueueLen int
 	Queues      int // --queues: 0 for one per CPU
 	// RxWorkers is --rx-workers: the simulated fabric's receive sockets
@@ -168,7 +171,7 @@ func (c *Config) Validate() error {
 	case c.TAPMTU < MinTAPMTU || c.TAPMTU > MaxTAPMTU:
 		return bad("--tap-mtu %d: want %d to %d (below the IPoIB MTU it is raised to it)", c.TAPMTU, MinTAPMTU, MaxTAPMTU)
 	case c.TAPQueueLen < 0 || c.TAPQueueLen > MaxTAPQueueLen:
-		return bad("--tap-queue-len %d: want 1 to %d (0: the TAP's own)", c.TAPQueueLen, MaxTAPQueueLen)
+		return bad("--tap-queue-len %d: want 0 (the TAP's own, 1000) to %d", c.TAPQueueLen, MaxTAPQueueLen)
 	case c.BusyPoll < 0 || c.BusyPoll > MaxBusyPoll:
 		return bad("--busy-poll %s: want 0 (off) to %s, e.g. 50us", c.BusyPoll, MaxBusyPoll)
 	case c.Queues < 0 || c.Queues > MaxQueues:
