@@ -51,8 +51,8 @@ func TestTxQueueLen(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer tp.Close() // the persistent TAP goes with the namespace
-		if got := qlen(); got != 300 || before == 300 {
-			t.Fatalf("TxQueueLen 0: txqueuelen %d, want the 300 it had (the kernel's was %d)", got, before)
+		if got := qlen(); got != 300 || before != 1000 {
+			t.Fatalf("TxQueueLen 0: txqueuelen %d, want the 300 it had (a new TAP's %d, want netlink's 1000)", got, before)
 		}
 	})
 }

@@ -30,16 +30,21 @@ func TestIPv4Header(t *testing.T) {
 	}
 }
 
-// slowSum is RFC 1071's reference loop, 16 bits at a time.
+// slowSum is RFC 1071's reference loop, 16 bits at a time, folded to 16
+// bits at the end (its 64-bit sum cannot wrap).
 func slowSum(acc uint32, b []byte) uint32 {
+	s := uint64(acc)
 	for len(b) >= 2 {
-		acc += uint32(b[0])<<8 | uint32(b[1])
+		s += uint64(b[0])<<8 | uint64(b[1])
 		b = b[2:]
 	}
 	if len(b) == 1 {
-		acc += uint32(b[0]) << 8
+		s += uint64(b[0]) << 8
 	}
-	return acc
+	for s>>16 != 0 {
+		s = s&0xffff + s>>16
+	}
+	return uint32(s)
 }
 
 // FuzzSum: the word-at-a-time sum folds to the reference checksum for any

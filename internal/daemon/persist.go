@@ -55,8 +55,9 @@ func keptQueues(c *Config, log *slog.Logger) (queues []int, inKeeper bool) {
 		err = sdnotify.RemoveFilesAt(c.FDStore, fdName(c.Name))
 	case c.FDStore == "":
 		err = sdnotify.RemoveFiles(fdName(c.Name))
-		// else the queues are systemd's, which keeperQueues has told to
-		// let go of them already
+	default:
+		// The queues are systemd's, which keeperQueues has told to let
+		// go of them already.
 	}
 	if err != nil {
 		log.Warn("file descriptor store not told to let go of the TAP's queues", "err", err)

@@ -427,7 +427,7 @@ func firstReply(g *guest, dst string, within time.Duration) (time.Time, error) {
 func TestBadInput(t *testing.T) {
 	tp := newTopo(t, 2, false, "--mac", "02:00:00:00:01:01")
 	h1, h2 := tp.hvs[0], tp.hvs[1]
-	if out := sh(t, in(h1.ns, "ip", "link", "show", "eib0")...); !strings.Contains(out, "02:00:00:00:01:01") || !strings.Contains(out, "mtu 9000") || !strings.Contains(out, "qlen 8192") {
+	if out := sh(t, in(h1.ns, "ip", "link", "show", "eib0")...); !strings.Contains(out, "02:00:00:00:01:01") || !strings.Contains(out, "mtu 9000") || !strings.Contains(out, "qlen 8192\n") {
 		t.Fatalf("TAP without the --mac address, the --tap-mtu default (9000) or the --tap-queue-len default (8192): %s", out)
 	}
 	ping(t, h1.guests[0], h2.guests[0].ip4)
