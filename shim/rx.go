@@ -43,14 +43,15 @@ func (s *Shim) rxLoop(w int, rq ipoib.RxQueue) error {
 			return err
 		}
 		now := s.clk.Now()
-		s.ep.enter(s.rxSlot(w)) // the batch may resolve (srcip.go) and flush from VIFs' QPs
+		slot := s.rxSlot(w)
+		s.ep.enter(slot) // the batch may resolve (srcip.go) and flush from VIFs' QPs
 		if s.capture.Load() != nil {
 			for i := range n {
 				s.capFabricRx(bufs[i][rxOffset:rxOffset+sizes[i]], &meta[i])
 			}
 		}
+		s.ctr.add(RxPackets, uint64(n)) // once a batch: RX workers share the counter
 		for i := 0; i < n; i++ {
-			s.ctr.inc(RxPackets)
 			if f := s.rx(bufs[i], sizes[i], &meta[i], now); f != nil {
 				// The frame with the device's headroom in front of it.
 				start := cap(bufs[i]) - cap(f)
@@ -62,7 +63,7 @@ func (s *Shim) rxLoop(w int, rq ipoib.RxQueue) error {
 		if s.pending.count.Load() > 0 {
 			s.flushResolved()
 		}
-		s.ep.exit(s.rxSlot(w))
+		s.ep.exit(slot)
 	}
 }
 
