@@ -219,16 +219,20 @@ func (p *Port) writeChunk(bufs [][]byte, meta []ipoib.TxMeta, offset int, ok *[b
 	if err := p.sendLanes(msgs, &size); err != nil {
 		return err
 	}
+	var pkts, mcast, nbytes uint64 // added once a chunk
 	for i, l := range size[:len(bufs)] {
 		if l > 0 {
 			ok[i] = true
-			p.txPackets.Add(1)
+			pkts++
 			if meta[i].Dst.GID().IsMulticast() {
-				p.txMulticast.Add(1)
+				mcast++
 			}
-			p.txBytes.Add(uint64(l))
+			nbytes += uint64(l)
 		}
 	}
+	p.txPackets.Add(pkts)
+	p.txMulticast.Add(mcast)
+	p.txBytes.Add(nbytes)
 	return nil
 }
 
