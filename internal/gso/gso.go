@@ -155,7 +155,10 @@ func afterIPv6(ip header.IPv6, proto uint8) int {
 }
 
 // Cut writes the next segment into dst (which must hold HdrLen+MSS
-// bytes) and returns its length.
+// bytes) and returns its length. The segment is copied whole because it
+// needs its own headers in front of its payload, and its checksum is then
+// summed over the copy: the super-packet carries only the pseudo-header's
+// partial sum, which covers no segment's payload.
 func (s *Segmenter) Cut(dst []byte) int {
 	end := min(s.next+s.mss, len(s.pkt))
 	n := copy(dst, s.pkt[:s.hdrLen])

@@ -164,7 +164,10 @@ func (l *rxLane) inspect(data, oob []byte, flags int, sa *unix.RawSockaddrInet6)
 
 // split checks the packets of a datagram, from r.off on, copies the
 // payload of each good one into bufs at offset, and returns how many it
-// filled; it stops when bufs are full.
+// filled; it stops when bufs are full. The copy is there because a
+// receive buffer holds a whole datagram, up to a 64 KB GRO train of
+// packets, while the caller's buffers take one packet each with room in
+// front for the Ethernet header the shim puts there.
 func (l *rxLane) split(data []byte, r *rxInfo, bufs [][]byte, sizes []int, meta []ipoib.RxMeta, offset int) int {
 	n := 0
 	for r.off < len(data) && n < len(bufs) {

@@ -74,6 +74,12 @@ func (p *Port) Write(bufs [][]byte, meta []ipoib.TxMeta, offset int) (int, error
 			p.drops.Add(d)
 			continue
 		}
+		// The cut is done here, into the port's buffers, not left to the
+		// kernel's UDP GSO: each segment is an IB packet of its own,
+		// BTH and DETH in front and an ICRC behind, for which the
+		// super-packet has no room between its segments (a send from
+		// iovecs would spare the copy: 1.7 % of a TCP stream's samples,
+		// issue 24).
 		if m.GSO.StartCut(&p.cutter, b[offset:], p.mtu) != nil { // UDP: one of the port's trains when its datagrams are of one size
 			p.drops.Add(ipoib.DropBadGSO)
 			continue
