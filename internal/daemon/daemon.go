@@ -269,7 +269,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if dev.Offload() != cfg.Offload {
 		log.Warn("the kept TAP keeps its offload setting while its queues are open: stop eipoibd (not restart) to change it", "offload", dev.Offload(), "wanted", cfg.Offload)
 	}
-	keeperSocket := storeQueues(&cfg, dev, kept, inKeeper, log)
+	keeper := storeQueues(&cfg, dev, kept, inKeeper, log) // nil unless --persist with --fd-store
 
 	sh, err := shim.New(ShimConfig(&cfg, dev, port))
 	if err != nil {
@@ -307,11 +307,11 @@ func Run(ctx context.Context, cfg Config) error {
 	defer wg.Wait()
 	defer cancel()
 	sw.watch(ctx, &wg)
-	if cfg.Persist && cfg.FDStore != "" {
+	if keeper != nil {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			watchKeeper(ctx, &cfg, dev, keeperSocket, log)
+			watchKeeper(ctx, &cfg, dev, keeper, log)
 		}()
 	}
 	sw.watchLocal(ctx, &wg)
