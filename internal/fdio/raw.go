@@ -50,11 +50,11 @@ func rawRW(trap, fd uintptr, b []byte) (int, error) {
 	return int(n), nil
 }
 
-// RawMmsg is sendmmsg(2) or recvmmsg(2) (trap) of the n message headers
-// at hdrs (a struct mmsghdr array) on fd with flags, raw (see above):
-// how many messages moved, or the errno (EAGAIN: none yet).
-func RawMmsg(trap, fd uintptr, hdrs unsafe.Pointer, n, flags int) (int, error) {
-	r, _, e := unix.RawSyscall6(trap, fd, uintptr(hdrs), uintptr(n), uintptr(flags), 0, 0)
+// RawMmsg is sendmmsg(2) or recvmmsg(2) (trap) of hdrs on fd with
+// flags, raw (see above): how many messages moved, or the errno (EAGAIN:
+// none yet). hdrs must not be empty.
+func RawMmsg(trap, fd uintptr, hdrs []unix.Mmsghdr, flags int) (int, error) {
+	r, _, e := unix.RawSyscall6(trap, fd, uintptr(unsafe.Pointer(&hdrs[0])), uintptr(len(hdrs)), uintptr(flags), 0, 0)
 	if e != 0 {
 		return 0, e
 	}

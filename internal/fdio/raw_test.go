@@ -3,7 +3,6 @@ package fdio
 import (
 	"os"
 	"testing"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -43,13 +42,6 @@ func TestRawReadWrite(t *testing.T) {
 	}
 }
 
-// mmsghdr is struct mmsghdr.
-type mmsghdr struct {
-	hdr unix.Msghdr
-	len uint32
-	_   [4]byte
-}
-
 // TestRawMmsg: sendmmsg and recvmmsg through RawMmsg on a non-blocking
 // datagram socket pair move whole messages, report how many, and the
 // lengths received; recvmmsg of nothing is EAGAIN.
@@ -61,31 +53,31 @@ func TestRawMmsg(t *testing.T) {
 	defer unix.Close(fds[0])
 	defer unix.Close(fds[1])
 	msgs := [][]byte{[]byte("first"), []byte("second!")}
-	var hdrs [2]mmsghdr
+	var hdrs [2]unix.Mmsghdr
 	var iovs [2]unix.Iovec
 	set := func(bufs [][]byte) {
 		for i, b := range bufs {
 			iovs[i] = unix.Iovec{Base: &b[0]}
 			iovs[i].SetLen(len(b))
-			hdrs[i] = mmsghdr{hdr: unix.Msghdr{Iov: &iovs[i]}}
-			hdrs[i].hdr.SetIovlen(1)
+			hdrs[i] = unix.Mmsghdr{Hdr: unix.Msghdr{Iov: &iovs[i]}}
+			hdrs[i].Hdr.SetIovlen(1)
 		}
 	}
 	in := [][]byte{make([]byte, 64), make([]byte, 64)}
 	set(in)
-	if n, err := RawMmsg(unix.SYS_RECVMMSG, uintptr(fds[1]), unsafe.Pointer(&hdrs[0]), 2, 0); err != unix.EAGAIN || n != 0 {
+	if n, err := RawMmsg(unix.SYS_RECVMMSG, uintptr(fds[1]), hdrs[:], 0); err != unix.EAGAIN || n != 0 {
 		t.Fatalf("recvmmsg of nothing: %d, %v; want 0, EAGAIN", n, err)
 	}
 	set(msgs)
-	if n, err := RawMmsg(unix.SYS_SENDMMSG, uintptr(fds[0]), unsafe.Pointer(&hdrs[0]), 2, unix.MSG_DONTWAIT); err != nil || n != 2 {
+	if n, err := RawMmsg(unix.SYS_SENDMMSG, uintptr(fds[0]), hdrs[:], unix.MSG_DONTWAIT); err != nil || n != 2 {
 		t.Fatalf("sendmmsg: %d, %v; want 2, nil", n, err)
 	}
 	set(in)
-	if n, err := RawMmsg(unix.SYS_RECVMMSG, uintptr(fds[1]), unsafe.Pointer(&hdrs[0]), 2, 0); err != nil || n != 2 {
+	if n, err := RawMmsg(unix.SYS_RECVMMSG, uintptr(fds[1]), hdrs[:], 0); err != nil || n != 2 {
 		t.Fatalf("recvmmsg: %d, %v; want 2, nil", n, err)
 	}
 	for i, m := range msgs {
-		if got := in[i][:hdrs[i].len]; string(got) != string(m) {
+		if got := in[i][:hdrs[i].Len]; string(got) != string(m) {
 			t.Fatalf("message %d: %q, want %q", i, got, m)
 		}
 	}

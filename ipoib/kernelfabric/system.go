@@ -249,7 +249,7 @@ func (System) OpenPacketWith(ifindex int, o PacketOptions) (Socket, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kernel: packet socket: %w", err)
 	}
-	s := &sysSocket{hdrs: make([]mmsghdr, batchSize), iovs: make([]unix.Iovec, 3*batchSize)}
+	s := &sysSocket{hdrs: make([]unix.Mmsghdr, batchSize), iovs: make([]unix.Iovec, 3*batchSize)}
 	if err := setOptions(fd, o, unix.SetsockoptInt); err != nil {
 		unix.Close(fd)
 		return nil, err
@@ -410,13 +410,6 @@ var (
 // Linux before 4.20).
 func OutgoingNotIgnored() uint64 { return outgoingNotIgnored.Load() }
 
-// mmsghdr is struct mmsghdr.
-type mmsghdr struct {
-	hdr unix.Msghdr
-	n   uint32
-	_   [4]byte
-}
-
 // sysSocket is a packet socket. Send and Recv are each called by one
 // goroutine at a time (the port's TX lock, the child's reader).
 type sysSocket struct {
@@ -424,13 +417,13 @@ type sysSocket struct {
 	rc   syscall.RawConn
 	link *linkHdr // a SOCK_RAW socket made to look SOCK_DGRAM; nil for SOCK_DGRAM
 
-	hdrs           []mmsghdr // for Send
+	hdrs           []unix.Mmsghdr // for Send
 	iovs           []unix.Iovec
 	k, n           int
 	err            error
 	sendFn, recvFn func(fd uintptr) bool
 
-	rhdrs []mmsghdr // for Recv
+	rhdrs []unix.Mmsghdr // for Recv
 	riovs []unix.Iovec
 	rk    int
 	rn    int
@@ -451,10 +444,10 @@ func appendIov(iov []unix.Iovec, b []byte) []unix.Iovec {
 // message, Hdr, the link header of a SOCK_RAW socket and Buf; on
 // receive, the virtio_net_hdr lands in Hdr, or in Buf's first bytes when
 // Hdr is empty.
-func (s *sysSocket) setMsgs(hdrs []mmsghdr, iovs []unix.Iovec, msgs []Msg, recv bool) {
+func (s *sysSocket) setMsgs(hdrs []unix.Mmsghdr, iovs []unix.Iovec, msgs []Msg, recv bool) {
 	for i := range msgs {
 		m := &msgs[i]
-		h := &hdrs[i].hdr
+		h := &hdrs[i].Hdr
 		iov := iovs[3*i : 3*i : 3*i+3]
 		switch {
 		case s.link == nil:
@@ -478,17 +471,13 @@ func (s *sysSocket) setMsgs(hdrs []mmsghdr, iovs []unix.Iovec, msgs []Msg, recv 
 	}
 }
 
-func mmsgCall(trap, fd uintptr, hdrs []mmsghdr) (int, error) {
-	return fdio.RawMmsg(trap, fd, unsafe.Pointer(&hdrs[0]), len(hdrs), unix.MSG_DONTWAIT)
-}
-
 func (s *sysSocket) sendCall(fd uintptr) bool {
-	s.n, s.err = mmsgCall(unix.SYS_SENDMMSG, fd, s.hdrs[:s.k])
+	s.n, s.err = fdio.RawMmsg(unix.SYS_SENDMMSG, fd, s.hdrs[:s.k], unix.MSG_DONTWAIT)
 	return s.err != unix.EAGAIN
 }
 
 func (s *sysSocket) recvCall(fd uintptr) bool {
-	s.rn, s.rerr = mmsgCall(unix.SYS_RECVMMSG, fd, s.rhdrs[:s.rk])
+	s.rn, s.rerr = fdio.RawMmsg(unix.SYS_RECVMMSG, fd, s.rhdrs[:s.rk], unix.MSG_DONTWAIT)
 	return s.rerr != unix.EAGAIN
 }
 
@@ -518,7 +507,7 @@ func (s *sysSocket) Send(msgs []Msg) (int, error) {
 		return 0, err
 	}
 	for i := range s.n {
-		msgs[i].N = int(s.hdrs[i].n)
+		msgs[i].N = int(s.hdrs[i].Len)
 		if s.link != nil {
 			msgs[i].N -= s.link.hlen
 		}
@@ -529,7 +518,7 @@ func (s *sysSocket) Send(msgs []Msg) (int, error) {
 // Recv is recvmmsg.
 func (s *sysSocket) Recv(msgs []Msg) (int, error) {
 	if len(s.rhdrs) < len(msgs) {
-		s.rhdrs, s.riovs = make([]mmsghdr, len(msgs)), make([]unix.Iovec, 3*len(msgs))
+		s.rhdrs, s.riovs = make([]unix.Mmsghdr, len(msgs)), make([]unix.Iovec, 3*len(msgs))
 	}
 	s.setMsgs(s.rhdrs, s.riovs, msgs, true)
 	s.rk = len(msgs)
@@ -541,11 +530,11 @@ func (s *sysSocket) Recv(msgs []Msg) (int, error) {
 	}
 	for i := range s.rn {
 		h := &s.rhdrs[i]
-		msgs[i].N, msgs[i].NameLen = int(h.n), int(h.hdr.Namelen)
+		msgs[i].N, msgs[i].NameLen = int(h.Len), int(h.Hdr.Namelen)
 		if s.link != nil && msgs[i].N > VnetHdrLen {
 			msgs[i].N -= min(s.link.hlen, msgs[i].N-VnetHdrLen)
 		}
-		msgs[i].Trunc = h.hdr.Flags&unix.MSG_TRUNC != 0
+		msgs[i].Trunc = h.Hdr.Flags&unix.MSG_TRUNC != 0
 	}
 	return s.rn, s.rerr
 }

@@ -18,14 +18,6 @@ import (
 	"github.com/eipoib/eipoibd/internal/fdio"
 )
 
-// mmsghdr is struct mmsghdr (sendmmsg(2)): a message header and the bytes
-// the kernel moved for it.
-type mmsghdr struct {
-	hdr unix.Msghdr
-	n   uint32
-	_   [4]byte
-}
-
 // peer is a destination's socket address, built once per GID; it is the
 // net.Addr of the messages the send path builds.
 type peer struct {
@@ -52,7 +44,7 @@ func newPeer(gid [16]byte, ifindex int) *peer {
 // is tried again, within a bound (retrier, write.go).
 type sender struct {
 	rc   syscall.RawConn
-	hdrs []mmsghdr
+	hdrs []unix.Mmsghdr
 	iovs []unix.Iovec
 	k    int // messages to send
 	n    int // sent
@@ -64,7 +56,7 @@ type sender struct {
 // newSender makes a sender for msgs messages at a time whose pauses
 // come out of b.
 func newSender(rc syscall.RawConn, msgs int, b *budget) *sender {
-	s := &sender{rc: rc, hdrs: make([]mmsghdr, msgs), iovs: make([]unix.Iovec, msgs)}
+	s := &sender{rc: rc, hdrs: make([]unix.Mmsghdr, msgs), iovs: make([]unix.Iovec, msgs)}
 	s.fn = s.call
 	s.retrier.sys, s.retrier.pause, s.retrier.now, s.retrier.budget = s.sendmmsg, s.wait, time.Now, b
 	return s
@@ -77,13 +69,7 @@ func (s *sender) call(fd uintptr) bool {
 
 // sendmmsg sends hdrs[:k] on fd, once.
 func (s *sender) sendmmsg(fd uintptr) (int, error) {
-	return mmsg(unix.SYS_SENDMMSG, fd, s.hdrs[:s.k])
-}
-
-// mmsg makes the sendmmsg or recvmmsg system call trap on hdrs and
-// returns how many messages moved, or the error (EAGAIN: none yet).
-func mmsg(trap, fd uintptr, hdrs []mmsghdr) (int, error) {
-	return fdio.RawMmsg(trap, fd, unsafe.Pointer(&hdrs[0]), len(hdrs), 0)
+	return fdio.RawMmsg(unix.SYS_SENDMMSG, fd, s.hdrs[:s.k], 0)
 }
 
 // send sends msgs (each with a *peer address, and buffers that are not
@@ -102,7 +88,7 @@ func (s *sender) send(msgs []ipv6.Message) (int, error) {
 	}
 	at := 0
 	for i, m := range msgs {
-		h := &s.hdrs[i].hdr
+		h := &s.hdrs[i].Hdr
 		pe := m.Addr.(*peer)
 		h.Name, h.Namelen = (*byte)(unsafe.Pointer(&pe.sa)), unix.SizeofSockaddrInet6
 		h.Iov = &iov[at]
@@ -128,7 +114,7 @@ func (s *sender) send(msgs []ipv6.Message) (int, error) {
 // thread before it waits).
 type receiver struct {
 	io   *fdio.FD
-	hdrs []mmsghdr
+	hdrs []unix.Mmsghdr
 	iovs []unix.Iovec
 	sas  []unix.RawSockaddrInet6
 	bufs [][]byte
@@ -138,13 +124,13 @@ type receiver struct {
 }
 
 func newReceiver(rc syscall.RawConn, msgs, size, oob int) (*receiver, error) {
-	r := &receiver{hdrs: make([]mmsghdr, msgs), iovs: make([]unix.Iovec, msgs),
+	r := &receiver{hdrs: make([]unix.Mmsghdr, msgs), iovs: make([]unix.Iovec, msgs),
 		sas: make([]unix.RawSockaddrInet6, msgs), bufs: make([][]byte, msgs), oobs: make([][]byte, msgs)}
 	for i := range r.hdrs {
 		r.bufs[i], r.oobs[i] = make([]byte, size), make([]byte, oob)
 		r.iovs[i].Base = &r.bufs[i][0]
 		r.iovs[i].SetLen(size)
-		h := &r.hdrs[i].hdr
+		h := &r.hdrs[i].Hdr
 		h.Name = (*byte)(unsafe.Pointer(&r.sas[i]))
 		h.Iov = &r.iovs[i]
 		h.SetIovlen(1)
@@ -166,12 +152,12 @@ func newReceiver(rc syscall.RawConn, msgs, size, oob int) (*receiver, error) {
 
 func (r *receiver) call(fd uintptr) bool {
 	for i := range r.hdrs { // what the kernel may fill, each time
-		h := &r.hdrs[i].hdr
+		h := &r.hdrs[i].Hdr
 		h.Namelen = unix.SizeofSockaddrInet6
 		h.SetControllen(len(r.oobs[i]))
 		h.Flags = 0
 	}
-	r.n, r.err = mmsg(unix.SYS_RECVMMSG, fd, r.hdrs)
+	r.n, r.err = fdio.RawMmsg(unix.SYS_RECVMMSG, fd, r.hdrs, 0)
 	return r.err != unix.EAGAIN // false: wait until readable
 }
 
@@ -187,5 +173,5 @@ func (r *receiver) recv() (int, error) {
 // flags and source.
 func (r *receiver) datagram(i int) (data, oob []byte, flags int, src *unix.RawSockaddrInet6) {
 	h := &r.hdrs[i]
-	return r.bufs[i][:h.n], r.oobs[i][:h.hdr.Controllen], int(h.hdr.Flags), &r.sas[i]
+	return r.bufs[i][:h.Len], r.oobs[i][:h.Hdr.Controllen], int(h.Hdr.Flags), &r.sas[i]
 }
