@@ -89,6 +89,12 @@ func Take(socket, name string, timeout time.Duration) (fds []int, err error) {
 	return fds, nil
 }
 
+// answer is the keeper's answer to FDGET=1 for name when it holds n
+// descriptors under it, which parseAnswer reads.
+func answer(name string, n int) []byte {
+	return []byte("FDNAME=" + name + "\nFDCOUNT=" + strconv.Itoa(n))
+}
+
 // parseAnswer reads "FDNAME=name\nFDCOUNT=n" and returns n.
 func parseAnswer(b []byte, name string) (int, error) {
 	n, c, ok := bytes.Cut(b, []byte("\n"))

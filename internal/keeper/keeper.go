@@ -28,7 +28,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"sync"
 	"time"
 
@@ -327,7 +326,7 @@ func (k *Keeper) get(name string, fds []int, who []any) {
 		return
 	}
 	list := k.held[name]
-	head := []byte("FDNAME=" + name + "\nFDCOUNT=" + strconv.Itoa(len(list)))
+	head := answer(name, len(list))
 	for i := 0; i == 0 || i < len(list); i += sdnotify.MaxFDsPerMessage {
 		var oob []byte
 		if len(list) > 0 {
