@@ -12,7 +12,7 @@ import (
 )
 
 // checkFabric validates the backend settings: --underlay for sim,
-// --ib-dev for kernel and verbs.
+// --ib-dev for kernel and verbs (NAME or NAME:PORT for verbs).
 func (c *Config) checkFabric() error {
 	switch c.Fabric {
 	case FabricSim:
@@ -26,6 +26,11 @@ func (c *Config) checkFabric() error {
 				what = "the verbs device, e.g. mlx5_0 or rxe0"
 			}
 			return ConfigError{Msg: fmt.Sprintf("--fabric %s needs --ib-dev (%s)", c.Fabric, what)}
+		}
+		if c.Fabric == FabricVerbs {
+			if _, _, err := verbsfabric.ParseDevice(c.IBDev); err != nil {
+				return ConfigError{Msg: fmt.Sprintf("--ib-dev %q: %v", c.IBDev, err)}
+			}
 		}
 		if c.Faults != (faultport.Faults{}) || c.Underlay != "" {
 			return ConfigError{Msg: "--fault and --underlay are for --fabric sim"}

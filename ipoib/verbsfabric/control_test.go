@@ -94,7 +94,7 @@ func TestMulticastErrorWhileDownWaitsForActive(t *testing.T) {
 	if asked := joinsSince(n.s1, joins); asked != 0 {
 		t.Fatalf("%d joins while the port was down", asked)
 	}
-	n.d1.events <- eventPortActive
+	n.d1.raise(eventPortActive)
 	waitFor(t, "the rejoin on PORT_ACTIVE", func() bool {
 		m := memberOf(n.p1, g)
 		joined, so := n.s1.member(g)
@@ -108,7 +108,7 @@ func TestMulticastErrorWhileDownWaitsForActive(t *testing.T) {
 // QP gq kept; it returns how many joins n.s1 had been asked before.
 func loseWhileDown(t *testing.T, n ibNet, g ipoib.GID, gq uint32) int {
 	t.Helper()
-	n.d1.events <- eventPortDown
+	n.d1.raise(eventPortDown)
 	waitFor(t, "the port down", n.p1.IsDown)
 	joins := joinsSince(n.s1, 0)
 	n.s1.portErr()
@@ -221,7 +221,7 @@ func TestFlushDropsHandlesMadeBeforeRejoin(t *testing.T) {
 		})
 	}
 	n.s1.mu.Unlock()
-	n.d1.events <- eventLIDChange
+	n.d1.raise(eventLIDChange)
 	waitFor(t, "the flush to drop the stale handle", func() bool {
 		m := memberOf(n.p1, g)
 		if m == nil || m.lost || stale.Load() == 0 {
@@ -324,7 +324,7 @@ func TestGroupMTUFallbackCounted(t *testing.T) {
 		t.Fatalf("PartitionMTU %d, stats %v", got, p.Counters().Stats)
 	}
 	sm.restart(ipoib.QKey, 0)
-	h.devs[gid1].events <- eventClientReregister
+	h.devs[gid1].raise(eventClientReregister)
 	// The restart rejoins the group twice: its MULTICAST_ERROR and the flush.
 	waitFor(t, "the rejoins' fallbacks", func() bool { return p.Counters().Stats["group_mtu_fallbacks"] == 3 })
 	logMu.Lock()

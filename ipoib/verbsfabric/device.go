@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"strconv"
+	"strings"
 
 	"github.com/eipoib/eipoibd/ipoib"
 )
@@ -55,7 +57,10 @@ type device interface {
 	waitRecv() (bool, error)
 
 	// waitEvent blocks until the next async event (true) or wake (false).
-	waitEvent() (portEvent, bool, error)
+	// A port event carries the port it is about: one device context
+	// reports every port's (libibverbs ibv_get_async_event sets
+	// element.port_num for them).
+	waitEvent() (asyncEvent, bool, error)
 	// wake ends every waitRecv and waitEvent, the subnet administrator's
 	// included, now and later.
 	wake()
@@ -64,6 +69,7 @@ type device interface {
 
 // devAttr is what the Port learns of its device at start.
 type devAttr struct {
+	port     int // the port number the Port uses (1 for the first)
 	gid      ipoib.GID
 	gidIndex int
 	ifindex  int  // the RoCE netdev, 0 on IB
@@ -136,6 +142,13 @@ const (
 	eventSMChange
 	eventClientReregister
 )
+
+// asyncEvent is an async event of the device: what it is and the port
+// number it is about (0 for an event not of a port).
+type asyncEvent struct {
+	ev   portEvent
+	port int
+}
 
 // subnetAdmin is the InfiniBand link layer's control side: path records
 // and multicast memberships from the subnet administrator, through the
@@ -308,4 +321,27 @@ func mtuOf(enum int) int {
 		return 0
 	}
 	return 128 << enum
+}
+
+// MaxPortNum is the largest port number of a verbs device (port_num is
+// a u8 in struct ibv_port_attr's calls, and ports count from 1).
+const MaxPortNum = 255
+
+// ParseDevice splits the verbs device of --ib-dev, NAME or NAME:PORT
+// (e.g. mlx5_0:2), into the device name and the port number, 1 when
+// none is given. The name is what ibv_devices lists; the port is the
+// HCA port whose GID, P_Keys, QPs and events the backend uses.
+func ParseDevice(s string) (name string, port int, err error) {
+	name, num, ok := strings.Cut(s, ":")
+	switch {
+	case name == "":
+		return "", 0, fmt.Errorf("no device name before the port: want NAME or NAME:PORT, e.g. mlx5_0 or mlx5_0:2")
+	case !ok:
+		return name, 1, nil
+	}
+	port, err = strconv.Atoi(num)
+	if err != nil || port < 1 || port > MaxPortNum || strings.ContainsAny(num, "+-") {
+		return "", 0, fmt.Errorf("port %q: want a number from 1 to %d (the HCA's port, as ibstat lists it)", num, MaxPortNum)
+	}
+	return name, port, nil
 }

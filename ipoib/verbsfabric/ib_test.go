@@ -314,8 +314,8 @@ func TestItem9ClientReregister(t *testing.T) {
 	}
 	oldLID := old[0].dlid
 	sm.restart(0x00BEEF00, 4096)
-	n.d1.events <- eventClientReregister
-	n.d2.events <- eventClientReregister
+	n.d1.raise(eventClientReregister)
+	n.d2.raise(eventClientReregister)
 	gq := groupQPOf(n.p1, 0xffff)
 	// The flush rejoins, then drops the handles, then counts itself
 	// (Port.flush): the rejoin is visible before the count.
@@ -375,7 +375,7 @@ func TestItem9PKeyChange(t *testing.T) {
 	n.d1.mu.Lock()
 	n.d1.table = []ipoib.PKey{0xffff, 0x8002, 0x8001}
 	n.d1.mu.Unlock()
-	n.d1.events <- eventPKeyChange
+	n.d1.raise(eventPKeyChange)
 	waitFor(t, "the flush", func() bool { return n.p1.Counters().Stats["flushes"] == 1 })
 	q2, err := n.p1.AllocQP(0x8001, 0)
 	if i := n.d1.pkeyIndexOf(q2); err != nil || i != 2 {

@@ -59,12 +59,13 @@ const (
 
 // Config configures a Port.
 type Config struct {
-	// Device is the verbs device, e.g. rxe0 or mlx5_0 (port 1 is used).
+	// Device is the verbs device and its port, NAME or NAME:PORT (see
+	// ParseDevice): rxe0, mlx5_0, mlx5_0:2; port 1 when none is given.
 	Device string
 	// Logger receives lifecycle events (nil: slog.Default()).
 	Logger *slog.Logger
 
-	open      func(name string, lay layout) (device, error)           // tests
+	open      func(name string, port int, lay layout) (device, error) // tests
 	ipoibAddr func(gid ipoib.GID, pkey ipoib.PKey) (ipoibBind, error) // tests
 }
 
@@ -124,7 +125,7 @@ type pendingPkt struct {
 	e    *ahEntry // the resolution it waits for, which counts it
 }
 
-// Port is a verbs device's port 1 as an ipoib.Port.
+// Port is one port of a verbs device as an ipoib.Port.
 type Port struct {
 	dev  device
 	a    devAttr
@@ -199,6 +200,7 @@ type Port struct {
 	ahCreated, ahFailed, signalled         atomic.Uint64
 	joins, rejoins, flushes, mtuFallbacks  atomic.Uint64
 	pkeyMoves                              atomic.Uint64 // partitions in use whose P_Key index moved (their QPs keep the old)
+	otherPortEvents                        atomic.Uint64 // async events of the HCA's other ports, ignored
 }
 
 // slotInfo is a send slot in use: the QP it was posted on and its
@@ -216,6 +218,10 @@ func New(c Config) (*Port, error) {
 	if c.Device == "" {
 		return nil, errors.New("verbsfabric: no device given")
 	}
+	name, port, err := ParseDevice(c.Device)
+	if err != nil {
+		return nil, fmt.Errorf("verbsfabric: device %q: %w", c.Device, err)
+	}
 	open := c.open
 	if open == nil {
 		open = openDevice
@@ -225,7 +231,7 @@ func New(c Config) (*Port, error) {
 		log = slog.Default()
 	}
 	lay := layout{sendSlots: sendSlots, slotSize: 4096, recvBufs: recvBufs, recvSize: grhLen + 4096 + 24, batch: batchSize}
-	dev, err := open(c.Device, lay)
+	dev, err := open(name, port, lay)
 	if err != nil {
 		return nil, err
 	}
@@ -279,7 +285,7 @@ func New(c Config) (*Port, error) {
 	if p.a.ib {
 		link = "InfiniBand"
 	}
-	p.log.Info("verbs port open", "gid", p.a.gid, "gid_index", p.a.gidIndex, "link_layer", link, "mtu", p.a.mtu, "active", p.a.active)
+	p.log.Info("verbs port open", "port", p.a.port, "gid", p.a.gid, "gid_index", p.a.gidIndex, "link_layer", link, "mtu", p.a.mtu, "active", p.a.active)
 	return p, nil
 }
 
@@ -810,14 +816,15 @@ func (p *Port) Counters() ipoib.PortCounters {
 	}
 	n := p.ahs.n.Load()
 	c.Stats = map[string]uint64{
-		"address_handles_made":  p.ahCreated.Load(),
-		"address_handle_errors": p.ahFailed.Load(),
-		"tx_signalled":          p.signalled.Load(),
-		"sa_joins":              p.joins.Load(),
-		"sa_rejoins":            p.rejoins.Load(),
-		"flushes":               p.flushes.Load(),
-		"group_mtu_fallbacks":   p.mtuFallbacks.Load(),
-		"pkey_index_moves":      p.pkeyMoves.Load(),
+		"address_handles_made":    p.ahCreated.Load(),
+		"address_handle_errors":   p.ahFailed.Load(),
+		"tx_signalled":            p.signalled.Load(),
+		"sa_joins":                p.joins.Load(),
+		"sa_rejoins":              p.rejoins.Load(),
+		"flushes":                 p.flushes.Load(),
+		"group_mtu_fallbacks":     p.mtuFallbacks.Load(),
+		"pkey_index_moves":        p.pkeyMoves.Load(),
+		"async_events_other_port": p.otherPortEvents.Load(),
 	}
 	c.Levels = map[string]uint64{
 		"address_handles":        uint64(n),

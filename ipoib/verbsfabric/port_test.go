@@ -297,17 +297,17 @@ func TestPortEvents(t *testing.T) {
 	if p.IsDown() {
 		t.Fatal("an ACTIVE port starts down")
 	}
-	d.events <- eventPortDown
+	d.raise(eventPortDown)
 	waitDown(true)
 	if n, _ := pkt(); n != 0 || p.Counters().Drops["port_down"] != 1 {
 		t.Fatalf("down port: accepted %d, drops %v", n, p.Counters().Drops)
 	}
-	d.events <- eventGIDChange
-	d.events <- eventOther
+	d.raise(eventGIDChange)
+	d.raise(eventOther)
 	if !p.IsDown() {
 		t.Fatal("a GID change or another event brought the port up")
 	}
-	d.events <- eventPortActive
+	d.raise(eventPortActive)
 	waitDown(false)
 	if n, _ := pkt(); n != 1 || p.Counters().Drops["port_down"] != 1 {
 		t.Fatalf("active again: accepted %d, drops %v", n, p.Counters().Drops)
