@@ -300,12 +300,15 @@ func TestCloseWaitsForControlCalls(t *testing.T) {
 }
 
 // TestGroupMTUFallbackCounted: an SA that gives no MTU for the
-// broadcast group (the path record query to the MGID failed) makes the
-// partition use the port's MTU, counted in group_mtu_fallbacks at each
-// join and logged once per group.
+// broadcast group (the path record query to the MGID fails) on a
+// 4096-byte port whose partition's group has MTU 2048: the partition
+// takes the MTU the kernel's IPoIB interface shows for the group (2044,
+// ipoib_mcast_join_finish and ipoib_mcast_carrier_on_task), so 2048,
+// not the port's 4096, and a 2049-byte packet is refused; counted in
+// group_mtu_fallbacks at each join and logged once per group.
 func TestGroupMTUFallbackCounted(t *testing.T) {
 	sm := newSM()
-	sm.mtu = 0
+	sm.mtu, sm.noPathMTU = 2048, true
 	h := newHub()
 	s1 := sm.port(gid1, 0xffff)
 	s1.ipoibIf(0xffff, "10.0.0.1")
@@ -317,13 +320,17 @@ func TestGroupMTUFallbackCounted(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { p.Close() })
-	if _, err := p.AllocQP(0xffff, 0); err != nil {
+	q, err := p.AllocQP(0xffff, 0)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if got := p.PartitionMTU(0xffff); got != 4096 || p.Counters().Stats["group_mtu_fallbacks"] != 1 {
-		t.Fatalf("PartitionMTU %d, stats %v", got, p.Counters().Stats)
+	if got := p.PartitionMTU(0xffff); got != 2048 || p.MTU() != 4096 || p.Counters().Stats["group_mtu_fallbacks"] != 1 {
+		t.Fatalf("PartitionMTU %d, MTU %d, stats %v", got, p.MTU(), p.Counters().Stats)
 	}
-	sm.restart(ipoib.QKey, 0)
+	if k, _ := p.Write([][]byte{packet(2049, 0)}, []ipoib.TxMeta{{Dst: ipoib.MakeHwAddr(0, 0x99, gid2), SrcQPN: q, PKey: 0xffff}}, ipoib.Headroom); k != 0 || p.Counters().Drops["oversize"] != 1 {
+		t.Fatalf("2049 bytes in a 2048 partition: accepted %d, drops %v", k, p.Counters().Drops)
+	}
+	sm.restart(ipoib.QKey, 2048)
 	h.devs[gid1].raise(eventClientReregister)
 	// The restart rejoins the group twice: its MULTICAST_ERROR and the flush.
 	waitFor(t, "the rejoins' fallbacks", func() bool { return p.Counters().Stats["group_mtu_fallbacks"] == 3 })

@@ -217,16 +217,46 @@ type ipoibBind struct {
 	ifname  string
 	ifindex int
 	addr    netip.Addr
+	// mtu and connected are the interface's MTU and IPoIB mode: in
+	// datagram mode the MTU is the broadcast group's (see ifaceGroupMTU).
+	mtu       int
+	connected bool
 }
 
 // mcMember is a join's MULTICAST_JOIN event data: the group's MLID and
 // SL (event.param.ud.ah_attr), its Q_Key (event.param.ud.qkey) and its
-// MTU in bytes (0 when the SA gave none).
+// MTU in bytes (0 when the SA gave none); ifaceMTU is the IB MTU the
+// IPoIB interface the join was bound to shows for its broadcast group
+// (ifaceGroupMTU; 0: it shows none).
 type mcMember struct {
-	mlid uint16
-	sl   uint8
-	qkey uint32
-	mtu  int
+	mlid     uint16
+	sl       uint8
+	qkey     uint32
+	mtu      int
+	ifaceMTU int
+}
+
+// ifaceGroupMTU is the IB MTU of a partition's broadcast group as the
+// kernel's IPoIB interface in it shows it: ipoib_mcast_join_finish sets
+// priv->mcast_mtu to IPOIB_UD_MTU of the group's MTU (4 bytes less, the
+// IPoIB header), and ipoib_mcast_carrier_on_task sets the interface MTU
+// to min(mcast_mtu, admin_mtu) before the carrier comes on, in
+// datagram mode only (in connected mode the MTU is the CM's). So a
+// datagram-mode interface's MTU is at most the group's: the largest IB
+// MTU the backend supports whose IPoIB MTU fits in it is at most the
+// group's (an administrator's smaller MTU makes it smaller, never
+// larger). 0 when the interface tells nothing: connected mode, or an
+// MTU below 2044.
+func ifaceGroupMTU(b ipoibBind) int {
+	switch {
+	case b.connected:
+		return 0
+	case b.mtu >= 4096-ipoib.HeaderLen:
+		return 4096
+	case b.mtu >= 2048-ipoib.HeaderLen:
+		return 2048
+	}
+	return 0
 }
 
 // errJoinRefused is a join whose id got a MULTICAST_ERROR instead of a

@@ -383,19 +383,26 @@ func (p *Port) partition(pkey ipoib.PKey) (*partState, error) {
 // from mcmember.mtu) and sets a changed Q_Key on the partition's QPs
 // (ipoib_mcast_attach with set_qkey). Called with ctlMu held.
 func (p *Port) setPart(s *partState, m mcMember, pk ipoib.PKey) {
-	mtu := p.a.mtu
-	if m.mtu > 0 && m.mtu < mtu {
-		mtu = m.mtu
-	}
-	if m.mtu == 0 {
+	mtu := m.mtu
+	if mtu == 0 {
 		// ibvSA takes the group's MTU from a path record to the MGID;
-		// when that query fails it has none.
+		// when that query fails it has none. The partition's IPoIB
+		// interface shows the MTU the kernel took from its own join of
+		// the group (ifaceGroupMTU); when it shows none either, 2048,
+		// the smaller IPoIB MTU: never the port's, which may be larger
+		// than the partition's (4K sends into a 2K partition are lost).
+		mtu = m.ifaceMTU
+		from := "its IPoIB interface's"
+		if mtu == 0 {
+			mtu, from = 2048, "2048 (the IPoIB interface is in connected mode or its MTU is below 2044)"
+		}
 		p.mtuFallbacks.Add(1)
 		if !p.mtuWarned[pk] {
 			p.mtuWarned[pk] = true
-			p.log.Warn("no MTU for the partition's broadcast group (the path record query to its MGID failed); using the port's (logged once; counted in group_mtu_fallbacks)", "pkey", pk, "mtu", mtu)
+			p.log.Warn("no MTU for the partition's broadcast group from the SA (the path record query to its MGID failed); using "+from+" (logged once; counted in group_mtu_fallbacks)", "pkey", pk, "mtu", min(mtu, p.a.mtu))
 		}
 	}
+	mtu = min(mtu, p.a.mtu)
 	s.mtu.Store(int32(mtu))
 	p.events.PartitionMTU(pk, mtu)
 	if s.qkey.Swap(m.qkey) == m.qkey {
@@ -681,6 +688,7 @@ func (p *Port) saJoin(mgid ipoib.GID, sendOnly bool) (*member, error) {
 	if err != nil {
 		return nil, joinError(mgid, err)
 	}
+	mc.ifaceMTU = ifaceGroupMTU(bind)
 	p.joins.Add(1)
 	m := &member{mcMember: mc, sendOnly: r.sendOnly}
 	if old != nil {
@@ -761,6 +769,7 @@ func (p *Port) rejoinGroup(mgid ipoib.GID) {
 	var mc mcMember
 	if err == nil {
 		mc, err = p.sa.join(joinReq{mgid: mgid, sendOnly: m.sendOnly, ps: psIPoIB, bind: bind})
+		mc.ifaceMTU = ifaceGroupMTU(bind)
 	}
 	if err == nil && m.qp != 0 {
 		err = p.dev.attach(m.qp, mgid, mc.mlid)
