@@ -607,3 +607,88 @@ func TestJoinRefusalReasons(t *testing.T) {
 		}
 	}
 }
+
+// TestSlowPathDoesNotStallOthers: while the SA has not answered the path
+// record to one destination (its packet waits for it), a packet to
+// another destination gets its own path record, address handle and
+// delivery: address handles are resolved in parallel. Once the slow
+// answer comes, the waiting packet is sent.
+func TestSlowPathDoesNotStallOthers(t *testing.T) {
+	gid3 := gid("fe:80:00:00:00:00:00:00:00:00:00:00:00:00:00:03")
+	sm := newSM()
+	h := newHub()
+	var ps [3]*Port
+	var sas [3]*fakeSA
+	var qs [3]uint32
+	for i, g := range []ipoib.GID{gid1, gid2, gid3} {
+		sas[i] = sm.port(g, 0xffff)
+		sas[i].ipoibIf(0xffff, fmt.Sprintf("10.0.0.%d", i+1))
+		ps[i], _ = openIB(t, h, g, sas[i], []ipoib.PKey{0xffff})
+		q, err := ps[i].AllocQP(0xffff, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		qs[i] = q
+	}
+	entered, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	sas[0].mu.Lock()
+	sas[0].pathHook = func(q pathQuery) {
+		if q.dgid == gid2 {
+			once.Do(func() { close(entered) })
+			<-release
+		}
+	}
+	sas[0].mu.Unlock()
+	var rel sync.Once
+	t.Cleanup(func() { rel.Do(func() { close(release) }) })
+
+	slow := packet(300, 2)
+	if k, err := ps[0].Write([][]byte{slow}, []ipoib.TxMeta{{Dst: ipoib.MakeHwAddr(0, qs[1], gid2), SrcQPN: qs[0], PKey: 0xffff}}, ipoib.Headroom); k != 1 || err != nil {
+		t.Fatalf("to the slow destination: accepted %d, %v (want 1: held)", k, err)
+	}
+	<-entered
+	fast := send(t, ps[0], qs[0], 0xffff, ipoib.MakeHwAddr(0, qs[2], gid3), 200, 3)
+	if data, _ := readN(t, ps[2], 1); !bytes.Equal(data[0], fast) {
+		t.Fatalf("the other destination got %d bytes", len(data[0]))
+	}
+	if n := ps[0].Counters().Levels["address_handles_resolving"]; n != 1 {
+		t.Fatalf("address_handles_resolving %d, want 1 (the slow one)", n)
+	}
+	rel.Do(func() { close(release) })
+	if data, _ := readN(t, ps[1], 1); !bytes.Equal(data[0], slow[ipoib.Headroom:]) {
+		t.Fatalf("the held packet: %d bytes", len(data[0]))
+	}
+}
+
+// TestResolveQueueFullCounted: with every resolver waiting for the SA
+// and the queue of destinations full, one more destination is not
+// queued, and counted (its next packet asks again).
+func TestResolveQueueFullCounted(t *testing.T) {
+	n := newIBNet(t, newSM(), []ipoib.PKey{0xffff}, 0xffff)
+	release := make(chan struct{})
+	var rel sync.Once
+	t.Cleanup(func() { rel.Do(func() { close(release) }) })
+	n.s1.mu.Lock()
+	n.s1.pathHook = func(pathQuery) { <-release }
+	n.s1.mu.Unlock()
+	q, err := n.p1.AllocQP(0xffff, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	to := func(i int) {
+		var g ipoib.GID
+		g[0], g[1], g[14], g[15] = 0xfe, 0x80, byte(i>>8), byte(i)
+		n.p1.Write([][]byte{packet(100, 0)}, []ipoib.TxMeta{{Dst: ipoib.MakeHwAddr(0, 0x99, g), SrcQPN: q, PKey: 0xffff}}, ipoib.Headroom)
+	}
+	for i := range resolvers {
+		to(0x100 + i)
+	}
+	waitFor(t, "every resolver busy", func() bool { return n.p1.Counters().Levels["address_handles_resolving"] == resolvers })
+	for i := range resolveQueue + 1 {
+		to(0x200 + i)
+	}
+	if c := n.p1.Counters().Stats["address_handle_queue_full"]; c != 1 {
+		t.Fatalf("address_handle_queue_full %d, want 1", c)
+	}
+}

@@ -301,6 +301,9 @@ func (p *Port) wantAH(key ahKey) {
 	select {
 	case p.resolve <- key:
 	default:
+		// Every resolver busy and the queue full: the destination is
+		// asked for again by its next packet.
+		p.resolveFull.Add(1)
 		p.ahMu.Lock()
 		if p.ahs.get(key) == e {
 			p.ahs.del(key)
@@ -344,59 +347,78 @@ func (p *Port) hold(pkt []byte, m *ipoib.TxMeta, key ahKey) (h handle, ok, held 
 	return 0, false, true
 }
 
-// resolver makes address handles off the hot path, then sends what
-// waited for them.
-func (p *Port) resolver() {
+// rejoiner retries the failed rejoins every ahRetry (IB only).
+func (p *Port) rejoiner() {
 	defer p.wg.Done()
 	tick := time.NewTicker(ahRetry)
 	defer tick.Stop()
+	for {
+		select {
+		case <-p.done:
+			return
+		case <-tick.C:
+			p.retryRejoins()
+		}
+	}
+}
+
+// resolver makes address handles off the hot path, then sends what
+// waited for them. resolvers of them run at once, each taking the next
+// destination: on IB each resolution asks the SA (a path record waits
+// up to 2 × 2 s, a send-only join 4 s), and one destination whose
+// answer is slow must not hold up every new one. Joins still take ctlMu
+// one at a time (as the SA work of the port does); path records do not.
+func (p *Port) resolver() {
+	defer p.wg.Done()
 	for {
 		var key ahKey
 		select {
 		case <-p.done:
 			return
-		case <-tick.C:
-			if p.sa != nil {
-				p.retryRejoins()
-			}
-			continue
 		case key = <-p.resolve:
 		}
-		p.ahMu.Lock()
-		gen := p.ahs.gen
-		p.ahMu.Unlock()
-		h, err := p.makeAH(key)
-		p.ahMu.Lock()
-		e := p.ahs.get(key)
-		switch {
-		case e == nil || !e.resolving():
-			// Flushed or replaced meanwhile.
-			if err == nil {
-				p.dev.destroyAH(h)
-			}
-		case p.ahs.gen != gen:
-			// A flush came while this path was resolved: it may be stale.
-			if err == nil {
-				p.dev.destroyAH(h)
-			}
-			select {
-			case p.resolve <- key:
-			default:
-				p.ahs.set(key, &ahEntry{failedAt: time.Now()})
-			}
-		case err != nil:
-			p.ahs.set(key, &ahEntry{failedAt: time.Now()})
-			p.ahFailed.Add(1)
-		default:
-			p.ahs.set(key, &ahEntry{h: h, ready: true})
-			p.ahCreated.Add(1)
-		}
-		p.ahMu.Unlock()
-		if err != nil {
-			p.warnLimited(err)
-		}
-		p.flushPending(key)
+		p.resolving.Add(1)
+		p.resolveOne(key)
+		p.resolving.Add(-1)
 	}
+}
+
+// resolveOne makes key's address handle and sends what waited for it.
+func (p *Port) resolveOne(key ahKey) {
+	p.ahMu.Lock()
+	gen := p.ahs.gen
+	p.ahMu.Unlock()
+	h, err := p.makeAH(key)
+	p.ahMu.Lock()
+	e := p.ahs.get(key)
+	switch {
+	case e == nil || !e.resolving():
+		// Flushed or replaced meanwhile.
+		if err == nil {
+			p.dev.destroyAH(h)
+		}
+	case p.ahs.gen != gen:
+		// A flush came while this path was resolved: it may be stale.
+		if err == nil {
+			p.dev.destroyAH(h)
+		}
+		select {
+		case p.resolve <- key:
+		default:
+			p.ahs.set(key, &ahEntry{failedAt: time.Now()})
+		}
+	case err != nil:
+		p.ahs.set(key, &ahEntry{failedAt: time.Now()})
+		p.ahFailed.Add(1)
+	default:
+		p.ahs.set(key, &ahEntry{h: h, ready: true})
+		p.ahCreated.Add(1)
+	}
+	p.ahMu.Unlock()
+	if err != nil {
+		p.warnLimited(err)
+	}
+	p.flushPending(key)
 }
 
 // makeAH makes key's address handle. Every packet carries a GRH (on IB

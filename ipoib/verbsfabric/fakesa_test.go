@@ -91,6 +91,8 @@ type fakeSA struct {
 	// with it); refuse, when set, fails every join (an SA that does not
 	// answer).
 	joinHook func(joinReq)
+	// pathHook, when set, runs as each path record query starts.
+	pathHook func(pathQuery)
 	refuse   error
 	closed   bool // the device was closed (ibvSA.close)
 	late     int  // joins and leaves after the close: ids used after free
@@ -207,7 +209,11 @@ func cmaSelectIBPS(ps portSpace) error {
 func (sa *fakeSA) pathRecord(q pathQuery) (pathRec, error) {
 	sa.mu.Lock()
 	sa.paths = append(sa.paths, q)
+	hook := sa.pathHook
 	sa.mu.Unlock()
+	if hook != nil {
+		hook(q)
+	}
 	if err := cmaSelectIBPS(q.ps); err != nil {
 		return pathRec{}, err
 	}

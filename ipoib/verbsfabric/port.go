@@ -13,7 +13,7 @@ package verbsfabric
 // requested for the last packet of each QP in a batch (and every
 // signalEvery-th) only; a completion frees the QP's slots up to it, since
 // a QP's sends complete in order. A packet to a GID without an address
-// handle yet waits in a small pending pool while the resolver goroutine
+// handle yet waits in a small pending pool while a resolver goroutine
 // creates one (on RoCE that resolves the peer's MAC and can block).
 //
 // RX: receive buffers sit on a shared receive queue; Read polls the
@@ -55,6 +55,10 @@ const (
 	// ahRetry is how long a destination whose address handle failed is
 	// not tried again, and how often failed rejoins are retried.
 	ahRetry = 2 * time.Second
+	// resolvers address handles are made at once (each may wait seconds
+	// for the SA); resolveQueue more destinations wait for one.
+	resolvers    = 8
+	resolveQueue = 256
 )
 
 // Config configures a Port.
@@ -198,6 +202,8 @@ type Port struct {
 	txPackets, txBytes, rxPackets, rxBytes atomic.Uint64
 	drops                                  ipoib.DropCounters
 	ahCreated, ahFailed, signalled         atomic.Uint64
+	resolving                              atomic.Int64  // address handles being made now
+	resolveFull                            atomic.Uint64 // destinations not queued: every resolver busy, the queue full
 	joins, rejoins, flushes, mtuFallbacks  atomic.Uint64
 	pkeyMoves                              atomic.Uint64 // partitions in use whose P_Key index moved (their QPs keep the old)
 	otherPortEvents                        atomic.Uint64 // async events of the HCA's other ports, ignored
@@ -240,7 +246,7 @@ func New(c Config) (*Port, error) {
 		qps: ipoib.NewQPTable(0), gqps: make(map[ipoib.PKey]uint32), parts: make(map[ipoib.PKey]*partState),
 		groups: ipoib.NewGroupTable(), mcSock: -1, sa: dev.sa(), ipoibAddr: c.ipoibAddr,
 		members: make(map[ipoib.GID]*member), rejoin: make(map[ipoib.GID]bool), mtuWarned: make(map[ipoib.PKey]bool),
-		ahs: newAHCache(), resolve: make(chan ahKey, 256),
+		ahs: newAHCache(), resolve: make(chan ahKey, resolveQueue),
 		slots: make([]slotInfo, sendSlots), dying: make(map[uint32]*qpState), descs: make([]sendDesc, 0, batchSize), dones: make([]sendDone, sendSlots),
 		rdone: make([]recvDone, batchSize), repost: make([]uint32, 0, batchSize), done: make(chan struct{}),
 	}
@@ -274,11 +280,14 @@ func New(c Config) (*Port, error) {
 		p.mcSock = fd
 	}
 	p.events = ipoib.NewEventQueue(p.a.active)
-	p.wg.Add(2)
-	go p.resolver()
+	p.wg.Add(1 + resolvers)
+	for range resolvers {
+		go p.resolver()
+	}
 	go follow(p, "verbs async events", p.dev.waitEvent, p.asyncEvent)
 	if p.sa != nil {
-		p.wg.Add(1)
+		p.wg.Add(2)
+		go p.rejoiner()
 		go follow(p, "rdma_cm events", p.sa.waitEvent, p.mcastError)
 	}
 	link := "RoCE"
@@ -825,20 +834,22 @@ func (p *Port) Counters() ipoib.PortCounters {
 	}
 	n := p.ahs.n.Load()
 	c.Stats = map[string]uint64{
-		"address_handles_made":    p.ahCreated.Load(),
-		"address_handle_errors":   p.ahFailed.Load(),
-		"tx_signalled":            p.signalled.Load(),
-		"sa_joins":                p.joins.Load(),
-		"sa_rejoins":              p.rejoins.Load(),
-		"flushes":                 p.flushes.Load(),
-		"group_mtu_fallbacks":     p.mtuFallbacks.Load(),
-		"pkey_index_moves":        p.pkeyMoves.Load(),
-		"async_events_other_port": p.otherPortEvents.Load(),
+		"address_handles_made":      p.ahCreated.Load(),
+		"address_handle_errors":     p.ahFailed.Load(),
+		"tx_signalled":              p.signalled.Load(),
+		"sa_joins":                  p.joins.Load(),
+		"sa_rejoins":                p.rejoins.Load(),
+		"flushes":                   p.flushes.Load(),
+		"group_mtu_fallbacks":       p.mtuFallbacks.Load(),
+		"pkey_index_moves":          p.pkeyMoves.Load(),
+		"async_events_other_port":   p.otherPortEvents.Load(),
+		"address_handle_queue_full": p.resolveFull.Load(),
 	}
 	c.Levels = map[string]uint64{
-		"address_handles":        uint64(n),
-		"tx_ring_slots_in_use":   uint64(p.slotsInUse()),
-		"receive_buffers_posted": recvBufs,
+		"address_handles":           uint64(n),
+		"address_handles_resolving": uint64(p.resolving.Load()),
+		"tx_ring_slots_in_use":      uint64(p.slotsInUse()),
+		"receive_buffers_posted":    recvBufs,
 	}
 	return c
 }
