@@ -101,6 +101,7 @@ func runFlags(o *options) *flag.FlagSet {
 	fs.IntVar(&o.cfg.MemoryLimit, "memory-limit", 0, "soft limit in MiB of the memory the Go runtime holds (debug.SetMemoryLimit): past it the garbage collector runs more often, at a CPU cost; 0: none (or $GOMEMLIMIT)")
 	fs.DurationVar(&o.cfg.VIFIdle, "vif-idle", 300*time.Second, "idle time after which a learned guest's VIF is removed (a declared one stays until undeclared)")
 	fs.StringVar(&o.cfg.Fabric, "fabric", daemon.FabricSim, "fabric backend: sim (the simulated UD fabric), kernel (the kernel's IPoIB driver, with --ib-dev) or verbs (UD QPs through libibverbs, with --ib-dev; needs a build with -tags verbs)")
+	fs.IntVar(&o.cfg.VerbsRecvDepth, "verbs-recv-depth", daemon.DefaultVerbsRecvDepth, fmt.Sprintf("receive buffers --fabric verbs keeps posted on its shared receive queue (%d to %d), reposted as packets arrive whatever the reader does; as many again hold packets for the reader, beyond which new ones are dropped and counted (rx_queue_full). Memory: (2 x depth + 64) x 4160 bytes", daemon.MinVerbsRecvDepth, daemon.MaxVerbsRecvDepth))
 	fs.StringVar(&o.cfg.IBDev, "ib-dev", "", "IPoIB parent interface of --fabric kernel (e.g. ib0), or verbs device of --fabric verbs, NAME or NAME:PORT (e.g. mlx5_0, mlx5_0:2, rxe0; port 1 when none is given)")
 	fs.StringVar(&o.cfg.Metrics, "metrics", "", "listen address for Prometheus metrics, e.g. 127.0.0.1:9474 (off when empty)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")

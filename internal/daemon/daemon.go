@@ -99,7 +99,10 @@ type Config struct {
 	Underlay string    // --underlay: the simulated fabric's interface
 	IBDev    string    // --ib-dev: IPoIB parent or verbs device
 	IBMTU    int       // --ib-mtu: 2048 or 4096 (sim; the others ask the device)
-	TAPMTU   int       // --tap-mtu
+	// VerbsRecvDepth is --verbs-recv-depth: the verbs backend's receive
+	// buffers posted on its shared receive queue; 0 for the default.
+	VerbsRecvDepth int
+	TAPMTU         int // --tap-mtu
 	// TAPQueueLen is --tap-queue-len: the TAP's txqueuelen; 0 leaves
 	// the TAP's own (1000 as netlink creates it).
 	TAPQueueLen int
@@ -166,6 +169,8 @@ func (c *Config) Validate() error {
 	switch {
 	case c.IBMTU != 2048 && c.IBMTU != 4096:
 		return bad("--ib-mtu %d: want 2048 or 4096", c.IBMTU)
+	case c.VerbsRecvDepth != 0 && (c.VerbsRecvDepth < MinVerbsRecvDepth || c.VerbsRecvDepth > MaxVerbsRecvDepth):
+		return bad("--verbs-recv-depth %d: want %d to %d (0: %d)", c.VerbsRecvDepth, MinVerbsRecvDepth, MaxVerbsRecvDepth, DefaultVerbsRecvDepth)
 	case c.MaxVIFs < 1 || c.MaxVIFs > 1<<20:
 		return bad("--max-vifs %d: want 1 to %d", c.MaxVIFs, 1<<20)
 	case c.TAPMTU < MinTAPMTU || c.TAPMTU > MaxTAPMTU:

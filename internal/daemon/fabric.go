@@ -11,6 +11,13 @@ import (
 	"github.com/eipoib/eipoibd/ipoib/verbsfabric"
 )
 
+// The bounds of Config.VerbsRecvDepth, and its default.
+const (
+	DefaultVerbsRecvDepth = verbsfabric.DefaultRecvDepth
+	MinVerbsRecvDepth     = verbsfabric.MinRecvDepth
+	MaxVerbsRecvDepth     = verbsfabric.MaxRecvDepth
+)
+
 // checkFabric validates the backend settings: --underlay for sim,
 // --ib-dev for kernel and verbs (NAME or NAME:PORT for verbs).
 func (c *Config) checkFabric() error {
@@ -51,7 +58,7 @@ func openFabric(c *Config, log *slog.Logger) (ipoib.Port, error) {
 	case FabricKernel:
 		return kernelfabric.New(kernelfabric.Config{Kernel: kernelfabric.System{}, Parent: c.IBDev, Logger: log})
 	case FabricVerbs:
-		return verbsfabric.New(verbsfabric.Config{Device: c.IBDev, Logger: log})
+		return verbsfabric.New(verbsfabric.Config{Device: c.IBDev, RecvDepth: c.VerbsRecvDepth, Logger: log})
 	}
 	p, err := simfabric.Open(simfabric.Config{Underlay: c.Underlay, IBMTU: c.IBMTU, BusyPoll: c.BusyPoll, Sockets: rxWorkers(c)})
 	if err != nil {

@@ -498,6 +498,67 @@ func (p *Port) flushPending(key ahKey) {
 	p.post()
 }
 
+// receiver keeps the shared receive queue full whatever the reader
+// does: UD has no RNR (a packet that finds no buffer posted is lost in
+// the HCA, uncounted here), so buffers are reposted as soon as their
+// completions are taken, not when Read has copied them out. Each
+// completion takes a spare buffer, which replaces it on the SRQ, and
+// waits in the ready queue for Read; when the reader has fallen so far
+// behind that no spare is left (the ready queue holds depth packets),
+// the new packet's own buffer goes straight back to the SRQ and the
+// packet is dropped and counted (rx_queue_full), as a NIC's ring drops
+// at its tail. A failure of the device ends it; Read then returns the
+// error once the ready queue is empty.
+func (p *Port) receiver() {
+	defer p.wg.Done()
+	for {
+		n := p.dev.pollRecv(p.polled)
+		if n == 0 {
+			ok, err := p.dev.waitRecv()
+			if err != nil && !p.closed.Load() {
+				p.rxFail(err)
+				return
+			}
+			if !ok {
+				return // woken: closing
+			}
+			continue
+		}
+		p.rqMu.Lock()
+		for _, d := range p.polled[:n] {
+			if len(p.spare) == 0 {
+				p.repost = append(p.repost, uint32(d.buf))
+				p.drops.Add(ipoib.DropQueueFull)
+				continue
+			}
+			p.repost = append(p.repost, p.spare[len(p.spare)-1])
+			p.spare = p.spare[:len(p.spare)-1]
+			p.ready[(p.readyAt+p.readyN)%len(p.ready)] = d
+			p.readyN++
+		}
+		p.rqMu.Unlock()
+		err := p.dev.postRecv(p.repost)
+		p.repost = p.repost[:0]
+		select {
+		case p.rxReady <- struct{}{}:
+		default:
+		}
+		if err != nil {
+			p.rxFail(err)
+			return
+		}
+	}
+}
+
+// rxFail records the receiver's failure for Read.
+func (p *Port) rxFail(err error) {
+	p.rxErr.Store(&err)
+	select {
+	case p.rxReady <- struct{}{}:
+	default:
+	}
+}
+
 // Read returns received packets; see the package's flow comment. One
 // goroutine reads at a time.
 func (p *Port) Read(bufs [][]byte, sizes []int, meta []ipoib.RxMeta, offset int) (int, error) {
@@ -507,25 +568,35 @@ func (p *Port) Read(bufs [][]byte, sizes []int, meta []ipoib.RxMeta, offset int)
 		if p.closed.Load() {
 			return 0, net.ErrClosed
 		}
-		n := p.dev.pollRecv(p.rdone[:min(len(bufs), len(p.rdone))])
+		p.rqMu.Lock()
+		n := min(len(bufs), len(p.rdone), p.readyN)
+		for i := range n {
+			p.rdone[i] = p.ready[(p.readyAt+i)%len(p.ready)]
+		}
+		p.readyAt = (p.readyAt + n) % len(p.ready)
+		p.readyN -= n
+		p.rqMu.Unlock()
 		if n == 0 {
-			if _, err := p.dev.waitRecv(); err != nil && !p.closed.Load() {
-				return 0, err
+			if err := p.rxErr.Load(); err != nil {
+				return 0, *err
+			}
+			select {
+			case <-p.rxReady:
+			case <-p.done:
 			}
 			continue
 		}
 		k := 0
 		for _, d := range p.rdone[:n] {
-			p.repost = append(p.repost, uint32(d.buf))
 			if p.take(d, bufs[k][offset:], &sizes[k], &meta[k]) {
 				k++
 			}
 		}
-		err := p.dev.postRecv(p.repost)
-		p.repost = p.repost[:0]
-		if err != nil {
-			return k, err
+		p.rqMu.Lock()
+		for _, d := range p.rdone[:n] {
+			p.spare = append(p.spare, uint32(d.buf))
 		}
+		p.rqMu.Unlock()
 		if k > 0 {
 			return k, nil
 		}

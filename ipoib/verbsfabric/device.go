@@ -14,7 +14,8 @@ import (
 // device is the verbs boundary the Port drives: libibverbs through cgo
 // (ibv.go, build tag verbs) or an in-memory fake in the tests. The Port
 // serialises sends (postSend, pollSend, sendBuf) and receives (pollRecv,
-// postRecv, recvBuf, waitRecv); the rest may run concurrently with both.
+// postRecv, waitRecv: its receiver goroutine); recvBuf of a buffer not
+// posted, and the rest, may run concurrently with both.
 type device interface {
 	attr() devAttr
 	// createQP creates a UD QP with Q_Key qkey in the P_Key table entry
@@ -79,10 +80,14 @@ type devAttr struct {
 	pkeys    []ipoib.PKey
 }
 
-// layout sizes the registered memory.
+// layout sizes the registered memory: recvBufs receive buffers, of
+// which at most srqDepth are posted on the shared receive queue (its
+// size, and the receive CQ's: every receive completion is of a posted
+// buffer).
 type layout struct {
 	sendSlots, slotSize int
 	recvBufs, recvSize  int
+	srqDepth            int
 	batch               int
 }
 

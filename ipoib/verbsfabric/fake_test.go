@@ -38,6 +38,7 @@ type fakeDev struct {
 	recv     []byte
 	posted   []uint32 // receive buffers posted, the next at postedAt
 	postedAt int
+	lost     int // packets that found no receive buffer posted (UD has no RNR)
 	rq       []recvDone
 	sq       []sendDone
 	failAt   int // postSend fails at this descriptor (-1: never)
@@ -337,6 +338,7 @@ func (d *fakeDev) deliver(src, dst ipoib.GID, srcQPN, qpn, qkey uint32, data []b
 // freed while it was queued). A packet is lost when no buffer is posted.
 func (d *fakeDev) complete(src, dst ipoib.GID, srcQPN, qpn uint32, data []byte) {
 	if d.postedAt == len(d.posted) {
+		d.lost++
 		return
 	}
 	b := d.posted[d.postedAt]

@@ -559,8 +559,8 @@ func openDevice(name string, port int, lay layout) (_ device, err error) {
 	if err := d.query(); err != nil {
 		return nil, err
 	}
-	if int(srqWR) < lay.recvBufs || int(cqe) < lay.recvBufs || int(cqe) < lay.sendSlots {
-		return nil, fmt.Errorf("verbsfabric: %s takes at most %d receive WRs and %d CQEs; want %d and %d", name, srqWR, cqe, lay.recvBufs, lay.sendSlots)
+	if int(srqWR) < lay.srqDepth || int(cqe) < lay.srqDepth || int(cqe) < lay.sendSlots {
+		return nil, fmt.Errorf("verbsfabric: %s takes at most %d receive WRs and %d CQEs; want %d (the receive queue depth, --verbs-recv-depth) and %d", name, srqWR, cqe, lay.srqDepth, max(lay.srqDepth, lay.sendSlots))
 	}
 	d.sendWR = min(lay.sendSlots, int(qpWR))
 	if d.pd = C.ibv_alloc_pd(d.ctx); d.pd == nil {
@@ -575,14 +575,14 @@ func openDevice(name string, port int, lay layout) (_ device, err error) {
 	if r := C.eib_nonblock(d.ctx.async_fd); r != 0 {
 		return nil, errnoErr("async event fd", r)
 	}
-	if d.rcq = C.ibv_create_cq(d.ctx, C.int(lay.recvBufs), nil, d.ch, 0); d.rcq == nil {
+	if d.rcq = C.ibv_create_cq(d.ctx, C.int(lay.srqDepth), nil, d.ch, 0); d.rcq == nil {
 		return nil, fmt.Errorf("verbsfabric: ibv_create_cq (receive) failed")
 	}
 	if d.scq = C.ibv_create_cq(d.ctx, C.int(lay.sendSlots), nil, nil, 0); d.scq == nil {
 		return nil, fmt.Errorf("verbsfabric: ibv_create_cq (send) failed")
 	}
 	var sa C.struct_ibv_srq_init_attr
-	sa.attr.max_wr = C.uint32_t(lay.recvBufs)
+	sa.attr.max_wr = C.uint32_t(lay.srqDepth)
 	sa.attr.max_sge = 1
 	if d.srq = C.ibv_create_srq(d.pd, &sa); d.srq == nil {
 		return nil, fmt.Errorf("verbsfabric: ibv_create_srq failed")

@@ -43,7 +43,6 @@ import (
 const (
 	batchSize   = 64
 	sendSlots   = 1024
-	recvBufs    = 1024
 	signalEvery = 64
 	// pendingMax packets wait for address handles at once, pendingPerGID
 	// for one destination.
@@ -61,11 +60,24 @@ const (
 	resolveQueue = 256
 )
 
+// The receive queue's depth: the buffers posted on the shared receive
+// queue (Config.RecvDepth, --verbs-recv-depth). As many again wait for
+// the reader (see receiver), so the registered receive memory is
+// (2 × depth + 64) × 4,160 bytes: 8.8 MB at the default.
+const (
+	DefaultRecvDepth = 1024
+	MinRecvDepth     = batchSize
+	MaxRecvDepth     = 16384
+)
+
 // Config configures a Port.
 type Config struct {
 	// Device is the verbs device and its port, NAME or NAME:PORT (see
 	// ParseDevice): rxe0, mlx5_0, mlx5_0:2; port 1 when none is given.
 	Device string
+	// RecvDepth is the number of receive buffers posted on the shared
+	// receive queue, MinRecvDepth to MaxRecvDepth (0: DefaultRecvDepth).
+	RecvDepth int
 	// Logger receives lifecycle events (nil: slog.Default()).
 	Logger *slog.Logger
 
@@ -185,9 +197,23 @@ type Port struct {
 	queued, freed uint64
 	dead          []deadAH
 
-	rxMu   sync.Mutex
-	rdone  []recvDone
-	repost []uint32
+	// The receive side: receiver takes completions into polled and
+	// reposts (repost) a spare buffer for each; the packet waits in the
+	// ready ring (readyN from readyAt) for Read, which copies it out
+	// into rdone's order and gives its buffer back to spare. rqMu guards
+	// spare and the ring; rxMu serialises Read.
+	depth   int
+	rxMu    sync.Mutex
+	rdone   []recvDone
+	rqMu    sync.Mutex
+	polled  []recvDone
+	repost  []uint32
+	spare   []uint32
+	ready   []recvDone
+	readyAt int
+	readyN  int
+	rxReady chan struct{}
+	rxErr   atomic.Pointer[error]
 
 	dataWarn warnlimit.Limit // data-path warnings
 
@@ -236,7 +262,16 @@ func New(c Config) (*Port, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	lay := layout{sendSlots: sendSlots, slotSize: 4096, recvBufs: recvBufs, recvSize: grhLen + 4096 + 24, batch: batchSize}
+	depth := c.RecvDepth
+	if depth == 0 {
+		depth = DefaultRecvDepth
+	}
+	if depth < MinRecvDepth || depth > MaxRecvDepth {
+		return nil, fmt.Errorf("verbsfabric: receive queue depth %d: want %d to %d", depth, MinRecvDepth, MaxRecvDepth)
+	}
+	// depth buffers on the SRQ, depth spares for the ready queue, and a
+	// batch in Read's hands.
+	lay := layout{sendSlots: sendSlots, slotSize: 4096, recvBufs: 2*depth + batchSize, srqDepth: depth, recvSize: grhLen + 4096 + 24, batch: batchSize}
 	dev, err := open(name, port, lay)
 	if err != nil {
 		return nil, err
@@ -248,7 +283,8 @@ func New(c Config) (*Port, error) {
 		members: make(map[ipoib.GID]*member), rejoin: make(map[ipoib.GID]bool), mtuWarned: make(map[ipoib.PKey]bool),
 		ahs: newAHCache(), resolve: make(chan ahKey, resolveQueue),
 		slots: make([]slotInfo, sendSlots), dying: make(map[uint32]*qpState), descs: make([]sendDesc, 0, batchSize), dones: make([]sendDone, sendSlots),
-		rdone: make([]recvDone, batchSize), repost: make([]uint32, 0, batchSize), done: make(chan struct{}),
+		depth: depth, rdone: make([]recvDone, batchSize), polled: make([]recvDone, batchSize), repost: make([]uint32, 0, batchSize),
+		ready: make([]recvDone, lay.recvBufs), rxReady: make(chan struct{}, 1), done: make(chan struct{}),
 	}
 	if p.a.mtu != 2048 && p.a.mtu != 4096 {
 		dev.close()
@@ -263,11 +299,12 @@ func New(c Config) (*Port, error) {
 		p.pendBufs = append(p.pendBufs, make([]byte, p.a.mtu))
 		p.pendFree = append(p.pendFree, i)
 	}
-	all := make([]uint32, recvBufs)
+	all := make([]uint32, lay.recvBufs)
 	for i := range all {
 		all[i] = uint32(i)
 	}
-	if err := dev.postRecv(all); err != nil {
+	p.spare = all[depth:]
+	if err := dev.postRecv(all[:depth]); err != nil {
 		dev.close()
 		return nil, err
 	}
@@ -280,7 +317,8 @@ func New(c Config) (*Port, error) {
 		p.mcSock = fd
 	}
 	p.events = ipoib.NewEventQueue(p.a.active)
-	p.wg.Add(1 + resolvers)
+	p.wg.Add(2 + resolvers)
+	go p.receiver()
 	for range resolvers {
 		go p.resolver()
 	}
@@ -849,7 +887,7 @@ func (p *Port) Counters() ipoib.PortCounters {
 		"address_handles":           uint64(n),
 		"address_handles_resolving": uint64(p.resolving.Load()),
 		"tx_ring_slots_in_use":      uint64(p.slotsInUse()),
-		"receive_buffers_posted":    recvBufs,
+		"receive_buffers_posted":    uint64(p.depth),
 	}
 	return c
 }
