@@ -37,7 +37,8 @@ Fabric and backends:
                        over --dev, each host's native IPoIB address on `eipoibd host`
   --backends LIST      comma-separated, of kernel and verbs (default kernel,verbs);
                        with --fabric sim the only backend is sim
-  --verbs-dev DEV      verbs device of --dev (default: the HCA under /sys/class/net/DEV/device)
+  --verbs-dev DEV      verbs device of --dev, HCA or HCA:PORT (default: the HCA under
+                       /sys/class/net/DEV/device and DEV's port, from its dev_port)
   --eipoibd PATH       eipoibd on both hosts (default: eipoibd on PATH)
   --eipoibd-verbs PATH the -tags verbs build on both hosts (default: eipoibd-verbs on PATH)
   --eipoibd-args ARGS  more flags for eipoibd run, e.g. '--ib-mtu 2048 --log-level debug'
@@ -349,9 +350,8 @@ prereqs() {
 		fi
 		if [[ $BACKENDS =~ verbs ]]; then
 			vd=${VERBS_DEV:-\$hca}
-			need "$h" "verbs device of $d on port 1 (the verbs backend uses port 1)" \
-				"give --verbs-dev, or run the kit on port 1's IPoIB interface" \
-				"$(port_script "$h"); [ -d /sys/class/infiniband/$vd ] && [ \$port = 1 ]"
+			need "$h" "verbs device of $d" "give --verbs-dev HCA:PORT" \
+				"$(port_script "$h"); [ -d /sys/class/infiniband/${vd%%:*} ]"
 		fi
 	done
 	if [ "$FABRIC" = sim ] && [ "$SM_MODE" = reset ]; then
@@ -475,13 +475,16 @@ daemon_up() {
 	sim) args="--fabric sim --underlay ehtu" ;;
 	kernel) args="--fabric kernel --ib-dev $d" ;;
 	verbs)
+		# The HCA and port of --dev (eipoibd-verbs --ib-dev HCA:PORT).
 		bin=$EIPOIBD_VERBS
-		args="--fabric verbs --ib-dev ${VERBS_DEV:-\$(ls /sys/class/net/$d/device/infiniband | head -n1)}"
+		args="--fabric verbs --ib-dev ${VERBS_DEV:-\$hca:\$port}"
 		;;
 	esac
 	[ "$PARTITIONS" = 2 ] && args+=" --vlan-pkey $VLAN2=$PKEY2"
 	local s=""
 	[ "$b" = sim ] && s+="ip link add ehtu link $d type macvlan mode bridge && ip link set ehtu up || exit 1
+"
+	[ "$b" = verbs ] && s+="$(port_script "$h")
 "
 	s+="mkdir -p $W/ctl
 nohup $bin run $args --name eht0 $sw ehtbr --ctl-dir $W/ctl $EXTRA </dev/null >$W/eipoibd-$b.log 2>&1 &
@@ -777,8 +780,20 @@ if [ "$PARTITIONS" = 1 ]; then
 	record "all checks" all "$PKEY2" "not run" "(--partitions 1)"
 fi
 
+# The verbs port: the device and port each host's eipoibd-verbs opened,
+# from its "verbs port open" log line (--ib-dev HCA:PORT).
+verbs_ports=""
+if [[ ,$BACKENDS, == *,verbs,* ]]; then
+	for h in A B; do
+		vp=$(on "$h" "sed -n -e 's/.*msg=\"verbs port open\".* device=\([^ ]*\) port=\([0-9]*\).*/\1 (port \2)/p' \
+			-e 's/.*\"msg\":\"verbs port open\".*\"device\":\"\([^\"]*\)\",\"port\":\([0-9]*\).*/\1 (port \2)/p' $(w "$h")/eipoibd-verbs.log | head -n1" 2>/dev/null)
+		verbs_ports+=" $h ${vp:-did not open}"
+	done
+fi
+
 echo
 echo "eipoibd hardware kit: fabric $FABRIC, switch $SWITCH, $COUNT requests per pair, logs in $WORK/{A,B}.prev on each host"
+[ -n "$verbs_ports" ] && echo "verbs port:$verbs_ports"
 printf '%-18s %-8s %-9s %-8s %s\n' check backend partition result figure
 for r in "${RESULTS[@]}"; do
 	IFS='|' read -r c b pk st fig <<<"$r"
