@@ -16,11 +16,14 @@ package verbsfabric
 // handle yet waits in a small pending pool while a resolver goroutine
 // creates one (on RoCE that resolves the peer's MAC and can block).
 //
-// RX: receive buffers sit on a shared receive queue; Read polls the
-// receive CQ (sleeping on the completion channel when empty), takes the
-// source GID from the 40-byte GRH, the source QPN from the completion,
-// drops what this port itself sent (multicast loops back to the attached
-// QP), copies the packet out and re-posts the buffers in one call.
+// RX: receive buffers sit on a shared receive queue; a receiver
+// goroutine polls the receive CQ (sleeping on the completion channel when
+// empty) and reposts a spare buffer for each completion at once, so the
+// queue stays full however slow the reader is (UD has no RNR). Read takes
+// the waiting completions, takes the source GID from the 40-byte GRH, the
+// source QPN from the completion, drops what this port itself sent
+// (multicast loops back to the attached QP), copies the packet out and
+// gives the buffer back to the spares.
 
 import (
 	"errors"
@@ -359,8 +362,13 @@ func (p *Port) PartitionMTU(pkey ipoib.PKey) int {
 	return int(s.mtu.Load())
 }
 
-// Offloads: UD QPs take no super-packets (LSO is for RC/UD on some HCAs
-// only, and rxe has none).
+// Offloads: none. The UD QPs take no super-packets and no checksum
+// offload: rdma-core's mlx5 provider builds IBV_WR_TSO only for raw
+// packet QPs (providers/mlx5/qp.c _mlx5_post_send; max_tso is set only
+// for them, verbs.c mlx5_modify_qp) and IBV_SEND_IP_CSUM on UD only for
+// underlay QPs (IBV_QP_CREATE_SOURCE_QPN: mlx5_post_send_underlay),
+// which send with another QP's number and cannot be attached to groups;
+// rxe has neither. The shim cuts and sums for this port.
 func (p *Port) Offloads() ipoib.Offloads { return ipoib.Offloads{} }
 
 // IsDown reports the port not ACTIVE, from the device's async events
