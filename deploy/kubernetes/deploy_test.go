@@ -9,6 +9,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -235,8 +236,10 @@ func TestDaemonSet(t *testing.T) {
 
 // TestNetworks: network.yaml holds NetworkAttachmentDefinitions whose
 // config is a CNI network list (libcni parses it) of bridge then eipoib,
-// on the ConfigMap's bridge, TAP and control socket directory; bridge's
-// IPAM is empty (layer 2) or eipoib wrapping a real IPAM.
+// on the ConfigMap's bridge, TAP and control socket directory, run at
+// spec 1.1.0 by libcni (its "cniVersions") and at 1.0.0 by older
+// runtimes ("cniVersion"); bridge's IPAM is empty (layer 2) or eipoib
+// wrapping a real IPAM, host-local with an IPv4 and an IPv6 range.
 func TestNetworks(t *testing.T) {
 	all := load(t)
 	var conf map[string]any
@@ -265,8 +268,13 @@ func TestNetworks(t *testing.T) {
 		for _, p := range list.Plugins {
 			types = append(types, p.Network.Type)
 		}
-		if !slices.Equal(types, []string{"bridge", "eipoib"}) || list.CNIVersion != "1.0.0" || list.Name != o.Metadata.Name {
-			t.Fatalf("%s: plugins %v, cniVersion %s, name %s: want bridge then eipoib, 1.0.0, the object's name", o.Metadata.Name, types, list.CNIVersion, list.Name)
+		var versions struct {
+			CNIVersion string `json:"cniVersion"`
+		}
+		json.Unmarshal([]byte(spec.Config), &versions)
+		if !slices.Equal(types, []string{"bridge", "eipoib"}) || list.CNIVersion != "1.1.0" || versions.CNIVersion != "1.0.0" || list.Name != o.Metadata.Name {
+			t.Fatalf("%s: plugins %v, cniVersion %s (libcni's choice) and %s, name %s: want bridge then eipoib, 1.1.0 and 1.0.0, the object's name",
+				o.Metadata.Name, types, list.CNIVersion, versions.CNIVersion, list.Name)
 		}
 		var br struct {
 			Bridge string          `json:"bridge"`
@@ -287,7 +295,10 @@ func TestNetworks(t *testing.T) {
 		var wrap struct {
 			eipoibKeys
 			IPAM *struct {
-				Type string `json:"type"`
+				Type   string `json:"type"`
+				Ranges [][]struct {
+					Subnet netip.Prefix `json:"subnet"`
+				} `json:"ranges"`
 			} `json:"ipam"`
 		}
 		if err := json.Unmarshal(br.IPAM, &wrap); err != nil {
@@ -298,7 +309,18 @@ func TestNetworks(t *testing.T) {
 		case "eipoib":
 			wrap.check(t, o.Metadata.Name+" (eipoib as bridge's IPAM)", conf)
 			if wrap.IPAM == nil || wrap.IPAM.Type == "" || wrap.IPAM.Type == "eipoib" {
-				t.Errorf("%s: eipoib as bridge's IPAM wraps %+v, want a real IPAM", o.Metadata.Name, wrap.IPAM)
+				t.Fatalf("%s: eipoib as bridge's IPAM wraps %+v, want a real IPAM", o.Metadata.Name, wrap.IPAM)
+			}
+			if wrap.IPAM.Type == "host-local" {
+				var families []string
+				for _, set := range wrap.IPAM.Ranges {
+					for _, r := range set {
+						families = append(families, map[bool]string{true: "IPv4", false: "IPv6"}[r.Subnet.Addr().Is4()])
+					}
+				}
+				if !slices.Equal(families, []string{"IPv4", "IPv6"}) {
+					t.Errorf("%s: host-local's ranges are %v, want one IPv4 and one IPv6", o.Metadata.Name, families)
+				}
 			}
 		default:
 			t.Errorf("%s: bridge's IPAM %q: want none or eipoib wrapping it (the MAC declared before the address is asked for)", o.Metadata.Name, wrap.Type)
