@@ -66,13 +66,13 @@ func TestLibvirt(t *testing.T) {
 	ovsEnv := "OVS_RUNDIR=" + ovsDir // ovs-vsctl's default database is $OVS_RUNDIR/db.sock
 	runDoc(t, hv, doc.one(t, "sh", "ovs-vsctl add-br ovsbr0"), []string{ovsEnv}, "")
 
-	// eipoibd with the doc's configuration, on the simulated fabric
-	// (flags on the command line win over the file's fabric).
+	// eipoibd with the doc's configuration for the simulated fabric
+	// (the --underlay the harness gives wins over the file's).
 	cfg := filepath.Join(logDir, "eib0.toml")
-	if err := os.WriteFile(cfg, []byte(doc.one(t, "toml", "ovs-bridge")), 0o644); err != nil {
+	if err := os.WriteFile(cfg, []byte(doc.one(t, "toml", `fabric     = "sim"`)), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	h1 := &hypervisor{name: "h1", ns: hv, underlay: "ul1", logDir: logDir, env: []string{ovsEnv}, extra: []string{"--config", cfg, "--fabric", "sim"}}
+	h1 := &hypervisor{name: "h1", ns: hv, underlay: "ul1", logDir: logDir, env: []string{ovsEnv}, extra: []string{"--config", cfg}}
 	h1.start(t)
 	t.Cleanup(func() { h1.stop(t, false) })
 
