@@ -112,6 +112,8 @@ func (rs records) load(containerID, ifName string) (record, error) {
 	if err == nil {
 		err = json.Unmarshal(b, &r)
 	}
+	// The file's name, not what it holds, says whose record it is.
+	r.ContainerID, r.IfName = containerID, ifName
 	if err != nil {
 		return r, types.NewError(types.ErrIOFailure, fmt.Sprintf("eipoib: record of %s %s: %v", containerID, ifName, err), "")
 	}
