@@ -623,7 +623,7 @@ func TestConformanceLinks(t *testing.T) {
 // (proc_sys_lookup: no such entry under /proc/sys/net/*/conf).
 func TestConformanceSysctls(t *testing.T) {
 	each(t, func(t *testing.T, w *witness) {
-		for _, kv := range kf.HostOffSysctls(w.aName) {
+		for _, kv := range kf.HostOffSysctls(w.aName, true) {
 			var err error
 			w.in(func() { err = w.ka.WriteSysctl(kv[0], kv[1]) })
 			if err != nil {

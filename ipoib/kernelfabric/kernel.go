@@ -93,6 +93,10 @@ type Kernel interface {
 	PKeys(parent string) (PKeyTable, error)
 	// WriteSysctl writes value to /proc/sys/path.
 	WriteSysctl(path, value string) error
+	// HasIPv6 reports whether the kernel runs IPv6: false on a kernel
+	// booted with ipv6.disable=1 (or built without it), which has no
+	// /proc/sys/net/ipv6/conf at all (see System.HasIPv6).
+	HasIPv6() (bool, error)
 	// TSO reports whether the interface has TCP segmentation offload on
 	// (ETHTOOL_GTSO).
 	TSO(name string) (bool, error)

@@ -74,6 +74,10 @@ const (
 	// ended (an overrun: notifications lost), each followed by a dump
 	// of every link's carrier and MTU.
 	StatResubscribed = "link_resubscriptions"
+	// StatIPv6Absent counts children made without their IPv6
+	// settings because the kernel runs no IPv6 (ipv6.disable=1): there
+	// is nothing to keep off them.
+	StatIPv6Absent = "child_ipv6_absent"
 	// StatOutgoingNotIgnored is OutgoingNotIgnored: the packet sockets
 	// of this process (of every Port) opened without
 	// PACKET_IGNORE_OUTGOING because the kernel refused it.
@@ -96,6 +100,7 @@ const (
 	statPartitionMTUChanges
 	statResubscribed
 	statMcastCopies
+	statIPv6Absent
 	numStats
 )
 
@@ -112,6 +117,7 @@ var statNames = [numStats]string{
 	statPartitionMTUChanges: StatPartitionMTUChanges,
 	statResubscribed:        StatResubscribed,
 	statMcastCopies:         StatMcastCopies,
+	statIPv6Absent:          StatIPv6Absent,
 }
 
 const (
@@ -196,6 +202,8 @@ type Port struct {
 	gid    ipoib.GID
 	mtu    int
 	scope  uint8
+	// ipv6: the kernel runs IPv6, so children get its host-off settings.
+	ipv6 bool
 	// tso: the children have TSO; decided on the first child, under
 	// setup, before any Write.
 	tso, tsoKnown bool
@@ -287,6 +295,12 @@ func New(cfg Config) (*Port, error) {
 	}
 	p.pool.New = func() any { b := make([]byte, VnetHdrLen+mtu+rxHead); return &b }
 	p.rxCtr = rxq.Counters{Packets: &p.rxPackets, Bytes: &p.rxBytes, TooSmall: func() { p.drops.Add(ipoib.DropBufferSmall) }}
+	if p.ipv6, err = k.HasIPv6(); err != nil {
+		return nil, fmt.Errorf("kernel: find whether IPv6 runs: %w", err)
+	}
+	if !p.ipv6 {
+		p.log.Info("kernel: IPv6 is disabled (ipv6.disable=1): children get the IPv4 settings only", "dev", parent.Name)
+	}
 	p.down.Store(!parent.Carrier)
 	if err := p.reclaim(); err != nil {
 		return nil, err
@@ -580,7 +594,10 @@ func (p *Port) createChild(name string, pkey ipoib.PKey, group bool) (c *child, 
 		}
 	}()
 	// Before the link comes up, so that IPv6 never gives it an address.
-	for _, s := range hostOffSysctls(name) {
+	if !p.ipv6 {
+		p.stat(statIPv6Absent)
+	}
+	for _, s := range hostOffSysctls(name, p.ipv6) {
 		if err := k.WriteSysctl(s[0], s[1]); err != nil {
 			return nil, fmt.Errorf("kernel: set %s=%s on %s: %w", s[0], s[1], name, err)
 		}
@@ -738,9 +755,12 @@ func (p *Port) refusedRecently(pkey ipoib.PKey) error {
 // child: no IPv6 at all (no address, no ND answers), no IPv4 ARP answers
 // and no forwarding, and strict reverse-path filtering so that IPv4
 // addressed to one of the host's own addresses is not accepted on it.
-func hostOffSysctls(dev string) [][2]string {
+// Without ipv6 (a kernel booted with ipv6.disable=1) the IPv6 ones are
+// left out: their /proc/sys/net/ipv6/conf/DEV does not exist, and there
+// is no IPv6 stack to keep off.
+func hostOffSysctls(dev string, ipv6 bool) [][2]string {
 	v4, v6 := "net/ipv4/conf/"+dev+"/", "net/ipv6/conf/"+dev+"/"
-	return [][2]string{
+	s := [][2]string{
 		{v6 + "addr_gen_mode", "1"}, // IN6_ADDR_GEN_MODE_NONE
 		{v6 + "disable_ipv6", "1"},
 		{v6 + "forwarding", "0"},
@@ -748,6 +768,10 @@ func hostOffSysctls(dev string) [][2]string {
 		{v4 + "forwarding", "0"},
 		{v4 + "rp_filter", "1"},
 	}
+	if !ipv6 {
+		s = s[3:]
+	}
+	return s
 }
 
 func (p *Port) startRx(c *child) {

@@ -52,6 +52,10 @@ type Kernel struct {
 	TSOOn bool
 	// ModeOf is the parent's mode ("datagram").
 	ModeOf string
+	// NoIPv6 is a kernel booted with ipv6.disable=1: no
+	// /proc/sys/net/ipv6 (inet6_init stops before ipv6_sysctl_register
+	// and addrconf_init).
+	NoIPv6 bool
 	// LinkQueue is how many link notifications a subscription holds
 	// unread before it overruns (LinkQueueLen when 0).
 	LinkQueue int
@@ -218,8 +222,8 @@ func (k *Kernel) Mode(name string) (string, error) {
 
 // WriteSysctl records a write to an entry of /proc/sys/net/ipv4/conf/DEV
 // or /proc/sys/net/ipv6/conf/DEV (DEV a link, "all" or "default"); any
-// other path, a missing device or a key the kernel does not have there
-// is ENOENT, as proc_sys_lookup finds no entry (devinet_sysctl_register,
+// other path, any IPv6 path under NoIPv6, a missing device or a key the
+// kernel does not have there is ENOENT, as proc_sys_lookup finds no entry (devinet_sysctl_register,
 // addrconf_sysctl_register make one directory a device).
 func (k *Kernel) WriteSysctl(path, value string) error {
 	k.mu.Lock()
@@ -228,12 +232,15 @@ func (k *Kernel) WriteSysctl(path, value string) error {
 	fam, rest, _ := strings.Cut(rest, "/")
 	rest, ok2 := strings.CutPrefix(rest, "conf/")
 	dev, key, _ := strings.Cut(rest, "/")
-	if !ok || !ok2 || !confKeys[fam][key] || dev != "all" && dev != "default" && k.byName(dev) == nil {
+	if !ok || !ok2 || !confKeys[fam][key] || dev != "all" && dev != "default" && k.byName(dev) == nil || fam == "ipv6" && k.NoIPv6 {
 		return unix.ENOENT
 	}
 	k.sysctls[path] = value
 	return nil
 }
+
+// HasIPv6 is !NoIPv6.
+func (k *Kernel) HasIPv6() (bool, error) { return !k.NoIPv6, nil }
 
 // confKeys are the per-device entries the fake knows, a part of
 // net/ipv4/devinet.c devinet_sysctl and net/ipv6/addrconf.c
