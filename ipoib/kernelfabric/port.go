@@ -168,6 +168,7 @@ var (
 type child struct {
 	name  string
 	index int
+	slot  int // a VIF child's index in its name (ChildName), 0 for a group child
 	qpn   uint32
 	pkey  ipoib.PKey
 	group bool   // the partition's multicast child
@@ -212,11 +213,15 @@ type Port struct {
 	// looked up without a lock by Write; a child is destroyed only
 	// after the batch that may have looked it up (under txMu) ends.
 	qps    *ipoib.QPTable
-	mu     sync.RWMutex // groupC and all; the data path never takes it
+	mu     sync.RWMutex // groupC, all and slots; the data path never takes it
 	groupC map[ipoib.PKey]*child
 	all    map[string]*child
-	seq    int
-	setup  sync.Mutex // serialises child creation
+	// slots are the VIF child indexes in use (their names'), each
+	// reused once its child is gone, so that names stay short for ever.
+	slots map[int]bool
+	// stem prefixes every child's name (ChildStem).
+	stem  string
+	setup sync.Mutex // serialises child creation
 	// refused answers AllocQP at once for a partition whose child was
 	// just refused.
 	refMu   sync.Mutex
@@ -290,6 +295,7 @@ func New(cfg Config) (*Port, error) {
 	p := &Port{
 		k: k, log: cfg.Logger, parent: parent, gid: parent.HwAddr.GID(), mtu: mtu, scope: cfg.Scope,
 		qps: ipoib.NewQPTable(0), groupC: make(map[ipoib.PKey]*child), all: make(map[string]*child),
+		slots: make(map[int]bool), stem: ChildStem(parent.Name),
 		groups: ipoib.NewGroupTable(), done: make(chan struct{}), rx: make(chan rxq.Packet, queueLen),
 		refused: make(map[ipoib.PKey]refusal), timeout: cfg.ChildTimeout,
 	}
@@ -300,6 +306,9 @@ func New(cfg Config) (*Port, error) {
 	}
 	if !p.ipv6 {
 		p.log.Info("kernel: IPv6 is disabled (ipv6.disable=1): children get the IPv4 settings only", "dev", parent.Name)
+	}
+	if p.stem != parent.Name {
+		p.log.Info("kernel: the parent's name is too long to prefix its children's: they are named after a hash of it", "dev", parent.Name, "children", p.stem+".eN, "+p.stem+".mPPPP")
 	}
 	p.down.Store(!parent.Carrier)
 	if err := p.reclaim(); err != nil {
@@ -322,14 +331,15 @@ func New(cfg Config) (*Port, error) {
 	return p, nil
 }
 
-// reclaim deletes the children named as ours that a crashed run left.
+// reclaim deletes the children named as ours (IsChildName under the
+// stem, and children of our parent) that a crashed run left.
 func (p *Port) reclaim() error {
 	links, err := p.k.Links()
 	if err != nil {
 		return fmt.Errorf("kernel: list links to reclaim children of %s: %w", p.parent.Name, err)
 	}
 	for _, l := range links {
-		if l.ParentIndex != p.parent.Index || !isOurs(p.parent.Name, l.Name) {
+		if l.ParentIndex != p.parent.Index || !IsChildName(p.stem, l.Name) {
 			continue
 		}
 		if err := p.k.DelLink(l.Index); err != nil {
@@ -339,20 +349,6 @@ func (p *Port) reclaim() error {
 		p.log.Info("deleted a child left by a previous run", "child", l.Name)
 	}
 	return nil
-}
-
-// isOurs reports whether name is one ChildName or GroupChildName gives.
-func isOurs(parent, name string) bool {
-	rest, ok := strings.CutPrefix(name, parent+".")
-	if !ok || len(rest) < 2 || (rest[0] != 'e' && rest[0] != 'm') {
-		return false
-	}
-	for _, c := range rest[1:] {
-		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
-			return false
-		}
-	}
-	return true
 }
 
 // follow tracks the parent's carrier and MTU, and each child's carrier
@@ -799,11 +795,9 @@ func (p *Port) groupChild(pkey ipoib.PKey) (*child, error) {
 	if err := p.refusedRecently(pkey); err != nil {
 		return nil, err
 	}
-	name, err := GroupChildName(p.parent.Name, pkey)
+	name := GroupChildName(p.stem, pkey)
+	c, err := p.createChild(name, pkey, true)
 	if err != nil {
-		return nil, fmt.Errorf("kernel: name group child of %s: %w", p.parent.Name, err)
-	}
-	if c, err = p.createChild(name, pkey, true); err != nil {
 		return nil, err
 	}
 	p.mu.Lock()
@@ -833,16 +827,21 @@ func (p *Port) AllocQP(pkey ipoib.PKey, _ uint32) (uint32, error) {
 	if err := p.refusedRecently(pkey); err != nil {
 		return 0, err
 	}
-	p.seq++
-	name, err := ChildName(p.parent.Name, p.seq)
+	slot := p.takeSlot()
+	name, err := ChildName(p.stem, slot)
 	if err != nil {
+		p.freeSlot(slot)
 		return 0, fmt.Errorf("kernel: name child of %s: %w", p.parent.Name, err)
 	}
 	c, err := p.createChild(name, pkey, false)
 	if err != nil {
+		// A half-made child whose deletion failed keeps its name.
+		if _, lerr := p.k.LinkByName(name); lerr != nil {
+			p.freeSlot(slot)
+		}
 		return 0, err
 	}
-	c.gc = gc
+	c.slot, c.gc = slot, gc
 	if err := p.qps.Add(c.qpn, pkey, c); err != nil {
 		p.destroy(c)
 		return 0, fmt.Errorf("kernel: create child %s: %w", name, err)
@@ -868,7 +867,30 @@ func (p *Port) FreeQP(qpn uint32) error {
 	p.refMu.Lock()
 	delete(p.refused, c.pkey) // its attachment to the broadcast group goes
 	p.refMu.Unlock()
-	return p.destroy(c)
+	if err := p.destroy(c); err != nil {
+		return err // its name stays taken
+	}
+	p.freeSlot(c.slot)
+	return nil
+}
+
+// takeSlot reserves the lowest free VIF child index.
+func (p *Port) takeSlot() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 1
+	for p.slots[n] {
+		n++
+	}
+	p.slots[n] = true
+	return n
+}
+
+// freeSlot releases VIF child index n.
+func (p *Port) freeSlot(n int) {
+	p.mu.Lock()
+	delete(p.slots, n)
+	p.mu.Unlock()
 }
 
 // waitBatch returns once the Write under way, if any, has ended: a

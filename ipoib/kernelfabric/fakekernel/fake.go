@@ -140,7 +140,8 @@ func (k *Kernel) Links() ([]kf.Link, error) {
 // be an IPoIB interface that is no child (EINVAL), the P_Key gets the
 // full-membership bit and 0/0x8000 are refused; children created this way
 // may share a P_Key with the parent and each other (is_child_unique
-// checks only legacy sysfs children). Names are unique (EEXIST).
+// checks only legacy sysfs children). Names are unique (EEXIST) and
+// valid (EINVAL: validName).
 func (k *Kernel) AddChild(c kf.ChildSpec) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -154,7 +155,7 @@ func (k *Kernel) AddChild(c kf.ChildSpec) error {
 	if k.byName(c.Name) != nil {
 		return unix.EEXIST
 	}
-	if len(c.Name) > kf.MaxNameLen || c.Name == "" {
+	if !validName(c.Name) {
 		return unix.EINVAL
 	}
 	pkey := c.PKey | 0x8000
@@ -167,6 +168,12 @@ func (k *Kernel) AddChild(c kf.ChildSpec) error {
 	k.links[k.next] = l
 	k.next++
 	return nil
+}
+
+// validName is net/core/dev.c dev_valid_name: 1 to IFNAMSIZ - 1 bytes,
+// not "." or "..", no '/', ':' or white space.
+func validName(name string) bool {
+	return name != "" && len(name) <= kf.MaxNameLen && name != "." && name != ".." && !strings.ContainsAny(name, "/: \t\n\v\f\r")
 }
 
 // DelLink deletes a link; sockets bound to it fail with ENETDOWN.
