@@ -285,12 +285,25 @@ func New(cfg Config) (*Port, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kernel: read mode of %s: %w", parent.Name, err)
 	}
-	if mode != "datagram" {
-		return nil, fmt.Errorf("kernel: %s is in %s mode: eipoibd needs datagram mode (echo datagram > /sys/class/net/%s/mode)", parent.Name, mode, parent.Name)
-	}
-	mtu := parent.MTU + ipoib.HeaderLen
-	if _, err := ipoib.IPMTU(mtu); err != nil {
-		return nil, fmt.Errorf("kernel: %s MTU %d: want the datagram MTU 2044 or 4092 (IB MTU - 4)", parent.Name, parent.MTU)
+	// A parent in connected mode is fine: every child is made in
+	// datagram mode (newChildRequest's IFLA_IPOIB_MODE 0:
+	// ipoib_netlink.c ipoib_new_child_link → ipoib_changelink →
+	// ipoib_main.c ipoib_set_mode), with its own UD QP, and takes the
+	// port's UD MTU, not the parent's (ipoib_child_init copies
+	// max_ib_mtu; ipoib_ndo_init sets the MTU to IPOIB_UD_MTU of it).
+	// The parent's MTU is then its connected-mode one (up to 65520),
+	// so the port's IB MTU is read from the first child instead.
+	mtu := 0
+	switch mode {
+	case "datagram":
+		mtu = parent.MTU + ipoib.HeaderLen
+		if _, err := ipoib.IPMTU(mtu); err != nil {
+			return nil, fmt.Errorf("kernel: %s MTU %d: want the datagram MTU 2044 or 4092 (IB MTU - 4)", parent.Name, parent.MTU)
+		}
+	case "connected":
+		cfg.Logger.Info("kernel: the parent is in connected mode; its children are made in datagram mode, with the port's UD MTU", "dev", parent.Name)
+	default:
+		return nil, fmt.Errorf("kernel: %s is in mode %q: want datagram or connected", parent.Name, mode)
 	}
 	p := &Port{
 		k: k, log: cfg.Logger, parent: parent, gid: parent.HwAddr.GID(), mtu: mtu, scope: cfg.Scope,
@@ -299,7 +312,8 @@ func New(cfg Config) (*Port, error) {
 		groups: ipoib.NewGroupTable(), done: make(chan struct{}), rx: make(chan rxq.Packet, queueLen),
 		refused: make(map[ipoib.PKey]refusal), timeout: cfg.ChildTimeout,
 	}
-	p.pool.New = func() any { b := make([]byte, VnetHdrLen+mtu+rxHead); return &b }
+	// p.mtu is known by the time a child's reader needs a buffer.
+	p.pool.New = func() any { b := make([]byte, VnetHdrLen+p.mtu+rxHead); return &b }
 	p.rxCtr = rxq.Counters{Packets: &p.rxPackets, Bytes: &p.rxBytes, TooSmall: func() { p.drops.Add(ipoib.DropBufferSmall) }}
 	if p.ipv6, err = k.HasIPv6(); err != nil {
 		return nil, fmt.Errorf("kernel: find whether IPv6 runs: %w", err)
@@ -578,6 +592,13 @@ func (p *Port) createChild(name string, pkey ipoib.PKey, group bool) (c *child, 
 	l, err := k.LinkByName(name)
 	if err != nil {
 		return nil, fmt.Errorf("kernel: look up new child %s: %w", name, err)
+	}
+	if p.mtu == 0 { // a parent in connected mode: see New
+		if _, err := ipoib.IPMTU(l.MTU + ipoib.HeaderLen); err != nil {
+			k.DelLink(l.Index)
+			return nil, fmt.Errorf("kernel: the port's UD MTU, read from new child %s, is %d: want 2044 or 4092 (IB MTU - 4)", name, l.MTU)
+		}
+		p.mtu = l.MTU + ipoib.HeaderLen
 	}
 	c = &child{name: name, index: l.Index, pkey: pkey.Full(), group: group, up: make(chan struct{})}
 	p.byIndex.Store(l.Index, c)

@@ -146,13 +146,42 @@ func TestLongParentName(t *testing.T) {
 	}
 }
 
-// TestConnectedModeRefused: the one-line message names the sysfs switch.
-func TestConnectedModeRefused(t *testing.T) {
-	k := fakekernel.NewFabric().NewHost(gid("fe80::a"), "ib0", 2044)
-	k.ModeOf = "connected"
-	_, err := kf.New(kf.Config{Kernel: k, Parent: "ib0"})
-	if err == nil || !strings.Contains(err.Error(), "/sys/class/net/ib0/mode") {
-		t.Fatalf("got %v", err)
+// TestConnectedParent: a parent in connected mode (MTU 65520) is
+// accepted: the port's IB MTU is the UD one its children take (2048),
+// and a VIF exchanges a packet of that full size with another host's; a
+// mode the driver does not have is refused, naming it.
+func TestConnectedParent(t *testing.T) {
+	f := fakekernel.NewFabric()
+	ka, kb := f.NewHost(gid("fe80::a"), "ib0", 2044), f.NewHost(gid("fe80::b"), "ib0", 2044)
+	ka.SetConnected()
+	if l, _ := ka.LinkByName("ib0"); l.MTU != 65520 {
+		t.Fatalf("connected parent's MTU %d", l.MTU)
+	}
+	a, b := open(t, ka), open(t, kb)
+	if a.MTU() != 2048 || a.PartitionMTU(0xffff) != 2048 {
+		t.Fatalf("IB MTU %d, partition %d, want 2048", a.MTU(), a.PartitionMTU(0xffff))
+	}
+	qa, err := a.AllocQP(0xffff, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	qb, err := b.AllocQP(0xffff, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := unicast(a, qa, 0xffff, ipoib.MakeHwAddr(0, qb, gid("fe80::b")), 2044); n != 1 {
+		t.Fatalf("sent %d (%v)", n, a.Counters().Drops)
+	}
+	if n := readOne(t, b); n != 2048 {
+		t.Fatalf("received %d bytes, want 2048", n)
+	}
+	if n := unicast(a, qa, 0xffff, ipoib.MakeHwAddr(0, qb, gid("fe80::b")), 2045); n != 0 || a.Counters().Drops[ipoib.DropOversize.String()] != 1 {
+		t.Fatalf("one byte over the UD MTU: sent %d, drops %v", n, a.Counters().Drops)
+	}
+	k := f.NewHost(gid("fe80::c"), "ib0", 2044)
+	k.ModeOf = "bogus"
+	if _, err := kf.New(kf.Config{Kernel: k, Parent: "ib0"}); err == nil || !strings.Contains(err.Error(), `"bogus"`) {
+		t.Fatalf("mode bogus: %v", err)
 	}
 }
 

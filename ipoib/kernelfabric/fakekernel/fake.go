@@ -50,7 +50,8 @@ type Kernel struct {
 	gid ipoib.GID
 	// TSOOn makes children advertise TSO.
 	TSOOn bool
-	// ModeOf is the parent's mode ("datagram").
+	// ModeOf is the parent's mode ("datagram"; SetConnected makes it
+	// "connected").
 	ModeOf string
 	// NoIPv6 is a kernel booted with ipv6.disable=1: no
 	// /proc/sys/net/ipv6 (inet6_init stops before ipv6_sysctl_register
@@ -61,7 +62,11 @@ type Kernel struct {
 	LinkQueue int
 	IBKnobs
 
-	mu         sync.Mutex
+	mu sync.Mutex
+	// udMTU is IPOIB_UD_MTU(max_ib_mtu), the port's: a child's MTU
+	// before its join and the most its join gives it, whatever the
+	// parent's mode (ipoib_child_init, ipoib_ndo_init).
+	udMTU      int
 	links      map[int]*link
 	next       int
 	nextQPN    uint32
@@ -96,7 +101,7 @@ var _ kf.Kernel = (*Kernel)(nil)
 // NewHost adds a host with port GID gid and an IPoIB parent interface
 // named parent with IPoIB MTU mtu, up, carrier on, datagram mode.
 func (f *Fabric) NewHost(gid ipoib.GID, parent string, mtu int) *Kernel {
-	k := &Kernel{f: f, gid: gid, ModeOf: "datagram", links: make(map[int]*link), next: 1, nextQPN: 0x100, sysctls: make(map[string]string)}
+	k := &Kernel{f: f, gid: gid, ModeOf: "datagram", udMTU: mtu, links: make(map[int]*link), next: 1, nextQPN: 0x100, sysctls: make(map[string]string)}
 	k.links[1] = &link{Link: kf.Link{Index: 1, Name: parent, Kind: "ipoib", MTU: mtu, HwAddr: ipoib.MakeHwAddr(0x80, 0x48, gid), Up: true, Carrier: true},
 		pkey: ipoib.DefaultPKey, mc: make(map[ipoib.HwAddr]int)}
 	k.next = 2
@@ -163,7 +168,7 @@ func (k *Kernel) AddChild(c kf.ChildSpec) error {
 		return unix.EINVAL
 	}
 	k.nextQPN++
-	l := &link{Link: kf.Link{Index: k.next, ParentIndex: c.Parent, Name: c.Name, Kind: "ipoib", MTU: p.MTU,
+	l := &link{Link: kf.Link{Index: k.next, ParentIndex: c.Parent, Name: c.Name, Kind: "ipoib", MTU: k.udMTU,
 		HwAddr: ipoib.MakeHwAddr(0, k.nextQPN, k.gid)}, pkey: pkey, gro: true, mc: make(map[ipoib.HwAddr]int)}
 	k.links[k.next] = l
 	k.next++
@@ -211,6 +216,21 @@ func (k *Kernel) withLink(index int, f func(*link)) error {
 	}
 	f(l)
 	return nil
+}
+
+// SetConnected puts the parent in connected mode as ipoib_set_mode
+// does: IPOIB_FLAG_ADMIN_CM set and the MTU raised to IPOIB_CM_MTU
+// (65520; the admin MTU being the largest). Children made after keep
+// the datagram mode their request asks for (IFLA_IPOIB_MODE 0:
+// ipoib_changelink) and the port's UD MTU (ipoib_child_init copies
+// max_ib_mtu, not the parent's MTU).
+func (k *Kernel) SetConnected() {
+	k.mu.Lock()
+	k.ModeOf = "connected"
+	p := k.links[1]
+	p.MTU = 65520
+	k.notify([]kf.Link{p.Link})
+	k.mu.Unlock()
 }
 
 // Mode returns ModeOf for the parent and "datagram" for children.
