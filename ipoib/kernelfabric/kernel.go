@@ -30,6 +30,10 @@ type Link struct {
 	HwAddr      ipoib.HwAddr // the 20-byte IPoIB address (flags, QPN, GID)
 	Up          bool         // IFF_UP
 	Carrier     bool         // operationally up (carrier on)
+	// RxQueues is IFLA_NUM_RX_QUEUES, the receive queues the device
+	// was allocated with: one per channel on an mlx5 enhanced-IPoIB
+	// parent (mlx5_rdma_rn_get_params), 1 on the other IPoIB drivers.
+	RxQueues int
 }
 
 // ChildSpec is an IPoIB child to create (RTM_NEWLINK, kind "ipoib"):

@@ -31,6 +31,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/ipoib/internal/rxq"
 )
@@ -162,6 +164,9 @@ var (
 	ErrPKeyNotInTable = errors.New("P_Key not in the port's P_Key table")
 	ErrJoinTimeout    = errors.New("the broadcast join did not complete")
 	ErrPartitionMTU   = errors.New("partition MTU not supported")
+	// ErrChildQueues: a child got fewer receive queues than its
+	// parent (queueFixHint).
+	ErrChildQueues = errors.New("fewer receive queues than the parent")
 )
 
 // child is one IPoIB child interface and its packet socket.
@@ -587,6 +592,9 @@ func (p *Port) createChild(name string, pkey ipoib.PKey, group bool) (c *child, 
 	}
 	spec := ChildSpec{Name: name, Parent: p.parent.Index, PKey: pkey.Full()}
 	if err := k.AddChild(spec); err != nil {
+		if errors.Is(err, unix.EINVAL) && p.parent.RxQueues > 1 {
+			return nil, fmt.Errorf("kernel: create child %s (pkey %s): %w: %s", name, pkey.Full(), err, p.queueFixHint(0))
+		}
 		return nil, fmt.Errorf("kernel: create child %s (pkey %s): %w", name, pkey.Full(), err)
 	}
 	l, err := k.LinkByName(name)
@@ -610,6 +618,9 @@ func (p *Port) createChild(name string, pkey ipoib.PKey, group bool) (c *child, 
 			}
 		}
 	}()
+	if p.parent.RxQueues > 1 && l.RxQueues < p.parent.RxQueues {
+		return nil, fmt.Errorf("kernel: child %s: %w: %s", name, ErrChildQueues, p.queueFixHint(l.RxQueues))
+	}
 	// Before the link comes up, so that IPv6 never gives it an address.
 	if !p.ipv6 {
 		p.stat(statIPv6Absent)
@@ -659,6 +670,23 @@ func (p *Port) createChild(name string, pkey ipoib.PKey, group bool) (c *child, 
 		return nil, fmt.Errorf("kernel: open packet socket on %s: %w", name, err)
 	}
 	return c, nil
+}
+
+// queueFixHint says why a child of a parent with several receive queues
+// (mlx5's enhanced IPoIB: one per channel, mlx5_rdma_rn_get_params) was
+// refused by the kernel, or (got > 0) got only got of them: a kernel
+// without commit
+// dbc94a0fb817 gives a netlink child one receive queue (ipoib_link_ops
+// has no get_num_rx_queues, so rtnl_create_link takes its default of 1),
+// which mlx5i_pkey_dev_init refuses (EINVAL) from Linux 6.2 on and which
+// the child, receiving through its parent's receive queues
+// (mlx5i_pkey_init_rx leaves them to the parent), cannot run with.
+func (p *Port) queueFixHint(got int) string {
+	s := fmt.Sprintf("%s has %d receive queues", p.parent.Name, p.parent.RxQueues)
+	if got > 0 {
+		s += fmt.Sprintf(" and its new child %d", got)
+	}
+	return s + ": this kernel lacks commit dbc94a0fb817 (\"IB/IPoIB: Fix queue count inconsistency for PKEY child interfaces\", Linux 6.2, and its stable backports), without which mlx5's enhanced IPoIB cannot run netlink children: upgrade the kernel, or run --fabric verbs"
 }
 
 // checkPKey refuses a child whose P_Key is not in the port's table: the

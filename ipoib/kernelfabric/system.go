@@ -39,7 +39,7 @@ var _ Kernel = System{}
 func toLink(l netlink.Link) Link {
 	a := l.Attrs()
 	out := Link{Index: a.Index, ParentIndex: a.ParentIndex, Name: a.Name, Kind: l.Type(), MTU: a.MTU,
-		Up: a.Flags&net.FlagUp != 0, Carrier: a.RawFlags&unix.IFF_LOWER_UP != 0}
+		Up: a.Flags&net.FlagUp != 0, Carrier: a.RawFlags&unix.IFF_LOWER_UP != 0, RxQueues: a.NumRxQueues}
 	if len(a.HardwareAddr) == ipoib.HwAddrLen {
 		out.HwAddr = ipoib.HwAddr(a.HardwareAddr)
 	}

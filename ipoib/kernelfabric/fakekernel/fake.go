@@ -57,6 +57,15 @@ type Kernel struct {
 	// /proc/sys/net/ipv6 (inet6_init stops before ipv6_sysctl_register
 	// and addrconf_init).
 	NoIPv6 bool
+	// NoQueueFix is a kernel without commit dbc94a0fb817 ("IB/IPoIB:
+	// Fix queue count inconsistency for PKEY child interfaces", Linux
+	// 6.2): ipoib_link_ops has no get_num_rx_queues, so rtnl_create_link
+	// gives a netlink child one receive queue whatever its parent has.
+	NoQueueFix bool
+	// RefuseFewerQueues is mlx5's enhanced IPoIB from Linux 6.2:
+	// mlx5i_pkey_dev_init refuses (EINVAL) a child with fewer receive
+	// queues than its parent.
+	RefuseFewerQueues bool
 	// LinkQueue is how many link notifications a subscription holds
 	// unread before it overruns (LinkQueueLen when 0).
 	LinkQueue int
@@ -102,7 +111,7 @@ var _ kf.Kernel = (*Kernel)(nil)
 // named parent with IPoIB MTU mtu, up, carrier on, datagram mode.
 func (f *Fabric) NewHost(gid ipoib.GID, parent string, mtu int) *Kernel {
 	k := &Kernel{f: f, gid: gid, ModeOf: "datagram", udMTU: mtu, links: make(map[int]*link), next: 1, nextQPN: 0x100, sysctls: make(map[string]string)}
-	k.links[1] = &link{Link: kf.Link{Index: 1, Name: parent, Kind: "ipoib", MTU: mtu, HwAddr: ipoib.MakeHwAddr(0x80, 0x48, gid), Up: true, Carrier: true},
+	k.links[1] = &link{Link: kf.Link{Index: 1, Name: parent, Kind: "ipoib", MTU: mtu, HwAddr: ipoib.MakeHwAddr(0x80, 0x48, gid), Up: true, Carrier: true, RxQueues: 1},
 		pkey: ipoib.DefaultPKey, mc: make(map[ipoib.HwAddr]int)}
 	k.next = 2
 	f.mu.Lock()
@@ -167,8 +176,15 @@ func (k *Kernel) AddChild(c kf.ChildSpec) error {
 	if pkey == 0x8000 {
 		return unix.EINVAL
 	}
+	rxq := p.RxQueues // ipoib_get_max_num_queues: the parent's, at least
+	if k.NoQueueFix {
+		rxq = 1
+	}
+	if k.RefuseFewerQueues && rxq < p.RxQueues {
+		return unix.EINVAL
+	}
 	k.nextQPN++
-	l := &link{Link: kf.Link{Index: k.next, ParentIndex: c.Parent, Name: c.Name, Kind: "ipoib", MTU: k.udMTU,
+	l := &link{Link: kf.Link{Index: k.next, ParentIndex: c.Parent, Name: c.Name, Kind: "ipoib", MTU: k.udMTU, RxQueues: rxq,
 		HwAddr: ipoib.MakeHwAddr(0, k.nextQPN, k.gid)}, pkey: pkey, gro: true, mc: make(map[ipoib.HwAddr]int)}
 	k.links[k.next] = l
 	k.next++
@@ -216,6 +232,36 @@ func (k *Kernel) withLink(index int, f func(*link)) error {
 	}
 	f(l)
 	return nil
+}
+
+// SetRxQueues gives the parent n receive queues, as mlx5's enhanced
+// IPoIB does (one per channel), for children made after.
+func (k *Kernel) SetRxQueues(n int) {
+	k.mu.Lock()
+	k.links[1].RxQueues = n
+	k.mu.Unlock()
+}
+
+// SetParentUp sets the parent administratively up or down (ip link set
+// ib0 up/down): down, it loses IFF_LOWER_UP (dev_get_flags: not running)
+// and takes every child down with it (ipoib_stop: "Bring down any child
+// interfaces too"); up, it brings every child up again (ipoib_open),
+// each joining again.
+func (k *Kernel) SetParentUp(up bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if !up {
+		k.portState(false)
+	}
+	var changed []kf.Link
+	for _, l := range k.links {
+		l.Up = up
+		changed = append(changed, l.Link)
+	}
+	k.notify(changed)
+	if up {
+		k.portState(true)
+	}
 }
 
 // SetConnected puts the parent in connected mode as ipoib_set_mode
