@@ -274,7 +274,9 @@ func GroupChildName(stem string, pkey ipoib.PKey) string {
 }
 
 // IsChildName reports whether name is one ChildName or GroupChildName
-// gives under stem.
+// gives under stem: the name is parsed, and made again from what it
+// says, which must give it back (no "e03", no upper-case hex, no P_Key
+// without the full-membership bit).
 func IsChildName(stem, name string) bool {
 	rest, ok := strings.CutPrefix(name, stem+".")
 	if !ok || len(rest) < 2 {
@@ -283,13 +285,11 @@ func IsChildName(stem, name string) bool {
 	switch rest[0] {
 	case 'e':
 		n, err := strconv.Atoi(rest[1:])
-		return err == nil && n >= 1 && n <= MaxChildIndex && rest[1] != '0' && rest[1] != '+'
+		again, err2 := ChildName(stem, n)
+		return err == nil && err2 == nil && again == name
 	case 'm':
-		if len(rest) != 5 {
-			return false
-		}
-		_, err := strconv.ParseUint(rest[1:], 16, 16)
-		return err == nil && rest[1] != '+'
+		v, err := strconv.ParseUint(rest[1:], 16, 16)
+		return err == nil && GroupChildName(stem, ipoib.PKey(v)) == name
 	}
 	return false
 }

@@ -672,21 +672,23 @@ func (p *Port) createChild(name string, pkey ipoib.PKey, group bool) (c *child, 
 	return c, nil
 }
 
-// queueFixHint says why a child of a parent with several receive queues
-// (mlx5's enhanced IPoIB: one per channel, mlx5_rdma_rn_get_params) was
-// refused by the kernel, or (got > 0) got only got of them: a kernel
-// without commit
-// dbc94a0fb817 gives a netlink child one receive queue (ipoib_link_ops
-// has no get_num_rx_queues, so rtnl_create_link takes its default of 1),
-// which mlx5i_pkey_dev_init refuses (EINVAL) from Linux 6.2 on and which
-// the child, receiving through its parent's receive queues
-// (mlx5i_pkey_init_rx leaves them to the parent), cannot run with.
+// queueFixHint explains a child of a parent with several receive queues
+// (mlx5's enhanced IPoIB: one per channel, mlx5_rdma_rn_get_params)
+// that got only got of them, or (got 0) that the kernel refused with
+// EINVAL. A kernel without commit dbc94a0fb817 gives a netlink child one
+// receive queue (ipoib_link_ops has no get_num_rx_queues, so
+// rtnl_create_link takes its default of 1); the child, which receives
+// through its parent's queues (mlx5i_pkey_init_rx leaves them to the
+// parent), cannot run so, and from Linux 6.2 mlx5i_pkey_dev_init refuses
+// it with EINVAL.
 func (p *Port) queueFixHint(got int) string {
 	s := fmt.Sprintf("%s has %d receive queues", p.parent.Name, p.parent.RxQueues)
 	if got > 0 {
-		s += fmt.Sprintf(" and its new child %d", got)
+		s += fmt.Sprintf(" and its new child %d: this kernel lacks", got)
+	} else {
+		s += ", and mlx5 refuses (EINVAL) a child with fewer: this kernel most likely lacks"
 	}
-	return s + ": this kernel lacks commit dbc94a0fb817 (\"IB/IPoIB: Fix queue count inconsistency for PKEY child interfaces\", Linux 6.2, and its stable backports), without which mlx5's enhanced IPoIB cannot run netlink children: upgrade the kernel, or run --fabric verbs"
+	return s + " commit dbc94a0fb817 (\"IB/IPoIB: Fix queue count inconsistency for PKEY child interfaces\", Linux 6.2, and its stable backports), without which mlx5's enhanced IPoIB cannot run netlink children: upgrade the kernel, or run --fabric verbs"
 }
 
 // checkPKey refuses a child whose P_Key is not in the port's table: the
