@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"net"
 	"os"
 	"sync/atomic"
@@ -167,6 +168,10 @@ func (s Start) String() string {
 	}
 	return "created"
 }
+
+// LogValue logs the way by its name in every log format (a JSON log
+// would otherwise show the number).
+func (s Start) LogValue() slog.Value { return slog.StringValue(s.String()) }
 
 // TAP is a Linux TAP device (IFF_TAP|IFF_NO_PI; unless persistent, it
 // goes away with the process), with one or more queues (IFF_MULTI_QUEUE). The
