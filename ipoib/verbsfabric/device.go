@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -379,4 +381,24 @@ func ParseDevice(s string) (name string, port int, err error) {
 		return "", 0, fmt.Errorf("port %q: want a number from 1 to %d (the HCA's port, as ibstat lists it)", num, MaxPortNum)
 	}
 	return name, port, nil
+}
+
+// noDevice is the error for a verbs device name libibverbs could not
+// find (ENODEV), or could not list at all (ENOSYS: find_sysfs_devs and
+// check_abi_version in rdma-core's libibverbs/init.c answer that when
+// there is no /sys/class/infiniband_verbs, as without ib_uverbs or any
+// RDMA driver): it names the RDMA devices listed in sysDir.
+func noDevice(name, sysDir string) error {
+	ents, _ := os.ReadDir(sysDir)
+	var have []string
+	for _, e := range ents {
+		have = append(have, e.Name())
+	}
+	switch {
+	case slices.Contains(have, name):
+		return fmt.Errorf("verbsfabric: RDMA device %q exists, but libibverbs finds no verbs device of it: is ib_uverbs loaded?", name)
+	case len(have) == 0:
+		return fmt.Errorf("verbsfabric: there is no RDMA device %q: this host has none (%s is empty or absent: no RDMA driver such as mlx5_ib is loaded, nor an rxe link made with rdma link add)", name, sysDir)
+	}
+	return fmt.Errorf("verbsfabric: there is no RDMA device %q; the RDMA devices here: %s", name, strings.Join(have, ", "))
 }

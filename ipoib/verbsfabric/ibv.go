@@ -529,6 +529,11 @@ func errnoErr(what string, r C.int) error {
 	return fmt.Errorf("verbsfabric: %s: %w", what, syscall.Errno(r))
 }
 
+// sysRDMA is where the kernel lists the RDMA devices by the names
+// libibverbs opens them by (ib_core's "infiniband" class; rdma-core's
+// find_sysfs_devs, libibverbs/init.c, reads a device's ibdev_path there).
+const sysRDMA = "/sys/class/infiniband"
+
 // openDevice opens port port of the verbs device name and sets up its
 // queues and buffers.
 func openDevice(name string, port int, lay layout) (_ device, err error) {
@@ -543,8 +548,8 @@ func openDevice(name string, port int, lay layout) (_ device, err error) {
 	defer C.free(unsafe.Pointer(cname))
 	var e C.int
 	if d.ctx = C.eib_open(cname, &e); d.ctx == nil {
-		if e == C.ENODEV {
-			return nil, fmt.Errorf("verbsfabric: no verbs device %q (see ibv_devices or rdma link)", name)
+		if e == C.ENODEV || e == C.ENOSYS {
+			return nil, noDevice(name, sysRDMA)
 		}
 		return nil, errnoErr("open "+name, e)
 	}
