@@ -6,6 +6,10 @@ GOBIN       := $(shell $(GO) env GOPATH)/bin
 STATICCHECK := $(GOBIN)/staticcheck
 export STATICCHECK_VERSION := v0.8.2
 FUZZTIME    ?= 60s
+# VERSION is what "eipoibd version" prints first: the git tag (or the
+# commit) this tree is at, -dirty with uncommitted changes.
+VERSION     ?= $(shell git describe --tags --always --dirty 2>/dev/null)
+VERSION_LDFLAGS := -X main.version=$(VERSION)
 
 .PHONY: demo test deps lint unit build fuzz bench bench-go bench-net bench-scale
 
@@ -49,10 +53,11 @@ unit:
 
 ## build: the daemon, the daemon with the verbs backend (cgo,
 ## libibverbs), the benchmark's UDP generator and its ceiling (two TAPs
-## joined by the shim in memory) in bin/
+## joined by the shim in memory) in bin/; the daemons carry VERSION
+## ("eipoibd version")
 build:
-	$(GO) build -o bin/eipoibd ./cmd/eipoibd
-	$(GO) build -tags verbs -o bin/eipoibd-verbs ./cmd/eipoibd
+	$(GO) build -ldflags "$(VERSION_LDFLAGS)" -o bin/eipoibd ./cmd/eipoibd
+	$(GO) build -ldflags "$(VERSION_LDFLAGS)" -tags verbs -o bin/eipoibd-verbs ./cmd/eipoibd
 	$(GO) build -o bin/udprate ./cmd/udprate
 	$(GO) build -o bin/taplink ./cmd/taplink
 	$(GO) build -o bin/eipoib ./cmd/eipoib-cni

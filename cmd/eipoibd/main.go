@@ -3,12 +3,16 @@
 // parses the command line and the config file into a daemon.Config and
 // runs internal/daemon, which does the rest; "show", "vif", "neigh" and
 // "capture" are the control socket's client, "host" a native IPoIB host,
-// "keeper" the holder of --persist's TAP queues outside systemd.
+// "keeper" the holder of --persist's TAP queues outside systemd. Run
+// without arguments, it lists its commands (commands.go).
 //
 //	eipoibd run --underlay IFACE [--name eib0] [--bridge BR] [--ib-mtu 4096]
 //	            [--max-vifs N] [--fabric sim] [--metrics ADDR] ...
 //	eipoibd host --underlay IFACE [--name ib0] [--ib-mtu 4096] [--pkey P]
 //	eipoibd keeper [--socket /run/eipoibd/keeper.sock] [--max-fds 1024]
+//	eipoibd show|vif|neigh|capture ...
+//	eipoibd help [COMMAND]
+//	eipoibd version
 package main
 
 import (
@@ -35,12 +39,6 @@ import (
 	"github.com/eipoib/eipoibd/shim"
 )
 
-const usage = `usage: eipoibd run --underlay IFACE [flags]
-
-Runs in the foreground: creates the TAP, binds the IB port and moves
-traffic until SIGINT or SIGTERM. Flags:
-`
-
 // errHelp ends the program successfully after printing the usage.
 var errHelp = cli.ErrHelp
 
@@ -60,17 +58,11 @@ type options struct {
 	faults                                                   string
 }
 
+// parse parses the flags of "run" (the arguments after it).
 func parse(args []string, stderr io.Writer) (*options, error) {
-	if len(args) == 0 || args[0] != "run" {
-		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
-			args = []string{"run", "-h"}
-		} else {
-			return nil, usageError{Msg: `missing command: use "eipoibd run --underlay IFACE" (eipoibd run -h lists the flags)`}
-		}
-	}
 	o := &options{}
 	fs := runFlags(o)
-	if err := cli.Parse(fs, args[1:], usage, stderr, "eipoibd run -h lists the flags"); err != nil {
+	if err := parseFlags("run", fs, args, stderr); err != nil {
 		return nil, err
 	}
 	if err := withConfig(fs, o.config, func() error { return check(o) }); err != nil {
@@ -87,8 +79,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 // runFlags is the flag set of "eipoibd run", bound to o; the config
 // file's keys are its flag names.
 func runFlags(o *options) *flag.FlagSet {
-	fs := flag.NewFlagSet("eipoibd run", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
+	fs := newFlags("run")
 	fs.StringVar(&o.config, "config", "", "TOML file of flag values (keys are the flag names); flags on the command line win")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&o.cfg.Underlay, "underlay", "", "underlay interface of the simulated fabric (required)")
@@ -223,17 +214,8 @@ func parseFaults(s string) (faultport.Faults, error) {
 	return f, nil
 }
 
-func run(args []string, stderr io.Writer) error {
-	if len(args) > 0 {
-		switch args[0] {
-		case "host":
-			return runHost(args[1:], stderr)
-		case "keeper":
-			return runKeeper(args[1:], stderr)
-		case "show", "vif", "neigh", "capture":
-			return runCtl(args[0], args[1:], stderr)
-		}
-	}
+// runDaemon is "eipoibd run": the daemon, until SIGINT or SIGTERM.
+func runDaemon(args []string, stderr io.Writer) error {
 	o, err := parse(args, stderr)
 	if err != nil {
 		return err
