@@ -32,7 +32,7 @@ func TestDocConfigs(t *testing.T) {
 			if err := os.WriteFile(p, []byte(m[1]), 0o600); err != nil {
 				t.Fatal(err)
 			}
-			o, err := parse([]string{"run", "--config", p}, &bytes.Buffer{})
+			o, err := parse([]string{"--config", p}, &bytes.Buffer{})
 			if err != nil {
 				t.Errorf("%s's\n%s\ndoes not parse: %v", doc, m[1], err)
 				continue
