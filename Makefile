@@ -82,7 +82,8 @@ bench-go:
 ## bench-net: eipoibd against kernel VXLAN, a socat tunnel and its own
 ## ceiling between two guests on two hypervisors (root; BENCH_TIME seconds
 ## a test, default 3; medians of 3 interleaved repetitions, about 15
-## minutes); results and issue 24's goals in bench/results/<UTC timestamp>/.
+## minutes); results and the data path's goals in bench/results/<UTC
+## timestamp>/ (ignored by git; docs/performance.md keeps the summary).
 bench-net: build
 	./scripts/bench.sh
 
