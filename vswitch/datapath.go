@@ -11,8 +11,10 @@ import (
 //
 // The kernel datapath (datapath_type "system", or empty:
 // ofproto_normalize_type) forwards a port's GSO packets as the kernel
-// does any: whole to a port that takes them, segmented for one that
-// does not (validate_xmit_skb). The userspace datapath ("netdev") reads
+// does any: its MTU check drops only packets that are not GSO
+// (net/openvswitch/vport.c, ovs_vport_send: packet_length > mtu &&
+// !skb_is_gso), and dev_queue_xmit segments them for a port that takes
+// no GSO (validate_xmit_skb), as the Linux bridge does. The userspace datapath ("netdev") reads
 // a kernel port through a packet socket (lib/netdev-linux.c,
 // netdev_linux_rxq_construct, netdev_linux_batch_rxq_recv_sock): with
 // other_config:userspace-tso-enable=true (read once, at start:
