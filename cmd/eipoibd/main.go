@@ -105,7 +105,7 @@ func runFlags(o *options) *flag.FlagSet {
 	fs.DurationVar(&o.cfg.Multicast.QueryResponseInterval, "mcast-response-interval", 10*time.Second, "maximum response time of general queries")
 	fs.DurationVar(&o.cfg.Multicast.LastMemberQueryInterval, "mcast-last-member-interval", time.Second, "interval of group-specific queries after a leave")
 	fs.IntVar(&o.cfg.Multicast.Robustness, "mcast-robustness", 2, "robustness variable: queries after a leave, and the membership interval factor")
-	fs.BoolVar(&o.cfg.Offload, "offload", true, "TAP offloads: read guests' TCP super-frames whole and cut them here, write received segment runs as super-frames")
+	fs.BoolVar(&o.cfg.Offload, "offload", true, "TAP offloads: read guests' TCP super-frames whole and cut them here, write received segment runs as super-frames (where the switch takes them: not on an Open vSwitch userspace datapath without userspace-tso-enable)")
 	fs.IntVar(&o.cfg.TAPMTU, "tap-mtu", 9000, fmt.Sprintf("MTU of the TAP itself, up to %d: guests' frames up to it reach eipoibd, which fragments them or answers ICMP too-big with the IPoIB MTU (a bridge would drop them silently)", daemon.MaxTAPMTU))
 	fs.IntVar(&o.cfg.TAPQueueLen, "tap-queue-len", daemon.DefaultTAPQueueLen, "frames each TAP queue holds for its reader (the TAP's txqueuelen): guests' frames beyond it are dropped by the kernel (the TAP's TX dropped) while the reader is not running; 0: the TAP's own (1000)")
 	fs.StringVar(&o.learn, "learn", shim.LearnAuto.String(), "auto: a VIF for any guest MAC (promiscuous emulation); declared: only MACs with a static entry in the --bridge FDB (as libvirt adds) or on an --ovs-bridge port's external_ids:attached-mac, others dropped and counted")
