@@ -35,9 +35,10 @@ lint:
 
 ## ONCE_TESTS: run in the first netns pass only: the QEMU tests (their
 ## TCG guest is the slow part and has no TAP offload setting of its own),
-## the hardware kit's self-tests (the kit sets eipoibd's flags itself) and
-## make demo's (the demo sets them too).
-ONCE_TESTS  := TestVMRxe|TestVerbsRxe|TestIPoIBNetlinkVM|TestVLANFilterVM|TestHWKit|TestLibvirt|TestDemo
+## the hardware kit's self-tests (the kit sets eipoibd's flags itself),
+## make demo's (the demo sets them too) and the guest TCP tests that run
+## both offload settings themselves.
+ONCE_TESTS  := TestVMRxe|TestVerbsRxe|TestIPoIBNetlinkVM|TestVLANFilterVM|TestKernelBackendNoIPv6VM|TestHWKit|TestLibvirt|TestDemo|TestOVSKernelDatapathVM|TestOVSGuestTCP|TestBridgeGuestTCPPortMTU
 
 ## unit: every Go test; the race detector on all but the netns tests,
 ## which drive real daemons and tools, with the TAP's offloads on (the
