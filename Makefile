@@ -6,10 +6,14 @@ GOBIN       := $(shell $(GO) env GOPATH)/bin
 STATICCHECK := $(GOBIN)/staticcheck
 export STATICCHECK_VERSION := v0.8.2
 FUZZTIME    ?= 60s
-# VERSION is what "eipoibd version" prints first: the git tag (or the
-# commit) this tree is at, -dirty with uncommitted changes.
-VERSION     ?= $(shell git describe --tags --always --dirty 2>/dev/null)
+# VERSION is what "eipoibd version" and "eipoib --version" print, the
+# package's version and the image's tag: scripts/version.sh (the git
+# tag, else the VERSION file and the commit; -dirty with uncommitted
+# changes). Every target that builds a binary stamps it.
+VERSION     ?= $(shell scripts/version.sh)
+export VERSION
 VERSION_LDFLAGS := -X main.version=$(VERSION)
+CNI_LDFLAGS     := -X main.buildVersion=$(VERSION)
 
 .PHONY: demo test deps lint unit build fuzz bench bench-go bench-net bench-scale
 
@@ -55,14 +59,14 @@ unit:
 
 ## build: the daemon, the daemon with the verbs backend (cgo,
 ## libibverbs), the benchmark's UDP generator and its ceiling (two TAPs
-## joined by the shim in memory) in bin/; the daemons carry VERSION
-## ("eipoibd version")
+## joined by the shim in memory) in bin/; the daemons and the CNI
+## plugin carry VERSION
 build:
 	$(GO) build -ldflags "$(VERSION_LDFLAGS)" -o bin/eipoibd ./cmd/eipoibd
 	$(GO) build -ldflags "$(VERSION_LDFLAGS)" -tags verbs -o bin/eipoibd-verbs ./cmd/eipoibd
 	$(GO) build -o bin/udprate ./cmd/udprate
 	$(GO) build -o bin/taplink ./cmd/taplink
-	$(GO) build -o bin/eipoib ./cmd/eipoib-cni
+	$(GO) build -ldflags "$(CNI_LDFLAGS)" -o bin/eipoib ./cmd/eipoib-cni
 
 ## fuzz: run every fuzz target for FUZZTIME (default 60s, or a count
 ## such as 200000x) each, all of them, then a summary; the Go fuzzer's own

@@ -11,10 +11,17 @@
 // IPAM wrapping the real one ({"type": "eipoib", "ipam": {...}}) it
 // declares the MAC before the address is asked for, which DHCP needs
 // under --learn declared. Install the binary as "eipoib" in the
-// runtime's CNI directory (/opt/cni/bin). See docs/kubernetes.md.
+// runtime's CNI directory (/opt/cni/bin; Debian's runtimes also look in
+// /usr/lib/cni, where the package installs it). See docs/kubernetes.md.
+// "eipoib --version" prints its version, as run without CNI_COMMAND it
+// does in its "about" line.
 package main
 
 import (
+	"fmt"
+	"os"
+	"runtime/debug"
+
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/version"
 )
@@ -24,7 +31,33 @@ import (
 // implements.
 var versions = version.PluginSupports("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
 
+// buildVersion is the release, set by the Makefile from
+// scripts/version.sh: -ldflags "-X main.buildVersion=...", as eipoibd's.
+var buildVersion string
+
+// pluginVersion is buildVersion, else what the Go toolchain recorded:
+// the module's version and the VCS revision ("(devel)" and the commit
+// for a plain go build in a checkout).
+func pluginVersion(v string, info *debug.BuildInfo, ok bool) string {
+	if v != "" || !ok {
+		return v
+	}
+	v = info.Main.Version
+	for _, s := range info.Settings {
+		if s.Key == "vcs.revision" {
+			v += " " + s.Value
+		}
+	}
+	return v
+}
+
 func main() {
+	info, ok := debug.ReadBuildInfo()
+	v := pluginVersion(buildVersion, info, ok)
+	if len(os.Args) == 2 && (os.Args[1] == "--version" || os.Args[1] == "-version") {
+		fmt.Println("eipoib", v)
+		return
+	}
 	skel.PluginMainFuncs(skel.CNIFuncs{Add: cmdAdd, Del: cmdDel, Check: cmdCheck, GC: cmdGC, Status: cmdStatus}, versions,
-		"CNI plugin eipoib: declares pods' MACs to eipoibd (docs/kubernetes.md)")
+		"CNI plugin eipoib "+v+": declares pods' MACs to eipoibd (docs/kubernetes.md)")
 }
