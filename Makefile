@@ -15,7 +15,7 @@ export VERSION
 VERSION_LDFLAGS := -X main.version=$(VERSION)
 CNI_LDFLAGS     := -X main.buildVersion=$(VERSION)
 
-.PHONY: demo test deps lint unit build fuzz bench bench-go bench-net bench-scale
+.PHONY: demo test deps lint unit build fuzz bench bench-go bench-net bench-scale deb
 
 ## demo: two hypervisors with two guests each on the simulated fabric.
 demo:
@@ -67,6 +67,11 @@ build:
 	$(GO) build -o bin/udprate ./cmd/udprate
 	$(GO) build -o bin/taplink ./cmd/taplink
 	$(GO) build -ldflags "$(CNI_LDFLAGS)" -o bin/eipoib ./cmd/eipoib-cni
+
+## deb: the packages eipoibd and eipoibd-verbs in dist/, lintian clean
+## of errors (docs/release.md).
+deb:
+	./scripts/mkdeb.sh dist
 
 ## fuzz: run every fuzz target for FUZZTIME (default 60s, or a count
 ## such as 200000x) each, all of them, then a summary; the Go fuzzer's own
