@@ -15,7 +15,7 @@ export VERSION
 VERSION_LDFLAGS := -X main.version=$(VERSION)
 CNI_LDFLAGS     := -X main.buildVersion=$(VERSION)
 
-.PHONY: demo test deps lint unit build fuzz bench bench-go bench-net bench-scale deb
+.PHONY: demo test deps lint unit build fuzz bench bench-go bench-net bench-scale deb image
 
 ## demo: two hypervisors with two guests each on the simulated fabric.
 demo:
@@ -72,6 +72,12 @@ build:
 ## of errors (docs/release.md).
 deb:
 	./scripts/mkdeb.sh dist
+
+## image: the container image localhost/eipoibd:VERSION with podman,
+## from a debootstrap base (cached), without a registry (root;
+## docs/release.md).
+image:
+	./scripts/mkimage.sh
 
 ## fuzz: run every fuzz target for FUZZTIME (default 60s, or a count
 ## such as 200000x) each, all of them, then a summary; the Go fuzzer's own

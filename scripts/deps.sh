@@ -17,9 +17,9 @@ declare -A pkg=([ip]=iproute2 [nstat]=iproute2 [ping]=iputils-ping [arping]=arpi
   [ibv_devinfo]=ibverbs-utils [gcc]=gcc)
 pkg+=([prometheus]=prometheus [promtool]=prometheus) # TestPrometheus, TestPrometheusRules (deploy/prometheus, deploy/grafana)
 pkg+=([libvirtd]=libvirt-daemon-system [virtlogd]=libvirt-daemon-system [virsh]=libvirt-clients) # TestLibvirt, and TestVLANFilterVM in the QEMU guest
-# make deb, TestDebPackage (docs/release.md)
+# make deb and make image, TestDebPackage and TestImagePod (docs/release.md)
 pkg+=([dpkg-deb]=dpkg [dpkg-shlibdeps]=dpkg-dev [fakeroot]=fakeroot [lintian]=lintian [systemd-analyze]=systemd
-  [debootstrap]=debootstrap)
+  [debootstrap]=debootstrap [podman]=podman [runc]=runc [catatonit]=catatonit) # catatonit: the pods' infra (pause) image
 # Packages with no command to look for (libraries, providers, a static
 # busybox where a dynamic one may be installed): installed or not.
 libs=(busybox-static rdma-core ibverbs-providers libibverbs-dev librdmacm-dev)

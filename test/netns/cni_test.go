@@ -31,11 +31,12 @@ const cniDir = "/usr/lib/cni"
 // the plugins run in its namespace, the eipoib plugin built from this
 // tree found before the reference ones.
 type cniRuntime struct {
-	h     *hypervisor
-	cni   *libcni.CNIConfig
-	cache string // libcni's cache of results
-	ipam  string // host-local's data directory
-	data  string // the eipoib plugin's records (dataDir)
+	h      *hypervisor
+	bridge string // where the bridge plugin attaches pods (br0)
+	cni    *libcni.CNIConfig
+	cache  string // libcni's cache of results
+	ipam   string // host-local's data directory
+	data   string // the eipoib plugin's records (dataDir)
 }
 
 // newCNIRuntime makes a runtime for hypervisor h with the plugin
@@ -43,12 +44,12 @@ type cniRuntime struct {
 func newCNIRuntime(t *testing.T, h *hypervisor, pluginDir string) *cniRuntime {
 	t.Helper()
 	cache := t.TempDir()
-	return &cniRuntime{h: h, cni: libcni.NewCNIConfigWithCacheDir([]string{pluginDir, cniDir}, cache, nil), cache: cache, ipam: t.TempDir(), data: t.TempDir()}
+	return &cniRuntime{h: h, bridge: "br0", cni: libcni.NewCNIConfigWithCacheDir([]string{pluginDir, cniDir}, cache, nil), cache: cache, ipam: t.TempDir(), data: t.TempDir()}
 }
 
 // list is the network list of docs/kubernetes.md, as a Multus
 // NetworkAttachmentDefinition carries it: bridge (on the hypervisor's
-// br0) with IPAM bridgeIPAM, then eipoib chained (it declares the MAC,
+// r.bridge) with IPAM bridgeIPAM, then eipoib chained (it declares the MAC,
 // frees the VIF at DEL and checks it at CHECK), on the hypervisor's
 // eipoibd.
 func (r *cniRuntime) list(t *testing.T, name, bridgeIPAM string) *libcni.NetworkConfigList {
@@ -60,8 +61,8 @@ func (r *cniRuntime) list(t *testing.T, name, bridgeIPAM string) *libcni.Network
 func (r *cniRuntime) listVersion(t *testing.T, v, name, bridgeIPAM string) *libcni.NetworkConfigList {
 	t.Helper()
 	conf := fmt.Sprintf(`{"cniVersion":%q,"name":%q,"plugins":[
-  {"type":"bridge","bridge":"br0","ipam":%s},
-  {"type":"eipoib","tap":"eib0","socketDir":%q,"dataDir":%q}]}`, v, name, bridgeIPAM, r.h.ctlDir(), r.data)
+  {"type":"bridge","bridge":%q,"ipam":%s},
+  {"type":"eipoib","tap":"eib0","socketDir":%q,"dataDir":%q}]}`, v, name, r.bridge, bridgeIPAM, r.h.ctlDir(), r.data)
 	l, err := libcni.NetworkConfFromBytes([]byte(conf))
 	if err != nil {
 		t.Fatalf("%s: %v\n%s", name, err, conf)

@@ -18,7 +18,7 @@ import (
 var checkedTools = []string{"ping", "arping", "nstat", "iperf3", "iperf", "tshark", "tcpdump", "ethtool",
 	"ovs-vsctl", "ovsdb-tool", "ovsdb-server", "ovs-vswitchd", "ovs-appctl", "ovsdb-client",
 	"dnsmasq", "dhclient", "qemu-system-x86_64", "rdma", "ibv_devinfo", "curl", "ndisc6", "prometheus", "promtool",
-	"dpkg-deb", "lintian", "debootstrap", "systemd-analyze"}
+	"dpkg-deb", "lintian", "debootstrap", "systemd-analyze", "podman", "runc"}
 
 // requireFuncs are the functions whose arguments are tools required.
 var requireFuncs = []string{"require", "nstestRequire", "Require"}
