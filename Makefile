@@ -15,7 +15,7 @@ export VERSION
 VERSION_LDFLAGS := -X main.version=$(VERSION)
 CNI_LDFLAGS     := -X main.buildVersion=$(VERSION)
 
-.PHONY: demo test deps lint unit build fuzz bench bench-go bench-net bench-scale deb image
+.PHONY: demo test deps lint unit build fuzz bench bench-go bench-net bench-scale release deb image
 
 ## demo: two hypervisors with two guests each on the simulated fabric.
 demo:
@@ -40,9 +40,10 @@ lint:
 ## ONCE_TESTS: run in the first netns pass only: the QEMU tests (their
 ## TCG guest is the slow part and has no TAP offload setting of its own),
 ## the hardware kit's self-tests (the kit sets eipoibd's flags itself),
-## make demo's (the demo sets them too) and the guest TCP tests that run
-## both offload settings themselves.
-ONCE_TESTS  := TestVMRxe|TestVerbsRxe|TestIPoIBNetlinkVM|TestVLANFilterVM|TestKernelBackendNoIPv6VM|TestHWKit|TestLibvirt|TestDemo|TestOVSKernelDatapathVM|TestOVSGuestTCP|TestBridgeGuestTCPPortMTU
+## make demo's (the demo sets them too), the guest TCP tests that run
+## both offload settings themselves, and the package's and the image's
+## tests (their daemons run with the package's and the manifest's flags).
+ONCE_TESTS  := TestVMRxe|TestVerbsRxe|TestIPoIBNetlinkVM|TestVLANFilterVM|TestKernelBackendNoIPv6VM|TestHWKit|TestLibvirt|TestDemo|TestOVSKernelDatapathVM|TestOVSGuestTCP|TestBridgeGuestTCPPortMTU|TestDebPackage|TestImagePod
 
 ## unit: every Go test; the race detector on all but the netns tests,
 ## which drive real daemons and tools, with the TAP's offloads on (the
@@ -67,6 +68,13 @@ build:
 	$(GO) build -o bin/udprate ./cmd/udprate
 	$(GO) build -o bin/taplink ./cmd/taplink
 	$(GO) build -ldflags "$(CNI_LDFLAGS)" -o bin/eipoib ./cmd/eipoib-cni
+
+## release: under dist/release/, static eipoibd and eipoib (the CNI
+## plugin) for amd64 and arm64, eipoibd-verbs for amd64, the .deb
+## packages, the image as an OCI archive and SHA256SUMS, after checking
+## that each reports VERSION (root, for the image; docs/release.md).
+release:
+	./scripts/release.sh
 
 ## deb: the packages eipoibd and eipoibd-verbs in dist/, lintian clean
 ## of errors (docs/release.md).

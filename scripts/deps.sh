@@ -20,6 +20,7 @@ pkg+=([libvirtd]=libvirt-daemon-system [virtlogd]=libvirt-daemon-system [virsh]=
 # make deb and make image, TestDebPackage and TestImagePod (docs/release.md)
 pkg+=([dpkg-deb]=dpkg [dpkg-shlibdeps]=dpkg-dev [fakeroot]=fakeroot [lintian]=lintian [systemd-analyze]=systemd
   [debootstrap]=debootstrap [podman]=podman [runc]=runc [catatonit]=catatonit) # catatonit: the pods' infra (pause) image
+pkg+=([qemu-aarch64-static]=qemu-user-static) # make release runs the arm64 binaries
 # Packages with no command to look for (libraries, providers, a static
 # busybox where a dynamic one may be installed): installed or not.
 libs=(busybox-static rdma-core ibverbs-providers libibverbs-dev librdmacm-dev)
