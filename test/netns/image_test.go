@@ -18,10 +18,11 @@ import (
 )
 
 // podman runs podman with the project's containers configuration
-// (scripts/containers.conf: runc, no default ulimits) in network
-// namespace ns, the "host" network of the containers it starts (by
-// nsenter, which leaves podman in the host's mount namespace, where its
-// mounts must be), and returns its combined output.
+// (scripts/containers.conf: runc, no default ulimits) in
+// network namespace ns (unless empty), the "host" network of the
+// containers it starts (by nsenter, which leaves podman in the host's
+// mount namespace, where its mounts must be), and returns its combined
+// output.
 func podman(t *testing.T, ns string, args ...string) (string, error) {
 	t.Helper()
 	nstestRequire(t, "podman", "nsenter")
@@ -29,7 +30,11 @@ func podman(t *testing.T, ns string, args ...string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	cmd := exec.Command("nsenter", append([]string{"--net=/var/run/netns/" + ns, "podman"}, args...)...)
+	argv := append([]string{"podman"}, args...)
+	if ns != "" {
+		argv = append([]string{"nsenter", "--net=/var/run/netns/" + ns}, argv...)
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = append(os.Environ(), "CONTAINERS_CONF="+conf)
 	timer := time.AfterFunc(5*time.Minute, func() { cmd.Process.Kill() })
 	defer timer.Stop()
@@ -158,6 +163,11 @@ func nodePod(t *testing.T, tmpl map[string]any, name, image string, dirs map[str
 func TestImagePod(t *testing.T) {
 	require(t, "podman", "runc", "catatonit", "nsenter", "debootstrap", "iperf", "ping", cniDir+"/bridge", cniDir+"/host-local")
 	version := script(t, time.Minute, nil, "version.sh")
+	// An image of this version that make image built before stays;
+	// the one this test builds goes (its base, cached, stays).
+	if _, err := podman(t, "", "image", "exists", "localhost/eipoibd:"+version); err != nil {
+		t.Cleanup(func() { podman(t, "", "rmi", "localhost/eipoibd:"+version) })
+	}
 	image := script(t, 30*time.Minute, []string{"VERSION=" + version}, "mkimage.sh")
 	if image != "localhost/eipoibd:"+version {
 		t.Fatalf("mkimage.sh made %q, want localhost/eipoibd:%s", image, version)
