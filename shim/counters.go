@@ -67,7 +67,7 @@ const (
 	DropBadMcastReport
 	DropNoGroup
 	DropSuperGroup
-	DropRxUnknownSource
+	RxUnknownSource
 	CaptureMissed
 	TxAnnounced
 	RARPAnnouncements
@@ -139,7 +139,7 @@ var counterTable = [numCounters]stat.Value{
 	DropBadMcastReport:  {Name: "drop_bad_mcast_report", Help: "Malformed IGMP/MLD report or leave from a guest"},
 	DropNoGroup:         {Name: "drop_no_group", Help: "Multicast to a group the port could not join (group table full)"},
 	DropSuperGroup:      {Name: "drop_super_group", Help: "A TCP super-frame to a broadcast or multicast MAC"},
-	DropRxUnknownSource: {Name: "drop_rx_unknown_source", Help: "Sender unknown to the port and never seen in ARP/NDP (a resolution is sent)"},
+	RxUnknownSource:     {Name: "rx_unknown_source", Help: "Packets from a sender the port cannot name and ARP/NDP never taught (routed from another subnet, or multicast from a host that never sent ARP/NDP), delivered with the partition's stand-in source MAC"},
 	CaptureMissed:       {Name: "capture_missed", Help: "Packets a capture left out because its reader was slow (forwarding is never held up)"},
 	TxAnnounced:         {Name: "tx_announced", Help: "Gratuitous ARPs / unsolicited NAs sent for guests whose MAC appeared here"},
 	RARPAnnouncements:   {Name: "rarp_announcements", Help: "RARP announcements (QEMU's, after a migration) seen from guests"},

@@ -77,7 +77,16 @@ type partition struct {
 	vlan  uint16
 	pkey  ipoib.PKey
 	bcast ipoib.GID
-	view  *mactrans.View
+	// anon is the source MAC of packets whose sender neither the port
+	// nor ARP/NDP can name (srcip.go): the REMAC DeriveREMAC gives the
+	// partition's broadcast address. One stable, locally administered
+	// unicast MAC per partition, so the bridge learns it once, on the
+	// TAP's port, and neither moves it between ports (its FDB does not
+	// flap) nor learns a MAC per routed source (it does not fill). It is
+	// no neighbour: a frame a guest sends to it has no endpoint and waits
+	// for a resolution like any unknown REMAC.
+	anon ether.MAC
+	view *mactrans.View
 	// ipMTU is the partition's IPoIB MTU, from the port's PartitionMTU:
 	// on InfiniBand the SM may give a partition's broadcast group a
 	// smaller MTU than the port's. Packets of the partition are cut,
@@ -240,6 +249,7 @@ func (s *Shim) newPartition(vlan uint16, pkey ipoib.PKey) (*partition, error) {
 		return nil, fmt.Errorf("shim: VLANs %d and %d both map to P_Key %s", other.vlan, vlan, full)
 	}
 	p := &partition{vlan: vlan, pkey: full, bcast: ipoib.BroadcastMGID(full, s.cfg.Scope)}
+	p.anon = mactrans.DeriveREMAC(p.bcast, ipoib.MulticastQPN, 0)
 	p.view = &mactrans.View{VIFs: s.vifs, Neigh: s.neigh, Clock: s.clk, GID: s.port.LocalGID(), VLAN: vlan, PKey: full}
 	p.ipMTU.Store(int32(s.ipMTUOf(s.port.PartitionMTU(full))))
 	return p, nil
