@@ -20,6 +20,7 @@ import (
 // has an IPoIB interface with an address in every partition of parts.
 type ibNet struct {
 	sm     *fakeSM
+	hub    *fakeHub
 	p1, p2 *Port
 	d1, d2 *fakeDev
 	s1, s2 *fakeSA
@@ -28,7 +29,7 @@ type ibNet struct {
 func newIBNet(t *testing.T, sm *fakeSM, pkeys []ipoib.PKey, parts ...ipoib.PKey) ibNet {
 	t.Helper()
 	h := newHub()
-	n := ibNet{sm: sm}
+	n := ibNet{sm: sm, hub: h}
 	n.s1, n.s2 = sm.port(gid1, pkeys...), sm.port(gid2, pkeys...)
 	for i, pk := range parts {
 		n.s1.ipoibIf(pk, fmt.Sprintf("10.%d.0.1", i))

@@ -42,6 +42,7 @@ struct eib_recv {
 	uint32_t qp_num;
 	uint32_t wc_flags;
 	uint16_t pkey_index;
+	uint16_t slid; // the sender's LID: UD reports it, GRH or not
 };
 
 // A send completion, returned to Go.
@@ -246,6 +247,7 @@ static int eib_poll_recv(struct ibv_cq *cq, struct ibv_wc *wc, struct eib_recv *
 		out[i].qp_num = wc[i].qp_num;
 		out[i].wc_flags = wc[i].wc_flags;
 		out[i].pkey_index = wc[i].pkey_index;
+		out[i].slid = wc[i].slid;
 	}
 	return got;
 }
@@ -1012,7 +1014,7 @@ func (d *ibvDevice) pollRecv(out []recvDone) int {
 	for i := range recv {
 		r := &recv[i]
 		out[i] = recvDone{buf: int(r.wr_id), len: int(r.byte_len), srcQPN: uint32(r.src_qp), qpn: uint32(r.qp_num),
-			ok: r.status == C.IBV_WC_SUCCESS, grh: r.wc_flags&C.IBV_WC_GRH != 0}
+			slid: uint16(r.slid), ok: r.status == C.IBV_WC_SUCCESS, grh: r.wc_flags&C.IBV_WC_GRH != 0}
 	}
 	return max(n, 0)
 }

@@ -194,6 +194,11 @@ type Port struct {
 	wg      sync.WaitGroup
 	done    chan struct{}
 
+	// lids names senders without a GRH (lids.go); rxByLID counts the
+	// packets it named, rxSrcUnknown those it could not.
+	lids                  lidTable
+	rxByLID, rxSrcUnknown atomic.Uint64
+
 	txPackets, txBytes, rxPackets, rxBytes atomic.Uint64
 	drops                                  ipoib.DropCounters
 	ahCreated, ahFailed, signalled         atomic.Uint64
@@ -818,6 +823,8 @@ func (p *Port) Counters() ipoib.PortCounters {
 		"flushes":               p.flushes.Load(),
 		"group_mtu_fallbacks":   p.mtuFallbacks.Load(),
 		"pkey_index_moves":      p.pkeyMoves.Load(),
+		"rx_src_by_lid":         p.rxByLID.Load(),
+		"rx_src_unknown":        p.rxSrcUnknown.Load(),
 	}
 	c.Levels = map[string]uint64{
 		"address_handles":        uint64(n),
@@ -925,6 +932,7 @@ func (p *Port) flush(why string, heavy bool) {
 	}
 	p.ctlMu.Unlock()
 	p.flushAHs(func(ahKey) bool { return true })
+	p.lids.clear()   // the SM may have given the LIDs to other ports
 	p.flushes.Add(1) // done: what a flush changes is in place
 }
 
