@@ -81,10 +81,11 @@ type partition struct {
 	// nor ARP/NDP can name (srcip.go): the REMAC DeriveREMAC gives the
 	// partition's broadcast address. One stable, locally administered
 	// unicast MAC per partition, so the bridge learns it once, on the
-	// TAP's port, and neither moves it between ports (its FDB does not
-	// flap) nor learns a MAC per routed source (it does not fill). It is
-	// no neighbour: a frame a guest sends to it has no endpoint and waits
-	// for a resolution like any unknown REMAC.
+	// TAP's port (net/bridge/br_fdb.c br_fdb_update: a new source MAC
+	// adds an entry, one seen on another port moves it): its FDB neither
+	// flaps nor gets an entry per routed source. It is no neighbour: a
+	// frame a guest sends to it waits for a resolution like any unknown
+	// REMAC, which never names it, and is dropped (drop_unresolved).
 	anon ether.MAC
 	view *mactrans.View
 	// ipMTU is the partition's IPoIB MTU, from the port's PartitionMTU:

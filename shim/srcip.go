@@ -1,9 +1,10 @@
 package shim
 
 // Unknown sources: a port that cannot tell a packet's sender (the kernel
-// IPoIB backend: packet sockets get no source address; the verbs backend
-// for a sender without a GRH whose LID it never saw) marks it
-// RxMeta.SrcUnknown. The sender is then found from what ARP and NDP
+// IPoIB backend: af_packet.c packet_rcv sets sll_halen from
+// dev_parse_header(), and ipoib_header_ops has only .create, so a packet
+// socket never gets a source address; the verbs backend for a sender
+// without a GRH whose LID it never saw) marks it RxMeta.SrcUnknown. The sender is then found from what ARP and NDP
 // taught: every ARP packet carries its sender's address, NDP options carry
 // the sender's (SLLA) or target's (TLLA), and the RX rewrite has already
 // turned those into REMACs. srcTable keeps (partition, IP) → REMAC; an IP
