@@ -11,9 +11,10 @@
 // The guest resolves the router (ARP and NDP), then exchanges with X
 // ping and ping -6 (exact reply counts) and a TCP stream each way over
 // IPv4 and IPv6 (X echoes every segment: exact byte counts, in order),
-// and receives X's routed multicast, from a sender that never sent ARP or
-// NDP. The second subnet is modelled in the test: what the router's
-// stack receives for X is answered by X, as if forwarded to it and back.
+// and receives X's routed IPv4 and IPv6 multicast, from a sender that
+// never sent ARP or NDP. The second subnet is modelled in the test: what
+// the router's stack receives for X is answered by X, as if forwarded to
+// it and back.
 package routedtest
 
 import (
@@ -64,6 +65,7 @@ var (
 	x4       = netip.MustParseAddr("192.168.9.9")
 	x6       = netip.MustParseAddr("fd09::9")
 	group4   = netip.MustParseAddr("239.7.7.7")
+	group6   = netip.MustParseAddr("ff0e::7:7")
 )
 
 const (
@@ -173,24 +175,34 @@ func Run(t *testing.T, s Setup) {
 		}
 	}
 
-	// Multicast routed from X, whose source never sent ARP or NDP: the
-	// guest joins the group, X's packet reaches it.
-	g.send(igmpJoin(t, group4))
-	mgid := ipoib.IPv4MGID(group4, ipoib.DefaultPKey, ipoib.ScopeLinkLocal)
-	wait(t, "the group joined", func() bool { return s.Joined(mgid) })
-	rdev.Inject(udp4(t, x4, group4, []byte("routed multicast")))
-	p = g.next("routed multicast", func(p gopacket.Packet) bool {
-		u, ok := p.Layer(layers.LayerTypeUDP).(*layers.UDP)
-		return ok && srcIP(p) == x4 && string(u.Payload) == "routed multicast"
-	})
-	g.from(p, from)
-	if dst := ether.MAC(p.LinkLayer().(*layers.Ethernet).DstMAC); dst != (ether.MAC{1, 0, 0x5e, 7, 7, 7}) {
-		t.Fatalf("routed multicast to %s", dst)
+	// Multicast routed from X, whose source never sent ARP or NDP, over
+	// IPv4 and IPv6: the guest joins the group (IGMPv3, MLDv2), X's
+	// packet reaches it.
+	for _, m := range []struct {
+		x, group netip.Addr
+		join     []byte
+		mgid     ipoib.GID
+		mac      ether.MAC
+	}{
+		{x4, group4, igmpJoin(t, group4), ipoib.IPv4MGID(group4, ipoib.DefaultPKey, ipoib.ScopeLinkLocal), ether.MAC{1, 0, 0x5e, 7, 7, 7}},
+		{x6, group6, mldJoin(t, group6), ipoib.IPv6MGID(group6, ipoib.DefaultPKey, ipoib.ScopeLinkLocal), ether.MAC{0x33, 0x33, 0, 7, 0, 7}},
+	} {
+		g.send(m.join)
+		wait(t, "the group "+m.group.String()+" joined", func() bool { return s.Joined(m.mgid) })
+		rdev.Inject(udpPacket(t, m.x, m.group, []byte("routed multicast")))
+		p = g.next("routed multicast from "+m.x.String(), func(p gopacket.Packet) bool {
+			u, ok := p.Layer(layers.LayerTypeUDP).(*layers.UDP)
+			return ok && srcIP(p) == m.x && string(u.Payload) == "routed multicast"
+		})
+		g.from(p, from)
+		if dst := ether.MAC(p.LinkLayer().(*layers.Ethernet).DstMAC); dst != m.mac {
+			t.Fatalf("routed multicast from %s to %s, want %s", m.x, dst, m.mac)
+		}
 	}
 
 	// Every packet from X came as one frame, under one source MAC; none
 	// was dropped, and the shim asked nobody for X.
-	unknown := uint64(2*pings + 2*segments + 1)
+	unknown := uint64(2*pings + 2*segments + 2)
 	if !s.Anon.IsZero() {
 		wait(t, "rx_unknown_source", func() bool { return s.Counters()["rx_unknown_source"] >= unknown })
 	} else {
@@ -424,14 +436,24 @@ func igmpJoin(t *testing.T, group netip.Addr) []byte {
 	return serialize(t, &layers.Ethernet{SrcMAC: guestMAC[:], DstMAC: []byte{1, 0, 0x5e, 0, 0, 0x16}, EthernetType: layers.EthernetTypeIPv4}, ip, gopacket.Payload(igmp))
 }
 
-// udp4 is a bare IPv4 UDP packet, as the router's stack forwards it.
-func udp4(t *testing.T, src, dst netip.Addr, payload []byte) []byte {
-	ip := &layers.IPv4{Version: 4, TTL: 63, Protocol: layers.IPProtocolUDP, SrcIP: src.AsSlice(), DstIP: dst.AsSlice()}
+// mldJoin is the guest's MLDv2 report joining group (EXCLUDE {}).
+func mldJoin(t *testing.T, group netip.Addr) []byte {
+	icmp := &layers.ICMPv6{TypeCode: layers.CreateICMPv6TypeCode(layers.ICMPv6TypeMLDv2MulticastListenerReportMessageV2, 0)}
+	report := append([]byte{0, 0, 0, 1, 4, 0, 0, 0}, group.AsSlice()...)
+	return ip6Frame(t, ether.MAC{0x33, 0x33, 0, 0, 0, 0x16}, netip.MustParseAddr("fe80::7:2"), netip.MustParseAddr("ff02::16"), 1, icmp, gopacket.Payload(report))
+}
+
+// udpPacket is a bare UDP packet, as the router's stack forwards it.
+func udpPacket(t *testing.T, src, dst netip.Addr, payload []byte) []byte {
+	var ip gopacket.NetworkLayer = &layers.IPv6{Version: 6, HopLimit: 63, NextHeader: layers.IPProtocolUDP, SrcIP: src.AsSlice(), DstIP: dst.AsSlice()}
+	if src.Is4() {
+		ip = &layers.IPv4{Version: 4, TTL: 63, Protocol: layers.IPProtocolUDP, SrcIP: src.AsSlice(), DstIP: dst.AsSlice()}
+	}
 	u := &layers.UDP{SrcPort: 5000, DstPort: 6000}
 	if err := u.SetNetworkLayerForChecksum(ip); err != nil {
 		t.Fatal(err)
 	}
-	return serialize(t, ip, u, gopacket.Payload(payload))
+	return serialize(t, ip.(gopacket.SerializableLayer), u, gopacket.Payload(payload))
 }
 
 // solicitedNode is a's solicited-node multicast group.
