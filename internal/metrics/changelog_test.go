@@ -12,9 +12,9 @@ import (
 	"github.com/eipoib/eipoibd/shim"
 )
 
-var update = flag.Bool("update", false, "rewrite the README's list of renamed metrics")
+var update = flag.Bool("update", false, "rewrite the changelog's list of renamed metrics")
 
-// The README's list of renamed metrics lies between these lines.
+// The changelog's list of renamed metrics lies between these lines.
 const (
 	renameBegin = "<!-- metrics-rename:begin (go test ./internal/metrics -run TestChangelog -update) -->\n"
 	renameEnd   = "<!-- metrics-rename:end -->\n"
@@ -58,10 +58,10 @@ func renames(t *testing.T) string {
 	return b.String()
 }
 
-// TestChangelog: the README's list of renamed metrics is the one the
+// TestChangelog: the changelog's list of renamed metrics is the one the
 // table makes, complete and exact (-update rewrites it).
 func TestChangelog(t *testing.T) {
-	const readme = "../../README.md"
+	const readme = "../../CHANGELOG.md"
 	text, err := os.ReadFile(readme)
 	if err != nil {
 		t.Fatal(err)
@@ -79,6 +79,6 @@ func TestChangelog(t *testing.T) {
 		return
 	}
 	if got, _, _ := strings.Cut(rest, renameEnd); got != want {
-		t.Errorf("the README's renamed metrics are not the table's; run go test ./internal/metrics -run TestChangelog -update. Want:\n%s", want)
+		t.Errorf("the changelog's renamed metrics are not the table's; run go test ./internal/metrics -run TestChangelog -update. Want:\n%s", want)
 	}
 }
