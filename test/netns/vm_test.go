@@ -22,7 +22,7 @@ import (
 // The VM tests boot Debian's kernel under QEMU (TCG: no KVM needed) with
 // the host's root read-only over virtio-9p, so that the guest runs the
 // host's own binaries, and soft-RoCE (rxe0) on its virtio-net eth0, whose
-// TAP is in a bridge of the test's: see test/vm/ and DESIGN.md, "Testing
+// TAP is in a bridge of the test's: see test/vm/ and docs/architecture.md, "Testing
 // against a real RDMA stack".
 
 // vmTools are what a VM needs on the host beyond ip (the guest runs
