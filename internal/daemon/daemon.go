@@ -90,8 +90,8 @@ const MaxMemoryLimit = 1 << 20
 const announceWindow = 30 * time.Second
 
 // Config is what the daemon runs with. Each field is the setting of the
-// flag (and config file key) named beside it; the README's flag table
-// says what it means.
+// flag (and config file key) named beside it; the flag table of
+// docs/operations.md says what it means.
 type Config struct {
 	Name     string    // --name: the TAP
 	MAC      ether.MAC // --mac: the TAP's MAC; zero for the kernel's random one

@@ -398,7 +398,7 @@ func TestRestart(t *testing.T) {
 }
 
 // Bounds of TestRestart, from the restart (the new daemon's exec) to the
-// first reply; the README quotes them. Measured on a loaded two-core
+// first reply; docs/behaviour.md quotes them. Measured on a loaded two-core
 // machine: 70–340 ms for resolved paths (the daemon is running after
 // 40–160 ms, then one resolution through the queue); 0.12–1.35 s for the
 // MLD path, whose worst case is the query's 1 s maximum response time
