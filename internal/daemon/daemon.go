@@ -90,27 +90,21 @@ const MaxMemoryLimit = 1 << 20
 const announceWindow = 30 * time.Second
 
 // Config is what the daemon runs with. Each field is the setting of the
-// flag (and config file key) named beside it; the README's flag table
-// says what it means.
+// flag (and config file key) named beside it; docs/flags.md, generated
+// from the flags, says what it means.
 type Config struct {
-	Name     string    // --name: the TAP
-	MAC      ether.MAC // --mac: the TAP's MAC; zero for the kernel's random one
-	Fabric   string    // --fabric: FabricSim, FabricKernel or FabricVerbs
-	Underlay string    // --underlay: the simulated fabric's interface
-	IBDev    string    // --ib-dev: IPoIB parent or verbs device
-	IBMTU    int       // --ib-mtu: 2048 or 4096 (sim; the others ask the device)
-	// VerbsRecvDepth is --verbs-recv-depth: the verbs backend's receive
-	// buffers posted on its shared receive queue; 0 for the default.
-	VerbsRecvDepth int
-	TAPMTU         int // --tap-mtu
-	// TAPQueueLen is --tap-queue-len: the TAP's txqueuelen; 0 leaves
-	// the TAP's own (1000 as netlink creates it).
-	TAPQueueLen int
-	Queues      int // --queues: 0 for one per CPU
-	// RxWorkers is --rx-workers: the simulated fabric's receive sockets
-	// and RX workers; 0 for one per TAP queue.
-	RxWorkers int
-	Offload   bool // --offload
+	Name           string    // --name: the TAP
+	MAC            ether.MAC // --mac: the TAP's MAC; zero for the kernel's random one
+	Fabric         string    // --fabric: FabricSim, FabricKernel or FabricVerbs
+	Underlay       string    // --underlay: the simulated fabric's interface
+	IBDev          string    // --ib-dev: IPoIB parent or verbs device
+	IBMTU          int       // --ib-mtu: 2048 or 4096 (sim; the others ask the device)
+	VerbsRecvDepth int       // --verbs-recv-depth: 0 for the default
+	TAPMTU         int       // --tap-mtu
+	TAPQueueLen    int       // --tap-queue-len: 0 leaves the TAP's own
+	Queues         int       // --queues: 0 for one per CPU
+	RxWorkers      int       // --rx-workers: 0 for one per TAP queue
+	Offload        bool      // --offload
 
 	BusyPoll time.Duration // --busy-poll: 0 for off
 
