@@ -125,16 +125,11 @@ func TestClientChecksLocally(t *testing.T) {
 
 // captureHandler is a control socket's daemon whose capture writes
 // pcap's bytes.
-type captureHandler struct{ pcap []byte }
+type captureHandler struct {
+	ctl.UnimplementedHandler
+	pcap []byte
+}
 
-func (captureHandler) Port() ctl.Port               { return ctl.Port{} }
-func (captureHandler) VIFs() []ctl.VIF              { return nil }
-func (captureHandler) Neighbours() []ctl.Neigh      { return nil }
-func (captureHandler) Groups() []ctl.Group          { return nil }
-func (captureHandler) Stats() ctl.Stats             { return nil }
-func (captureHandler) AddVIF(ctl.VIFRequest) error  { return nil }
-func (captureHandler) DelVIF(ctl.VIFRequest) error  { return nil }
-func (captureHandler) FlushNeighbours() ctl.Flushed { return ctl.Flushed{} }
 func (h captureHandler) Capture(r ctl.CaptureRequest, w io.Writer, _ <-chan struct{}) error {
 	_, err := w.Write(h.pcap)
 	return err
@@ -149,7 +144,7 @@ func TestCaptureToStdout(t *testing.T) {
 	}
 	dir := t.TempDir()
 	pcap := []byte("\xd4\xc3\xb2\xa1 stands for a pcap stream")
-	srv, err := ctl.Listen(ctl.Path(dir, "eib0"), captureHandler{pcap})
+	srv, err := ctl.Listen(ctl.Path(dir, "eib0"), captureHandler{pcap: pcap})
 	if err != nil {
 		t.Fatal(err)
 	}

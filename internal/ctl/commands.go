@@ -1,10 +1,13 @@
 package ctl
 
-// The commands: their names on the wire, their requests, how the server
-// checks and dispatches them to a Handler, and the Client's typed calls.
+// The table of commands. Each entry names a command on the wire, says
+// what its request carries, how the server checks it and which Handler
+// method answers it; the server's checks and dispatch and the Client's
+// typed calls derive from it (table.go). A new command is a wire name
+// here, an entry in table, its Handler method (with UnimplementedHandler's)
+// and its Client method.
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -66,52 +69,55 @@ type CaptureRequest struct {
 // vif is r's guest.
 func (r Request) vif() VIFRequest { return VIFRequest{MAC: r.MAC, VLAN: r.VLAN} }
 
+// put writes v into r.
+func (v VIFRequest) put(r *Request) { r.MAC, r.VLAN = v.MAC, v.VLAN }
+
+// checkVIF refuses a vif-add or vif-del without a MAC or a valid VLAN.
+func checkVIF(r Request) error {
+	if r.MAC == "" || r.VLAN < 0 || r.VLAN > 4094 {
+		return fmt.Errorf("%s needs a MAC and a VLAN from 0 to 4094", r.Cmd)
+	}
+	return nil
+}
+
 // capture is r's capture.
 func (r Request) capture() CaptureRequest { return CaptureRequest{Side: r.Side, Count: r.Count} }
 
-// ParseRequest parses and checks one request line.
-func ParseRequest(line []byte) (Request, error) {
-	var r Request
-	d := json.NewDecoder(bytes.NewReader(line))
-	d.DisallowUnknownFields()
-	if err := d.Decode(&r); err != nil {
-		return r, fmt.Errorf("malformed request: %v", err)
+// put writes c into r.
+func (c CaptureRequest) put(r *Request) { r.Side, r.Count = c.Side, c.Count }
+
+// checkCapture refuses a capture of an unknown side or a negative count.
+func checkCapture(r Request) error {
+	if r.Side != SideFabric && r.Side != SideTAP {
+		return fmt.Errorf("capture side %q: want fabric or tap", r.Side)
 	}
-	if d.More() {
-		return r, errors.New("malformed request: more than one JSON value")
+	if r.Count < 0 {
+		return fmt.Errorf("capture count %d: want 0 (no limit) or more", r.Count)
 	}
-	if r.V != Version {
-		return r, fmt.Errorf("protocol version %d, this daemon speaks %d", r.V, Version)
-	}
-	switch r.Cmd {
-	case CmdShow:
-		switch r.What {
-		case ShowPort, ShowVIFs, ShowNeigh, ShowGroups, ShowStats:
-		default:
-			return r, fmt.Errorf("show %q: want port, vifs, neigh, groups or stats", r.What)
-		}
-	case CmdVIFAdd, CmdVIFDel:
-		if r.MAC == "" || r.VLAN < 0 || r.VLAN > 4094 {
-			return r, fmt.Errorf("%s needs a MAC and a VLAN from 0 to 4094", r.Cmd)
-		}
-	case CmdNeighFlush:
-	case CmdCapture:
-		if r.Side != SideFabric && r.Side != SideTAP {
-			return r, fmt.Errorf("capture side %q: want fabric or tap", r.Side)
-		}
-		if r.Count < 0 {
-			return r, fmt.Errorf("capture count %d: want 0 (no limit) or more", r.Count)
-		}
-	default:
-		return r, fmt.Errorf("unknown command %q", r.Cmd)
-	}
-	return r, nil
+	return nil
 }
+
+// table is every command, in the order a refusal lists them.
+var table = []entry{showPort, showVIFs, showNeigh, showGroups, showStats, vifAdd, vifDel, neighFlush, capture}
+
+var (
+	showPort   = listing(ShowPort, Handler.Port)
+	showVIFs   = listing(ShowVIFs, Handler.VIFs)
+	showNeigh  = listing(ShowNeigh, Handler.Neighbours)
+	showGroups = listing(ShowGroups, Handler.Groups)
+	showStats  = listing(ShowStats, Handler.Stats)
+	vifAdd     = command[VIFRequest, none]{cmd: CmdVIFAdd, put: VIFRequest.put, get: Request.vif, check: checkVIF, answer: noData(Handler.AddVIF)}
+	vifDel     = command[VIFRequest, none]{cmd: CmdVIFDel, put: VIFRequest.put, get: Request.vif, check: checkVIF, answer: noData(Handler.DelVIF)}
+	neighFlush = command[none, Flushed]{cmd: CmdNeighFlush, answer: func(h Handler, _ none) (Flushed, error) { return h.FlushNeighbours(), nil }}
+	capture    = command[CaptureRequest, none]{cmd: CmdCapture, put: CaptureRequest.put, get: Request.capture, check: checkCapture, stream: Handler.Capture}
+)
 
 // Handler does the commands, one method each, with requests ParseRequest
 // checked; the server sends what they return as the reply's data.
 // Capture writes a pcap stream to w until the count is reached, w fails
 // or gone is closed (the client hung up, or the server is closing).
+// An implementation that embeds UnimplementedHandler keeps compiling
+// when a command is added.
 type Handler interface {
 	Port() Port
 	VIFs() []VIF
@@ -124,27 +130,46 @@ type Handler interface {
 	Capture(r CaptureRequest, w io.Writer, gone <-chan struct{}) error
 }
 
-// dispatch answers a checked request other than a capture with h.
-func dispatch(h Handler, r Request) (any, error) {
-	switch r.Cmd {
-	case CmdVIFAdd:
-		return nil, h.AddVIF(r.vif())
-	case CmdVIFDel:
-		return nil, h.DelVIF(r.vif())
-	case CmdNeighFlush:
-		return h.FlushNeighbours(), nil
-	}
-	switch r.What {
-	case ShowPort:
-		return h.Port(), nil
-	case ShowVIFs:
-		return h.VIFs(), nil
-	case ShowNeigh:
-		return h.Neighbours(), nil
-	case ShowGroups:
-		return h.Groups(), nil
-	}
-	return h.Stats(), nil
+// ErrUnimplemented is UnimplementedHandler's refusal.
+var ErrUnimplemented = errors.New("not implemented by this daemon")
+
+// UnimplementedHandler answers every command as one its daemon lacks: a
+// listing is empty, the others fail with ErrUnimplemented. A Handler
+// embeds it and overrides the commands it does, so that one added to
+// the table later does not break it (test fakes, typically).
+type UnimplementedHandler struct{}
+
+var _ Handler = UnimplementedHandler{}
+
+func unimplemented(cmd string) error { return fmt.Errorf("%s: %w", cmd, ErrUnimplemented) }
+
+// Port answers show port with a zero Port.
+func (UnimplementedHandler) Port() Port { return Port{} }
+
+// VIFs answers show vifs with none.
+func (UnimplementedHandler) VIFs() []VIF { return nil }
+
+// Neighbours answers show neigh with none.
+func (UnimplementedHandler) Neighbours() []Neigh { return nil }
+
+// Groups answers show groups with none.
+func (UnimplementedHandler) Groups() []Group { return nil }
+
+// Stats answers show stats with none.
+func (UnimplementedHandler) Stats() Stats { return nil }
+
+// AddVIF refuses vif-add.
+func (UnimplementedHandler) AddVIF(VIFRequest) error { return unimplemented(CmdVIFAdd) }
+
+// DelVIF refuses vif-del.
+func (UnimplementedHandler) DelVIF(VIFRequest) error { return unimplemented(CmdVIFDel) }
+
+// FlushNeighbours answers neigh-flush with nothing flushed.
+func (UnimplementedHandler) FlushNeighbours() Flushed { return Flushed{} }
+
+// Capture refuses capture: the stream after the reply is empty.
+func (UnimplementedHandler) Capture(CaptureRequest, io.Writer, <-chan struct{}) error {
+	return unimplemented(CmdCapture)
 }
 
 // Show returns the listing what (a Show constant) as the daemon wrote it.
@@ -152,83 +177,37 @@ func (c Client) Show(what string) (json.RawMessage, error) {
 	return c.Do(Request{Cmd: CmdShow, What: what})
 }
 
-// show decodes the listing what into v.
-func (c Client) show(what string, v any) error {
-	data, err := c.Show(what)
-	if err != nil {
-		return err
-	}
-	if err := json.Unmarshal(data, v); err != nil {
-		return fmt.Errorf("ctl: bad %s reply from eipoibd: %w", what, err)
-	}
-	return nil
-}
-
 // ShowPort returns the port, its link and partitions.
-func (c Client) ShowPort() (Port, error) {
-	var p Port
-	return p, c.show(ShowPort, &p)
-}
+func (c Client) ShowPort() (Port, error) { return showPort.call(c, none{}) }
 
 // ShowVIFs returns the guests' VIFs.
-func (c Client) ShowVIFs() ([]VIF, error) {
-	var v []VIF
-	return v, c.show(ShowVIFs, &v)
-}
+func (c Client) ShowVIFs() ([]VIF, error) { return showVIFs.call(c, none{}) }
 
 // ShowNeighbours returns the remote endpoints.
-func (c Client) ShowNeighbours() ([]Neigh, error) {
-	var n []Neigh
-	return n, c.show(ShowNeigh, &n)
-}
+func (c Client) ShowNeighbours() ([]Neigh, error) { return showNeigh.call(c, none{}) }
 
 // ShowGroups returns the port's multicast groups and the guest groups
 // behind them.
-func (c Client) ShowGroups() ([]Group, error) {
-	var g []Group
-	return g, c.show(ShowGroups, &g)
-}
+func (c Client) ShowGroups() ([]Group, error) { return showGroups.call(c, none{}) }
 
 // ShowStats returns every counter.
-func (c Client) ShowStats() (Stats, error) {
-	var s Stats
-	return s, c.show(ShowStats, &s)
-}
+func (c Client) ShowStats() (Stats, error) { return showStats.call(c, none{}) }
 
 // AddVIF declares a guest ahead of its traffic.
 func (c Client) AddVIF(r VIFRequest) error {
-	_, err := c.Do(Request{Cmd: CmdVIFAdd, MAC: r.MAC, VLAN: r.VLAN})
+	_, err := vifAdd.call(c, r)
 	return err
 }
 
 // DelVIF removes a guest's VIF.
 func (c Client) DelVIF(r VIFRequest) error {
-	_, err := c.Do(Request{Cmd: CmdVIFDel, MAC: r.MAC, VLAN: r.VLAN})
+	_, err := vifDel.call(c, r)
 	return err
 }
 
 // FlushNeighbours forgets every remote endpoint and says how many went.
-func (c Client) FlushNeighbours() (Flushed, error) {
-	data, err := c.Do(Request{Cmd: CmdNeighFlush})
-	var f Flushed
-	if err == nil {
-		err = json.Unmarshal(data, &f)
-	}
-	return f, err
-}
+func (c Client) FlushNeighbours() (Flushed, error) { return neighFlush.call(c, none{}) }
 
 // Capture sends a capture request and copies the pcap stream that
 // follows the reply to w until the daemon ends it.
-func (c Client) Capture(r CaptureRequest, w io.Writer) error {
-	conn, err := dial(c.Path, Request{Cmd: CmdCapture, Side: r.Side, Count: r.Count})
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	_, rest, err := readReply(c.Path, conn)
-	if err != nil {
-		return err
-	}
-	_, err = io.Copy(w, io.MultiReader(rest, conn))
-	return err
-}
+func (c Client) Capture(r CaptureRequest, w io.Writer) error { return capture.streamTo(c, r, w) }

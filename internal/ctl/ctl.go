@@ -13,10 +13,12 @@
 // gets an error reply and the connection is closed. The server never
 // touches the data path itself: its handler reads the shim's snapshots.
 //
-// The command names (Cmd*, Show*, Side*), the replies' types (Port, VIF,
-// Neigh, Group, Stats, Flushed) and their JSON are declared here once,
-// for the daemon's Handler, the CLI and the tests, which all talk
-// through a Client.
+// The commands are declared once, in a table (commands.go): their wire
+// names (Cmd*, Show*, Side*), their checks and their Handler methods; the
+// server's dispatch and the Client's typed calls derive from it. The
+// replies' types (Port, VIF, Neigh, Group, Stats, Flushed) and their JSON
+// are declared once too (reply.go), for the daemon's Handler, the CLI and
+// the tests, which all talk through a Client.
 package ctl
 
 import (
@@ -194,13 +196,13 @@ func (s *Server) serve(c *net.UnixConn) {
 	if err != nil && len(line) == 0 {
 		return // the client went without asking
 	}
-	req, err := ParseRequest(line)
+	req, e, err := parseRequest(line)
 	if err != nil {
 		reply(nil, err)
 		return
 	}
-	if req.Cmd != CmdCapture {
-		reply(dispatch(s.h, req))
+	if !e.streams() {
+		reply(e.serve(s.h, req))
 		return
 	}
 	if !reply(nil, nil) {
@@ -212,7 +214,7 @@ func (s *Server) serve(c *net.UnixConn) {
 		io.Copy(io.Discard, c)
 		close(gone)
 	}()
-	s.h.Capture(req.capture(), c, gone)
+	e.serveStream(s.h, req, c, gone)
 }
 
 // Client talks to the control socket at Path, one connection a request.
