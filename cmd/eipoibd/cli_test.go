@@ -90,6 +90,28 @@ func TestCommandUsage(t *testing.T) {
 	}
 }
 
+// TestEveryControlCommandHasACLI: the subcommands send, between them,
+// every command of the control socket's table, each from one
+// subcommand, and show offers every listing the table has.
+func TestEveryControlCommandHasACLI(t *testing.T) {
+	var sent []string
+	for _, c := range commands {
+		for _, cmd := range c.ctl {
+			if slices.Contains(sent, cmd) {
+				t.Errorf("%s sends %s, which another subcommand sends too", c.name, cmd)
+			}
+			sent = append(sent, cmd)
+		}
+	}
+	if want := ctl.Commands(); !slices.Equal(sent, want) {
+		t.Errorf("the subcommands send %q; the control socket's table has %q", sent, want)
+	}
+	show, _ := lookup("show")
+	if want := "show port|vifs|neigh|groups|stats [--name eib0] [--json] [--interval 1s [--count N]]"; show.synopsis != want {
+		t.Errorf("show's usage %q, want %q", show.synopsis, want)
+	}
+}
+
 // TestClientChecksLocally: a listing show does not know, a MAC that does
 // not parse and a VLAN out of range are one-line usage errors before any
 // daemon is asked (no daemon answers in the empty --ctl-dir: an error
