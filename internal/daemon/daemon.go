@@ -32,13 +32,6 @@ import (
 	"github.com/eipoib/eipoibd/tap"
 )
 
-// The fabric backends of Config.Fabric.
-const (
-	FabricSim    = "sim"    // the simulated UD fabric over Config.Underlay
-	FabricKernel = "kernel" // the kernel's IPoIB driver under Config.IBDev
-	FabricVerbs  = "verbs"  // UD QPs through libibverbs on Config.IBDev
-)
-
 // MaxQueues bounds Config.Queues: the kernel's limit on TUN queues
 // (MAX_TAP_QUEUES, drivers/net/tun.c).
 const MaxQueues = 256

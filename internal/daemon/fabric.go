@@ -11,6 +11,13 @@ import (
 	"github.com/eipoib/eipoibd/ipoib/verbsfabric"
 )
 
+// The fabric backends of Config.Fabric.
+const (
+	FabricSim    = "sim"    // the simulated UD fabric over Config.Underlay
+	FabricKernel = "kernel" // the kernel's IPoIB driver under Config.IBDev
+	FabricVerbs  = "verbs"  // UD QPs through libibverbs on Config.IBDev
+)
+
 // The bounds of Config.VerbsRecvDepth, and its default.
 const (
 	DefaultVerbsRecvDepth = verbsfabric.DefaultRecvDepth
