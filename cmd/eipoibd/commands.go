@@ -18,6 +18,7 @@ import (
 
 	"github.com/eipoib/eipoibd/internal/cli"
 	"github.com/eipoib/eipoibd/internal/ctl"
+	"github.com/eipoib/eipoibd/internal/daemon"
 )
 
 // command is one subcommand of eipoibd.
@@ -200,8 +201,8 @@ func runVersion(args []string, stderr io.Writer) error {
 
 // versionText says which eipoibd this is: the version (v, else the
 // module's from info), the VCS revision Go recorded, the Go version and
-// the fabric backends built in (verbs only with -tags verbs). info may
-// be nil.
+// the fabric backends built in: the registry's, less those whose build
+// tag info does not list (verbs without -tags verbs). info may be nil.
 func versionText(v string, info *debug.BuildInfo) string {
 	var rev, tags string
 	modified := false
@@ -232,10 +233,12 @@ func versionText(v string, info *debug.BuildInfo) string {
 		fmt.Fprintf(&b, "revision: %s\n", rev)
 	}
 	fmt.Fprintf(&b, "go: %s %s/%s\n", runtime.Version(), runtime.GOOS, runtime.GOARCH)
-	backends := "sim, kernel"
-	if slices.Contains(strings.Split(tags, ","), "verbs") {
-		backends += ", verbs"
+	var backends []string
+	for _, be := range daemon.Backends() {
+		if be.Tag == "" || slices.Contains(strings.Split(tags, ","), be.Tag) {
+			backends = append(backends, be.Name)
+		}
 	}
-	fmt.Fprintf(&b, "fabric backends: %s\n", backends)
+	fmt.Fprintf(&b, "fabric backends: %s\n", strings.Join(backends, ", "))
 	return b.String()
 }

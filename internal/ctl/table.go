@@ -11,7 +11,8 @@ import (
 	"fmt"
 	"io"
 	"slices"
-	"strings"
+
+	"github.com/eipoib/eipoibd/internal/cli"
 )
 
 // none is the arguments of a command that takes none, and the reply of
@@ -181,15 +182,7 @@ func lookup(r Request) (entry, error) {
 	if whats == nil {
 		return nil, fmt.Errorf("unknown command %q", r.Cmd)
 	}
-	return nil, fmt.Errorf("%s %q: want %s", r.Cmd, r.What, orList(whats))
-}
-
-// orList is "a, b or c".
-func orList(s []string) string {
-	if len(s) == 1 {
-		return s[0]
-	}
-	return strings.Join(s[:len(s)-1], ", ") + " or " + s[len(s)-1]
+	return nil, fmt.Errorf("%s %q: want %s", r.Cmd, r.What, cli.OrList(whats))
 }
 
 // Commands are the commands' wire names (Request.Cmd), each once, in

@@ -241,10 +241,11 @@ func Run(ctx context.Context, cfg Config) error {
 			return fmt.Errorf("--state-dir: %w", err)
 		}
 	}
-	port, err := openFabric(&cfg, log)
+	fab, err := openFabric(&cfg, log)
 	if err != nil {
 		return err
 	}
+	port, fabDev := fab.port, fab.device
 	defer port.Close()
 	kept, inKeeper := keptQueues(&cfg, log)
 	tc := TAPConfig(&cfg, port, kept)
@@ -253,10 +254,6 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer dev.Close()
-	fabDev := cfg.Underlay
-	if cfg.Fabric != FabricSim {
-		fabDev = cfg.IBDev
-	}
 	log.Info("started", "tap", cfg.Name, "tap_start", dev.Start(), "fabric", cfg.Fabric, "device", fabDev, "gid", port.LocalGID(), "ib_mtu", port.MTU(), "ipoib_mtu", tc.MTU)
 	if dev.Offload() != cfg.Offload {
 		log.Warn("the kept TAP keeps its offload setting while its queues are open: stop eipoibd (not restart) to change it", "offload", dev.Offload(), "wanted", cfg.Offload)
@@ -310,7 +307,7 @@ func Run(ctx context.Context, cfg Config) error {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		handleSignals(ctx, &cfg, port, sh)
+		handleSignals(ctx, &cfg, fab, sh)
 	}()
 	notifySystemd(ctx, &wg, sh, log, fmt.Sprintf("%s on %s %s, GID %s", cfg.Name, cfg.Fabric, fabDev, port.LocalGID()))
 	// On a signal the shim stops after the state's last save, while it
@@ -364,7 +361,7 @@ func ShimConfig(cfg *Config, dev tap.Device, port ipoib.Port) shim.Config {
 // handleSignals answers cfg.Signals until ctx ends: SIGUSR1 toggles the
 // simulated port down and up (a test hook: the TAP's carrier follows),
 // SIGHUP reloads, SIGUSR2 logs the counters.
-func handleSignals(ctx context.Context, cfg *Config, port ipoib.Port, sh *shim.Shim) {
+func handleSignals(ctx context.Context, cfg *Config, fab fabric, sh *shim.Shim) {
 	r := reloader{cur: *cfg, sh: sh, log: cfg.Logger}
 	for {
 		select {
@@ -373,7 +370,7 @@ func handleSignals(ctx context.Context, cfg *Config, port ipoib.Port, sh *shim.S
 		case s := <-cfg.Signals:
 			switch s {
 			case syscall.SIGUSR1:
-				toggleDown(port, cfg.Logger)
+				toggleDown(fab, cfg.Logger)
 			case syscall.SIGHUP:
 				r.reload()
 			case syscall.SIGUSR2:
