@@ -145,6 +145,8 @@ type Shim struct {
 
 	// local are the hypervisor's own MACs (SetLocalMACs, local.go).
 	local atomic.Pointer[localMACs]
+	// undeclared is what housekeeping logs of drop_undeclared (local.go).
+	undeclared undeclaredLog
 }
 
 // New validates cfg and builds a shim; it does not touch the port yet.
@@ -437,6 +439,7 @@ func (s *Shim) housekeeping(ctx context.Context) error {
 		}
 		s.snoop.Tick(now)
 		s.neigh.Expire(now, s.cfg.NeighTTL)
+		s.logUndeclared(now)
 		s.ep.enter(s.houseSlot())
 		s.resolveTick(now)
 		s.announceTick(now)

@@ -103,7 +103,7 @@ func (h *hv) recv(t *testing.T) gopacket.Packet {
 			if p := gopacket.NewPacket(f, layers.LayerTypeEthernet, gopacket.Default); !isQuery(p) {
 				return p
 			}
-		case <-time.After(2 * time.Second):
+		case <-time.After(settle):
 			t.Fatal("no frame delivered")
 		}
 	}
@@ -124,10 +124,16 @@ func (h *hv) quiet(t *testing.T) {
 	}
 }
 
+// settle bounds a wait for a state the test expects: generous, since it
+// only runs out when the state never comes, and a loaded machine (CI
+// runs beside other work) may take seconds to schedule the goroutine
+// that makes it.
+const settle = 20 * time.Second
+
 // waitCounter waits until a counter reaches want.
 func (h *hv) waitCounter(t *testing.T, c Counter, want uint64) {
 	t.Helper()
-	deadline := time.Now().Add(2 * time.Second)
+	deadline := time.Now().Add(settle)
 	for h.s.Get(c) < want {
 		if time.Now().After(deadline) {
 			t.Fatalf("%s = %d, want %d (counters %v)", c, h.s.Get(c), want, h.s.Counters())
@@ -513,7 +519,7 @@ func igmpReport(t *testing.T, src ether.MAC, recType byte, group netip.Addr) []b
 
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(2 * time.Second)
+	deadline := time.Now().Add(settle)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)

@@ -7,7 +7,9 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/eipoib/eipoibd/internal/clock"
 	"github.com/eipoib/eipoibd/internal/ctl"
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/ipoib/memfabric"
@@ -34,8 +36,11 @@ func TestHandlerReplies(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer port.Close()
+	// A clock that stands still: the VIF listing's idle_s is the time
+	// since its last frame, which a real clock makes depend on how long
+	// the machine took between AddVIF and the listing.
 	sh, err := shim.New(shim.Config{Device: tap.NewMem(16), Port: port, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Partitions: map[uint16]ipoib.PKey{10: 0x800a}})
+		Partitions: map[uint16]ipoib.PKey{10: 0x800a}, Clock: clock.NewFake(time.Unix(1_700_000_000, 0))})
 	if err != nil {
 		t.Fatal(err)
 	}

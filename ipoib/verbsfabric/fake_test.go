@@ -43,6 +43,7 @@ type fakeDev struct {
 	recv     []byte
 	posted   []uint32 // receive buffers posted, the next at postedAt
 	postedAt int
+	lost     int // packets that found no receive buffer posted (UD has no RNR)
 	rq       []recvDone
 	sq       []sendDone
 	failAt   int // postSend fails at this descriptor (-1: never)
@@ -54,7 +55,7 @@ type fakeDev struct {
 	reaped       map[uint32]uint64
 	busyDestroys int
 	notify       chan struct{}
-	events       chan portEvent // async events, as the test raises them
+	events       chan asyncEvent // async events, as the test raises them (raise: of the device's port)
 	woke         chan struct{}
 	wakeOnce     sync.Once
 	// qpGate, when set, holds createQP after telling qpEntered; qpLate
@@ -93,23 +94,26 @@ type fakeQP struct {
 func newHub() *fakeHub { return &fakeHub{devs: map[ipoib.GID]*fakeDev{}} }
 
 // opener returns the open hook of a RoCE device with GID g.
-func (h *fakeHub) opener(g ipoib.GID) func(string, layout) (device, error) {
+func (h *fakeHub) opener(g ipoib.GID) func(string, int, layout) (device, error) {
 	return h.open(devAttr{gid: g, mtu: 4096, active: true, pkeys: []ipoib.PKey{0xffff}}, nil)
 }
 
 // openerIB returns the open hook of an IB device with GID g, P_Key table
 // pkeys and subnet administrator sa.
-func (h *fakeHub) openerIB(g ipoib.GID, sa *fakeSA, pkeys ...ipoib.PKey) func(string, layout) (device, error) {
+func (h *fakeHub) openerIB(g ipoib.GID, sa *fakeSA, pkeys ...ipoib.PKey) func(string, int, layout) (device, error) {
 	return h.open(devAttr{gid: g, mtu: 4096, active: true, ib: true, pkeys: pkeys}, sa)
 }
 
-func (h *fakeHub) open(a devAttr, sa *fakeSA) func(string, layout) (device, error) {
-	return func(_ string, lay layout) (device, error) {
+// open returns the open hook of a device with attributes a, opened on
+// the port New asks for.
+func (h *fakeHub) open(a devAttr, sa *fakeSA) func(string, int, layout) (device, error) {
+	return func(_ string, port int, lay layout) (device, error) {
+		a.port = port
 		d := &fakeDev{hub: h, lay: lay, a: a, table: a.pkeys, fsa: sa,
 			nextQPN: 0x11, qps: map[uint32]*fakeQP{}, attached: map[ipoib.GID]map[uint32]uint16{}, ahs: map[handle]path{},
 			inflight: map[handle]map[uint32]uint64{}, reaped: map[uint32]uint64{}, busy: map[int]busySlot{},
 			send: make([]byte, lay.sendSlots*lay.slotSize), recv: make([]byte, lay.recvBufs*lay.recvSize),
-			failAt: -1, notify: make(chan struct{}, 1), events: make(chan portEvent), woke: make(chan struct{})}
+			failAt: -1, notify: make(chan struct{}, 1), events: make(chan asyncEvent), woke: make(chan struct{})}
 		if sa != nil {
 			sa.woke = d.woke
 		}
@@ -357,6 +361,7 @@ func (d *fakeDev) complete(src, dst ipoib.GID, srcQPN, qpn uint32, data []byte) 
 // without (then the buffer's first 40 bytes are left as they were).
 func (d *fakeDev) completeFrom(src, dst ipoib.GID, srcQPN, qpn uint32, data []byte, slid uint16, grh bool) {
 	if d.postedAt == len(d.posted) {
+		d.lost++
 		return
 	}
 	b := d.posted[d.postedAt]
@@ -423,14 +428,18 @@ func (d *fakeDev) waitRecv() (bool, error) {
 	}
 }
 
-func (d *fakeDev) waitEvent() (portEvent, bool, error) {
+func (d *fakeDev) waitEvent() (asyncEvent, bool, error) {
 	select {
 	case ev := <-d.events:
 		return ev, true, nil
 	case <-d.woke:
-		return 0, false, nil
+		return asyncEvent{}, false, nil
 	}
 }
+
+// raise reports port event ev of the port the device was opened on, as
+// ibv_get_async_event gives it: with element.port_num.
+func (d *fakeDev) raise(ev portEvent) { d.events <- asyncEvent{ev: ev, port: d.a.port} }
 
 func (d *fakeDev) wake() { d.wakeOnce.Do(func() { close(d.woke) }) }
 

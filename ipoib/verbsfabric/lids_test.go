@@ -53,7 +53,7 @@ func TestSenderWithoutGRH(t *testing.T) {
 	send(t, n.p2, q2, 0xffff, to1, 300, 3)
 	expect("unicast after the sender's multicast", ipoib.RxMeta{Src: from2}, 1, 1)
 
-	n.d1.events <- eventLIDChange
+	n.d1.events <- asyncEvent{ev: eventLIDChange, port: 1}
 	waitFor(t, "the flush", func() bool { return n.p1.Counters().Stats["flushes"] == 1 })
 	send(t, n.p2, q2, 0xffff, to1, 300, 4)
 	expect("unicast after a LID change", ipoib.RxMeta{SrcUnknown: true}, 1, 2)

@@ -38,7 +38,8 @@ Fabric and backends:
                        over --dev, each host's native IPoIB address on `eipoibd host`
   --backends LIST      comma-separated, of kernel and verbs (default kernel,verbs);
                        with --fabric sim the only backend is sim
-  --verbs-dev DEV      verbs device of --dev (default: the HCA under /sys/class/net/DEV/device)
+  --verbs-dev DEV      verbs device of --dev, HCA or HCA:PORT (default: the HCA under
+                       /sys/class/net/DEV/device and DEV's port, from its dev_port)
   --eipoibd PATH       eipoibd on both hosts (default: eipoibd on PATH)
   --eipoibd-verbs PATH the -tags verbs build on both hosts (default: eipoibd-verbs on PATH)
   --eipoibd-args ARGS  more flags for eipoibd run, e.g. '--ib-mtu 2048 --log-level debug'
@@ -63,6 +64,13 @@ Subnet manager leg:
                        SMA: ibportstate -C HCA -P PORT -D 0 PORT reset
   --no-sm              leave the SM leg out (summary: not run)
   --sm-timeout SEC     longest wait for recovery (default 60)
+Kernel backend legs (after the checks; --fabric ib with the kernel backend):
+  --long-name NAME     rename host A's --dev to NAME (up to 15 bytes, e.g.
+                       ibp129s0f0np0xy) and run eipoibd on it: its children's
+                       names must fit, ping A1>B1 must pass; renamed back after.
+                       The interface is down a moment: not if you reach B over it
+  --children N         MemAvailable on host A before and after N IPoIB children
+                       of --dev are made and up (the memory each one costs)
 Measurements:
   --count N            pings, ARP and ND requests per pair (default 10)
   --bytes N            TCP bytes each way (default 67108864)
@@ -83,6 +91,7 @@ PEER="" PEER_EXEC="" LOCAL_EXEC="" DEV=ib0 PEER_DEV="" FABRIC=ib BACKENDS="" VER
 EIPOIBD=eipoibd EIPOIBD_VERBS=eipoibd-verbs PARTITIONS=2 PKEY2=0x8001 VLAN2=100
 NET4=10.77 NET6=fd77 SM_MODE=reset SM_RESTART="" SM_TIMEOUT=60 COUNT=10 BYTES=67108864
 SETTLE=2 WORK=/tmp/eipoib-hwkit CLEANUP_ONLY=0 SWITCH=bridge OVS_DP=system EXTRA=""
+LONG_NAME="" CHILDREN=""
 
 while [ $# -gt 0 ]; do
 	opt=$1
@@ -120,6 +129,8 @@ while [ $# -gt 0 ]; do
 	--bytes) BYTES=$val ;;
 	--mcast-settle) SETTLE=$val ;;
 	--work) WORK=$val ;;
+	--long-name) LONG_NAME=$val ;;
+	--children) CHILDREN=$val ;;
 	*) die "unknown option $opt" ;;
 	esac
 done
@@ -140,7 +151,11 @@ if [ "$PKEY2" = 0xffff ] || [ "$PKEY2" = 0x8000 ]; then die "--pkey2 must differ
 if ! [[ $VLAN2 =~ ^[0-9]+$ ]] || [ "$VLAN2" -lt 2 ] || [ "$VLAN2" -gt 4094 ]; then die "--vlan2 is 2..4094"; fi
 [[ $NET4 =~ ^[0-9]{1,3}\.[0-9]{1,3}$ ]] || die "--net4 is the first two numbers of an IPv4 /16, e.g. 10.77"
 [[ $NET6 =~ ^[0-9a-fA-F]{1,4}(:[0-9a-fA-F]{1,4}){0,5}$ ]] || die "--net6 is an IPv6 prefix without ::, e.g. fd77"
-for v in "$COUNT" "$BYTES" "$SM_TIMEOUT" "$SETTLE"; do
+if [ -n "$LONG_NAME" ]; then
+	[[ $LONG_NAME =~ ^[A-Za-z0-9_.-]{1,15}$ ]] || die "--long-name is 1 to 15 letters, digits, _ . - (an interface name)"
+	[ "$LONG_NAME" != "$DEV" ] || die "--long-name must differ from --dev"
+fi
+for v in "$COUNT" "$BYTES" "$SM_TIMEOUT" "$SETTLE" ${CHILDREN:+"$CHILDREN"}; do
 	[[ $v =~ ^[1-9][0-9]*$ ]] || die "'$v' is not a positive number"
 done
 if [ "$FABRIC" = sim ]; then
@@ -208,6 +223,18 @@ i=0; while [ -n "\$p" ] && kill -0 "\$p" 2>/dev/null && [ \$i -lt 50 ]; do sleep
 EOF
 }
 
+# kernel_legs_cleanup W: what undoes the kernel backend legs (below) in
+# work directory W: the children of --children, the rename of --long-name.
+kernel_legs_cleanup() {
+	cat <<EOF
+if [ -f $1/mchildren ]; then for c in \$(cat $1/mchildren); do ip link del "\$c" 2>/dev/null; done; fi
+if [ -f $1/renamed ]; then
+	read -r old new <$1/renamed
+	ip link set "\$new" down 2>/dev/null && ip link set "\$new" name "\$old" && ip link set "\$old" up
+fi
+EOF
+}
+
 # cleanup_script HOST: what removes everything this kit made on HOST:
 # its processes, the topology, the native addresses and the P_Key child
 # it added; the logs stay in WORK/HOST.prev.
@@ -225,6 +252,7 @@ if [ -f $W/native ]; then
 	while read -r dev addr; do ip addr del "\$addr" dev "\$dev" 2>/dev/null; done <$W/native
 fi
 if [ -f $W/child ]; then ip link del "\$(cat $W/child)" 2>/dev/null; fi
+$(kernel_legs_cleanup "$W")
 if [ -d $W ]; then rm -rf $W.prev && mv $W $W.prev; fi
 true
 EOF
@@ -351,9 +379,8 @@ prereqs() {
 		fi
 		if [[ $BACKENDS =~ verbs ]]; then
 			vd=${VERBS_DEV:-\$hca}
-			need "$h" "verbs device of $d on port 1 (the verbs backend uses port 1)" \
-				"give --verbs-dev, or run the kit on port 1's IPoIB interface" \
-				"$(port_script "$h"); [ -d /sys/class/infiniband/$vd ] && [ \$port = 1 ]"
+			need "$h" "verbs device of $d" "give --verbs-dev HCA:PORT" \
+				"$(port_script "$h"); [ -d /sys/class/infiniband/${vd%%:*} ]"
 		fi
 	done
 	if [ "$FABRIC" = sim ] && [ "$SM_MODE" = reset ]; then
@@ -477,13 +504,16 @@ daemon_up() {
 	sim) args="--fabric sim --underlay ehtu" ;;
 	kernel) args="--fabric kernel --ib-dev $d" ;;
 	verbs)
+		# The HCA and port of --dev (eipoibd-verbs --ib-dev HCA:PORT).
 		bin=$EIPOIBD_VERBS
-		args="--fabric verbs --ib-dev ${VERBS_DEV:-\$(ls /sys/class/net/$d/device/infiniband | head -n1)}"
+		args="--fabric verbs --ib-dev ${VERBS_DEV:-\$hca:\$port}"
 		;;
 	esac
 	[ "$PARTITIONS" = 2 ] && args+=" --vlan-pkey $VLAN2=$PKEY2"
 	local s=""
 	[ "$b" = sim ] && s+="ip link add ehtu link $d type macvlan mode bridge && ip link set ehtu up || exit 1
+"
+	[ "$b" = verbs ] && s+="$(port_script "$h")
 "
 	s+="mkdir -p $W/ctl
 nohup $bin run $args --name eht0 $sw ehtbr --ctl-dir $W/ctl $EXTRA </dev/null >$W/eipoibd-$b.log 2>&1 &
@@ -779,6 +809,97 @@ routed_check() {
 	fi
 }
 
+# ------------------------------------------------- kernel backend legs
+
+# long_name_check: host A's --dev renamed to --long-name (up to 15
+# bytes: the kernel backend names its children after a hash of a parent
+# name too long to prefix them, net/core/dev.c dev_valid_name), eipoibd's
+# kernel backend on both hosts, then ping A1>B1; the figure lists host
+# A's children. Renamed back after (a rename needs the link down).
+long_name_check() {
+	local W out kids old=$DEV ok=1 h
+	W=$(w A)
+	if ! out=$(on A "ip link set $DEV down && ip link set $DEV name $LONG_NAME && echo '$DEV $LONG_NAME' >$W/renamed && ip link set $LONG_NAME up || exit 1
+i=0; until [ \$(cat /sys/class/net/$LONG_NAME/operstate) = up ]; do [ \$i -lt 150 ] || exit 1; sleep 0.2; i=\$((i+1)); done" 2>&1); then
+		record long-name kernel 0xffff FAIL "renaming A's $DEV to $LONG_NAME: $out"
+		on A "$(kernel_legs_cleanup "$W"); rm -f $W/renamed" >/dev/null 2>&1
+		return
+	fi
+	DEV=$LONG_NAME
+	for h in A B; do
+		if ! out=$(guests_up "$h" 2>&1) || ! out=$(daemon_up "$h" kernel 2>&1); then
+			record long-name kernel 0xffff FAIL "host $h: eipoibd (kernel) on $(dev_of "$h") did not start: $(tail -n 3 <<<"$out" | tr '\n' ' ')"
+			ok=0
+			break
+		fi
+	done
+	if [ "$ok" = 1 ]; then
+		out=$(on A "$(in_g A 1 1)ping -4 -n -c $COUNT -i 0.2 -W 2 $(ip4 1 B 1)" 2>&1)
+		kids=$(on A "ip -br link | awk '\$1 ~ /@$LONG_NAME\$/ { sub(/@.*/, \"\", \$1); print \$1 }' | sort | tr '\n' ' '")
+		if grep -q " $COUNT received" <<<"$out" && [ -n "$kids" ]; then
+			record long-name kernel 0xffff PASS "A's dev $LONG_NAME (${#LONG_NAME} B), children ${kids% }; ping A1>B1 $COUNT/$COUNT"
+		else
+			record long-name kernel 0xffff FAIL "children '${kids% }', ping A1>B1 $(sed -n 's/.* \([0-9]*\) received.*/\1/p' <<<"$out")/$COUNT"
+		fi
+	fi
+	for h in A B; do
+		daemon_down "$h" kernel
+		on "$h" "$(topo_down_script "$h")" >/dev/null 2>&1
+	done
+	DEV=$old
+	on A "$(kernel_legs_cleanup "$W"); rm -f $W/renamed" >/dev/null 2>&1
+}
+
+# children_mem_check: MemAvailable on host A before and after --children
+# N IPoIB children of --dev (ip link add ... type ipoib pkey 0xffff,
+# over netlink as the kernel backend makes them) are up with carrier
+# (their broadcast join made; on mlx5 each has opened its own channels
+# by then, mlx5i_pkey_open); the children are deleted after.
+children_mem_check() {
+	local W out made up before after
+	W=$(w A)
+	out=$(on A "mem() { awk '/^MemAvailable:/ { print \$2 }' /proc/meminfo; }
+before=\$(mem) made=0
+i=1; while [ \$i -le $CHILDREN ]; do
+	ip link add link $DEV name ehtc\$i type ipoib pkey 0xffff || break
+	echo ehtc\$i >>$W/mchildren
+	ip link set ehtc\$i up || break
+	made=\$i i=\$((i+1))
+done
+up() { cat /sys/class/net/ehtc*/carrier 2>/dev/null | grep -c 1; }
+t=0; until [ \$(up) -ge \$made ] || [ \$t -ge 300 ]; do sleep 0.2; t=\$((t+1)); done
+echo \"made \$made carrier \$(up) before \$before after \$(mem)\"
+$(kernel_legs_cleanup "$W"); rm -f $W/mchildren" 2>&1)
+	read -r made up before after <<<"$(sed -n 's/^made \([0-9]*\) carrier \([0-9]*\) before \([0-9]*\) after \([0-9]*\)$/\1 \2 \3 \4/p' <<<"$out")"
+	if [ "${made:-0}" = "$CHILDREN" ] && [ "${up:-0}" = "$CHILDREN" ]; then
+		record child-mem kernel 0xffff PASS "$CHILDREN children: MemAvailable $((before / 1024)) > $((after / 1024)) MiB, $(((before - after) / CHILDREN)) KiB each"
+	else
+		record child-mem kernel 0xffff FAIL "${made:-0} of $CHILDREN children made, ${up:-0} with carrier: $(tail -n 2 <<<"$out" | tr '\n' ' ')"
+	fi
+}
+
+# kernel_legs: the two legs above, each "not run" with its reason
+# without InfiniBand, the kernel backend or its option.
+kernel_legs() {
+	local why=""
+	if [ "$FABRIC" = sim ]; then
+		why="(--fabric sim: no InfiniBand here)"
+	elif [[ ,$BACKENDS, != *,kernel,* ]]; then
+		why="(--backends $BACKENDS)"
+	elif [ "$setup_ok" != 1 ]; then
+		why="(set-up failed, above)"
+	fi
+	if [ -n "$why" ]; then
+		record long-name kernel 0xffff "not run" "$why"
+		record child-mem kernel 0xffff "not run" "$why"
+		return
+	fi
+	echo
+	echo "kernel backend legs:"
+	if [ -n "$LONG_NAME" ]; then long_name_check; else record long-name kernel 0xffff "not run" "(--long-name NAME not given)"; fi
+	if [ -n "$CHILDREN" ]; then children_mem_check; else record child-mem kernel 0xffff "not run" "(--children N not given)"; fi
+}
+
 # ------------------------------------------------------------------ main
 
 prereqs
@@ -838,6 +959,8 @@ for b in ${BACKENDS//,/ }; do
 	done
 done
 
+kernel_legs
+
 for b in kernel verbs; do
 	[[ ,$BACKENDS, == *,$b,* ]] && continue
 	if [ "$FABRIC" = sim ]; then
@@ -850,8 +973,20 @@ if [ "$PARTITIONS" = 1 ]; then
 	record "all checks" all "$PKEY2" "not run" "(--partitions 1)"
 fi
 
+# The verbs port: the device and port each host's eipoibd-verbs opened,
+# from its "verbs port open" log line (--ib-dev HCA:PORT).
+verbs_ports=""
+if [[ ,$BACKENDS, == *,verbs,* ]]; then
+	for h in A B; do
+		vp=$(on "$h" "sed -n -e 's/.*msg=\"verbs port open\".* device=\([^ ]*\) port=\([0-9]*\).*/\1 (port \2)/p' \
+			-e 's/.*\"msg\":\"verbs port open\".*\"device\":\"\([^\"]*\)\",\"port\":\([0-9]*\).*/\1 (port \2)/p' $(w "$h")/eipoibd-verbs.log | head -n1" 2>/dev/null)
+		verbs_ports+=" $h ${vp:-did not open}"
+	done
+fi
+
 echo
 echo "eipoibd hardware kit: fabric $FABRIC, switch $SWITCH, $COUNT requests per pair, logs in $WORK/{A,B}.prev on each host"
+[ -n "$verbs_ports" ] && echo "verbs port:$verbs_ports"
 printf '%-18s %-8s %-9s %-8s %s\n' check backend partition result figure
 for r in "${RESULTS[@]}"; do
 	IFS='|' read -r c b pk st fig <<<"$r"
