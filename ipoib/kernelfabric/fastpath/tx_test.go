@@ -27,7 +27,7 @@ const (
 
 // loadTX loads the program with one guest and one REMAC, or fails (never
 // skips) under EIPOIB_REQUIRE_NETNS=1 without root.
-func loadTX(t *testing.T) *TX {
+func loadTX(t testing.TB) *TX {
 	t.Helper()
 	nstest.Require(t)
 	tx, err := LoadTX()
