@@ -19,8 +19,9 @@ type Reason uint32
 const (
 	// Redirected: rewritten to IPoIB framing and redirected to the child.
 	Redirected Reason = iota
-	// FallbackMalformed: shorter than its headers, or an IP header whose
-	// version or IHL is wrong.
+	// FallbackMalformed: shorter than its headers, an IP header whose
+	// version or IHL is wrong, or an skb whose protocol is not the
+	// frame's EtherType.
 	FallbackMalformed
 	// FallbackVLAN: 802.1Q/802.1ad tagged, in the frame or in the skb.
 	FallbackVLAN
@@ -110,6 +111,7 @@ const (
 	stOut          = -96  // 24 bytes: the IPoIB link header being built
 	stKey          = -100 // 4 bytes: a map index
 	ctxLen         = 0    // offsets into struct __sk_buff (include/uapi/linux/bpf.h)
+	ctxProtocol    = 16
 	ctxVLANPresent = 20
 	ctxGSOSize     = 176
 )
@@ -270,6 +272,13 @@ func txInstructions(guests, remacs, counters, last int) asm.Instructions {
 		asm.LoadMem(asm.R1, asm.RFP, stEth, asm.Byte),
 		asm.And.Imm(asm.R1, 1),
 		asm.JNE.Imm(asm.R1, 0, "fb_multicast"),
+		// skb->protocol must agree with the EtherType: GSO
+		// (skb_mac_gso_segment) and the child's offloads go by the
+		// former, ipoib_start_xmit by the IPoIB header built from the
+		// latter. Both are in network order, so no swap.
+		asm.LoadMem(asm.R1, asm.R6, ctxProtocol, asm.Word),
+		asm.LoadMem(asm.R2, asm.RFP, stEth+12, asm.Half),
+		asm.JNE.Reg(asm.R1, asm.R2, "fb_malformed"),
 		asm.JEq.Imm(asm.R7, 0x86dd, "ipv6"),
 		asm.JNE.Imm(asm.R7, 0x0800, "fb_not_ip"),
 	)
