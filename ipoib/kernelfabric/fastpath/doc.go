@@ -16,7 +16,9 @@
 //
 //	[20-byte destination IPoIB address][EtherType 2][reserved 2][L3]
 //
-// and redirects it to the child's egress. Every other frame is left exactly
+// and redirects it to the child's egress. It also requires skb->protocol
+// to match the EtherType, since GSO (skb_mac_gso_segment) and the
+// child's offloads go by the former. Every other frame is left exactly
 // as it was and returned TC_ACT_OK, so eipoibd reads it from the TAP and
 // handles it as it does today. Each verdict and each fallback reason is
 // counted in a per-CPU array (Reason).
@@ -52,5 +54,18 @@
 // off where the user-space path does more than re-frame (MSS clamping, the
 // shim's per-source checks); the --fast-path flag and its kernel probe;
 // Prometheus export of the counters; make bench rows and test/hw kit legs.
-// Its tests run the program with BPF_PROG_TEST_RUN only.
+//
+// # How it is tested
+//
+// BPF_PROG_TEST_RUN on crafted frames checks every verdict, the exact
+// output bytes, the redirect target (recorded in LastRedirect) and the
+// counters; a fuzz target checks the same contract on arbitrary frames.
+// A live test attaches the program at tcx egress of a real TAP in a
+// network namespace and reads what it redirects from a TUN switched to
+// ARPHRD_INFINIBAND with TUNSETLINK: an emulation of the child that shows
+// what the kernel does with the skb up to the driver (a TSO super-frame
+// arrives whole with gso_size kept and csum_start 44, or is segmented in
+// software for a device without offloads, every segment keeping the
+// 24-byte link header). What ipoib_start_xmit and the HCA then do with it
+// only hardware can confirm.
 package fastpath

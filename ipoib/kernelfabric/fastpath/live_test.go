@@ -184,6 +184,43 @@ func TestTXLive(t *testing.T) {
 		}
 	})
 
+	t.Run("tso super-frame segmented for a child without offloads", func(t *testing.T) {
+		// A child whose HCA has no LSO: validate_xmit_skb segments the
+		// redirected skb in software (skb_mac_gso_segment, mac_len 24),
+		// and every segment must carry the 24-byte link header.
+		if err := unix.IoctlSetInt(tunFd, unix.TUNSETOFFLOAD, 0); err != nil {
+			t.Fatalf("TUNSETOFFLOAD 0: %v", err)
+		}
+		l3 := ipv4(0x4000, 6, tcp(2900))
+		in := vnetHdr{Flags: unix.VIRTIO_NET_HDR_F_NEEDS_CSUM, GSOType: unix.VIRTIO_NET_HDR_GSO_TCPV4,
+			HdrLen: 14 + 52, GSOSize: 1400, CsumStart: 14 + 20, CsumOffset: 16}
+		send(in, 0x0800, eth(remac, guestMAC, 0x0800, l3))
+		payload := l3[52:]
+		for i, n := range []int{1400, 1400, 100} {
+			got := readFrame(t, tunFd)
+			if h := parseVnetHdr(got); h.GSOType != 0 {
+				t.Errorf("segment %d: vnet header %+v, want no GSO", i, h)
+			}
+			seg := got[10:]
+			if len(seg) != 24+52+n {
+				t.Fatalf("segment %d: %d bytes, want %d", i, len(seg), 24+52+n)
+			}
+			if want := ipoibFrame(0x0800, nil); !bytes.Equal(seg[:24], want) {
+				t.Errorf("segment %d: link header %x, want %x", i, seg[:24], want)
+			}
+			ip, tcpHdr := seg[24:44], seg[44:76]
+			if got := binary.BigEndian.Uint16(ip[2:]); got != uint16(52+n) {
+				t.Errorf("segment %d: IP total length %d, want %d", i, got, 52+n)
+			}
+			if got := binary.BigEndian.Uint32(tcpHdr[4:]); got != uint32(1400*i) {
+				t.Errorf("segment %d: TCP sequence %d, want %d", i, got, 1400*i)
+			}
+			if !bytes.Equal(seg[76:], payload[1400*i:1400*i+n]) {
+				t.Errorf("segment %d: payload differs", i)
+			}
+		}
+	})
+
 	// Fallbacks stay on the TAP, untouched, for the daemon to read.
 	t.Run("unknown remac stays on the tap", func(t *testing.T) {
 		frame := eth(strayMAC, guestMAC, 0x0800, ipv4(0x4000, 6, tcp(100)))
@@ -204,7 +241,7 @@ func TestTXLive(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := [NumReasons]uint64{Redirected: 2, FallbackUnknownREMAC: 1, FallbackMalformed: 1}
+	want := [NumReasons]uint64{Redirected: 3, FallbackUnknownREMAC: 1, FallbackMalformed: 1}
 	if got != want {
 		t.Errorf("counts %v, want %v", got, want)
 	}
