@@ -133,6 +133,24 @@ type Port interface {
 	Read(bufs [][]byte, sizes []int, meta []RxMeta, offset int) (n int, err error)
 	Write(bufs [][]byte, meta []TxMeta, offset int) (n int, err error)
 	BatchSize() int
+	// LocalGID is the port GID (the GID half of every local LIMAC).
+	LocalGID() GID
+	// MTU is the IB MTU (2048 or 4096); the IPoIB MTU is 4 less.
+	MTU() int
+	// Offloads says whether the port takes super-packets; the shim cuts
+	// them to the MTU itself for a port that does not.
+	Offloads() Offloads
+	// Counters returns a snapshot of the port's counters.
+	Counters() PortCounters
+	// Events reports the port's state changes (see Event), as
+	// wireguard-go's tun.Device.Events reports a TUN's: the first event
+	// is the link state at the time the port was made, later ones come
+	// as the backend learns of changes. The channel is buffered and a
+	// backend never blocks on it: events of one state (the link, one
+	// partition's MTU) that the reader has not taken are coalesced to
+	// the latest (see EventQueue). It is closed on Close, and every call
+	// returns the same channel.
+	Events() <-chan Event
 
 	// AllocQP creates a UD QP in partition pkey and returns its QPN. hint
 	// is the QPN the caller would like (0 for none); a backend that can
@@ -150,31 +168,12 @@ type Port interface {
 	Join(mgid GID) error
 	JoinSendOnly(mgid GID) error
 	Leave(mgid GID) error
-
-	// LocalGID is the port GID (the GID half of every local LIMAC).
-	LocalGID() GID
-	// MTU is the IB MTU (2048 or 4096); the IPoIB MTU is 4 less.
-	MTU() int
 	// PartitionMTU is the IB MTU of partition pkey: on InfiniBand, that
 	// of the partition's broadcast group, which the subnet manager may
 	// set below the port's (the kernel's ipoib_mcast_join_finish sets
 	// each IPoIB interface's MTU from it). It is never more than MTU(),
 	// and MTU() for a partition the port has not used yet.
 	PartitionMTU(pkey PKey) int
-	// Offloads says whether the port takes super-packets; the shim cuts
-	// them to the MTU itself for a port that does not.
-	Offloads() Offloads
-	// Counters returns a snapshot of the port's counters.
-	Counters() PortCounters
-	// Events reports the port's state changes (see Event), as
-	// wireguard-go's tun.Device.Events reports a TUN's: the first event
-	// is the link state at the time the port was made, later ones come
-	// as the backend learns of changes. The channel is buffered and a
-	// backend never blocks on it: events of one state (the link, one
-	// partition's MTU) that the reader has not taken are coalesced to
-	// the latest (see EventQueue). It is closed on Close, and every call
-	// returns the same channel.
-	Events() <-chan Event
 
 	Close() error
 }
