@@ -111,10 +111,11 @@ type Offloads struct {
 // for its transport headers (BTH 12 + DETH 8, rounded up).
 const Headroom = 32
 
-// Port is one IB port with UD QPs, the fabric side of the shim. It is
-// batch-shaped: Read fills up to len(bufs) packets; Write takes a batch of
+// DataPort is the data half of a Port, what a data path holds: it is
+// batch-shaped. Read fills up to len(bufs) packets; Write takes a batch of
 // any length and moves it BatchSize packets per system call (or work
-// request batch), so a caller never has to split its batches.
+// request batch), so a caller never has to split its batches. None of its
+// calls waits on the fabric.
 //
 // In Write, bufs[i][offset:] holds the IPoIB header and payload; bytes
 // before offset (at least Headroom) are scratch space for the port.
@@ -127,9 +128,7 @@ const Headroom = 32
 // bufs[i][offset:], sets sizes[i] and meta[i], and returns how many it
 // filled; offset leaves room for the shim to push an Ethernet header in
 // place.
-//
-// After Close, Read and Write return net.ErrClosed.
-type Port interface {
+type DataPort interface {
 	Read(bufs [][]byte, sizes []int, meta []RxMeta, offset int) (n int, err error)
 	Write(bufs [][]byte, meta []TxMeta, offset int) (n int, err error)
 	BatchSize() int
@@ -151,7 +150,13 @@ type Port interface {
 	// the latest (see EventQueue). It is closed on Close, and every call
 	// returns the same channel.
 	Events() <-chan Event
+}
 
+// ControlPort is the control half of a Port: the calls that change the
+// port's QPs, groups and partitions, or learn of them, and close it. On
+// hardware each may wait on the fabric for milliseconds to seconds (an
+// SA round trip, a netlink request), so a data path never holds one.
+type ControlPort interface {
 	// AllocQP creates a UD QP in partition pkey and returns its QPN. hint
 	// is the QPN the caller would like (0 for none); a backend that can
 	// choose QPNs uses it when free, so that a guest keeps its LIMAC across
@@ -175,10 +180,19 @@ type Port interface {
 	// and MTU() for a partition the port has not used yet.
 	PartitionMTU(pkey PKey) int
 
+	// Close ends the port: Read and Write return net.ErrClosed after it,
+	// and the Events channel is closed.
 	Close() error
 }
 
-// RxQueue is one of a port's receive queues (Port.Read's signature and
+// Port is one IB port with UD QPs, the fabric side of the shim: its data
+// half and its control half in one value, as a backend makes it.
+type Port interface {
+	DataPort
+	ControlPort
+}
+
+// RxQueue is one of a port's receive queues (DataPort.Read's signature and
 // contract): each may be read by its own goroutine, in parallel with the
 // others.
 type RxQueue interface {
@@ -199,7 +213,7 @@ type RxQueues interface {
 
 // RxQueuesOf is p's receive queues: those RxQueues gives, or p (its Read)
 // alone for a port without any.
-func RxQueuesOf(p Port) []RxQueue {
+func RxQueuesOf(p DataPort) []RxQueue {
 	if q, ok := p.(RxQueues); ok {
 		if qs := q.RxQueues(); len(qs) > 0 {
 			return qs
