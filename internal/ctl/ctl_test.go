@@ -15,6 +15,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/eipoib/eipoibd/internal/nstest"
 )
 
 // fakeHandler answers each show with one entry naming the listing,
@@ -54,9 +56,7 @@ func (fakeHandler) Capture(r CaptureRequest, w io.Writer, gone <-chan struct{}) 
 
 func serve(t *testing.T) string {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("the server admits root peers only")
-	}
+	nstest.RequireRoot(t) // the server admits root peers only
 	path := filepath.Join(t.TempDir(), "x", "eib0.sock")
 	s, err := Listen(path, fakeHandler{})
 	if err != nil {
