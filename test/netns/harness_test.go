@@ -710,6 +710,27 @@ func pingN(t *testing.T, g *guest, dst string, n int, extra ...string) {
 	}
 }
 
+var pingRTT = regexp.MustCompile(`(?m)^\d+ bytes from .*icmp_seq=(\d+) .*time=([0-9.]+) ms`)
+
+// pingPrompt is pingN for a path claimed to answer at once: each of the
+// n requests answered once, and within, its round trip as ping reports
+// it; a later reply fails the test, where pingN only logs it.
+func pingPrompt(t *testing.T, g *guest, dst string, n int, within time.Duration) {
+	t.Helper()
+	nstestRequire(t, "ping")
+	r, err := runPing(g, dst, n, time.Duration(n)*200*time.Millisecond+5*time.Second)
+	if err != nil || !r.lossless(n) {
+		t.Fatalf("ping %s → %s: replies to %v of requests 1–%d (%d transmitted, %d received, %d duplicates), want each answered once (%v)\n%s",
+			g.ns, dst, sortedKeys(r.seqs), n, r.tx, r.rx, r.dups, err, r.out)
+	}
+	for _, m := range pingRTT.FindAllStringSubmatch(r.out, -1) {
+		ms, _ := strconv.ParseFloat(m[2], 64)
+		if rtt := time.Duration(ms * float64(time.Millisecond)); rtt > within {
+			t.Fatalf("ping %s → %s: request %s answered after %v, want within %v\n%s", g.ns, dst, m[1], rtt, within, r.out)
+		}
+	}
+}
+
 // unanswered pings dst from guest g for 2 s and fails the test unless
 // requests went out and none was answered.
 func unanswered(t *testing.T, g *guest, dst string) {
