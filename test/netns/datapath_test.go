@@ -167,7 +167,6 @@ func TestTwoHypervisors(t *testing.T) {
 		ping(t, g11, g12.ip4)
 		ping(t, g21, g22.ip6)
 	})
-	time.Sleep(300 * time.Millisecond)
 	stopCapture()
 	t.Run("wire", func(t *testing.T) {
 		checkWire(t, pcap, g11, g12)

@@ -348,6 +348,9 @@ func sniff(t *testing.T, g *guest, filter string, fn func()) []string {
 	defer f.Close()
 	stop := tcpdump(t, g.ns, f, "--immediate-mode", "-i", "eth0", "-n", "-l", "-e", filter)
 	fn()
+	// A window for packets still on their way when fn returns, which
+	// the callers that want none to come need; what did come is then
+	// all read (stop drains the capture).
 	time.Sleep(300 * time.Millisecond)
 	stop()
 	b, err := os.ReadFile(out)
@@ -393,6 +396,7 @@ func tcpdump(t *testing.T, ns string, w io.Writer, args ...string) func() {
 	var once sync.Once
 	stop := func() {
 		once.Do(func() {
+			drainCapture(t, cmd.Process, stderr)
 			cmd.Process.Signal(syscall.SIGINT)
 			if err := <-done; err != nil {
 				t.Errorf("tcpdump %v in %s: %v\n%s", args, ns, err, stderr)
@@ -401,6 +405,34 @@ func tcpdump(t *testing.T, ns string, w io.Writer, args ...string) func() {
 	}
 	t.Cleanup(stop)
 	return stop
+}
+
+var tcpdumpStats = regexp.MustCompile(`(\d+) packets captured, (\d+) packets received by filter`)
+
+// drainCapture waits until tcpdump has taken every packet the kernel
+// passed its filter, so that stopping it loses none still in its
+// socket's ring: on SIGUSR1 tcpdump writes its counts to its standard
+// error and goes on, and the capture is drained once the packets it
+// captured are those the filter received (one count per packet on a
+// veth, where the tests capture; on loopback the kernel counts each
+// twice). The packets a test waits for have passed the interface by the
+// time it stops the capture. It gives up after 20 s, leaving the test to
+// find what is missing.
+func drainCapture(t *testing.T, p *os.Process, stderr *listenWatch) {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		seen := len(tcpdumpStats.FindAllString(stderr.String(), -1))
+		if p.Signal(syscall.SIGUSR1) != nil {
+			return
+		}
+		for len(tcpdumpStats.FindAllString(stderr.String(), -1)) == seen && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+		}
+		all := tcpdumpStats.FindAllStringSubmatch(stderr.String(), -1)
+		if len(all) > seen && all[len(all)-1][1] == all[len(all)-1][2] {
+			return
+		}
+	}
 }
 
 // listenWatch keeps what tcpdump writes to its standard error and closes
