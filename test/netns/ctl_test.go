@@ -202,7 +202,7 @@ func TestCtl(t *testing.T) {
 	r.stop()
 	// The leave's group-specific queries end with the group gone; the
 	// captures below then see no multicast of it.
-	waitJoined(t, h1, groupMGID("239.1.1.9"), false, 5*time.Second)
+	waitJoined(t, h1, groupMGID("239.1.1.9"), false, 20*time.Second)
 
 	// Stats: the counters as the metrics have them, and deltas.
 	var st ctl.Stats

@@ -114,12 +114,12 @@ func (r *receiver) streams() []stream {
 	return ss
 }
 
-// expectStream waits up to 3 s for the receiver's report of its i-th
+// expectStream waits up to 20 s for the receiver's report of its i-th
 // stream (from 0) and fails unless it holds every one of the sent
 // datagrams, none lost.
 func (r *receiver) expectStream(t *testing.T, g *guest, i, sent int) {
 	t.Helper()
-	deadline := time.Now().Add(3 * time.Second)
+	deadline := time.Now().Add(20 * time.Second)
 	var ss []stream
 	for {
 		ss = r.streams()
@@ -181,8 +181,8 @@ func TestMulticast(t *testing.T) {
 			mgid := groupMGID(tc.group)
 			r1 := startReceiver(t, h1.guests[0], tc.group)
 			r2 := startReceiver(t, h2.guests[0], tc.group)
-			waitJoined(t, h1, mgid, true, 5*time.Second)
-			waitJoined(t, h2, mgid, true, 5*time.Second)
+			waitJoined(t, h1, mgid, true, 20*time.Second)
+			waitJoined(t, h2, mgid, true, 20*time.Second)
 
 			// Two guests that did not join, one beside a member (h1) and
 			// one beside the sender (h3), see nothing of the stream.
