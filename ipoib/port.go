@@ -8,11 +8,13 @@ type RxMeta struct {
 	// It is zero when SrcUnknown is set.
 	Src HwAddr
 	// SrcUnknown says the port cannot tell the sender: the kernel's
-	// IPoIB driver hands packet sockets no source address. The shim then
-	// finds the sender from the ARP/NDP payloads it has seen (the
-	// sender's address is in every ARP packet and most NDP ones) and the
-	// packet's source IP, and resolves a source it has not seen instead
-	// of guessing.
+	// IPoIB driver hands packet sockets no source address, and a verbs
+	// packet without a GRH names only the sender's LID, which the port
+	// may never have seen. The shim then finds the sender from the
+	// ARP/NDP payloads it has seen (the sender's address is in every ARP
+	// packet and most NDP ones) and the packet's source IP, and delivers
+	// a packet from a source it has not seen (routed from another
+	// subnet) under a stand-in source MAC, never drops it.
 	SrcUnknown bool
 	// DstQPN is the receiving QP, or MulticastQPN for a multicast packet.
 	DstQPN uint32

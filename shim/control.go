@@ -304,7 +304,7 @@ func (s *Shim) freeDrained() {
 			s.log.Warn("free QP of aged VIF", "mac", v.Key.MAC, "vlan", v.Key.VLAN, "err", err)
 		}
 		s.ctr.inc(VIFsAged) // counted once its QP is gone
-		s.log.Info("VIF aged out", "mac", v.Key.MAC, "vlan", v.Key.VLAN, "qpn", v.QPN)
+		s.log.Info("VIF aged out", "mac", v.Key.MAC, "vlan", v.Key.VLAN, "qpn", fmt.Sprintf("%#06x", v.QPN))
 	}
 	clear(s.ctl.draining[len(keep):])
 	s.ctl.draining = keep

@@ -1,6 +1,6 @@
 package shim
 
-// The control plane off the data path (issue 22): a port whose control
+// The control plane off the data path: a port whose control
 // calls take seconds, or refuse, must not stop or slow other guests'
 // traffic, nor housekeeping.
 

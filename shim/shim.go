@@ -77,7 +77,17 @@ type partition struct {
 	vlan  uint16
 	pkey  ipoib.PKey
 	bcast ipoib.GID
-	view  *mactrans.View
+	// anon is the source MAC of packets whose sender neither the port
+	// nor ARP/NDP can name (srcip.go): the REMAC DeriveREMAC gives the
+	// partition's broadcast address. One stable, locally administered
+	// unicast MAC per partition, so the bridge learns it once, on the
+	// TAP's port (net/bridge/br_fdb.c br_fdb_update: a new source MAC
+	// adds an entry, one seen on another port moves it): its FDB neither
+	// flaps nor gets an entry per routed source. It is no neighbour: a
+	// frame a guest sends to it waits for a resolution like any unknown
+	// REMAC, which never names it, and is dropped (drop_unresolved).
+	anon ether.MAC
+	view *mactrans.View
 	// ipMTU is the partition's IPoIB MTU, from the port's PartitionMTU:
 	// on InfiniBand the SM may give a partition's broadcast group a
 	// smaller MTU than the port's. Packets of the partition are cut,
@@ -135,6 +145,8 @@ type Shim struct {
 
 	// local are the hypervisor's own MACs (SetLocalMACs, local.go).
 	local atomic.Pointer[localMACs]
+	// undeclared is what housekeeping logs of drop_undeclared (local.go).
+	undeclared undeclaredLog
 }
 
 // New validates cfg and builds a shim; it does not touch the port yet.
@@ -240,6 +252,7 @@ func (s *Shim) newPartition(vlan uint16, pkey ipoib.PKey) (*partition, error) {
 		return nil, fmt.Errorf("shim: VLANs %d and %d both map to P_Key %s", other.vlan, vlan, full)
 	}
 	p := &partition{vlan: vlan, pkey: full, bcast: ipoib.BroadcastMGID(full, s.cfg.Scope)}
+	p.anon = mactrans.DeriveREMAC(p.bcast, ipoib.MulticastQPN, 0)
 	p.view = &mactrans.View{VIFs: s.vifs, Neigh: s.neigh, Clock: s.clk, GID: s.port.LocalGID(), VLAN: vlan, PKey: full}
 	p.ipMTU.Store(int32(s.ipMTUOf(s.port.PartitionMTU(full))))
 	return p, nil
@@ -426,6 +439,7 @@ func (s *Shim) housekeeping(ctx context.Context) error {
 		}
 		s.snoop.Tick(now)
 		s.neigh.Expire(now, s.cfg.NeighTTL)
+		s.logUndeclared(now)
 		s.ep.enter(s.houseSlot())
 		s.resolveTick(now)
 		s.announceTick(now)

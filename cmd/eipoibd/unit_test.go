@@ -67,7 +67,10 @@ func TestSystemdUnit(t *testing.T) {
 			args[i] = cfg
 		}
 	}
-	o, err := parse(args[1:], &bytes.Buffer{})
+	if args[1] != "run" {
+		t.Fatalf("ExecStart %v: not eipoibd run", args)
+	}
+	o, err := parse(args[2:], &bytes.Buffer{})
 	if err != nil || o.cfg.Name != "eib0" || o.cfg.Underlay != "ul1" || o.cfg.CtlDir != "/run/eipoibd" {
 		t.Fatalf("ExecStart %v: %+v, %v", args, o, err)
 	}

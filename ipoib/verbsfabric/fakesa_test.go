@@ -23,15 +23,18 @@ const rdmaUDPQKey = 0x01234567
 
 // fakeSM is the subnet manager and its SA's records.
 type fakeSM struct {
-	mu       sync.Mutex
-	qkey     uint32 // Q_Key of the IPoIB broadcast groups it creates
-	mtu      int    // their MTU
-	sendOnly bool   // ClassPortInfo CapabilityMask2: send-only full members
-	lidBase  uint16 // port i of the subnet has LID lidBase+i
-	sl       map[ipoib.PKey]uint8
-	ports    []*fakeSA
-	groups   map[ipoib.GID]*fakeGroup
-	nextMLID uint16
+	mu   sync.Mutex
+	qkey uint32 // Q_Key of the IPoIB broadcast groups it creates
+	mtu  int    // their MTU
+	// noPathMTU: the path record to an MGID fails, so a join reports
+	// no MTU (ibvSA.join asks the group's MTU that way).
+	noPathMTU bool
+	sendOnly  bool   // ClassPortInfo CapabilityMask2: send-only full members
+	lidBase   uint16 // port i of the subnet has LID lidBase+i
+	sl        map[ipoib.PKey]uint8
+	ports     []*fakeSA
+	groups    map[ipoib.GID]*fakeGroup
+	nextMLID  uint16
 }
 
 // fakeGroup is an SA MCMemberRecord and its members. multicast.c holds
@@ -87,6 +90,8 @@ type fakeSA struct {
 	// joinHook, when set, runs as each join starts (tests hold joins
 	// with it); refuse, when set, fails every join as it says.
 	joinHook func(joinReq)
+	// pathHook, when set, runs as each path record query starts.
+	pathHook func(pathQuery)
 	refuse   *refusal
 	closed   bool // the device was closed (ibvSA.close)
 	late     int  // joins and leaves after the close: ids used after free
@@ -203,7 +208,11 @@ func cmaSelectIBPS(ps portSpace) error {
 func (sa *fakeSA) pathRecord(q pathQuery) (pathRec, error) {
 	sa.mu.Lock()
 	sa.paths = append(sa.paths, q)
+	hook := sa.pathHook
 	sa.mu.Unlock()
+	if hook != nil {
+		hook(q)
+	}
 	if err := cmaSelectIBPS(q.ps); err != nil {
 		return pathRec{}, err
 	}
@@ -323,6 +332,9 @@ func (sa *fakeSA) join(r joinReq) (mcMember, error) {
 	// copies the group's).
 	m, err := joinAnswer(r.mgid, cmEvent{kind: cmJoined, typ: rdmaCMEventMulticastJoin, dlid: g.mlid, sl: g.sl, qkey: g.qkey}, "RDMA_CM_EVENT_MULTICAST_JOIN")
 	m.mtu = g.mtu
+	if sm.noPathMTU {
+		m.mtu = 0
+	}
 	return m, err
 }
 
@@ -416,15 +428,26 @@ func (sa *fakeSA) member(mgid ipoib.GID) (bool, bool) {
 
 // lookup is the Port's ipoibAddr hook over the host's fake IPoIB
 // interfaces: pickIPoIB over one interface per address, with the port
-// GID in its hardware address and the partition in its broadcast one.
+// GID in its hardware address and the partition in its broadcast one,
+// up, in datagram mode. Its carrier is on (joined) while its kernel
+// IPoIB is a member of the broadcast group, and then its MTU is the
+// group's IPoIB MTU, as ipoib_mcast_join_finish (mcast_mtu =
+// IPOIB_UD_MTU of the group's) and ipoib_mcast_carrier_on_task
+// (dev_set_mtu, netif_carrier_on) leave it.
 func (sa *fakeSA) lookup(gid ipoib.GID, pkey ipoib.PKey) (ipoibBind, error) {
 	var ifs []ipoibIf
+	sa.sm.mu.Lock()
 	for a, pk := range sa.ifs {
 		hw := make([]byte, ipoib.HwAddrLen)
 		copy(hw[4:], sa.gid[:])
 		bc := ipoib.BroadcastMGID(pk, ipoib.ScopeLinkLocal)
-		ifs = append(ifs, ipoibIf{name: fmt.Sprintf("ib0.%04x", uint16(pk)), index: 5 + len(ifs), hw: hw,
-			bcast: append([]byte{0, 0xff, 0xff, 0xff}, bc[:]...), addrs: []netip.Addr{a}})
+		f := ipoibIf{name: fmt.Sprintf("ib0.%04x", uint16(pk)), index: 5 + len(ifs), hw: hw,
+			bcast: append([]byte{0, 0xff, 0xff, 0xff}, bc[:]...), addrs: []netip.Addr{a}, up: true}
+		if g := sa.sm.groups[bc]; g != nil && g.kernel[sa.gid] {
+			f.joined, f.mtu = true, g.mtu-4
+		}
+		ifs = append(ifs, f)
 	}
+	sa.sm.mu.Unlock()
 	return pickIPoIB(ifs, gid, pkey)
 }

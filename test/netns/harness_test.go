@@ -134,6 +134,7 @@ type topoOpts struct {
 	viaBridge bool     // underlay: a Linux bridge even for two hypervisors
 	ovs       []bool   // per hypervisor: Open vSwitch instead of a Linux bridge
 	tags      [][]int  // per hypervisor, per guest: OVS access VLAN (0: untagged)
+	ovsTSO    bool     // OVS: other_config:userspace-tso-enable=true
 	extra     []string // more eipoibd flags, for every hypervisor
 }
 
@@ -206,6 +207,11 @@ func newTopoOpts(t *testing.T, o topoOpts) *topo {
 			db := "unix:" + filepath.Join(dir, "db.sock")
 			vsctl = func(args ...string) string {
 				return sh(t, append([]string{"ovs-vsctl", "--timeout=10", "--db=" + db}, args...)...)
+			}
+			if o.ovsTSO {
+				// Before any port: OVS reads it once (userspace_tso_init)
+				// and gives each port's socket its vnet header then.
+				vsctl("set", "Open_vSwitch", ".", "other_config:userspace-tso-enable=true")
 			}
 			vsctl("add-br", "obr", "--", "set", "bridge", "obr", "datapath_type=netdev")
 			sh(t, in(h.ns, "ip", "link", "set", "obr", "up")...)

@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// TestParallelReceive (issue 24, parallel receive): with --rx-workers 4
+// TestParallelReceive (parallel receive): with --rx-workers 4
 // each daemon receives on four sockets bound to UDP 4791 (SO_REUSEPORT)
 // and sends each flow from one of eight source ports. Eight TCP
 // connections from g1 to g2, 16 MiB each, and it asserts:
