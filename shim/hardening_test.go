@@ -74,7 +74,7 @@ func readAll(t *testing.T, p *memfabric.Port, n int) []ipoib.RxMeta {
 			t.Fatalf("read %d packets, want %d", len(got), n)
 		}
 		return got
-	case <-time.After(2 * time.Second):
+	case <-time.After(settle):
 		t.Fatalf("fewer than %d packets arrived (port counters %+v)", n, p.Counters())
 	}
 	return nil
@@ -363,7 +363,7 @@ func TestRunLifetimes(t *testing.T) {
 		}
 		select {
 		case err = <-done:
-		case <-time.After(2 * time.Second):
+		case <-time.After(settle):
 			t.Fatal("Run did not return")
 		}
 		cancel()
@@ -436,11 +436,7 @@ func TestConservation(t *testing.T) {
 		}
 	}
 	// The queued frame is dropped after the tries, counted once.
-	for i := 0; i <= resolveTries; i++ {
-		a.clk.Advance(resolveInterval)
-		time.Sleep(20 * time.Millisecond)
-	}
-	a.waitCounter(t, DropUnresolved, base["drop_unresolved"]+2)
+	a.resolveOut(t, base["drop_unresolved"]+2)
 	c = a.s.Counters()
 	check(c)
 	if c["pending_frames"] != 0 {

@@ -15,6 +15,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/eipoib/eipoibd/internal/nstest"
 )
 
 // fakeHandler answers each show with one entry naming the listing,
@@ -60,9 +62,7 @@ func serve(t *testing.T) string {
 // serveWith serves h on a socket of its own until the test ends.
 func serveWith(t *testing.T, h Handler) string {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("the server admits root peers only")
-	}
+	nstest.RequireRoot(t) // the server admits root peers only
 	path := filepath.Join(t.TempDir(), "x", "eib0.sock")
 	s, err := Listen(path, h)
 	if err != nil {

@@ -163,7 +163,7 @@ func TestSendOnlyKeepsLostFullMembership(t *testing.T) {
 	n, q1, q2, g := groupSetup(t, sm)
 	gq := groupQPOf(n.p1, 0xffff)
 	n.s1.mu.Lock()
-	n.s1.refuse = fmt.Errorf("no answer: %w", unix.ETIMEDOUT)
+	n.s1.refuse = &saSilence
 	n.s1.mu.Unlock()
 	sm.dropGroup(g)
 	waitFor(t, "the failed rejoin", func() bool {
@@ -590,14 +590,14 @@ func TestJoinRefusalReasons(t *testing.T) {
 	sm := newSM()
 	n, _, _, _ := groupSetup(t, sm)
 	for i, c := range []struct {
-		refuse error
+		refuse refusal
 		reason string
 	}{
-		{fmt.Errorf("%w: %w", errJoinRefused, unix.EINVAL), "sa_refused"},
-		{fmt.Errorf("no answer: %w", unix.ETIMEDOUT), "sa_timeout"},
+		{saRefusal, "sa_refused"},
+		{saSilence, "sa_timeout"},
 	} {
 		n.s1.mu.Lock()
-		n.s1.refuse = c.refuse
+		n.s1.refuse = &c.refuse
 		n.s1.mu.Unlock()
 		mgid := ipoib.IPv4MGID(netip.AddrFrom4([4]byte{239, 9, 9, byte(i + 1)}), 0xffff, ipoib.ScopeLinkLocal)
 		err := n.p1.Join(mgid)

@@ -915,18 +915,14 @@ func (s *ibvSA) join(r joinReq) (mcMember, error) {
 	select {
 	case ev = <-j.ev:
 	case <-time.After(2 * saTimeout * time.Millisecond):
-		return fail(fmt.Errorf("verbsfabric: join of %s: no answer from the SA: %w", r.mgid, syscall.ETIMEDOUT))
+		return fail(errNoJoinAnswer(r.mgid))
 	case <-s.woke:
 		return fail(net.ErrClosed)
 	}
-	if ev.kind != cmJoined {
-		err := fmt.Errorf("verbsfabric: join of %s: %s: %w", r.mgid, C.GoString(C.rdma_event_str(uint32(ev.typ))), cmErrno(ev.status))
-		if ev.kind == cmError {
-			err = fmt.Errorf("%w: %w", errJoinRefused, err)
-		}
+	m, err := joinAnswer(r.mgid, ev, C.GoString(C.rdma_event_str(uint32(ev.typ))))
+	if err != nil {
 		return fail(err)
 	}
-	m := mcMember{mlid: ev.dlid, sl: ev.sl, qkey: ev.qkey}
 	if _, mtu, err := s.path(pathQuery{sgid: s.d.a.gid, dgid: r.mgid, pkey: ipoib.MGIDPKey(r.mgid), ps: psIB}); err == nil {
 		m.mtu = mtu
 	}
