@@ -167,6 +167,33 @@ type counters struct {
 
 func (c *counters) inc(k Counter) { c.c[k].Add(1) }
 
+// verdict is what a stage of the TX or RX pipeline decides for a frame:
+// the outcome it ends in (a Counter marked stat.TxEnd or stat.RxEnd), or
+// pass, or held. Stages return it and tx, rx and readyVIF count it once
+// (end): that is where every frame the pipelines take ends in exactly
+// one outcome.
+type verdict int8
+
+const (
+	// pass sends the frame on to the next stage.
+	pass verdict = -1
+	// held ends the frame elsewhere: queued for a resolution
+	// (pending_frames), held for its VIF or a group join (counted by
+	// the holder when it sends or drops it), or a received frame in the
+	// TAP's batch (rx_frames or drop_tap_write at the write).
+	held verdict = -2
+)
+
+// A verdict holds any Counter (a compile error here when one does not).
+const _ = uint8(127 - numCounters)
+
+// end counts the outcome of a frame a pipeline is done with.
+func (c *counters) end(v verdict) {
+	if v >= 0 {
+		c.inc(Counter(v))
+	}
+}
+
 func (c *counters) add(k Counter, n uint64) { c.c[k].Add(n) }
 
 // tableStat is a number the shim reads from one of its tables rather

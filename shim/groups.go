@@ -294,10 +294,11 @@ func (s *Shim) sendTo(mgid ipoib.GID, now time.Time) int {
 
 // holdForGroup holds a copy of f (f.buf an IPoIB packet with
 // ipoib.Headroom before its header) until the port joined mgid; it
-// reports false when the group was joined meanwhile (the caller sends
+// returns pass when the group was joined meanwhile (the caller sends
 // it). A frame over the bound or to a group whose join failed meanwhile
-// is dropped and counted.
-func (s *Shim) holdForGroup(mgid ipoib.GID, f heldFrame) bool {
+// is dropped: a guest's frame counts the drop verdict, the shim's own
+// (f.own) nothing.
+func (s *Shim) holdForGroup(mgid ipoib.GID, f heldFrame) verdict {
 	w := &s.gwait
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -305,22 +306,17 @@ func (s *Shim) holdForGroup(mgid ipoib.GID, f heldFrame) bool {
 	switch {
 	case !ok:
 		if _, joined := s.groups.lookup(mgid); joined {
-			return false
+			return pass
 		}
-		if !f.own {
-			s.ctr.inc(DropNoGroup)
-		}
+		return verdict(DropNoGroup)
 	case len(*h) >= mcastQueue:
-		if !f.own {
-			s.ctr.inc(DropGroupPendingFull)
-		}
-	default:
-		h.hold(f.buf, portTailRoom, f)
-		if !f.own {
-			s.ctr.inc(TxQueuedGroup)
-		}
+		return verdict(DropGroupPendingFull)
 	}
-	return true
+	h.hold(f.buf, portTailRoom, f)
+	if !f.own {
+		s.ctr.inc(TxQueuedGroup)
+	}
+	return held
 }
 
 // groupReady sends the frames held for a joined mgid, then publishes it
