@@ -2,9 +2,7 @@ package arpndp
 
 import (
 	"encoding/binary"
-	"encoding/hex"
 	"net/netip"
-	"strings"
 	"testing"
 
 	"github.com/gopacket/gopacket"
@@ -36,17 +34,6 @@ func newTr() *mapTr {
 		e2i: map[ether.MAC]ipoib.HwAddr{guestMAC: guestHw, remoteMAC: remoteHw},
 		i2e: map[ipoib.HwAddr]ether.MAC{guestHw: guestMAC, remoteHw: remoteMAC},
 	}
-}
-
-// unhex decodes hex with spaces, newlines and | allowed as separators.
-func unhex(t testing.TB, s string) []byte {
-	t.Helper()
-	r := strings.NewReplacer(" ", "", "\n", "", "\t", "", "|", "")
-	b, err := hex.DecodeString(r.Replace(s))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
 }
 
 // roomy returns a copy of b with spare capacity to grow into.

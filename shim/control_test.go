@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/eipoib/eipoibd/ether"
+	"github.com/eipoib/eipoibd/internal/testutil"
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/ipoib/memfabric"
 	"github.com/eipoib/eipoibd/ipoib/simfabric"
@@ -283,7 +284,7 @@ func TestSlowControlPlane(t *testing.T) {
 		select {
 		case n := <-rest:
 			take(n)
-		case <-time.After(settle):
+		case <-time.After(testutil.Settle):
 			t.Fatalf("the new guest's frame %d never arrived (counters %v)", len(got), a.s.Counters())
 		}
 	}
@@ -326,10 +327,10 @@ func TestSlowLeaveAndFree(t *testing.T) {
 	a.dev.Inject(igmpReport(t, macA2, 4, g)) // CHANGE_TO_EXCLUDE {}: a join
 	select {
 	case <-rest:
-	case <-time.After(settle):
+	case <-time.After(testutil.Settle):
 		t.Fatalf("A2's frame never arrived (counters %v)", a.s.Counters())
 	}
-	waitFor(t, "A2's group joined", func() bool { return a.port.Joined(mgid) })
+	testutil.WaitFor(t, "A2's group joined", func() bool { return a.port.Joined(mgid) })
 
 	// The start-up general queries (IGMP and MLD, one partition) come
 	// from the housekeeping goroutine whenever it first runs; the clock
@@ -417,7 +418,7 @@ func TestRefusedQP(t *testing.T) {
 	bp.refuseAlloc.Store(false)
 	bp.slow.Store(false)
 	a.clk.Advance(vifRefusedFor)
-	waitFor(t, "the refusal forgotten", func() bool {
+	testutil.WaitFor(t, "the refusal forgotten", func() bool {
 		return len(*a.s.newVIFs.refused.Load()) == 0
 	})
 	a.dev.Inject(udpFrom(t, macA2, remacB1, ipA2, 0))
@@ -426,7 +427,7 @@ func TestRefusedQP(t *testing.T) {
 		if n != 0 {
 			t.Fatalf("frame %d, want 0", n)
 		}
-	case <-time.After(settle):
+	case <-time.After(testutil.Settle):
 		t.Fatalf("the guest was not tried again (counters %v)", a.s.Counters())
 	}
 }
@@ -446,7 +447,7 @@ func TestRefusedJoin(t *testing.T) {
 	for seq := range 20 {
 		pingA1(t, a, first, remacB1, seq)
 	}
-	waitFor(t, "both joins refused", func() bool { return a.s.Counters()["groups_refused_sa_refused"] == 2 })
+	testutil.WaitFor(t, "both joins refused", func() bool { return a.s.Counters()["groups_refused_sa_refused"] == 2 })
 	c := a.s.Counters()
 	if a.port.Joined(ipoib.IPv4MGID(g, 0xffff, 2)) || c["snooped_groups"] != 0 || c["snooped_groups_join_failed"] != 1 || c["drop_no_group"] != 1 || c["mcast_joins"] != 0 {
 		t.Fatalf("after the refused joins: counters %v", c)

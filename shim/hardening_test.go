@@ -23,6 +23,7 @@ import (
 	"github.com/eipoib/eipoibd/internal/csum"
 	"github.com/eipoib/eipoibd/internal/header"
 	"github.com/eipoib/eipoibd/internal/metrics/stat"
+	"github.com/eipoib/eipoibd/internal/testutil"
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/ipoib/memfabric"
 	"github.com/eipoib/eipoibd/mactrans"
@@ -74,7 +75,7 @@ func readAll(t *testing.T, p *memfabric.Port, n int) []ipoib.RxMeta {
 			t.Fatalf("read %d packets, want %d", len(got), n)
 		}
 		return got
-	case <-time.After(settle):
+	case <-time.After(testutil.Settle):
 		t.Fatalf("fewer than %d packets arrived (port counters %+v)", n, p.Counters())
 	}
 	return nil
@@ -168,7 +169,7 @@ func TestSendOnlyFlood(t *testing.T) {
 	// flood; the log is measured across the flood only.
 	a.dev.Inject(udpFrame(t, macA1, ether.MAC{1, 0, 0x5e, 2, 0, 0}, ipA1, netip.AddrFrom4([4]byte{239, 2, 0, 0}), 20, false))
 	a.waitCounter(t, TxFrames, 1)
-	waitFor(t, "the start-up log", func() bool { return strings.Contains(logs.String(), "shim running") })
+	testutil.WaitFor(t, "the start-up log", func() bool { return strings.Contains(logs.String(), "shim running") })
 	before := strings.Count(logs.String(), "\n")
 	const groups = 5000
 	for i := 1; i < groups; i++ {
@@ -178,7 +179,7 @@ func TestSendOnlyFlood(t *testing.T) {
 	a.waitCounter(t, TxFrames, groups)
 	// Each frame is sent once its group is joined, or dropped and
 	// counted: at most maxSendOnly groups wait for their join at once.
-	waitFor(t, "every flood frame sent or counted", func() bool {
+	testutil.WaitFor(t, "every flood frame sent or counted", func() bool {
 		return a.s.Get(TxMulticast)+a.s.Get(DropNoGroup)+a.s.Get(DropGroupPendingFull) == groups && a.s.Counters()["groups_send_only"] == maxSendOnly
 	})
 	if grew := strings.Count(logs.String(), "\n") - before; grew > 2 {
@@ -191,7 +192,7 @@ func TestSendOnlyFlood(t *testing.T) {
 	// Another guest joins a group and receives what b's guest sends to it.
 	g := netip.MustParseAddr("239.9.9.9")
 	a.dev.Inject(igmpReport(t, macA2, 4, g))
-	waitFor(t, "the join of 239.9.9.9", func() bool { return a.port.Joined(ipoib.IPv4MGID(g, 0xffff, 2)) })
+	testutil.WaitFor(t, "the join of 239.9.9.9", func() bool { return a.port.Joined(ipoib.IPv4MGID(g, 0xffff, 2)) })
 	b.dev.Inject(udpFrame(t, macB1, ether.MAC{1, 0, 0x5e, 9, 9, 9}, ipB1, g, 100, false))
 	if e := a.recv(t).Layer(layers.LayerTypeEthernet).(*layers.Ethernet); e.DstMAC.String() != "01:00:5e:09:09:09" {
 		t.Fatalf("group traffic delivered to %s", e.DstMAC)
@@ -204,7 +205,7 @@ func TestSendOnlyFlood(t *testing.T) {
 	snMAC := ether.MAC{0x33, 0x33, 0xff, 0, 0, 0xa3}
 	dad := &layers.ICMPv6NeighborSolicitation{TargetAddress: la3.AsSlice()}
 	a.dev.Inject(ndpFrame(t, macA3, netip.IPv6Unspecified(), sn, snMAC, layers.CreateICMPv6TypeCode(layers.ICMPv6TypeNeighborSolicitation, 0), dad))
-	waitFor(t, "the solicited-node group of fd00::a3", func() bool { return a.port.Joined(ipoib.IPv6MGID(sn, 0xffff, 2)) })
+	testutil.WaitFor(t, "the solicited-node group of fd00::a3", func() bool { return a.port.Joined(ipoib.IPv6MGID(sn, 0xffff, 2)) })
 	ns := &layers.ICMPv6NeighborSolicitation{TargetAddress: la3.AsSlice(), Options: layers.ICMPv6Options{{Type: layers.ICMPv6OptSourceAddress, Data: macB1[:]}}}
 	b.dev.Inject(ndpFrame(t, macB1, netip.MustParseAddr("fd00::b1"), sn, snMAC, layers.CreateICMPv6TypeCode(layers.ICMPv6TypeNeighborSolicitation, 0), ns))
 	for {
@@ -358,12 +359,12 @@ func TestRunLifetimes(t *testing.T) {
 		done := make(chan error, 1)
 		go func() { done <- s.Run(ctx) }()
 		if failAt == 0 {
-			waitFor(t, "the broadcast join", func() bool { return mp.Joined(bc) })
+			testutil.WaitFor(t, "the broadcast join", func() bool { return mp.Joined(bc) })
 			cancel()
 		}
 		select {
 		case err = <-done:
-		case <-time.After(settle):
+		case <-time.After(testutil.Settle):
 			t.Fatal("Run did not return")
 		}
 		cancel()
@@ -451,7 +452,7 @@ func TestConservation(t *testing.T) {
 	}
 	b.waitCounter(t, DropRxRewrite, 1)
 	b.waitCounter(t, DropRxBadHeader, 2) // the four packets may arrive in any order
-	waitFor(t, "b to read every packet", func() bool { return b.s.Get(RxPackets) == b.port.Counters().RxPackets })
+	testutil.WaitFor(t, "b to read every packet", func() bool { return b.s.Get(RxPackets) == b.port.Counters().RxPackets })
 	if c := b.s.Counters(); sumEnds(c, stat.RxEnd) != c["rx_packets"] {
 		t.Fatalf("rx_packets %d, delivered + dropped %d: %v", c["rx_packets"], sumEnds(c, stat.RxEnd), c)
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/eipoib/eipoibd/ether"
 	"github.com/eipoib/eipoibd/internal/state"
+	"github.com/eipoib/eipoibd/internal/testutil"
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/ipoib/memfabric"
 	"github.com/eipoib/eipoibd/mactrans"
@@ -103,9 +104,9 @@ func TestShutdownWhileVIFMade(t *testing.T) {
 	for i := range held {
 		a.dev.Inject(udpFrom(t, macA2, unknown, ipA2, i))
 	}
-	waitFor(t, "A2's QP being allocated", func() bool { return bp.entered.Load() == 1 && a.s.Get(TxQueuedNewVIF) >= held })
+	testutil.WaitFor(t, "A2's QP being allocated", func() bool { return bp.entered.Load() == 1 && a.s.Get(TxQueuedNewVIF) >= held })
 	a.stop()
-	waitFor(t, "stopPort queued", func() bool {
+	testutil.WaitFor(t, "stopPort queued", func() bool {
 		a.s.ctl.mu.Lock()
 		defer a.s.ctl.mu.Unlock()
 		return slices.ContainsFunc(a.s.ctl.q, func(it intent) bool { return it.kind == intentCall })

@@ -9,6 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/eipoib/eipoibd/internal/nstest"
+	"github.com/eipoib/eipoibd/internal/testutil"
 	"github.com/eipoib/eipoibd/ipoib"
 	kf "github.com/eipoib/eipoibd/ipoib/kernelfabric"
 	"github.com/eipoib/eipoibd/ipoib/kernelfabric/fakekernel"
@@ -18,7 +19,7 @@ import (
 // returns what Send said.
 func sendOne(s kf.Socket, ifindex int) (int, error) {
 	var name [kf.SockaddrLLIPoIBLen]byte
-	kf.PutSockaddrLL(&name, ifindex, 0x0800, ipoib.MakeHwAddr(0, 0x100, gid("fe80::b")))
+	kf.PutSockaddrLL(&name, ifindex, 0x0800, ipoib.MakeHwAddr(0, 0x100, testutil.GID("fe80::b")))
 	return s.Send([]kf.Msg{{Name: name[:], NameLen: kf.SockaddrLLIPoIBLen, Buf: append([]byte{0x45}, make([]byte, 99)...)}})
 }
 
@@ -64,14 +65,14 @@ func TestNoCarrierSendAgrees(t *testing.T) {
 				t.Fatalf("without carrier: tx_packets %d → %d", before, got)
 			}
 			nstest.Must(t, nstest.In(ns, "ip", "link", "set", "nc1", "up")...)
-			waitFor(t, func() bool { l, _ = (kf.System{}).LinkByName("nc0"); return l.Carrier })
+			testutil.WaitFor(t, "carrier on nc0", func() bool { l, _ = (kf.System{}).LinkByName("nc0"); return l.Carrier })
 			if n, err := sendOne(s, l.Index); n != 1 || err != nil || txPackets() != before+1 {
 				t.Fatalf("with carrier: Send %d %v, tx_packets %d → %d", n, err, before, txPackets())
 			}
 		})
 	})
 	t.Run("fake", func(t *testing.T) {
-		k := fakekernel.NewFabric().NewHost(gid("fe80::a"), "ib0", 2044)
+		k := fakekernel.NewFabric().NewHost(testutil.GID("fe80::a"), "ib0", 2044)
 		p := open(t, k)
 		if _, err := p.AllocQP(0xffff, 0); err != nil {
 			t.Fatal(err)
@@ -168,7 +169,7 @@ func (k *staleKernel) SubscribeLinks(done <-chan struct{}, onErr func(error)) (<
 // Here the child is partition 0x8001's group child, which sends the
 // VIF's broadcast.
 func TestStaleCarrierPollIgnored(t *testing.T) {
-	inner := fakekernel.NewFabric().NewHost(gid("fe80::a"), "ib0", 2044)
+	inner := fakekernel.NewFabric().NewHost(testutil.GID("fe80::a"), "ib0", 2044)
 	inner.SetPKeys(0xffff)
 	k := &staleKernel{Kernel: inner, gate: "ib0.m8001", pkeys: []ipoib.PKey{0xffff, 0x8001}, applied: make(chan struct{})}
 	a := openCfg(t, k, kf.Config{})
@@ -211,7 +212,7 @@ func overrun(t *testing.T, refused int) {
 		ka.SetPKeys(0xffff)
 		ka.RefuseSubscriptions(refused)
 	})
-	waitFor(t, func() bool { return a.Counters().Stats[kf.StatCarrierLost] == 2 })
+	testutil.WaitFor(t, "2 carrier losses", func() bool { return a.Counters().Stats[kf.StatCarrierLost] == 2 })
 	if n := unicast(a, qa, 0x8001, dst, 100); n != 0 || ka.TxNoCarrier() != 0 {
 		t.Fatalf("sent %d, handed to the kernel without carrier %d", n, ka.TxNoCarrier())
 	}
