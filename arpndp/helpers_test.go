@@ -10,6 +10,7 @@ import (
 
 	"github.com/eipoib/eipoibd/ether"
 	"github.com/eipoib/eipoibd/internal/csum"
+	"github.com/eipoib/eipoibd/internal/testutil"
 	"github.com/eipoib/eipoibd/ipoib"
 )
 
@@ -25,8 +26,8 @@ func (m *mapTr) IBToEth(h ipoib.HwAddr) (ether.MAC, bool)   { e, ok := m.i2e[h];
 var (
 	guestMAC  = ether.MAC{0x52, 0x54, 0, 0, 0, 1}
 	remoteMAC = ether.MAC{0x02, 0xaa, 0xbb, 0xcc, 0xdd, 0xee}
-	guestHw   = ipoib.MakeHwAddr(0, 0x148, ipoib.GID(netip.MustParseAddr("fe80::1").As16()))
-	remoteHw  = ipoib.MakeHwAddr(0, 0x249, ipoib.GID(netip.MustParseAddr("fe80::2").As16()))
+	guestHw   = ipoib.MakeHwAddr(0, 0x148, testutil.GID("fe80::1"))
+	remoteHw  = ipoib.MakeHwAddr(0, 0x249, testutil.GID("fe80::2"))
 )
 
 func newTr() *mapTr {

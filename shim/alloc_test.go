@@ -161,7 +161,7 @@ type allocHV struct {
 
 func newAllocHV(t *testing.T, f fabric, gid string, mod func(*Config)) *allocHV {
 	t.Helper()
-	port := f.port(t, gidOf(gid))
+	port := f.port(t, testutil.GID(gid))
 	h := &allocHV{dev: newAllocDev(), port: &countPort{testPort: port, sent: newTally()}}
 	h.hv = &hv{port: port, clk: clock.NewFake(time.Unix(1e6, 0)), done: make(chan error, 1)}
 	cfg := Config{Device: h.dev, Port: h.port, Clock: h.clk, Logger: slog.New(slog.DiscardHandler), Housekeeping: 10 * time.Millisecond}

@@ -464,7 +464,7 @@ func TestRefusedJoin(t *testing.T) {
 func TestHeldWhileMadeReady(t *testing.T) {
 	f := memFab(t, 2048)
 	s, port := stillShim(t, f.Fabric, "fe80::a", func(c *Config) { c.MaxVIFs = 1 })
-	far, _ := f.NewPort(gidOf("fe80::b"))
+	far, _ := f.NewPort(testutil.GID("fe80::b"))
 	qfar, _ := far.AllocQP(0xffff, 0)
 	nb, err := s.neigh.Learn(0xffff, ipoib.MakeHwAddr(0, qfar, far.LocalGID()), s.clk.Now())
 	if err != nil {
@@ -502,7 +502,7 @@ func TestHeldPacketsKeepTailRoom(t *testing.T) {
 	s, _ := stillShim(t, f.Fabric, "fe80::a", nil)
 	b := newTxBatch(1)
 	txFrame(s, b, arpFrame(t, 1, macA1, ipA1, ether.Broadcast, ether.MAC{}, ipB1)) // A1's VIF
-	remac := mactrans.DeriveREMAC(gidOf("fe80::b"), 0x77, 0)
+	remac := mactrans.DeriveREMAC(testutil.GID("fe80::b"), 0x77, 0)
 	send := func(frame []byte) {
 		buf := make([]byte, devBufSize)
 		copy(buf[devHeadroom:], frame)

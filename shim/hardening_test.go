@@ -88,7 +88,7 @@ func readAll(t *testing.T, p *memfabric.Port, n int) []ipoib.RxMeta {
 func TestManyDestinationsResolveInOneBatch(t *testing.T) {
 	f := memFab(t, 4096)
 	s, _ := stillShim(t, f.Fabric, "fe80::a", nil)
-	far, err := f.NewPort(gidOf("fe80::b"))
+	far, err := f.NewPort(testutil.GID("fe80::b"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -222,7 +222,7 @@ func TestSendOnlyFlood(t *testing.T) {
 // full one is not expired.
 func TestGroupSet(t *testing.T) {
 	f := memFab(t, 2048)
-	port, _ := f.NewPort(gidOf("fe80::a"))
+	port, _ := f.NewPort(testutil.GID("fe80::a"))
 	var g groupSet
 	g.init(4, 2)
 	mgid := func(i byte) ipoib.GID { return ipoib.IPv4MGID(netip.AddrFrom4([4]byte{239, 0, 0, i}), 0xffff, 2) }
@@ -280,7 +280,7 @@ func TestGroupSet(t *testing.T) {
 func TestAgingWaitsForBatch(t *testing.T) {
 	f := memFab(t, 2048)
 	s, port := stillShim(t, f.Fabric, "fe80::a", func(c *Config) { c.VIFIdle = time.Minute })
-	far, _ := f.NewPort(gidOf("fe80::b"))
+	far, _ := f.NewPort(testutil.GID("fe80::b"))
 	qfar, _ := far.AllocQP(0xffff, 0)
 	v, _ := s.vif(s.byVLAN[0].Load(), macA1, mactrans.OriginLearned, s.clk.Now())
 	send := func() int {
@@ -348,7 +348,7 @@ func (p *flakyPort) Read(bufs [][]byte, sizes []int, meta []ipoib.RxMeta, offset
 func TestRunLifetimes(t *testing.T) {
 	f := memFab(t, 2048)
 	for _, failAt := range []int{2, 0} {
-		mp, _ := f.NewPort(gidOf(fmt.Sprintf("fe80::%d", failAt+1)))
+		mp, _ := f.NewPort(testutil.GID(fmt.Sprintf("fe80::%d", failAt+1)))
 		port := &flakyPort{Port: mp, failAt: failAt}
 		s, err := New(Config{Device: tap.NewMem(16), Port: port, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 		if err != nil {
@@ -485,7 +485,7 @@ func TestLearnOnlyAccepted(t *testing.T) {
 	f := memFab(t, 2048)
 	s, _ := stillShim(t, f.Fabric, "fe80::a", nil)
 	v, _ := s.vif(s.byVLAN[0].Load(), macA1, mactrans.OriginLearned, s.clk.Now())
-	from := func(q uint32) ipoib.HwAddr { return ipoib.MakeHwAddr(0, q, gidOf("fe80::b")) }
+	from := func(q uint32) ipoib.HwAddr { return ipoib.MakeHwAddr(0, q, testutil.GID("fe80::b")) }
 	for i, c := range []struct {
 		pkt    []byte
 		dstQPN uint32
@@ -567,7 +567,7 @@ func TestFragmentOptions(t *testing.T) {
 func TestQueuedFramesOfTwoGuests(t *testing.T) {
 	f := memFab(t, 2048)
 	s, _ := stillShim(t, f.Fabric, "fe80::a", func(c *Config) { c.VIFIdle = time.Minute })
-	far, _ := f.NewPort(gidOf("fe80::b"))
+	far, _ := f.NewPort(testutil.GID("fe80::b"))
 	qfar, _ := far.AllocQP(0xffff, 0)
 	remac := mactrans.DeriveREMAC(far.LocalGID(), qfar, 0)
 	b := newTxBatch(2)

@@ -98,7 +98,7 @@ func TestGroupHeldFramesBeforeVisible(t *testing.T) {
 // or at the shutdown), none left held and uncounted.
 func TestShutdownWhileVIFMade(t *testing.T) {
 	a, _, bp, _, _ := slowPair(t, time.Minute)
-	unknown := mactrans.DeriveREMAC(gidOf("fe80::c"), 0x77, 0)
+	unknown := mactrans.DeriveREMAC(testutil.GID("fe80::c"), 0x77, 0)
 	bp.slow.Store(true)
 	const held = 5
 	for i := range held {
@@ -238,7 +238,7 @@ func TestHeldFramesOneWrite(t *testing.T) {
 // REMAC.
 func knownRemote(t *testing.T, s *Shim, f memFabric) ether.MAC {
 	t.Helper()
-	far, err := f.NewPort(gidOf("fe80::b"))
+	far, err := f.NewPort(testutil.GID("fe80::b"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -36,11 +36,9 @@ type hv struct {
 	stop context.CancelFunc
 }
 
-func gidOf(s string) ipoib.GID { return ipoib.GID(netip.MustParseAddr(s).As16()) }
-
 func newHV(t *testing.T, f fabric, gid string, mod func(*Config)) *hv {
 	t.Helper()
-	port := f.port(t, gidOf(gid))
+	port := f.port(t, testutil.GID(gid))
 	var err error
 	h := &hv{dev: tap.NewMem(256), port: port, clk: clock.NewFake(time.Unix(1e6, 0)), done: make(chan error, 1)}
 	cfg := Config{Device: h.dev, Port: port, Clock: h.clk, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Housekeeping: 10 * time.Millisecond}
