@@ -1,7 +1,8 @@
 package shim
 
-// Tests of the findings of the review of the control plane: each drives the interleaving it is about through hooks in
-// the port, not sleeps.
+// Tests of how the control plane interleaves with the TX workers: each
+// drives the interleaving it is about through hooks in the port, not
+// sleeps.
 
 import (
 	"errors"
