@@ -526,3 +526,21 @@ func TestHeldPacketsKeepTailRoom(t *testing.T) {
 		}
 	}
 }
+
+// TestHeldFramesOneWrite: a new guest's held frames go to the port in one
+// write once its VIF is made, not one write each.
+func TestHeldFramesOneWrite(t *testing.T) {
+	s, hp, f := hookShim(t)
+	remac := knownRemote(t, s, f)
+	b := newTxBatch(1)
+	const held = 4
+	for i := range held {
+		txOnly(s, b, udpFrom(t, macA1, remac, ipA1, i))
+	}
+	var writes []int
+	hp.onWrite = func(meta []ipoib.TxMeta) { writes = append(writes, len(meta)) }
+	s.runIntents(nil) // the VIF made, its held frames sent
+	if !slices.Equal(writes, []int{held}) || s.Get(TxForwarded) != held {
+		t.Fatalf("writes of %v packets, counters %v; want one write of %d", writes, s.Counters(), held)
+	}
+}
