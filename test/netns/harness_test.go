@@ -677,14 +677,17 @@ func runPing(g *guest, dst string, n int, deadline time.Duration, extra ...strin
 }
 
 // lossless reports whether n of n replies came back: the first n
-// requests each answered once.
+// requests each answered once. Replies late enough that ping sent more
+// requests (runPing) may bring more than n, and that is no loss: ping
+// exits at its n-th reply, and on a loaded machine the reply to the
+// request sent meanwhile often comes in the same read.
 func (r pingResult) lossless(n int) bool {
 	for seq := 1; seq <= n; seq++ {
 		if !r.seqs[seq] {
 			return false
 		}
 	}
-	return r.rx == n && r.dups == 0
+	return r.dups == 0
 }
 
 // ping pings dst from guest g 3 times and fails the test unless all 3
