@@ -7,7 +7,7 @@ STATICCHECK := $(GOBIN)/staticcheck
 export STATICCHECK_VERSION := v0.8.2
 FUZZTIME    ?= 60s
 
-.PHONY: demo test deps lint unit build fuzz bench bench-go bench-net bench-scale
+.PHONY: demo test test-load deps lint unit build fuzz bench bench-go bench-net bench-scale
 
 ## demo: two hypervisors with two guests each on the simulated fabric.
 demo:
@@ -46,6 +46,12 @@ unit:
 	$(GO) test -count=1 -run 'NoAllocations' ./shim/
 	./scripts/netns.sh
 	EIPOIB_NETNS_OFFLOAD=false ./scripts/netns.sh -skip '$(ONCE_TESTS)'
+
+## test-load: the unit tests with -race -count=3, then the netns suite
+## once, while stress-ng holds every core (scripts/test-load.sh; root).
+## A test that depends on the scheduler fails here. docs/testing.md.
+test-load:
+	./scripts/test-load.sh
 
 ## build: the daemon, the daemon with the verbs backend (cgo,
 ## libibverbs), the benchmark's UDP generator and its ceiling (two TAPs
