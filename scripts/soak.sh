@@ -590,7 +590,7 @@ done
 # to its bound after eipoibd runs again; a fault burst: its whole span;
 # a migration: from the move to its bound (m's pings only).
 awk -F'\t' -v rb="$SOAK_RESTART_BOUND" -v mb="$SOAK_MIGRATE_BOUND" '
-  $2 ~ /^restart-/ { split($4, d, " "); printf "%s\t%s\t%.3f\t%.3f\t%s\n", $2, $3, $1 - d[2] - 0.5, $1 + rb + 1, d[1] }
+  $2 ~ /^restart-/ { split($4, d, " "); printf "%s\t%s\t%.3f\t%.3f\t%s, running again %.2f s after the signal\n", $2, $3, $1 - d[2] - 0.5, $1 + rb + 1, d[1], d[2] }
   $2 == "fault-start" { fs[$3] = $1 }
   $2 == "fault-end" { printf "fault\t%s\t%.3f\t%.3f\t%s\n", $3, fs[$3], $1 + 1, "-" }
   $2 == "migrate" { printf "migrate\t%s\t%.3f\t%.3f\t-\n", $3, $1 - 0.5, $1 + mb + 1 }
