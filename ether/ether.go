@@ -9,6 +9,7 @@ package ether
 import (
 	"encoding/binary"
 	"fmt"
+	"log/slog"
 	"net"
 )
 
@@ -21,6 +22,10 @@ var Broadcast = MAC{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
 
 // String formats the MAC as lower-case colon-hex.
 func (m MAC) String() string { return net.HardwareAddr(m[:]).String() }
+
+// LogValue logs the MAC as its String, so that a JSON log shows
+// "02:00:00:00:00:01" as the text log does, not an array of numbers.
+func (m MAC) LogValue() slog.Value { return slog.StringValue(m.String()) }
 
 // IsZero reports whether m is 00:00:00:00:00:00.
 func (m MAC) IsZero() bool { return m == MAC{} }

@@ -10,6 +10,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/netip"
 )
@@ -19,6 +20,10 @@ type GID [16]byte
 
 // String formats the GID as an IPv6 address, the usual notation.
 func (g GID) String() string { return netip.AddrFrom16(g).String() }
+
+// LogValue logs the GID as its String in every log format (a JSON log
+// would otherwise show the 16 bytes as an array of numbers).
+func (g GID) LogValue() slog.Value { return slog.StringValue(g.String()) }
 
 // IsMulticast reports whether g is an MGID (first byte 0xff).
 func (g GID) IsMulticast() bool { return g[0] == 0xff }
@@ -84,6 +89,10 @@ func (a HwAddr) String() string {
 	}
 	return string(b[:])
 }
+
+// LogValue logs the address as its String in every log format (a JSON
+// log would otherwise show the 20 bytes as an array of numbers).
+func (a HwAddr) LogValue() slog.Value { return slog.StringValue(a.String()) }
 
 // ErrBadHwAddr is returned for text that is not a 20-byte IPoIB address.
 var ErrBadHwAddr = errors.New("ipoib: not a 20-byte IPoIB hardware address")

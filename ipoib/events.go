@@ -1,6 +1,9 @@
 package ipoib
 
-import "sync"
+import (
+	"log/slog"
+	"sync"
+)
 
 // EventKind says what an Event reports.
 type EventKind uint8
@@ -27,6 +30,10 @@ func (k EventKind) String() string {
 	}
 	return "unknown"
 }
+
+// LogValue logs the kind by its name in every log format (a JSON log
+// would otherwise show the number).
+func (k EventKind) LogValue() slog.Value { return slog.StringValue(k.String()) }
 
 // Event is a change of a port's state, as Port.Events delivers it. Each
 // event carries the state now, not a transition: an event may repeat a

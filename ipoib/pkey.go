@@ -2,6 +2,7 @@ package ipoib
 
 import (
 	"fmt"
+	"log/slog"
 	"strconv"
 )
 
@@ -30,6 +31,10 @@ func (p PKey) IsValid() bool { return p.Base() != 0 }
 
 // String formats p as 0x-prefixed four-digit hex.
 func (p PKey) String() string { return fmt.Sprintf("0x%04x", uint16(p)) }
+
+// LogValue logs p as its String, 0xffff, in every log format (a JSON
+// log would otherwise show the decimal 65535).
+func (p PKey) LogValue() slog.Value { return slog.StringValue(p.String()) }
 
 // CanTalk reports whether endpoints with P_Keys a and b may exchange packets
 // (IBA 10.9.3): both valid, the same partition number, and at least one a

@@ -179,7 +179,7 @@ func (h *Host) shutdown() {
 	}
 	if h.qpn != 0 {
 		if err := h.port.FreeQP(h.qpn); err != nil {
-			h.log.Warn("free QP", "qpn", h.qpn, "err", err)
+			h.log.Warn("free QP", "qpn", fmt.Sprintf("%#06x", h.qpn), "err", err)
 		}
 	}
 	h.port.Close()

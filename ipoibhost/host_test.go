@@ -3,6 +3,7 @@ package ipoibhost
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
 	"net/netip"
 	"sync"
 	"testing"
@@ -72,8 +73,26 @@ func startHosts(t *testing.T, addrs ...[]netip.Prefix) []*testHost {
 		hosts = append(hosts, th)
 	}
 	t.Cleanup(func() { cancel(); wg.Wait() })
-	time.Sleep(50 * time.Millisecond) // QPs allocated, addresses read
+	for i, th := range hosts {
+		waitFor(t, th.ready, fmt.Sprintf("host %d's QP, addresses and groups", i))
+	}
 	return hosts
+}
+
+// ready reports whether the host has taken its addresses: each one
+// announced (from its QP, so after Run allocated it) and the
+// solicited-node group of each IPv6 one joined.
+func (th *testHost) ready() bool {
+	st, _ := th.link.get()
+	if th.Get(Gratuitous) < uint64(len(st.Addrs)) {
+		return false
+	}
+	for _, p := range st.Addrs {
+		if a := p.Addr(); a.Is6() && !th.port.Joined(groupMGID(solicitedNode(a), th.pkey, th.cfg.Scope)) {
+			return false
+		}
+	}
+	return true
 }
 
 // udp builds an IPv4 or IPv6 UDP packet from src to dst with payload.
@@ -115,7 +134,7 @@ func expect(t *testing.T, dev *tap.Mem, want []byte) {
 		if string(got) != string(want) {
 			t.Fatalf("device got % x\nwant % x", got, want)
 		}
-	case <-time.After(2 * time.Second):
+	case <-time.After(settle):
 		t.Fatalf("device got nothing, want % x", want)
 	}
 }
@@ -189,9 +208,14 @@ func TestUnresolved(t *testing.T) {
 	}
 }
 
+// settle bounds a wait for a state the test expects: generous, since it
+// only runs out when the state never comes, and a loaded machine may
+// take seconds to schedule the goroutine that makes it.
+const settle = 20 * time.Second
+
 func waitFor(t *testing.T, cond func() bool, what string) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(settle)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting until %s", what)

@@ -11,6 +11,7 @@ package mactrans
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"slices"
 	"sync"
@@ -148,6 +149,10 @@ func (o Origin) String() string {
 	}
 	return "learned"
 }
+
+// LogValue logs the origin by its name in every log format (a JSON log
+// would otherwise show the number).
+func (o Origin) LogValue() slog.Value { return slog.StringValue(o.String()) }
 
 // ParseOrigin returns the origin String names.
 func ParseOrigin(s string) (Origin, bool) {

@@ -133,7 +133,7 @@ func (d *allocDev) recv(t *testing.T) gopacket.Packet {
 			if p := gopacket.NewPacket(f, layers.LayerTypeEthernet, gopacket.Default); !isQuery(p) {
 				return p
 			}
-		case <-time.After(2 * time.Second):
+		case <-time.After(settle):
 			t.Fatal("no frame delivered")
 		}
 	}
@@ -176,7 +176,7 @@ func newAllocHV(t *testing.T, f fabric, gid string, mod func(*Config)) *allocHV 
 	h.stop = cancel
 	go func() { h.done <- s.Run(ctx) }()
 	t.Cleanup(func() { h.shutdown(t) })
-	deadline := time.Now().Add(time.Second)
+	deadline := time.Now().Add(settle)
 	for !h.dev.carrier.Load() {
 		if time.Now().After(deadline) {
 			t.Fatal("carrier never came up")
@@ -295,7 +295,7 @@ func TestNoAllocationsPerFrame(t *testing.T) {
 	b.dev.in <- fuzzEth(mac4, macB1, 0, ether.TypeIPv4, igmpV2(t, ipB1, g4))
 	b.dev.in <- fuzzEth(mac6, macB1, 0, ether.TypeIPv6, mldV1(t, lb, g6))
 	for _, mgid := range []ipoib.GID{ipoib.IPv6MGID(snB, 0xffff, 2), ipoib.IPv4MGID(g4, 0xffff, 2), ipoib.IPv6MGID(g6, 0xffff, 2)} {
-		deadline := time.Now().Add(2 * time.Second)
+		deadline := time.Now().Add(settle)
 		for !b.port.Joined(mgid) {
 			if time.Now().After(deadline) {
 				t.Fatalf("B never joined %s", mgid)

@@ -7,11 +7,19 @@ package shim
 // an ARP from the host) are dropped like a forged MAC's. They are counted
 // apart, as drop_undeclared_local, so that drop_undeclared stays what an
 // operator watches for: guests sending from MACs no one declared.
+// Housekeeping logs them too (logUndeclared), at most once a
+// warnlimit.Interval, naming the last such MAC: the data path only
+// stores it.
 
 import (
+	"encoding/binary"
 	"slices"
+	"sync/atomic"
+	"time"
 
 	"github.com/eipoib/eipoibd/ether"
+	"github.com/eipoib/eipoibd/internal/warnlimit"
+	"github.com/eipoib/eipoibd/mactrans"
 )
 
 // localMACs is the set SetLocalMACs gave, read on the drop path only.
@@ -27,12 +35,57 @@ func (s *Shim) SetLocalMACs(macs []ether.MAC) {
 	s.local.Store(&l)
 }
 
-// dropUndeclared counts a frame from src, which has no VIF, in
-// --learn declared.
-func (s *Shim) dropUndeclared(src ether.MAC) {
-	if l := s.local.Load(); l != nil && slices.Contains(*l, src) {
+// dropUndeclared counts a frame from k, which has no VIF, in --learn
+// declared, and leaves k for logUndeclared.
+func (s *Shim) dropUndeclared(k mactrans.VIFKey) {
+	if l := s.local.Load(); l != nil && slices.Contains(*l, k.MAC) {
 		s.ctr.inc(DropUndeclaredLocal)
 		return
 	}
+	// Stored before the count, so that logUndeclared, seeing the count,
+	// sees a source (atomics are sequentially consistent).
+	s.undeclared.last.Store(packKey(k))
 	s.ctr.inc(DropUndeclared)
+}
+
+// undeclaredLog is the state of the drop_undeclared log line.
+type undeclaredLog struct {
+	last   atomic.Uint64 // packKey of the last frame's source; the TX workers store it
+	logged uint64        // drop_undeclared at the last line; housekeeping's
+	next   time.Time     // no line before; housekeeping's
+}
+
+// packKey packs a guest's MAC and VLAN into one word the data path can
+// store without a lock: the MAC in the top 48 bits, the VLAN in the low
+// 12.
+func packKey(k mactrans.VIFKey) uint64 {
+	var b [8]byte
+	copy(b[:], k.MAC[:])
+	return binary.BigEndian.Uint64(b[:]) | uint64(k.VLAN&0xfff)
+}
+
+// unpackKey is packKey's inverse.
+func unpackKey(w uint64) mactrans.VIFKey {
+	var b [8]byte
+	binary.BigEndian.PutUint64(b[:], w)
+	k := mactrans.VIFKey{VLAN: uint16(w & 0xfff)}
+	copy(k.MAC[:], b[:6])
+	return k
+}
+
+// logUndeclared logs, when frames from undeclared MACs were dropped
+// since its last line and at most once a warnlimit.Interval, how many,
+// naming the last one's MAC and VLAN: the docs call drop_undeclared
+// worth an alert, and the operator needs to know whose. Housekeeping
+// calls it.
+func (s *Shim) logUndeclared(now time.Time) {
+	u := &s.undeclared
+	n := s.Get(DropUndeclared)
+	if n == u.logged || now.Before(u.next) {
+		return
+	}
+	k := unpackKey(u.last.Load())
+	s.log.Warn("frames from a MAC no one declared dropped (--learn declared; one line a minute at most)",
+		"mac", k.MAC, "vlan", k.VLAN, "dropped", n-u.logged)
+	u.logged, u.next = n, now.Add(warnlimit.Interval)
 }

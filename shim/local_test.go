@@ -1,10 +1,14 @@
 package shim
 
 import (
+	"log/slog"
 	"maps"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/eipoib/eipoibd/ether"
+	"github.com/eipoib/eipoibd/internal/warnlimit"
 	"github.com/eipoib/eipoibd/mactrans"
 	"github.com/gopacket/gopacket/layers"
 )
@@ -64,4 +68,72 @@ func TestUndeclaredLocal(t *testing.T) {
 		t.Fatalf("the declared local MAC's ARP not delivered: %v", p)
 	}
 	check("macA2 declared", map[string]uint64{"frames": 7, "local": 3, "undeclared": 3, "vifs": 1})
+}
+
+// TestUndeclaredLogged: in --learn declared, housekeeping logs the
+// frames dropped from undeclared MACs, naming the last one's MAC and
+// VLAN and how many were dropped since its last line, at most once a
+// warnlimit.Interval (of the shim's clock); frames from a local MAC are
+// not in it.
+func TestUndeclaredLogged(t *testing.T) {
+	f := memFab(t, 2048)
+	var log syncBuffer
+	a := newHV(t, f, "fe80::a", func(c *Config) {
+		c.Learn = LearnDeclared
+		c.Logger = slog.New(slog.NewTextHandler(&log, nil))
+	})
+	from := func(src ether.MAC) []byte {
+		return arpFrame(t, layers.ARPRequest, src, ipA1, ether.Broadcast, ether.MAC{}, ipB1)
+	}
+	const msg = `level=WARN msg="frames from a MAC no one declared dropped (--learn declared; one line a minute at most)"`
+	lines := func() []string {
+		var l []string
+		for _, s := range strings.Split(log.String(), "\n") {
+			if strings.Contains(s, msg) {
+				_, rest, _ := strings.Cut(s, msg+" ")
+				l = append(l, rest)
+			}
+		}
+		return l
+	}
+	// rounds waits for two housekeeping rounds to end after now: the
+	// second began after now.
+	rounds := func() {
+		t.Helper()
+		for range 2 {
+			t0 := time.Now().UnixNano()
+			waitFor(t, "a housekeeping round", func() bool { return a.s.lastRound.Load() > t0 })
+		}
+	}
+
+	a.dev.Inject(from(macA1))
+	waitFor(t, "the first line", func() bool { return len(lines()) == 1 })
+	if l := lines(); l[0] != "mac="+macA1.String()+" vlan=0 dropped=1" {
+		t.Fatalf("line %q", l[0])
+	}
+	// Within the interval: counted, not logged; a local MAC's frame is
+	// neither.
+	a.s.SetLocalMACs([]ether.MAC{macB1})
+	a.dev.Inject(from(macA2))
+	a.waitCounter(t, DropUndeclared, 2)
+	a.dev.Inject(from(macA1))
+	a.dev.Inject(from(macB1))
+	a.waitCounter(t, DropUndeclaredLocal, 1)
+	a.waitCounter(t, DropUndeclared, 3)
+	rounds()
+	if l := lines(); len(l) != 1 {
+		t.Fatalf("lines within the interval: %q", l)
+	}
+	// One interval on, one line for the two: the last was macA1's.
+	a.clk.Advance(warnlimit.Interval)
+	waitFor(t, "the second line", func() bool { return len(lines()) == 2 })
+	if l := lines(); l[1] != "mac="+macA1.String()+" vlan=0 dropped=2" {
+		t.Fatalf("line %q", l[1])
+	}
+	// Nothing dropped since: no line, however long.
+	a.clk.Advance(2 * warnlimit.Interval)
+	rounds()
+	if l := lines(); len(l) != 2 {
+		t.Fatalf("lines with no drop since: %q", l)
+	}
 }

@@ -1,6 +1,6 @@
 package shim
 
-// Guests that migrate here (issue 23). A local guest that talked to a
+// Guests that migrate here. A local guest that talked to a
 // remote one holds, in its ARP and neighbour caches, the REMAC this shim
 // showed for the remote guest's QP. When that guest migrates onto this
 // hypervisor's bridge, its old QP is gone, yet the local guest keeps

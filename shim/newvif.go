@@ -304,5 +304,5 @@ func (s *Shim) makeVIF(p *partition, mac ether.MAC, origin mactrans.Origin, now 
 // QPN its MAC hints at. Control plane only (ctl.own held), or a test of a
 // shim that is not running.
 func (s *Shim) vif(p *partition, mac ether.MAC, origin mactrans.Origin, now time.Time) (*mactrans.VIF, error) {
-	return s.makeVIF(p, mac, origin, now, s.port.AllocQP)
+	return s.makeVIF(p, mac, origin, now, s.ctl.port.AllocQP)
 }

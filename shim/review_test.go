@@ -1,7 +1,6 @@
 package shim
 
-// Tests of the findings of the review of the control plane (issue 22
-// follow-up): each drives the interleaving it is about through hooks in
+// Tests of the findings of the review of the control plane: each drives the interleaving it is about through hooks in
 // the port, not sleeps.
 
 import (

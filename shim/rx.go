@@ -44,7 +44,7 @@ func (s *Shim) rxLoop(w int, rq ipoib.RxQueue) error {
 		}
 		now := s.clk.Now()
 		slot := s.rxSlot(w)
-		s.ep.enter(slot) // the batch may resolve (srcip.go) and flush from VIFs' QPs
+		s.ep.enter(slot) // the batch may flush held frames from VIFs' QPs
 		if s.capture.Load() != nil {
 			for i := range n {
 				s.capFabricRx(bufs[i][rxOffset:rxOffset+sizes[i]], &meta[i])
@@ -194,10 +194,7 @@ func (s *Shim) rx(buf []byte, n int, m *ipoib.RxMeta, now time.Time) []byte {
 	// that is the one case left.)
 	var src ether.MAC
 	if m.SrcUnknown { // the port cannot tell: see srcip.go
-		var ok bool
-		if src, ok = s.sourceOf(p, et, ip, m, now); !ok {
-			return nil
-		}
+		src = s.sourceOf(p, et, ip, now)
 	} else {
 		nb, err := s.neigh.Learn(p.pkey, m.Src, now)
 		if err != nil {

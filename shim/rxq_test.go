@@ -152,7 +152,7 @@ func TestRxQueuesRace(t *testing.T) {
 			}
 			next[fl]++
 			done++
-		case <-time.After(2 * time.Second):
+		case <-time.After(settle):
 			t.Fatalf("delivered %v of %d frames per flow", next, per)
 		}
 	}

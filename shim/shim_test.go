@@ -57,7 +57,7 @@ func newHV(t *testing.T, f fabric, gid string, mod func(*Config)) *hv {
 	h.stop = cancel
 	go func() { h.done <- h.s.Run(ctx) }()
 	t.Cleanup(func() { h.shutdown(t) })
-	deadline := time.Now().Add(time.Second)
+	deadline := time.Now().Add(settle)
 	for !h.dev.Carrier() {
 		if time.Now().After(deadline) {
 			t.Fatal("carrier never came up")
@@ -78,7 +78,7 @@ func (h *hv) shutdown(t *testing.T) {
 		if err != nil {
 			t.Errorf("Run: %v", err)
 		}
-	case <-time.After(2 * time.Second):
+	case <-time.After(settle):
 		t.Error("Run did not return")
 	}
 	h.port.Close()
@@ -288,7 +288,7 @@ func TestNDP(t *testing.T) {
 		// B's guest has an address: seeing it joins its solicited-node group.
 		b.dev.Inject(ndpFrame(t, macB1, lb, netip.MustParseAddr("ff02::2"), ether.MAC{0x33, 0x33, 0, 0, 0, 2},
 			layers.CreateICMPv6TypeCode(layers.ICMPv6TypeRouterSolicitation, 0), &layers.ICMPv6RouterSolicitation{}))
-		deadline := time.Now().Add(time.Second)
+		deadline := time.Now().Add(settle)
 		for !b.port.Joined(ipoib.IPv6MGID(sn, 0xffff, 2)) {
 			if time.Now().After(deadline) {
 				t.Fatal("solicited-node group not joined")
@@ -371,11 +371,7 @@ func TestUnknownREMACQueuedAndResolved(t *testing.T) {
 		// Nobody answers for an unknown MAC: dropped and counted after the tries.
 		a.dev.Inject(udpFrame(t, macA1, ether.MAC{2, 9, 9, 9, 9, 9}, ipA1, netip.MustParseAddr("10.0.0.99"), 64, true))
 		a.waitCounter(t, TxQueued, 2)
-		for i := 0; i < resolveTries+1; i++ {
-			a.clk.Advance(resolveInterval)
-			time.Sleep(30 * time.Millisecond)
-		}
-		a.waitCounter(t, DropUnresolved, 1)
+		a.resolveOut(t, 1)
 		if got := a.s.Get(TxResolveSent); got != 1+resolveTries {
 			t.Fatalf("resolutions sent %d, want %d", got, 1+resolveTries)
 		}
@@ -447,7 +443,7 @@ func (h *hv) nextQuery(t *testing.T) gopacket.Packet {
 			if p := gopacket.NewPacket(f, layers.LayerTypeEthernet, gopacket.Default); isQuery(p) {
 				return p
 			}
-		case <-time.After(2 * time.Second):
+		case <-time.After(settle):
 			t.Fatal("no query")
 		}
 	}
@@ -492,7 +488,7 @@ func TestQuerierIntervalChange(t *testing.T) {
 	if err := a.s.SetMulticastTimers(snoop.Timers{QueryInterval: 30 * time.Second}); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(100 * time.Millisecond) // housekeeping rounds (every 10 ms) take the new interval
+	a.rounds(t, 2) // the second began after the change: it took the new interval
 	a.clk.Advance(30 * time.Second)
 	a.nextQuery(t)
 	a.nextQuery(t)
@@ -515,6 +511,32 @@ func igmpReport(t *testing.T, src ether.MAC, recType byte, group netip.Addr) []b
 	igmp := append([]byte{0x22, 0, 0, 0, 0, 0, 0, 1, recType, 0, 0, 0}, group.AsSlice()...)
 	binary.BigEndian.PutUint16(igmp[2:], csum.Fold(csum.Sum(0, igmp)))
 	return serialize(t, eth(src, ether.MAC{1, 0, 0x5e, 0, 0, 0x16}, layers.EthernetTypeIPv4), ip, gopacket.Payload(igmp))
+}
+
+// rounds waits for n housekeeping rounds to end after the call; with n
+// 2, the second began after the call, so it saw all that came before.
+func (h *hv) rounds(t *testing.T, n int) {
+	t.Helper()
+	for range n {
+		last := h.s.lastRound.Load()
+		waitFor(t, "a housekeeping round", func() bool { return h.s.lastRound.Load() != last })
+	}
+}
+
+// resolveOut moves h's clock through the tries of the unresolved
+// destinations queued at the clock's time (their first try sent), one
+// resolveInterval at a time, each step once the step before it sent its
+// resolution, so that no two steps fall in one round; after the last
+// step, it waits for drop_unresolved to reach drops.
+func (h *hv) resolveOut(t *testing.T, drops uint64) {
+	t.Helper()
+	for range resolveTries - 1 {
+		sent := h.s.Get(TxResolveSent)
+		h.clk.Advance(resolveInterval)
+		h.waitCounter(t, TxResolveSent, sent+1)
+	}
+	h.clk.Advance(resolveInterval)
+	h.waitCounter(t, DropUnresolved, drops)
 }
 
 func waitFor(t *testing.T, what string, cond func() bool) {
@@ -596,9 +618,11 @@ func TestSnooping(t *testing.T) {
 			t.Fatalf("IPv6 group left too, or leaves %d", a.s.Get(McastLeaves))
 		}
 		// The static groups survive a guest's leave of them.
+		frames := a.s.Get(TxFrames)
 		a.dev.Inject(mldReport(t, macA1, 3, allNodes))
+		a.waitCounter(t, TxFrames, frames+1)
 		a.clk.Advance(3 * time.Second)
-		time.Sleep(50 * time.Millisecond)
+		a.rounds(t, 2) // one began after the leave time had passed
 		if !a.port.Joined(ipoib.IPv6MGID(allNodes, 0xffff, 2)) {
 			t.Fatal("all-nodes group left on a guest's request")
 		}

@@ -1,6 +1,6 @@
 package shim
 
-// Oversized IP packets are never blackholed (DESIGN.md): IPv4 with DF and
+// Oversized IP packets are never blackholed (docs/architecture.md): IPv4 with DF and
 // IPv6 get ICMP "fragmentation needed" / "packet too big" back to the
 // guest with the IPoIB MTU of the packet's partition, so path MTU
 // discovery converges; IPv4 without DF is fragmented to it here (RFC 791 §3.2, options copied to

@@ -198,7 +198,7 @@ func (s *Shim) tx(b *txBatch, buf []byte, n int, sup tap.Super, now time.Time) {
 	vif, ok := s.vifs.Lookup(k)
 	if !ok || !vif.Ready() {
 		if !ok && s.cfg.Learn == LearnDeclared {
-			s.dropUndeclared(k.MAC)
+			s.dropUndeclared(k)
 			return
 		}
 		if vif = s.holdNew(k, buf, n, sup, now); vif == nil {

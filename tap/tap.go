@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"net"
 	"os"
 	"sync/atomic"
@@ -168,6 +169,10 @@ func (s Start) String() string {
 	return "created"
 }
 
+// LogValue logs the way by its name in every log format (a JSON log
+// would otherwise show the number).
+func (s Start) LogValue() slog.Value { return slog.StringValue(s.String()) }
+
 // TAP is a Linux TAP device (IFF_TAP|IFF_NO_PI; unless persistent, it
 // goes away with the process), with one or more queues (IFF_MULTI_QUEUE). The
 // TAP's own Read, ReadSuper and Write use its first queue; Queue gives
@@ -176,13 +181,18 @@ func (s Start) String() string {
 type TAP struct {
 	name    string
 	mtu     int
+	linkMTU int // the link's own MTU: max(Config.LinkMTU, Config.MTU)
 	offload bool
 	queues  []*Queue
 	start   Start
+	// gro: Write merges runs of segments into super-frames (see
+	// SetWriteSuper).
+	gro atomic.Bool
 
 	drops                 [2]atomic.Uint64 // bad vnet header, bad GSO
 	gsoRead, gsoCut       atomic.Uint64
 	groWritten, groMerged atomic.Uint64
+	overMTU               atomic.Uint64 // frames written longer than linkMTU
 	uso                   usoState
 }
 
@@ -212,9 +222,10 @@ type Queue struct {
 
 	wbufs   [][]byte
 	woff    int
-	wn      int // frames dealt with
-	wok     int // of which the kernel accepted
-	wsingle int // frames before this index are written one by one
+	wgro    bool // this Write may merge
+	wn      int  // frames dealt with
+	wok     int  // of which the kernel accepted
+	wsingle int  // frames before this index are written one by one
 }
 
 var (
@@ -283,7 +294,8 @@ func Create(cfg Config) (*TAP, error) {
 		}
 	}
 	files := append(kept, tt.Fds...)
-	t := &TAP{name: cfg.Name, mtu: cfg.MTU, offload: cfg.Offload, start: start}
+	t := &TAP{name: cfg.Name, mtu: cfg.MTU, linkMTU: max(cfg.LinkMTU, cfg.MTU), offload: cfg.Offload, start: start}
+	t.gro.Store(cfg.Offload)
 	fail := func(err error) (*TAP, error) {
 		for _, q := range t.queues {
 			q.Close()
@@ -350,6 +362,9 @@ func Create(cfg Config) (*TAP, error) {
 		if err := netlink.LinkSetMTU(link, mtu); err != nil {
 			return fail(fmt.Errorf("tap: set MTU %d on %s: %w", mtu, cfg.Name, err))
 		}
+	}
+	if t.linkMTU <= 0 {
+		t.linkMTU = link.Attrs().MTU // the kernel's, left as it is
 	}
 	if cfg.TxQueueLen > 0 && cfg.TxQueueLen != link.Attrs().TxQLen {
 		if err := netlink.LinkSetTxQLen(link, cfg.TxQueueLen); err != nil {
@@ -488,6 +503,31 @@ func (t *TAP) Start() Start { return t.start }
 // Offload reports whether the TAP has the vnet header and offloads on:
 // Config.Offload, except for a TAP whose queues were kept.
 func (t *TAP) Offload() bool { return t.offload }
+
+// SetWriteSuper sets whether Write may merge runs of received segments
+// into super-frames (on by default with offloads; without them it has
+// no effect). Turned off, every frame written is one the sender made,
+// no longer than the MTU: for a reader of the TAP that takes no GSO
+// metadata, as Open vSwitch's userspace datapath reads a port without
+// userspace-tso-enable (lib/netdev-linux.c,
+// netdev_linux_batch_rxq_recv_sock: a packet socket without
+// PACKET_VNET_HDR and a buffer of the link's MTU, so a super-frame is
+// truncated and dropped, "Dropped packet: Too big", or, where it fits,
+// sent on whole to ports that refuse it, EMSGSIZE). The kernel's own
+// readers (a Linux bridge, Open vSwitch's kernel datapath) take GSO
+// frames and segment them for ports that need it.
+//
+// The TAP's offload flags (TUNSETOFFLOAD) cannot say this: they are
+// the features of the TAP's link, what the kernel may hand eipoibd to
+// read (drivers/net/tun.c, set_offload), while a GSO vnet header that
+// eipoibd writes is taken whatever they are (tun_get_user,
+// virtio_net_hdr_to_skb). It may be changed while the TAP runs; a
+// Write under way finishes as it started.
+func (t *TAP) SetWriteSuper(on bool) { t.gro.Store(on) }
+
+// WriteSuper reports whether Write merges runs into super-frames: with
+// offloads, unless SetWriteSuper turned it off.
+func (t *TAP) WriteSuper() bool { return t.offload && t.gro.Load() }
 
 // Files returns the queues' files, for a file descriptor store to keep
 // open across a restart (see Config.FDs); the TAP still owns them.
@@ -652,9 +692,17 @@ func (t *TAP) drop(err error) {
 // Counters returns the offload counters: frames refused for a bad vnet
 // header or an inconsistent super-frame, super-frames read and the
 // segments cut from them, super-frames written and the segments merged
-// into them.
+// into them, frames written whose IP packet is longer than the link's
+// MTU (super-frames; a reader that takes no GSO metadata cannot pass
+// them on), and "gro", 1 while Write merges (WriteSuper).
 func (t *TAP) Counters() map[string]uint64 {
+	gro := uint64(0)
+	if t.WriteSuper() {
+		gro = 1
+	}
 	m := map[string]uint64{
+		"gro":                        gro,
+		"frames_over_mtu_written":    t.overMTU.Load(),
 		"drop_" + errBadVnet.Error(): t.drops[0].Load(),
 		"drop_" + errBadGSO.Error():  t.drops[1].Load(),
 		"gso_frames_read":            t.gsoRead.Load(),
@@ -722,7 +770,7 @@ func (q *Queue) writeBatch(fd uintptr) bool {
 		out, k := q.wbufs[q.wn][q.woff:], 1
 		var first seg
 		if q.t.offload {
-			if q.wn >= q.wsingle {
+			if q.wgro && q.wn >= q.wsingle {
 				k, first = run(q.wbufs[q.wn:], q.woff, q.t.uso.on)
 			}
 			if k > 1 {
@@ -740,6 +788,7 @@ func (q *Queue) writeBatch(fd uintptr) bool {
 			return false
 		case nil:
 			q.wok += k
+			q.t.countLong(out)
 			if k > 1 {
 				q.t.groWritten.Add(1)
 				q.t.groMerged.Add(uint64(k))
@@ -760,6 +809,18 @@ func (q *Queue) writeBatch(fd uintptr) bool {
 	return true
 }
 
+// countLong counts a frame written (behind its vnet header, with
+// offloads) whose IP packet is longer than the link's MTU.
+func (t *TAP) countLong(out []byte) {
+	f := ether.Frame(out)
+	if t.offload {
+		f = f[vnetHdrLen:]
+	}
+	if f.IsValid() && len(f)-f.HeaderLen() > t.linkMTU {
+		t.overMTU.Add(1)
+	}
+}
+
 // Write writes a batch of frames and returns how many the kernel
 // accepted; refused ones are skipped, so the caller counts them, and so
 // are those left when the queue stays unwritable for writeTimeout.
@@ -767,7 +828,7 @@ func (q *Queue) Write(bufs [][]byte, offset int) (int, error) {
 	if q.t.offload && offset < vnetHdrLen {
 		return 0, fmt.Errorf("tap: write offset %d below the vnet header's %d bytes", offset, vnetHdrLen)
 	}
-	q.wbufs, q.woff, q.wn, q.wok, q.wsingle = bufs, offset, 0, 0, 0
+	q.wbufs, q.woff, q.wn, q.wok, q.wsingle, q.wgro = bufs, offset, 0, 0, 0, q.t.WriteSuper()
 	err := q.io.Write()
 	q.wbufs = nil
 	if err == fdio.ErrTimeout {

@@ -154,18 +154,11 @@ func (o OVS) remote() string {
 // tables with ovsdb-client monitor; when a monitor exits it is restarted
 // after a second, and trouble is told to warn (which may be nil).
 func (o OVS) Watch(ctx context.Context, br, except string, have []Guest, fn func(g Guest, added bool), warn func(err error)) error {
-	if _, err := exec.LookPath("ovsdb-client"); err != nil {
-		return fmt.Errorf("vswitch: watching Open vSwitch needs ovsdb-client (Debian: openvswitch-common): %w", err)
-	}
-	changed := make(chan struct{}, 1)
-	for _, spec := range [][]string{{"Interface", "name,external_ids"}, {"Port", "name,tag,interfaces"}} {
-		go o.monitor(ctx, spec, changed, warn)
-	}
 	known := make(guestSet, len(have))
 	for _, g := range have {
 		known[g] = true
 	}
-	resync := func() {
+	return o.follow(ctx, [][]string{{"Interface", "name,external_ids"}, {"Port", "name,tag,interfaces"}}, func() {
 		gs, err := o.Guests(br, except)
 		if err != nil {
 			if warn != nil {
@@ -174,6 +167,18 @@ func (o OVS) Watch(ctx context.Context, br, except string, have []Guest, fn func
 			return
 		}
 		known = known.update(gs, fn)
+	}, warn)
+}
+
+// follow calls resync now and after every update of the tables (each
+// {table, columns}, monitored with ovsdb-client) until ctx ends.
+func (o OVS) follow(ctx context.Context, tables [][]string, resync func(), warn func(err error)) error {
+	if _, err := exec.LookPath("ovsdb-client"); err != nil {
+		return fmt.Errorf("vswitch: watching Open vSwitch needs ovsdb-client (Debian: openvswitch-common): %w", err)
+	}
+	changed := make(chan struct{}, 1)
+	for _, spec := range tables {
+		go o.monitor(ctx, spec, changed, warn)
 	}
 	resync()
 	for {
@@ -181,7 +186,7 @@ func (o OVS) Watch(ctx context.Context, br, except string, have []Guest, fn func
 		case <-ctx.Done():
 			return nil
 		case <-changed:
-			// Let a transaction's updates of both tables arrive.
+			// Let a transaction's updates of every table arrive.
 			time.Sleep(50 * time.Millisecond)
 			select {
 			case <-changed:

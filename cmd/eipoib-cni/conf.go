@@ -1,9 +1,10 @@
 package main
 
 // The network configuration: which eipoibd to talk to (tap, socketDir),
-// where it keeps its --persist state (stateDir), the VLAN the pod's VIF is declared on, and which of the two ways the
-// plugin was invoked (chained after bridge, or as bridge's IPAM wrapping
-// the real IPAM).
+// where it keeps its --persist state (stateDir), the VLAN the pod's VIF
+// is declared on, where the plugin records what it declared (dataDir),
+// and which of the two ways the plugin was invoked (chained after
+// bridge, or as bridge's IPAM wrapping the real IPAM).
 
 import (
 	"bytes"
@@ -46,12 +47,16 @@ type Conf struct {
 	// The plugin's own keys: the TAP of the eipoibd to talk to, the
 	// directory of its control socket, the directory of its --persist
 	// state file and the VLAN (0: untagged) the pod's VIF is declared
-	// on. Each is one of eipoibd's flags (--name, --ctl-dir,
-	// --state-dir), with the same default.
+	// on. The first three are eipoibd's flags (--name, --ctl-dir,
+	// --state-dir); stateDir defaults to socketDir, as eipoibd keeps
+	// both in /run/eipoibd unless told otherwise, so that a socketDir
+	// that names no daemon names no state file either. DataDir is where
+	// the plugin records what each attachment's ADD declared (records).
 	TAP       string
 	SocketDir string
 	StateDir  string
 	VLAN      int
+	DataDir   string
 
 	mode mode
 	// Net is the whole network configuration: its cniVersion, name and
@@ -73,15 +78,42 @@ func (c *Conf) Socket() string { return ctl.Path(c.SocketDir, c.TAP) }
 func (c *Conf) StateFile() string { return ctl.StatePath(c.StateDir, c.TAP) }
 
 // keys are the plugin's own keys in a network configuration (chained)
-// or its IPAM section (ipamWrap).
+// or its IPAM section (ipamWrap), each kept raw so that a value of the
+// wrong type is refused naming its key (own).
 type keys struct {
 	Type      string          `json:"type"`
-	TAP       *string         `json:"tap"`
-	SocketDir *string         `json:"socketDir"`
-	StateDir  *string         `json:"stateDir"`
-	VLAN      *int            `json:"vlan"`
+	TAP       json.RawMessage `json:"tap"`
+	SocketDir json.RawMessage `json:"socketDir"`
+	StateDir  json.RawMessage `json:"stateDir"`
+	VLAN      json.RawMessage `json:"vlan"`
+	DataDir   json.RawMessage `json:"dataDir"`
 	IPAM      json.RawMessage `json:"ipam"`
 }
+
+// own sets c's keys from k, each left at its default when absent, and
+// refuses a value of the wrong type naming the key and what it wants:
+// a VLAN written "0" is an error here, before anything is declared.
+func (k *keys) own(c *Conf) error {
+	for _, s := range []struct {
+		key  string
+		raw  json.RawMessage
+		to   *string
+		want string
+	}{{"tap", k.TAP, &c.TAP, "a string, eipoibd's --name"}, {"socketDir", k.SocketDir, &c.SocketDir, "a string, eipoibd's --ctl-dir"},
+		{"stateDir", k.StateDir, &c.StateDir, "a string, eipoibd's --state-dir"}, {"dataDir", k.DataDir, &c.DataDir, "a string"}} {
+		if given(s.raw) && json.Unmarshal(s.raw, s.to) != nil {
+			return badConf("%s %s: want %s", s.key, s.raw, s.want)
+		}
+	}
+	if given(k.VLAN) && json.Unmarshal(k.VLAN, &c.VLAN) != nil {
+		return badConf("vlan %s: want a number, 0 (untagged) to 4094", k.VLAN)
+	}
+	return nil
+}
+
+// given reports whether a key was given a value: neither left out nor
+// null.
+func given(raw json.RawMessage) bool { return raw != nil && string(raw) != "null" }
 
 // badConf is a configuration error as CNI reports it.
 func badConf(format string, a ...any) *types.Error {
@@ -129,18 +161,12 @@ func ParseConf(stdin []byte) (*Conf, error) {
 		return nil, badConf(`network configuration of type %q (ipam %q): want type "eipoib", listed after "bridge" in a conflist, or "bridge" with ipam type "eipoib" wrapping the real IPAM`,
 			top.Type, ipamType(top.IPAM))
 	}
-	c.TAP, c.SocketDir, c.StateDir = DefaultTAP, ctl.DefaultDir, ctl.DefaultDir
-	if own.TAP != nil {
-		c.TAP = *own.TAP
+	c.TAP, c.SocketDir, c.DataDir = DefaultTAP, ctl.DefaultDir, DefaultDataDir
+	if err := own.own(c); err != nil {
+		return nil, err
 	}
-	if own.SocketDir != nil {
-		c.SocketDir = *own.SocketDir
-	}
-	if own.StateDir != nil {
-		c.StateDir = *own.StateDir
-	}
-	if own.VLAN != nil {
-		c.VLAN = *own.VLAN
+	if !given(own.StateDir) {
+		c.StateDir = c.SocketDir
 	}
 	if err := checkIfName(c.TAP); err != nil {
 		return nil, badConf("tap %q: %v (eipoibd's --name)", c.TAP, err)
@@ -153,6 +179,10 @@ func ParseConf(stdin []byte) (*Conf, error) {
 		return nil, badConf("stateDir %q: want an absolute directory such as %s (eipoibd's --state-dir)", c.StateDir, ctl.DefaultDir)
 	}
 	c.StateDir = filepath.Clean(c.StateDir)
+	if !filepath.IsAbs(c.DataDir) {
+		return nil, badConf("dataDir %q: want an absolute directory such as %s", c.DataDir, DefaultDataDir)
+	}
+	c.DataDir = filepath.Clean(c.DataDir)
 	if c.VLAN < 0 || c.VLAN > 4094 {
 		return nil, badConf("vlan %d: want 0 (untagged) to 4094", c.VLAN)
 	}

@@ -34,8 +34,19 @@ func TestParseConfChained(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.TAP != "eib0" || c.SocketDir != "/run/eipoibd" || c.StateFile() != "/run/eipoibd/eib0.state" || c.VLAN != 0 || c.Net.PrevResult != nil {
-		t.Errorf("defaults %+v, want tap eib0, socketDir and stateDir /run/eipoibd (eipoibd's defaults), vlan 0, no prevResult", c)
+	if c.TAP != "eib0" || c.SocketDir != "/run/eipoibd" || c.StateFile() != "/run/eipoibd/eib0.state" || c.VLAN != 0 || c.DataDir != "/var/lib/cni/eipoib" || c.Net.PrevResult != nil {
+		t.Errorf("defaults %+v, want tap eib0, socketDir and stateDir /run/eipoibd (eipoibd's defaults), vlan 0, dataDir /var/lib/cni/eipoib, no prevResult", c)
+	}
+	// stateDir follows socketDir: a socketDir naming no daemon names no
+	// state file of another (DEL would wait for it for good).
+	for _, in := range []string{`{"type":"eipoib","socketDir":"/run/x/"}`, `{"type":"eipoib","socketDir":"/run/x","stateDir":null}`} {
+		c, err = ParseConf([]byte(in))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.StateDir != "/run/x" || c.StateFile() != "/run/x/eib0.state" {
+			t.Errorf("%s: stateDir %q, want socketDir's /run/x", in, c.StateDir)
+		}
 	}
 }
 
@@ -87,7 +98,11 @@ func TestParseConfErrors(t *testing.T) {
 		{`{"type":"eipoib","stateDir":""}`, `stateDir "": want an absolute directory`},
 		{`{"type":"eipoib","vlan":4095}`, "vlan 4095: want 0 (untagged) to 4094"},
 		{`{"type":"eipoib","vlan":-1}`, "vlan -1"},
-		{`{"type":"eipoib","vlan":"10"}`, "network configuration"},
+		{`{"type":"eipoib","vlan":"10"}`, `vlan "10": want a number, 0 (untagged) to 4094`},
+		{`{"type":"eipoib","vlan":1.5}`, `vlan 1.5: want a number`},
+		{`{"type":"eipoib","tap":5}`, `tap 5: want a string, eipoibd's --name`},
+		{`{"type":"bridge","ipam":{"type":"eipoib","socketDir":["/run"],"ipam":{"type":"static"}}}`, `socketDir ["/run"]: want a string`},
+		{`{"type":"eipoib","dataDir":"cni"}`, `dataDir "cni": want an absolute directory`},
 		{`{"type":"eipoib","prevResult":{"cniVersion":"9.9.9"}}`, "prevResult"},
 		{`{"type":"bridge","ipam":{"type":"eipoib"}}`, "wraps the real IPAM"},
 		{`{"type":"bridge","ipam":{"type":"eipoib","ipam":{"type":"eipoib"}}}`, "wraps the real IPAM"},
@@ -104,7 +119,9 @@ func TestParseConfErrors(t *testing.T) {
 // FuzzParseConf: any input is parsed or refused with a code 7 error,
 // never a panic, and what is accepted holds: a valid TAP name, an
 // absolute clean socketDir and stateDir, a VLAN from 0 to 4094, and in ipamWrap mode
-// a delegate configuration that parses with a real IPAM type.
+// a delegate configuration that parses with a real IPAM type; the
+// records' location found without parsing (recordsIn) is the one
+// parsed.
 func FuzzParseConf(f *testing.F) {
 	for _, s := range []string{chainedConf, `{"type":"eipoib"}`, `{"type":"eipoib","vlan":4094,"tap":"x","socketDir":"/a/../b/","stateDir":"/c/./d"}`,
 		`{"type":"bridge","ipam":{"type":"eipoib","ipam":{"type":"host-local","ranges":[[{"subnet":"10.0.0.0/24"}]]}}}`,
@@ -122,8 +139,12 @@ func FuzzParseConf(f *testing.F) {
 			return
 		}
 		if checkIfName(c.TAP) != nil || !filepath.IsAbs(c.SocketDir) || filepath.Clean(c.SocketDir) != c.SocketDir ||
+			!filepath.IsAbs(c.DataDir) || filepath.Clean(c.DataDir) != c.DataDir ||
 			!filepath.IsAbs(c.StateDir) || filepath.Clean(c.StateDir) != c.StateDir || c.VLAN < 0 || c.VLAN > 4094 {
 			t.Fatalf("accepted %+v", c)
+		}
+		if rs, ok := recordsIn(in); c.Net.Name != "" && (!ok || rs != recordsOf(c)) {
+			t.Fatalf("records in %+v (found %v), parsed %+v", rs, ok, recordsOf(c))
 		}
 		if c.mode == ipamWrap {
 			var d struct {

@@ -1,16 +1,20 @@
 package main
 
-// ADD, DEL and CHECK: find the pod's interface and its MAC, and declare
-// it to eipoibd (vif-add), free it (vif-del) or check that it is there
-// (show vifs), over the control socket.
+// ADD, DEL, CHECK, GC and STATUS: find the pod's interface and its MAC,
+// and declare it to eipoibd (vif-add), free it (vif-del) or check that
+// it is there (show vifs), over the control socket; free the VIFs of
+// the attachments the runtime no longer has; say whether eipoibd is
+// ready (show port).
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
 	"net"
 	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -39,18 +43,27 @@ const ErrVIFMissing uint = 101
 const delegateTimeout = 2 * time.Minute
 
 // cmdAdd declares the pod's MAC to eipoibd, then (chained) passes the
-// prevResult on or (ipamWrap) runs the real IPAM and returns its result.
+// prevResult on, with the pod interface's MTU, or (ipamWrap) runs the
+// real IPAM and returns its result. Everything is checked before
+// anything is declared: the configuration, the pod's interface and (ipamWrap)
+// the real IPAM's binary; and the declaration is recorded before it is
+// made (records), so that DEL and GC free it whatever the configuration
+// says by then.
 func cmdAdd(args *skel.CmdArgs) error {
 	c, err := ParseConf(args.StdinData)
 	if err != nil {
 		return err
 	}
 	if c.mode == ipamWrap {
-		mac, err := netnsMAC(args.Netns, args.IfName)
+		link, err := podLink(args.Netns, args.IfName)
 		if err != nil {
-			return types.NewError(types.ErrInvalidNetNS, fmt.Sprintf("eipoib: pod interface %s in %s: %v", args.IfName, args.Netns, err), "")
+			return err
 		}
-		if err := declare(c, mac); err != nil {
+		if _, err := invoke.FindInPath(c.ipamType, filepath.SplitList(args.Path)); err != nil {
+			return badConf("ipam type %q: %v", c.ipamType, err)
+		}
+		d := declOf(c, link.HardwareAddr)
+		if err := declare(c, args, d); err != nil {
 			return err
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), delegateTimeout)
@@ -59,52 +72,85 @@ func cmdAdd(args *skel.CmdArgs) error {
 		if err != nil {
 			// The runtime calls DEL after a failed ADD; free the VIF
 			// now all the same, so that none waits for it.
-			client(c).DelVIF(ctl.VIFRequest{MAC: mac.String(), VLAN: c.VLAN})
+			if free(d) == nil {
+				recordsOf(c).drop(args.ContainerID, args.IfName, d)
+			}
 			return err
 		}
 		return types.PrintResult(r, c.Net.CNIVersion)
 	}
-	mac, err := prevMAC(c, args, `no prevResult: list "eipoib" after "bridge" in the plugins of a conflist`)
+	if c.Net.PrevResult == nil {
+		return badConf(`no prevResult: list "eipoib" after "bridge" in the plugins of a conflist`)
+	}
+	res, err := current.NewResultFromResult(c.Net.PrevResult)
+	if err != nil {
+		return badConf("prevResult: %v", err)
+	}
+	iface, err := podInterface(res, args)
 	if err != nil {
 		return err
 	}
-	if err := declare(c, mac); err != nil {
+	mac, err := ifaceMAC(iface, args)
+	if err != nil {
 		return err
 	}
-	return types.PrintResult(c.Net.PrevResult, c.Net.CNIVersion)
+	link, err := podLink(args.Netns, args.IfName)
+	if err != nil {
+		return err
+	}
+	if err := declare(c, args, declOf(c, mac)); err != nil {
+		return err
+	}
+	// Spec 1.1.0's interface "mtu": bridge does not report it.
+	iface.Mtu = link.MTU
+	return types.PrintResult(res, c.Net.CNIVersion)
 }
 
-// cmdDel frees the pod's VIF. Per the spec DEL must succeed when there
-// is nothing left to free: no prevResult and no interface (the MAC is
-// unknown), no VIF, or no daemon that could still hold one (delGone)
-// are not errors. In ipamWrap mode the real IPAM's DEL runs and nothing is
-// freed here: bridge has deleted the pod's interface before it runs its
-// IPAM's DEL, so the MAC is unknown; the chained eipoib frees the VIF.
+// cmdDel frees what the attachment's ADD declared, from its record,
+// whether the configuration still parses or not: a DEL whose
+// configuration no longer parses frees what the record holds and
+// succeeds, so that the rest of the chain's DEL (bridge's veth, its
+// IPAM's address) runs too. Per the spec DEL must succeed when there is
+// nothing left to free: no record, no prevResult and no interface (the
+// MAC is unknown), no VIF, or no daemon that could still hold one
+// (delGone) are not errors. In ipamWrap mode the real IPAM's DEL runs
+// too. Without a record (an ADD by an earlier version of the plugin),
+// the chained plugin frees the VIF of the MAC in the prevResult or, with
+// no prevResult, of the pod's interface.
 func cmdDel(args *skel.CmdArgs) error {
+	var found bool
+	var freeErr error
+	if rs, ok := recordsIn(args.StdinData); ok {
+		found, freeErr = rs.free(args.ContainerID, args.IfName)
+	}
 	c, err := ParseConf(args.StdinData)
 	if err != nil {
-		return err
+		fmt.Fprintf(os.Stderr, "eipoib: DEL of %s %s with a configuration that does not parse (%v): freed what its ADD recorded, if anything\n", args.ContainerID, args.IfName, err)
+		return freeErr
 	}
 	if c.mode == ipamWrap {
-		return delegate(c, invoke.DelegateDel)
+		if err := delegate(c, invoke.DelegateDel); err != nil {
+			return err
+		}
+		return freeErr
+	}
+	if found {
+		return freeErr
 	}
 	var mac net.HardwareAddr
 	if c.Net.PrevResult != nil {
-		mac, _ = prevMAC(c, args, "")
-	} else if args.Netns != "" {
-		mac, _ = netnsMAC(args.Netns, args.IfName)
+		if res, err := current.NewResultFromResult(c.Net.PrevResult); err == nil {
+			if iface, err := podInterface(res, args); err == nil {
+				mac, _ = ifaceMAC(iface, args)
+			}
+		}
+	} else if link, err := podLink(args.Netns, args.IfName); err == nil {
+		mac = link.HardwareAddr
 	}
 	if mac == nil {
 		return nil
 	}
-	err = client(c).DelVIF(ctl.VIFRequest{MAC: mac.String(), VLAN: c.VLAN})
-	if err == nil {
-		return nil
-	}
-	if gone := daemonGone(c, err); gone != nil {
-		return delGone(c, mac, gone)
-	}
-	return refused(c, "vif-del", mac, err)
+	return free(declOf(c, mac))
 }
 
 // delGone is DEL's answer when nothing answers on c's control socket
@@ -116,7 +162,10 @@ func cmdDel(args *skel.CmdArgs) error {
 // state file (it stopped with --persist) is there, DEL fails with "try
 // again later", which the runtime retries, and the message says which
 // files to remove if that eipoibd is gone for good. With neither, the
-// daemon's VIFs went with it: DEL succeeds.
+// daemon's VIFs went with it: DEL succeeds. A state file whose own
+// daemon answers (on the control socket beside it, in a stateDir other
+// than socketDir) is a live daemon's, not one that will restore the
+// pod's VIF: it is neither waited for nor named for removal.
 func delGone(c *Conf, mac net.HardwareAddr, gone *types.Error) error {
 	var left []string
 	for _, path := range []string{c.Socket(), c.StateFile()} {
@@ -125,11 +174,76 @@ func delGone(c *Conf, mac net.HardwareAddr, gone *types.Error) error {
 			left = append(left, path)
 		}
 	}
+	if len(left) > 0 && left[len(left)-1] == c.StateFile() && c.StateDir != c.SocketDir && answers(ctl.Path(c.StateDir, c.TAP)) {
+		left = left[:len(left)-1]
+	}
 	if len(left) == 0 {
 		return nil
 	}
 	return types.NewError(types.ErrTryAgainLater, fmt.Sprintf("%s The VIF of the pod's MAC %s on VLAN %d is not freed yet: eipoibd restores its VIFs when it starts and keeps a declared one until it is deleted. If eipoibd for %s is gone for good, remove %s: the next DEL then succeeds",
 		gone.Msg, mac, c.VLAN, c.TAP, strings.Join(left, " and ")), "")
+}
+
+// answers reports whether a daemon answers on the control socket at
+// path (with a reply, even a refusal).
+func answers(path string) bool {
+	_, err := ctl.Client{Path: path}.ShowPort()
+	var de *ctl.NoDaemonError
+	return !errors.As(err, &de)
+}
+
+// cmdGC frees the VIFs of the network's attachments that are not among
+// the runtime's valid ones ("cni.dev/valid-attachments"), from their
+// records, whether the configuration still parses or not; in ipamWrap
+// mode the real IPAM's GC runs too, as the spec asks of a plugin that
+// delegates.
+func cmdGC(args *skel.CmdArgs) error {
+	var n types.NetConf
+	if err := json.Unmarshal(args.StdinData, &n); err != nil {
+		return badConf("network configuration is not JSON: %v", err)
+	}
+	var gcErr error
+	if rs, ok := recordsIn(args.StdinData); ok {
+		gcErr = rs.gc(n.ValidAttachments)
+	}
+	c, err := ParseConf(args.StdinData)
+	if err != nil {
+		return err
+	}
+	if c.mode == ipamWrap {
+		if err := delegate(c, invoke.DelegateGC); err != nil {
+			return err
+		}
+	}
+	return gcErr
+}
+
+// ErrNotAvailable is spec 1.1.0's STATUS error: the plugin cannot
+// serve ADD.
+const ErrNotAvailable uint = 50
+
+// cmdStatus fails (code 50) unless c's eipoibd is ready to declare VIFs:
+// its control socket answers and its fabric port is up. In ipamWrap mode
+// the real IPAM's STATUS runs too.
+func cmdStatus(args *skel.CmdArgs) error {
+	c, err := ParseConf(args.StdinData)
+	if err != nil {
+		return err
+	}
+	p, err := client(c).ShowPort()
+	if err != nil {
+		if gone := daemonGone(c, err); gone != nil {
+			return types.NewError(ErrNotAvailable, gone.Msg, "")
+		}
+		return types.NewError(ErrNotAvailable, fmt.Sprintf("eipoibd %s refused show port: %v", c.TAP, err), "")
+	}
+	if p.Link != "up" {
+		return types.NewError(ErrNotAvailable, fmt.Sprintf("eipoibd %s is not ready: its fabric port (%s %s) is %s", c.TAP, p.Backend, p.Device, p.Link), "")
+	}
+	if c.mode == ipamWrap {
+		return delegate(c, invoke.DelegateStatus)
+	}
+	return nil
 }
 
 // cmdCheck fails unless eipoibd holds a VIF for the MAC of the pod's
@@ -193,15 +307,23 @@ func checkVIF(c *Conf, mac net.HardwareAddr) error {
 // client is the control socket client of c's eipoibd.
 func client(c *Conf) ctl.Client { return ctl.Client{Path: c.Socket()} }
 
-// declare declares mac on c's VLAN to c's eipoibd.
-func declare(c *Conf, mac net.HardwareAddr) error {
-	err := client(c).AddVIF(ctl.VIFRequest{MAC: mac.String(), VLAN: c.VLAN})
+// declare records d for the attachment of args, then declares it to c's
+// eipoibd; a declaration the daemon refused is dropped from the record
+// again (nothing was declared).
+func declare(c *Conf, args *skel.CmdArgs, d decl) error {
+	rs := recordsOf(c)
+	if err := rs.add(args.ContainerID, args.IfName, d); err != nil {
+		return err
+	}
+	err := client(c).AddVIF(ctl.VIFRequest{MAC: d.MAC, VLAN: d.VLAN})
 	if err == nil {
 		return nil
 	}
+	mac, _ := net.ParseMAC(d.MAC)
 	if gone := daemonGone(c, err); gone != nil {
 		return gone
 	}
+	rs.drop(args.ContainerID, args.IfName, d)
 	return refused(c, "vif-add", mac, err)
 }
 
@@ -240,13 +362,17 @@ func prevMAC(c *Conf, args *skel.CmdArgs, missing string) (net.HardwareAddr, err
 	if err != nil {
 		return nil, badConf("prevResult: %v", err)
 	}
-	return podMAC(res, args)
+	iface, err := podInterface(res, args)
+	if err != nil {
+		return nil, err
+	}
+	return ifaceMAC(iface, args)
 }
 
-// podMAC finds the pod's interface in a previous result: the interface
-// named args.IfName in the pod's network namespace, as bridge reports
-// it.
-func podMAC(res *current.Result, args *skel.CmdArgs) (net.HardwareAddr, error) {
+// podInterface finds the pod's interface in a previous result: the
+// interface named args.IfName in the pod's network namespace, as bridge
+// reports it.
+func podInterface(res *current.Result, args *skel.CmdArgs) (*current.Interface, error) {
 	var found *current.Interface
 	for _, i := range res.Interfaces {
 		if i == nil || i.Name != args.IfName || i.Sandbox == "" {
@@ -259,17 +385,32 @@ func podMAC(res *current.Result, args *skel.CmdArgs) (net.HardwareAddr, error) {
 	if found == nil {
 		return nil, badConf(`prevResult has no interface %s in the pod's namespace %s: list "eipoib" after "bridge"`, args.IfName, args.Netns)
 	}
-	mac, err := net.ParseMAC(found.Mac)
+	return found, nil
+}
+
+// ifaceMAC is the Ethernet MAC of the pod's interface i.
+func ifaceMAC(i *current.Interface, args *skel.CmdArgs) (net.HardwareAddr, error) {
+	mac, err := net.ParseMAC(i.Mac)
 	if err != nil || len(mac) != 6 {
-		return nil, badConf("prevResult: interface %s has MAC %q: want an Ethernet MAC", args.IfName, found.Mac)
+		return nil, badConf("prevResult: interface %s has MAC %q: want an Ethernet MAC", args.IfName, i.Mac)
 	}
 	return mac, nil
 }
 
-// netnsMAC reads the MAC of interface ifName in the network namespace
-// at path (netlink through a handle bound to that namespace: no thread
-// changes namespace).
-func netnsMAC(path, ifName string) (net.HardwareAddr, error) {
+// podLink reads the pod's interface ifName in the network namespace at
+// path (netlink through a handle bound to that namespace: no thread
+// changes namespace); it must be an Ethernet interface. Its error is
+// CNI's code 8 (invalid network namespace).
+func podLink(path, ifName string) (*netlink.LinkAttrs, error) {
+	a, err := netnsLink(path, ifName)
+	if err != nil {
+		return nil, types.NewError(types.ErrInvalidNetNS, fmt.Sprintf("eipoib: pod interface %s in %s: %v", ifName, path, err), "")
+	}
+	return a, nil
+}
+
+// netnsLink is podLink's work.
+func netnsLink(path, ifName string) (*netlink.LinkAttrs, error) {
 	if path == "" {
 		return nil, errors.New("no network namespace given")
 	}
@@ -287,9 +428,9 @@ func netnsMAC(path, ifName string) (net.HardwareAddr, error) {
 	if err != nil {
 		return nil, err
 	}
-	mac := l.Attrs().HardwareAddr
-	if len(mac) != 6 {
-		return nil, fmt.Errorf("%s is not an Ethernet interface (hardware address %s)", ifName, mac)
+	a := l.Attrs()
+	if len(a.HardwareAddr) != 6 {
+		return nil, fmt.Errorf("%s is not an Ethernet interface (hardware address %s)", ifName, a.HardwareAddr)
 	}
-	return mac, nil
+	return a, nil
 }

@@ -2,37 +2,44 @@ package main
 
 import (
 	"bufio"
+	"encoding/json"
 	"errors"
-	"io"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
 
 	"github.com/eipoib/eipoibd/internal/ctl"
 	"github.com/eipoib/eipoibd/internal/nstest"
 )
 
 // fakeDaemon answers vif-add and vif-del as eipoibd does, keeping the
-// declared VIFs; refuse makes vif-add fail with that message.
+// declared VIFs; refuse makes vif-add fail with that message; its port
+// is up unless down.
 type fakeDaemon struct {
+	ctl.UnimplementedHandler
 	mu     sync.Mutex
 	vifs   map[ctl.VIFRequest]bool
 	refuse string
+	down   bool
 }
 
-func (d *fakeDaemon) Port() ctl.Port               { return ctl.Port{} }
-func (d *fakeDaemon) Neighbours() []ctl.Neigh      { return nil }
-func (d *fakeDaemon) Groups() []ctl.Group          { return nil }
-func (d *fakeDaemon) Stats() ctl.Stats             { return nil }
-func (d *fakeDaemon) FlushNeighbours() ctl.Flushed { return ctl.Flushed{} }
-func (d *fakeDaemon) Capture(ctl.CaptureRequest, io.Writer, <-chan struct{}) error {
-	return errors.New("no capture")
+func (d *fakeDaemon) Port() ctl.Port {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.down {
+		return ctl.Port{Backend: "sim", Device: "veth0", Link: "down"}
+	}
+	return ctl.Port{Backend: "sim", Device: "veth0", Link: "up"}
 }
 
 func (d *fakeDaemon) VIFs() []ctl.VIF {
@@ -76,11 +83,29 @@ func serve(t *testing.T, dir string) *fakeDaemon {
 }
 
 // podArgs are the arguments of the runtime's call for the pod of
-// chainedConf, its eipoibd's control socket and state file in dir.
+// chainedConf, its eipoibd's control socket and state file in dir, the
+// plugin's records in dir/data.
 func podArgs(dir string) *skel.CmdArgs {
-	conf := strings.NewReplacer(`"/run/x"`, `"`+dir+`"`, `"/run/s/"`, `"`+dir+`"`).Replace(chainedConf)
+	conf := strings.NewReplacer(`"/run/x"`, `"`+dir+`"`, `"/run/s/"`, `"`+dir+`","dataDir":"`+dir+`/data"`).Replace(chainedConf)
 	return &skel.CmdArgs{ContainerID: "c1", Netns: "/var/run/netns/pod", IfName: "eth0", StdinData: []byte(conf)}
 }
+
+// podNS makes the pod's network namespace for args: its eth0 an
+// Ethernet interface with the MAC of chainedConf's prevResult (or mac)
+// and MTU 4092, as bridge leaves it.
+func podNS(t *testing.T, args *skel.CmdArgs, mac ...string) {
+	t.Helper()
+	ns := fmt.Sprintf("eipoibcni%d-%d", os.Getpid(), podSeq.Add(1))
+	nstest.Add(t, ns)
+	addr := "0a:58:0a:4d:00:32"
+	if len(mac) > 0 {
+		addr = mac[0]
+	}
+	nstest.Must(t, "ip", "-n", ns, "link", "add", "eth0", "address", addr, "mtu", "4092", "type", "veth", "peer", "name", "host0")
+	args.Netns = "/var/run/netns/" + ns
+}
+
+var podSeq atomic.Int32
 
 // quiet sends what fn prints on standard output (the plugin's result)
 // to a file, so that the test's output stays readable, and returns it.
@@ -110,6 +135,7 @@ func TestAddDel(t *testing.T) {
 	dir := t.TempDir()
 	d := serve(t, dir)
 	args := podArgs(dir)
+	podNS(t, args)
 	out, err := quiet(t, func() error { return cmdAdd(args) })
 	if err != nil {
 		t.Fatal(err)
@@ -118,8 +144,13 @@ func TestAddDel(t *testing.T) {
 	if got := d.VIFs(); len(got) != 1 || got[0] != (ctl.VIF{MAC: want.MAC, VLAN: uint16(want.VLAN)}) {
 		t.Errorf("after ADD the daemon holds %v, want %v", got, want)
 	}
-	if !strings.Contains(out, `"0a:58:0a:4d:00:32"`) || !strings.Contains(out, `"10.77.0.50/24"`) {
-		t.Errorf("ADD printed %s, want the prevResult passed on", out)
+	var res current.Result
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Interfaces) != 3 || *res.Interfaces[2] != (current.Interface{Name: "eth0", Mac: "0a:58:0a:4d:00:32", Mtu: 4092, Sandbox: "/var/run/netns/pod"}) ||
+		*res.Interfaces[0] != (current.Interface{Name: "br0", Mac: "aa:bb:cc:dd:ee:01"}) || len(res.IPs) != 1 || res.IPs[0].Address.String() != "10.77.0.50/24" {
+		t.Errorf("ADD printed %s, want the prevResult passed on, the pod interface's MTU 4092 added", out)
 	}
 	if err := cmdCheck(args); err != nil {
 		t.Errorf("CHECK after ADD: %v", err)
@@ -158,8 +189,10 @@ func TestAddDel(t *testing.T) {
 // stopping), ADD fails with "try again later" (code 11) and a message
 // naming the socket, the system's error and the question to ask.
 func TestNoDaemon(t *testing.T) {
+	nstest.Require(t) // the pod's namespace
 	dir := t.TempDir()
 	args := podArgs(dir)
+	podNS(t, args)
 	_, err := quiet(t, func() error { return cmdAdd(args) })
 	var ce *types.Error
 	want := "eipoibd control socket " + filepath.Join(dir, "eib1.sock") + ": no such file or directory: is eipoibd running for eib1?"
@@ -275,5 +308,135 @@ func TestAddNoPodInterface(t *testing.T) {
 	_, err = quiet(t, func() error { return cmdAdd(args) })
 	if !errors.As(err, &ce) || ce.Code != types.ErrInvalidNetworkConfig || !strings.Contains(ce.Msg, "no prevResult") {
 		t.Errorf("ADD without prevResult: %v, want code 7", err)
+	}
+}
+
+// TestDelLiveDaemonsState: DEL for a configuration whose socketDir names
+// no daemon (mistyped: ADD failed) while its stateDir holds the state
+// file of a daemon that answers beside it. That state is the live
+// daemon's, which ADD never reached: DEL succeeds, and advises removing
+// nothing.
+func TestDelLiveDaemonsState(t *testing.T) {
+	nstest.Require(t) // the control socket serves root peers only
+	live, wrong := t.TempDir(), t.TempDir()
+	serve(t, live)
+	if err := os.WriteFile(filepath.Join(live, "eib1.state"), []byte("{}"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	conf := strings.NewReplacer(`"/run/x"`, `"`+wrong+`"`, `"/run/s/"`, `"`+live+`","dataDir":"`+wrong+`/data"`).Replace(chainedConf)
+	args := &skel.CmdArgs{ContainerID: "c1", Netns: "/var/run/netns/pod", IfName: "eth0", StdinData: []byte(conf)}
+	if err := cmdDel(args); err != nil {
+		t.Errorf("DEL with a state file of a daemon that answers: %v, want success", err)
+	}
+}
+
+// TestDelConfigNoLongerParses: ADD declares the VIF and records it; a
+// DEL whose configuration no longer parses ("vlan":"10", a string, as a
+// typo leaves it) frees the VIF from the record, succeeds, and leaves no
+// record; a second such DEL succeeds with nothing to free.
+func TestDelConfigNoLongerParses(t *testing.T) {
+	nstest.Require(t)
+	dir := t.TempDir()
+	d := serve(t, dir)
+	args := podArgs(dir)
+	podNS(t, args)
+	if _, err := quiet(t, func() error { return cmdAdd(args) }); err != nil {
+		t.Fatal(err)
+	}
+	record := filepath.Join(dir, "data", "ib", "c1:eth0")
+	if b, err := os.ReadFile(record); err != nil || !strings.Contains(string(b), `"mac":"0a:58:0a:4d:00:32","vlan":10`) {
+		t.Fatalf("record after ADD: %s (%v), want the MAC on VLAN 10", b, err)
+	}
+	args.StdinData = []byte(strings.Replace(string(args.StdinData), `"vlan":10`, `"vlan":"10"`, 1))
+	if _, err := ParseConf(args.StdinData); err == nil {
+		t.Fatal("the mistyped configuration parses")
+	}
+	for i := range 2 {
+		if err := cmdDel(args); err != nil {
+			t.Errorf("DEL %d with a configuration that no longer parses: %v, want success", i+1, err)
+		}
+		if got := d.VIFs(); len(got) != 0 {
+			t.Errorf("after DEL %d the daemon holds %v, want nothing", i+1, got)
+		}
+		if _, err := os.Stat(record); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("after DEL %d the record is still there (%v)", i+1, err)
+		}
+	}
+}
+
+// gcConf is the GC request's configuration for network name on the
+// daemon in dir, the valid attachments given.
+func gcConf(dir, name, valid string) []byte {
+	return []byte(fmt.Sprintf(`{"cniVersion":"1.1.0","name":%q,"type":"eipoib","tap":"eib1","socketDir":%q,"dataDir":%q,"vlan":10,"cni.dev/valid-attachments":%s}`,
+		name, dir, dir+"/data", valid))
+}
+
+// TestGC: two pods ADDed on network "ib"; GC of another network frees
+// nothing of it; GC with the first pod as the only valid attachment
+// frees the second's VIF and keeps the first's; GC with no valid
+// attachment frees the first's too; each record goes with its VIF.
+func TestGC(t *testing.T) {
+	nstest.Require(t)
+	dir := t.TempDir()
+	d := serve(t, dir)
+	p1, p2 := podArgs(dir), podArgs(dir)
+	p2.ContainerID = "c2"
+	p2.StdinData = []byte(strings.Replace(string(p2.StdinData), "0a:58:0a:4d:00:32", "0a:58:0a:4d:00:33", 1))
+	podNS(t, p1)
+	podNS(t, p2, "0a:58:0a:4d:00:33")
+	for _, a := range []*skel.CmdArgs{p1, p2} {
+		if _, err := quiet(t, func() error { return cmdAdd(a) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	vif := func(mac string) ctl.VIF { return ctl.VIF{MAC: mac, VLAN: 10} }
+	for _, step := range []struct {
+		name, valid string
+		want        []ctl.VIF
+	}{
+		{"other", `[]`, []ctl.VIF{vif("0a:58:0a:4d:00:32"), vif("0a:58:0a:4d:00:33")}},
+		{"ib", `[{"containerID":"c1","ifname":"eth0"}]`, []ctl.VIF{vif("0a:58:0a:4d:00:32")}},
+		{"ib", `[]`, nil},
+	} {
+		if err := cmdGC(&skel.CmdArgs{StdinData: gcConf(dir, step.name, step.valid)}); err != nil {
+			t.Fatalf("GC of %s, valid %s: %v", step.name, step.valid, err)
+		}
+		got := d.VIFs()
+		slices.SortFunc(got, func(a, b ctl.VIF) int { return strings.Compare(a.MAC, b.MAC) })
+		if !slices.Equal(got, step.want) {
+			t.Errorf("after GC of %s, valid %s, the daemon holds %v, want %v", step.name, step.valid, got, step.want)
+		}
+		records, _ := filepath.Glob(filepath.Join(dir, "data", "ib", "*"))
+		if len(records) != len(step.want) {
+			t.Errorf("after GC of %s, valid %s, records %v, want %d", step.name, step.valid, records, len(step.want))
+		}
+	}
+}
+
+// TestStatus: STATUS fails with code 50 while nothing answers on the
+// control socket and while the daemon's fabric port is down, and
+// succeeds once it is up.
+func TestStatus(t *testing.T) {
+	nstest.Require(t)
+	dir := t.TempDir()
+	args := &skel.CmdArgs{StdinData: gcConf(dir, "ib", `[]`)}
+	var ce *types.Error
+	want := "eipoibd control socket " + filepath.Join(dir, "eib1.sock") + ": no such file or directory: is eipoibd running for eib1?"
+	if err := cmdStatus(args); !errors.As(err, &ce) || ce.Code != ErrNotAvailable || ce.Msg != want {
+		t.Errorf("STATUS without a daemon: %v, want code 50 %q", err, want)
+	}
+	d := serve(t, dir)
+	d.mu.Lock()
+	d.down = true
+	d.mu.Unlock()
+	want = "eipoibd eib1 is not ready: its fabric port (sim veth0) is down"
+	if err := cmdStatus(args); !errors.As(err, &ce) || ce.Code != ErrNotAvailable || ce.Msg != want {
+		t.Errorf("STATUS with the port down: %v, want code 50 %q", err, want)
+	}
+	d.mu.Lock()
+	d.down = false
+	d.mu.Unlock()
+	if err := cmdStatus(args); err != nil {
+		t.Errorf("STATUS with the port up: %v", err)
 	}
 }

@@ -46,7 +46,7 @@ func TestReferenceConfig(t *testing.T) {
 		}
 	}
 	// And the reference as a whole is a valid configuration.
-	o, err := parse([]string{"run", "--config", "../../docs/eipoibd.toml", "--underlay", "ul1"}, &bytes.Buffer{})
+	o, err := parse([]string{"--config", "../../docs/eipoibd.toml", "--underlay", "ul1"}, &bytes.Buffer{})
 	if err != nil || o.cfg.Queues != runtime.NumCPU() {
 		t.Fatalf("the reference does not parse: %v", err)
 	}
@@ -66,11 +66,11 @@ func writeConfig(t *testing.T, text string) string {
 // what is allowed.
 func TestConfigFile(t *testing.T) {
 	p := writeConfig(t, "underlay = \"ul9\"\nib-mtu = 2048\nvif-idle = \"90s\"\noffload = false\nvlan-pkey = \"10=0x800a\"\n")
-	o, err := parse([]string{"run", "--config", p}, &bytes.Buffer{})
+	o, err := parse([]string{"--config", p}, &bytes.Buffer{})
 	if err != nil || o.cfg.Underlay != "ul9" || o.cfg.IBMTU != 2048 || o.cfg.VIFIdle != 90*time.Second || o.cfg.Offload || len(o.cfg.Partitions) != 1 || o.cfg.Partitions[10] != 0x800a {
 		t.Fatalf("from the file: %+v, %v", o, err)
 	}
-	o, err = parse([]string{"run", "--config", p, "--ib-mtu", "4096", "--offload=true"}, &bytes.Buffer{})
+	o, err = parse([]string{"--config", p, "--ib-mtu", "4096", "--offload=true"}, &bytes.Buffer{})
 	if err != nil || o.cfg.IBMTU != 4096 || !o.cfg.Offload || o.cfg.Underlay != "ul9" {
 		t.Fatalf("flags over the file: %+v, %v", o, err)
 	}
@@ -86,14 +86,14 @@ func TestConfigFile(t *testing.T) {
 		{"underlay = \"u\"\nlog-format = \"xml\"\n", `--config P: --log-format "xml": want text or json`},
 	} {
 		p := writeConfig(t, c.text)
-		_, err := parse([]string{"run", "--config", p}, &bytes.Buffer{})
+		_, err := parse([]string{"--config", p}, &bytes.Buffer{})
 		want := strings.ReplaceAll(c.want, "P", p)
 		if err == nil || !strings.HasPrefix(err.Error(), want) || strings.Contains(err.Error(), "\n") {
 			t.Errorf("%q: error %v, want %q", c.text, err, want)
 		}
 	}
 	missing := filepath.Join(t.TempDir(), "none.toml")
-	if _, err := parse([]string{"run", "--config", missing}, &bytes.Buffer{}); err == nil || err.Error() != "--config "+missing+": no such file or directory" {
+	if _, err := parse([]string{"--config", missing}, &bytes.Buffer{}); err == nil || err.Error() != "--config "+missing+": no such file or directory" {
 		t.Errorf("missing file: %v", err)
 	}
 }

@@ -17,86 +17,148 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/eipoib/eipoibd/internal/cli"
+	"github.com/eipoib/eipoibd/ether"
 	"github.com/eipoib/eipoibd/internal/ctl"
 )
 
 // stdout is where the client commands print (a variable for the tests).
 var stdout io.Writer = os.Stdout
 
-// runCtl runs a client command: show, vif, neigh or capture.
-func runCtl(cmd string, args []string, stderr io.Writer) error {
-	fs := flag.NewFlagSet("eipoibd "+cmd, flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	name := fs.String("name", "eib0", "the daemon's TAP name")
-	dir := fs.String("ctl-dir", ctl.DefaultDir, "directory of the control sockets")
-	asJSON := fs.Bool("json", false, "print JSON (stable field names, see the README)")
-	interval := fs.Duration("interval", 0, "stats: print the changes every interval (like ip -s), --count times")
-	count := fs.Int("count", 0, "stats --interval: rounds (0: until interrupted); capture: packets (-c)")
-	fs.IntVar(count, "c", 0, "capture: stop after this many packets")
-	vlan := fs.Int("vlan", 0, "vif add/del: the guest's VLAN")
-	out := fs.String("w", "", "capture: the pcap file to write")
-	side := fs.String("side", ctl.SideFabric, "capture: fabric (IPoIB, pcap link type 242) or tap (Ethernet)")
-	usage := fmt.Sprintf(`usage: eipoibd show port|vifs|neigh|groups|stats [--name eib0] [--json] [--interval 1s]
-       eipoibd vif add|del MAC [--vlan N] [--name eib0]
-       eipoibd neigh flush [--name eib0]
-       eipoibd capture [--name eib0] -w FILE [-c N] [--side fabric|tap]
-Flags of eipoibd %s:
-`, cmd)
-	// Positional words first (show vifs, vif add MAC), flags after them.
+// ctlFlags are the flags every client command takes: the daemon's TAP
+// name and the directory of its control socket.
+type ctlFlags struct {
+	fs        *flag.FlagSet
+	name, dir *string
+}
+
+// newCtlFlags is the flag set of client command cmd.
+func newCtlFlags(cmd string) ctlFlags {
+	fs := newFlags(cmd)
+	return ctlFlags{
+		fs:   fs,
+		name: fs.String("name", "eib0", "the daemon's TAP name"),
+		dir:  fs.String("ctl-dir", ctl.DefaultDir, "directory of the control sockets"),
+	}
+}
+
+// parse takes the positional words first (show vifs, vif add MAC), then
+// the flags after them, and returns the words.
+func (f ctlFlags) parse(cmd string, args []string, stderr io.Writer) ([]string, error) {
 	var words []string
-	for len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+	for len(args) > 0 && (args[0] == "-" || !strings.HasPrefix(args[0], "-")) {
 		words, args = append(words, args[0]), args[1:]
 	}
-	if err := cli.Parse(fs, args, usage, stderr, "eipoibd "+cmd+" -h lists the flags"); err != nil {
-		return err
-	}
-	c := ctl.Client{Path: ctl.Path(*dir, *name)}
-	switch cmd {
-	case "show":
-		if len(words) != 1 {
-			return cli.UsageError{Msg: "show what? port, vifs, neigh, groups or stats"}
-		}
-		if *interval > 0 {
-			if words[0] != ctl.ShowStats {
-				return cli.UsageError{Msg: "--interval is for show stats"}
-			}
-			return statsEvery(c, *interval, *count, *asJSON)
-		}
-		data, err := c.Show(words[0])
-		if err != nil {
-			return err
-		}
-		return printShow(words[0], data, *asJSON)
-	case "vif":
-		if len(words) != 2 || (words[0] != "add" && words[0] != "del") {
-			return cli.UsageError{Msg: "usage: eipoibd vif add|del MAC [--vlan N]"}
-		}
-		v := ctl.VIFRequest{MAC: words[1], VLAN: *vlan}
-		if words[0] == "add" {
-			return c.AddVIF(v)
-		}
-		return c.DelVIF(v)
-	case "neigh":
-		if len(words) != 1 || words[0] != "flush" {
-			return cli.UsageError{Msg: "usage: eipoibd neigh flush"}
-		}
-		data, err := c.Do(ctl.Request{Cmd: ctl.CmdNeighFlush})
-		if err == nil && *asJSON {
-			fmt.Fprintln(stdout, string(data))
-		}
-		return err
-	}
-	// capture
-	if *out == "" {
-		return cli.UsageError{Msg: "capture needs -w FILE"}
-	}
-	f, err := os.Create(*out)
+	return words, parseFlags(cmd, f.fs, args, stderr)
+}
+
+// client is the control socket's client of the daemon the flags name.
+func (f ctlFlags) client() ctl.Client { return ctl.Client{Path: ctl.Path(*f.dir, *f.name)} }
+
+// runShow is "eipoibd show WHAT".
+func runShow(args []string, stderr io.Writer) error {
+	f := newCtlFlags("show")
+	asJSON := f.fs.Bool("json", false, "print JSON (stable field names, see the README)")
+	interval := f.fs.Duration("interval", 0, "stats: print the changes every interval (like ip -s), --count times")
+	count := f.fs.Int("count", 0, "stats --interval: rounds (0: until interrupted)")
+	words, err := f.parse("show", args, stderr)
 	if err != nil {
 		return err
 	}
-	err = c.Capture(ctl.CaptureRequest{Side: *side, Count: *count}, f)
-	return errors.Join(err, f.Close())
+	showWhat := ctl.Listings()
+	want := "want " + strings.Join(showWhat, ", ")
+	switch {
+	case len(words) == 0:
+		return usageError{Msg: "show what? " + want}
+	case !slices.Contains(showWhat, words[0]):
+		return usageError{Msg: fmt.Sprintf("show %q: %s", words[0], want)}
+	case len(words) > 1:
+		return usageError{Msg: fmt.Sprintf("unexpected argument %q", words[1])}
+	case *interval > 0 && words[0] != ctl.ShowStats:
+		return usageError{Msg: "--interval is for show stats"}
+	case *interval > 0:
+		return statsEvery(f.client(), *interval, *count, *asJSON)
+	}
+	data, err := f.client().Show(words[0])
+	if err != nil {
+		return err
+	}
+	return printShow(words[0], data, *asJSON)
+}
+
+// runVIF is "eipoibd vif add|del MAC": the MAC is checked here, before
+// any daemon is asked.
+func runVIF(args []string, stderr io.Writer) error {
+	f := newCtlFlags("vif")
+	vlan := f.fs.Int("vlan", 0, "the guest's VLAN (0: untagged)")
+	words, err := f.parse("vif", args, stderr)
+	if err != nil {
+		return err
+	}
+	if len(words) != 2 || (words[0] != "add" && words[0] != "del") {
+		return usageError{Msg: "want vif add|del MAC [--vlan N]"}
+	}
+	if _, err := ether.ParseMAC(words[1]); err != nil {
+		return usageError{Msg: fmt.Sprintf("MAC %q: want six colon-separated hex bytes, e.g. 02:00:00:00:00:01", words[1])}
+	}
+	if *vlan < 0 || *vlan > 4094 {
+		return usageError{Msg: fmt.Sprintf("--vlan %d: want 0 (untagged) to 4094", *vlan)}
+	}
+	v := ctl.VIFRequest{MAC: words[1], VLAN: *vlan}
+	if words[0] == "add" {
+		return f.client().AddVIF(v)
+	}
+	return f.client().DelVIF(v)
+}
+
+// runNeigh is "eipoibd neigh flush".
+func runNeigh(args []string, stderr io.Writer) error {
+	f := newCtlFlags("neigh")
+	asJSON := f.fs.Bool("json", false, "print the daemon's answer as JSON")
+	words, err := f.parse("neigh", args, stderr)
+	if err != nil {
+		return err
+	}
+	if len(words) != 1 || words[0] != "flush" {
+		return usageError{Msg: "want neigh flush"}
+	}
+	fl, err := f.client().FlushNeighbours()
+	if err == nil && *asJSON {
+		b, _ := json.Marshal(fl)
+		fmt.Fprintln(stdout, string(b))
+	}
+	return err
+}
+
+// runCapture is "eipoibd capture -w FILE": -w - writes to standard
+// output.
+func runCapture(args []string, stderr io.Writer) error {
+	f := newCtlFlags("capture")
+	var count int
+	f.fs.IntVar(&count, "count", 0, "stop after this many packets (0: at an interrupt)")
+	f.fs.IntVar(&count, "c", 0, "the same as --count")
+	out := f.fs.String("w", "", "the pcap file to write; - for standard output")
+	side := f.fs.String("side", ctl.SideFabric, "fabric (IPoIB, pcap link type 242) or tap (Ethernet)")
+	words, err := f.parse("capture", args, stderr)
+	switch {
+	case err != nil:
+		return err
+	case len(words) > 0:
+		return usageError{Msg: fmt.Sprintf("unexpected argument %q", words[0])}
+	case *out == "":
+		return usageError{Msg: "capture needs -w FILE (- for standard output)"}
+	case *side != ctl.SideFabric && *side != ctl.SideTAP:
+		return usageError{Msg: fmt.Sprintf("--side %q: want fabric or tap", *side)}
+	}
+	req := ctl.CaptureRequest{Side: *side, Count: count}
+	if *out == "-" {
+		return f.client().Capture(req, stdout)
+	}
+	w, err := os.Create(*out)
+	if err != nil {
+		return err
+	}
+	err = f.client().Capture(req, w)
+	return errors.Join(err, w.Close())
 }
 
 // statsEvery prints the counters' changes every interval, count times

@@ -2,9 +2,7 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
-	"github.com/eipoib/eipoibd/internal/cli"
 	"io"
 	"log/slog"
 	"os"
@@ -14,15 +12,6 @@ import (
 	"github.com/eipoib/eipoibd/internal/daemon"
 	"github.com/eipoib/eipoibd/ipoib"
 )
-
-const hostUsage = `usage: eipoibd host --underlay IFACE [flags]
-
-Runs a native IPoIB host on the simulated fabric, as a Linux ib0 in
-datagram mode: a TUN device for this host's own IP stack, one UD QP,
-IPoIB ARP and NDP, multicast per RFC 4391. Give the device addresses
-with ip(8) as usual. SIGUSR1 logs the neighbour table, SIGUSR2 the
-counters. Flags:
-`
 
 // hostOptions are the parsed flags of "host".
 type hostOptions struct {
@@ -35,8 +24,7 @@ type hostOptions struct {
 
 func parseHost(args []string, stderr io.Writer) (*hostOptions, error) {
 	o := &hostOptions{}
-	fs := flag.NewFlagSet("eipoibd host", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
+	fs := newFlags("host")
 	fs.StringVar(&o.underlay, "underlay", "", "underlay interface of the simulated fabric (required)")
 	fs.StringVar(&o.name, "name", "ib0", "name of the TUN device to create")
 	fs.IntVar(&o.ibMTU, "ib-mtu", 4096, "IB MTU, 2048 or 4096 (the device's MTU is 4 less)")
@@ -46,7 +34,7 @@ func parseHost(args []string, stderr io.Writer) (*hostOptions, error) {
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&o.config, "config", "", "TOML file of flag values (keys are the flag names); flags on the command line win")
-	if err := cli.Parse(fs, args, hostUsage, stderr, "eipoibd host -h lists the flags"); err != nil {
+	if err := parseFlags("host", fs, args, stderr); err != nil {
 		return nil, err
 	}
 	if err := withConfig(fs, o.config, o.check); err != nil {

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -10,22 +9,9 @@ import (
 	"path/filepath"
 	"syscall"
 
-	"github.com/eipoib/eipoibd/internal/cli"
 	"github.com/eipoib/eipoibd/internal/ctl"
 	"github.com/eipoib/eipoibd/internal/keeper"
 )
-
-const keeperUsage = `usage: eipoibd keeper [--socket PATH] [flags]
-
-Holds file descriptors for daemons where no systemd does (a second
-container of the DaemonSet pod, or a service of its own): eipoibd
---persist --fd-store PATH keeps its TAP queues here, so that a restart
-or a crash of eipoibd never drops the TAP's carrier. Speaks systemd's
-FDSTORE=1 protocol on a datagram socket. Stopping the keeper closes what
-it holds: a TAP whose eipoibd is not running then loses its carrier, and
-the next eipoibd start reopens it (its carrier drops once). SIGUSR2 logs
-what it holds and its counters. Flags:
-`
 
 // keeperOptions are the parsed flags of "keeper".
 type keeperOptions struct {
@@ -36,14 +22,13 @@ type keeperOptions struct {
 
 func parseKeeper(args []string, stderr io.Writer) (*keeperOptions, error) {
 	o := &keeperOptions{}
-	fs := flag.NewFlagSet("eipoibd keeper", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
+	fs := newFlags("keeper")
 	fs.StringVar(&o.cfg.Socket, "socket", filepath.Join(ctl.DefaultDir, "keeper.sock"), "path of the keeper's socket (eipoibd run --fd-store)")
 	fs.IntVar(&o.cfg.MaxFDs, "max-fds", keeper.DefaultMaxFDs, "most file descriptors held, all names together (a TAP has one per queue)")
 	fs.IntVar(&o.cfg.MaxNames, "max-names", keeper.DefaultMaxNames, "most names held (one per TAP)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
-	if err := cli.Parse(fs, args, keeperUsage, stderr, "eipoibd keeper -h lists the flags"); err != nil {
+	if err := parseFlags("keeper", fs, args, stderr); err != nil {
 		return nil, err
 	}
 	if err := checkLog(o.logLevel, o.logFormat, &o.level); err != nil {

@@ -3,12 +3,16 @@
 // parses the command line and the config file into a daemon.Config and
 // runs internal/daemon, which does the rest; "show", "vif", "neigh" and
 // "capture" are the control socket's client, "host" a native IPoIB host,
-// "keeper" the holder of --persist's TAP queues outside systemd.
+// "keeper" the holder of --persist's TAP queues outside systemd. Run
+// without arguments, it lists its commands (commands.go).
 //
 //	eipoibd run --underlay IFACE [--name eib0] [--bridge BR] [--ib-mtu 4096]
 //	            [--max-vifs N] [--fabric sim] [--metrics ADDR] ...
 //	eipoibd host --underlay IFACE [--name ib0] [--ib-mtu 4096] [--pkey P]
 //	eipoibd keeper [--socket /run/eipoibd/keeper.sock] [--max-fds 1024]
+//	eipoibd show|vif|neigh|capture ...
+//	eipoibd help [COMMAND]
+//	eipoibd version
 package main
 
 import (
@@ -35,12 +39,6 @@ import (
 	"github.com/eipoib/eipoibd/shim"
 )
 
-const usage = `usage: eipoibd run --underlay IFACE [flags]
-
-Runs in the foreground: creates the TAP, binds the IB port and moves
-traffic until SIGINT or SIGTERM. Flags:
-`
-
 // errHelp ends the program successfully after printing the usage.
 var errHelp = cli.ErrHelp
 
@@ -60,17 +58,11 @@ type options struct {
 	faults                                                   string
 }
 
+// parse parses the flags of "run" (the arguments after it).
 func parse(args []string, stderr io.Writer) (*options, error) {
-	if len(args) == 0 || args[0] != "run" {
-		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
-			args = []string{"run", "-h"}
-		} else {
-			return nil, usageError{Msg: `missing command: use "eipoibd run --underlay IFACE" (eipoibd run -h lists the flags)`}
-		}
-	}
 	o := &options{}
 	fs := runFlags(o)
-	if err := cli.Parse(fs, args[1:], usage, stderr, "eipoibd run -h lists the flags"); err != nil {
+	if err := parseFlags("run", fs, args, stderr); err != nil {
 		return nil, err
 	}
 	if err := withConfig(fs, o.config, func() error { return check(o) }); err != nil {
@@ -87,8 +79,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 // runFlags is the flag set of "eipoibd run", bound to o; the config
 // file's keys are its flag names.
 func runFlags(o *options) *flag.FlagSet {
-	fs := flag.NewFlagSet("eipoibd run", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
+	fs := newFlags("run")
 	fs.StringVar(&o.config, "config", "", "TOML file of flag values (keys are the flag names); flags on the command line win")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&o.cfg.Underlay, "underlay", "", "underlay interface of the simulated fabric (required)")
@@ -101,7 +92,8 @@ func runFlags(o *options) *flag.FlagSet {
 	fs.IntVar(&o.cfg.MemoryLimit, "memory-limit", 0, "soft limit in MiB of the memory the Go runtime holds (debug.SetMemoryLimit): past it the garbage collector runs more often, at a CPU cost; 0: none (or $GOMEMLIMIT)")
 	fs.DurationVar(&o.cfg.VIFIdle, "vif-idle", 300*time.Second, "idle time after which a learned guest's VIF is removed (a declared one stays until undeclared)")
 	fs.StringVar(&o.cfg.Fabric, "fabric", daemon.FabricSim, "fabric backend: sim (the simulated UD fabric), kernel (the kernel's IPoIB driver, with --ib-dev) or verbs (UD QPs through libibverbs, with --ib-dev; needs a build with -tags verbs)")
-	fs.StringVar(&o.cfg.IBDev, "ib-dev", "", "IPoIB parent interface of --fabric kernel (e.g. ib0), or verbs device of --fabric verbs (e.g. mlx5_0, rxe0)")
+	fs.IntVar(&o.cfg.VerbsRecvDepth, "verbs-recv-depth", daemon.DefaultVerbsRecvDepth, fmt.Sprintf("receive buffers --fabric verbs keeps posted on its shared receive queue (%d to %d), reposted as packets arrive whatever the reader does; as many again hold packets for the reader, beyond which new ones are dropped and counted (rx_queue_full). Memory: (2 x depth + 64) x 4160 bytes", daemon.MinVerbsRecvDepth, daemon.MaxVerbsRecvDepth))
+	fs.StringVar(&o.cfg.IBDev, "ib-dev", "", "IPoIB parent interface of --fabric kernel (e.g. ib0), or verbs device of --fabric verbs, NAME or NAME:PORT (e.g. mlx5_0, mlx5_0:2, rxe0; port 1 when none is given)")
 	fs.StringVar(&o.cfg.Metrics, "metrics", "", "listen address for Prometheus metrics, e.g. 127.0.0.1:9474 (off when empty)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&o.dhcp, "dhcp", shim.DHCPBroadcast.String(), "DHCP handling: broadcast or rfc4390")
@@ -113,7 +105,7 @@ func runFlags(o *options) *flag.FlagSet {
 	fs.DurationVar(&o.cfg.Multicast.QueryResponseInterval, "mcast-response-interval", 10*time.Second, "maximum response time of general queries")
 	fs.DurationVar(&o.cfg.Multicast.LastMemberQueryInterval, "mcast-last-member-interval", time.Second, "interval of group-specific queries after a leave")
 	fs.IntVar(&o.cfg.Multicast.Robustness, "mcast-robustness", 2, "robustness variable: queries after a leave, and the membership interval factor")
-	fs.BoolVar(&o.cfg.Offload, "offload", true, "TAP offloads: read guests' TCP super-frames whole and cut them here, write received segment runs as super-frames")
+	fs.BoolVar(&o.cfg.Offload, "offload", true, "TAP offloads: read guests' TCP super-frames whole and cut them here, write received segment runs as super-frames (where the switch takes them: not on an Open vSwitch userspace datapath without userspace-tso-enable)")
 	fs.IntVar(&o.cfg.TAPMTU, "tap-mtu", 9000, fmt.Sprintf("MTU of the TAP itself, up to %d: guests' frames up to it reach eipoibd, which fragments them or answers ICMP too-big with the IPoIB MTU (a bridge would drop them silently)", daemon.MaxTAPMTU))
 	fs.IntVar(&o.cfg.TAPQueueLen, "tap-queue-len", daemon.DefaultTAPQueueLen, "frames each TAP queue holds for its reader (the TAP's txqueuelen): guests' frames beyond it are dropped by the kernel (the TAP's TX dropped) while the reader is not running; 0: the TAP's own (1000)")
 	fs.StringVar(&o.learn, "learn", shim.LearnAuto.String(), "auto: a VIF for any guest MAC (promiscuous emulation); declared: only MACs with a static entry in the --bridge FDB (as libvirt adds) or on an --ovs-bridge port's external_ids:attached-mac, others dropped and counted")
@@ -222,17 +214,8 @@ func parseFaults(s string) (faultport.Faults, error) {
 	return f, nil
 }
 
-func run(args []string, stderr io.Writer) error {
-	if len(args) > 0 {
-		switch args[0] {
-		case "host":
-			return runHost(args[1:], stderr)
-		case "keeper":
-			return runKeeper(args[1:], stderr)
-		case "show", "vif", "neigh", "capture":
-			return runCtl(args[0], args[1:], stderr)
-		}
-	}
+// runDaemon is "eipoibd run": the daemon, until SIGINT or SIGTERM.
+func runDaemon(args []string, stderr io.Writer) error {
 	o, err := parse(args, stderr)
 	if err != nil {
 		return err

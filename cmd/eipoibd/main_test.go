@@ -16,7 +16,8 @@ func TestBadCommandLines(t *testing.T) {
 		usage bool
 	}{
 		{nil, "missing command", true},
-		{[]string{"start"}, "missing command", true},
+		{[]string{"start"}, `unknown command "start"`, true},
+		{[]string{"--underlay", "x"}, `missing command before "--underlay"`, true},
 		{[]string{"run"}, "--underlay is required", true},
 		{[]string{"run", "--underlay", "x", "--ib-mtu", "1500"}, "--ib-mtu 1500", true},
 		{[]string{"run", "--underlay", "x", "--max-vifs", "0"}, "--max-vifs 0", true},

@@ -28,7 +28,12 @@ func TestValidate(t *testing.T) {
 		{func(c *Config) {
 			c.Fabric, c.IBDev, c.Underlay, c.Faults = FabricVerbs, "rxe0", "", faultport.Faults{Loss: 0.1}
 		}, "--fault and --underlay are for --fabric sim"},
+		{func(c *Config) { c.Fabric, c.IBDev, c.Underlay = FabricVerbs, "mlx5_0:2", "" }, ""},
+		{func(c *Config) { c.Fabric, c.IBDev, c.Underlay = FabricVerbs, "mlx5_0:0", "" }, `--ib-dev "mlx5_0:0": port "0": want a number from 1 to 255`},
 		{func(c *Config) { c.IBMTU = 1500 }, "--ib-mtu 1500: want 2048 or 4096"},
+		{func(c *Config) { c.VerbsRecvDepth = 63 }, "--verbs-recv-depth 63: want 64 to 16384 (0: 1024)"},
+		{func(c *Config) { c.VerbsRecvDepth = 16385 }, "--verbs-recv-depth 16385: want 64 to 16384 (0: 1024)"},
+		{func(c *Config) { c.VerbsRecvDepth = 16384 }, ""},
 		{func(c *Config) { c.Queues = MaxQueues + 1 }, "--queues 257: want 0 (one per CPU) to 256"},
 		{func(c *Config) { c.RxWorkers = -1 }, "--rx-workers -1: want 0 (one per TAP queue) to 32"},
 		{func(c *Config) { c.RxWorkers = MaxRxWorkers + 1 }, "--rx-workers 33: want 0 (one per TAP queue) to 32"},

@@ -32,13 +32,6 @@ import (
 	"github.com/eipoib/eipoibd/tap"
 )
 
-// The fabric backends of Config.Fabric.
-const (
-	FabricSim    = "sim"    // the simulated UD fabric over Config.Underlay
-	FabricKernel = "kernel" // the kernel's IPoIB driver under Config.IBDev
-	FabricVerbs  = "verbs"  // UD QPs through libibverbs on Config.IBDev
-)
-
 // MaxQueues bounds Config.Queues: the kernel's limit on TUN queues
 // (MAX_TAP_QUEUES, drivers/net/tun.c).
 const MaxQueues = 256
@@ -90,24 +83,21 @@ const MaxMemoryLimit = 1 << 20
 const announceWindow = 30 * time.Second
 
 // Config is what the daemon runs with. Each field is the setting of the
-// flag (and config file key) named beside it; the README's flag table
-// says what it means.
+// flag (and config file key) named beside it; docs/flags.md, generated
+// from the flags, says what it means.
 type Config struct {
-	Name     string    // --name: the TAP
-	MAC      ether.MAC // --mac: the TAP's MAC; zero for the kernel's random one
-	Fabric   string    // --fabric: FabricSim, FabricKernel or FabricVerbs
-	Underlay string    // --underlay: the simulated fabric's interface
-	IBDev    string    // --ib-dev: IPoIB parent or verbs device
-	IBMTU    int       // --ib-mtu: 2048 or 4096 (sim; the others ask the device)
-	TAPMTU   int       // --tap-mtu
-	// TAPQueueLen is --tap-queue-len: the TAP's txqueuelen; 0 leaves
-	// the TAP's own (1000 as netlink creates it).
-	TAPQueueLen int
-	Queues      int // --queues: 0 for one per CPU
-	// RxWorkers is --rx-workers: the simulated fabric's receive sockets
-	// and RX workers; 0 for one per TAP queue.
-	RxWorkers int
-	Offload   bool // --offload
+	Name           string    // --name: the TAP
+	MAC            ether.MAC // --mac: the TAP's MAC; zero for the kernel's random one
+	Fabric         string    // --fabric: FabricSim, FabricKernel or FabricVerbs
+	Underlay       string    // --underlay: the simulated fabric's interface
+	IBDev          string    // --ib-dev: IPoIB parent or verbs device
+	IBMTU          int       // --ib-mtu: 2048 or 4096 (sim; the others ask the device)
+	VerbsRecvDepth int       // --verbs-recv-depth: 0 for the default
+	TAPMTU         int       // --tap-mtu
+	TAPQueueLen    int       // --tap-queue-len: 0 leaves the TAP's own
+	Queues         int       // --queues: 0 for one per CPU
+	RxWorkers      int       // --rx-workers: 0 for one per TAP queue
+	Offload        bool      // --offload
 
 	BusyPoll time.Duration // --busy-poll: 0 for off
 
@@ -166,6 +156,8 @@ func (c *Config) Validate() error {
 	switch {
 	case c.IBMTU != 2048 && c.IBMTU != 4096:
 		return bad("--ib-mtu %d: want 2048 or 4096", c.IBMTU)
+	case c.VerbsRecvDepth != 0 && (c.VerbsRecvDepth < MinVerbsRecvDepth || c.VerbsRecvDepth > MaxVerbsRecvDepth):
+		return bad("--verbs-recv-depth %d: want %d to %d (0: %d)", c.VerbsRecvDepth, MinVerbsRecvDepth, MaxVerbsRecvDepth, DefaultVerbsRecvDepth)
 	case c.MaxVIFs < 1 || c.MaxVIFs > 1<<20:
 		return bad("--max-vifs %d: want 1 to %d", c.MaxVIFs, 1<<20)
 	case c.TAPMTU < MinTAPMTU || c.TAPMTU > MaxTAPMTU:
@@ -249,10 +241,11 @@ func Run(ctx context.Context, cfg Config) error {
 			return fmt.Errorf("--state-dir: %w", err)
 		}
 	}
-	port, err := openFabric(&cfg, log)
+	fab, err := openFabric(&cfg, log)
 	if err != nil {
 		return err
 	}
+	port, fabDev := fab.port, fab.device
 	defer port.Close()
 	kept, inKeeper := keptQueues(&cfg, log)
 	tc := TAPConfig(&cfg, port, kept)
@@ -261,10 +254,6 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer dev.Close()
-	fabDev := cfg.Underlay
-	if cfg.Fabric != FabricSim {
-		fabDev = cfg.IBDev
-	}
 	log.Info("started", "tap", cfg.Name, "tap_start", dev.Start(), "fabric", cfg.Fabric, "device", fabDev, "gid", port.LocalGID(), "ib_mtu", port.MTU(), "ipoib_mtu", tc.MTU)
 	if dev.Offload() != cfg.Offload {
 		log.Warn("the kept TAP keeps its offload setting while its queues are open: stop eipoibd (not restart) to change it", "offload", dev.Offload(), "wanted", cfg.Offload)
@@ -322,7 +311,7 @@ func Run(ctx context.Context, cfg Config) error {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		handleSignals(ctx, &cfg, port, sh)
+		handleSignals(ctx, &cfg, fab, sh)
 	}()
 	notifySystemd(ctx, &wg, sh, log, fmt.Sprintf("%s on %s %s, GID %s", cfg.Name, cfg.Fabric, fabDev, port.LocalGID()))
 	// On a signal the shim stops after the state's last save, while it
@@ -376,7 +365,7 @@ func ShimConfig(cfg *Config, dev tap.Device, port ipoib.Port) shim.Config {
 // handleSignals answers cfg.Signals until ctx ends: SIGUSR1 toggles the
 // simulated port down and up (a test hook: the TAP's carrier follows),
 // SIGHUP reloads, SIGUSR2 logs the counters.
-func handleSignals(ctx context.Context, cfg *Config, port ipoib.Port, sh *shim.Shim) {
+func handleSignals(ctx context.Context, cfg *Config, fab fabric, sh *shim.Shim) {
 	r := reloader{cur: *cfg, sh: sh, log: cfg.Logger}
 	for {
 		select {
@@ -385,7 +374,7 @@ func handleSignals(ctx context.Context, cfg *Config, port ipoib.Port, sh *shim.S
 		case s := <-cfg.Signals:
 			switch s {
 			case syscall.SIGUSR1:
-				toggleDown(port, cfg.Logger)
+				toggleDown(fab, cfg.Logger)
 			case syscall.SIGHUP:
 				r.reload()
 			case syscall.SIGUSR2:

@@ -103,7 +103,8 @@ func stopped(t *testing.T, cancel context.CancelFunc, done <-chan error) {
 // MAC with the daemon's message; a SIGHUP (on Config.Signals) applies a
 // reload that adds a VLAN (show port lists its partition) and changes
 // vif-idle (logged), and a reload that does not validate changes
-// nothing. Ending the context stops it: Run returns nil, the TAP and the
+// nothing (not the VLANs, vif-idle or the log level it also changes: a
+// reload of the running settings then finds no change). Ending the context stops it: Run returns nil, the TAP and the
 // socket are gone, and no goroutine is left (goleak).
 //
 // Run is called on a thread in the namespace, so the TAP, the fabric's
@@ -192,16 +193,39 @@ func TestRunInProcess(t *testing.T) {
 		`msg="config change needs a restart" key=ib-mtu running=2048 new=4096`} {
 		waitFor(t, l, func() bool { return strings.Contains(logs.String(), l) })
 	}
-	// One that does not validate changes nothing.
+	// One that does not validate changes nothing, though it changes
+	// live keys too: a VLAN added, vif-idle and the log level.
 	bad := next
-	bad.IBMTU = 1000
+	bad.IBMTU, bad.VIFIdle, bad.Partitions = 1000, 7*time.Second, map[uint16]ipoib.PKey{10: 0x800a, 20: 0x8014}
+	bad.Level = new(slog.LevelVar)
+	bad.Level.Set(slog.LevelError)
+	bad.Settings = maps.Clone(next.Settings)
+	bad.Settings["ib-mtu"], bad.Settings["vif-idle"], bad.Settings["vlan-pkey"], bad.Settings["log-level"] = "1000", "7s", "10=0x800a,20=0x8014", "error"
 	reloads <- bad
 	sig <- syscall.SIGHUP
 	waitFor(t, "refused reload", func() bool {
 		return strings.Contains(logs.String(), `msg="config reload failed; running on unchanged" err="--ib-mtu 1000: want 2048 or 4096"`)
 	})
-	if p, err := c.ShowPort(); err != nil || len(p.Partitions) != 2 {
+	if p, err := c.ShowPort(); err != nil || len(p.Partitions) != 2 || p.Partitions[1] != (ctl.Partition{VLAN: 10, PKey: "0x800a"}) {
 		t.Errorf("show port after the refused reload: %+v, %v", p, err)
+	}
+	if l := cfg.Level.Level(); l != slog.LevelInfo {
+		t.Errorf("log level %v after the refused reload, want INFO", l)
+	}
+	// The running settings are still next's (but its ib-mtu, which
+	// needs a restart): reloading them changes nothing, where a key the
+	// refused reload had taken would be reloaded back, and logged.
+	running := next
+	running.IBMTU = 2048
+	running.Settings = maps.Clone(next.Settings)
+	running.Settings["ib-mtu"] = "2048"
+	reloads <- running
+	sig <- syscall.SIGHUP
+	waitFor(t, "the reload of the running settings", func() bool {
+		return strings.Contains(logs.String(), `msg="config reloaded: no changes"`)
+	})
+	if n := strings.Count(logs.String(), `msg="config reloaded" `); n != 2 {
+		t.Errorf("%d keys reloaded in all, want 2 (vif-idle and vlan-pkey, once):\n%s", n, logs.String())
 	}
 
 	stopped(t, cancel, done)

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"strings"
 	"sync"
 
 	"github.com/eipoib/eipoibd/ether"
@@ -29,7 +30,12 @@ func (sw *switchPort) watchLocal(ctx context.Context, wg *sync.WaitGroup) {
 		defer wg.Done()
 		set := func(macs []ether.MAC) {
 			sw.sh.SetLocalMACs(macs)
-			sw.log.Debug("the hypervisor's own MACs", "macs", macs)
+			// One string, "a,b", alike in the text and the JSON log.
+			names := make([]string, len(macs))
+			for i, m := range macs {
+				names[i] = m.String()
+			}
+			sw.log.Debug("the hypervisor's own MACs", "macs", strings.Join(names, ","))
 		}
 		fail := func(err error) { sw.log.Warn("the hypervisor's own MACs", "err", err) }
 		if err := vswitch.WatchLocalMACs(ctx, set, fail, devs...); err != nil {

@@ -19,6 +19,7 @@ import (
 type switchPort struct {
 	cfg *Config
 	sh  *shim.Shim
+	dev *tap.TAP
 	log *slog.Logger
 	ovs vswitch.OVS
 	bg  *bridgeGuests // the Linux bridge's guests
@@ -26,6 +27,9 @@ type switchPort struct {
 	// declared: those whose port went while eipoibd was down are freed
 	// once the watch has listed the ports.
 	ovsRestored []vswitch.Guest
+	// dp is the Open vSwitch datapath last read (dpKnown once read).
+	dp      vswitch.Datapath
+	dpKnown bool
 }
 
 // attachSwitch attaches the TAP to cfg's bridge or Open vSwitch bridge.
@@ -33,13 +37,21 @@ type switchPort struct {
 // get their VIFs now, so traffic to them flows before they speak (after
 // a restart, for one); static entries come through watch.
 func attachSwitch(cfg *Config, dev *tap.TAP, sh *shim.Shim, log *slog.Logger) (*switchPort, error) {
-	sw := &switchPort{cfg: cfg, sh: sh, log: log, ovs: vswitch.OVS{DB: cfg.OVSDB}}
+	sw := &switchPort{cfg: cfg, sh: sh, dev: dev, log: log, ovs: vswitch.OVS{DB: cfg.OVSDB}}
 	if cfg.OVSBridge != "" {
+		// No super-frame is written before the datapath is known to
+		// take them.
+		dev.SetWriteSuper(false)
 		// A kept TAP keeps its port: removing it first would flap it.
 		if err := sw.ovs.Attach(cfg.Name, cfg.OVSBridge, dev.Start() != tap.Created); err != nil {
 			return nil, err
 		}
 		log.Info("attached to Open vSwitch bridge", "tap", cfg.Name, "bridge", cfg.OVSBridge)
+		if d, err := sw.ovs.Datapath(cfg.OVSBridge); err != nil {
+			log.Warn("Open vSwitch datapath unknown: the TAP writes no super-frames", "bridge", cfg.OVSBridge, "err", err)
+		} else {
+			sw.datapath(d)
+		}
 		for _, k := range restoredKeys(sh, mactrans.OriginOVS) {
 			sw.ovsRestored = append(sw.ovsRestored, vswitch.Guest{MAC: k.MAC, VLAN: k.VLAN, Static: true})
 		}
@@ -136,7 +148,14 @@ func (sw *switchPort) watch(ctx context.Context, wg *sync.WaitGroup) {
 		}()
 	}
 	if cfg.OVSBridge != "" {
-		wg.Add(1)
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			if err := sw.ovs.WatchDatapath(ctx, cfg.OVSBridge, sw.datapath,
+				func(err error) { log.Warn("watching the Open vSwitch datapath", "err", err) }); err != nil {
+				log.Warn("Open vSwitch datapath changes are not followed", "err", err)
+			}
+		}()
 		go func() {
 			defer wg.Done()
 			if err := sw.ovs.Watch(ctx, cfg.OVSBridge, cfg.Name, sw.ovsRestored, sw.guest,
@@ -145,6 +164,21 @@ func (sw *switchPort) watch(ctx context.Context, wg *sync.WaitGroup) {
 			}
 		}()
 	}
+}
+
+// datapath makes the TAP write super-frames (merged received segments)
+// only where the Open vSwitch bridge's datapath takes them: the kernel
+// datapath does, the userspace one only with userspace-tso-enable;
+// elsewhere every frame written is at most the MTU (see
+// vswitch.Datapath and tap.TAP.SetWriteSuper).
+func (sw *switchPort) datapath(d vswitch.Datapath) {
+	sw.dev.SetWriteSuper(d.TakesGSO())
+	if sw.dpKnown && d == sw.dp || !sw.dev.Offload() {
+		return // known already, or nothing is merged anyway
+	}
+	sw.dp, sw.dpKnown = d, true
+	sw.log.Info("Open vSwitch datapath", "bridge", sw.cfg.OVSBridge, "datapath_type", d.Type, "userspace_tso", d.UserspaceTSO,
+		"write_super_frames", sw.dev.WriteSuper())
 }
 
 // guest declares or removes the VIF of a guest Open vSwitch (its

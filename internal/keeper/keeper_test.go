@@ -56,12 +56,17 @@ func pipes(t *testing.T, n int) (w, r []*os.File) {
 	return w, r
 }
 
-// waitFor waits up to 5 s for cond.
+// settle bounds a wait for a state the test expects (or for an answer
+// it expects): generous, since it only runs out when the state never
+// comes, and a loaded machine may take seconds to schedule the keeper.
+const settle = 20 * time.Second
+
+// waitFor waits up to settle for cond.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
+	for deadline := time.Now().Add(settle); !cond(); time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("waited 5 s for %s", what)
+			t.Fatalf("waited %v for %s", settle, what)
 		}
 	}
 }
@@ -90,7 +95,7 @@ func TestStoreTakeRemove(t *testing.T) {
 	}
 	held(t, k, map[string]int{"tap-eib0": 2, "tap-eib1": 1})
 	for round := range 2 {
-		fds, err := Take(path, "tap-eib0", 2*time.Second)
+		fds, err := Take(path, "tap-eib0", settle)
 		if err != nil || len(fds) != 2 {
 			t.Fatalf("round %d: Take: %v, %v", round, fds, err)
 		}
@@ -109,7 +114,7 @@ func TestStoreTakeRemove(t *testing.T) {
 		t.Fatal(err)
 	}
 	held(t, k, map[string]int{"tap-eib1": 1})
-	if fds, err := Take(path, "tap-eib0", 2*time.Second); err != nil || len(fds) != 0 {
+	if fds, err := Take(path, "tap-eib0", settle); err != nil || len(fds) != 0 {
 		t.Fatalf("Take of a removed name: %v, %v", fds, err)
 	}
 	c := k.Counters()
@@ -144,7 +149,7 @@ func TestTakeUnreachable(t *testing.T) {
 	if _, err := Listen(Config{Socket: path, MaxFDs: 1, MaxNames: 1}); err == nil {
 		t.Fatal("a second keeper took a live keeper's socket")
 	}
-	if fds, err := Take(path, "tap-eib0", time.Second); err != nil || len(fds) != 0 {
+	if fds, err := Take(path, "tap-eib0", settle); err != nil || len(fds) != 0 {
 		t.Fatalf("Take from the new keeper: %v, %v", fds, err)
 	}
 }
@@ -164,7 +169,7 @@ func TestLimits(t *testing.T) {
 	}
 	waitFor(t, "two refusals", func() bool { return k.Counters()["over_limit"] == 2 })
 	held(t, k, map[string]int{"a": 2, "b": 1})
-	if fds, err := Take(path, "b", time.Second); err != nil || len(fds) != 1 {
+	if fds, err := Take(path, "b", settle); err != nil || len(fds) != 1 {
 		t.Fatalf("Take b: %v, %v", fds, err)
 	} else {
 		closeFDs(fds)
@@ -175,7 +180,7 @@ func TestLimits(t *testing.T) {
 	// own (the keeper closes refused ones just after counting them).
 	for _, i := range []int{3, 4} {
 		w[i].Close()
-		r[i].SetReadDeadline(time.Now().Add(5 * time.Second))
+		r[i].SetReadDeadline(time.Now().Add(settle))
 		if n, err := r[i].Read(make([]byte, 1)); n != 0 || err != io.EOF {
 			t.Errorf("pipe %d, refused: read %d, %v; want end of file (the keeper closed its copy)", i, n, err)
 		}
@@ -209,7 +214,7 @@ func TestClosedTakesNothing(t *testing.T) {
 		t.Errorf("store after Close: handed back %v of [%d], held %v; want all handed back, none held", left, fd, k.Held())
 	}
 	w[0].Close()
-	r[0].SetReadDeadline(time.Now().Add(5 * time.Second))
+	r[0].SetReadDeadline(time.Now().Add(settle))
 	if n, err := r[0].Read(make([]byte, 1)); n != 0 || err != io.EOF {
 		t.Errorf("pipe stored after Close: read %d, %v; want end of file", n, err)
 	}
@@ -253,7 +258,7 @@ func TestRemoveWinsOverStore(t *testing.T) {
 	held(t, k, map[string]int{})
 	for i := range w {
 		w[i].Close()
-		r[i].SetReadDeadline(time.Now().Add(5 * time.Second))
+		r[i].SetReadDeadline(time.Now().Add(settle))
 		if n, err := r[i].Read(make([]byte, 1)); n != 0 || err != io.EOF {
 			t.Errorf("pipe %d: read %d, %v; want end of file (the keeper closed its copy)", i, n, err)
 		}
@@ -276,9 +281,17 @@ func TestDropFailed(t *testing.T) {
 		t.Fatal(err)
 	}
 	held(t, k, map[string]int{"polled": 1, "unpolled": 1})
-	r[0].Close()
+	// The unpolled pipe fails first, then the polled one, which is the
+	// sentinel: epoll reports ready descriptors in the order they became
+	// ready (ep_poll_callback queues at the ready list's tail), so once
+	// the polled one is dropped, an unpolled one that was watched all the
+	// same would already be gone too.
 	r[1].Close()
-	held(t, k, map[string]int{"unpolled": 1})
+	r[0].Close()
+	waitFor(t, "the polled descriptor's drop", func() bool { _, ok := k.Held()["polled"]; return !ok })
+	if h := k.Held(); fmt.Sprint(h) != fmt.Sprint(map[string]int{"unpolled": 1}) {
+		t.Errorf("held %v after the polled descriptor's drop; want the unpolled one still held", h)
+	}
 	if c := k.Counters(); c["dropped"] != 1 {
 		t.Errorf("counters %v: want 1 dropped", c)
 	}
@@ -288,19 +301,21 @@ func TestDropFailed(t *testing.T) {
 // its descriptors closed, and the keeper goes on serving.
 func TestMalformed(t *testing.T) {
 	k, path := start(t, DefaultMaxFDs, DefaultMaxNames)
-	w, _ := pipes(t, 1)
+	// A pipe of its own for each request that passes one, so that each
+	// refusal's close is seen apart; the last one is stored at the end.
+	w, r := pipes(t, 6)
 	for _, s := range []struct {
 		msg   string
 		files []*os.File
 	}{
 		{"", nil},
-		{"FDSTORE=1\nFDNAME=a:b", w},
-		{"FDSTORE=1\nFDNAME=a:b", w},
+		{"FDSTORE=1\nFDNAME=a:b", w[0:1]},
+		{"FDSTORE=1\nFDNAME=a:b", w[1:2]},
 		{"FDSTOREREMOVE=1", nil},
-		{"FDGET=1\nFDNAME=x", nil}, // no socket to answer on
-		{"FDGET=1\nFDNAME=x", w},   // a pipe is no socket
-		{"READY=1", w},
-		{"FDSTOREREMOVE=1\nFDNAME=x", w},
+		{"FDGET=1\nFDNAME=x", nil},    // no socket to answer on
+		{"FDGET=1\nFDNAME=x", w[2:3]}, // a pipe is no socket
+		{"READY=1", w[3:4]},
+		{"FDSTOREREMOVE=1\nFDNAME=x", w[4:5]},
 		{string(make([]byte, MaxMessage+1)), nil},
 	} {
 		if err := sdnotify.Send(path, s.msg, s.files); err != nil {
@@ -318,16 +333,26 @@ func TestMalformed(t *testing.T) {
 		}
 		return true
 	})
-	if err := sdnotify.StoreFilesAt(path, "tap-eib0", w); err != nil {
+	// Each refused request's descriptor was closed: the pipe's reader
+	// sees end of file once the test closes its own write end, which it
+	// would not while the keeper kept a copy.
+	for i := range 5 {
+		w[i].Close()
+		r[i].SetReadDeadline(time.Now().Add(settle))
+		if n, err := r[i].Read(make([]byte, 1)); n != 0 || err != io.EOF {
+			t.Errorf("pipe %d, refused: read %d, %v; want end of file (the keeper closed its copy)", i, n, err)
+		}
+	}
+	if err := sdnotify.StoreFilesAt(path, "tap-eib0", w[5:]); err != nil {
 		t.Fatal(err)
 	}
-	if fds, err := Take(path, "tap-eib0", 2*time.Second); err != nil || len(fds) != 1 {
+	if fds, err := Take(path, "tap-eib0", settle); err != nil || len(fds) != 1 {
 		t.Fatalf("Take after the malformed requests: %v, %v", fds, err)
 	} else {
 		closeFDs(fds)
 	}
-	if len(k.Held()) != 1 {
-		t.Errorf("held %v: a refused request left descriptors", k.Held())
+	if h := k.Held(); fmt.Sprint(h) != fmt.Sprint(map[string]int{"tap-eib0": 1}) {
+		t.Errorf("held %v: a refused request left descriptors", h)
 	}
 }
 
@@ -391,7 +416,7 @@ func TestTakeMany(t *testing.T) {
 		t.Fatal(err)
 	}
 	held(t, k, map[string]int{"many": 300})
-	fds, err := Take(path, "many", 2*time.Second)
+	fds, err := Take(path, "many", settle)
 	closeFDs(fds)
 	if err != nil || len(fds) != 300 {
 		t.Fatalf("Take: %d descriptors, %v; want 300", len(fds), err)

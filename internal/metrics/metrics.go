@@ -124,10 +124,12 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 }
 
 // Handler returns an HTTP handler serving src's metrics, its names in
-// the families fams, the extra collectors' and the Go runtime's.
+// the families fams, the extra collectors', the Go runtime's and the
+// process's (process_start_time_seconds: a dashboard counts restarts
+// by its changes).
 func Handler(src Source, fams []stat.Family, extra ...prometheus.Collector) http.Handler {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collector{src, fams}, collectors.NewGoCollector())
+	reg.MustRegister(collector{src, fams}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	reg.MustRegister(extra...)
 	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
 }

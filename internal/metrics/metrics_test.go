@@ -91,6 +91,20 @@ func TestHandler(t *testing.T) {
 	}
 }
 
+// TestProcessMetrics: the process's start time is served, so that a
+// restart shows (the dashboard's restarts panel counts its changes).
+func TestProcessMetrics(t *testing.T) {
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := p.TextToMetricFamilies(bytes.NewReader(scrape(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := families["process_start_time_seconds"]
+	if f == nil || len(f.Metric) != 1 || f.Metric[0].GetGauge().GetValue() < float64(time.Now().Add(-time.Hour).Unix()) {
+		t.Fatalf("process_start_time_seconds: %v, want one gauge, this process's start", f)
+	}
+}
+
 // TestSnapshotName: SnapshotName gives back the snapshot name of every
 // series SeriesOf makes, and refuses what is not the daemon's.
 func TestSnapshotName(t *testing.T) {

@@ -6,6 +6,7 @@ package nstest
 
 import (
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"runtime"
@@ -35,9 +36,23 @@ func Require(t testing.TB, tools ...string) {
 			missing = append(missing, tool)
 		}
 	}
-	if len(missing) == 0 {
-		return
+	if len(missing) > 0 {
+		need(t, missing)
 	}
+}
+
+// RequireRoot skips the test (locally) or fails it
+// (EIPOIB_REQUIRE_NETNS=1) when not run as root.
+func RequireRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		need(t, []string{"root"})
+	}
+}
+
+// need skips or fails the test for what is missing.
+func need(t testing.TB, missing []string) {
+	t.Helper()
 	msg := "needs " + strings.Join(missing, ", ") + " (make test installs the tools; run as root)"
 	if os.Getenv("EIPOIB_REQUIRE_NETNS") == "1" {
 		t.Fatal(msg)
@@ -72,13 +87,17 @@ func In(ns string, args ...string) []string {
 // Links made in it (or moved into it) later run no IPv6 duplicate
 // address detection: their link-local address is usable at once, as a
 // real IB port's GID is, instead of 1-2 s later (the simulated fabric
-// waits for it to stop being tentative).
+// waits for it to stop being tentative). A kernel booted with
+// ipv6.disable=1 has no /proc/sys/net/ipv6, nor DAD to turn off.
 func Add(t testing.TB, ns string) {
 	t.Helper()
 	Must(t, "ip", "netns", "add", ns)
 	t.Cleanup(func() { Run("ip", "netns", "delete", ns) })
 	Must(t, In(ns, "ip", "link", "set", "lo", "up")...)
 	Do(t, ns, func() { // /proc/sys/net is the calling thread's namespace's
+		if _, err := os.Stat("/proc/sys/net/ipv6"); errors.Is(err, os.ErrNotExist) {
+			return
+		}
 		if err := os.WriteFile("/proc/sys/net/ipv6/conf/default/dad_transmits", []byte("0"), 0); err != nil {
 			t.Fatalf("DAD off in %s: %v", ns, err)
 		}

@@ -623,7 +623,7 @@ func TestConformanceLinks(t *testing.T) {
 // (proc_sys_lookup: no such entry under /proc/sys/net/*/conf).
 func TestConformanceSysctls(t *testing.T) {
 	each(t, func(t *testing.T, w *witness) {
-		for _, kv := range kf.HostOffSysctls(w.aName) {
+		for _, kv := range kf.HostOffSysctls(w.aName, true) {
 			var err error
 			w.in(func() { err = w.ka.WriteSysctl(kv[0], kv[1]) })
 			if err != nil {
@@ -827,6 +827,48 @@ func TestConformanceLinkGone(t *testing.T) {
 		name := sll(l.Index, 0x0800, w.alen, w.bAddr)
 		if err := send(s, name, len(name), nil, payload(1, 64)); !errors.Is(err, unix.ENXIO) {
 			t.Errorf("send through the gone device: %v, want ENXIO", err)
+		}
+	})
+}
+
+// longParent is a parent name of IFNAMSIZ - 1 bytes, the longest the
+// kernel takes.
+const longParent = "ibp129s0f0np0xy"
+
+// TestConformanceChildNames: the names the backend gives the children
+// of a 15-byte parent (its group children's and its VIF children's, the
+// largest index's included) are each taken by the kernel for a new link
+// and read back, while the 16-byte name PARENT.mffff, which the backend
+// gave before, is refused with EINVAL (net/core/dev.c dev_valid_name:
+// longer than IFNAMSIZ - 1; the real kernel's answer comes from ip(8),
+// which checks the same length first). The real kernel's links are
+// veths, the fake's IPoIB children (fakekernel checks dev_valid_name).
+func TestConformanceChildNames(t *testing.T) {
+	each(t, func(t *testing.T, w *witness) {
+		stem := kf.ChildStem(longParent)
+		if !strings.HasPrefix(stem, "ib") || len(stem) != 8 {
+			t.Fatalf("stem of %s: %q, want ib and 6 hex digits", longParent, stem)
+		}
+		names := []string{kf.GroupChildName(stem, 0xffff), kf.GroupChildName(stem, 0x8001)}
+		for _, n := range []int{1, 2, kf.MaxChildIndex} {
+			name, err := kf.ChildName(stem, n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			names = append(names, name)
+		}
+		for _, name := range names {
+			if err := w.addLink(name); err != nil {
+				t.Fatalf("link %q (%d bytes): %v", name, len(name), err)
+			}
+			if l := waitLink(t, w, name, func(kf.Link) bool { return true }); l.Name != name || !kf.IsChildName(stem, l.Name) {
+				t.Errorf("link %q read back as %q", name, l.Name)
+			}
+		}
+		if err := w.addLink(longParent + ".mffff"); err == nil {
+			t.Errorf("%s.mffff (16 bytes) accepted", longParent)
+		} else if w.name == "fake" && !errors.Is(err, unix.EINVAL) {
+			t.Errorf("%s.mffff: %v, want EINVAL", longParent, err)
 		}
 	})
 }

@@ -9,6 +9,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/fnv"
+	"strconv"
+	"strings"
 
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
@@ -227,25 +230,68 @@ func GSOVnetHdr(g ipoib.GSO, tcpLen int) VnetHdr {
 		CsumStart: uint16(start), CsumOffset: 16} // offsetof(struct tcphdr, check)
 }
 
-// MaxNameLen is the longest interface name (IFNAMSIZ - 1).
+// MaxNameLen is the longest interface name (IFNAMSIZ - 1):
+// net/core/dev.c dev_valid_name refuses a longer one.
 const MaxNameLen = unix.IFNAMSIZ - 1
 
-// ChildName is the name of the n-th VIF child of parent: "ib0.e3".
-func ChildName(parent string, n int) (string, error) {
-	return checkName(fmt.Sprintf("%s.e%d", parent, n))
+// MaxChildIndex is the largest VIF child index ChildName takes. A port
+// gives each VIF child the lowest index no live child of its holds, so
+// the indexes stay below the number of live children (far below this:
+// each child is a QP and a netdev).
+const MaxChildIndex = 99999
+
+// stemHashed is how a stem made from a hash starts.
+const stemHashed = "ib"
+
+// ChildStem is the prefix of the names of parent's children: parent
+// itself when every child name fits IFNAMSIZ after it ("ib0" gives
+// "ib0.e3", "ib0.m8001"), else "ib" and 6 hex digits of the FNV-1a hash
+// of parent's name (8 bytes, as long as the longest parent used as it
+// is), so that every legal parent name, up to 15 bytes, has children:
+// "ibp129s0f0" gives "ib" + 6 hex digits, then ".e3".
+func ChildStem(parent string) string {
+	if len(parent)+len(".e")+len(strconv.Itoa(MaxChildIndex)) <= MaxNameLen {
+		return parent
+	}
+	h := fnv.New32a()
+	h.Write([]byte(parent))
+	return fmt.Sprintf("%s%06x", stemHashed, h.Sum32()&0xffffff)
+}
+
+// ChildName is the name of VIF child n (1 to MaxChildIndex) of the
+// parent whose ChildStem is stem: "ib0.e3".
+func ChildName(stem string, n int) (string, error) {
+	if n < 1 || n > MaxChildIndex {
+		return "", fmt.Errorf("child index %d out of 1..%d", n, MaxChildIndex)
+	}
+	return stem + ".e" + strconv.Itoa(n), nil
 }
 
 // GroupChildName is the name of the child that carries partition pkey's
-// multicast: "ib0.m8001".
-func GroupChildName(parent string, pkey ipoib.PKey) (string, error) {
-	return checkName(fmt.Sprintf("%s.m%04x", parent, uint16(pkey.Full())))
+// multicast, under stem: "ib0.m8001".
+func GroupChildName(stem string, pkey ipoib.PKey) string {
+	return fmt.Sprintf("%s.m%04x", stem, uint16(pkey.Full()))
 }
 
-func checkName(s string) (string, error) {
-	if len(s) > MaxNameLen {
-		return "", fmt.Errorf("interface name %q longer than %d bytes: use a shorter parent name", s, MaxNameLen)
+// IsChildName reports whether name is one ChildName or GroupChildName
+// gives under stem: the name is parsed, and made again from what it
+// says, which must give it back (no "e03", no upper-case hex, no P_Key
+// without the full-membership bit).
+func IsChildName(stem, name string) bool {
+	rest, ok := strings.CutPrefix(name, stem+".")
+	if !ok || len(rest) < 2 {
+		return false
 	}
-	return s, nil
+	switch rest[0] {
+	case 'e':
+		n, err := strconv.Atoi(rest[1:])
+		again, err2 := ChildName(stem, n)
+		return err == nil && err2 == nil && again == name
+	case 'm':
+		v, err := strconv.ParseUint(rest[1:], 16, 16)
+		return err == nil && GroupChildName(stem, ipoib.PKey(v)) == name
+	}
+	return false
 }
 
 // IPoIB link attributes (linux/if_link.h IFLA_IPOIB_*) and modes.

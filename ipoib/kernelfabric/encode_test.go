@@ -119,19 +119,42 @@ func TestNewChildRequestBytes(t *testing.T) {
 	}
 }
 
+// TestNames: a parent of up to 8 bytes prefixes its children's names;
+// a longer one, up to IFNAMSIZ - 1 (15), gives a hashed 8-byte stem, so
+// that every child name, the largest index's included, fits 15 bytes;
+// IsChildName recognises exactly what ChildName and GroupChildName give.
 func TestNames(t *testing.T) {
-	if n, _ := ChildName("ib0", 3); n != "ib0.e3" {
+	if n, _ := ChildName(ChildStem("ib0"), 3); n != "ib0.e3" {
 		t.Fatal(n)
 	}
-	if n, _ := GroupChildName("ib0", 0x0001); n != "ib0.m8001" {
+	if n := GroupChildName(ChildStem("ib0"), 0x0001); n != "ib0.m8001" {
 		t.Fatal(n)
 	}
-	if _, err := ChildName("ibp65s0f0np0", 1000); err == nil {
-		t.Fatal("17-byte name accepted")
+	for _, parent := range []string{"ib0", "ibp1s0f0", "ibp129s0f0", "ibp65s0f0np0", "ibp129s0f0np0xy"} {
+		stem := ChildStem(parent)
+		if (stem == parent) != (len(parent) <= 8) || len(stem) > 8 {
+			t.Errorf("ChildStem(%q) = %q", parent, stem)
+		}
+		last, err := ChildName(stem, MaxChildIndex)
+		if err != nil || len(last) > MaxNameLen || !IsChildName(stem, last) {
+			t.Errorf("%s: ChildName(%d) = %q, %v", parent, MaxChildIndex, last, err)
+		}
+		if g := GroupChildName(stem, 0x7fff); len(g) > MaxNameLen || !IsChildName(stem, g) {
+			t.Errorf("%s: GroupChildName = %q", parent, g)
+		}
 	}
-	for name, ours := range map[string]bool{"ib0.e3": true, "ib0.m8001": true, "ib0.8001": false, "ib0.e": false, "ib1.e3": false, "ib0.ex": false} {
-		if isOurs("ib0", name) != ours {
-			t.Errorf("isOurs(%q) = %v", name, !ours)
+	if a, b := ChildStem("ibp129s0f0"), ChildStem("ibp129s0f1"); a == b {
+		t.Errorf("two parents share stem %q", a)
+	}
+	for _, n := range []int{0, -1, MaxChildIndex + 1} {
+		if name, err := ChildName("ib0", n); err == nil {
+			t.Errorf("ChildName(%d) = %q, want an error", n, name)
+		}
+	}
+	for name, ours := range map[string]bool{"ib0.e3": true, "ib0.e99999": true, "ib0.m8001": true, "ib0.8001": false, "ib0.e": false,
+		"ib1.e3": false, "ib0.ex": false, "ib0.e0": false, "ib0.e03": false, "ib0.e+3": false, "ib0.e100000": false, "ib0.m801": false, "ib0.m+801": false, "ib0.mFFFF": false, "ib0.m0001": false} {
+		if IsChildName("ib0", name) != ours {
+			t.Errorf("IsChildName(%q) = %v", name, !ours)
 		}
 	}
 }

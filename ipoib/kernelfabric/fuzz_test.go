@@ -1,6 +1,11 @@
 package kernelfabric
 
-import "testing"
+import (
+	"strconv"
+	"testing"
+
+	"github.com/eipoib/eipoibd/ipoib"
+)
 
 // FuzzParseSockaddrLL: any bytes and name length decode or are refused,
 // never crash, and a decoded address lies within the name.
@@ -44,6 +49,36 @@ func FuzzParseVnetHdr(f *testing.F) {
 			if string(out[:]) != string(b[:VnetHdrLen]) {
 				t.Fatal("round trip")
 			}
+		}
+	})
+}
+
+// FuzzIsChildName: IsChildName reads link names from the kernel's dump
+// (reclaim deletes what it accepts): any name is accepted or refused,
+// never crashes, and a name it accepts is exactly one ChildName or
+// GroupChildName gives under the stem, so that reclaim deletes nothing
+// the backend would not have made.
+func FuzzIsChildName(f *testing.F) {
+	f.Add("ib0", "ib0.e3")
+	f.Add("ib0", "ib0.m8001")
+	f.Add("ib0", "ib0.e03")
+	f.Add("ib0", "ib0.mFFFF")
+	f.Add(ChildStem("ibp129s0f0np0xy"), ChildStem("ibp129s0f0np0xy")+".e99999")
+	f.Fuzz(func(t *testing.T, stem, name string) {
+		if !IsChildName(stem, name) {
+			return
+		}
+		rest := name[len(stem)+2:]
+		var again string
+		if name[len(stem)+1] == 'e' {
+			n, _ := strconv.Atoi(rest)
+			again, _ = ChildName(stem, n)
+		} else {
+			v, _ := strconv.ParseUint(rest, 16, 16)
+			again = GroupChildName(stem, ipoib.PKey(v))
+		}
+		if again != name {
+			t.Fatalf("IsChildName(%q, %q), but the backend names it %q", stem, name, again)
 		}
 	})
 }

@@ -30,6 +30,10 @@ type Link struct {
 	HwAddr      ipoib.HwAddr // the 20-byte IPoIB address (flags, QPN, GID)
 	Up          bool         // IFF_UP
 	Carrier     bool         // operationally up (carrier on)
+	// RxQueues is IFLA_NUM_RX_QUEUES, the receive queues the device
+	// was allocated with: one per channel on an mlx5 enhanced-IPoIB
+	// parent (mlx5_rdma_rn_get_params), 1 on the other IPoIB drivers.
+	RxQueues int
 }
 
 // ChildSpec is an IPoIB child to create (RTM_NEWLINK, kind "ipoib"):
@@ -93,6 +97,10 @@ type Kernel interface {
 	PKeys(parent string) (PKeyTable, error)
 	// WriteSysctl writes value to /proc/sys/path.
 	WriteSysctl(path, value string) error
+	// HasIPv6 reports whether the kernel runs IPv6: false on a kernel
+	// booted with ipv6.disable=1 (or built without it), which has no
+	// /proc/sys/net/ipv6/conf at all (see System.HasIPv6).
+	HasIPv6() (bool, error)
 	// TSO reports whether the interface has TCP segmentation offload on
 	// (ETHTOOL_GTSO).
 	TSO(name string) (bool, error)

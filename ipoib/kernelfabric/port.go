@@ -31,6 +31,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/ipoib/internal/rxq"
 )
@@ -74,6 +76,10 @@ const (
 	// ended (an overrun: notifications lost), each followed by a dump
 	// of every link's carrier and MTU.
 	StatResubscribed = "link_resubscriptions"
+	// StatIPv6Absent counts children made without their IPv6
+	// settings because the kernel runs no IPv6 (ipv6.disable=1): there
+	// is nothing to keep off them.
+	StatIPv6Absent = "child_ipv6_absent"
 	// StatOutgoingNotIgnored is OutgoingNotIgnored: the packet sockets
 	// of this process (of every Port) opened without
 	// PACKET_IGNORE_OUTGOING because the kernel refused it.
@@ -96,6 +102,7 @@ const (
 	statPartitionMTUChanges
 	statResubscribed
 	statMcastCopies
+	statIPv6Absent
 	numStats
 )
 
@@ -112,6 +119,7 @@ var statNames = [numStats]string{
 	statPartitionMTUChanges: StatPartitionMTUChanges,
 	statResubscribed:        StatResubscribed,
 	statMcastCopies:         StatMcastCopies,
+	statIPv6Absent:          StatIPv6Absent,
 }
 
 const (
@@ -156,12 +164,16 @@ var (
 	ErrPKeyNotInTable = errors.New("P_Key not in the port's P_Key table")
 	ErrJoinTimeout    = errors.New("the broadcast join did not complete")
 	ErrPartitionMTU   = errors.New("partition MTU not supported")
+	// ErrChildQueues: a child got fewer receive queues than its
+	// parent (queueFixHint).
+	ErrChildQueues = errors.New("fewer receive queues than the parent")
 )
 
 // child is one IPoIB child interface and its packet socket.
 type child struct {
 	name  string
 	index int
+	slot  int // a VIF child's index in its name (ChildName), 0 for a group child
 	qpn   uint32
 	pkey  ipoib.PKey
 	group bool   // the partition's multicast child
@@ -196,6 +208,8 @@ type Port struct {
 	gid    ipoib.GID
 	mtu    int
 	scope  uint8
+	// ipv6: the kernel runs IPv6, so children get its host-off settings.
+	ipv6 bool
 	// tso: the children have TSO; decided on the first child, under
 	// setup, before any Write.
 	tso, tsoKnown bool
@@ -204,11 +218,15 @@ type Port struct {
 	// looked up without a lock by Write; a child is destroyed only
 	// after the batch that may have looked it up (under txMu) ends.
 	qps    *ipoib.QPTable
-	mu     sync.RWMutex // groupC and all; the data path never takes it
+	mu     sync.RWMutex // groupC, all and slots; the data path never takes it
 	groupC map[ipoib.PKey]*child
 	all    map[string]*child
-	seq    int
-	setup  sync.Mutex // serialises child creation
+	// slots are the VIF child indexes in use (their names'), each
+	// reused once its child is gone, so that names stay short for ever.
+	slots map[int]bool
+	// stem prefixes every child's name (ChildStem).
+	stem  string
+	setup sync.Mutex // serialises child creation
 	// refused answers AllocQP at once for a partition whose child was
 	// just refused.
 	refMu   sync.Mutex
@@ -272,21 +290,45 @@ func New(cfg Config) (*Port, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kernel: read mode of %s: %w", parent.Name, err)
 	}
-	if mode != "datagram" {
-		return nil, fmt.Errorf("kernel: %s is in %s mode: eipoibd needs datagram mode (echo datagram > /sys/class/net/%s/mode)", parent.Name, mode, parent.Name)
-	}
-	mtu := parent.MTU + ipoib.HeaderLen
-	if _, err := ipoib.IPMTU(mtu); err != nil {
-		return nil, fmt.Errorf("kernel: %s MTU %d: want the datagram MTU 2044 or 4092 (IB MTU - 4)", parent.Name, parent.MTU)
+	// A parent in connected mode is fine: every child is made in
+	// datagram mode (newChildRequest's IFLA_IPOIB_MODE 0:
+	// ipoib_netlink.c ipoib_new_child_link → ipoib_changelink →
+	// ipoib_main.c ipoib_set_mode), with its own UD QP, and takes the
+	// port's UD MTU, not the parent's (ipoib_child_init copies
+	// max_ib_mtu; ipoib_ndo_init sets the MTU to IPOIB_UD_MTU of it).
+	// The parent's MTU is then its connected-mode one (up to 65520),
+	// so the port's IB MTU is read from the first child instead.
+	mtu := 0
+	switch mode {
+	case "datagram":
+		mtu = parent.MTU + ipoib.HeaderLen
+		if _, err := ipoib.IPMTU(mtu); err != nil {
+			return nil, fmt.Errorf("kernel: %s MTU %d: want the datagram MTU 2044 or 4092 (IB MTU - 4)", parent.Name, parent.MTU)
+		}
+	case "connected":
+		cfg.Logger.Info("kernel: the parent is in connected mode; its children are made in datagram mode, with the port's UD MTU", "dev", parent.Name)
+	default:
+		return nil, fmt.Errorf("kernel: %s is in mode %q: want datagram or connected", parent.Name, mode)
 	}
 	p := &Port{
 		k: k, log: cfg.Logger, parent: parent, gid: parent.HwAddr.GID(), mtu: mtu, scope: cfg.Scope,
 		qps: ipoib.NewQPTable(0), groupC: make(map[ipoib.PKey]*child), all: make(map[string]*child),
+		slots: make(map[int]bool), stem: ChildStem(parent.Name),
 		groups: ipoib.NewGroupTable(), done: make(chan struct{}), rx: make(chan rxq.Packet, queueLen),
 		refused: make(map[ipoib.PKey]refusal), timeout: cfg.ChildTimeout,
 	}
-	p.pool.New = func() any { b := make([]byte, VnetHdrLen+mtu+rxHead); return &b }
+	// p.mtu is known by the time a child's reader needs a buffer.
+	p.pool.New = func() any { b := make([]byte, VnetHdrLen+p.mtu+rxHead); return &b }
 	p.rxCtr = rxq.Counters{Packets: &p.rxPackets, Bytes: &p.rxBytes, TooSmall: func() { p.drops.Add(ipoib.DropBufferSmall) }}
+	if p.ipv6, err = k.HasIPv6(); err != nil {
+		return nil, fmt.Errorf("kernel: find whether IPv6 runs: %w", err)
+	}
+	if !p.ipv6 {
+		p.log.Info("kernel: IPv6 is disabled (ipv6.disable=1): children get the IPv4 settings only", "dev", parent.Name)
+	}
+	if p.stem != parent.Name {
+		p.log.Info("kernel: the parent's name is too long to prefix its children's: they are named after a hash of it", "dev", parent.Name, "children", p.stem+".eN, "+p.stem+".mPPPP")
+	}
 	p.down.Store(!parent.Carrier)
 	if err := p.reclaim(); err != nil {
 		return nil, err
@@ -308,14 +350,15 @@ func New(cfg Config) (*Port, error) {
 	return p, nil
 }
 
-// reclaim deletes the children named as ours that a crashed run left.
+// reclaim deletes the children named as ours (IsChildName under the
+// stem, and children of our parent) that a crashed run left.
 func (p *Port) reclaim() error {
 	links, err := p.k.Links()
 	if err != nil {
 		return fmt.Errorf("kernel: list links to reclaim children of %s: %w", p.parent.Name, err)
 	}
 	for _, l := range links {
-		if l.ParentIndex != p.parent.Index || !isOurs(p.parent.Name, l.Name) {
+		if l.ParentIndex != p.parent.Index || !IsChildName(p.stem, l.Name) {
 			continue
 		}
 		if err := p.k.DelLink(l.Index); err != nil {
@@ -325,20 +368,6 @@ func (p *Port) reclaim() error {
 		p.log.Info("deleted a child left by a previous run", "child", l.Name)
 	}
 	return nil
-}
-
-// isOurs reports whether name is one ChildName or GroupChildName gives.
-func isOurs(parent, name string) bool {
-	rest, ok := strings.CutPrefix(name, parent+".")
-	if !ok || len(rest) < 2 || (rest[0] != 'e' && rest[0] != 'm') {
-		return false
-	}
-	for _, c := range rest[1:] {
-		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
-			return false
-		}
-	}
-	return true
 }
 
 // follow tracks the parent's carrier and MTU, and each child's carrier
@@ -563,11 +592,21 @@ func (p *Port) createChild(name string, pkey ipoib.PKey, group bool) (c *child, 
 	}
 	spec := ChildSpec{Name: name, Parent: p.parent.Index, PKey: pkey.Full()}
 	if err := k.AddChild(spec); err != nil {
+		if errors.Is(err, unix.EINVAL) && p.parent.RxQueues > 1 {
+			return nil, fmt.Errorf("kernel: create child %s (pkey %s): %w: %s", name, pkey.Full(), err, p.queueFixHint(0))
+		}
 		return nil, fmt.Errorf("kernel: create child %s (pkey %s): %w", name, pkey.Full(), err)
 	}
 	l, err := k.LinkByName(name)
 	if err != nil {
 		return nil, fmt.Errorf("kernel: look up new child %s: %w", name, err)
+	}
+	if p.mtu == 0 { // a parent in connected mode: see New
+		if _, err := ipoib.IPMTU(l.MTU + ipoib.HeaderLen); err != nil {
+			k.DelLink(l.Index)
+			return nil, fmt.Errorf("kernel: the port's UD MTU, read from new child %s, is %d: want 2044 or 4092 (IB MTU - 4)", name, l.MTU)
+		}
+		p.mtu = l.MTU + ipoib.HeaderLen
 	}
 	c = &child{name: name, index: l.Index, pkey: pkey.Full(), group: group, up: make(chan struct{})}
 	p.byIndex.Store(l.Index, c)
@@ -579,8 +618,14 @@ func (p *Port) createChild(name string, pkey ipoib.PKey, group bool) (c *child, 
 			}
 		}
 	}()
+	if p.parent.RxQueues > 1 && l.RxQueues < p.parent.RxQueues {
+		return nil, fmt.Errorf("kernel: child %s: %w: %s", name, ErrChildQueues, p.queueFixHint(l.RxQueues))
+	}
 	// Before the link comes up, so that IPv6 never gives it an address.
-	for _, s := range hostOffSysctls(name) {
+	if !p.ipv6 {
+		p.stat(statIPv6Absent)
+	}
+	for _, s := range hostOffSysctls(name, p.ipv6) {
 		if err := k.WriteSysctl(s[0], s[1]); err != nil {
 			return nil, fmt.Errorf("kernel: set %s=%s on %s: %w", s[0], s[1], name, err)
 		}
@@ -625,6 +670,25 @@ func (p *Port) createChild(name string, pkey ipoib.PKey, group bool) (c *child, 
 		return nil, fmt.Errorf("kernel: open packet socket on %s: %w", name, err)
 	}
 	return c, nil
+}
+
+// queueFixHint explains a child of a parent with several receive queues
+// (mlx5's enhanced IPoIB: one per channel, mlx5_rdma_rn_get_params)
+// that got only got of them, or (got 0) that the kernel refused with
+// EINVAL. A kernel without commit dbc94a0fb817 gives a netlink child one
+// receive queue (ipoib_link_ops has no get_num_rx_queues, so
+// rtnl_create_link takes its default of 1); the child, which receives
+// through its parent's queues (mlx5i_pkey_init_rx leaves them to the
+// parent), cannot run so, and from Linux 6.2 mlx5i_pkey_dev_init refuses
+// it with EINVAL.
+func (p *Port) queueFixHint(got int) string {
+	s := fmt.Sprintf("%s has %d receive queues", p.parent.Name, p.parent.RxQueues)
+	if got > 0 {
+		s += fmt.Sprintf(" and its new child %d: this kernel lacks", got)
+	} else {
+		s += ", and mlx5 refuses (EINVAL) a child with fewer: this kernel most likely lacks"
+	}
+	return s + " commit dbc94a0fb817 (\"IB/IPoIB: Fix queue count inconsistency for PKEY child interfaces\", Linux 6.2, and its stable backports), without which mlx5's enhanced IPoIB cannot run netlink children: upgrade the kernel, or run --fabric verbs"
 }
 
 // checkPKey refuses a child whose P_Key is not in the port's table: the
@@ -738,9 +802,12 @@ func (p *Port) refusedRecently(pkey ipoib.PKey) error {
 // child: no IPv6 at all (no address, no ND answers), no IPv4 ARP answers
 // and no forwarding, and strict reverse-path filtering so that IPv4
 // addressed to one of the host's own addresses is not accepted on it.
-func hostOffSysctls(dev string) [][2]string {
+// Without ipv6 (a kernel booted with ipv6.disable=1) the IPv6 ones are
+// left out: their /proc/sys/net/ipv6/conf/DEV does not exist, and there
+// is no IPv6 stack to keep off.
+func hostOffSysctls(dev string, ipv6 bool) [][2]string {
 	v4, v6 := "net/ipv4/conf/"+dev+"/", "net/ipv6/conf/"+dev+"/"
-	return [][2]string{
+	s := [][2]string{
 		{v6 + "addr_gen_mode", "1"}, // IN6_ADDR_GEN_MODE_NONE
 		{v6 + "disable_ipv6", "1"},
 		{v6 + "forwarding", "0"},
@@ -748,6 +815,10 @@ func hostOffSysctls(dev string) [][2]string {
 		{v4 + "forwarding", "0"},
 		{v4 + "rp_filter", "1"},
 	}
+	if !ipv6 {
+		s = s[3:]
+	}
+	return s
 }
 
 func (p *Port) startRx(c *child) {
@@ -775,11 +846,9 @@ func (p *Port) groupChild(pkey ipoib.PKey) (*child, error) {
 	if err := p.refusedRecently(pkey); err != nil {
 		return nil, err
 	}
-	name, err := GroupChildName(p.parent.Name, pkey)
+	name := GroupChildName(p.stem, pkey)
+	c, err := p.createChild(name, pkey, true)
 	if err != nil {
-		return nil, fmt.Errorf("kernel: name group child of %s: %w", p.parent.Name, err)
-	}
-	if c, err = p.createChild(name, pkey, true); err != nil {
 		return nil, err
 	}
 	p.mu.Lock()
@@ -809,16 +878,21 @@ func (p *Port) AllocQP(pkey ipoib.PKey, _ uint32) (uint32, error) {
 	if err := p.refusedRecently(pkey); err != nil {
 		return 0, err
 	}
-	p.seq++
-	name, err := ChildName(p.parent.Name, p.seq)
+	slot := p.takeSlot()
+	name, err := ChildName(p.stem, slot)
 	if err != nil {
+		p.freeSlot(slot)
 		return 0, fmt.Errorf("kernel: name child of %s: %w", p.parent.Name, err)
 	}
 	c, err := p.createChild(name, pkey, false)
 	if err != nil {
+		// A half-made child whose deletion failed keeps its name.
+		if _, lerr := p.k.LinkByName(name); lerr != nil {
+			p.freeSlot(slot)
+		}
 		return 0, err
 	}
-	c.gc = gc
+	c.slot, c.gc = slot, gc
 	if err := p.qps.Add(c.qpn, pkey, c); err != nil {
 		p.destroy(c)
 		return 0, fmt.Errorf("kernel: create child %s: %w", name, err)
@@ -844,7 +918,30 @@ func (p *Port) FreeQP(qpn uint32) error {
 	p.refMu.Lock()
 	delete(p.refused, c.pkey) // its attachment to the broadcast group goes
 	p.refMu.Unlock()
-	return p.destroy(c)
+	if err := p.destroy(c); err != nil {
+		return err // its name stays taken
+	}
+	p.freeSlot(c.slot)
+	return nil
+}
+
+// takeSlot reserves the lowest free VIF child index.
+func (p *Port) takeSlot() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 1
+	for p.slots[n] {
+		n++
+	}
+	p.slots[n] = true
+	return n
+}
+
+// freeSlot releases VIF child index n.
+func (p *Port) freeSlot(n int) {
+	p.mu.Lock()
+	delete(p.slots, n)
+	p.mu.Unlock()
 }
 
 // waitBatch returns once the Write under way, if any, has ended: a

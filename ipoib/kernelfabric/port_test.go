@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"strings"
 	"testing"
@@ -85,13 +86,102 @@ func waitFor(t *testing.T, cond func() bool) {
 	}
 }
 
-// TestConnectedModeRefused: the one-line message names the sysfs switch.
-func TestConnectedModeRefused(t *testing.T) {
-	k := fakekernel.NewFabric().NewHost(gid("fe80::a"), "ib0", 2044)
-	k.ModeOf = "connected"
-	_, err := kf.New(kf.Config{Kernel: k, Parent: "ib0"})
-	if err == nil || !strings.Contains(err.Error(), "/sys/class/net/ib0/mode") {
-		t.Fatalf("got %v", err)
+// TestLongParentName: a parent of IFNAMSIZ - 1 bytes gets children
+// whose names fit (ChildStem hashes it); a VIF child's index is reused
+// once its child is freed, and one whose creation failed (P_Key not in
+// the table) takes none, so the names never grow; a restart reclaims
+// the children a previous run left.
+func TestLongParentName(t *testing.T) {
+	const parent = "ibp129s0f0np0xy" // 15 bytes
+	k := fakekernel.NewFabric().NewHost(gid("fe80::a"), parent, 2044)
+	k.SetPKeys(0xffff, 0x8001)
+	stem := kf.ChildStem(parent)
+	leftover, _ := kf.ChildName(stem, 7)
+	if err := k.AddChild(kf.ChildSpec{Name: leftover, Parent: 1, PKey: 0xffff}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := kf.Config{Kernel: k, Parent: parent, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	p, err := kf.New(cfg)
+	if err != nil {
+		t.Fatalf("New on %s: %v", parent, err)
+	}
+	if _, ok := k.Link(leftover); ok || p.Counters().Stats[kf.StatReclaimed] != 1 {
+		t.Fatalf("leftover %s not reclaimed", leftover)
+	}
+	var qpns []uint32
+	for range 3 {
+		q, err := p.AllocQP(0xffff, 0)
+		if err != nil {
+			t.Fatalf("AllocQP under %s: %v", parent, err)
+		}
+		qpns = append(qpns, q)
+	}
+	if _, err := p.AllocQP(0x8002, 0); err == nil {
+		t.Fatal("child of a P_Key not in the table made")
+	}
+	if err := p.FreeQP(qpns[1]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.AllocQP(0xffff, 0); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]bool{kf.GroupChildName(stem, 0xffff): true}
+	for _, n := range []int{1, 2, 3} {
+		name, _ := kf.ChildName(stem, n)
+		want[name] = true
+	}
+	if got := children(k); !maps.Equal(got, want) {
+		t.Fatalf("children %v, want %v", got, want)
+	}
+	p.Close()
+	// What a crash leaves: the children, recreated (Close deleted them).
+	for name := range want {
+		if err := k.AddChild(kf.ChildSpec{Name: name, Parent: 1, PKey: 0xffff}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p = openCfg(t, k, cfg)
+	if n := p.Counters().Stats[kf.StatReclaimed]; n != 4 {
+		t.Fatalf("%d reclaimed at restart, want 4", n)
+	}
+}
+
+// TestConnectedParent: a parent in connected mode (MTU 65520) is
+// accepted: the port's IB MTU is the UD one its children take (2048),
+// and a VIF exchanges a packet of that full size with another host's; a
+// mode the driver does not have is refused, naming it.
+func TestConnectedParent(t *testing.T) {
+	f := fakekernel.NewFabric()
+	ka, kb := f.NewHost(gid("fe80::a"), "ib0", 2044), f.NewHost(gid("fe80::b"), "ib0", 2044)
+	ka.SetConnected()
+	if l, _ := ka.LinkByName("ib0"); l.MTU != 65520 {
+		t.Fatalf("connected parent's MTU %d", l.MTU)
+	}
+	a, b := open(t, ka), open(t, kb)
+	if a.MTU() != 2048 || a.PartitionMTU(0xffff) != 2048 {
+		t.Fatalf("IB MTU %d, partition %d, want 2048", a.MTU(), a.PartitionMTU(0xffff))
+	}
+	qa, err := a.AllocQP(0xffff, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	qb, err := b.AllocQP(0xffff, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := unicast(a, qa, 0xffff, ipoib.MakeHwAddr(0, qb, gid("fe80::b")), 2044); n != 1 {
+		t.Fatalf("sent %d (%v)", n, a.Counters().Drops)
+	}
+	if n := readOne(t, b); n != 2048 {
+		t.Fatalf("received %d bytes, want 2048", n)
+	}
+	if n := unicast(a, qa, 0xffff, ipoib.MakeHwAddr(0, qb, gid("fe80::b")), 2045); n != 0 || a.Counters().Drops[ipoib.DropOversize.String()] != 1 {
+		t.Fatalf("one byte over the UD MTU: sent %d, drops %v", n, a.Counters().Drops)
+	}
+	k := f.NewHost(gid("fe80::c"), "ib0", 2044)
+	k.ModeOf = "bogus"
+	if _, err := kf.New(kf.Config{Kernel: k, Parent: "ib0"}); err == nil || !strings.Contains(err.Error(), `"bogus"`) {
+		t.Fatalf("mode bogus: %v", err)
 	}
 }
 
@@ -151,10 +241,14 @@ func TestSuperPacketHandedWhole(t *testing.T) {
 	}
 }
 
-// openCfg opens the backend on k's ib0 with cfg's other fields.
+// openCfg opens the backend on k's cfg.Parent (ib0 if empty) with
+// cfg's other fields.
 func openCfg(t *testing.T, k kf.Kernel, cfg kf.Config) *kf.Port {
 	t.Helper()
-	cfg.Kernel, cfg.Parent, cfg.Logger = k, "ib0", slog.New(slog.NewTextHandler(io.Discard, nil))
+	cfg.Kernel, cfg.Logger = k, slog.New(slog.NewTextHandler(io.Discard, nil))
+	if cfg.Parent == "" {
+		cfg.Parent = "ib0"
+	}
 	p, err := kf.New(cfg)
 	if err != nil {
 		t.Fatal(err)

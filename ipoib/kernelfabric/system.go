@@ -39,7 +39,7 @@ var _ Kernel = System{}
 func toLink(l netlink.Link) Link {
 	a := l.Attrs()
 	out := Link{Index: a.Index, ParentIndex: a.ParentIndex, Name: a.Name, Kind: l.Type(), MTU: a.MTU,
-		Up: a.Flags&net.FlagUp != 0, Carrier: a.RawFlags&unix.IFF_LOWER_UP != 0}
+		Up: a.Flags&net.FlagUp != 0, Carrier: a.RawFlags&unix.IFF_LOWER_UP != 0, RxQueues: a.NumRxQueues}
 	if len(a.HardwareAddr) == ipoib.HwAddrLen {
 		out.HwAddr = ipoib.HwAddr(a.HardwareAddr)
 	}
@@ -106,6 +106,21 @@ func (System) Mode(name string) (string, error) {
 // WriteSysctl writes /proc/sys/path.
 func (System) WriteSysctl(path, value string) error {
 	return os.WriteFile("/proc/sys/"+path, []byte(value), 0)
+}
+
+// HasIPv6 reports whether /proc/sys/net/ipv6/conf exists. With
+// ipv6.disable=1 it does not: net/ipv6/af_inet6.c inet6_init returns
+// early when disable_ipv6_mod is set ("Loaded, but administratively
+// disabled"), before ipv6_sysctl_register and addrconf_init, which
+// register net/ipv6 and its conf/DEV directories
+// (addrconf_sysctl_register); the same holds for a kernel without
+// CONFIG_IPV6 or with the ipv6 module not loaded.
+func (System) HasIPv6() (bool, error) {
+	_, err := os.Stat("/proc/sys/net/ipv6/conf")
+	if errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	return err == nil, err
 }
 
 // ethtool commands (linux/ethtool.h).

@@ -200,12 +200,16 @@ func realWitness(t *testing.T) *witness {
 		w.in(func() { ch, err = kf.SubscribeLinksBuf(done, onErr, 1) })
 		return ch, err
 	}
+	peers := 0
 	w.addLink = func(name string) error {
-		// A veth has carrier when its peer is up: the peer is.
-		if out, err := nstest.Run(nstest.In(ns, "ip", "link", "add", name, "type", "veth", "peer", "name", name+"p")...); err != nil {
+		// A veth has carrier when its peer is up: the peer is. The
+		// peer's name is short, whatever name's length.
+		peers++
+		peer := fmt.Sprintf("kp%d", peers)
+		if out, err := nstest.Run(nstest.In(ns, "ip", "link", "add", name, "type", "veth", "peer", "name", peer)...); err != nil {
 			return fmt.Errorf("%v: %s", err, out)
 		}
-		_, err := nstest.Run(nstest.In(ns, "ip", "link", "set", name+"p", "up")...)
+		_, err := nstest.Run(nstest.In(ns, "ip", "link", "set", peer, "up")...)
 		return err
 	}
 	return w

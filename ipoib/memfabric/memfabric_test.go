@@ -60,11 +60,16 @@ func recv(t *testing.T, p *Port) ([]byte, ipoib.RxMeta) {
 	select {
 	case r := <-ch:
 		return r.b, r.m
-	case <-time.After(time.Second):
+	case <-time.After(settle):
 		t.Fatal("no packet")
 	}
 	return nil, ipoib.RxMeta{}
 }
+
+// settle bounds a wait for what the test expects to come: generous,
+// since it only runs out when it never comes, and a loaded machine may
+// take seconds to schedule the goroutine that brings it.
+const settle = 20 * time.Second
 
 func TestUnicastAndChecks(t *testing.T) {
 	a, b := twoPorts(t)
@@ -151,7 +156,7 @@ func TestCloseAndQPs(t *testing.T) {
 		if !errors.Is(err, net.ErrClosed) {
 			t.Fatalf("Read after Close: %v", err)
 		}
-	case <-time.After(time.Second):
+	case <-time.After(settle):
 		t.Fatal("Read did not return after Close")
 	}
 	if _, err := b.Write(nil, nil, 0); !errors.Is(err, net.ErrClosed) {

@@ -94,7 +94,7 @@ func TestMulticastErrorWhileDownWaitsForActive(t *testing.T) {
 	if asked := joinsSince(n.s1, joins); asked != 0 {
 		t.Fatalf("%d joins while the port was down", asked)
 	}
-	n.d1.events <- eventPortActive
+	n.d1.raise(eventPortActive)
 	waitFor(t, "the rejoin on PORT_ACTIVE", func() bool {
 		m := memberOf(n.p1, g)
 		joined, so := n.s1.member(g)
@@ -108,7 +108,7 @@ func TestMulticastErrorWhileDownWaitsForActive(t *testing.T) {
 // QP gq kept; it returns how many joins n.s1 had been asked before.
 func loseWhileDown(t *testing.T, n ibNet, g ipoib.GID, gq uint32) int {
 	t.Helper()
-	n.d1.events <- eventPortDown
+	n.d1.raise(eventPortDown)
 	waitFor(t, "the port down", n.p1.IsDown)
 	joins := joinsSince(n.s1, 0)
 	n.s1.portErr()
@@ -163,7 +163,7 @@ func TestSendOnlyKeepsLostFullMembership(t *testing.T) {
 	n, q1, q2, g := groupSetup(t, sm)
 	gq := groupQPOf(n.p1, 0xffff)
 	n.s1.mu.Lock()
-	n.s1.refuse = fmt.Errorf("no answer: %w", unix.ETIMEDOUT)
+	n.s1.refuse = &saSilence
 	n.s1.mu.Unlock()
 	sm.dropGroup(g)
 	waitFor(t, "the failed rejoin", func() bool {
@@ -221,7 +221,7 @@ func TestFlushDropsHandlesMadeBeforeRejoin(t *testing.T) {
 		})
 	}
 	n.s1.mu.Unlock()
-	n.d1.events <- eventLIDChange
+	n.d1.raise(eventLIDChange)
 	waitFor(t, "the flush to drop the stale handle", func() bool {
 		m := memberOf(n.p1, g)
 		if m == nil || m.lost || stale.Load() == 0 {
@@ -300,12 +300,15 @@ func TestCloseWaitsForControlCalls(t *testing.T) {
 }
 
 // TestGroupMTUFallbackCounted: an SA that gives no MTU for the
-// broadcast group (the path record query to the MGID failed) makes the
-// partition use the port's MTU, counted in group_mtu_fallbacks at each
-// join and logged once per group.
+// broadcast group (the path record query to the MGID fails) on a
+// 4096-byte port whose partition's group has MTU 2048: the partition
+// takes the MTU the kernel's IPoIB interface shows for the group (2044,
+// ipoib_mcast_join_finish and ipoib_mcast_carrier_on_task), so 2048,
+// not the port's 4096, and a 2049-byte packet is refused; counted in
+// group_mtu_fallbacks at each join and logged once per group.
 func TestGroupMTUFallbackCounted(t *testing.T) {
 	sm := newSM()
-	sm.mtu = 0
+	sm.mtu, sm.noPathMTU = 2048, true
 	h := newHub()
 	s1 := sm.port(gid1, 0xffff)
 	s1.ipoibIf(0xffff, "10.0.0.1")
@@ -317,14 +320,18 @@ func TestGroupMTUFallbackCounted(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { p.Close() })
-	if _, err := p.AllocQP(0xffff, 0); err != nil {
+	q, err := p.AllocQP(0xffff, 0)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if got := p.PartitionMTU(0xffff); got != 4096 || p.Counters().Stats["group_mtu_fallbacks"] != 1 {
-		t.Fatalf("PartitionMTU %d, stats %v", got, p.Counters().Stats)
+	if got := p.PartitionMTU(0xffff); got != 2048 || p.MTU() != 4096 || p.Counters().Stats["group_mtu_fallbacks"] != 1 {
+		t.Fatalf("PartitionMTU %d, MTU %d, stats %v", got, p.MTU(), p.Counters().Stats)
 	}
-	sm.restart(ipoib.QKey, 0)
-	h.devs[gid1].events <- eventClientReregister
+	if k, _ := p.Write([][]byte{packet(2049, 0)}, []ipoib.TxMeta{{Dst: ipoib.MakeHwAddr(0, 0x99, gid2), SrcQPN: q, PKey: 0xffff}}, ipoib.Headroom); k != 0 || p.Counters().Drops["oversize"] != 1 {
+		t.Fatalf("2049 bytes in a 2048 partition: accepted %d, drops %v", k, p.Counters().Drops)
+	}
+	sm.restart(ipoib.QKey, 2048)
+	h.devs[gid1].raise(eventClientReregister)
 	// The restart rejoins the group twice: its MULTICAST_ERROR and the flush.
 	waitFor(t, "the rejoins' fallbacks", func() bool { return p.Counters().Stats["group_mtu_fallbacks"] == 3 })
 	logMu.Lock()
@@ -583,14 +590,14 @@ func TestJoinRefusalReasons(t *testing.T) {
 	sm := newSM()
 	n, _, _, _ := groupSetup(t, sm)
 	for i, c := range []struct {
-		refuse error
+		refuse refusal
 		reason string
 	}{
-		{fmt.Errorf("%w: %w", errJoinRefused, unix.EINVAL), "sa_refused"},
-		{fmt.Errorf("no answer: %w", unix.ETIMEDOUT), "sa_timeout"},
+		{saRefusal, "sa_refused"},
+		{saSilence, "sa_timeout"},
 	} {
 		n.s1.mu.Lock()
-		n.s1.refuse = c.refuse
+		n.s1.refuse = &c.refuse
 		n.s1.mu.Unlock()
 		mgid := ipoib.IPv4MGID(netip.AddrFrom4([4]byte{239, 9, 9, byte(i + 1)}), 0xffff, ipoib.ScopeLinkLocal)
 		err := n.p1.Join(mgid)
@@ -598,5 +605,90 @@ func TestJoinRefusalReasons(t *testing.T) {
 		if !errors.As(err, &re) || re.Reason != c.reason {
 			t.Errorf("join refused with %v: got %v, want a RefusedError with reason %s", c.refuse, err, c.reason)
 		}
+	}
+}
+
+// TestSlowPathDoesNotStallOthers: while the SA has not answered the path
+// record to one destination (its packet waits for it), a packet to
+// another destination gets its own path record, address handle and
+// delivery: address handles are resolved in parallel. Once the slow
+// answer comes, the waiting packet is sent.
+func TestSlowPathDoesNotStallOthers(t *testing.T) {
+	gid3 := gid("fe:80:00:00:00:00:00:00:00:00:00:00:00:00:00:03")
+	sm := newSM()
+	h := newHub()
+	var ps [3]*Port
+	var sas [3]*fakeSA
+	var qs [3]uint32
+	for i, g := range []ipoib.GID{gid1, gid2, gid3} {
+		sas[i] = sm.port(g, 0xffff)
+		sas[i].ipoibIf(0xffff, fmt.Sprintf("10.0.0.%d", i+1))
+		ps[i], _ = openIB(t, h, g, sas[i], []ipoib.PKey{0xffff})
+		q, err := ps[i].AllocQP(0xffff, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		qs[i] = q
+	}
+	entered, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	sas[0].mu.Lock()
+	sas[0].pathHook = func(q pathQuery) {
+		if q.dgid == gid2 {
+			once.Do(func() { close(entered) })
+			<-release
+		}
+	}
+	sas[0].mu.Unlock()
+	var rel sync.Once
+	t.Cleanup(func() { rel.Do(func() { close(release) }) })
+
+	slow := packet(300, 2)
+	if k, err := ps[0].Write([][]byte{slow}, []ipoib.TxMeta{{Dst: ipoib.MakeHwAddr(0, qs[1], gid2), SrcQPN: qs[0], PKey: 0xffff}}, ipoib.Headroom); k != 1 || err != nil {
+		t.Fatalf("to the slow destination: accepted %d, %v (want 1: held)", k, err)
+	}
+	<-entered
+	fast := send(t, ps[0], qs[0], 0xffff, ipoib.MakeHwAddr(0, qs[2], gid3), 200, 3)
+	if data, _ := readN(t, ps[2], 1); !bytes.Equal(data[0], fast) {
+		t.Fatalf("the other destination got %d bytes", len(data[0]))
+	}
+	if n := ps[0].Counters().Levels["address_handles_resolving"]; n != 1 {
+		t.Fatalf("address_handles_resolving %d, want 1 (the slow one)", n)
+	}
+	rel.Do(func() { close(release) })
+	if data, _ := readN(t, ps[1], 1); !bytes.Equal(data[0], slow[ipoib.Headroom:]) {
+		t.Fatalf("the held packet: %d bytes", len(data[0]))
+	}
+}
+
+// TestResolveQueueFullCounted: with every resolver waiting for the SA
+// and the queue of destinations full, one more destination is not
+// queued, and counted (its next packet asks again).
+func TestResolveQueueFullCounted(t *testing.T) {
+	n := newIBNet(t, newSM(), []ipoib.PKey{0xffff}, 0xffff)
+	release := make(chan struct{})
+	var rel sync.Once
+	t.Cleanup(func() { rel.Do(func() { close(release) }) })
+	n.s1.mu.Lock()
+	n.s1.pathHook = func(pathQuery) { <-release }
+	n.s1.mu.Unlock()
+	q, err := n.p1.AllocQP(0xffff, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	to := func(i int) {
+		var g ipoib.GID
+		g[0], g[1], g[14], g[15] = 0xfe, 0x80, byte(i>>8), byte(i)
+		n.p1.Write([][]byte{packet(100, 0)}, []ipoib.TxMeta{{Dst: ipoib.MakeHwAddr(0, 0x99, g), SrcQPN: q, PKey: 0xffff}}, ipoib.Headroom)
+	}
+	for i := range resolvers {
+		to(0x100 + i)
+	}
+	waitFor(t, "every resolver busy", func() bool { return n.p1.Counters().Levels["address_handles_resolving"] == resolvers })
+	for i := range resolveQueue + 1 {
+		to(0x200 + i)
+	}
+	if c := n.p1.Counters().Stats["address_handle_queue_full"]; c != 1 {
+		t.Fatalf("address_handle_queue_full %d, want 1", c)
 	}
 }

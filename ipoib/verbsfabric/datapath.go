@@ -301,6 +301,9 @@ func (p *Port) wantAH(key ahKey) {
 	select {
 	case p.resolve <- key:
 	default:
+		// Every resolver busy and the queue full: the destination is
+		// asked for again by its next packet.
+		p.resolveFull.Add(1)
 		p.ahMu.Lock()
 		if p.ahs.get(key) == e {
 			p.ahs.del(key)
@@ -344,59 +347,78 @@ func (p *Port) hold(pkt []byte, m *ipoib.TxMeta, key ahKey) (h handle, ok, held 
 	return 0, false, true
 }
 
-// resolver makes address handles off the hot path, then sends what
-// waited for them.
-func (p *Port) resolver() {
+// rejoiner retries the failed rejoins every ahRetry (IB only).
+func (p *Port) rejoiner() {
 	defer p.wg.Done()
 	tick := time.NewTicker(ahRetry)
 	defer tick.Stop()
+	for {
+		select {
+		case <-p.done:
+			return
+		case <-tick.C:
+			p.retryRejoins()
+		}
+	}
+}
+
+// resolver makes address handles off the hot path, then sends what
+// waited for them. resolvers of them run at once, each taking the next
+// destination: on IB each resolution asks the SA (a path record waits
+// up to 2 × 2 s, a send-only join 4 s), and one destination whose
+// answer is slow must not hold up every new one. Joins still take ctlMu
+// one at a time (as the SA work of the port does); path records do not.
+func (p *Port) resolver() {
+	defer p.wg.Done()
 	for {
 		var key ahKey
 		select {
 		case <-p.done:
 			return
-		case <-tick.C:
-			if p.sa != nil {
-				p.retryRejoins()
-			}
-			continue
 		case key = <-p.resolve:
 		}
-		p.ahMu.Lock()
-		gen := p.ahs.gen
-		p.ahMu.Unlock()
-		h, err := p.makeAH(key)
-		p.ahMu.Lock()
-		e := p.ahs.get(key)
-		switch {
-		case e == nil || !e.resolving():
-			// Flushed or replaced meanwhile.
-			if err == nil {
-				p.dev.destroyAH(h)
-			}
-		case p.ahs.gen != gen:
-			// A flush came while this path was resolved: it may be stale.
-			if err == nil {
-				p.dev.destroyAH(h)
-			}
-			select {
-			case p.resolve <- key:
-			default:
-				p.ahs.set(key, &ahEntry{failedAt: time.Now()})
-			}
-		case err != nil:
-			p.ahs.set(key, &ahEntry{failedAt: time.Now()})
-			p.ahFailed.Add(1)
-		default:
-			p.ahs.set(key, &ahEntry{h: h, ready: true})
-			p.ahCreated.Add(1)
-		}
-		p.ahMu.Unlock()
-		if err != nil {
-			p.warnLimited(err)
-		}
-		p.flushPending(key)
+		p.resolving.Add(1)
+		p.resolveOne(key)
+		p.resolving.Add(-1)
 	}
+}
+
+// resolveOne makes key's address handle and sends what waited for it.
+func (p *Port) resolveOne(key ahKey) {
+	p.ahMu.Lock()
+	gen := p.ahs.gen
+	p.ahMu.Unlock()
+	h, err := p.makeAH(key)
+	p.ahMu.Lock()
+	e := p.ahs.get(key)
+	switch {
+	case e == nil || !e.resolving():
+		// Flushed or replaced meanwhile.
+		if err == nil {
+			p.dev.destroyAH(h)
+		}
+	case p.ahs.gen != gen:
+		// A flush came while this path was resolved: it may be stale.
+		if err == nil {
+			p.dev.destroyAH(h)
+		}
+		select {
+		case p.resolve <- key:
+		default:
+			p.ahs.set(key, &ahEntry{failedAt: time.Now()})
+		}
+	case err != nil:
+		p.ahs.set(key, &ahEntry{failedAt: time.Now()})
+		p.ahFailed.Add(1)
+	default:
+		p.ahs.set(key, &ahEntry{h: h, ready: true})
+		p.ahCreated.Add(1)
+	}
+	p.ahMu.Unlock()
+	if err != nil {
+		p.warnLimited(err)
+	}
+	p.flushPending(key)
 }
 
 // makeAH makes key's address handle. Every packet carries a GRH (on IB
@@ -425,6 +447,7 @@ func (p *Port) makeAH(key ahKey) (handle, error) {
 				return 0, fmt.Errorf("verbsfabric: path record to %s in partition %s: %w", key.gid, key.pkey, err)
 			}
 			pa.dlid, pa.sl = r.dlid, r.sl
+			p.lids.learn(r.dlid, key.gid, p.a.gid)
 		}
 	}
 	return p.dev.createAH(pa)
@@ -476,6 +499,67 @@ func (p *Port) flushPending(key ahKey) {
 	p.post()
 }
 
+// receiver keeps the shared receive queue full whatever the reader
+// does: UD has no RNR (a packet that finds no buffer posted is lost in
+// the HCA, uncounted here), so buffers are reposted as soon as their
+// completions are taken, not when Read has copied them out. Each
+// completion takes a spare buffer, which replaces it on the SRQ, and
+// waits in the ready queue for Read; when the reader has fallen so far
+// behind that no spare is left (the ready queue holds depth packets),
+// the new packet's own buffer goes straight back to the SRQ and the
+// packet is dropped and counted (rx_queue_full), as a NIC's ring drops
+// at its tail. A failure of the device ends it; Read then returns the
+// error once the ready queue is empty.
+func (p *Port) receiver() {
+	defer p.wg.Done()
+	for {
+		n := p.dev.pollRecv(p.polled)
+		if n == 0 {
+			ok, err := p.dev.waitRecv()
+			if err != nil && !p.closed.Load() {
+				p.rxFail(err)
+				return
+			}
+			if !ok {
+				return // woken: closing
+			}
+			continue
+		}
+		p.rqMu.Lock()
+		for _, d := range p.polled[:n] {
+			if len(p.spare) == 0 {
+				p.repost = append(p.repost, uint32(d.buf))
+				p.drops.Add(ipoib.DropQueueFull)
+				continue
+			}
+			p.repost = append(p.repost, p.spare[len(p.spare)-1])
+			p.spare = p.spare[:len(p.spare)-1]
+			p.ready[(p.readyAt+p.readyN)%len(p.ready)] = d
+			p.readyN++
+		}
+		p.rqMu.Unlock()
+		err := p.dev.postRecv(p.repost)
+		p.repost = p.repost[:0]
+		select {
+		case p.rxReady <- struct{}{}:
+		default:
+		}
+		if err != nil {
+			p.rxFail(err)
+			return
+		}
+	}
+}
+
+// rxFail records the receiver's failure for Read.
+func (p *Port) rxFail(err error) {
+	p.rxErr.Store(&err)
+	select {
+	case p.rxReady <- struct{}{}:
+	default:
+	}
+}
+
 // Read returns received packets; see the package's flow comment. One
 // goroutine reads at a time.
 func (p *Port) Read(bufs [][]byte, sizes []int, meta []ipoib.RxMeta, offset int) (int, error) {
@@ -485,25 +569,35 @@ func (p *Port) Read(bufs [][]byte, sizes []int, meta []ipoib.RxMeta, offset int)
 		if p.closed.Load() {
 			return 0, net.ErrClosed
 		}
-		n := p.dev.pollRecv(p.rdone[:min(len(bufs), len(p.rdone))])
+		p.rqMu.Lock()
+		n := min(len(bufs), len(p.rdone), p.readyN)
+		for i := range n {
+			p.rdone[i] = p.ready[(p.readyAt+i)%len(p.ready)]
+		}
+		p.readyAt = (p.readyAt + n) % len(p.ready)
+		p.readyN -= n
+		p.rqMu.Unlock()
 		if n == 0 {
-			if _, err := p.dev.waitRecv(); err != nil && !p.closed.Load() {
-				return 0, err
+			if err := p.rxErr.Load(); err != nil {
+				return 0, *err
+			}
+			select {
+			case <-p.rxReady:
+			case <-p.done:
 			}
 			continue
 		}
 		k := 0
 		for _, d := range p.rdone[:n] {
-			p.repost = append(p.repost, uint32(d.buf))
 			if p.take(d, bufs[k][offset:], &sizes[k], &meta[k]) {
 				k++
 			}
 		}
-		err := p.dev.postRecv(p.repost)
-		p.repost = p.repost[:0]
-		if err != nil {
-			return k, err
+		p.rqMu.Lock()
+		for _, d := range p.rdone[:n] {
+			p.spare = append(p.spare, uint32(d.buf))
 		}
+		p.rqMu.Unlock()
 		if k > 0 {
 			return k, nil
 		}
@@ -525,15 +619,22 @@ func (p *Port) take(d recvDone, dst []byte, size *int, m *ipoib.RxMeta) bool {
 	}
 	// The buffer always starts with the GRH's 40 bytes; without a GRH
 	// (IB unicast from a sender that sends none, as kernel IPoIB does)
-	// they are undefined and the source is unknown.
+	// they are undefined, and the source GID is the one last seen behind
+	// the completion's SLID (lids.go).
 	b := p.dev.recvBuf(d.buf)[:d.len]
 	var src, dgid ipoib.GID
+	named := d.grh
 	if d.grh {
 		var err error
 		if src, dgid, err = parseGRH(b); err != nil {
 			p.drops.Add(ipoib.DropBadGRH)
 			return false
 		}
+		if p.a.ib {
+			p.lids.learn(d.slid, src, p.a.gid)
+		}
+	} else {
+		src, named = p.lids.lookup(d.slid)
 	}
 	q := p.qp(d.qpn)
 	own := src == p.a.gid // from our GID, and (looked up only then) a QPN of ours: sent by this port
@@ -562,9 +663,14 @@ func (p *Port) take(d recvDone, dst []byte, size *int, m *ipoib.RxMeta) bool {
 		return false
 	}
 	*size = copy(dst, pkt)
-	if !d.grh {
+	switch {
+	case !named:
 		m.Src, m.SrcUnknown = ipoib.HwAddr{}, true
-	} else {
+		p.rxSrcUnknown.Add(1)
+	default:
+		if !d.grh {
+			p.rxByLID.Add(1)
+		}
 		p.wantAH(ahKey{src, q.wire}) // the reply will need it: make it now, off the TX path
 	}
 	p.rxPackets.Add(1)

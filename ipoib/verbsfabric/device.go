@@ -5,6 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
 
 	"github.com/eipoib/eipoibd/ipoib"
 )
@@ -12,7 +16,8 @@ import (
 // device is the verbs boundary the Port drives: libibverbs through cgo
 // (ibv.go, build tag verbs) or an in-memory fake in the tests. The Port
 // serialises sends (postSend, pollSend, sendBuf) and receives (pollRecv,
-// postRecv, recvBuf, waitRecv); the rest may run concurrently with both.
+// postRecv, waitRecv: its receiver goroutine); recvBuf of a buffer not
+// posted, and the rest, may run concurrently with both.
 type device interface {
 	attr() devAttr
 	// createQP creates a UD QP with Q_Key qkey in the P_Key table entry
@@ -55,7 +60,10 @@ type device interface {
 	waitRecv() (bool, error)
 
 	// waitEvent blocks until the next async event (true) or wake (false).
-	waitEvent() (portEvent, bool, error)
+	// A port event carries the port it is about: one device context
+	// reports every port's (libibverbs ibv_get_async_event sets
+	// element.port_num for them).
+	waitEvent() (asyncEvent, bool, error)
 	// wake ends every waitRecv and waitEvent, the subnet administrator's
 	// included, now and later.
 	wake()
@@ -64,6 +72,7 @@ type device interface {
 
 // devAttr is what the Port learns of its device at start.
 type devAttr struct {
+	port     int // the port number the Port uses (1 for the first)
 	gid      ipoib.GID
 	gidIndex int
 	ifindex  int  // the RoCE netdev, 0 on IB
@@ -73,10 +82,14 @@ type devAttr struct {
 	pkeys    []ipoib.PKey
 }
 
-// layout sizes the registered memory.
+// layout sizes the registered memory: recvBufs receive buffers, of
+// which at most srqDepth are posted on the shared receive queue (its
+// size, and the receive CQ's: every receive completion is of a posted
+// buffer).
 type layout struct {
 	sendSlots, slotSize int
 	recvBufs, recvSize  int
+	srqDepth            int
 	batch               int
 }
 
@@ -113,11 +126,13 @@ type sendDone struct {
 }
 
 // recvDone is a receive completion: buf holds len bytes (GRH included).
+// srcQPN and slid name the sender, GRH or not (lids.go).
 type recvDone struct {
 	buf     int
 	len     int
 	srcQPN  uint32
 	qpn     uint32
+	slid    uint16
 	ok, grh bool
 }
 
@@ -136,6 +151,13 @@ const (
 	eventSMChange
 	eventClientReregister
 )
+
+// asyncEvent is an async event of the device: what it is and the port
+// number it is about (0 for an event not of a port).
+type asyncEvent struct {
+	ev   portEvent
+	port int
+}
 
 // subnetAdmin is the InfiniBand link layer's control side: path records
 // and multicast memberships from the subnet administrator, through the
@@ -204,16 +226,46 @@ type ipoibBind struct {
 	ifname  string
 	ifindex int
 	addr    netip.Addr
+	// mtu and connected are the interface's MTU and IPoIB mode: in
+	// datagram mode the MTU is the broadcast group's (see ifaceGroupMTU).
+	mtu       int
+	connected bool
 }
 
 // mcMember is a join's MULTICAST_JOIN event data: the group's MLID and
 // SL (event.param.ud.ah_attr), its Q_Key (event.param.ud.qkey) and its
-// MTU in bytes (0 when the SA gave none).
+// MTU in bytes (0 when the SA gave none); ifaceMTU is the IB MTU the
+// IPoIB interface the join was bound to shows for its broadcast group
+// (ifaceGroupMTU; 0: it shows none).
 type mcMember struct {
-	mlid uint16
-	sl   uint8
-	qkey uint32
-	mtu  int
+	mlid     uint16
+	sl       uint8
+	qkey     uint32
+	mtu      int
+	ifaceMTU int
+}
+
+// ifaceGroupMTU is the IB MTU of a partition's broadcast group as the
+// kernel's IPoIB interface in it shows it: ipoib_mcast_join_finish sets
+// priv->mcast_mtu to IPOIB_UD_MTU of the group's MTU (4 bytes less, the
+// IPoIB header), and ipoib_mcast_carrier_on_task sets the interface MTU
+// to min(mcast_mtu, admin_mtu) before the carrier comes on, in
+// datagram mode only (in connected mode the MTU is the CM's). So a
+// datagram-mode interface's MTU is at most the group's: the largest IB
+// MTU the backend supports whose IPoIB MTU fits in it is at most the
+// group's (an administrator's smaller MTU makes it smaller, never
+// larger). 0 when the interface tells nothing: connected mode, or an
+// MTU below 2044.
+func ifaceGroupMTU(b ipoibBind) int {
+	switch {
+	case b.connected:
+		return 0
+	case b.mtu >= 4096-ipoib.HeaderLen:
+		return 4096
+	case b.mtu >= 2048-ipoib.HeaderLen:
+		return 2048
+	}
+	return 0
 }
 
 // errJoinRefused is a join whose id got a MULTICAST_ERROR instead of a
@@ -308,4 +360,47 @@ func mtuOf(enum int) int {
 		return 0
 	}
 	return 128 << enum
+}
+
+// MaxPortNum is the largest port number of a verbs device (port_num is
+// a u8 in struct ibv_port_attr's calls, and ports count from 1).
+const MaxPortNum = 255
+
+// ParseDevice splits the verbs device of --ib-dev, NAME or NAME:PORT
+// (e.g. mlx5_0:2), into the device name and the port number, 1 when
+// none is given. The name is what ibv_devices lists; the port is the
+// HCA port whose GID, P_Keys, QPs and events the backend uses.
+func ParseDevice(s string) (name string, port int, err error) {
+	name, num, ok := strings.Cut(s, ":")
+	switch {
+	case name == "":
+		return "", 0, fmt.Errorf("no device name before the port: want NAME or NAME:PORT, e.g. mlx5_0 or mlx5_0:2")
+	case !ok:
+		return name, 1, nil
+	}
+	port, err = strconv.Atoi(num)
+	if err != nil || port < 1 || port > MaxPortNum || strings.ContainsAny(num, "+-") {
+		return "", 0, fmt.Errorf("port %q: want a number from 1 to %d (the HCA's port, as ibstat lists it)", num, MaxPortNum)
+	}
+	return name, port, nil
+}
+
+// noDevice is the error for a verbs device name libibverbs could not
+// find (ENODEV), or could not list at all (ENOSYS: find_sysfs_devs and
+// check_abi_version in rdma-core's libibverbs/init.c answer that when
+// there is no /sys/class/infiniband_verbs, as without ib_uverbs or any
+// RDMA driver): it names the RDMA devices listed in sysDir.
+func noDevice(name, sysDir string) error {
+	ents, _ := os.ReadDir(sysDir)
+	var have []string
+	for _, e := range ents {
+		have = append(have, e.Name())
+	}
+	switch {
+	case slices.Contains(have, name):
+		return fmt.Errorf("verbsfabric: RDMA device %q exists, but libibverbs finds no verbs device of it: is ib_uverbs loaded?", name)
+	case len(have) == 0:
+		return fmt.Errorf("verbsfabric: there is no RDMA device %q: this host has none (%s is empty or absent: no RDMA driver such as mlx5_ib is loaded, nor an rxe link made with rdma link add)", name, sysDir)
+	}
+	return fmt.Errorf("verbsfabric: there is no RDMA device %q; the RDMA devices here: %s", name, strings.Join(have, ", "))
 }

@@ -103,3 +103,24 @@ func FuzzParseGRH(f *testing.F) {
 		}
 	})
 }
+
+// TestIfaceGroupMTU: a datagram-mode IPoIB interface's MTU is the IPoIB
+// MTU of its broadcast group (or less); connected mode, or an MTU below
+// 2044, tells nothing.
+func TestIfaceGroupMTU(t *testing.T) {
+	for _, c := range []struct {
+		b    ipoibBind
+		want int
+	}{
+		{ipoibBind{mtu: 4092}, 4096},
+		{ipoibBind{mtu: 2044}, 2048},
+		{ipoibBind{mtu: 4000}, 2048},
+		{ipoibBind{mtu: 1500}, 0},
+		{ipoibBind{mtu: 65520, connected: true}, 0},
+		{ipoibBind{mtu: 2044, connected: true}, 0},
+	} {
+		if got := ifaceGroupMTU(c.b); got != c.want {
+			t.Errorf("%+v: %d, want %d", c.b, got, c.want)
+		}
+	}
+}

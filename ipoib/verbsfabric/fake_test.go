@@ -14,10 +14,15 @@ import (
 // included), unicast lost when the QPN does not exist, and a UD packet
 // whose Q_Key is not the receiving QP's dropped (IBA 10.2.4: the Q_Key
 // check of a UD receive). Devices opened with openerIB have an IB link
-// layer and a fakeSA.
+// layer and a fakeSA. Every completion reports the sender's LID (its
+// SM's, 0 on RoCE). With noGRH set, unicast arrives without a GRH, as
+// from a Linux IPoIB sender inside a subnet (sa_query.c
+// ib_init_ah_attr_from_path makes a GRH only when the path's hop_limit is
+// above 0, and OpenSM answers 0 there); multicast always has one.
 type fakeHub struct {
-	mu   sync.Mutex
-	devs map[ipoib.GID]*fakeDev
+	mu    sync.Mutex
+	devs  map[ipoib.GID]*fakeDev
+	noGRH bool
 }
 
 type fakeDev struct {
@@ -38,6 +43,7 @@ type fakeDev struct {
 	recv     []byte
 	posted   []uint32 // receive buffers posted, the next at postedAt
 	postedAt int
+	lost     int // packets that found no receive buffer posted (UD has no RNR)
 	rq       []recvDone
 	sq       []sendDone
 	failAt   int // postSend fails at this descriptor (-1: never)
@@ -49,7 +55,7 @@ type fakeDev struct {
 	reaped       map[uint32]uint64
 	busyDestroys int
 	notify       chan struct{}
-	events       chan portEvent // async events, as the test raises them
+	events       chan asyncEvent // async events, as the test raises them (raise: of the device's port)
 	woke         chan struct{}
 	wakeOnce     sync.Once
 	// qpGate, when set, holds createQP after telling qpEntered; qpLate
@@ -88,23 +94,26 @@ type fakeQP struct {
 func newHub() *fakeHub { return &fakeHub{devs: map[ipoib.GID]*fakeDev{}} }
 
 // opener returns the open hook of a RoCE device with GID g.
-func (h *fakeHub) opener(g ipoib.GID) func(string, layout) (device, error) {
+func (h *fakeHub) opener(g ipoib.GID) func(string, int, layout) (device, error) {
 	return h.open(devAttr{gid: g, mtu: 4096, active: true, pkeys: []ipoib.PKey{0xffff}}, nil)
 }
 
 // openerIB returns the open hook of an IB device with GID g, P_Key table
 // pkeys and subnet administrator sa.
-func (h *fakeHub) openerIB(g ipoib.GID, sa *fakeSA, pkeys ...ipoib.PKey) func(string, layout) (device, error) {
+func (h *fakeHub) openerIB(g ipoib.GID, sa *fakeSA, pkeys ...ipoib.PKey) func(string, int, layout) (device, error) {
 	return h.open(devAttr{gid: g, mtu: 4096, active: true, ib: true, pkeys: pkeys}, sa)
 }
 
-func (h *fakeHub) open(a devAttr, sa *fakeSA) func(string, layout) (device, error) {
-	return func(_ string, lay layout) (device, error) {
+// open returns the open hook of a device with attributes a, opened on
+// the port New asks for.
+func (h *fakeHub) open(a devAttr, sa *fakeSA) func(string, int, layout) (device, error) {
+	return func(_ string, port int, lay layout) (device, error) {
+		a.port = port
 		d := &fakeDev{hub: h, lay: lay, a: a, table: a.pkeys, fsa: sa,
 			nextQPN: 0x11, qps: map[uint32]*fakeQP{}, attached: map[ipoib.GID]map[uint32]uint16{}, ahs: map[handle]path{},
 			inflight: map[handle]map[uint32]uint64{}, reaped: map[uint32]uint64{}, busy: map[int]busySlot{},
 			send: make([]byte, lay.sendSlots*lay.slotSize), recv: make([]byte, lay.recvBufs*lay.recvSize),
-			failAt: -1, notify: make(chan struct{}, 1), events: make(chan portEvent), woke: make(chan struct{})}
+			failAt: -1, notify: make(chan struct{}, 1), events: make(chan asyncEvent), woke: make(chan struct{})}
 		if sa != nil {
 			sa.woke = d.woke
 		}
@@ -285,6 +294,7 @@ func (d *fakeDev) postSend(s []sendDesc) (int, error) {
 		d.busy[w.slot] = busySlot{w.qpn, w.wrID}
 		d.mu.Unlock()
 		data := d.slotBuf(w.slot)[:w.len]
+		slid := d.lid()
 		d.hub.mu.Lock()
 		if p.gid.IsMulticast() {
 			for _, to := range d.hub.devs {
@@ -295,11 +305,11 @@ func (d *fakeDev) postSend(s []sendDesc) (int, error) {
 				}
 				to.mu.Unlock()
 				for _, q := range qs {
-					to.deliver(d.a.gid, p.gid, w.qpn, q, w.qkey, data)
+					to.deliver(d.a.gid, p.gid, w.qpn, q, w.qkey, data, slid, true)
 				}
 			}
 		} else if to := d.hub.devs[p.gid]; to != nil {
-			to.deliver(d.a.gid, p.gid, w.qpn, w.rqpn, w.qkey, data)
+			to.deliver(d.a.gid, p.gid, w.qpn, w.rqpn, w.qkey, data, slid, !d.hub.noGRH)
 		}
 		d.hub.mu.Unlock()
 		if w.signal && w.qpn != d.holdQPN {
@@ -311,10 +321,21 @@ func (d *fakeDev) postSend(s []sendDesc) (int, error) {
 	return len(s), nil
 }
 
-// deliver puts one packet with its GRH into a posted receive buffer (or
-// loses it when none is posted, as an HCA would); a packet for a QP that
-// does not exist, or whose Q_Key is not the QP's, is dropped.
-func (d *fakeDev) deliver(src, dst ipoib.GID, srcQPN, qpn, qkey uint32, data []byte) {
+// lid is the device's LID: its SM's, 0 on RoCE.
+func (d *fakeDev) lid() uint16 {
+	if d.fsa == nil {
+		return 0
+	}
+	d.fsa.sm.mu.Lock()
+	defer d.fsa.sm.mu.Unlock()
+	return d.fsa.sm.lid(d.a.gid)
+}
+
+// deliver puts one packet from LID slid, with its GRH or without, into a
+// posted receive buffer (or loses it when none is posted, as an HCA
+// would); a packet for a QP that does not exist, or whose Q_Key is not
+// the QP's, is dropped.
+func (d *fakeDev) deliver(src, dst ipoib.GID, srcQPN, qpn, qkey uint32, data []byte, slid uint16, grh bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	q := d.qps[qpn]
@@ -325,7 +346,7 @@ func (d *fakeDev) deliver(src, dst ipoib.GID, srcQPN, qpn, qkey uint32, data []b
 		d.qkeyDrop++
 		return
 	}
-	d.complete(src, dst, srcQPN, qpn, data)
+	d.completeFrom(src, dst, srcQPN, qpn, data, slid, grh)
 }
 
 // complete makes a receive completion for QP qpn of a packet with its
@@ -333,18 +354,27 @@ func (d *fakeDev) deliver(src, dst ipoib.GID, srcQPN, qpn, qkey uint32, data []b
 // calls it for a QP the port no longer has (a completion of a QP
 // freed while it was queued). A packet is lost when no buffer is posted.
 func (d *fakeDev) complete(src, dst ipoib.GID, srcQPN, qpn uint32, data []byte) {
+	d.completeFrom(src, dst, srcQPN, qpn, data, 0, true)
+}
+
+// completeFrom is complete for a packet from LID slid, with a GRH or
+// without (then the buffer's first 40 bytes are left as they were).
+func (d *fakeDev) completeFrom(src, dst ipoib.GID, srcQPN, qpn uint32, data []byte, slid uint16, grh bool) {
 	if d.postedAt == len(d.posted) {
+		d.lost++
 		return
 	}
 	b := d.posted[d.postedAt]
 	d.postedAt++
 	buf := d.recvBuf(int(b))
-	clear(buf[:grhLen])
-	buf[0] = 0x60
-	copy(buf[8:24], src[:])
-	copy(buf[24:40], dst[:])
+	if grh {
+		clear(buf[:grhLen])
+		buf[0] = 0x60
+		copy(buf[8:24], src[:])
+		copy(buf[24:40], dst[:])
+	}
 	copy(buf[grhLen:], data)
-	d.rq = append(d.rq, recvDone{buf: int(b), len: grhLen + len(data), srcQPN: srcQPN, qpn: qpn, ok: true, grh: true})
+	d.rq = append(d.rq, recvDone{buf: int(b), len: grhLen + len(data), srcQPN: srcQPN, qpn: qpn, slid: slid, ok: true, grh: grh})
 	select {
 	case d.notify <- struct{}{}:
 	default:
@@ -398,14 +428,18 @@ func (d *fakeDev) waitRecv() (bool, error) {
 	}
 }
 
-func (d *fakeDev) waitEvent() (portEvent, bool, error) {
+func (d *fakeDev) waitEvent() (asyncEvent, bool, error) {
 	select {
 	case ev := <-d.events:
 		return ev, true, nil
 	case <-d.woke:
-		return 0, false, nil
+		return asyncEvent{}, false, nil
 	}
 }
+
+// raise reports port event ev of the port the device was opened on, as
+// ibv_get_async_event gives it: with element.port_num.
+func (d *fakeDev) raise(ev portEvent) { d.events <- asyncEvent{ev: ev, port: d.a.port} }
 
 func (d *fakeDev) wake() { d.wakeOnce.Do(func() { close(d.woke) }) }
 

@@ -23,15 +23,18 @@ const rdmaUDPQKey = 0x01234567
 
 // fakeSM is the subnet manager and its SA's records.
 type fakeSM struct {
-	mu       sync.Mutex
-	qkey     uint32 // Q_Key of the IPoIB broadcast groups it creates
-	mtu      int    // their MTU
-	sendOnly bool   // ClassPortInfo CapabilityMask2: send-only full members
-	lidBase  uint16 // port i of the subnet has LID lidBase+i
-	sl       map[ipoib.PKey]uint8
-	ports    []*fakeSA
-	groups   map[ipoib.GID]*fakeGroup
-	nextMLID uint16
+	mu   sync.Mutex
+	qkey uint32 // Q_Key of the IPoIB broadcast groups it creates
+	mtu  int    // their MTU
+	// noPathMTU: the path record to an MGID fails, so a join reports
+	// no MTU (ibvSA.join asks the group's MTU that way).
+	noPathMTU bool
+	sendOnly  bool   // ClassPortInfo CapabilityMask2: send-only full members
+	lidBase   uint16 // port i of the subnet has LID lidBase+i
+	sl        map[ipoib.PKey]uint8
+	ports     []*fakeSA
+	groups    map[ipoib.GID]*fakeGroup
+	nextMLID  uint16
 }
 
 // fakeGroup is an SA MCMemberRecord and its members. multicast.c holds
@@ -85,10 +88,11 @@ type fakeSA struct {
 	joined  []joinReq          // joins asked
 	errs    chan mcastError
 	// joinHook, when set, runs as each join starts (tests hold joins
-	// with it); refuse, when set, fails every join (an SA that does not
-	// answer).
+	// with it); refuse, when set, fails every join as it says.
 	joinHook func(joinReq)
-	refuse   error
+	// pathHook, when set, runs as each path record query starts.
+	pathHook func(pathQuery)
+	refuse   *refusal
 	closed   bool // the device was closed (ibvSA.close)
 	late     int  // joins and leaves after the close: ids used after free
 }
@@ -204,7 +208,11 @@ func cmaSelectIBPS(ps portSpace) error {
 func (sa *fakeSA) pathRecord(q pathQuery) (pathRec, error) {
 	sa.mu.Lock()
 	sa.paths = append(sa.paths, q)
+	hook := sa.pathHook
 	sa.mu.Unlock()
+	if hook != nil {
+		hook(q)
+	}
 	if err := cmaSelectIBPS(q.ps); err != nil {
 		return pathRec{}, err
 	}
@@ -256,7 +264,7 @@ func (sa *fakeSA) join(r joinReq) (mcMember, error) {
 	refuse := sa.refuse
 	sa.mu.Unlock()
 	if refuse != nil {
-		return mcMember{}, refuse
+		return refuse.answer(r.mgid)
 	}
 	// rdma_bind_addr of an IP address: rdma_translate_ip finds the
 	// interface holding it and copies its hardware and broadcast
@@ -293,7 +301,7 @@ func (sa *fakeSA) join(r joinReq) (mcMember, error) {
 	// the id's MULTICAST_ERROR.
 	if r.sendOnly && !sm.sendOnly {
 		if sa.newKernel {
-			return mcMember{}, fmt.Errorf("%w: the SA refused a send-only full member: %w", errJoinRefused, unix.EINVAL)
+			return saRefusal.answer(r.mgid)
 		}
 		return mcMember{}, fmt.Errorf("cma_join_ib_multicast: SM doesn't support Send Only Full Member option: %w", unix.EOPNOTSUPP)
 	}
@@ -309,10 +317,10 @@ func (sa *fakeSA) join(r joinReq) (mcMember, error) {
 	// cma_make_mc_event: cma_set_qkey(id, rec.qkey) refuses a group
 	// whose Q_Key is not the id's (-EINVAL): a MULTICAST_ERROR.
 	if g.qkey != qkey {
-		if sa.qkeyFirst {
-			return mcMember{}, fmt.Errorf("no MULTICAST_JOIN event (cma_ib_mc_handler: cma_set_qkey failed, no event sent): %w", unix.ETIMEDOUT)
+		if sa.qkeyFirst { // cma_ib_mc_handler: cma_set_qkey failed, no event sent
+			return saSilence.answer(r.mgid)
 		}
-		return mcMember{}, fmt.Errorf("%w: cma_set_qkey: group Q_Key %#x, id Q_Key %#x: %w", errJoinRefused, g.qkey, qkey, unix.EINVAL)
+		return saRefusal.answer(r.mgid)
 	}
 	g.ids[sa.gid] = r.sendOnly
 	sa.mu.Lock()
@@ -322,7 +330,45 @@ func (sa *fakeSA) join(r joinReq) (mcMember, error) {
 	// the SL, param.ud.qkey the Q_Key (cma_make_mc_event); the MTU is
 	// what a path record to the MGID gives (OpenSM pr_process_multicast
 	// copies the group's).
-	return mcMember{mlid: g.mlid, sl: g.sl, qkey: g.qkey, mtu: g.mtu}, nil
+	m, err := joinAnswer(r.mgid, cmEvent{kind: cmJoined, typ: rdmaCMEventMulticastJoin, dlid: g.mlid, sl: g.sl, qkey: g.qkey}, "RDMA_CM_EVENT_MULTICAST_JOIN")
+	m.mtu = g.mtu
+	if sm.noPathMTU {
+		m.mtu = 0
+	}
+	return m, err
+}
+
+// The rdma_cm events of a join's id (enum rdma_cm_event_type, librdmacm
+// rdma_cma.h).
+const (
+	rdmaCMEventMulticastJoin  = 12
+	rdmaCMEventMulticastError = 13
+)
+
+// refusal is how the fake SA fails a join, as the kernel tells the
+// join's id: an event with its status, or no event at all (silent).
+// Production's mapping (joinAnswer, errNoJoinAnswer) makes the error.
+type refusal struct {
+	ev     cmEvent
+	silent bool
+}
+
+var (
+	// saRefusal is an SA that answers with a MAD status, or a group
+	// whose Q_Key is not the id's: RDMA_CM_EVENT_MULTICAST_ERROR with
+	// -EINVAL (sa_query.c recv_handler; cma_set_qkey).
+	saRefusal = refusal{ev: cmEvent{kind: cmError, typ: rdmaCMEventMulticastError, status: -int(unix.EINVAL)}}
+	// saSilence is an SA that never answers (or a kernel that sends no
+	// event): the join's time runs out.
+	saSilence = refusal{silent: true}
+)
+
+// answer is what the join of mgid returns for the refusal.
+func (r refusal) answer(mgid ipoib.GID) (mcMember, error) {
+	if r.silent {
+		return mcMember{}, errNoJoinAnswer(mgid)
+	}
+	return joinAnswer(mgid, r.ev, "RDMA_CM_EVENT_MULTICAST_ERROR")
 }
 
 // leave is rdma_leave_multicast and rdma_destroy_id.
@@ -382,15 +428,26 @@ func (sa *fakeSA) member(mgid ipoib.GID) (bool, bool) {
 
 // lookup is the Port's ipoibAddr hook over the host's fake IPoIB
 // interfaces: pickIPoIB over one interface per address, with the port
-// GID in its hardware address and the partition in its broadcast one.
+// GID in its hardware address and the partition in its broadcast one,
+// up, in datagram mode. Its carrier is on (joined) while its kernel
+// IPoIB is a member of the broadcast group, and then its MTU is the
+// group's IPoIB MTU, as ipoib_mcast_join_finish (mcast_mtu =
+// IPOIB_UD_MTU of the group's) and ipoib_mcast_carrier_on_task
+// (dev_set_mtu, netif_carrier_on) leave it.
 func (sa *fakeSA) lookup(gid ipoib.GID, pkey ipoib.PKey) (ipoibBind, error) {
 	var ifs []ipoibIf
+	sa.sm.mu.Lock()
 	for a, pk := range sa.ifs {
 		hw := make([]byte, ipoib.HwAddrLen)
 		copy(hw[4:], sa.gid[:])
 		bc := ipoib.BroadcastMGID(pk, ipoib.ScopeLinkLocal)
-		ifs = append(ifs, ipoibIf{name: fmt.Sprintf("ib0.%04x", uint16(pk)), index: 5 + len(ifs), hw: hw,
-			bcast: append([]byte{0, 0xff, 0xff, 0xff}, bc[:]...), addrs: []netip.Addr{a}})
+		f := ipoibIf{name: fmt.Sprintf("ib0.%04x", uint16(pk)), index: 5 + len(ifs), hw: hw,
+			bcast: append([]byte{0, 0xff, 0xff, 0xff}, bc[:]...), addrs: []netip.Addr{a}, up: true}
+		if g := sa.sm.groups[bc]; g != nil && g.kernel[sa.gid] {
+			f.joined, f.mtu = true, g.mtu-4
+		}
+		ifs = append(ifs, f)
 	}
+	sa.sm.mu.Unlock()
 	return pickIPoIB(ifs, gid, pkey)
 }

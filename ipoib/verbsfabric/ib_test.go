@@ -20,6 +20,7 @@ import (
 // has an IPoIB interface with an address in every partition of parts.
 type ibNet struct {
 	sm     *fakeSM
+	hub    *fakeHub
 	p1, p2 *Port
 	d1, d2 *fakeDev
 	s1, s2 *fakeSA
@@ -28,7 +29,7 @@ type ibNet struct {
 func newIBNet(t *testing.T, sm *fakeSM, pkeys []ipoib.PKey, parts ...ipoib.PKey) ibNet {
 	t.Helper()
 	h := newHub()
-	n := ibNet{sm: sm}
+	n := ibNet{sm: sm, hub: h}
 	n.s1, n.s2 = sm.port(gid1, pkeys...), sm.port(gid2, pkeys...)
 	for i, pk := range parts {
 		n.s1.ipoibIf(pk, fmt.Sprintf("10.%d.0.1", i))
@@ -164,8 +165,11 @@ func TestItem6JoinNeedsIPoIBInterface(t *testing.T) {
 }
 
 // TestPickIPoIB: the interface is chosen by port GID and partition, an
-// IPv4 address first, an IPv6 link-local one with its zone; a missing
-// interface or address is an error saying what to do.
+// IPv4 address first, an IPv6 link-local one with its zone; of several
+// in a partition the first that is up, has joined its broadcast group
+// (operstate up: the carrier) and has an address, not merely the first;
+// a missing interface, or one down, not joined or without an address,
+// is an error saying what to do.
 func TestPickIPoIB(t *testing.T) {
 	hw := func(g ipoib.GID) []byte { return append([]byte{0, 0, 0, 0x48}, g[:]...) }
 	bc := func(pk ipoib.PKey) []byte {
@@ -173,24 +177,40 @@ func TestPickIPoIB(t *testing.T) {
 		return append([]byte{0, 0xff, 0xff, 0xff}, m[:]...)
 	}
 	ll := netip.MustParseAddr("fe80::1")
+	a := func(s string) []netip.Addr { return []netip.Addr{netip.MustParseAddr(s)} }
 	ifs := []ipoibIf{
-		{name: "eth0", index: 2, hw: []byte{1, 2, 3, 4, 5, 6}, addrs: []netip.Addr{netip.MustParseAddr("192.0.2.1")}},
-		{name: "ib1", index: 3, hw: hw(gid2), bcast: bc(0xffff), addrs: []netip.Addr{netip.MustParseAddr("10.1.0.1")}},
-		{name: "ib0", index: 4, hw: hw(gid1), bcast: bc(0xffff), addrs: []netip.Addr{ll, netip.MustParseAddr("10.0.0.1")}},
-		{name: "ib0.8001", index: 5, hw: hw(gid1), bcast: bc(0x8001), addrs: []netip.Addr{ll}},
-		{name: "ib0.8002", index: 6, hw: hw(gid1), bcast: bc(0x8002)},
+		{name: "eth0", index: 2, hw: []byte{1, 2, 3, 4, 5, 6}, addrs: a("192.0.2.1"), up: true, joined: true},
+		{name: "ib1", index: 3, hw: hw(gid2), bcast: bc(0xffff), addrs: a("10.1.0.1"), up: true, joined: true},
+		{name: "ib0", index: 4, hw: hw(gid1), bcast: bc(0xffff), addrs: []netip.Addr{ll, netip.MustParseAddr("10.0.0.1")}, up: true, joined: true, mtu: 2044},
+		{name: "ib0.8001", index: 5, hw: hw(gid1), bcast: bc(0x8001), addrs: []netip.Addr{ll}, up: true, joined: true},
+		{name: "ib0.8002", index: 6, hw: hw(gid1), bcast: bc(0x8002), up: true, joined: true},
+		// 0x8004: the first has no address, the second is down, the third
+		// has not joined; the fourth has all.
+		{name: "ib0.8004a", index: 7, hw: hw(gid1), bcast: bc(0x8004), up: true, joined: true},
+		{name: "ib0.8004b", index: 8, hw: hw(gid1), bcast: bc(0x8004), addrs: a("10.4.0.2")},
+		{name: "ib0.8004c", index: 9, hw: hw(gid1), bcast: bc(0x8004), addrs: a("10.4.0.3"), up: true},
+		{name: "ib0.8004d", index: 10, hw: hw(gid1), bcast: bc(0x8004), addrs: a("10.4.0.4"), up: true, joined: true, mtu: 4092, connected: true},
+		{name: "ib0.8005", index: 11, hw: hw(gid1), bcast: bc(0x8005), addrs: a("10.5.0.1")},
+		{name: "ib0.8006", index: 12, hw: hw(gid1), bcast: bc(0x8006), addrs: a("10.6.0.1"), up: true},
 	}
-	if b, err := pickIPoIB(ifs, gid1, 0x7fff); err != nil || b.ifname != "ib0" || b.addr != netip.MustParseAddr("10.0.0.1") {
+	if b, err := pickIPoIB(ifs, gid1, 0x7fff); err != nil || b.ifname != "ib0" || b.addr != netip.MustParseAddr("10.0.0.1") || b.mtu != 2044 {
 		t.Fatalf("default partition (limited P_Key asked): %+v, %v", b, err)
 	}
 	if b, err := pickIPoIB(ifs, gid1, 0x8001); err != nil || b.ifindex != 5 || b.addr != ll.WithZone("ib0.8001") {
 		t.Fatalf("0x8001: %+v, %v", b, err)
 	}
-	if _, err := pickIPoIB(ifs, gid1, 0x8002); err == nil || !strings.Contains(err.Error(), "has no IP address") {
-		t.Fatalf("0x8002: %v", err)
+	if b, err := pickIPoIB(ifs, gid1, 0x8004); err != nil || b.ifname != "ib0.8004d" || b.addr != netip.MustParseAddr("10.4.0.4") || b.mtu != 4092 || !b.connected {
+		t.Fatalf("0x8004: %+v, %v", b, err)
 	}
-	if _, err := pickIPoIB(ifs, gid1, 0x8003); err == nil || !strings.Contains(err.Error(), "type ipoib pkey 0x8003") {
-		t.Fatalf("0x8003: %v", err)
+	for pk, want := range map[ipoib.PKey]string{
+		0x8002: "IPoIB interface ib0.8002 (partition 0x8002) has no IP address",
+		0x8003: "type ipoib pkey 0x8003",
+		0x8005: "IPoIB interface ib0.8005 (partition 0x8005) is down",
+		0x8006: "IPoIB interface ib0.8006 (partition 0x8006) has not joined its broadcast group",
+	} {
+		if _, err := pickIPoIB(ifs, gid1, pk); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want %q", pk, err, want)
+		}
 	}
 }
 
@@ -297,12 +317,13 @@ func groupSetup(t *testing.T, sm *fakeSM) (ibNet, uint32, uint32, ipoib.GID) {
 	return n, q1, q2, g
 }
 
-// TestItem9ClientReregister: after the SM restarts (new LIDs, new groups
-// with a new Q_Key) and the ports get CLIENT_REREGISTER, each port
-// rejoins every group (its group QP attached with the new MLID), its QPs
-// take the new Q_Key, the old address handles are flushed and destroyed,
-// and a new one carries the new DLID; traffic flows again.
-func TestItem9ClientReregister(t *testing.T) {
+// TestClientReregisterRejoinsAndRekeys: after the SM restarts (new
+// LIDs, new groups with a new Q_Key) and the ports get CLIENT_REREGISTER,
+// each port rejoins every group (the broadcast group and g, its group QP
+// attached with each one's new MLID), its QPs take the new
+// Q_Key, the old address handles are flushed and destroyed, and a new
+// one carries the new DLID; traffic flows again.
+func TestClientReregisterRejoinsAndRekeys(t *testing.T) {
 	sm := newSM()
 	n, q1, q2, g := groupSetup(t, sm)
 	dst := ipoib.MakeHwAddr(0, q2, gid2)
@@ -314,25 +335,32 @@ func TestItem9ClientReregister(t *testing.T) {
 	}
 	oldLID := old[0].dlid
 	sm.restart(0x00BEEF00, 4096)
-	n.d1.events <- eventClientReregister
-	n.d2.events <- eventClientReregister
-	gq := groupQPOf(n.p1, 0xffff)
-	// The flush rejoins, then drops the handles, then counts itself
-	// (Port.flush): the rejoin is visible before the count.
-	waitFor(t, "the rejoin with the new MLID and Q_Key, and the flush done", func() bool {
-		sm.mu.Lock()
-		grp := sm.groups[g]
-		sm.mu.Unlock()
-		if grp == nil {
-			return false
+	n.d1.raise(eventClientReregister)
+	n.d2.raise(eventClientReregister)
+	groups := []ipoib.GID{ipoib.BroadcastMGID(0xffff, ipoib.ScopeLinkLocal), g}
+	// rejoined reports whether port p (on d, its VIF QP q) has its group
+	// QP attached to every group with the group's new MLID, its QP on
+	// the new Q_Key, and its flush counted. The flush rejoins, then
+	// drops the handles, then counts itself (Port.flush): the rejoins
+	// are visible before the count.
+	rejoined := func(p *Port, d *fakeDev, q uint32) bool {
+		gq := groupQPOf(p, 0xffff)
+		for _, m := range groups {
+			sm.mu.Lock()
+			grp := sm.groups[m]
+			sm.mu.Unlock()
+			if grp == nil {
+				return false
+			}
+			if l, ok := d.attachedMLID(m, gq); !ok || l != grp.mlid {
+				return false
+			}
 		}
-		l, ok := n.d1.attachedMLID(g, gq)
-		return ok && l == grp.mlid && n.d1.qkeyOf(q1) == 0x00BEEF00 && n.d2.qkeyOf(q2) == 0x00BEEF00 &&
-			n.p1.Counters().Stats["flushes"] > 0
-	})
-	if c := n.p1.Counters(); c.Stats["sa_rejoins"] < 2 {
-		t.Fatalf("counters %+v", c.Stats)
+		return d.qkeyOf(q) == 0x00BEEF00 && p.Counters().Stats["flushes"] == 1
 	}
+	waitFor(t, "both ports' rejoins with the new MLIDs and Q_Key, and their flushes", func() bool {
+		return rejoined(n.p1, n.d1, q1) && rejoined(n.p2, n.d2, q2)
+	})
 	pkt := send(t, n.p1, q1, 0xffff, dst, 200, 2)
 	if data, _ := readN(t, n.p2, 1); !bytes.Equal(data[0], pkt) {
 		t.Fatal("payload changed")
@@ -375,7 +403,7 @@ func TestItem9PKeyChange(t *testing.T) {
 	n.d1.mu.Lock()
 	n.d1.table = []ipoib.PKey{0xffff, 0x8002, 0x8001}
 	n.d1.mu.Unlock()
-	n.d1.events <- eventPKeyChange
+	n.d1.raise(eventPKeyChange)
 	waitFor(t, "the flush", func() bool { return n.p1.Counters().Stats["flushes"] == 1 })
 	q2, err := n.p1.AllocQP(0x8001, 0)
 	if i := n.d1.pkeyIndexOf(q2); err != nil || i != 2 {
@@ -441,7 +469,7 @@ func FuzzPickIPoIB(f *testing.F) {
 	f.Add(append([]byte{0, 0, 0, 0x48}, gid1[:]...), append([]byte{0, 0xff, 0xff, 0xff}, m[:]...), uint16(0x8001))
 	f.Add([]byte{1, 2, 3}, []byte{}, uint16(0xffff))
 	f.Fuzz(func(t *testing.T, hw, bcast []byte, pk uint16) {
-		ifs := []ipoibIf{{name: "ib0", index: 3, hw: hw, bcast: bcast, addrs: []netip.Addr{netip.MustParseAddr("10.0.0.1")}}}
+		ifs := []ipoibIf{{name: "ib0", index: 3, hw: hw, bcast: bcast, addrs: []netip.Addr{netip.MustParseAddr("10.0.0.1")}, up: true, joined: true}}
 		b, err := pickIPoIB(ifs, gid1, ipoib.PKey(pk))
 		if err != nil {
 			return

@@ -42,6 +42,7 @@ struct eib_recv {
 	uint32_t qp_num;
 	uint32_t wc_flags;
 	uint16_t pkey_index;
+	uint16_t slid; // the sender's LID: UD reports it, GRH or not
 };
 
 // A send completion, returned to Go.
@@ -71,9 +72,9 @@ static struct ibv_context *eib_open(const char *name, int *err) {
 	return ctx;
 }
 
-static int eib_query_port(struct ibv_context *ctx, int *state, int *mtu, int *link_layer, int *gid_len, int *pkey_len) {
+static int eib_query_port(struct ibv_context *ctx, int port, int *state, int *mtu, int *link_layer, int *gid_len, int *pkey_len) {
 	struct ibv_port_attr a;
-	int r = ibv_query_port(ctx, 1, &a);
+	int r = ibv_query_port(ctx, port, &a);
 	if (r) return r;
 	*state = a.state;
 	*mtu = a.active_mtu;
@@ -83,9 +84,9 @@ static int eib_query_port(struct ibv_context *ctx, int *state, int *mtu, int *li
 	return 0;
 }
 
-static int eib_query_gid(struct ibv_context *ctx, int index, uint8_t *gid, int *type, int *ifindex) {
+static int eib_query_gid(struct ibv_context *ctx, int port, int index, uint8_t *gid, int *type, int *ifindex) {
 	struct ibv_gid_entry e;
-	int r = ibv_query_gid_ex(ctx, 1, index, &e, 0);
+	int r = ibv_query_gid_ex(ctx, port, index, &e, 0);
 	if (r) return r;
 	memcpy(gid, e.gid.raw, 16);
 	*type = e.gid_type;
@@ -93,17 +94,18 @@ static int eib_query_gid(struct ibv_context *ctx, int index, uint8_t *gid, int *
 	return 0;
 }
 
-static int eib_query_pkey(struct ibv_context *ctx, int index, uint16_t *pkey) {
+static int eib_query_pkey(struct ibv_context *ctx, int port, int index, uint16_t *pkey) {
 	__be16 p;
-	int r = ibv_query_pkey(ctx, 1, index, &p);
+	int r = ibv_query_pkey(ctx, port, index, &p);
 	*pkey = be16toh(p);
 	return r;
 }
 
-static int eib_max_wr(struct ibv_context *ctx, int *qp_wr, int *srq_wr, int *cqe) {
+static int eib_max_wr(struct ibv_context *ctx, int *ports, int *qp_wr, int *srq_wr, int *cqe) {
 	struct ibv_device_attr a;
 	int r = ibv_query_device(ctx, &a);
 	if (r) return r;
+	*ports = a.phys_port_cnt;
 	*qp_wr = a.max_qp_wr;
 	*srq_wr = a.max_srq_wr;
 	*cqe = a.max_cqe;
@@ -117,7 +119,7 @@ static int eib_nonblock(int fd) {
 }
 
 static struct ibv_qp *eib_create_qp(struct ibv_pd *pd, struct ibv_cq *scq, struct ibv_cq *rcq, struct ibv_srq *srq,
-		int send_wr, int pkey_index, uint32_t qkey, uint32_t psn, int *err) {
+		int send_wr, int port, int pkey_index, uint32_t qkey, uint32_t psn, int *err) {
 	struct ibv_qp_init_attr ia;
 	memset(&ia, 0, sizeof ia);
 	ia.send_cq = scq;
@@ -136,7 +138,7 @@ static struct ibv_qp *eib_create_qp(struct ibv_pd *pd, struct ibv_cq *scq, struc
 	memset(&a, 0, sizeof a);
 	a.qp_state = IBV_QPS_INIT;
 	a.pkey_index = pkey_index;
-	a.port_num = 1;
+	a.port_num = port;
 	a.qkey = qkey;
 	int r = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY);
 	if (!r) {
@@ -168,11 +170,11 @@ static int eib_set_qkey(struct ibv_qp *qp, uint32_t qkey) {
 	return ibv_modify_qp(qp, &a, IBV_QP_QKEY);
 }
 
-static struct ibv_ah *eib_create_ah(struct ibv_pd *pd, const uint8_t *dgid, int global, int sgid_index,
+static struct ibv_ah *eib_create_ah(struct ibv_pd *pd, int port, const uint8_t *dgid, int global, int sgid_index,
 		uint16_t dlid, uint8_t sl, int *err) {
 	struct ibv_ah_attr a;
 	memset(&a, 0, sizeof a);
-	a.port_num = 1;
+	a.port_num = port;
 	a.dlid = dlid;
 	a.sl = sl;
 	if (global) {
@@ -246,6 +248,7 @@ static int eib_poll_recv(struct ibv_cq *cq, struct ibv_wc *wc, struct eib_recv *
 		out[i].qp_num = wc[i].qp_num;
 		out[i].wc_flags = wc[i].wc_flags;
 		out[i].pkey_index = wc[i].pkey_index;
+		out[i].slid = wc[i].slid;
 	}
 	return got;
 }
@@ -292,7 +295,10 @@ static int eib_wait_cq(struct ibv_comp_channel *ch, struct ibv_cq *cq, int wakef
 }
 
 // eib_wait_async waits for one async event or wakefd: 1 and the event's
-// type and port, 0 on wakefd, -errno on failure.
+// type and port, 0 on wakefd, -errno on failure. libibverbs
+// ibv_get_async_event sets element.port_num for every event that is not
+// a CQ's, QP's, SRQ's or WQ's (the kernel's ib_uverbs_event_handler
+// passes the event's port): the port events. For the others port is 0.
 static int eib_wait_async(struct ibv_context *ctx, int wakefd, int *type, int *port) {
 	for (;;) {
 		int r = eib_poll(ctx->async_fd, wakefd);
@@ -300,7 +306,19 @@ static int eib_wait_async(struct ibv_context *ctx, int wakefd, int *type, int *p
 		struct ibv_async_event ev;
 		if (ibv_get_async_event(ctx, &ev) == 0) {
 			*type = ev.event_type;
-			*port = ev.element.port_num;
+			switch (ev.event_type) {
+			case IBV_EVENT_PORT_ACTIVE:
+			case IBV_EVENT_PORT_ERR:
+			case IBV_EVENT_LID_CHANGE:
+			case IBV_EVENT_PKEY_CHANGE:
+			case IBV_EVENT_SM_CHANGE:
+			case IBV_EVENT_CLIENT_REREGISTER:
+			case IBV_EVENT_GID_CHANGE:
+				*port = ev.element.port_num;
+				break;
+			default:
+				*port = 0;
+			}
 			ibv_ack_async_event(&ev);
 			return 1;
 		}
@@ -513,9 +531,14 @@ func errnoErr(what string, r C.int) error {
 	return fmt.Errorf("verbsfabric: %s: %w", what, syscall.Errno(r))
 }
 
-// openDevice opens the verbs device name and sets up its queues and
-// buffers.
-func openDevice(name string, lay layout) (_ device, err error) {
+// sysRDMA is where the kernel lists the RDMA devices by the names
+// libibverbs opens them by (ib_core's "infiniband" class; rdma-core's
+// find_sysfs_devs, libibverbs/init.c, reads a device's ibdev_path there).
+const sysRDMA = "/sys/class/infiniband"
+
+// openDevice opens port port of the verbs device name and sets up its
+// queues and buffers.
+func openDevice(name string, port int, lay layout) (_ device, err error) {
 	d := &ibvDevice{lay: lay, qps: make(map[uint32]*C.struct_ibv_qp), ahs: make(map[handle]*C.struct_ibv_ah),
 		wakeFD: -1}
 	defer func() {
@@ -527,20 +550,24 @@ func openDevice(name string, lay layout) (_ device, err error) {
 	defer C.free(unsafe.Pointer(cname))
 	var e C.int
 	if d.ctx = C.eib_open(cname, &e); d.ctx == nil {
-		if e == C.ENODEV {
-			return nil, fmt.Errorf("verbsfabric: no verbs device %q (see ibv_devices or rdma link)", name)
+		if e == C.ENODEV || e == C.ENOSYS {
+			return nil, noDevice(name, sysRDMA)
 		}
 		return nil, errnoErr("open "+name, e)
 	}
+	var ports, qpWR, srqWR, cqe C.int
+	if r := C.eib_max_wr(d.ctx, &ports, &qpWR, &srqWR, &cqe); r != 0 {
+		return nil, errnoErr("query device", r)
+	}
+	if port < 1 || port > int(ports) {
+		return nil, fmt.Errorf("verbsfabric: %s has %d port(s); there is no port %d (see ibstat %s)", name, ports, port, name)
+	}
+	d.a.port = port
 	if err := d.query(); err != nil {
 		return nil, err
 	}
-	var qpWR, srqWR, cqe C.int
-	if r := C.eib_max_wr(d.ctx, &qpWR, &srqWR, &cqe); r != 0 {
-		return nil, errnoErr("query device", r)
-	}
-	if int(srqWR) < lay.recvBufs || int(cqe) < lay.recvBufs || int(cqe) < lay.sendSlots {
-		return nil, fmt.Errorf("verbsfabric: %s takes at most %d receive WRs and %d CQEs; want %d and %d", name, srqWR, cqe, lay.recvBufs, lay.sendSlots)
+	if int(srqWR) < lay.srqDepth || int(cqe) < lay.srqDepth || int(cqe) < lay.sendSlots {
+		return nil, fmt.Errorf("verbsfabric: %s takes at most %d receive WRs and %d CQEs; want %d (the receive queue depth, --verbs-recv-depth) and %d", name, srqWR, cqe, lay.srqDepth, max(lay.srqDepth, lay.sendSlots))
 	}
 	d.sendWR = min(lay.sendSlots, int(qpWR))
 	if d.pd = C.ibv_alloc_pd(d.ctx); d.pd == nil {
@@ -555,14 +582,14 @@ func openDevice(name string, lay layout) (_ device, err error) {
 	if r := C.eib_nonblock(d.ctx.async_fd); r != 0 {
 		return nil, errnoErr("async event fd", r)
 	}
-	if d.rcq = C.ibv_create_cq(d.ctx, C.int(lay.recvBufs), nil, d.ch, 0); d.rcq == nil {
+	if d.rcq = C.ibv_create_cq(d.ctx, C.int(lay.srqDepth), nil, d.ch, 0); d.rcq == nil {
 		return nil, fmt.Errorf("verbsfabric: ibv_create_cq (receive) failed")
 	}
 	if d.scq = C.ibv_create_cq(d.ctx, C.int(lay.sendSlots), nil, nil, 0); d.scq == nil {
 		return nil, fmt.Errorf("verbsfabric: ibv_create_cq (send) failed")
 	}
 	var sa C.struct_ibv_srq_init_attr
-	sa.attr.max_wr = C.uint32_t(lay.recvBufs)
+	sa.attr.max_wr = C.uint32_t(lay.srqDepth)
 	sa.attr.max_sge = 1
 	if d.srq = C.ibv_create_srq(d.pd, &sa); d.srq == nil {
 		return nil, fmt.Errorf("verbsfabric: ibv_create_srq failed")
@@ -621,7 +648,7 @@ func openDevice(name string, lay layout) (_ device, err error) {
 // P_Key table.
 func (d *ibvDevice) query() error {
 	var state, mtu, ll, gidLen, pkeyLen C.int
-	if r := C.eib_query_port(d.ctx, &state, &mtu, &ll, &gidLen, &pkeyLen); r != 0 {
+	if r := C.eib_query_port(d.ctx, C.int(d.a.port), &state, &mtu, &ll, &gidLen, &pkeyLen); r != 0 {
 		return errnoErr("ibv_query_port", r)
 	}
 	d.a.active = state == C.IBV_PORT_ACTIVE
@@ -631,7 +658,7 @@ func (d *ibvDevice) query() error {
 	for i := 0; i < int(gidLen); i++ {
 		var g [16]C.uint8_t
 		var typ, ifindex C.int
-		if C.eib_query_gid(d.ctx, C.int(i), &g[0], &typ, &ifindex) != 0 {
+		if C.eib_query_gid(d.ctx, C.int(d.a.port), C.int(i), &g[0], &typ, &ifindex) != 0 {
 			continue // an empty entry
 		}
 		var e gidEntry
@@ -661,13 +688,13 @@ func (d *ibvDevice) query() error {
 // pkeys reads the port's P_Key table.
 func (d *ibvDevice) pkeys() ([]ipoib.PKey, error) {
 	var state, mtu, ll, gidLen, pkeyLen C.int
-	if r := C.eib_query_port(d.ctx, &state, &mtu, &ll, &gidLen, &pkeyLen); r != 0 {
+	if r := C.eib_query_port(d.ctx, C.int(d.a.port), &state, &mtu, &ll, &gidLen, &pkeyLen); r != 0 {
 		return nil, errnoErr("ibv_query_port", r)
 	}
 	var t []ipoib.PKey
 	for i := 0; i < int(pkeyLen); i++ {
 		var pk C.uint16_t
-		if C.eib_query_pkey(d.ctx, C.int(i), &pk) != 0 {
+		if C.eib_query_pkey(d.ctx, C.int(d.a.port), C.int(i), &pk) != 0 {
 			break
 		}
 		t = append(t, ipoib.PKey(pk))
@@ -694,7 +721,7 @@ func (d *ibvDevice) recvBuf(i int) []byte {
 
 func (d *ibvDevice) createQP(pkeyIndex int, qkey, psn uint32) (uint32, error) {
 	var e C.int
-	qp := C.eib_create_qp(d.pd, d.scq, d.rcq, d.srq, C.int(d.sendWR), C.int(pkeyIndex), C.uint32_t(qkey), C.uint32_t(psn&0xffffff), &e)
+	qp := C.eib_create_qp(d.pd, d.scq, d.rcq, d.srq, C.int(d.sendWR), C.int(d.a.port), C.int(pkeyIndex), C.uint32_t(qkey), C.uint32_t(psn&0xffffff), &e)
 	if qp == nil {
 		return 0, errnoErr("create UD QP", e)
 	}
@@ -745,7 +772,7 @@ func (d *ibvDevice) createAH(p path) (handle, error) {
 	if p.global {
 		global = 1
 	}
-	ah := C.eib_create_ah(d.pd, &g[0], global, C.int(d.a.gidIndex), C.uint16_t(p.dlid), C.uint8_t(p.sl), &e)
+	ah := C.eib_create_ah(d.pd, C.int(d.a.port), &g[0], global, C.int(d.a.gidIndex), C.uint16_t(p.dlid), C.uint8_t(p.sl), &e)
 	if ah == nil {
 		return 0, errnoErr("ibv_create_ah "+p.gid.String(), e)
 	}
@@ -888,18 +915,14 @@ func (s *ibvSA) join(r joinReq) (mcMember, error) {
 	select {
 	case ev = <-j.ev:
 	case <-time.After(2 * saTimeout * time.Millisecond):
-		return fail(fmt.Errorf("verbsfabric: join of %s: no answer from the SA: %w", r.mgid, syscall.ETIMEDOUT))
+		return fail(errNoJoinAnswer(r.mgid))
 	case <-s.woke:
 		return fail(net.ErrClosed)
 	}
-	if ev.kind != cmJoined {
-		err := fmt.Errorf("verbsfabric: join of %s: %s: %w", r.mgid, C.GoString(C.rdma_event_str(uint32(ev.typ))), cmErrno(ev.status))
-		if ev.kind == cmError {
-			err = fmt.Errorf("%w: %w", errJoinRefused, err)
-		}
+	m, err := joinAnswer(r.mgid, ev, C.GoString(C.rdma_event_str(uint32(ev.typ))))
+	if err != nil {
 		return fail(err)
 	}
-	m := mcMember{mlid: ev.dlid, sl: ev.sl, qkey: ev.qkey}
 	if _, mtu, err := s.path(pathQuery{sgid: s.d.a.gid, dgid: r.mgid, pkey: ipoib.MGIDPKey(r.mgid), ps: psIB}); err == nil {
 		m.mtu = mtu
 	}
@@ -1012,7 +1035,7 @@ func (d *ibvDevice) pollRecv(out []recvDone) int {
 	for i := range recv {
 		r := &recv[i]
 		out[i] = recvDone{buf: int(r.wr_id), len: int(r.byte_len), srcQPN: uint32(r.src_qp), qpn: uint32(r.qp_num),
-			ok: r.status == C.IBV_WC_SUCCESS, grh: r.wc_flags&C.IBV_WC_GRH != 0}
+			slid: uint16(r.slid), ok: r.status == C.IBV_WC_SUCCESS, grh: r.wc_flags&C.IBV_WC_GRH != 0}
 	}
 	return max(n, 0)
 }
@@ -1043,32 +1066,33 @@ func (d *ibvDevice) waitRecv() (bool, error) {
 	return true, nil
 }
 
-func (d *ibvDevice) waitEvent() (portEvent, bool, error) {
+func (d *ibvDevice) waitEvent() (asyncEvent, bool, error) {
 	var typ, port C.int
 	r := C.eib_wait_async(d.ctx, C.int(d.wakeFD), &typ, &port)
 	switch {
 	case r < 0:
-		return 0, false, errnoErr("wait for async events", r)
+		return asyncEvent{}, false, errnoErr("wait for async events", r)
 	case r == 0:
-		return 0, false, nil
+		return asyncEvent{}, false, nil
 	}
+	e := asyncEvent{ev: eventOther, port: int(port)}
 	switch typ {
 	case C.IBV_EVENT_PORT_ACTIVE:
-		return eventPortActive, true, nil
+		e.ev = eventPortActive
 	case C.IBV_EVENT_PORT_ERR:
-		return eventPortDown, true, nil
+		e.ev = eventPortDown
 	case C.IBV_EVENT_GID_CHANGE:
-		return eventGIDChange, true, nil
+		e.ev = eventGIDChange
 	case C.IBV_EVENT_LID_CHANGE:
-		return eventLIDChange, true, nil
+		e.ev = eventLIDChange
 	case C.IBV_EVENT_PKEY_CHANGE:
-		return eventPKeyChange, true, nil
+		e.ev = eventPKeyChange
 	case C.IBV_EVENT_SM_CHANGE:
-		return eventSMChange, true, nil
+		e.ev = eventSMChange
 	case C.IBV_EVENT_CLIENT_REREGISTER:
-		return eventClientReregister, true, nil
+		e.ev = eventClientReregister
 	}
-	return eventOther, true, nil
+	return e, true, nil
 }
 
 func (d *ibvDevice) wake() {

@@ -13,14 +13,17 @@ package verbsfabric
 // requested for the last packet of each QP in a batch (and every
 // signalEvery-th) only; a completion frees the QP's slots up to it, since
 // a QP's sends complete in order. A packet to a GID without an address
-// handle yet waits in a small pending pool while the resolver goroutine
+// handle yet waits in a small pending pool while a resolver goroutine
 // creates one (on RoCE that resolves the peer's MAC and can block).
 //
-// RX: receive buffers sit on a shared receive queue; Read polls the
-// receive CQ (sleeping on the completion channel when empty), takes the
-// source GID from the 40-byte GRH, the source QPN from the completion,
-// drops what this port itself sent (multicast loops back to the attached
-// QP), copies the packet out and re-posts the buffers in one call.
+// RX: receive buffers sit on a shared receive queue; a receiver
+// goroutine polls the receive CQ (sleeping on the completion channel when
+// empty) and reposts a spare buffer for each completion at once, so the
+// queue stays full however slow the reader is (UD has no RNR). Read takes
+// the waiting completions, takes the source GID from the 40-byte GRH, the
+// source QPN from the completion, drops what this port itself sent
+// (multicast loops back to the attached QP), copies the packet out and
+// gives the buffer back to the spares.
 
 import (
 	"errors"
@@ -43,7 +46,6 @@ import (
 const (
 	batchSize   = 64
 	sendSlots   = 1024
-	recvBufs    = 1024
 	signalEvery = 64
 	// pendingMax packets wait for address handles at once, pendingPerGID
 	// for one destination.
@@ -55,16 +57,34 @@ const (
 	// ahRetry is how long a destination whose address handle failed is
 	// not tried again, and how often failed rejoins are retried.
 	ahRetry = 2 * time.Second
+	// resolvers address handles are made at once (each may wait seconds
+	// for the SA); resolveQueue more destinations wait for one.
+	resolvers    = 8
+	resolveQueue = 256
+)
+
+// The receive queue's depth: the buffers posted on the shared receive
+// queue (Config.RecvDepth, --verbs-recv-depth). As many again wait for
+// the reader (see receiver), so the registered receive memory is
+// (2 × depth + 64) × 4,160 bytes: 8.8 MB at the default.
+const (
+	DefaultRecvDepth = 1024
+	MinRecvDepth     = batchSize
+	MaxRecvDepth     = 16384
 )
 
 // Config configures a Port.
 type Config struct {
-	// Device is the verbs device, e.g. rxe0 or mlx5_0 (port 1 is used).
+	// Device is the verbs device and its port, NAME or NAME:PORT (see
+	// ParseDevice): rxe0, mlx5_0, mlx5_0:2; port 1 when none is given.
 	Device string
+	// RecvDepth is the number of receive buffers posted on the shared
+	// receive queue, MinRecvDepth to MaxRecvDepth (0: DefaultRecvDepth).
+	RecvDepth int
 	// Logger receives lifecycle events (nil: slog.Default()).
 	Logger *slog.Logger
 
-	open      func(name string, lay layout) (device, error)           // tests
+	open      func(name string, port int, lay layout) (device, error) // tests
 	ipoibAddr func(gid ipoib.GID, pkey ipoib.PKey) (ipoibBind, error) // tests
 }
 
@@ -124,7 +144,7 @@ type pendingPkt struct {
 	e    *ahEntry // the resolution it waits for, which counts it
 }
 
-// Port is a verbs device's port 1 as an ipoib.Port.
+// Port is one port of a verbs device as an ipoib.Port.
 type Port struct {
 	dev  device
 	a    devAttr
@@ -180,9 +200,23 @@ type Port struct {
 	queued, freed uint64
 	dead          []deadAH
 
-	rxMu   sync.Mutex
-	rdone  []recvDone
-	repost []uint32
+	// The receive side: receiver takes completions into polled and
+	// reposts (repost) a spare buffer for each; the packet waits in the
+	// ready ring (readyN from readyAt) for Read, which copies it out
+	// into rdone's order and gives its buffer back to spare. rqMu guards
+	// spare and the ring; rxMu serialises Read.
+	depth   int
+	rxMu    sync.Mutex
+	rdone   []recvDone
+	rqMu    sync.Mutex
+	polled  []recvDone
+	repost  []uint32
+	spare   []uint32
+	ready   []recvDone
+	readyAt int
+	readyN  int
+	rxReady chan struct{}
+	rxErr   atomic.Pointer[error]
 
 	dataWarn warnlimit.Limit // data-path warnings
 
@@ -194,11 +228,19 @@ type Port struct {
 	wg      sync.WaitGroup
 	done    chan struct{}
 
+	// lids names senders without a GRH (lids.go); rxByLID counts the
+	// packets it named, rxSrcUnknown those it could not.
+	lids                  lidTable
+	rxByLID, rxSrcUnknown atomic.Uint64
+
 	txPackets, txBytes, rxPackets, rxBytes atomic.Uint64
 	drops                                  ipoib.DropCounters
 	ahCreated, ahFailed, signalled         atomic.Uint64
+	resolving                              atomic.Int64  // address handles being made now
+	resolveFull                            atomic.Uint64 // destinations not queued: every resolver busy, the queue full
 	joins, rejoins, flushes, mtuFallbacks  atomic.Uint64
 	pkeyMoves                              atomic.Uint64 // partitions in use whose P_Key index moved (their QPs keep the old)
+	otherPortEvents                        atomic.Uint64 // async events of the HCA's other ports, ignored
 }
 
 // slotInfo is a send slot in use: the QP it was posted on and its
@@ -216,6 +258,10 @@ func New(c Config) (*Port, error) {
 	if c.Device == "" {
 		return nil, errors.New("verbsfabric: no device given")
 	}
+	name, port, err := ParseDevice(c.Device)
+	if err != nil {
+		return nil, fmt.Errorf("verbsfabric: device %q: %w", c.Device, err)
+	}
 	open := c.open
 	if open == nil {
 		open = openDevice
@@ -224,8 +270,17 @@ func New(c Config) (*Port, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	lay := layout{sendSlots: sendSlots, slotSize: 4096, recvBufs: recvBufs, recvSize: grhLen + 4096 + 24, batch: batchSize}
-	dev, err := open(c.Device, lay)
+	depth := c.RecvDepth
+	if depth == 0 {
+		depth = DefaultRecvDepth
+	}
+	if depth < MinRecvDepth || depth > MaxRecvDepth {
+		return nil, fmt.Errorf("verbsfabric: receive queue depth %d: want %d to %d", depth, MinRecvDepth, MaxRecvDepth)
+	}
+	// depth buffers on the SRQ, depth spares for the ready queue, and a
+	// batch in Read's hands.
+	lay := layout{sendSlots: sendSlots, slotSize: 4096, recvBufs: 2*depth + batchSize, srqDepth: depth, recvSize: grhLen + 4096 + 24, batch: batchSize}
+	dev, err := open(name, port, lay)
 	if err != nil {
 		return nil, err
 	}
@@ -234,9 +289,10 @@ func New(c Config) (*Port, error) {
 		qps: ipoib.NewQPTable(0), gqps: make(map[ipoib.PKey]uint32), parts: make(map[ipoib.PKey]*partState),
 		groups: ipoib.NewGroupTable(), mcSock: -1, sa: dev.sa(), ipoibAddr: c.ipoibAddr,
 		members: make(map[ipoib.GID]*member), rejoin: make(map[ipoib.GID]bool), mtuWarned: make(map[ipoib.PKey]bool),
-		ahs: newAHCache(), resolve: make(chan ahKey, 256),
+		ahs: newAHCache(), resolve: make(chan ahKey, resolveQueue),
 		slots: make([]slotInfo, sendSlots), dying: make(map[uint32]*qpState), descs: make([]sendDesc, 0, batchSize), dones: make([]sendDone, sendSlots),
-		rdone: make([]recvDone, batchSize), repost: make([]uint32, 0, batchSize), done: make(chan struct{}),
+		depth: depth, rdone: make([]recvDone, batchSize), polled: make([]recvDone, batchSize), repost: make([]uint32, 0, batchSize),
+		ready: make([]recvDone, lay.recvBufs), rxReady: make(chan struct{}, 1), done: make(chan struct{}),
 	}
 	if p.a.mtu != 2048 && p.a.mtu != 4096 {
 		dev.close()
@@ -251,11 +307,12 @@ func New(c Config) (*Port, error) {
 		p.pendBufs = append(p.pendBufs, make([]byte, p.a.mtu))
 		p.pendFree = append(p.pendFree, i)
 	}
-	all := make([]uint32, recvBufs)
+	all := make([]uint32, lay.recvBufs)
 	for i := range all {
 		all[i] = uint32(i)
 	}
-	if err := dev.postRecv(all); err != nil {
+	p.spare = all[depth:]
+	if err := dev.postRecv(all[:depth]); err != nil {
 		dev.close()
 		return nil, err
 	}
@@ -268,18 +325,22 @@ func New(c Config) (*Port, error) {
 		p.mcSock = fd
 	}
 	p.events = ipoib.NewEventQueue(p.a.active)
-	p.wg.Add(2)
-	go p.resolver()
+	p.wg.Add(2 + resolvers)
+	go p.receiver()
+	for range resolvers {
+		go p.resolver()
+	}
 	go follow(p, "verbs async events", p.dev.waitEvent, p.asyncEvent)
 	if p.sa != nil {
-		p.wg.Add(1)
+		p.wg.Add(2)
+		go p.rejoiner()
 		go follow(p, "rdma_cm events", p.sa.waitEvent, p.mcastError)
 	}
 	link := "RoCE"
 	if p.a.ib {
 		link = "InfiniBand"
 	}
-	p.log.Info("verbs port open", "gid", p.a.gid, "gid_index", p.a.gidIndex, "link_layer", link, "mtu", p.a.mtu, "active", p.a.active)
+	p.log.Info("verbs port open", "port", p.a.port, "gid", p.a.gid, "gid_index", p.a.gidIndex, "link_layer", link, "mtu", p.a.mtu, "active", p.a.active)
 	return p, nil
 }
 
@@ -306,8 +367,13 @@ func (p *Port) PartitionMTU(pkey ipoib.PKey) int {
 	return int(s.mtu.Load())
 }
 
-// Offloads: UD QPs take no super-packets (LSO is for RC/UD on some HCAs
-// only, and rxe has none).
+// Offloads: none. The UD QPs take no super-packets and no checksum
+// offload: rdma-core's mlx5 provider builds IBV_WR_TSO only for raw
+// packet QPs (providers/mlx5/qp.c _mlx5_post_send; max_tso is set only
+// for them, verbs.c mlx5_modify_qp) and IBV_SEND_IP_CSUM on UD only for
+// underlay QPs (IBV_QP_CREATE_SOURCE_QPN: mlx5_post_send_underlay),
+// which send with another QP's number and cannot be attached to groups;
+// rxe has neither. The shim cuts and sums for this port.
 func (p *Port) Offloads() ipoib.Offloads { return ipoib.Offloads{} }
 
 // IsDown reports the port not ACTIVE, from the device's async events
@@ -377,19 +443,26 @@ func (p *Port) partition(pkey ipoib.PKey) (*partState, error) {
 // from mcmember.mtu) and sets a changed Q_Key on the partition's QPs
 // (ipoib_mcast_attach with set_qkey). Called with ctlMu held.
 func (p *Port) setPart(s *partState, m mcMember, pk ipoib.PKey) {
-	mtu := p.a.mtu
-	if m.mtu > 0 && m.mtu < mtu {
-		mtu = m.mtu
-	}
-	if m.mtu == 0 {
+	mtu := m.mtu
+	if mtu == 0 {
 		// ibvSA takes the group's MTU from a path record to the MGID;
-		// when that query fails it has none.
+		// when that query fails it has none. The partition's IPoIB
+		// interface shows the MTU the kernel took from its own join of
+		// the group (ifaceGroupMTU); when it shows none either, 2048,
+		// the smaller IPoIB MTU: never the port's, which may be larger
+		// than the partition's (4K sends into a 2K partition are lost).
+		mtu = m.ifaceMTU
+		from := "its IPoIB interface's"
+		if mtu == 0 {
+			mtu, from = 2048, "2048 (the IPoIB interface is in connected mode or its MTU is below 2044)"
+		}
 		p.mtuFallbacks.Add(1)
 		if !p.mtuWarned[pk] {
 			p.mtuWarned[pk] = true
-			p.log.Warn("no MTU for the partition's broadcast group (the path record query to its MGID failed); using the port's (logged once; counted in group_mtu_fallbacks)", "pkey", pk, "mtu", mtu)
+			p.log.Warn("no MTU for the partition's broadcast group from the SA (the path record query to its MGID failed); using "+from+" (logged once; counted in group_mtu_fallbacks)", "pkey", pk, "mtu", min(mtu, p.a.mtu))
 		}
 	}
+	mtu = min(mtu, p.a.mtu)
 	s.mtu.Store(int32(mtu))
 	p.events.PartitionMTU(pk, mtu)
 	if s.qkey.Swap(m.qkey) == m.qkey {
@@ -675,6 +748,7 @@ func (p *Port) saJoin(mgid ipoib.GID, sendOnly bool) (*member, error) {
 	if err != nil {
 		return nil, joinError(mgid, err)
 	}
+	mc.ifaceMTU = ifaceGroupMTU(bind)
 	p.joins.Add(1)
 	m := &member{mcMember: mc, sendOnly: r.sendOnly}
 	if old != nil {
@@ -755,6 +829,7 @@ func (p *Port) rejoinGroup(mgid ipoib.GID) {
 	var mc mcMember
 	if err == nil {
 		mc, err = p.sa.join(joinReq{mgid: mgid, sendOnly: m.sendOnly, ps: psIPoIB, bind: bind})
+		mc.ifaceMTU = ifaceGroupMTU(bind)
 	}
 	if err == nil && m.qp != 0 {
 		err = p.dev.attach(m.qp, mgid, mc.mlid)
@@ -810,19 +885,24 @@ func (p *Port) Counters() ipoib.PortCounters {
 	}
 	n := p.ahs.n.Load()
 	c.Stats = map[string]uint64{
-		"address_handles_made":  p.ahCreated.Load(),
-		"address_handle_errors": p.ahFailed.Load(),
-		"tx_signalled":          p.signalled.Load(),
-		"sa_joins":              p.joins.Load(),
-		"sa_rejoins":            p.rejoins.Load(),
-		"flushes":               p.flushes.Load(),
-		"group_mtu_fallbacks":   p.mtuFallbacks.Load(),
-		"pkey_index_moves":      p.pkeyMoves.Load(),
+		"address_handles_made":      p.ahCreated.Load(),
+		"address_handle_errors":     p.ahFailed.Load(),
+		"tx_signalled":              p.signalled.Load(),
+		"sa_joins":                  p.joins.Load(),
+		"sa_rejoins":                p.rejoins.Load(),
+		"flushes":                   p.flushes.Load(),
+		"group_mtu_fallbacks":       p.mtuFallbacks.Load(),
+		"pkey_index_moves":          p.pkeyMoves.Load(),
+		"async_events_other_port":   p.otherPortEvents.Load(),
+		"address_handle_queue_full": p.resolveFull.Load(),
+		"rx_src_by_lid":             p.rxByLID.Load(),
+		"rx_src_unknown":            p.rxSrcUnknown.Load(),
 	}
 	c.Levels = map[string]uint64{
-		"address_handles":        uint64(n),
-		"tx_ring_slots_in_use":   uint64(p.slotsInUse()),
-		"receive_buffers_posted": recvBufs,
+		"address_handles":           uint64(n),
+		"address_handles_resolving": uint64(p.resolving.Load()),
+		"tx_ring_slots_in_use":      uint64(p.slotsInUse()),
+		"receive_buffers_posted":    uint64(p.depth),
 	}
 	return c
 }
@@ -925,6 +1005,7 @@ func (p *Port) flush(why string, heavy bool) {
 	}
 	p.ctlMu.Unlock()
 	p.flushAHs(func(ahKey) bool { return true })
+	p.lids.clear()   // the SM may have given the LIDs to other ports
 	p.flushes.Add(1) // done: what a flush changes is in place
 }
 

@@ -297,17 +297,17 @@ func TestPortEvents(t *testing.T) {
 	if p.IsDown() {
 		t.Fatal("an ACTIVE port starts down")
 	}
-	d.events <- eventPortDown
+	d.raise(eventPortDown)
 	waitDown(true)
 	if n, _ := pkt(); n != 0 || p.Counters().Drops["port_down"] != 1 {
 		t.Fatalf("down port: accepted %d, drops %v", n, p.Counters().Drops)
 	}
-	d.events <- eventGIDChange
-	d.events <- eventOther
+	d.raise(eventGIDChange)
+	d.raise(eventOther)
 	if !p.IsDown() {
 		t.Fatal("a GID change or another event brought the port up")
 	}
-	d.events <- eventPortActive
+	d.raise(eventPortActive)
 	waitDown(false)
 	if n, _ := pkt(); n != 1 || p.Counters().Drops["port_down"] != 1 {
 		t.Fatalf("active again: accepted %d, drops %v", n, p.Counters().Drops)
@@ -409,5 +409,63 @@ func BenchmarkWriteRead(b *testing.B) {
 			b.Fatalf("Write: %d, %v (drops %v)", k, err, p1.Counters().Drops)
 		}
 		read(n)
+	}
+}
+
+// TestSlowReaderKeepsSRQFull: with nobody reading, the receive queue
+// (depth 64) stays full: every completion's buffer is replaced at once,
+// so no packet finds the SRQ empty (the fake counts those, as an HCA
+// loses them: UD has no RNR). 64 more wait for the reader; beyond that
+// each new packet is dropped and counted (rx_queue_full). The reader
+// then gets the 128 oldest, in order.
+func TestSlowReaderKeepsSRQFull(t *testing.T) {
+	const depth, sent = MinRecvDepth, 2*MinRecvDepth + 10
+	h := newHub()
+	p1, _ := openPort(t, h, gid1)
+	p2, err := New(Config{Device: "fake1", RecvDepth: depth, Logger: slog.New(slog.DiscardHandler), open: h.opener(gid2)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p2.Close() })
+	d2 := h.devs[gid2]
+	q1, _ := p1.AllocQP(0xffff, 0)
+	q2, _ := p2.AllocQP(0xffff, 0)
+	key := ahKey{gid2, 0xffff}
+	p1.wantAH(key)
+	waitFor(t, "the address handle", func() bool { return readyAH(p1, key) })
+	full := func() bool {
+		d2.mu.Lock()
+		defer d2.mu.Unlock()
+		return len(d2.posted)-d2.postedAt == depth && len(d2.rq) == 0
+	}
+	meta := make([]ipoib.TxMeta, 8)
+	for i := range meta {
+		meta[i] = ipoib.TxMeta{Dst: ipoib.MakeHwAddr(0, q2, gid2), SrcQPN: q1, PKey: 0xffff}
+	}
+	for i := 0; i < sent; i += 8 {
+		n := min(8, sent-i)
+		bufs := make([][]byte, n)
+		for j := range bufs {
+			bufs[j] = packet(100, byte(i+j))
+		}
+		if k, err := p1.Write(bufs, meta[:n], ipoib.Headroom); k != n || err != nil {
+			t.Fatalf("wrote %d of %d: %v", k, n, err)
+		}
+		waitFor(t, "the SRQ full again", full)
+	}
+	d2.mu.Lock()
+	lost := d2.lost
+	d2.mu.Unlock()
+	if drops := p2.Counters().Drops["rx_queue_full"]; lost != 0 || drops != sent-2*depth {
+		t.Fatalf("lost in the device %d (want 0), rx_queue_full %d (want %d)", lost, drops, sent-2*depth)
+	}
+	data, _ := readN(t, p2, 2*depth)
+	if len(data) != 2*depth {
+		t.Fatalf("read %d, want %d", len(data), 2*depth)
+	}
+	for i, b := range data {
+		if len(b) != 100 || b[99] != byte(i) {
+			t.Fatalf("packet %d: %d bytes, fill %d", i, len(b), b[len(b)-1])
+		}
 	}
 }

@@ -19,10 +19,11 @@ usage: test/hw/run.sh --peer ROOT@HOSTB [options]      (as root, on host A)
 Runs eipoibd on host A and host B with guests behind a bridge on each and
 checks, per backend and per partition: ping and ping -6 between guests and
 with each host's native IPoIB address, ARP and ND, TCP with an exact byte
-count both ways, IPv4 and IPv6 multicast with no datagram lost; then an SM
-re-register with the time until guests talk again. Prints a summary table
-and exits 0 only if nothing failed (1: a check failed, 2: a prerequisite is
-missing, 3: bad options).
+count both ways, IPv4 and IPv6 multicast with no datagram lost; ping, ping -6
+and TCP between a guest and an address host B routes for (the routed leg);
+then an SM re-register with the time until guests talk again. Prints a
+summary table and exits 0 only if nothing failed (1: a check failed, 2: a
+prerequisite is missing, 3: bad options).
 
 Hosts and transport:
   --peer DEST          ssh destination of host B (root, key-based: ssh -o BatchMode=yes DEST)
@@ -37,7 +38,8 @@ Fabric and backends:
                        over --dev, each host's native IPoIB address on `eipoibd host`
   --backends LIST      comma-separated, of kernel and verbs (default kernel,verbs);
                        with --fabric sim the only backend is sim
-  --verbs-dev DEV      verbs device of --dev (default: the HCA under /sys/class/net/DEV/device)
+  --verbs-dev DEV      verbs device of --dev, HCA or HCA:PORT (default: the HCA under
+                       /sys/class/net/DEV/device and DEV's port, from its dev_port)
   --eipoibd PATH       eipoibd on both hosts (default: eipoibd on PATH)
   --eipoibd-verbs PATH the -tags verbs build on both hosts (default: eipoibd-verbs on PATH)
   --eipoibd-args ARGS  more flags for eipoibd run, e.g. '--ib-mtu 2048 --log-level debug'
@@ -62,6 +64,13 @@ Subnet manager leg:
                        SMA: ibportstate -C HCA -P PORT -D 0 PORT reset
   --no-sm              leave the SM leg out (summary: not run)
   --sm-timeout SEC     longest wait for recovery (default 60)
+Kernel backend legs (after the checks; --fabric ib with the kernel backend):
+  --long-name NAME     rename host A's --dev to NAME (up to 15 bytes, e.g.
+                       ibp129s0f0np0xy) and run eipoibd on it: its children's
+                       names must fit, ping A1>B1 must pass; renamed back after.
+                       The interface is down a moment: not if you reach B over it
+  --children N         MemAvailable on host A before and after N IPoIB children
+                       of --dev are made and up (the memory each one costs)
 Measurements:
   --count N            pings, ARP and ND requests per pair (default 10)
   --bytes N            TCP bytes each way (default 67108864)
@@ -82,6 +91,7 @@ PEER="" PEER_EXEC="" LOCAL_EXEC="" DEV=ib0 PEER_DEV="" FABRIC=ib BACKENDS="" VER
 EIPOIBD=eipoibd EIPOIBD_VERBS=eipoibd-verbs PARTITIONS=2 PKEY2=0x8001 VLAN2=100
 NET4=10.77 NET6=fd77 SM_MODE=reset SM_RESTART="" SM_TIMEOUT=60 COUNT=10 BYTES=67108864
 SETTLE=2 WORK=/tmp/eipoib-hwkit CLEANUP_ONLY=0 SWITCH=bridge OVS_DP=system EXTRA=""
+LONG_NAME="" CHILDREN=""
 
 while [ $# -gt 0 ]; do
 	opt=$1
@@ -119,6 +129,8 @@ while [ $# -gt 0 ]; do
 	--bytes) BYTES=$val ;;
 	--mcast-settle) SETTLE=$val ;;
 	--work) WORK=$val ;;
+	--long-name) LONG_NAME=$val ;;
+	--children) CHILDREN=$val ;;
 	*) die "unknown option $opt" ;;
 	esac
 done
@@ -139,7 +151,11 @@ if [ "$PKEY2" = 0xffff ] || [ "$PKEY2" = 0x8000 ]; then die "--pkey2 must differ
 if ! [[ $VLAN2 =~ ^[0-9]+$ ]] || [ "$VLAN2" -lt 2 ] || [ "$VLAN2" -gt 4094 ]; then die "--vlan2 is 2..4094"; fi
 [[ $NET4 =~ ^[0-9]{1,3}\.[0-9]{1,3}$ ]] || die "--net4 is the first two numbers of an IPv4 /16, e.g. 10.77"
 [[ $NET6 =~ ^[0-9a-fA-F]{1,4}(:[0-9a-fA-F]{1,4}){0,5}$ ]] || die "--net6 is an IPv6 prefix without ::, e.g. fd77"
-for v in "$COUNT" "$BYTES" "$SM_TIMEOUT" "$SETTLE"; do
+if [ -n "$LONG_NAME" ]; then
+	[[ $LONG_NAME =~ ^[A-Za-z0-9_.-]{1,15}$ ]] || die "--long-name is 1 to 15 letters, digits, _ . - (an interface name)"
+	[ "$LONG_NAME" != "$DEV" ] || die "--long-name must differ from --dev"
+fi
+for v in "$COUNT" "$BYTES" "$SM_TIMEOUT" "$SETTLE" ${CHILDREN:+"$CHILDREN"}; do
 	[[ $v =~ ^[1-9][0-9]*$ ]] || die "'$v' is not a positive number"
 done
 if [ "$FABRIC" = sim ]; then
@@ -191,6 +207,7 @@ topo_down_script() {
 	cat <<EOF
 for n in \$(ip netns list 2>/dev/null | awk '{print \$1}' | grep '^eht$1'); do ip netns del "\$n"; done
 for l in eht0 ehtbr ehtu ehtv11 ehtv12 ehtv21 ehtv22; do ip link del "\$l" 2>/dev/null; done
+ip link del ehtx 2>/dev/null # the routed leg's second subnet
 true
 EOF
 }
@@ -203,6 +220,18 @@ stop_pidfile() {
 p=\$(cat $1 2>/dev/null) && kill -TERM "\$p" 2>/dev/null
 i=0; while [ -n "\$p" ] && kill -0 "\$p" 2>/dev/null && [ \$i -lt 50 ]; do sleep 0.2; i=\$((i+1)); done
 [ -n "\$p" ] && kill -KILL "\$p" 2>/dev/null; rm -f $1
+EOF
+}
+
+# kernel_legs_cleanup W: what undoes the kernel backend legs (below) in
+# work directory W: the children of --children, the rename of --long-name.
+kernel_legs_cleanup() {
+	cat <<EOF
+if [ -f $1/mchildren ]; then for c in \$(cat $1/mchildren); do ip link del "\$c" 2>/dev/null; done; fi
+if [ -f $1/renamed ]; then
+	read -r old new <$1/renamed
+	ip link set "\$new" down 2>/dev/null && ip link set "\$new" name "\$old" && ip link set "\$old" up
+fi
 EOF
 }
 
@@ -223,6 +252,7 @@ if [ -f $W/native ]; then
 	while read -r dev addr; do ip addr del "\$addr" dev "\$dev" 2>/dev/null; done <$W/native
 fi
 if [ -f $W/child ]; then ip link del "\$(cat $W/child)" 2>/dev/null; fi
+$(kernel_legs_cleanup "$W")
 if [ -d $W ]; then rm -rf $W.prev && mv $W $W.prev; fi
 true
 EOF
@@ -349,9 +379,8 @@ prereqs() {
 		fi
 		if [[ $BACKENDS =~ verbs ]]; then
 			vd=${VERBS_DEV:-\$hca}
-			need "$h" "verbs device of $d on port 1 (the verbs backend uses port 1)" \
-				"give --verbs-dev, or run the kit on port 1's IPoIB interface" \
-				"$(port_script "$h"); [ -d /sys/class/infiniband/$vd ] && [ \$port = 1 ]"
+			need "$h" "verbs device of $d" "give --verbs-dev HCA:PORT" \
+				"$(port_script "$h"); [ -d /sys/class/infiniband/${vd%%:*} ]"
 		fi
 	done
 	if [ "$FABRIC" = sim ] && [ "$SM_MODE" = reset ]; then
@@ -475,13 +504,16 @@ daemon_up() {
 	sim) args="--fabric sim --underlay ehtu" ;;
 	kernel) args="--fabric kernel --ib-dev $d" ;;
 	verbs)
+		# The HCA and port of --dev (eipoibd-verbs --ib-dev HCA:PORT).
 		bin=$EIPOIBD_VERBS
-		args="--fabric verbs --ib-dev ${VERBS_DEV:-\$(ls /sys/class/net/$d/device/infiniband | head -n1)}"
+		args="--fabric verbs --ib-dev ${VERBS_DEV:-\$hca:\$port}"
 		;;
 	esac
 	[ "$PARTITIONS" = 2 ] && args+=" --vlan-pkey $VLAN2=$PKEY2"
 	local s=""
 	[ "$b" = sim ] && s+="ip link add ehtu link $d type macvlan mode bridge && ip link set ehtu up || exit 1
+"
+	[ "$b" = verbs ] && s+="$(port_script "$h")
 "
 	s+="mkdir -p $W/ctl
 nohup $bin run $args --name eht0 $sw ehtbr --ctl-dir $W/ctl $EXTRA </dev/null >$W/eipoibd-$b.log 2>&1 &
@@ -619,26 +651,35 @@ ${x}ip -6 neigh show to $dst dev eth0 | awk '/lladdr/ { print \$3 }'; done"
 # receiver stops counting when the end-of-test message overtakes data in
 # flight, so its counts differ even on a bare veth: iperf 2 counts exactly.)
 tcp_check() {
-	local b=$1 p=$2 from=$3 to=$4 W dst cli srv sent rcvd bps
-	W=$(w "$to")
-	dst=$(ip4 "$p" "$to" 1)
-	on "$to" "nohup $(in_g "$to" "$p" 1)iperf -s -y C -P 1 </dev/null >$W/tcp.out 2>&1 & echo \$! >$W/tcp.pid"
-	for _ in $(seq 20); do
-		cli=$(on "$from" "$(in_g "$from" "$p" 1)iperf -y C -c $dst -n $BYTES" 2>&1)
-		grep -q "^[0-9]*,.*,.*,.*,.*,.*,.*,.*,.*$" <<<"$cli" && break
-		sleep 0.25
-	done
-	srv=$(on "$to" "i=0; while kill -0 \$(cat $W/tcp.pid) 2>/dev/null && [ \$i -lt 75 ]; do sleep 0.2; i=\$((i+1)); done
-kill \$(cat $W/tcp.pid) 2>/dev/null; rm -f $W/tcp.pid; cat $W/tcp.out")
-	sent=$(awk -F, 'NF == 9 { print $8; exit }' <<<"$cli")
-	rcvd=$(awk -F, 'NF == 9 { print $8; exit }' <<<"$srv")
-	bps=$(awk -F, 'NF == 9 { print $9; exit }' <<<"$srv")
-	if [ "${sent:-x}" = "$BYTES" ] && [ "${rcvd:-x}" = "$BYTES" ]; then
+	local b=$1 p=$2 from=$3 to=$4 sent rcvd bps
+	read -r sent rcvd bps <<<"$(iperf_bytes "$to" "$(in_g "$to" "$p" 1)" "$from" "$(in_g "$from" "$p" 1)" "$(ip4 "$p" "$to" 1)")"
+	if [ "$sent" = "$BYTES" ] && [ "$rcvd" = "$BYTES" ]; then
 		record "tcp $from""1>$to""1" "$b" "$(pk_of "$p")" PASS \
 			"$BYTES B sent = received, $(awk -v r="$bps" 'BEGIN { printf "%.2f", r / 1e9 }') Gbit/s"
 	else
-		record "tcp $from""1>$to""1" "$b" "$(pk_of "$p")" FAIL "sent ${sent:-none}, received ${rcvd:-none}, want $BYTES"
+		record "tcp $from""1>$to""1" "$b" "$(pk_of "$p")" FAIL "sent $sent, received $rcvd, want $BYTES"
 	fi
+}
+
+# iperf_bytes SRVHOST SRVPREFIX CLIHOST CLIPREFIX DST [SRC]: one iperf 2
+# connection of exactly BYTES from CLIPREFIX on CLIHOST (bound to SRC) to
+# the server run with SRVPREFIX on SRVHOST, at DST; prints the bytes the client
+# wrote, the bytes the server read and the server's rate in bit/s
+# ("none" for a count it did not report).
+iperf_bytes() {
+	local sh=$1 sp=$2 ch=$3 cp=$4 dst=$5 bind=${6:+ -B $6} W cli srv
+	W=$(w "$sh")
+	on "$sh" "nohup ${sp}iperf -s -y C -P 1 </dev/null >$W/tcp.out 2>&1 & echo \$! >$W/tcp.pid"
+	for _ in $(seq 20); do
+		cli=$(on "$ch" "${cp}iperf -y C -c $dst$bind -n $BYTES" 2>&1)
+		grep -q "^[0-9]*,.*,.*,.*,.*,.*,.*,.*,.*$" <<<"$cli" && break
+		sleep 0.25
+	done
+	srv=$(on "$sh" "i=0; while kill -0 \$(cat $W/tcp.pid) 2>/dev/null && [ \$i -lt 75 ]; do sleep 0.2; i=\$((i+1)); done
+kill \$(cat $W/tcp.pid) 2>/dev/null; rm -f $W/tcp.pid; cat $W/tcp.out")
+	echo "$(awk -F, 'NF == 9 { print $8; exit }' <<<"$cli" | grep . || echo none)" \
+		"$(awk -F, 'NF == 9 { print $8; exit }' <<<"$srv" | grep . || echo none)" \
+		"$(awk -F, 'NF == 9 { print $9; exit }' <<<"$srv" | grep . || echo 0)"
 }
 
 # mcast_check FAMILY BACKEND P: iperf 2 receivers in both guests of host
@@ -707,6 +748,158 @@ sm_check() {
 	fi
 }
 
+# ------------------------------------------------------------ routed leg
+
+# The routed leg: a native IPoIB router and an address off the fabric's
+# subnets. Host B is guest A1's gateway (its native address in partition
+# 0xffff) to a second subnet, NET4.201.0/24 and NET6:201::/64, where X
+# (.9, ::9) is an address of host B's own stack on a veth pair (ehtx and
+# its peer ehtxp): no forwarding sysctl changes on an operator's host,
+# and what X sends leaves B's IPoIB interface from B's QP with a source
+# IP no ARP or NDP on the fabric names, as forwarded traffic does. The
+# kernel backend never learns a packet's sender (af_packet.c packet_rcv:
+# IPoIB has no header_ops->parse), and a Linux IPoIB host sends unicast
+# inside a subnet without a GRH (sa_query.c ib_init_ah_attr_from_path),
+# so eipoibd on host A must deliver X's packets all the same: ping and
+# ping -6 from A1 to X, TCP with exact byte counts both ways. The last
+# figure is eipoibd's rx_unknown_source on host A: X's packets delivered
+# under the partition's stand-in MAC, as the kernel backend must; with
+# verbs, packets whose sender it named by source LID are not in it.
+RSUB=201
+xaddr() { if [ "$1" = 4 ]; then echo "$NET4.$RSUB.$2"; else echo "$NET6:$RSUB::$2"; fi; } # xaddr FAMILY LAST
+
+# routed_up: X on host B, and guest A1's routes to X through host B.
+routed_up() {
+	on B "ip link add ehtx type veth peer name ehtxp && ip link set ehtxp up && ip link set ehtx up || exit 1
+ip addr add $(xaddr 4 9)/24 dev ehtx && ip addr add $(xaddr 6 9)/64 dev ehtx nodad" &&
+		on A "$(in_g A 1 1)ip route add $NET4.$RSUB.0/24 via $(ip4 1 B 0) && $(in_g A 1 1)ip -6 route add $NET6:$RSUB::/64 via $(ip6 1 B 0)"
+}
+
+# routed_check BACKEND: the routed leg's rows; the topology's teardown
+# removes X (topo_down_script).
+routed_check() {
+	local b=$1 fam out tx rx sent rcvd bps bin=$EIPOIBD unk
+	[ "$b" = verbs ] && bin=$EIPOIBD_VERBS
+	if ! out=$(routed_up 2>&1); then
+		record "routed" "$b" 0xffff FAIL "set-up failed: $out"
+		return
+	fi
+	for fam in 4 6; do
+		out=$(on A "$(in_g A 1 1)ping -$fam -n -c $COUNT -i 0.2 -W 2 $(xaddr $fam 9)" 2>&1)
+		tx=$(sed -n 's/^\([0-9]*\) packets transmitted.*/\1/p' <<<"$out")
+		rx=$(sed -n 's/.* \([0-9]*\) received.*/\1/p' <<<"$out")
+		if [ "${tx:-0}" = "$COUNT" ] && [ "${rx:-0}" = "$COUNT" ] && ! grep -q duplicates <<<"$out"; then
+			record "routed ping$fam A1>X" "$b" 0xffff PASS "$rx/$COUNT, X $(xaddr $fam 9) via nB"
+		else
+			record "routed ping$fam A1>X" "$b" 0xffff FAIL "${rx:-0}/$COUNT replies from $(xaddr $fam 9) via nB"
+		fi
+	done
+	read -r sent rcvd bps <<<"$(iperf_bytes B "" A "$(in_g A 1 1)" "$(xaddr 4 9)")"
+	if [ "$sent" = "$BYTES" ] && [ "$rcvd" = "$BYTES" ]; then
+		record "routed tcp A1>X" "$b" 0xffff PASS "$BYTES B sent = received"
+	else
+		record "routed tcp A1>X" "$b" 0xffff FAIL "sent $sent, received $rcvd, want $BYTES"
+	fi
+	read -r sent rcvd bps <<<"$(iperf_bytes A "$(in_g A 1 1)" B "" "$(ip4 1 A 1)" "$(xaddr 4 9)")"
+	unk=$(on A "$bin show stats --ctl-dir $(w A)/ctl --name eht0" 2>/dev/null | awk '$1 == "rx_unknown_source" { print $2 }')
+	if [ "$sent" = "$BYTES" ] && [ "$rcvd" = "$BYTES" ]; then
+		record "routed tcp X>A1" "$b" 0xffff PASS "$BYTES B sent = received; eipoibd A rx_unknown_source ${unk:-?}"
+	else
+		record "routed tcp X>A1" "$b" 0xffff FAIL "sent $sent, received $rcvd, want $BYTES; eipoibd A rx_unknown_source ${unk:-?}"
+	fi
+}
+
+# ------------------------------------------------- kernel backend legs
+
+# long_name_check: host A's --dev renamed to --long-name (up to 15
+# bytes: the kernel backend names its children after a hash of a parent
+# name too long to prefix them, net/core/dev.c dev_valid_name), eipoibd's
+# kernel backend on both hosts, then ping A1>B1; the figure lists host
+# A's children. Renamed back after (a rename needs the link down).
+long_name_check() {
+	local W out kids old=$DEV ok=1 h
+	W=$(w A)
+	if ! out=$(on A "ip link set $DEV down && ip link set $DEV name $LONG_NAME && echo '$DEV $LONG_NAME' >$W/renamed && ip link set $LONG_NAME up || exit 1
+i=0; until [ \$(cat /sys/class/net/$LONG_NAME/operstate) = up ]; do [ \$i -lt 150 ] || exit 1; sleep 0.2; i=\$((i+1)); done" 2>&1); then
+		record long-name kernel 0xffff FAIL "renaming A's $DEV to $LONG_NAME: $out"
+		on A "$(kernel_legs_cleanup "$W"); rm -f $W/renamed" >/dev/null 2>&1
+		return
+	fi
+	DEV=$LONG_NAME
+	for h in A B; do
+		if ! out=$(guests_up "$h" 2>&1) || ! out=$(daemon_up "$h" kernel 2>&1); then
+			record long-name kernel 0xffff FAIL "host $h: eipoibd (kernel) on $(dev_of "$h") did not start: $(tail -n 3 <<<"$out" | tr '\n' ' ')"
+			ok=0
+			break
+		fi
+	done
+	if [ "$ok" = 1 ]; then
+		out=$(on A "$(in_g A 1 1)ping -4 -n -c $COUNT -i 0.2 -W 2 $(ip4 1 B 1)" 2>&1)
+		kids=$(on A "ip -br link | awk '\$1 ~ /@$LONG_NAME\$/ { sub(/@.*/, \"\", \$1); print \$1 }' | sort | tr '\n' ' '")
+		if grep -q " $COUNT received" <<<"$out" && [ -n "$kids" ]; then
+			record long-name kernel 0xffff PASS "A's dev $LONG_NAME (${#LONG_NAME} B), children ${kids% }; ping A1>B1 $COUNT/$COUNT"
+		else
+			record long-name kernel 0xffff FAIL "children '${kids% }', ping A1>B1 $(sed -n 's/.* \([0-9]*\) received.*/\1/p' <<<"$out")/$COUNT"
+		fi
+	fi
+	for h in A B; do
+		daemon_down "$h" kernel
+		on "$h" "$(topo_down_script "$h")" >/dev/null 2>&1
+	done
+	DEV=$old
+	on A "$(kernel_legs_cleanup "$W"); rm -f $W/renamed" >/dev/null 2>&1
+}
+
+# children_mem_check: MemAvailable on host A before and after --children
+# N IPoIB children of --dev (ip link add ... type ipoib pkey 0xffff,
+# over netlink as the kernel backend makes them) are up with carrier
+# (their broadcast join made; on mlx5 each has opened its own channels
+# by then, mlx5i_pkey_open); the children are deleted after.
+children_mem_check() {
+	local W out made up before after
+	W=$(w A)
+	out=$(on A "mem() { awk '/^MemAvailable:/ { print \$2 }' /proc/meminfo; }
+before=\$(mem) made=0
+i=1; while [ \$i -le $CHILDREN ]; do
+	ip link add link $DEV name ehtc\$i type ipoib pkey 0xffff || break
+	echo ehtc\$i >>$W/mchildren
+	ip link set ehtc\$i up || break
+	made=\$i i=\$((i+1))
+done
+up() { cat /sys/class/net/ehtc*/carrier 2>/dev/null | grep -c 1; }
+t=0; until [ \$(up) -ge \$made ] || [ \$t -ge 300 ]; do sleep 0.2; t=\$((t+1)); done
+echo \"made \$made carrier \$(up) before \$before after \$(mem)\"
+$(kernel_legs_cleanup "$W"); rm -f $W/mchildren" 2>&1)
+	read -r made up before after <<<"$(sed -n 's/^made \([0-9]*\) carrier \([0-9]*\) before \([0-9]*\) after \([0-9]*\)$/\1 \2 \3 \4/p' <<<"$out")"
+	if [ "${made:-0}" = "$CHILDREN" ] && [ "${up:-0}" = "$CHILDREN" ]; then
+		record child-mem kernel 0xffff PASS "$CHILDREN children: MemAvailable $((before / 1024)) > $((after / 1024)) MiB, $(((before - after) / CHILDREN)) KiB each"
+	else
+		record child-mem kernel 0xffff FAIL "${made:-0} of $CHILDREN children made, ${up:-0} with carrier: $(tail -n 2 <<<"$out" | tr '\n' ' ')"
+	fi
+}
+
+# kernel_legs: the two legs above, each "not run" with its reason
+# without InfiniBand, the kernel backend or its option.
+kernel_legs() {
+	local why=""
+	if [ "$FABRIC" = sim ]; then
+		why="(--fabric sim: no InfiniBand here)"
+	elif [[ ,$BACKENDS, != *,kernel,* ]]; then
+		why="(--backends $BACKENDS)"
+	elif [ "$setup_ok" != 1 ]; then
+		why="(set-up failed, above)"
+	fi
+	if [ -n "$why" ]; then
+		record long-name kernel 0xffff "not run" "$why"
+		record child-mem kernel 0xffff "not run" "$why"
+		return
+	fi
+	echo
+	echo "kernel backend legs:"
+	if [ -n "$LONG_NAME" ]; then long_name_check; else record long-name kernel 0xffff "not run" "(--long-name NAME not given)"; fi
+	if [ -n "$CHILDREN" ]; then children_mem_check; else record child-mem kernel 0xffff "not run" "(--children N not given)"; fi
+}
+
 # ------------------------------------------------------------------ main
 
 prereqs
@@ -754,6 +947,7 @@ for b in ${BACKENDS//,/ }; do
 		mcast_check 4 "$b" "$p"
 		mcast_check 6 "$b" "$p"
 	done
+	[ "$ok" = 1 ] && routed_check "$b"
 	if [ "$SM_MODE" = none ]; then
 		record sm-reregister "$b" 0xffff "not run" "(--no-sm)"
 	elif [ "$ok" = 1 ]; then
@@ -764,6 +958,8 @@ for b in ${BACKENDS//,/ }; do
 		on "$h" "$(topo_down_script "$h")" >/dev/null 2>&1
 	done
 done
+
+kernel_legs
 
 for b in kernel verbs; do
 	[[ ,$BACKENDS, == *,$b,* ]] && continue
@@ -777,8 +973,20 @@ if [ "$PARTITIONS" = 1 ]; then
 	record "all checks" all "$PKEY2" "not run" "(--partitions 1)"
 fi
 
+# The verbs port: the device and port each host's eipoibd-verbs opened,
+# from its "verbs port open" log line (--ib-dev HCA:PORT).
+verbs_ports=""
+if [[ ,$BACKENDS, == *,verbs,* ]]; then
+	for h in A B; do
+		vp=$(on "$h" "sed -n -e 's/.*msg=\"verbs port open\".* device=\([^ ]*\) port=\([0-9]*\).*/\1 (port \2)/p' \
+			-e 's/.*\"msg\":\"verbs port open\".*\"device\":\"\([^\"]*\)\",\"port\":\([0-9]*\).*/\1 (port \2)/p' $(w "$h")/eipoibd-verbs.log | head -n1" 2>/dev/null)
+		verbs_ports+=" $h ${vp:-did not open}"
+	done
+fi
+
 echo
 echo "eipoibd hardware kit: fabric $FABRIC, switch $SWITCH, $COUNT requests per pair, logs in $WORK/{A,B}.prev on each host"
+[ -n "$verbs_ports" ] && echo "verbs port:$verbs_ports"
 printf '%-18s %-8s %-9s %-8s %s\n' check backend partition result figure
 for r in "${RESULTS[@]}"; do
 	IFS='|' read -r c b pk st fig <<<"$r"

@@ -3,6 +3,7 @@ package netns
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -34,6 +35,7 @@ type cniRuntime struct {
 	cni   *libcni.CNIConfig
 	cache string // libcni's cache of results
 	ipam  string // host-local's data directory
+	data  string // the eipoib plugin's records (dataDir)
 }
 
 // newCNIRuntime makes a runtime for hypervisor h with the plugin
@@ -41,7 +43,7 @@ type cniRuntime struct {
 func newCNIRuntime(t *testing.T, h *hypervisor, pluginDir string) *cniRuntime {
 	t.Helper()
 	cache := t.TempDir()
-	return &cniRuntime{h: h, cni: libcni.NewCNIConfigWithCacheDir([]string{pluginDir, cniDir}, cache, nil), cache: cache, ipam: t.TempDir()}
+	return &cniRuntime{h: h, cni: libcni.NewCNIConfigWithCacheDir([]string{pluginDir, cniDir}, cache, nil), cache: cache, ipam: t.TempDir(), data: t.TempDir()}
 }
 
 // list is the network list of docs/kubernetes.md, as a Multus
@@ -59,7 +61,7 @@ func (r *cniRuntime) listVersion(t *testing.T, v, name, bridgeIPAM string) *libc
 	t.Helper()
 	conf := fmt.Sprintf(`{"cniVersion":%q,"name":%q,"plugins":[
   {"type":"bridge","bridge":"br0","ipam":%s},
-  {"type":"eipoib","tap":"eib0","socketDir":%q}]}`, v, name, bridgeIPAM, r.h.ctlDir())
+  {"type":"eipoib","tap":"eib0","socketDir":%q,"dataDir":%q}]}`, v, name, bridgeIPAM, r.h.ctlDir(), r.data)
 	l, err := libcni.NetworkConfFromBytes([]byte(conf))
 	if err != nil {
 		t.Fatalf("%s: %v\n%s", name, err, conf)
@@ -72,7 +74,7 @@ func (r *cniRuntime) listVersion(t *testing.T, v, name, bridgeIPAM string) *libc
 // and its announcements (MLD reports for its solicited-node groups)
 // pass under --learn declared.
 func (r *cniRuntime) wrap(ipam string) string {
-	return fmt.Sprintf(`{"type":"eipoib","tap":"eib0","socketDir":%q,"ipam":%s}`, r.h.ctlDir(), ipam)
+	return fmt.Sprintf(`{"type":"eipoib","tap":"eib0","socketDir":%q,"dataDir":%q,"ipam":%s}`, r.h.ctlDir(), r.data, ipam)
 }
 
 // hostLocal is host-local IPAM handing out 10.77.0.lo–hi and
@@ -192,7 +194,9 @@ func buildCNIPlugin(t *testing.T) string {
 //     answered once;
 //   - silent: a pod silent past --vif-idle (2 s here) and past the
 //     bridge's ageing of its learned FDB entry (2 s) keeps its VIF (none
-//     aged, none removed) and is answered at once;
+//     aged, none removed) and is answered at once: no frame either way
+//     held by a daemon (for a new VIF or a resolution), every request
+//     answered within a second;
 //   - static: a pod with fixed addresses pings the other hypervisor's
 //     pod and the native host;
 //   - dhcp: a pod with the reference dhcp plugin (its daemon running)
@@ -271,8 +275,26 @@ func TestCNI(t *testing.T) {
 				t.Errorf("%s %v → %v while the pod was silent", k, before[k], after[k])
 			}
 		}
-		ping(t, p2.g, p1.g.ip4)
-		ping(t, p2.g, p1.g.ip6)
+		// At once: the path was ready, so no daemon held a frame for a
+		// new VIF or a resolution, and no reply is late. The bound is
+		// the claim, far above a busy machine's scheduling (a reply
+		// takes milliseconds); pingN would log a 5 s late one only.
+		held1, held2 := h1.metrics(t), h2.metrics(t)
+		pingPrompt(t, p2.g, p1.g.ip4, 3, time.Second)
+		pingPrompt(t, p2.g, p1.g.ip6, 3, time.Second)
+		for _, c := range []struct {
+			h       *hypervisor
+			base, m map[string]float64
+		}{{h1, held1, h1.metrics(t)}, {h2, held2, h2.metrics(t)}} {
+			for _, k := range []string{"tx_queued", "tx_queued_new_vif"} {
+				if _, ok := c.m[k]; !ok {
+					t.Fatalf("%s: no %s in the metrics", c.h.name, k)
+				}
+				if c.m[k] != c.base[k] {
+					t.Errorf("%s: %s %v → %v: a frame to or from the silent pod was held", c.h.name, k, c.base[k], c.m[k])
+				}
+			}
+		}
 	})
 
 	t.Run("static", func(t *testing.T) {
@@ -490,4 +512,136 @@ func cniChurn(t *testing.T, r *cniRuntime, list *libcni.NetworkConfigList, prefi
 			t.Errorf("FDB entry of a deleted pod left: %s", l)
 		}
 	}
+}
+
+// chainedOnly is a list of spec version 1.1.0 holding the chained eipoib
+// alone, on r's daemon: Debian's reference plugins (1.1.1) speak up to
+// 1.0.0, so GC and STATUS go to a list without them.
+func (r *cniRuntime) chainedOnly(t *testing.T, name string) *libcni.NetworkConfigList {
+	t.Helper()
+	l, err := libcni.NetworkConfFromBytes([]byte(fmt.Sprintf(`{"cniVersion":"1.1.0","name":%q,"plugins":[
+  {"type":"eipoib","tap":"eib0","socketDir":%q,"dataDir":%q}]}`, name, r.h.ctlDir(), r.data)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// TestCNILifecycle: what the CNI plugin frees when the runtime cannot
+// name it, and spec 1.1.0's GC and STATUS through libcni, on one
+// hypervisor whose eipoibd serves declared guests only:
+//   - typo: a list whose chained eipoib has "vlan":"0" (a string), after
+//     bridge's IPAM, eipoib wrapping host-local, declared the pod's VIF:
+//     ADD fails naming the key; DEL of the same list succeeds and leaves
+//     nothing: no VIF of the pod's MAC (vifs_removed + 1), no veth, no
+//     host-local lease, no record of the plugin;
+//   - GC: two pods added by a 1.0.0 list; the runtime loses the second
+//     (its cached result and its namespace go, no DEL runs); GC of the
+//     network, the first pod its only valid attachment, frees the lost
+//     pod's VIF (vifs_removed + 1) and keeps the first's;
+//   - STATUS succeeds while eipoibd runs, fails with code 50 naming the
+//     control socket while it is stopped, and succeeds once it is back.
+func TestCNILifecycle(t *testing.T) {
+	require(t, cniDir+"/bridge", cniDir+"/host-local", "bridge")
+	plugins := buildCNIPlugin(t)
+	tp := newTopoOpts(t, topoOpts{n: 1, viaBridge: true, extra: []string{"--learn", "declared"}})
+	h := tp.hvs[0]
+	r := newCNIRuntime(t, h, plugins)
+	veths := func() string { return sh(t, in(h.ns, "ip", "-o", "link", "show", "type", "veth")...) }
+	leftIn := func(dir string) []string {
+		var names []string
+		filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+			if err == nil && !d.IsDir() && !strings.HasPrefix(d.Name(), "last_reserved_ip") && d.Name() != "lock" {
+				names = append(names, strings.TrimPrefix(p, dir))
+			}
+			return nil
+		})
+		return names
+	}
+
+	t.Run("typo", func(t *testing.T) {
+		conf := fmt.Sprintf(`{"cniVersion":"1.0.0","name":"ib-typo","plugins":[
+  {"type":"bridge","bridge":"br0","ipam":%s},
+  {"type":"eipoib","tap":"eib0","socketDir":%q,"dataDir":%q,"vlan":"0"}]}`, r.wrap(r.hostLocal(40, 40)), h.ctlDir(), r.data)
+		l, err := libcni.NetworkConfFromBytes([]byte(conf))
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := &pod{g: &guest{ns: tp.pfx + "typo"}, id: "ctr-typo"}
+		sh(t, "ip", "netns", "add", p.g.ns)
+		t.Cleanup(func() { shErr("ip", "netns", "delete", p.g.ns) })
+		vethsBefore, removed := veths(), h.metrics(t)["vifs_removed"]
+		err = r.in(func(ctx context.Context) error { _, err := r.cni.AddNetworkList(ctx, l, p.rt()); return err })
+		if err == nil || !strings.Contains(err.Error(), `eipoib: vlan "0": want a number, 0 (untagged) to 4094`) {
+			t.Fatalf("ADD with \"vlan\":\"0\": %v, want an error naming the key", err)
+		}
+		mac := linkMAC(t, p.g.ns, "eth0").String()
+		if v, ok := h.vifs(t)[mac]; !ok || v.Origin != "declared" {
+			t.Fatalf("VIF of the pod %s after the failed ADD: %+v (found %v), want the one bridge's IPAM declared", mac, v, ok)
+		}
+		r.del(t, l, p)
+		if v, ok := h.vifs(t)[mac]; ok {
+			t.Errorf("VIF of %s left after DEL: %+v", mac, v)
+		}
+		if d := h.metrics(t)["vifs_removed"] - removed; d != 1 {
+			t.Errorf("vifs_removed rose by %v at DEL, want 1", d)
+		}
+		if got := veths(); got != vethsBefore {
+			t.Errorf("veths after DEL:\n%s\nbefore ADD:\n%s", got, vethsBefore)
+		}
+		if got := leftIn(r.ipam); len(got) != 0 {
+			t.Errorf("host-local leases left: %v", got)
+		}
+		if got := leftIn(r.data); len(got) != 0 {
+			t.Errorf("records of the plugin left: %v", got)
+		}
+	})
+
+	t.Run("gc", func(t *testing.T) {
+		l := r.list(t, "ib-gc", r.wrap(r.hostLocal(41, 42)))
+		keep, lost := r.add(t, l, tp.pfx+"g1"), r.add(t, l, tp.pfx+"g2")
+		if err := os.Remove(filepath.Join(r.cache, "results", "ib-gc-"+lost.id+"-eth0")); err != nil {
+			t.Fatal(err)
+		}
+		sh(t, "ip", "netns", "delete", lost.g.ns)
+		removed := h.metrics(t)["vifs_removed"]
+		valid := &libcni.GCArgs{ValidAttachments: []types.GCAttachment{{ContainerID: keep.id, IfName: "eth0"}}}
+		if err := r.in(func(ctx context.Context) error { return r.cni.GCNetworkList(ctx, r.chainedOnly(t, "ib-gc"), valid) }); err != nil {
+			t.Fatalf("GC: %v", err)
+		}
+		vifs := h.vifs(t)
+		if v, ok := vifs[lost.mac]; ok {
+			t.Errorf("VIF of the lost pod %s left after GC: %+v", lost.mac, v)
+		}
+		if v, ok := vifs[keep.mac]; !ok || v.Origin != "declared" {
+			t.Errorf("VIF of the valid pod %s after GC: %+v (found %v), want it kept", keep.mac, v, ok)
+		}
+		if d := h.metrics(t)["vifs_removed"] - removed; d != 1 {
+			t.Errorf("vifs_removed rose by %v at GC, want 1", d)
+		}
+		r.del(t, l, keep)
+		if got := leftIn(filepath.Join(r.data, "ib-gc")); len(got) != 0 {
+			t.Errorf("records left after GC and DEL: %v", got)
+		}
+	})
+
+	t.Run("status", func(t *testing.T) {
+		l := r.chainedOnly(t, "ib-status")
+		status := func() error {
+			return r.in(func(ctx context.Context) error { return r.cni.GetStatusNetworkList(ctx, l) })
+		}
+		if err := status(); err != nil {
+			t.Fatalf("STATUS while eipoibd runs: %v", err)
+		}
+		h.stop(t, true)
+		var ce *types.Error
+		want := "eipoibd control socket " + filepath.Join(h.ctlDir(), "eib0.sock") + ": no such file or directory: is eipoibd running for eib0?"
+		if err := status(); !errors.As(err, &ce) || ce.Code != 50 || ce.Msg != want {
+			t.Errorf("STATUS while eipoibd is stopped: %v, want code 50 %q", err, want)
+		}
+		h.start(t)
+		if err := status(); err != nil {
+			t.Errorf("STATUS once eipoibd is back: %v", err)
+		}
+	})
 }

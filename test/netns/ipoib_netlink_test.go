@@ -99,3 +99,27 @@ func TestIPoIBNetlinkVM(t *testing.T) {
 		t.Errorf("the kernel logged %d warnings about IFLA_IPOIB_PKEY's length, want 2 (the 1-byte and the 4-byte P_Key)", n)
 	}
 }
+
+// TestKernelBackendNoIPv6VM: the kernel backend starts on a host booted
+// with ipv6.disable=1, where no /proc/sys/net/ipv6/conf/DEV exists for a
+// child's IPv6 settings (net/ipv6/af_inet6.c inet6_init returns before
+// addrconf_init). The QEMU guest boots with that argument and runs
+// ipoib/kernelfabric's TestStartWithoutIPv6 against its real /proc: New
+// and AllocQP succeed, the children's IPv4 settings read back from /proc,
+// no IPv6 one is tried (counted), and IPv4 crosses both ways. The guest
+// has no IPoIB (no HCA): the children's links are veths of the same names,
+// so that their /proc/sys/net/ipv4/conf directories are real.
+func TestKernelBackendNoIPv6VM(t *testing.T) {
+	require(t)
+	_, ns := vmNamespace(t)
+	v := startVMWith(t, ns, "ubr", "ipv6.disable=1")
+	v.buildTest(t, "kernelfabric.test", "github.com/eipoib/eipoibd/ipoib/kernelfabric")
+	if out := v.must(t, "cat /proc/cmdline; test -e /proc/sys/net/ipv6 && echo ipv6 present || echo ipv6 absent"); !strings.Contains(out, "ipv6 absent") {
+		t.Fatalf("the guest booted with ipv6.disable=1 has /proc/sys/net/ipv6:\n%s", out)
+	}
+	out, err := v.run(t, "EIPOIB_NO_IPV6=1 ./kernelfabric.test -test.run '^TestStartWithoutIPv6$' -test.count=1 -test.v", time.Minute)
+	if err != nil || !strings.Contains(out, "--- PASS: TestStartWithoutIPv6/kernel") {
+		t.Fatalf("TestStartWithoutIPv6 in the VM without IPv6 did not pass its kernel case (%v):\n%s", err, out)
+	}
+	t.Logf("in the VM:\n%s", out)
+}

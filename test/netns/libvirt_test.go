@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -31,7 +32,10 @@ import (
 //     VLAN 20 before it sends anything (none of its frames is ever
 //     dropped as undeclared), pings a native IPoIB host in
 //     partition 0x8014 on another hypervisor (IPv4 and IPv6) and
-//     reaches it over TCP (its checksum offload off, as the doc says), has its
+//     reaches it over TCP (its checksum offload off, as the doc says),
+//     receives 8 MiB of TCP from it to the byte with the default
+//     offloads (no super-frame, no frame over the TAP's MTU written
+//     into eib0, nothing refused by ovs-vswitchd), has its
 //     frames from a forged MAC dropped as drop_undeclared (exactly its
 //     3, no VIF for it) while the hypervisor's own frames (ovsbr0's and
 //     eib0's, 2 each) count as drop_undeclared_local, and `virsh
@@ -39,7 +43,7 @@ import (
 //
 // Slow (libvirtd's first QEMU probe, then a TCG boot): in ONCE_TESTS.
 func TestLibvirt(t *testing.T) {
-	require(t, append(append([]string{"ping", "arping", "iperf3"}, ovsTools...), "libvirtd", "virtlogd", "virsh", "qemu-system-x86_64", "rdma", "ibv_devinfo")...)
+	require(t, append(append([]string{"ping", "arping", "iperf3", "iperf"}, ovsTools...), "libvirtd", "virtlogd", "virsh", "qemu-system-x86_64", "rdma", "ibv_devinfo")...)
 	doc := docBlocks(t, "../../docs/libvirt.md")
 	pfx := fmt.Sprintf("e%d%d", os.Getpid()%1000, nsSeq.Add(1))
 	hv, nat := pfx+"lv", pfx+"nat"
@@ -66,13 +70,13 @@ func TestLibvirt(t *testing.T) {
 	ovsEnv := "OVS_RUNDIR=" + ovsDir // ovs-vsctl's default database is $OVS_RUNDIR/db.sock
 	runDoc(t, hv, doc.one(t, "sh", "ovs-vsctl add-br ovsbr0"), []string{ovsEnv}, "")
 
-	// eipoibd with the doc's configuration, on the simulated fabric
-	// (flags on the command line win over the file's fabric).
+	// eipoibd with the doc's configuration for the simulated fabric
+	// (the --underlay the harness gives wins over the file's).
 	cfg := filepath.Join(logDir, "eib0.toml")
-	if err := os.WriteFile(cfg, []byte(doc.one(t, "toml", "ovs-bridge")), 0o644); err != nil {
+	if err := os.WriteFile(cfg, []byte(doc.one(t, "toml", `fabric     = "sim"`)), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	h1 := &hypervisor{name: "h1", ns: hv, underlay: "ul1", logDir: logDir, env: []string{ovsEnv}, extra: []string{"--config", cfg, "--fabric", "sim"}}
+	h1 := &hypervisor{name: "h1", ns: hv, underlay: "ul1", logDir: logDir, env: []string{ovsEnv}, extra: []string{"--config", cfg}}
 	h1.start(t)
 	t.Cleanup(func() { h1.stop(t, false) })
 
@@ -155,6 +159,24 @@ func TestLibvirt(t *testing.T) {
 		t.Errorf("TCP (iperf3) from the libvirt guest to the native host: %v\n%s", err, out)
 	}
 
+	// And to the guest, through the userspace datapath without its TSO
+	// (the doc's bridge), with the default offloads: exactly the bytes
+	// sent arrive (iperf 2), eipoibd wrote no super-frame and no frame
+	// over the TAP's MTU into eib0, and ovs-vswitchd refused nothing.
+	gsrv := vm.start(t, "iperf -s -y C -P 1")
+	sent, err := retryConnect(&guest{ns: nat}, []string{"iperf", "-y", "C", "-c", "10.77.0.11", "-n", strconv.Itoa(libvirtTCPBytes)}, "connect failed")
+	rcvd, werr := gsrv.wait(30 * time.Second)
+	if s, r := csvBytes(sent), csvBytes(rcvd); err != nil || werr != nil || s != libvirtTCPBytes || r != libvirtTCPBytes {
+		t.Errorf("TCP from the native host to the libvirt guest: %d bytes sent, %d received, want %d both (%v, %v)\nclient: %s\nserver: %s",
+			s, r, libvirtTCPBytes, err, werr, sent, rcvd)
+	}
+	if m := h1.metrics(t); m["tap_gro_frames_written"] != 0 || m["tap_frames_over_mtu_written"] != 0 {
+		t.Errorf("%v super-frames and %v frames over the TAP's MTU written to eib0 on the userspace datapath", m["tap_gro_frames_written"], m["tap_frames_over_mtu_written"])
+	}
+	if b, err := os.ReadFile(filepath.Join(ovsDir, "ovs-vswitchd.log")); err != nil || strings.Contains(string(b), "Message too long") || strings.Contains(string(b), "Too big") {
+		t.Errorf("ovs-vswitchd's log (%v):\n%s", err, abridge(string(b), 0, 20))
+	}
+
 	// Nothing of the guest's was ever dropped as undeclared (its IPv6
 	// stack speaks as soon as eth0 is up): its VIF came first.
 	if m := h1.metrics(t); m["drop_undeclared"] != 0 {
@@ -191,6 +213,9 @@ func TestLibvirt(t *testing.T) {
 		t.Errorf("eipoibd warned with libvirt's guest on the doc's network:\n%s", l)
 	}
 }
+
+// libvirtTCPBytes is what TestLibvirt sends its guest over TCP.
+const libvirtTCPBytes = 8 << 20
 
 // docBlock is one fenced block of a Markdown document.
 type docBlock struct{ lang, body string }

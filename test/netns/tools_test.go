@@ -17,7 +17,7 @@ import (
 // binaries): each must be required on every path that runs it.
 var checkedTools = []string{"ping", "arping", "nstat", "iperf3", "iperf", "tshark", "tcpdump", "ethtool",
 	"ovs-vsctl", "ovsdb-tool", "ovsdb-server", "ovs-vswitchd", "ovs-appctl", "ovsdb-client",
-	"dnsmasq", "dhclient", "qemu-system-x86_64", "rdma", "ibv_devinfo", "curl", "ndisc6"}
+	"dnsmasq", "dhclient", "qemu-system-x86_64", "rdma", "ibv_devinfo", "curl", "ndisc6", "prometheus", "promtool"}
 
 // requireFuncs are the functions whose arguments are tools required.
 var requireFuncs = []string{"require", "nstestRequire", "Require"}

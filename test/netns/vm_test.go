@@ -22,7 +22,7 @@ import (
 // The VM tests boot Debian's kernel under QEMU (TCG: no KVM needed) with
 // the host's root read-only over virtio-9p, so that the guest runs the
 // host's own binaries, and soft-RoCE (rxe0) on its virtio-net eth0, whose
-// TAP is in a bridge of the test's: see test/vm/ and DESIGN.md, "Testing
+// TAP is in a bridge of the test's: see test/vm/ and docs/architecture.md, "Testing
 // against a real RDMA stack".
 
 // vmTools are what a VM needs on the host beyond ip (the guest runs
@@ -68,6 +68,14 @@ type vmProc struct {
 // tail if the VM does not come up within vmBootTimeout.
 func startVM(t *testing.T, ns, bridge string) *vmHost {
 	t.Helper()
+	return startVMWith(t, ns, bridge, "")
+}
+
+// startVMWith is startVM with more kernel command-line arguments, cmdline
+// ("ipv6.disable=1", say: the agent then sets up no rxe0, which needs
+// eth0's IPv6 link-local address for its GID, and is ready with eth0 up).
+func startVMWith(t *testing.T, ns, bridge, cmdline string) *vmHost {
+	t.Helper()
 	nstestRequire(t, vmTools...)
 	t0 := time.Now()
 	kernel, initrd, pkgRoot := vmBuild(t)
@@ -95,7 +103,7 @@ func startVM(t *testing.T, ns, bridge string) *vmHost {
 	}
 	args := []string{"qemu-system-x86_64", "-machine", "pc,accel=tcg", "-smp", "1", "-m", "1024",
 		"-nographic", "-no-reboot",
-		"-kernel", kernel, "-initrd", initrd, "-append", "console=ttyS0 quiet panic=-1",
+		"-kernel", kernel, "-initrd", initrd, "-append", strings.TrimSpace("console=ttyS0 quiet panic=-1 " + cmdline),
 		"-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",
 		"-virtfs", "local,path=" + v.work + ",mount_tag=work,security_model=none,multidevs=remap",
 		"-virtfs", "local,path=" + pkgRoot + ",mount_tag=kernel,security_model=none,readonly=on,multidevs=remap",
@@ -137,7 +145,7 @@ func startVM(t *testing.T, ns, bridge string) *vmHost {
 	deadline := time.Now().Add(vmBootTimeout)
 	for {
 		if b, err := os.ReadFile(v.file("ready")); err == nil {
-			t.Logf("VM: booted in %.1f s (rxe0 active at guest uptime %s s; build.sh %.1f s)",
+			t.Logf("VM: booted in %.1f s (agent ready at guest uptime %s s; build.sh %.1f s)",
 				time.Since(t1).Seconds(), strings.TrimSpace(string(b)), tBuild.Seconds())
 			booted = true
 			return v

@@ -50,14 +50,32 @@ type Kernel struct {
 	gid ipoib.GID
 	// TSOOn makes children advertise TSO.
 	TSOOn bool
-	// ModeOf is the parent's mode ("datagram").
+	// ModeOf is the parent's mode ("datagram"; SetConnected makes it
+	// "connected").
 	ModeOf string
+	// NoIPv6 is a kernel booted with ipv6.disable=1: no
+	// /proc/sys/net/ipv6 (inet6_init stops before ipv6_sysctl_register
+	// and addrconf_init).
+	NoIPv6 bool
+	// NoQueueFix is a kernel without commit dbc94a0fb817 ("IB/IPoIB:
+	// Fix queue count inconsistency for PKEY child interfaces", Linux
+	// 6.2): ipoib_link_ops has no get_num_rx_queues, so rtnl_create_link
+	// gives a netlink child one receive queue whatever its parent has.
+	NoQueueFix bool
+	// RefuseFewerQueues is mlx5's enhanced IPoIB from Linux 6.2:
+	// mlx5i_pkey_dev_init refuses (EINVAL) a child with fewer receive
+	// queues than its parent.
+	RefuseFewerQueues bool
 	// LinkQueue is how many link notifications a subscription holds
 	// unread before it overruns (LinkQueueLen when 0).
 	LinkQueue int
 	IBKnobs
 
-	mu         sync.Mutex
+	mu sync.Mutex
+	// udMTU is IPOIB_UD_MTU(max_ib_mtu), the port's: a child's MTU
+	// before its join and the most its join gives it, whatever the
+	// parent's mode (ipoib_child_init, ipoib_ndo_init).
+	udMTU      int
 	links      map[int]*link
 	next       int
 	nextQPN    uint32
@@ -92,8 +110,8 @@ var _ kf.Kernel = (*Kernel)(nil)
 // NewHost adds a host with port GID gid and an IPoIB parent interface
 // named parent with IPoIB MTU mtu, up, carrier on, datagram mode.
 func (f *Fabric) NewHost(gid ipoib.GID, parent string, mtu int) *Kernel {
-	k := &Kernel{f: f, gid: gid, ModeOf: "datagram", links: make(map[int]*link), next: 1, nextQPN: 0x100, sysctls: make(map[string]string)}
-	k.links[1] = &link{Link: kf.Link{Index: 1, Name: parent, Kind: "ipoib", MTU: mtu, HwAddr: ipoib.MakeHwAddr(0x80, 0x48, gid), Up: true, Carrier: true},
+	k := &Kernel{f: f, gid: gid, ModeOf: "datagram", udMTU: mtu, links: make(map[int]*link), next: 1, nextQPN: 0x100, sysctls: make(map[string]string)}
+	k.links[1] = &link{Link: kf.Link{Index: 1, Name: parent, Kind: "ipoib", MTU: mtu, HwAddr: ipoib.MakeHwAddr(0x80, 0x48, gid), Up: true, Carrier: true, RxQueues: 1},
 		pkey: ipoib.DefaultPKey, mc: make(map[ipoib.HwAddr]int)}
 	k.next = 2
 	f.mu.Lock()
@@ -136,7 +154,8 @@ func (k *Kernel) Links() ([]kf.Link, error) {
 // be an IPoIB interface that is no child (EINVAL), the P_Key gets the
 // full-membership bit and 0/0x8000 are refused; children created this way
 // may share a P_Key with the parent and each other (is_child_unique
-// checks only legacy sysfs children). Names are unique (EEXIST).
+// checks only legacy sysfs children). Names are unique (EEXIST) and
+// valid (EINVAL: validName).
 func (k *Kernel) AddChild(c kf.ChildSpec) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -150,19 +169,32 @@ func (k *Kernel) AddChild(c kf.ChildSpec) error {
 	if k.byName(c.Name) != nil {
 		return unix.EEXIST
 	}
-	if len(c.Name) > kf.MaxNameLen || c.Name == "" {
+	if !validName(c.Name) {
 		return unix.EINVAL
 	}
 	pkey := c.PKey | 0x8000
 	if pkey == 0x8000 {
 		return unix.EINVAL
 	}
+	rxq := p.RxQueues // ipoib_get_max_num_queues: the parent's, at least
+	if k.NoQueueFix {
+		rxq = 1
+	}
+	if k.RefuseFewerQueues && rxq < p.RxQueues {
+		return unix.EINVAL
+	}
 	k.nextQPN++
-	l := &link{Link: kf.Link{Index: k.next, ParentIndex: c.Parent, Name: c.Name, Kind: "ipoib", MTU: p.MTU,
+	l := &link{Link: kf.Link{Index: k.next, ParentIndex: c.Parent, Name: c.Name, Kind: "ipoib", MTU: k.udMTU, RxQueues: rxq,
 		HwAddr: ipoib.MakeHwAddr(0, k.nextQPN, k.gid)}, pkey: pkey, gro: true, mc: make(map[ipoib.HwAddr]int)}
 	k.links[k.next] = l
 	k.next++
 	return nil
+}
+
+// validName is net/core/dev.c dev_valid_name: 1 to IFNAMSIZ - 1 bytes,
+// not "." or "..", no '/', ':' or white space.
+func validName(name string) bool {
+	return name != "" && len(name) <= kf.MaxNameLen && name != "." && name != ".." && !strings.ContainsAny(name, "/: \t\n\v\f\r")
 }
 
 // DelLink deletes a link; sockets bound to it fail with ENETDOWN.
@@ -202,6 +234,51 @@ func (k *Kernel) withLink(index int, f func(*link)) error {
 	return nil
 }
 
+// SetRxQueues gives the parent n receive queues, as mlx5's enhanced
+// IPoIB does (one per channel), for children made after.
+func (k *Kernel) SetRxQueues(n int) {
+	k.mu.Lock()
+	k.links[1].RxQueues = n
+	k.mu.Unlock()
+}
+
+// SetParentUp sets the parent administratively up or down (ip link set
+// ib0 up/down): down, it loses IFF_LOWER_UP (dev_get_flags: not running)
+// and takes every child down with it (ipoib_stop: "Bring down any child
+// interfaces too"); up, it brings every child up again (ipoib_open),
+// each joining again.
+func (k *Kernel) SetParentUp(up bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if !up {
+		k.portState(false)
+	}
+	var changed []kf.Link
+	for _, l := range k.links {
+		l.Up = up
+		changed = append(changed, l.Link)
+	}
+	k.notify(changed)
+	if up {
+		k.portState(true)
+	}
+}
+
+// SetConnected puts the parent in connected mode as ipoib_set_mode
+// does: IPOIB_FLAG_ADMIN_CM set and the MTU raised to IPOIB_CM_MTU
+// (65520; the admin MTU being the largest). Children made after keep
+// the datagram mode their request asks for (IFLA_IPOIB_MODE 0:
+// ipoib_changelink) and the port's UD MTU (ipoib_child_init copies
+// max_ib_mtu, not the parent's MTU).
+func (k *Kernel) SetConnected() {
+	k.mu.Lock()
+	k.ModeOf = "connected"
+	p := k.links[1]
+	p.MTU = 65520
+	k.notify([]kf.Link{p.Link})
+	k.mu.Unlock()
+}
+
 // Mode returns ModeOf for the parent and "datagram" for children.
 func (k *Kernel) Mode(name string) (string, error) {
 	k.mu.Lock()
@@ -218,8 +295,8 @@ func (k *Kernel) Mode(name string) (string, error) {
 
 // WriteSysctl records a write to an entry of /proc/sys/net/ipv4/conf/DEV
 // or /proc/sys/net/ipv6/conf/DEV (DEV a link, "all" or "default"); any
-// other path, a missing device or a key the kernel does not have there
-// is ENOENT, as proc_sys_lookup finds no entry (devinet_sysctl_register,
+// other path, any IPv6 path under NoIPv6, a missing device or a key the
+// kernel does not have there is ENOENT, as proc_sys_lookup finds no entry (devinet_sysctl_register,
 // addrconf_sysctl_register make one directory a device).
 func (k *Kernel) WriteSysctl(path, value string) error {
 	k.mu.Lock()
@@ -228,12 +305,15 @@ func (k *Kernel) WriteSysctl(path, value string) error {
 	fam, rest, _ := strings.Cut(rest, "/")
 	rest, ok2 := strings.CutPrefix(rest, "conf/")
 	dev, key, _ := strings.Cut(rest, "/")
-	if !ok || !ok2 || !confKeys[fam][key] || dev != "all" && dev != "default" && k.byName(dev) == nil {
+	if !ok || !ok2 || !confKeys[fam][key] || dev != "all" && dev != "default" && k.byName(dev) == nil || fam == "ipv6" && k.NoIPv6 {
 		return unix.ENOENT
 	}
 	k.sysctls[path] = value
 	return nil
 }
+
+// HasIPv6 is !NoIPv6.
+func (k *Kernel) HasIPv6() (bool, error) { return !k.NoIPv6, nil }
 
 // confKeys are the per-device entries the fake knows, a part of
 // net/ipv4/devinet.c devinet_sysctl and net/ipv6/addrconf.c

@@ -191,7 +191,7 @@ func (k *Kernel) join(l *link, gen int) {
 			return // ib_attach_mcast failed: "couldn't attach QP to multicast group"
 		}
 	}
-	mtu := p.MTU
+	mtu := k.udMTU
 	if g, ok := k.f.groupIBMTU(l.pkey); ok {
 		mtu = min(mtu, g-ipoib.HeaderLen)
 	}
