@@ -38,7 +38,7 @@ lint:
 ## the hardware kit's self-tests (the kit sets eipoibd's flags itself),
 ## make demo's (the demo sets them too) and the guest TCP tests that run
 ## both offload settings themselves.
-ONCE_TESTS  := TestVMRxe|TestVerbsRxe|TestIPoIBNetlinkVM|TestVLANFilterVM|TestKernelBackendNoIPv6VM|TestHWKit|TestLibvirt|TestDemo|TestOVSKernelDatapathVM|TestOVSGuestTCP|TestBridgeGuestTCPPortMTU
+ONCE_TESTS  := TestVMRxe|TestVerbsRxe|TestIPoIBNetlinkVM|TestVLANFilterVM|TestKernelBackendNoIPv6VM|TestHWKit|TestLibvirt|TestDemo|TestOVSGuestTCP|TestBridgeGuestTCPPortMTU
 
 ## unit: every Go test; the race detector on all but the netns tests,
 ## which drive real daemons and tools, with the TAP's offloads on (the
