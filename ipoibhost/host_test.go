@@ -12,6 +12,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/eipoib/eipoibd/internal/csum"
+	"github.com/eipoib/eipoibd/internal/testutil"
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/ipoib/memfabric"
 	"github.com/eipoib/eipoibd/tap"
@@ -74,7 +75,7 @@ func startHosts(t *testing.T, addrs ...[]netip.Prefix) []*testHost {
 	}
 	t.Cleanup(func() { cancel(); wg.Wait() })
 	for i, th := range hosts {
-		waitFor(t, th.ready, fmt.Sprintf("host %d's QP, addresses and groups", i))
+		testutil.WaitFor(t, fmt.Sprintf("host %d's QP, addresses and groups", i), th.ready)
 	}
 	return hosts
 }
@@ -134,7 +135,7 @@ func expect(t *testing.T, dev *tap.Mem, want []byte) {
 		if string(got) != string(want) {
 			t.Fatalf("device got % x\nwant % x", got, want)
 		}
-	case <-time.After(settle):
+	case <-time.After(testutil.Settle):
 		t.Fatalf("device got nothing, want % x", want)
 	}
 }
@@ -180,7 +181,7 @@ func TestMulticastAndBroadcast(t *testing.T) {
 	group := netip.MustParseAddr("239.1.2.3")
 	b.link.set(LinkState{Addrs: []netip.Prefix{b4}, Groups: []netip.Addr{group}})
 	mgid := groupMGID(group, ipoib.DefaultPKey, ipoib.ScopeLinkLocal)
-	waitFor(t, func() bool { return b.port.Joined(mgid) }, "B joins "+mgid.String())
+	testutil.WaitFor(t, "B joins "+mgid.String(), func() bool { return b.port.Joined(mgid) })
 	p := udp(a4.Addr(), group, "to the group")
 	a.dev.Inject(p)
 	expect(t, b.dev, p)
@@ -188,7 +189,7 @@ func TestMulticastAndBroadcast(t *testing.T) {
 	a.dev.Inject(bc)
 	expect(t, b.dev, bc)
 	b.link.set(LinkState{Addrs: []netip.Prefix{b4}})
-	waitFor(t, func() bool { return !b.port.Joined(mgid) }, "B leaves "+mgid.String())
+	testutil.WaitFor(t, "B leaves "+mgid.String(), func() bool { return !b.port.Joined(mgid) })
 	if got := a.Get(TxMulticast) + a.Get(TxBroadcast); got != 2 {
 		t.Errorf("A sent %d multicast and broadcast packets, want 2", got)
 	}
@@ -202,24 +203,8 @@ func TestUnresolved(t *testing.T) {
 	for range 4 {
 		a.dev.Inject(udp(netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.9"), "x"))
 	}
-	waitFor(t, func() bool { return a.Get(DropUnresolved) == 4 }, "4 packets dropped as unresolved")
+	testutil.WaitFor(t, "4 packets dropped as unresolved", func() bool { return a.Get(DropUnresolved) == 4 })
 	if q, r := a.Get(TxQueued), a.Get(ARPRequests); q != 3 || r != 3 {
 		t.Errorf("tx_queued %d, arp_requests %d; want 3 and 3", q, r)
-	}
-}
-
-// settle bounds a wait for a state the test expects: generous, since it
-// only runs out when the state never comes, and a loaded machine may
-// take seconds to schedule the goroutine that makes it.
-const settle = 20 * time.Second
-
-func waitFor(t *testing.T, cond func() bool, what string) {
-	t.Helper()
-	deadline := time.Now().Add(settle)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }

@@ -16,6 +16,8 @@ declare -A pkg=([ip]=iproute2 [nstat]=iproute2 [ping]=iputils-ping [arping]=arpi
   [qemu-system-x86_64]=qemu-system-x86 [cpio]=cpio [modprobe]=kmod [depmod]=kmod [xz]=xz-utils
   [ibv_devinfo]=ibverbs-utils [gcc]=gcc [systemd-analyze]=systemd)
 pkg+=([prometheus]=prometheus [promtool]=prometheus) # TestPrometheus, TestPrometheusRules (deploy/prometheus, deploy/grafana)
+pkg+=([stress-ng]=stress-ng) # make test-load's CPU hogs
+pkg+=([socat]=socat [jq]=jq [gnuplot]=gnuplot-nox [bc]=bc [flock]=util-linux) # scripts/soak.sh
 pkg+=([libvirtd]=libvirt-daemon-system [virtlogd]=libvirt-daemon-system [virsh]=libvirt-clients) # TestLibvirt, and TestVLANFilterVM in the QEMU guest
 # Packages with no command to look for (libraries, providers, a static
 # busybox where a dynamic one may be installed): installed or not.

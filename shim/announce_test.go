@@ -5,9 +5,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/eipoib/eipoibd/ether"
 	"github.com/gopacket/gopacket"
 	"github.com/gopacket/gopacket/layers"
+
+	"github.com/eipoib/eipoibd/ether"
+	"github.com/eipoib/eipoibd/internal/testutil"
 )
 
 // announcements returns the announcements of ip delivered to h within
@@ -52,7 +54,7 @@ func announceSteps(t *testing.T, a, b *hv, ip netip.Addr, from uint64, per int) 
 			a.clk.Advance(time.Second)
 		}
 		a.waitCounter(t, TxAnnounced, from+uint64(per*i))
-		k, s := announcements(t, b, ip, 1, settle)
+		k, s := announcements(t, b, ip, 1, testutil.Settle)
 		n, src = n+k, s
 	}
 	return n, src

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/eipoib/eipoibd/ether"
+	"github.com/eipoib/eipoibd/internal/testutil"
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/ipoib/memfabric"
 	"github.com/eipoib/eipoibd/ipoib/simfabric"
@@ -283,7 +284,7 @@ func TestSlowControlPlane(t *testing.T) {
 		select {
 		case n := <-rest:
 			take(n)
-		case <-time.After(settle):
+		case <-time.After(testutil.Settle):
 			t.Fatalf("the new guest's frame %d never arrived (counters %v)", len(got), a.s.Counters())
 		}
 	}
@@ -326,10 +327,10 @@ func TestSlowLeaveAndFree(t *testing.T) {
 	a.dev.Inject(igmpReport(t, macA2, 4, g)) // CHANGE_TO_EXCLUDE {}: a join
 	select {
 	case <-rest:
-	case <-time.After(settle):
+	case <-time.After(testutil.Settle):
 		t.Fatalf("A2's frame never arrived (counters %v)", a.s.Counters())
 	}
-	waitFor(t, "A2's group joined", func() bool { return a.port.Joined(mgid) })
+	testutil.WaitFor(t, "A2's group joined", func() bool { return a.port.Joined(mgid) })
 
 	// The start-up general queries (IGMP and MLD, one partition) come
 	// from the housekeeping goroutine whenever it first runs; the clock
@@ -417,7 +418,7 @@ func TestRefusedQP(t *testing.T) {
 	bp.refuseAlloc.Store(false)
 	bp.slow.Store(false)
 	a.clk.Advance(vifRefusedFor)
-	waitFor(t, "the refusal forgotten", func() bool {
+	testutil.WaitFor(t, "the refusal forgotten", func() bool {
 		return len(*a.s.newVIFs.refused.Load()) == 0
 	})
 	a.dev.Inject(udpFrom(t, macA2, remacB1, ipA2, 0))
@@ -426,7 +427,7 @@ func TestRefusedQP(t *testing.T) {
 		if n != 0 {
 			t.Fatalf("frame %d, want 0", n)
 		}
-	case <-time.After(settle):
+	case <-time.After(testutil.Settle):
 		t.Fatalf("the guest was not tried again (counters %v)", a.s.Counters())
 	}
 }
@@ -446,7 +447,7 @@ func TestRefusedJoin(t *testing.T) {
 	for seq := range 20 {
 		pingA1(t, a, first, remacB1, seq)
 	}
-	waitFor(t, "both joins refused", func() bool { return a.s.Counters()["groups_refused_sa_refused"] == 2 })
+	testutil.WaitFor(t, "both joins refused", func() bool { return a.s.Counters()["groups_refused_sa_refused"] == 2 })
 	c := a.s.Counters()
 	if a.port.Joined(ipoib.IPv4MGID(g, 0xffff, 2)) || c["snooped_groups"] != 0 || c["snooped_groups_join_failed"] != 1 || c["drop_no_group"] != 1 || c["mcast_joins"] != 0 {
 		t.Fatalf("after the refused joins: counters %v", c)
@@ -463,7 +464,7 @@ func TestRefusedJoin(t *testing.T) {
 func TestHeldWhileMadeReady(t *testing.T) {
 	f := memFab(t, 2048)
 	s, port := stillShim(t, f.Fabric, "fe80::a", func(c *Config) { c.MaxVIFs = 1 })
-	far, _ := f.NewPort(gidOf("fe80::b"))
+	far, _ := f.NewPort(testutil.GID("fe80::b"))
 	qfar, _ := far.AllocQP(0xffff, 0)
 	nb, err := s.neigh.Learn(0xffff, ipoib.MakeHwAddr(0, qfar, far.LocalGID()), s.clk.Now())
 	if err != nil {
@@ -501,7 +502,7 @@ func TestHeldPacketsKeepTailRoom(t *testing.T) {
 	s, _ := stillShim(t, f.Fabric, "fe80::a", nil)
 	b := newTxBatch(1)
 	txFrame(s, b, arpFrame(t, 1, macA1, ipA1, ether.Broadcast, ether.MAC{}, ipB1)) // A1's VIF
-	remac := mactrans.DeriveREMAC(gidOf("fe80::b"), 0x77, 0)
+	remac := mactrans.DeriveREMAC(testutil.GID("fe80::b"), 0x77, 0)
 	send := func(frame []byte) {
 		buf := make([]byte, devBufSize)
 		copy(buf[devHeadroom:], frame)
@@ -523,5 +524,23 @@ func TestHeldPacketsKeepTailRoom(t *testing.T) {
 		if room := cap(h.buf) - len(h.buf); room < simfabric.TailRoom {
 			t.Errorf("a held packet has %d bytes after it, the simulated fabric needs %d", room, simfabric.TailRoom)
 		}
+	}
+}
+
+// TestHeldFramesOneWrite: a new guest's held frames go to the port in one
+// write once its VIF is made, not one write each.
+func TestHeldFramesOneWrite(t *testing.T) {
+	s, hp, f := hookShim(t)
+	remac := knownRemote(t, s, f)
+	b := newTxBatch(1)
+	const held = 4
+	for i := range held {
+		txOnly(s, b, udpFrom(t, macA1, remac, ipA1, i))
+	}
+	var writes []int
+	hp.onWrite = func(meta []ipoib.TxMeta) { writes = append(writes, len(meta)) }
+	s.runIntents(nil) // the VIF made, its held frames sent
+	if !slices.Equal(writes, []int{held}) || s.Get(TxForwarded) != held {
+		t.Fatalf("writes of %v packets, counters %v; want one write of %d", writes, s.Counters(), held)
 	}
 }

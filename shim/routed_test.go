@@ -5,6 +5,7 @@ import (
 
 	"github.com/eipoib/eipoibd/ether"
 	"github.com/eipoib/eipoibd/internal/routedtest"
+	"github.com/eipoib/eipoibd/internal/testutil"
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/mactrans"
 )
@@ -19,7 +20,7 @@ import (
 func TestRouted(t *testing.T) {
 	run := func(t *testing.T, f fabric) {
 		h := newHV(t, f, "fe80::a", nil)
-		s := routedtest.Setup{Guest: h.dev, Counters: h.s.Counters, Joined: h.port.Joined, Router: f.port(t, gidOf("fe80::1"))}
+		s := routedtest.Setup{Guest: h.dev, Counters: h.s.Counters, Joined: h.port.Joined, Router: f.port(t, testutil.GID("fe80::1"))}
 		if f.hidesSources() {
 			s.Anon = mactrans.DeriveREMAC(ipoib.BroadcastMGID(ipoib.DefaultPKey, ipoib.ScopeLinkLocal), ipoib.MulticastQPN, 0)
 		}

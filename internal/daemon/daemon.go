@@ -272,9 +272,13 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer sw.detach()
+	var saver *stateSaver
+	if cfg.Persist {
+		saver = &stateSaver{path: statePath(&cfg), tap: cfg.Name, sh: sh, log: log}
+	}
 	if cfg.CtlDir != "" {
 		path := ctl.Path(cfg.CtlDir, cfg.Name)
-		srv, err := ctl.Listen(path, &ctlHandler{sh: sh, name: cfg.Name, fab: cfg.Fabric, dev: fabDev})
+		srv, err := ctl.Listen(path, &ctlHandler{sh: sh, name: cfg.Name, fab: cfg.Fabric, dev: fabDev, saver: saver})
 		if err != nil {
 			return err
 		}
@@ -319,8 +323,8 @@ func Run(ctx context.Context, cfg Config) error {
 	saverDone := make(chan struct{})
 	go func() {
 		defer close(saverDone)
-		if cfg.Persist {
-			(&stateSaver{path: statePath(&cfg), tap: cfg.Name, sh: sh, log: log}).run(saveCtx)
+		if saver != nil {
+			saver.run(saveCtx)
 		} else {
 			<-saveCtx.Done()
 		}

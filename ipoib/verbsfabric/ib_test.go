@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/eipoib/eipoibd/internal/testutil"
 	"github.com/eipoib/eipoibd/ipoib"
 )
 
@@ -68,18 +69,6 @@ func send(t *testing.T, p *Port, src uint32, pkey ipoib.PKey, dst ipoib.HwAddr, 
 		time.Sleep(5 * time.Millisecond)
 	}
 	return pkt[ipoib.Headroom:]
-}
-
-// waitFor polls cond for up to 2 s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(2 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
 }
 
 // ahsTo is the paths of d's address handles to gid.
@@ -241,7 +230,7 @@ func TestItem7QKeyAndMTUFromBroadcastGroup(t *testing.T) {
 	// The receiver's check bites: a QP with the default Q_Key gets nothing.
 	n.d2.setQKey(q2, ipoib.QKey)
 	n.p1.Write([][]byte{packet(100, 0)}, []ipoib.TxMeta{{Dst: dst, SrcQPN: q1, PKey: 0xffff}}, ipoib.Headroom)
-	waitFor(t, "a Q_Key drop", func() bool {
+	testutil.WaitFor(t, "a Q_Key drop", func() bool {
 		n.d2.mu.Lock()
 		defer n.d2.mu.Unlock()
 		return n.d2.qkeyDrop == 1
@@ -305,7 +294,7 @@ func groupSetup(t *testing.T, sm *fakeSM) (ibNet, uint32, uint32, ipoib.GID) {
 	n := newIBNet(t, sm, []ipoib.PKey{0xffff}, 0xffff)
 	q1, _ := n.p1.AllocQP(0xffff, 0)
 	q2, _ := n.p2.AllocQP(0xffff, 0)
-	g := ipoib.MakeHwAddr(0, 0, gid("ff:12:40:1b:ff:ff:00:00:00:00:00:00:01:02:03:04")).GID()
+	g := testutil.GID("ff12:401b:ffff::102:304")
 	bcast := ipoib.BroadcastMGID(0xffff, ipoib.ScopeLinkLocal)
 	for _, p := range []*Port{n.p1, n.p2} {
 		for _, m := range []ipoib.GID{bcast, g} {
@@ -358,7 +347,7 @@ func TestClientReregisterRejoinsAndRekeys(t *testing.T) {
 		}
 		return d.qkeyOf(q) == 0x00BEEF00 && p.Counters().Stats["flushes"] == 1
 	}
-	waitFor(t, "both ports' rejoins with the new MLIDs and Q_Key, and their flushes", func() bool {
+	testutil.WaitFor(t, "both ports' rejoins with the new MLIDs and Q_Key, and their flushes", func() bool {
 		return rejoined(n.p1, n.d1, q1) && rejoined(n.p2, n.d2, q2)
 	})
 	pkt := send(t, n.p1, q1, 0xffff, dst, 200, 2)
@@ -381,7 +370,7 @@ func TestItem9MulticastErrorRejoins(t *testing.T) {
 	gq := groupQPOf(n.p1, 0xffff)
 	before, _ := n.d1.attachedMLID(g, gq)
 	sm.dropGroup(g)
-	waitFor(t, "the rejoin", func() bool {
+	testutil.WaitFor(t, "the rejoin", func() bool {
 		l, ok := n.d1.attachedMLID(g, gq)
 		joined, _ := n.s1.member(g)
 		return ok && l != before && joined
@@ -404,7 +393,7 @@ func TestItem9PKeyChange(t *testing.T) {
 	n.d1.table = []ipoib.PKey{0xffff, 0x8002, 0x8001}
 	n.d1.mu.Unlock()
 	n.d1.raise(eventPKeyChange)
-	waitFor(t, "the flush", func() bool { return n.p1.Counters().Stats["flushes"] == 1 })
+	testutil.WaitFor(t, "the flush", func() bool { return n.p1.Counters().Stats["flushes"] == 1 })
 	q2, err := n.p1.AllocQP(0x8001, 0)
 	if i := n.d1.pkeyIndexOf(q2); err != nil || i != 2 {
 		t.Fatalf("after the change: %v, index %d", err, i)
@@ -429,7 +418,7 @@ func TestItem10SendOnlyFallback(t *testing.T) {
 			n := newIBNet(t, sm, []ipoib.PKey{0xffff}, 0xffff)
 			n.s1.newKernel = c.newKernel
 			q1, _ := n.p1.AllocQP(0xffff, 0)
-			g := ipoib.MakeHwAddr(0, 0, gid("ff:12:40:1b:ff:ff:00:00:00:00:00:00:0a:0b:0c:0d")).GID()
+			g := testutil.GID("ff12:401b:ffff::a0b:c0d")
 			if err := n.p2.Join(g); err != nil {
 				t.Fatal(err)
 			}

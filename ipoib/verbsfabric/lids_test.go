@@ -3,6 +3,7 @@ package verbsfabric
 import (
 	"testing"
 
+	"github.com/eipoib/eipoibd/internal/testutil"
 	"github.com/eipoib/eipoibd/ipoib"
 )
 
@@ -54,7 +55,7 @@ func TestSenderWithoutGRH(t *testing.T) {
 	expect("unicast after the sender's multicast", ipoib.RxMeta{Src: from2}, 1, 1)
 
 	n.d1.events <- asyncEvent{ev: eventLIDChange, port: 1}
-	waitFor(t, "the flush", func() bool { return n.p1.Counters().Stats["flushes"] == 1 })
+	testutil.WaitFor(t, "the flush", func() bool { return n.p1.Counters().Stats["flushes"] == 1 })
 	send(t, n.p2, q2, 0xffff, to1, 300, 4)
 	expect("unicast after a LID change", ipoib.RxMeta{SrcUnknown: true}, 1, 2)
 

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/eipoib/eipoibd/internal/routedtest"
+	"github.com/eipoib/eipoibd/internal/testutil"
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/shim"
 	"github.com/eipoib/eipoibd/tap"
@@ -37,6 +38,6 @@ func TestRoutedWithoutGRH(t *testing.T) {
 			t.Errorf("shim: %v", err)
 		}
 	})
-	waitFor(t, "the guest's carrier", dev.Carrier)
+	testutil.WaitFor(t, "the guest's carrier", dev.Carrier)
 	routedtest.Run(t, routedtest.Setup{Guest: dev, Counters: s.Counters, Joined: n.p1.groups.Full, Router: n.p2})
 }
