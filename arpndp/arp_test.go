@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"errors"
 	"testing"
+
+	"github.com/eipoib/eipoibd/internal/testutil"
 )
 
 // RFC 826 Ethernet ARP request 10.0.0.1 (52:54:00:00:00:01) asking for
@@ -24,17 +26,17 @@ const (
 func TestARPVectors(t *testing.T) {
 	tr := newTr()
 	// RFC 4391 §9.2: Ethernet request → IPoIB request.
-	got, err := ARPToIB(roomy(unhex(t, arpEthRequest)), tr)
-	if err != nil || !bytes.Equal(got, unhex(t, arpIBRequest)) {
-		t.Fatalf("ARPToIB = %x, %v\nwant     %x", got, err, unhex(t, arpIBRequest))
+	got, err := ARPToIB(roomy(testutil.Unhex(t, arpEthRequest)), tr)
+	if err != nil || !bytes.Equal(got, testutil.Unhex(t, arpIBRequest)) {
+		t.Fatalf("ARPToIB = %x, %v\nwant     %x", got, err, testutil.Unhex(t, arpIBRequest))
 	}
 	// RFC 4391 §9.2: IPoIB reply → Ethernet reply.
-	got, err = ARPToEth(roomy(unhex(t, arpIBReply)), tr)
-	if err != nil || !bytes.Equal(got, unhex(t, arpEthReply)) {
-		t.Fatalf("ARPToEth = %x, %v\nwant      %x", got, err, unhex(t, arpEthReply))
+	got, err = ARPToEth(roomy(testutil.Unhex(t, arpIBReply)), tr)
+	if err != nil || !bytes.Equal(got, testutil.Unhex(t, arpEthReply)) {
+		t.Fatalf("ARPToEth = %x, %v\nwant      %x", got, err, testutil.Unhex(t, arpEthReply))
 	}
 	// An Ethernet frame's padding after the ARP packet is ignored.
-	padded := append(unhex(t, arpEthRequest), make([]byte, 18)...)
+	padded := append(testutil.Unhex(t, arpEthRequest), make([]byte, 18)...)
 	if got, err := ARPToIB(roomy(padded), tr); err != nil || len(got) != ARPIBLen {
 		t.Fatalf("padded request: %d bytes, %v", len(got), err)
 	}
@@ -43,10 +45,10 @@ func TestARPVectors(t *testing.T) {
 func TestARPRoundTrip(t *testing.T) {
 	tr := newTr()
 	for _, name := range []string{"request", "reply", "rarp-request", "rarp-reply"} {
-		orig := unhex(t, arpEthReply)
+		orig := testutil.Unhex(t, arpEthReply)
 		switch name {
 		case "request":
-			orig = unhex(t, arpEthRequest)
+			orig = testutil.Unhex(t, arpEthRequest)
 		case "rarp-request":
 			orig[7] = OpRARPRequest
 		case "rarp-reply":
@@ -65,7 +67,7 @@ func TestARPRoundTrip(t *testing.T) {
 
 func TestARPBadInput(t *testing.T) {
 	tr := newTr()
-	eth := func(f func(b []byte)) []byte { b := unhex(t, arpEthRequest); f(b); return b }
+	eth := func(f func(b []byte)) []byte { b := testutil.Unhex(t, arpEthRequest); f(b); return b }
 	tests := []struct {
 		name string
 		pkt  []byte
@@ -73,20 +75,20 @@ func TestARPBadInput(t *testing.T) {
 		want Reason
 	}{
 		{"empty", nil, ARPToIB, ErrTruncated},
-		{"truncated header", unhex(t, arpEthRequest)[:7], ARPToIB, ErrTruncated},
-		{"truncated addresses", unhex(t, arpEthRequest)[:27], ARPToIB, ErrTruncated},
-		{"truncated IB", unhex(t, arpIBReply)[:55], ARPToEth, ErrTruncated},
+		{"truncated header", testutil.Unhex(t, arpEthRequest)[:7], ARPToIB, ErrTruncated},
+		{"truncated addresses", testutil.Unhex(t, arpEthRequest)[:27], ARPToIB, ErrTruncated},
+		{"truncated IB", testutil.Unhex(t, arpIBReply)[:55], ARPToEth, ErrTruncated},
 		{"hw len 8", eth(func(b []byte) { b[4] = 8 }), ARPToIB, ErrBadHwLen},
 		{"hw len 0", eth(func(b []byte) { b[4] = 0 }), ARPToIB, ErrBadHwLen},
 		{"hw len 20 on Ethernet type", eth(func(b []byte) { b[4] = 20 }), ARPToIB, ErrBadHwLen},
 		{"hw type 6", eth(func(b []byte) { b[1] = 6 }), ARPToIB, ErrBadHwType},
-		{"IB packet to IB", unhex(t, arpIBReply), ARPToIB, ErrBadHwType},
-		{"Eth packet to Eth", unhex(t, arpEthReply), ARPToEth, ErrBadHwType},
+		{"IB packet to IB", testutil.Unhex(t, arpIBReply), ARPToIB, ErrBadHwType},
+		{"Eth packet to Eth", testutil.Unhex(t, arpEthReply), ARPToEth, ErrBadHwType},
 		{"IPv6 protocol", eth(func(b []byte) { b[2], b[3] = 0x86, 0xdd }), ARPToIB, ErrBadProto},
 		{"plen 16", eth(func(b []byte) { b[5] = 16 }), ARPToIB, ErrBadProto},
 		{"op 9", eth(func(b []byte) { b[7] = 9 }), ARPToIB, ErrBadOp},
 		{"unknown sender", eth(func(b []byte) { b[8] = 0xee }), ARPToIB, ErrUnknownAddr},
-		{"reply to unknown target", unhex(t, `0001 0800 06 04 0002 | 525400000001 | 0a000001 | 0000000000aa | 0a000002`), ARPToIB, ErrUnknownAddr},
+		{"reply to unknown target", testutil.Unhex(t, `0001 0800 06 04 0002 | 525400000001 | 0a000001 | 0000000000aa | 0a000002`), ARPToIB, ErrUnknownAddr},
 	}
 	var c Counters
 	for _, tc := range tests {
@@ -102,7 +104,7 @@ func TestARPBadInput(t *testing.T) {
 		t.Errorf("counters %v", c.Snapshot())
 	}
 	// No room to grow.
-	if _, err := ARPToIB(unhex(t, arpEthRequest), tr); !errors.Is(err, ErrNoRoom) {
+	if _, err := ARPToIB(testutil.Unhex(t, arpEthRequest), tr); !errors.Is(err, ErrNoRoom) {
 		t.Errorf("no capacity: %v", err)
 	}
 	// A request to an unknown target MAC still goes out, target zeroed.

@@ -1,10 +1,14 @@
 package arpndp
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/eipoib/eipoibd/internal/testutil"
+)
 
 func BenchmarkARPRewrite(b *testing.B) {
 	tr := newTr()
-	orig := unhex(b, arpEthReply)
+	orig := testutil.Unhex(b, arpEthReply)
 	buf := make([]byte, ARPIBLen)
 	b.ReportAllocs()
 	b.SetBytes(int64(len(orig)))

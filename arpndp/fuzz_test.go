@@ -8,6 +8,7 @@ import (
 
 	"github.com/eipoib/eipoibd/ether"
 	"github.com/eipoib/eipoibd/internal/csum"
+	"github.com/eipoib/eipoibd/internal/testutil"
 	"github.com/eipoib/eipoibd/ipoib"
 )
 
@@ -24,7 +25,7 @@ func mustReason(t *testing.T, err error) {
 
 func arpSeeds(f *testing.F) {
 	for _, s := range []string{arpEthRequest, arpEthReply, arpIBRequest, arpIBReply} {
-		f.Add(unhex(f, s))
+		f.Add(testutil.Unhex(f, s))
 	}
 	f.Add([]byte{0, 1, 8, 0, 6, 4, 0, 1})
 	f.Add([]byte{0, 32, 8, 0, 20, 4, 0, 2, 1})

@@ -2,9 +2,7 @@ package arpndp
 
 import (
 	"encoding/binary"
-	"encoding/hex"
 	"net/netip"
-	"strings"
 	"testing"
 
 	"github.com/gopacket/gopacket"
@@ -12,6 +10,7 @@ import (
 
 	"github.com/eipoib/eipoibd/ether"
 	"github.com/eipoib/eipoibd/internal/csum"
+	"github.com/eipoib/eipoibd/internal/testutil"
 	"github.com/eipoib/eipoibd/ipoib"
 )
 
@@ -27,8 +26,8 @@ func (m *mapTr) IBToEth(h ipoib.HwAddr) (ether.MAC, bool)   { e, ok := m.i2e[h];
 var (
 	guestMAC  = ether.MAC{0x52, 0x54, 0, 0, 0, 1}
 	remoteMAC = ether.MAC{0x02, 0xaa, 0xbb, 0xcc, 0xdd, 0xee}
-	guestHw   = ipoib.MakeHwAddr(0, 0x148, ipoib.GID(netip.MustParseAddr("fe80::1").As16()))
-	remoteHw  = ipoib.MakeHwAddr(0, 0x249, ipoib.GID(netip.MustParseAddr("fe80::2").As16()))
+	guestHw   = ipoib.MakeHwAddr(0, 0x148, testutil.GID("fe80::1"))
+	remoteHw  = ipoib.MakeHwAddr(0, 0x249, testutil.GID("fe80::2"))
 )
 
 func newTr() *mapTr {
@@ -36,17 +35,6 @@ func newTr() *mapTr {
 		e2i: map[ether.MAC]ipoib.HwAddr{guestMAC: guestHw, remoteMAC: remoteHw},
 		i2e: map[ipoib.HwAddr]ether.MAC{guestHw: guestMAC, remoteHw: remoteMAC},
 	}
-}
-
-// unhex decodes hex with spaces, newlines and | allowed as separators.
-func unhex(t testing.TB, s string) []byte {
-	t.Helper()
-	r := strings.NewReplacer(" ", "", "\n", "", "\t", "", "|", "")
-	b, err := hex.DecodeString(r.Replace(s))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
 }
 
 // roomy returns a copy of b with spare capacity to grow into.

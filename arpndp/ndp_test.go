@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"errors"
 	"testing"
+
+	"github.com/eipoib/eipoibd/internal/testutil"
 )
 
 func TestNDPVector(t *testing.T) {
@@ -11,7 +13,7 @@ func TestNDPVector(t *testing.T) {
 	// RFC 4391 §9.3.1 option: type 1, length 3, 2 zero bytes, 20-byte address.
 	body := ndpBodies()[TypeNeighborSolicitation]
 	eth := ndpPacket(TypeNeighborSolicitation, body, ethOpt(OptSLLA, guestMAC))
-	want := ndpPacket(TypeNeighborSolicitation, body, unhex(t, `01 03 0000 00000148 fe800000000000000000000000000001`))
+	want := ndpPacket(TypeNeighborSolicitation, body, testutil.Unhex(t, `01 03 0000 00000148 fe800000000000000000000000000001`))
 	got, err := NDPToIB(roomy(eth), newTr())
 	if err != nil || !bytes.Equal(got, want) {
 		t.Fatalf("NDPToIB\n got %x %v\nwant %x", got, err, want)

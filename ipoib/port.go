@@ -8,11 +8,13 @@ type RxMeta struct {
 	// It is zero when SrcUnknown is set.
 	Src HwAddr
 	// SrcUnknown says the port cannot tell the sender: the kernel's
-	// IPoIB driver hands packet sockets no source address. The shim then
-	// finds the sender from the ARP/NDP payloads it has seen (the
-	// sender's address is in every ARP packet and most NDP ones) and the
-	// packet's source IP, and resolves a source it has not seen instead
-	// of guessing.
+	// IPoIB driver hands packet sockets no source address, and a verbs
+	// packet without a GRH names only the sender's LID, which the port
+	// may never have seen. The shim then finds the sender from the
+	// ARP/NDP payloads it has seen (the sender's address is in every ARP
+	// packet and most NDP ones) and the packet's source IP, and delivers
+	// a packet from a source it has not seen (routed from another
+	// subnet) under a stand-in source MAC, never drops it.
 	SrcUnknown bool
 	// DstQPN is the receiving QP, or MulticastQPN for a multicast packet.
 	DstQPN uint32
@@ -109,10 +111,11 @@ type Offloads struct {
 // for its transport headers (BTH 12 + DETH 8, rounded up).
 const Headroom = 32
 
-// Port is one IB port with UD QPs, the fabric side of the shim. It is
-// batch-shaped: Read fills up to len(bufs) packets; Write takes a batch of
+// DataPort is the data half of a Port, what a data path holds: it is
+// batch-shaped. Read fills up to len(bufs) packets; Write takes a batch of
 // any length and moves it BatchSize packets per system call (or work
-// request batch), so a caller never has to split its batches.
+// request batch), so a caller never has to split its batches. None of its
+// calls waits on the fabric.
 //
 // In Write, bufs[i][offset:] holds the IPoIB header and payload; bytes
 // before offset (at least Headroom) are scratch space for the port.
@@ -125,13 +128,35 @@ const Headroom = 32
 // bufs[i][offset:], sets sizes[i] and meta[i], and returns how many it
 // filled; offset leaves room for the shim to push an Ethernet header in
 // place.
-//
-// After Close, Read and Write return net.ErrClosed.
-type Port interface {
+type DataPort interface {
 	Read(bufs [][]byte, sizes []int, meta []RxMeta, offset int) (n int, err error)
 	Write(bufs [][]byte, meta []TxMeta, offset int) (n int, err error)
 	BatchSize() int
+	// LocalGID is the port GID (the GID half of every local LIMAC).
+	LocalGID() GID
+	// MTU is the IB MTU (2048 or 4096); the IPoIB MTU is 4 less.
+	MTU() int
+	// Offloads says whether the port takes super-packets; the shim cuts
+	// them to the MTU itself for a port that does not.
+	Offloads() Offloads
+	// Counters returns a snapshot of the port's counters.
+	Counters() PortCounters
+	// Events reports the port's state changes (see Event), as
+	// wireguard-go's tun.Device.Events reports a TUN's: the first event
+	// is the link state at the time the port was made, later ones come
+	// as the backend learns of changes. The channel is buffered and a
+	// backend never blocks on it: events of one state (the link, one
+	// partition's MTU) that the reader has not taken are coalesced to
+	// the latest (see EventQueue). It is closed on Close, and every call
+	// returns the same channel.
+	Events() <-chan Event
+}
 
+// ControlPort is the control half of a Port: the calls that change the
+// port's QPs, groups and partitions, or learn of them, and close it. On
+// hardware each may wait on the fabric for milliseconds to seconds (an
+// SA round trip, a netlink request), so a data path never holds one.
+type ControlPort interface {
 	// AllocQP creates a UD QP in partition pkey and returns its QPN. hint
 	// is the QPN the caller would like (0 for none); a backend that can
 	// choose QPNs uses it when free, so that a guest keeps its LIMAC across
@@ -148,36 +173,26 @@ type Port interface {
 	Join(mgid GID) error
 	JoinSendOnly(mgid GID) error
 	Leave(mgid GID) error
-
-	// LocalGID is the port GID (the GID half of every local LIMAC).
-	LocalGID() GID
-	// MTU is the IB MTU (2048 or 4096); the IPoIB MTU is 4 less.
-	MTU() int
 	// PartitionMTU is the IB MTU of partition pkey: on InfiniBand, that
 	// of the partition's broadcast group, which the subnet manager may
 	// set below the port's (the kernel's ipoib_mcast_join_finish sets
 	// each IPoIB interface's MTU from it). It is never more than MTU(),
 	// and MTU() for a partition the port has not used yet.
 	PartitionMTU(pkey PKey) int
-	// Offloads says whether the port takes super-packets; the shim cuts
-	// them to the MTU itself for a port that does not.
-	Offloads() Offloads
-	// Counters returns a snapshot of the port's counters.
-	Counters() PortCounters
-	// Events reports the port's state changes (see Event), as
-	// wireguard-go's tun.Device.Events reports a TUN's: the first event
-	// is the link state at the time the port was made, later ones come
-	// as the backend learns of changes. The channel is buffered and a
-	// backend never blocks on it: events of one state (the link, one
-	// partition's MTU) that the reader has not taken are coalesced to
-	// the latest (see EventQueue). It is closed on Close, and every call
-	// returns the same channel.
-	Events() <-chan Event
 
+	// Close ends the port: Read and Write return net.ErrClosed after it,
+	// and the Events channel is closed.
 	Close() error
 }
 
-// RxQueue is one of a port's receive queues (Port.Read's signature and
+// Port is one IB port with UD QPs, the fabric side of the shim: its data
+// half and its control half in one value, as a backend makes it.
+type Port interface {
+	DataPort
+	ControlPort
+}
+
+// RxQueue is one of a port's receive queues (DataPort.Read's signature and
 // contract): each may be read by its own goroutine, in parallel with the
 // others.
 type RxQueue interface {
@@ -198,7 +213,7 @@ type RxQueues interface {
 
 // RxQueuesOf is p's receive queues: those RxQueues gives, or p (its Read)
 // alone for a port without any.
-func RxQueuesOf(p Port) []RxQueue {
+func RxQueuesOf(p DataPort) []RxQueue {
 	if q, ok := p.(RxQueues); ok {
 		if qs := q.RxQueues(); len(qs) > 0 {
 			return qs

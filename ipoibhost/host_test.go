@@ -3,6 +3,7 @@ package ipoibhost
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
 	"net/netip"
 	"sync"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/eipoib/eipoibd/internal/csum"
+	"github.com/eipoib/eipoibd/internal/testutil"
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/ipoib/memfabric"
 	"github.com/eipoib/eipoibd/tap"
@@ -72,8 +74,26 @@ func startHosts(t *testing.T, addrs ...[]netip.Prefix) []*testHost {
 		hosts = append(hosts, th)
 	}
 	t.Cleanup(func() { cancel(); wg.Wait() })
-	time.Sleep(50 * time.Millisecond) // QPs allocated, addresses read
+	for i, th := range hosts {
+		testutil.WaitFor(t, fmt.Sprintf("host %d's QP, addresses and groups", i), th.ready)
+	}
 	return hosts
+}
+
+// ready reports whether the host has taken its addresses: each one
+// announced (from its QP, so after Run allocated it) and the
+// solicited-node group of each IPv6 one joined.
+func (th *testHost) ready() bool {
+	st, _ := th.link.get()
+	if th.Get(Gratuitous) < uint64(len(st.Addrs)) {
+		return false
+	}
+	for _, p := range st.Addrs {
+		if a := p.Addr(); a.Is6() && !th.port.Joined(groupMGID(solicitedNode(a), th.pkey, th.cfg.Scope)) {
+			return false
+		}
+	}
+	return true
 }
 
 // udp builds an IPv4 or IPv6 UDP packet from src to dst with payload.
@@ -115,7 +135,7 @@ func expect(t *testing.T, dev *tap.Mem, want []byte) {
 		if string(got) != string(want) {
 			t.Fatalf("device got % x\nwant % x", got, want)
 		}
-	case <-time.After(2 * time.Second):
+	case <-time.After(testutil.Settle):
 		t.Fatalf("device got nothing, want % x", want)
 	}
 }
@@ -161,7 +181,7 @@ func TestMulticastAndBroadcast(t *testing.T) {
 	group := netip.MustParseAddr("239.1.2.3")
 	b.link.set(LinkState{Addrs: []netip.Prefix{b4}, Groups: []netip.Addr{group}})
 	mgid := groupMGID(group, ipoib.DefaultPKey, ipoib.ScopeLinkLocal)
-	waitFor(t, func() bool { return b.port.Joined(mgid) }, "B joins "+mgid.String())
+	testutil.WaitFor(t, "B joins "+mgid.String(), func() bool { return b.port.Joined(mgid) })
 	p := udp(a4.Addr(), group, "to the group")
 	a.dev.Inject(p)
 	expect(t, b.dev, p)
@@ -169,7 +189,7 @@ func TestMulticastAndBroadcast(t *testing.T) {
 	a.dev.Inject(bc)
 	expect(t, b.dev, bc)
 	b.link.set(LinkState{Addrs: []netip.Prefix{b4}})
-	waitFor(t, func() bool { return !b.port.Joined(mgid) }, "B leaves "+mgid.String())
+	testutil.WaitFor(t, "B leaves "+mgid.String(), func() bool { return !b.port.Joined(mgid) })
 	if got := a.Get(TxMulticast) + a.Get(TxBroadcast); got != 2 {
 		t.Errorf("A sent %d multicast and broadcast packets, want 2", got)
 	}
@@ -183,19 +203,8 @@ func TestUnresolved(t *testing.T) {
 	for range 4 {
 		a.dev.Inject(udp(netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.9"), "x"))
 	}
-	waitFor(t, func() bool { return a.Get(DropUnresolved) == 4 }, "4 packets dropped as unresolved")
+	testutil.WaitFor(t, "4 packets dropped as unresolved", func() bool { return a.Get(DropUnresolved) == 4 })
 	if q, r := a.Get(TxQueued), a.Get(ARPRequests); q != 3 || r != 3 {
 		t.Errorf("tx_queued %d, arp_requests %d; want 3 and 3", q, r)
-	}
-}
-
-func waitFor(t *testing.T, cond func() bool, what string) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The scale benchmark (issue 24): N hypervisors on one simulated fabric,
+# The scale benchmark: N hypervisors on one simulated fabric,
 # every guest pinging every other guest once, all guests at once.
 #
 #   g1 ── br0 (h1) ── eipoibd ─┐

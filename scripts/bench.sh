@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The network benchmark (issues 8 and 24): eipoibd against the forwarders
+# The network benchmark: eipoibd against the forwarders
 # it competes with, between two guests on two hypervisors, in one run on
 # one topology. Run as root on Debian; it installs what it is missing.
 #
@@ -31,7 +31,7 @@
 # 10 ms intervals, and the median at a hand's pace (200 ms: the
 # forwarder's threads asleep between packets); for the user-space
 # forwarders CPU seconds per Gbit (one TCP stream g1 → g2) and peak RSS.
-# The table ends with the issue 24 goals, each met or not met, against
+# The table ends with the data path's goals, each met or not met, against
 # kernel VXLAN in the same run and the baseline run BASELINE below.
 #
 # Results go to bench/results/<UTC timestamp>/: table.md, plot.png,
@@ -40,7 +40,7 @@
 # daemon logs; a file's name starts with the forwarder's letter and the
 # repetition's number, e.g. a2-tcp1.json).
 #
-# Time: one repetition of (a)-(d) with issue 8's settings took about 6
+# Time: one repetition of (a)-(d) with the first version's settings took about 6
 # minutes; to keep three repetitions of (a)-(e) near 15 minutes on the
 # 2-core machine the defaults are shorter: 3 s per TCP test (was 10),
 # 2 s per UDP step (was 3), one try per rate (was 2: the median of three
@@ -87,7 +87,7 @@ BENCH_FORWARDERS=${BENCH_FORWARDERS:-a b c d e}
 BENCH_EIPOIBD_FLAGS=${BENCH_EIPOIBD_FLAGS:-}
 UDP_PORT=5300
 
-# The baseline the issue 24 goals are stated against: make bench of
+# The baseline the data path's goals are stated against: make bench of
 # 2026-11-25 15:16 UTC (bench/results/20261125T151643Z, commit 6a31266,
 # BENCH_TIME=10, one repetition): eipoibd (a) received 119.1 kpps of
 # 64-byte UDP (GSO buffers cut in g1's eth0, so one datagram a frame at
@@ -671,7 +671,7 @@ has() { [[ " ${FWD[*]} " == *" $1 "* ]]; }
   echo "Sender, receiver and forwarder share the machine's $(nproc) cores. CPU: utime+stime of the forwarder's"
   echo "processes over the 1-stream → test, per Gbit received. Load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)."
   echo
-  echo "## Goals (issue 24)"
+  echo "## Goals set for the user-space data path"
   echo
   echo "Against kernel VXLAN (c) and socat (d) of this run, and the baseline run $BASELINE"
   echo "(eipoibd: $BASELINE_UDP_KPPS kpps UDP 64 B, $BASELINE_CPU CPU s per Gbit). Medians of $BENCH_REPS repetitions."

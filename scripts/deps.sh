@@ -14,8 +14,10 @@ declare -A pkg=([ip]=iproute2 [nstat]=iproute2 [ping]=iputils-ping [arping]=arpi
   [tcpdump]=tcpdump [ethtool]=ethtool [ovs-vsctl]=openvswitch-switch [ovs-vswitchd]=openvswitch-switch [ovsdb-client]=openvswitch-common
   [dnsmasq]=dnsmasq-base [dhclient]=isc-dhcp-client [ndisc6]=ndisc6 [nsenter]=util-linux [curl]=curl [bridge]=iproute2 [rdma]=iproute2
   [qemu-system-x86_64]=qemu-system-x86 [cpio]=cpio [modprobe]=kmod [depmod]=kmod [xz]=xz-utils
-  [ibv_devinfo]=ibverbs-utils [gcc]=gcc)
+  [ibv_devinfo]=ibverbs-utils [gcc]=gcc [systemd-analyze]=systemd)
 pkg+=([prometheus]=prometheus [promtool]=prometheus) # TestPrometheus, TestPrometheusRules (deploy/prometheus, deploy/grafana)
+pkg+=([stress-ng]=stress-ng) # make test-load's CPU hogs
+pkg+=([socat]=socat [jq]=jq [gnuplot]=gnuplot-nox [bc]=bc [flock]=util-linux) # scripts/soak.sh
 pkg+=([libvirtd]=libvirt-daemon-system [virtlogd]=libvirt-daemon-system [virsh]=libvirt-clients) # TestLibvirt, and TestVLANFilterVM in the QEMU guest
 # make deb and make image, TestDebPackage and TestImagePod (docs/release.md)
 pkg+=([dpkg-deb]=dpkg [dpkg-shlibdeps]=dpkg-dev [fakeroot]=fakeroot [lintian]=lintian [systemd-analyze]=systemd

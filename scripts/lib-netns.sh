@@ -1,7 +1,7 @@
 # shellcheck shell=bash
-# Sourced by the benchmark scripts (bench.sh, bench-scale.sh): the network
-# namespaces a script makes, removed again on any exit, and the
-# hypervisor-and-guest pair they are built of. The sourcing script sets
+# Sourced by the benchmark scripts (bench.sh, bench-scale.sh) and the
+# soak (soak.sh): the network namespaces a script makes, removed again on
+# any exit, and the hypervisor-and-guest pair they are built of. The sourcing script sets
 # its cleanup with on_exit and calls ns_remove from it.
 
 NS=() # the namespaces made, in order

@@ -18,6 +18,7 @@ import (
 	"github.com/eipoib/eipoibd/ether"
 	"github.com/eipoib/eipoibd/internal/clock"
 	"github.com/eipoib/eipoibd/internal/csum"
+	"github.com/eipoib/eipoibd/internal/testutil"
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/tap"
 )
@@ -133,7 +134,7 @@ func (d *allocDev) recv(t *testing.T) gopacket.Packet {
 			if p := gopacket.NewPacket(f, layers.LayerTypeEthernet, gopacket.Default); !isQuery(p) {
 				return p
 			}
-		case <-time.After(2 * time.Second):
+		case <-time.After(testutil.Settle):
 			t.Fatal("no frame delivered")
 		}
 	}
@@ -160,7 +161,7 @@ type allocHV struct {
 
 func newAllocHV(t *testing.T, f fabric, gid string, mod func(*Config)) *allocHV {
 	t.Helper()
-	port := f.port(t, gidOf(gid))
+	port := f.port(t, testutil.GID(gid))
 	h := &allocHV{dev: newAllocDev(), port: &countPort{testPort: port, sent: newTally()}}
 	h.hv = &hv{port: port, clk: clock.NewFake(time.Unix(1e6, 0)), done: make(chan error, 1)}
 	cfg := Config{Device: h.dev, Port: h.port, Clock: h.clk, Logger: slog.New(slog.DiscardHandler), Housekeeping: 10 * time.Millisecond}
@@ -176,7 +177,7 @@ func newAllocHV(t *testing.T, f fabric, gid string, mod func(*Config)) *allocHV 
 	h.stop = cancel
 	go func() { h.done <- s.Run(ctx) }()
 	t.Cleanup(func() { h.shutdown(t) })
-	deadline := time.Now().Add(time.Second)
+	deadline := time.Now().Add(testutil.Settle)
 	for !h.dev.carrier.Load() {
 		if time.Now().After(deadline) {
 			t.Fatal("carrier never came up")
@@ -295,7 +296,7 @@ func TestNoAllocationsPerFrame(t *testing.T) {
 	b.dev.in <- fuzzEth(mac4, macB1, 0, ether.TypeIPv4, igmpV2(t, ipB1, g4))
 	b.dev.in <- fuzzEth(mac6, macB1, 0, ether.TypeIPv6, mldV1(t, lb, g6))
 	for _, mgid := range []ipoib.GID{ipoib.IPv6MGID(snB, 0xffff, 2), ipoib.IPv4MGID(g4, 0xffff, 2), ipoib.IPv6MGID(g6, 0xffff, 2)} {
-		deadline := time.Now().Add(2 * time.Second)
+		deadline := time.Now().Add(testutil.Settle)
 		for !b.port.Joined(mgid) {
 			if time.Now().After(deadline) {
 				t.Fatalf("B never joined %s", mgid)

@@ -5,18 +5,21 @@ import (
 	"testing"
 	"time"
 
-	"github.com/eipoib/eipoibd/ether"
 	"github.com/gopacket/gopacket"
 	"github.com/gopacket/gopacket/layers"
+
+	"github.com/eipoib/eipoibd/ether"
+	"github.com/eipoib/eipoibd/internal/testutil"
 )
 
 // announcements returns the announcements of ip delivered to h within
-// wait: gratuitous ARPs (sender and target ip) or unsolicited NAs
-// (target ip, override, no solicited flag); other frames are skipped.
-func announcements(t *testing.T, h *hv, ip netip.Addr, wait time.Duration) (n int, src ether.MAC) {
+// wait, or as soon as want came (want 0: the whole wait): gratuitous
+// ARPs (sender and target ip) or unsolicited NAs (target ip, override,
+// no solicited flag); other frames are skipped.
+func announcements(t *testing.T, h *hv, ip netip.Addr, want int, wait time.Duration) (n int, src ether.MAC) {
 	t.Helper()
 	deadline := time.After(wait)
-	for {
+	for want == 0 || n < want {
 		select {
 		case f := <-h.dev.Sent():
 			p := gopacket.NewPacket(f, layers.LayerTypeEthernet, gopacket.Default)
@@ -36,6 +39,25 @@ func announcements(t *testing.T, h *hv, ip netip.Addr, wait time.Duration) (n in
 			return n, src
 		}
 	}
+	return n, src
+}
+
+// announceSteps moves a's clock through the steps of announcements
+// that began with tx_announced at from+per: each step once the one
+// before was sent (two steps in one housekeeping round would send one
+// announcement less), per announcements sent at each, and returns the
+// announcements of ip b received, one wanted per step.
+func announceSteps(t *testing.T, a, b *hv, ip netip.Addr, from uint64, per int) (n int, src ether.MAC) {
+	t.Helper()
+	for i := 1; i <= 3; i++ {
+		if i > 1 {
+			a.clk.Advance(time.Second)
+		}
+		a.waitCounter(t, TxAnnounced, from+uint64(per*i))
+		k, s := announcements(t, b, ip, 1, testutil.Settle)
+		n, src = n+k, s
+	}
+	return n, src
 }
 
 // TestAnnounce: a guest's addresses seen within the window of its VIF's
@@ -46,15 +68,11 @@ func announcements(t *testing.T, h *hv, ip netip.Addr, wait time.Duration) (n in
 func TestAnnounce(t *testing.T) {
 	a, b := pair(t, func(c *Config) { c.AnnounceWindow = 30 * time.Second })
 	_, remacB1 := arpExchange(t, a, b) // A1's first frame: an ARP request from ipA1
-	n, src := announcements(t, b, ipA1, 300*time.Millisecond)
-	for i := 2; i <= 3; i++ {
-		a.clk.Advance(time.Second)
-		k, _ := announcements(t, b, ipA1, 300*time.Millisecond)
-		n += k
-	}
+	n, src := announceSteps(t, a, b, ipA1, 0, 1)
 	a.clk.Advance(time.Second)
-	if k, _ := announcements(t, b, ipA1, 300*time.Millisecond); k != 0 || n != 3 {
-		t.Fatalf("%d announcements of %s, then %d more; want 3", n, ipA1, k)
+	a.rounds(t, 2) // one began after the advance
+	if k, _ := announcements(t, b, ipA1, 0, 300*time.Millisecond); k != 0 || n != 3 || a.s.Get(TxAnnounced) != 3 {
+		t.Fatalf("%d announcements of %s, then %d more (tx_announced %d); want 3", n, ipA1, k, a.s.Get(TxAnnounced))
 	}
 	// The REMAC B knows A1 by: the announcement came from A1's VIF.
 	if nb, ok := b.s.neigh.LookupREMAC(0xffff, src); !ok || nb.RIMAC.QPN() != a.s.VIFs()[0].QPN {
@@ -64,27 +82,24 @@ func TestAnnounce(t *testing.T) {
 	la := netip.MustParseAddr("fd00::a1")
 	a.dev.Inject(ndpFrame(t, macA1, la, netip.MustParseAddr("ff02::2"), ether.MAC{0x33, 0x33, 0, 0, 0, 2},
 		layers.CreateICMPv6TypeCode(layers.ICMPv6TypeRouterSolicitation, 0), &layers.ICMPv6RouterSolicitation{}))
-	k, _ := announcements(t, b, la, 300*time.Millisecond)
-	for i := 2; i <= 3; i++ {
-		a.clk.Advance(time.Second)
-		more, _ := announcements(t, b, la, 300*time.Millisecond)
-		k += more
-	}
-	if k != 3 {
+	if k, _ := announceSteps(t, a, b, la, 3, 1); k != 3 {
 		t.Fatalf("%d NAs of %s, want 3", k, la)
 	}
 	// A datagram's source address claims nothing.
 	forged := netip.MustParseAddr("10.0.0.98")
 	a.dev.Inject(udpFrame(t, macA1, remacB1, forged, ipB1, 10, true))
-	if k, _ := announcements(t, b, forged, 300*time.Millisecond); k != 0 {
+	if k, _ := announcements(t, b, forged, 0, 300*time.Millisecond); k != 0 {
 		t.Fatalf("%d announcements of a datagram's source", k)
 	}
 	// After the window, a new address is not announced...
 	a.clk.Advance(40 * time.Second)
 	ip2 := netip.MustParseAddr("10.0.0.99")
+	frames := a.s.Get(TxFrames)
 	a.dev.Inject(arpFrame(t, layers.ARPRequest, macA1, ip2, ether.Broadcast, ether.MAC{}, ipB1))
-	if k, _ := announcements(t, b, ip2, 300*time.Millisecond); k != 0 {
-		t.Fatalf("%d announcements outside the window", k)
+	a.waitCounter(t, TxFrames, frames+1)
+	a.rounds(t, 2)
+	if k, _ := announcements(t, b, ip2, 0, 300*time.Millisecond); k != 0 || a.s.Get(TxAnnounced) != 6 {
+		t.Fatalf("%d announcements outside the window (tx_announced %d, want 6)", k, a.s.Get(TxAnnounced))
 	}
 	// ...until QEMU's RARP announcement: every address again.
 	before := a.s.Get(TxAnnounced)

@@ -31,10 +31,17 @@ type fabric interface {
 	// countsPKeyDrops: the port counts packets of another partition
 	// (the kernel's HCA drops them unseen).
 	countsPKeyDrops() bool
+	// hidesSources: the port cannot name a packet's sender
+	// (RxMeta.SrcUnknown).
+	hidesSources() bool
 }
 
-// memFabric is a memfabric.Fabric; its ports report their senders.
-type memFabric struct{ *memfabric.Fabric }
+// memFabric is a memfabric.Fabric; its ports report their senders unless
+// it hides them.
+type memFabric struct {
+	*memfabric.Fabric
+	hidden bool
+}
 
 func memFab(t *testing.T, mtu int) memFabric {
 	t.Helper()
@@ -42,7 +49,16 @@ func memFab(t *testing.T, mtu int) memFabric {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return memFabric{f}
+	return memFabric{Fabric: f}
+}
+
+// memFabHidden is a memfabric whose ports never name a sender, as the
+// kernel's packet sockets do not.
+func memFabHidden(t *testing.T, mtu int) memFabric {
+	f := memFab(t, mtu)
+	f.HideSources()
+	f.hidden = true
+	return f
 }
 
 func (f memFabric) port(t *testing.T, gid ipoib.GID) testPort {
@@ -56,6 +72,7 @@ func (f memFabric) port(t *testing.T, gid ipoib.GID) testPort {
 
 func (memFabric) hints() bool           { return true }
 func (memFabric) countsPKeyDrops() bool { return true }
+func (f memFabric) hidesSources() bool  { return f.hidden }
 
 // kernelFabric is hosts on a fake kernel, each running the kernel backend
 // on its ib0 (IB MTU 2048).
@@ -73,6 +90,7 @@ func (f kernelFabric) port(t *testing.T, gid ipoib.GID) testPort {
 
 func (kernelFabric) hints() bool           { return false }
 func (kernelFabric) countsPKeyDrops() bool { return false }
+func (kernelFabric) hidesSources() bool    { return true }
 
 // forEachBackend runs test as a subtest over each backend.
 func forEachBackend(t *testing.T, test func(t *testing.T, f fabric)) {

@@ -15,6 +15,7 @@ import (
 	"github.com/eipoib/eipoibd/internal/clock"
 	"github.com/eipoib/eipoibd/internal/gsotest"
 	"github.com/eipoib/eipoibd/internal/header"
+	"github.com/eipoib/eipoibd/internal/testutil"
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/ipoib/memfabric"
 	"github.com/eipoib/eipoibd/mactrans"
@@ -25,7 +26,7 @@ import (
 // benchmarks call the per-frame functions directly.
 func stillShim(tb testing.TB, f *memfabric.Fabric, gid string, mod func(*Config)) (*Shim, *memfabric.Port) {
 	tb.Helper()
-	port, err := f.NewPort(gidOf(gid))
+	port, err := f.NewPort(testutil.GID(gid))
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -45,7 +46,7 @@ func stillShim(tb testing.TB, f *memfabric.Fabric, gid string, mod func(*Config)
 func benchShim(b *testing.B) (*Shim, ether.MAC) {
 	f, _ := memfabric.New(4096)
 	s, _ := stillShim(b, f, "fe80::a", nil)
-	nb, err := s.neigh.Learn(0xffff, ipoib.MakeHwAddr(0, 0x77, gidOf("fe80::b")), time.Now())
+	nb, err := s.neigh.Learn(0xffff, ipoib.MakeHwAddr(0, 0x77, testutil.GID("fe80::b")), time.Now())
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -120,7 +121,7 @@ func BenchmarkRx(b *testing.B) {
 	}
 	pkt := append([]byte{8, 0, 0, 0}, udpPacket(b, ipA1, ipB1, 1400)...)
 	buf := make([]byte, rxOffset+4096+64)
-	m := ipoib.RxMeta{Src: ipoib.MakeHwAddr(0, 0x77, gidOf("fe80::b")), DstQPN: v.QPN, PKey: 0xffff}
+	m := ipoib.RxMeta{Src: ipoib.MakeHwAddr(0, 0x77, testutil.GID("fe80::b")), DstQPN: v.QPN, PKey: 0xffff}
 	now := time.Now()
 	b.ReportAllocs()
 	b.SetBytes(int64(len(pkt)))
@@ -190,7 +191,7 @@ func BenchmarkRx64K(b *testing.B) {
 	for i := range bufs {
 		bufs[i] = make([]byte, rxOffset+4096+64)
 	}
-	m := ipoib.RxMeta{Src: ipoib.MakeHwAddr(0, 0x77, gidOf("fe80::b")), DstQPN: v.QPN, PKey: 0xffff}
+	m := ipoib.RxMeta{Src: ipoib.MakeHwAddr(0, 0x77, testutil.GID("fe80::b")), DstQPN: v.QPN, PKey: 0xffff}
 	now := time.Now()
 	b.ReportAllocs()
 	b.SetBytes(segs * int64(len(pkt)))
@@ -223,7 +224,7 @@ func BenchmarkTablesAtScale(b *testing.B) {
 	}
 	remacs := make([]ether.MAC, 100000)
 	for i := range remacs {
-		gid := gidOf("fe80::1")
+		gid := testutil.GID("fe80::1")
 		gid[12], gid[13], gid[14], gid[15] = byte(i>>24), byte(i>>16), byte(i>>8), byte(i)
 		nb, err := s.neigh.Learn(0xffff, ipoib.MakeHwAddr(0, 0x100+uint32(i%1000), gid), now)
 		if err != nil {
@@ -313,7 +314,7 @@ func BenchmarkMACFlood(b *testing.B) {
 	b.Run("full", func(b *testing.B) {
 		f, _ := memfabric.New(4096)
 		s, _ := stillShim(b, f, "fe80::a", func(c *Config) { c.MaxVIFs = 1 })
-		nb, _ := s.neigh.Learn(0xffff, ipoib.MakeHwAddr(0, 0x77, gidOf("fe80::b")), s.clk.Now())
+		nb, _ := s.neigh.Learn(0xffff, ipoib.MakeHwAddr(0, 0x77, testutil.GID("fe80::b")), s.clk.Now())
 		if _, err := s.vif(s.byVLAN[0].Load(), macA1, mactrans.OriginLearned, s.clk.Now()); err != nil {
 			b.Fatal(err)
 		}
@@ -322,7 +323,7 @@ func BenchmarkMACFlood(b *testing.B) {
 	b.Run("refused", func(b *testing.B) {
 		f, _ := memfabric.New(4096)
 		s, _ := stillShim(b, f, "fe80::a", nil)
-		nb, _ := s.neigh.Learn(0xffff, ipoib.MakeHwAddr(0, 0x77, gidOf("fe80::b")), s.clk.Now())
+		nb, _ := s.neigh.Learn(0xffff, ipoib.MakeHwAddr(0, 0x77, testutil.GID("fe80::b")), s.clk.Now())
 		for i := range macs {
 			k := mactrans.VIFKey{MAC: ether.MAC{0x02, 0xf1, 0, 0, byte(i >> 8), byte(i)}}
 			s.refuseVIF(k, &ipoib.RefusedError{Reason: "no_qp"}, s.clk.Now())

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/eipoib/eipoibd/internal/testutil"
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/ipoib/memfabric"
 )
@@ -18,7 +19,7 @@ func TestCarrierFollowsPortEvents(t *testing.T) {
 	p := h.port.(*memfabric.Port)
 	for _, up := range []bool{false, true, false, true} {
 		p.SetDown(!up)
-		waitFor(t, "the carrier to follow the port", func() bool { return h.dev.Carrier() == up && h.s.Port().Up == up })
+		testutil.WaitFor(t, "the carrier to follow the port", func() bool { return h.dev.Carrier() == up && h.s.Port().Up == up })
 	}
 }
 
@@ -55,7 +56,7 @@ func TestPortEventsChecked(t *testing.T) {
 	ep.ch <- ipoib.Event{Kind: ipoib.EventPartitionMTU, PKey: 0x8099, MTU: 2048}
 	ep.ch <- ipoib.Event{Kind: ipoib.EventPartitionMTU, PKey: 0xffff, MTU: 8192}
 	ep.ch <- ipoib.Event{Kind: ipoib.EventPartitionMTU, PKey: 0x0014, MTU: 2048}
-	waitFor(t, "VLAN 20's MTU to become 2044", func() bool { return h.s.Port().PartitionMTUs[20] == 2044 })
+	testutil.WaitFor(t, "VLAN 20's MTU to become 2044", func() bool { return h.s.Port().PartitionMTUs[20] == 2044 })
 	if pi := h.s.Port(); !pi.Up || !h.dev.Carrier() || pi.PartitionMTUs[0] != 4092 || len(pi.PartitionMTUs) != 2 {
 		t.Fatalf("after the events: %+v, TAP carrier %v", pi, h.dev.Carrier())
 	}

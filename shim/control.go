@@ -9,6 +9,12 @@ package shim
 // round trip), and a data path that waited on one would freeze every
 // guest for it.
 //
+// The types enforce it. The data path (the TX and RX workers,
+// housekeeping) uses Shim.port, the port's data half (ipoib.DataPort),
+// which has no control call: one there does not compile. The control
+// half (ipoib.ControlPort) is ctl.port, which control actions alone use,
+// and the group table's helpers that join and leave take one.
+//
 // Who owns what:
 //   - TX workers, the RX workers and housekeeping only read the tables
 //     (lock-free) and hand the control goroutine intents through a
@@ -83,6 +89,9 @@ type intent struct {
 
 // control is the control goroutine's queue and state.
 type control struct {
+	// port is the port's control half, for control actions only.
+	port ipoib.ControlPort
+
 	mu      sync.Mutex
 	q       []intent
 	running bool // the control goroutine takes intents; under mu
@@ -239,7 +248,7 @@ func (s *Shim) handle(it intent) {
 			return
 		}
 		if p := s.byVLAN[it.vif.VLAN].Load(); p != nil {
-			_, _ = s.makeVIF(p, it.vif.MAC, mactrans.OriginLearned, now, s.port.AllocQP) // a refusal is counted and logged there
+			_, _ = s.makeVIF(p, it.vif.MAC, mactrans.OriginLearned, now, s.ctl.port.AllocQP) // a refusal is counted and logged there
 		}
 	case intentJoin:
 		if !stopping {
@@ -267,7 +276,7 @@ func (s *Shim) controlTick(now time.Time) {
 	if s.stopping.Load() {
 		return
 	}
-	if n, err := s.groups.expireSendOnly(s.port, now, s.snoop.Timers().MembershipInterval()); err != nil {
+	if n, err := s.groups.expireSendOnly(s.ctl.port, now, s.snoop.Timers().MembershipInterval()); err != nil {
 		s.log.Warn("leave idle send-only groups", "left", n, "err", err)
 	} else if n > 0 {
 		s.log.Debug("left idle send-only groups", "left", n)
@@ -300,7 +309,7 @@ func (s *Shim) freeDrained() {
 			continue
 		}
 		v := d.vif
-		if err := s.port.FreeQP(v.QPN); err != nil {
+		if err := s.ctl.port.FreeQP(v.QPN); err != nil {
 			s.log.Warn("free QP of aged VIF", "mac", v.Key.MAC, "vlan", v.Key.VLAN, "err", err)
 		}
 		s.ctr.inc(VIFsAged) // counted once its QP is gone
@@ -320,7 +329,7 @@ func (s *Shim) freeQuiesced(vs []*mactrans.VIF) error {
 	}
 	var first error
 	for _, v := range vs {
-		if err := s.port.FreeQP(v.QPN); err != nil && first == nil {
+		if err := s.ctl.port.FreeQP(v.QPN); err != nil && first == nil {
 			first = fmt.Errorf("shim: free QP %#x of %s vlan %d: %w", v.QPN, v.Key.MAC, v.Key.VLAN, err)
 		}
 	}

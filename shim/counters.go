@@ -11,11 +11,11 @@ import (
 type Counter int
 
 // The shim's counters; counterTable names and documents each. Drops are
-// named drop_*. Every frame read from the TAP ends in exactly one of
-// tx_forwarded, tx_fragmented, tx_icmp_too_big, tx_moved_local or a TX
-// drop (while queued for a resolution it is in pending_frames); every
-// packet read from the port ends in exactly one of rx_frames or an RX
-// drop.
+// named drop_*. Every frame read from the TAP ends in exactly one value
+// marked stat.TxEnd (pending_frames while queued for a resolution; none
+// while held for a new VIF or a group join), every packet read from the
+// port in exactly one marked stat.RxEnd: a new outcome or drop reason is
+// marked in its table line, and docs/metrics.md and the tests follow.
 const (
 	TxFrames Counter = iota
 	TxBytes
@@ -67,7 +67,7 @@ const (
 	DropBadMcastReport
 	DropNoGroup
 	DropSuperGroup
-	DropRxUnknownSource
+	RxUnknownSource
 	CaptureMissed
 	TxAnnounced
 	RARPAnnouncements
@@ -86,12 +86,12 @@ const (
 	numCounters
 )
 
-// counterTable is every counter's snapshot name and help; all are
-// totals.
+// counterTable is every counter's snapshot name, help and, for an
+// outcome of a frame, its flow; all are totals.
 var counterTable = [numCounters]stat.Value{
 	TxFrames:            {Name: "tx_frames", Help: "Frames read from the TAP"},
 	TxBytes:             {Name: "tx_bytes", Help: "Bytes of the frames read from the TAP (Ethernet header included)"},
-	TxForwarded:         {Name: "tx_forwarded", Help: "Frames sent on as one IPoIB packet (at once or after a resolution)"},
+	TxForwarded:         {Name: "tx_forwarded", Help: "Frames sent on as one IPoIB packet (at once or after a resolution)", End: stat.TxEnd},
 	TxPackets:           {Name: "tx_packets", Help: "IPoIB packets the port accepted (fragments and resolutions included; a super-frame once)"},
 	TxPortRefused:       {Name: "tx_port_refused", Help: "Packets the port refused or lost (the port's drops say why)"},
 	TxBroadcast:         {Name: "tx_broadcast", Help: "Frames forwarded to the broadcast group"},
@@ -100,60 +100,60 @@ var counterTable = [numCounters]stat.Value{
 	TxSuperSegments:     {Name: "tx_super_segments", Help: "Segments (datagrams) the port is to cut the forwarded TCP and UDP super-frames into"},
 	TxSuperCut:          {Name: "tx_super_cut", Help: "UDP super-frames cut into datagrams here, for a port that does not take them or datagrams longer than the IPoIB MTU"},
 	TxMSSClamped:        {Name: "tx_mss_clamped", Help: "Guests' TCP SYNs whose MSS was lowered to fit the IPoIB MTU (--clamp-mss)"},
-	TxFragmented:        {Name: "tx_fragmented", Help: "IPv4 packets fragmented to the IPoIB MTU"},
+	TxFragmented:        {Name: "tx_fragmented", Help: "IPv4 packets fragmented to the IPoIB MTU", End: stat.TxEnd},
 	TxFragments:         {Name: "tx_fragments", Help: "Fragments made of the IPv4 packets fragmented to the IPoIB MTU"},
-	TxICMPTooBig:        {Name: "tx_icmp_too_big", Help: "ICMP fragmentation-needed / ICMPv6 packet-too-big sent to guests"},
+	TxICMPTooBig:        {Name: "tx_icmp_too_big", Help: "ICMP fragmentation-needed / ICMPv6 packet-too-big sent to guests", End: stat.TxEnd},
 	TxQueued:            {Name: "tx_queued", Help: "Frames queued while their destination was resolved"},
 	TxResolveSent:       {Name: "tx_resolve_sent", Help: "ARP/NS sent on a guest's behalf"},
 	TxQueries:           {Name: "tx_queries", Help: "IGMP/MLD queries sent to guests"},
 	McastJoins:          {Name: "mcast_joins", Help: "Groups joined for snooped members"},
 	McastLeaves:         {Name: "mcast_leaves", Help: "Groups left when their last member went"},
 	RxPackets:           {Name: "rx_packets", Help: "Packets read from the port"},
-	RxFrames:            {Name: "rx_frames", Help: "Received packets written to the TAP as frames"},
+	RxFrames:            {Name: "rx_frames", Help: "Received packets written to the TAP as frames", End: stat.RxEnd},
 	RxBytes:             {Name: "rx_bytes", Help: "Bytes of the received packets written to the TAP as frames (Ethernet header included)"},
 	VIFsCreated:         {Name: "vifs_created", Help: "VIFs created for new source MACs"},
 	VIFsAged:            {Name: "vifs_aged", Help: "VIFs removed as idle"},
 	VIFsRemoved:         {Name: "vifs_removed", Help: "VIFs removed when the bridge forgot their MAC"},
-	DropRunt:            {Name: "drop_runt", Help: "TX frame shorter than its Ethernet header"},
-	DropEtherType:       {Name: "drop_ethertype", Help: "TX: ethertype IPoIB does not carry"},
-	DropVLANUnmapped:    {Name: "drop_vlan_unmapped", Help: "TX frame on a VLAN with no P_Key"},
-	DropBadSrcMAC:       {Name: "drop_bad_src_mac", Help: "Multicast or zero source MAC"},
-	DropVIFLimit:        {Name: "drop_vif_limit", Help: "No VIF: --max-vifs reached or QP allocation failed"},
-	DropUndeclared:      {Name: "drop_undeclared", Help: "--learn declared: a source MAC never declared (bridge static entry or DeclareVIF)"},
-	DropUndeclaredLocal: {Name: "drop_undeclared_local", Help: "--learn declared: the hypervisor's own MAC (the bridge's or the OVS bridge's internal port's, the TAP's), never declared: the host's own frames, not a guest's"},
-	DropBadIP:           {Name: "drop_bad_ip", Help: "IP header inconsistent with the frame"},
-	DropTooBig:          {Name: "drop_too_big", Help: "Oversized and neither fragmentable nor answerable"},
-	DropDstLocal:        {Name: "drop_dst_local", Help: "Unicast to a local guest (the bridge delivers those)"},
-	DropUnresolved:      {Name: "drop_unresolved", Help: "Destination not resolved in time, or queue full"},
-	DropVIFGone:         {Name: "drop_vif_gone", Help: "Queued for a resolution while the guest's VIF aged out"},
-	DropTxRewrite:       {Name: "drop_tx_rewrite", Help: "ARP/NDP/DHCP rewrite refused (the rewrite refusals say why)"},
-	DropRxRewrite:       {Name: "drop_rx_rewrite", Help: "RX: ARP/NDP/DHCP rewrite refused (the rewrite refusals say why)"},
-	DropRxBadHeader:     {Name: "drop_rx_bad_header", Help: "IPoIB header missing or reserved bits set"},
-	DropRxEtherType:     {Name: "drop_rx_ethertype", Help: "RX: ethertype other than IPv4, IPv6, ARP, RARP"},
-	DropRxUnknownPKey:   {Name: "drop_rx_unknown_pkey", Help: "P_Key with no partition here"},
-	DropRxUnknownVIF:    {Name: "drop_rx_unknown_vif", Help: "Unicast to a QPN that is no VIF of that partition"},
-	DropRxMulticast:     {Name: "drop_rx_multicast", Help: "MGID that maps to no Ethernet multicast MAC"},
-	DropRxNeighbour:     {Name: "drop_rx_neighbour", Help: "Source could not get a REMAC"},
-	DropTAPWrite:        {Name: "drop_tap_write", Help: "Received frames the kernel refused on the TAP"},
+	DropRunt:            {Name: "drop_runt", Help: "TX frame shorter than its Ethernet header", End: stat.TxEnd},
+	DropEtherType:       {Name: "drop_ethertype", Help: "TX: ethertype IPoIB does not carry", End: stat.TxEnd},
+	DropVLANUnmapped:    {Name: "drop_vlan_unmapped", Help: "TX frame on a VLAN with no P_Key", End: stat.TxEnd},
+	DropBadSrcMAC:       {Name: "drop_bad_src_mac", Help: "Multicast or zero source MAC", End: stat.TxEnd},
+	DropVIFLimit:        {Name: "drop_vif_limit", Help: "No VIF: --max-vifs reached or QP allocation failed", End: stat.TxEnd},
+	DropUndeclared:      {Name: "drop_undeclared", Help: "--learn declared: a source MAC never declared (bridge static entry or DeclareVIF)", End: stat.TxEnd},
+	DropUndeclaredLocal: {Name: "drop_undeclared_local", Help: "--learn declared: the hypervisor's own MAC (the bridge's or the OVS bridge's internal port's, the TAP's), never declared: the host's own frames, not a guest's", End: stat.TxEnd},
+	DropBadIP:           {Name: "drop_bad_ip", Help: "IP header inconsistent with the frame", End: stat.TxEnd},
+	DropTooBig:          {Name: "drop_too_big", Help: "Oversized and neither fragmentable nor answerable", End: stat.TxEnd},
+	DropDstLocal:        {Name: "drop_dst_local", Help: "Unicast to a local guest (the bridge delivers those)", End: stat.TxEnd},
+	DropUnresolved:      {Name: "drop_unresolved", Help: "Destination not resolved in time, or queue full", End: stat.TxEnd},
+	DropVIFGone:         {Name: "drop_vif_gone", Help: "Queued for a resolution while the guest's VIF aged out", End: stat.TxEnd},
+	DropTxRewrite:       {Name: "drop_tx_rewrite", Help: "ARP/NDP/DHCP rewrite refused (the rewrite refusals say why)", End: stat.TxEnd},
+	DropRxRewrite:       {Name: "drop_rx_rewrite", Help: "RX: ARP/NDP/DHCP rewrite refused (the rewrite refusals say why)", End: stat.RxEnd},
+	DropRxBadHeader:     {Name: "drop_rx_bad_header", Help: "IPoIB header missing or reserved bits set", End: stat.RxEnd},
+	DropRxEtherType:     {Name: "drop_rx_ethertype", Help: "RX: ethertype other than IPv4, IPv6, ARP, RARP", End: stat.RxEnd},
+	DropRxUnknownPKey:   {Name: "drop_rx_unknown_pkey", Help: "P_Key with no partition here", End: stat.RxEnd},
+	DropRxUnknownVIF:    {Name: "drop_rx_unknown_vif", Help: "Unicast to a QPN that is no VIF of that partition", End: stat.RxEnd},
+	DropRxMulticast:     {Name: "drop_rx_multicast", Help: "MGID that maps to no Ethernet multicast MAC", End: stat.RxEnd},
+	DropRxNeighbour:     {Name: "drop_rx_neighbour", Help: "Source could not get a REMAC", End: stat.RxEnd},
+	DropTAPWrite:        {Name: "drop_tap_write", Help: "Received frames the kernel refused on the TAP", End: stat.RxEnd},
 	DropLocalTAPWrite:   {Name: "drop_local_tap_write", Help: "The shim's own frames to guests (queries, ICMP) the kernel refused"},
-	DropBadMcastReport:  {Name: "drop_bad_mcast_report", Help: "Malformed IGMP/MLD report or leave from a guest"},
-	DropNoGroup:         {Name: "drop_no_group", Help: "Multicast to a group the port could not join (group table full)"},
-	DropSuperGroup:      {Name: "drop_super_group", Help: "A TCP super-frame to a broadcast or multicast MAC"},
-	DropRxUnknownSource: {Name: "drop_rx_unknown_source", Help: "Sender unknown to the port and never seen in ARP/NDP (a resolution is sent)"},
+	DropBadMcastReport:  {Name: "drop_bad_mcast_report", Help: "Malformed IGMP/MLD report or leave from a guest", End: stat.TxEnd},
+	DropNoGroup:         {Name: "drop_no_group", Help: "Multicast to a group the port could not join (group table full)", End: stat.TxEnd},
+	DropSuperGroup:      {Name: "drop_super_group", Help: "A TCP super-frame to a broadcast or multicast MAC", End: stat.TxEnd},
+	RxUnknownSource:     {Name: "rx_unknown_source", Help: "Packets from a sender the port cannot name and ARP/NDP never taught (routed from another subnet, or multicast from a host that never sent ARP/NDP), delivered with the partition's stand-in source MAC"},
 	CaptureMissed:       {Name: "capture_missed", Help: "Packets a capture left out because its reader was slow (forwarding is never held up)"},
 	TxAnnounced:         {Name: "tx_announced", Help: "Gratuitous ARPs / unsolicited NAs sent for guests whose MAC appeared here"},
 	RARPAnnouncements:   {Name: "rarp_announcements", Help: "RARP announcements (QEMU's, after a migration) seen from guests"},
 	DropAnnounce:        {Name: "drop_announce", Help: "Announcements not queued: too many at once"},
-	TxMovedLocal:        {Name: "tx_moved_local", Help: "Frames to the old REMAC of a guest that moved here, sent back to the bridge for it"},
+	TxMovedLocal:        {Name: "tx_moved_local", Help: "Frames to the old REMAC of a guest that moved here, sent back to the bridge for it", End: stat.TxEnd},
 	TxToldLocal:         {Name: "tx_told_local", Help: "Gratuitous ARPs / unsolicited NAs telling local guests a guest that moved here"},
 	TxProbedLocal:       {Name: "tx_probed_local", Help: "ARP probes / DAD solicitations asking a guest that moved here for its other addresses"},
 
 	TxQueuedNewVIF:       {Name: "tx_queued_new_vif", Help: "Frames of a new guest held while its VIF is made (sent once ready)"},
 	TxQueuedGroup:        {Name: "tx_queued_group", Help: "Frames to a group held while the port joins it (sent once joined)"},
-	DropVIFPendingFull:   {Name: "drop_vif_pending_full", Help: "Frames of new guests beyond the bounds held while their VIFs are made"},
-	DropVIFRefused:       {Name: "drop_vif_refused", Help: "Frames of a guest whose QP the port refused (held ones, and new ones during the back-off)"},
-	DropGroupPendingFull: {Name: "drop_group_pending_full", Help: "Frames to a group being joined beyond the 64 held per group"},
-	DropControlFull:      {Name: "drop_control_full", Help: "Frames whose request to the control plane found its queue full"},
+	DropVIFPendingFull:   {Name: "drop_vif_pending_full", Help: "Frames of new guests beyond the bounds held while their VIFs are made", End: stat.TxEnd},
+	DropVIFRefused:       {Name: "drop_vif_refused", Help: "Frames of a guest whose QP the port refused (held ones, and new ones during the back-off)", End: stat.TxEnd},
+	DropGroupPendingFull: {Name: "drop_group_pending_full", Help: "Frames to a group being joined beyond the 64 held per group", End: stat.TxEnd},
+	DropControlFull:      {Name: "drop_control_full", Help: "Frames whose request to the control plane found its queue full", End: stat.TxEnd},
 }
 
 // String returns the counter's snapshot name.
@@ -166,6 +166,33 @@ type counters struct {
 }
 
 func (c *counters) inc(k Counter) { c.c[k].Add(1) }
+
+// verdict is what a stage of the TX or RX pipeline decides for a frame:
+// the outcome it ends in (a Counter marked stat.TxEnd or stat.RxEnd), or
+// pass, or held. Stages return it and tx, rx and readyVIF count it once
+// (end): that is where every frame the pipelines take ends in exactly
+// one outcome.
+type verdict int8
+
+const (
+	// pass sends the frame on to the next stage.
+	pass verdict = -1
+	// held ends the frame elsewhere: queued for a resolution
+	// (pending_frames), held for its VIF or a group join (counted by
+	// the holder when it sends or drops it), or a received frame in the
+	// TAP's batch (rx_frames or drop_tap_write at the write).
+	held verdict = -2
+)
+
+// A verdict holds any Counter (a compile error here when one does not).
+const _ = uint8(127 - numCounters)
+
+// end counts the outcome of a frame a pipeline is done with.
+func (c *counters) end(v verdict) {
+	if v >= 0 {
+		c.inc(Counter(v))
+	}
+}
 
 func (c *counters) add(k Counter, n uint64) { c.c[k].Add(n) }
 
@@ -187,7 +214,7 @@ var tableStats = []tableStat{
 	{stat.Value{Name: "snooped_groups_overflow", Help: "Snooped groups refused: the snooping table was full"}, func(s *Shim) uint64 { n, _ := s.snoop.Overflow(); return n }},
 	{stat.Value{Name: "snooped_groups_join_failed", Help: "Snooped groups refused: the port's join failed"}, func(s *Shim) uint64 { _, n := s.snoop.Overflow(); return n }},
 	{stat.Value{Name: "pending", Kind: stat.Level, Help: "Destinations being resolved"}, func(s *Shim) uint64 { return uint64(s.pending.count.Load()) }},
-	{stat.Value{Name: "pending_frames", Kind: stat.Level, Help: "Frames waiting for their destination's resolution"}, func(s *Shim) uint64 { return uint64(s.pending.frames.Load()) }},
+	{stat.Value{Name: "pending_frames", Kind: stat.Level, Help: "Frames waiting for their destination's resolution", End: stat.TxEnd}, func(s *Shim) uint64 { return uint64(s.pending.frames.Load()) }},
 	{stat.Value{Name: "vifs", Kind: stat.Level, Help: "VIFs: local guests' MACs (per VLAN) with their own QP"}, func(s *Shim) uint64 { return uint64(s.vifs.Len()) }},
 	{stat.Value{Name: "vifs_pending", Kind: stat.Level, Help: "New guests whose VIF the control plane is making ready (their frames held)"}, func(s *Shim) uint64 { return uint64(s.newVIFs.pending.Load()) }},
 	{stat.Value{Name: "vifs_overflow", Help: "New source MACs refused a VIF: the VIF table was full (--max-vifs)"}, func(s *Shim) uint64 { return s.vifs.Counters().Overflow }},

@@ -14,6 +14,7 @@ import (
 	"github.com/eipoib/eipoibd/ether"
 	"github.com/eipoib/eipoibd/internal/clock"
 	"github.com/eipoib/eipoibd/internal/csum"
+	"github.com/eipoib/eipoibd/internal/testutil"
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/ipoib/memfabric"
 	"github.com/eipoib/eipoibd/mactrans"
@@ -27,8 +28,8 @@ import (
 // one known remote endpoint (QPN 0x77 of fe80::b) in each partition.
 
 var (
-	fuzzGID    = gidOf("fe80::a")
-	fuzzRemote = ipoib.MakeHwAddr(0, 0x77, gidOf("fe80::b"))
+	fuzzGID    = testutil.GID("fe80::a")
+	fuzzRemote = ipoib.MakeHwAddr(0, 0x77, testutil.GID("fe80::b"))
 	fuzzStart  = time.Unix(1e6, 0)
 )
 

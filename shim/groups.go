@@ -88,7 +88,7 @@ var errGroupsFull = errors.New("shim: multicast group table full")
 // makeRoom evicts least recently used send-only memberships until a new
 // membership fits: under the total bound, and for a send-only one under
 // the send-only bound too.
-func (g *groupSet) makeRoom(port ipoib.Port, sendOnly bool) error {
+func (g *groupSet) makeRoom(port ipoib.ControlPort, sendOnly bool) error {
 	m := *g.m.Load()
 	need := len(m) - g.max + 1 // entries to evict for the total bound
 	if sendOnly {
@@ -118,7 +118,7 @@ func (g *groupSet) makeRoom(port ipoib.Port, sendOnly bool) error {
 }
 
 // remove forgets mgid and leaves it on the port.
-func (g *groupSet) remove(port ipoib.Port, mgid ipoib.GID) error {
+func (g *groupSet) remove(port ipoib.ControlPort, mgid ipoib.GID) error {
 	st, ok := g.lookup(mgid)
 	if !ok {
 		return nil
@@ -148,7 +148,7 @@ func (g *groupSet) publish(mgid ipoib.GID, add func()) {
 
 // join adds a full membership of mgid (upgrading a send-only one); a
 // static one is never released.
-func (g *groupSet) join(port ipoib.Port, mgid ipoib.GID, static bool) error {
+func (g *groupSet) join(port ipoib.ControlPort, mgid ipoib.GID, static bool) error {
 	refs := 1
 	if static {
 		refs = math.MaxInt32 // never released
@@ -175,7 +175,7 @@ func (g *groupSet) join(port ipoib.Port, mgid ipoib.GID, static bool) error {
 
 // joinSendOnly makes the port a send-only member of mgid, unless it is a
 // member already.
-func (g *groupSet) joinSendOnly(port ipoib.Port, mgid ipoib.GID, now time.Time) error {
+func (g *groupSet) joinSendOnly(port ipoib.ControlPort, mgid ipoib.GID, now time.Time) error {
 	if _, ok := g.lookup(mgid); ok {
 		g.publish(mgid, func() {})
 		return nil
@@ -195,7 +195,7 @@ func (g *groupSet) joinSendOnly(port ipoib.Port, mgid ipoib.GID, now time.Time) 
 
 // leave releases one full membership of mgid, leaving the MGID with the
 // last.
-func (g *groupSet) leave(port ipoib.Port, mgid ipoib.GID) error {
+func (g *groupSet) leave(port ipoib.ControlPort, mgid ipoib.GID) error {
 	st, ok := g.lookup(mgid)
 	if !ok || st.sendOnly {
 		return nil
@@ -208,7 +208,7 @@ func (g *groupSet) leave(port ipoib.Port, mgid ipoib.GID) error {
 
 // expireSendOnly leaves the send-only groups unused for idle and returns
 // how many.
-func (g *groupSet) expireSendOnly(port ipoib.Port, now time.Time, idle time.Duration) (int, error) {
+func (g *groupSet) expireSendOnly(port ipoib.ControlPort, now time.Time, idle time.Duration) (int, error) {
 	cut := now.Add(-idle).UnixNano()
 	n := 0
 	var first error
@@ -224,7 +224,7 @@ func (g *groupSet) expireSendOnly(port ipoib.Port, now time.Time, idle time.Dura
 }
 
 // leaveAll leaves every group.
-func (g *groupSet) leaveAll(port ipoib.Port, log *slog.Logger) {
+func (g *groupSet) leaveAll(port ipoib.ControlPort, log *slog.Logger) {
 	for mgid := range *g.m.Load() {
 		if err := port.Leave(mgid); err != nil {
 			log.Warn("leave group", "mgid", mgid, "err", err)
@@ -294,10 +294,11 @@ func (s *Shim) sendTo(mgid ipoib.GID, now time.Time) int {
 
 // holdForGroup holds a copy of f (f.buf an IPoIB packet with
 // ipoib.Headroom before its header) until the port joined mgid; it
-// reports false when the group was joined meanwhile (the caller sends
+// returns pass when the group was joined meanwhile (the caller sends
 // it). A frame over the bound or to a group whose join failed meanwhile
-// is dropped and counted.
-func (s *Shim) holdForGroup(mgid ipoib.GID, f heldFrame) bool {
+// is dropped: a guest's frame counts the drop verdict, the shim's own
+// (f.own) nothing.
+func (s *Shim) holdForGroup(mgid ipoib.GID, f heldFrame) verdict {
 	w := &s.gwait
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -305,22 +306,17 @@ func (s *Shim) holdForGroup(mgid ipoib.GID, f heldFrame) bool {
 	switch {
 	case !ok:
 		if _, joined := s.groups.lookup(mgid); joined {
-			return false
+			return pass
 		}
-		if !f.own {
-			s.ctr.inc(DropNoGroup)
-		}
+		return verdict(DropNoGroup)
 	case len(*h) >= mcastQueue:
-		if !f.own {
-			s.ctr.inc(DropGroupPendingFull)
-		}
-	default:
-		h.hold(f.buf, portTailRoom, f)
-		if !f.own {
-			s.ctr.inc(TxQueuedGroup)
-		}
+		return verdict(DropGroupPendingFull)
 	}
-	return true
+	h.hold(f.buf, portTailRoom, f)
+	if !f.own {
+		s.ctr.inc(TxQueuedGroup)
+	}
+	return held
 }
 
 // groupReady sends the frames held for a joined mgid, then publishes it
@@ -394,7 +390,7 @@ func (w *groupWaits) dropLocked(mgid ipoib.GID, c *counters) {
 // joinSendOnly is the control goroutine's send-only join of mgid, for
 // frames a guest sends to it.
 func (s *Shim) joinSendOnly(mgid ipoib.GID, now time.Time) {
-	if err := s.groups.joinSendOnly(s.port, mgid, now); err != nil {
+	if err := s.groups.joinSendOnly(s.ctl.port, mgid, now); err != nil {
 		s.groupFailed(mgid)
 		reason := s.ctl.refused("groups", err)
 		if s.groupWarn.Allow(now) {
@@ -444,7 +440,7 @@ var errControlFull = errors.New("shim: control queue full")
 func (s *Shim) mcastJoin(k snoop.Key, gen uint64) {
 	p := s.byVLAN[k.VLAN].Load()
 	mgid := s.groupMGID(p, k.Group)
-	if err := s.groups.join(s.port, mgid, false); err != nil {
+	if err := s.groups.join(s.ctl.port, mgid, false); err != nil {
 		s.snoop.Forget(k, gen)
 		reason := s.ctl.refused("groups", err)
 		if s.groupWarn.Allow(s.clk.Now()) {
@@ -460,7 +456,7 @@ func (s *Shim) mcastJoin(k snoop.Key, gen uint64) {
 func (s *Shim) mcastLeave(k snoop.Key) {
 	p := s.byVLAN[k.VLAN].Load()
 	mgid := s.groupMGID(p, k.Group)
-	if err := s.groups.leave(s.port, mgid); err != nil {
+	if err := s.groups.leave(s.ctl.port, mgid); err != nil {
 		s.log.Warn("leave group", "group", k.Group, "vlan", k.VLAN, "err", err)
 		return
 	}

@@ -84,10 +84,8 @@ func (s *Shim) Neighbours() []NeighInfo {
 	now := s.clk.Now()
 	ips := map[srcKey]ether.MAC{}
 	s.srcs.mu.RLock()
-	for k, e := range s.srcs.m {
-		if !e.mac.IsZero() {
-			ips[k] = e.mac
-		}
+	for k, mac := range s.srcs.m {
+		ips[k] = mac
 	}
 	s.srcs.mu.RUnlock()
 	byMAC := map[[2]uint64]*NeighInfo{}

@@ -35,17 +35,16 @@ func (s *Shim) SetLocalMACs(macs []ether.MAC) {
 	s.local.Store(&l)
 }
 
-// dropUndeclared counts a frame from k, which has no VIF, in --learn
+// dropUndeclared drops a frame from k, which has no VIF, in --learn
 // declared, and leaves k for logUndeclared.
-func (s *Shim) dropUndeclared(k mactrans.VIFKey) {
+func (s *Shim) dropUndeclared(k mactrans.VIFKey) verdict {
 	if l := s.local.Load(); l != nil && slices.Contains(*l, k.MAC) {
-		s.ctr.inc(DropUndeclaredLocal)
-		return
+		return verdict(DropUndeclaredLocal)
 	}
-	// Stored before the count, so that logUndeclared, seeing the count,
-	// sees a source (atomics are sequentially consistent).
+	// Stored before tx counts the verdict, so that logUndeclared, seeing
+	// the count, sees a source (atomics are sequentially consistent).
 	s.undeclared.last.Store(packKey(k))
-	s.ctr.inc(DropUndeclared)
+	return verdict(DropUndeclared)
 }
 
 // undeclaredLog is the state of the drop_undeclared log line.

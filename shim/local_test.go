@@ -7,10 +7,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gopacket/gopacket/layers"
+
 	"github.com/eipoib/eipoibd/ether"
+	"github.com/eipoib/eipoibd/internal/testutil"
 	"github.com/eipoib/eipoibd/internal/warnlimit"
 	"github.com/eipoib/eipoibd/mactrans"
-	"github.com/gopacket/gopacket/layers"
 )
 
 // TestUndeclaredLocal: in --learn declared, frames with no VIF from the
@@ -34,7 +36,7 @@ func TestUndeclaredLocal(t *testing.T) {
 		// TxFrames counts a frame before tx drops it: wait for the drops.
 		a.waitCounter(t, TxFrames, want["frames"])
 		delete(want, "frames")
-		waitFor(t, step+": the drops counted", func() bool {
+		testutil.WaitFor(t, step+": the drops counted", func() bool {
 			return a.s.Get(DropUndeclaredLocal)+a.s.Get(DropUndeclared) >= want["local"]+want["undeclared"]
 		})
 		if got := drops(); !maps.Equal(got, want) {
@@ -102,12 +104,12 @@ func TestUndeclaredLogged(t *testing.T) {
 		t.Helper()
 		for range 2 {
 			t0 := time.Now().UnixNano()
-			waitFor(t, "a housekeeping round", func() bool { return a.s.lastRound.Load() > t0 })
+			testutil.WaitFor(t, "a housekeeping round", func() bool { return a.s.lastRound.Load() > t0 })
 		}
 	}
 
 	a.dev.Inject(from(macA1))
-	waitFor(t, "the first line", func() bool { return len(lines()) == 1 })
+	testutil.WaitFor(t, "the first line", func() bool { return len(lines()) == 1 })
 	if l := lines(); l[0] != "mac="+macA1.String()+" vlan=0 dropped=1" {
 		t.Fatalf("line %q", l[0])
 	}
@@ -126,7 +128,7 @@ func TestUndeclaredLogged(t *testing.T) {
 	}
 	// One interval on, one line for the two: the last was macA1's.
 	a.clk.Advance(warnlimit.Interval)
-	waitFor(t, "the second line", func() bool { return len(lines()) == 2 })
+	testutil.WaitFor(t, "the second line", func() bool { return len(lines()) == 2 })
 	if l := lines(); l[1] != "mac="+macA1.String()+" vlan=0 dropped=2" {
 		t.Fatalf("line %q", l[1])
 	}

@@ -1,6 +1,6 @@
 package shim
 
-// Guests that migrate here (issue 23). A local guest that talked to a
+// Guests that migrate here. A local guest that talked to a
 // remote one holds, in its ARP and neighbour caches, the REMAC this shim
 // showed for the remote guest's QP. When that guest migrates onto this
 // hypervisor's bridge, its old QP is gone, yet the local guest keeps
@@ -143,35 +143,33 @@ func (s *Shim) remoteOwner(p *partition, from *mactrans.VIF, target netip.Addr, 
 // deliverMoved hands a frame for the REMAC of nb, an endpoint whose guest
 // moved to the local VIF to, back to the bridge when its destination
 // address is to's: addressed to to's MAC, from nb's REMAC (as the bridge
-// already knows it, behind the TAP). It reports whether it took the
-// frame. from is the sending guest's VIF: the moved guest answering the
+// already knows it, behind the TAP). It returns pass when it does not
+// take the frame. from is the sending guest's VIF: the moved guest answering the
 // shim's probe of it (addressed to its own old REMAC) is dropped, as any
 // frame to a local guest that reaches the TAP is. Called for frames to a
 // moved endpoint only, so the common path pays one atomic load.
-func (s *Shim) deliverMoved(b *txBatch, buf []byte, n int, et uint16, pay []byte, nb *mactrans.Neighbour, to, from *mactrans.VIF) bool {
+func (s *Shim) deliverMoved(b *txBatch, buf []byte, n int, et uint16, pay []byte, nb *mactrans.Neighbour, to, from *mactrans.VIF) verdict {
 	if !s.vifLive(to) {
-		return false
+		return pass
 	}
 	if to == from {
-		s.ctr.inc(DropDstLocal)
-		return true
+		return verdict(DropDstLocal)
 	}
 	if _, dip := ipAddrs(et, pay); !dip.IsValid() || !to.HasIP(dip) {
-		return false
+		return pass
 	}
-	s.sendBack(b, buf, n, to.Key.MAC, nb.REMAC)
-	return true
+	return s.sendBack(b, buf, n, to.Key.MAC, nb.REMAC)
 }
 
-// sendBack sends the frame at buf[devHeadroom:devHeadroom+n] back to the
-// bridge from src to dst (counted as tx_moved_local).
-func (s *Shim) sendBack(b *txBatch, buf []byte, n int, dst, src ether.MAC) {
+// sendBack readdresses the frame at buf[devHeadroom:devHeadroom+n] from
+// src to dst and leaves it in b for txEnd to send back to the bridge
+// once counted.
+func (s *Shim) sendBack(b *txBatch, buf []byte, n int, dst, src ether.MAC) verdict {
 	f := buf[devHeadroom : devHeadroom+n]
 	copy(f[0:6], dst[:])
 	copy(f[6:12], src[:])
-	b.local[0] = buf[devHeadroom-tap.Headroom : devHeadroom+n]
-	s.ctr.inc(TxMovedLocal) // before the guest can see the frame
-	s.writeLocal(b.local[:1])
+	b.local[0], b.nlocal = buf[devHeadroom-tap.Headroom:devHeadroom+n], 1
+	return verdict(TxMovedLocal)
 }
 
 // tellLocal sends one announcement to local guests: for annLocal, that

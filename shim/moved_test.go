@@ -5,12 +5,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gopacket/gopacket"
+	"github.com/gopacket/gopacket/layers"
+
 	"github.com/eipoib/eipoibd/ether"
+	"github.com/eipoib/eipoibd/internal/testutil"
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/mactrans"
 	"github.com/eipoib/eipoibd/tap"
-	"github.com/gopacket/gopacket"
-	"github.com/gopacket/gopacket/layers"
 )
 
 // localFrames are frames a shim delivered to its guests, sorted by
@@ -143,14 +145,14 @@ func testMovedHere(t *testing.T, hinted bool) {
 				Options: layers.ICMPv6Options{{Type: layers.ICMPv6OptTargetAddress, Data: macA1[:]}}})
 	}
 	a.dev.Inject(naFrame(macA1)) // A1's IPv6 address, on A
-	waitFor(t, "B to learn A1's IPv6 address", func() bool {
+	testutil.WaitFor(t, "B to learn A1's IPv6 address", func() bool {
 		mac, ok := b.s.srcs.lookup(srcKey{0xffff, la})
 		return ok && mac == remacA1
 	})
 	collect(b, la, 100*time.Millisecond) // A's announcements of A1
 	// A2 stays on A, and A1 knows it by its real MAC; B learns ipA2.
 	a.dev.Inject(arpFrame(t, layers.ARPRequest, macA2, ipA2, ether.Broadcast, ether.MAC{}, ipB1))
-	waitFor(t, "B to learn A2's address", func() bool { _, ok := b.s.srcs.lookup(srcKey{0xffff, ipA2}); return ok })
+	testutil.WaitFor(t, "B to learn A2's address", func() bool { _, ok := b.s.srcs.lookup(srcKey{0xffff, ipA2}); return ok })
 	remacA2, _ := b.s.srcs.lookup(srcKey{0xffff, ipA2})
 	delivered(b, 100*time.Millisecond)
 

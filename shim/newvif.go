@@ -163,27 +163,25 @@ func (q *newGuests) expire(now time.Time) {
 // holdNew holds a frame (buf, n, sup as tx got them) of guest k, which has
 // no VIF, asking the control goroutine for one on its first frame. It
 // returns the VIF when it became ready meanwhile (the caller translates
-// the frame), nil when the frame was held or dropped (counted). A guest
+// the frame), else nil and the frame's verdict (held or a drop). A guest
 // in its refusal back-off, and a new one while the VIF table is full and
 // no guest is pending, are dropped without taking newGuests.mu.
-func (s *Shim) holdNew(k mactrans.VIFKey, buf []byte, n int, sup tap.Super, now time.Time) *mactrans.VIF {
+func (s *Shim) holdNew(k mactrans.VIFKey, buf []byte, n int, sup tap.Super, now time.Time) (*mactrans.VIF, verdict) {
 	q := &s.newVIFs
 	v, published := s.vifs.Lookup(k)
 	if published && v.Ready() { // made meanwhile (declared, say)
-		return v
+		return v, pass
 	}
 	if drop, ok := q.refusedAt(k, now); ok {
-		s.ctr.inc(drop)
-		return nil
+		return nil, verdict(drop)
 	}
 	if !published && q.pending.Load() == 0 && s.vifs.Full() { // so not pending itself
-		s.refuseFull(k, now)
-		return nil
+		return nil, s.refuseFull(k, now)
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if v, published = s.vifs.Lookup(k); published && v.Ready() { // again, under the lock readyVIF holds
-		return v
+		return v, pass
 	}
 	g := q.m[k]
 	switch {
@@ -194,36 +192,32 @@ func (s *Shim) holdNew(k mactrans.VIFKey, buf []byte, n int, sup tap.Super, now 
 		g = q.add(k)
 	default:
 		if s.vifs.Full() { // refused here, per frame, as a MAC flood's are
-			s.refuseFull(k, now)
-			return nil
+			return nil, s.refuseFull(k, now)
 		}
 		if len(q.m) >= maxNewGuests {
-			s.ctr.inc(DropVIFPendingFull)
-			return nil
+			return nil, verdict(DropVIFPendingFull)
 		}
 		if !s.ctl.post(intent{kind: intentNewVIF, vif: k}, false) {
-			s.ctr.inc(DropControlFull)
-			return nil
+			return nil, verdict(DropControlFull)
 		}
 		g = q.add(k)
 	}
 	if len(g.frames) >= vifHoldPerGuest || q.frames >= vifHoldTotal {
-		s.ctr.inc(DropVIFPendingFull)
-		return nil
+		return nil, verdict(DropVIFPendingFull)
 	}
 	g.frames.hold(buf[:devHeadroom+n], txTailRoom, heldFrame{n: n, sup: sup})
 	q.frames++
 	s.ctr.inc(TxQueuedNewVIF)
-	return nil
+	return nil, held
 }
 
-// refuseFull counts a new guest's frame refused for a full VIF table
-// and warns (rate-limited).
-func (s *Shim) refuseFull(k mactrans.VIFKey, now time.Time) {
-	s.ctr.inc(DropVIFLimit)
+// refuseFull drops a new guest's frame for a full VIF table and warns
+// (rate-limited).
+func (s *Shim) refuseFull(k mactrans.VIFKey, now time.Time) verdict {
 	if s.vifWarn.Allow(now) {
 		s.log.Warn("new guest MAC refused", "mac", k.MAC, "vlan", k.VLAN, "reason", "vif_limit", "suppressed", s.vifWarn.Suppressed())
 	}
+	return verdict(DropVIFLimit)
 }
 
 // readyVIF sends the frames held for the guest of v, published, translated
@@ -236,9 +230,11 @@ func (s *Shim) readyVIF(p *partition, v *mactrans.VIF, now time.Time) {
 	if g, ok := q.m[v.Key]; ok {
 		b := s.ctl.batch // room for vifHoldPerGuest frames (control.init)
 		for _, f := range g.frames {
-			if _, pay, ok := s.txCheck(f.buf, f.n); ok { // as it was when held
-				s.translate(b, p, v, f.buf, f.n, pay, f.sup, now)
+			_, pay, vd := s.txCheck(f.buf, f.n) // as it was when held
+			if vd == pass {
+				vd = s.translate(b, p, v, f.buf, f.n, pay, f.sup, now)
 			}
+			s.txEnd(b, vd)
 		}
 		s.flushTx(b)
 		q.forget(v.Key, g)
@@ -304,5 +300,5 @@ func (s *Shim) makeVIF(p *partition, mac ether.MAC, origin mactrans.Origin, now 
 // QPN its MAC hints at. Control plane only (ctl.own held), or a test of a
 // shim that is not running.
 func (s *Shim) vif(p *partition, mac ether.MAC, origin mactrans.Origin, now time.Time) (*mactrans.VIF, error) {
-	return s.makeVIF(p, mac, origin, now, s.port.AllocQP)
+	return s.makeVIF(p, mac, origin, now, s.ctl.port.AllocQP)
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/eipoib/eipoibd/ether"
 	"github.com/eipoib/eipoibd/internal/gsotest"
+	"github.com/eipoib/eipoibd/internal/testutil"
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/ipoib/kernelfabric"
 	"github.com/eipoib/eipoibd/ipoib/kernelfabric/fakekernel"
@@ -172,7 +173,7 @@ func TestPartitionMTURefresh(t *testing.T) {
 	for _, h := range []*hv{a, b} {
 		h.port.(*memfabric.Port).SetPartitionMTU(0x8014, 2048)
 	}
-	waitFor(t, "VLAN 20's MTU to become 2044", func() bool { return a.s.Port().PartitionMTUs[20] == 2044 })
+	testutil.WaitFor(t, "VLAN 20's MTU to become 2044", func() bool { return a.s.Port().PartitionMTUs[20] == 2044 })
 	checkTooBig(t, a, b, 20, meetOn(t, a, b, 20), 2044)
 }
 

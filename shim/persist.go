@@ -58,7 +58,7 @@ func (s *Shim) RestoreGuests(gs []state.Guest) (vifs, addrs int, skipped []error
 		qpn := g.QPN
 		var v *mactrans.VIF
 		err := s.call(func() (err error) {
-			v, err = s.makeVIF(p, g.MAC, g.Origin, now, func(pkey ipoib.PKey, _ uint32) (uint32, error) { return s.port.AllocQP(pkey, qpn) })
+			v, err = s.makeVIF(p, g.MAC, g.Origin, now, func(pkey ipoib.PKey, _ uint32) (uint32, error) { return s.ctl.port.AllocQP(pkey, qpn) })
 			return err
 		})
 		if err != nil {

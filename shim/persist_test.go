@@ -25,10 +25,7 @@ func TestRestoreGuests(t *testing.T) {
 		len(gs[0].IPs) != 1 || gs[0].IPs[0] != ipA1 {
 		t.Fatalf("Guests: %+v", gs)
 	}
-	for i := 0; i < 4; i++ { // the first announcements go by
-		a.clk.Advance(time.Second)
-		announcements(t, b, ipA1, 100*time.Millisecond)
-	}
+	announceSteps(t, a, b, ipA1, 0, 1) // the first announcements go by
 	if removed, err := a.s.RemoveVIF(macA1, 0, mactrans.OriginDeclared); err != nil || !removed {
 		t.Fatalf("RemoveVIF: removed %v, %v", removed, err)
 	}
@@ -47,14 +44,11 @@ func TestRestoreGuests(t *testing.T) {
 	}
 	// Both addresses' announcements, 3 each; B's guests see the ARP
 	// ones (the NAs go by in the same frames read).
-	n := 0
-	for i := 0; i < 4; i++ {
-		k, _ := announcements(t, b, ipA1, 200*time.Millisecond)
-		n += k
-		a.clk.Advance(time.Second)
-	}
-	if n != 3 {
-		t.Errorf("%d announcements of %s after the restore, want 3", n, ipA1)
+	n, _ := announceSteps(t, a, b, ipA1, 3, 2)
+	a.clk.Advance(time.Second)
+	a.rounds(t, 2) // one began after the advance
+	if k, _ := announcements(t, b, ipA1, 0, 200*time.Millisecond); n != 3 || k != 0 {
+		t.Errorf("%d announcements of %s after the restore, then %d more; want 3", n, ipA1, k)
 	}
 	if got := a.s.Get(TxAnnounced); got != 3+6 {
 		t.Errorf("tx_announced %d, want 9 (3 at first, 3 for each of 2 addresses after the restore)", got)

@@ -278,8 +278,8 @@ func (s *Shim) sendNDP(p *partition, vif *mactrans.VIF, kind int, source, group,
 	case groupRefused:
 		return false
 	case groupJoining:
-		if s.holdForGroup(mgid, heldFrame{buf: buf, meta: m, vif: vif, own: true}) {
-			return true
+		if s.holdForGroup(mgid, heldFrame{buf: buf, meta: m, vif: vif, own: true}) != pass {
+			return true // held, or dropped uncounted as the shim's own frames are
 		}
 	}
 	s.writePort([][]byte{buf}, []ipoib.TxMeta{m})

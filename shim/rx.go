@@ -4,7 +4,8 @@ package shim
 // source QPN+GID to its REMAC (learned on first sight) → destination from
 // the receiving VIF's QP, or the MGID's multicast MAC → ARP/NDP/DHCP
 // rewrite in place → the Ethernet header (tagged with the partition's
-// VLAN) pushed over the IPoIB header. The batch goes to the device in one
+// VLAN) pushed over the IPoIB header. Each stage returns a verdict
+// (counters.go), counted once by rx. The batch goes to the device in one
 // Write.
 
 import (
@@ -44,7 +45,7 @@ func (s *Shim) rxLoop(w int, rq ipoib.RxQueue) error {
 		}
 		now := s.clk.Now()
 		slot := s.rxSlot(w)
-		s.ep.enter(slot) // the batch may resolve (srcip.go) and flush from VIFs' QPs
+		s.ep.enter(slot) // the batch may flush held frames from VIFs' QPs
 		if s.capture.Load() != nil {
 			for i := range n {
 				s.capFabricRx(bufs[i][rxOffset:rxOffset+sizes[i]], &meta[i])
@@ -132,43 +133,90 @@ func rxEtherType(et uint16) bool {
 	return false
 }
 
-// rx translates one packet at buf[rxOffset:rxOffset+n] into a frame.
+// rx translates one packet at buf[rxOffset:rxOffset+n] into a frame, or
+// returns nil for a packet dropped (counted).
 func (s *Shim) rx(buf []byte, n int, m *ipoib.RxMeta, now time.Time) []byte {
+	f, v := s.rxPacket(buf, n, m, now)
+	s.ctr.end(v)
+	return f
+}
+
+// rxPacket is rx's stages: check the header, find the partition and the
+// destination, rewrite, name the source, deliver (the frame, with the
+// verdict held: writeQueues counts it).
+func (s *Shim) rxPacket(buf []byte, n int, m *ipoib.RxMeta, now time.Time) ([]byte, verdict) {
 	pay := buf[rxOffset : rxOffset+n]
+	et, v := s.rxCheck(pay)
+	if v != pass {
+		return nil, v
+	}
+	p, dst, v := s.rxDestination(m, n, now)
+	if v != pass {
+		return nil, v
+	}
+	ip, v := s.rxRewrite(p, et, pay[ipoib.HeaderLen:], dst, now)
+	if v != pass {
+		return nil, v
+	}
+	// Only an accepted packet teaches the table its sender: dropped ones
+	// must not insert or evict entries. (The ARP/NDP rewrite above has
+	// already learned the addresses in its payload, which are the
+	// sender's own in every valid message; a rewrite that fails after
+	// that is the one case left.)
+	src, v := s.rxSource(p, et, ip, m, now)
+	if v != pass {
+		return nil, v
+	}
+	hl := ether.HeaderLen
+	if p.vlan != 0 {
+		hl = ether.VLANHeaderLen
+	}
+	start := rxOffset + ipoib.HeaderLen - hl
+	ether.PutHeader(buf[start:], dst, src, p.vlan, et)
+	return buf[start : rxOffset+ipoib.HeaderLen+len(ip)], held
+}
+
+// rxCheck checks the IPoIB header at the start of pay and returns its
+// ethertype.
+func (s *Shim) rxCheck(pay []byte) (uint16, verdict) {
 	h := ipoib.Header(pay)
 	if !h.IsValid() {
-		s.ctr.inc(DropRxBadHeader)
-		return nil
+		return 0, verdict(DropRxBadHeader)
 	}
 	et := h.EtherType()
 	if !rxEtherType(et) {
-		s.ctr.inc(DropRxEtherType)
-		return nil
+		return 0, verdict(DropRxEtherType)
 	}
+	return et, pass
+}
+
+// rxDestination finds the partition of the P_Key and the destination
+// MAC: the multicast MAC of the MGID, or the guest of the receiving VIF
+// (its n bytes counted to it).
+func (s *Shim) rxDestination(m *ipoib.RxMeta, n int, now time.Time) (*partition, ether.MAC, verdict) {
 	p := s.partitions()[m.PKey.Full()]
 	if p == nil {
-		s.ctr.inc(DropRxUnknownPKey)
-		return nil
+		return nil, ether.MAC{}, verdict(DropRxUnknownPKey)
 	}
-	var dst ether.MAC
 	if m.DstQPN == ipoib.MulticastQPN {
 		mac, ok := ipoib.MGIDToMAC(m.MGID)
 		if !ok {
-			s.ctr.inc(DropRxMulticast)
-			return nil
+			return nil, ether.MAC{}, verdict(DropRxMulticast)
 		}
-		dst = mac
-	} else {
-		vif, ok := s.vifs.LookupQPN(m.DstQPN)
-		if !ok || vif.Key.VLAN != p.vlan {
-			s.ctr.inc(DropRxUnknownVIF)
-			return nil
-		}
-		vif.Touch(now)
-		vif.CountRx(n)
-		dst = vif.Key.MAC
+		return p, mac, pass
 	}
-	ip := pay[ipoib.HeaderLen:]
+	vif, ok := s.vifs.LookupQPN(m.DstQPN)
+	if !ok || vif.Key.VLAN != p.vlan {
+		return nil, ether.MAC{}, verdict(DropRxUnknownVIF)
+	}
+	vif.Touch(now)
+	vif.CountRx(n)
+	return p, vif.Key.MAC, pass
+}
+
+// rxRewrite rewrites the ARP, NDP and DHCP payloads of ip, the packet
+// after the IPoIB header, for Ethernet in place and returns it.
+func (s *Shim) rxRewrite(p *partition, et uint16, ip []byte, dst ether.MAC, now time.Time) ([]byte, verdict) {
 	var err error
 	switch et {
 	case ether.TypeARP, ether.TypeRARP:
@@ -184,36 +232,23 @@ func (s *Shim) rx(buf []byte, n int, m *ipoib.RxMeta, now time.Time) []byte {
 	}
 	if err != nil {
 		s.ctr.rxRewrite.Count(err)
-		s.ctr.inc(DropRxRewrite)
-		return nil
+		return nil, verdict(DropRxRewrite)
 	}
-	// Only an accepted packet teaches the table its sender: dropped ones
-	// must not insert or evict entries. (The ARP/NDP rewrite above has
-	// already learned the addresses in its payload, which are the
-	// sender's own in every valid message; a rewrite that fails after
-	// that is the one case left.)
-	var src ether.MAC
-	if m.SrcUnknown { // the port cannot tell: see srcip.go
-		var ok bool
-		if src, ok = s.sourceOf(p, et, ip, m, now); !ok {
-			return nil
-		}
-	} else {
-		nb, err := s.neigh.Learn(p.pkey, m.Src, now)
-		if err != nil {
-			s.ctr.inc(DropRxNeighbour)
-			return nil
-		}
-		src = nb.REMAC
-		s.noteIPs(p, et, ip) // the IPs a neighbour speaks for, for the CLI
+	return ip, pass
+}
+
+// rxSource names the sender by its REMAC, learned on first sight, or by
+// its IP when the port cannot tell (srcip.go).
+func (s *Shim) rxSource(p *partition, et uint16, ip []byte, m *ipoib.RxMeta, now time.Time) (ether.MAC, verdict) {
+	if m.SrcUnknown {
+		return s.sourceOf(p, et, ip, now), pass
 	}
-	hl := ether.HeaderLen
-	if p.vlan != 0 {
-		hl = ether.VLANHeaderLen
+	nb, err := s.neigh.Learn(p.pkey, m.Src, now)
+	if err != nil {
+		return ether.MAC{}, verdict(DropRxNeighbour)
 	}
-	start := rxOffset + ipoib.HeaderLen - hl
-	ether.PutHeader(buf[start:], dst, src, p.vlan, et)
-	return buf[start : rxOffset+ipoib.HeaderLen+len(ip)]
+	s.noteIPs(p, et, ip) // the IPs a neighbour speaks for, for the CLI
+	return nb.REMAC, pass
 }
 
 // dhcpReplyToEth restores an RFC 4390 reply for the Ethernet guest that

@@ -12,6 +12,7 @@ import (
 	"github.com/gopacket/gopacket/layers"
 
 	"github.com/eipoib/eipoibd/ether"
+	"github.com/eipoib/eipoibd/internal/testutil"
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/mactrans"
 	"github.com/eipoib/eipoibd/tap"
@@ -92,7 +93,7 @@ func TestRxQueuesRace(t *testing.T) {
 	b.dev.Inject(arpFrame(t, layers.ARPRequest, macB2, ipB2, ether.Broadcast, ether.MAC{}, ipA1))
 	qpn := func(mac ether.MAC) uint32 {
 		var v *mactrans.VIF
-		waitFor(t, "the VIF of "+mac.String(), func() bool {
+		testutil.WaitFor(t, "the VIF of "+mac.String(), func() bool {
 			w, ok := b.s.vifs.Lookup(mactrans.VIFKey{MAC: mac})
 			v = w
 			return ok && w.Ready()
@@ -152,7 +153,7 @@ func TestRxQueuesRace(t *testing.T) {
 			}
 			next[fl]++
 			done++
-		case <-time.After(2 * time.Second):
+		case <-time.After(testutil.Settle):
 			t.Fatalf("delivered %v of %d frames per flow", next, per)
 		}
 	}

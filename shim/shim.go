@@ -77,7 +77,17 @@ type partition struct {
 	vlan  uint16
 	pkey  ipoib.PKey
 	bcast ipoib.GID
-	view  *mactrans.View
+	// anon is the source MAC of packets whose sender neither the port
+	// nor ARP/NDP can name (srcip.go): the REMAC DeriveREMAC gives the
+	// partition's broadcast address. One stable, locally administered
+	// unicast MAC per partition, so the bridge learns it once, on the
+	// TAP's port (net/bridge/br_fdb.c br_fdb_update: a new source MAC
+	// adds an entry, one seen on another port moves it): its FDB neither
+	// flaps nor gets an entry per routed source. It is no neighbour: a
+	// frame a guest sends to it waits for a resolution like any unknown
+	// REMAC, which never names it, and is dropped (drop_unresolved).
+	anon ether.MAC
+	view *mactrans.View
 	// ipMTU is the partition's IPoIB MTU, from the port's PartitionMTU:
 	// on InfiniBand the SM may give a partition's broadcast group a
 	// smaller MTU than the port's. Packets of the partition are cut,
@@ -94,8 +104,8 @@ type Shim struct {
 	log    *slog.Logger
 	clk    clock.Clock
 	dev    tap.Device
-	queues []tap.Device // the device's queues (itself when it has one)
-	port   ipoib.Port
+	queues []tap.Device    // the device's queues (itself when it has one)
+	port   ipoib.DataPort  // the port's data half; its control half is ctl.port
 	rxq    []ipoib.RxQueue // the port's receive queues, each read by an RX worker
 	ipMTU  int             // the port's IPoIB MTU, the largest of the partitions'
 	vifs   *mactrans.VIFTable
@@ -108,8 +118,8 @@ type Shim struct {
 	qmu    []sync.Mutex // by device queue: serialises writes to it (the RX workers', and queue 0 the shim's own)
 	portMu sync.Mutex   // serialises writes to the port
 
-	// ctl is the control plane, which alone calls the port's control
-	// methods; ep tracks the senders' epochs, so that a QP is freed only
+	// ctl is the control plane, which alone holds the port's control
+	// half; ep tracks the senders' epochs, so that a QP is freed only
 	// when no sender can use it (control.go).
 	ctl     control
 	ep      epochs
@@ -185,9 +195,11 @@ func New(cfg Config) (*Shim, error) {
 	gid := cfg.Port.LocalGID()
 	s := &Shim{
 		cfg: cfg, log: cfg.Logger, clk: cfg.Clock, dev: cfg.Device, port: cfg.Port, ipMTU: ipMTU,
+		ctl:   control{port: cfg.Port},
 		vifs:  mactrans.NewVIFTable(gid, cfg.MaxVIFs),
 		neigh: mactrans.NewNeighTable(cfg.MaxNeighbours),
 	}
+	s.cfg.Port = nil // held as its two halves only: port and ctl.port
 	s.byPKey.Store(&map[ipoib.PKey]*partition{})
 	add := func(vlan uint16, pkey ipoib.PKey) error {
 		p, err := s.newPartition(vlan, pkey)
@@ -242,8 +254,9 @@ func (s *Shim) newPartition(vlan uint16, pkey ipoib.PKey) (*partition, error) {
 		return nil, fmt.Errorf("shim: VLANs %d and %d both map to P_Key %s", other.vlan, vlan, full)
 	}
 	p := &partition{vlan: vlan, pkey: full, bcast: ipoib.BroadcastMGID(full, s.cfg.Scope)}
+	p.anon = mactrans.DeriveREMAC(p.bcast, ipoib.MulticastQPN, 0)
 	p.view = &mactrans.View{VIFs: s.vifs, Neigh: s.neigh, Clock: s.clk, GID: s.port.LocalGID(), VLAN: vlan, PKey: full}
-	p.ipMTU.Store(int32(s.ipMTUOf(s.port.PartitionMTU(full))))
+	p.ipMTU.Store(int32(s.ipMTUOf(s.ctl.port.PartitionMTU(full))))
 	return p, nil
 }
 
@@ -254,7 +267,7 @@ func (s *Shim) newPartition(vlan uint16, pkey ipoib.PKey) (*partition, error) {
 func (s *Shim) refreshMTU(p *partition) {
 	s.mtuMu.Lock()
 	defer s.mtuMu.Unlock()
-	s.setMTU(p, s.port.PartitionMTU(p.pkey))
+	s.setMTU(p, s.ctl.port.PartitionMTU(p.pkey))
 }
 
 // publish makes partition p visible to the data path (copy on write).
@@ -275,13 +288,13 @@ func (s *Shim) partitions() map[ipoib.PKey]*partition { return *s.byPKey.Load() 
 // applied, not lost. Control plane only.
 func (s *Shim) joinPartition(p *partition) error {
 	for _, mgid := range []ipoib.GID{p.bcast, s.groupMGID(p, allNodes), s.groupMGID(p, allHosts)} {
-		if err := s.groups.join(s.port, mgid, true); err != nil {
+		if err := s.groups.join(s.ctl.port, mgid, true); err != nil {
 			return err
 		}
 	}
 	s.mtuMu.Lock()
 	defer s.mtuMu.Unlock()
-	s.setMTU(p, s.port.PartitionMTU(p.pkey))
+	s.setMTU(p, s.ctl.port.PartitionMTU(p.pkey))
 	s.publish(p)
 	return nil
 }
@@ -324,9 +337,9 @@ func (s *Shim) Run(ctx context.Context) error {
 	stopControl := s.startControl()
 	for _, p := range s.partitions() {
 		if err := s.call(func() error { return s.joinPartition(p) }); err != nil {
-			s.call(func() error { s.groups.leaveAll(s.port, s.log); return nil })
+			s.call(func() error { s.groups.leaveAll(s.ctl.port, s.log); return nil })
 			stopControl()
-			s.port.Close()
+			s.ctl.port.Close()
 			return err
 		}
 	}
@@ -359,7 +372,7 @@ func (s *Shim) Run(ctx context.Context) error {
 	s.dev.Close() // the TX loop finishes its batch and leaves
 	wg.Wait()
 	s.call(s.stopPort)
-	s.port.Close() // the RX workers leave
+	s.ctl.port.Close() // the RX workers leave
 	rx.Wait()
 	stopControl()
 	return err
@@ -388,7 +401,7 @@ func (s *Shim) stopPort() error {
 	if err := s.freeQuiesced(gone); err != nil {
 		s.log.Warn("free QPs", "err", err)
 	}
-	s.groups.leaveAll(s.port, s.log)
+	s.groups.leaveAll(s.ctl.port, s.log)
 	s.log.Info("shim stopped", "counters_tx_frames", s.Get(TxFrames), "counters_rx_frames", s.Get(RxFrames))
 	return nil
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/eipoib/eipoibd/internal/clock"
 	"github.com/eipoib/eipoibd/internal/csum"
 	"github.com/eipoib/eipoibd/internal/metrics/stat"
+	"github.com/eipoib/eipoibd/internal/testutil"
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/ipoib/memfabric"
 	"github.com/eipoib/eipoibd/mactrans"
@@ -35,11 +36,9 @@ type hv struct {
 	stop context.CancelFunc
 }
 
-func gidOf(s string) ipoib.GID { return ipoib.GID(netip.MustParseAddr(s).As16()) }
-
 func newHV(t *testing.T, f fabric, gid string, mod func(*Config)) *hv {
 	t.Helper()
-	port := f.port(t, gidOf(gid))
+	port := f.port(t, testutil.GID(gid))
 	var err error
 	h := &hv{dev: tap.NewMem(256), port: port, clk: clock.NewFake(time.Unix(1e6, 0)), done: make(chan error, 1)}
 	cfg := Config{Device: h.dev, Port: port, Clock: h.clk, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Housekeeping: 10 * time.Millisecond}
@@ -57,7 +56,7 @@ func newHV(t *testing.T, f fabric, gid string, mod func(*Config)) *hv {
 	h.stop = cancel
 	go func() { h.done <- h.s.Run(ctx) }()
 	t.Cleanup(func() { h.shutdown(t) })
-	deadline := time.Now().Add(time.Second)
+	deadline := time.Now().Add(testutil.Settle)
 	for !h.dev.Carrier() {
 		if time.Now().After(deadline) {
 			t.Fatal("carrier never came up")
@@ -78,7 +77,7 @@ func (h *hv) shutdown(t *testing.T) {
 		if err != nil {
 			t.Errorf("Run: %v", err)
 		}
-	case <-time.After(2 * time.Second):
+	case <-time.After(testutil.Settle):
 		t.Error("Run did not return")
 	}
 	h.port.Close()
@@ -103,7 +102,7 @@ func (h *hv) recv(t *testing.T) gopacket.Packet {
 			if p := gopacket.NewPacket(f, layers.LayerTypeEthernet, gopacket.Default); !isQuery(p) {
 				return p
 			}
-		case <-time.After(settle):
+		case <-time.After(testutil.Settle):
 			t.Fatal("no frame delivered")
 		}
 	}
@@ -124,16 +123,10 @@ func (h *hv) quiet(t *testing.T) {
 	}
 }
 
-// settle bounds a wait for a state the test expects: generous, since it
-// only runs out when the state never comes, and a loaded machine (CI
-// runs beside other work) may take seconds to schedule the goroutine
-// that makes it.
-const settle = 20 * time.Second
-
 // waitCounter waits until a counter reaches want.
 func (h *hv) waitCounter(t *testing.T, c Counter, want uint64) {
 	t.Helper()
-	deadline := time.Now().Add(settle)
+	deadline := time.Now().Add(testutil.Settle)
 	for h.s.Get(c) < want {
 		if time.Now().After(deadline) {
 			t.Fatalf("%s = %d, want %d (counters %v)", c, h.s.Get(c), want, h.s.Counters())
@@ -223,7 +216,7 @@ func arpExchange(t *testing.T, a, b *hv) (remacA1, remacB1 ether.MAC) {
 		hv  *hv
 		mac ether.MAC
 	}{{a, macA1}, {b, macB1}} {
-		waitFor(t, "the VIF of "+h.mac.String()+" ready", func() bool {
+		testutil.WaitFor(t, "the VIF of "+h.mac.String()+" ready", func() bool {
 			v, ok := h.hv.s.vifs.Lookup(mactrans.VIFKey{MAC: h.mac})
 			return ok && v.Ready()
 		})
@@ -288,7 +281,7 @@ func TestNDP(t *testing.T) {
 		// B's guest has an address: seeing it joins its solicited-node group.
 		b.dev.Inject(ndpFrame(t, macB1, lb, netip.MustParseAddr("ff02::2"), ether.MAC{0x33, 0x33, 0, 0, 0, 2},
 			layers.CreateICMPv6TypeCode(layers.ICMPv6TypeRouterSolicitation, 0), &layers.ICMPv6RouterSolicitation{}))
-		deadline := time.Now().Add(time.Second)
+		deadline := time.Now().Add(testutil.Settle)
 		for !b.port.Joined(ipoib.IPv6MGID(sn, 0xffff, 2)) {
 			if time.Now().After(deadline) {
 				t.Fatal("solicited-node group not joined")
@@ -371,11 +364,7 @@ func TestUnknownREMACQueuedAndResolved(t *testing.T) {
 		// Nobody answers for an unknown MAC: dropped and counted after the tries.
 		a.dev.Inject(udpFrame(t, macA1, ether.MAC{2, 9, 9, 9, 9, 9}, ipA1, netip.MustParseAddr("10.0.0.99"), 64, true))
 		a.waitCounter(t, TxQueued, 2)
-		for i := 0; i < resolveTries+1; i++ {
-			a.clk.Advance(resolveInterval)
-			time.Sleep(30 * time.Millisecond)
-		}
-		a.waitCounter(t, DropUnresolved, 1)
+		a.resolveOut(t, 1)
 		if got := a.s.Get(TxResolveSent); got != 1+resolveTries {
 			t.Fatalf("resolutions sent %d, want %d", got, 1+resolveTries)
 		}
@@ -447,7 +436,7 @@ func (h *hv) nextQuery(t *testing.T) gopacket.Packet {
 			if p := gopacket.NewPacket(f, layers.LayerTypeEthernet, gopacket.Default); isQuery(p) {
 				return p
 			}
-		case <-time.After(2 * time.Second):
+		case <-time.After(testutil.Settle):
 			t.Fatal("no query")
 		}
 	}
@@ -492,7 +481,7 @@ func TestQuerierIntervalChange(t *testing.T) {
 	if err := a.s.SetMulticastTimers(snoop.Timers{QueryInterval: 30 * time.Second}); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(100 * time.Millisecond) // housekeeping rounds (every 10 ms) take the new interval
+	a.rounds(t, 2) // the second began after the change: it took the new interval
 	a.clk.Advance(30 * time.Second)
 	a.nextQuery(t)
 	a.nextQuery(t)
@@ -517,15 +506,30 @@ func igmpReport(t *testing.T, src ether.MAC, recType byte, group netip.Addr) []b
 	return serialize(t, eth(src, ether.MAC{1, 0, 0x5e, 0, 0, 0x16}, layers.EthernetTypeIPv4), ip, gopacket.Payload(igmp))
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
+// rounds waits for n housekeeping rounds to end after the call; with n
+// 2, the second began after the call, so it saw all that came before.
+func (h *hv) rounds(t *testing.T, n int) {
 	t.Helper()
-	deadline := time.Now().Add(settle)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
+	for range n {
+		last := h.s.lastRound.Load()
+		testutil.WaitFor(t, "a housekeeping round", func() bool { return h.s.lastRound.Load() != last })
 	}
+}
+
+// resolveOut moves h's clock through the tries of the unresolved
+// destinations queued at the clock's time (their first try sent), one
+// resolveInterval at a time, each step once the step before it sent its
+// resolution, so that no two steps fall in one round; after the last
+// step, it waits for drop_unresolved to reach drops.
+func (h *hv) resolveOut(t *testing.T, drops uint64) {
+	t.Helper()
+	for range resolveTries - 1 {
+		sent := h.s.Get(TxResolveSent)
+		h.clk.Advance(resolveInterval)
+		h.waitCounter(t, TxResolveSent, sent+1)
+	}
+	h.clk.Advance(resolveInterval)
+	h.waitCounter(t, DropUnresolved, drops)
 }
 
 // TestSnooping: reports join MGIDs, a leave triggers group-specific
@@ -541,7 +545,7 @@ func TestSnooping(t *testing.T) {
 		m4, m6 := ipoib.IPv4MGID(g4, 0xffff, 2), ipoib.IPv6MGID(g6, 0xffff, 2)
 		a.dev.Inject(igmpReport(t, macA1, 4, g4)) // CHANGE_TO_EXCLUDE({}): join
 		a.dev.Inject(mldReport(t, macA1, 4, g6))
-		waitFor(t, "joins on a", func() bool { return a.port.Joined(m4) && a.port.Joined(m6) })
+		testutil.WaitFor(t, "joins on a", func() bool { return a.port.Joined(m4) && a.port.Joined(m6) })
 		// Three: the two groups and the solicited-node group of the MLD
 		// report's own source address.
 		if a.s.Get(McastJoins) != 3 {
@@ -591,14 +595,16 @@ func TestSnooping(t *testing.T) {
 			t.Fatal("left before the leave time")
 		}
 		a.clk.Advance(2 * time.Second)
-		waitFor(t, "leave after the leave time", func() bool { return !a.port.Joined(m4) })
+		testutil.WaitFor(t, "leave after the leave time", func() bool { return !a.port.Joined(m4) })
 		if !a.port.Joined(m6) || a.s.Get(McastLeaves) != 1 {
 			t.Fatalf("IPv6 group left too, or leaves %d", a.s.Get(McastLeaves))
 		}
 		// The static groups survive a guest's leave of them.
+		frames := a.s.Get(TxFrames)
 		a.dev.Inject(mldReport(t, macA1, 3, allNodes))
+		a.waitCounter(t, TxFrames, frames+1)
 		a.clk.Advance(3 * time.Second)
-		time.Sleep(50 * time.Millisecond)
+		a.rounds(t, 2) // one began after the leave time had passed
 		if !a.port.Joined(ipoib.IPv6MGID(allNodes, 0xffff, 2)) {
 			t.Fatal("all-nodes group left on a guest's request")
 		}
@@ -609,7 +615,7 @@ func TestSnooping(t *testing.T) {
 		a.waitCounter(t, DropBadMcastReport, 1)
 		// Send-only memberships are left after a membership interval unused.
 		c.clk.Advance(261 * time.Second)
-		waitFor(t, "send-only expiry", func() bool { return !c.port.SendOnly(m4) && !c.port.SendOnly(m6) })
+		testutil.WaitFor(t, "send-only expiry", func() bool { return !c.port.SendOnly(m4) && !c.port.SendOnly(m6) })
 	})
 }
 
@@ -752,7 +758,7 @@ func TestVLANPartitions(t *testing.T) {
 		buf := append(make([]byte, ipoib.Headroom), 8, 0, 0, 0)
 		b.port.Write([][]byte{buf}, []ipoib.TxMeta{{Dst: va.LIMAC, SrcQPN: vb.QPN, PKey: 0x8014}}, ipoib.Headroom)
 		if f.countsPKeyDrops() {
-			waitFor(t, "P_Key drop", func() bool { return a.port.Counters().Drops[ipoib.DropPKey.String()] == 1 })
+			testutil.WaitFor(t, "P_Key drop", func() bool { return a.port.Counters().Drops[ipoib.DropPKey.String()] == 1 })
 		}
 		a.quiet(t)
 		a.dev.Inject(tagged(30, macA1, layers.ARPRequest, ether.Broadcast, ether.MAC{}, ipA1, ipB1))
@@ -848,15 +854,15 @@ func TestQueriesWhenCarrierReturns(t *testing.T) {
 	f := memFab(t, 2048)
 	h := newHV(t, f, "fe80::a", nil)
 	dp := h.port.(*memfabric.Port)
-	waitFor(t, "the 2 start-up queries", func() bool { return h.s.Get(TxQueries) == 2 })
+	testutil.WaitFor(t, "the 2 start-up queries", func() bool { return h.s.Get(TxQueries) == 2 })
 	dp.SetDown(true)
-	waitFor(t, "the carrier to go with the port", func() bool { return !h.dev.Carrier() })
+	testutil.WaitFor(t, "the carrier to go with the port", func() bool { return !h.dev.Carrier() })
 	if n := h.s.Get(TxQueries); n != 2 {
 		t.Fatalf("%d queries with the port down, want the 2 of the start", n)
 	}
 	dp.SetDown(false)
-	waitFor(t, "the carrier to come back with the port", h.dev.Carrier)
-	waitFor(t, "4 queries (the start's 2, then 2 as the carrier came back)", func() bool { return h.s.Get(TxQueries) == 4 })
+	testutil.WaitFor(t, "the carrier to come back with the port", h.dev.Carrier)
+	testutil.WaitFor(t, "4 queries (the start's 2, then 2 as the carrier came back)", func() bool { return h.s.Get(TxQueries) == 4 })
 	igmp, mld := 0, 0
 	for len(h.dev.Sent()) > 0 {
 		p := gopacket.NewPacket(<-h.dev.Sent(), layers.LayerTypeEthernet, gopacket.Default)

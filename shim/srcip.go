@@ -1,16 +1,27 @@
 package shim
 
 // Unknown sources: a port that cannot tell a packet's sender (the kernel
-// IPoIB backend: packet sockets get no source address) marks it
-// RxMeta.SrcUnknown. The sender is then found from what ARP and NDP
+// IPoIB backend: af_packet.c packet_rcv sets sll_halen from
+// dev_parse_header(), and ipoib_header_ops has only .create, so a packet
+// socket never gets a source address; the verbs backend for a sender
+// without a GRH whose LID it never saw) marks it RxMeta.SrcUnknown. The sender is then found from what ARP and NDP
 // taught: every ARP packet carries its sender's address, NDP options carry
 // the sender's (SLLA) or target's (TLLA), and the RX rewrite has already
 // turned those into REMACs. srcTable keeps (partition, IP) → REMAC; an IP
-// packet takes the REMAC of its source IP. A source never seen in ARP/NDP
-// is not guessed: the packet is dropped and counted, and the shim asks for
-// it (ARP request or neighbour solicitation from the receiving guest's
-// VIF), at most once per resolveInterval, so that the next packet passes.
-// Ports that report sources never reach this file.
+// packet takes the REMAC of its source IP.
+//
+// A source never seen in ARP/NDP is not guessed and not dropped: it is
+// what a router forwards from another subnet (its source IP is off-link:
+// nobody on the fabric answers ARP/NDP for it), and multicast from a host
+// that never sent ARP/NDP. Such a packet is delivered with the partition's
+// stand-in MAC (partition.anon) as its source and counted
+// (rx_unknown_source). No ARP or NDP is sent for its source: for an
+// off-link address none would ever be answered, and a routed flow would
+// make one per source IP again and again. An on-link sender teaches its
+// address anyway when it resolves the guest (its neighbour entry's
+// ARP/NDP, which carries its own address: net/ipv4/arp.c arp_solicit,
+// net/ipv6/ndisc.c ndisc_send_ns). Ports that report sources never reach
+// this file.
 
 import (
 	"encoding/binary"
@@ -28,29 +39,24 @@ type srcKey struct {
 	ip   netip.Addr
 }
 
-type srcEntry struct {
-	mac   ether.MAC // zero while only asked for
-	asked time.Time // last resolution sent for it
-}
-
 // srcTable maps source IPs to REMACs, bounded to max entries.
 type srcTable struct {
 	mu  sync.RWMutex
-	m   map[srcKey]srcEntry
+	m   map[srcKey]ether.MAC
 	max int
 }
 
 func (t *srcTable) lookup(k srcKey) (ether.MAC, bool) {
 	t.mu.RLock()
-	e, ok := t.m[k]
+	mac, ok := t.m[k]
 	t.mu.RUnlock()
-	return e.mac, ok && !e.mac.IsZero()
+	return mac, ok
 }
 
-// put stores e under k, evicting an arbitrary entry when full.
-func (t *srcTable) put(k srcKey, e srcEntry) {
+// put stores mac under k, evicting an arbitrary entry when full.
+func (t *srcTable) put(k srcKey, mac ether.MAC) {
 	if t.m == nil {
-		t.m = make(map[srcKey]srcEntry)
+		t.m = make(map[srcKey]ether.MAC)
 	}
 	if _, ok := t.m[k]; !ok && len(t.m) >= t.max {
 		for old := range t.m {
@@ -58,7 +64,7 @@ func (t *srcTable) put(k srcKey, e srcEntry) {
 			break
 		}
 	}
-	t.m[k] = e
+	t.m[k] = mac
 }
 
 func (t *srcTable) learn(k srcKey, mac ether.MAC) {
@@ -66,7 +72,7 @@ func (t *srcTable) learn(k srcKey, mac ether.MAC) {
 		return
 	}
 	t.mu.Lock()
-	t.put(k, srcEntry{mac: mac})
+	t.put(k, mac)
 	t.mu.Unlock()
 }
 
@@ -76,64 +82,42 @@ func (t *srcTable) ipsOf(pkey ipoib.PKey, mac ether.MAC) []netip.Addr {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
 	var out []netip.Addr
-	for k, e := range t.m {
-		if k.pkey == pkey && e.mac == mac {
+	for k, m := range t.m {
+		if k.pkey == pkey && m == mac {
 			out = append(out, k.ip)
 		}
 	}
 	return out
 }
 
-// ask reports whether a resolution of k is due at now, and records it.
-func (t *srcTable) ask(k srcKey, now time.Time) bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	e := t.m[k]
-	if !e.mac.IsZero() || now.Sub(e.asked) < resolveInterval {
-		return false
-	}
-	e.asked = now
-	t.put(k, e)
-	return true
-}
-
 // sourceOf returns the REMAC a packet from an unknown source came from
 // (pkt is its rewritten IP/ARP payload), learning the addresses ARP and
-// NDP carry; for an unknown source it counts the drop, starts a
-// resolution and reports false.
-func (s *Shim) sourceOf(p *partition, et uint16, pkt []byte, m *ipoib.RxMeta, now time.Time) (ether.MAC, bool) {
-	var sip, dip netip.Addr
+// NDP carry; for a source IP ARP/NDP never taught, the partition's
+// stand-in MAC, counted.
+func (s *Shim) sourceOf(p *partition, et uint16, pkt []byte, now time.Time) ether.MAC {
+	var sip netip.Addr
 	switch et {
 	case ether.TypeARP, ether.TypeRARP:
 		s.noteIPs(p, et, pkt)
-		return ether.MAC(arpndp.ARP(pkt).SenderHw()), true
+		return ether.MAC(arpndp.ARP(pkt).SenderHw())
 	case ether.TypeIPv4:
-		if len(pkt) < 20 {
-			break
+		if len(pkt) >= 20 {
+			sip = netip.AddrFrom4([4]byte(pkt[12:16]))
 		}
-		sip, dip = netip.AddrFrom4([4]byte(pkt[12:16])), netip.AddrFrom4([4]byte(pkt[16:20]))
 	case ether.TypeIPv6:
-		if len(pkt) < 40 {
-			break
+		if len(pkt) >= 40 {
+			sip = netip.AddrFrom16([16]byte(pkt[8:24]))
 		}
-		sip, dip = netip.AddrFrom16([16]byte(pkt[8:24])), netip.AddrFrom16([16]byte(pkt[24:40]))
 		s.noteIPs(p, et, pkt)
 	}
-	k := srcKey{p.pkey, sip}
-	if mac, ok := s.srcs.lookup(k); ok {
+	if mac, ok := s.srcs.lookup(srcKey{p.pkey, sip}); ok {
 		if n, ok := s.neigh.LookupREMAC(p.pkey, mac); ok {
 			n.Touch(now)
-			return mac, true
+			return mac
 		}
 	}
-	s.ctr.inc(DropRxUnknownSource)
-	if m.DstQPN == ipoib.MulticastQPN || !sip.IsValid() || sip.IsUnspecified() || !s.srcs.ask(k, now) {
-		return ether.MAC{}, false
-	}
-	if vif, ok := s.vifs.LookupQPN(m.DstQPN); ok {
-		s.sendResolve(p, vif, dip, sip) // within the RX worker's epoch
-	}
-	return ether.MAC{}, false
+	s.ctr.inc(RxUnknownSource)
+	return p.anon
 }
 
 // noteIPs learns which IPs the sender of an accepted ARP or NDP packet

@@ -1,6 +1,6 @@
 package shim
 
-// Oversized IP packets are never blackholed (DESIGN.md): IPv4 with DF and
+// Oversized IP packets are never blackholed (docs/architecture.md): IPv4 with DF and
 // IPv6 get ICMP "fragmentation needed" / "packet too big" back to the
 // guest with the IPoIB MTU of the packet's partition, so path MTU
 // discovery converges; IPv4 without DF is fragmented to it here (RFC 791 §3.2, options copied to
@@ -29,15 +29,15 @@ func fragmentable(et uint16, pay []byte) bool {
 }
 
 // tooBig handles an IP packet longer than mtu, its partition's IPoIB MTU.
-func (s *Shim) tooBig(b *txBatch, f ether.Frame, et uint16, pay []byte, m ipoib.TxMeta, mtu int) {
+func (s *Shim) tooBig(b *txBatch, f ether.Frame, et uint16, pay []byte, m ipoib.TxMeta, mtu int) verdict {
 	switch {
 	case fragmentable(et, pay):
 		s.fragment(b, header.IPv4(pay), m, mtu)
+		return verdict(TxFragmented)
 	case et == ether.TypeIPv4 || et == ether.TypeIPv6:
-		s.icmpTooBig(b, f, et, pay, mtu)
-	default:
-		s.ctr.inc(DropTooBig)
+		return s.icmpTooBig(b, f, et, pay, mtu)
 	}
+	return verdict(DropTooBig)
 }
 
 // fragment splits an IPv4 packet into fragments that fit mtu (RFC 791
@@ -72,13 +72,13 @@ func (s *Shim) fragment(b *txBatch, ip header.IPv4, m ipoib.TxMeta, mtu int) {
 		off = end
 		hdr = later[:laterLen]
 	}
-	s.ctr.inc(TxFragmented)
 }
 
 // icmpTooBig answers the guest with ICMP fragmentation-needed (IPv4, RFC
 // 1191) or ICMPv6 packet-too-big (RFC 4443 §3.2) carrying mtu, sent from
-// the packet's destination as a router on the path would.
-func (s *Shim) icmpTooBig(b *txBatch, f ether.Frame, et uint16, pay []byte, mtu int) {
+// the packet's destination as a router on the path would. The reply is
+// left in b for txEnd to write.
+func (s *Shim) icmpTooBig(b *txBatch, f ether.Frame, et uint16, pay []byte, mtu int) verdict {
 	var src, dst netip.Addr
 	if et == ether.TypeIPv4 {
 		src, dst = header.IPv4(pay).Dst(), header.IPv4(pay).Src()
@@ -86,8 +86,7 @@ func (s *Shim) icmpTooBig(b *txBatch, f ether.Frame, et uint16, pay []byte, mtu 
 		src, dst = header.IPv6(pay).Dst(), header.IPv6(pay).Src()
 	}
 	if src.IsMulticast() || dst.IsMulticast() || dst.IsUnspecified() || f.Dst().IsMulticast() {
-		s.ctr.inc(DropTooBig)
-		return
+		return verdict(DropTooBig)
 	}
 	buf := b.icmp[tap.Headroom:]
 	clear(buf)
@@ -113,6 +112,6 @@ func (s *Shim) icmpTooBig(b *txBatch, f ether.Frame, et uint16, pay []byte, mtu 
 		copy(icmp[icmpHeader:], quote)
 		binary.BigEndian.PutUint16(icmp[2:4], csum.Fold(csum.Sum(csum.Pseudo(ip.SrcBytes(), ip.DstBytes(), header.ProtoICMPv6, plen), icmp)))
 	}
-	s.ctr.inc(TxICMPTooBig)
-	s.writeLocal([][]byte{b.icmp[:tap.Headroom+hl+n]})
+	b.local[0], b.nlocal = b.icmp[:tap.Headroom+hl+n], 1
+	return verdict(TxICMPTooBig)
 }

@@ -2,12 +2,12 @@ package shim
 
 // TX: TAP → fabric. Per frame: Ethernet header checks → partition from the
 // VLAN → the source MAC's VIF, looked up lock-free (a new guest's frames
-// are held while the control goroutine makes its VIF: newvif.go; the
-// rest, translate, takes the VIF) → destination MAC
-// to RIMAC/MGID → ARP/NDP/DHCP rewrite in place → MSS clamp (optional) →
-// MTU → the 4-byte IPoIB header written over the end of the Ethernet
-// header. The batch goes to the port in one Write; nothing here allocates
-// or logs per frame.
+// are held while the control goroutine makes its VIF: newvif.go) →
+// translate's stages: the destination MAC to RIMAC/MGID, the ARP/NDP/DHCP
+// rewrite in place, the MTU, and the 4-byte IPoIB header written over the
+// end of the Ethernet header. Each stage returns a verdict (counters.go),
+// counted once by tx. The batch goes to the port in one Write; nothing
+// here allocates or logs per frame.
 
 import (
 	"net/netip"
@@ -49,9 +49,11 @@ type txBatch struct {
 	frags [][]byte // fragment buffers
 	nfrag int
 	icmp  []byte   // an ICMP too-big reply to a guest
-	local [][]byte // a frame sent back to the bridge (deliverMoved)
-	cut   gso.Segmenter
-	dgram []byte // a datagram cut from a UDP super-frame, too big to send (made on first use)
+	local [][]byte // a frame to a guest (ICMP, sendBack), written by txEnd
+	// nlocal is 1 while local holds a frame to write.
+	nlocal int
+	cut    gso.Segmenter
+	dgram  []byte // a datagram cut from a UDP super-frame, too big to send (made on first use)
 }
 
 // newTxBatch returns a batch for up to bs frames and their fragments.
@@ -186,271 +188,345 @@ func (s *Shim) multicastMGID(p *partition, et uint16, pay []byte) (ipoib.GID, bo
 }
 
 // tx takes one frame at buf[devHeadroom:devHeadroom+n]; sup describes a
-// TCP or UDP super-frame to hand to the port whole. It checks the frame, finds
-// the sending VIF and translates the frame, or holds it while the
-// guest's VIF is made.
+// TCP or UDP super-frame to hand to the port whole. It checks the frame,
+// finds the sending VIF and translates the frame, or holds it while the
+// guest's VIF is made, and counts its verdict.
 func (s *Shim) tx(b *txBatch, buf []byte, n int, sup tap.Super, now time.Time) {
-	p, pay, ok := s.txCheck(buf, n)
-	if !ok {
-		return
+	s.txEnd(b, s.txFrame(b, buf, n, sup, now))
+}
+
+// txEnd counts the verdict of a frame, then writes to the TAP the frame
+// the stages left there for a guest (an ICMP too-big, a frame sent back
+// to the bridge): counted before the guest can see it.
+func (s *Shim) txEnd(b *txBatch, v verdict) {
+	s.ctr.end(v)
+	if b.nlocal > 0 {
+		s.writeLocal(b.local[:b.nlocal])
+		b.nlocal = 0
+	}
+}
+
+// txFrame is the first stages of tx: the headers, then the sending VIF.
+func (s *Shim) txFrame(b *txBatch, buf []byte, n int, sup tap.Super, now time.Time) verdict {
+	p, pay, v := s.txCheck(buf, n)
+	if v != pass {
+		return v
 	}
 	k := mactrans.VIFKey{MAC: ether.Frame(buf[devHeadroom:]).Src(), VLAN: p.vlan}
 	vif, ok := s.vifs.Lookup(k)
 	if !ok || !vif.Ready() {
 		if !ok && s.cfg.Learn == LearnDeclared {
-			s.dropUndeclared(k)
-			return
+			return s.dropUndeclared(k)
 		}
-		if vif = s.holdNew(k, buf, n, sup, now); vif == nil {
-			return
+		if vif, v = s.holdNew(k, buf, n, sup, now); vif == nil {
+			return v
 		}
 	}
-	s.translate(b, p, vif, buf, n, pay, sup, now)
+	return s.translate(b, p, vif, buf, n, pay, sup, now)
 }
 
 // txCheck checks the headers of the frame at buf[devHeadroom:devHeadroom+n]
-// and returns its partition and its payload without Ethernet padding; ok
-// is false for a frame dropped (counted).
-func (s *Shim) txCheck(buf []byte, n int) (p *partition, pay []byte, ok bool) {
+// and returns its partition and its payload without Ethernet padding, or
+// the verdict that drops it.
+func (s *Shim) txCheck(buf []byte, n int) (p *partition, pay []byte, v verdict) {
 	f := ether.Frame(buf[devHeadroom : devHeadroom+n])
 	if !f.IsValid() {
-		s.ctr.inc(DropRunt)
-		return nil, nil, false
+		return nil, nil, verdict(DropRunt)
 	}
 	if p = s.byVLAN[f.VLAN()].Load(); p == nil {
-		s.ctr.inc(DropVLANUnmapped)
-		return nil, nil, false
+		return nil, nil, verdict(DropVLANUnmapped)
 	}
 	if src := f.Src(); src.IsMulticast() || src.IsZero() {
-		s.ctr.inc(DropBadSrcMAC)
-		return nil, nil, false
+		return nil, nil, verdict(DropBadSrcMAC)
 	}
 	et := f.EtherType()
-	if pay, ok = ipBounds(et, buf[devHeadroom+f.HeaderLen():devHeadroom+n]); !ok {
-		if et == ether.TypeIPv4 || et == ether.TypeIPv6 {
-			s.ctr.inc(DropBadIP)
-		} else {
-			s.ctr.inc(DropEtherType)
-		}
+	pay, ok := ipBounds(et, buf[devHeadroom+f.HeaderLen():devHeadroom+n])
+	switch {
+	case ok:
+		return p, pay, pass
+	case et == ether.TypeIPv4 || et == ether.TypeIPv6:
+		return nil, nil, verdict(DropBadIP)
 	}
-	return p, pay, ok
+	return nil, nil, verdict(DropEtherType)
+}
+
+// txPacket is one frame of a guest crossing the stages of translate,
+// with what they learn of it. It lives on the TX worker's stack.
+type txPacket struct {
+	p   *partition
+	vif *mactrans.VIF
+	buf []byte // the frame at buf[devHeadroom:devHeadroom+n]
+	n   int
+	f   ether.Frame
+	et  uint16
+	pay []byte // the IP or ARP packet, without Ethernet padding
+	sup tap.Super
+	now time.Time
+	mtu int
+	m   ipoib.TxMeta
+	// kind is TxBroadcast or TxMulticast, counted when sent on; -1 for
+	// unicast.
+	kind Counter
+	// waits: m.Dst is a group being joined, and the frame waits for it.
+	waits bool
+	// unknown: the destination is not known yet; source and target are
+	// the addresses to resolve it with.
+	unknown        bool
+	source, target netip.Addr
+	segs           int // of a super-frame
 }
 
 // translate translates one frame of vif's guest in partition p, checked
-// by txCheck (pay its payload), and adds it to the batch (or queues it,
-// or answers it).
-func (s *Shim) translate(b *txBatch, p *partition, vif *mactrans.VIF, buf []byte, n int, pay []byte, sup tap.Super, now time.Time) {
+// by txCheck (pay its payload): resolve the destination, rewrite, fit
+// the MTU, emit (to the batch, the resolution queue or a group's held
+// frames). It returns the frame's verdict.
+func (s *Shim) translate(b *txBatch, p *partition, vif *mactrans.VIF, buf []byte, n int, pay []byte, sup tap.Super, now time.Time) verdict {
 	f := ether.Frame(buf[devHeadroom : devHeadroom+n])
-	src, dst := f.Src(), f.Dst()
-	et := f.EtherType()
-	payStart := devHeadroom + f.HeaderLen()
-	mtu := p.mtu()
-	if s.cfg.ClampMSS && (et == ether.TypeIPv4 || et == ether.TypeIPv6) && s.clampMSS(pay, et == ether.TypeIPv6, mtu) {
+	t := txPacket{p: p, vif: vif, buf: buf, n: n, f: f, et: f.EtherType(), pay: pay, sup: sup, now: now, mtu: p.mtu(), kind: -1}
+	if s.cfg.ClampMSS && (t.et == ether.TypeIPv4 || t.et == ether.TypeIPv6) && s.clampMSS(pay, t.et == ether.TypeIPv6, t.mtu) {
 		s.ctr.inc(TxMSSClamped)
 	}
-	var err error
 	vif.Touch(now)
 	vif.CountTx(n)
 	if s.cfg.AnnounceWindow > 0 {
-		s.learnGuest(p, vif, et, pay, now)
+		s.learnGuest(p, vif, t.et, pay, now)
 	}
-	m := ipoib.TxMeta{SrcQPN: vif.QPN, PKey: p.pkey}
-	unknown := false
-	kind := Counter(-1) // TxBroadcast or TxMulticast, counted when sent on
-	waits := false      // m.Dst is a group being joined: the frame waits for it
-	var source, target netip.Addr
+	t.m = ipoib.TxMeta{SrcQPN: vif.QPN, PKey: p.pkey}
+	if v := s.txDestination(b, &t); v != pass {
+		return v
+	}
+	if v := s.txRewrite(&t); v != pass {
+		return v
+	}
+	if v := s.txFit(b, &t); v != pass {
+		return v
+	}
+	return s.txEmit(b, &t)
+}
+
+// txDestination resolves t's destination MAC to t.m.Dst: the broadcast
+// group, a multicast group (joined, or being joined: t.waits), a known
+// remote endpoint, or none yet (t.unknown). Frames for local guests are
+// dropped, or sent back to the bridge for a guest that moved here.
+func (s *Shim) txDestination(b *txBatch, t *txPacket) verdict {
+	dst := t.f.Dst()
+	p := t.p
 	switch {
 	case dst.IsBroadcast():
-		m.Dst = ipoib.MakeHwAddr(0, ipoib.MulticastQPN, p.bcast)
-		kind = TxBroadcast
+		t.m.Dst = ipoib.MakeHwAddr(0, ipoib.MulticastQPN, p.bcast)
+		t.kind = TxBroadcast
+		return pass
 	case dst.IsMulticast():
-		mgid, ok := s.multicastMGID(p, et, pay)
+		mgid, ok := s.multicastMGID(p, t.et, t.pay)
 		if !ok {
-			s.ctr.inc(DropBadIP)
-			return
+			return verdict(DropBadIP)
 		}
-		switch s.sendTo(mgid, now) {
+		switch s.sendTo(mgid, t.now) {
 		case groupRefused:
-			s.ctr.inc(DropNoGroup)
-			return
+			return verdict(DropNoGroup)
 		case groupJoining:
-			waits = true
+			t.waits = true
 		}
-		m.Dst = ipoib.MakeHwAddr(0, ipoib.MulticastQPN, mgid)
-		kind = TxMulticast
-	default:
-		if nb, ok := s.neigh.LookupREMAC(p.pkey, dst); ok {
-			// For a guest that moved here (moved.go). A super-frame
-			// is not sent back, as the bridge would refuse it whole:
-			// it goes on and is lost, and TCP resends it once the
-			// guests know the moved guest's MAC.
-			if to := nb.MovedTo(); to != nil && sup.L4 == 0 && s.deliverMoved(b, buf, n, et, pay, nb, to, vif) {
-				return
+		t.m.Dst = ipoib.MakeHwAddr(0, ipoib.MulticastQPN, mgid)
+		t.kind = TxMulticast
+		return pass
+	}
+	if nb, ok := s.neigh.LookupREMAC(p.pkey, dst); ok {
+		// For a guest that moved here (moved.go). A super-frame is not
+		// sent back, as the bridge would refuse it whole: it goes on
+		// and is lost, and TCP resends it once the guests know the
+		// moved guest's MAC.
+		if to := nb.MovedTo(); to != nil && t.sup.L4 == 0 {
+			if v := s.deliverMoved(b, t.buf, t.n, t.et, t.pay, nb, to, t.vif); v != pass {
+				return v
 			}
-			nb.Use(now)
-			m.Dst = nb.RIMAC.WithoutFlags()
-		} else if _, local := s.vifs.Lookup(mactrans.VIFKey{MAC: dst, VLAN: p.vlan}); local {
-			s.ctr.inc(DropDstLocal)
-			return
-		} else if w, own := s.vifs.LookupREMAC(dst); own && w.Key.VLAN == p.vlan && sup.L4 == 0 {
-			// A guest that moved here, to a local guest by the REMAC
-			// it had for it elsewhere (moved.go).
-			s.sendBack(b, buf, n, w.Key.MAC, dst)
-			return
-		} else if source, target = ipAddrs(et, pay); sup.L4 == 0 && vif.MovedIn() {
-			if nb := s.remoteOwner(p, vif, target, now); nb != nil {
-				nb.Use(now)
-				m.Dst = nb.RIMAC.WithoutFlags()
-			} else {
-				unknown = true
-			}
-		} else {
-			unknown = true
+		}
+		nb.Use(t.now)
+		t.m.Dst = nb.RIMAC.WithoutFlags()
+		return pass
+	}
+	if _, local := s.vifs.Lookup(mactrans.VIFKey{MAC: dst, VLAN: p.vlan}); local {
+		return verdict(DropDstLocal)
+	}
+	if w, own := s.vifs.LookupREMAC(dst); own && w.Key.VLAN == p.vlan && t.sup.L4 == 0 {
+		// A guest that moved here, to a local guest by the REMAC it had
+		// for it elsewhere (moved.go).
+		return s.sendBack(b, t.buf, t.n, w.Key.MAC, dst)
+	}
+	t.source, t.target = ipAddrs(t.et, t.pay)
+	if t.sup.L4 == 0 && t.vif.MovedIn() {
+		if nb := s.remoteOwner(p, t.vif, t.target, t.now); nb != nil {
+			nb.Use(t.now)
+			t.m.Dst = nb.RIMAC.WithoutFlags()
+			return pass
 		}
 	}
-	switch et {
+	t.unknown = true
+	return pass
+}
+
+// txRewrite snoops t's IGMP/MLD and rewrites its ARP, NDP and DHCP
+// payloads for IPoIB in place.
+func (s *Shim) txRewrite(t *txPacket) verdict {
+	var err error
+	switch t.et {
 	case ether.TypeARP, ether.TypeRARP:
-		pay, err = arpndp.ARPToIB(pay, p.view)
+		t.pay, err = arpndp.ARPToIB(t.pay, t.p.view)
 	case ether.TypeIPv6:
-		if !s.snoopIPv6(p, pay, now) {
-			return
+		if v := s.snoopIPv6(t.p, t.pay, t.now); v != pass {
+			return v
 		}
-		if arpndp.IsNDP(pay) {
-			pay, err = arpndp.NDPToIB(pay, p.view)
+		if arpndp.IsNDP(t.pay) {
+			t.pay, err = arpndp.NDPToIB(t.pay, t.p.view)
 		}
 	case ether.TypeIPv4:
-		if snoop.IsIGMP(pay) && !s.snoopRecords(p, snoop.ParseIGMP, pay, header.IPv4(pay).Src(), now) {
-			return
+		if snoop.IsIGMP(t.pay) {
+			if v := s.snoopRecords(t.p, snoop.ParseIGMP, t.pay, header.IPv4(t.pay).Src(), t.now); v != pass {
+				return v
+			}
 		}
-		if arpndp.IsDHCPClient(pay) {
+		if arpndp.IsDHCPClient(t.pay) {
 			if s.cfg.DHCP == DHCPRFC4390 {
-				if xid, ok := arpndp.DHCPXID(pay); ok {
-					s.xids.remember(xid, src, now)
+				if xid, ok := arpndp.DHCPXID(t.pay); ok {
+					s.xids.remember(xid, t.f.Src(), t.now)
 				}
-				pay, err = arpndp.DHCPToIB(pay, s.cfg.DHCPClientID)
+				t.pay, err = arpndp.DHCPToIB(t.pay, s.cfg.DHCPClientID)
 			} else {
-				err = arpndp.SetBroadcastFlag(pay)
+				err = arpndp.SetBroadcastFlag(t.pay)
 			}
 		}
 	}
 	if err != nil {
 		s.ctr.txRewrite.Count(err)
-		s.ctr.inc(DropTxRewrite)
-		return
+		return verdict(DropTxRewrite)
 	}
-	segs := 0 // of a super-frame
-	if sup.L4 != 0 {
-		if segs = s.superMeta(&m, f, pay, sup, kind, mtu); segs == 0 {
-			return
+	return pass
+}
+
+// txFit fits t to its partition's IPoIB MTU: a super-frame is described
+// to the port (or cut here), a packet too long fragmented or answered
+// (tooBig). Frames that would have to be queued or held in pieces are
+// dropped instead (a resolution started for them).
+func (s *Shim) txFit(b *txBatch, t *txPacket) verdict {
+	if t.sup.L4 == 0 {
+		if len(t.pay) <= t.mtu {
+			return pass
 		}
-		if unknown {
-			// Not queued, as fragments are not: resolve, and let TCP's
-			// retransmission (or the UDP application) find the
-			// destination known.
-			s.ctr.inc(DropUnresolved)
-			s.enqueue(p, vif, dst, nil, m, source, target, now)
-			return
-		}
-		if sup.UDP && m.GSO.Type == ipoib.GSONone {
-			if waits {
-				s.ctr.inc(DropNoGroup) // not held, as fragments are not
-				return
-			}
-			s.cutUDP(b, f, et, pay, sup, m, kind, mtu)
-			return
-		}
-	} else if len(pay) > mtu {
-		if waits {
+		if t.waits {
 			// Not held, as fragments are not: the group is being
 			// joined.
-			s.ctr.inc(DropNoGroup)
-			return
+			return verdict(DropNoGroup)
 		}
-		if unknown && fragmentable(et, pay) {
+		if t.unknown && fragmentable(t.et, t.pay) {
 			// Fragments are not queued: resolve, and let the guest's
 			// retransmission find the destination known.
-			s.ctr.inc(DropUnresolved)
-			s.enqueue(p, vif, dst, nil, m, source, target, now)
-			return
+			s.enqueue(t.p, t.vif, t.f.Dst(), nil, t.m, t.source, t.target, t.now)
+			return verdict(DropUnresolved)
 		}
-		s.tooBig(b, f, et, pay, m, mtu)
-		return
+		return s.tooBig(b, t.f, t.et, t.pay, t.m, t.mtu)
 	}
-	hdr := payStart - ipoib.HeaderLen
-	ipoib.PutHeader(buf[hdr:], et)
-	pkt := buf[hdr-ipoib.Headroom : payStart+len(pay)]
-	if unknown {
-		if !s.enqueue(p, vif, dst, pkt, m, source, target, now) {
-			s.ctr.inc(DropUnresolved)
+	if v := s.superMeta(t); v != pass {
+		return v
+	}
+	if t.unknown {
+		// Not queued, as fragments are not: resolve, and let TCP's
+		// retransmission (or the UDP application) find the destination
+		// known.
+		s.enqueue(t.p, t.vif, t.f.Dst(), nil, t.m, t.source, t.target, t.now)
+		return verdict(DropUnresolved)
+	}
+	if t.sup.UDP && t.m.GSO.Type == ipoib.GSONone {
+		if t.waits {
+			return verdict(DropNoGroup) // not held, as fragments are not
 		}
-		return
+		return s.cutUDP(b, t)
 	}
-	if waits && s.holdForGroup(m.Dst.GID(), heldFrame{buf: pkt, meta: m, vif: vif}) {
-		return
-	}
-	s.ctr.inc(TxForwarded)
-	if kind >= 0 {
-		s.ctr.inc(kind)
-	}
-	if sup.L4 != 0 {
-		s.ctr.inc(TxSuper)
-		s.ctr.add(TxSuperSegments, uint64(segs))
-	}
-	b.add(pkt, m)
+	return pass
 }
 
-// superMeta describes a super-frame (checked by the device) to the
-// port and returns how many segments it is cut into: a TCP one with
-// segments cut to the partition's IPoIB MTU mtu, 0 (counted) when it
-// goes to a group, where TCP never goes; a UDP one, to any destination,
-// when the port takes UDP super-packets and its datagrams fit mtu (else
-// m.GSO stays zero, for cutUDP).
-func (s *Shim) superMeta(m *ipoib.TxMeta, f ether.Frame, pay []byte, sup tap.Super, kind Counter, mtu int) int {
-	l4 := int(sup.L4) - f.HeaderLen() // from the IP header
+// txEmit writes the IPoIB header over the end of t's Ethernet header and
+// adds the packet to the batch, or queues it for its destination's
+// resolution, or holds it for its group's join.
+func (s *Shim) txEmit(b *txBatch, t *txPacket) verdict {
+	payStart := devHeadroom + t.f.HeaderLen()
+	hdr := payStart - ipoib.HeaderLen
+	ipoib.PutHeader(t.buf[hdr:], t.et)
+	pkt := t.buf[hdr-ipoib.Headroom : payStart+len(t.pay)]
+	if t.unknown {
+		if !s.enqueue(t.p, t.vif, t.f.Dst(), pkt, t.m, t.source, t.target, t.now) {
+			return verdict(DropUnresolved)
+		}
+		return held
+	}
+	if t.waits {
+		if v := s.holdForGroup(t.m.Dst.GID(), heldFrame{buf: pkt, meta: t.m, vif: t.vif}); v != pass {
+			return v
+		}
+	}
+	if t.kind >= 0 {
+		s.ctr.inc(t.kind)
+	}
+	if t.sup.L4 != 0 {
+		s.ctr.inc(TxSuper)
+		s.ctr.add(TxSuperSegments, uint64(t.segs))
+	}
+	b.add(pkt, t.m)
+	return verdict(TxForwarded)
+}
+
+// superMeta describes t, a super-frame (checked by the device), to the
+// port in t.m.GSO, and sets t.segs to how many segments it is cut into:
+// a TCP one with segments cut to the partition's IPoIB MTU, dropped when
+// it goes to a group, where TCP never goes; a UDP one, to any
+// destination, when the port takes UDP super-packets and its datagrams
+// fit the MTU (else t.m.GSO stays zero, for cutUDP).
+func (s *Shim) superMeta(t *txPacket) verdict {
+	sup, pay := t.sup, t.pay
+	l4 := int(sup.L4) - t.f.HeaderLen() // from the IP header
 	if sup.UDP {
 		hdrs := l4 + gso.UDPHeaderLen
-		if s.port.Offloads().USO && hdrs+int(sup.Size) <= mtu {
-			m.GSO = ipoib.GSO{Type: ipoib.GSOUDPv4, L4: uint16(ipoib.HeaderLen + l4), Size: sup.Size}
+		if s.port.Offloads().USO && hdrs+int(sup.Size) <= t.mtu {
+			t.m.GSO = ipoib.GSO{Type: ipoib.GSOUDPv4, L4: uint16(ipoib.HeaderLen + l4), Size: sup.Size}
 			if sup.V6 {
-				m.GSO.Type = ipoib.GSOUDPv6
+				t.m.GSO.Type = ipoib.GSOUDPv6
 			}
 		}
-		return gso.Segments(len(pay), hdrs, int(sup.Size))
+		t.segs = gso.Segments(len(pay), hdrs, int(sup.Size))
+		return pass
 	}
-	if kind >= 0 {
-		s.ctr.inc(DropSuperGroup)
-		return 0
+	if t.kind >= 0 {
+		return verdict(DropSuperGroup)
 	}
 	hdrs := l4 + header.TCP(pay[l4:]).HeaderLen()
-	size := min(int(sup.Size), mtu-hdrs)
-	m.GSO = ipoib.GSO{Type: ipoib.GSOTCPv4, L4: uint16(ipoib.HeaderLen + l4), Size: uint16(size)}
+	size := min(int(sup.Size), t.mtu-hdrs)
+	t.m.GSO = ipoib.GSO{Type: ipoib.GSOTCPv4, L4: uint16(ipoib.HeaderLen + l4), Size: uint16(size)}
 	if sup.V6 {
-		m.GSO.Type = ipoib.GSOTCPv6
+		t.m.GSO.Type = ipoib.GSOTCPv6
 	}
-	return gso.Segments(len(pay), hdrs, size)
+	t.segs = gso.Segments(len(pay), hdrs, size)
+	return pass
 }
 
-// cutUDP cuts a UDP super-frame (pay its IP packet, checked by the
-// device) that the port is not given whole into its datagrams, each sent
-// as an ordinary packet in a fragment buffer; kind is the group counter
-// as translate has it. Datagrams longer than mtu are fragmented one by
-// one (IPv4 without DF; each counted as any packet fragmented), else the
-// guest gets one ICMP too-big for the frame, as the kernel's
-// ip_finish_output_gso and ip6_finish_output_gso do for a GSO skb whose
-// segments do not fit. The frame counts once as forwarded or answered,
-// or each of its datagrams as fragmented.
-func (s *Shim) cutUDP(b *txBatch, f ether.Frame, et uint16, pay []byte, sup tap.Super, m ipoib.TxMeta, kind Counter, mtu int) {
-	l4 := int(sup.L4) - f.HeaderLen()
+// cutUDP cuts t, a UDP super-frame (checked by the device) that the port
+// is not given whole, into its datagrams, each sent as an ordinary
+// packet in a fragment buffer. Datagrams longer than the MTU are
+// fragmented one by one (IPv4 without DF), else the guest gets one ICMP
+// too-big for the frame, as the kernel's ip_finish_output_gso and
+// ip6_finish_output_gso do for a GSO skb whose segments do not fit. The
+// frame ends forwarded or answered, or each of its datagrams counts as
+// one packet fragmented.
+func (s *Shim) cutUDP(b *txBatch, t *txPacket) verdict {
+	sup, m, mtu := t.sup, t.m, t.mtu
+	l4 := int(sup.L4) - t.f.HeaderLen()
 	big := l4+gso.UDPHeaderLen+int(sup.Size) > mtu
-	if big && !fragmentable(et, pay) {
-		s.tooBig(b, f, et, pay, m, mtu)
-		return
+	if big && !fragmentable(t.et, t.pay) {
+		return s.tooBig(b, t.f, t.et, t.pay, m, mtu)
 	}
-	if b.cut.StartUDP(pay, 0, l4, sup.V6, int(sup.Size), 65535) != nil {
-		s.ctr.inc(DropBadIP)
-		return
+	if b.cut.StartUDP(t.pay, 0, l4, sup.V6, int(sup.Size), 65535) != nil {
+		return verdict(DropBadIP)
 	}
 	s.ctr.inc(TxSuperCut)
+	dgrams := 0
 	for !b.cut.Done() {
 		if big {
 			if b.dgram == nil {
@@ -458,6 +534,7 @@ func (s *Shim) cutUDP(b *txBatch, f ether.Frame, et uint16, pay []byte, sup tap.
 			}
 			n := b.cut.Cut(b.dgram)
 			s.fragment(b, header.IPv4(b.dgram[:n]), m, mtu)
+			dgrams++
 			continue
 		}
 		if b.nfrag == len(b.frags) {
@@ -465,27 +542,36 @@ func (s *Shim) cutUDP(b *txBatch, f ether.Frame, et uint16, pay []byte, sup tap.
 		}
 		fb := b.frags[b.nfrag]
 		b.nfrag++
-		ipoib.PutHeader(fb[ipoib.Headroom:], et)
+		ipoib.PutHeader(fb[ipoib.Headroom:], t.et)
 		n := b.cut.Cut(fb[ipoib.Headroom+ipoib.HeaderLen:])
 		b.add(fb[:ipoib.Headroom+ipoib.HeaderLen+n], m)
 	}
+	if t.kind >= 0 {
+		s.ctr.inc(t.kind)
+	}
 	if !big {
-		s.ctr.inc(TxForwarded)
+		return verdict(TxForwarded)
 	}
-	if kind >= 0 {
-		s.ctr.inc(kind)
+	// tx_fragmented counts IPv4 packets fragmented: the datagrams past
+	// the first here, the first as the frame's verdict (StartUDP
+	// accepted a frame of at least one datagram).
+	if dgrams > 1 {
+		s.ctr.add(TxFragmented, uint64(dgrams-1))
 	}
+	return verdict(TxFragmented)
 }
 
 // snoopIPv6 records the memberships an IPv6 packet from a guest shows:
 // those its MLD reports and dones state, the solicited-node group of its
 // source address, and that of the target of its duplicate address
-// detection. It reports false for a malformed MLD message (dropped).
-func (s *Shim) snoopIPv6(p *partition, pay []byte, now time.Time) bool {
+// detection. A malformed MLD message is dropped.
+func (s *Shim) snoopIPv6(p *partition, pay []byte, now time.Time) verdict {
 	ip := header.IPv6(pay)
 	src := ip.Src()
-	if snoop.IsMLD(pay) && !s.snoopRecords(p, snoop.ParseMLD, pay, src, now) {
-		return false
+	if snoop.IsMLD(pay) {
+		if v := s.snoopRecords(p, snoop.ParseMLD, pay, src, now); v != pass {
+			return v
+		}
 	}
 	if !src.IsUnspecified() {
 		// Per frame, so only when the group is not joined yet: once it
@@ -493,27 +579,26 @@ func (s *Shim) snoopIPv6(p *partition, pay []byte, now time.Time) bool {
 		if sn := solicitedNode(src); !src.IsMulticast() && !s.fullMember(p, sn) {
 			s.member(p, sn, src, false, now)
 		}
-		return true
+		return pass
 	}
 	if icmp := ip.Payload(); ip.NextHeader() == header.ProtoICMPv6 && len(icmp) >= nsLen && icmp[0] == arpndp.TypeNeighborSolicitation {
 		s.member(p, solicitedNode(netip.AddrFrom16([16]byte(icmp[nsTarget:nsLen]))), src, false, now)
 	}
-	return true
+	return pass
 }
 
 // snoopRecords feeds the records of a guest's IGMP or MLD message, sent
-// from the address from, to the snooping table; it reports false
-// (counted) for a malformed one or one with a wrong checksum.
-func (s *Shim) snoopRecords(p *partition, parse func([]byte) (snoop.Records, error), pay []byte, from netip.Addr, now time.Time) bool {
+// from the address from, to the snooping table; a malformed one or one
+// with a wrong checksum is dropped.
+func (s *Shim) snoopRecords(p *partition, parse func([]byte) (snoop.Records, error), pay []byte, from netip.Addr, now time.Time) verdict {
 	recs, err := parse(pay)
 	if err != nil {
-		s.ctr.inc(DropBadMcastReport)
-		return false
+		return verdict(DropBadMcastReport)
 	}
 	for r, ok := recs.Next(); ok; r, ok = recs.Next() {
 		if r.Group != allNodes && r.Group != allHosts {
 			s.member(p, r.Group, from, r.Leave, now)
 		}
 	}
-	return true
+	return pass
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/gopacket/gopacket/layers"
 
 	"github.com/eipoib/eipoibd/internal/header"
+	"github.com/eipoib/eipoibd/internal/testutil"
 )
 
 // The reference decoders: gopacket's layers, as the parsers used them
@@ -146,14 +147,14 @@ func fragment(b []byte) bool {
 // that a change in either decoder shows without fuzzing.
 func TestGopacketAgrees(t *testing.T) {
 	for _, h := range []string{igmpv3Report, igmpv2Report, igmpv2Leave, igmpv1Report} {
-		b := unhex(t, h)
+		b := testutil.Unhex(t, h)
 		if _, ok := gopacketIGMP(b); !ok {
 			t.Fatalf("gopacket rejects %s", h)
 		}
 		differ(t, b, ParseIGMP, gopacketIGMP)
 	}
 	for _, h := range []string{mldv2Report, mldv1Report} {
-		b := unhex(t, h)
+		b := testutil.Unhex(t, h)
 		if _, ok := gopacketMLD(b); !ok {
 			t.Fatalf("gopacket rejects %s", h)
 		}
@@ -163,7 +164,7 @@ func TestGopacketAgrees(t *testing.T) {
 
 func FuzzIGMPGopacket(f *testing.F) {
 	for _, h := range []string{igmpv3Report, igmpv2Report, igmpv2Leave, igmpv1Report} {
-		f.Add(unhex(f, h))
+		f.Add(testutil.Unhex(f, h))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		differ(t, b, ParseIGMP, gopacketIGMP)
@@ -176,8 +177,8 @@ func FuzzIGMPGopacket(f *testing.F) {
 }
 
 func FuzzMLDGopacket(f *testing.F) {
-	f.Add(unhex(f, mldv2Report))
-	f.Add(unhex(f, mldv1Report))
+	f.Add(testutil.Unhex(f, mldv2Report))
+	f.Add(testutil.Unhex(f, mldv1Report))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		differ(t, b, ParseMLD, gopacketMLD)
 		// The same with the checksum made right, so that the records of

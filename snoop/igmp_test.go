@@ -9,6 +9,7 @@ import (
 
 	"github.com/eipoib/eipoibd/internal/csum"
 	"github.com/eipoib/eipoibd/internal/header"
+	"github.com/eipoib/eipoibd/internal/testutil"
 
 	"github.com/gopacket/gopacket"
 	"github.com/gopacket/gopacket/layers"
@@ -50,7 +51,7 @@ func igmpSum(pkt []byte) []byte {
 }
 
 func TestParseIGMP(t *testing.T) {
-	recs, err := ParseIGMP(unhex(t, igmpv3Report))
+	recs, err := ParseIGMP(testutil.Unhex(t, igmpv3Report))
 	got := records(recs)
 	want := []Record{{netip.MustParseAddr("239.1.1.1"), false}, {netip.MustParseAddr("239.2.2.2"), true}, {netip.MustParseAddr("232.1.1.1"), false}}
 	if err != nil || !slices.Equal(got, want) {
@@ -61,13 +62,13 @@ func TestParseIGMP(t *testing.T) {
 		hex   string
 		leave bool
 	}{"v2 report": {igmpv2Report, false}, "v2 leave": {igmpv2Leave, true}, "v1 report": {igmpv1Report, false}} {
-		recs, err := ParseIGMP(unhex(t, tc.hex))
+		recs, err := ParseIGMP(testutil.Unhex(t, tc.hex))
 		if got := records(recs); err != nil || !slices.Equal(got, []Record{{g, tc.leave}}) {
 			t.Errorf("%s: %v %v", name, got, err)
 		}
 	}
 	// Trailing link-layer padding is not part of the message.
-	if recs, err := ParseIGMP(append(unhex(t, igmpv2Report), 0xaa, 0xbb)); err != nil || len(records(recs)) != 1 {
+	if recs, err := ParseIGMP(append(testutil.Unhex(t, igmpv2Report), 0xaa, 0xbb)); err != nil || len(records(recs)) != 1 {
 		t.Errorf("padded v2 report: %v", err)
 	}
 }
@@ -76,7 +77,7 @@ func TestParseIGMP(t *testing.T) {
 // over, BLOCK_OLD_SOURCES ignored, IS_INCLUDE({}) a leave and
 // MODE_IS_EXCLUDE a join.
 func TestParseIGMPv3Records(t *testing.T) {
-	pkt := igmpSum(unhex(t, `4600 0048 0000 4000 0102 0000 0a000001 e0000016 94040000 |
+	pkt := igmpSum(testutil.Unhex(t, `4600 0048 0000 4000 0102 0000 0a000001 e0000016 94040000 |
 		2200 0000 0000 0004 |
 		02 01 0000 ef010101 deadbeef |
 		06 00 0001 ef030303 0a090909 |
@@ -90,14 +91,14 @@ func TestParseIGMPv3Records(t *testing.T) {
 }
 
 func TestParseIGMPRejects(t *testing.T) {
-	badSum := unhex(t, igmpv2Report)
+	badSum := testutil.Unhex(t, igmpv2Report)
 	badSum[len(badSum)-1] ^= 1
-	fragment := unhex(t, igmpv2Report)
+	fragment := testutil.Unhex(t, igmpv2Report)
 	fragment[6] |= 0x20 // MF
-	badType := igmpSum(unhex(t, igmpv3Report))
+	badType := igmpSum(testutil.Unhex(t, igmpv3Report))
 	badType[24+8] = 7
 	igmpSum(badType)
-	short := unhex(t, igmpv3Report)
+	short := testutil.Unhex(t, igmpv3Report)
 	short[24+7] = 4 // four records stated, three there
 	igmpSum(short)
 	for name, tc := range map[string]struct {
@@ -106,13 +107,13 @@ func TestParseIGMPRejects(t *testing.T) {
 	}{
 		"empty":          {nil, ErrNotReport},
 		"query":          {AppendIGMPv3Query(nil, netip.Addr{}, 2, 125*time.Second, time.Second), ErrNotReport},
-		"truncated":      {unhex(t, igmpv3Report)[:40], ErrMalformed},
-		"unicast group":  {unhex(t, `4500 001c 0000 4000 0102 0000 0a000001 0a000002 | 1600 dffd 0a000002`), ErrMalformed},
+		"truncated":      {testutil.Unhex(t, igmpv3Report)[:40], ErrMalformed},
+		"unicast group":  {testutil.Unhex(t, `4500 001c 0000 4000 0102 0000 0a000001 0a000002 | 1600 dffd 0a000002`), ErrMalformed},
 		"bad checksum":   {badSum, ErrChecksum},
 		"fragment":       {fragment, ErrMalformed},
 		"record type 7":  {badType, ErrMalformed},
 		"record missing": {short, ErrMalformed},
-		"short message":  {unhex(t, `4500 0018 0000 4000 0102 0000 0a000001 ef010101 | 1600 0000`), ErrMalformed},
+		"short message":  {testutil.Unhex(t, `4500 0018 0000 4000 0102 0000 0a000001 ef010101 | 1600 0000`), ErrMalformed},
 	} {
 		if r, err := ParseIGMP(tc.b); err != tc.want {
 			t.Errorf("%s: %v %v, want %v", name, records(r), err, tc.want)
@@ -122,9 +123,9 @@ func TestParseIGMPRejects(t *testing.T) {
 
 func FuzzParseIGMP(f *testing.F) {
 	for _, h := range []string{igmpv3Report, igmpv2Report, igmpv2Leave, igmpv1Report} {
-		f.Add(unhex(f, h))
+		f.Add(testutil.Unhex(f, h))
 	}
-	f.Add(unhex(f, igmpv3Report)[:30])
+	f.Add(testutil.Unhex(f, igmpv3Report)[:30])
 	f.Fuzz(func(t *testing.T, b []byte) {
 		recs, err := ParseIGMP(b)
 		if err != nil {

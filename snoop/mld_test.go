@@ -2,23 +2,14 @@ package snoop
 
 import (
 	"encoding/binary"
-	"encoding/hex"
 	"net/netip"
 	"slices"
-	"strings"
 	"testing"
 
 	"github.com/eipoib/eipoibd/internal/csum"
 	"github.com/eipoib/eipoibd/internal/header"
+	"github.com/eipoib/eipoibd/internal/testutil"
 )
-
-func unhex(t testing.TB, s string) []byte {
-	b, err := hex.DecodeString(strings.NewReplacer(" ", "", "\n", "", "\t", "", "|", "").Replace(s))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
-}
 
 // An MLDv2 report as Linux sends it on address configuration (RFC 3810
 // §5.2): hop-by-hop router alert, two records: CHANGE_TO_EXCLUDE for
@@ -47,16 +38,16 @@ func mldSum(pkt []byte, off int) []byte {
 }
 
 func TestParseMLD(t *testing.T) {
-	recs, err := ParseMLD(unhex(t, mldv2Report))
+	recs, err := ParseMLD(testutil.Unhex(t, mldv2Report))
 	want := []Record{{netip.MustParseAddr("ff02::1:ff00:22"), false}, {netip.MustParseAddr("ff02::1:ff00:33"), true}}
 	if got := records(recs); err != nil || !slices.Equal(got, want) {
 		t.Fatalf("MLDv2: %v %v", got, err)
 	}
-	recs, err = ParseMLD(unhex(t, mldv1Report))
+	recs, err = ParseMLD(testutil.Unhex(t, mldv1Report))
 	if got := records(recs); err != nil || !slices.Equal(got, []Record{{netip.MustParseAddr("ff02::1:ff00:44"), false}}) {
 		t.Fatalf("MLDv1: %v %v", got, err)
 	}
-	done := unhex(t, mldv1Report)
+	done := testutil.Unhex(t, mldv1Report)
 	done[40] = 132
 	recs, err = ParseMLD(mldSum(done, 40))
 	if got := records(recs); err != nil || !slices.Equal(got, []Record{{netip.MustParseAddr("ff02::1:ff00:44"), true}}) {
@@ -64,7 +55,7 @@ func TestParseMLD(t *testing.T) {
 	}
 	// An MLDv2 record with auxiliary data (one word, stepped over) and a
 	// BLOCK_OLD_SOURCES record (ignored) before a MODE_IS_EXCLUDE one.
-	aux := mldSum(unhex(t, `6000 0000 0050 00 01 | fe80 0000 0000 0000 0000 0000 0000 0001 | ff02 0000 0000 0000 0000 0000 0000 0016 |
+	aux := mldSum(testutil.Unhex(t, `6000 0000 0050 00 01 | fe80 0000 0000 0000 0000 0000 0000 0001 | ff02 0000 0000 0000 0000 0000 0000 0016 |
 		3a00 0502 0000 0100 |
 		8f00 0000 0000 0003 |
 		04 01 0000 ff15 0000 0000 0000 0000 0000 0000 0001 deadbeef |
@@ -78,16 +69,16 @@ func TestParseMLD(t *testing.T) {
 }
 
 func TestParseMLDRejects(t *testing.T) {
-	badSum := unhex(t, mldv2Report)
+	badSum := testutil.Unhex(t, mldv2Report)
 	badSum[len(badSum)-1] ^= 1
-	mapped := unhex(t, mldv1Report) // group ::ffff:239.1.1.1
+	mapped := testutil.Unhex(t, mldv1Report) // group ::ffff:239.1.1.1
 	copy(mapped[48:], []byte{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 239, 1, 1, 1})
 	mldSum(mapped, 40)
-	noMsg := unhex(t, mldv2Report)
-	noMsg[5] = 8                    // the payload ends with the hop-by-hop header
-	padded := unhex(t, mldv2Report) // the hop-by-hop header in link-layer padding
+	noMsg := testutil.Unhex(t, mldv2Report)
+	noMsg[5] = 8                             // the payload ends with the hop-by-hop header
+	padded := testutil.Unhex(t, mldv2Report) // the hop-by-hop header in link-layer padding
 	padded[5] = 0
-	short := unhex(t, mldv1Report)[:56] // an MLDv1 report of 16 bytes
+	short := testutil.Unhex(t, mldv1Report)[:56] // an MLDv1 report of 16 bytes
 	short[5] = 16
 	mldSum(short, 40)
 	for name, tc := range map[string]struct {
@@ -95,8 +86,8 @@ func TestParseMLDRejects(t *testing.T) {
 		want error
 	}{
 		"empty":        {nil, ErrNotReport},
-		"truncated":    {unhex(t, mldv2Report)[:70], ErrMalformed},
-		"echo":         {append(unhex(t, mldv1Report)[:40], 0x80, 0, 0, 0, 0, 0, 0, 0), ErrNotReport},
+		"truncated":    {testutil.Unhex(t, mldv2Report)[:70], ErrMalformed},
+		"echo":         {append(testutil.Unhex(t, mldv1Report)[:40], 0x80, 0, 0, 0, 0, 0, 0, 0), ErrNotReport},
 		"bad checksum": {badSum, ErrChecksum},
 		"mapped group": {mapped, ErrMalformed},
 		"no message":   {noMsg, ErrMalformed},
@@ -118,7 +109,7 @@ func TestParseAllocs(t *testing.T) {
 		pkt   string
 		recs  int
 	}{{"IGMPv3", ParseIGMP, igmpv3Report, 3}, {"MLDv2", ParseMLD, mldv2Report, 2}} {
-		pkt, n := unhex(t, tc.pkt), 0
+		pkt, n := testutil.Unhex(t, tc.pkt), 0
 		if a := testing.AllocsPerRun(100, func() {
 			recs, err := tc.parse(pkt)
 			for _, ok := recs.Next(); ok && err == nil; _, ok = recs.Next() {
@@ -141,7 +132,7 @@ func BenchmarkParse(b *testing.B) {
 		pkt   string
 	}{{"IGMPv3", ParseIGMP, igmpv3Report}, {"MLDv2", ParseMLD, mldv2Report}} {
 		b.Run(tc.name, func(b *testing.B) {
-			pkt := unhex(b, tc.pkt)
+			pkt := testutil.Unhex(b, tc.pkt)
 			b.ReportAllocs()
 			b.SetBytes(int64(len(pkt)))
 			for b.Loop() {
@@ -154,10 +145,10 @@ func BenchmarkParse(b *testing.B) {
 }
 
 func FuzzParseMLD(f *testing.F) {
-	f.Add(unhex(f, mldv2Report))
-	f.Add(unhex(f, mldv1Report))
-	f.Add(unhex(f, mldv2Report)[:60])
-	padded := unhex(f, mldv2Report) // the hop-by-hop header in the padding
+	f.Add(testutil.Unhex(f, mldv2Report))
+	f.Add(testutil.Unhex(f, mldv1Report))
+	f.Add(testutil.Unhex(f, mldv2Report)[:60])
+	padded := testutil.Unhex(f, mldv2Report) // the hop-by-hop header in the padding
 	padded[5] = 0
 	f.Add(padded)
 	f.Fuzz(func(t *testing.T, b []byte) {

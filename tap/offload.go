@@ -323,9 +323,9 @@ func run(frames [][]byte, off int, uso bool) (int, seg) {
 // The run is copied into c.buf, its headers once and each payload: the
 // TAP takes a frame as one write(2) from one buffer. A writev(2) of the
 // payloads where they lie would spare this copy (0.8 % of a TCP stream's
-// samples, issue 24), for an iovec list a run. The checksums parseSeg
-// verified are not carried over: the super-frame leaves with a partial
-// checksum, which the kernel completes.
+// samples in the data path's profiles), for an iovec list a run. The
+// checksums parseSeg verified are not carried over: the super-frame
+// leaves with a partial checksum, which the kernel completes.
 func (c *coalescer) merge(first seg, frames [][]byte, off int) []byte {
 	if c.buf == nil {
 		c.buf = make([]byte, vnetHdrLen+maxSuperFrame)

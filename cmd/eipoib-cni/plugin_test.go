@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -27,6 +26,7 @@ import (
 // declared VIFs; refuse makes vif-add fail with that message; its port
 // is up unless down.
 type fakeDaemon struct {
+	ctl.UnimplementedHandler
 	mu     sync.Mutex
 	vifs   map[ctl.VIFRequest]bool
 	refuse string
@@ -40,14 +40,6 @@ func (d *fakeDaemon) Port() ctl.Port {
 		return ctl.Port{Backend: "sim", Device: "veth0", Link: "down"}
 	}
 	return ctl.Port{Backend: "sim", Device: "veth0", Link: "up"}
-}
-
-func (d *fakeDaemon) Neighbours() []ctl.Neigh      { return nil }
-func (d *fakeDaemon) Groups() []ctl.Group          { return nil }
-func (d *fakeDaemon) Stats() ctl.Stats             { return nil }
-func (d *fakeDaemon) FlushNeighbours() ctl.Flushed { return ctl.Flushed{} }
-func (d *fakeDaemon) Capture(ctl.CaptureRequest, io.Writer, <-chan struct{}) error {
-	return errors.New("no capture")
 }
 
 func (d *fakeDaemon) VIFs() []ctl.VIF {

@@ -90,6 +90,28 @@ func TestCommandUsage(t *testing.T) {
 	}
 }
 
+// TestEveryControlCommandHasACLI: the subcommands send, between them,
+// every command of the control socket's table, each from one
+// subcommand, and show offers every listing the table has.
+func TestEveryControlCommandHasACLI(t *testing.T) {
+	var sent []string
+	for _, c := range commands {
+		for _, cmd := range c.ctl {
+			if slices.Contains(sent, cmd) {
+				t.Errorf("%s sends %s, which another subcommand sends too", c.name, cmd)
+			}
+			sent = append(sent, cmd)
+		}
+	}
+	if want := ctl.Commands(); !slices.Equal(sent, want) {
+		t.Errorf("the subcommands send %q; the control socket's table has %q", sent, want)
+	}
+	show, _ := lookup("show")
+	if want := "show port|vifs|neigh|groups|stats [--name eib0] [--json] [--interval 1s [--count N]]"; show.synopsis != want {
+		t.Errorf("show's usage %q, want %q", show.synopsis, want)
+	}
+}
+
 // TestClientChecksLocally: a listing show does not know, a MAC that does
 // not parse and a VLAN out of range are one-line usage errors before any
 // daemon is asked (no daemon answers in the empty --ctl-dir: an error
@@ -125,16 +147,11 @@ func TestClientChecksLocally(t *testing.T) {
 
 // captureHandler is a control socket's daemon whose capture writes
 // pcap's bytes.
-type captureHandler struct{ pcap []byte }
+type captureHandler struct {
+	ctl.UnimplementedHandler
+	pcap []byte
+}
 
-func (captureHandler) Port() ctl.Port               { return ctl.Port{} }
-func (captureHandler) VIFs() []ctl.VIF              { return nil }
-func (captureHandler) Neighbours() []ctl.Neigh      { return nil }
-func (captureHandler) Groups() []ctl.Group          { return nil }
-func (captureHandler) Stats() ctl.Stats             { return nil }
-func (captureHandler) AddVIF(ctl.VIFRequest) error  { return nil }
-func (captureHandler) DelVIF(ctl.VIFRequest) error  { return nil }
-func (captureHandler) FlushNeighbours() ctl.Flushed { return ctl.Flushed{} }
 func (h captureHandler) Capture(r ctl.CaptureRequest, w io.Writer, _ <-chan struct{}) error {
 	_, err := w.Write(h.pcap)
 	return err
@@ -149,7 +166,7 @@ func TestCaptureToStdout(t *testing.T) {
 	}
 	dir := t.TempDir()
 	pcap := []byte("\xd4\xc3\xb2\xa1 stands for a pcap stream")
-	srv, err := ctl.Listen(ctl.Path(dir, "eib0"), captureHandler{pcap})
+	srv, err := ctl.Listen(ctl.Path(dir, "eib0"), captureHandler{pcap: pcap})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,7 +2,9 @@ package main
 
 // The table of eipoibd's subcommands: the command list of "eipoibd",
 // "eipoibd --help" and "eipoibd help", each command's usage ("eipoibd
-// help CMD", "eipoibd CMD -h") and the dispatch all derive from it.
+// help CMD", "eipoibd CMD -h") and the dispatch all derive from it. The
+// client commands name the control commands (package ctl's table) they
+// send, and take the protocol's names from there.
 
 import (
 	"flag"
@@ -15,6 +17,8 @@ import (
 	"text/tabwriter"
 
 	"github.com/eipoib/eipoibd/internal/cli"
+	"github.com/eipoib/eipoibd/internal/ctl"
+	"github.com/eipoib/eipoibd/internal/daemon"
 )
 
 // command is one subcommand of eipoibd.
@@ -24,6 +28,9 @@ type command struct {
 	summary  string // its line in the command list
 	about    string // what -h says between the usage line and the flags
 	run      func(args []string, stderr io.Writer) error
+	// ctl are the control commands (ctl.Request.Cmd) it sends; every
+	// one of the table's has a subcommand.
+	ctl []string
 }
 
 // commands are eipoibd's subcommands, in the order the list gives them.
@@ -53,20 +60,20 @@ FDSTORE=1 protocol on a datagram socket. Stopping the keeper closes what
 it holds: a TAP whose eipoibd is not running then loses its carrier, and
 the next eipoibd start reopens it (its carrier drops once). SIGUSR2 logs
 what it holds and its counters.`},
-		{name: "show", synopsis: "show port|vifs|neigh|groups|stats [--name eib0] [--json] [--interval 1s [--count N]]", run: runShow,
+		{name: "show", synopsis: "show " + strings.Join(ctl.Listings(), "|") + " [--name eib0] [--json] [--interval 1s [--count N]]", run: runShow, ctl: []string{ctl.CmdShow},
 			summary: "print a running daemon's port, VIFs, neighbours, groups or counters",
 			about: `Asks the daemon of TAP --name on its control socket: port (GID, MTUs,
 link, partitions), vifs (the guests' VIFs), neigh (the remote
 endpoints), groups (multicast) or stats (every counter; with
 --interval, their changes every interval, like ip -s).`},
-		{name: "vif", synopsis: "vif add|del MAC [--vlan N] [--name eib0]", run: runVIF,
+		{name: "vif", synopsis: "vif add|del MAC [--vlan N] [--name eib0]", run: runVIF, ctl: []string{ctl.CmdVIFAdd, ctl.CmdVIFDel},
 			summary: "declare a guest's VIF ahead of its traffic, or remove one",
 			about: `Declares the guest MAC on --vlan (its VIF stays until removed, however
 idle), or removes its VIF.`},
-		{name: "neigh", synopsis: "neigh flush [--name eib0] [--json]", run: runNeigh,
+		{name: "neigh", synopsis: "neigh flush [--name eib0] [--json]", run: runNeigh, ctl: []string{ctl.CmdNeighFlush},
 			summary: "forget every remote endpoint (traffic learns them again)",
 			about:   `Forgets every remote IPoIB endpoint the daemon knows.`},
-		{name: "capture", synopsis: "capture -w FILE|- [-c N] [--side fabric|tap] [--name eib0]", run: runCapture,
+		{name: "capture", synopsis: "capture -w FILE|- [-c N] [--side fabric|tap] [--name eib0]", run: runCapture, ctl: []string{ctl.CmdCapture},
 			summary: "write a running daemon's packets as pcap (-w - to standard output)",
 			about: `Writes what the daemon sends and receives as pcap to FILE, or to
 standard output with -w - (eipoibd capture -w - | tcpdump -r -): the
@@ -194,8 +201,8 @@ func runVersion(args []string, stderr io.Writer) error {
 
 // versionText says which eipoibd this is: the version (v, else the
 // module's from info), the VCS revision Go recorded, the Go version and
-// the fabric backends built in (verbs only with -tags verbs). info may
-// be nil.
+// the fabric backends built in: the registry's, less those whose build
+// tag info does not list (verbs without -tags verbs). info may be nil.
 func versionText(v string, info *debug.BuildInfo) string {
 	var rev, tags string
 	modified := false
@@ -226,10 +233,12 @@ func versionText(v string, info *debug.BuildInfo) string {
 		fmt.Fprintf(&b, "revision: %s\n", rev)
 	}
 	fmt.Fprintf(&b, "go: %s %s/%s\n", runtime.Version(), runtime.GOOS, runtime.GOARCH)
-	backends := "sim, kernel"
-	if slices.Contains(strings.Split(tags, ","), "verbs") {
-		backends += ", verbs"
+	var backends []string
+	for _, be := range daemon.Backends() {
+		if be.Tag == "" || slices.Contains(strings.Split(tags, ","), be.Tag) {
+			backends = append(backends, be.Name)
+		}
 	}
-	fmt.Fprintf(&b, "fabric backends: %s\n", backends)
+	fmt.Fprintf(&b, "fabric backends: %s\n", strings.Join(backends, ", "))
 	return b.String()
 }

@@ -54,9 +54,6 @@ func (f ctlFlags) parse(cmd string, args []string, stderr io.Writer) ([]string, 
 // client is the control socket's client of the daemon the flags name.
 func (f ctlFlags) client() ctl.Client { return ctl.Client{Path: ctl.Path(*f.dir, *f.name)} }
 
-// showWhat are the listings "eipoibd show" asks for.
-var showWhat = []string{ctl.ShowPort, ctl.ShowVIFs, ctl.ShowNeigh, ctl.ShowGroups, ctl.ShowStats}
-
 // runShow is "eipoibd show WHAT".
 func runShow(args []string, stderr io.Writer) error {
 	f := newCtlFlags("show")
@@ -67,6 +64,7 @@ func runShow(args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	showWhat := ctl.Listings()
 	want := "want " + strings.Join(showWhat, ", ")
 	switch {
 	case len(words) == 0:
@@ -123,9 +121,10 @@ func runNeigh(args []string, stderr io.Writer) error {
 	if len(words) != 1 || words[0] != "flush" {
 		return usageError{Msg: "want neigh flush"}
 	}
-	data, err := f.client().Do(ctl.Request{Cmd: ctl.CmdNeighFlush})
+	fl, err := f.client().FlushNeighbours()
 	if err == nil && *asJSON {
-		fmt.Fprintln(stdout, string(data))
+		b, _ := json.Marshal(fl)
+		fmt.Fprintln(stdout, string(b))
 	}
 	return err
 }

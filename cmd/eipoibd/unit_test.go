@@ -28,8 +28,8 @@ func unitKeys(t *testing.T, path string) map[string]string {
 // TestSystemdUnit: dist/systemd/eipoibd@.service is a Type=notify
 // service with a watchdog, and its command line, with the instance name
 // substituted for %i, is one eipoibd's own parser accepts (given a
-// config file holding the underlay). Where systemd-analyze exists, it
-// verifies the unit with the binary in place.
+// config file holding the underlay), and systemd-analyze verifies the
+// unit with the binary in place.
 func TestSystemdUnit(t *testing.T) {
 	const unit = "../../dist/systemd/eipoibd@.service"
 	k := unitKeys(t, unit)
@@ -74,9 +74,11 @@ func TestSystemdUnit(t *testing.T) {
 	if err != nil || o.cfg.Name != "eib0" || o.cfg.Underlay != "ul1" || o.cfg.CtlDir != "/run/eipoibd" {
 		t.Fatalf("ExecStart %v: %+v, %v", args, o, err)
 	}
+	// systemd-analyze verify needs no running systemd (it loads the unit
+	// offline), so it runs in a container too; scripts/deps.sh installs
+	// it (Debian's systemd package).
 	if _, err := exec.LookPath("systemd-analyze"); err != nil {
-		t.Log("no systemd-analyze here: the unit was checked by parsing only")
-		return
+		t.Fatal("no systemd-analyze to verify the unit with (make test installs it: scripts/deps.sh)")
 	}
 	dir := t.TempDir()
 	if out, err := exec.Command("go", "build", "-o", filepath.Join(dir, "eipoibd"), ".").CombinedOutput(); err != nil {

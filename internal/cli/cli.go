@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 )
 
 // ErrHelp ends the program successfully after it printed its usage.
@@ -52,4 +53,12 @@ func Parse(fs *flag.FlagSet, args []string, usage string, stderr io.Writer, hint
 		return UsageError{Msg: fmt.Sprintf("unexpected argument %q", fs.Arg(0))}
 	}
 	return nil
+}
+
+// OrList is the choices a refusal offers, as "a, b or c".
+func OrList(choices []string) string {
+	if len(choices) < 2 {
+		return strings.Join(choices, "")
+	}
+	return strings.Join(choices[:len(choices)-1], ", ") + " or " + choices[len(choices)-1]
 }

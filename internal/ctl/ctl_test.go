@@ -15,11 +15,13 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/eipoib/eipoibd/internal/nstest"
 )
 
 // fakeHandler answers each show with one entry naming the listing,
 // refuses the MAC "bad", and captures count lines of "pkt\n".
-type fakeHandler struct{}
+type fakeHandler struct{ UnimplementedHandler }
 
 func (fakeHandler) Port() Port {
 	return Port{Name: "eib0", Backend: "sim", Link: "up", Partitions: []Partition{{VLAN: 0, PKey: "0xffff"}}}
@@ -54,11 +56,15 @@ func (fakeHandler) Capture(r CaptureRequest, w io.Writer, gone <-chan struct{}) 
 
 func serve(t *testing.T) string {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("the server admits root peers only")
-	}
+	return serveWith(t, fakeHandler{})
+}
+
+// serveWith serves h on a socket of its own until the test ends.
+func serveWith(t *testing.T, h Handler) string {
+	t.Helper()
+	nstest.RequireRoot(t) // the server admits root peers only
 	path := filepath.Join(t.TempDir(), "x", "eib0.sock")
-	s, err := Listen(path, fakeHandler{})
+	s, err := Listen(path, h)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,6 +162,52 @@ func TestServer(t *testing.T) {
 	}
 }
 
+// TestUnimplementedHandler: a handler that implements nothing itself
+// answers the listings empty and refuses the other commands, each
+// refusal naming its command, over the socket.
+func TestUnimplementedHandler(t *testing.T) {
+	c := Client{Path: serveWith(t, struct{ UnimplementedHandler }{})}
+	for what, want := range map[string]string{
+		ShowPort:   `{"name":"","backend":"","device":"","gid":"","ib_mtu":0,"ipoib_mtu":0,"link":"","partitions":null}`,
+		ShowVIFs:   "null",
+		ShowNeigh:  "null",
+		ShowGroups: "null",
+		ShowStats:  "null",
+	} {
+		if data, err := c.Show(what); err != nil || string(data) != want {
+			t.Errorf("show %s: %s, %v; want %s", what, data, err, want)
+		}
+	}
+	if f, err := c.FlushNeighbours(); err != nil || f != (Flushed{}) {
+		t.Errorf("neigh-flush: %+v, %v; want nothing flushed", f, err)
+	}
+	v := VIFRequest{MAC: "02:00:00:00:00:01"}
+	if err := c.AddVIF(v); err == nil || err.Error() != "vif-add: not implemented by this daemon" {
+		t.Errorf("vif-add: %v", err)
+	}
+	if err := c.DelVIF(v); err == nil || err.Error() != "vif-del: not implemented by this daemon" {
+		t.Errorf("vif-del: %v", err)
+	}
+	var buf bytes.Buffer
+	if err := c.Capture(CaptureRequest{Side: SideTAP, Count: 1}, &buf); err != nil || buf.Len() != 0 {
+		t.Errorf("capture: %d bytes, %v; want none", buf.Len(), err)
+	}
+	if err := (UnimplementedHandler{}).Capture(CaptureRequest{}, &buf, nil); !errors.Is(err, ErrUnimplemented) || err.Error() != "capture: not implemented by this daemon" {
+		t.Errorf("Capture: %v", err)
+	}
+}
+
+// TestTableNames: the wire names the table gives the CLI, each once and
+// in order.
+func TestTableNames(t *testing.T) {
+	if got, want := Commands(), []string{CmdShow, CmdVIFAdd, CmdVIFDel, CmdNeighFlush, CmdCapture}; !slices.Equal(got, want) {
+		t.Errorf("Commands() = %q, want %q", got, want)
+	}
+	if got, want := Listings(), []string{ShowPort, ShowVIFs, ShowNeigh, ShowGroups, ShowStats}; !slices.Equal(got, want) {
+		t.Errorf("Listings() = %q, want %q", got, want)
+	}
+}
+
 // TestNoDaemon: a request with no socket at the path, and one to a
 // socket nobody listens on, fail with a NoDaemonError that says so and
 // keeps the system's reason (ENOENT, ECONNREFUSED); one to a daemon that
@@ -215,6 +267,8 @@ func TestParseRequest(t *testing.T) {
 	good := []string{
 		`{"v":1,"cmd":"show","what":"stats"}`, `{"v":1,"cmd":"vif-add","mac":"02:00:00:00:00:01","vlan":10}`,
 		`{"v":1,"cmd":"neigh-flush"}`, `{"v":1,"cmd":"capture","side":"tap","count":5}`,
+		// Only show reads what.
+		`{"v":1,"cmd":"neigh-flush","what":"x"}`, `{"v":1,"cmd":"vif-del","mac":"x","what":"port"}`,
 	}
 	for _, l := range good {
 		if _, err := ParseRequest([]byte(l)); err != nil {

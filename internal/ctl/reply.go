@@ -1,8 +1,8 @@
 package ctl
 
 // The replies' data, as the daemon answers them and `eipoibd ... --json`
-// prints them; the JSON field names are stable (README, "Control
-// socket"), operators' scripts read them.
+// prints them; the JSON field names are stable (docs/operations.md,
+// "Control socket and CLI"), operators' scripts read them.
 
 // Port answers show port.
 type Port struct {

@@ -306,10 +306,19 @@ func TestBridgeGuestsUnservedOnce(t *testing.T) {
 	if n := strings.Count(h.log.String(), line); n != 1 {
 		t.Fatalf("%d lines about the VLAN 30 entry after two relists, want 1:\n%s", n, h.log.String())
 	}
+	h.expect(t, "an entry on a VLAN the TAP does not carry")
+	h.sh.pkeys[30] = true
 	v := filtering(1)
-	v.Ports[bgTAP].VIDs[30] = false // the TAP carries VLAN 30 tagged: served, no P_Key
+	v.Ports[bgTAP].VIDs[30] = false // the TAP carries VLAN 30 tagged, which has a P_Key: served
 	h.setVLANs(v)
+	h.expect(t, "VLAN 30 carried by the TAP", "+"+macC.String()+"/30 bridge")
+	h.relist()
+	if n := strings.Count(h.log.String(), line); n != 1 {
+		t.Fatalf("%d lines about the VLAN 30 entry while it declared its guest, want still 1:\n%s", n, h.log.String())
+	}
 	h.setVLANs(filtering(1))
+	h.expect(t, "VLAN 30 no longer carried", "-"+macC.String()+"/30 bridge")
+	h.relist()
 	if n := strings.Count(h.log.String(), line); n != 2 {
 		t.Errorf("%d lines about the VLAN 30 entry after it was served and is no more, want 2:\n%s", n, h.log.String())
 	}

@@ -19,10 +19,22 @@ import (
 	"github.com/eipoib/eipoibd/shim"
 )
 
-// ctlHandler answers the control socket from the shim.
+// ctlHandler answers the control socket from the shim. With --persist,
+// saver writes the state before vif-add or vif-del is answered: a client
+// told that a declared guest is freed (the CNI plugin's DEL) or kept
+// must find it so after a crash that follows at once, which the saver's
+// once-a-second round alone does not give.
 type ctlHandler struct {
 	sh             *shim.Shim
 	name, fab, dev string
+	saver          *stateSaver // nil without --persist
+}
+
+// saved writes the state now, if the daemon keeps one.
+func (h *ctlHandler) saved() {
+	if h.saver != nil {
+		h.saver.save()
+	}
 }
 
 var _ ctl.Handler = (*ctlHandler)(nil)
@@ -42,7 +54,11 @@ func (h *ctlHandler) AddVIF(v ctl.VIFRequest) error {
 	if err != nil {
 		return err
 	}
-	return h.sh.DeclareVIF(mac, vlan, mactrans.OriginDeclared)
+	if err := h.sh.DeclareVIF(mac, vlan, mactrans.OriginDeclared); err != nil {
+		return err
+	}
+	h.saved()
+	return nil
 }
 
 // DelVIF removes a guest's VIF (vif-del).
@@ -51,8 +67,11 @@ func (h *ctlHandler) DelVIF(v ctl.VIFRequest) error {
 	if err != nil {
 		return err
 	}
-	_, err = h.sh.RemoveVIF(mac, vlan, mactrans.OriginDeclared)
-	return err
+	if _, err = h.sh.RemoveVIF(mac, vlan, mactrans.OriginDeclared); err != nil {
+		return err
+	}
+	h.saved()
+	return nil
 }
 
 // FlushNeighbours forgets the remote endpoints (neigh-flush).

@@ -32,13 +32,6 @@ import (
 	"github.com/eipoib/eipoibd/tap"
 )
 
-// The fabric backends of Config.Fabric.
-const (
-	FabricSim    = "sim"    // the simulated UD fabric over Config.Underlay
-	FabricKernel = "kernel" // the kernel's IPoIB driver under Config.IBDev
-	FabricVerbs  = "verbs"  // UD QPs through libibverbs on Config.IBDev
-)
-
 // MaxQueues bounds Config.Queues: the kernel's limit on TUN queues
 // (MAX_TAP_QUEUES, drivers/net/tun.c).
 const MaxQueues = 256
@@ -90,27 +83,21 @@ const MaxMemoryLimit = 1 << 20
 const announceWindow = 30 * time.Second
 
 // Config is what the daemon runs with. Each field is the setting of the
-// flag (and config file key) named beside it; the README's flag table
-// says what it means.
+// flag (and config file key) named beside it; docs/flags.md, generated
+// from the flags, says what it means.
 type Config struct {
-	Name     string    // --name: the TAP
-	MAC      ether.MAC // --mac: the TAP's MAC; zero for the kernel's random one
-	Fabric   string    // --fabric: FabricSim, FabricKernel or FabricVerbs
-	Underlay string    // --underlay: the simulated fabric's interface
-	IBDev    string    // --ib-dev: IPoIB parent or verbs device
-	IBMTU    int       // --ib-mtu: 2048 or 4096 (sim; the others ask the device)
-	// VerbsRecvDepth is --verbs-recv-depth: the verbs backend's receive
-	// buffers posted on its shared receive queue; 0 for the default.
-	VerbsRecvDepth int
-	TAPMTU         int // --tap-mtu
-	// TAPQueueLen is --tap-queue-len: the TAP's txqueuelen; 0 leaves
-	// the TAP's own (1000 as netlink creates it).
-	TAPQueueLen int
-	Queues      int // --queues: 0 for one per CPU
-	// RxWorkers is --rx-workers: the simulated fabric's receive sockets
-	// and RX workers; 0 for one per TAP queue.
-	RxWorkers int
-	Offload   bool // --offload
+	Name           string    // --name: the TAP
+	MAC            ether.MAC // --mac: the TAP's MAC; zero for the kernel's random one
+	Fabric         string    // --fabric: FabricSim, FabricKernel or FabricVerbs
+	Underlay       string    // --underlay: the simulated fabric's interface
+	IBDev          string    // --ib-dev: IPoIB parent or verbs device
+	IBMTU          int       // --ib-mtu: 2048 or 4096 (sim; the others ask the device)
+	VerbsRecvDepth int       // --verbs-recv-depth: 0 for the default
+	TAPMTU         int       // --tap-mtu
+	TAPQueueLen    int       // --tap-queue-len: 0 leaves the TAP's own
+	Queues         int       // --queues: 0 for one per CPU
+	RxWorkers      int       // --rx-workers: 0 for one per TAP queue
+	Offload        bool      // --offload
 
 	BusyPoll time.Duration // --busy-poll: 0 for off
 
@@ -254,10 +241,11 @@ func Run(ctx context.Context, cfg Config) error {
 			return fmt.Errorf("--state-dir: %w", err)
 		}
 	}
-	port, err := openFabric(&cfg, log)
+	fab, err := openFabric(&cfg, log)
 	if err != nil {
 		return err
 	}
+	port, fabDev := fab.port, fab.device
 	defer port.Close()
 	kept, inKeeper := keptQueues(&cfg, log)
 	tc := TAPConfig(&cfg, port, kept)
@@ -266,10 +254,6 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer dev.Close()
-	fabDev := cfg.Underlay
-	if cfg.Fabric != FabricSim {
-		fabDev = cfg.IBDev
-	}
 	log.Info("started", "tap", cfg.Name, "tap_start", dev.Start(), "fabric", cfg.Fabric, "device", fabDev, "gid", port.LocalGID(), "ib_mtu", port.MTU(), "ipoib_mtu", tc.MTU)
 	if dev.Offload() != cfg.Offload {
 		log.Warn("the kept TAP keeps its offload setting while its queues are open: stop eipoibd (not restart) to change it", "offload", dev.Offload(), "wanted", cfg.Offload)
@@ -288,9 +272,13 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer sw.detach()
+	var saver *stateSaver
+	if cfg.Persist {
+		saver = &stateSaver{path: statePath(&cfg), tap: cfg.Name, sh: sh, log: log}
+	}
 	if cfg.CtlDir != "" {
 		path := ctl.Path(cfg.CtlDir, cfg.Name)
-		srv, err := ctl.Listen(path, &ctlHandler{sh: sh, name: cfg.Name, fab: cfg.Fabric, dev: fabDev})
+		srv, err := ctl.Listen(path, &ctlHandler{sh: sh, name: cfg.Name, fab: cfg.Fabric, dev: fabDev, saver: saver})
 		if err != nil {
 			return err
 		}
@@ -323,7 +311,7 @@ func Run(ctx context.Context, cfg Config) error {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		handleSignals(ctx, &cfg, port, sh)
+		handleSignals(ctx, &cfg, fab, sh)
 	}()
 	notifySystemd(ctx, &wg, sh, log, fmt.Sprintf("%s on %s %s, GID %s", cfg.Name, cfg.Fabric, fabDev, port.LocalGID()))
 	// On a signal the shim stops after the state's last save, while it
@@ -335,8 +323,8 @@ func Run(ctx context.Context, cfg Config) error {
 	saverDone := make(chan struct{})
 	go func() {
 		defer close(saverDone)
-		if cfg.Persist {
-			(&stateSaver{path: statePath(&cfg), tap: cfg.Name, sh: sh, log: log}).run(saveCtx)
+		if saver != nil {
+			saver.run(saveCtx)
 		} else {
 			<-saveCtx.Done()
 		}
@@ -377,7 +365,7 @@ func ShimConfig(cfg *Config, dev tap.Device, port ipoib.Port) shim.Config {
 // handleSignals answers cfg.Signals until ctx ends: SIGUSR1 toggles the
 // simulated port down and up (a test hook: the TAP's carrier follows),
 // SIGHUP reloads, SIGUSR2 logs the counters.
-func handleSignals(ctx context.Context, cfg *Config, port ipoib.Port, sh *shim.Shim) {
+func handleSignals(ctx context.Context, cfg *Config, fab fabric, sh *shim.Shim) {
 	r := reloader{cur: *cfg, sh: sh, log: cfg.Logger}
 	for {
 		select {
@@ -386,7 +374,7 @@ func handleSignals(ctx context.Context, cfg *Config, port ipoib.Port, sh *shim.S
 		case s := <-cfg.Signals:
 			switch s {
 			case syscall.SIGUSR1:
-				toggleDown(port, cfg.Logger)
+				toggleDown(fab, cfg.Logger)
 			case syscall.SIGHUP:
 				r.reload()
 			case syscall.SIGUSR2:

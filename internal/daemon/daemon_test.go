@@ -19,6 +19,7 @@ import (
 	"github.com/eipoib/eipoibd/arpndp"
 	"github.com/eipoib/eipoibd/internal/ctl"
 	"github.com/eipoib/eipoibd/internal/nstest"
+	"github.com/eipoib/eipoibd/internal/testutil"
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/shim"
 	"github.com/eipoib/eipoibd/snoop"
@@ -58,16 +59,6 @@ func testConfig(underlay string) Config {
 	return c
 }
 
-// waitFor polls cond every 20 ms for up to 10 s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("no %s in 10 s", what)
-		}
-	}
-}
-
 // underlayNS makes a namespace with a veth pair, ula and ulb, up with
 // MTU 9000: ula is the simulated fabric's underlay.
 func underlayNS(t *testing.T) string {
@@ -103,7 +94,8 @@ func stopped(t *testing.T, cancel context.CancelFunc, done <-chan error) {
 // MAC with the daemon's message; a SIGHUP (on Config.Signals) applies a
 // reload that adds a VLAN (show port lists its partition) and changes
 // vif-idle (logged), and a reload that does not validate changes
-// nothing. Ending the context stops it: Run returns nil, the TAP and the
+// nothing (not the VLANs, vif-idle or the log level it also changes: a
+// reload of the running settings then finds no change). Ending the context stops it: Run returns nil, the TAP and the
 // socket are gone, and no goroutine is left (goleak).
 //
 // Run is called on a thread in the namespace, so the TAP, the fabric's
@@ -137,7 +129,7 @@ func TestRunInProcess(t *testing.T) {
 
 	c := ctl.Client{Path: ctl.Path(cfg.CtlDir, cfg.Name)}
 	var port ctl.Port
-	waitFor(t, "control socket", func() bool {
+	testutil.WaitFor(t, "control socket", func() bool {
 		select {
 		case err := <-done:
 			t.Fatalf("Run ended at start: %v\n%s", err, logs.String())
@@ -184,24 +176,47 @@ func TestRunInProcess(t *testing.T) {
 	next.Settings["vif-idle"], next.Settings["vlan-pkey"], next.Settings["ib-mtu"] = "2s", "10=0x800a", "4096"
 	reloads <- next
 	sig <- syscall.SIGHUP
-	waitFor(t, "partition of VLAN 10", func() bool {
+	testutil.WaitFor(t, "partition of VLAN 10", func() bool {
 		p, err := c.ShowPort()
 		return err == nil && len(p.Partitions) == 2 && p.Partitions[1] == ctl.Partition{VLAN: 10, PKey: "0x800a"}
 	})
 	for _, l := range []string{`msg="config reloaded" key=vif-idle old=5m0s new=2s`, `msg="config reloaded" key=vlan-pkey old="" new="10=0x800a"`,
 		`msg="config change needs a restart" key=ib-mtu running=2048 new=4096`} {
-		waitFor(t, l, func() bool { return strings.Contains(logs.String(), l) })
+		testutil.WaitFor(t, l, func() bool { return strings.Contains(logs.String(), l) })
 	}
-	// One that does not validate changes nothing.
+	// One that does not validate changes nothing, though it changes
+	// live keys too: a VLAN added, vif-idle and the log level.
 	bad := next
-	bad.IBMTU = 1000
+	bad.IBMTU, bad.VIFIdle, bad.Partitions = 1000, 7*time.Second, map[uint16]ipoib.PKey{10: 0x800a, 20: 0x8014}
+	bad.Level = new(slog.LevelVar)
+	bad.Level.Set(slog.LevelError)
+	bad.Settings = maps.Clone(next.Settings)
+	bad.Settings["ib-mtu"], bad.Settings["vif-idle"], bad.Settings["vlan-pkey"], bad.Settings["log-level"] = "1000", "7s", "10=0x800a,20=0x8014", "error"
 	reloads <- bad
 	sig <- syscall.SIGHUP
-	waitFor(t, "refused reload", func() bool {
+	testutil.WaitFor(t, "refused reload", func() bool {
 		return strings.Contains(logs.String(), `msg="config reload failed; running on unchanged" err="--ib-mtu 1000: want 2048 or 4096"`)
 	})
-	if p, err := c.ShowPort(); err != nil || len(p.Partitions) != 2 {
+	if p, err := c.ShowPort(); err != nil || len(p.Partitions) != 2 || p.Partitions[1] != (ctl.Partition{VLAN: 10, PKey: "0x800a"}) {
 		t.Errorf("show port after the refused reload: %+v, %v", p, err)
+	}
+	if l := cfg.Level.Level(); l != slog.LevelInfo {
+		t.Errorf("log level %v after the refused reload, want INFO", l)
+	}
+	// The running settings are still next's (but its ib-mtu, which
+	// needs a restart): reloading them changes nothing, where a key the
+	// refused reload had taken would be reloaded back, and logged.
+	running := next
+	running.IBMTU = 2048
+	running.Settings = maps.Clone(next.Settings)
+	running.Settings["ib-mtu"] = "2048"
+	reloads <- running
+	sig <- syscall.SIGHUP
+	testutil.WaitFor(t, "the reload of the running settings", func() bool {
+		return strings.Contains(logs.String(), `msg="config reloaded: no changes"`)
+	})
+	if n := strings.Count(logs.String(), `msg="config reloaded" `); n != 2 {
+		t.Errorf("%d keys reloaded in all, want 2 (vif-idle and vlan-pkey, once):\n%s", n, logs.String())
 	}
 
 	stopped(t, cancel, done)
@@ -232,14 +247,14 @@ func TestRunHostInProcess(t *testing.T) {
 	defer cancel()
 	done := make(chan error, 1)
 	go func() { done <- nstest.DoErr(ns, func() error { return RunHost(ctx, cfg) }) }()
-	waitFor(t, "started", func() bool { return strings.Contains(logs.String(), "msg=started tun=ibt0") })
+	testutil.WaitFor(t, "started", func() bool { return strings.Contains(logs.String(), "msg=started tun=ibt0") })
 	if out := nstest.Must(t, nstest.In(ns, "ip", "-o", "link", "show", "ibt0")...); !strings.Contains(out, "mtu 2044") {
 		t.Errorf("TUN: %s", out)
 	}
 	sig <- syscall.SIGUSR1
-	waitFor(t, "neighbour table", func() bool { return strings.Contains(logs.String(), `msg="neighbours\n`) })
+	testutil.WaitFor(t, "neighbour table", func() bool { return strings.Contains(logs.String(), `msg="neighbours\n`) })
 	sig <- syscall.SIGUSR2
-	waitFor(t, "counters", func() bool { return strings.Contains(logs.String(), "msg=counters") })
+	testutil.WaitFor(t, "counters", func() bool { return strings.Contains(logs.String(), "msg=counters") })
 	stopped(t, cancel, done)
 	if out, err := nstest.Run(nstest.In(ns, "ip", "link", "show", "ibt0")...); err == nil {
 		t.Errorf("the TUN outlived RunHost: %s", out)

@@ -1,15 +1,93 @@
 package daemon
 
+// The registry of fabric backends: each is a name (--fabric), a check of
+// the settings it takes and the opening of its port. Validate, Run,
+// RunHost and "eipoibd version" all go through it. A new backend is its
+// package under ipoib/ and an entry here.
+
 import (
 	"fmt"
 	"log/slog"
+	"slices"
 
+	"github.com/eipoib/eipoibd/internal/cli"
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/ipoib/faultport"
 	"github.com/eipoib/eipoibd/ipoib/kernelfabric"
 	"github.com/eipoib/eipoibd/ipoib/simfabric"
 	"github.com/eipoib/eipoibd/ipoib/verbsfabric"
 )
+
+// The fabric backends' names, as Config.Fabric takes them.
+const (
+	FabricSim    = "sim"    // the simulated UD fabric over Config.Underlay
+	FabricKernel = "kernel" // the kernel's IPoIB driver under Config.IBDev
+	FabricVerbs  = "verbs"  // UD QPs through libibverbs on Config.IBDev
+)
+
+// Backend is a fabric backend of the registry.
+type Backend struct {
+	Name string // Config.Fabric
+	// Tag is the build tag without which the backend cannot open its
+	// port (it still checks its settings); empty for none.
+	Tag string
+	// check refuses settings the backend cannot run with, with a
+	// ConfigError naming the flag.
+	check func(c *Config) error
+	// open opens the port c asks for.
+	open func(c *Config, log *slog.Logger) (fabric, error)
+}
+
+// fabric is an opened backend.
+type fabric struct {
+	port   ipoib.Port
+	device string // the interface or device it runs on, as logs and show port name it
+	// toggle flips the port down or up and says whether it is down now
+	// (SIGUSR1); nil for a port that follows a real link.
+	toggle func() (down bool)
+}
+
+// backends is the registry, in the order "eipoibd version" lists it.
+var backends = []Backend{
+	{Name: FabricSim, check: checkSim, open: openSim},
+	{Name: FabricKernel, check: checkKernel, open: openKernel},
+	{Name: FabricVerbs, Tag: "verbs", check: checkVerbs, open: openVerbs},
+}
+
+// Backends are the registry's backends.
+func Backends() []Backend { return slices.Clone(backends) }
+
+// backend is the backend c names.
+func (c *Config) backend() (Backend, error) {
+	i := slices.IndexFunc(backends, func(b Backend) bool { return b.Name == c.Fabric })
+	if i < 0 {
+		names := make([]string, len(backends))
+		for i, b := range backends {
+			names[i] = b.Name
+		}
+		return Backend{}, ConfigError{Msg: fmt.Sprintf("--fabric %q: want %s", c.Fabric, cli.OrList(names))}
+	}
+	return backends[i], nil
+}
+
+// checkFabric checks the backend's settings.
+func (c *Config) checkFabric() error {
+	b, err := c.backend()
+	if err != nil {
+		return err
+	}
+	return b.check(c)
+}
+
+// openFabric opens the port of the backend c names, its settings
+// checked.
+func openFabric(c *Config, log *slog.Logger) (fabric, error) {
+	b, err := c.backend()
+	if err != nil {
+		return fabric{}, err
+	}
+	return b.open(c, log)
+}
 
 // The bounds of Config.VerbsRecvDepth, and its default.
 const (
@@ -18,61 +96,89 @@ const (
 	MaxVerbsRecvDepth     = verbsfabric.MaxRecvDepth
 )
 
-// checkFabric validates the backend settings: --underlay for sim,
-// --ib-dev for kernel and verbs (NAME or NAME:PORT for verbs).
-func (c *Config) checkFabric() error {
-	switch c.Fabric {
-	case FabricSim:
-		if c.Underlay == "" {
-			return ConfigError{Msg: "--underlay is required (the interface the simulated fabric runs over)"}
-		}
-	case FabricKernel, FabricVerbs:
-		if c.IBDev == "" {
-			what := "the IPoIB parent interface, e.g. ib0"
-			if c.Fabric == FabricVerbs {
-				what = "the verbs device, e.g. mlx5_0 or rxe0"
-			}
-			return ConfigError{Msg: fmt.Sprintf("--fabric %s needs --ib-dev (%s)", c.Fabric, what)}
-		}
-		if c.Fabric == FabricVerbs {
-			if _, _, err := verbsfabric.ParseDevice(c.IBDev); err != nil {
-				return ConfigError{Msg: fmt.Sprintf("--ib-dev %q: %v", c.IBDev, err)}
-			}
-		}
-		if c.Faults != (faultport.Faults{}) || c.Underlay != "" {
-			return ConfigError{Msg: "--fault and --underlay are for --fabric sim"}
-		}
-		if c.RxWorkers > 1 {
-			return ConfigError{Msg: fmt.Sprintf("--rx-workers %d: the %s backend receives on one queue; --rx-workers is for --fabric sim (leave it at 1)", c.RxWorkers, c.Fabric)}
-		}
-	default:
-		return ConfigError{Msg: fmt.Sprintf("--fabric %q: want sim, kernel or verbs", c.Fabric)}
+// checkSim: the simulated fabric runs over --underlay.
+func checkSim(c *Config) error {
+	if c.Underlay == "" {
+		return ConfigError{Msg: "--underlay is required (the interface the simulated fabric runs over)"}
 	}
 	return nil
 }
 
-// openFabric opens the port of the chosen backend. The kernel and verbs
-// backends take their MTU from the device, not --ib-mtu.
-func openFabric(c *Config, log *slog.Logger) (ipoib.Port, error) {
-	switch c.Fabric {
-	case FabricKernel:
-		return kernelfabric.New(kernelfabric.Config{Kernel: kernelfabric.System{}, Parent: c.IBDev, Logger: log})
-	case FabricVerbs:
-		return verbsfabric.New(verbsfabric.Config{Device: c.IBDev, RecvDepth: c.VerbsRecvDepth, Logger: log})
-	}
+// openSim opens the simulated fabric's port, behind a faultport with
+// --fault. SIGUSR1 toggles it down and up.
+func openSim(c *Config, _ *slog.Logger) (fabric, error) {
 	p, err := simfabric.Open(simfabric.Config{Underlay: c.Underlay, IBMTU: c.IBMTU, BusyPoll: c.BusyPoll, Sockets: rxWorkers(c)})
 	if err != nil {
-		return nil, err
+		return fabric{}, err
 	}
+	f := fabric{port: p, device: c.Underlay, toggle: func() bool {
+		p.SetDown(!p.IsDown())
+		return p.IsDown()
+	}}
 	if c.Faults == (faultport.Faults{}) {
-		return p, nil
+		return f, nil
 	}
-	fp, err := faultport.New(p, c.Faults)
-	if err != nil {
+	if f.port, err = faultport.New(p, c.Faults); err != nil {
 		p.Close()
-		return nil, err
+		return fabric{}, err
 	}
-	return fp, nil
+	return f, nil
+}
+
+// checkKernel: the kernel backend runs under the IPoIB parent --ib-dev.
+func checkKernel(c *Config) error {
+	return checkIBDev(c, "the IPoIB parent interface, e.g. ib0", nil)
+}
+
+// openKernel opens the kernel backend's port, whose MTU is the
+// device's, not --ib-mtu.
+func openKernel(c *Config, log *slog.Logger) (fabric, error) {
+	p, err := kernelfabric.New(kernelfabric.Config{Kernel: kernelfabric.System{}, Parent: c.IBDev, Logger: log})
+	if err != nil {
+		return fabric{}, err
+	}
+	return fabric{port: p, device: c.IBDev}, nil
+}
+
+// checkVerbs: the verbs backend runs on the device --ib-dev, NAME or
+// NAME:PORT.
+func checkVerbs(c *Config) error {
+	return checkIBDev(c, "the verbs device, e.g. mlx5_0 or rxe0", func(dev string) error {
+		_, _, err := verbsfabric.ParseDevice(dev)
+		return err
+	})
+}
+
+// openVerbs opens the verbs backend's port, whose MTU is the device's,
+// not --ib-mtu. Without the verbs build tag it fails, saying so.
+func openVerbs(c *Config, log *slog.Logger) (fabric, error) {
+	p, err := verbsfabric.New(verbsfabric.Config{Device: c.IBDev, RecvDepth: c.VerbsRecvDepth, Logger: log})
+	if err != nil {
+		return fabric{}, err
+	}
+	return fabric{port: p, device: c.IBDev}, nil
+}
+
+// checkIBDev checks the settings of a backend on a real IB device: it
+// needs --ib-dev (what: what the device is; parse, if not nil, checks
+// its form), and takes neither the simulated fabric's --fault and
+// --underlay nor more than one RX worker.
+func checkIBDev(c *Config, what string, parse func(dev string) error) error {
+	if c.IBDev == "" {
+		return ConfigError{Msg: fmt.Sprintf("--fabric %s needs --ib-dev (%s)", c.Fabric, what)}
+	}
+	if parse != nil {
+		if err := parse(c.IBDev); err != nil {
+			return ConfigError{Msg: fmt.Sprintf("--ib-dev %q: %v", c.IBDev, err)}
+		}
+	}
+	if c.Faults != (faultport.Faults{}) || c.Underlay != "" {
+		return ConfigError{Msg: "--fault and --underlay are for --fabric sim"}
+	}
+	if c.RxWorkers > 1 {
+		return ConfigError{Msg: fmt.Sprintf("--rx-workers %d: the %s backend receives on one queue; --rx-workers is for --fabric sim (leave it at 1)", c.RxWorkers, c.Fabric)}
+	}
+	return nil
 }
 
 // MaxRxWorkers bounds Config.RxWorkers: the simulated fabric's most
@@ -89,17 +195,12 @@ func rxWorkers(c *Config) int {
 	return c.RxWorkers
 }
 
-// toggleDown flips the simulated port down or up (SIGUSR1); other backends
-// follow their real link state and ignore it.
-func toggleDown(port ipoib.Port, log *slog.Logger) {
-	if fp, ok := port.(*faultport.Port); ok {
-		port = fp.Unwrap()
-	}
-	sp, ok := port.(*simfabric.Port)
-	if !ok {
+// toggleDown flips a simulated port down or up (SIGUSR1); the other
+// backends follow their real link state and ignore it.
+func toggleDown(f fabric, log *slog.Logger) {
+	if f.toggle == nil {
 		log.Info("SIGUSR1 ignored: only the simulated port can be toggled")
 		return
 	}
-	sp.SetDown(!sp.IsDown())
-	log.Info("simulated port state toggled", "down", sp.IsDown())
+	log.Info("simulated port state toggled", "down", f.toggle())
 }

@@ -1,7 +1,8 @@
 package daemon
 
 // "eipoibd host": a native IPoIB host on the simulated fabric (package
-// ipoibhost), with its TUN device.
+// ipoibhost), with its TUN device. It opens its port through the
+// backends' registry, as Run does.
 
 import (
 	"context"
@@ -10,7 +11,6 @@ import (
 	"syscall"
 
 	"github.com/eipoib/eipoibd/ipoib"
-	"github.com/eipoib/eipoibd/ipoib/simfabric"
 	"github.com/eipoib/eipoibd/ipoibhost"
 	"github.com/eipoib/eipoibd/tap"
 )
@@ -37,10 +37,15 @@ func RunHost(ctx context.Context, cfg HostConfig) error {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	port, err := simfabric.Open(simfabric.Config{Underlay: cfg.Underlay, IBMTU: cfg.IBMTU})
+	fc := Config{Fabric: FabricSim, Underlay: cfg.Underlay, IBMTU: cfg.IBMTU}
+	if err := fc.checkFabric(); err != nil {
+		return err
+	}
+	fab, err := openFabric(&fc, log)
 	if err != nil {
 		return err
 	}
+	port := fab.port
 	defer port.Close()
 	ipMTU, _ := ipoib.IPMTU(cfg.IBMTU)
 	dev, err := tap.Create(tap.Config{Name: cfg.Name, MTU: ipMTU, TUN: true})

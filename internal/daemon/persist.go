@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"os"
 	"slices"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -337,12 +338,15 @@ func restoreState(c *Config, sh *shim.Shim, log *slog.Logger) {
 
 // stateSaver writes the state file whenever the guests change (checked
 // every second), and once more when asked to stop, before the shim frees
-// the VIFs. Once the shim has begun to free them (Run ended on its own)
-// it saves nothing more: the file keeps the guests a restart restores.
+// the VIFs; the control socket's handler has it save at once after a
+// declared guest is added or removed. Once the shim has begun to free
+// them (Run ended on its own) it saves nothing more: the file keeps the
+// guests a restart restores.
 type stateSaver struct {
 	path, tap string
 	sh        *shim.Shim
 	log       *slog.Logger
+	mu        sync.Mutex // save's, called from run and from the handler
 	last      []byte
 	lastErr   string
 }
@@ -365,6 +369,8 @@ func (s *stateSaver) run(ctx context.Context) {
 // save writes the state if it changed; a failure is logged when it
 // differs from the last one.
 func (s *stateSaver) save() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	guests, ok := s.sh.Guests()
 	if !ok {
 		return

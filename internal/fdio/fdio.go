@@ -89,7 +89,7 @@ func (f *FD) SetBusyPoll(d time.Duration) { f.spin.Store(int64(max(d, 0))) }
 // first, backing off to 10 ms, woken again by each exitsyscall) and
 // retakes the P; a goroutine locked to its thread (LockOSThread) adds a
 // hand-over whenever another thread readies it. Measured on the
-// two-hypervisor topology (2 cores, issue 24), readers locked to their
+// two-hypervisor topology (2 cores), readers locked to their
 // threads and waiting in poll(2) made sysmon's usleep half of the
 // daemon's context switches and raised the ping RTT median by 50-90 µs
 // over the netpoller; spinning and then waiting in poll(2) cost a third

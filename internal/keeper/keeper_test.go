@@ -20,6 +20,7 @@ import (
 
 	"github.com/eipoib/eipoibd/internal/nstest"
 	"github.com/eipoib/eipoibd/internal/sdnotify"
+	"github.com/eipoib/eipoibd/internal/testutil"
 )
 
 // start runs a keeper on a socket in a temporary directory and stops it
@@ -56,20 +57,10 @@ func pipes(t *testing.T, n int) (w, r []*os.File) {
 	return w, r
 }
 
-// waitFor waits up to 5 s for cond.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("waited 5 s for %s", what)
-		}
-	}
-}
-
 // held waits until the keeper holds exactly want (names to counts).
 func held(t *testing.T, k *Keeper, want map[string]int) {
 	t.Helper()
-	waitFor(t, fmt.Sprintf("the keeper to hold %v", want), func() bool { return fmt.Sprint(k.Held()) == fmt.Sprint(want) })
+	testutil.WaitFor(t, fmt.Sprintf("the keeper to hold %v", want), func() bool { return fmt.Sprint(k.Held()) == fmt.Sprint(want) })
 }
 
 // TestStoreTakeRemove: descriptors stored as sd_notify stores them come
@@ -90,7 +81,7 @@ func TestStoreTakeRemove(t *testing.T) {
 	}
 	held(t, k, map[string]int{"tap-eib0": 2, "tap-eib1": 1})
 	for round := range 2 {
-		fds, err := Take(path, "tap-eib0", 2*time.Second)
+		fds, err := Take(path, "tap-eib0", testutil.Settle)
 		if err != nil || len(fds) != 2 {
 			t.Fatalf("round %d: Take: %v, %v", round, fds, err)
 		}
@@ -109,7 +100,7 @@ func TestStoreTakeRemove(t *testing.T) {
 		t.Fatal(err)
 	}
 	held(t, k, map[string]int{"tap-eib1": 1})
-	if fds, err := Take(path, "tap-eib0", 2*time.Second); err != nil || len(fds) != 0 {
+	if fds, err := Take(path, "tap-eib0", testutil.Settle); err != nil || len(fds) != 0 {
 		t.Fatalf("Take of a removed name: %v, %v", fds, err)
 	}
 	c := k.Counters()
@@ -144,7 +135,7 @@ func TestTakeUnreachable(t *testing.T) {
 	if _, err := Listen(Config{Socket: path, MaxFDs: 1, MaxNames: 1}); err == nil {
 		t.Fatal("a second keeper took a live keeper's socket")
 	}
-	if fds, err := Take(path, "tap-eib0", time.Second); err != nil || len(fds) != 0 {
+	if fds, err := Take(path, "tap-eib0", testutil.Settle); err != nil || len(fds) != 0 {
 		t.Fatalf("Take from the new keeper: %v, %v", fds, err)
 	}
 }
@@ -162,9 +153,9 @@ func TestLimits(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, "two refusals", func() bool { return k.Counters()["over_limit"] == 2 })
+	testutil.WaitFor(t, "two refusals", func() bool { return k.Counters()["over_limit"] == 2 })
 	held(t, k, map[string]int{"a": 2, "b": 1})
-	if fds, err := Take(path, "b", time.Second); err != nil || len(fds) != 1 {
+	if fds, err := Take(path, "b", testutil.Settle); err != nil || len(fds) != 1 {
 		t.Fatalf("Take b: %v, %v", fds, err)
 	} else {
 		closeFDs(fds)
@@ -175,7 +166,7 @@ func TestLimits(t *testing.T) {
 	// own (the keeper closes refused ones just after counting them).
 	for _, i := range []int{3, 4} {
 		w[i].Close()
-		r[i].SetReadDeadline(time.Now().Add(5 * time.Second))
+		r[i].SetReadDeadline(time.Now().Add(testutil.Settle))
 		if n, err := r[i].Read(make([]byte, 1)); n != 0 || err != io.EOF {
 			t.Errorf("pipe %d, refused: read %d, %v; want end of file (the keeper closed its copy)", i, n, err)
 		}
@@ -209,7 +200,7 @@ func TestClosedTakesNothing(t *testing.T) {
 		t.Errorf("store after Close: handed back %v of [%d], held %v; want all handed back, none held", left, fd, k.Held())
 	}
 	w[0].Close()
-	r[0].SetReadDeadline(time.Now().Add(5 * time.Second))
+	r[0].SetReadDeadline(time.Now().Add(testutil.Settle))
 	if n, err := r[0].Read(make([]byte, 1)); n != 0 || err != io.EOF {
 		t.Errorf("pipe stored after Close: read %d, %v; want end of file", n, err)
 	}
@@ -249,11 +240,11 @@ func TestRemoveWinsOverStore(t *testing.T) {
 	if err := sdnotify.Send(path, "FDSTOREREMOVE=1\nFDSTORE=1\nFDNAME=x", w[1:]); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the refusal", func() bool { return k.Counters()["unexpected_fds"] == 1 })
+	testutil.WaitFor(t, "the refusal", func() bool { return k.Counters()["unexpected_fds"] == 1 })
 	held(t, k, map[string]int{})
 	for i := range w {
 		w[i].Close()
-		r[i].SetReadDeadline(time.Now().Add(5 * time.Second))
+		r[i].SetReadDeadline(time.Now().Add(testutil.Settle))
 		if n, err := r[i].Read(make([]byte, 1)); n != 0 || err != io.EOF {
 			t.Errorf("pipe %d: read %d, %v; want end of file (the keeper closed its copy)", i, n, err)
 		}
@@ -276,9 +267,17 @@ func TestDropFailed(t *testing.T) {
 		t.Fatal(err)
 	}
 	held(t, k, map[string]int{"polled": 1, "unpolled": 1})
-	r[0].Close()
+	// The unpolled pipe fails first, then the polled one, which is the
+	// sentinel: epoll reports ready descriptors in the order they became
+	// ready (ep_poll_callback queues at the ready list's tail), so once
+	// the polled one is dropped, an unpolled one that was watched all the
+	// same would already be gone too.
 	r[1].Close()
-	held(t, k, map[string]int{"unpolled": 1})
+	r[0].Close()
+	testutil.WaitFor(t, "the polled descriptor's drop", func() bool { _, ok := k.Held()["polled"]; return !ok })
+	if h := k.Held(); fmt.Sprint(h) != fmt.Sprint(map[string]int{"unpolled": 1}) {
+		t.Errorf("held %v after the polled descriptor's drop; want the unpolled one still held", h)
+	}
 	if c := k.Counters(); c["dropped"] != 1 {
 		t.Errorf("counters %v: want 1 dropped", c)
 	}
@@ -288,19 +287,21 @@ func TestDropFailed(t *testing.T) {
 // its descriptors closed, and the keeper goes on serving.
 func TestMalformed(t *testing.T) {
 	k, path := start(t, DefaultMaxFDs, DefaultMaxNames)
-	w, _ := pipes(t, 1)
+	// A pipe of its own for each request that passes one, so that each
+	// refusal's close is seen apart; the last one is stored at the end.
+	w, r := pipes(t, 6)
 	for _, s := range []struct {
 		msg   string
 		files []*os.File
 	}{
 		{"", nil},
-		{"FDSTORE=1\nFDNAME=a:b", w},
-		{"FDSTORE=1\nFDNAME=a:b", w},
+		{"FDSTORE=1\nFDNAME=a:b", w[0:1]},
+		{"FDSTORE=1\nFDNAME=a:b", w[1:2]},
 		{"FDSTOREREMOVE=1", nil},
-		{"FDGET=1\nFDNAME=x", nil}, // no socket to answer on
-		{"FDGET=1\nFDNAME=x", w},   // a pipe is no socket
-		{"READY=1", w},
-		{"FDSTOREREMOVE=1\nFDNAME=x", w},
+		{"FDGET=1\nFDNAME=x", nil},    // no socket to answer on
+		{"FDGET=1\nFDNAME=x", w[2:3]}, // a pipe is no socket
+		{"READY=1", w[3:4]},
+		{"FDSTOREREMOVE=1\nFDNAME=x", w[4:5]},
 		{string(make([]byte, MaxMessage+1)), nil},
 	} {
 		if err := sdnotify.Send(path, s.msg, s.files); err != nil {
@@ -309,7 +310,7 @@ func TestMalformed(t *testing.T) {
 	}
 	want := map[string]uint64{"malformed_empty": 1, "malformed_bad_name": 2, "malformed_no_name": 1,
 		"get_bad_socket": 2, "malformed_no_request": 1, "unexpected_fds": 1, "truncated": 1, "removed": 0}
-	waitFor(t, fmt.Sprintf("counters %v", want), func() bool {
+	testutil.WaitFor(t, fmt.Sprintf("counters %v", want), func() bool {
 		c := k.Counters()
 		for kind, n := range want {
 			if c[kind] != n {
@@ -318,16 +319,26 @@ func TestMalformed(t *testing.T) {
 		}
 		return true
 	})
-	if err := sdnotify.StoreFilesAt(path, "tap-eib0", w); err != nil {
+	// Each refused request's descriptor was closed: the pipe's reader
+	// sees end of file once the test closes its own write end, which it
+	// would not while the keeper kept a copy.
+	for i := range 5 {
+		w[i].Close()
+		r[i].SetReadDeadline(time.Now().Add(testutil.Settle))
+		if n, err := r[i].Read(make([]byte, 1)); n != 0 || err != io.EOF {
+			t.Errorf("pipe %d, refused: read %d, %v; want end of file (the keeper closed its copy)", i, n, err)
+		}
+	}
+	if err := sdnotify.StoreFilesAt(path, "tap-eib0", w[5:]); err != nil {
 		t.Fatal(err)
 	}
-	if fds, err := Take(path, "tap-eib0", 2*time.Second); err != nil || len(fds) != 1 {
+	if fds, err := Take(path, "tap-eib0", testutil.Settle); err != nil || len(fds) != 1 {
 		t.Fatalf("Take after the malformed requests: %v, %v", fds, err)
 	} else {
 		closeFDs(fds)
 	}
-	if len(k.Held()) != 1 {
-		t.Errorf("held %v: a refused request left descriptors", k.Held())
+	if h := k.Held(); fmt.Sprint(h) != fmt.Sprint(map[string]int{"tap-eib0": 1}) {
+		t.Errorf("held %v: a refused request left descriptors", h)
 	}
 }
 
@@ -363,7 +374,7 @@ func TestRefusedUser(t *testing.T) {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("sender as nobody: %v\n%s", err, out)
 	}
-	waitFor(t, "the refusal", func() bool { return k.Counters()["refused"] == 1 })
+	testutil.WaitFor(t, "the refusal", func() bool { return k.Counters()["refused"] == 1 })
 	if len(k.Held()) != 0 {
 		t.Errorf("held %v from another user", k.Held())
 	}
@@ -391,7 +402,7 @@ func TestTakeMany(t *testing.T) {
 		t.Fatal(err)
 	}
 	held(t, k, map[string]int{"many": 300})
-	fds, err := Take(path, "many", 2*time.Second)
+	fds, err := Take(path, "many", testutil.Settle)
 	closeFDs(fds)
 	if err != nil || len(fds) != 300 {
 		t.Fatalf("Take: %d descriptors, %v; want 300", len(fds), err)

@@ -1,7 +1,6 @@
 package metrics
 
 import (
-	"net/netip"
 	"slices"
 	"sort"
 	"strings"
@@ -9,6 +8,7 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/eipoib/eipoibd/internal/testutil"
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/ipoib/memfabric"
 	"github.com/eipoib/eipoibd/shim"
@@ -33,7 +33,7 @@ func newShim(t *testing.T) *shim.Shim {
 	if err != nil {
 		t.Fatal(err)
 	}
-	port, err := f.NewPort(ipoib.GID(netip.MustParseAddr("fe80::a").As16()))
+	port, err := f.NewPort(testutil.GID("fe80::a"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -36,9 +36,23 @@ func Require(t testing.TB, tools ...string) {
 			missing = append(missing, tool)
 		}
 	}
-	if len(missing) == 0 {
-		return
+	if len(missing) > 0 {
+		need(t, missing)
 	}
+}
+
+// RequireRoot skips the test (locally) or fails it
+// (EIPOIB_REQUIRE_NETNS=1) when not run as root.
+func RequireRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		need(t, []string{"root"})
+	}
+}
+
+// need skips or fails the test for what is missing.
+func need(t testing.TB, missing []string) {
+	t.Helper()
 	msg := "needs " + strings.Join(missing, ", ") + " (make test installs the tools; run as root)"
 	if os.Getenv("EIPOIB_REQUIRE_NETNS") == "1" {
 		t.Fatal(msg)

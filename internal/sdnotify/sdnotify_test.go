@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/eipoib/eipoibd/internal/testutil"
 )
 
 func listen(t *testing.T, name string) *net.UnixConn {
@@ -26,7 +28,7 @@ func listen(t *testing.T, name string) *net.UnixConn {
 
 func recv(t *testing.T, c *net.UnixConn) string {
 	t.Helper()
-	c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	c.SetReadDeadline(time.Now().Add(testutil.Settle))
 	b := make([]byte, 256)
 	n, err := c.Read(b)
 	if err != nil {
@@ -197,7 +199,7 @@ func TestStoreFilesMany(t *testing.T) {
 // recvFDs reads one message from c with the descriptors it carries.
 func recvFDs(t *testing.T, c *net.UnixConn) (string, []int) {
 	t.Helper()
-	c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	c.SetReadDeadline(time.Now().Add(testutil.Settle))
 	b, oob := make([]byte, 256), make([]byte, unix.CmsgSpace(4*MaxFDsPerMessage))
 	n, oobn, flags, _, err := c.ReadMsgUnix(b, oob)
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/eipoib/eipoibd/internal/testutil"
 	"github.com/eipoib/eipoibd/ipoib"
 	kf "github.com/eipoib/eipoibd/ipoib/kernelfabric"
 	"github.com/eipoib/eipoibd/ipoib/kernelfabric/fakekernel"
@@ -25,7 +26,7 @@ func BenchmarkBroadcastCopies(b *testing.B) {
 	for _, n := range []int{0, 1024} {
 		b.Run(fmt.Sprintf("children=%d", n), func(b *testing.B) {
 			f := fakekernel.NewFabric()
-			ka, kb := f.NewHost(gid("fe80::a"), "ib0", 2044), f.NewHost(gid("fe80::b"), "ib0", 2044)
+			ka, kb := f.NewHost(testutil.GID("fe80::a"), "ib0", 2044), f.NewHost(testutil.GID("fe80::b"), "ib0", 2044)
 			a, rx := open(b, ka), open(b, kb)
 			bc := ipoib.BroadcastMGID(0xffff, ipoib.ScopeLinkLocal)
 			if err := rx.Join(bc); err != nil {

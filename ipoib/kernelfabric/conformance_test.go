@@ -1,7 +1,7 @@
 package kernelfabric_test
 
 // The conformance suite: every case runs against the fake and against
-// the real kernel (witness_test.go), and both must answer alike. The
+// the real kernel (conformance_witnesses_test.go), and both must answer alike. The
 // upstream function each rule comes from is named beside it;
 // docs/kernel-backend.md lists the cases.
 

@@ -2,13 +2,13 @@ package kernelfabric
 
 import (
 	"bytes"
-	"net/netip"
 	"testing"
 
+	"github.com/eipoib/eipoibd/internal/testutil"
 	"github.com/eipoib/eipoibd/ipoib"
 )
 
-var testGID = ipoib.GID(netip.MustParseAddr("fe80::2:c903:0:1").As16())
+var testGID = testutil.GID("fe80::2:c903:0:1")
 
 // TestSockaddrLLBytes: the 32-byte name for ifindex 7, IPv4, QPN 0x123456
 // on fe80::2:c903:0:1, worked out from struct sockaddr_ll (little-endian

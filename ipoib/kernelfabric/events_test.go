@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/eipoib/eipoibd/internal/testutil"
 	"github.com/eipoib/eipoibd/ipoib/internal/eventtest"
 	"github.com/eipoib/eipoibd/ipoib/kernelfabric/fakekernel"
 )
@@ -17,7 +18,7 @@ import (
 // never blocks the link notifications; Close closes the channel.
 func TestEvents(t *testing.T) {
 	f := fakekernel.NewFabric()
-	k := f.NewHost(gid("fe80::a"), "ib0", 4092)
+	k := f.NewHost(testutil.GID("fe80::a"), "ib0", 4092)
 	p := open(t, k)
 	ch := p.Events()
 	eventtest.Expect(t, ch, eventtest.Link(true), eventtest.MTU(0xffff, 4096))
@@ -52,7 +53,7 @@ func TestEvents(t *testing.T) {
 // was down, joins (the fake notifies the parent's carrier before the
 // children join again, as ipoib_ib_dev_up follows the port).
 func TestEventsStartDown(t *testing.T) {
-	k := fakekernel.NewFabric().NewHost(gid("fe80::a"), "ib0", 2044)
+	k := fakekernel.NewFabric().NewHost(testutil.GID("fe80::a"), "ib0", 2044)
 	k.SetCarrier(false)
 	p := open(t, k)
 	ch := p.Events()

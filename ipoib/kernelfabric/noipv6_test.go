@@ -19,6 +19,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/eipoib/eipoibd/internal/nstest"
+	"github.com/eipoib/eipoibd/internal/testutil"
 	"github.com/eipoib/eipoibd/ipoib"
 	kf "github.com/eipoib/eipoibd/ipoib/kernelfabric"
 	"github.com/eipoib/eipoibd/ipoib/kernelfabric/fakekernel"
@@ -91,9 +92,9 @@ func (k *procKernel) DelLink(index int) error {
 func TestStartWithoutIPv6(t *testing.T) {
 	t.Run("fake", func(t *testing.T) {
 		f := fakekernel.NewFabric()
-		ka := f.NewHost(gid("fe80::a"), "ib0", 2044)
+		ka := f.NewHost(testutil.GID("fe80::a"), "ib0", 2044)
 		ka.NoIPv6 = true
-		startWithoutIPv6(t, ka, f.NewHost(gid("fe80::b"), "ib0", 2044), ka.Sysctl)
+		startWithoutIPv6(t, ka, f.NewHost(testutil.GID("fe80::b"), "ib0", 2044), ka.Sysctl)
 	})
 	t.Run("kernel", func(t *testing.T) {
 		if os.Getenv(noIPv6Env) != "1" {
@@ -106,8 +107,8 @@ func TestStartWithoutIPv6(t *testing.T) {
 		ns := fmt.Sprintf("kfnov6%d", os.Getpid())
 		nstest.Add(t, ns)
 		f := fakekernel.NewFabric()
-		ka := &procKernel{Kernel: f.NewHost(gid("fe80::a"), "ib0", 2044), ns: ns}
-		startWithoutIPv6(t, ka, f.NewHost(gid("fe80::b"), "ib0", 2044), func(path string) string {
+		ka := &procKernel{Kernel: f.NewHost(testutil.GID("fe80::a"), "ib0", 2044), ns: ns}
+		startWithoutIPv6(t, ka, f.NewHost(testutil.GID("fe80::b"), "ib0", 2044), func(path string) string {
 			var b []byte
 			nstest.Do(t, ns, func() {
 				var err error
@@ -158,13 +159,13 @@ func startWithoutIPv6(t *testing.T, ka kf.Kernel, kb *fakekernel.Kernel, sysctl 
 			}
 		}
 	}
-	if n := unicast(a, qa, 0xffff, ipoib.MakeHwAddr(0, qb, gid("fe80::b")), 100); n != 1 {
+	if n := unicast(a, qa, 0xffff, ipoib.MakeHwAddr(0, qb, testutil.GID("fe80::b")), 100); n != 1 {
 		t.Fatalf("IPv4 from the VIF: %d sent (%v)", n, a.Counters().Drops)
 	}
 	if n := readOne(t, b); n != 104 {
 		t.Fatalf("IPv4 received: %d bytes, want 104", n)
 	}
-	if n := unicast(b, qb, 0xffff, ipoib.MakeHwAddr(0, qa, gid("fe80::a")), 200); n != 1 {
+	if n := unicast(b, qb, 0xffff, ipoib.MakeHwAddr(0, qa, testutil.GID("fe80::a")), 200); n != 1 {
 		t.Fatalf("IPv4 to the VIF: %d sent (%v)", n, b.Counters().Drops)
 	}
 	if n := readOne(t, a); n != 204 {

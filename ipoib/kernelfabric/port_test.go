@@ -5,19 +5,17 @@ import (
 	"io"
 	"log/slog"
 	"maps"
-	"net/netip"
 	"strings"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/eipoib/eipoibd/internal/testutil"
 	"github.com/eipoib/eipoibd/ipoib"
 	kf "github.com/eipoib/eipoibd/ipoib/kernelfabric"
 	"github.com/eipoib/eipoibd/ipoib/kernelfabric/fakekernel"
 )
-
-func gid(s string) ipoib.GID { return ipoib.GID(netip.MustParseAddr(s).As16()) }
 
 func open(t testing.TB, k *fakekernel.Kernel) *kf.Port {
 	t.Helper()
@@ -33,7 +31,7 @@ func open(t testing.TB, k *fakekernel.Kernel) *kf.Port {
 // get the host-off settings before coming up, and go with FreeQP and
 // Close; the parent's carrier is followed.
 func TestChildLifecycle(t *testing.T) {
-	k := fakekernel.NewFabric().NewHost(gid("fe80::a"), "ib0", 2044)
+	k := fakekernel.NewFabric().NewHost(testutil.GID("fe80::a"), "ib0", 2044)
 	if err := k.AddChild(kf.ChildSpec{Name: "ib0.e7", Parent: 1, PKey: 0xffff}); err != nil {
 		t.Fatal(err)
 	}
@@ -67,22 +65,12 @@ func TestChildLifecycle(t *testing.T) {
 		t.Fatal("freed child still there")
 	}
 	k.SetCarrier(false)
-	waitFor(t, func() bool { return p.IsDown() })
+	testutil.WaitFor(t, "the port down", func() bool { return p.IsDown() })
 	k.SetCarrier(true)
-	waitFor(t, func() bool { return !p.IsDown() })
+	testutil.WaitFor(t, "the port up", func() bool { return !p.IsDown() })
 	p.Close()
 	if links, _ := k.Links(); len(links) != 1 {
 		t.Fatalf("links after Close: %v", links)
-	}
-}
-
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(2 * time.Second); !cond(); {
-		if time.Now().After(deadline) {
-			t.Fatal("timed out")
-		}
-		time.Sleep(time.Millisecond)
 	}
 }
 
@@ -93,7 +81,7 @@ func waitFor(t *testing.T, cond func() bool) {
 // the children a previous run left.
 func TestLongParentName(t *testing.T) {
 	const parent = "ibp129s0f0np0xy" // 15 bytes
-	k := fakekernel.NewFabric().NewHost(gid("fe80::a"), parent, 2044)
+	k := fakekernel.NewFabric().NewHost(testutil.GID("fe80::a"), parent, 2044)
 	k.SetPKeys(0xffff, 0x8001)
 	stem := kf.ChildStem(parent)
 	leftover, _ := kf.ChildName(stem, 7)
@@ -152,7 +140,7 @@ func TestLongParentName(t *testing.T) {
 // mode the driver does not have is refused, naming it.
 func TestConnectedParent(t *testing.T) {
 	f := fakekernel.NewFabric()
-	ka, kb := f.NewHost(gid("fe80::a"), "ib0", 2044), f.NewHost(gid("fe80::b"), "ib0", 2044)
+	ka, kb := f.NewHost(testutil.GID("fe80::a"), "ib0", 2044), f.NewHost(testutil.GID("fe80::b"), "ib0", 2044)
 	ka.SetConnected()
 	if l, _ := ka.LinkByName("ib0"); l.MTU != 65520 {
 		t.Fatalf("connected parent's MTU %d", l.MTU)
@@ -169,16 +157,16 @@ func TestConnectedParent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := unicast(a, qa, 0xffff, ipoib.MakeHwAddr(0, qb, gid("fe80::b")), 2044); n != 1 {
+	if n := unicast(a, qa, 0xffff, ipoib.MakeHwAddr(0, qb, testutil.GID("fe80::b")), 2044); n != 1 {
 		t.Fatalf("sent %d (%v)", n, a.Counters().Drops)
 	}
 	if n := readOne(t, b); n != 2048 {
 		t.Fatalf("received %d bytes, want 2048", n)
 	}
-	if n := unicast(a, qa, 0xffff, ipoib.MakeHwAddr(0, qb, gid("fe80::b")), 2045); n != 0 || a.Counters().Drops[ipoib.DropOversize.String()] != 1 {
+	if n := unicast(a, qa, 0xffff, ipoib.MakeHwAddr(0, qb, testutil.GID("fe80::b")), 2045); n != 0 || a.Counters().Drops[ipoib.DropOversize.String()] != 1 {
 		t.Fatalf("one byte over the UD MTU: sent %d, drops %v", n, a.Counters().Drops)
 	}
-	k := f.NewHost(gid("fe80::c"), "ib0", 2044)
+	k := f.NewHost(testutil.GID("fe80::c"), "ib0", 2044)
 	k.ModeOf = "bogus"
 	if _, err := kf.New(kf.Config{Kernel: k, Parent: "ib0"}); err == nil || !strings.Contains(err.Error(), `"bogus"`) {
 		t.Fatalf("mode bogus: %v", err)
@@ -191,8 +179,8 @@ func TestConnectedParent(t *testing.T) {
 // filters, before anything reads them.
 func TestBroadcastOnce(t *testing.T) {
 	f := fakekernel.NewFabric()
-	kb := f.NewHost(gid("fe80::b"), "ib0", 2044)
-	a, b := open(t, f.NewHost(gid("fe80::a"), "ib0", 2044)), open(t, kb)
+	kb := f.NewHost(testutil.GID("fe80::b"), "ib0", 2044)
+	a, b := open(t, f.NewHost(testutil.GID("fe80::a"), "ib0", 2044)), open(t, kb)
 	bc := ipoib.BroadcastMGID(0xffff, ipoib.ScopeLinkLocal)
 	if err := b.Join(bc); err != nil {
 		t.Fatal(err)
@@ -221,7 +209,7 @@ func TestBroadcastOnce(t *testing.T) {
 // goes to the kernel with its virtio_net_hdr.
 func TestSuperPacketHandedWhole(t *testing.T) {
 	f := fakekernel.NewFabric()
-	k := f.NewHost(gid("fe80::a"), "ib0", 2044)
+	k := f.NewHost(testutil.GID("fe80::a"), "ib0", 2044)
 	k.TSOOn = true
 	a := open(t, k)
 	if o := a.Offloads(); !o.TSO {
@@ -231,7 +219,7 @@ func TestSuperPacketHandedWhole(t *testing.T) {
 	pkt := make([]byte, ipoib.Headroom+4+20+20+3000)
 	pkt[ipoib.Headroom], pkt[ipoib.Headroom+4] = 0x08, 0x45
 	pkt[ipoib.Headroom+4+20+12] = 5 << 4
-	m := ipoib.TxMeta{Dst: ipoib.MakeHwAddr(0, 0x200, gid("fe80::b")), SrcQPN: q, PKey: 0xffff, GSO: ipoib.GSO{Type: ipoib.GSOTCPv4, L4: 24, Size: 1400}}
+	m := ipoib.TxMeta{Dst: ipoib.MakeHwAddr(0, 0x200, testutil.GID("fe80::b")), SrcQPN: q, PKey: 0xffff, GSO: ipoib.GSO{Type: ipoib.GSOTCPv4, L4: 24, Size: 1400}}
 	if n, _ := a.Write([][]byte{pkt}, []ipoib.TxMeta{m}, ipoib.Headroom); n != 1 {
 		t.Fatalf("drops %v", a.Counters().Drops)
 	}
@@ -293,7 +281,7 @@ func children(k *fakekernel.Kernel) map[string]bool {
 // first packet of the VIF is sent and not lost to the noop qdisc.
 func TestChildWaitsForJoin(t *testing.T) {
 	f := fakekernel.NewFabric()
-	ka, kb := f.NewHost(gid("fe80::a"), "ib0", 2044), f.NewHost(gid("fe80::b"), "ib0", 2044)
+	ka, kb := f.NewHost(testutil.GID("fe80::a"), "ib0", 2044), f.NewHost(testutil.GID("fe80::b"), "ib0", 2044)
 	ka.JoinDelay = 50 * time.Millisecond
 	a, b := open(t, ka), open(t, kb)
 	qa, err := a.AllocQP(0xffff, 0)
@@ -304,7 +292,7 @@ func TestChildWaitsForJoin(t *testing.T) {
 		t.Fatal("AllocQP returned before the child's carrier")
 	}
 	qb, _ := b.AllocQP(0xffff, 0)
-	if n := unicast(a, qa, 0xffff, ipoib.MakeHwAddr(0, qb, gid("fe80::b")), 100); n != 1 || ka.TxNoCarrier() != 0 {
+	if n := unicast(a, qa, 0xffff, ipoib.MakeHwAddr(0, qb, testutil.GID("fe80::b")), 100); n != 1 || ka.TxNoCarrier() != 0 {
 		t.Fatalf("sent %d, %d dropped without carrier", n, ka.TxNoCarrier())
 	}
 	if got := readOne(t, b); got != 104 {
@@ -317,7 +305,7 @@ func TestChildWaitsForJoin(t *testing.T) {
 // child is left behind, and the next AllocQP of that partition is
 // answered with the same reason without making a child.
 func TestChildPKeyNotInTable(t *testing.T) {
-	k := fakekernel.NewFabric().NewHost(gid("fe80::a"), "ib0", 2044)
+	k := fakekernel.NewFabric().NewHost(testutil.GID("fe80::a"), "ib0", 2044)
 	k.SetPKeys(0xffff, 0x8001)
 	p := open(t, k)
 	if _, err := p.AllocQP(0x8001, 0); err != nil {
@@ -350,7 +338,7 @@ func TestChildPKeyNotInTable(t *testing.T) {
 // it; the first VIF keeps working; a freed VIF lets the next one in.
 func TestChildAttachLimit(t *testing.T) {
 	f := fakekernel.NewFabric()
-	ka, kb := f.NewHost(gid("fe80::a"), "ib0", 2044), f.NewHost(gid("fe80::b"), "ib0", 2044)
+	ka, kb := f.NewHost(testutil.GID("fe80::a"), "ib0", 2044), f.NewHost(testutil.GID("fe80::b"), "ib0", 2044)
 	ka.MaxQPPerGroup = 3
 	a, b := openCfg(t, ka, kf.Config{ChildTimeout: 200 * time.Millisecond}), open(t, kb)
 	q1, err := a.AllocQP(0xffff, 0)
@@ -365,7 +353,7 @@ func TestChildAttachLimit(t *testing.T) {
 		t.Fatalf("children %v, stats %v", ch, a.Counters().Stats)
 	}
 	qb, _ := b.AllocQP(0xffff, 0)
-	if n := unicast(a, q1, 0xffff, ipoib.MakeHwAddr(0, qb, gid("fe80::b")), 100); n != 1 || readOne(t, b) != 104 {
+	if n := unicast(a, q1, 0xffff, ipoib.MakeHwAddr(0, qb, testutil.GID("fe80::b")), 100); n != 1 || readOne(t, b) != 104 {
 		t.Fatal("the first VIF stopped working")
 	}
 	if err := a.FreeQP(q1); err != nil {
@@ -385,7 +373,7 @@ func TestChildAttachLimit(t *testing.T) {
 func TestChildCarrierFollowed(t *testing.T) {
 	ka, a, b, qa, dst := partitionPair(t)
 	ka.SetPKeys(0xffff)
-	waitFor(t, func() bool { return a.Counters().Stats[kf.StatCarrierLost] == 2 }) // the VIF's child and the group child
+	testutil.WaitFor(t, "2 carrier losses", func() bool { return a.Counters().Stats[kf.StatCarrierLost] == 2 }) // the VIF's child and the group child
 	if n := unicast(a, qa, 0x8001, dst, 100); n != 0 || ka.TxNoCarrier() != 0 || a.Counters().Drops[ipoib.DropNoCarrier.String()] != 1 {
 		t.Fatalf("sent %d, handed to the kernel without carrier %d; drops %v", n, ka.TxNoCarrier(), a.Counters().Drops)
 	}
@@ -398,7 +386,7 @@ func TestChildCarrierFollowed(t *testing.T) {
 func partitionPair(t *testing.T) (ka *fakekernel.Kernel, a, b *kf.Port, qa uint32, dst ipoib.HwAddr) {
 	t.Helper()
 	f := fakekernel.NewFabric()
-	ka, kb := f.NewHost(gid("fe80::a"), "ib0", 2044), f.NewHost(gid("fe80::b"), "ib0", 2044)
+	ka, kb := f.NewHost(testutil.GID("fe80::a"), "ib0", 2044), f.NewHost(testutil.GID("fe80::b"), "ib0", 2044)
 	ka.SetPKeys(0xffff, 0x8001)
 	a, b = open(t, ka), open(t, kb)
 	qa, err := a.AllocQP(0x8001, 0)
@@ -409,7 +397,7 @@ func partitionPair(t *testing.T) (ka *fakekernel.Kernel, a, b *kf.Port, qa uint3
 	if err != nil {
 		t.Fatal(err)
 	}
-	return ka, a, b, qa, ipoib.MakeHwAddr(0, qb, gid("fe80::b"))
+	return ka, a, b, qa, ipoib.MakeHwAddr(0, qb, testutil.GID("fe80::b"))
 }
 
 // pkeyBack puts partition 0x8001 back in a's P_Key table and checks
@@ -417,7 +405,7 @@ func partitionPair(t *testing.T) (ka *fakekernel.Kernel, a, b *kf.Port, qa uint3
 func pkeyBack(t *testing.T, ka *fakekernel.Kernel, a, b *kf.Port, qa uint32, dst ipoib.HwAddr) {
 	t.Helper()
 	ka.SetPKeys(0xffff, 0x8001)
-	waitFor(t, func() bool { return unicast(a, qa, 0x8001, dst, 100) == 1 })
+	testutil.WaitFor(t, "a packet sent with carrier back", func() bool { return unicast(a, qa, 0x8001, dst, 100) == 1 })
 	if readOne(t, b) != 104 {
 		t.Fatal("not received after the carrier came back")
 	}
@@ -429,21 +417,21 @@ func pkeyBack(t *testing.T, ka *fakekernel.Kernel, a, b *kf.Port, qa uint32, dst
 // port is back and its join done.
 func TestChildWhilePortDown(t *testing.T) {
 	f := fakekernel.NewFabric()
-	ka, kb := f.NewHost(gid("fe80::a"), "ib0", 2044), f.NewHost(gid("fe80::b"), "ib0", 2044)
+	ka, kb := f.NewHost(testutil.GID("fe80::a"), "ib0", 2044), f.NewHost(testutil.GID("fe80::b"), "ib0", 2044)
 	a, b := open(t, ka), open(t, kb)
 	ka.SetCarrier(false)
-	waitFor(t, a.IsDown)
+	testutil.WaitFor(t, "the port down", a.IsDown)
 	qa, err := a.AllocQP(0xffff, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	qb, _ := b.AllocQP(0xffff, 0)
-	dst := ipoib.MakeHwAddr(0, qb, gid("fe80::b"))
+	dst := ipoib.MakeHwAddr(0, qb, testutil.GID("fe80::b"))
 	if n := unicast(a, qa, 0xffff, dst, 100); n != 0 || a.Counters().Drops[ipoib.DropNoCarrier.String()] != 1 {
 		t.Fatalf("sent %d while down, drops %v", n, a.Counters().Drops)
 	}
 	ka.SetCarrier(true)
-	waitFor(t, func() bool { return unicast(a, qa, 0xffff, dst, 100) == 1 })
+	testutil.WaitFor(t, "a packet sent with the port back", func() bool { return unicast(a, qa, 0xffff, dst, 100) == 1 })
 	if readOne(t, b) != 104 {
 		t.Fatal("not received after the port came back")
 	}
@@ -457,7 +445,7 @@ func TestChildWhilePortDown(t *testing.T) {
 func TestPartitionMTUFromGroup(t *testing.T) {
 	f := fakekernel.NewFabric()
 	f.SetGroupMTU(0x8002, 2048)
-	a, b := open(t, f.NewHost(gid("fe80::a"), "ib0", 4092)), open(t, f.NewHost(gid("fe80::b"), "ib0", 4092))
+	a, b := open(t, f.NewHost(testutil.GID("fe80::a"), "ib0", 4092)), open(t, f.NewHost(testutil.GID("fe80::b"), "ib0", 4092))
 	if a.PartitionMTU(0x8002) != 4096 {
 		t.Fatalf("partition not used yet: %d", a.PartitionMTU(0x8002))
 	}
@@ -469,7 +457,7 @@ func TestPartitionMTUFromGroup(t *testing.T) {
 		t.Fatalf("partition MTUs %d %d, port %d", a.PartitionMTU(0x8002), a.PartitionMTU(0xffff), a.MTU())
 	}
 	qb, _ := b.AllocQP(0x8002, 0)
-	dst := ipoib.MakeHwAddr(0, qb, gid("fe80::b"))
+	dst := ipoib.MakeHwAddr(0, qb, testutil.GID("fe80::b"))
 	if n := unicast(a, qa, 0x8002, dst, 3000); n != 0 || a.Counters().Drops[ipoib.DropOversize.String()] != 1 {
 		t.Fatalf("3000 bytes in a 2044-byte partition: sent %d, drops %v", n, a.Counters().Drops)
 	}
@@ -484,7 +472,7 @@ func TestPartitionMTUFromGroup(t *testing.T) {
 // child and the VIF child.
 func TestPartitionMTUChange(t *testing.T) {
 	f := fakekernel.NewFabric()
-	k := f.NewHost(gid("fe80::a"), "ib0", 4092)
+	k := f.NewHost(testutil.GID("fe80::a"), "ib0", 4092)
 	p := open(t, k)
 	if _, err := p.AllocQP(0x8002, 0); err != nil || p.PartitionMTU(0x8002) != 4096 {
 		t.Fatalf("%v, MTU %d", err, p.PartitionMTU(0x8002))
@@ -492,7 +480,7 @@ func TestPartitionMTUChange(t *testing.T) {
 	f.SetGroupMTU(0x8002, 2048)
 	k.SetCarrier(false)
 	k.SetCarrier(true)
-	waitFor(t, func() bool {
+	testutil.WaitFor(t, "partition 0x8002 at MTU 2048 after 2 changes", func() bool {
 		return p.PartitionMTU(0x8002) == 2048 && p.Counters().Stats[kf.StatPartitionMTUChanges] == 2
 	})
 	if p.PartitionMTU(0xffff) != 4096 {
@@ -513,7 +501,7 @@ func TestOutgoingNotIgnoredCounted(t *testing.T) {
 	if err := kf.SetOptions(-1, kf.PacketOptions{}, refuse); err != nil {
 		t.Fatal(err)
 	}
-	p := open(t, fakekernel.NewFabric().NewHost(gid("fe80::a"), "ib0", 2044))
+	p := open(t, fakekernel.NewFabric().NewHost(testutil.GID("fe80::a"), "ib0", 2044))
 	if got, want := p.Counters().Stats[kf.StatOutgoingNotIgnored], kf.OutgoingNotIgnored(); got != want || got == 0 {
 		t.Fatalf("stat %d, OutgoingNotIgnored %d", got, want)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/eipoib/eipoibd/internal/nstest"
+	"github.com/eipoib/eipoibd/internal/testutil"
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/ipoib/internal/eventtest"
 	kf "github.com/eipoib/eipoibd/ipoib/kernelfabric"
@@ -37,7 +38,7 @@ func TestChildQueuesBeforeFix(t *testing.T) {
 		{"one-queue parent", 1, true, true, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			k := fakekernel.NewFabric().NewHost(gid("fe80::a"), "ib0", 2044)
+			k := fakekernel.NewFabric().NewHost(testutil.GID("fe80::a"), "ib0", 2044)
 			k.SetRxQueues(c.parentQueues)
 			k.NoQueueFix, k.RefuseFewerQueues = c.noFix, c.refuse
 			p, err := kf.New(kf.Config{Kernel: k, Parent: "ib0", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
@@ -89,7 +90,7 @@ func TestLinkRxQueues(t *testing.T) {
 		}
 	})
 	t.Run("fake", func(t *testing.T) {
-		k := fakekernel.NewFabric().NewHost(gid("fe80::a"), "ib0", 2044)
+		k := fakekernel.NewFabric().NewHost(testutil.GID("fe80::a"), "ib0", 2044)
 		k.SetRxQueues(6)
 		if err := k.AddChild(kf.ChildSpec{Name: "ib0.e1", Parent: 1, PKey: 0xffff}); err != nil {
 			t.Fatal(err)
@@ -108,7 +109,7 @@ func TestLinkRxQueues(t *testing.T) {
 // sends.
 func TestParentDown(t *testing.T) {
 	f := fakekernel.NewFabric()
-	ka, kb := f.NewHost(gid("fe80::a"), "ib0", 2044), f.NewHost(gid("fe80::b"), "ib0", 2044)
+	ka, kb := f.NewHost(testutil.GID("fe80::a"), "ib0", 2044), f.NewHost(testutil.GID("fe80::b"), "ib0", 2044)
 	a, b := open(t, ka), open(t, kb)
 	ch := a.Events()
 	eventtest.Expect(t, ch, eventtest.Link(true), eventtest.MTU(0xffff, 2048))
@@ -120,16 +121,16 @@ func TestParentDown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dst := ipoib.MakeHwAddr(0, qb, gid("fe80::b"))
+	dst := ipoib.MakeHwAddr(0, qb, testutil.GID("fe80::b"))
 	ka.SetParentUp(false)
 	eventtest.Expect(t, ch, eventtest.Link(false))
-	waitFor(t, func() bool { return a.IsDown() })
+	testutil.WaitFor(t, "the port down", func() bool { return a.IsDown() })
 	if n := unicast(a, qa, 0xffff, dst, 100); n != 0 || a.Counters().Drops[ipoib.DropNoCarrier.String()] != 1 {
 		t.Fatalf("parent down: sent %d, drops %v", n, a.Counters().Drops)
 	}
 	ka.SetParentUp(true)
 	eventtest.Expect(t, ch, eventtest.Link(true))
-	waitFor(t, func() bool { return unicast(a, qa, 0xffff, dst, 100) == 1 })
+	testutil.WaitFor(t, "a packet sent with the parent up", func() bool { return unicast(a, qa, 0xffff, dst, 100) == 1 })
 	if n := readOne(t, b); n != 104 {
 		t.Fatalf("received %d bytes, want 104", n)
 	}

@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/eipoib/eipoibd/internal/testutil"
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/ipoib/internal/fabrictest"
 	"github.com/eipoib/eipoibd/ipoib/internal/parked"
@@ -19,7 +20,7 @@ import (
 // cases, which no child's socket can receive, are not asked.
 func TestSharedChecks(t *testing.T) {
 	f := fakekernel.NewFabric()
-	a, b := open(t, f.NewHost(gid("fe80::a"), "ib0", 2044)), open(t, f.NewHost(gid("fe80::b"), "ib0", 2044))
+	a, b := open(t, f.NewHost(testutil.GID("fe80::a"), "ib0", 2044)), open(t, f.NewHost(testutil.GID("fe80::b"), "ib0", 2044))
 	fabrictest.Run(t, fabrictest.Backend{
 		Port:   a,
 		Peer:   b,
@@ -34,7 +35,7 @@ func TestSharedChecks(t *testing.T) {
 // and ends the batch once FreeQP is blocked waiting for it, or has
 // reached DelLink without waiting (the failure the hook records).
 func TestFreeQPWaitsForBatch(t *testing.T) {
-	k := &delHook{Kernel: fakekernel.NewFabric().NewHost(gid("fe80::a"), "ib0", 2044), deleted: make(chan int, 8)}
+	k := &delHook{Kernel: fakekernel.NewFabric().NewHost(testutil.GID("fe80::a"), "ib0", 2044), deleted: make(chan int, 8)}
 	p, err := kf.New(kf.Config{Kernel: k, Parent: "ib0", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
@@ -49,7 +50,7 @@ func TestFreeQPWaitsForBatch(t *testing.T) {
 	k.batch.Store(true)
 	freed := make(chan error, 1)
 	go func() { freed <- p.FreeQP(q) }()
-	waitFor(t, func() bool { return len(k.deleted) > 0 || parked.OnMutex("kernelfabric.(*Port).waitBatch") })
+	testutil.WaitFor(t, "the QP deleted or FreeQP waiting for the batch", func() bool { return len(k.deleted) > 0 || parked.OnMutex("kernelfabric.(*Port).waitBatch") })
 	inTable := kf.HasQP(p, q)
 	k.batch.Store(false)
 	unlock()

@@ -26,6 +26,7 @@ type Fabric struct {
 	mtu   int
 	tso   bool
 	uso   bool
+	noSrc bool
 	ports map[ipoib.GID]*Port
 	pool  sync.Pool
 }
@@ -101,6 +102,12 @@ func (f *Fabric) SetTSO(on bool) { f.tso = on }
 // well and cut them, as the simulated fabric's do; call it before
 // attaching ports.
 func (f *Fabric) SetUSO(on bool) { f.uso = on }
+
+// HideSources makes the fabric's ports receive every packet with
+// RxMeta.SrcUnknown and no sender, as the kernel IPoIB backend does
+// (packet sockets learn no sender) and as verbs does for a sender without
+// a GRH whose LID it never saw; call it before attaching ports.
+func (f *Fabric) HideSources() { f.noSrc = true }
 
 // Offloads reports TSO when the fabric was set to take super-packets,
 // and USO when to take UDP ones too.
@@ -223,6 +230,9 @@ func (p *Port) send(payload []byte, m ipoib.TxMeta) {
 	p.txPackets.Add(1)
 	p.txBytes.Add(uint64(len(payload)))
 	rm := ipoib.RxMeta{Src: ipoib.MakeHwAddr(0, m.SrcQPN, p.gid), DstQPN: m.Dst.QPN(), PKey: m.PKey}
+	if p.f.noSrc {
+		rm.Src, rm.SrcUnknown = ipoib.HwAddr{}, true
+	}
 	p.f.mu.RLock()
 	defer p.f.mu.RUnlock()
 	if m.Dst.QPN() == ipoib.MulticastQPN {

@@ -3,14 +3,12 @@ package memfabric
 import (
 	"errors"
 	"net"
-	"net/netip"
 	"testing"
 	"time"
 
+	"github.com/eipoib/eipoibd/internal/testutil"
 	"github.com/eipoib/eipoibd/ipoib"
 )
-
-func gid(s string) ipoib.GID { return ipoib.GID(netip.MustParseAddr(s).As16()) }
 
 func twoPorts(t testing.TB) (*Port, *Port) {
 	t.Helper()
@@ -18,11 +16,11 @@ func twoPorts(t testing.TB) (*Port, *Port) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := f.NewPort(gid("fe80::a"))
+	a, err := f.NewPort(testutil.GID("fe80::a"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := f.NewPort(gid("fe80::b"))
+	b, err := f.NewPort(testutil.GID("fe80::b"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,7 +58,7 @@ func recv(t *testing.T, p *Port) ([]byte, ipoib.RxMeta) {
 	select {
 	case r := <-ch:
 		return r.b, r.m
-	case <-time.After(time.Second):
+	case <-time.After(testutil.Settle):
 		t.Fatal("no packet")
 	}
 	return nil, ipoib.RxMeta{}
@@ -151,7 +149,7 @@ func TestCloseAndQPs(t *testing.T) {
 		if !errors.Is(err, net.ErrClosed) {
 			t.Fatalf("Read after Close: %v", err)
 		}
-	case <-time.After(time.Second):
+	case <-time.After(testutil.Settle):
 		t.Fatal("Read did not return after Close")
 	}
 	if _, err := b.Write(nil, nil, 0); !errors.Is(err, net.ErrClosed) {

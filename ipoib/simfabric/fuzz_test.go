@@ -14,7 +14,7 @@ import (
 )
 
 // refICRC computes the ICRC of datagram b (BTH to pad, ICRC excluded)
-// straight from the DESIGN.md text, independently of Codec.ICRC: CRC-32
+// straight from the docs/architecture.md text, independently of Codec.ICRC: CRC-32
 // over 8 bytes of 0xFF, the masked IPv6 and UDP headers and b with BTH
 // byte 4 set to 0xFF.
 func refICRC(b []byte, src, dst *[16]byte, sport, dport uint16) uint32 {
@@ -96,7 +96,7 @@ func to16(b []byte) [16]byte {
 // ICRC made right when fix is set so that the later checks are reached.
 // Each datagram is either accepted, with metadata that matches its
 // bytes, or counted in exactly one drop counter; and it is accepted
-// exactly when DESIGN.md's rules say so.
+// exactly when docs/architecture.md's rules say so.
 func FuzzCheck(f *testing.F) {
 	up := []byte{8, 0, 0, 0, 0x45, 0, 0, 20}
 	seed := func(src, dst [16]byte, pkey uint16, dqpn, qkey uint32, payload []byte) {
@@ -130,7 +130,7 @@ func FuzzCheck(f *testing.F) {
 		n := len(payload)
 		after := p.Counters()
 
-		// What DESIGN.md says of this datagram.
+		// What docs/architecture.md says of this datagram.
 		want, why := true, ""
 		nope := func(reason string) {
 			if want {

@@ -2,7 +2,7 @@ package simfabric
 
 // Lanes: with several sockets (Config.Sockets), each unicast packet
 // leaves from the sending socket its inner flow hashes to, so that it
-// carries that socket's UDP source port. DESIGN.md lets the sender
+// carries that socket's UDP source port. docs/architecture.md lets the sender
 // choose the source port and forbids the receiver to depend on it; a
 // receiver with several sockets bound to port 4791 (SO_REUSEPORT) is
 // given each datagram on the socket the kernel's hash of the source

@@ -9,6 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/eipoib/eipoibd/internal/testutil"
 	"github.com/eipoib/eipoibd/ipoib"
 )
 
@@ -77,7 +78,7 @@ func TestSocketsSpreadFlows(t *testing.T) {
 		var r queued
 		select {
 		case r = <-got:
-		case <-time.After(2 * time.Second):
+		case <-time.After(testutil.Settle):
 			t.Fatalf("received %d of %d packets (by socket %v)", i, flows*per, perQueue)
 		}
 		p := r.payload[4+28:]
@@ -136,7 +137,7 @@ func TestSocketsMulticastOnce(t *testing.T) {
 				t.Fatalf("packet %d on socket %d, seen before: %v", r.payload[4], r.q, seen[r.payload[4]])
 			}
 			seen[r.payload[4]] = true
-		case <-time.After(2 * time.Second):
+		case <-time.After(testutil.Settle):
 			t.Fatalf("received %d of %d group packets", len(seen), sent)
 		}
 	}

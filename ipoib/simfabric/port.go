@@ -3,7 +3,7 @@
 // its GID the interface's IPv6 link-local address, and every IB packet one
 // UDP datagram on port 4791 carrying a RoCEv2-style UD SEND-only (BTH,
 // DETH, IPoIB payload, ICRC). MGIDs are IPv6 multicast groups on the
-// underlay. The exact format is in DESIGN.md; other implementations
+// underlay. The exact format is in docs/architecture.md; other implementations
 // interoperate with it from that text alone.
 //
 // Receive path: recvmmsg into the port's buffers (a UDP GRO train whole)
@@ -311,7 +311,7 @@ func socketOptions(fd int, ifi *net.Interface, cfg Config, rx bool, how rxSocket
 	if err := unix.SetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_RECVPKTINFO, 1); err != nil {
 		return err
 	}
-	// Accept a zero UDP checksum, as rxe sends it (DESIGN.md): the ICRC
+	// Accept a zero UDP checksum, as rxe sends it (docs/architecture.md): the ICRC
 	// protects the packet.
 	if err := unix.SetsockoptInt(fd, unix.IPPROTO_UDP, unix.UDP_NO_CHECK6_RX, 1); err != nil {
 		return err

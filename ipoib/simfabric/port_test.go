@@ -15,6 +15,7 @@ import (
 
 	"github.com/eipoib/eipoibd/internal/gsotest"
 	"github.com/eipoib/eipoibd/internal/nstest"
+	"github.com/eipoib/eipoibd/internal/testutil"
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/ipoib/faultport"
 )
@@ -105,7 +106,7 @@ func expect(t *testing.T, ch <-chan rx, what string) rx {
 	select {
 	case r := <-ch:
 		return r
-	case <-time.After(2 * time.Second):
+	case <-time.After(testutil.Settle):
 		t.Fatalf("%s: nothing received", what)
 	}
 	return rx{}
@@ -122,7 +123,7 @@ func none(t *testing.T, ch <-chan rx, what string) {
 
 func waitDrop(t *testing.T, p ipoib.Port, reason string, want uint64) {
 	t.Helper()
-	deadline := time.Now().Add(2 * time.Second)
+	deadline := time.Now().Add(testutil.Settle)
 	for p.Counters().Drops[reason] < want {
 		if time.Now().After(deadline) {
 			t.Fatalf("drop %s = %d, want %d (%v)", reason, p.Counters().Drops[reason], want, p.Counters().Drops)
@@ -599,7 +600,7 @@ func readInto(t *testing.T, p *Port, size, offset int) (payload []byte, meta ipo
 			t.Fatalf("Read: %d, %v", r.n, r.err)
 		}
 		return buf[offset : offset+r.size], r.meta
-	case <-time.After(2 * time.Second):
+	case <-time.After(testutil.Settle):
 		t.Fatalf("nothing received; drops %v", p.Counters().Drops)
 	}
 	return nil, ipoib.RxMeta{}

@@ -44,7 +44,8 @@ func TestUDPSuperPackets(t *testing.T) {
 	}{{false, 64, 64 * 32}, {true, 64, 64*32 - 5}, {false, 1400, 20000}} {
 		payload := gsotest.Pattern(c.total)
 		buf, m, link := udpSuper(t, c.v6, payload, c.size, qa, qb, b.LocalGID())
-		before, trains := a.Counters().TxPackets, a.Counters().Stats["tx_trains"]
+		st0 := a.Counters()
+		before, trains, inTrains := st0.TxPackets, st0.Stats["tx_trains"], st0.Stats["tx_train_packets"]
 		if n, err := a.Write([][]byte{buf}, []ipoib.TxMeta{m}, 64); n != 1 || err != nil {
 			t.Fatalf("%+v: Write %d, %v; want 1 accepted (drops %v)", c, n, err, a.Counters().Drops)
 		}
@@ -59,8 +60,10 @@ func TestUDPSuperPackets(t *testing.T) {
 		}
 		none(t, got, "after the datagrams")
 		gsotest.CheckUDPCut(t, dgrams, link, c.v6, payload, c.size)
-		if st := a.Counters(); st.TxPackets-before != uint64(want) || st.Stats["tx_trains"]-trains < 1 {
-			t.Fatalf("%+v: %d packets in %d trains sent, want %d in at least 1", c, st.TxPackets-before, st.Stats["tx_trains"]-trains, want)
+		// One train holding every datagram, the last (shorter) one too.
+		if st := a.Counters(); st.TxPackets-before != uint64(want) || st.Stats["tx_trains"]-trains != 1 || st.Stats["tx_train_packets"]-inTrains != uint64(want) {
+			t.Fatalf("%+v: %d packets sent, %d of them in %d trains; want %d, all in 1", c, st.TxPackets-before,
+				st.Stats["tx_train_packets"]-inTrains, st.Stats["tx_trains"]-trains, want)
 		}
 	}
 	buf, m, _ := udpSuper(t, false, gsotest.Pattern(9000), 3000, qa, qb, b.LocalGID())

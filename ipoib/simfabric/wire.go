@@ -1,6 +1,6 @@
 package simfabric
 
-// The wire format (DESIGN.md, "The simulated UD fabric"): one UDP datagram
+// The wire format (docs/architecture.md, "The simulated UD fabric's wire format"): one UDP datagram
 // to port 4791 per IB packet, its payload a RoCEv2-style UD SEND-only:
 //
 //	BTH  12  opcode 0x64 | SE M Pad(2) TVer(4) | P_Key | rsvd | DestQP(24) | A rsvd | PSN(24)

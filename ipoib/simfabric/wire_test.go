@@ -18,7 +18,7 @@ var (
 // icrcVector is a UD SEND-only from QPN 0x48 of fe80::1 to QPN 0x49 of
 // fe80::2, P_Key 0xffff, PSN 1, Q_Key 0x0B1B, payload 08000000 "abcdef"
 // (2 bytes of pad). Its ICRC was computed independently of this code, in
-// Python, straight from the DESIGN.md text:
+// Python, straight from the docs/architecture.md text:
 //
 //	crc = zlib.crc32(b'\xff'*8 + ip6 + udp + bth_with_byte4_ff + deth + payload + pad)
 //	ip6 = 6fffffff | udp length 0x28 | 11 ff | src | dst;  udp = 12b7 12b7 0028 ffff

@@ -78,8 +78,8 @@ func (p *Port) Write(bufs [][]byte, meta []ipoib.TxMeta, offset int) (int, error
 		// kernel's UDP GSO: each segment is an IB packet of its own,
 		// BTH and DETH in front and an ICRC behind, for which the
 		// super-packet has no room between its segments (a send from
-		// iovecs would spare the copy: 1.7 % of a TCP stream's samples,
-		// issue 24).
+		// iovecs would spare the copy: 1.7 % of a TCP stream's samples
+		// in the data path's profiles).
 		if m.GSO.StartCut(&p.cutter, b[offset:], p.mtu) != nil { // UDP: one of the port's trains when its datagrams are of one size
 			p.drops.Add(ipoib.DropBadGSO)
 			continue

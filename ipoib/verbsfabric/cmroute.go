@@ -1,6 +1,7 @@
 package verbsfabric
 
 import (
+	"fmt"
 	"sync"
 	"syscall"
 	"unsafe"
@@ -165,6 +166,32 @@ func (r *cmRoutes) takeAll() []*cmJoin {
 		delete(r.joins, uid)
 	}
 	return out
+}
+
+// errNoJoinAnswer is the error of a join of mgid whose id got no event
+// within the join's time (twice saTimeout): the SA never answered, or
+// the kernel sent nothing (a cma_ib_mc_handler whose cma_set_qkey failed
+// sends no event on some kernels).
+func errNoJoinAnswer(mgid ipoib.GID) error {
+	return fmt.Errorf("verbsfabric: join of %s: no answer from the SA: %w", mgid, syscall.ETIMEDOUT)
+}
+
+// joinAnswer is what the first event of a join of mgid's id (named name,
+// rdma_event_str) makes of the join: for RDMA_CM_EVENT_MULTICAST_JOIN
+// the group's MLID, SL and Q_Key (cma_make_mc_event: ah_attr and
+// param.ud); for RDMA_CM_EVENT_MULTICAST_ERROR a refusal (errJoinRefused)
+// with the event's status as its errno: -EINVAL for an SA's answer with a
+// MAD status (sa_query.c recv_handler) or for a group whose Q_Key is not
+// the id's (cma_set_qkey); for any other event its status.
+func joinAnswer(mgid ipoib.GID, ev cmEvent, name string) (mcMember, error) {
+	if ev.kind == cmJoined {
+		return mcMember{mlid: ev.dlid, sl: ev.sl, qkey: ev.qkey}, nil
+	}
+	err := fmt.Errorf("verbsfabric: join of %s: %s: %w", mgid, name, cmErrno(ev.status))
+	if ev.kind == cmError {
+		err = fmt.Errorf("%w: %w", errJoinRefused, err)
+	}
+	return mcMember{}, err
 }
 
 // cmErrno is an rdma_cm event's status as an errno: the kernel reports

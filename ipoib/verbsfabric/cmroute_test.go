@@ -4,6 +4,8 @@ import (
 	"errors"
 	"syscall"
 	"testing"
+
+	"github.com/eipoib/eipoibd/internal/testutil"
 )
 
 // TestCMRoutes: the routing of join ids' events (ibvSA's reader). A
@@ -14,7 +16,7 @@ import (
 // go nowhere.
 func TestCMRoutes(t *testing.T) {
 	r := newCMRoutes()
-	g := gid("ff:12:40:1b:ff:ff:00:00:00:00:00:00:05:06:07:08")
+	g := testutil.GID("ff12:401b:ffff::506:708")
 	key := saKey{g, false}
 	reset := cmEvent{kind: cmError, status: -int(syscall.ENETRESET)}
 	mustNone := func(what string) {

@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/eipoib/eipoibd/internal/testutil"
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/ipoib/internal/parked"
 )
@@ -22,7 +23,7 @@ import (
 // port through the fake SA into the state a review found mishandled.
 
 // otherGroup is a group of partition 0xFFFF no test has joined.
-var otherGroup = ipoib.MakeHwAddr(0, 0, gid("ff:12:40:1b:ff:ff:00:00:00:00:00:00:05:06:07:08")).GID()
+var otherGroup = testutil.GID("ff12:401b:ffff::506:708")
 
 // holdJoins makes sa's next join wait until the returned release is
 // called; entered is closed once it waits. release is also called at
@@ -95,7 +96,7 @@ func TestMulticastErrorWhileDownWaitsForActive(t *testing.T) {
 		t.Fatalf("%d joins while the port was down", asked)
 	}
 	n.d1.raise(eventPortActive)
-	waitFor(t, "the rejoin on PORT_ACTIVE", func() bool {
+	testutil.WaitFor(t, "the rejoin on PORT_ACTIVE", func() bool {
 		m := memberOf(n.p1, g)
 		joined, so := n.s1.member(g)
 		l, ok := n.d1.attachedMLID(g, gq)
@@ -109,10 +110,10 @@ func TestMulticastErrorWhileDownWaitsForActive(t *testing.T) {
 func loseWhileDown(t *testing.T, n ibNet, g ipoib.GID, gq uint32) int {
 	t.Helper()
 	n.d1.raise(eventPortDown)
-	waitFor(t, "the port down", n.p1.IsDown)
+	testutil.WaitFor(t, "the port down", n.p1.IsDown)
 	joins := joinsSince(n.s1, 0)
 	n.s1.portErr()
-	waitFor(t, "the membership marked lost", func() bool {
+	testutil.WaitFor(t, "the membership marked lost", func() bool {
 		m := memberOf(n.p1, g)
 		return m != nil && m.lost && m.qp == gq
 	})
@@ -163,10 +164,10 @@ func TestSendOnlyKeepsLostFullMembership(t *testing.T) {
 	n, q1, q2, g := groupSetup(t, sm)
 	gq := groupQPOf(n.p1, 0xffff)
 	n.s1.mu.Lock()
-	n.s1.refuse = fmt.Errorf("no answer: %w", unix.ETIMEDOUT)
+	n.s1.refuse = &saSilence
 	n.s1.mu.Unlock()
 	sm.dropGroup(g)
-	waitFor(t, "the failed rejoin", func() bool {
+	testutil.WaitFor(t, "the failed rejoin", func() bool {
 		m := memberOf(n.p1, g)
 		return m != nil && m.lost
 	})
@@ -202,7 +203,7 @@ func TestSendOnlyKeepsLostFullMembership(t *testing.T) {
 func TestFlushDropsHandlesMadeBeforeRejoin(t *testing.T) {
 	sm := newSM()
 	n, _, _, g := groupSetup(t, sm)
-	waitFor(t, "the group's handle", func() bool { return readyAH(n.p1, ahKey{g, 0xffff}) })
+	testutil.WaitFor(t, "the group's handle", func() bool { return readyAH(n.p1, ahKey{g, 0xffff}) })
 	old := memberOf(n.p1, g)
 	key := ahKey{g, 0xffff}
 	var stale atomic.Uint64
@@ -222,7 +223,7 @@ func TestFlushDropsHandlesMadeBeforeRejoin(t *testing.T) {
 	}
 	n.s1.mu.Unlock()
 	n.d1.raise(eventLIDChange)
-	waitFor(t, "the flush to drop the stale handle", func() bool {
+	testutil.WaitFor(t, "the flush to drop the stale handle", func() bool {
 		m := memberOf(n.p1, g)
 		if m == nil || m.lost || stale.Load() == 0 {
 			return false
@@ -255,7 +256,7 @@ func TestEvictionWaitsForQueuedSends(t *testing.T) {
 	}
 	victim.used.Store(false)
 	p.ahMu.Unlock()
-	p.wantAH(ahKey{gid("fe:80:00:00:00:00:00:00:00:00:00:00:00:00:00:99"), 0xffff})
+	p.wantAH(ahKey{testutil.GID("fe80::99"), 0xffff})
 	if p.ahs.get(ahKey{gid2, 0xffff}) != nil {
 		t.Fatal("the handle not used since the hand's last pass was not evicted")
 	}
@@ -275,7 +276,7 @@ func TestEvictionWaitsForQueuedSends(t *testing.T) {
 func TestCloseWaitsForControlCalls(t *testing.T) {
 	n, _, _, g := groupSetup(t, newSM())
 	// The resolver is idle: Close waits for it anyway.
-	waitFor(t, "the groups' handles", func() bool {
+	testutil.WaitFor(t, "the groups' handles", func() bool {
 		return readyAH(n.p1, ahKey{g, 0xffff}) && readyAH(n.p1, ahKey{ipoib.BroadcastMGID(0xffff, ipoib.ScopeLinkLocal), 0xffff})
 	})
 	entered, release := holdJoins(t, n.s1)
@@ -333,7 +334,7 @@ func TestGroupMTUFallbackCounted(t *testing.T) {
 	sm.restart(ipoib.QKey, 2048)
 	h.devs[gid1].raise(eventClientReregister)
 	// The restart rejoins the group twice: its MULTICAST_ERROR and the flush.
-	waitFor(t, "the rejoins' fallbacks", func() bool { return p.Counters().Stats["group_mtu_fallbacks"] == 3 })
+	testutil.WaitFor(t, "the rejoins' fallbacks", func() bool { return p.Counters().Stats["group_mtu_fallbacks"] == 3 })
 	logMu.Lock()
 	defer logMu.Unlock()
 	if c := strings.Count(logs.String(), "no MTU for the partition's broadcast group"); c != 1 {
@@ -410,7 +411,7 @@ func TestFreeQPWaitsForBatch(t *testing.T) {
 	p.txMu.Lock()
 	freed := make(chan error, 1)
 	go func() { freed <- p.FreeQP(l.q1) }()
-	waitFor(t, "FreeQP blocked on the batch, or at the device", func() bool {
+	testutil.WaitFor(t, "FreeQP blocked on the batch, or at the device", func() bool {
 		select {
 		case <-destroyed:
 			return true
@@ -522,12 +523,12 @@ func TestFlushPendingAfterFlush(t *testing.T) {
 	<-entered
 	p.txMu.Lock()
 	close(release)
-	waitFor(t, "the resolver blocked in flushPending", func() bool {
+	testutil.WaitFor(t, "the resolver blocked in flushPending", func() bool {
 		return readyAH(p, key) && parked.OnMutex("verbsfabric.(*Port).flushPending")
 	})
 	p.dropAHs(func(ahKey) bool { return true })
 	p.txMu.Unlock()
-	waitFor(t, "the held packet handled", func() bool {
+	testutil.WaitFor(t, "the held packet handled", func() bool {
 		p.txMu.Lock()
 		defer p.txMu.Unlock()
 		return len(p.pending) == 0
@@ -590,14 +591,14 @@ func TestJoinRefusalReasons(t *testing.T) {
 	sm := newSM()
 	n, _, _, _ := groupSetup(t, sm)
 	for i, c := range []struct {
-		refuse error
+		refuse refusal
 		reason string
 	}{
-		{fmt.Errorf("%w: %w", errJoinRefused, unix.EINVAL), "sa_refused"},
-		{fmt.Errorf("no answer: %w", unix.ETIMEDOUT), "sa_timeout"},
+		{saRefusal, "sa_refused"},
+		{saSilence, "sa_timeout"},
 	} {
 		n.s1.mu.Lock()
-		n.s1.refuse = c.refuse
+		n.s1.refuse = &c.refuse
 		n.s1.mu.Unlock()
 		mgid := ipoib.IPv4MGID(netip.AddrFrom4([4]byte{239, 9, 9, byte(i + 1)}), 0xffff, ipoib.ScopeLinkLocal)
 		err := n.p1.Join(mgid)
@@ -614,7 +615,7 @@ func TestJoinRefusalReasons(t *testing.T) {
 // delivery: address handles are resolved in parallel. Once the slow
 // answer comes, the waiting packet is sent.
 func TestSlowPathDoesNotStallOthers(t *testing.T) {
-	gid3 := gid("fe:80:00:00:00:00:00:00:00:00:00:00:00:00:00:03")
+	gid3 := testutil.GID("fe80::3")
 	sm := newSM()
 	h := newHub()
 	var ps [3]*Port
@@ -684,7 +685,7 @@ func TestResolveQueueFullCounted(t *testing.T) {
 	for i := range resolvers {
 		to(0x100 + i)
 	}
-	waitFor(t, "every resolver busy", func() bool { return n.p1.Counters().Levels["address_handles_resolving"] == resolvers })
+	testutil.WaitFor(t, "every resolver busy", func() bool { return n.p1.Counters().Levels["address_handles_resolving"] == resolvers })
 	for i := range resolveQueue + 1 {
 		to(0x200 + i)
 	}

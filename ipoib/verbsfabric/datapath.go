@@ -447,6 +447,7 @@ func (p *Port) makeAH(key ahKey) (handle, error) {
 				return 0, fmt.Errorf("verbsfabric: path record to %s in partition %s: %w", key.gid, key.pkey, err)
 			}
 			pa.dlid, pa.sl = r.dlid, r.sl
+			p.lids.learn(r.dlid, key.gid, p.a.gid)
 		}
 	}
 	return p.dev.createAH(pa)
@@ -618,15 +619,22 @@ func (p *Port) take(d recvDone, dst []byte, size *int, m *ipoib.RxMeta) bool {
 	}
 	// The buffer always starts with the GRH's 40 bytes; without a GRH
 	// (IB unicast from a sender that sends none, as kernel IPoIB does)
-	// they are undefined and the source is unknown.
+	// they are undefined, and the source GID is the one last seen behind
+	// the completion's SLID (lids.go).
 	b := p.dev.recvBuf(d.buf)[:d.len]
 	var src, dgid ipoib.GID
+	named := d.grh
 	if d.grh {
 		var err error
 		if src, dgid, err = parseGRH(b); err != nil {
 			p.drops.Add(ipoib.DropBadGRH)
 			return false
 		}
+		if p.a.ib {
+			p.lids.learn(d.slid, src, p.a.gid)
+		}
+	} else {
+		src, named = p.lids.lookup(d.slid)
 	}
 	q := p.qp(d.qpn)
 	own := src == p.a.gid // from our GID, and (looked up only then) a QPN of ours: sent by this port
@@ -655,9 +663,14 @@ func (p *Port) take(d recvDone, dst []byte, size *int, m *ipoib.RxMeta) bool {
 		return false
 	}
 	*size = copy(dst, pkt)
-	if !d.grh {
+	switch {
+	case !named:
 		m.Src, m.SrcUnknown = ipoib.HwAddr{}, true
-	} else {
+		p.rxSrcUnknown.Add(1)
+	default:
+		if !d.grh {
+			p.rxByLID.Add(1)
+		}
 		p.wantAH(ahKey{src, q.wire}) // the reply will need it: make it now, off the TX path
 	}
 	p.rxPackets.Add(1)

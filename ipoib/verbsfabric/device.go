@@ -126,11 +126,13 @@ type sendDone struct {
 }
 
 // recvDone is a receive completion: buf holds len bytes (GRH included).
+// srcQPN and slid name the sender, GRH or not (lids.go).
 type recvDone struct {
 	buf     int
 	len     int
 	srcQPN  uint32
 	qpn     uint32
+	slid    uint16
 	ok, grh bool
 }
 

@@ -5,23 +5,16 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/eipoib/eipoibd/internal/testutil"
 	"github.com/eipoib/eipoibd/ipoib"
 )
-
-func gid(s string) ipoib.GID {
-	g, err := ipoib.ParseHwAddr("00:00:00:00:" + s)
-	if err != nil {
-		panic(err)
-	}
-	return g.GID()
-}
 
 // TestPickGID: on IB the default GID (the first IB entry); on RoCE the
 // RoCE v2 entry with a link-local address, not a v1 one nor a global v2
 // one; none is an error naming how many entries there were.
 func TestPickGID(t *testing.T) {
-	ll := gid("fe:80:00:00:00:00:00:00:50:54:00:ff:fe:12:34:56")
-	global := gid("fd:77:00:00:00:00:00:00:00:00:00:00:00:00:00:01")
+	ll := testutil.GID("fe80::5054:ff:fe12:3456")
+	global := testutil.GID("fd77::1")
 	roce := []gidEntry{
 		{gid: ll, index: 0, typ: gidRoCEv1},
 		{gid: global, index: 1, typ: gidRoCEv2},
@@ -62,7 +55,7 @@ func grh6(src, dst ipoib.GID) []byte {
 }
 
 func TestParseGRH(t *testing.T) {
-	src := gid("fe:80:00:00:00:00:00:00:00:00:00:00:00:00:00:01")
+	src := testutil.GID("fe80::1")
 	dst := ipoib.BroadcastMGID(0xffff, ipoib.ScopeLinkLocal)
 	s, d, err := parseGRH(grh6(src, dst))
 	if err != nil || s != src || d != dst {
@@ -87,7 +80,7 @@ func TestParseGRH(t *testing.T) {
 // FuzzParseGRH: any 40 bytes parse or are refused without a panic; an
 // IPv6-form GRH yields exactly its SGID and DGID.
 func FuzzParseGRH(f *testing.F) {
-	f.Add(grh6(gid("fe:80:00:00:00:00:00:00:00:00:00:00:00:00:00:01"), ipoib.BroadcastMGID(0xffff, 2)))
+	f.Add(grh6(testutil.GID("fe80::1"), ipoib.BroadcastMGID(0xffff, 2)))
 	v4 := make([]byte, grhLen)
 	copy(v4[20:], []byte{0x45, 0, 0, 60, 0, 0, 0x40, 0, 64, 17, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2})
 	f.Add(v4)

@@ -14,10 +14,15 @@ import (
 // included), unicast lost when the QPN does not exist, and a UD packet
 // whose Q_Key is not the receiving QP's dropped (IBA 10.2.4: the Q_Key
 // check of a UD receive). Devices opened with openerIB have an IB link
-// layer and a fakeSA.
+// layer and a fakeSA. Every completion reports the sender's LID (its
+// SM's, 0 on RoCE). With noGRH set, unicast arrives without a GRH, as
+// from a Linux IPoIB sender inside a subnet (sa_query.c
+// ib_init_ah_attr_from_path makes a GRH only when the path's hop_limit is
+// above 0, and OpenSM answers 0 there); multicast always has one.
 type fakeHub struct {
-	mu   sync.Mutex
-	devs map[ipoib.GID]*fakeDev
+	mu    sync.Mutex
+	devs  map[ipoib.GID]*fakeDev
+	noGRH bool
 }
 
 type fakeDev struct {
@@ -289,6 +294,7 @@ func (d *fakeDev) postSend(s []sendDesc) (int, error) {
 		d.busy[w.slot] = busySlot{w.qpn, w.wrID}
 		d.mu.Unlock()
 		data := d.slotBuf(w.slot)[:w.len]
+		slid := d.lid()
 		d.hub.mu.Lock()
 		if p.gid.IsMulticast() {
 			for _, to := range d.hub.devs {
@@ -299,11 +305,11 @@ func (d *fakeDev) postSend(s []sendDesc) (int, error) {
 				}
 				to.mu.Unlock()
 				for _, q := range qs {
-					to.deliver(d.a.gid, p.gid, w.qpn, q, w.qkey, data)
+					to.deliver(d.a.gid, p.gid, w.qpn, q, w.qkey, data, slid, true)
 				}
 			}
 		} else if to := d.hub.devs[p.gid]; to != nil {
-			to.deliver(d.a.gid, p.gid, w.qpn, w.rqpn, w.qkey, data)
+			to.deliver(d.a.gid, p.gid, w.qpn, w.rqpn, w.qkey, data, slid, !d.hub.noGRH)
 		}
 		d.hub.mu.Unlock()
 		if w.signal && w.qpn != d.holdQPN {
@@ -315,10 +321,21 @@ func (d *fakeDev) postSend(s []sendDesc) (int, error) {
 	return len(s), nil
 }
 
-// deliver puts one packet with its GRH into a posted receive buffer (or
-// loses it when none is posted, as an HCA would); a packet for a QP that
-// does not exist, or whose Q_Key is not the QP's, is dropped.
-func (d *fakeDev) deliver(src, dst ipoib.GID, srcQPN, qpn, qkey uint32, data []byte) {
+// lid is the device's LID: its SM's, 0 on RoCE.
+func (d *fakeDev) lid() uint16 {
+	if d.fsa == nil {
+		return 0
+	}
+	d.fsa.sm.mu.Lock()
+	defer d.fsa.sm.mu.Unlock()
+	return d.fsa.sm.lid(d.a.gid)
+}
+
+// deliver puts one packet from LID slid, with its GRH or without, into a
+// posted receive buffer (or loses it when none is posted, as an HCA
+// would); a packet for a QP that does not exist, or whose Q_Key is not
+// the QP's, is dropped.
+func (d *fakeDev) deliver(src, dst ipoib.GID, srcQPN, qpn, qkey uint32, data []byte, slid uint16, grh bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	q := d.qps[qpn]
@@ -329,7 +346,7 @@ func (d *fakeDev) deliver(src, dst ipoib.GID, srcQPN, qpn, qkey uint32, data []b
 		d.qkeyDrop++
 		return
 	}
-	d.complete(src, dst, srcQPN, qpn, data)
+	d.completeFrom(src, dst, srcQPN, qpn, data, slid, grh)
 }
 
 // complete makes a receive completion for QP qpn of a packet with its
@@ -337,6 +354,12 @@ func (d *fakeDev) deliver(src, dst ipoib.GID, srcQPN, qpn, qkey uint32, data []b
 // calls it for a QP the port no longer has (a completion of a QP
 // freed while it was queued). A packet is lost when no buffer is posted.
 func (d *fakeDev) complete(src, dst ipoib.GID, srcQPN, qpn uint32, data []byte) {
+	d.completeFrom(src, dst, srcQPN, qpn, data, 0, true)
+}
+
+// completeFrom is complete for a packet from LID slid, with a GRH or
+// without (then the buffer's first 40 bytes are left as they were).
+func (d *fakeDev) completeFrom(src, dst ipoib.GID, srcQPN, qpn uint32, data []byte, slid uint16, grh bool) {
 	if d.postedAt == len(d.posted) {
 		d.lost++
 		return
@@ -344,12 +367,14 @@ func (d *fakeDev) complete(src, dst ipoib.GID, srcQPN, qpn uint32, data []byte) 
 	b := d.posted[d.postedAt]
 	d.postedAt++
 	buf := d.recvBuf(int(b))
-	clear(buf[:grhLen])
-	buf[0] = 0x60
-	copy(buf[8:24], src[:])
-	copy(buf[24:40], dst[:])
+	if grh {
+		clear(buf[:grhLen])
+		buf[0] = 0x60
+		copy(buf[8:24], src[:])
+		copy(buf[24:40], dst[:])
+	}
 	copy(buf[grhLen:], data)
-	d.rq = append(d.rq, recvDone{buf: int(b), len: grhLen + len(data), srcQPN: srcQPN, qpn: qpn, ok: true, grh: true})
+	d.rq = append(d.rq, recvDone{buf: int(b), len: grhLen + len(data), srcQPN: srcQPN, qpn: qpn, slid: slid, ok: true, grh: grh})
 	select {
 	case d.notify <- struct{}{}:
 	default:

@@ -88,12 +88,11 @@ type fakeSA struct {
 	joined  []joinReq          // joins asked
 	errs    chan mcastError
 	// joinHook, when set, runs as each join starts (tests hold joins
-	// with it); refuse, when set, fails every join (an SA that does not
-	// answer).
+	// with it); refuse, when set, fails every join as it says.
 	joinHook func(joinReq)
 	// pathHook, when set, runs as each path record query starts.
 	pathHook func(pathQuery)
-	refuse   error
+	refuse   *refusal
 	closed   bool // the device was closed (ibvSA.close)
 	late     int  // joins and leaves after the close: ids used after free
 }
@@ -265,7 +264,7 @@ func (sa *fakeSA) join(r joinReq) (mcMember, error) {
 	refuse := sa.refuse
 	sa.mu.Unlock()
 	if refuse != nil {
-		return mcMember{}, refuse
+		return refuse.answer(r.mgid)
 	}
 	// rdma_bind_addr of an IP address: rdma_translate_ip finds the
 	// interface holding it and copies its hardware and broadcast
@@ -302,7 +301,7 @@ func (sa *fakeSA) join(r joinReq) (mcMember, error) {
 	// the id's MULTICAST_ERROR.
 	if r.sendOnly && !sm.sendOnly {
 		if sa.newKernel {
-			return mcMember{}, fmt.Errorf("%w: the SA refused a send-only full member: %w", errJoinRefused, unix.EINVAL)
+			return saRefusal.answer(r.mgid)
 		}
 		return mcMember{}, fmt.Errorf("cma_join_ib_multicast: SM doesn't support Send Only Full Member option: %w", unix.EOPNOTSUPP)
 	}
@@ -318,10 +317,10 @@ func (sa *fakeSA) join(r joinReq) (mcMember, error) {
 	// cma_make_mc_event: cma_set_qkey(id, rec.qkey) refuses a group
 	// whose Q_Key is not the id's (-EINVAL): a MULTICAST_ERROR.
 	if g.qkey != qkey {
-		if sa.qkeyFirst {
-			return mcMember{}, fmt.Errorf("no MULTICAST_JOIN event (cma_ib_mc_handler: cma_set_qkey failed, no event sent): %w", unix.ETIMEDOUT)
+		if sa.qkeyFirst { // cma_ib_mc_handler: cma_set_qkey failed, no event sent
+			return saSilence.answer(r.mgid)
 		}
-		return mcMember{}, fmt.Errorf("%w: cma_set_qkey: group Q_Key %#x, id Q_Key %#x: %w", errJoinRefused, g.qkey, qkey, unix.EINVAL)
+		return saRefusal.answer(r.mgid)
 	}
 	g.ids[sa.gid] = r.sendOnly
 	sa.mu.Lock()
@@ -331,11 +330,45 @@ func (sa *fakeSA) join(r joinReq) (mcMember, error) {
 	// the SL, param.ud.qkey the Q_Key (cma_make_mc_event); the MTU is
 	// what a path record to the MGID gives (OpenSM pr_process_multicast
 	// copies the group's).
-	m := mcMember{mlid: g.mlid, sl: g.sl, qkey: g.qkey, mtu: g.mtu}
+	m, err := joinAnswer(r.mgid, cmEvent{kind: cmJoined, typ: rdmaCMEventMulticastJoin, dlid: g.mlid, sl: g.sl, qkey: g.qkey}, "RDMA_CM_EVENT_MULTICAST_JOIN")
+	m.mtu = g.mtu
 	if sm.noPathMTU {
 		m.mtu = 0
 	}
-	return m, nil
+	return m, err
+}
+
+// The rdma_cm events of a join's id (enum rdma_cm_event_type, librdmacm
+// rdma_cma.h).
+const (
+	rdmaCMEventMulticastJoin  = 12
+	rdmaCMEventMulticastError = 13
+)
+
+// refusal is how the fake SA fails a join, as the kernel tells the
+// join's id: an event with its status, or no event at all (silent).
+// Production's mapping (joinAnswer, errNoJoinAnswer) makes the error.
+type refusal struct {
+	ev     cmEvent
+	silent bool
+}
+
+var (
+	// saRefusal is an SA that answers with a MAD status, or a group
+	// whose Q_Key is not the id's: RDMA_CM_EVENT_MULTICAST_ERROR with
+	// -EINVAL (sa_query.c recv_handler; cma_set_qkey).
+	saRefusal = refusal{ev: cmEvent{kind: cmError, typ: rdmaCMEventMulticastError, status: -int(unix.EINVAL)}}
+	// saSilence is an SA that never answers (or a kernel that sends no
+	// event): the join's time runs out.
+	saSilence = refusal{silent: true}
+)
+
+// answer is what the join of mgid returns for the refusal.
+func (r refusal) answer(mgid ipoib.GID) (mcMember, error) {
+	if r.silent {
+		return mcMember{}, errNoJoinAnswer(mgid)
+	}
+	return joinAnswer(mgid, r.ev, "RDMA_CM_EVENT_MULTICAST_ERROR")
 }
 
 // leave is rdma_leave_multicast and rdma_destroy_id.

@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/eipoib/eipoibd/internal/testutil"
 	"github.com/eipoib/eipoibd/ipoib"
 )
 
@@ -20,6 +21,7 @@ import (
 // has an IPoIB interface with an address in every partition of parts.
 type ibNet struct {
 	sm     *fakeSM
+	hub    *fakeHub
 	p1, p2 *Port
 	d1, d2 *fakeDev
 	s1, s2 *fakeSA
@@ -28,7 +30,7 @@ type ibNet struct {
 func newIBNet(t *testing.T, sm *fakeSM, pkeys []ipoib.PKey, parts ...ipoib.PKey) ibNet {
 	t.Helper()
 	h := newHub()
-	n := ibNet{sm: sm}
+	n := ibNet{sm: sm, hub: h}
 	n.s1, n.s2 = sm.port(gid1, pkeys...), sm.port(gid2, pkeys...)
 	for i, pk := range parts {
 		n.s1.ipoibIf(pk, fmt.Sprintf("10.%d.0.1", i))
@@ -67,18 +69,6 @@ func send(t *testing.T, p *Port, src uint32, pkey ipoib.PKey, dst ipoib.HwAddr, 
 		time.Sleep(5 * time.Millisecond)
 	}
 	return pkt[ipoib.Headroom:]
-}
-
-// waitFor polls cond for up to 2 s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(2 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
 }
 
 // ahsTo is the paths of d's address handles to gid.
@@ -240,7 +230,7 @@ func TestItem7QKeyAndMTUFromBroadcastGroup(t *testing.T) {
 	// The receiver's check bites: a QP with the default Q_Key gets nothing.
 	n.d2.setQKey(q2, ipoib.QKey)
 	n.p1.Write([][]byte{packet(100, 0)}, []ipoib.TxMeta{{Dst: dst, SrcQPN: q1, PKey: 0xffff}}, ipoib.Headroom)
-	waitFor(t, "a Q_Key drop", func() bool {
+	testutil.WaitFor(t, "a Q_Key drop", func() bool {
 		n.d2.mu.Lock()
 		defer n.d2.mu.Unlock()
 		return n.d2.qkeyDrop == 1
@@ -304,7 +294,7 @@ func groupSetup(t *testing.T, sm *fakeSM) (ibNet, uint32, uint32, ipoib.GID) {
 	n := newIBNet(t, sm, []ipoib.PKey{0xffff}, 0xffff)
 	q1, _ := n.p1.AllocQP(0xffff, 0)
 	q2, _ := n.p2.AllocQP(0xffff, 0)
-	g := ipoib.MakeHwAddr(0, 0, gid("ff:12:40:1b:ff:ff:00:00:00:00:00:00:01:02:03:04")).GID()
+	g := testutil.GID("ff12:401b:ffff::102:304")
 	bcast := ipoib.BroadcastMGID(0xffff, ipoib.ScopeLinkLocal)
 	for _, p := range []*Port{n.p1, n.p2} {
 		for _, m := range []ipoib.GID{bcast, g} {
@@ -316,12 +306,13 @@ func groupSetup(t *testing.T, sm *fakeSM) (ibNet, uint32, uint32, ipoib.GID) {
 	return n, q1, q2, g
 }
 
-// TestItem9ClientReregister: after the SM restarts (new LIDs, new groups
-// with a new Q_Key) and the ports get CLIENT_REREGISTER, each port
-// rejoins every group (its group QP attached with the new MLID), its QPs
-// take the new Q_Key, the old address handles are flushed and destroyed,
-// and a new one carries the new DLID; traffic flows again.
-func TestItem9ClientReregister(t *testing.T) {
+// TestClientReregisterRejoinsAndRekeys: after the SM restarts (new
+// LIDs, new groups with a new Q_Key) and the ports get CLIENT_REREGISTER,
+// each port rejoins every group (the broadcast group and g, its group QP
+// attached with each one's new MLID), its QPs take the new
+// Q_Key, the old address handles are flushed and destroyed, and a new
+// one carries the new DLID; traffic flows again.
+func TestClientReregisterRejoinsAndRekeys(t *testing.T) {
 	sm := newSM()
 	n, q1, q2, g := groupSetup(t, sm)
 	dst := ipoib.MakeHwAddr(0, q2, gid2)
@@ -335,23 +326,30 @@ func TestItem9ClientReregister(t *testing.T) {
 	sm.restart(0x00BEEF00, 4096)
 	n.d1.raise(eventClientReregister)
 	n.d2.raise(eventClientReregister)
-	gq := groupQPOf(n.p1, 0xffff)
-	// The flush rejoins, then drops the handles, then counts itself
-	// (Port.flush): the rejoin is visible before the count.
-	waitFor(t, "the rejoin with the new MLID and Q_Key, and the flush done", func() bool {
-		sm.mu.Lock()
-		grp := sm.groups[g]
-		sm.mu.Unlock()
-		if grp == nil {
-			return false
+	groups := []ipoib.GID{ipoib.BroadcastMGID(0xffff, ipoib.ScopeLinkLocal), g}
+	// rejoined reports whether port p (on d, its VIF QP q) has its group
+	// QP attached to every group with the group's new MLID, its QP on
+	// the new Q_Key, and its flush counted. The flush rejoins, then
+	// drops the handles, then counts itself (Port.flush): the rejoins
+	// are visible before the count.
+	rejoined := func(p *Port, d *fakeDev, q uint32) bool {
+		gq := groupQPOf(p, 0xffff)
+		for _, m := range groups {
+			sm.mu.Lock()
+			grp := sm.groups[m]
+			sm.mu.Unlock()
+			if grp == nil {
+				return false
+			}
+			if l, ok := d.attachedMLID(m, gq); !ok || l != grp.mlid {
+				return false
+			}
 		}
-		l, ok := n.d1.attachedMLID(g, gq)
-		return ok && l == grp.mlid && n.d1.qkeyOf(q1) == 0x00BEEF00 && n.d2.qkeyOf(q2) == 0x00BEEF00 &&
-			n.p1.Counters().Stats["flushes"] > 0
-	})
-	if c := n.p1.Counters(); c.Stats["sa_rejoins"] < 2 {
-		t.Fatalf("counters %+v", c.Stats)
+		return d.qkeyOf(q) == 0x00BEEF00 && p.Counters().Stats["flushes"] == 1
 	}
+	testutil.WaitFor(t, "both ports' rejoins with the new MLIDs and Q_Key, and their flushes", func() bool {
+		return rejoined(n.p1, n.d1, q1) && rejoined(n.p2, n.d2, q2)
+	})
 	pkt := send(t, n.p1, q1, 0xffff, dst, 200, 2)
 	if data, _ := readN(t, n.p2, 1); !bytes.Equal(data[0], pkt) {
 		t.Fatal("payload changed")
@@ -372,7 +370,7 @@ func TestItem9MulticastErrorRejoins(t *testing.T) {
 	gq := groupQPOf(n.p1, 0xffff)
 	before, _ := n.d1.attachedMLID(g, gq)
 	sm.dropGroup(g)
-	waitFor(t, "the rejoin", func() bool {
+	testutil.WaitFor(t, "the rejoin", func() bool {
 		l, ok := n.d1.attachedMLID(g, gq)
 		joined, _ := n.s1.member(g)
 		return ok && l != before && joined
@@ -395,7 +393,7 @@ func TestItem9PKeyChange(t *testing.T) {
 	n.d1.table = []ipoib.PKey{0xffff, 0x8002, 0x8001}
 	n.d1.mu.Unlock()
 	n.d1.raise(eventPKeyChange)
-	waitFor(t, "the flush", func() bool { return n.p1.Counters().Stats["flushes"] == 1 })
+	testutil.WaitFor(t, "the flush", func() bool { return n.p1.Counters().Stats["flushes"] == 1 })
 	q2, err := n.p1.AllocQP(0x8001, 0)
 	if i := n.d1.pkeyIndexOf(q2); err != nil || i != 2 {
 		t.Fatalf("after the change: %v, index %d", err, i)
@@ -420,7 +418,7 @@ func TestItem10SendOnlyFallback(t *testing.T) {
 			n := newIBNet(t, sm, []ipoib.PKey{0xffff}, 0xffff)
 			n.s1.newKernel = c.newKernel
 			q1, _ := n.p1.AllocQP(0xffff, 0)
-			g := ipoib.MakeHwAddr(0, 0, gid("ff:12:40:1b:ff:ff:00:00:00:00:00:00:0a:0b:0c:0d")).GID()
+			g := testutil.GID("ff12:401b:ffff::a0b:c0d")
 			if err := n.p2.Join(g); err != nil {
 				t.Fatal(err)
 			}

@@ -42,6 +42,7 @@ struct eib_recv {
 	uint32_t qp_num;
 	uint32_t wc_flags;
 	uint16_t pkey_index;
+	uint16_t slid; // the sender's LID: UD reports it, GRH or not
 };
 
 // A send completion, returned to Go.
@@ -247,6 +248,7 @@ static int eib_poll_recv(struct ibv_cq *cq, struct ibv_wc *wc, struct eib_recv *
 		out[i].qp_num = wc[i].qp_num;
 		out[i].wc_flags = wc[i].wc_flags;
 		out[i].pkey_index = wc[i].pkey_index;
+		out[i].slid = wc[i].slid;
 	}
 	return got;
 }
@@ -913,18 +915,14 @@ func (s *ibvSA) join(r joinReq) (mcMember, error) {
 	select {
 	case ev = <-j.ev:
 	case <-time.After(2 * saTimeout * time.Millisecond):
-		return fail(fmt.Errorf("verbsfabric: join of %s: no answer from the SA: %w", r.mgid, syscall.ETIMEDOUT))
+		return fail(errNoJoinAnswer(r.mgid))
 	case <-s.woke:
 		return fail(net.ErrClosed)
 	}
-	if ev.kind != cmJoined {
-		err := fmt.Errorf("verbsfabric: join of %s: %s: %w", r.mgid, C.GoString(C.rdma_event_str(uint32(ev.typ))), cmErrno(ev.status))
-		if ev.kind == cmError {
-			err = fmt.Errorf("%w: %w", errJoinRefused, err)
-		}
+	m, err := joinAnswer(r.mgid, ev, C.GoString(C.rdma_event_str(uint32(ev.typ))))
+	if err != nil {
 		return fail(err)
 	}
-	m := mcMember{mlid: ev.dlid, sl: ev.sl, qkey: ev.qkey}
 	if _, mtu, err := s.path(pathQuery{sgid: s.d.a.gid, dgid: r.mgid, pkey: ipoib.MGIDPKey(r.mgid), ps: psIB}); err == nil {
 		m.mtu = mtu
 	}
@@ -1037,7 +1035,7 @@ func (d *ibvDevice) pollRecv(out []recvDone) int {
 	for i := range recv {
 		r := &recv[i]
 		out[i] = recvDone{buf: int(r.wr_id), len: int(r.byte_len), srcQPN: uint32(r.src_qp), qpn: uint32(r.qp_num),
-			ok: r.status == C.IBV_WC_SUCCESS, grh: r.wc_flags&C.IBV_WC_GRH != 0}
+			slid: uint16(r.slid), ok: r.status == C.IBV_WC_SUCCESS, grh: r.wc_flags&C.IBV_WC_GRH != 0}
 	}
 	return max(n, 0)
 }

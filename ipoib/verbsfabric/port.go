@@ -228,6 +228,11 @@ type Port struct {
 	wg      sync.WaitGroup
 	done    chan struct{}
 
+	// lids names senders without a GRH (lids.go); rxByLID counts the
+	// packets it named, rxSrcUnknown those it could not.
+	lids                  lidTable
+	rxByLID, rxSrcUnknown atomic.Uint64
+
 	txPackets, txBytes, rxPackets, rxBytes atomic.Uint64
 	drops                                  ipoib.DropCounters
 	ahCreated, ahFailed, signalled         atomic.Uint64
@@ -890,6 +895,8 @@ func (p *Port) Counters() ipoib.PortCounters {
 		"pkey_index_moves":          p.pkeyMoves.Load(),
 		"async_events_other_port":   p.otherPortEvents.Load(),
 		"address_handle_queue_full": p.resolveFull.Load(),
+		"rx_src_by_lid":             p.rxByLID.Load(),
+		"rx_src_unknown":            p.rxSrcUnknown.Load(),
 	}
 	c.Levels = map[string]uint64{
 		"address_handles":           uint64(n),
@@ -998,6 +1005,7 @@ func (p *Port) flush(why string, heavy bool) {
 	}
 	p.ctlMu.Unlock()
 	p.flushAHs(func(ahKey) bool { return true })
+	p.lids.clear()   // the SM may have given the LIDs to other ports
 	p.flushes.Add(1) // done: what a flush changes is in place
 }
 

@@ -10,12 +10,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/eipoib/eipoibd/internal/testutil"
 	"github.com/eipoib/eipoibd/ipoib"
 )
 
 var (
-	gid1 = gid("fe:80:00:00:00:00:00:00:00:00:00:00:00:00:00:01")
-	gid2 = gid("fe:80:00:00:00:00:00:00:00:00:00:00:00:00:00:02")
+	gid1 = testutil.GID("fe80::1")
+	gid2 = testutil.GID("fe80::2")
 )
 
 func openPort(t testing.TB, h *fakeHub, g ipoib.GID) (*Port, *fakeDev) {
@@ -432,7 +433,7 @@ func TestSlowReaderKeepsSRQFull(t *testing.T) {
 	q2, _ := p2.AllocQP(0xffff, 0)
 	key := ahKey{gid2, 0xffff}
 	p1.wantAH(key)
-	waitFor(t, "the address handle", func() bool { return readyAH(p1, key) })
+	testutil.WaitFor(t, "the address handle", func() bool { return readyAH(p1, key) })
 	full := func() bool {
 		d2.mu.Lock()
 		defer d2.mu.Unlock()
@@ -451,7 +452,7 @@ func TestSlowReaderKeepsSRQFull(t *testing.T) {
 		if k, err := p1.Write(bufs, meta[:n], ipoib.Headroom); k != n || err != nil {
 			t.Fatalf("wrote %d of %d: %v", k, n, err)
 		}
-		waitFor(t, "the SRQ full again", full)
+		testutil.WaitFor(t, "the SRQ full again", full)
 	}
 	d2.mu.Lock()
 	lost := d2.lost

@@ -19,10 +19,11 @@ usage: test/hw/run.sh --peer ROOT@HOSTB [options]      (as root, on host A)
 Runs eipoibd on host A and host B with guests behind a bridge on each and
 checks, per backend and per partition: ping and ping -6 between guests and
 with each host's native IPoIB address, ARP and ND, TCP with an exact byte
-count both ways, IPv4 and IPv6 multicast with no datagram lost; then an SM
-re-register with the time until guests talk again. Prints a summary table
-and exits 0 only if nothing failed (1: a check failed, 2: a prerequisite is
-missing, 3: bad options).
+count both ways, IPv4 and IPv6 multicast with no datagram lost; ping, ping -6
+and TCP between a guest and an address host B routes for (the routed leg);
+then an SM re-register with the time until guests talk again. Prints a
+summary table and exits 0 only if nothing failed (1: a check failed, 2: a
+prerequisite is missing, 3: bad options).
 
 Hosts and transport:
   --peer DEST          ssh destination of host B (root, key-based: ssh -o BatchMode=yes DEST)
@@ -206,6 +207,7 @@ topo_down_script() {
 	cat <<EOF
 for n in \$(ip netns list 2>/dev/null | awk '{print \$1}' | grep '^eht$1'); do ip netns del "\$n"; done
 for l in eht0 ehtbr ehtu ehtv11 ehtv12 ehtv21 ehtv22; do ip link del "\$l" 2>/dev/null; done
+ip link del ehtx 2>/dev/null # the routed leg's second subnet
 true
 EOF
 }
@@ -649,26 +651,35 @@ ${x}ip -6 neigh show to $dst dev eth0 | awk '/lladdr/ { print \$3 }'; done"
 # receiver stops counting when the end-of-test message overtakes data in
 # flight, so its counts differ even on a bare veth: iperf 2 counts exactly.)
 tcp_check() {
-	local b=$1 p=$2 from=$3 to=$4 W dst cli srv sent rcvd bps
-	W=$(w "$to")
-	dst=$(ip4 "$p" "$to" 1)
-	on "$to" "nohup $(in_g "$to" "$p" 1)iperf -s -y C -P 1 </dev/null >$W/tcp.out 2>&1 & echo \$! >$W/tcp.pid"
-	for _ in $(seq 20); do
-		cli=$(on "$from" "$(in_g "$from" "$p" 1)iperf -y C -c $dst -n $BYTES" 2>&1)
-		grep -q "^[0-9]*,.*,.*,.*,.*,.*,.*,.*,.*$" <<<"$cli" && break
-		sleep 0.25
-	done
-	srv=$(on "$to" "i=0; while kill -0 \$(cat $W/tcp.pid) 2>/dev/null && [ \$i -lt 75 ]; do sleep 0.2; i=\$((i+1)); done
-kill \$(cat $W/tcp.pid) 2>/dev/null; rm -f $W/tcp.pid; cat $W/tcp.out")
-	sent=$(awk -F, 'NF == 9 { print $8; exit }' <<<"$cli")
-	rcvd=$(awk -F, 'NF == 9 { print $8; exit }' <<<"$srv")
-	bps=$(awk -F, 'NF == 9 { print $9; exit }' <<<"$srv")
-	if [ "${sent:-x}" = "$BYTES" ] && [ "${rcvd:-x}" = "$BYTES" ]; then
+	local b=$1 p=$2 from=$3 to=$4 sent rcvd bps
+	read -r sent rcvd bps <<<"$(iperf_bytes "$to" "$(in_g "$to" "$p" 1)" "$from" "$(in_g "$from" "$p" 1)" "$(ip4 "$p" "$to" 1)")"
+	if [ "$sent" = "$BYTES" ] && [ "$rcvd" = "$BYTES" ]; then
 		record "tcp $from""1>$to""1" "$b" "$(pk_of "$p")" PASS \
 			"$BYTES B sent = received, $(awk -v r="$bps" 'BEGIN { printf "%.2f", r / 1e9 }') Gbit/s"
 	else
-		record "tcp $from""1>$to""1" "$b" "$(pk_of "$p")" FAIL "sent ${sent:-none}, received ${rcvd:-none}, want $BYTES"
+		record "tcp $from""1>$to""1" "$b" "$(pk_of "$p")" FAIL "sent $sent, received $rcvd, want $BYTES"
 	fi
+}
+
+# iperf_bytes SRVHOST SRVPREFIX CLIHOST CLIPREFIX DST [SRC]: one iperf 2
+# connection of exactly BYTES from CLIPREFIX on CLIHOST (bound to SRC) to
+# the server run with SRVPREFIX on SRVHOST, at DST; prints the bytes the client
+# wrote, the bytes the server read and the server's rate in bit/s
+# ("none" for a count it did not report).
+iperf_bytes() {
+	local sh=$1 sp=$2 ch=$3 cp=$4 dst=$5 bind=${6:+ -B $6} W cli srv
+	W=$(w "$sh")
+	on "$sh" "nohup ${sp}iperf -s -y C -P 1 </dev/null >$W/tcp.out 2>&1 & echo \$! >$W/tcp.pid"
+	for _ in $(seq 20); do
+		cli=$(on "$ch" "${cp}iperf -y C -c $dst$bind -n $BYTES" 2>&1)
+		grep -q "^[0-9]*,.*,.*,.*,.*,.*,.*,.*,.*$" <<<"$cli" && break
+		sleep 0.25
+	done
+	srv=$(on "$sh" "i=0; while kill -0 \$(cat $W/tcp.pid) 2>/dev/null && [ \$i -lt 75 ]; do sleep 0.2; i=\$((i+1)); done
+kill \$(cat $W/tcp.pid) 2>/dev/null; rm -f $W/tcp.pid; cat $W/tcp.out")
+	echo "$(awk -F, 'NF == 9 { print $8; exit }' <<<"$cli" | grep . || echo none)" \
+		"$(awk -F, 'NF == 9 { print $8; exit }' <<<"$srv" | grep . || echo none)" \
+		"$(awk -F, 'NF == 9 { print $9; exit }' <<<"$srv" | grep . || echo 0)"
 }
 
 # mcast_check FAMILY BACKEND P: iperf 2 receivers in both guests of host
@@ -734,6 +745,67 @@ sm_check() {
 		mcast_check 4 "$b" 1 "mcast4 after SM"
 	else
 		record sm-reregister "$b" 0xffff FAIL "first reply after $rec s, then $(sed -n 's/.* \([0-9]*\) received.*/\1/p' <<<"$out")/$COUNT ($how)"
+	fi
+}
+
+# ------------------------------------------------------------ routed leg
+
+# The routed leg: a native IPoIB router and an address off the fabric's
+# subnets. Host B is guest A1's gateway (its native address in partition
+# 0xffff) to a second subnet, NET4.201.0/24 and NET6:201::/64, where X
+# (.9, ::9) is an address of host B's own stack on a veth pair (ehtx and
+# its peer ehtxp): no forwarding sysctl changes on an operator's host,
+# and what X sends leaves B's IPoIB interface from B's QP with a source
+# IP no ARP or NDP on the fabric names, as forwarded traffic does. The
+# kernel backend never learns a packet's sender (af_packet.c packet_rcv:
+# IPoIB has no header_ops->parse), and a Linux IPoIB host sends unicast
+# inside a subnet without a GRH (sa_query.c ib_init_ah_attr_from_path),
+# so eipoibd on host A must deliver X's packets all the same: ping and
+# ping -6 from A1 to X, TCP with exact byte counts both ways. The last
+# figure is eipoibd's rx_unknown_source on host A: X's packets delivered
+# under the partition's stand-in MAC, as the kernel backend must; with
+# verbs, packets whose sender it named by source LID are not in it.
+RSUB=201
+xaddr() { if [ "$1" = 4 ]; then echo "$NET4.$RSUB.$2"; else echo "$NET6:$RSUB::$2"; fi; } # xaddr FAMILY LAST
+
+# routed_up: X on host B, and guest A1's routes to X through host B.
+routed_up() {
+	on B "ip link add ehtx type veth peer name ehtxp && ip link set ehtxp up && ip link set ehtx up || exit 1
+ip addr add $(xaddr 4 9)/24 dev ehtx && ip addr add $(xaddr 6 9)/64 dev ehtx nodad" &&
+		on A "$(in_g A 1 1)ip route add $NET4.$RSUB.0/24 via $(ip4 1 B 0) && $(in_g A 1 1)ip -6 route add $NET6:$RSUB::/64 via $(ip6 1 B 0)"
+}
+
+# routed_check BACKEND: the routed leg's rows; the topology's teardown
+# removes X (topo_down_script).
+routed_check() {
+	local b=$1 fam out tx rx sent rcvd bps bin=$EIPOIBD unk
+	[ "$b" = verbs ] && bin=$EIPOIBD_VERBS
+	if ! out=$(routed_up 2>&1); then
+		record "routed" "$b" 0xffff FAIL "set-up failed: $out"
+		return
+	fi
+	for fam in 4 6; do
+		out=$(on A "$(in_g A 1 1)ping -$fam -n -c $COUNT -i 0.2 -W 2 $(xaddr $fam 9)" 2>&1)
+		tx=$(sed -n 's/^\([0-9]*\) packets transmitted.*/\1/p' <<<"$out")
+		rx=$(sed -n 's/.* \([0-9]*\) received.*/\1/p' <<<"$out")
+		if [ "${tx:-0}" = "$COUNT" ] && [ "${rx:-0}" = "$COUNT" ] && ! grep -q duplicates <<<"$out"; then
+			record "routed ping$fam A1>X" "$b" 0xffff PASS "$rx/$COUNT, X $(xaddr $fam 9) via nB"
+		else
+			record "routed ping$fam A1>X" "$b" 0xffff FAIL "${rx:-0}/$COUNT replies from $(xaddr $fam 9) via nB"
+		fi
+	done
+	read -r sent rcvd bps <<<"$(iperf_bytes B "" A "$(in_g A 1 1)" "$(xaddr 4 9)")"
+	if [ "$sent" = "$BYTES" ] && [ "$rcvd" = "$BYTES" ]; then
+		record "routed tcp A1>X" "$b" 0xffff PASS "$BYTES B sent = received"
+	else
+		record "routed tcp A1>X" "$b" 0xffff FAIL "sent $sent, received $rcvd, want $BYTES"
+	fi
+	read -r sent rcvd bps <<<"$(iperf_bytes A "$(in_g A 1 1)" B "" "$(ip4 1 A 1)" "$(xaddr 4 9)")"
+	unk=$(on A "$bin show stats --ctl-dir $(w A)/ctl --name eht0" 2>/dev/null | awk '$1 == "rx_unknown_source" { print $2 }')
+	if [ "$sent" = "$BYTES" ] && [ "$rcvd" = "$BYTES" ]; then
+		record "routed tcp X>A1" "$b" 0xffff PASS "$BYTES B sent = received; eipoibd A rx_unknown_source ${unk:-?}"
+	else
+		record "routed tcp X>A1" "$b" 0xffff FAIL "sent $sent, received $rcvd, want $BYTES; eipoibd A rx_unknown_source ${unk:-?}"
 	fi
 }
 
@@ -875,6 +947,7 @@ for b in ${BACKENDS//,/ }; do
 		mcast_check 4 "$b" "$p"
 		mcast_check 6 "$b" "$p"
 	done
+	[ "$ok" = 1 ] && routed_check "$b"
 	if [ "$SM_MODE" = none ]; then
 		record sm-reregister "$b" 0xffff "not run" "(--no-sm)"
 	elif [ "$ok" = 1 ]; then

@@ -5,10 +5,10 @@ import (
 	"time"
 )
 
-// waitMetric waits up to 3 s for metric name of h to reach want.
+// waitMetric waits up to 20 s for metric name of h to reach want.
 func waitMetric(t *testing.T, h *hypervisor, name string, want float64) {
 	t.Helper()
-	deadline := time.Now().Add(3 * time.Second)
+	deadline := time.Now().Add(20 * time.Second)
 	for {
 		m := h.metrics(t)
 		if m[name] == want {

@@ -195,7 +195,9 @@ func buildCNIPlugin(t *testing.T) string {
 //     answered once;
 //   - silent: a pod silent past --vif-idle (2 s here) and past the
 //     bridge's ageing of its learned FDB entry (2 s) keeps its VIF (none
-//     aged, none removed) and is answered at once;
+//     aged, none removed) and is answered at once: no frame either way
+//     held by a daemon (for a new VIF or a resolution), every request
+//     answered within a second;
 //   - static: a pod with fixed addresses pings the other hypervisor's
 //     pod and the native host;
 //   - dhcp: a pod with the reference dhcp plugin (its daemon running)
@@ -274,8 +276,26 @@ func TestCNI(t *testing.T) {
 				t.Errorf("%s %v → %v while the pod was silent", k, before[k], after[k])
 			}
 		}
-		ping(t, p2.g, p1.g.ip4)
-		ping(t, p2.g, p1.g.ip6)
+		// At once: the path was ready, so no daemon held a frame for a
+		// new VIF or a resolution, and no reply is late. The bound is
+		// the claim, far above a busy machine's scheduling (a reply
+		// takes milliseconds); pingN would log a 5 s late one only.
+		held1, held2 := h1.metrics(t), h2.metrics(t)
+		pingPrompt(t, p2.g, p1.g.ip4, 3, time.Second)
+		pingPrompt(t, p2.g, p1.g.ip6, 3, time.Second)
+		for _, c := range []struct {
+			h       *hypervisor
+			base, m map[string]float64
+		}{{h1, held1, h1.metrics(t)}, {h2, held2, h2.metrics(t)}} {
+			for _, k := range []string{"tx_queued", "tx_queued_new_vif"} {
+				if _, ok := c.m[k]; !ok {
+					t.Fatalf("%s: no %s in the metrics", c.h.name, k)
+				}
+				if c.m[k] != c.base[k] {
+					t.Errorf("%s: %s %v → %v: a frame to or from the silent pod was held", c.h.name, k, c.base[k], c.m[k])
+				}
+			}
+		}
 	})
 
 	t.Run("static", func(t *testing.T) {

@@ -202,7 +202,7 @@ func TestCtl(t *testing.T) {
 	r.stop()
 	// The leave's group-specific queries end with the group gone; the
 	// captures below then see no multicast of it.
-	waitJoined(t, h1, groupMGID("239.1.1.9"), false, 5*time.Second)
+	waitJoined(t, h1, groupMGID("239.1.1.9"), false, 20*time.Second)
 
 	// Stats: the counters as the metrics have them, and deltas.
 	var st ctl.Stats
@@ -225,7 +225,17 @@ func TestCtl(t *testing.T) {
 			_, err := exec.Command(daemonBin, "capture", "-w", pcap, "-c", "10", "--side", c.side, "--ctl-dir", h1.ctlDir()).CombinedOutput()
 			done <- err
 		}()
-		time.Sleep(300 * time.Millisecond)
+		// The capture is on once the pcap's file header (24 bytes),
+		// which the daemon sends just after it started the capture, is
+		// in the file.
+		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			if fi, err := os.Stat(pcap); err == nil && fi.Size() >= 24 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("capture %s: no pcap header in %s after 20 s", c.side, pcap)
+			}
+		}
 		pingN(t, g11, g21.ip4, 20, "-i", "0.01")
 		select {
 		case err := <-done:

@@ -186,7 +186,7 @@ func TestLossyFabric(t *testing.T) {
 		fromA, fromB, toA, toB map[string]float64
 	}
 	var pairs []pair
-	for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {
 		after1, after2 := h1.metrics(t), h2.metrics(t)
 		pairs = []pair{{h1, h2, after1, before1, after2, before2}, {h2, h1, after2, before2, after1, before1}}
 		settled := true
@@ -471,7 +471,7 @@ func TestGarbage(t *testing.T) {
 	})
 	p.checkHops(t)
 	var after1, after2 map[string]float64
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(20 * time.Second)
 	for {
 		after1, after2 = h1.metrics(t), h2.metrics(t)
 		var ports, frames float64

@@ -94,7 +94,6 @@ func TestFragmentReassembly(t *testing.T) {
 	if !bytes.Equal(got[:n], payload) {
 		t.Fatalf("reassembled datagram differs: %d bytes, want %d", n, len(payload))
 	}
-	time.Sleep(200 * time.Millisecond)
 	stop()
 
 	out := tshark(t, "-r", pcap, "-o", "ip.defragment:FALSE", "-o", "ip.check_checksum:TRUE", "-T", "fields", "-E", "separator=|",

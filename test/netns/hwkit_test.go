@@ -113,6 +113,10 @@ func kitTable(t *testing.T, out string) []kitRow {
 // kitLegs are the legs the kit runs per backend and partition.
 var kitLegs = []string{"ping4", "ping6", "arp", "nd", "tcp A1>B1", "tcp B1>A1", "mcast4", "mcast6"}
 
+// routedLegs are the routed leg's rows, once per backend in partition
+// 0xffff: guest A1 and an address X that host B routes for.
+var routedLegs = []string{"routed ping4 A1>X|sim|0xffff", "routed ping6 A1>X|sim|0xffff", "routed tcp A1>X|sim|0xffff", "routed tcp X>A1|sim|0xffff"}
+
 // checkKit asserts what the kit's run printed: exit 0; a summary of 0
 // failed with as many passed as the table has PASS rows; every leg in
 // the table as PASS for backend sim on each of the partitions, and the
@@ -203,11 +207,12 @@ var smRecovery = regexp.MustCompile(`^ping A1>B1 back after (\d+\.\d) s, then 3/
 // port reset on hardware does not cut guests' multicast for the query
 // interval. checkKit asserts the run:
 // every leg this machine can run (ping, ping -6, ARP, ND, TCP both ways,
-// IPv4 and IPv6 multicast) PASS, and the SM leg and the multicast after
-// it; the second partition, the kernel and verbs backends and the
-// kernel backend legs (long-name, child-mem) "not run" with their
-// reason; 0 failed; nothing left behind. The SM leg's recovery is at
-// least the 2 s the port was down: the leg measured the
+// IPv4 and IPv6 multicast) PASS, the routed leg (ping, ping -6 and TCP
+// both ways between guest A1 and an address host B routes for), and the
+// SM leg and the multicast after it; the second partition, the kernel
+// and verbs backends and the kernel backend legs (long-name, child-mem)
+// "not run" with their reason; 0 failed; nothing left behind. The SM
+// leg's recovery is at least the 2 s the port was down: the leg measured the
 // outage, from the trigger on.
 func TestHWKit(t *testing.T) {
 	require(t, kitTools...)
@@ -217,7 +222,7 @@ func TestHWKit(t *testing.T) {
 	args = append(append(args, kitArgs...), "--eipoibd", daemonBin, "--partitions", "1", "--work", work,
 		"--sm-restart", "kill -USR1 "+pid+" && (sleep 2; kill -USR1 "+pid+") >/dev/null 2>&1 &")
 	out, code := runKit(t, 90*time.Second, args...)
-	got := checkKit(t, out, code, work, hosts, []string{"0xffff"}, []string{"sm-reregister|sim|0xffff", "mcast4 after SM|sim|0xffff"},
+	got := checkKit(t, out, code, work, hosts, []string{"0xffff"}, append([]string{"sm-reregister|sim|0xffff", "mcast4 after SM|sim|0xffff"}, routedLegs...),
 		map[string]string{
 			"all checks|all|0x8001":   "(--partitions 1)",
 			"all checks|kernel|all":   "(--fabric sim",
@@ -253,7 +258,7 @@ func TestHWKitOVS(t *testing.T) {
 		"--eipoibd-args", "--offload=false",
 		"--pkey2", "0x8001", "--vlan2", "100", "--work", work)
 	out, code := runKit(t, 90*time.Second, args...)
-	checkKit(t, out, code, work, hosts, []string{"0xffff", "0x8001"}, nil, map[string]string{
+	checkKit(t, out, code, work, hosts, []string{"0xffff", "0x8001"}, routedLegs, map[string]string{
 		"sm-reregister|sim|0xffff": "(--no-sm)",
 		"all checks|kernel|all":    "(--fabric sim",
 		"all checks|verbs|all":     "(--fabric sim",

@@ -93,7 +93,7 @@ func (s *fdStore) held(name string) []*os.File {
 // waitHeld waits until n files are stored under name.
 func (s *fdStore) waitHeld(t *testing.T, name string, n int) []*os.File {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(20 * time.Second)
 	for {
 		f := s.held(name)
 		if len(f) == n {
@@ -155,7 +155,7 @@ func (h *hypervisor) link(t *testing.T) link {
 func savedGuests(t *testing.T, h *hypervisor, want map[string][]string) []state.Guest {
 	t.Helper()
 	path := filepath.Join(h.ctlDir(), "eib0.state")
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(20 * time.Second)
 	for {
 		st, err := state.Load(path)
 		ok := err == nil

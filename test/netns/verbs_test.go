@@ -389,7 +389,7 @@ func (r *receiver) received(sent int) error {
 // MGID (the receiver's report crossed the shim).
 func waitJoinedAny(t *testing.T, h *hypervisor, group string) {
 	t.Helper()
-	waitJoined(t, h, groupMGID(group), true, 5*time.Second)
+	waitJoined(t, h, groupMGID(group), true, 20*time.Second)
 }
 
 // vmWaitJoined waits up to 5 s for the VM's daemon to be a full member

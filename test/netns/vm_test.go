@@ -22,7 +22,7 @@ import (
 // The VM tests boot Debian's kernel under QEMU (TCG: no KVM needed) with
 // the host's root read-only over virtio-9p, so that the guest runs the
 // host's own binaries, and soft-RoCE (rxe0) on its virtio-net eth0, whose
-// TAP is in a bridge of the test's: see test/vm/ and DESIGN.md, "Testing
+// TAP is in a bridge of the test's: see test/vm/ and docs/architecture.md, "Testing
 // against a real RDMA stack".
 
 // vmTools are what a VM needs on the host beyond ip (the guest runs
@@ -262,10 +262,14 @@ func (v *vmHost) run(t *testing.T, script string, timeout time.Duration) (out st
 	return p.wait(time.Until(deadline))
 }
 
-// must is run with a 30 s timeout that fails the test on any error.
+// must is run with a 2-minute timeout that fails the test on any error.
+// The guest is emulated (TCG): on a machine whose cores are busy
+// (make test-load) its commands run several times slower, and setting up
+// the VLAN test's namespaces or starting a libvirt domain in it took
+// more than the 30 s this was.
 func (v *vmHost) must(t *testing.T, script string) string {
 	t.Helper()
-	out, err := v.run(t, script, 30*time.Second)
+	out, err := v.run(t, script, 2*time.Minute)
 	if err != nil {
 		t.Fatalf("in the VM: %s: %v\n%s", script, err, out)
 	}

@@ -34,7 +34,23 @@ type Value struct {
 	Kind  Kind
 	// Help is one line saying what is counted.
 	Help string
+	// End is the flow of frames this value is an outcome of, if any.
+	End End
 }
+
+// End marks a value as one of the outcomes that together account for a
+// flow of frames: each frame of the flow ends in exactly one of them.
+type End uint8
+
+// The flows.
+const (
+	// NoEnd: the value is no outcome of a flow.
+	NoEnd End = iota
+	// TxEnd: an outcome of a frame read from the TAP (tx_frames).
+	TxEnd
+	// RxEnd: an outcome of a packet read from the port (rx_packets).
+	RxEnd
+)
 
 // Family declares the snapshot names Prefix+<value> as one metric,
 // Name, whose last label takes <value>: drop_runt is drops{reason="runt"}

@@ -1,8 +1,8 @@
 package shim
 
-// Tests of the findings of the review of the control plane (issue 22
-// follow-up): each drives the interleaving it is about through hooks in
-// the port, not sleeps.
+// Tests of how the control plane interleaves with the TX workers: each
+// drives the interleaving it is about through hooks in the port, not
+// sleeps.
 
 import (
 	"errors"
@@ -14,6 +14,7 @@ import (
 
 	"github.com/eipoib/eipoibd/ether"
 	"github.com/eipoib/eipoibd/internal/state"
+	"github.com/eipoib/eipoibd/internal/testutil"
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/ipoib/memfabric"
 	"github.com/eipoib/eipoibd/mactrans"
@@ -98,15 +99,15 @@ func TestGroupHeldFramesBeforeVisible(t *testing.T) {
 // or at the shutdown), none left held and uncounted.
 func TestShutdownWhileVIFMade(t *testing.T) {
 	a, _, bp, _, _ := slowPair(t, time.Minute)
-	unknown := mactrans.DeriveREMAC(gidOf("fe80::c"), 0x77, 0)
+	unknown := mactrans.DeriveREMAC(testutil.GID("fe80::c"), 0x77, 0)
 	bp.slow.Store(true)
 	const held = 5
 	for i := range held {
 		a.dev.Inject(udpFrom(t, macA2, unknown, ipA2, i))
 	}
-	waitFor(t, "A2's QP being allocated", func() bool { return bp.entered.Load() == 1 && a.s.Get(TxQueuedNewVIF) >= held })
+	testutil.WaitFor(t, "A2's QP being allocated", func() bool { return bp.entered.Load() == 1 && a.s.Get(TxQueuedNewVIF) >= held })
 	a.stop()
-	waitFor(t, "stopPort queued", func() bool {
+	testutil.WaitFor(t, "stopPort queued", func() bool {
 		a.s.ctl.mu.Lock()
 		defer a.s.ctl.mu.Unlock()
 		return slices.ContainsFunc(a.s.ctl.q, func(it intent) bool { return it.kind == intentCall })
@@ -216,29 +217,11 @@ func TestMACFloodTakesNoLock(t *testing.T) {
 	}
 }
 
-// TestHeldFramesOneWrite: a new guest's held frames go to the port in one
-// write once its VIF is made, not one write each.
-func TestHeldFramesOneWrite(t *testing.T) {
-	s, hp, f := hookShim(t)
-	remac := knownRemote(t, s, f)
-	b := newTxBatch(1)
-	const held = 4
-	for i := range held {
-		txOnly(s, b, udpFrom(t, macA1, remac, ipA1, i))
-	}
-	var writes []int
-	hp.onWrite = func(meta []ipoib.TxMeta) { writes = append(writes, len(meta)) }
-	s.runIntents(nil) // the VIF made, its held frames sent
-	if !slices.Equal(writes, []int{held}) || s.Get(TxForwarded) != held {
-		t.Fatalf("writes of %v packets, counters %v; want one write of %d", writes, s.Counters(), held)
-	}
-}
-
 // knownRemote makes a remote endpoint on f known to s and returns its
 // REMAC.
 func knownRemote(t *testing.T, s *Shim, f memFabric) ether.MAC {
 	t.Helper()
-	far, err := f.NewPort(gidOf("fe80::b"))
+	far, err := f.NewPort(testutil.GID("fe80::b"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/eipoib/eipoibd/internal/nstest"
+	"github.com/eipoib/eipoibd/internal/testutil"
 	"github.com/eipoib/eipoibd/ipoib"
 	kf "github.com/eipoib/eipoibd/ipoib/kernelfabric"
 	"github.com/eipoib/eipoibd/ipoib/kernelfabric/fakekernel"
@@ -85,7 +86,7 @@ func each(t *testing.T, f func(t *testing.T, w *witness)) {
 
 func fakeWitness(t *testing.T) *witness {
 	f := fakekernel.NewFabric()
-	ka, kb := f.NewHost(gid("fe80::a"), "ib0", 2044), f.NewHost(gid("fe80::b"), "ib0", 2044)
+	ka, kb := f.NewHost(testutil.GID("fe80::a"), "ib0", 2044), f.NewHost(testutil.GID("fe80::b"), "ib0", 2044)
 	ka.TSOOn = true
 	if err := ka.AddChild(kf.ChildSpec{Name: "ib0.down", Parent: 1, PKey: 0xffff}); err != nil {
 		t.Fatal(err)

@@ -1,0 +1,456 @@
+package fastpath
+
+import (
+	"errors"
+	"fmt"
+	"net"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+
+	"github.com/eipoib/eipoibd/ipoib"
+)
+
+// Reason is the index of one TX verdict in the counters map: Redirected,
+// or the reason a frame was left to eipoibd (or, for DropRewrite, dropped).
+type Reason uint32
+
+// The TX program's verdicts.
+const (
+	// Redirected: rewritten to IPoIB framing and redirected to the child.
+	Redirected Reason = iota
+	// FallbackMalformed: shorter than its headers, an IP header whose
+	// version or IHL is wrong, or an skb whose protocol is not the
+	// frame's EtherType.
+	FallbackMalformed
+	// FallbackVLAN: 802.1Q/802.1ad tagged, in the frame or in the skb.
+	FallbackVLAN
+	// FallbackARP: ARP, which eipoibd translates.
+	FallbackARP
+	// FallbackNotIP: any other EtherType.
+	FallbackNotIP
+	// FallbackMulticast: group destination MAC (multicast or broadcast).
+	FallbackMulticast
+	// FallbackFragment: an IPv4 fragment (MF set or a fragment offset).
+	FallbackFragment
+	// FallbackIPv6Ext: IPv6 with a hop-by-hop, routing, fragment or
+	// destination options header, which the program does not walk.
+	FallbackIPv6Ext
+	// FallbackDHCP: UDP from or to port 67 or 68, which eipoibd rewrites.
+	FallbackDHCP
+	// FallbackDHCPv6: UDP from or to port 546 or 547.
+	FallbackDHCPv6
+	// FallbackND: ICMPv6 types 133-137 (router/neighbour discovery,
+	// redirect), which eipoibd translates.
+	FallbackND
+	// FallbackUnknownGuest: the source MAC is not in the guests map.
+	FallbackUnknownGuest
+	// FallbackUnknownREMAC: the destination MAC is not in the REMAC map.
+	FallbackUnknownREMAC
+	// FallbackTooBig: the L3 packet (or, for a GSO skb, one segment) is
+	// larger than the child's MTU, or a GSO skb is neither TCP nor UDP.
+	FallbackTooBig
+	// FallbackHeadroom: bpf_skb_change_head failed; the frame is unchanged.
+	FallbackHeadroom
+	// DropRewrite: the header write failed after change_head had grown
+	// the frame; it is neither Ethernet nor IPoIB any more, so it is
+	// dropped (TC_ACT_SHOT).
+	DropRewrite
+
+	// NumReasons is the number of counters.
+	NumReasons
+)
+
+var reasonNames = [NumReasons]string{
+	"redirected", "malformed", "vlan", "arp", "not_ip", "multicast",
+	"fragment", "ipv6_ext", "dhcp", "dhcpv6", "nd", "unknown_guest",
+	"unknown_remac", "too_big", "headroom", "drop_rewrite",
+}
+
+// String names the reason as a metric label.
+func (r Reason) String() string {
+	if r < NumReasons {
+		return reasonNames[r]
+	}
+	return fmt.Sprintf("reason(%d)", uint32(r))
+}
+
+// Map bounds. A host runs at most a few hundred guests; REMACs are one
+// per remote endpoint that a guest talks to.
+const (
+	MaxGuests = 4096
+	MaxREMACs = 65536
+)
+
+// Guest is the guests-map value for one guest MAC: the IPoIB child that
+// carries the guest's traffic and that child's MTU.
+type Guest struct {
+	Ifindex uint32
+	MTU     uint32
+}
+
+// TC verdicts (include/uapi/linux/pkt_cls.h). TC_ACT_OK is TCX_PASS under
+// tcx (tcx_run), ending the chain for this frame as the daemon path wants.
+const (
+	tcActOK   = 0
+	tcActShot = 2
+)
+
+// Frame layout constants.
+const (
+	ethHdrLen   = 14
+	ipoibHdrLen = ipoib.HwAddrLen + 4 // pseudo header + IPoIB header
+	headGrow    = ipoibHdrLen - ethHdrLen
+)
+
+// Stack slots of the program (offsets from R10, the frame pointer).
+const (
+	stEth          = -16  // 14 bytes: dst MAC, src MAC, EtherType
+	stL3           = -56  // 40 bytes: the IPv4 (first 20) or IPv6 header
+	stL4           = -72  // 16 bytes: ports, ICMPv6 type, TCP header to doff
+	stOut          = -96  // 24 bytes: the IPoIB link header being built
+	stKey          = -100 // 4 bytes: a map index
+	ctxLen         = 0    // offsets into struct __sk_buff (include/uapi/linux/bpf.h)
+	ctxProtocol    = 16
+	ctxVLANPresent = 20
+	ctxGSOSize     = 176
+)
+
+// TX is the loaded TX program and its maps. Close releases them.
+type TX struct {
+	// Program is the tc (SchedCLS) program for the TAP's egress.
+	Program *ebpf.Program
+	// Guests maps a guest MAC (6 bytes) to its Guest.
+	Guests *ebpf.Map
+	// REMACs maps a REMAC (6 bytes) to its 20-byte IPoIB address.
+	REMACs *ebpf.Map
+	// Counters is a per-CPU array of uint64, indexed by Reason.
+	Counters *ebpf.Map
+	// LastRedirect is a per-CPU array of one uint32: the child ifindex of
+	// the last frame this CPU redirected (BPF_PROG_TEST_RUN reports the
+	// verdict but not the target).
+	LastRedirect *ebpf.Map
+}
+
+// LoadTX creates the maps and loads the TX program. It needs
+// CAP_BPF and CAP_NET_ADMIN (root).
+func LoadTX() (*TX, error) {
+	t := &TX{}
+	var err error
+	mk := func(name string, typ ebpf.MapType, key, val, n uint32) *ebpf.Map {
+		if err != nil {
+			return nil
+		}
+		var m *ebpf.Map
+		m, err = ebpf.NewMap(&ebpf.MapSpec{Name: name, Type: typ, KeySize: key, ValueSize: val, MaxEntries: n})
+		if err != nil {
+			err = fmt.Errorf("fastpath: map %s: %w", name, err)
+		}
+		return m
+	}
+	t.Guests = mk("eipoib_guests", ebpf.Hash, 6, 8, MaxGuests)
+	t.REMACs = mk("eipoib_remacs", ebpf.Hash, 6, ipoib.HwAddrLen, MaxREMACs)
+	t.Counters = mk("eipoib_tx_cnt", ebpf.PerCPUArray, 4, 8, uint32(NumReasons))
+	t.LastRedirect = mk("eipoib_tx_last", ebpf.PerCPUArray, 4, 4, 1)
+	if err != nil {
+		t.Close()
+		return nil, err
+	}
+	t.Program, err = ebpf.NewProgram(&ebpf.ProgramSpec{
+		Name:         "eipoib_tx",
+		Type:         ebpf.SchedCLS,
+		License:      "Apache-2.0",
+		Instructions: txInstructions(t.Guests.FD(), t.REMACs.FD(), t.Counters.FD(), t.LastRedirect.FD()),
+	})
+	if err != nil {
+		t.Close()
+		return nil, fmt.Errorf("fastpath: load TX program: %w", err)
+	}
+	return t, nil
+}
+
+// Close releases the program and the maps.
+func (t *TX) Close() error {
+	var errs []error
+	if t.Program != nil {
+		errs = append(errs, t.Program.Close())
+	}
+	for _, m := range []*ebpf.Map{t.Guests, t.REMACs, t.Counters, t.LastRedirect} {
+		if m != nil {
+			errs = append(errs, m.Close())
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// PutGuest adds or replaces a guest MAC's entry.
+func (t *TX) PutGuest(mac net.HardwareAddr, g Guest) error {
+	k, err := macKey(mac)
+	if err != nil {
+		return err
+	}
+	return t.Guests.Put(k, g)
+}
+
+// PutREMAC adds or replaces a REMAC's 20-byte destination address.
+func (t *TX) PutREMAC(mac net.HardwareAddr, addr ipoib.HwAddr) error {
+	k, err := macKey(mac)
+	if err != nil {
+		return err
+	}
+	return t.REMACs.Put(k, addr)
+}
+
+// Counts sums the per-CPU counters.
+func (t *TX) Counts() ([NumReasons]uint64, error) {
+	var sum [NumReasons]uint64
+	for r := range NumReasons {
+		var per []uint64
+		if err := t.Counters.Lookup(uint32(r), &per); err != nil {
+			return sum, fmt.Errorf("fastpath: counter %s: %w", r, err)
+		}
+		for _, v := range per {
+			sum[r] += v
+		}
+	}
+	return sum, nil
+}
+
+func macKey(mac net.HardwareAddr) ([6]byte, error) {
+	var k [6]byte
+	if len(mac) != len(k) {
+		return k, fmt.Errorf("fastpath: %q is not a 6-byte MAC", mac)
+	}
+	copy(k[:], mac)
+	return k, nil
+}
+
+// txInstructions is the TX program. Registers: R6 the skb, R7 the L3
+// header length (then the child ifindex), R8 the L4 protocol (then the
+// return value), R9 the guest entry (then the reason). Headers are copied
+// to the stack with bpf_skb_load_bytes, so non-linear skbs are handled
+// the same as linear ones.
+func txInstructions(guests, remacs, counters, last int) asm.Instructions {
+	// loadBytes copies n bytes at off (plus R7, the L3 header length,
+	// when afterL3) to the stack slot; a frame too short is malformed.
+	loadBytes := func(sym string, off int32, afterL3 bool, slot int16, n int32) asm.Instructions {
+		ins := asm.Instructions{asm.Mov.Reg(asm.R1, asm.R6)}
+		if sym != "" {
+			ins[0] = ins[0].WithSymbol(sym)
+		}
+		if afterL3 {
+			ins = append(ins, asm.Mov.Reg(asm.R2, asm.R7), asm.Add.Imm(asm.R2, off))
+		} else {
+			ins = append(ins, asm.Mov.Imm(asm.R2, off))
+		}
+		return append(ins,
+			asm.Mov.Reg(asm.R3, asm.RFP),
+			asm.Add.Imm(asm.R3, int32(slot)),
+			asm.Mov.Imm(asm.R4, n),
+			asm.FnSkbLoadBytes.Call(),
+			asm.JNE.Imm(asm.R0, 0, "fb_malformed"),
+		)
+	}
+	var p asm.Instructions
+	add := func(ins ...asm.Instruction) { p = append(p, ins...) }
+	addAll := func(ins asm.Instructions) { p = append(p, ins...) }
+
+	add(
+		asm.Mov.Reg(asm.R6, asm.R1),
+		// A tag the stack put in the skb rather than in the frame.
+		asm.LoadMem(asm.R1, asm.R6, ctxVLANPresent, asm.Word),
+		asm.JNE.Imm(asm.R1, 0, "fb_vlan"),
+	)
+	addAll(loadBytes("", 0, false, stEth, ethHdrLen))
+	add(
+		asm.LoadMem(asm.R7, asm.RFP, stEth+12, asm.Half),
+		asm.HostTo(asm.BE, asm.R7, asm.Half),
+		asm.JEq.Imm(asm.R7, 0x8100, "fb_vlan"),
+		asm.JEq.Imm(asm.R7, 0x88a8, "fb_vlan"),
+		asm.JEq.Imm(asm.R7, 0x0806, "fb_arp"),
+		// The I/G bit: multicast and broadcast.
+		asm.LoadMem(asm.R1, asm.RFP, stEth, asm.Byte),
+		asm.And.Imm(asm.R1, 1),
+		asm.JNE.Imm(asm.R1, 0, "fb_multicast"),
+		// skb->protocol must agree with the EtherType: GSO
+		// (skb_mac_gso_segment) and the child's offloads go by the
+		// former, ipoib_start_xmit by the IPoIB header built from the
+		// latter. Both are in network order, so no swap.
+		asm.LoadMem(asm.R1, asm.R6, ctxProtocol, asm.Word),
+		asm.LoadMem(asm.R2, asm.RFP, stEth+12, asm.Half),
+		asm.JNE.Reg(asm.R1, asm.R2, "fb_malformed"),
+		asm.JEq.Imm(asm.R7, 0x86dd, "ipv6"),
+		asm.JNE.Imm(asm.R7, 0x0800, "fb_not_ip"),
+	)
+
+	// IPv4.
+	addAll(loadBytes("", ethHdrLen, false, stL3, 20))
+	add(
+		asm.LoadMem(asm.R1, asm.RFP, stL3, asm.Byte),
+		asm.Mov.Reg(asm.R2, asm.R1),
+		asm.RSh.Imm(asm.R2, 4),
+		asm.JNE.Imm(asm.R2, 4, "fb_malformed"),
+		asm.And.Imm(asm.R1, 0xf),
+		asm.JLT.Imm(asm.R1, 5, "fb_malformed"),
+		asm.LSh.Imm(asm.R1, 2),
+		asm.Mov.Reg(asm.R7, asm.R1),
+		// Flags and fragment offset, read little-endian: MF is 0x20 of
+		// the first byte, the offset its low 5 bits and the second byte.
+		asm.LoadMem(asm.R1, asm.RFP, stL3+6, asm.Half),
+		asm.And.Imm(asm.R1, 0xff3f),
+		asm.JNE.Imm(asm.R1, 0, "fb_fragment"),
+		asm.LoadMem(asm.R8, asm.RFP, stL3+9, asm.Byte),
+		asm.JNE.Imm(asm.R8, 17, "l4done"),
+	)
+	addAll(loadBytes("", ethHdrLen, true, stL4, 4))
+	addAll(ports(67, 68, "fb_dhcp"))
+	add(asm.Ja.Label("l4done"))
+
+	// IPv6.
+	addAll(loadBytes("ipv6", ethHdrLen, false, stL3, 40))
+	add(
+		asm.LoadMem(asm.R1, asm.RFP, stL3, asm.Byte),
+		asm.RSh.Imm(asm.R1, 4),
+		asm.JNE.Imm(asm.R1, 6, "fb_malformed"),
+		asm.Mov.Imm(asm.R7, 40),
+		asm.LoadMem(asm.R8, asm.RFP, stL3+6, asm.Byte),
+		asm.JEq.Imm(asm.R8, 0, "fb_ipv6_ext"),
+		asm.JEq.Imm(asm.R8, 43, "fb_ipv6_ext"),
+		asm.JEq.Imm(asm.R8, 44, "fb_ipv6_ext"),
+		asm.JEq.Imm(asm.R8, 60, "fb_ipv6_ext"),
+		asm.JEq.Imm(asm.R8, 17, "v6udp"),
+		asm.JNE.Imm(asm.R8, 58, "l4done"),
+	)
+	addAll(loadBytes("", ethHdrLen+40, false, stL4, 1))
+	add(
+		asm.LoadMem(asm.R1, asm.RFP, stL4, asm.Byte),
+		asm.JLT.Imm(asm.R1, 133, "l4done"),
+		asm.JGT.Imm(asm.R1, 137, "l4done"),
+		asm.Ja.Label("fb_nd"),
+	)
+	addAll(loadBytes("v6udp", ethHdrLen+40, false, stL4, 4))
+	addAll(ports(546, 547, "fb_dhcpv6"))
+
+	// Both families: R7 = L3 header length, R8 = L4 protocol.
+	add(
+		asm.LoadMapPtr(asm.R1, guests).WithSymbol("l4done"),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, stEth+6),
+		asm.FnMapLookupElem.Call(),
+		asm.JEq.Imm(asm.R0, 0, "fb_unknown_guest"),
+		asm.Mov.Reg(asm.R9, asm.R0),
+		asm.LoadMapPtr(asm.R1, remacs),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, stEth),
+		asm.FnMapLookupElem.Call(),
+		asm.JEq.Imm(asm.R0, 0, "fb_unknown_remac"),
+		// The link header: 20-byte address, EtherType (already in
+		// network order on the stack), 2 reserved zero bytes.
+		asm.LoadMem(asm.R1, asm.R0, 0, asm.DWord),
+		asm.StoreMem(asm.RFP, stOut, asm.R1, asm.DWord),
+		asm.LoadMem(asm.R1, asm.R0, 8, asm.DWord),
+		asm.StoreMem(asm.RFP, stOut+8, asm.R1, asm.DWord),
+		asm.LoadMem(asm.R1, asm.R0, 16, asm.Word),
+		asm.StoreMem(asm.RFP, stOut+16, asm.R1, asm.Word),
+		asm.LoadMem(asm.R1, asm.RFP, stEth+12, asm.Half),
+		asm.StoreMem(asm.RFP, stOut+20, asm.R1, asm.Half),
+		asm.StoreImm(asm.RFP, stOut+22, 0, asm.Half),
+
+		// MTU: the L3 packet, or for GSO one segment (L3 header + L4
+		// header + gso_size; skb_gso_validate_network_len's measure).
+		asm.LoadMem(asm.R2, asm.R6, ctxGSOSize, asm.Word),
+		asm.JNE.Imm(asm.R2, 0, "gso"),
+		asm.LoadMem(asm.R3, asm.R6, ctxLen, asm.Word),
+		asm.Sub.Imm(asm.R3, ethHdrLen),
+		asm.LoadMem(asm.R1, asm.R9, 4, asm.Word),
+		asm.JGT.Reg(asm.R3, asm.R1, "fb_too_big"),
+		asm.Ja.Label("push"),
+		asm.Mov.Imm(asm.R3, 8).WithSymbol("gso"),
+		asm.JEq.Imm(asm.R8, 17, "gsosum"),
+		asm.JNE.Imm(asm.R8, 6, "fb_too_big"),
+	)
+	addAll(loadBytes("", ethHdrLen, true, stL4, 13))
+	add(
+		asm.LoadMem(asm.R3, asm.RFP, stL4+12, asm.Byte),
+		asm.RSh.Imm(asm.R3, 4),
+		asm.LSh.Imm(asm.R3, 2),
+		asm.Add.Reg(asm.R3, asm.R7).WithSymbol("gsosum"),
+		asm.LoadMem(asm.R2, asm.R6, ctxGSOSize, asm.Word),
+		asm.Add.Reg(asm.R3, asm.R2),
+		asm.LoadMem(asm.R1, asm.R9, 4, asm.Word),
+		asm.JGT.Reg(asm.R3, asm.R1, "fb_too_big"),
+
+		// Grow the head by 10 bytes: __bpf_skb_change_head keeps the
+		// network header, csum_start and gso_size, and resets the MAC
+		// header to the new start.
+		asm.LoadMem(asm.R7, asm.R9, 0, asm.Word).WithSymbol("push"),
+		asm.Mov.Reg(asm.R1, asm.R6),
+		asm.Mov.Imm(asm.R2, headGrow),
+		asm.Mov.Imm(asm.R3, 0),
+		asm.FnSkbChangeHead.Call(),
+		asm.JNE.Imm(asm.R0, 0, "fb_headroom"),
+		asm.Mov.Reg(asm.R1, asm.R6),
+		asm.Mov.Imm(asm.R2, 0),
+		asm.Mov.Reg(asm.R3, asm.RFP),
+		asm.Add.Imm(asm.R3, stOut),
+		asm.Mov.Imm(asm.R4, ipoibHdrLen),
+		asm.Mov.Imm(asm.R5, 0),
+		asm.FnSkbStoreBytes.Call(),
+		asm.JNE.Imm(asm.R0, 0, "drop_rewrite"),
+
+		asm.StoreImm(asm.RFP, stKey, 0, asm.Word),
+		asm.LoadMapPtr(asm.R1, last),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, stKey),
+		asm.FnMapLookupElem.Call(),
+		asm.JEq.Imm(asm.R0, 0, "redirect"),
+		asm.StoreMem(asm.R0, 0, asm.R7, asm.Word),
+		// __bpf_redirect: ARPHRD_INFINIBAND is a MAC-header device, so
+		// the 24-byte link header reaches ipoib_start_xmit as skb->data.
+		asm.Mov.Reg(asm.R1, asm.R7).WithSymbol("redirect"),
+		asm.Mov.Imm(asm.R2, 0),
+		asm.FnRedirect.Call(),
+		asm.Mov.Reg(asm.R8, asm.R0),
+		asm.Mov.Imm(asm.R9, int32(Redirected)),
+		asm.Ja.Label("count"),
+
+		asm.Mov.Imm(asm.R8, tcActShot).WithSymbol("drop_rewrite"),
+		asm.Mov.Imm(asm.R9, int32(DropRewrite)),
+		asm.Ja.Label("count"),
+	)
+	for r := FallbackMalformed; r <= FallbackHeadroom; r++ {
+		add(
+			asm.Mov.Imm(asm.R8, tcActOK).WithSymbol("fb_"+r.String()),
+			asm.Mov.Imm(asm.R9, int32(r)),
+			asm.Ja.Label("count"),
+		)
+	}
+	add(
+		asm.StoreMem(asm.RFP, stKey, asm.R9, asm.Word).WithSymbol("count"),
+		asm.LoadMapPtr(asm.R1, counters),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, stKey),
+		asm.FnMapLookupElem.Call(),
+		asm.JEq.Imm(asm.R0, 0, "exit"),
+		asm.Mov.Imm(asm.R1, 1),
+		asm.StoreXAdd(asm.R0, asm.R1, asm.DWord),
+		asm.Mov.Reg(asm.R0, asm.R8).WithSymbol("exit"),
+		asm.Return(),
+	)
+	return p
+}
+
+// ports jumps to label when the UDP source or destination port at stL4
+// is a or b.
+func ports(a, b int32, label string) asm.Instructions {
+	var ins asm.Instructions
+	for _, off := range []int16{stL4, stL4 + 2} {
+		ins = append(ins,
+			asm.LoadMem(asm.R1, asm.RFP, off, asm.Half),
+			asm.HostTo(asm.BE, asm.R1, asm.Half),
+			asm.JEq.Imm(asm.R1, a, label),
+			asm.JEq.Imm(asm.R1, b, label),
+		)
+	}
+	return ins
+}

@@ -1,0 +1,258 @@
+package fastpath
+
+import (
+	"bytes"
+	"encoding/binary"
+	"net"
+	"testing"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/eipoib/eipoibd/internal/nstest"
+	"github.com/eipoib/eipoibd/ipoib"
+)
+
+var (
+	guestMAC = net.HardwareAddr{0x52, 0x54, 0x00, 0x12, 0x34, 0x56}
+	remac    = net.HardwareAddr{0x02, 0x00, 0x00, 0xab, 0xcd, 0xef}
+	strayMAC = net.HardwareAddr{0x52, 0x54, 0x00, 0x99, 0x99, 0x99}
+	remoteIB = ipoib.HwAddr{0x00, 0x00, 0x12, 0x34, 0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0x02, 0x11, 0x22, 0xff, 0xfe, 0x33, 0x44, 0x55}
+)
+
+const (
+	childIfindex = 4242
+	childMTU     = 2044
+	tcActRedir   = 7 // TC_ACT_REDIRECT
+)
+
+// loadTX loads the program with one guest and one REMAC, or fails (never
+// skips) under EIPOIB_REQUIRE_NETNS=1 without root.
+func loadTX(t testing.TB) *TX {
+	t.Helper()
+	nstest.Require(t)
+	tx, err := LoadTX()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tx.Close() })
+	if err := tx.PutGuest(guestMAC, Guest{Ifindex: childIfindex, MTU: childMTU}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.PutREMAC(remac, remoteIB); err != nil {
+		t.Fatal(err)
+	}
+	return tx
+}
+
+func eth(dst, src net.HardwareAddr, typ uint16, payload []byte) []byte {
+	f := append(append(append([]byte{}, dst...), src...), byte(typ>>8), byte(typ))
+	return append(f, payload...)
+}
+
+// ipv4 is a 20-byte IPv4 header (no checksum: the program never reads
+// it) with the given fragment field and protocol, then payload.
+func ipv4(frag uint16, proto byte, payload []byte) []byte {
+	h := make([]byte, 20, 20+len(payload))
+	h[0] = 0x45
+	binary.BigEndian.PutUint16(h[2:], uint16(20+len(payload)))
+	binary.BigEndian.PutUint16(h[6:], frag)
+	h[8], h[9] = 64, proto
+	copy(h[12:], []byte{10, 0, 0, 1, 10, 0, 0, 2})
+	return append(h, payload...)
+}
+
+func ipv6(next byte, payload []byte) []byte {
+	h := make([]byte, 40, 40+len(payload))
+	h[0] = 0x60
+	binary.BigEndian.PutUint16(h[4:], uint16(len(payload)))
+	h[6], h[7] = next, 64
+	h[8], h[23] = 0xfd, 1
+	h[24], h[39] = 0xfd, 2
+	return append(h, payload...)
+}
+
+func udp(sport, dport uint16, n int) []byte {
+	u := make([]byte, 8+n)
+	binary.BigEndian.PutUint16(u[0:], sport)
+	binary.BigEndian.PutUint16(u[2:], dport)
+	binary.BigEndian.PutUint16(u[4:], uint16(8+n))
+	return u
+}
+
+// tcp is a TCP segment whose header carries 12 bytes of options
+// (doff 8, 32 bytes) and n payload bytes.
+func tcp(n int) []byte {
+	s := make([]byte, 32+n)
+	binary.BigEndian.PutUint16(s[0:], 40000)
+	binary.BigEndian.PutUint16(s[2:], 5201)
+	s[12] = 8 << 4
+	for i := 32; i < len(s); i++ {
+		s[i] = byte(i)
+	}
+	return s
+}
+
+func icmpv6(typ byte) []byte { return []byte{typ, 0, 0, 0, 0, 0, 0, 0} }
+
+// skbCtx is a struct __sk_buff for BPF_PROG_TEST_RUN; convert___skb_to_skb
+// (net/bpf/test_run.c) copies gso_segs and gso_size into skb_shinfo.
+func skbCtx(gsoSize, gsoSegs uint32) []byte {
+	c := make([]byte, 192)
+	binary.NativeEndian.PutUint32(c[164:], gsoSegs)
+	binary.NativeEndian.PutUint32(c[176:], gsoSize)
+	return c
+}
+
+// ipoibFrame is what the program must emit for an Ethernet frame of the
+// given EtherType and L3 packet.
+func ipoibFrame(typ uint16, l3 []byte) []byte {
+	f := append(remoteIB[:], byte(typ>>8), byte(typ), 0, 0)
+	return append(f, l3...)
+}
+
+func TestTXVerdicts(t *testing.T) {
+	tx := loadTX(t)
+
+	dhcpDiscover := ipv4(0, 17, udp(68, 67, 300))
+	tcp4 := ipv4(0x4000, 6, tcp(100)) // DF set: not a fragment
+	tcp6 := ipv6(6, tcp(100))
+	fitsMTU := ipv4(0, 17, udp(40000, 5201, childMTU-28))
+	overMTU := ipv4(0, 17, udp(40000, 5201, childMTU-27))
+	// A TSO super-frame: 20 + 32 + 2900 bytes, segments of 1400.
+	super := ipv4(0x4000, 6, tcp(2900))
+	// gso_size whose segment is exactly the MTU, and one byte over.
+	gsoFits := childMTU - 20 - 32
+	v4vlan := append([]byte{0x00, 0x05, 0x08, 0x00}, tcp4...)
+
+	cases := []struct {
+		name   string
+		frame  []byte
+		ctx    []byte
+		reason Reason
+		want   []byte // output for Redirected; the input itself otherwise
+	}{
+		{name: "ipv4 tcp", frame: eth(remac, guestMAC, 0x0800, tcp4), reason: Redirected, want: ipoibFrame(0x0800, tcp4)},
+		{name: "ipv6 tcp", frame: eth(remac, guestMAC, 0x86dd, tcp6), reason: Redirected, want: ipoibFrame(0x86dd, tcp6)},
+		{name: "ipv6 icmp echo", frame: eth(remac, guestMAC, 0x86dd, ipv6(58, icmpv6(128))), reason: Redirected, want: ipoibFrame(0x86dd, ipv6(58, icmpv6(128)))},
+		{name: "ipv4 at mtu", frame: eth(remac, guestMAC, 0x0800, fitsMTU), reason: Redirected, want: ipoibFrame(0x0800, fitsMTU)},
+		{name: "ipv4 over mtu", frame: eth(remac, guestMAC, 0x0800, overMTU), reason: FallbackTooBig},
+		{name: "gso segment at mtu", frame: eth(remac, guestMAC, 0x0800, super), ctx: skbCtx(uint32(gsoFits), 2), reason: Redirected, want: ipoibFrame(0x0800, super)},
+		{name: "gso segment over mtu", frame: eth(remac, guestMAC, 0x0800, super), ctx: skbCtx(uint32(gsoFits+1), 2), reason: FallbackTooBig},
+		{name: "gso ipv6 tcp", frame: eth(remac, guestMAC, 0x86dd, ipv6(6, tcp(2900))), ctx: skbCtx(1400, 3), reason: Redirected, want: ipoibFrame(0x86dd, ipv6(6, tcp(2900)))},
+		{name: "gso neither tcp nor udp", frame: eth(remac, guestMAC, 0x0800, ipv4(0, 47, make([]byte, 2900))), ctx: skbCtx(1400, 3), reason: FallbackTooBig},
+		{name: "arp", frame: eth(remac, guestMAC, 0x0806, make([]byte, 28)), reason: FallbackARP},
+		{name: "arp broadcast", frame: eth(net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, guestMAC, 0x0806, make([]byte, 28)), reason: FallbackARP},
+		{name: "nd neighbour advertisement", frame: eth(remac, guestMAC, 0x86dd, ipv6(58, icmpv6(136))), reason: FallbackND},
+		{name: "nd router solicitation", frame: eth(remac, guestMAC, 0x86dd, ipv6(58, icmpv6(133))), reason: FallbackND},
+		{name: "nd redirect", frame: eth(remac, guestMAC, 0x86dd, ipv6(58, icmpv6(137))), reason: FallbackND},
+		{name: "dhcp unicast", frame: eth(remac, guestMAC, 0x0800, dhcpDiscover), reason: FallbackDHCP},
+		{name: "dhcp server reply", frame: eth(remac, guestMAC, 0x0800, ipv4(0, 17, udp(67, 68, 300))), reason: FallbackDHCP},
+		{name: "dhcpv6", frame: eth(remac, guestMAC, 0x86dd, ipv6(17, udp(546, 547, 40))), reason: FallbackDHCPv6},
+		{name: "vlan", frame: eth(remac, guestMAC, 0x8100, v4vlan), reason: FallbackVLAN},
+		{name: "qinq", frame: eth(remac, guestMAC, 0x88a8, v4vlan), reason: FallbackVLAN},
+		{name: "broadcast ipv4", frame: eth(net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, guestMAC, 0x0800, dhcpDiscover), reason: FallbackMulticast},
+		{name: "ipv6 multicast", frame: eth(net.HardwareAddr{0x33, 0x33, 0, 0, 0, 1}, guestMAC, 0x86dd, tcp6), reason: FallbackMulticast},
+		{name: "unknown guest", frame: eth(remac, strayMAC, 0x0800, tcp4), reason: FallbackUnknownGuest},
+		{name: "unknown remac", frame: eth(strayMAC, guestMAC, 0x0800, tcp4), reason: FallbackUnknownREMAC},
+		{name: "not ip", frame: eth(remac, guestMAC, 0x88cc, make([]byte, 46)), reason: FallbackNotIP},
+		{name: "ipv4 fragment offset", frame: eth(remac, guestMAC, 0x0800, ipv4(0x0010, 17, udp(5000, 5001, 8))), reason: FallbackFragment},
+		{name: "ipv4 more fragments", frame: eth(remac, guestMAC, 0x0800, ipv4(0x2000, 6, tcp(8))), reason: FallbackFragment},
+		{name: "ipv6 fragment header", frame: eth(remac, guestMAC, 0x86dd, ipv6(44, make([]byte, 16))), reason: FallbackIPv6Ext},
+		{name: "ipv6 hop-by-hop", frame: eth(remac, guestMAC, 0x86dd, ipv6(0, make([]byte, 16))), reason: FallbackIPv6Ext},
+		{name: "ipv4 bad ihl", frame: eth(remac, guestMAC, 0x0800, append([]byte{0x44}, make([]byte, 40)...)), reason: FallbackMalformed},
+		{name: "ipv6 says version 4", frame: eth(remac, guestMAC, 0x86dd, append([]byte{0x40}, make([]byte, 40)...)), reason: FallbackMalformed},
+		{name: "udp header missing", frame: eth(remac, guestMAC, 0x0800, ipv4(0, 17, []byte{0, 67})), reason: FallbackMalformed},
+		// bpf_prog_test_run_skb refuses an IP frame shorter than its IP
+		// header (EINVAL), so a truncated L4 header stands for it.
+		{name: "tcp header truncated under gso", frame: eth(remac, guestMAC, 0x0800, ipv4(0, 6, make([]byte, 12))), ctx: skbCtx(1400, 2), reason: FallbackMalformed},
+		{name: "ethernet header only", frame: eth(remac, guestMAC, 0x88cc, nil), reason: FallbackNotIP},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if err := tx.LastRedirect.Put(uint32(0), make([]uint32, ebpf.MustPossibleCPU())); err != nil {
+				t.Fatal(err)
+			}
+			before, err := tx.Counts()
+			if err != nil {
+				t.Fatal(err)
+			}
+			out := make([]byte, len(c.frame)+64)
+			opts := &ebpf.RunOptions{Data: c.frame, DataOut: out}
+			if c.ctx != nil {
+				opts.Context = c.ctx
+			}
+			ret, err := tx.Program.Run(opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			after, err := tx.Counts()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for r := range NumReasons {
+				want := before[r]
+				if r == c.reason {
+					want++
+				}
+				if after[r] != want {
+					t.Errorf("counter %s = %d, want %d", r, after[r], want)
+				}
+			}
+			var targets []uint32
+			if err := tx.LastRedirect.Lookup(uint32(0), &targets); err != nil {
+				t.Fatal(err)
+			}
+			var target uint32
+			for _, v := range targets {
+				target |= v
+			}
+			want, wantRet, wantTarget := c.frame, uint32(tcActOK), uint32(0)
+			if c.reason == Redirected {
+				want, wantRet, wantTarget = c.want, tcActRedir, childIfindex
+			}
+			if ret != wantRet {
+				t.Errorf("verdict %d, want %d", ret, wantRet)
+			}
+			if target != wantTarget {
+				t.Errorf("redirect target %d, want %d", target, wantTarget)
+			}
+			if !bytes.Equal(opts.DataOut, want) {
+				t.Errorf("output %d bytes, want %d:\n got %x\nwant %x", len(opts.DataOut), len(want), head(opts.DataOut), head(want))
+			}
+		})
+	}
+}
+
+func head(b []byte) []byte { return b[:min(len(b), 64)] }
+
+// TestTXCountsPerFrame checks that the counters count frames, not runs of
+// the test: three runs of one frame add exactly three.
+func TestTXCountsPerFrame(t *testing.T) {
+	tx := loadTX(t)
+	frame := eth(remac, guestMAC, 0x0806, make([]byte, 28))
+	if _, err := tx.Program.Run(&ebpf.RunOptions{Data: frame, Repeat: 3}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := tx.Counts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := [NumReasons]uint64{FallbackARP: 3}
+	if got != want {
+		t.Errorf("counts %v, want %v", got, want)
+	}
+}
+
+func TestReasonNames(t *testing.T) {
+	seen := map[string]bool{}
+	for r := range NumReasons {
+		n := r.String()
+		if n == "" || seen[n] {
+			t.Errorf("reason %d has name %q, empty or repeated", r, n)
+		}
+		seen[n] = true
+	}
+	if got := NumReasons.String(); got != "reason(16)" {
+		t.Errorf("NumReasons.String() = %q", got)
+	}
+}
