@@ -4,7 +4,9 @@ SHELL       := /bin/bash
 GO          ?= go
 GOBIN       := $(shell $(GO) env GOPATH)/bin
 STATICCHECK := $(GOBIN)/staticcheck
+GOIMPORTS   := $(GOBIN)/goimports
 export STATICCHECK_VERSION := v0.8.2
+export GOIMPORTS_VERSION := v0.51.0
 FUZZTIME    ?= 60s
 # VERSION is what "eipoibd version" and "eipoib --version" print, the
 # package's version and the image's tag: scripts/version.sh (the git
@@ -24,14 +26,18 @@ demo:
 ## test: install what the tests need, lint, run every test (netns ones too).
 test: deps lint unit
 
-## deps: Debian tools for the netns tests, Go modules, staticcheck.
+## deps: Debian tools for the netns tests, Go modules, staticcheck and
+## goimports.
 deps:
 	./scripts/deps.sh --lint
 
-## lint: gofmt, go vet and staticcheck must be clean.
+## lint: gofmt, goimports (this module's imports in a group of their
+## own), go vet and staticcheck must be clean.
 lint:
 	@out=$$(gofmt -l $$(git ls-files -co --exclude-standard '*.go' 2>/dev/null || find . -name '*.go')); \
 		if [ -n "$$out" ]; then echo "gofmt needed: $$out"; exit 1; fi
+	@out=$$($(GOIMPORTS) -local github.com/eipoib/eipoibd -l $$(git ls-files -co --exclude-standard '*.go' 2>/dev/null || find . -name '*.go')); \
+		if [ -n "$$out" ]; then echo "goimports -local github.com/eipoib/eipoibd needed: $$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) vet -tags verbs ./...
 	$(STATICCHECK) ./...

@@ -61,6 +61,7 @@ go mod download
 if [ "${1:-}" = "--lint" ]; then
   gobin=$(go env GOPATH)/bin
   [ -x "$gobin/staticcheck" ] || go install "honnef.co/go/tools/cmd/staticcheck@${STATICCHECK_VERSION:-v0.8.2}"
+  [ -x "$gobin/goimports" ] || go install "golang.org/x/tools/cmd/goimports@${GOIMPORTS_VERSION:-v0.51.0}"
 fi
 if [ -n "$vm" ] && ! wait "$vm"; then
   echo "deps: the VM tests' kernel is not ready: $(cat "$vmlog")" >&2

@@ -4,9 +4,10 @@ import (
 	"bytes"
 	"testing"
 
+	"github.com/gopacket/gopacket/layers"
+
 	"github.com/eipoib/eipoibd/ether"
 	"github.com/eipoib/eipoibd/ipoib"
-	"github.com/gopacket/gopacket/layers"
 )
 
 // TestCaptureSlowReader: a capture whose reader never reads keeps only

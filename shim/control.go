@@ -50,11 +50,12 @@ package shim
 import (
 	"errors"
 	"fmt"
-	"github.com/eipoib/eipoibd/internal/metrics/stat"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/eipoib/eipoibd/internal/metrics/stat"
 
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/mactrans"

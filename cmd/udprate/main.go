@@ -15,11 +15,12 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"github.com/eipoib/eipoibd/internal/cli"
 	"io"
 	"net/netip"
 	"os"
 	"time"
+
+	"github.com/eipoib/eipoibd/internal/cli"
 
 	"github.com/eipoib/eipoibd/internal/udprate"
 )

@@ -13,10 +13,11 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/eipoib/eipoibd/internal/metrics/stat"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/eipoib/eipoibd/internal/metrics/stat"
 )
 
 // Prefix begins every metric name of the daemon.

@@ -3,8 +3,9 @@ package metrics
 import (
 	"strconv"
 
-	"github.com/eipoib/eipoibd/shim"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/eipoib/eipoibd/shim"
 )
 
 // vifColumns are the per-VIF families, in the order of VIFs' rows.
