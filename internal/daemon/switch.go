@@ -27,9 +27,11 @@ type switchPort struct {
 	// declared: those whose port went while eipoibd was down are freed
 	// once the watch has listed the ports.
 	ovsRestored []vswitch.Guest
-	// dp is the Open vSwitch datapath last read (dpKnown once read).
-	dp      vswitch.Datapath
-	dpKnown bool
+	// dp is the Open vSwitch datapath last read (dpKnown once read);
+	// gsoAtAttach is whether it took super-frames when first read.
+	dp          vswitch.Datapath
+	dpKnown     bool
+	gsoAtAttach bool
 }
 
 // attachSwitch attaches the TAP to cfg's bridge or Open vSwitch bridge.
@@ -171,14 +173,29 @@ func (sw *switchPort) watch(ctx context.Context, wg *sync.WaitGroup) {
 // datapath does, the userspace one only with userspace-tso-enable;
 // elsewhere every frame written is at most the MTU (see
 // vswitch.Datapath and tap.TAP.SetWriteSuper).
+//
+// A change seen later only ever turns them off. ovs-vswitchd takes
+// userspace-tso-enable once, when it starts (userspace_tso_init runs
+// under an ovsthread_once), and gives a port's socket the vnet header
+// only when it adds the port (netdev_linux_rxq_construct): setting the
+// key on a running bridge does not let our port take super-frames, and
+// writing them would have them dropped ("Too big"). They come back when
+// eipoibd restarts and adds its port again.
 func (sw *switchPort) datapath(d vswitch.Datapath) {
-	sw.dev.SetWriteSuper(d.TakesGSO())
+	if !sw.dpKnown {
+		sw.gsoAtAttach = d.TakesGSO()
+	}
+	sw.dev.SetWriteSuper(d.TakesGSO() && sw.gsoAtAttach)
 	if sw.dpKnown && d == sw.dp || !sw.dev.Offload() {
 		return // known already, or nothing is merged anyway
 	}
 	sw.dp, sw.dpKnown = d, true
 	sw.log.Info("Open vSwitch datapath", "bridge", sw.cfg.OVSBridge, "datapath_type", d.Type, "userspace_tso", d.UserspaceTSO,
 		"write_super_frames", sw.dev.WriteSuper())
+	if d.TakesGSO() && !sw.dev.WriteSuper() {
+		sw.log.Info("Open vSwitch gives the TAP's port super-frames only once ovs-vswitchd and eipoibd have restarted with this setting: none are written until then",
+			"bridge", sw.cfg.OVSBridge)
+	}
 }
 
 // guest declares or removes the VIF of a guest Open vSwitch (its

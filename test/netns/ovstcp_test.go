@@ -105,15 +105,33 @@ func TestOVSGuestTCP(t *testing.T) {
 				}
 			}
 			if c.offload && !c.tso {
-				// The daemon follows OVSDB: userspace-tso-enable set
-				// and cleared on a running bridge turns merging on and
-				// off again (no traffic: OVS itself takes the setting
-				// only when restarted).
+				// The daemon follows OVSDB, but only ever turns merging
+				// off: userspace-tso-enable set on a running bridge gives
+				// the TAP's port no vnet header (OVS takes the key when
+				// ovs-vswitchd starts and reads it on ports it adds), so
+				// merging stays off, and the log says what it saw.
 				db := "--db=" + h1.ovsDB()
-				for _, on := range []bool{true, false} {
+				for i, on := range []bool{true, false} {
+					sh(t, "ovs-vsctl", "--timeout=10", db, "set", "Open_vSwitch", ".", "other_config:userspace-tso-enable="+strconv.FormatBool(on))
+					seen := fmt.Sprintf("datapath_type=netdev userspace_tso=%v write_super_frames=false", on)
+					for deadline := time.Now().Add(20 * time.Second); strings.Count(h1.log(), seen) < i+1; time.Sleep(50 * time.Millisecond) {
+						if time.Now().After(deadline) {
+							t.Fatalf("userspace-tso-enable=%v in OVSDB, but the log never said %q:\n%s", on, seen, h1.log())
+						}
+					}
+					if g := h1.metrics(t)["tap_gro"]; g != 0 {
+						t.Errorf("userspace-tso-enable=%v set on a running bridge: tap_gro %v, want 0", on, g)
+					}
+				}
+			}
+			if c.offload && c.tso {
+				// OVS started with userspace-tso-enable keeps it whatever
+				// OVSDB says later, so merging may go off and come back.
+				db := "--db=" + h1.ovsDB()
+				for _, on := range []bool{false, true} {
 					sh(t, "ovs-vsctl", "--timeout=10", db, "set", "Open_vSwitch", ".", "other_config:userspace-tso-enable="+strconv.FormatBool(on))
 					want := map[bool]float64{true: 1, false: 0}[on]
-					for deadline := time.Now().Add(10 * time.Second); h1.metrics(t)["tap_gro"] != want; time.Sleep(50 * time.Millisecond) {
+					for deadline := time.Now().Add(20 * time.Second); h1.metrics(t)["tap_gro"] != want; time.Sleep(50 * time.Millisecond) {
 						if time.Now().After(deadline) {
 							t.Fatalf("userspace-tso-enable=%v in OVSDB, but tap_gro stayed %v", on, h1.metrics(t)["tap_gro"])
 						}
