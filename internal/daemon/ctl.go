@@ -30,11 +30,18 @@ type ctlHandler struct {
 	saver          *stateSaver // nil without --persist
 }
 
-// saved writes the state now, if the daemon keeps one.
-func (h *ctlHandler) saved() {
-	if h.saver != nil {
-		h.saver.save()
+// saved writes the state now, if the daemon keeps one. A request whose
+// change could not be written is refused with why (the change stands:
+// the client may ask again), so that a client is never told a guest
+// survives a crash when it would not.
+func (h *ctlHandler) saved() error {
+	if h.saver == nil {
+		return nil
 	}
+	if err := h.saver.save(); err != nil {
+		return fmt.Errorf("done, but the state file (--persist) was not written, so a crash now would undo it: %w", err)
+	}
+	return nil
 }
 
 var _ ctl.Handler = (*ctlHandler)(nil)
@@ -57,8 +64,7 @@ func (h *ctlHandler) AddVIF(v ctl.VIFRequest) error {
 	if err := h.sh.DeclareVIF(mac, vlan, mactrans.OriginDeclared); err != nil {
 		return err
 	}
-	h.saved()
-	return nil
+	return h.saved()
 }
 
 // DelVIF removes a guest's VIF (vif-del).
@@ -70,8 +76,7 @@ func (h *ctlHandler) DelVIF(v ctl.VIFRequest) error {
 	if _, err = h.sh.RemoveVIF(mac, vlan, mactrans.OriginDeclared); err != nil {
 		return err
 	}
-	h.saved()
-	return nil
+	return h.saved()
 }
 
 // FlushNeighbours forgets the remote endpoints (neigh-flush).

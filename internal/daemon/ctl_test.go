@@ -83,6 +83,28 @@ func TestHandlerSavesDeclared(t *testing.T) {
 	}
 }
 
+// TestHandlerSaveFailureRefused: a vif-add whose state cannot be written
+// (the state file's path is a directory) is answered with that error,
+// not success: the client must not believe the guest outlives a crash.
+// The VIF itself stands, and a vif-del is refused likewise.
+func TestHandlerSaveFailureRefused(t *testing.T) {
+	sh := memShim(t)
+	path := t.TempDir() // a directory: rename(2) onto it fails
+	h := &ctlHandler{sh: sh, name: "eib0", fab: FabricSim, dev: "ul1",
+		saver: &stateSaver{path: path, tap: "eib0", sh: sh, log: slog.New(slog.NewTextHandler(io.Discard, nil))}}
+	const want = "done, but the state file (--persist) was not written, so a crash now would undo it: "
+	err := h.AddVIF(ctl.VIFRequest{MAC: "02:00:00:00:cc:01", VLAN: 10})
+	if err == nil || !strings.HasPrefix(err.Error(), want) {
+		t.Fatalf("vif-add with an unwritable state file: %v, want an error starting %q", err, want)
+	}
+	if vs := sh.VIFs(); len(vs) != 1 {
+		t.Errorf("VIFs after the refused vif-add: %+v, want the one declared", vs)
+	}
+	if err := h.DelVIF(ctl.VIFRequest{MAC: "02:00:00:00:cc:01", VLAN: 10}); err == nil || !strings.HasPrefix(err.Error(), want) {
+		t.Errorf("vif-del with an unwritable state file: %v, want an error starting %q", err, want)
+	}
+}
+
 // TestHandlerReplies: the control handler's answers over a shim on the
 // in-memory fabric, as the wire carries them, byte for byte: the field
 // names and order, the formats (QPN as 0x and six digits, P_Keys as 0x

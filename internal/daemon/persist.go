@@ -358,26 +358,26 @@ func (s *stateSaver) run(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
-			s.save()
+			s.save() // a failure is logged once, and tried again next round
 			return
 		case <-t.C:
-			s.save()
+			s.save() // a failure is logged once, and tried again next round
 		}
 	}
 }
 
 // save writes the state if it changed; a failure is logged when it
 // differs from the last one.
-func (s *stateSaver) save() {
+func (s *stateSaver) save() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	guests, ok := s.sh.Guests()
 	if !ok {
-		return
+		return nil
 	}
 	b, err := state.Marshal(&state.State{TAP: s.tap, VLANPKeys: vlanMap(s.sh), Guests: guests})
 	if err == nil && bytes.Equal(b, s.last) {
-		return
+		return nil
 	}
 	if err == nil {
 		err = state.Write(s.path, b)
@@ -387,10 +387,11 @@ func (s *stateSaver) save() {
 			s.log.Warn("state not saved", "err", err)
 			s.lastErr = err.Error()
 		}
-		return
+		return err
 	}
 	if s.lastErr != "" {
 		s.log.Info("state saved again", "path", s.path)
 	}
 	s.last, s.lastErr = b, ""
+	return nil
 }
