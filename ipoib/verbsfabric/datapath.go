@@ -442,12 +442,13 @@ func (p *Port) makeAH(key ahKey) (handle, error) {
 		} else {
 			// AF_IB ids take RDMA_PS_IB, not RDMA_PS_IPOIB
 			// (cma_select_ib_ps); service ID 0: a plain path record.
+			epoch := p.lids.now() // a flush during the query voids what it teaches
 			r, err := p.sa.pathRecord(pathQuery{sgid: p.a.gid, dgid: key.gid, pkey: key.pkey, ps: psIB})
 			if err != nil {
 				return 0, fmt.Errorf("verbsfabric: path record to %s in partition %s: %w", key.gid, key.pkey, err)
 			}
 			pa.dlid, pa.sl = r.dlid, r.sl
-			p.lids.learn(r.dlid, key.gid, p.a.gid)
+			p.lids.learnAt(epoch, r.dlid, key.gid, p.a.gid)
 		}
 	}
 	return p.dev.createAH(pa)

@@ -27,6 +27,14 @@ package verbsfabric
 // give LIDs to other ports: the table is emptied on every flush (LID
 // change, SM change, client reregister, P_Key change, port active). It
 // is bounded by the unicast LID space (0x0001-0xbfff).
+//
+// Two guards keep a wrong name out. A learn carries the table's epoch
+// from before the SA query that taught it, and a clear in between (a
+// flush while the query was out) voids it: that answer may name the
+// LID's old owner. And a LID seen with two GIDs since the last clear
+// (SR-IOV VFs sharing their PF's LID, alias GUIDs) names neither: it is
+// marked ambiguous, and its packets go to the shim's source-IP path as
+// unknown senders.
 
 import (
 	"sync"
@@ -39,38 +47,73 @@ import (
 const maxUnicastLID = 0xbfff
 
 type lidTable struct {
-	mu sync.RWMutex
-	m  map[uint16]ipoib.GID
+	mu    sync.RWMutex
+	m     map[uint16]lidEntry
+	epoch uint64 // bumped by clear
+}
+
+// lidEntry is what a LID names: gid, unless ambiguous.
+type lidEntry struct {
+	gid       ipoib.GID
+	ambiguous bool
 }
 
 // lookup returns the GID behind lid.
 func (t *lidTable) lookup(lid uint16) (ipoib.GID, bool) {
 	t.mu.RLock()
-	g, ok := t.m[lid]
+	e, ok := t.m[lid]
 	t.mu.RUnlock()
-	return g, ok
+	return e.gid, ok && !e.ambiguous
 }
 
-// learn records that gid is behind lid, when both are unicast and gid
-// is in the subnet of local (the port's GID).
+// now is the table's epoch, to pass to learnAt with what a query that
+// starts now will teach.
+func (t *lidTable) now() uint64 {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return t.epoch
+}
+
+// learn records that gid is behind lid (see learnAt), from what was
+// seen just now (a packet's SLID and SGID).
 func (t *lidTable) learn(lid uint16, gid, local ipoib.GID) {
+	t.learnAt(t.now(), lid, gid, local)
+}
+
+// learnAt records that gid is behind lid, when both are unicast, gid is
+// in the subnet of local (the port's GID) and the table was not cleared
+// since epoch; a LID already naming another GID becomes ambiguous.
+func (t *lidTable) learnAt(epoch uint64, lid uint16, gid, local ipoib.GID) {
 	if lid == 0 || lid > maxUnicastLID || gid.IsMulticast() || [8]byte(gid[:8]) != [8]byte(local[:8]) {
 		return
 	}
-	if g, ok := t.lookup(lid); ok && g == gid {
+	t.mu.RLock()
+	e, ok := t.m[lid]
+	same := ok && (e.ambiguous || e.gid == gid) && epoch == t.epoch
+	t.mu.RUnlock()
+	if same {
 		return // the hot case: known, unchanged; no write lock
 	}
 	t.mu.Lock()
-	if t.m == nil {
-		t.m = make(map[uint16]ipoib.GID)
+	defer t.mu.Unlock()
+	if epoch != t.epoch {
+		return // cleared since: the answer may name the LID's old owner
 	}
-	t.m[lid] = gid
-	t.mu.Unlock()
+	if t.m == nil {
+		t.m = make(map[uint16]lidEntry)
+	}
+	switch e, ok := t.m[lid]; {
+	case !ok:
+		t.m[lid] = lidEntry{gid: gid}
+	case !e.ambiguous && e.gid != gid:
+		t.m[lid] = lidEntry{ambiguous: true}
+	}
 }
 
 // clear forgets every LID.
 func (t *lidTable) clear() {
 	t.mu.Lock()
 	clear(t.m)
+	t.epoch++
 	t.mu.Unlock()
 }

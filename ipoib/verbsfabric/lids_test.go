@@ -64,3 +64,48 @@ func TestSenderWithoutGRH(t *testing.T) {
 	send(t, n.p2, q2, 0xffff, to1, 300, 6)
 	expect("unicast after the path record", ipoib.RxMeta{Src: from2}, 2, 2)
 }
+
+// TestLIDTableGuards: a LID seen with a second GID since the last clear
+// (SR-IOV VFs behind their PF's LID) names neither; a path record asked
+// before a clear and answered after it teaches nothing; a LID outside
+// the port's subnet, or multicast, is never learned; a clear forgets
+// ambiguity too.
+func TestLIDTableGuards(t *testing.T) {
+	local := testutil.GID("fe80::1")
+	a, b := testutil.GID("fe80::a"), testutil.GID("fe80::b")
+	var lt lidTable
+	lt.learn(7, a, local)
+	if g, ok := lt.lookup(7); !ok || g != a {
+		t.Fatalf("LID 7 after learning %s: %s %v", a, g, ok)
+	}
+	lt.learn(7, a, local) // the same again: still a
+	lt.learn(7, b, local)
+	if g, ok := lt.lookup(7); ok {
+		t.Errorf("LID 7 seen with %s and %s: names %s, want none", a, b, g)
+	}
+	lt.learn(7, a, local)
+	if _, ok := lt.lookup(7); ok {
+		t.Error("an ambiguous LID became unambiguous by seeing one of its GIDs again")
+	}
+	epoch := lt.now() // a path record asked
+	lt.clear()        // a flush while it was out
+	if _, ok := lt.lookup(7); ok {
+		t.Error("LID 7 after a clear: still named")
+	}
+	lt.learnAt(epoch, 9, a, local) // its answer
+	if g, ok := lt.lookup(9); ok {
+		t.Errorf("LID 9 learned from an answer asked before the clear: names %s", g)
+	}
+	lt.learnAt(lt.now(), 9, a, local)
+	if g, ok := lt.lookup(9); !ok || g != a {
+		t.Errorf("LID 9 learned after the clear: %s %v, want %s", g, ok, a)
+	}
+	lt.learn(10, testutil.GID("fe80:0:0:1::a"), local) // another subnet
+	lt.learn(0xc001, a, local)                         // a multicast LID
+	lt.learn(11, testutil.GID("ff12:401b:ffff::1"), local)
+	for _, lid := range []uint16{10, 0xc001, 11} {
+		if g, ok := lt.lookup(lid); ok {
+			t.Errorf("LID %#x: names %s, want none", lid, g)
+		}
+	}
+}
