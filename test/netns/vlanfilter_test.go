@@ -298,8 +298,13 @@ func TestVLANFilterVM(t *testing.T) {
 			t.Errorf("VIFs %s: %v, want %v", name, got, want)
 		}
 	}
-	if strings.Contains(log, "has no P_Key") || strings.Contains(log, "level=WARN") {
-		t.Errorf("eipoibd warned:\n%s", log)
+	// A frame a guest sends before its FDB entry declares it is dropped
+	// (--learn declared) and logged by design, rate-limited: that is the
+	// one warning allowed.
+	for _, line := range strings.Split(log, "\n") {
+		if strings.Contains(line, "has no P_Key") || strings.Contains(line, "level=WARN") && !strings.Contains(line, `msg="frames from a MAC no one declared dropped`) {
+			t.Errorf("eipoibd warned: %s", line)
+		}
 	}
 	// Every entry maps to a guest (g2's port left VLAN 1): none is said
 	// to declare none, not even one seen before its port's VLANs.
