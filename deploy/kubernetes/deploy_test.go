@@ -432,7 +432,9 @@ func TestNetworks(t *testing.T) {
 		var versions struct {
 			CNIVersion string `json:"cniVersion"`
 		}
-		json.Unmarshal([]byte(spec.Config), &versions)
+		if err := json.Unmarshal([]byte(spec.Config), &versions); err != nil {
+			t.Fatalf("%s: config: %v", o.Metadata.Name, err)
+		}
 		if !slices.Equal(types, []string{"bridge", "eipoib"}) || list.CNIVersion != "1.1.0" || versions.CNIVersion != "1.0.0" || list.Name != o.Metadata.Name {
 			t.Fatalf("%s: plugins %v, cniVersion %s (libcni's choice) and %s, name %s: want bridge then eipoib, 1.1.0 and 1.0.0, the object's name",
 				o.Metadata.Name, types, list.CNIVersion, versions.CNIVersion, list.Name)
@@ -441,9 +443,13 @@ func TestNetworks(t *testing.T) {
 			Bridge string          `json:"bridge"`
 			IPAM   json.RawMessage `json:"ipam"`
 		}
-		json.Unmarshal(list.Plugins[0].Bytes, &br)
+		if err := json.Unmarshal(list.Plugins[0].Bytes, &br); err != nil {
+			t.Fatalf("network.yaml %s: %v", o.Metadata.Name, err)
+		}
 		var own eipoibKeys
-		json.Unmarshal(list.Plugins[1].Bytes, &own)
+		if err := json.Unmarshal(list.Plugins[1].Bytes, &own); err != nil {
+			t.Fatalf("%s: chained eipoib: %v", o.Metadata.Name, err)
+		}
 		if br.Bridge != conf["bridge"] {
 			t.Errorf("%s: bridge %q, the ConfigMap's %v", o.Metadata.Name, br.Bridge, conf["bridge"])
 		}
@@ -523,26 +529,7 @@ func TestWorkloads(t *testing.T) {
 	if len(vm) != 1 || vm[0].APIVersion != "kubevirt.io/v1" || vm[0].Kind != "VirtualMachine" {
 		t.Fatalf("kubevirt-vm.yaml: %v, want one kubevirt.io/v1 VirtualMachine", kinds(vm))
 	}
-	var spec struct {
-		Template struct {
-			Spec struct {
-				Domain struct {
-					Devices struct {
-						Interfaces []struct {
-							Name   string    `json:"name"`
-							Bridge *struct{} `json:"bridge"`
-						} `json:"interfaces"`
-					} `json:"devices"`
-				} `json:"domain"`
-				Networks []struct {
-					Name   string `json:"name"`
-					Multus *struct {
-						NetworkName string `json:"networkName"`
-					} `json:"multus"`
-				} `json:"networks"`
-			} `json:"spec"`
-		} `json:"template"`
-	}
+	var spec vmSpec
 	if err := json.Unmarshal(vm[0].Spec, &spec); err != nil {
 		t.Fatal(err)
 	}
@@ -565,6 +552,33 @@ func TestWorkloads(t *testing.T) {
 	}
 }
 
+// vmSpec is the part of a KubeVirt VirtualMachine's spec the tests read.
+type vmSpec struct {
+	Template struct {
+		Metadata metadata `json:"metadata"`
+		Spec     struct {
+			EvictionStrategy string `json:"evictionStrategy"`
+			Domain           struct {
+				Devices struct {
+					Interfaces []struct {
+						Name       string    `json:"name"`
+						Bridge     *struct{} `json:"bridge"`
+						Masquerade *struct{} `json:"masquerade"`
+						MACAddress string    `json:"macAddress"`
+					} `json:"interfaces"`
+				} `json:"devices"`
+			} `json:"domain"`
+			Networks []struct {
+				Name   string    `json:"name"`
+				Pod    *struct{} `json:"pod"`
+				Multus *struct {
+					NetworkName string `json:"networkName"`
+				} `json:"multus"`
+			} `json:"networks"`
+		} `json:"spec"`
+	} `json:"template"`
+}
+
 // TestMigration: kubevirt-migration.yaml holds a VirtualMachine that
 // KubeVirt lets migrate and eipoibd keeps serving where it lands, and a
 // VirtualMachineInstanceMigration of it: eviction by live migration;
@@ -581,7 +595,9 @@ func TestMigration(t *testing.T) {
 		var spec struct {
 			Config string `json:"config"`
 		}
-		json.Unmarshal(o.Spec, &spec)
+		if err := json.Unmarshal(o.Spec, &spec); err != nil {
+			t.Fatalf("network.yaml %s: %v", o.Metadata.Name, err)
+		}
 		list, err := libcni.NetworkConfFromBytes([]byte(spec.Config))
 		if err != nil {
 			t.Fatal(err)
@@ -589,45 +605,25 @@ func TestMigration(t *testing.T) {
 		var br struct {
 			Capabilities map[string]bool `json:"capabilities"`
 		}
-		json.Unmarshal(list.Plugins[0].Bytes, &br)
+		if err := json.Unmarshal(list.Plugins[0].Bytes, &br); err != nil {
+			t.Fatalf("network.yaml %s: %v", o.Metadata.Name, err)
+		}
 		nadMAC[o.Metadata.Namespace+"/"+o.Metadata.Name] = br.Capabilities["mac"]
 	}
 	objs := all["kubevirt-migration.yaml"]
 	if got := kinds(objs); !slices.Equal(got, []string{"kubevirt.io/v1 VirtualMachine", "kubevirt.io/v1 VirtualMachineInstanceMigration"}) {
 		t.Fatalf("kubevirt-migration.yaml holds %v, want a VirtualMachine and its migration", got)
 	}
-	var vm struct {
-		Template struct {
-			Metadata metadata `json:"metadata"`
-			Spec     struct {
-				EvictionStrategy string `json:"evictionStrategy"`
-				Domain           struct {
-					Devices struct {
-						Interfaces []struct {
-							Name       string    `json:"name"`
-							Bridge     *struct{} `json:"bridge"`
-							Masquerade *struct{} `json:"masquerade"`
-							MACAddress string    `json:"macAddress"`
-						} `json:"interfaces"`
-					} `json:"devices"`
-				} `json:"domain"`
-				Networks []struct {
-					Name   string    `json:"name"`
-					Pod    *struct{} `json:"pod"`
-					Multus *struct {
-						NetworkName string `json:"networkName"`
-					} `json:"multus"`
-				} `json:"networks"`
-			} `json:"spec"`
-		} `json:"template"`
-	}
+	var vm vmSpec
 	if err := json.Unmarshal(objs[0].Spec, &vm); err != nil {
 		t.Fatal(err)
 	}
 	var mig struct {
 		VMIName string `json:"vmiName"`
 	}
-	json.Unmarshal(objs[1].Spec, &mig)
+	if err := json.Unmarshal(objs[1].Spec, &mig); err != nil {
+		t.Fatal(err)
+	}
 	if mig.VMIName != objs[0].Metadata.Name || objs[1].Metadata.Namespace != objs[0].Metadata.Namespace {
 		t.Errorf("the migration moves %s/%s, want the VM %s/%s", objs[1].Metadata.Namespace, mig.VMIName, objs[0].Metadata.Namespace, objs[0].Metadata.Name)
 	}
