@@ -32,6 +32,7 @@ import (
 
 	"github.com/eipoib/eipoibd/ether"
 	"github.com/eipoib/eipoibd/internal/csum"
+	"github.com/eipoib/eipoibd/internal/testutil"
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/ipoibhost"
 	"github.com/eipoib/eipoibd/tap"
@@ -103,7 +104,7 @@ func Run(t *testing.T, s Setup) {
 	go func() { defer wg.Done(); secondSubnet(ctx, rdev) }()
 	t.Cleanup(func() { cancel(); wg.Wait() })
 
-	wait(t, "the router's addresses announced", func() bool { return router.Get(ipoibhost.Gratuitous) >= 2 })
+	testutil.WaitFor(t, "the router's addresses announced", func() bool { return router.Get(ipoibhost.Gratuitous) >= 2 })
 
 	g := &guest{t: t, dev: s.Guest}
 	// The guest resolves its next hop, over IPv4 and IPv6: the answers
@@ -188,7 +189,7 @@ func Run(t *testing.T, s Setup) {
 		{x6, group6, mldJoin(t, group6), ipoib.IPv6MGID(group6, ipoib.DefaultPKey, ipoib.ScopeLinkLocal), ether.MAC{0x33, 0x33, 0, 7, 0, 7}},
 	} {
 		g.send(m.join)
-		wait(t, "the group "+m.group.String()+" joined", func() bool { return s.Joined(m.mgid) })
+		testutil.WaitFor(t, "the group "+m.group.String()+" joined", func() bool { return s.Joined(m.mgid) })
 		rdev.Inject(udpPacket(t, m.x, m.group, []byte("routed multicast")))
 		p = g.next("routed multicast from "+m.x.String(), func(p gopacket.Packet) bool {
 			u, ok := p.Layer(layers.LayerTypeUDP).(*layers.UDP)
@@ -204,7 +205,7 @@ func Run(t *testing.T, s Setup) {
 	// was dropped, and the shim asked nobody for X.
 	unknown := uint64(2*pings + 2*segments + 2)
 	if !s.Anon.IsZero() {
-		wait(t, "rx_unknown_source", func() bool { return s.Counters()["rx_unknown_source"] >= unknown })
+		testutil.WaitFor(t, "rx_unknown_source", func() bool { return s.Counters()["rx_unknown_source"] >= unknown })
 	} else {
 		unknown = 0
 	}
@@ -227,7 +228,7 @@ func (g *guest) send(frame []byte) { g.dev.Inject(frame) }
 // router's announcements).
 func (g *guest) next(what string, match func(gopacket.Packet) bool) gopacket.Packet {
 	g.t.Helper()
-	p := g.within(10*time.Second, match)
+	p := g.within(testutil.Settle, match)
 	if p == nil {
 		g.t.Fatalf("the guest never got %s", what)
 	}
@@ -250,10 +251,10 @@ func (g *guest) within(d time.Duration, match func(gopacket.Packet) bool) gopack
 }
 
 // ask sends a request every half second until an answer match accepts
-// arrives, for at most 10 s.
+// arrives, for at most testutil.Settle.
 func (g *guest) ask(what string, req []byte, match func(gopacket.Packet) bool) gopacket.Packet {
 	g.t.Helper()
-	for range 20 {
+	for deadline := time.Now().Add(testutil.Settle); time.Now().Before(deadline); {
 		g.send(req)
 		if p := g.within(500*time.Millisecond, match); p != nil {
 			return p
@@ -460,17 +461,6 @@ func udpPacket(t *testing.T, src, dst netip.Addr, payload []byte) []byte {
 func solicitedNode(a netip.Addr) netip.Addr {
 	b := a.As16()
 	return netip.AddrFrom16([16]byte{0xff, 2, 11: 1, 12: 0xff, 13: b[13], 14: b[14], 15: b[15]})
-}
-
-func wait(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
 }
 
 func serialize(t *testing.T, ls ...gopacket.SerializableLayer) []byte {
