@@ -23,14 +23,16 @@ import (
 )
 
 // blockingPort is a memfabric port whose AllocQP, FreeQP, Join,
-// JoinSendOnly and Leave each block for delay while slow is set (as a
-// kernel IPoIB child or an SA join does on real hardware), and refuse
-// with a named reason when told to.
+// JoinSendOnly and Leave each block while slow is set (as a kernel IPoIB
+// child or an SA join does on real hardware), and refuse with a named
+// reason when told to. A call blocks for delay, or, with delay 0, until
+// the test lets it go (next).
 type blockingPort struct {
 	*memfabric.Port
 	delay                   time.Duration
 	slow                    atomic.Bool
 	refuseAlloc, refuseJoin atomic.Bool
+	step                    chan struct{} // a send lets one held call go
 	release                 chan struct{} // closed (unblock): no call blocks any more
 	once                    sync.Once
 	allocs, joins, sendOnly atomic.Int32 // calls made while slow
@@ -41,18 +43,50 @@ type blockingPort struct {
 // unblock ends every wait, now and to come.
 func (p *blockingPort) unblock() { p.once.Do(func() { close(p.release) }) }
 
-// block waits delay while the port is slow and says whether it was.
+// block waits while the port is slow and says whether it was.
 func (p *blockingPort) block() bool {
 	if !p.slow.Load() {
 		return false
 	}
 	p.entered.Add(1)
+	var timeout <-chan time.Time // nil, with delay 0: held until let go
+	if p.delay > 0 {
+		timeout = time.After(p.delay)
+	}
 	select {
-	case <-time.After(p.delay):
+	case <-timeout:
+	case <-p.step:
 	case <-p.release:
 	}
 	return true
 }
+
+// heldCall waits until control call n (from 1) blocks, or until done.
+// While the call is held, A1 sends heldPings frames, each of which must
+// arrive in order, and a housekeeping round must run; then the call is
+// let go. It returns A1's next seq, and false if done came first.
+func (p *blockingPort) heldCall(t *testing.T, a *hv, first <-chan int, remacB1 ether.MAC, n int32, seq int, lat *[]time.Duration, done func() bool) (int, bool) {
+	t.Helper()
+	testutil.WaitFor(t, "a control call blocking", func() bool { return p.entered.Load() >= n || done() })
+	if p.entered.Load() < n {
+		return seq, false
+	}
+	round := a.s.lastRound.Load()
+	for range heldPings {
+		*lat = append(*lat, pingA1(t, a, first, remacB1, seq))
+		seq++
+	}
+	testutil.WaitFor(t, "a housekeeping round while a control call is held", func() bool { return a.s.lastRound.Load() != round })
+	select {
+	case p.step <- struct{}{}:
+	case <-time.After(testutil.Settle):
+		t.Fatalf("control call %d never took its release", n)
+	}
+	return seq, true
+}
+
+// heldPings is how many of A1's frames cross while each call is held.
+const heldPings = 20
 
 func (p *blockingPort) AllocQP(pkey ipoib.PKey, hint uint32) (uint32, error) {
 	if p.block() {
@@ -104,7 +138,7 @@ func (p *blockingPort) Leave(mgid ipoib.GID) error {
 // not slow yet.
 func slowPair(t *testing.T, delay time.Duration) (a, b *hv, bp *blockingPort, remacA1, remacB1 ether.MAC) {
 	f := memFab(t, 2048)
-	bp = &blockingPort{delay: delay, release: make(chan struct{})}
+	bp = &blockingPort{delay: delay, step: make(chan struct{}), release: make(chan struct{})}
 	a = newHV(t, f, "fe80::a", func(c *Config) {
 		bp.Port = c.Port.(*memfabric.Port)
 		c.Port = bp
@@ -154,20 +188,8 @@ func receiver(t *testing.T, b *hv, from ether.MAC) (first, rest chan int, stop f
 	return first, rest, func() { close(quit); wg.Wait() }
 }
 
-// slowCall is how long each control call of the slow tests blocks.
-const slowCall = 3 * time.Second
-
-// stall bounds how late A1's frame, or a housekeeping round, may be
-// while a control call blocks. The bound is the property itself: a
-// frame or a round that waited for a slowCall is late by up to slowCall,
-// and every one sent just after a call began is late by nearly all of
-// it. It sits at half of slowCall so that a loaded machine's scheduling
-// delays (hundreds of ms under -race) stay well inside it.
-const stall = slowCall / 2
-
 // pingA1 sends A1's frame seq and waits for it on b; it returns the
-// latency and fails on a loss, a frame out of order, or one that took
-// stall or more.
+// latency (for the log) and fails on a loss or a frame out of order.
 func pingA1(t *testing.T, a *hv, got <-chan int, remacB1 ether.MAC, seq int) time.Duration {
 	t.Helper()
 	start := time.Now()
@@ -177,8 +199,8 @@ func pingA1(t *testing.T, a *hv, got <-chan int, remacB1 ether.MAC, seq int) tim
 		if n != seq%seqMod {
 			t.Fatalf("A1's frame %d arrived when %d was sent", n, seq%seqMod)
 		}
-	case <-time.After(stall):
-		t.Fatalf("A1's frame %d lost or held %v (counters %v)", seq, stall, a.s.Counters())
+	case <-time.After(testutil.Settle):
+		t.Fatalf("A1's frame %d lost (counters %v)", seq, a.s.Counters())
 	}
 	return time.Since(start)
 }
@@ -193,47 +215,15 @@ func latencies(d []time.Duration) string {
 	return "median " + s[len(s)/2].String() + ", max " + s[len(s)-1].String()
 }
 
-// watchHealth samples Healthy(stall) every 10 ms
-// until stop, returning the samples taken, how many were false, and the
-// longest time seen since a housekeeping round.
-func watchHealth(a *hv) (stop func() (samples, sick int, stalest time.Duration)) {
-	quit := make(chan struct{})
-	type result struct {
-		n, bad int
-		worst  time.Duration
-	}
-	done := make(chan result)
-	go func() {
-		var r result
-		tick := time.NewTicker(10 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-quit:
-				done <- r
-				return
-			case <-tick.C:
-				r.n++
-				r.worst = max(r.worst, time.Since(time.Unix(0, a.s.lastRound.Load())))
-				if !a.s.Healthy(stall) {
-					r.bad++
-				}
-			}
-		}
-	}()
-	return func() (int, int, time.Duration) { close(quit); r := <-done; return r.n, r.bad, r.worst }
-}
-
-// TestSlowControlPlane: with AllocQP, Join, JoinSendOnly, Leave and FreeQP
-// each taking slowCall (3 s), a new guest appears and joins a group while guest A1
-// keeps sending: every one of A1's frames arrives, in order (its latency
-// is logged, before and during), housekeeping goes on
-// (Healthy(stall) sampled throughout), the new guest's frames,
-// held while its VIF was made, go out once it is ready: all of them, in
-// order, none before its QP is allocated, and its report's send-only
-// join is made once.
+// TestSlowControlPlane: with AllocQP, Join and JoinSendOnly each held
+// until the test lets them go, a new guest appears and joins a group
+// while guest A1 keeps sending. While each call is held, A1's frames all
+// arrive, in order, and housekeeping goes on (a round runs). The new
+// guest's frames, held while its VIF was made, go out once it is ready:
+// all of them, in order, none before its QP is allocated. Its report's
+// send-only join is made once.
 func TestSlowControlPlane(t *testing.T) {
-	a, b, bp, remacA1, remacB1 := slowPair(t, slowCall)
+	a, b, bp, remacA1, remacB1 := slowPair(t, 0)
 	first, rest, stopRecv := receiver(t, b, remacA1)
 	defer stopRecv()
 	var before, during []time.Duration
@@ -241,12 +231,10 @@ func TestSlowControlPlane(t *testing.T) {
 	for range 50 {
 		before = append(before, pingA1(t, a, first, remacB1, seq))
 		seq++
-		time.Sleep(5 * time.Millisecond) // paced as below
 	}
 
 	bp.slow.Store(true)
 	queued := a.s.Get(TxQueuedNewVIF) // A1's first ARP, held while its VIF was made
-	health := watchHealth(a)
 	const held = 5
 	for i := range held {
 		a.dev.Inject(udpFrom(t, macA2, remacB1, ipA2, i))
@@ -254,11 +242,10 @@ func TestSlowControlPlane(t *testing.T) {
 	g := netip.MustParseAddr("239.5.5.5")
 	a.dev.Inject(igmpReport(t, macA2, 4, g))
 	mgid := ipoib.IPv4MGID(g, 0xffff, 2)
-	// A1 talks on while the new guest's QP (3 s) and its joins (3 s
-	// each) are made. The new guest's frames are taken as they come: one
-	// that comes before its AllocQP returned went out before its VIF
-	// was made (blockingPort counts the call once it returns, before the
-	// shim can use the QP).
+	// The new guest's frames are taken as they come: one that comes
+	// before its AllocQP returned went out before its VIF was made
+	// (blockingPort counts the call once it returns, before the shim can
+	// use the QP).
 	var got []int
 	take := func(n int) {
 		if bp.allocs.Load() == 0 {
@@ -266,20 +253,21 @@ func TestSlowControlPlane(t *testing.T) {
 		}
 		got = append(got, n)
 	}
-	for !a.port.Joined(mgid) || bp.sendOnly.Load() == 0 {
-		during = append(during, pingA1(t, a, first, remacB1, seq))
-		seq++
-		select {
-		case n := <-rest:
-			take(n)
-		default:
+	ready := func() bool { return a.port.Joined(mgid) && bp.sendOnly.Load() == 1 }
+	for n := int32(1); ; n++ {
+		var ok bool
+		if seq, ok = bp.heldCall(t, a, first, remacB1, n, seq, &during, ready); !ok {
+			break
 		}
-		time.Sleep(5 * time.Millisecond) // a steady flow, not a flood
-		if len(during) > 5000 {
-			t.Fatalf("the group and its report's send-only group were never joined (counters %v)", a.s.Counters())
+		for drained := false; !drained; {
+			select {
+			case n := <-rest:
+				take(n)
+			default:
+				drained = true
+			}
 		}
 	}
-	samples, sick, stalest := health()
 	for len(got) < held {
 		select {
 		case n := <-rest:
@@ -296,15 +284,11 @@ func TestSlowControlPlane(t *testing.T) {
 		t.Fatalf("an extra frame %d from the new guest", n)
 	case <-time.After(100 * time.Millisecond):
 	}
-	t.Logf("A1 round trips: %d before (%s), %d while the control plane blocked (%s)", len(before), latencies(before), len(during), latencies(during))
-	t.Logf("housekeeping every %s: %d samples, %d unhealthy, at most %s since a round", a.s.cfg.Housekeeping, samples, sick, stalest)
-	if sick != 0 || samples == 0 {
-		t.Errorf("Healthy(%s) false in %d of %d samples while the port blocked", stall, sick, samples)
-	}
+	t.Logf("A1 round trips: %d before (%s), %d while control calls were held (%s)", len(before), latencies(before), len(during), latencies(during))
 	// One AllocQP for the new guest, one Join for its group, and one
 	// send-only join for 224.0.0.22, where its IGMPv3 report goes.
-	if bp.allocs.Load() != 1 || bp.joins.Load() != 1 || bp.sendOnly.Load() != 1 {
-		t.Errorf("slow calls: %d AllocQP, %d Join, %d JoinSendOnly; want 1 each", bp.allocs.Load(), bp.joins.Load(), bp.sendOnly.Load())
+	if bp.allocs.Load() != 1 || bp.joins.Load() != 1 || bp.sendOnly.Load() != 1 || bp.entered.Load() != 3 {
+		t.Errorf("slow calls: %d AllocQP, %d Join, %d JoinSendOnly of %d; want 1 each of 3", bp.allocs.Load(), bp.joins.Load(), bp.sendOnly.Load(), bp.entered.Load())
 	}
 	c := a.s.Counters()
 	if c["tx_queued_new_vif"]-queued != held+1 || c["vifs_created"] != 2 || c["mcast_joins"] != 1 || c["vifs_pending"] != 0 || c["drop_vif_pending_full"] != 0 {
@@ -312,13 +296,14 @@ func TestSlowControlPlane(t *testing.T) {
 	}
 }
 
-// TestSlowLeaveAndFree: with Leave and FreeQP each taking 3 s, a guest
-// leaves its group and is removed (as when the bridge forgets its port)
-// while guest A1 keeps sending: every one of A1's frames arrives, in
-// order, housekeeping goes on, and the group is left and the
-// QP freed once each, after which the guest's VIF and group are gone.
+// TestSlowLeaveAndFree: with Leave and FreeQP each held until the test
+// lets them go, a guest leaves its group and is removed (as when the
+// bridge forgets its port) while guest A1 keeps sending. While each call
+// is held, A1's frames all arrive, in order, and housekeeping goes on.
+// The group is left and the QP freed once each, after which the guest's
+// VIF and group are gone.
 func TestSlowLeaveAndFree(t *testing.T) {
-	a, b, bp, remacA1, remacB1 := slowPair(t, slowCall)
+	a, b, bp, remacA1, remacB1 := slowPair(t, 0)
 	first, rest, stopRecv := receiver(t, b, remacA1)
 	defer stopRecv()
 	g := netip.MustParseAddr("239.7.7.7")
@@ -340,7 +325,6 @@ func TestSlowLeaveAndFree(t *testing.T) {
 	const startupQueries = 2
 	a.waitCounter(t, TxQueries, startupQueries)
 	bp.slow.Store(true)
-	health := watchHealth(a)
 	a.dev.Inject(igmpReport(t, macA2, 3, g))      // CHANGE_TO_INCLUDE {}: a leave
 	a.waitCounter(t, TxQueries, startupQueries+1) // the group-specific query
 	a.clk.Advance(a.s.snoop.Timers().LeaveTime()) // no answer: the group goes
@@ -349,30 +333,31 @@ func TestSlowLeaveAndFree(t *testing.T) {
 		_, err := a.s.RemoveVIF(macA2, 0, mactrans.OriginDeclared)
 		removed <- err
 	}()
-	seq, n := 0, 0
-	for done := false; !done || a.port.Joined(mgid); seq++ {
-		pingA1(t, a, first, remacB1, seq)
-		n++
-		time.Sleep(5 * time.Millisecond) // a steady flow, not a flood
+	var removeErr error
+	isRemoved := func() bool {
 		select {
-		case err := <-removed:
-			if err != nil {
-				t.Fatal(err)
-			}
-			done = true
+		case removeErr = <-removed:
+			removed <- removeErr // keep it for the next look
+			return true
 		default:
-		}
-		if n > 5000 {
-			t.Fatalf("the guest was never removed nor its group left (counters %v)", a.s.Counters())
+			return false
 		}
 	}
-	samples, sick, stalest := health()
-	t.Logf("A1: %d frames while the control plane blocked; housekeeping: %d samples, %d unhealthy, at most %s since a round", n, samples, sick, stalest)
-	if sick != 0 || samples == 0 {
-		t.Errorf("Healthy(%s) false in %d of %d samples while the port blocked", stall, sick, samples)
+	gone := func() bool { return isRemoved() && !a.port.Joined(mgid) }
+	var during []time.Duration
+	seq := 0
+	for n := int32(1); ; n++ {
+		var ok bool
+		if seq, ok = bp.heldCall(t, a, first, remacB1, n, seq, &during, gone); !ok {
+			break
+		}
 	}
-	if bp.leaves.Load() != 1 || bp.frees.Load() != 1 {
-		t.Errorf("slow calls: %d Leave, %d FreeQP; want 1 each", bp.leaves.Load(), bp.frees.Load())
+	if removeErr != nil {
+		t.Fatal(removeErr)
+	}
+	t.Logf("A1: %d frames while control calls were held (%s)", len(during), latencies(during))
+	if bp.leaves.Load() != 1 || bp.frees.Load() != 1 || bp.entered.Load() != 2 {
+		t.Errorf("slow calls: %d Leave, %d FreeQP of %d; want 1 each of 2", bp.leaves.Load(), bp.frees.Load(), bp.entered.Load())
 	}
 	c := a.s.Counters()
 	if c["mcast_leaves"] != 1 || c["vifs_removed"] != 1 || c["vifs"] != 1 {
