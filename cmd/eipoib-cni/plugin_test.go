@@ -592,3 +592,46 @@ func TestDelNoDataDir(t *testing.T) {
 		t.Errorf("DEL with a dataDir under a file: %v, want success", err)
 	}
 }
+
+// TestAddWrapFailsShared: wrapping an IPAM that fails, ADD frees the
+// VIF it declared and forgets it, unless another attachment declares
+// it too: with c2 (chained) declaring it, c1's failed ADD leaves it and
+// no record of c1; once c2 is deleted, c1's failed ADD frees it.
+func TestAddWrapFailsShared(t *testing.T) {
+	nstest.Require(t)
+	dir := t.TempDir()
+	d := serve(t, dir)
+	bin := t.TempDir()
+	if err := os.WriteFile(filepath.Join(bin, "failipam"), []byte("#!/bin/sh\necho '{\"cniVersion\":\"1.0.0\",\"code\":11,\"msg\":\"no address today\"}'\nexit 1\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	p1, p2 := sharedPods(t, dir)
+	p1.Path = bin
+	p1.StdinData = []byte(fmt.Sprintf(`{"cniVersion":"1.0.0","name":"ib","type":"bridge","ipam":{"type":"eipoib","tap":"eib1","socketDir":%q,"dataDir":%q,"vlan":10,"ipam":{"type":"failipam"}}}`, dir, dir+"/data"))
+	for k, v := range map[string]string{"CNI_COMMAND": "ADD", "CNI_CONTAINERID": p1.ContainerID, "CNI_NETNS": p1.Netns, "CNI_IFNAME": p1.IfName, "CNI_PATH": bin} {
+		t.Setenv(k, v)
+	}
+	if _, err := quiet(t, func() error { return cmdAdd(p2) }); err != nil {
+		t.Fatal(err)
+	}
+	vif := ctl.VIF{MAC: "0a:58:0a:4d:00:32", VLAN: 10}
+	record := filepath.Join(dir, "data", "ib", "c1:eth0")
+	addFails := func(when string, want ...ctl.VIF) {
+		t.Helper()
+		_, err := quiet(t, func() error { return cmdAdd(p1) })
+		var ce *types.Error
+		if !errors.As(err, &ce) || ce.Code != types.ErrTryAgainLater || ce.Msg != "no address today" {
+			t.Fatalf("ADD of c1 %s: %v, want the IPAM's error", when, err)
+		}
+		holds(t, d, "after c1's failed ADD "+when, want...)
+		if _, err := os.Stat(record); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("after c1's failed ADD %s its record is still there (%v)", when, err)
+		}
+	}
+	addFails("with c2 declaring the VIF", vif)
+	if err := cmdDel(p2); err != nil {
+		t.Fatal(err)
+	}
+	holds(t, d, "after DEL of c2, the VIF's last record,")
+	addFails("alone")
+}
