@@ -11,7 +11,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
 	"net"
 	"os"
 	"path/filepath"
@@ -71,10 +70,9 @@ func cmdAdd(args *skel.CmdArgs) error {
 		r, err := invoke.DelegateAdd(ctx, c.ipamType, c.delegate, nil)
 		if err != nil {
 			// The runtime calls DEL after a failed ADD; free the VIF
-			// now all the same, so that none waits for it.
-			if free(d) == nil {
-				recordsOf(c).drop(args.ContainerID, args.IfName, d)
-			}
+			// now all the same (unless another attachment declares it
+			// too), so that none waits for it.
+			recordsOf(c).release(args.ContainerID, args.IfName, d)
 			return err
 		}
 		return types.PrintResult(r, c.Net.CNIVersion)
@@ -107,13 +105,17 @@ func cmdAdd(args *skel.CmdArgs) error {
 }
 
 // cmdDel frees what the attachment's ADD declared, from its record,
-// whether the configuration still parses or not: a DEL whose
+// whether the configuration still parses or not, except a VIF another
+// attachment's record declares too, which stays (records): a DEL whose
 // configuration no longer parses frees what the record holds and
 // succeeds, so that the rest of the chain's DEL (bridge's veth, its
 // IPAM's address) runs too. Per the spec DEL must succeed when there is
-// nothing left to free: no record, no prevResult and no interface (the
-// MAC is unknown), no VIF, or no daemon that could still hold one
-// (delGone) are not errors. In ipamWrap mode the real IPAM's DEL runs
+// nothing left to free (SPEC.md, section 2, "DEL: Remove container
+// from network, or un-apply modifications": plugins must accept
+// multiple DELs of one attachment and succeed when what ADD made is
+// missing): no record, no prevResult and no interface (the MAC is
+// unknown), no VIF, or no daemon that could still hold one (delGone)
+// are not errors. In ipamWrap mode the real IPAM's DEL runs
 // too. Without a record (an ADD by an earlier version of the plugin),
 // the chained plugin frees the VIF of the MAC in the prevResult or, with
 // no prevResult, of the pod's interface.
@@ -150,7 +152,7 @@ func cmdDel(args *skel.CmdArgs) error {
 	if mac == nil {
 		return nil
 	}
-	return free(declOf(c, mac))
+	return recordsOf(c).release(args.ContainerID, args.IfName, declOf(c, mac))
 }
 
 // delGone is DEL's answer when nothing answers on c's control socket
@@ -169,8 +171,7 @@ func cmdDel(args *skel.CmdArgs) error {
 func delGone(c *Conf, mac net.HardwareAddr, gone *types.Error) error {
 	var left []string
 	for _, path := range []string{c.Socket(), c.StateFile()} {
-		// ENOTDIR: a component of the path is a file, so nothing is there.
-		if _, err := os.Lstat(path); !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ENOTDIR) {
+		if _, err := os.Lstat(path); !missing(err) {
 			left = append(left, path)
 		}
 	}
@@ -194,7 +195,8 @@ func answers(path string) bool {
 
 // cmdGC frees the VIFs of the network's attachments that are not among
 // the runtime's valid ones ("cni.dev/valid-attachments"), from their
-// records, whether the configuration still parses or not; in ipamWrap
+// records, whether the configuration still parses or not, except those
+// another record declares too (records); in ipamWrap
 // mode the real IPAM's GC runs too, as the spec asks of a plugin that
 // delegates.
 func cmdGC(args *skel.CmdArgs) error {
@@ -308,14 +310,20 @@ func checkVIF(c *Conf, mac net.HardwareAddr) error {
 func client(c *Conf) ctl.Client { return ctl.Client{Path: c.Socket()} }
 
 // declare records d for the attachment of args, then declares it to c's
-// eipoibd; a declaration the daemon refused is dropped from the record
+// eipoibd, under the records' lock (no DEL or GC frees the VIF in
+// between); a declaration the daemon refused is dropped from the record
 // again (nothing was declared).
 func declare(c *Conf, args *skel.CmdArgs, d decl) error {
 	rs := recordsOf(c)
+	unlock, err := rs.lock()
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	if err := rs.add(args.ContainerID, args.IfName, d); err != nil {
 		return err
 	}
-	err := client(c).AddVIF(ctl.VIFRequest{MAC: d.MAC, VLAN: d.VLAN})
+	err = client(c).AddVIF(ctl.VIFRequest{MAC: d.MAC, VLAN: d.VLAN})
 	if err == nil {
 		return nil
 	}

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 
 	"github.com/containernetworking/cni/pkg/skel"
@@ -439,4 +440,198 @@ func TestStatus(t *testing.T) {
 	if err := cmdStatus(args); err != nil {
 		t.Errorf("STATUS with the port up: %v", err)
 	}
+}
+
+// sharedPods are the arguments of two ADDs of the pod of podArgs that
+// declare one VIF: the pod re-created with its MAC under a new
+// container ID (c2) while the first's (c1) DEL is still to come.
+func sharedPods(t *testing.T, dir string) (p1, p2 *skel.CmdArgs) {
+	t.Helper()
+	p1, p2 = podArgs(dir), podArgs(dir)
+	p2.ContainerID = "c2"
+	podNS(t, p1)
+	podNS(t, p2)
+	return p1, p2
+}
+
+// holds asserts that the daemon holds exactly want.
+func holds(t *testing.T, d *fakeDaemon, when string, want ...ctl.VIF) {
+	t.Helper()
+	got := d.VIFs()
+	slices.SortFunc(got, func(a, b ctl.VIF) int { return strings.Compare(a.MAC, b.MAC) })
+	if !slices.Equal(got, want) {
+		t.Errorf("%s the daemon holds %v, want %v", when, got, want)
+	}
+}
+
+// TestDelShared: two attachments (c1 and c2) declare the same VIF. DEL
+// of c1 keeps it (c2 still declares it) and forgets c1's record, a
+// second DEL of c1 succeeds and keeps it too; so does the DEL of an
+// attachment without a record (c3, an ADD by a plugin without records:
+// the MAC from its prevResult); DEL of c2 frees it, and a second DEL
+// of c2 succeeds.
+func TestDelShared(t *testing.T) {
+	nstest.Require(t)
+	dir := t.TempDir()
+	d := serve(t, dir)
+	p1, p2 := sharedPods(t, dir)
+	for _, a := range []*skel.CmdArgs{p1, p2} {
+		if _, err := quiet(t, func() error { return cmdAdd(a) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	vif := ctl.VIF{MAC: "0a:58:0a:4d:00:32", VLAN: 10}
+	holds(t, d, "after both ADDs", vif)
+	for i := range 2 {
+		if err := cmdDel(p1); err != nil {
+			t.Fatalf("DEL %d of c1: %v", i+1, err)
+		}
+		holds(t, d, fmt.Sprintf("after DEL %d of c1, c2 declaring the VIF still,", i+1), vif)
+		if _, err := os.Stat(filepath.Join(dir, "data", "ib", "c1:eth0")); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("after DEL %d of c1 its record is still there (%v)", i+1, err)
+		}
+	}
+	p3 := podArgs(dir)
+	p3.ContainerID = "c3"
+	if err := cmdDel(p3); err != nil {
+		t.Fatalf("DEL of c3, not recorded: %v", err)
+	}
+	holds(t, d, "after DEL of c3, not recorded, c2 declaring the VIF still,", vif)
+	for i := range 2 {
+		if err := cmdDel(p2); err != nil {
+			t.Fatalf("DEL %d of c2: %v", i+1, err)
+		}
+		holds(t, d, fmt.Sprintf("after DEL %d of c2, the last to declare the VIF,", i+1))
+	}
+}
+
+// TestGCShared: c1 and c2 on network "ib" and c3 on network "ib2" (the
+// same dataDir and daemon) declare the same VIF. GC of "ib" with c2
+// valid forgets c1 and keeps the VIF; GC of "ib" with nothing valid
+// forgets c2 and keeps it (c3 of "ib2" declares it); GC of "ib2" with
+// nothing valid frees it.
+func TestGCShared(t *testing.T) {
+	nstest.Require(t)
+	dir := t.TempDir()
+	d := serve(t, dir)
+	p1, p2 := sharedPods(t, dir)
+	p3 := podArgs(dir)
+	p3.ContainerID = "c3"
+	p3.StdinData = []byte(strings.Replace(string(p3.StdinData), `"name":"ib"`, `"name":"ib2"`, 1))
+	podNS(t, p3)
+	for _, a := range []*skel.CmdArgs{p1, p2, p3} {
+		if _, err := quiet(t, func() error { return cmdAdd(a) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	vif := ctl.VIF{MAC: "0a:58:0a:4d:00:32", VLAN: 10}
+	holds(t, d, "after the three ADDs", vif)
+	for _, step := range []struct {
+		name, valid string
+		want        []ctl.VIF
+		left        []string
+	}{
+		{"ib", `[{"containerID":"c2","ifname":"eth0"}]`, []ctl.VIF{vif}, []string{"ib/c2:eth0", "ib2/c3:eth0"}},
+		{"ib", `[]`, []ctl.VIF{vif}, []string{"ib2/c3:eth0"}},
+		{"ib2", `[]`, nil, nil},
+	} {
+		if err := cmdGC(&skel.CmdArgs{StdinData: gcConf(dir, step.name, step.valid)}); err != nil {
+			t.Fatalf("GC of %s, valid %s: %v", step.name, step.valid, err)
+		}
+		holds(t, d, fmt.Sprintf("after GC of %s, valid %s,", step.name, step.valid), step.want...)
+		var left []string
+		records, _ := filepath.Glob(filepath.Join(dir, "data", "*", "*"))
+		for _, r := range records {
+			rel, _ := filepath.Rel(filepath.Join(dir, "data"), r)
+			left = append(left, rel)
+		}
+		if !slices.Equal(left, step.left) {
+			t.Errorf("after GC of %s, valid %s, records %v, want %v", step.name, step.valid, left, step.left)
+		}
+	}
+}
+
+// TestRecordsLock: while an ADD, DEL or GC holds the records' lock,
+// another process's exclusive flock of the dataDir is refused
+// (EWOULDBLOCK), and granted once it is released.
+func TestRecordsLock(t *testing.T) {
+	dataDir := filepath.Join(t.TempDir(), "data")
+	unlock, err := records{filepath.Join(dataDir, "ib")}.lock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(dataDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); !errors.Is(err, syscall.EWOULDBLOCK) {
+		t.Errorf("flock of the dataDir while the records are locked: %v, want EWOULDBLOCK", err)
+	}
+	unlock()
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		t.Errorf("flock of the dataDir once the records are unlocked: %v", err)
+	}
+}
+
+// TestDelNoDataDir: a DEL whose dataDir is not there and cannot be made
+// (under a file) finds no record, and, with no daemon and no daemon's
+// files, succeeds.
+func TestDelNoDataDir(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "file")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	args := podArgs(dir)
+	args.StdinData = []byte(strings.Replace(string(args.StdinData), `"dataDir":"`+dir+`/data"`, `"dataDir":"`+file+`/data"`, 1))
+	if c, err := ParseConf(args.StdinData); err != nil || c.DataDir != file+"/data" {
+		t.Fatalf("configuration: %+v, %v", c, err)
+	}
+	if err := cmdDel(args); err != nil {
+		t.Errorf("DEL with a dataDir under a file: %v, want success", err)
+	}
+}
+
+// TestAddWrapFailsShared: wrapping an IPAM that fails, ADD frees the
+// VIF it declared and forgets it, unless another attachment declares
+// it too: with c2 (chained) declaring it, c1's failed ADD leaves it and
+// no record of c1; once c2 is deleted, c1's failed ADD frees it.
+func TestAddWrapFailsShared(t *testing.T) {
+	nstest.Require(t)
+	dir := t.TempDir()
+	d := serve(t, dir)
+	bin := t.TempDir()
+	if err := os.WriteFile(filepath.Join(bin, "failipam"), []byte("#!/bin/sh\necho '{\"cniVersion\":\"1.0.0\",\"code\":11,\"msg\":\"no address today\"}'\nexit 1\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	p1, p2 := sharedPods(t, dir)
+	p1.Path = bin
+	p1.StdinData = []byte(fmt.Sprintf(`{"cniVersion":"1.0.0","name":"ib","type":"bridge","ipam":{"type":"eipoib","tap":"eib1","socketDir":%q,"dataDir":%q,"vlan":10,"ipam":{"type":"failipam"}}}`, dir, dir+"/data"))
+	for k, v := range map[string]string{"CNI_COMMAND": "ADD", "CNI_CONTAINERID": p1.ContainerID, "CNI_NETNS": p1.Netns, "CNI_IFNAME": p1.IfName, "CNI_PATH": bin} {
+		t.Setenv(k, v)
+	}
+	if _, err := quiet(t, func() error { return cmdAdd(p2) }); err != nil {
+		t.Fatal(err)
+	}
+	vif := ctl.VIF{MAC: "0a:58:0a:4d:00:32", VLAN: 10}
+	record := filepath.Join(dir, "data", "ib", "c1:eth0")
+	addFails := func(when string, want ...ctl.VIF) {
+		t.Helper()
+		_, err := quiet(t, func() error { return cmdAdd(p1) })
+		var ce *types.Error
+		if !errors.As(err, &ce) || ce.Code != types.ErrTryAgainLater || ce.Msg != "no address today" {
+			t.Fatalf("ADD of c1 %s: %v, want the IPAM's error", when, err)
+		}
+		holds(t, d, "after c1's failed ADD "+when, want...)
+		if _, err := os.Stat(record); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("after c1's failed ADD %s its record is still there (%v)", when, err)
+		}
+	}
+	addFails("with c2 declaring the VIF", vif)
+	if err := cmdDel(p2); err != nil {
+		t.Fatal(err)
+	}
+	holds(t, d, "after DEL of c2, the VIF's last record,")
+	addFails("alone")
 }

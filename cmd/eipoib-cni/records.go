@@ -10,6 +10,17 @@ package main
 // holds ':' or '/', libcni's utils.ValidateContainerID and
 // ValidateInterfaceName, which skel applies before the plugin runs),
 // written whole to a temporary file and renamed over the old one.
+//
+// Several attachments can declare one VIF: the daemon keys its VIFs by
+// MAC and VLAN, and a pod re-created with its MAC (a new container ID
+// while the old one's DEL is still to come), two interfaces or two
+// networks on one eipoibd can each declare the same pair. The daemon
+// keeps one declaration, not a count of them, so the records are the
+// count: DEL and GC free a VIF only when no other record under the same
+// dataDir declares it, and only forget it from their own record
+// otherwise. The records and the daemon's VIFs change together under a
+// lock on dataDir (lock), so that no ADD declares a VIF between a DEL's
+// look at the other records and its vif-del.
 
 import (
 	"encoding/json"
@@ -21,6 +32,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 
 	"github.com/containernetworking/cni/pkg/types"
 
@@ -46,6 +58,14 @@ type decl struct {
 // declOf is the declaration of mac on c's daemon and VLAN.
 func declOf(c *Conf, mac net.HardwareAddr) decl {
 	return decl{TAP: c.TAP, SocketDir: c.SocketDir, StateDir: c.StateDir, MAC: mac.String(), VLAN: c.VLAN}
+}
+
+// sameVIF reports whether d and o declare the same VIF: the same daemon
+// (its control socket) and the same MAC and VLAN, the daemon's key. The
+// state directory, which only DEL's answer when the daemon is gone
+// uses, does not tell VIFs apart.
+func (d decl) sameVIF(o decl) bool {
+	return ctl.Path(d.SocketDir, d.TAP) == ctl.Path(o.SocketDir, o.TAP) && strings.EqualFold(d.MAC, o.MAC) && d.VLAN == o.VLAN
 }
 
 // conf is the configuration that names d's daemon and VLAN, for the
@@ -102,11 +122,83 @@ func (rs records) path(containerID, ifName string) string {
 	return filepath.Join(rs.dir, containerID+":"+ifName)
 }
 
+// attachment is the attachment whose record is the file name (path's
+// inverse); ok is false for a file that is no record (a temporary one).
+func attachment(name string) (containerID, ifName string, ok bool) {
+	containerID, ifName, ok = strings.Cut(name, ":")
+	return containerID, ifName, ok && !strings.HasSuffix(ifName, ".tmp")
+}
+
+// lock takes the lock of the records of every network under rs's
+// dataDir, and returns its release: an exclusive flock(2), held until
+// the descriptor is closed (a process that dies releases it with its
+// descriptors). The reference host-local IPAM flocks a file "lock" in
+// its directory (plugins/ipam/host-local/backend/disk, NewFileLock);
+// this lock is of the directory itself, whose entries are networks'
+// names, any of which may be "lock". A dataDir that is not there and cannot be made holds no
+// record, nor can an ADD make one there: there is nothing to lock.
+func (rs records) lock() (unlock func(), err error) {
+	root := filepath.Dir(rs.dir)
+	if err := os.MkdirAll(root, 0o700); err != nil {
+		if _, serr := os.Stat(root); missing(serr) {
+			return func() {}, nil
+		}
+		return nil, types.NewError(types.ErrIOFailure, fmt.Sprintf("eipoib: records: %v", err), "")
+	}
+	f, err := os.Open(root)
+	if err == nil {
+		for {
+			if err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX); !errors.Is(err, syscall.EINTR) {
+				break
+			}
+		}
+		if err != nil {
+			f.Close()
+		}
+	}
+	if err != nil {
+		return nil, types.NewError(types.ErrIOFailure, fmt.Sprintf("eipoib: lock of the records in %s: %v", root, err), "")
+	}
+	return func() { f.Close() }, nil
+}
+
+// shared reports whether a record other than the attachment's own, of
+// any network under rs's dataDir, declares d's VIF. A record that cannot
+// be read is its own attachment's DEL's or GC's error to report, not
+// this one's, and is passed over.
+func (rs records) shared(containerID, ifName string, d decl) bool {
+	root := filepath.Dir(rs.dir)
+	nets, _ := os.ReadDir(root)
+	for _, n := range nets {
+		if !n.IsDir() {
+			continue
+		}
+		other := records{filepath.Join(root, n.Name())}
+		ents, _ := os.ReadDir(other.dir)
+		for _, e := range ents {
+			cid, ifn, ok := attachment(e.Name())
+			if !ok || other.dir == rs.dir && cid == containerID && ifn == ifName {
+				continue
+			}
+			if r, err := other.load(cid, ifn); err == nil && slices.ContainsFunc(r.Declared, d.sameVIF) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// missing reports whether err says a file is not there: not found, or
+// a component of its path is a file (ENOTDIR).
+func missing(err error) bool {
+	return errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR)
+}
+
 // load returns the attachment's record; one that is not there is empty.
 func (rs records) load(containerID, ifName string) (record, error) {
 	r := record{ContainerID: containerID, IfName: ifName}
 	b, err := os.ReadFile(rs.path(containerID, ifName))
-	if errors.Is(err, fs.ErrNotExist) {
+	if missing(err) {
 		return r, nil
 	}
 	if err == nil {
@@ -124,7 +216,7 @@ func (rs records) load(containerID, ifName string) (record, error) {
 func (rs records) save(r record) error {
 	path := rs.path(r.ContainerID, r.IfName)
 	if len(r.Declared) == 0 {
-		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		if err := os.Remove(path); err != nil && !missing(err) {
 			return types.NewError(types.ErrIOFailure, fmt.Sprintf("eipoib: record: %v", err), "")
 		}
 		return nil
@@ -168,11 +260,17 @@ func (rs records) drop(containerID, ifName string, d decl) error {
 	return rs.save(r)
 }
 
-// free frees every VIF the attachment's record holds, keeping in it
-// those that could not be freed (their daemon does not answer but may
-// come back, or refused), and returns the first such error. found
-// reports whether there was a record.
+// free frees every VIF the attachment's record holds that no other
+// record declares, keeping in it those that could not be freed (their
+// daemon does not answer but may come back, or refused), and returns
+// the first such error; a VIF another record declares stays, and is
+// only forgotten here. found reports whether there was a record.
 func (rs records) free(containerID, ifName string) (found bool, err error) {
+	unlock, err := rs.lock()
+	if err != nil {
+		return false, err
+	}
+	defer unlock()
 	r, err := rs.load(containerID, ifName)
 	if err != nil || len(r.Declared) == 0 {
 		return false, err
@@ -180,7 +278,7 @@ func (rs records) free(containerID, ifName string) (found bool, err error) {
 	var left []decl
 	var first error
 	for _, d := range r.Declared {
-		if err := free(d); err != nil {
+		if err := rs.freeUnshared(containerID, ifName, d); err != nil {
 			left = append(left, d)
 			if first == nil {
 				first = err
@@ -194,6 +292,31 @@ func (rs records) free(containerID, ifName string) (found bool, err error) {
 	return true, first
 }
 
+// release frees d's VIF unless another record declares it, then drops
+// d from the attachment's record (d need not be in it: a DEL of an
+// attachment its ADD did not record frees the VIF of the MAC it finds).
+// A VIF that could not be freed stays recorded.
+func (rs records) release(containerID, ifName string, d decl) error {
+	unlock, err := rs.lock()
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if err := rs.freeUnshared(containerID, ifName, d); err != nil {
+		return err
+	}
+	return rs.drop(containerID, ifName, d)
+}
+
+// freeUnshared frees d's VIF (free) unless a record other than the
+// attachment's declares it. The caller holds the lock.
+func (rs records) freeUnshared(containerID, ifName string, d decl) error {
+	if rs.shared(containerID, ifName, d) {
+		return nil
+	}
+	return free(d)
+}
+
 // all returns every record of the network.
 func (rs records) all() ([]record, error) {
 	ents, err := os.ReadDir(rs.dir)
@@ -205,8 +328,8 @@ func (rs records) all() ([]record, error) {
 	}
 	var out []record
 	for _, e := range ents {
-		cid, ifName, ok := strings.Cut(e.Name(), ":")
-		if !ok || strings.HasSuffix(ifName, ".tmp") {
+		cid, ifName, ok := attachment(e.Name())
+		if !ok {
 			continue
 		}
 		r, err := rs.load(cid, ifName)

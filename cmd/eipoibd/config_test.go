@@ -45,10 +45,17 @@ func TestReferenceConfig(t *testing.T) {
 			t.Errorf("%s = %q in the reference, default %q (%v)", k, v, def, err)
 		}
 	}
-	// And the reference as a whole is a valid configuration.
+	// And the reference as a whole is a valid configuration, for every
+	// backend: it writes out the other backends' settings, at their
+	// defaults, which a backend that does not use them accepts.
 	o, err := parse([]string{"--config", "../../docs/eipoibd.toml", "--underlay", "ul1"}, &bytes.Buffer{})
 	if err != nil || o.cfg.Queues != runtime.NumCPU() {
 		t.Fatalf("the reference does not parse: %v", err)
+	}
+	for _, args := range [][]string{{"--fabric", "kernel", "--ib-dev", "ib0"}, {"--fabric", "verbs", "--ib-dev", "rxe0"}} {
+		if _, err := parse(append([]string{"--config", "../../docs/eipoibd.toml"}, args...), &bytes.Buffer{}); err != nil {
+			t.Errorf("the reference with %s does not parse: %v", strings.Join(args, " "), err)
+		}
 	}
 }
 
@@ -84,6 +91,7 @@ func TestConfigFile(t *testing.T) {
 		{"underlay = [\"u\"]\n", `--config P: key "underlay": a []interface {}; want a string, a number or a boolean`},
 		{"underlay = \"u\"\nib-mtu = \n", `--config P: line 3 (last key "ib-mtu"): expected value`},
 		{"underlay = \"u\"\nlog-format = \"xml\"\n", `--config P: --log-format "xml": want text or json`},
+		{"underlay = \"u\"\nverbs-recv-depth = 2048\n", "--config P: --verbs-recv-depth 2048 is for --fabric verbs, not --fabric sim"},
 	} {
 		p := writeConfig(t, c.text)
 		_, err := parse([]string{"--config", p}, &bytes.Buffer{})

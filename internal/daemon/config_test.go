@@ -24,20 +24,28 @@ func TestValidate(t *testing.T) {
 	}{
 		{func(c *Config) { c.Underlay = "" }, "--underlay is required"},
 		{func(c *Config) { c.Fabric = "ud" }, `--fabric "ud": want sim, kernel or verbs`},
-		{func(c *Config) { c.Fabric, c.IBDev, c.Underlay = FabricKernel, "ib0", "" }, ""},
-		{func(c *Config) {
-			c.Fabric, c.IBDev, c.Underlay, c.Faults = FabricVerbs, "rxe0", "", faultport.Faults{Loss: 0.1}
-		}, "--fault and --underlay are for --fabric sim"},
-		{func(c *Config) { c.Fabric, c.IBDev, c.Underlay = FabricVerbs, "mlx5_0:2", "" }, ""},
-		{func(c *Config) { c.Fabric, c.IBDev, c.Underlay = FabricVerbs, "mlx5_0:0", "" }, `--ib-dev "mlx5_0:0": port "0": want a number from 1 to 255`},
+		{onKernel, ""},
+		{func(c *Config) { onVerbs(c); c.Faults = faultport.Faults{Loss: 0.1} }, "--fault is for --fabric sim, not --fabric verbs"},
+		{func(c *Config) { onVerbs(c); c.Underlay = "ul1" }, `--underlay "ul1" is for --fabric sim, not --fabric verbs`},
+		{func(c *Config) { onVerbs(c); c.IBDev = "mlx5_0:2" }, ""},
+		{func(c *Config) { onVerbs(c); c.IBDev = "mlx5_0:0" }, `--ib-dev "mlx5_0:0": port "0": want a number from 1 to 255`},
+		// A backend's setting given to another backend is refused, unless
+		// it is the default (which the reference config file writes out).
+		{func(c *Config) { c.VerbsRecvDepth = 2048 }, "--verbs-recv-depth 2048 is for --fabric verbs, not --fabric sim"},
+		{func(c *Config) { onKernel(c); c.VerbsRecvDepth = 64 }, "--verbs-recv-depth 64 is for --fabric verbs, not --fabric kernel"},
+		{func(c *Config) { c.VerbsRecvDepth = DefaultVerbsRecvDepth }, ""},
+		{func(c *Config) { c.IBDev = "ib0" }, `--ib-dev "ib0" is for --fabric kernel or verbs, not --fabric sim`},
+		{func(c *Config) { onKernel(c); c.IBMTU = 2048 }, "--ib-mtu 2048 is for --fabric sim, not --fabric kernel"},
+		{func(c *Config) { onVerbs(c); c.IBMTU = 2048 }, "--ib-mtu 2048 is for --fabric sim, not --fabric verbs"},
+		{func(c *Config) { onKernel(c); c.RxWorkers = 1 }, ""},
 		{func(c *Config) { c.IBMTU = 1500 }, "--ib-mtu 1500: want 2048 or 4096"},
-		{func(c *Config) { c.VerbsRecvDepth = 63 }, "--verbs-recv-depth 63: want 64 to 16384 (0: 1024)"},
-		{func(c *Config) { c.VerbsRecvDepth = 16385 }, "--verbs-recv-depth 16385: want 64 to 16384 (0: 1024)"},
-		{func(c *Config) { c.VerbsRecvDepth = 16384 }, ""},
+		{func(c *Config) { onVerbs(c); c.VerbsRecvDepth = 63 }, "--verbs-recv-depth 63: want 64 to 16384 (0: 1024)"},
+		{func(c *Config) { onVerbs(c); c.VerbsRecvDepth = 16385 }, "--verbs-recv-depth 16385: want 64 to 16384 (0: 1024)"},
+		{func(c *Config) { onVerbs(c); c.VerbsRecvDepth = 16384 }, ""},
 		{func(c *Config) { c.Queues = MaxQueues + 1 }, "--queues 257: want 0 (one per CPU) to 256"},
 		{func(c *Config) { c.RxWorkers = -1 }, "--rx-workers -1: want 0 (one per TAP queue) to 32"},
 		{func(c *Config) { c.RxWorkers = MaxRxWorkers + 1 }, "--rx-workers 33: want 0 (one per TAP queue) to 32"},
-		{func(c *Config) { c.Fabric, c.IBDev, c.Underlay, c.RxWorkers = FabricKernel, "ib0", "", 2 }, "--rx-workers 2: the kernel backend receives on one queue"},
+		{func(c *Config) { onKernel(c); c.RxWorkers = 2 }, "--rx-workers 2 is for --fabric sim, not --fabric kernel"},
 		{func(c *Config) { c.Learn = 7 }, "--learn LearnMode(7): want auto or declared"},
 		{func(c *Config) { c.DHCP = 2 }, "--dhcp DHCPMode(2): want broadcast or rfc4390"},
 		{func(c *Config) { c.DHCPClientID = 7 }, "--dhcp-client-id 7: want mac or mlnx"},
@@ -61,6 +69,16 @@ func TestValidate(t *testing.T) {
 			t.Errorf("error %v, want a ConfigError with %q", err, c.want)
 		}
 	}
+}
+
+// onKernel and onVerbs turn testConfig's simulated fabric into the
+// kernel or verbs backend, with the defaults of the simulated fabric's
+// settings.
+func onKernel(c *Config) {
+	c.Fabric, c.IBDev, c.Underlay, c.IBMTU = FabricKernel, "ib0", "", DefaultIBMTU
+}
+func onVerbs(c *Config) {
+	c.Fabric, c.IBDev, c.Underlay, c.IBMTU = FabricVerbs, "rxe0", "", DefaultIBMTU
 }
 
 // TestReloadDiff: a reload sees exactly the settings that changed, and

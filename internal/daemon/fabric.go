@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strconv"
 
 	"github.com/eipoib/eipoibd/internal/cli"
 	"github.com/eipoib/eipoibd/ipoib"
@@ -31,6 +32,9 @@ type Backend struct {
 	// Tag is the build tag without which the backend cannot open its
 	// port (it still checks its settings); empty for none.
 	Tag string
+	// takes are the flags of backendSettings the backend uses; the
+	// others, given to it, are refused (checkFabric).
+	takes []string
 	// check refuses settings the backend cannot run with, with a
 	// ConfigError naming the flag.
 	check func(c *Config) error
@@ -49,9 +53,62 @@ type fabric struct {
 
 // backends is the registry, in the order "eipoibd version" lists it.
 var backends = []Backend{
-	{Name: FabricSim, check: checkSim, open: openSim},
-	{Name: FabricKernel, check: checkKernel, open: openKernel},
-	{Name: FabricVerbs, Tag: "verbs", check: checkVerbs, open: openVerbs},
+	{Name: FabricSim, takes: []string{"underlay", "fault", "ib-mtu", "rx-workers"}, check: checkSim, open: openSim},
+	{Name: FabricKernel, takes: []string{"ib-dev"}, check: checkKernel, open: openKernel},
+	{Name: FabricVerbs, Tag: "verbs", takes: []string{"ib-dev", "verbs-recv-depth"}, check: checkVerbs, open: openVerbs},
+}
+
+// backendSetting is a setting that only some backends use (Backend.takes).
+type backendSetting struct {
+	flag string
+	// given reports whether c gives the setting a value other than its
+	// default, and that value as the flag shows it ("" for one c holds
+	// parsed, not as text).
+	given func(c *Config) (value string, ok bool)
+}
+
+// backendSettings are the settings only some backends use. Each is
+// refused with another backend when it is away from its default, rather
+// than silently ignored: a default written out (the reference config
+// file, docs/eipoibd.toml, writes every key) changes nothing and passes.
+var backendSettings = []backendSetting{
+	{"underlay", func(c *Config) (string, bool) { return strconv.Quote(c.Underlay), c.Underlay != "" }},
+	{"fault", func(c *Config) (string, bool) { return "", c.Faults != (faultport.Faults{}) }},
+	{"ib-mtu", func(c *Config) (string, bool) { return strconv.Itoa(c.IBMTU), c.IBMTU != DefaultIBMTU }},
+	// 0 (one per TAP queue) and 1 change nothing for a backend that
+	// receives on one queue.
+	{"rx-workers", func(c *Config) (string, bool) { return strconv.Itoa(c.RxWorkers), c.RxWorkers > 1 }},
+	{"ib-dev", func(c *Config) (string, bool) { return strconv.Quote(c.IBDev), c.IBDev != "" }},
+	{"verbs-recv-depth", func(c *Config) (string, bool) {
+		return strconv.Itoa(c.VerbsRecvDepth), c.VerbsRecvDepth != 0 && c.VerbsRecvDepth != DefaultVerbsRecvDepth
+	}},
+}
+
+// DefaultIBMTU is the IB MTU of the simulated fabric when --ib-mtu is
+// not given; the other backends take their device's.
+const DefaultIBMTU = 4096
+
+// checkBackendSettings refuses a setting of backendSettings that b does
+// not use, naming it, its value, the backends that use it and b.
+func (c *Config) checkBackendSettings(b Backend) error {
+	for _, s := range backendSettings {
+		v, ok := s.given(c)
+		if !ok || slices.Contains(b.takes, s.flag) {
+			continue
+		}
+		var users []string
+		for _, o := range backends {
+			if slices.Contains(o.takes, s.flag) {
+				users = append(users, o.Name)
+			}
+		}
+		given := "--" + s.flag
+		if v != "" {
+			given += " " + v
+		}
+		return ConfigError{Msg: fmt.Sprintf("%s is for --fabric %s, not --fabric %s", given, cli.OrList(users), b.Name)}
+	}
+	return nil
 }
 
 // Backends are the registry's backends.
@@ -70,10 +127,14 @@ func (c *Config) backend() (Backend, error) {
 	return backends[i], nil
 }
 
-// checkFabric checks the backend's settings.
+// checkFabric checks the backend's settings: none that only other
+// backends use, and its own.
 func (c *Config) checkFabric() error {
 	b, err := c.backend()
 	if err != nil {
+		return err
+	}
+	if err := c.checkBackendSettings(b); err != nil {
 		return err
 	}
 	return b.check(c)
@@ -161,8 +222,7 @@ func openVerbs(c *Config, log *slog.Logger) (fabric, error) {
 
 // checkIBDev checks the settings of a backend on a real IB device: it
 // needs --ib-dev (what: what the device is; parse, if not nil, checks
-// its form), and takes neither the simulated fabric's --fault and
-// --underlay nor more than one RX worker.
+// its form).
 func checkIBDev(c *Config, what string, parse func(dev string) error) error {
 	if c.IBDev == "" {
 		return ConfigError{Msg: fmt.Sprintf("--fabric %s needs --ib-dev (%s)", c.Fabric, what)}
@@ -171,12 +231,6 @@ func checkIBDev(c *Config, what string, parse func(dev string) error) error {
 		if err := parse(c.IBDev); err != nil {
 			return ConfigError{Msg: fmt.Sprintf("--ib-dev %q: %v", c.IBDev, err)}
 		}
-	}
-	if c.Faults != (faultport.Faults{}) || c.Underlay != "" {
-		return ConfigError{Msg: "--fault and --underlay are for --fabric sim"}
-	}
-	if c.RxWorkers > 1 {
-		return ConfigError{Msg: fmt.Sprintf("--rx-workers %d: the %s backend receives on one queue; --rx-workers is for --fabric sim (leave it at 1)", c.RxWorkers, c.Fabric)}
 	}
 	return nil
 }
