@@ -86,7 +86,7 @@ func runFlags(o *options) *flag.FlagSet {
 	fs.StringVar(&o.cfg.Name, "name", "eib0", "name of the TAP interface to create")
 	fs.StringVar(&o.mac, "mac", "", "MAC of the TAP (default: a random one from the kernel)")
 	fs.StringVar(&o.cfg.Bridge, "bridge", "", "existing Linux bridge to enslave the TAP to")
-	fs.IntVar(&o.cfg.IBMTU, "ib-mtu", daemon.DefaultIBMTU, "IB MTU, 2048 or 4096 (the IPoIB MTU is 4 less)")
+	fs.IntVar(&o.cfg.IBMTU, "ib-mtu", daemon.DefaultIBMTU, "the simulated fabric's IB MTU, 2048 or 4096 (the IPoIB MTU is 4 less; kernel and verbs take the device's)")
 	fs.IntVar(&o.cfg.MaxVIFs, "max-vifs", 1024, "most guest MACs (one UD QP each) per port")
 	fs.IntVar(&o.cfg.MaxNeighbours, "max-neighbours", 65536, "most remote IPoIB endpoints remembered")
 	fs.IntVar(&o.cfg.MemoryLimit, "memory-limit", 0, "soft limit in MiB of the memory the Go runtime holds (debug.SetMemoryLimit): past it the garbage collector runs more often, at a CPU cost; 0: none (or $GOMEMLIMIT)")

@@ -42,7 +42,7 @@ Fabric and backends:
                        /sys/class/net/DEV/device and DEV's port, from its dev_port)
   --eipoibd PATH       eipoibd on both hosts (default: eipoibd on PATH)
   --eipoibd-verbs PATH the -tags verbs build on both hosts (default: eipoibd-verbs on PATH)
-  --eipoibd-args ARGS  more flags for eipoibd run, e.g. '--ib-mtu 2048 --log-level debug'
+  --eipoibd-args ARGS  more flags for eipoibd run, e.g. '--log-level debug --max-vifs 64'
 Partitions and addresses:
   --partitions 1|2     1: P_Key 0xffff only; 2 (default): also --pkey2
   --pkey2 PKEY         second partition's P_Key, full member (default 0x8001)
