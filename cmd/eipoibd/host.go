@@ -27,7 +27,7 @@ func parseHost(args []string, stderr io.Writer) (*hostOptions, error) {
 	fs := newFlags("host")
 	fs.StringVar(&o.underlay, "underlay", "", "underlay interface of the simulated fabric (required)")
 	fs.StringVar(&o.name, "name", "ib0", "name of the TUN device to create")
-	fs.IntVar(&o.ibMTU, "ib-mtu", 4096, "IB MTU, 2048 or 4096 (the device's MTU is 4 less)")
+	fs.IntVar(&o.ibMTU, "ib-mtu", daemon.DefaultIBMTU, "IB MTU, 2048 or 4096 (the device's MTU is 4 less)")
 	fs.StringVar(&o.pkey, "pkey", "0xffff", "partition key")
 	fs.IntVar(&o.maxNeigh, "max-neighbours", 4096, "most neighbours remembered")
 	fs.StringVar(&o.neighFile, "neigh-file", "", "file rewritten with the neighbour table whenever it changes")
