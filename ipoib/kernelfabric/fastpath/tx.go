@@ -294,10 +294,12 @@ func txInstructions(guests, remacs, counters, last int) asm.Instructions {
 		asm.JLT.Imm(asm.R1, 5, "fb_malformed"),
 		asm.LSh.Imm(asm.R1, 2),
 		asm.Mov.Reg(asm.R7, asm.R1),
-		// Flags and fragment offset, read little-endian: MF is 0x20 of
-		// the first byte, the offset its low 5 bits and the second byte.
+		// Flags and fragment offset, converted from network order so
+		// that the mask is right on either byte order: MF is 0x2000,
+		// the offset the low 13 bits.
 		asm.LoadMem(asm.R1, asm.RFP, stL3+6, asm.Half),
-		asm.And.Imm(asm.R1, 0xff3f),
+		asm.HostTo(asm.BE, asm.R1, asm.Half),
+		asm.And.Imm(asm.R1, 0x3fff),
 		asm.JNE.Imm(asm.R1, 0, "fb_fragment"),
 		asm.LoadMem(asm.R8, asm.RFP, stL3+9, asm.Byte),
 		asm.JNE.Imm(asm.R8, 17, "l4done"),

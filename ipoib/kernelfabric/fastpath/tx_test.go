@@ -156,6 +156,12 @@ func TestTXVerdicts(t *testing.T) {
 		{name: "unknown remac", frame: eth(strayMAC, guestMAC, 0x0800, tcp4), reason: FallbackUnknownREMAC},
 		{name: "not ip", frame: eth(remac, guestMAC, 0x88cc, make([]byte, 46)), reason: FallbackNotIP},
 		{name: "ipv4 fragment offset", frame: eth(remac, guestMAC, 0x0800, ipv4(0x0010, 17, udp(5000, 5001, 8))), reason: FallbackFragment},
+		// The flags/offset half-word differs between byte orders: offset
+		// 0x40 reads as DF (0x4000) when the program swaps wrongly, and
+		// DF alone (the tcp cases) as offset 0x40; offset 0xc0 has only
+		// bits that a mask written for the other order drops.
+		{name: "ipv4 fragment offset 0x40", frame: eth(remac, guestMAC, 0x0800, ipv4(0x0040, 17, udp(5000, 5001, 8))), reason: FallbackFragment},
+		{name: "ipv4 fragment offset 0xc0", frame: eth(remac, guestMAC, 0x0800, ipv4(0x00c0, 17, udp(5000, 5001, 8))), reason: FallbackFragment},
 		{name: "ipv4 more fragments", frame: eth(remac, guestMAC, 0x0800, ipv4(0x2000, 6, tcp(8))), reason: FallbackFragment},
 		{name: "ipv6 fragment header", frame: eth(remac, guestMAC, 0x86dd, ipv6(44, make([]byte, 16))), reason: FallbackIPv6Ext},
 		{name: "ipv6 hop-by-hop", frame: eth(remac, guestMAC, 0x86dd, ipv6(0, make([]byte, 16))), reason: FallbackIPv6Ext},
