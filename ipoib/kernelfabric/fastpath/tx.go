@@ -47,8 +47,10 @@ const (
 	FallbackUnknownGuest
 	// FallbackUnknownREMAC: the destination MAC is not in the REMAC map.
 	FallbackUnknownREMAC
-	// FallbackTooBig: the L3 packet (or, for a GSO skb, one segment) is
-	// larger than the child's MTU, or a GSO skb is neither TCP nor UDP.
+	// FallbackTooBig: the L3 packet (or, for a TCP GSO skb, one segment)
+	// is larger than the child's MTU; a UDP GSO skb (UDP segmentation,
+	// UFO or a UDP tunnel, which the program cannot tell apart) whose
+	// whole packet does not fit; or a GSO skb neither TCP nor UDP.
 	FallbackTooBig
 	// FallbackHeadroom: bpf_skb_change_head failed; the frame is unchanged.
 	FallbackHeadroom
@@ -358,17 +360,22 @@ func txInstructions(guests, remacs, counters, last int) asm.Instructions {
 		asm.StoreMem(asm.RFP, stOut+20, asm.R1, asm.Half),
 		asm.StoreImm(asm.RFP, stOut+22, 0, asm.Half),
 
-		// MTU: the L3 packet, or for GSO one segment (L3 header + L4
-		// header + gso_size; skb_gso_validate_network_len's measure).
+		// MTU: R3 is the largest packet the child will send, the L3
+		// packet or for a GSO skb its largest segment (below).
 		asm.LoadMem(asm.R2, asm.R6, ctxGSOSize, asm.Word),
 		asm.JNE.Imm(asm.R2, 0, "gso"),
 		asm.LoadMem(asm.R3, asm.R6, ctxLen, asm.Word),
 		asm.Sub.Imm(asm.R3, ethHdrLen),
-		asm.LoadMem(asm.R1, asm.R9, 4, asm.Word),
+		asm.LoadMem(asm.R1, asm.R9, 4, asm.Word).WithSymbol("mtu"),
 		asm.JGT.Reg(asm.R3, asm.R1, "fb_too_big"),
 		asm.Ja.Label("push"),
-		asm.Mov.Imm(asm.R3, 8).WithSymbol("gso"),
-		asm.JEq.Imm(asm.R8, 17, "gsosum"),
+
+		// TCP GSO: a segment is the L3 header, the TCP header and
+		// gso_size, skb_gso_network_seglen's measure for an skb that is
+		// not encapsulated (net/core/gso.c, skb_gso_transport_seglen).
+		// An outer TCP header means no UDP tunnel: IPIP, SIT and GRE
+		// have their own protocol numbers and fall back.
+		asm.JEq.Imm(asm.R8, 17, "gsoudp").WithSymbol("gso"),
 		asm.JNE.Imm(asm.R8, 6, "fb_too_big"),
 	)
 	addAll(loadBytes("", ethHdrLen, true, stL4, 13))
@@ -376,11 +383,32 @@ func txInstructions(guests, remacs, counters, last int) asm.Instructions {
 		asm.LoadMem(asm.R3, asm.RFP, stL4+12, asm.Byte),
 		asm.RSh.Imm(asm.R3, 4),
 		asm.LSh.Imm(asm.R3, 2),
-		asm.Add.Reg(asm.R3, asm.R7).WithSymbol("gsosum"),
+		asm.Add.Reg(asm.R3, asm.R7),
 		asm.LoadMem(asm.R2, asm.R6, ctxGSOSize, asm.Word),
 		asm.Add.Reg(asm.R3, asm.R2),
-		asm.LoadMem(asm.R1, asm.R9, 4, asm.Word),
-		asm.JGT.Reg(asm.R3, asm.R1, "fb_too_big"),
+		asm.Ja.Label("mtu"),
+
+		// UDP GSO: the skb may be SKB_GSO_UDP_L4 (a segment is L3 + 8 +
+		// gso_size), UFO, or SKB_GSO_UDP_TUNNEL[_CSUM] from a guest's
+		// VXLAN or Geneve, whose gso_size counts only the inner payload:
+		// skb_gso_transport_seglen adds the tunnel and inner headers
+		// (skb_inner_transport_header - skb_transport_header, plus the
+		// inner TCP header). struct __sk_buff shows neither gso_type
+		// nor skb->encapsulation, so no segment size computed here is
+		// safe. Every segment is at most the whole packet, and ipoib
+		// has no hw_enc_features, so validate_xmit_skb segments a
+		// tunnel skb in software before ipoib_start_xmit, whose
+		// ipoib_send drops any segment over the MTU ("packet len %d
+		// (> %d) too long to send"). So the whole packet must fit,
+		// plus, for IPv6, the 8-byte fragment header udp6_ufo_fragment
+		// adds to each fragment of a UFO skb.
+		asm.LoadMem(asm.R3, asm.R6, ctxLen, asm.Word).WithSymbol("gsoudp"),
+		asm.Sub.Imm(asm.R3, ethHdrLen),
+		asm.LoadMem(asm.R1, asm.RFP, stEth+12, asm.Half),
+		asm.HostTo(asm.BE, asm.R1, asm.Half),
+		asm.JNE.Imm(asm.R1, 0x86dd, "mtu"),
+		asm.Add.Imm(asm.R3, 8),
+		asm.Ja.Label("mtu"),
 
 		// Grow the head by 10 bytes: __bpf_skb_change_head keeps the
 		// network header, csum_start and gso_size, and resets the MAC

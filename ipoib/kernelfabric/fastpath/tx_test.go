@@ -116,13 +116,22 @@ func TestTXVerdicts(t *testing.T) {
 	dhcpDiscover := ipv4(0, 17, udp(68, 67, 300))
 	tcp4 := ipv4(0x4000, 6, tcp(100)) // DF set: not a fragment
 	tcp6 := ipv6(6, tcp(100))
-	fitsMTU := ipv4(0, 17, udp(40000, 5201, childMTU-28))
-	overMTU := ipv4(0, 17, udp(40000, 5201, childMTU-27))
 	// A TSO super-frame: 20 + 32 + 2900 bytes, segments of 1400.
 	super := ipv4(0x4000, 6, tcp(2900))
 	// gso_size whose segment is exactly the MTU, and one byte over.
 	gsoFits := childMTU - 20 - 32
 	v4vlan := append([]byte{0x00, 0x05, 0x08, 0x00}, tcp4...)
+	// A guest's VXLAN TSO frame (SKB_GSO_UDP_TUNNEL): gso_size 2000
+	// counts only the inner TCP payload, so each segment is 2000 + 102
+	// bytes of outer, VXLAN and inner headers, over the MTU, although
+	// outer IPv4 + UDP + gso_size (2028) is not.
+	vxlan := append([]byte{0x08, 0, 0, 0, 0, 0, 42, 0}, eth(remac, guestMAC, 0x0800, ipv4(0x4000, 6, tcp(2900)))...)
+	tunnel := ipv4(0x4000, 17, append(udp(41000, 4789, 0), vxlan...))
+	udpAtMTU := ipv4(0, 17, udp(40000, 5201, childMTU-28))
+	udpOverMTU := ipv4(0, 17, udp(40000, 5201, childMTU-27))
+	// IPv6 UDP GSO leaves room for the fragment header of UFO.
+	udp6Fits := ipv6(17, udp(40000, 5201, childMTU-8-48))
+	udp6Over := ipv6(17, udp(40000, 5201, childMTU-8-47))
 
 	cases := []struct {
 		name   string
@@ -134,11 +143,16 @@ func TestTXVerdicts(t *testing.T) {
 		{name: "ipv4 tcp", frame: eth(remac, guestMAC, 0x0800, tcp4), reason: Redirected, want: ipoibFrame(0x0800, tcp4)},
 		{name: "ipv6 tcp", frame: eth(remac, guestMAC, 0x86dd, tcp6), reason: Redirected, want: ipoibFrame(0x86dd, tcp6)},
 		{name: "ipv6 icmp echo", frame: eth(remac, guestMAC, 0x86dd, ipv6(58, icmpv6(128))), reason: Redirected, want: ipoibFrame(0x86dd, ipv6(58, icmpv6(128)))},
-		{name: "ipv4 at mtu", frame: eth(remac, guestMAC, 0x0800, fitsMTU), reason: Redirected, want: ipoibFrame(0x0800, fitsMTU)},
-		{name: "ipv4 over mtu", frame: eth(remac, guestMAC, 0x0800, overMTU), reason: FallbackTooBig},
+		{name: "ipv4 at mtu", frame: eth(remac, guestMAC, 0x0800, udpAtMTU), reason: Redirected, want: ipoibFrame(0x0800, udpAtMTU)},
+		{name: "ipv4 over mtu", frame: eth(remac, guestMAC, 0x0800, udpOverMTU), reason: FallbackTooBig},
 		{name: "gso segment at mtu", frame: eth(remac, guestMAC, 0x0800, super), ctx: skbCtx(uint32(gsoFits), 2), reason: Redirected, want: ipoibFrame(0x0800, super)},
 		{name: "gso segment over mtu", frame: eth(remac, guestMAC, 0x0800, super), ctx: skbCtx(uint32(gsoFits+1), 2), reason: FallbackTooBig},
 		{name: "gso ipv6 tcp", frame: eth(remac, guestMAC, 0x86dd, ipv6(6, tcp(2900))), ctx: skbCtx(1400, 3), reason: Redirected, want: ipoibFrame(0x86dd, ipv6(6, tcp(2900)))},
+		{name: "gso udp tunnel segment over mtu", frame: eth(remac, guestMAC, 0x0800, tunnel), ctx: skbCtx(2000, 2), reason: FallbackTooBig},
+		{name: "gso udp whole packet at mtu", frame: eth(remac, guestMAC, 0x0800, udpAtMTU), ctx: skbCtx(1000, 3), reason: Redirected, want: ipoibFrame(0x0800, udpAtMTU)},
+		{name: "gso udp whole packet over mtu", frame: eth(remac, guestMAC, 0x0800, udpOverMTU), ctx: skbCtx(1000, 3), reason: FallbackTooBig},
+		{name: "gso ipv6 udp with room for a fragment header", frame: eth(remac, guestMAC, 0x86dd, udp6Fits), ctx: skbCtx(1000, 2), reason: Redirected, want: ipoibFrame(0x86dd, udp6Fits)},
+		{name: "gso ipv6 udp without room for a fragment header", frame: eth(remac, guestMAC, 0x86dd, udp6Over), ctx: skbCtx(1000, 2), reason: FallbackTooBig},
 		{name: "gso neither tcp nor udp", frame: eth(remac, guestMAC, 0x0800, ipv4(0, 47, make([]byte, 2900))), ctx: skbCtx(1400, 3), reason: FallbackTooBig},
 		{name: "arp", frame: eth(remac, guestMAC, 0x0806, make([]byte, 28)), reason: FallbackARP},
 		{name: "arp broadcast", frame: eth(net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, guestMAC, 0x0806, make([]byte, 28)), reason: FallbackARP},
