@@ -189,57 +189,83 @@ func TestTXVerdicts(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			if err := tx.LastRedirect.Put(uint32(0), make([]uint32, ebpf.MustPossibleCPU())); err != nil {
-				t.Fatal(err)
-			}
-			before, err := tx.Counts()
-			if err != nil {
-				t.Fatal(err)
-			}
-			out := make([]byte, len(c.frame)+64)
-			opts := &ebpf.RunOptions{Data: c.frame, DataOut: out}
-			if c.ctx != nil {
-				opts.Context = c.ctx
-			}
-			ret, err := tx.Program.Run(opts)
-			if err != nil {
-				t.Fatal(err)
-			}
-			after, err := tx.Counts()
-			if err != nil {
-				t.Fatal(err)
-			}
-			for r := range NumReasons {
-				want := before[r]
-				if r == c.reason {
-					want++
-				}
-				if after[r] != want {
-					t.Errorf("counter %s = %d, want %d", r, after[r], want)
-				}
-			}
-			var targets []uint32
-			if err := tx.LastRedirect.Lookup(uint32(0), &targets); err != nil {
-				t.Fatal(err)
-			}
-			var target uint32
-			for _, v := range targets {
-				target |= v
-			}
-			want, wantRet, wantTarget := c.frame, uint32(tcActOK), uint32(0)
+			want := c.frame
 			if c.reason == Redirected {
-				want, wantRet, wantTarget = c.want, tcActRedir, childIfindex
+				want = c.want
 			}
-			if ret != wantRet {
-				t.Errorf("verdict %d, want %d", ret, wantRet)
-			}
-			if target != wantTarget {
-				t.Errorf("redirect target %d, want %d", target, wantTarget)
-			}
-			if !bytes.Equal(opts.DataOut, want) {
-				t.Errorf("output %d bytes, want %d:\n got %x\nwant %x", len(opts.DataOut), len(want), head(opts.DataOut), head(want))
-			}
+			checkRun(t, progUnderTest{tx.Program, tx.LastRedirect, txCounts(tx)}, c.frame, c.ctx,
+				int(c.reason), c.reason == Redirected, want, childIfindex)
 		})
+	}
+}
+
+// progUnderTest is a loaded program, its redirect-target map and its
+// summed counters.
+type progUnderTest struct {
+	prog   *ebpf.Program
+	last   *ebpf.Map
+	counts func() ([]uint64, error)
+}
+
+func txCounts(tx *TX) func() ([]uint64, error) {
+	return func() ([]uint64, error) { c, err := tx.Counts(); return c[:], err }
+}
+
+// checkRun runs frame (with the __sk_buff ctx, if any) through p with
+// BPF_PROG_TEST_RUN and checks the verdict (TC_ACT_REDIRECT to target
+// when redirected, TC_ACT_OK otherwise), the exact output bytes, the
+// recorded redirect target, and that the counter at index reason, and
+// only it, moved by one.
+func checkRun(t *testing.T, p progUnderTest, frame, ctx []byte, reason int, redirected bool, want []byte, target uint32) {
+	t.Helper()
+	if err := p.last.Put(uint32(0), make([]uint32, ebpf.MustPossibleCPU())); err != nil {
+		t.Fatal(err)
+	}
+	before, err := p.counts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := &ebpf.RunOptions{Data: frame, DataOut: make([]byte, len(frame)+64)}
+	if ctx != nil {
+		opts.Context = ctx
+	}
+	ret, err := p.prog.Run(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	after, err := p.counts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for r := range after {
+		w := before[r]
+		if r == reason {
+			w++
+		}
+		if after[r] != w {
+			t.Errorf("counter %d = %d, want %d", r, after[r], w)
+		}
+	}
+	var targets []uint32
+	if err := p.last.Lookup(uint32(0), &targets); err != nil {
+		t.Fatal(err)
+	}
+	var got uint32
+	for _, v := range targets {
+		got |= v
+	}
+	wantRet, wantTarget := uint32(tcActOK), uint32(0)
+	if redirected {
+		wantRet, wantTarget = tcActRedir, target
+	}
+	if ret != wantRet {
+		t.Errorf("verdict %d, want %d", ret, wantRet)
+	}
+	if got != wantTarget {
+		t.Errorf("redirect target %d, want %d", got, wantTarget)
+	}
+	if !bytes.Equal(opts.DataOut, want) {
+		t.Errorf("output %d bytes, want %d:\n got %x\nwant %x", len(opts.DataOut), len(want), head(opts.DataOut), head(want))
 	}
 }
 
