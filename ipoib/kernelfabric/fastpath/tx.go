@@ -180,6 +180,24 @@ func (t *TX) PutREMAC(mac net.HardwareAddr, addr ipoib.HwAddr) error {
 	return t.REMACs.Put(k, addr)
 }
 
+// DeleteGuest removes a guest MAC's entry.
+func (t *TX) DeleteGuest(mac net.HardwareAddr) error {
+	k, err := macKey(mac)
+	if err != nil {
+		return err
+	}
+	return t.Guests.Delete(k)
+}
+
+// DeleteREMAC removes a REMAC's entry.
+func (t *TX) DeleteREMAC(mac net.HardwareAddr) error {
+	k, err := macKey(mac)
+	if err != nil {
+		return err
+	}
+	return t.REMACs.Delete(k)
+}
+
 // Counts sums the per-CPU counters.
 func (t *TX) Counts() ([NumReasons]uint64, error) {
 	var sum [NumReasons]uint64

@@ -271,6 +271,27 @@ func checkRun(t *testing.T, p progUnderTest, frame, ctx []byte, reason int, redi
 
 func head(b []byte) []byte { return b[:min(len(b), 64)] }
 
+// TestTXDelete checks that deleting the REMAC and then the guest turns
+// the same frame from a redirect into those two fallbacks.
+func TestTXDelete(t *testing.T) {
+	tx := loadTX(t)
+	l3 := ipv4(0x4000, 6, tcp(100))
+	p := progUnderTest{tx.Program, tx.LastRedirect, txCounts(tx)}
+	frame := eth(remac, guestMAC, 0x0800, l3)
+	checkRun(t, p, frame, nil, int(Redirected), true, ipoibFrame(0x0800, l3), childIfindex)
+	if err := tx.DeleteREMAC(remac); err != nil {
+		t.Fatal(err)
+	}
+	checkRun(t, p, frame, nil, int(FallbackUnknownREMAC), false, frame, 0)
+	if err := tx.DeleteGuest(guestMAC); err != nil {
+		t.Fatal(err)
+	}
+	checkRun(t, p, frame, nil, int(FallbackUnknownGuest), false, frame, 0)
+	if err := tx.DeleteGuest(guestMAC[:5]); err == nil {
+		t.Error("a 5-byte MAC was accepted")
+	}
+}
+
 // TestTXCountsPerFrame checks that the counters count frames, not runs of
 // the test: three runs of one frame add exactly three.
 func TestTXCountsPerFrame(t *testing.T) {
