@@ -98,11 +98,51 @@ func echo4(id, seq uint16) []byte {
 	return p
 }
 
+// echo6 is an ICMPv6 echo request from fd00::1 to fd00::2 with a valid
+// checksum and 56 payload bytes.
+func echo6(id, seq uint16) []byte {
+	icmp := make([]byte, 8+56)
+	icmp[0] = 128
+	binary.BigEndian.PutUint16(icmp[4:], id)
+	binary.BigEndian.PutUint16(icmp[6:], seq)
+	for i := 8; i < len(icmp); i++ {
+		icmp[i] = byte(i)
+	}
+	p := ipv6(58, icmp)
+	pseudo := append(append([]byte{}, p[8:40]...), 0, 0, byte(len(icmp)>>8), byte(len(icmp)), 0, 0, 0, 58)
+	binary.BigEndian.PutUint16(p[42:], csum(append(pseudo, icmp...)))
+	return p
+}
+
+// readMatching reads frames from fd (the TAP's) until one satisfies
+// match, for up to 10 s: the kernel also sends the TAP its own IPv6
+// router solicitations and MLD reports.
+func readMatching(t *testing.T, fd int, match func([]byte) bool) []byte {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	buf := make([]byte, 65536)
+	for time.Now().Before(deadline) {
+		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		if n, err := unix.Poll(pfd, 1000); err != nil || n != 1 {
+			continue
+		}
+		n, err := unix.Read(fd, buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if match(buf[:n]) {
+			return append([]byte{}, buf[:n]...)
+		}
+	}
+	t.Fatal("no matching frame within 10 s")
+	return nil
+}
+
 // TestRXLive runs the RX program at tcx ingress of a veth end whose
 // harness program (ipoibHarness) rebuilds ipoib's receive layout, and
 // redirects to a TAP that carries the guest's address and MAC:
 //
-//   - an ICMP echo request sent into the veth is received on the TAP,
+//   - an ICMP or ICMPv6 echo request sent into the veth is received on the TAP,
 //     answered by the kernel, and the reply read from the TAP's fd, as
 //     eipoibd reads it, is addressed to the sender's REMAC: the rebuilt
 //     frame went through dev_forward_skb and the IP stack whole;
@@ -124,6 +164,10 @@ func TestRXLive(t *testing.T) {
 	in("ip", "addr", "add", "10.0.0.2/24", "dev", "fprxtap")
 	in("ip", "link", "set", "fprxtap", "up")
 	in("ip", "neigh", "add", "10.0.0.1", "lladdr", remac.String(), "dev", "fprxtap", "nud", "permanent")
+	// openTun turned IPv6 off on the TAP; the guest needs it here.
+	in("sysctl", "-qw", "net.ipv6.conf.fprxtap.disable_ipv6=0")
+	in("ip", "addr", "add", "fd00::2/64", "dev", "fprxtap", "nodad")
+	in("ip", "-6", "neigh", "add", "fd00::1", "lladdr", remac.String(), "dev", "fprxtap", "nud", "permanent")
 	for _, l := range []string{"fprxa", "fprxb"} {
 		in("sysctl", "-qw", "net.ipv6.conf."+l+".disable_ipv6=1")
 		in("ip", "link", "set", l, "up")
@@ -145,8 +189,10 @@ func TestRXLive(t *testing.T) {
 		if err := rx.PutGuest(uint32(child.Index), RXGuest{MAC: guestMAC, TAP: uint32(tap.Index), MTU: uint32(tap.MTU)}); err != nil {
 			t.Fatal(err)
 		}
-		if err := rx.PutSender(uint32(child.Index), sender4, remac); err != nil {
-			t.Fatal(err)
+		for _, ip := range []netip.Addr{sender4, sender6} {
+			if err := rx.PutSender(uint32(child.Index), ip, remac); err != nil {
+				t.Fatal(err)
+			}
 		}
 		hl, err := link.AttachTCX(link.TCXOptions{Interface: child.Index, Program: harness, Attach: ebpf.AttachTCXIngress})
 		if err != nil {
@@ -181,7 +227,7 @@ func TestRXLive(t *testing.T) {
 	})
 	send := func(h vnetHdr, frame []byte) {
 		t.Helper()
-		to := &unix.SockaddrLinklayer{Ifindex: peer.Index, Protocol: htons(unix.ETH_P_IP)}
+		to := &unix.SockaddrLinklayer{Ifindex: peer.Index, Protocol: htons(binary.BigEndian.Uint16(frame[12:]))}
 		if err := unix.Sendto(inject, append(h.bytes(), frame...), 0, to); err != nil {
 			t.Fatalf("send into the veth: %v", err)
 		}
@@ -215,9 +261,11 @@ func TestRXLive(t *testing.T) {
 		if _, got := received(); !bytes.Equal(got, eth(guestMAC, remac, 0x0800, req)) {
 			t.Errorf("TAP received\n%x\nwant\n%x", head(got), head(eth(guestMAC, remac, 0x0800, req)))
 		}
-		reply := readFrame(t, tapFd)
+		reply := readMatching(t, tapFd, func(f []byte) bool {
+			return len(f) >= 14+20+8 && binary.BigEndian.Uint16(f[12:]) == 0x0800 && f[14+9] == 1 && f[14+20] == 0
+		})
 		if len(reply) != 14+len(req) {
-			t.Fatalf("TAP fd read %d bytes, want an echo reply of %d", len(reply), 14+len(req))
+			t.Fatalf("echo reply of %d bytes, want %d", len(reply), 14+len(req))
 		}
 		if !bytes.Equal(reply[:14], eth(remac, guestMAC, 0x0800, nil)) {
 			t.Errorf("reply Ethernet header %x, want to the REMAC from the guest", reply[:14])
@@ -228,6 +276,29 @@ func TestRXLive(t *testing.T) {
 		}
 		if icmp[0] != 0 || !bytes.Equal(icmp[4:], req[24:]) {
 			t.Errorf("reply ICMP %x, want an echo reply with the request's id, sequence and data", head(icmp))
+		}
+	})
+
+	t.Run("icmpv6 echo answered through the tap", func(t *testing.T) {
+		req := echo6(0x4343, 1)
+		send(vnetHdr{}, eth(child.HardwareAddr, peer.HardwareAddr, 0x86dd, req))
+		if _, got := received(); !bytes.Equal(got, eth(guestMAC, remac, 0x86dd, req)) {
+			t.Errorf("TAP received\n%x\nwant\n%x", head(got), head(eth(guestMAC, remac, 0x86dd, req)))
+		}
+		reply := readMatching(t, tapFd, func(f []byte) bool {
+			return len(f) >= 14+40+8 && binary.BigEndian.Uint16(f[12:]) == 0x86dd && f[14+6] == 58 && f[14+40] == 129
+		})
+		if len(reply) != 14+len(req) {
+			t.Fatalf("echo reply of %d bytes, want %d", len(reply), 14+len(req))
+		}
+		if !bytes.Equal(reply[:14], eth(remac, guestMAC, 0x86dd, nil)) {
+			t.Errorf("reply Ethernet header %x, want to the REMAC from the guest", reply[:14])
+		}
+		if ip := reply[14:54]; !bytes.Equal(ip[8:24], req[24:40]) || !bytes.Equal(ip[24:40], req[8:24]) {
+			t.Errorf("reply IPv6 header %x, want from fd00::2 to fd00::1", ip)
+		}
+		if icmp := reply[54:]; !bytes.Equal(icmp[4:], req[44:]) {
+			t.Errorf("reply ICMPv6 %x, want the request's id, sequence and data", head(icmp))
 		}
 	})
 
@@ -250,7 +321,7 @@ func TestRXLive(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := [NumRXReasons]uint64{RXRedirected: 2}; got != want {
+	if want := [NumRXReasons]uint64{RXRedirected: 3}; got != want {
 		t.Errorf("counts %v, want %v", got, want)
 	}
 }
