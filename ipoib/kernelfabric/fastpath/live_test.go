@@ -243,7 +243,7 @@ func TestTXLive(t *testing.T) {
 		// TAP as one SKB_GSO_UDP_TUNNEL | SKB_GSO_UDP_L4 skb with
 		// gso_size 2000. Outer IPv4 + UDP + gso_size is 2028, within
 		// the child's 2044, but every segment carries 50 more bytes of
-		// VXLAN and inner headers (and 8 of inner UDP): 2078 bytes of
+		// VXLAN and inner Ethernet, IPv4 and UDP headers: 2078 bytes of
 		// L3, which ipoib_send would drop. The frame must stay on the
 		// TAP, where the kernel segments it for the TAP's reader.
 		in := func(args ...string) { t.Helper(); nstest.Must(t, nstest.In(ns, args...)...) }
