@@ -94,13 +94,14 @@ const (
 	// into an Ethernet header.
 	rxShrink = rxLinkLen - ethHdrLen
 
-	bpfAdjRoomMAC           = 1      // BPF_ADJ_ROOM_MAC
-	bpfFAdjRoomFixedGSO     = 1 << 0 // BPF_F_ADJ_ROOM_FIXED_GSO
-	bpfFAdjRoomNoCsumReset  = 1 << 5 // BPF_F_ADJ_ROOM_NO_CSUM_RESET
-	bpfFIngress             = 1      // BPF_F_INGRESS
-	ipv4MinForShrink        = 20 + rxShrink
-	ipv6MinForShrink        = 40 + rxShrink
-	rxGuestTAPOff, rxMTUOff = 8, 12 // in rxGuest
+	bpfAdjRoomMAC          = 1      // BPF_ADJ_ROOM_MAC
+	bpfFAdjRoomFixedGSO    = 1 << 0 // BPF_F_ADJ_ROOM_FIXED_GSO
+	bpfFAdjRoomNoCsumReset = 1 << 5 // BPF_F_ADJ_ROOM_NO_CSUM_RESET
+	bpfFIngress            = 1      // BPF_F_INGRESS
+	ipv4MinForShrink       = 20 + rxShrink
+	ipv6MinForShrink       = 40 + rxShrink
+	rxGuestTAPOff          = 8  // rxGuest.TAP
+	rxMTUOff               = 12 // rxGuest.MTU
 )
 
 // RXGuest is what the RX program needs to know of the guest behind one
@@ -193,6 +194,8 @@ func (r *RX) Close() error {
 }
 
 // PutGuest adds or replaces the guest behind the child with ifindex child.
+// The program delivers untagged frames, so only a child of the partition
+// that maps to untagged frames (the default P_Key) belongs here.
 func (r *RX) PutGuest(child uint32, g RXGuest) error {
 	k, err := macKey(g.MAC)
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"net/netip"
 	"testing"
+	"unsafe"
 
 	"github.com/eipoib/eipoibd/internal/nstest"
 )
@@ -236,5 +237,17 @@ func TestRXReasonNames(t *testing.T) {
 	}
 	if got := NumRXReasons.String(); got != "rx_reason(15)" {
 		t.Errorf("NumRXReasons.String() = %q", got)
+	}
+}
+
+// TestRXMapLayouts checks the Go types against the offsets and sizes the
+// program and the map specs use.
+func TestRXMapLayouts(t *testing.T) {
+	var g rxGuest
+	if got := [3]uintptr{unsafe.Offsetof(g.TAP), unsafe.Offsetof(g.MTU), unsafe.Sizeof(g)}; got != [3]uintptr{rxGuestTAPOff, rxMTUOff, 16} {
+		t.Errorf("rxGuest TAP, MTU offsets and size %v, want [8 12 16]", got)
+	}
+	if n := binary.Size(senderKey{}); n != 20 {
+		t.Errorf("senderKey is %d bytes, want 20", n)
 	}
 }
