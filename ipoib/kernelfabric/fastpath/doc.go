@@ -1,9 +1,11 @@
 // Package fastpath holds the groundwork of an in-kernel fast path for the
-// kernel backend: a tc BPF program on a hypervisor's TAP that sends a
-// guest's ordinary unicast IP traffic straight to the guest's IPoIB child
-// interface, so that the common case never crosses user space.
+// kernel backend: two tc BPF programs, written with cilium/ebpf's asm
+// package (no clang), that carry a guest's ordinary unicast IP traffic
+// between the hypervisor's TAP and the guest's IPoIB child interface, so
+// that the common case never crosses user space. Everything else falls
+// back, untouched, to eipoibd's user-space path.
 //
-// # What it is
+// # TX: the TAP's egress to the child
 //
 // The TX program (LoadTX) runs at tc egress of the TAP, where the frames a
 // guest sends leave the host stack towards eipoibd. For an untagged
@@ -18,12 +20,15 @@
 //
 // and redirects it to the child's egress. It also requires skb->protocol
 // to match the EtherType, since GSO (skb_mac_gso_segment) and the
-// child's offloads go by the former. Every other frame is left exactly
-// as it was and returned TC_ACT_OK, so eipoibd reads it from the TAP and
-// handles it as it does today. Each verdict and each fallback reason is
-// counted in a per-CPU array (Reason).
+// child's offloads go by the former. A TCP GSO skb must fit segment by
+// segment; a UDP GSO skb must fit whole (struct __sk_buff does not say
+// whether it is UDP segmentation, UFO or a UDP tunnel, whose segments
+// carry inner headers gso_size does not count). Every other frame is left
+// exactly as it was and returned TC_ACT_OK, so eipoibd reads it from the
+// TAP and handles it as it does today. Each verdict and each fallback
+// reason is counted in a per-CPU array (Reason).
 //
-// The kernel functions the program relies on (Linux 6.18):
+// The kernel functions the TX program relies on (Linux 6.18):
 //
 //   - bpf_skb_change_head (net/core/filter.c, __bpf_skb_change_head) pushes
 //     10 zeroed bytes in front of the Ethernet header and resets the MAC
@@ -43,29 +48,69 @@
 //     neighbour and path lookup (ipoib_neigh_get, neigh_add_path) is keyed
 //     by those 20 bytes, and ipoib_send takes LSO and checksum offload from
 //     the skb (skb_transport_offset, CHECKSUM_PARTIAL), which change_head
-//     left intact.
+//     left intact. ipoib has no hw_enc_features, so an encapsulated GSO
+//     skb is segmented in software first, and ipoib_send drops a segment
+//     over the MTU.
+//
+// # RX: the child's ingress to the TAP
+//
+// The RX program (LoadRX) runs at tc ingress of an IPoIB child, where
+// ipoib_ib_handle_rx_wc and ipoib_cm_handle_rx_wc leave
+//
+//	[20 zero bytes (skb_add_pseudo_hdr)][EtherType 2][reserved 2][L3]
+//
+// with mac_len 24 and skb->protocol from the IPoIB header. For unicast
+// IPv4/IPv6 to the child's guest from a sender whose REMAC the senders
+// map holds, it shrinks the link header to 14 bytes with
+// bpf_skb_adjust_room, writes
+//
+//	[guest MAC 6][sender's REMAC 6][EtherType 2][L3]
+//
+// and redirects it to the TAP's ingress (BPF_F_INGRESS), as if eipoibd
+// had written the frame to the TAP; rxInstructions says how each kernel
+// function involved treats the skb. ARP, ND, DHCP, DHCPv6, IB multicast
+// and IP group destinations, IPv6 extension headers, unknown children or
+// senders, packets too big for the TAP or too short to shrink, and
+// malformed packets return TC_ACT_OK untouched, each counted (RXReason).
 //
 // # What it is not yet
 //
-// Nothing in eipoibd loads this package. Still to come: attaching (tcx,
-// clsact on kernels before 6.6) and pinning for --persist; the RX program
-// on the children's tc ingress; the control plane that fills and empties
-// the maps as VIFs and neighbours come and go, and that keeps the fast path
-// off where the user-space path does more than re-frame (MSS clamping, the
-// shim's per-source checks); the --fast-path flag and its kernel probe;
-// Prometheus export of the counters; make bench rows and test/hw kit legs.
+// Nothing in eipoibd loads this package. Still to come: attaching the
+// programs (tcx, clsact on kernels before 6.6) and pinning them and their
+// maps so that a restart under --persist keeps the fast path; binding the
+// children's packet sockets to ETH_P_IP, ETH_P_IPV6 and ETH_P_ARP rather
+// than ETH_P_ALL, since __netif_receive_skb_core delivers to ptype_all
+// sockets before tc ingress; the control plane that fills and empties
+// the maps (PutGuest, PutREMAC, PutSender and their deletes) as VIFs,
+// neighbours and sources come and go, and that keeps the fast path off
+// where the user-space path does more than re-frame (MSS clamping, the
+// shim's per-source checks, VLANs and P_Keys other than the default);
+// the --fast-path flag and its kernel probe (tcx, bpf_skb_adjust_room's
+// NO_CSUM_RESET); Prometheus export of both programs' counters; make
+// bench rows and test/hw kit legs with the fast path on and off.
 //
 // # How it is tested
 //
-// BPF_PROG_TEST_RUN on crafted frames checks every verdict, the exact
-// output bytes, the redirect target (recorded in LastRedirect) and the
-// counters; a fuzz target checks the same contract on arbitrary frames.
-// A live test attaches the program at tcx egress of a real TAP in a
-// network namespace and reads what it redirects from a TUN switched to
-// ARPHRD_INFINIBAND with TUNSETLINK: an emulation of the child that shows
+// BPF_PROG_TEST_RUN on crafted packets checks every verdict of both
+// programs, the exact output bytes, the redirect target (recorded in
+// LastRedirect, since TEST_RUN reports the verdict but not the target)
+// and the counters; FuzzTX and FuzzRX check the same contracts on
+// arbitrary input. TEST_RUN cannot show everything: it sets no gso_type,
+// so a UDP tunnel skb is a UDP skb with a gso_size there, and it builds
+// an Ethernet skb, so RX packets carry their EtherType in the pseudo
+// header's bytes 12-13 for it (the program reads neither).
+//
+// Two live tests use tcx on real devices in a network namespace. TX: the
+// program at egress of a TAP redirects to a TUN switched to
+// ARPHRD_INFINIBAND with TUNSETLINK, an emulation of the child that shows
 // what the kernel does with the skb up to the driver (a TSO super-frame
 // arrives whole with gso_size kept and csum_start 44, or is segmented in
 // software for a device without offloads, every segment keeping the
-// 24-byte link header). What ipoib_start_xmit and the HCA then do with it
-// only hardware can confirm.
+// 24-byte link header), and a VXLAN device's UDP tunnel GSO skb, whose
+// segments would not fit the child, stays on the TAP. RX: a test-only harness program at ingress of a
+// veth rebuilds ipoib's receive layout and the RX program, after it,
+// redirects to a TAP carrying the guest's address (the kernel answers an
+// ICMP echo to the REMAC; a TSO super-frame arrives whole with gso_size
+// kept). What ipoib and the HCA do around these programs only hardware
+// can confirm.
 package fastpath

@@ -237,11 +237,55 @@ func TestTXLive(t *testing.T) {
 		}
 	})
 
+	t.Run("udp tunnel super-frame stays on the tap", func(t *testing.T) {
+		// A VXLAN device over the TAP, whose own MAC is the guest's:
+		// a UDP_SEGMENT send of 2 x 2000 bytes through it leaves the
+		// TAP as one SKB_GSO_UDP_TUNNEL | SKB_GSO_UDP_L4 skb with
+		// gso_size 2000. Outer IPv4 + UDP + gso_size is 2028, within
+		// the child's 2044, but every segment carries 50 more bytes of
+		// VXLAN and inner Ethernet, IPv4 and UDP headers: 2078 bytes of
+		// L3, which ipoib_send would drop. The frame must stay on the
+		// TAP, where the kernel segments it for the TAP's reader.
+		in := func(args ...string) { t.Helper(); nstest.Must(t, nstest.In(ns, args...)...) }
+		in("ip", "link", "set", "fptap", "address", guestMAC.String(), "mtu", "9000")
+		in("ip", "addr", "add", "192.168.77.1/24", "dev", "fptap")
+		in("ip", "neigh", "add", "192.168.77.2", "lladdr", remac.String(), "dev", "fptap", "nud", "permanent")
+		in("ip", "link", "add", "fpvx", "mtu", "4000", "type", "vxlan", "id", "42", "dstport", "4789",
+			"local", "192.168.77.1", "remote", "192.168.77.2", "dev", "fptap")
+		in("sysctl", "-qw", "net.ipv6.conf.fpvx.disable_ipv6=1")
+		in("ip", "addr", "add", "10.77.0.1/24", "dev", "fpvx")
+		in("ip", "neigh", "add", "10.77.0.2", "lladdr", "02:00:00:00:77:02", "dev", "fpvx", "nud", "permanent")
+		in("ip", "link", "set", "fpvx", "up")
+		nstest.Do(t, ns, func() {
+			s, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer unix.Close(s)
+			if err := unix.SetsockoptInt(s, unix.SOL_UDP, unix.UDP_SEGMENT, 2000); err != nil {
+				t.Fatalf("UDP_SEGMENT: %v", err)
+			}
+			to := &unix.SockaddrInet4{Port: 5000, Addr: [4]byte{10, 77, 0, 2}}
+			if err := unix.Sendto(s, make([]byte, 4000), 0, to); err != nil {
+				t.Fatalf("send through the VXLAN device: %v", err)
+			}
+		})
+		for i := range 2 {
+			got := readFrame(t, tapFd)
+			if len(got) != 14+20+8+8+14+20+8+2000 {
+				t.Fatalf("segment %d: %d bytes on the TAP, want %d", i, len(got), 14+20+8+8+14+20+8+2000)
+			}
+			if !bytes.Equal(got[:14], eth(remac, guestMAC, 0x0800, nil)) || got[14+9] != 17 || binary.BigEndian.Uint16(got[14+22:]) != 4789 {
+				t.Errorf("segment %d: %x, want VXLAN from the guest to the REMAC", i, head(got))
+			}
+		}
+	})
+
 	got, err := tx.Counts()
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := [NumReasons]uint64{Redirected: 3, FallbackUnknownREMAC: 1, FallbackMalformed: 1}
+	want := [NumReasons]uint64{Redirected: 3, FallbackUnknownREMAC: 1, FallbackMalformed: 1, FallbackTooBig: 1}
 	if got != want {
 		t.Errorf("counts %v, want %v", got, want)
 	}

@@ -47,8 +47,10 @@ const (
 	FallbackUnknownGuest
 	// FallbackUnknownREMAC: the destination MAC is not in the REMAC map.
 	FallbackUnknownREMAC
-	// FallbackTooBig: the L3 packet (or, for a GSO skb, one segment) is
-	// larger than the child's MTU, or a GSO skb is neither TCP nor UDP.
+	// FallbackTooBig: the L3 packet (or, for a TCP GSO skb, one segment)
+	// is larger than the child's MTU; a UDP GSO skb (UDP segmentation,
+	// UFO or a UDP tunnel, which the program cannot tell apart) whose
+	// whole packet does not fit; or a GSO skb neither TCP nor UDP.
 	FallbackTooBig
 	// FallbackHeadroom: bpf_skb_change_head failed; the frame is unchanged.
 	FallbackHeadroom
@@ -89,31 +91,11 @@ type Guest struct {
 	MTU     uint32
 }
 
-// TC verdicts (include/uapi/linux/pkt_cls.h). TC_ACT_OK is TCX_PASS under
-// tcx (tcx_run), ending the chain for this frame as the daemon path wants.
-const (
-	tcActOK   = 0
-	tcActShot = 2
-)
-
 // Frame layout constants.
 const (
 	ethHdrLen   = 14
 	ipoibHdrLen = ipoib.HwAddrLen + 4 // pseudo header + IPoIB header
 	headGrow    = ipoibHdrLen - ethHdrLen
-)
-
-// Stack slots of the program (offsets from R10, the frame pointer).
-const (
-	stEth          = -16  // 14 bytes: dst MAC, src MAC, EtherType
-	stL3           = -56  // 40 bytes: the IPv4 (first 20) or IPv6 header
-	stL4           = -72  // 16 bytes: ports, ICMPv6 type, TCP header to doff
-	stOut          = -96  // 24 bytes: the IPoIB link header being built
-	stKey          = -100 // 4 bytes: a map index
-	ctxLen         = 0    // offsets into struct __sk_buff (include/uapi/linux/bpf.h)
-	ctxProtocol    = 16
-	ctxVLANPresent = 20
-	ctxGSOSize     = 176
 )
 
 // TX is the loaded TX program and its maps. Close releases them.
@@ -142,10 +124,7 @@ func LoadTX() (*TX, error) {
 			return nil
 		}
 		var m *ebpf.Map
-		m, err = ebpf.NewMap(&ebpf.MapSpec{Name: name, Type: typ, KeySize: key, ValueSize: val, MaxEntries: n})
-		if err != nil {
-			err = fmt.Errorf("fastpath: map %s: %w", name, err)
-		}
+		m, err = newMap(name, typ, key, val, n)
 		return m
 	}
 	t.Guests = mk("eipoib_guests", ebpf.Hash, 6, 8, MaxGuests)
@@ -201,19 +180,30 @@ func (t *TX) PutREMAC(mac net.HardwareAddr, addr ipoib.HwAddr) error {
 	return t.REMACs.Put(k, addr)
 }
 
+// DeleteGuest removes a guest MAC's entry.
+func (t *TX) DeleteGuest(mac net.HardwareAddr) error {
+	k, err := macKey(mac)
+	if err != nil {
+		return err
+	}
+	return t.Guests.Delete(k)
+}
+
+// DeleteREMAC removes a REMAC's entry.
+func (t *TX) DeleteREMAC(mac net.HardwareAddr) error {
+	k, err := macKey(mac)
+	if err != nil {
+		return err
+	}
+	return t.REMACs.Delete(k)
+}
+
 // Counts sums the per-CPU counters.
 func (t *TX) Counts() ([NumReasons]uint64, error) {
 	var sum [NumReasons]uint64
-	for r := range NumReasons {
-		var per []uint64
-		if err := t.Counters.Lookup(uint32(r), &per); err != nil {
-			return sum, fmt.Errorf("fastpath: counter %s: %w", r, err)
-		}
-		for _, v := range per {
-			sum[r] += v
-		}
-	}
-	return sum, nil
+	got, err := sumPerCPU(t.Counters, int(NumReasons), func(i int) string { return Reason(i).String() })
+	copy(sum[:], got)
+	return sum, err
 }
 
 func macKey(mac net.HardwareAddr) ([6]byte, error) {
@@ -231,26 +221,6 @@ func macKey(mac net.HardwareAddr) ([6]byte, error) {
 // to the stack with bpf_skb_load_bytes, so non-linear skbs are handled
 // the same as linear ones.
 func txInstructions(guests, remacs, counters, last int) asm.Instructions {
-	// loadBytes copies n bytes at off (plus R7, the L3 header length,
-	// when afterL3) to the stack slot; a frame too short is malformed.
-	loadBytes := func(sym string, off int32, afterL3 bool, slot int16, n int32) asm.Instructions {
-		ins := asm.Instructions{asm.Mov.Reg(asm.R1, asm.R6)}
-		if sym != "" {
-			ins[0] = ins[0].WithSymbol(sym)
-		}
-		if afterL3 {
-			ins = append(ins, asm.Mov.Reg(asm.R2, asm.R7), asm.Add.Imm(asm.R2, off))
-		} else {
-			ins = append(ins, asm.Mov.Imm(asm.R2, off))
-		}
-		return append(ins,
-			asm.Mov.Reg(asm.R3, asm.RFP),
-			asm.Add.Imm(asm.R3, int32(slot)),
-			asm.Mov.Imm(asm.R4, n),
-			asm.FnSkbLoadBytes.Call(),
-			asm.JNE.Imm(asm.R0, 0, "fb_malformed"),
-		)
-	}
 	var p asm.Instructions
 	add := func(ins ...asm.Instruction) { p = append(p, ins...) }
 	addAll := func(ins asm.Instructions) { p = append(p, ins...) }
@@ -279,57 +249,8 @@ func txInstructions(guests, remacs, counters, last int) asm.Instructions {
 		asm.LoadMem(asm.R1, asm.R6, ctxProtocol, asm.Word),
 		asm.LoadMem(asm.R2, asm.RFP, stEth+12, asm.Half),
 		asm.JNE.Reg(asm.R1, asm.R2, "fb_malformed"),
-		asm.JEq.Imm(asm.R7, 0x86dd, "ipv6"),
-		asm.JNE.Imm(asm.R7, 0x0800, "fb_not_ip"),
 	)
-
-	// IPv4.
-	addAll(loadBytes("", ethHdrLen, false, stL3, 20))
-	add(
-		asm.LoadMem(asm.R1, asm.RFP, stL3, asm.Byte),
-		asm.Mov.Reg(asm.R2, asm.R1),
-		asm.RSh.Imm(asm.R2, 4),
-		asm.JNE.Imm(asm.R2, 4, "fb_malformed"),
-		asm.And.Imm(asm.R1, 0xf),
-		asm.JLT.Imm(asm.R1, 5, "fb_malformed"),
-		asm.LSh.Imm(asm.R1, 2),
-		asm.Mov.Reg(asm.R7, asm.R1),
-		// Flags and fragment offset, read little-endian: MF is 0x20 of
-		// the first byte, the offset its low 5 bits and the second byte.
-		asm.LoadMem(asm.R1, asm.RFP, stL3+6, asm.Half),
-		asm.And.Imm(asm.R1, 0xff3f),
-		asm.JNE.Imm(asm.R1, 0, "fb_fragment"),
-		asm.LoadMem(asm.R8, asm.RFP, stL3+9, asm.Byte),
-		asm.JNE.Imm(asm.R8, 17, "l4done"),
-	)
-	addAll(loadBytes("", ethHdrLen, true, stL4, 4))
-	addAll(ports(67, 68, "fb_dhcp"))
-	add(asm.Ja.Label("l4done"))
-
-	// IPv6.
-	addAll(loadBytes("ipv6", ethHdrLen, false, stL3, 40))
-	add(
-		asm.LoadMem(asm.R1, asm.RFP, stL3, asm.Byte),
-		asm.RSh.Imm(asm.R1, 4),
-		asm.JNE.Imm(asm.R1, 6, "fb_malformed"),
-		asm.Mov.Imm(asm.R7, 40),
-		asm.LoadMem(asm.R8, asm.RFP, stL3+6, asm.Byte),
-		asm.JEq.Imm(asm.R8, 0, "fb_ipv6_ext"),
-		asm.JEq.Imm(asm.R8, 43, "fb_ipv6_ext"),
-		asm.JEq.Imm(asm.R8, 44, "fb_ipv6_ext"),
-		asm.JEq.Imm(asm.R8, 60, "fb_ipv6_ext"),
-		asm.JEq.Imm(asm.R8, 17, "v6udp"),
-		asm.JNE.Imm(asm.R8, 58, "l4done"),
-	)
-	addAll(loadBytes("", ethHdrLen+40, false, stL4, 1))
-	add(
-		asm.LoadMem(asm.R1, asm.RFP, stL4, asm.Byte),
-		asm.JLT.Imm(asm.R1, 133, "l4done"),
-		asm.JGT.Imm(asm.R1, 137, "l4done"),
-		asm.Ja.Label("fb_nd"),
-	)
-	addAll(loadBytes("v6udp", ethHdrLen+40, false, stL4, 4))
-	addAll(ports(546, 547, "fb_dhcpv6"))
+	addAll(classifyL3(ethHdrLen, true))
 
 	// Both families: R7 = L3 header length, R8 = L4 protocol.
 	add(
@@ -356,17 +277,22 @@ func txInstructions(guests, remacs, counters, last int) asm.Instructions {
 		asm.StoreMem(asm.RFP, stOut+20, asm.R1, asm.Half),
 		asm.StoreImm(asm.RFP, stOut+22, 0, asm.Half),
 
-		// MTU: the L3 packet, or for GSO one segment (L3 header + L4
-		// header + gso_size; skb_gso_validate_network_len's measure).
+		// MTU: R3 is the largest packet the child will send, the L3
+		// packet or for a GSO skb its largest segment (below).
 		asm.LoadMem(asm.R2, asm.R6, ctxGSOSize, asm.Word),
 		asm.JNE.Imm(asm.R2, 0, "gso"),
 		asm.LoadMem(asm.R3, asm.R6, ctxLen, asm.Word),
 		asm.Sub.Imm(asm.R3, ethHdrLen),
-		asm.LoadMem(asm.R1, asm.R9, 4, asm.Word),
+		asm.LoadMem(asm.R1, asm.R9, 4, asm.Word).WithSymbol("mtu"),
 		asm.JGT.Reg(asm.R3, asm.R1, "fb_too_big"),
 		asm.Ja.Label("push"),
-		asm.Mov.Imm(asm.R3, 8).WithSymbol("gso"),
-		asm.JEq.Imm(asm.R8, 17, "gsosum"),
+
+		// TCP GSO: a segment is the L3 header, the TCP header and
+		// gso_size, skb_gso_network_seglen's measure for an skb that is
+		// not encapsulated (net/core/gso.c, skb_gso_transport_seglen).
+		// An outer TCP header means no UDP tunnel: IPIP, SIT and GRE
+		// have their own protocol numbers and fall back.
+		asm.JEq.Imm(asm.R8, 17, "gsoudp").WithSymbol("gso"),
 		asm.JNE.Imm(asm.R8, 6, "fb_too_big"),
 	)
 	addAll(loadBytes("", ethHdrLen, true, stL4, 13))
@@ -374,11 +300,32 @@ func txInstructions(guests, remacs, counters, last int) asm.Instructions {
 		asm.LoadMem(asm.R3, asm.RFP, stL4+12, asm.Byte),
 		asm.RSh.Imm(asm.R3, 4),
 		asm.LSh.Imm(asm.R3, 2),
-		asm.Add.Reg(asm.R3, asm.R7).WithSymbol("gsosum"),
+		asm.Add.Reg(asm.R3, asm.R7),
 		asm.LoadMem(asm.R2, asm.R6, ctxGSOSize, asm.Word),
 		asm.Add.Reg(asm.R3, asm.R2),
-		asm.LoadMem(asm.R1, asm.R9, 4, asm.Word),
-		asm.JGT.Reg(asm.R3, asm.R1, "fb_too_big"),
+		asm.Ja.Label("mtu"),
+
+		// UDP GSO: the skb may be SKB_GSO_UDP_L4 (a segment is L3 + 8 +
+		// gso_size), UFO, or SKB_GSO_UDP_TUNNEL[_CSUM] from a guest's
+		// VXLAN or Geneve, whose gso_size counts only the inner payload:
+		// skb_gso_transport_seglen adds the tunnel and inner headers
+		// (skb_inner_transport_header - skb_transport_header, plus the
+		// inner TCP header). struct __sk_buff shows neither gso_type
+		// nor skb->encapsulation, so no segment size computed here is
+		// safe. Every segment is at most the whole packet, and ipoib
+		// has no hw_enc_features, so validate_xmit_skb segments a
+		// tunnel skb in software before ipoib_start_xmit, whose
+		// ipoib_send drops any segment over the MTU ("packet len %d
+		// (> %d) too long to send"). So the whole packet must fit,
+		// plus, for IPv6, the 8-byte fragment header udp6_ufo_fragment
+		// adds to each fragment of a UFO skb.
+		asm.LoadMem(asm.R3, asm.R6, ctxLen, asm.Word).WithSymbol("gsoudp"),
+		asm.Sub.Imm(asm.R3, ethHdrLen),
+		asm.LoadMem(asm.R1, asm.RFP, stEth+12, asm.Half),
+		asm.HostTo(asm.BE, asm.R1, asm.Half),
+		asm.JNE.Imm(asm.R1, 0x86dd, "mtu"),
+		asm.Add.Imm(asm.R3, 8),
+		asm.Ja.Label("mtu"),
 
 		// Grow the head by 10 bytes: __bpf_skb_change_head keeps the
 		// network header, csum_start and gso_size, and resets the MAC
@@ -397,14 +344,9 @@ func txInstructions(guests, remacs, counters, last int) asm.Instructions {
 		asm.Mov.Imm(asm.R5, 0),
 		asm.FnSkbStoreBytes.Call(),
 		asm.JNE.Imm(asm.R0, 0, "drop_rewrite"),
-
-		asm.StoreImm(asm.RFP, stKey, 0, asm.Word),
-		asm.LoadMapPtr(asm.R1, last),
-		asm.Mov.Reg(asm.R2, asm.RFP),
-		asm.Add.Imm(asm.R2, stKey),
-		asm.FnMapLookupElem.Call(),
-		asm.JEq.Imm(asm.R0, 0, "redirect"),
-		asm.StoreMem(asm.R0, 0, asm.R7, asm.Word),
+	)
+	addAll(recordTarget(last))
+	add(
 		// __bpf_redirect: ARPHRD_INFINIBAND is a MAC-header device, so
 		// the 24-byte link header reaches ipoib_start_xmit as skb->data.
 		asm.Mov.Reg(asm.R1, asm.R7).WithSymbol("redirect"),
@@ -418,39 +360,7 @@ func txInstructions(guests, remacs, counters, last int) asm.Instructions {
 		asm.Mov.Imm(asm.R9, int32(DropRewrite)),
 		asm.Ja.Label("count"),
 	)
-	for r := FallbackMalformed; r <= FallbackHeadroom; r++ {
-		add(
-			asm.Mov.Imm(asm.R8, tcActOK).WithSymbol("fb_"+r.String()),
-			asm.Mov.Imm(asm.R9, int32(r)),
-			asm.Ja.Label("count"),
-		)
-	}
-	add(
-		asm.StoreMem(asm.RFP, stKey, asm.R9, asm.Word).WithSymbol("count"),
-		asm.LoadMapPtr(asm.R1, counters),
-		asm.Mov.Reg(asm.R2, asm.RFP),
-		asm.Add.Imm(asm.R2, stKey),
-		asm.FnMapLookupElem.Call(),
-		asm.JEq.Imm(asm.R0, 0, "exit"),
-		asm.Mov.Imm(asm.R1, 1),
-		asm.StoreXAdd(asm.R0, asm.R1, asm.DWord),
-		asm.Mov.Reg(asm.R0, asm.R8).WithSymbol("exit"),
-		asm.Return(),
-	)
+	addAll(fallbacks(reasonNames[FallbackMalformed:DropRewrite], int32(FallbackMalformed)))
+	addAll(countAndExit(counters))
 	return p
-}
-
-// ports jumps to label when the UDP source or destination port at stL4
-// is a or b.
-func ports(a, b int32, label string) asm.Instructions {
-	var ins asm.Instructions
-	for _, off := range []int16{stL4, stL4 + 2} {
-		ins = append(ins,
-			asm.LoadMem(asm.R1, asm.RFP, off, asm.Half),
-			asm.HostTo(asm.BE, asm.R1, asm.Half),
-			asm.JEq.Imm(asm.R1, a, label),
-			asm.JEq.Imm(asm.R1, b, label),
-		)
-	}
-	return ins
 }

@@ -116,13 +116,22 @@ func TestTXVerdicts(t *testing.T) {
 	dhcpDiscover := ipv4(0, 17, udp(68, 67, 300))
 	tcp4 := ipv4(0x4000, 6, tcp(100)) // DF set: not a fragment
 	tcp6 := ipv6(6, tcp(100))
-	fitsMTU := ipv4(0, 17, udp(40000, 5201, childMTU-28))
-	overMTU := ipv4(0, 17, udp(40000, 5201, childMTU-27))
 	// A TSO super-frame: 20 + 32 + 2900 bytes, segments of 1400.
 	super := ipv4(0x4000, 6, tcp(2900))
 	// gso_size whose segment is exactly the MTU, and one byte over.
 	gsoFits := childMTU - 20 - 32
 	v4vlan := append([]byte{0x00, 0x05, 0x08, 0x00}, tcp4...)
+	// A guest's VXLAN TSO frame (SKB_GSO_UDP_TUNNEL): gso_size 2000
+	// counts only the inner TCP payload, so each segment is 2000 + 102
+	// bytes of outer, VXLAN and inner headers, over the MTU, although
+	// outer IPv4 + UDP + gso_size (2028) is not.
+	vxlan := append([]byte{0x08, 0, 0, 0, 0, 0, 42, 0}, eth(remac, guestMAC, 0x0800, ipv4(0x4000, 6, tcp(2900)))...)
+	tunnel := ipv4(0x4000, 17, append(udp(41000, 4789, 0), vxlan...))
+	udpAtMTU := ipv4(0, 17, udp(40000, 5201, childMTU-28))
+	udpOverMTU := ipv4(0, 17, udp(40000, 5201, childMTU-27))
+	// IPv6 UDP GSO leaves room for the fragment header of UFO.
+	udp6Fits := ipv6(17, udp(40000, 5201, childMTU-8-48))
+	udp6Over := ipv6(17, udp(40000, 5201, childMTU-8-47))
 
 	cases := []struct {
 		name   string
@@ -134,11 +143,16 @@ func TestTXVerdicts(t *testing.T) {
 		{name: "ipv4 tcp", frame: eth(remac, guestMAC, 0x0800, tcp4), reason: Redirected, want: ipoibFrame(0x0800, tcp4)},
 		{name: "ipv6 tcp", frame: eth(remac, guestMAC, 0x86dd, tcp6), reason: Redirected, want: ipoibFrame(0x86dd, tcp6)},
 		{name: "ipv6 icmp echo", frame: eth(remac, guestMAC, 0x86dd, ipv6(58, icmpv6(128))), reason: Redirected, want: ipoibFrame(0x86dd, ipv6(58, icmpv6(128)))},
-		{name: "ipv4 at mtu", frame: eth(remac, guestMAC, 0x0800, fitsMTU), reason: Redirected, want: ipoibFrame(0x0800, fitsMTU)},
-		{name: "ipv4 over mtu", frame: eth(remac, guestMAC, 0x0800, overMTU), reason: FallbackTooBig},
+		{name: "ipv4 at mtu", frame: eth(remac, guestMAC, 0x0800, udpAtMTU), reason: Redirected, want: ipoibFrame(0x0800, udpAtMTU)},
+		{name: "ipv4 over mtu", frame: eth(remac, guestMAC, 0x0800, udpOverMTU), reason: FallbackTooBig},
 		{name: "gso segment at mtu", frame: eth(remac, guestMAC, 0x0800, super), ctx: skbCtx(uint32(gsoFits), 2), reason: Redirected, want: ipoibFrame(0x0800, super)},
 		{name: "gso segment over mtu", frame: eth(remac, guestMAC, 0x0800, super), ctx: skbCtx(uint32(gsoFits+1), 2), reason: FallbackTooBig},
 		{name: "gso ipv6 tcp", frame: eth(remac, guestMAC, 0x86dd, ipv6(6, tcp(2900))), ctx: skbCtx(1400, 3), reason: Redirected, want: ipoibFrame(0x86dd, ipv6(6, tcp(2900)))},
+		{name: "gso udp tunnel segment over mtu", frame: eth(remac, guestMAC, 0x0800, tunnel), ctx: skbCtx(2000, 2), reason: FallbackTooBig},
+		{name: "gso udp whole packet at mtu", frame: eth(remac, guestMAC, 0x0800, udpAtMTU), ctx: skbCtx(1000, 3), reason: Redirected, want: ipoibFrame(0x0800, udpAtMTU)},
+		{name: "gso udp whole packet over mtu", frame: eth(remac, guestMAC, 0x0800, udpOverMTU), ctx: skbCtx(1000, 3), reason: FallbackTooBig},
+		{name: "gso ipv6 udp with room for a fragment header", frame: eth(remac, guestMAC, 0x86dd, udp6Fits), ctx: skbCtx(1000, 2), reason: Redirected, want: ipoibFrame(0x86dd, udp6Fits)},
+		{name: "gso ipv6 udp without room for a fragment header", frame: eth(remac, guestMAC, 0x86dd, udp6Over), ctx: skbCtx(1000, 2), reason: FallbackTooBig},
 		{name: "gso neither tcp nor udp", frame: eth(remac, guestMAC, 0x0800, ipv4(0, 47, make([]byte, 2900))), ctx: skbCtx(1400, 3), reason: FallbackTooBig},
 		{name: "arp", frame: eth(remac, guestMAC, 0x0806, make([]byte, 28)), reason: FallbackARP},
 		{name: "arp broadcast", frame: eth(net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, guestMAC, 0x0806, make([]byte, 28)), reason: FallbackARP},
@@ -156,6 +170,12 @@ func TestTXVerdicts(t *testing.T) {
 		{name: "unknown remac", frame: eth(strayMAC, guestMAC, 0x0800, tcp4), reason: FallbackUnknownREMAC},
 		{name: "not ip", frame: eth(remac, guestMAC, 0x88cc, make([]byte, 46)), reason: FallbackNotIP},
 		{name: "ipv4 fragment offset", frame: eth(remac, guestMAC, 0x0800, ipv4(0x0010, 17, udp(5000, 5001, 8))), reason: FallbackFragment},
+		// The flags/offset half-word differs between byte orders: offset
+		// 0x40 reads as DF (0x4000) when the program swaps wrongly, and
+		// DF alone (the tcp cases) as offset 0x40; offset 0xc0 has only
+		// bits that a mask written for the other order drops.
+		{name: "ipv4 fragment offset 0x40", frame: eth(remac, guestMAC, 0x0800, ipv4(0x0040, 17, udp(5000, 5001, 8))), reason: FallbackFragment},
+		{name: "ipv4 fragment offset 0xc0", frame: eth(remac, guestMAC, 0x0800, ipv4(0x00c0, 17, udp(5000, 5001, 8))), reason: FallbackFragment},
 		{name: "ipv4 more fragments", frame: eth(remac, guestMAC, 0x0800, ipv4(0x2000, 6, tcp(8))), reason: FallbackFragment},
 		{name: "ipv6 fragment header", frame: eth(remac, guestMAC, 0x86dd, ipv6(44, make([]byte, 16))), reason: FallbackIPv6Ext},
 		{name: "ipv6 hop-by-hop", frame: eth(remac, guestMAC, 0x86dd, ipv6(0, make([]byte, 16))), reason: FallbackIPv6Ext},
@@ -169,61 +189,108 @@ func TestTXVerdicts(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			if err := tx.LastRedirect.Put(uint32(0), make([]uint32, ebpf.MustPossibleCPU())); err != nil {
-				t.Fatal(err)
-			}
-			before, err := tx.Counts()
-			if err != nil {
-				t.Fatal(err)
-			}
-			out := make([]byte, len(c.frame)+64)
-			opts := &ebpf.RunOptions{Data: c.frame, DataOut: out}
-			if c.ctx != nil {
-				opts.Context = c.ctx
-			}
-			ret, err := tx.Program.Run(opts)
-			if err != nil {
-				t.Fatal(err)
-			}
-			after, err := tx.Counts()
-			if err != nil {
-				t.Fatal(err)
-			}
-			for r := range NumReasons {
-				want := before[r]
-				if r == c.reason {
-					want++
-				}
-				if after[r] != want {
-					t.Errorf("counter %s = %d, want %d", r, after[r], want)
-				}
-			}
-			var targets []uint32
-			if err := tx.LastRedirect.Lookup(uint32(0), &targets); err != nil {
-				t.Fatal(err)
-			}
-			var target uint32
-			for _, v := range targets {
-				target |= v
-			}
-			want, wantRet, wantTarget := c.frame, uint32(tcActOK), uint32(0)
+			want := c.frame
 			if c.reason == Redirected {
-				want, wantRet, wantTarget = c.want, tcActRedir, childIfindex
+				want = c.want
 			}
-			if ret != wantRet {
-				t.Errorf("verdict %d, want %d", ret, wantRet)
-			}
-			if target != wantTarget {
-				t.Errorf("redirect target %d, want %d", target, wantTarget)
-			}
-			if !bytes.Equal(opts.DataOut, want) {
-				t.Errorf("output %d bytes, want %d:\n got %x\nwant %x", len(opts.DataOut), len(want), head(opts.DataOut), head(want))
-			}
+			checkRun(t, progUnderTest{tx.Program, tx.LastRedirect, txCounts(tx)}, c.frame, c.ctx,
+				int(c.reason), c.reason == Redirected, want, childIfindex)
 		})
 	}
 }
 
+// progUnderTest is a loaded program, its redirect-target map and its
+// summed counters.
+type progUnderTest struct {
+	prog   *ebpf.Program
+	last   *ebpf.Map
+	counts func() ([]uint64, error)
+}
+
+func txCounts(tx *TX) func() ([]uint64, error) {
+	return func() ([]uint64, error) { c, err := tx.Counts(); return c[:], err }
+}
+
+// checkRun runs frame (with the __sk_buff ctx, if any) through p with
+// BPF_PROG_TEST_RUN and checks the verdict (TC_ACT_REDIRECT to target
+// when redirected, TC_ACT_OK otherwise), the exact output bytes, the
+// recorded redirect target, and that the counter at index reason, and
+// only it, moved by one.
+func checkRun(t *testing.T, p progUnderTest, frame, ctx []byte, reason int, redirected bool, want []byte, target uint32) {
+	t.Helper()
+	if err := p.last.Put(uint32(0), make([]uint32, ebpf.MustPossibleCPU())); err != nil {
+		t.Fatal(err)
+	}
+	before, err := p.counts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := &ebpf.RunOptions{Data: frame, DataOut: make([]byte, len(frame)+64)}
+	if ctx != nil {
+		opts.Context = ctx
+	}
+	ret, err := p.prog.Run(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	after, err := p.counts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for r := range after {
+		w := before[r]
+		if r == reason {
+			w++
+		}
+		if after[r] != w {
+			t.Errorf("counter %d = %d, want %d", r, after[r], w)
+		}
+	}
+	var targets []uint32
+	if err := p.last.Lookup(uint32(0), &targets); err != nil {
+		t.Fatal(err)
+	}
+	var got uint32
+	for _, v := range targets {
+		got |= v
+	}
+	wantRet, wantTarget := uint32(tcActOK), uint32(0)
+	if redirected {
+		wantRet, wantTarget = tcActRedir, target
+	}
+	if ret != wantRet {
+		t.Errorf("verdict %d, want %d", ret, wantRet)
+	}
+	if got != wantTarget {
+		t.Errorf("redirect target %d, want %d", got, wantTarget)
+	}
+	if !bytes.Equal(opts.DataOut, want) {
+		t.Errorf("output %d bytes, want %d:\n got %x\nwant %x", len(opts.DataOut), len(want), head(opts.DataOut), head(want))
+	}
+}
+
 func head(b []byte) []byte { return b[:min(len(b), 64)] }
+
+// TestTXDelete checks that deleting the REMAC and then the guest turns
+// the same frame from a redirect into those two fallbacks.
+func TestTXDelete(t *testing.T) {
+	tx := loadTX(t)
+	l3 := ipv4(0x4000, 6, tcp(100))
+	p := progUnderTest{tx.Program, tx.LastRedirect, txCounts(tx)}
+	frame := eth(remac, guestMAC, 0x0800, l3)
+	checkRun(t, p, frame, nil, int(Redirected), true, ipoibFrame(0x0800, l3), childIfindex)
+	if err := tx.DeleteREMAC(remac); err != nil {
+		t.Fatal(err)
+	}
+	checkRun(t, p, frame, nil, int(FallbackUnknownREMAC), false, frame, 0)
+	if err := tx.DeleteGuest(guestMAC); err != nil {
+		t.Fatal(err)
+	}
+	checkRun(t, p, frame, nil, int(FallbackUnknownGuest), false, frame, 0)
+	if err := tx.DeleteGuest(guestMAC[:5]); err == nil {
+		t.Error("a 5-byte MAC was accepted")
+	}
+}
 
 // TestTXCountsPerFrame checks that the counters count frames, not runs of
 // the test: three runs of one frame add exactly three.
