@@ -1,10 +1,10 @@
 package main
 
-// ADD, DEL, CHECK, GC and STATUS: find the pod's interface and its MAC,
-// and declare it to eipoibd (vif-add), free it (vif-del) or check that
-// it is there (show vifs), over the control socket; free the VIFs of
-// the attachments the runtime no longer has; say whether eipoibd is
-// ready (show port).
+// ADD, DEL, CHECK, GC and STATUS. They find the pod's interface and its
+// MAC. Over the control socket they declare it to eipoibd (vif-add),
+// free it (vif-del) or check that it is there (show vifs). They free the
+// VIFs of the attachments the runtime no longer has, and say whether
+// eipoibd is ready (show port).
 
 import (
 	"context"
@@ -42,13 +42,13 @@ const ErrVIFMissing uint = 101
 // takes seconds; the dhcp plugin gives up by itself well before).
 const delegateTimeout = 2 * time.Minute
 
-// cmdAdd declares the pod's MAC to eipoibd, then (chained) passes the
-// prevResult on, with the pod interface's MTU, or (ipamWrap) runs the
+// cmdAdd declares the pod's MAC to eipoibd. Then, chained, it passes the
+// prevResult on with the pod interface's MTU; under ipamWrap it runs the
 // real IPAM and returns its result. Everything is checked before
-// anything is declared: the configuration, the pod's interface and (ipamWrap)
-// the real IPAM's binary; and the declaration is recorded before it is
-// made (records), so that DEL and GC free it whatever the configuration
-// says by then.
+// anything is declared: the configuration, the pod's interface and
+// (ipamWrap) the real IPAM's binary. The declaration is recorded before
+// it is made (records), so that DEL and GC free it whatever the
+// configuration says by then.
 func cmdAdd(args *skel.CmdArgs) error {
 	c, err := ParseConf(args.StdinData)
 	if err != nil {
@@ -107,16 +107,16 @@ func cmdAdd(args *skel.CmdArgs) error {
 }
 
 // cmdDel frees what the attachment's ADD declared, from its record,
-// whether the configuration still parses or not: a DEL whose
+// whether the configuration still parses or not. A DEL whose
 // configuration no longer parses frees what the record holds and
 // succeeds, so that the rest of the chain's DEL (bridge's veth, its
-// IPAM's address) runs too. Per the spec DEL must succeed when there is
-// nothing left to free: no record, no prevResult and no interface (the
-// MAC is unknown), no VIF, or no daemon that could still hold one
-// (delGone) are not errors. In ipamWrap mode the real IPAM's DEL runs
-// too. Without a record (an ADD by an earlier version of the plugin),
-// the chained plugin frees the VIF of the MAC in the prevResult or, with
-// no prevResult, of the pod's interface.
+// IPAM's address) runs too. Per the spec, DEL must succeed when there is
+// nothing left to free. So none of these is an error: no record; no
+// prevResult and no interface (the MAC is unknown); no VIF; no daemon
+// that could still hold one (delGone). In ipamWrap mode the real IPAM's
+// DEL runs too. Without a record (an ADD by an older plugin), the
+// chained plugin frees the VIF of the MAC in the prevResult or, with no
+// prevResult, of the pod's interface.
 func cmdDel(args *skel.CmdArgs) error {
 	var found bool
 	var freeErr error
@@ -156,16 +156,19 @@ func cmdDel(args *skel.CmdArgs) error {
 // delGone is DEL's answer when nothing answers on c's control socket
 // (gone says why). A daemon with --persist restores the VIFs of its
 // state file when it starts again (internal/daemon restoreState), and a
-// declared VIF never ages (mactrans.Origin.Frees): a DEL that succeeded
-// while eipoibd restarts would leave the pod's VIF, a QP, for good. So
-// while the daemon's control socket (it crashed, or is starting) or its
-// state file (it stopped with --persist) is there, DEL fails with "try
-// again later", which the runtime retries, and the message says which
+// declared VIF never ages (mactrans.Origin.Frees). A DEL that succeeded
+// while eipoibd restarts would leave the pod's VIF, a QP, for good.
+//
+// So DEL fails with "try again later", which the runtime retries, while
+// the daemon's control socket (it crashed, or is starting) or its state
+// file (it stopped with --persist) is there. The message says which
 // files to remove if that eipoibd is gone for good. With neither, the
-// daemon's VIFs went with it: DEL succeeds. A state file whose own
-// daemon answers (on the control socket beside it, in a stateDir other
-// than socketDir) is a live daemon's, not one that will restore the
-// pod's VIF: it is neither waited for nor named for removal.
+// daemon's VIFs went with it: DEL succeeds.
+//
+// A state file whose own daemon answers, on the control socket beside it
+// in a stateDir other than socketDir, belongs to a live daemon. That
+// daemon will not restore the pod's VIF, so its file is neither waited
+// for nor named for removal.
 func delGone(c *Conf, mac net.HardwareAddr, gone *types.Error) error {
 	var left []string
 	for _, path := range []string{c.Socket(), c.StateFile()} {
@@ -194,7 +197,7 @@ func answers(path string) bool {
 
 // cmdGC frees the VIFs of the network's attachments that are not among
 // the runtime's valid ones ("cni.dev/valid-attachments"), from their
-// records, whether the configuration still parses or not; in ipamWrap
+// records, whether the configuration still parses or not. In ipamWrap
 // mode the real IPAM's GC runs too, as the spec asks of a plugin that
 // delegates.
 func cmdGC(args *skel.CmdArgs) error {

@@ -1,15 +1,18 @@
 package main
 
-// What each attachment's ADD declared, on disk, so that DEL and GC free
-// it from the record rather than from the configuration: a DEL whose
-// configuration no longer parses (a typo in the chained plugin's keys
-// after bridge's IPAM, the wrapping eipoib, had declared the VIF) still
-// frees it, and GC frees the VIFs of attachments the runtime no longer
-// has. One file an attachment, DataDir/NETWORK/CONTAINERID:IFNAME (the
-// spec's attachment key; neither a container ID nor an interface name
-// holds ':' or '/', libcni's utils.ValidateContainerID and
-// ValidateInterfaceName, which skel applies before the plugin runs),
-// written whole to a temporary file and renamed over the old one.
+// Records hold, on disk, what each attachment's ADD declared, so that
+// DEL and GC free it from the record rather than from the configuration.
+// A DEL whose configuration no longer parses still frees it: say a typo
+// in the chained plugin's keys after bridge's IPAM, the wrapping eipoib,
+// had declared the VIF. And GC frees the VIFs of attachments the runtime
+// no longer has.
+//
+// There is one file an attachment, DataDir/NETWORK/CONTAINERID:IFNAME,
+// the spec's attachment key. Neither a container ID nor an interface
+// name holds ':' or '/' (libcni's utils.ValidateContainerID and
+// ValidateInterfaceName, which skel applies before the plugin runs).
+// Each is written whole to a temporary file and renamed over the old
+// one.
 
 import (
 	"encoding/json"
@@ -67,11 +70,12 @@ type records struct{ dir string }
 // recordsOf are the records of the network c configures.
 func recordsOf(c *Conf) records { return records{filepath.Join(c.DataDir, c.Net.Name)} }
 
-// recordsIn finds the records of the network configuration stdin
-// without parsing the rest of it (a DEL or GC whose configuration no
-// longer parses): its name and its "dataDir" (at the top, or in an
-// "eipoib" IPAM section), the default where that is missing or not an
-// absolute directory. ok is false when stdin has no network name.
+// recordsIn finds the records of the network configuration stdin without
+// parsing the rest of it, for a DEL or GC whose configuration no longer
+// parses. It reads the network's name and its "dataDir", at the top or
+// in an "eipoib" IPAM section; the default stands where that is missing
+// or not an absolute directory. ok is false when stdin has no network
+// name.
 func recordsIn(stdin []byte) (r records, ok bool) {
 	var n struct {
 		Name    string          `json:"name"`

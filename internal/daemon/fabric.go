@@ -159,9 +159,9 @@ func openVerbs(c *Config, log *slog.Logger) (fabric, error) {
 	return fabric{port: p, device: c.IBDev}, nil
 }
 
-// checkIBDev checks the settings of a backend on a real IB device: it
-// needs --ib-dev (what: what the device is; parse, if not nil, checks
-// its form), and takes neither the simulated fabric's --fault and
+// checkIBDev checks the settings of a backend on a real IB device. It
+// needs --ib-dev: what says what the device is, and parse, if not nil,
+// checks its form. It takes neither the simulated fabric's --fault and
 // --underlay nor more than one RX worker.
 func checkIBDev(c *Config, what string, parse func(dev string) error) error {
 	if c.IBDev == "" {
