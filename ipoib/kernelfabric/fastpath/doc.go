@@ -1,7 +1,8 @@
-// Package fastpath holds the groundwork of an in-kernel fast path for the
-// kernel backend: a tc BPF program on a hypervisor's TAP that sends a
-// guest's ordinary unicast IP traffic straight to the guest's IPoIB child
-// interface, so that the common case never crosses user space.
+// Package fastpath holds the groundwork of an in-kernel fast path for
+// the kernel backend. It is a tc BPF program on a hypervisor's TAP that
+// sends a guest's ordinary unicast IP traffic straight to the guest's
+// IPoIB child interface, so that the common case never crosses user
+// space.
 //
 // # What it is
 //
@@ -47,25 +48,26 @@
 //
 // # What it is not yet
 //
-// Nothing in eipoibd loads this package. Still to come: attaching (tcx,
-// clsact on kernels before 6.6) and pinning for --persist; the RX program
-// on the children's tc ingress; the control plane that fills and empties
-// the maps as VIFs and neighbours come and go, and that keeps the fast path
-// off where the user-space path does more than re-frame (MSS clamping, the
-// shim's per-source checks); the --fast-path flag and its kernel probe;
-// Prometheus export of the counters; make bench rows and test/hw kit legs.
+// Nothing in eipoibd loads this package. Still to come:
+//   - attaching (tcx, clsact on kernels before 6.6) and pinning for
+//     --persist;
+//   - the RX program on the children's tc ingress;
+//   - the control plane that fills and empties the maps as VIFs and
+//     neighbours come and go, and keeps the fast path off where the
+//     user-space path does more than re-frame (MSS clamping, the shim's
+//     per-source checks);
+//   - the --fast-path flag and its kernel probe;
+//   - Prometheus export of the counters;
+//   - make bench rows and test/hw kit legs.
 //
 // # How it is tested
 //
-// BPF_PROG_TEST_RUN on crafted frames checks every verdict, the exact
-// output bytes, the redirect target (recorded in LastRedirect) and the
-// counters; a fuzz target checks the same contract on arbitrary frames.
 // A live test attaches the program at tcx egress of a real TAP in a
-// network namespace and reads what it redirects from a TUN switched to
-// ARPHRD_INFINIBAND with TUNSETLINK: an emulation of the child that shows
-// what the kernel does with the skb up to the driver (a TSO super-frame
-// arrives whole with gso_size kept and csum_start 44, or is segmented in
-// software for a device without offloads, every segment keeping the
-// 24-byte link header). What ipoib_start_xmit and the HCA then do with it
-// only hardware can confirm.
+// network namespace. It reads what the program redirects from a TUN
+// switched to ARPHRD_INFINIBAND with TUNSETLINK. That emulates the child
+// and shows what the kernel does with the skb up to the driver. A TSO
+// super-frame arrives whole with gso_size kept and csum_start 44, or is
+// segmented in software for a device without offloads, every segment
+// keeping the 24-byte link header. What ipoib_start_xmit and the HCA
+// then do with it only hardware can confirm.
 package fastpath
