@@ -9,7 +9,7 @@
 //	go run scripts/commentstats.go [-long N] [-exclude dir,...] [dir ...]
 //
 // It walks each dir (default ".") and skips testdata, hidden
-// directories and generated files. A sentence ends at '.', '?' or '!'
+// directories, generated files and cgo preambles. A sentence ends at '.', '?' or '!'
 // followed by a space, at a blank comment line and at the end of the
 // comment. List items and indented code blocks in doc comments are
 // not sentences. -long N also prints the N longest sentences, to pick
@@ -106,6 +106,25 @@ func endsSentence(w string) bool {
 		strings.HasSuffix(w, "!")
 }
 
+// cgoPreamble returns the comment above import "C", which is C code.
+func cgoPreamble(f *ast.File) *ast.CommentGroup {
+	for _, d := range f.Decls {
+		gd, ok := d.(*ast.GenDecl)
+		if !ok || gd.Tok != token.IMPORT {
+			continue
+		}
+		for _, spec := range gd.Specs {
+			if spec.(*ast.ImportSpec).Path.Value == `"C"` {
+				if gd.Doc != nil {
+					return gd.Doc
+				}
+				return spec.(*ast.ImportSpec).Doc
+			}
+		}
+	}
+	return nil
+}
+
 // words counts the tokens of s that hold a letter or a digit.
 func words(s string) int {
 	n := 0
@@ -165,7 +184,11 @@ func main() {
 				t = &tally{}
 				perDir[dir] = t
 			}
+			preamble := cgoPreamble(f)
 			for _, g := range f.Comments {
+				if g == preamble {
+					continue
+				}
 				for _, s := range sentences(g.Text()) {
 					w := words(s)
 					if w == 0 {
