@@ -716,9 +716,9 @@ func runPing(g *guest, dst string, n int, deadline time.Duration, extra ...strin
 }
 
 // lossless reports whether n of n replies came back: the first n
-// requests each answered once. Replies to the requests ping sent beyond
-// n, because replies were late (a busy machine), are no loss: ping may
-// take them in before it exits, so rx may pass n; each reply counted is
+// requests each answered once. Replies to requests ping sent beyond n,
+// because replies were late on a busy machine, are no loss. ping may
+// take them in before it exits, so rx may pass n. Each reply counted is
 // one of a distinct request's, none a duplicate.
 func (r pingResult) lossless(n int) bool {
 	for seq := 1; seq <= n; seq++ {
