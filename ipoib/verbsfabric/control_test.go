@@ -20,7 +20,7 @@ import (
 )
 
 // The tests of the control side's ordering and locking: each drives the
-// port through the fake SA into the state a review found mishandled.
+// port through the fake SA into an interleaving it must survive.
 
 // otherGroup is a group of partition 0xFFFF no test has joined.
 var otherGroup = testutil.GID("ff12:401b:ffff::506:708")
