@@ -1,10 +1,12 @@
 package simfabric
 
-// The receive path: recvmmsg → inspect (addresses, flags, control
-// messages, once per datagram) → split (one packet per buffer, a merged
-// train cut into its packets) → check (decode, Q_Key, size, QP or group,
-// P_Key) in the receive buffer → payload copied to the caller's buffer
-// at offset.
+// The receive path, in order:
+//   - recvmmsg;
+//   - inspect: addresses, flags, control messages, once per datagram;
+//   - split: one packet per buffer, a merged train cut into its packets;
+//   - check, in the receive buffer: decode, Q_Key, size, QP or group,
+//     P_Key;
+//   - the payload copied to the caller's buffer at offset.
 
 import (
 	"errors"
