@@ -62,6 +62,10 @@
 //
 // # How it is tested
 //
+// BPF_PROG_TEST_RUN on crafted frames checks every verdict, the exact
+// output bytes, the redirect target (recorded in LastRedirect) and the
+// counters. A fuzz target checks the same contract on arbitrary frames.
+//
 // A live test attaches the program at tcx egress of a real TAP in a
 // network namespace. It reads what the program redirects from a TUN
 // switched to ARPHRD_INFINIBAND with TUNSETLINK. That emulates the child
