@@ -2,10 +2,10 @@ package main
 
 // Records hold, on disk, what each attachment's ADD declared, so that
 // DEL and GC free it from the record rather than from the configuration.
-// A DEL whose configuration no longer parses still frees it: say a typo
-// in the chained plugin's keys after bridge's IPAM, the wrapping eipoib,
-// had declared the VIF. And GC frees the VIFs of attachments the runtime
-// no longer has.
+// A DEL whose configuration no longer parses still frees it. Such a
+// configuration may have a typo in the chained plugin's keys, found only
+// after bridge's IPAM, the wrapping eipoib, had declared the VIF. And GC
+// frees the VIFs of attachments the runtime no longer has.
 //
 // There is one file an attachment, DataDir/NETWORK/CONTAINERID:IFNAME,
 // the spec's attachment key. Neither a container ID nor an interface
