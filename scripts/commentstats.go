@@ -8,18 +8,14 @@
 //
 //	go run scripts/commentstats.go [-long N] [-exclude dir,...] [dir ...]
 //
-// It walks each dir (default ".") and skips testdata, hidden
-// directories, generated files and cgo preambles. A sentence ends at '.', '?' or '!'
-// followed by a space, at a blank comment line and at the end of the
-// comment. List items and indented code blocks in doc comments are
-// not sentences. -long N also prints the N longest sentences, to pick
-// what to rewrite.
+// It walks each dir (default ".") and skips testdata and hidden
+// directories; internal/commentstats says what a sentence is. -long N
+// also prints the N longest sentences, to pick what to rewrite.
 package main
 
 import (
 	"flag"
 	"fmt"
-	"go/ast"
 	"go/parser"
 	"go/token"
 	"io/fs"
@@ -27,17 +23,9 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
-	"unicode"
+
+	"github.com/eipoib/eipoibd/internal/commentstats"
 )
-
-// over is the length, in words, past which a sentence counts as long.
-const over = 40
-
-type sentence struct {
-	pos   string
-	words int
-	text  string
-}
 
 type tally struct {
 	n, words, long int
@@ -46,7 +34,7 @@ type tally struct {
 func (t *tally) add(words int) {
 	t.n++
 	t.words += words
-	if words > over {
+	if words > commentstats.Over {
 		t.long++
 	}
 }
@@ -57,85 +45,6 @@ func (t tally) String() string {
 	}
 	return fmt.Sprintf("%6d %6.1f %5.1f%%", t.n,
 		float64(t.words)/float64(t.n), 100*float64(t.long)/float64(t.n))
-}
-
-// abbrevs end in a dot without ending a sentence.
-var abbrevs = []string{"e.g.", "i.e.", "etc.", "vs.", "cf.", "Fig.", "No."}
-
-// sentences splits the text of one comment group.
-func sentences(text string) []string {
-	var out []string
-	var cur []string
-	flush := func() {
-		if len(cur) > 0 {
-			out = append(out, strings.Join(cur, " "))
-			cur = nil
-		}
-	}
-	for _, line := range strings.Split(text, "\n") {
-		trim := strings.TrimSpace(line)
-		// A blank line ends a paragraph; an indented line is code in
-		// a doc comment; a list item starts a new sentence.
-		if trim == "" || line[0] == ' ' || line[0] == '\t' {
-			flush()
-			continue
-		}
-		if strings.HasPrefix(trim, "- ") || strings.HasPrefix(trim, "* ") {
-			flush()
-			trim = trim[2:]
-		}
-		for _, w := range strings.Fields(trim) {
-			cur = append(cur, w)
-			if endsSentence(w) {
-				flush()
-			}
-		}
-	}
-	flush()
-	return out
-}
-
-func endsSentence(w string) bool {
-	for _, a := range abbrevs {
-		if strings.HasSuffix(w, a) {
-			return false
-		}
-	}
-	w = strings.TrimRight(w, `"')]*`+"`")
-	return strings.HasSuffix(w, ".") || strings.HasSuffix(w, "?") ||
-		strings.HasSuffix(w, "!")
-}
-
-// cgoPreamble returns the comment above import "C", which is C code.
-func cgoPreamble(f *ast.File) *ast.CommentGroup {
-	for _, d := range f.Decls {
-		gd, ok := d.(*ast.GenDecl)
-		if !ok || gd.Tok != token.IMPORT {
-			continue
-		}
-		for _, spec := range gd.Specs {
-			if spec.(*ast.ImportSpec).Path.Value == `"C"` {
-				if gd.Doc != nil {
-					return gd.Doc
-				}
-				return spec.(*ast.ImportSpec).Doc
-			}
-		}
-	}
-	return nil
-}
-
-// words counts the tokens of s that hold a letter or a digit.
-func words(s string) int {
-	n := 0
-	for _, f := range strings.Fields(s) {
-		if strings.IndexFunc(f, func(r rune) bool {
-			return unicode.IsLetter(r) || unicode.IsDigit(r)
-		}) >= 0 {
-			n++
-		}
-	}
-	return n
 }
 
 func main() {
@@ -155,7 +64,7 @@ func main() {
 	fset := token.NewFileSet()
 	perDir := map[string]*tally{}
 	var total tally
-	var all []sentence
+	var all []commentstats.Sentence
 	for _, root := range roots {
 		err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 			if err != nil {
@@ -175,29 +84,16 @@ func main() {
 			if err != nil {
 				return err
 			}
-			if ast.IsGenerated(f) {
-				return nil
-			}
 			dir := filepath.Dir(path)
 			t := perDir[dir]
 			if t == nil {
 				t = &tally{}
 				perDir[dir] = t
 			}
-			preamble := cgoPreamble(f)
-			for _, g := range f.Comments {
-				if g == preamble {
-					continue
-				}
-				for _, s := range sentences(g.Text()) {
-					w := words(s)
-					if w == 0 {
-						continue
-					}
-					t.add(w)
-					total.add(w)
-					all = append(all, sentence{fset.Position(g.Pos()).String(), w, s})
-				}
+			for _, s := range commentstats.File(fset, f) {
+				t.add(s.Words)
+				total.add(s.Words)
+				all = append(all, s)
 			}
 			return nil
 		})
@@ -207,8 +103,10 @@ func main() {
 		}
 	}
 	dirs := make([]string, 0, len(perDir))
-	for d := range perDir {
-		dirs = append(dirs, d)
+	for d, t := range perDir {
+		if t.n > 0 {
+			dirs = append(dirs, d)
+		}
 	}
 	sort.Strings(dirs)
 	fmt.Printf("%-40s %6s %6s %6s\n", "package", "sent", "words", ">40")
@@ -217,13 +115,13 @@ func main() {
 	}
 	fmt.Printf("%-40s %s\n", "overall", total)
 	if *long > 0 {
-		sort.SliceStable(all, func(i, j int) bool { return all[i].words > all[j].words })
+		sort.SliceStable(all, func(i, j int) bool { return all[i].Words > all[j].Words })
 		if *long < len(all) {
 			all = all[:*long]
 		}
 		fmt.Println()
 		for _, s := range all {
-			fmt.Printf("%3d %s: %s\n", s.words, s.pos, s.text)
+			fmt.Printf("%3d %s: %s\n", s.Words, s.Pos, s.Text)
 		}
 	}
 }
