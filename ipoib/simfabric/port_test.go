@@ -316,10 +316,10 @@ func TestWriteAnyBatchLength(t *testing.T) {
 }
 
 // TestWriteCountsAccepted: n and tx_packets count only the packets the
-// port accepted. A packet is counted as a drop instead, and never
-// reaches the wire, when it is from a QP the port did not allocate (or
-// has freed), from a QP of another partition, to an MGID with a unicast
-// QPN, or lost by a fault.
+// port accepted. Others are counted as drops and never reach the wire.
+// They are packets from a QP the port did not allocate (or has freed) or
+// from a QP of another partition, to an MGID with a unicast QPN, or lost
+// by a fault.
 func TestWriteCountsAccepted(t *testing.T) {
 	a, b, _, _ := pair(t, 9000)
 	qa, _ := a.AllocQP(0xffff, 0)

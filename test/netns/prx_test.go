@@ -15,9 +15,9 @@ import (
 //     ends);
 //   - h1's unicast packets sent (port_tx_packets less
 //     port_tx_multicast_packets) rose as much as h2's unicast packets
-//     received (port_rx_packets less port_rx_multicast_packets), both
-//     read once they have stopped moving: every unicast packet h1 sent
-//     arrived at h2 once (its only unicast peer), and nothing more.
+//     received (port_rx_packets less port_rx_multicast_packets). Both
+//     are read once they have stopped moving. So every unicast packet h1
+//     sent arrived at h2 once (its only unicast peer), and nothing more.
 //     Multicast is left out: a guest's MLD reports and the like go to
 //     groups h2 may not join;
 //   - h2's per-socket counters (port_rx_socket_<i>_packets) show the

@@ -37,14 +37,14 @@
 //     is true for ARPHRD_INFINIBAND, so __bpf_redirect_common keeps the
 //     24-byte link header (it only checks mac_header < network_header) and
 //     __bpf_tx_skb queues the skb on the child unchanged.
-//   - ipoib_start_xmit (drivers/infiniband/ulp/ipoib/ipoib_main.c) reads the
-//     struct ipoib_pseudo_header (the 20-byte address, pushed by
-//     push_pseudo_header in ipoib_hard_header) from skb->data, pulls it,
-//     and switches on the struct ipoib_header's proto that follows; the
-//     neighbour and path lookup (ipoib_neigh_get, neigh_add_path) is keyed
-//     by those 20 bytes, and ipoib_send takes LSO and checksum offload from
-//     the skb (skb_transport_offset, CHECKSUM_PARTIAL), which change_head
-//     left intact.
+//   - ipoib_start_xmit (drivers/infiniband/ulp/ipoib/ipoib_main.c) reads
+//     the struct ipoib_pseudo_header from skb->data and pulls it: the
+//     20-byte address, pushed by push_pseudo_header in ipoib_hard_header.
+//     It switches on the proto of the struct ipoib_header that follows.
+//     The neighbour and path lookup (ipoib_neigh_get, neigh_add_path) is
+//     keyed by those 20 bytes. ipoib_send takes LSO and checksum offload
+//     from the skb (skb_transport_offset, CHECKSUM_PARTIAL), which
+//     change_head left intact.
 //
 // # What it is not yet
 //
