@@ -17,7 +17,7 @@ export VERSION
 VERSION_LDFLAGS := -X main.version=$(VERSION)
 CNI_LDFLAGS     := -X main.buildVersion=$(VERSION)
 
-.PHONY: demo test test-image test-load soak deps lint unit build fuzz bench bench-go bench-net bench-scale release deb image
+.PHONY: demo test test-image test-load soak deps lint unit build fuzz bench bench-go bench-net bench-scale release deb image comment-stats
 
 ## demo: two hypervisors with two guests each on the simulated fabric.
 demo:
@@ -155,3 +155,9 @@ bench-net: build
 N ?= 32
 bench-scale:
 	./scripts/bench-scale.sh $(N)
+
+## comment-stats: words per sentence in Go comments and the share of
+## sentences over 40 words, per package and overall. SKIP=dir,... leaves
+## directories out; LONG=N also lists the N longest sentences.
+comment-stats:
+	$(GO) run scripts/commentstats.go -exclude '$(SKIP)' -long $(or $(LONG),0)

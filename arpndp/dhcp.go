@@ -176,12 +176,13 @@ const (
 	// ClientIDMAC is type 1 and the guest's MAC (RFC 2132 §9.14), added
 	// only when the guest sent no client-identifier of its own.
 	ClientIDMAC ClientIDForm = iota
-	// ClientIDMlnx is the form OpenStack's Mellanox driver
-	// (networking-mlnx) keys its dnsmasq host entries by, and Mellanox
-	// adapters' boot firmware sends: type 255 (RFC 4361), IAID 0, a
-	// DUID-EN with Mellanox's enterprise number 713, and the port GUID,
-	// here made from the guest's MAC m as m0 m1 m2 00 00 m3 m4 m5. It
-	// replaces any client-identifier the guest sent.
+	// ClientIDMlnx is the form that OpenStack's Mellanox driver
+	// (networking-mlnx) keys its dnsmasq host entries by, and that
+	// Mellanox adapters' boot firmware sends. It is type 255 (RFC 4361),
+	// IAID 0, a DUID-EN with Mellanox's enterprise number 713, and the
+	// port GUID. The GUID is made here from the guest's MAC m as m0 m1
+	// m2 00 00 m3 m4 m5. It replaces any client-identifier the guest
+	// sent.
 	ClientIDMlnx
 )
 
@@ -225,11 +226,12 @@ func putClientID(opt []byte, f ClientIDForm, mac ether.MAC) int {
 	return clientIDLen
 }
 
-// DHCPToIB applies the RFC 4390 client translation to an Ethernet guest's
-// request: htype 32, hlen 0, chaddr zeroed, the BROADCAST flag set, and a
-// client-identifier of form f for the guest's MAC, inserted before END
-// (the packet grows within pkt's capacity) in place of the guest's own
-// where f replaces it. It returns the rewritten packet.
+// DHCPToIB applies the RFC 4390 client translation to an Ethernet
+// guest's request: htype 32, hlen 0, chaddr zeroed and the BROADCAST
+// flag set. It inserts a client-identifier of form f for the guest's MAC
+// before END, growing the packet within pkt's capacity; where f replaces
+// the guest's own, it goes in its place. It returns the rewritten
+// packet.
 func DHCPToIB(pkt []byte, f ClientIDForm) ([]byte, error) {
 	m, err := parseDHCP(pkt)
 	if err != nil {

@@ -213,7 +213,7 @@ func TestDHCPBadInput(t *testing.T) {
 		{"bad UDP checksum", func() []byte { b := append([]byte(nil), req...); b[40]++; return b }(), ErrBadChecksum},
 		{"IPoIB request", mutate(func(b []byte) { b[29] = HwTypeInfiniBand }), ErrBadHwType},
 		// Adding the 9-byte client-identifier would take the IPv4 total
-		// length past 65535 (it used to wrap and leave a broken packet).
+		// length past 65535, where it would wrap and leave a broken packet.
 		{"too long for a client-identifier", dhcpOfLength(t, 0xffff-clientIDLen+1), ErrBadLength},
 	}
 	var c Counters

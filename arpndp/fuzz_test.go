@@ -33,9 +33,9 @@ func arpSeeds(f *testing.F) {
 }
 
 // arpWant is what converting a to the other link layer and back must
-// give: every field as it was, except a target hardware address the
-// translator does not know (zero, broadcast, or a stranger in a request),
-// which comes back zero.
+// give: every field as it was. The exception is a target hardware
+// address the translator does not know (zero, broadcast, or a stranger
+// in a request), which comes back zero.
 func arpWant(a ARP, known bool) []byte {
 	want := append([]byte(nil), a[:a.Len()]...)
 	if !known {
@@ -239,10 +239,11 @@ func sameExcept(t *testing.T, a, b []byte, skip ...int) {
 }
 
 // dhcpToIBChecked runs DHCPToIB of form f on the fuzzer's input and
-// checks what every output must be (RFC 4390 §2.1: a valid message with
-// htype 32, hlen 0, chaddr zero, BROADCAST set and a client-identifier);
-// it returns the output and its offsets, the input's offsets and bytes,
-// and false where DHCPToIB refused the input (with a Reason).
+// checks what every output must be. RFC 4390 §2.1 asks for a valid
+// message with htype 32, hlen 0, chaddr zero, BROADCAST set and a
+// client-identifier. It returns the output and its offsets, and the
+// input's offsets and bytes. It returns false where DHCPToIB refused the
+// input (with a Reason).
 func dhcpToIBChecked(t *testing.T, in []byte, fix bool, f ClientIDForm) (out []byte, m, orig dhcpMsg, was []byte, ok bool) {
 	t.Helper()
 	b := fixDHCP(in, fix)
@@ -298,10 +299,10 @@ func FuzzDHCPToIB(f *testing.F) {
 }
 
 // FuzzDHCPToIBMlnx: with the Mellanox client-identifier the request is
-// in the IPoIB form, its first client-identifier is the Mellanox one of
-// the guest's MAC, and its options are the guest's with the guest's own
-// first client-identifier taken out and the Mellanox one put before END
-// (or, where the guest's already was that, untouched).
+// in the IPoIB form, and its first client-identifier is the Mellanox one
+// of the guest's MAC. Its options are the guest's, with the guest's own
+// first client-identifier taken out and the Mellanox one put before END.
+// Where the guest's already was that, they are untouched.
 func FuzzDHCPToIBMlnx(f *testing.F) {
 	dhcpSeeds(f)
 	f.Fuzz(func(t *testing.T, in []byte, fix bool) {

@@ -11,10 +11,10 @@ import (
 )
 
 // TestARPIndependentDecoders checks the ARP rewriting with decoders
-// written apart from it (mdlayher/ethernet and mdlayher/arp, which takes
-// 20-byte hardware addresses): a guest's request, read out of its
-// Ethernet frame, becomes IPoIB ARP (type 32, length 20, the guest's
-// LIMAC, the same IP addresses, a zero target address); the remote's
+// written apart from it: mdlayher/ethernet, and mdlayher/arp, which
+// takes 20-byte hardware addresses. A guest's request, read out of its
+// Ethernet frame, becomes IPoIB ARP: type 32, length 20, the guest's
+// LIMAC, the same IP addresses, a zero target address. The remote's
 // IPoIB reply becomes Ethernet ARP naming the REMAC and the guest's MAC.
 func TestARPIndependentDecoders(t *testing.T) {
 	tr := newTr()

@@ -1,9 +1,9 @@
-// Package ether holds the Ethernet pieces shared by the eipoibd packages: the
-// 6-byte MAC type, ethertypes and a zero-copy view of Ethernet and 802.1Q
-// headers. It exists so that arpndp, mactrans and the shim agree on one MAC
-// type without depending on each other, and it is public because their
-// exported functions take and return its MAC: code outside the module
-// that uses them must be able to name it.
+// Package ether holds the Ethernet pieces shared by the eipoibd
+// packages: the 6-byte MAC type, ethertypes and a zero-copy view of
+// Ethernet and 802.1Q headers. It exists so that arpndp, mactrans and
+// the shim agree on one MAC type without depending on each other. It is
+// public because their exported functions take and return its MAC: code
+// outside the module that uses them must be able to name it.
 package ether
 
 import (

@@ -5,15 +5,15 @@ package ipoib
 // returns DropNone or the reason to count, and allocates nothing.
 
 // CheckTx checks the metadata of a packet of n bytes (IPoIB header
-// included) handed to Write: its source QP must be one of qps with the
-// P_Key it was allocated in, its destination QPN the multicast QPN
-// exactly when its GID is an MGID, and a super-packet must be a TCP one
-// the port takes (tso) with its TCP header inside the packet. A packet
+// included) handed to Write. Its source QP must be one of qps with the
+// P_Key it was allocated in. Its destination QPN must be the multicast
+// QPN exactly when its GID is an MGID. A super-packet must be a TCP one
+// the port takes (tso), with its TCP header inside the packet. A packet
 // shorter than the IPoIB header passes: a backend that reads the header
-// (for its ethertype) refuses one itself. It returns the
-// source QP's entry, and DropBadMeta or DropBadGSO for a packet to
-// refuse. Size against the MTU is the backend's check: the MTU may be
-// the partition's or the child's.
+// (for its ethertype) refuses one itself. CheckTx returns the source
+// QP's entry, and DropBadMeta or DropBadGSO for a packet to refuse. Size
+// against the MTU is the backend's check: the MTU may be the partition's
+// or the child's.
 func CheckTx(m *TxMeta, n int, qps *QPTable, tso bool) (QP, Drop) {
 	return CheckTxOffloads(m, n, qps, Offloads{TSO: tso})
 }
@@ -42,11 +42,11 @@ func CheckTxOffloads(m *TxMeta, n int, qps *QPTable, o Offloads) (QP, Drop) {
 }
 
 // CheckRx checks a received packet's metadata against the port's QPs and
-// groups: a multicast packet (m.DstQPN the multicast QPN, m.MGID its
-// group) must be to a group the port is a full member of, a unicast one
-// (m.MGID zero) to one of its QPs, and its P_Key must be able to talk to
-// the group's or the QP's (IBA 10.9.3); the multicast QPN goes only to
-// an MGID (IBA 9.8.1).
+// groups. A multicast packet (m.DstQPN the multicast QPN, m.MGID its
+// group) must be to a group the port is a full member of. A unicast one
+// (m.MGID zero) must be to one of its QPs. Its P_Key must be able to
+// talk to the group's or the QP's (IBA 10.9.3). The multicast QPN goes
+// only to an MGID (IBA 9.8.1).
 func CheckRx(m *RxMeta, qps *QPTable, groups *GroupTable) Drop {
 	mcast := m.DstQPN == MulticastQPN
 	if mcast != m.MGID.IsMulticast() {

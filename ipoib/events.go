@@ -67,23 +67,25 @@ func (e Event) key() eventKey {
 const EventBuffer = 16
 
 // EventQueue is the Events channel of a backend, after wireguard-go's
-// tun.Device.Events (tun/tun.go Event; tun_linux.go: NativeTun's
+// tun.Device.Events (tun/tun.go Event). In tun_linux.go, NativeTun's
 // routineHackListener sends the state it finds at start,
-// routineNetlinkListener EventUp, EventDown and EventMTUUpdate as
-// RTM_NEWLINK reports them, and Close closes the channel). Unlike
-// wireguard-go's, whose routines block on a reader that does not keep up
-// (plain sends on a channel of 5), and whose EventMTUUpdate leaves the
-// reader to ask MTU, an event here carries the state, and a backend's
-// calls never block: events go into a
-// buffered channel (EventBuffer), and once it is full into a queue that
-// holds at most one event per state (the link; each partition's MTU),
-// which a goroutine feeds to the channel as the reader frees room. A new
-// event for a state whose event is still in that queue replaces it in
-// place: a reader that fell behind misses an intermediate state (a link
-// that went down and up again before it read) but never the current one,
-// and each state's events stay in order. A reader that keeps up with the
-// buffer gets every event in the order sent. An event equal to the last
-// one queued for its state is not queued again.
+// routineNetlinkListener sends EventUp, EventDown and EventMTUUpdate as
+// RTM_NEWLINK reports them, and Close closes the channel.
+//
+// Unlike wireguard-go's, an event here carries the state, and a
+// backend's calls never block. (wireguard-go's routines block on a
+// reader that does not keep up, with plain sends on a channel of 5, and
+// its EventMTUUpdate leaves the reader to ask MTU.) Events go into a
+// buffered channel (EventBuffer). Once it is full they go into a queue
+// that holds at most one event per state (the link; each partition's
+// MTU), which a goroutine feeds to the channel as the reader frees room.
+//
+// A new event for a state whose event is still in that queue replaces it
+// in place. So a reader that fell behind misses an intermediate state (a
+// link that went down and up again before it read) but never the current
+// one, and each state's events stay in order. A reader that keeps up
+// with the buffer gets every event in the order sent. An event equal to
+// the last one queued for its state is not queued again.
 //
 // NewEventQueue queues the current link state first; Close ends the
 // delivery and closes the channel, dropping what was not read.

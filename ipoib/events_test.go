@@ -32,10 +32,10 @@ func TestEventQueueOrder(t *testing.T) {
 }
 
 // TestEventQueueSlowReader: a reader that does not read never blocks the
-// sender; the link's changes are coalesced to at most the buffer and
-// two, the last the current state, and a partition's MTU set twice while
-// unread comes once, as set last, each state's events in the order they
-// were sent.
+// sender. The link's changes are coalesced to at most the buffer and
+// two, the last the current state. A partition's MTU set twice while
+// unread comes once, as set last. Each state's events come in the order
+// they were sent.
 func TestEventQueueSlowReader(t *testing.T) {
 	q := ipoib.NewEventQueue(true)
 	defer q.Close()

@@ -9,14 +9,15 @@ import (
 )
 
 // GroupTable is a port's multicast memberships, full or send-only; the
-// fabric backends share it. attach and detach (either may be nil) are the
-// backend's own work to receive a group or stop receiving it; they run
-// under the table's lock, so they happen once per change. Full, asked
-// per received multicast packet, takes no lock and allocates nothing:
-// the full memberships are groupShards immutable sets, chosen by a
-// seeded hash of the MGID (a guest cannot pile its groups into one),
-// each replaced copy on write by Join and Leave; a change copies one
-// shard, 1/groupShards of the set. It is safe for concurrent use.
+// fabric backends share it. attach and detach (either may be nil) are
+// the backend's own work to receive a group or stop receiving it. They
+// run under the table's lock, so they happen once per change.
+//
+// Full, asked per received multicast packet, takes no lock and allocates
+// nothing. The full memberships are groupShards immutable sets, chosen
+// by a seeded hash of the MGID so that a guest cannot pile its groups
+// into one. Join and Leave replace a shard copy on write: a change
+// copies 1/groupShards of the set. It is safe for concurrent use.
 type GroupTable struct {
 	mu       sync.Mutex // serialises changes
 	seed     maphash.Seed

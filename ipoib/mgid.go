@@ -67,10 +67,10 @@ func IPv6MGID(group netip.Addr, pkey PKey, scope uint8) GID {
 func MGIDPKey(g GID) PKey { return PKey(binary.BigEndian.Uint16(g[4:6])) }
 
 // MGIDToMAC maps an IPoIB MGID back to the Ethernet multicast MAC that
-// guests expect: the broadcast group to ff:ff:ff:ff:ff:ff, an IPv4 group to
-// 01:00:5e plus the low 23 bits of the group (RFC 1112 §6.4), an IPv6 group
-// to 33:33 plus the low 32 bits (RFC 2464 §7). ok is false for a GID that is
-// not an IPoIB MGID.
+// guests expect. The broadcast group maps to ff:ff:ff:ff:ff:ff. An IPv4
+// group maps to 01:00:5e plus the low 23 bits of the group (RFC 1112
+// §6.4), an IPv6 group to 33:33 plus the low 32 bits (RFC 2464 §7). ok
+// is false for a GID that is not an IPoIB MGID.
 func MGIDToMAC(g GID) (mac ether.MAC, ok bool) {
 	if g[0] != 0xff || g[1]&0xf0 != 0x10 {
 		return mac, false

@@ -7,14 +7,14 @@ type RxMeta struct {
 	// Src is the sender: its source QPN and source GID (flags zero).
 	// It is zero when SrcUnknown is set.
 	Src HwAddr
-	// SrcUnknown says the port cannot tell the sender: the kernel's
+	// SrcUnknown says the port cannot tell the sender. The kernel's
 	// IPoIB driver hands packet sockets no source address, and a verbs
 	// packet without a GRH names only the sender's LID, which the port
 	// may never have seen. The shim then finds the sender from the
-	// ARP/NDP payloads it has seen (the sender's address is in every ARP
-	// packet and most NDP ones) and the packet's source IP, and delivers
-	// a packet from a source it has not seen (routed from another
-	// subnet) under a stand-in source MAC, never drops it.
+	// packet's source IP and the ARP/NDP payloads it has seen (the
+	// sender's address is in every ARP packet and most NDP ones). It
+	// delivers a packet from a source it has not seen (routed from
+	// another subnet) under a stand-in source MAC, and never drops it.
 	SrcUnknown bool
 	// DstQPN is the receiving QP, or MulticastQPN for a multicast packet.
 	DstQPN uint32
@@ -57,25 +57,26 @@ func (t GSOType) UDP() bool { return t == GSOUDPv4 || t == GSOUDPv6 }
 // V6 reports whether t is an IPv6 super-packet kind.
 func (t GSOType) V6() bool { return t == GSOTCPv6 || t == GSOUDPv6 }
 
-// GSO describes a TCP super-packet handed to a port whole: the 4-byte IPoIB
-// header, the IP header (IPv6 extension headers included), the TCP header
-// and a payload the port cuts into Size-byte segments, as a Linux GSO skb
-// or an HCA's LSO work request is cut. Each segment carries copies of the
-// headers with the IP length, the IPv4 ID (one more per segment), the TCP
-// sequence number and the flags fixed up (FIN and PSH on the last segment
-// only, CWR on the first only). The TCP checksum field holds the
-// pseudo-header sum over the super-packet's whole TCP length, as Linux
-// leaves it in a CHECKSUM_PARTIAL GSO skb (virtio_net_hdr NEEDS_CSUM):
-// each segment's checksum is computed from it with the segment's length,
-// and each IPv4 header checksum from scratch.
+// GSO describes a TCP super-packet handed to a port whole: the 4-byte
+// IPoIB header, the IP header (IPv6 extension headers included), the TCP
+// header and a payload. The port cuts the payload into Size-byte
+// segments, as a Linux GSO skb or an HCA's LSO work request is cut. Each
+// segment carries copies of the headers with the IP length, the IPv4 ID
+// (one more per segment), the TCP sequence number and the flags fixed up
+// (FIN and PSH on the last segment only, CWR on the first only). The TCP
+// checksum field holds the pseudo-header sum over the super-packet's
+// whole TCP length, as Linux leaves it in a CHECKSUM_PARTIAL GSO skb
+// (virtio_net_hdr NEEDS_CSUM). Each segment's checksum is computed from
+// it with the segment's length, and each IPv4 header checksum from
+// scratch.
 //
 // A UDP super-packet (GSOUDPv4, GSOUDPv6) is cut as Linux's
 // __udp_gso_segment cuts an SKB_GSO_UDP_L4 skb: into datagrams of Size
-// bytes of UDP payload (the last may be shorter), each with the headers,
+// bytes of UDP payload (the last may be shorter). Each has the headers,
 // its own IP and UDP lengths, IPv4 ID (one more per datagram) and
-// checksums, the UDP one computed from the pseudo-header sum the checksum
-// field holds (0 sent as 0xFFFF). Every datagram fits the IPoIB MTU: the
-// caller checks, as a datagram cannot be cut smaller.
+// checksums. The UDP checksum is computed from the pseudo-header sum the
+// checksum field holds (0 sent as 0xFFFF). Every datagram fits the IPoIB
+// MTU: the caller checks, as a datagram cannot be cut smaller.
 type GSO struct {
 	Type GSOType
 	// L4 is the offset of the TCP (UDP) header from the start of the

@@ -20,16 +20,18 @@ type QP struct {
 
 // QPTable is a port's UD QPs by QPN, each with its P_Key and the
 // backend's state; every fabric backend keeps its QPs in one. A backend
-// that numbers QPs itself uses Alloc, one whose device numbers them
-// Add. Lookups take no lock and allocate nothing (the data path makes
-// one per packet): the table is a two-level radix tree of atomic
-// pointers by QPN, qpRoots leaves of qpLeafSize entries, each entry an
-// immutable QP (the root is 65,536 pointers, 512 KB a table; a leaf 2 KB
-// for 256 QPNs, made when first used). Alloc, Add and Free are the control plane's, serialised
-// among themselves; each changes one entry (and makes or drops at most
-// one leaf), so filling or emptying a table of n QPs costs O(n), not
-// the O(n²) of a map copied on every change. It is safe for concurrent
-// use.
+// that numbers QPs itself uses Alloc, one whose device numbers them Add.
+//
+// Lookups take no lock and allocate nothing, as the data path makes one
+// per packet. The table is a two-level radix tree of atomic pointers by
+// QPN: qpRoots leaves of qpLeafSize entries, each entry an immutable QP.
+// The root is 65,536 pointers, 512 KB a table; a leaf is 2 KB for 256
+// QPNs, made when first used.
+//
+// Alloc, Add and Free are the control plane's, serialised among
+// themselves. Each changes one entry and makes or drops at most one
+// leaf. So filling or emptying a table of n QPs costs O(n), not the
+// O(n²) of a map copied on every change. It is safe for concurrent use.
 type QPTable struct {
 	mu   sync.Mutex // serialises writers
 	root [qpRoots]atomic.Pointer[qpLeaf]

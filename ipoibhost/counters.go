@@ -3,10 +3,10 @@ package ipoibhost
 // Counter indexes the host's counters.
 type Counter int
 
-// The host's counters. Every IP packet read from the device is sent
-// (tx_sent, which also counts the host's own ARP and NDP), dropped
-// (drop_*), or first waits for a resolution (tx_queued); every packet
-// read from the port is delivered, handled (ARP, NDP) or dropped.
+// The host's counters. Every IP packet read from the device is sent,
+// dropped (drop_*), or first waits for a resolution (tx_queued); tx_sent
+// also counts the host's own ARP and NDP. Every packet read from the
+// port is delivered, handled (ARP, NDP) or dropped.
 const (
 	TxPackets       Counter = iota // IP packets read from the device
 	TxSent                         // packets the port accepted (control packets included)

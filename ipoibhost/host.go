@@ -1,11 +1,12 @@
 // Package ipoibhost is a native IPoIB host, as a Linux ib0 in datagram
-// mode is one: a layer-3 device (a TUN) for the host's own IP stack, one
-// UD QP, membership of the partition's broadcast group and of the groups
-// the stack joins, IPoIB ARP and NDP (20-byte hardware addresses, the
-// 24-byte link-layer option) answered and resolved here, and a
-// neighbour table. It is eipoibd's "host" command: a native peer for the
-// guests behind eipoibd, on any fabric port, written from the RFCs
-// separately from the shim so that the two check each other.
+// mode is one. It has a layer-3 device (a TUN) for the host's own IP
+// stack and one UD QP. It is a member of the partition's broadcast group
+// and of the groups the stack joins. It answers and resolves IPoIB ARP
+// and NDP (20-byte hardware addresses, the 24-byte link-layer option),
+// and keeps a neighbour table. It is eipoibd's "host" command: a native
+// peer for the guests behind eipoibd, on any fabric port. It is written
+// from the RFCs separately from the shim, so that the two check each
+// other.
 //
 // Data path: IP packet from the device → destination to an MGID
 // (multicast, broadcast) or to a neighbour's 20-byte address → the 4-byte

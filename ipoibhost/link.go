@@ -1,11 +1,12 @@
 package ipoibhost
 
-// The IPoIB link layer as a native host speaks it, written from RFC 4391
-// (MGIDs, ARP over IPoIB), RFC 4861 with RFC 4391 §9.1 (the 24-byte
-// link-layer address option) and docs/architecture.md, independently of the shim's
-// rewriters in arpndp and of ipoib's MGID helpers: the interop tests then
-// check one implementation against the other instead of a shared mistake.
-// Nothing here is on the data path: it runs for ARP and NDP messages only.
+// The IPoIB link layer as a native host speaks it. It is written from
+// RFC 4391 (MGIDs, ARP over IPoIB), RFC 4861 with RFC 4391 §9.1 (the
+// 24-byte link-layer address option) and docs/architecture.md. It is
+// independent of the shim's rewriters in arpndp and of ipoib's MGID
+// helpers, so the interop tests check one implementation against the
+// other instead of a shared mistake. Nothing here is on the data path:
+// it runs for ARP and NDP messages only.
 
 import (
 	"encoding/binary"

@@ -15,11 +15,11 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// OSLink returns a Config.Link for the device called name in the
-// calling network namespace: its addresses from netlink (tentative ones
-// left out), its multicast memberships from /proc/net/igmp and
-// /proc/net/igmp6, where the kernel lists every group a socket joined
-// on it (and the ones it joins itself: 224.0.0.1, ff02::1, the
+// OSLink returns a Config.Link for the device called name in the calling
+// network namespace. Its addresses come from netlink, tentative ones
+// left out. Its multicast memberships come from /proc/net/igmp and
+// /proc/net/igmp6, where the kernel lists every group a socket joined on
+// it, and the ones it joins itself (224.0.0.1, ff02::1, the
 // solicited-node groups).
 func OSLink(name string) func() (LinkState, error) {
 	return func() (LinkState, error) {
@@ -61,11 +61,11 @@ func OSLink(name string) func() (LinkState, error) {
 	}
 }
 
-// parseIGMP returns the IPv4 groups of dev in /proc/net/igmp: a line per
-// device ("5\tib0       :     2      V3") followed by a line per group,
-// indented by tabs, whose first field is the group as the kernel's u32
-// in host byte order, printed in hex ("010000E0" is 224.0.0.1 on a
-// little-endian machine).
+// parseIGMP returns the IPv4 groups of dev in /proc/net/igmp. The file
+// has a line per device ("5\tib0       :     2      V3") followed by a
+// line per group, indented by tabs. A group line's first field is the
+// group as the kernel's u32 in host byte order, printed in hex:
+// "010000E0" is 224.0.0.1 on a little-endian machine.
 func parseIGMP(b []byte, dev string) ([]netip.Addr, error) {
 	var groups []netip.Addr
 	in := false

@@ -470,9 +470,10 @@ func benchNeigh(b *testing.B, size, active int) {
 }
 
 // BenchmarkNeighLookup shows the REMAC lookup at 1,000 and 100,000
-// entries: "active=1000" cycles over 1,000 destinations in both (the cost of
-// the lookup itself, which should not grow with the table), "active=all"
-// over every entry (at 100,000 that is dominated by cache misses).
+// entries. "active=1000" cycles over 1,000 destinations in both: the
+// cost of the lookup itself, which should not grow with the table.
+// "active=all" cycles over every entry; at 100,000 that is dominated by
+// cache misses.
 func BenchmarkNeighLookup(b *testing.B) {
 	for _, n := range []int{1000, 100_000} {
 		b.Run(fmt.Sprintf("entries=%d/active=1000", n), func(b *testing.B) { benchNeigh(b, n, 1000) })
@@ -507,10 +508,10 @@ func BenchmarkVIFLookup(b *testing.B) {
 	}
 }
 
-// TestVIFREMAC: a VIF's REMAC is the one a remote neighbour table derives
-// for its LIMAC, it finds the VIF until the VIF is removed or aged out,
-// a neighbour records the local VIF its guest moved to, and a VIF that
-// it moved in.
+// TestVIFREMAC: a VIF's REMAC is the one a remote neighbour table
+// derives for its LIMAC. It finds the VIF until the VIF is removed or
+// aged out. A neighbour records the local VIF its guest moved to, and a
+// VIF that it moved in.
 func TestVIFREMAC(t *testing.T) {
 	tbl := NewVIFTable(localGID, 4)
 	var al allocator
@@ -547,10 +548,10 @@ func TestVIFREMAC(t *testing.T) {
 	}
 }
 
-// TestNeighIndexesAgree: after evictions, aging and a flush, which move
-// entries about in the table's sweep order, every entry All returns is
-// found by both lookups, the indexes hold as many entries as Len, the
-// entries aged or flushed are found by neither, and an emptied table
+// TestNeighIndexesAgree: evictions, aging and a flush move entries about
+// in the table's sweep order. After them, every entry All returns is
+// found by both lookups, and the indexes hold as many entries as Len.
+// The entries aged or flushed are found by neither. An emptied table
 // gives back the room a flood made.
 func TestNeighIndexesAgree(t *testing.T) {
 	clk := clock.NewFake(t0)

@@ -89,27 +89,25 @@ type NeighCounters struct {
 
 // NeighTable maps RIMAC ↔ REMAC per partition.
 //
-// Collisions: when the derived REMAC of a new RIMAC is already taken by a
-// different RIMAC in the partition, the next attempt of DeriveREMAC is
-// tried (counted as a collision); the two are never merged.
+// Collisions: when the derived REMAC of a new RIMAC is already taken by
+// a different RIMAC in the partition, the next attempt of DeriveREMAC is
+// tried (counted as a collision). The two are never merged.
 //
-// Bound and eviction policy: at most max entries. Learning a new RIMAC in a
-// full table evicts one entry, counted as an eviction: among the next
-// evictWindow entries from a hand that sweeps the table (and the windows
-// after it, at most evictScan of them, while every entry seen is in
-// use), one that no local guest has sent to if there is any, else the
-// least recently used; the least recently seen among equals. Entries
-// guests use are thus never pushed out by a flood of endpoints that only
-// speak (a neighbour flood on the fabric), and the work per eviction
+// Bound and eviction policy: at most max entries. Learning a new RIMAC
+// in a full table evicts one entry, counted as an eviction. A hand
+// sweeps the table and looks at the next evictWindow entries, and at the
+// windows after it (at most evictScan of them) while every entry seen is
+// in use. It evicts one that no local guest has sent to if there is any,
+// else the least recently used; among equals, the least recently seen.
+// So a flood of endpoints that only speak (a neighbour flood on the
+// fabric) never pushes out entries guests use, and the work per eviction
 // stays bounded. A guest still talking to an evicted endpoint re-learns
 // it on the next packet or ARP, under the same REMAC.
 //
-// Memory: both indexes are xsync.Maps, whose lookups are a few atomic
-// loads (no lock, no allocation) and whose writes change one bucket in
-// place, so that a flood of new endpoints leaves no garbage but the
-// evicted entries (each write of the copy-on-write maps this replaces
-// copied 1/256 of the table: 56 KB of garbage per endpoint learned at
-// 65,536 entries).
+// Memory: both indexes are xsync.Maps. Their lookups are a few atomic
+// loads (no lock, no allocation) and their writes change one bucket in
+// place. So a flood of new endpoints leaves no garbage but the evicted
+// entries.
 type NeighTable struct {
 	max     int
 	derive  func(ipoib.GID, uint32, int) ether.MAC // DeriveREMAC; replaced in tests to force collisions

@@ -1,11 +1,12 @@
-// Package mactrans keeps eIPoIB's translation tables: the VIF table mapping
-// a local guest's Ethernet MAC (LEMAC) and VLAN to its own UD QP and 20-byte
-// IPoIB address (LIMAC), and the neighbour table mapping each remote IPoIB
-// endpoint (RIMAC) to the stable Ethernet MAC shown to guests (REMAC), per
-// partition. Lookups on the hot path are lock-free and allocation-free
-// (xsync.Maps: a lookup is a few atomic loads); writes are serialised per
-// table and change the maps in place. Both tables are bounded, age
-// entries with an injected clock and count what they refuse or evict.
+// Package mactrans keeps eIPoIB's translation tables, per partition. The
+// VIF table maps a local guest's Ethernet MAC (LEMAC) and VLAN to its
+// own UD QP and 20-byte IPoIB address (LIMAC). The neighbour table maps
+// each remote IPoIB endpoint (RIMAC) to the stable Ethernet MAC shown to
+// guests (REMAC). Lookups on the hot path are lock-free and
+// allocation-free (xsync.Maps: a lookup is a few atomic loads). Writes
+// are serialised per table and change the maps in place. Both tables are
+// bounded, age entries with an injected clock and count what they refuse
+// or evict.
 package mactrans
 
 import (
@@ -58,10 +59,10 @@ type VIF struct {
 	txPackets, txBytes, rxPackets, rxBytes atomic.Uint64
 }
 
-// Ready reports whether the VIF's guest may send (one atomic load): a
+// Ready reports whether the VIF's guest may send (one atomic load). A
 // VIF is published before it is ready, so that the frames its guest sent
-// while its QP was being made are translated and sent first (the shim
-// sets it after them).
+// while its QP was being made are translated and sent first; the shim
+// sets it after them.
 func (v *VIF) Ready() bool { return v.ready.Load() }
 
 // SetReady marks the VIF ready.
@@ -246,9 +247,9 @@ func NewVIFTable(gid ipoib.GID, max int) *VIFTable {
 }
 
 // Full reports, without locking, whether max VIFs exist or are reserved,
-// and counts a refusal as overflow when they are: the data path asks it
-// before asking for a new guest's VIF, so that a MAC flood past the
-// bound is refused per frame without a request to the control plane.
+// and counts a refusal as overflow when they are. The data path asks it
+// before asking for a new guest's VIF. So a MAC flood past the bound is
+// refused per frame without a request to the control plane.
 func (t *VIFTable) Full() bool {
 	if t.size.Load() < t.limit.Load() {
 		return false
@@ -298,9 +299,10 @@ func (t *VIFTable) Create(k VIFKey, pkey ipoib.PKey, origin Origin, now time.Tim
 }
 
 // Reserve takes a place in the table for the VIF of k, before its QP is
-// allocated (slowly, with no lock of the table held): ErrFull (counted
-// as overflow) when max VIFs exist or are reserved, ErrExists when k has
-// a VIF or a reservation. Publish or Unreserve ends the reservation.
+// allocated (slowly, with no lock of the table held). It returns ErrFull
+// (counted as overflow) when max VIFs exist or are reserved, and
+// ErrExists when k has a VIF or a reservation. Publish or Unreserve ends
+// the reservation.
 func (t *VIFTable) Reserve(k VIFKey) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()

@@ -119,10 +119,10 @@ func gopacketRecord(ip []byte, typ uint8, sources int, v4 bool) (r Record, keep,
 	return r, true, true
 }
 
-// differ checks that parse and the gopacket decoder ref agree on b:
-// where both accept it, on its records; where ref accepts it and parse
-// does not, parse's reason is one gopacket does not check (the
-// checksum, or, for IGMP, a fragment).
+// differ checks that parse and the gopacket decoder ref agree on b.
+// Where both accept it, they agree on its records. Where ref accepts it
+// and parse does not, parse's reason is one gopacket does not check: the
+// checksum, or, for IGMP, a fragment.
 func differ(t *testing.T, b []byte, parse func([]byte) (Records, error), ref func([]byte) ([]Record, bool)) {
 	recs, err := parse(b)
 	got := records(recs)

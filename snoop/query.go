@@ -47,9 +47,9 @@ func AppendMLDv2Query(b []byte, src, group netip.Addr, robustness uint8, interva
 }
 
 // AppendIGMPv3Query appends an IGMPv3 query (RFC 3376 §4.1) from
-// 0.0.0.0, as a snooping switch's querier sends it: a general query when
-// group is invalid (to 224.0.0.1), else a group-specific query (to the
-// group), with a router alert option and TTL 1.
+// 0.0.0.0, as a snooping switch's querier sends it. It is a general
+// query to 224.0.0.1 when group is invalid, else a group-specific query
+// to the group. It has a router alert option and TTL 1.
 func AppendIGMPv3Query(b []byte, group netip.Addr, robustness uint8, interval time.Duration, maxResp time.Duration) []byte {
 	dst, field := AllHosts, netip.IPv4Unspecified()
 	if group.IsValid() {

@@ -73,19 +73,23 @@ type Key struct {
 	Group netip.Addr
 }
 
-// Actions are what the table asks of its owner. Join and Leave are called
-// with the table's lock held, in the order of the state changes they
-// follow, so a leave can never overtake a later join of the same group
-// as long as the owner carries them out in that order (the shim queues
-// them, first in first out, to its control goroutine); they must be
-// quick (never a port call: the data path holds the lock while it
-// reports) and must not call back into the table. A Join that fails
-// leaves the group unrecorded (the next report tries again); a join the
-// owner accepted and then could not carry out is reported back with
-// Forget and the generation Join was given, so the table never claims a
-// group its owner did not join, and a late Forget of an earlier join
-// never drops a later entry of the same group (its own join pending or
-// done, which a Leave must release).
+// Actions are what the table asks of its owner.
+//
+// Join and Leave are called with the table's lock held, in the order of
+// the state changes they follow. So a leave can never overtake a later
+// join of the same group, as long as the owner carries them out in that
+// order; the shim queues them, first in first out, to its control
+// goroutine. They must be quick, never a port call, as the data path
+// holds the lock while it reports. They must not call back into the
+// table.
+//
+// A Join that fails leaves the group unrecorded; the next report tries
+// again. A join the owner accepted and then could not carry out is
+// reported back with Forget and the generation Join was given. So the
+// table never claims a group its owner did not join. And a late Forget
+// of an earlier join never drops a later entry of the same group, whose
+// own join is pending or done and must be released by a Leave.
+//
 // Query is called without the lock.
 type Actions struct {
 	Join  func(k Key, gen uint64) error // the group's first member appeared; gen names this entry (Forget)

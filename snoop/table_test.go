@@ -203,9 +203,9 @@ func TestTableForget(t *testing.T) {
 
 // TestTableForgetOtherGeneration: the owner's Forget of a join it could
 // not carry out drops only the entry that join was for. Join 1 is
-// queued, the group expires (Leave queued) and is reported again (Join
-// 2 queued); join 1 fails and its Forget must keep join 2's entry, whose
-// join then succeeds: else the port would stay in a group the table no
+// queued, the group expires (Leave queued) and is reported again (Join 2
+// queued). Join 1 fails, and its Forget must keep join 2's entry, whose
+// join then succeeds. Else the port would stay in a group the table no
 // longer knows, and no Leave would ever release it.
 func TestTableForgetOtherGeneration(t *testing.T) {
 	r, tbl, k, now := joinedOne()

@@ -14,9 +14,9 @@ import (
 
 // TestReadWriteClose: on a real TAP, with and without busy polling (a
 // spin of 1 µs, over at once: the reader spins, then waits in the
-// netpoller), Read returns the ARP request the kernel sends out of the
-// TAP for an address on its subnet, Write hands a frame to the kernel,
-// and Close wakes a reader waiting on the empty queue, which returns
+// netpoller). Read returns the ARP request the kernel sends out of the
+// TAP for an address on its subnet. Write hands a frame to the kernel.
+// Close wakes a reader waiting on the empty queue, which returns
 // net.ErrClosed.
 func TestReadWriteClose(t *testing.T) {
 	nstest.Require(t, "ip")

@@ -1,25 +1,29 @@
 package tap
 
 // Offloads (IFF_VNET_HDR): every frame crossing the TAP carries a
-// virtio_net_hdr. Reading, the kernel hands over TCP super-frames of up to
-// 64 KB (TSO) and frames whose checksum is only partial (checksum
-// offload); the segmenter cuts a super-frame into segments that fit the
-// IPoIB MTU, with their own IP lengths, IDs, sequence numbers, flags and
-// checksums, and partial checksums are completed. Writing, consecutive
-// segments of one TCP flow are coalesced into one super-frame with a GSO
-// header (GRO), after their checksums are verified, so a corrupted segment
-// is never laundered into a valid one. The shape follows wireguard-go's
-// tun offload, which does the same for IP packets; this is the Ethernet
-// frame version (802.1Q tags included).
+// virtio_net_hdr.
 //
-// UDP likewise, where the kernel takes UDP segmentation offload on the
-// TAP (TUN_F_USO4|TUN_F_USO6, Linux 6.2 and later): a guest's run of
+// Reading, the kernel hands over TCP super-frames of up to 64 KB (TSO)
+// and frames whose checksum is only partial (checksum offload). The
+// segmenter cuts a super-frame into segments that fit the IPoIB MTU,
+// with their own IP lengths, IDs, sequence numbers, flags and checksums.
+// Partial checksums are completed.
+//
+// Writing, consecutive segments of one TCP flow are coalesced into one
+// super-frame with a GSO header (GRO), after their checksums are
+// verified. So a corrupted segment is never laundered into a valid one.
+//
+// The shape follows wireguard-go's tun offload, which does the same for
+// IP packets; this is the Ethernet frame version (802.1Q tags included).
+//
+// UDP works likewise where the kernel takes UDP segmentation offload on
+// the TAP (TUN_F_USO4|TUN_F_USO6, Linux 6.2 and later). A guest's run of
 // same-size datagrams (a UDP_SEGMENT send) comes as one
-// VIRTIO_NET_HDR_GSO_UDP_L4 super-frame, cut here (or by the port) into
-// its datagrams as __udp_gso_segment does, and consecutive same-size
+// VIRTIO_NET_HDR_GSO_UDP_L4 super-frame. It is cut here (or by the port)
+// into its datagrams as __udp_gso_segment does. Consecutive same-size
 // datagrams of one flow are written back as one, as udp_gro_receive
 // merges them for a UDP_GRO socket. Where the kernel refuses the flags,
-// UDP crosses the TAP datagram by datagram, as before.
+// UDP crosses the TAP datagram by datagram.
 
 import (
 	"encoding/binary"
@@ -144,11 +148,11 @@ func nonZero(c uint16) uint16 {
 type segmenter struct{ gso.Segmenter }
 
 // start checks a super-frame against its vnet header and prepares to cut
-// it: a TCP one into segments whose IP packets fit mtu, a UDP one into
-// its datagrams of gso_size bytes (however large: one longer than the
-// IPoIB MTU goes on as any such datagram does, to be fragmented or
-// answered "too big"). It returns how the frame is cut, as ReadSuper
-// describes it. frame must stay untouched until Done.
+// it. A TCP one is cut into segments whose IP packets fit mtu. A UDP one
+// is cut into its datagrams of gso_size bytes, however large: one longer
+// than the IPoIB MTU goes on as any such datagram does, to be fragmented
+// or answered "too big". start returns how the frame is cut, as
+// ReadSuper describes it. frame must stay untouched until Done.
 func (s *segmenter) start(frame []byte, h vnetHdr, mtu int) (Super, error) {
 	l3, v6, udp, err := checkSuper(frame, h)
 	if err != nil {
@@ -164,10 +168,10 @@ func (s *segmenter) start(frame []byte, h vnetHdr, mtu int) (Super, error) {
 }
 
 // checkSuper checks what a vnet header says of a super-frame against its
-// Ethernet header and returns the IP header's offset, its version and
-// whether the frame is UDP (VIRTIO_NET_HDR_GSO_UDP_L4: the checksum at
-// the UDP header's offset, no ECN bit; include/linux/virtio_net.h
-// virtio_net_hdr_to_skb) rather than TCP.
+// Ethernet header. It returns the IP header's offset, its version and
+// whether the frame is UDP rather than TCP. UDP is
+// VIRTIO_NET_HDR_GSO_UDP_L4: the checksum at the UDP header's offset, no
+// ECN bit (include/linux/virtio_net.h virtio_net_hdr_to_skb).
 func checkSuper(frame []byte, h vnetHdr) (l3 int, v6, udp bool, err error) {
 	f := ether.Frame(frame)
 	if !f.IsValid() || h.flags&unix.VIRTIO_NET_HDR_F_NEEDS_CSUM == 0 {
@@ -187,10 +191,10 @@ func checkSuper(frame []byte, h vnetHdr) (l3 int, v6, udp bool, err error) {
 }
 
 // seg is a frame carrying one TCP segment or UDP datagram that may be
-// coalesced: plain IPv4 (no options, not a fragment) or IPv6 (TCP or
-// UDP right after the fixed header), some payload and a valid checksum;
-// TCP with ACK and at most PSH besides, UDP with a checksum (not the
-// "none" of IPv4's 0) and a UDP length that is the packet's.
+// coalesced. It is plain IPv4 (no options, not a fragment) or IPv6 (TCP
+// or UDP right after the fixed header), with some payload and a valid
+// checksum. TCP has ACK and at most PSH besides. UDP has a checksum (not
+// the "none" of IPv4's 0) and a UDP length that is the packet's.
 type seg struct {
 	f       []byte
 	l3, l4  int
@@ -315,17 +319,18 @@ func run(frames [][]byte, off int, uso bool) (int, seg) {
 }
 
 // merge builds the super-frame of frames (a run from run, at least two,
-// whose first run parsed) behind its GSO header and returns it: a TCP
-// one as the kernel's tcp_gro_complete leaves it, a UDP one as
-// udp_gro_complete does (UDP length the whole, SKB_GSO_UDP_L4 with the
-// first datagram's size).
+// whose first run parsed) behind its GSO header and returns it. A TCP
+// one is left as the kernel's tcp_gro_complete leaves it. A UDP one is
+// left as udp_gro_complete does: UDP length the whole, SKB_GSO_UDP_L4
+// with the first datagram's size.
 //
 // The run is copied into c.buf, its headers once and each payload: the
 // TAP takes a frame as one write(2) from one buffer. A writev(2) of the
-// payloads where they lie would spare this copy (0.8 % of a TCP stream's
-// samples in the data path's profiles), for an iovec list a run. The
-// checksums parseSeg verified are not carried over: the super-frame
-// leaves with a partial checksum, which the kernel completes.
+// payloads where they lie would spare this copy, for an iovec list a
+// run; the copy is 0.8 % of a TCP stream's samples in the data path's
+// profiles. The checksums parseSeg verified are not carried over: the
+// super-frame leaves with a partial checksum, which the kernel
+// completes.
 func (c *coalescer) merge(first seg, frames [][]byte, off int) []byte {
 	if c.buf == nil {
 		c.buf = make([]byte, vnetHdrLen+maxSuperFrame)

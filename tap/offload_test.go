@@ -141,9 +141,10 @@ func pattern(n int) []byte {
 }
 
 // TestSegment: a 60 KB super-frame (IPv4 and IPv6, untagged and tagged)
-// becomes segments of at most the MSS whose IP packets fit the MTU, with
-// valid checksums, consecutive sequence numbers and IPv4 IDs, CWR on the
-// first only, PSH and FIN on the last only, and the payload intact.
+// becomes segments of at most the MSS whose IP packets fit the MTU. They
+// have valid checksums, consecutive sequence numbers and IPv4 IDs, CWR
+// on the first only, PSH and FIN on the last only, and the payload
+// intact.
 func TestSegment(t *testing.T) {
 	for _, c := range []struct {
 		v6   bool
@@ -187,9 +188,10 @@ func TestSegment(t *testing.T) {
 }
 
 // TestSegmentSeed: segment checksums follow the pseudo-header sum the
-// kernel left in the checksum field, not the header's addresses: behind
-// an IPv6 routing header or an IPv4 source route the pseudo-header holds
-// the final destination (RFC 8200 §8.1), which the header does not.
+// kernel left in the checksum field, not the header's addresses. Behind
+// an IPv6 routing header or an IPv4 source route, the pseudo-header
+// holds the final destination (RFC 8200 §8.1), which the header does
+// not.
 func TestSegmentSeed(t *testing.T) {
 	f, h := superFrame(t, tcpFrame(t, false, 0, 1, 1, header.TCPFlagACK, pattern(5000)), false, 1000)
 	st, _ := parseAnyTCP(f)

@@ -12,9 +12,9 @@ import (
 )
 
 // TestOperUp: a real TAP, up, is operationally up once its carrier is on
-// and the kernel has acted on it, and not while the carrier is off, in
-// the caller's network namespace (the TAP's is one of its own here, while
-// /sys stays the initial namespace's).
+// and the kernel has acted on it, and not while the carrier is off. This
+// holds in the caller's network namespace: the TAP's is one of its own
+// here, while /sys stays the initial namespace's.
 func TestOperUp(t *testing.T) {
 	nstest.Require(t)
 	ns := fmt.Sprintf("tapo%d", os.Getpid())

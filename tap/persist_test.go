@@ -15,12 +15,13 @@ import (
 
 // TestPersist: a persistent TAP whose queues are kept open (as systemd's
 // file descriptor store keeps them) is taken over by the next Create
-// with no carrier change, also when the next run wants more queues and
-// no offloads; once every queue closes it stays (same ifindex) and is
-// reopened, without the last run's TSO when offloads are off; a second taker while it is held, and a non-persistent
-// Create, are refused with a reason; kept queues handed to a
-// non-persistent Create make way for a new TAP, or, while another holder
-// keeps the old one, are refused with a reason after 2 s.
+// with no carrier change. That holds also when the next run wants more
+// queues and no offloads. Once every queue closes, it stays (same
+// ifindex) and is reopened, without the last run's TSO when offloads are
+// off. A second taker while it is held, and a non-persistent Create, are
+// refused with a reason. Kept queues handed to a non-persistent Create
+// make way for a new TAP; while another holder keeps the old one, they
+// are refused with a reason after 2 s.
 func TestPersist(t *testing.T) {
 	nstest.Require(t)
 	ns := fmt.Sprintf("tapp%d", os.Getpid())

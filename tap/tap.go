@@ -94,11 +94,11 @@ type Config struct {
 	Name string
 	MAC  ether.MAC // zero: keep the kernel's random one
 	MTU  int       // the IPoIB MTU; segments are cut to fit it
-	// LinkMTU is the TAP's own MTU, when larger than MTU: a bridge drops
+	// LinkMTU is the TAP's own MTU, when larger than MTU. A bridge drops
 	// frames longer than a port's MTU without a word, so guests with
-	// jumbo frames would meet a black hole; with the TAP at their MTU the
-	// frames reach the shim, which fragments them or answers ICMP "too
-	// big" with the IPoIB MTU. 0 means MTU.
+	// jumbo frames would meet a black hole. With the TAP at their MTU
+	// the frames reach the shim, which fragments them or answers ICMP
+	// "too big" with the IPoIB MTU. 0 means MTU.
 	LinkMTU int
 	// TxQueueLen is the TAP's txqueuelen: how many frames each queue
 	// holds for its reader. tun_net_xmit (drivers/net/tun.c) puts a
@@ -114,11 +114,11 @@ type Config struct {
 	// as many goroutines can read them in parallel. 0 means 1.
 	Queues int
 	// Offload turns on the vnet header with checksum offload, TSO and,
-	// where the kernel takes it (Linux 6.2), USO: TCP and UDP
-	// super-frames are read whole and cut here, partial checksums
-	// completed here, and runs of received segments (datagrams) are
-	// written as super-frames. Read buffers must then hold 64 KB plus
-	// headroom.
+	// where the kernel takes it (Linux 6.2), USO. TCP and UDP
+	// super-frames are then read whole and cut here, and partial
+	// checksums completed here. Runs of received segments (datagrams)
+	// are written as super-frames. Read buffers must then hold 64 KB
+	// plus headroom.
 	Offload bool
 	// TUN makes a layer-3 device instead (IFF_TUN): bare IP packets, no
 	// MAC, no offloads. eipoibd's native IPoIB host uses it.
@@ -311,12 +311,12 @@ func Create(cfg Config) (*TAP, error) {
 		}
 		q.rc = rc
 		// A queue is readable when its ring has a frame (tun_chr_poll,
-		// drivers/net/tun.c: EPOLLIN when the ptr_ring is not empty) and
-		// writable while the socket's send buffer is not full and the
+		// drivers/net/tun.c: EPOLLIN when the ptr_ring is not empty). It
+		// is writable while the socket's send buffer is not full and the
 		// device is up: tun_chr_poll reports EPOLLOUT when
 		// tun_sock_writeable, (tun->dev->flags & IFF_UP) &&
-		// sock_writeable(sk) (a write to a down TAP fails at once with
-		// EIO, tun_get_user), so a write waits at most writeTimeout.
+		// sock_writeable(sk). A write to a down TAP fails at once with
+		// EIO (tun_get_user), so a write waits at most writeTimeout.
 		if q.io, err = fdio.New(rc, q.readBatch, q.writeBatch, writeTimeout); err != nil {
 			return fail(fmt.Errorf("tap: %s: %w", cfg.Name, err))
 		}
@@ -330,10 +330,10 @@ func Create(cfg Config) (*TAP, error) {
 	// super-frames (and ECN on them). The bridge then forwards guests'
 	// TSO frames whole instead of segmenting them first. The features
 	// are the device's (one queue sets them for all) and outlive the
-	// queues: a reopened persistent TAP still has the last run's
-	// (drivers/net/tun.c, tun_net_fix_features masks with
-	// set_features), so they are set, or cleared, every time; without a
-	// vnet header to describe them, super-frames must never come.
+	// queues. A reopened persistent TAP still has the last run's
+	// (drivers/net/tun.c, tun_net_fix_features masks with set_features),
+	// so they are set, or cleared, every time. Without a vnet header to
+	// describe them, super-frames must never come.
 	var features uintptr
 	if cfg.Offload {
 		features = tunFCsum | tunFTSO4 | tunFTSO6 | tunFTSOECN | tunFUSO
@@ -377,14 +377,17 @@ func Create(cfg Config) (*TAP, error) {
 	return t, nil
 }
 
-// takeOver deals with a TAP of the name that exists already. With
-// Persist, it returns the kept queues that fit tt, the kept ones that do
-// not (for the caller to close once new queues are attached) and how the
-// TAP is being started, and makes tt's flags those that attach to it
-// (no IFF_TUN_EXCL; a kept TAP's own IFF_VNET_HDR). Without Persist an
-// existing TAP is an error, except one whose queues were kept, which is
-// made non-persistent and closed; Create then waits up to 2 s for it to
-// go, as the store that kept the queues closes its copies when told.
+// takeOver deals with a TAP of the name that exists already.
+//
+// With Persist, it returns the kept queues that fit tt, the kept ones
+// that do not (for the caller to close once new queues are attached) and
+// how the TAP is being started. It makes tt's flags those that attach to
+// it: no IFF_TUN_EXCL, and a kept TAP's own IFF_VNET_HDR.
+//
+// Without Persist an existing TAP is an error, except one whose queues
+// were kept, which is made non-persistent and closed. Create then waits
+// up to 2 s for it to go, as the store that kept the queues closes its
+// copies when told.
 func takeOver(cfg Config, tt *netlink.Tuntap) (kept []*os.File, spare []int, start Start, err error) {
 	defer func() {
 		if err != nil {
@@ -505,24 +508,26 @@ func (t *TAP) Start() Start { return t.start }
 func (t *TAP) Offload() bool { return t.offload }
 
 // SetWriteSuper sets whether Write may merge runs of received segments
-// into super-frames (on by default with offloads; without them it has
-// no effect). Turned off, every frame written is one the sender made,
-// no longer than the MTU: for a reader of the TAP that takes no GSO
-// metadata, as Open vSwitch's userspace datapath reads a port without
-// userspace-tso-enable (lib/netdev-linux.c,
-// netdev_linux_batch_rxq_recv_sock: a packet socket without
-// PACKET_VNET_HDR and a buffer of the link's MTU, so a super-frame is
-// truncated and dropped, "Dropped packet: Too big", or, where it fits,
-// sent on whole to ports that refuse it, EMSGSIZE). The kernel's own
+// into super-frames. It is on by default with offloads; without them it
+// has no effect. Turned off, every frame written is one the sender made,
+// no longer than the MTU.
+//
+// That is for a reader of the TAP that takes no GSO metadata, as Open
+// vSwitch's userspace datapath reads a port without
+// userspace-tso-enable. lib/netdev-linux.c
+// netdev_linux_batch_rxq_recv_sock reads with a packet socket without
+// PACKET_VNET_HDR and a buffer of the link's MTU. A super-frame is then
+// truncated and dropped ("Dropped packet: Too big"), or, where it fits,
+// sent on whole to ports that refuse it (EMSGSIZE). The kernel's own
 // readers (a Linux bridge, Open vSwitch's kernel datapath) take GSO
 // frames and segment them for ports that need it.
 //
-// The TAP's offload flags (TUNSETOFFLOAD) cannot say this: they are
-// the features of the TAP's link, what the kernel may hand eipoibd to
-// read (drivers/net/tun.c, set_offload), while a GSO vnet header that
-// eipoibd writes is taken whatever they are (tun_get_user,
-// virtio_net_hdr_to_skb). It may be changed while the TAP runs; a
-// Write under way finishes as it started.
+// The TAP's offload flags (TUNSETOFFLOAD) cannot say this. They are the
+// features of the TAP's link, what the kernel may hand eipoibd to read
+// (drivers/net/tun.c, set_offload). A GSO vnet header that eipoibd
+// writes is taken whatever they are (tun_get_user,
+// virtio_net_hdr_to_skb). The setting may be changed while the TAP runs;
+// a Write under way finishes as it started.
 func (t *TAP) SetWriteSuper(on bool) { t.gro.Store(on) }
 
 // WriteSuper reports whether Write merges runs into super-frames: with
@@ -689,12 +694,15 @@ func (t *TAP) drop(err error) {
 	}
 }
 
-// Counters returns the offload counters: frames refused for a bad vnet
-// header or an inconsistent super-frame, super-frames read and the
-// segments cut from them, super-frames written and the segments merged
-// into them, frames written whose IP packet is longer than the link's
-// MTU (super-frames; a reader that takes no GSO metadata cannot pass
-// them on), and "gro", 1 while Write merges (WriteSuper).
+// Counters returns the offload counters:
+//   - frames refused for a bad vnet header or an inconsistent
+//     super-frame;
+//   - super-frames read and the segments cut from them;
+//   - super-frames written and the segments merged into them;
+//   - frames written whose IP packet is longer than the link's MTU
+//     (super-frames, which a reader that takes no GSO metadata cannot
+//     pass on);
+//   - "gro", 1 while Write merges (WriteSuper).
 func (t *TAP) Counters() map[string]uint64 {
 	gro := uint64(0)
 	if t.WriteSuper() {

@@ -48,14 +48,14 @@ func cutAll(s *segmenter) [][]byte {
 	return out
 }
 
-// TestSegmentUDP: a UDP super-frame (IPv4 and IPv6, untagged and
-// tagged, the last datagram full or shorter, datagrams larger than the
-// IPoIB MTU too: they cannot be cut smaller) becomes exactly the
-// datagrams a guest sending them one by one would have sent: the bytes
-// gopacket builds, with each datagram's own UDP length and checksum,
-// IPv4 total length, consecutive IDs and header checksum, IPv6 payload
-// length; the description ReadSuper gives says UDP, the version and
-// gso_size uncut.
+// TestSegmentUDP: a UDP super-frame becomes exactly the datagrams a
+// guest sending them one by one would have sent: the bytes gopacket
+// builds. It covers IPv4 and IPv6, untagged and tagged, the last
+// datagram full or shorter, and datagrams larger than the IPoIB MTU
+// (they cannot be cut smaller). Each datagram has its own UDP length and
+// checksum, IPv4 total length, consecutive IDs and header checksum, and
+// IPv6 payload length. The description ReadSuper gives says UDP, the
+// version and gso_size uncut.
 func TestSegmentUDP(t *testing.T) {
 	for _, c := range []struct {
 		v6          bool
@@ -155,10 +155,10 @@ func datagrams(tb testing.TB, v6 bool, vlan uint16, n, size, last int) [][]byte 
 
 // TestCoalesceUDPRoundTrip: a run of same-size datagrams of one flow
 // (the last shorter) becomes one GSO_UDP_L4 super-frame as
-// udp_gro_complete leaves it: vnet header with NEEDS_CSUM at the UDP
-// checksum, gso_size the datagrams' payload, IP and UDP lengths the
-// whole, the checksum field the pseudo-header sum over it; cutting it
-// again gives back the same datagrams byte for byte.
+// udp_gro_complete leaves it. Its vnet header has NEEDS_CSUM at the UDP
+// checksum and gso_size the datagrams' payload. Its IP and UDP lengths
+// are the whole, and the checksum field holds the pseudo-header sum over
+// it. Cutting it again gives back the same datagrams byte for byte.
 func TestCoalesceUDPRoundTrip(t *testing.T) {
 	for _, c := range []struct {
 		v6   bool

@@ -13,14 +13,14 @@ import (
 )
 
 // TestWriteSuper: a real TAP with offloads, MTU 1500, is written a run
-// of 4 segments of 1000 bytes of one flow, and read by a packet socket
-// as Open vSwitch's userspace datapath reads a port without
-// userspace-tso-enable (no PACKET_VNET_HDR, a buffer of the MTU and an
-// Ethernet header with a VLAN tag, MSG_TRUNC). Merging (the default),
-// the reader gets one frame of 4 segments, truncated, and the TAP
-// counts one frame written over the MTU; with SetWriteSuper(false) it
-// gets the 4 segments as they were, each whole, and the TAP counts none
-// over the MTU and no super-frame.
+// of 4 segments of 1000 bytes of one flow. A packet socket reads it as
+// Open vSwitch's userspace datapath reads a port without
+// userspace-tso-enable: no PACKET_VNET_HDR, a buffer of the MTU and an
+// Ethernet header with a VLAN tag, MSG_TRUNC. Merging (the default), the
+// reader gets one frame of 4 segments, truncated, and the TAP counts one
+// frame written over the MTU. With SetWriteSuper(false) it gets the 4
+// segments as they were, each whole, and the TAP counts none over the
+// MTU and no super-frame.
 func TestWriteSuper(t *testing.T) {
 	nstest.Require(t)
 	ns := fmt.Sprintf("tapw%d", os.Getpid())

@@ -11,21 +11,23 @@ import (
 //
 // The kernel datapath (datapath_type "system", or empty:
 // ofproto_normalize_type) forwards a port's GSO packets as the kernel
-// does any: its MTU check drops only packets that are not GSO
+// does any. Its MTU check drops only packets that are not GSO
 // (net/openvswitch/vport.c, ovs_vport_send: packet_length > mtu &&
-// !skb_is_gso), and dev_queue_xmit segments them for a port that takes
-// no GSO (validate_xmit_skb), as the Linux bridge does. The userspace datapath ("netdev") reads
-// a kernel port through a packet socket (lib/netdev-linux.c,
-// netdev_linux_rxq_construct, netdev_linux_batch_rxq_recv_sock): with
+// !skb_is_gso). dev_queue_xmit segments them for a port that takes no
+// GSO (validate_xmit_skb), as the Linux bridge does.
+//
+// The userspace datapath ("netdev") reads a kernel port through a packet
+// socket (lib/netdev-linux.c, netdev_linux_rxq_construct,
+// netdev_linux_batch_rxq_recv_sock). With
 // other_config:userspace-tso-enable=true (read once, at start:
 // userspace_tso_init) the socket has PACKET_VNET_HDR and a super-frame
-// comes with its GSO metadata; without it the buffer holds one frame of
-// the link's MTU, a longer one is truncated and dropped ("Dropped
-// packet: Too big. GRO/TSO enabled?"), and one that fits is sent on
-// whole to ports that refuse it (netdev_linux_send: "error sending
-// Ethernet packet on …: Message too long", the EMSGSIZE of
+// comes with its GSO metadata. Without it the buffer holds one frame of
+// the link's MTU. A longer one is truncated and dropped ("Dropped
+// packet: Too big. GRO/TSO enabled?"). One that fits is sent on whole to
+// ports that refuse it (netdev_linux_send: "error sending Ethernet
+// packet on …: Message too long"). That is the EMSGSIZE of
 // net/packet/af_packet.c packet_snd for a frame longer than the device's
-// MTU without a GSO header).
+// MTU without a GSO header.
 
 // Datapath is what an Open vSwitch bridge's datapath is, as OVSDB says.
 type Datapath struct {

@@ -13,10 +13,10 @@ const (
 	globalTSO   = `{"data":[[["map",[["userspace-tso-enable","true"]]]]],"headings":["other_config"]}`
 )
 
-// TestParseDatapath: each bridge's datapath and userspace-tso-enable
-// are read, and whether the bridge takes GSO super-frames follows: the
-// kernel datapath always, the userspace one only with TSO enabled (the
-// value read as OVS's smap_get_bool reads it); a missing bridge and
+// TestParseDatapath: each bridge's datapath and userspace-tso-enable are
+// read, and whether the bridge takes GSO super-frames follows. The
+// kernel datapath always does; the userspace one only with TSO enabled
+// (the value read as OVS's smap_get_bool reads it). A missing bridge and
 // malformed tables are errors.
 func TestParseDatapath(t *testing.T) {
 	for _, c := range []struct {

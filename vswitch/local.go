@@ -13,10 +13,10 @@ import (
 // the devices named that exist (the TAP; the Linux bridge, or the Open
 // vSwitch bridge's internal port of the same name). Frames from these
 // MACs are the host's own, not a guest's. A bridge port's MAC is not
-// among them: what the host sends on a port leaves by it and never
-// enters the bridge (br_input.c br_handle_frame, the port's rx_handler,
-// sees what the port receives, never what is sent on it), so none
-// reaches the TAP.
+// among them. What the host sends on a port leaves by it and never
+// enters the bridge, so none reaches the TAP: br_input.c
+// br_handle_frame, the port's rx_handler, sees what the port receives,
+// never what is sent on it.
 func LocalMACs(devs ...string) ([]ether.MAC, error) {
 	links, err := dump("list links", netlink.LinkList)
 	if err != nil {

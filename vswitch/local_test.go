@@ -14,10 +14,10 @@ import (
 	"github.com/eipoib/eipoibd/internal/nstest"
 )
 
-// TestLocalMACs (root): in a namespace with bridge br0 holding a veth
-// port p1 and a TAP eib0, and a veth "other" outside it,
+// TestLocalMACs (root) uses a namespace with bridge br0 holding a veth
+// port p1 and a TAP eib0, and a veth "other" outside it.
 // LocalMACs("eib0", "br0") is br0's and eib0's MACs, not p1's (the
-// host's frames sent on a port never enter the bridge) nor other's;
+// host's frames sent on a port never enter the bridge) nor other's.
 // WatchLocalMACs reports that set at once, and again with br0's new MAC
 // when it changes, and nothing when p2 joins the bridge before that.
 func TestLocalMACs(t *testing.T) {

@@ -9,10 +9,10 @@ import (
 )
 
 // OVS attaches ports to an Open vSwitch bridge through ovs-vsctl. The
-// OVSDB client libraries for Go (libovsdb) need the whole schema model and
-// a long-lived connection for what is here two transactions, at start and
-// at stop; ovs-vsctl is the interface OVS itself documents and keeps
-// stable, and it honours OVS_RUNDIR, so a private OVS instance (as the
+// OVSDB client libraries for Go (libovsdb) need the whole schema model
+// and a long-lived connection, for what is here two transactions, at
+// start and at stop. ovs-vsctl is the interface OVS itself documents and
+// keeps stable. It honours OVS_RUNDIR, so a private OVS instance (as the
 // tests start) is reached the same way.
 type OVS struct {
 	// DB is the OVSDB remote (ovs-vsctl --db), e.g. unix:/run/openvswitch/db.sock;
@@ -44,10 +44,10 @@ func (o OVS) vsctl(args ...string) (string, error) {
 	return msg, nil
 }
 
-// Attach adds port to bridge br as a trunk (no tag, every VLAN), replacing
-// a stale port of that name left by an earlier run; with keep, a port
-// of that name is left as it is (a persistent TAP's, kept across a
-// restart: replacing it would flap it).
+// Attach adds port to bridge br as a trunk (no tag, every VLAN),
+// replacing a stale port of that name left by an earlier run. With keep,
+// a port of that name is left as it is: it is a persistent TAP's, kept
+// across a restart, and replacing it would flap it.
 func (o OVS) Attach(port, br string, keep bool) error {
 	if _, err := exec.LookPath("ovs-vsctl"); err != nil {
 		return fmt.Errorf("vswitch: --ovs-bridge needs ovs-vsctl (Debian: openvswitch-switch): %w", err)

@@ -2,20 +2,22 @@ package vswitch
 
 // A Linux bridge with VLAN filtering (vlan_filtering=1, which libvirt's
 // macTableManager='libvirt' turns on) classifies every frame into a
-// VLAN: an untagged frame entering a port into that port's PVID, and a
-// frame leaving a port untagged on the VLANs the port has with the
-// untagged flag. Its forwarding database is keyed by MAC and VLAN, and a
-// static entry added without a VLAN exists once without and once for
-// each VLAN of its port (net/bridge/br_fdb.c br_fdb_add: "We have vlans
-// configured on this port and user didn't specify a VLAN. To be nice,
-// add/update entry for every vlan on this port."), so a libvirt guest on
-// a port with the default PVID 1 has two entries: VLAN 0 and VLAN 1.
+// VLAN. An untagged frame entering a port goes into that port's PVID. A
+// frame leaves a port untagged on the VLANs the port has with the
+// untagged flag.
 //
-// eipoibd sees frames as they leave its TAP's port: on the port's PVID
+// Its forwarding database is keyed by MAC and VLAN. A static entry added
+// without a VLAN exists once without and once for each VLAN of its port
+// (net/bridge/br_fdb.c br_fdb_add: "We have vlans configured on this
+// port and user didn't specify a VLAN. To be nice, add/update entry for
+// every vlan on this port."). So a libvirt guest on a port with the
+// default PVID 1 has two entries: VLAN 0 and VLAN 1.
+//
+// eipoibd sees frames as they leave its TAP's port. On the port's PVID
 // with the untagged flag they arrive untagged (the shim's VLAN 0, the
-// untagged partition), on a VLAN the port carries tagged with that tag.
-// VLANs reads what says which is which, and GuestVLAN maps an FDB entry
-// to the shim's VLAN.
+// untagged partition). On a VLAN the port carries tagged, they arrive
+// with that tag. VLANs reads what says which is which, and GuestVLAN
+// maps an FDB entry to the shim's VLAN.
 
 import (
 	"context"
@@ -59,8 +61,8 @@ func (v *VLANs) Equal(w *VLANs) bool {
 }
 
 // ErrUnfiltered is GuestVLAN's answer for an FDB entry with a VLAN on a
-// bridge without VLAN filtering: frames are then not classified into
-// VLANs (their entries and the learned ones have none), so the entry is
+// bridge without VLAN filtering. Frames are then not classified into
+// VLANs: their entries and the learned ones have none. So the entry is
 // one of br_fdb_add's per-VLAN copies of an entry without a VLAN, which
 // declares the guest.
 var ErrUnfiltered = errors.New("vswitch: VLAN filtering is off: the bridge forwards by the entry without a VLAN")
@@ -190,16 +192,19 @@ func vlansOf(b *netlink.Bridge, tap int, masters map[int]int, list map[int32][]*
 
 // WatchBridgeVLANs calls fn with the VLANs of bridge br (BridgeVLANs)
 // now and whenever they change, until ctx ends. It follows the link
-// notifications of the bridge and its ports: a change of vlan_filtering
-// or default_pvid comes as the bridge's RTM_NEWLINK (rtnetlink.c
-// __rtnl_newlink → br_changelink, then do_setlink's
-// netdev_state_change), a port's VLANs changing, joining or leaving as
-// the port's RTM_NEWLINK or RTM_DELLINK of family AF_BRIDGE (br_netlink.c
-// br_setlink, br_dellink, br_if.c br_add_if and del_nbp →
-// br_ifinfo_notify). Each notification, or burst of them, makes it read
-// the VLANs afresh; fn hears only of a change. A failed read or a lost
-// subscription goes to warn, and the watch goes on (subscribing again a
-// second later) unless subscribing fails.
+// notifications of the bridge and its ports.
+//   - A change of vlan_filtering or default_pvid comes as the bridge's
+//     RTM_NEWLINK (rtnetlink.c __rtnl_newlink → br_changelink, then
+//     do_setlink's netdev_state_change).
+//   - A port's VLANs changing, or the port joining or leaving, comes as
+//     the port's RTM_NEWLINK or RTM_DELLINK of family AF_BRIDGE
+//     (br_netlink.c br_setlink, br_dellink, br_if.c br_add_if and
+//     del_nbp → br_ifinfo_notify).
+//
+// Each notification, or burst of them, makes it read the VLANs afresh;
+// fn hears only of a change. A failed read or a lost subscription goes
+// to warn. The watch goes on, subscribing again a second later, unless
+// subscribing fails.
 func WatchBridgeVLANs(ctx context.Context, br, tap string, fn func(VLANs), warn func(error)) error {
 	b, err := netlink.LinkByName(br)
 	if err != nil {

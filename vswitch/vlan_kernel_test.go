@@ -18,18 +18,24 @@ import (
 const requireFilteringEnv = "EIPOIB_REQUIRE_VLAN_FILTERING"
 
 // TestBridgeVLANsKernel reads a real bridge's VLANs and FDB in a network
-// namespace: a bridge br0, a veth tap0 as eipoibd's TAP and a veth
-// gport as a guest's port. Where the kernel refuses vlan_filtering (no
+// namespace: a bridge br0, a veth tap0 as eipoibd's TAP and a veth gport
+// as a guest's port.
+//
+// Where the kernel refuses vlan_filtering (no
 // CONFIG_BRIDGE_VLAN_FILTERING: this development machine), BridgeVLANs
-// says filtering is off with no port VLANs, and a static entry exists
-// once, without a VLAN. Where it accepts it (the QEMU guest's Debian
-// kernel), it checks what the kernel answers: filtering on with
-// default_pvid 1 and both ports on PVID 1 untagged; a static entry added
-// without a VLAN listed twice (none and 1: br_fdb_add's copy), both the
-// untagged partition's; and WatchBridgeVLANs telling each change: VLAN
-// 10 added tagged to tap0, vlan_filtering off and on, default_pvid 2,
-// and VLAN 10 PVID untagged on gport, whose entry without a VLAN then
-// maps to VLAN 10.
+// says filtering is off with no port VLANs. A static entry then exists
+// once, without a VLAN.
+//
+// Where it accepts it (the QEMU guest's Debian kernel), it checks what
+// the kernel answers:
+//   - filtering on with default_pvid 1 and both ports on PVID 1
+//     untagged;
+//   - a static entry added without a VLAN listed twice (none and 1:
+//     br_fdb_add's copy), both the untagged partition's;
+//   - WatchBridgeVLANs telling each change: VLAN 10 added tagged to
+//     tap0, vlan_filtering off and on, default_pvid 2, and VLAN 10 PVID
+//     untagged on gport, whose entry without a VLAN then maps to VLAN
+//     10.
 func TestBridgeVLANsKernel(t *testing.T) {
 	nstest.Require(t, "bridge")
 	ns := fmt.Sprintf("vsv%d", os.Getpid())

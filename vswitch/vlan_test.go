@@ -33,12 +33,12 @@ func fakeVLANs() VLANs {
 }
 
 // TestGuestVLAN: each FDB entry of a filtering bridge maps to the shim's
-// VLAN its frames reach eipoibd on: the TAP's untagged PVID to 0, with
-// the entry without a VLAN on a port whose PVID it is; tagged VLANs to
-// themselves (an entry without a VLAN on a port whose PVID is one, too);
-// VLANs that cannot reach eipoibd both ways to a NotCarriedError naming
-// the VLAN. Without filtering, an entry without a VLAN is 0 and one with
-// a VLAN is ErrUnfiltered.
+// VLAN its frames reach eipoibd on. The TAP's untagged PVID maps to 0,
+// with the entry without a VLAN on a port whose PVID it is. Tagged VLANs
+// map to themselves, as does an entry without a VLAN on a port whose
+// PVID is one. VLANs that cannot reach eipoibd both ways map to a
+// NotCarriedError naming the VLAN. Without filtering, an entry without a
+// VLAN is 0 and one with a VLAN is ErrUnfiltered.
 func TestGuestVLAN(t *testing.T) {
 	v := fakeVLANs()
 	off := fakeVLANs()
@@ -89,10 +89,10 @@ func TestGuestVLAN(t *testing.T) {
 }
 
 // TestVLANsOf: the bridge's attributes and BridgeVlanList's answer
-// (BRIDGE_VLAN_INFO_PVID 2, BRIDGE_VLAN_INFO_UNTAGGED 4) become VLANs:
-// the bridge's own VLANs, another bridge's port (BridgeVlanList
-// lists every bridge's) and VIDs 0 and 4095 left out, the PVID found
-// whatever its order, no attributes read as no filtering.
+// (BRIDGE_VLAN_INFO_PVID 2, BRIDGE_VLAN_INFO_UNTAGGED 4) become VLANs.
+// They hold the bridge's own VLANs, leaving out another bridge's port
+// (BridgeVlanList lists every bridge's) and VIDs 0 and 4095. The PVID is
+// found whatever its order. No attributes read as no filtering.
 func TestVLANsOf(t *testing.T) {
 	on, pvid := true, uint16(1)
 	b := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Index: fakeBridge}, VlanFiltering: &on, VlanDefaultPVID: &pvid}

@@ -1,10 +1,10 @@
 package main
 
-// The network configuration: which eipoibd to talk to (tap, socketDir),
-// where it keeps its --persist state (stateDir), the VLAN the pod's VIF
-// is declared on, where the plugin records what it declared (dataDir),
-// and which of the two ways the plugin was invoked (chained after
-// bridge, or as bridge's IPAM wrapping the real IPAM).
+// The network configuration says which eipoibd to talk to (tap,
+// socketDir) and where it keeps its --persist state (stateDir). It gives
+// the VLAN the pod's VIF is declared on and where the plugin records
+// what it declared (dataDir). It also says how the plugin was invoked:
+// chained after bridge, or as bridge's IPAM wrapping the real IPAM.
 
 import (
 	"bytes"
@@ -35,10 +35,10 @@ const (
 	// interface in the prevResult and passes the prevResult on.
 	chained mode = iota
 	// ipamWrap: bridge's "ipam" is {"type": "eipoib", ..., "ipam": {the
-	// real IPAM}}; bridge runs it once the pod's veth exists and before
-	// any address is asked for, so the VIF is declared before a DHCP
-	// DISCOVER leaves the pod (under --learn declared, an undeclared
-	// MAC's frames are dropped).
+	// real IPAM}}. Bridge runs it once the pod's veth exists and before
+	// any address is asked for. So the VIF is declared before a DHCP
+	// DISCOVER leaves the pod; under --learn declared, an undeclared
+	// MAC's frames are dropped.
 	ipamWrap
 )
 

@@ -117,11 +117,10 @@ func TestParseConfErrors(t *testing.T) {
 }
 
 // FuzzParseConf: any input is parsed or refused with a code 7 error,
-// never a panic, and what is accepted holds: a valid TAP name, an
-// absolute clean socketDir and stateDir, a VLAN from 0 to 4094, and in ipamWrap mode
-// a delegate configuration that parses with a real IPAM type; the
-// records' location found without parsing (recordsIn) is the one
-// parsed.
+// never a panic. What is accepted holds: a valid TAP name, an absolute
+// clean socketDir and stateDir, a VLAN from 0 to 4094, and in ipamWrap
+// mode a delegate configuration that parses with a real IPAM type. The
+// records' location found without parsing (recordsIn) is the one parsed.
 func FuzzParseConf(f *testing.F) {
 	for _, s := range []string{chainedConf, `{"type":"eipoib"}`, `{"type":"eipoib","vlan":4094,"tap":"x","socketDir":"/a/../b/","stateDir":"/c/./d"}`,
 		`{"type":"bridge","ipam":{"type":"eipoib","ipam":{"type":"host-local","ranges":[[{"subnet":"10.0.0.0/24"}]]}}}`,

@@ -1,20 +1,24 @@
-// Command eipoib-cni is the CNI plugin "eipoib": it gives Kubernetes pods
-// (and KubeVirt VMs with bridge binding) their place on an InfiniBand
-// fabric through the local eipoibd. Chained after the reference bridge
-// plugin (bridge enslaved to eipoibd's TAP's bridge, any IPAM), its ADD
-// declares the pod interface's MAC (and the network's VLAN) to eipoibd
-// over the control socket, so the pod's VIF exists before the pod
-// speaks and --learn declared serves it, and passes the previous result
-// on; DEL frees the VIF; CHECK fails when it is missing; GC frees the
-// VIFs of attachments the runtime no longer has; STATUS fails while
-// eipoibd is not ready. As bridge's
-// IPAM wrapping the real one ({"type": "eipoib", "ipam": {...}}) it
-// declares the MAC before the address is asked for, which DHCP needs
-// under --learn declared. Install the binary as "eipoib" in the
-// runtime's CNI directory (/opt/cni/bin; Debian's runtimes also look in
-// /usr/lib/cni, where the package installs it). See docs/kubernetes.md.
-// "eipoib --version" prints its version, as run without CNI_COMMAND it
-// does in its "about" line.
+// Command eipoib-cni is the CNI plugin "eipoib". It gives Kubernetes
+// pods (and KubeVirt VMs with bridge binding) their place on an
+// InfiniBand fabric through the local eipoibd.
+//
+// Chained after the reference bridge plugin (bridge enslaved to
+// eipoibd's TAP's bridge, any IPAM), its ADD declares the pod
+// interface's MAC and the network's VLAN to eipoibd over the control
+// socket. So the pod's VIF exists before the pod speaks and --learn
+// declared serves it. ADD passes the previous result on. DEL frees the
+// VIF; CHECK fails when it is missing; GC frees the VIFs of attachments
+// the runtime no longer has; STATUS fails while eipoibd is not ready.
+//
+// As bridge's IPAM wrapping the real one ({"type": "eipoib", "ipam":
+// {...}}) it declares the MAC before the address is asked for, which
+// DHCP needs under --learn declared.
+//
+// Install the binary as "eipoib" in the runtime's CNI directory
+// (/opt/cni/bin; Debian's runtimes also look in /usr/lib/cni, where the
+// package installs it). See docs/kubernetes.md. "eipoib --version"
+// prints its version, as its "about" line does when run without
+// CNI_COMMAND.
 package main
 
 import (

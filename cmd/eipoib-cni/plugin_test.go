@@ -126,11 +126,10 @@ func quiet(t *testing.T, fn func() error) (string, error) {
 }
 
 // TestAddDel: chained ADD declares the pod's MAC from the prevResult on
-// the configured VLAN and prints the prevResult on; CHECK passes, and
+// the configured VLAN and prints the prevResult on. CHECK passes, and
 // fails with code 101 once the VIF is gone or on another VLAN (naming
-// it); DEL frees it, and a
-// second DEL (nothing left) succeeds too; a refusal is a code 100 error
-// quoting the daemon.
+// it). DEL frees it, and a second DEL (nothing left) succeeds too. A
+// refusal is a code 100 error quoting the daemon.
 func TestAddDel(t *testing.T) {
 	nstest.Require(t) // the control socket serves root peers only
 	dir := t.TempDir()
@@ -185,10 +184,10 @@ func TestAddDel(t *testing.T) {
 	}
 }
 
-// TestNoDaemon: with no socket, a stale one nothing listens on, or a
-// daemon that takes the connection and closes it without a reply (one
-// stopping), ADD fails with "try again later" (code 11) and a message
-// naming the socket, the system's error and the question to ask.
+// TestNoDaemon: ADD fails with "try again later" (code 11) with no
+// socket, a stale one nothing listens on, or a daemon that takes the
+// connection and closes it without a reply (one stopping). The message
+// names the socket, the system's error and the question to ask.
 func TestNoDaemon(t *testing.T) {
 	nstest.Require(t) // the pod's namespace
 	dir := t.TempDir()
@@ -250,13 +249,14 @@ func staleSocket(t *testing.T, dir string) {
 	ln.Close()
 }
 
-// TestDelNoDaemon: DEL while nothing answers on the control socket.
-// With neither the daemon's control socket nor its state file there,
-// the daemon is gone with its VIFs: DEL succeeds. With a stale socket (a
+// TestDelNoDaemon: DEL while nothing answers on the control socket. With
+// neither the daemon's control socket nor its state file there, the
+// daemon is gone with its VIFs: DEL succeeds. With a stale socket (a
 // crash), the state file (a stop with --persist: the VIFs come back at
-// the next start) or both, DEL fails with "try again later" (code 11):
-// the system's error, the pod's MAC and VLAN, and the files to remove if
-// that eipoibd is gone for good; once they are removed DEL succeeds.
+// the next start) or both, DEL fails with "try again later" (code 11).
+// The message gives the system's error, the pod's MAC and VLAN, and the
+// files to remove if that eipoibd is gone for good. Once they are
+// removed DEL succeeds.
 func TestDelNoDaemon(t *testing.T) {
 	dir := t.TempDir()
 	args := podArgs(dir)
@@ -331,10 +331,10 @@ func TestDelLiveDaemonsState(t *testing.T) {
 	}
 }
 
-// TestDelConfigNoLongerParses: ADD declares the VIF and records it; a
+// TestDelConfigNoLongerParses: ADD declares the VIF and records it. A
 // DEL whose configuration no longer parses ("vlan":"10", a string, as a
 // typo leaves it) frees the VIF from the record, succeeds, and leaves no
-// record; a second such DEL succeeds with nothing to free.
+// record. A second such DEL succeeds with nothing to free.
 func TestDelConfigNoLongerParses(t *testing.T) {
 	nstest.Require(t)
 	dir := t.TempDir()
@@ -372,10 +372,10 @@ func gcConf(dir, name, valid string) []byte {
 		name, dir, dir+"/data", valid))
 }
 
-// TestGC: two pods ADDed on network "ib"; GC of another network frees
-// nothing of it; GC with the first pod as the only valid attachment
-// frees the second's VIF and keeps the first's; GC with no valid
-// attachment frees the first's too; each record goes with its VIF.
+// TestGC: two pods are ADDed on network "ib". GC of another network
+// frees nothing of it. GC with the first pod as the only valid
+// attachment frees the second's VIF and keeps the first's. GC with no
+// valid attachment frees the first's too. Each record goes with its VIF.
 func TestGC(t *testing.T) {
 	nstest.Require(t)
 	dir := t.TempDir()

@@ -9,9 +9,9 @@ import (
 )
 
 // FuzzRecordFile: whatever an attachment's record file holds, it is
-// loaded or refused with a CNI I/O error (code 5), never a panic; a
-// loaded record belongs to the attachment its file is named after (not
-// to the names written in it), and listing the network finds it so.
+// loaded or refused with a CNI I/O error (code 5), never a panic. A
+// loaded record belongs to the attachment its file is named after, not
+// to the names written in it, and listing the network finds it so.
 func FuzzRecordFile(f *testing.F) {
 	for _, s := range []string{
 		`{"containerID":"c1","ifname":"eth0","declared":[{"tap":"eib0","socketDir":"/run/eipoibd","stateDir":"/run/eipoibd","mac":"0a:58:0a:4d:00:32","vlan":0}]}`,

@@ -114,8 +114,8 @@ func TestEveryControlCommandHasACLI(t *testing.T) {
 
 // TestClientChecksLocally: a listing show does not know, a MAC that does
 // not parse and a VLAN out of range are one-line usage errors before any
-// daemon is asked (no daemon answers in the empty --ctl-dir: an error
-// that tried would say "no eipoibd at").
+// daemon is asked. No daemon answers in the empty --ctl-dir, so an error
+// that tried would say "no eipoibd at".
 func TestClientChecksLocally(t *testing.T) {
 	dir := t.TempDir()
 	for _, tc := range []struct {

@@ -200,9 +200,10 @@ func runVersion(args []string, stderr io.Writer) error {
 }
 
 // versionText says which eipoibd this is: the version (v, else the
-// module's from info), the VCS revision Go recorded, the Go version and
-// the fabric backends built in: the registry's, less those whose build
-// tag info does not list (verbs without -tags verbs). info may be nil.
+// module's from info), the VCS revision Go recorded and the Go version.
+// It also lists the fabric backends built in: the registry's, less those
+// whose build tag info does not list (verbs without -tags verbs). info
+// may be nil.
 func versionText(v string, info *debug.BuildInfo) string {
 	var rev, tags string
 	modified := false

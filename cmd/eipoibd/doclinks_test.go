@@ -71,8 +71,8 @@ func mdAnchors(text string) map[string]bool {
 }
 
 // TestDocLinks: every relative link of the README, the changelog and
-// docs/*.md names a file of the repository and, with a #fragment into a
-// Markdown file, one of that file's headings; and the README stays a
+// docs/*.md names a file of the repository. A link with a #fragment into
+// a Markdown file names one of that file's headings. The README stays a
 // landing page of at most readmeMaxLines lines.
 func TestDocLinks(t *testing.T) {
 	const root = "../.."

@@ -13,10 +13,10 @@ import (
 )
 
 // TestLogFormatsAgree logs one value of each type the daemon logs that
-// is not a string or a number underneath (MAC, GID, LIMAC, P_Key, the
-// TAP's start, a VIF's origin, a port event's kind) with the text and
-// the JSON logger of --log-format: each comes out as the same string in
-// both, the one the text log always showed.
+// is not a string or a number underneath: MAC, GID, LIMAC, P_Key, the
+// TAP's start, a VIF's origin, a port event's kind. It logs them with
+// the text and the JSON logger of --log-format. Each comes out as the
+// same string in both, the one the text log always showed.
 func TestLogFormatsAgree(t *testing.T) {
 	gid := ipoib.GID{0xfe, 0x80, 15: 1}
 	want := map[string]string{

@@ -1,9 +1,9 @@
 // Command eipoibd gives a Linux hypervisor an Ethernet NIC (a TAP device)
 // whose traffic travels over an InfiniBand fabric as standard IPoIB. It
 // parses the command line and the config file into a daemon.Config and
-// runs internal/daemon, which does the rest; "show", "vif", "neigh" and
-// "capture" are the control socket's client, "host" a native IPoIB host,
-// "keeper" the holder of --persist's TAP queues outside systemd. Run
+// runs internal/daemon, which does the rest. "show", "vif", "neigh" and
+// "capture" are the control socket's client; "host" is a native IPoIB
+// host; "keeper" holds --persist's TAP queues outside systemd. Run
 // without arguments, it lists its commands (commands.go).
 //
 //	eipoibd run --underlay IFACE [--name eib0] [--bridge BR] [--ib-mtu 4096]

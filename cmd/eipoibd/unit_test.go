@@ -26,10 +26,10 @@ func unitKeys(t *testing.T, path string) map[string]string {
 }
 
 // TestSystemdUnit: dist/systemd/eipoibd@.service is a Type=notify
-// service with a watchdog, and its command line, with the instance name
-// substituted for %i, is one eipoibd's own parser accepts (given a
-// config file holding the underlay), and systemd-analyze verifies the
-// unit with the binary in place.
+// service with a watchdog. Its command line, with the instance name
+// substituted for %i, is one eipoibd's own parser accepts, given a
+// config file holding the underlay. systemd-analyze verifies the unit
+// with the binary in place.
 func TestSystemdUnit(t *testing.T) {
 	const unit = "../../dist/systemd/eipoibd@.service"
 	k := unitKeys(t, unit)

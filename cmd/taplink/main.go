@@ -7,15 +7,15 @@
 //
 //	taplink --tap1 NAME --tap2 NAME [--offload=true] [--queues N] [--ib-mtu 4096] [--tap-mtu 9000] [--tap-queue-len 8192]
 //
-// Both TAPs are made in taplink's network namespace, up and unattached;
-// the caller moves them where it wants (a TAP's queues stay open across
+// Both TAPs are made in taplink's network namespace, up and unattached.
+// The caller moves them where it wants (a TAP's queues stay open across
 // "ip link set NAME netns NS") and enslaves them to its bridges. Each TAP
 // and shim is set up exactly as "eipoibd run" sets up its own
 // (daemon.TAPConfig, daemon.ShimConfig), with eipoibd run's defaults.
-// taplink logs "taplink running" once both shims run, and stops on
-// SIGINT or SIGTERM, logging each shim's non-zero counters (drops
-// included) and removing both TAPs. A bad command line exits with
-// status 2, a failure with status 1.
+// taplink logs "taplink running" once both shims run. It stops on SIGINT
+// or SIGTERM, logs each shim's non-zero counters (drops included) and
+// removes both TAPs. A bad command line exits with status 2, a failure
+// with status 1.
 package main
 
 import (
@@ -108,11 +108,11 @@ func run(args []string, stderr io.Writer) error {
 }
 
 // link runs the two TAPs and their shims over one in-memory fabric until
-// ctx ends or a shim stops on its own. Unless ready is nil, link closes it
-// once both TAPs are made and set up and both shims started, just before
-// it logs "taplink running": from then on the caller may move the TAPs to
-// other namespaces (before, tap.Create may still be finding a TAP by name
-// in this one).
+// ctx ends or a shim stops on its own. Unless ready is nil, link closes
+// it once both TAPs are made and set up and both shims started, just
+// before it logs "taplink running". From then on the caller may move the
+// TAPs to other namespaces; before, tap.Create may still be finding a
+// TAP by name in this one.
 func link(ctx context.Context, o *options, log *slog.Logger, ready chan<- struct{}) error {
 	fab, err := memfabric.New(o.cfg.IBMTU)
 	if err != nil {

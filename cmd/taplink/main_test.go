@@ -13,10 +13,10 @@ import (
 	"github.com/eipoib/eipoibd/internal/nstest"
 )
 
-// TestParse: both names are required and must differ, the IB MTU, queue
-// count and TAP MTU are checked, each refusal is a usage error naming
-// the flag; a good command line gives eipoibd run's defaults, with 0
-// queues read as one per CPU.
+// TestParse: both names are required and must differ, and the IB MTU,
+// queue count and TAP MTU are checked. Each refusal is a usage error
+// naming the flag. A good command line gives eipoibd run's defaults,
+// with 0 queues read as one per CPU.
 func TestParse(t *testing.T) {
 	for _, tc := range []struct {
 		args []string
@@ -50,12 +50,12 @@ func TestParse(t *testing.T) {
 }
 
 // TestLinkPing: the two TAPs taplink makes are joined. Each TAP is the
-// only link of a namespace whose own stack is the guest (10.89.0.1 on
-// tl1, left where taplink made it; 10.89.0.2 on tl2, moved to a second
-// namespace as bench.sh moves it, once link is ready): the first pings the second and is
-// answered (ping's status), through both shims and the in-memory fabric.
-// Once the context ends, link
-// returns nil and both TAPs are gone.
+// only link of a namespace whose own stack is the guest. 10.89.0.1 is on
+// tl1, left where taplink made it. 10.89.0.2 is on tl2, moved to a
+// second namespace once link is ready, as bench.sh moves it. The first
+// pings the second and is answered (ping's status), through both shims
+// and the in-memory fabric. Once the context ends, link returns nil and
+// both TAPs are gone.
 func TestLinkPing(t *testing.T) {
 	nstest.Require(t, "ping")
 	a, b := "tlk-a", "tlk-b"
@@ -73,9 +73,9 @@ func TestLinkPing(t *testing.T) {
 		done <- nstest.DoErr(a, func() error { return link(ctx, o, slog.New(slog.DiscardHandler), ready) })
 	}()
 	// tl2 moves only once link says it is ready, as bench.sh waits for
-	// "taplink running": "ip link show tl2" succeeds as soon as
+	// "taplink running". "ip link show tl2" succeeds as soon as
 	// tap.Create has added the link, before it has set it up by name in
-	// namespace a, and a move in that window makes Create fail.
+	// namespace a. A move in that window makes Create fail.
 	select {
 	case <-ready:
 	case err := <-done:

@@ -215,22 +215,24 @@ func baseImage(t *testing.T) string {
 // Namespace, ConfigMap and DaemonSet:
 //   - the Namespace carries pod-security.kubernetes.io/enforce:
 //     privileged;
-//   - every container runs the image of base/kustomization.yaml (name and
-//     version tag) with imagePullPolicy IfNotPresent, and ":latest" is
-//     nowhere in the output;
+//   - every container runs the image of base/kustomization.yaml (name
+//     and version tag) with imagePullPolicy IfNotPresent, and ":latest"
+//     is nowhere in the output;
 //   - the eipoibd container runs the backend's binary with its fabric
 //     flags, its capabilities (all dropped, then exactly the backend's
 //     set) and privileged only for the kernel backend;
 //   - /dev/infiniband is mounted (hostPath with no type, which never
 //     holds the pod back) and the RDMA resource requested by the verbs
 //     overlay only: nothing of either in sim and kernel;
-//   - the DaemonSet's pods run on the host network, every flag of the
-//     command line and every key of the ConfigMap's eipoibd.toml is one
-//     of "eipoibd run" (with the type of docs/eipoibd.toml's value), the
-//     keeper sidecar runs "eipoibd keeper" on the socket the daemon's
-//     --fd-store names, /run/eipoibd and /dev/net/tun come from the
-//     host, and the install-cni init container copies the plugin into
-//     the host's /opt/cni/bin.
+//   - the DaemonSet's pods run on the host network;
+//   - every flag of the command line and every key of the ConfigMap's
+//     eipoibd.toml is one of "eipoibd run", with the type of
+//     docs/eipoibd.toml's value;
+//   - the keeper sidecar runs "eipoibd keeper" on the socket the
+//     daemon's --fd-store names;
+//   - /run/eipoibd and /dev/net/tun come from the host;
+//   - the install-cni init container copies the plugin into the host's
+//     /opt/cni/bin.
 func TestOverlays(t *testing.T) {
 	image := baseImage(t)
 	ref := runFlags(t)
@@ -396,10 +398,10 @@ func checkDaemonSet(t *testing.T, cm, dsObj object, namespace, image string, wan
 }
 
 // TestNetworks: network.yaml holds NetworkAttachmentDefinitions whose
-// config is a CNI network list (libcni parses it) of bridge then eipoib,
-// on the ConfigMap's bridge, TAP and control socket directory, run at
-// spec 1.1.0 by libcni (its "cniVersions") and at 1.0.0 by older
-// runtimes ("cniVersion"); bridge's IPAM is empty (layer 2) or eipoib
+// config is a CNI network list (libcni parses it) of bridge then eipoib.
+// They use the ConfigMap's bridge, TAP and control socket directory.
+// libcni runs them at spec 1.1.0 (its "cniVersions"), older runtimes at
+// 1.0.0 ("cniVersion"). Bridge's IPAM is empty (layer 2) or eipoib
 // wrapping a real IPAM, host-local with an IPv4 and an IPv6 range.
 func TestNetworks(t *testing.T) {
 	all := load(t)
@@ -581,13 +583,13 @@ type vmSpec struct {
 
 // TestMigration: kubevirt-migration.yaml holds a VirtualMachine that
 // KubeVirt lets migrate and eipoibd keeps serving where it lands, and a
-// VirtualMachineInstanceMigration of it: eviction by live migration;
-// its pod network bound by masquerade, or by bridge with the annotation
-// kubevirt.io/allow-pod-bridge-network-live-migration on its template
-// (KubeVirt's VerifyVMIMigratable); each interface on a network of
-// network.yaml bound by bridge with a fixed macAddress, and that
-// network's bridge plugin taking the MAC (the "mac" capability), so that
-// the target node's pod declares the guest's own MAC.
+// VirtualMachineInstanceMigration of it. The VM's eviction is by live
+// migration. Its pod network is bound by masquerade, or by bridge with
+// the annotation kubevirt.io/allow-pod-bridge-network-live-migration on
+// its template (KubeVirt's VerifyVMIMigratable). Each interface on a
+// network of network.yaml is bound by bridge with a fixed macAddress,
+// and that network's bridge plugin takes the MAC (the "mac" capability).
+// So the target node's pod declares the guest's own MAC.
 func TestMigration(t *testing.T) {
 	all := load(t)
 	nadMAC := map[string]bool{}

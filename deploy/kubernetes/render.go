@@ -1,9 +1,9 @@
-// Package kubernetes holds the Kubernetes deployment files (eipoibd's
-// DaemonSet, as a kustomize base with an overlay per fabric backend,
-// the Multus networks, a pod and KubeVirt VMs), Render, which builds an
-// overlay as kubectl apply -k does, and the test that checks them
-// without a cluster: there is no Kubernetes on the project's machines,
-// so they are rendered, parsed and cross-checked, not deployed.
+// Package kubernetes holds the Kubernetes deployment files: eipoibd's
+// DaemonSet, as a kustomize base with an overlay per fabric backend, the
+// Multus networks, a pod and KubeVirt VMs. Render builds an overlay as
+// kubectl apply -k does. The package's test checks the files without a
+// cluster: there is no Kubernetes on the project's machines, so they are
+// rendered, parsed and cross-checked, not deployed.
 package kubernetes
 
 import (

@@ -9,11 +9,11 @@ import (
 
 // Sum adds b to a one's-complement running sum. It adds the data as
 // little-endian 64-bit words with an end-around carry (bits.Add64, one
-// add per eight bytes) and swaps the folded sum's bytes at the end: RFC
-// 1071 §2(A) and §2(B), the sum may be computed in any word size and in
-// either byte order, swapping once. A 64 KB segment costs a few
-// microseconds; the result is folded to 16 bits, in a uint32 so that a
-// pseudo-header's small terms may be added to it before Fold.
+// add per eight bytes) and swaps the folded sum's bytes at the end. RFC
+// 1071 §2(A) and §2(B) allow this: the sum may be computed in any word
+// size and in either byte order, swapping once. A 64 KB segment costs a
+// few microseconds. The result is folded to 16 bits, in a uint32 so that
+// a pseudo-header's small terms may be added to it before Fold.
 func Sum(acc uint32, b []byte) uint32 {
 	var s, c uint64
 	for len(b) >= 64 { // 64 bytes a step: 21 GB/s here, 16 with 32
@@ -32,8 +32,8 @@ func Sum(acc uint32, b []byte) uint32 {
 		b = b[8:]
 	}
 	// The tail: a 16-bit word adds alike in any of a 64-bit word's four
-	// lanes (2^16 ≡ 1 modulo 0xffff), and an odd last byte is the first
-	// byte of a word whose other byte is zero, as RFC 1071 pads it.
+	// lanes (2^16 ≡ 1 modulo 0xffff). An odd last byte is the first byte
+	// of a word whose other byte is zero, as RFC 1071 pads it.
 	if len(b) >= 4 {
 		s, c = bits.Add64(s, uint64(binary.LittleEndian.Uint32(b)), c)
 		b = b[4:]

@@ -235,11 +235,11 @@ func (c Client) Do(req Request) (json.RawMessage, error) {
 }
 
 // NoDaemonError is a request's error when no daemon answered on the
-// control socket at Path: the dial failed (Connected false; ENOENT: no
-// socket there, ECONNREFUSED: a socket no daemon listens on, e.g. one
-// left by a crash), or the connection ended before any reply (Connected:
-// a daemon stopping took the connection into its listen backlog, then
-// closed it). Err is the system's reason.
+// control socket at Path. Either the dial failed (Connected false):
+// ENOENT is no socket there, ECONNREFUSED a socket no daemon listens on,
+// e.g. one left by a crash. Or the connection ended before any reply
+// (Connected): a daemon stopping took the connection into its listen
+// backlog, then closed it. Err is the system's reason.
 type NoDaemonError struct {
 	Path      string
 	Connected bool

@@ -210,7 +210,7 @@ func TestTableNames(t *testing.T) {
 
 // TestNoDaemon: a request with no socket at the path, and one to a
 // socket nobody listens on, fail with a NoDaemonError that says so and
-// keeps the system's reason (ENOENT, ECONNREFUSED); one to a daemon that
+// keeps the system's reason (ENOENT, ECONNREFUSED). One to a daemon that
 // takes the connection and closes it without a reply (one stopping)
 // fails with a NoDaemonError, Connected, saying "no reply".
 func TestNoDaemon(t *testing.T) {

@@ -60,11 +60,11 @@ func newBridgeGuests(sink vifSink, log *slog.Logger, vlans vswitch.VLANs, list f
 }
 
 // entry takes an FDB entry the bridge gained (added) or lost. A static
-// one counts towards its guest; a learned one is no declaration (its
-// guest's frames reach the shim anyway, and a guest may forge them, so
-// that a MAC flood would become a flood of declarations), but its
-// going frees the VIF of its guest if that was learned too (not one a
-// static entry, OVS or the control socket declared).
+// entry counts towards its guest. A learned one declares nothing: its
+// guest's frames reach the shim anyway, and a guest may forge them,
+// which would turn a MAC flood into a flood of declarations. Yet a
+// learned entry going frees its guest's VIF if that VIF was learned too
+// (not declared by a static entry, OVS or the control socket).
 func (bg *bridgeGuests) entry(g vswitch.Guest, added bool) {
 	bg.mu.Lock()
 	defer bg.mu.Unlock()
@@ -107,13 +107,13 @@ func (bg *bridgeGuests) entry(g vswitch.Guest, added bool) {
 	}
 }
 
-// setVLANs takes the bridge's VLANs as they are now: the FDB is listed
-// afresh and every static entry mapped again (VLAN filtering turned on
-// or off, a PVID changed, a VLAN added to the TAP's port or taken off, a
-// guest's port added or gone). The first call, and a change of what
-// the bridge and the TAP's port say, are logged at info level; a change
-// of guests' ports alone at debug level (it comes with every libvirt
-// guest's start and stop).
+// setVLANs takes the bridge's VLANs as they are now. The FDB is listed
+// afresh and every static entry mapped again: VLAN filtering turned on
+// or off, a PVID changed, a VLAN added to or taken off the TAP's port, a
+// guest's port added or gone. The first call, and a change of what the
+// bridge and the TAP's port say, log at info level. A change of guests'
+// ports alone logs at debug level, as every libvirt guest's start and
+// stop brings one.
 func (bg *bridgeGuests) setVLANs(v vswitch.VLANs) {
 	bg.mu.Lock()
 	defer bg.mu.Unlock()
@@ -163,13 +163,13 @@ func (bg *bridgeGuests) relist() {
 	bg.relistLocked()
 }
 
-// restore takes the VIFs --persist restored that a static entry of the
-// bridge had declared (origin bridge) as declared from the bridge, and
-// lists the FDB: those whose entry went while eipoibd was down are freed
-// (the watch, which lists only what is there, would never see them go),
-// the others keep their VIF and its QPN. Should the listing fail, they
-// are taken with the first that succeeds (a relist, or the VLAN watch's
-// first read); until then no removal frees them.
+// restore takes the VIFs that --persist restored with origin bridge as
+// declared from the bridge, and lists the FDB. Those whose entry went
+// while eipoibd was down are freed: the watch lists only what is there
+// and would never see them go. The others keep their VIF and its QPN.
+// Should the listing fail, they are taken with the first that succeeds
+// (a relist, or the VLAN watch's first read); until then no removal
+// frees them.
 func (bg *bridgeGuests) restore(keys []mactrans.VIFKey) {
 	bg.mu.Lock()
 	defer bg.mu.Unlock()
@@ -199,10 +199,11 @@ func (bg *bridgeGuests) relistLocked() {
 	bg.reconcile()
 }
 
-// logUnserved says why static entry g declares no guest, once while it
-// does not for that reason (every relist maps it again): at debug level
-// for the per-VLAN copies of a bridge without VLAN filtering (whose
-// entry without a VLAN declares the guest), else at info.
+// logUnserved says why static entry g declares no guest, once for as
+// long as that reason holds (every relist maps it again). It logs at
+// debug level for the per-VLAN copies of a bridge without VLAN
+// filtering, whose entry without a VLAN declares the guest; else at
+// info.
 func (bg *bridgeGuests) logUnserved(g vswitch.Guest, err error) {
 	k := fdbKey{g.MAC, g.VLAN}
 	if bg.unserved[k] == err.Error() {

@@ -111,13 +111,13 @@ func (h *bgHarness) expect(t *testing.T, step string, want ...string) {
 	}
 }
 
-// TestBridgeGuestsPVID: on a filtering bridge, a libvirt guest's two
-// static entries (without a VLAN, and the default PVID 1 that br_fdb_add
-// copies it to) are one guest of the untagged partition: declared once
-// on VLAN 0 with no warning, kept while either entry remains and freed
-// once when the last goes; the same entry notified again declares
-// nothing more. A guest on a port whose PVID is tagged VLAN 10 on the
-// TAP is declared on VLAN 10, once for its two entries.
+// TestBridgeGuestsPVID: on a filtering bridge, a libvirt guest has two
+// static entries: one without a VLAN, and the copy br_fdb_add makes on
+// the default PVID 1. They are one guest of the untagged partition,
+// declared once on VLAN 0 with no warning. It is kept while either entry
+// remains and freed once when the last goes. The same entry notified
+// again declares nothing more. A guest on a port whose PVID is tagged
+// VLAN 10 on the TAP is declared on VLAN 10, once for its two entries.
 func TestBridgeGuestsPVID(t *testing.T) {
 	h := newBGHarness(filtering(1))
 	h.add(macA, 0, bgPort1, true)
@@ -150,7 +150,7 @@ func TestBridgeGuestsPVID(t *testing.T) {
 
 // TestBridgeGuestsRefused: a static entry on a VLAN the TAP carries
 // tagged but --vlan-pkey does not map (20) is warned about once, however
-// often it is mapped again, and never "freed"; an entry on a VLAN the
+// often it is mapped again, and never "freed". An entry on a VLAN the
 // TAP does not carry (30) declares nothing and says why at info level.
 func TestBridgeGuestsRefused(t *testing.T) {
 	h := newBGHarness(filtering(1))
@@ -242,10 +242,10 @@ func TestBridgeGuestsVLANChanges(t *testing.T) {
 }
 
 // TestBridgeGuestsNewPort: a static entry on a port the VLANs do not
-// know yet (added just after the port joined, before the watch read the
-// VLANs again) makes bridgeGuests read them at once: the entry without
-// a VLAN maps to the new port's PVID, with no line saying it declares no
-// guest; an entry on a known port reads nothing.
+// know yet makes bridgeGuests read them at once. (The entry was added
+// just after the port joined, before the watch read the VLANs again.)
+// The entry without a VLAN maps to the new port's PVID, with no line
+// saying it declares no guest. An entry on a known port reads nothing.
 func TestBridgeGuestsNewPort(t *testing.T) {
 	const newPort = 9
 	h := newBGHarness(filtering(1))
@@ -263,12 +263,12 @@ func TestBridgeGuestsNewPort(t *testing.T) {
 	}
 }
 
-// TestBridgeGuestsRestored: of two guests a state file restored as
-// declared from the bridge, the one whose static entry went while
-// eipoibd was down is freed at start (as OriginBridge), the one whose
-// entry is still there is neither freed nor declared again (its VIF, and
-// QPN, stay); then its entry going frees it. Had the listing failed,
-// nothing is freed until a listing succeeds.
+// TestBridgeGuestsRestored: a state file restored two guests as declared
+// from the bridge. The one whose static entry went while eipoibd was
+// down is freed at start (as OriginBridge). The one whose entry is still
+// there is neither freed nor declared again: its VIF, and QPN, stay.
+// Then its entry going frees it. Had the listing failed, nothing is
+// freed until a listing succeeds.
 func TestBridgeGuestsRestored(t *testing.T) {
 	h := newBGHarness(filtering(1))
 	h.fdb[fdbKey{macA, 0}] = vswitch.Guest{MAC: macA, Port: bgPort1, Static: true}

@@ -20,10 +20,10 @@ import (
 )
 
 // ctlHandler answers the control socket from the shim. With --persist,
-// saver writes the state before vif-add or vif-del is answered: a client
-// told that a declared guest is freed (the CNI plugin's DEL) or kept
-// must find it so after a crash that follows at once, which the saver's
-// once-a-second round alone does not give.
+// saver writes the state before vif-add or vif-del is answered. A client
+// told that a declared guest is kept or freed (the CNI plugin's DEL)
+// must find it so after a crash that follows at once; the saver's
+// once-a-second round alone does not give that.
 type ctlHandler struct {
 	sh             *shim.Shim
 	name, fab, dev string

@@ -21,9 +21,9 @@ import (
 )
 
 // memShim is a shim on a TAP and a port in memory, VLAN 10 on P_Key
-// 0x800a, with a clock that stands still: the VIF listing's idle_s is
-// the time since its last frame, which a real clock makes depend on how
-// long the machine took between AddVIF and the listing.
+// 0x800a, with a clock that stands still. The VIF listing's idle_s is
+// the time since its last frame. A real clock would make it depend on
+// how long the machine took between AddVIF and the listing.
 func memShim(t *testing.T) *shim.Shim {
 	t.Helper()
 	f, err := memfabric.New(4096)
@@ -46,11 +46,10 @@ func memShim(t *testing.T) *shim.Shim {
 }
 
 // TestHandlerSavesDeclared: with --persist, vif-add and vif-del are
-// answered once the state file says so, so that a crash right after the
+// answered once the state file says so. So a crash right after the
 // answer (a kill -9 within the saver's second) neither loses a declared
-// guest nor brings back a freed one, whose QP a declared VIF's origin
-// would then keep for good: the soak saw a kill -9 0.1 s after a
-// vif-del restore 13 VIFs it had freed.
+// guest nor brings back a freed one. A freed guest brought back would
+// keep its QP for good, as a declared VIF's origin never ages.
 func TestHandlerSavesDeclared(t *testing.T) {
 	sh := memShim(t)
 	path := filepath.Join(t.TempDir(), "eib0.state")
@@ -106,12 +105,12 @@ func TestHandlerSaveFailureRefused(t *testing.T) {
 }
 
 // TestHandlerReplies: the control handler's answers over a shim on the
-// in-memory fabric, as the wire carries them, byte for byte: the field
-// names and order, the formats (QPN as 0x and six digits, P_Keys as 0x
-// and four), empty listings as [] rather than null; a declared VIF and
-// its removal; a bad MAC refused with the message the CLI prints. (The
-// groups' members and the neighbours' fields, which need traffic, are
-// checked against a running daemon by test/netns TestCtl.)
+// in-memory fabric, byte for byte as the wire carries them. It checks
+// the field names and order, the formats (QPN as 0x and six digits,
+// P_Keys as 0x and four), and empty listings as [] rather than null. It
+// checks a declared VIF and its removal, and a bad MAC refused with the
+// message the CLI prints. The groups' members and the neighbours' fields
+// need traffic; test/netns TestCtl checks them against a running daemon.
 func TestHandlerReplies(t *testing.T) {
 	sh := memShim(t)
 	h := &ctlHandler{sh: sh, name: "eib0", fab: FabricSim, dev: "ul1"}

@@ -1,6 +1,6 @@
-// Package daemon is eipoibd's "run": it opens the TAP and the fabric
-// port, builds and runs the shim, attaches the TAP to its switch and
-// follows the switch's guests, serves the control socket and the
+// Package daemon is eipoibd's "run". It opens the TAP and the fabric
+// port, builds and runs the shim, and attaches the TAP to its switch and
+// follows the switch's guests. It serves the control socket and the
 // metrics, reloads its settings on SIGHUP, keeps its state across
 // restarts (--persist) and talks to systemd. cmd/eipoibd parses the
 // command line and the config file into a Config and calls Run; tests
@@ -48,25 +48,25 @@ const (
 	MaxTAPMTU = 65535 - 14
 )
 
-// DefaultTAPQueueLen is --tap-queue-len's default. A TAP queue must
-// hold what guests send while its reader is off the CPU: on the bench's
-// two cores, a guest sending 64-byte datagrams one a call at 220,000 a
-// second lost 3.7 % of them in the TAP's queue at the 1000 a TAP is
-// created with (the reader waiting a few ms for a core the sender
-// held), 0.07 % at 4096, none up to the sender's most (264,000 a
-// second) at 8192. A queued frame is orphaned (tun_net_xmit's
-// skb_orphan), not charged to the guest's socket: a full queue holds
-// about 8 MB of the kernel's memory per queue in 64-byte frames, and at
-// worst, full of 64 KB super-frames a guest sends faster than eipoibd
-// reads them, 512 MB (64 MB at 1000); TCP's super-frames are bounded
-// by the guests' windows before that.
+// DefaultTAPQueueLen is --tap-queue-len's default. A TAP queue must hold
+// what guests send while its reader is off the CPU. On the bench's two
+// cores, a guest sent 64-byte datagrams one a call at 220,000 a second
+// while the reader waited a few ms for a core. The TAP's queue lost
+// 3.7 % of them at the 1000 a TAP is created with, 0.07 % at 4096, and none
+// at 8192 up to the sender's most (264,000 a second).
+//
+// A queued frame is orphaned (tun_net_xmit's skb_orphan), not charged to
+// the guest's socket. A full queue of 64-byte frames holds about 8 MB of
+// kernel memory. At worst, full of 64 KB super-frames that a guest sends
+// faster than eipoibd reads them, it holds 512 MB (64 MB at 1000). TCP's
+// super-frames are bounded by the guests' windows before that.
 const DefaultTAPQueueLen = 8192
 
-// MaxTAPQueueLen bounds Config.TAPQueueLen: each queue's ring is an
+// MaxTAPQueueLen bounds Config.TAPQueueLen. Each queue's ring is an
 // array of a pointer per frame, and __ptr_ring_init_queue_alloc
-// (include/linux/ptr_ring.h) refuses one above KMALLOC_MAX_SIZE (4 MB
-// on x86-64) / 8: on this kernel a TAP with a queue open takes 524,288
-// and refuses 524,289 (EPERM, tun_device_event's NOTIFY_BAD).
+// (include/linux/ptr_ring.h) refuses one above KMALLOC_MAX_SIZE (4 MB on
+// x86-64) / 8. On this kernel a TAP with a queue open takes 524,288 and
+// refuses 524,289 (EPERM, tun_device_event's NOTIFY_BAD).
 const MaxTAPQueueLen = 1 << 19
 
 // gcPercent is the collector's GOGC unless $GOGC sets one: the heap may
@@ -210,9 +210,9 @@ func (c *Config) Validate() error {
 }
 
 // Run runs the daemon until ctx ends (SIGINT, SIGTERM) or the shim stops
-// on its own, then shuts down cleanly: the in-flight batch is finished,
-// the state saved (--persist), QPs freed, groups left, and the TAP
-// removed unless it is kept. cfg is validated first.
+// on its own. Then it shuts down cleanly: the in-flight batch is
+// finished, the state saved (--persist), QPs freed, groups left, and the
+// TAP removed unless it is kept. cfg is validated first.
 func Run(ctx context.Context, cfg Config) error {
 	if err := cfg.Validate(); err != nil {
 		return err

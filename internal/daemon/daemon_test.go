@@ -88,22 +88,26 @@ func stopped(t *testing.T, cancel context.CancelFunc, done <-chan error) {
 }
 
 // TestRunInProcess starts the daemon with Run on the simulated fabric
-// over a veth in a namespace, with a real TAP there, and drives it
-// through its control socket with the typed client: it answers show
-// port with the configuration, declares and removes a VIF, refuses a bad
-// MAC with the daemon's message; a SIGHUP (on Config.Signals) applies a
-// reload that adds a VLAN (show port lists its partition) and changes
-// vif-idle (logged), and a reload that does not validate changes
-// nothing (not the VLANs, vif-idle or the log level it also changes: a
-// reload of the running settings then finds no change). Ending the context stops it: Run returns nil, the TAP and the
-// socket are gone, and no goroutine is left (goleak).
+// over a veth in a namespace, with a real TAP there. It drives it
+// through its control socket with the typed client. The daemon answers
+// show port with the configuration, declares and removes a VIF, and
+// refuses a bad MAC with the daemon's message.
+//
+// A SIGHUP (on Config.Signals) applies a reload that adds a VLAN (show
+// port lists its partition) and changes vif-idle (logged). A reload that
+// does not validate changes nothing: not the VLANs, vif-idle or the log
+// level it also changes. A reload of the running settings then finds no
+// change.
+//
+// Ending the context stops it: Run returns nil, the TAP and the socket
+// are gone, and no goroutine is left (goleak).
 //
 // Run is called on a thread in the namespace, so the TAP, the fabric's
-// sockets and the metrics listener are made there; the daemon's later
+// sockets and the metrics listener are made there. The daemon's later
 // goroutines run on other threads of the test process, which are not in
-// it: what they look up by interface name afterwards (the TAP's
-// operational state, which only times the queries after a carrier
-// change) is not what the binary sees, and is not checked here.
+// it. What they look up by interface name afterwards is not what the
+// binary sees, and is not checked here: that is the TAP's operational
+// state, which only times the queries after a carrier change.
 func TestRunInProcess(t *testing.T) {
 	nstest.Require(t, "sysctl")
 	defer goleak.VerifyNone(t)

@@ -10,12 +10,12 @@ import (
 	"github.com/eipoib/eipoibd/shim"
 )
 
-// notifySystemd tells systemd (Type=notify) the daemon is ready — the TAP
-// and the port are up and the shim is about to run — and that it is
-// stopping when ctx ends; with WatchdogSec= it sends WATCHDOG=1 every half
-// interval while the shim's housekeeping rounds keep coming, so a stuck
-// pipeline gets the service restarted. Without systemd it does nothing.
-// Its goroutine is counted in wg.
+// notifySystemd tells systemd (Type=notify) that the daemon is ready,
+// once the TAP and the port are up and the shim is about to run, and
+// that it is stopping when ctx ends. With WatchdogSec= it sends
+// WATCHDOG=1 every half interval while the shim's housekeeping rounds
+// keep coming, so a stuck pipeline gets the service restarted. Without
+// systemd it does nothing. Its goroutine is counted in wg.
 func notifySystemd(ctx context.Context, wg *sync.WaitGroup, sh *shim.Shim, log *slog.Logger, status string) {
 	ok, err := sdnotify.Notify("READY=1\nSTATUS=" + status)
 	if err != nil {

@@ -191,11 +191,11 @@ type keeperLink struct {
 }
 
 // send has the keeper hold exactly files, the TAP's queues, and checks
-// that it does: the keeper answers no store (over --max-fds or
-// --max-names, or from another user than its own and root, it closes
-// the descriptors and only logs), so the queues are asked back (Take
-// returns copies, closed here) and counted. It logs done on success and
-// a warning otherwise, at most one a warnlimit.Interval.
+// that it does. The keeper answers no store: over --max-fds or
+// --max-names, or from a user other than its own and root, it closes the
+// descriptors and only logs. So the queues are asked back (Take returns
+// copies, closed here) and counted. send logs done on success and a
+// warning otherwise, at most one a warnlimit.Interval.
 func (l *keeperLink) send(c *Config, files []*os.File, done string, log *slog.Logger) {
 	l.last, l.holds = socketOf(c.FDStore), false
 	name := fdName(c.Name)
@@ -338,7 +338,7 @@ func restoreState(c *Config, sh *shim.Shim, log *slog.Logger) {
 
 // stateSaver writes the state file whenever the guests change (checked
 // every second), and once more when asked to stop, before the shim frees
-// the VIFs; the control socket's handler has it save at once after a
+// the VIFs. The control socket's handler has it save at once after a
 // declared guest is added or removed. Once the shim has begun to free
 // them (Run ended on its own) it saves nothing more: the file keeps the
 // guests a restart restores.

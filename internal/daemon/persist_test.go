@@ -24,10 +24,10 @@ func isOpen(fd int) bool {
 	return err == nil
 }
 
-// TestKeeperQueues: with --fd-store, the queues come from the keeper;
-// queues systemd passed as well are closed when the keeper has some and
-// used when it has none, and systemd is told to let go of them either
-// way; an unreachable keeper is a warning, never an error.
+// TestKeeperQueues: with --fd-store, the queues come from the keeper.
+// Queues systemd passed as well are closed when the keeper has some and
+// used when it has none. Either way systemd is told to let go of them.
+// An unreachable keeper is a warning, never an error.
 func TestKeeperQueues(t *testing.T) {
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "keeper.sock")
@@ -125,11 +125,11 @@ func TestKeeperQueues(t *testing.T) {
 }
 
 // TestKeeperLink: the daemon checks that its keeper holds the queues it
-// sent (the keeper answers no store): a keeper past --max-fds, or one
+// sent, as the keeper answers no store. A keeper past --max-fds, or one
 // that takes the datagrams and keeps nothing (as a keeper of another
-// user refuses), is warned of once however often the next checks
-// retry it; a keeper started anew with room gets them and says so, and
-// then nothing more is sent.
+// user refuses), is warned of once, however often the next checks retry
+// it. A keeper started anew with room gets them and says so, and then
+// nothing more is sent.
 func TestKeeperLink(t *testing.T) {
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "keeper.sock")

@@ -120,13 +120,13 @@ func (sw *switchPort) detach() {
 }
 
 // watch follows the switch's guests until ctx ends, in goroutines wg
-// counts. Guests the bridge knows, now and from now on, get their VIFs
-// before they speak (after a restart, or when libvirt adds a static
-// entry), on the VLAN its VLAN filtering gives them (followed as it
-// changes), and lose them as soon as the bridge forgets them (their port
-// went). The same for Open vSwitch: a port whose interface carries
-// external_ids:attached-mac (as libvirt and os-vif set it) is a
-// declared guest, on the port's access VLAN.
+// counts. Guests the bridge knows, now and later, get their VIFs before
+// they speak: after a restart, or when libvirt adds a static entry. They
+// get them on the VLAN that VLAN filtering gives them, followed as it
+// changes. They lose them as soon as the bridge forgets them (their port
+// went). The same holds for Open vSwitch: a port whose interface carries
+// external_ids:attached-mac (as libvirt and os-vif set it) is a declared
+// guest, on the port's access VLAN.
 func (sw *switchPort) watch(ctx context.Context, wg *sync.WaitGroup) {
 	cfg, log := sw.cfg, sw.log
 	if cfg.Bridge != "" {
@@ -169,18 +169,18 @@ func (sw *switchPort) watch(ctx context.Context, wg *sync.WaitGroup) {
 }
 
 // datapath makes the TAP write super-frames (merged received segments)
-// only where the Open vSwitch bridge's datapath takes them: the kernel
-// datapath does, the userspace one only with userspace-tso-enable;
-// elsewhere every frame written is at most the MTU (see
-// vswitch.Datapath and tap.TAP.SetWriteSuper).
+// only where the Open vSwitch bridge's datapath takes them. The kernel
+// datapath does; the userspace one only with userspace-tso-enable.
+// Elsewhere every frame written is at most the MTU (see vswitch.Datapath
+// and tap.TAP.SetWriteSuper).
 //
-// A change seen later only ever turns them off. ovs-vswitchd takes
+// A change seen later only ever turns them off. ovs-vswitchd reads
 // userspace-tso-enable once, when it starts (userspace_tso_init runs
-// under an ovsthread_once), and gives a port's socket the vnet header
-// only when it adds the port (netdev_linux_rxq_construct): setting the
-// key on a running bridge does not let our port take super-frames, and
-// writing them would have them dropped ("Too big"). They come back when
-// eipoibd restarts and adds its port again.
+// under an ovsthread_once). It gives a port's socket the vnet header
+// only when it adds the port (netdev_linux_rxq_construct). So setting
+// the key on a running bridge does not let our port take super-frames,
+// and writing them would have them dropped ("Too big"). They come back
+// when eipoibd restarts and adds its port again.
 func (sw *switchPort) datapath(d vswitch.Datapath) {
 	if !sw.dpKnown {
 		sw.gsoAtAttach = d.TakesGSO()

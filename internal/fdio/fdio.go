@@ -1,20 +1,20 @@
 // Package fdio drives the hot descriptors of the data path (a TAP queue,
-// the simulated fabric's UDP socket), non-blocking: the caller's
-// function tries the system call; when the descriptor has nothing for
-// it (EAGAIN), a reader with busy polling on retries on the calling
-// thread for a while, and then (without busy polling, at once) waits in
-// Go's netpoller (see Read for why not in poll(2) on its thread); a
-// writer that meets a full descriptor waits in ppoll(2) on its thread
-// for a bounded time.
+// the simulated fabric's UDP socket), non-blocking. The caller's
+// function tries the system call. When the descriptor has nothing for it
+// (EAGAIN), a reader with busy polling on retries on the calling thread
+// for a while. Then, or at once without busy polling, it waits in Go's
+// netpoller (see Read for why not in poll(2) on its thread). A writer
+// that meets a full descriptor waits in ppoll(2) on its thread for a
+// bounded time.
 //
-// Close is safe against the reuse of the descriptor's number: it wakes
-// a writer waiting in ppoll through an eventfd (and a spinning reader
-// through a flag; the owner's close wakes the netpoller), and the
-// owner's close (os.File.Close, net.UDPConn.Close) waits until every
-// raw call on the descriptor has returned, because the calls run inside
+// Close is safe against the reuse of the descriptor's number. It wakes a
+// writer waiting in ppoll through an eventfd, and a spinning reader
+// through a flag; the owner's close wakes the netpoller. The owner's
+// close (os.File.Close, net.UDPConn.Close) waits until every raw call on
+// the descriptor has returned. That holds because the calls run inside
 // syscall.RawConn's Control or Read, which hold a reference on the
-// descriptor (internal/poll FD.Close waits for the last reference of a
-// non-blocking descriptor before close(2)).
+// descriptor: internal/poll FD.Close waits for the last reference of a
+// non-blocking descriptor before close(2).
 //
 // RawRead, RawWrite and RawMmsg are the data path's system calls on
 // those descriptors, made without the runtime's syscall state (raw.go
@@ -57,7 +57,7 @@ type FD struct {
 }
 
 // New drives rc's descriptor, which must be non-blocking, with read and
-// write (either may be nil when unused), functions of the kind
+// write; either may be nil when unused. They are functions of the kind
 // syscall.RawConn's Read and Write take: they do the system calls and
 // return false when the descriptor had nothing for them (EAGAIN), true
 // when done. A Write waits at most writeTimeout for the descriptor to
@@ -77,24 +77,24 @@ func New(rc syscall.RawConn, read, write func(fd uintptr) bool, writeTimeout tim
 // turns it off.
 func (f *FD) SetBusyPoll(d time.Duration) { f.spin.Store(int64(max(d, 0))) }
 
-// Read calls the read function until it returns true: with busy polling
-// it first retries on the calling thread for up to the busy-poll time,
-// then (and without busy polling at once) it waits for readability in
+// Read calls the read function until it returns true. With busy polling
+// it first retries on the calling thread for up to the busy-poll time.
+// Then, or at once without busy polling, it waits for readability in
 // Go's netpoller (syscall.RawConn's Read). It returns net.ErrClosed once
 // Close has begun.
 //
 // Why the wait is the netpoller's, not poll(2) on the thread: a Go
-// thread blocked in a system call keeps its P in the syscall state, so
-// the runtime's sysmon thread stays awake to watch it (every 20 µs at
-// first, backing off to 10 ms, woken again by each exitsyscall) and
-// retakes the P; a goroutine locked to its thread (LockOSThread) adds a
-// hand-over whenever another thread readies it. Measured on the
-// two-hypervisor topology (2 cores), readers locked to their
-// threads and waiting in poll(2) made sysmon's usleep half of the
-// daemon's context switches and raised the ping RTT median by 50-90 µs
-// over the netpoller; spinning and then waiting in poll(2) cost a third
-// more CPU than spinning and then waiting in the netpoller, for the
-// same RTT.
+// thread blocked in a system call keeps its P in the syscall state. So
+// the runtime's sysmon thread stays awake to watch it and retakes the P;
+// it checks every 20 µs at first, backing off to 10 ms, and each
+// exitsyscall wakes it again. A goroutine locked to its thread
+// (LockOSThread) adds a hand-over whenever another thread readies it.
+// This was measured on the two-hypervisor topology (2 cores). Readers
+// locked to their threads and waiting in poll(2) made sysmon's usleep
+// half of the daemon's context switches, and raised the ping RTT median
+// by 50-90 µs over the netpoller. Spinning and then waiting in poll(2)
+// cost a third more CPU than spinning and then waiting in the netpoller,
+// for the same RTT.
 func (f *FD) Read() error {
 	if f.closed.Load() {
 		return net.ErrClosed

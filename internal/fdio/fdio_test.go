@@ -133,9 +133,9 @@ func TestBusyPollSpins(t *testing.T) {
 
 // TestCloseWakesReader: Close wakes a reader waiting in the netpoller
 // (no busy polling, or a spin of 1 ns, over before Close) or spinning (a
-// spin of an hour), which returns
-// net.ErrClosed; the pipe's descriptor is closed by then, and Read after
-// Close returns net.ErrClosed at once.
+// spin of an hour). The reader returns net.ErrClosed, and the pipe's
+// descriptor is closed by then. Read after Close returns net.ErrClosed
+// at once.
 func TestCloseWakesReader(t *testing.T) {
 	for _, spin := range []time.Duration{0, time.Nanosecond, time.Hour} {
 		p := newPipe(t, time.Second)

@@ -1,13 +1,15 @@
-// Package gso cuts a TCP or UDP super-packet (a Linux GSO skb's shape:
-// one set of headers and up to 64 KB of payload, its checksum field
-// holding the pseudo-header sum) into segments, as the kernel's
-// tcp_gso_segment and __udp_gso_segment (net/ipv4/udp_offload.c,
-// SKB_GSO_UDP_L4) do: TCP segments fit an MTU, UDP datagrams carry
-// gso_size bytes each. The TAP cuts the super-frames guests send through
-// it with this, and so does a port that takes super-packets whole (the
-// simulated fabric builds its UDP GSO trains from the segments). The link
-// header in front of the IP header (Ethernet, or the 4-byte IPoIB header)
-// is copied into every segment unchanged.
+// Package gso cuts a TCP or UDP super-packet into segments, as the
+// kernel's tcp_gso_segment and __udp_gso_segment
+// (net/ipv4/udp_offload.c, SKB_GSO_UDP_L4) do. A super-packet has a
+// Linux GSO skb's shape: one set of headers and up to 64 KB of payload,
+// its checksum field holding the pseudo-header sum. TCP segments fit an
+// MTU; UDP datagrams carry gso_size bytes each.
+//
+// The TAP cuts the super-frames guests send through it with this. So
+// does a port that takes super-packets whole: the simulated fabric
+// builds its UDP GSO trains from the segments. The link header in front
+// of the IP header (Ethernet, or the 4-byte IPoIB header) is copied into
+// every segment unchanged.
 package gso
 
 import (
@@ -99,9 +101,9 @@ func (s *Segmenter) StartL4(udp bool, pkt []byte, l3, l4 int, v6 bool, size, mtu
 }
 
 // StartUDP checks pkt, a UDP super-packet (SKB_GSO_UDP_L4) whose IP
-// header starts at l3 and UDP header at l4, and prepares to cut it into
+// header starts at l3 and UDP header at l4. It prepares to cut it into
 // datagrams of size bytes of payload (gso_size), the last possibly
-// shorter; a datagram's IP packet must fit mtu, as a datagram cannot be
+// shorter. A datagram's IP packet must fit mtu, as a datagram cannot be
 // cut smaller. The UDP checksum field holds the pseudo-header sum over
 // the whole UDP length, as for TCP; the UDP length field must be that
 // length. pkt must stay untouched until Done.

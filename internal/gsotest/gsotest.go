@@ -21,10 +21,10 @@ import (
 const Seq = 1000
 
 // Super returns link (the link header, copied as is) followed by an IPv4
-// or IPv6 TCP packet from 10.0.0.1 / fd00::1 port 40000 to 10.0.0.2 /
-// fd00::2 port 5201 carrying payload with ACK|PSH, its TCP checksum
-// field holding the pseudo-header sum over the whole TCP length as Linux
-// leaves it for TSO; l4 is the TCP header's offset.
+// or IPv6 TCP packet carrying payload with ACK|PSH. It goes from
+// 10.0.0.1 / fd00::1 port 40000 to 10.0.0.2 / fd00::2 port 5201. Its TCP
+// checksum field holds the pseudo-header sum over the whole TCP length,
+// as Linux leaves it for TSO. l4 is the TCP header's offset.
 func Super(tb testing.TB, link []byte, v6 bool, payload []byte) (pkt []byte, l4 int) {
 	tb.Helper()
 	tcp := &layers.TCP{SrcPort: 40000, DstPort: 5201, Seq: Seq, Ack: 777, Window: 500, ACK: true, PSH: true,
@@ -57,12 +57,12 @@ func Super(tb testing.TB, link []byte, v6 bool, payload []byte) (pkt []byte, l4 
 	return pkt, l4
 }
 
-// Reassemble checks segments cut from a packet built by Super (each
-// starting with the same link header of length l3) as a receiver would:
-// each IP packet at most mtu bytes with a correct length, IPv4 header
-// checksum and TCP checksum, sequence numbers following on from Seq, PSH
-// on the last segment only, and link headers equal; it returns the
-// payload they carry, in order.
+// Reassemble checks segments cut from a packet built by Super as a
+// receiver would; each starts with the same link header of length l3.
+// Each IP packet must be at most mtu bytes with a correct length, IPv4
+// header checksum and TCP checksum. Sequence numbers must follow on from
+// Seq, PSH must be on the last segment only, and link headers equal. It
+// returns the payload they carry, in order.
 func Reassemble(tb testing.TB, segs [][]byte, l3 int, v6 bool, mtu int) []byte {
 	tb.Helper()
 	var out []byte
@@ -125,11 +125,12 @@ const (
 	UDPID      = 7
 )
 
-// Datagram returns link followed by an IPv4 or IPv6 UDP datagram from
-// 10.0.0.1 / fd00::1 port UDPSrcPort to 10.0.0.2 / fd00::2 port
-// UDPDstPort carrying payload, with the IPv4 ID id, its lengths and
-// checksums computed by gopacket: what a guest sends one datagram at a
-// time, and what cutting a super-packet must give byte for byte.
+// Datagram returns link followed by an IPv4 or IPv6 UDP datagram
+// carrying payload, from 10.0.0.1 / fd00::1 port UDPSrcPort to 10.0.0.2
+// / fd00::2 port UDPDstPort. It has the IPv4 ID id, and its lengths and
+// checksums are computed by gopacket. It is what a guest sends one
+// datagram at a time, and what cutting a super-packet must give byte for
+// byte.
 func Datagram(tb testing.TB, link []byte, v6 bool, id uint16, payload []byte) []byte {
 	tb.Helper()
 	udp := &layers.UDP{SrcPort: UDPSrcPort, DstPort: UDPDstPort}
@@ -152,10 +153,11 @@ func Datagram(tb testing.TB, link []byte, v6 bool, id uint16, payload []byte) []
 }
 
 // SuperUDP returns the UDP super-packet a guest's UDP_SEGMENT send of
-// payload hands over (Linux's SKB_GSO_UDP_L4 skb): the headers of
-// Datagram with the IPv4 ID UDPID, the whole payload, the UDP length the
-// whole UDP length and the checksum field holding the pseudo-header sum
-// over it (CHECKSUM_PARTIAL); l4 is the UDP header's offset.
+// payload hands over (Linux's SKB_GSO_UDP_L4 skb). It has the headers of
+// Datagram with the IPv4 ID UDPID and the whole payload. The UDP length
+// is the whole UDP length, and the checksum field holds the
+// pseudo-header sum over it (CHECKSUM_PARTIAL). l4 is the UDP header's
+// offset.
 func SuperUDP(tb testing.TB, link []byte, v6 bool, payload []byte) (pkt []byte, l4 int) {
 	tb.Helper()
 	pkt = Datagram(tb, link, v6, UDPID, payload)

@@ -1,9 +1,9 @@
-// Package header has zero-copy views of the IPv4 and IPv6 headers, in the
-// style of gVisor's header package: a view is the packet's own []byte with
-// accessors at fixed offsets, so the hot path reads and writes headers in
-// place without parsing them into structs or allocating. Parse functions
-// check a header against the bytes that carry it before any accessor is
-// used; accessors trust a parsed view.
+// Package header has zero-copy views of the IPv4 and IPv6 headers, in
+// the style of gVisor's header package. A view is the packet's own
+// []byte with accessors at fixed offsets, so the hot path reads and
+// writes headers in place without parsing them into structs or
+// allocating. Parse functions check a header against the bytes that
+// carry it before any accessor is used; accessors trust a parsed view.
 package header
 
 import (

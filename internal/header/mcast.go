@@ -28,11 +28,11 @@ func ParseIGMP(b []byte) (IGMP, bool) {
 }
 
 // ChecksumValid reports whether the checksum over the whole message is
-// right: RFC 3376 §4.1.2 and §9 ("an IGMP message with an incorrect
-// checksum MUST be ignored"), as the kernel's snooping bridge checks it
-// (net/ipv4/igmp.c ip_mc_check_igmp → ip_mc_check_igmp_csum →
+// right. RFC 3376 §4.1.2 and §9 say "an IGMP message with an incorrect
+// checksum MUST be ignored". The kernel's snooping bridge checks it so:
+// net/ipv4/igmp.c ip_mc_check_igmp → ip_mc_check_igmp_csum →
 // skb_checksum_trimmed(…, ip_mc_validate_checksum) over
-// ip_transport_len).
+// ip_transport_len.
 func (h IGMP) ChecksumValid() bool { return csum.Fold(csum.Sum(0, h)) == 0 }
 
 // Type is the message type.
@@ -84,11 +84,11 @@ func ParseMLD(b []byte) (MLD, bool) {
 
 // ChecksumValid reports whether the ICMPv6 checksum over the
 // pseudo-header of src and dst (16 bytes each) and the whole message is
-// right (RFC 4443 §2.3; RFC 3810 §5.2), as the kernel's snooping bridge
-// checks it (net/ipv6/mcast_snoop.c ipv6_mc_check_mld →
+// right (RFC 4443 §2.3; RFC 3810 §5.2). The kernel's snooping bridge
+// checks it so: net/ipv6/mcast_snoop.c ipv6_mc_check_mld →
 // ipv6_mc_check_icmpv6 → skb_checksum_trimmed(…,
-// ipv6_mc_validate_checksum): ip6_compute_pseudo over
-// ipv6_transport_len, what follows the extension headers).
+// ipv6_mc_validate_checksum). That is ip6_compute_pseudo over
+// ipv6_transport_len, what follows the extension headers.
 func (h MLD) ChecksumValid(src, dst []byte) bool {
 	return csum.Fold(csum.Sum(csum.Pseudo(src, dst, ProtoICMPv6, len(h)), h)) == 0
 }
@@ -117,9 +117,10 @@ const (
 )
 
 // GroupRecord is a view of an IGMPv3 group record (RFC 3376 §4.2.4) or
-// an MLDv2 multicast address record (RFC 3810 §5.2.4), which differ only
-// in the length of their addresses: type, auxiliary data length, number
-// of sources, the group, the sources, the auxiliary data.
+// an MLDv2 multicast address record (RFC 3810 §5.2.4). They differ only
+// in the length of their addresses. A record holds the type, auxiliary
+// data length, number of sources, the group, the sources and the
+// auxiliary data.
 type GroupRecord []byte
 
 // ParseGroupRecord checks that b starts with a group record whose

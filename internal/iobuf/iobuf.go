@@ -1,11 +1,11 @@
 // Package iobuf allocates the data path's packet buffers outside the Go
-// heap. A reader needs a batch of buffers each as large as the largest
-// frame it may be handed (64 KB super-frames with offloads), of which an
-// ordinary frame writes a page or two: on the Go heap those buffers count
-// in full toward the collector's goal (twice the live heap), so the
-// garbage a burst of control-plane work leaves grows by their size
+// heap. A reader needs a batch of buffers, each as large as the largest
+// frame it may be handed (64 KB super-frames with offloads). An ordinary
+// frame writes a page or two of one. On the Go heap those buffers count
+// in full toward the collector's goal (twice the live heap). So the
+// garbage a burst of control-plane work leaves grows by their size,
 // although their unwritten pages never take physical memory. Mapped
-// anonymously instead, they cost only the pages written (RSS), the
+// anonymously instead, they cost only the pages written (RSS). The
 // collector neither counts nor scans them, and its goal follows the
 // tables alone.
 package iobuf

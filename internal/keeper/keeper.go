@@ -1,22 +1,24 @@
 // Package keeper is "eipoibd keeper": a small process that holds file
-// descriptors for daemons, so that they outlive a daemon's restart or
-// crash where no systemd keeps them (a container, a pod). eipoibd
-// --persist --fd-store PATH keeps its TAP queues here: the kernel turns
-// a TAP's carrier off as soon as its last queue closes (__tun_detach,
+// descriptors for daemons. They so outlive a daemon's restart or crash
+// where no systemd keeps them (a container, a pod). eipoibd --persist
+// --fd-store PATH keeps its TAP queues here. The kernel turns a TAP's
+// carrier off as soon as its last queue closes (__tun_detach,
 // drivers/net/tun.c), and a bridge then flushes the port's FDB.
 //
 // Storing is systemd's notify protocol (sd_notify(3), as
-// sd_pid_notify_with_fds sends it): datagrams of KEY=value lines to the
-// keeper's socket, FDSTORE=1 with FDNAME= and the descriptors as
-// SCM_RIGHTS, FDSTOREREMOVE=1 with FDNAME=, FDPOLL=0; their meaning
-// follows service_notify_message and service_add_fd_store
-// (src/core/service.c). Taking them back is the keeper's own request,
-// FDGET=1 with FDNAME= and one end of a SOCK_SEQPACKET socket pair
-// passed along: the keeper writes "FDNAME=name\nFDCOUNT=n" messages
-// with the descriptors (at most SCM_MAX_FD each) to it and closes it,
-// and keeps its own copies, as systemd keeps its store across a
-// restart. Only root and the keeper's own user may ask (SO_PASSCRED:
-// the kernel stamps every message with its sender's credentials).
+// sd_pid_notify_with_fds sends it). Daemons send datagrams of KEY=value
+// lines to the keeper's socket: FDSTORE=1 with FDNAME= and the
+// descriptors as SCM_RIGHTS, FDSTOREREMOVE=1 with FDNAME=, FDPOLL=0.
+// Their meaning follows service_notify_message and service_add_fd_store
+// (src/core/service.c).
+//
+// Taking them back is the keeper's own request: FDGET=1 with FDNAME= and
+// one end of a SOCK_SEQPACKET socket pair passed along. The keeper
+// writes "FDNAME=name\nFDCOUNT=n" messages with the descriptors (at most
+// SCM_MAX_FD each) to it and closes it. It keeps its own copies, as
+// systemd keeps its store across a restart. Only root and the keeper's
+// own user may ask (SO_PASSCRED: the kernel stamps every message with
+// its sender's credentials).
 package keeper
 
 import (

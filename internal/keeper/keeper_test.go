@@ -64,10 +64,10 @@ func held(t *testing.T, k *Keeper, want map[string]int) {
 }
 
 // TestStoreTakeRemove: descriptors stored as sd_notify stores them come
-// back from Take as descriptors of the same open files (a byte written
-// through a returned one reaches the pipe's reader), as often as asked
-// (the keeper keeps its copies), two names stay apart, and
-// FDSTOREREMOVE=1 lets go of one name only.
+// back from Take as descriptors of the same open files: a byte written
+// through a returned one reaches the pipe's reader. They come back as
+// often as asked, as the keeper keeps its copies. Two names stay apart,
+// and FDSTOREREMOVE=1 lets go of one name only.
 func TestStoreTakeRemove(t *testing.T) {
 	leaks := goleak.IgnoreCurrent()
 	t.Cleanup(func() { goleak.VerifyNone(t, leaks) }) // after the keeper's Close
@@ -162,8 +162,8 @@ func TestLimits(t *testing.T) {
 	}
 	// A refused descriptor was closed: only the keeper's copy of "b"'s
 	// second pipe (past --max-fds) or of "c"'s (past --max-names) would
-	// keep it open; its reader sees end of file once the test closes its
-	// own (the keeper closes refused ones just after counting them).
+	// keep it open. Its reader sees end of file once the test closes its
+	// own; the keeper closes refused ones just after counting them.
 	for _, i := range []int{3, 4} {
 		w[i].Close()
 		r[i].SetReadDeadline(time.Now().Add(testutil.Settle))
@@ -181,9 +181,9 @@ func request(fds ...int) []byte {
 }
 
 // TestClosedTakesNothing: a request Serve read just before Close and
-// handles after it takes nothing: a store's descriptors are handed back
-// to be closed (none is held, or added to the closed epoll set), and a
-// get answers nothing (its socket is closed without a message).
+// handles after it takes nothing. A store's descriptors are handed back
+// to be closed, none held or added to the closed epoll set. A get
+// answers nothing: its socket is closed without a message.
 func TestClosedTakesNothing(t *testing.T) {
 	k, _ := start(t, DefaultMaxFDs, DefaultMaxNames)
 	w, r := pipes(t, 1)
@@ -268,10 +268,10 @@ func TestDropFailed(t *testing.T) {
 	}
 	held(t, k, map[string]int{"polled": 1, "unpolled": 1})
 	// The unpolled pipe fails first, then the polled one, which is the
-	// sentinel: epoll reports ready descriptors in the order they became
-	// ready (ep_poll_callback queues at the ready list's tail), so once
-	// the polled one is dropped, an unpolled one that was watched all the
-	// same would already be gone too.
+	// sentinel. epoll reports ready descriptors in the order they became
+	// ready (ep_poll_callback queues at the ready list's tail). So once
+	// the polled one is dropped, an unpolled one that was watched all
+	// the same would already be gone too.
 	r[1].Close()
 	r[0].Close()
 	testutil.WaitFor(t, "the polled descriptor's drop", func() bool { _, ok := k.Held()["polled"]; return !ok })

@@ -65,11 +65,11 @@ const (
 	KindNoRequest    = "no_request"    // none of FDSTORE=1, FDSTOREREMOVE=1, FDGET=1
 )
 
-// Parse reads one message. Empty lines are skipped (a trailing newline
-// is usual); keys other than the keeper's are counted in Other and
+// Parse reads one message. Empty lines are skipped; a trailing newline
+// is usual. Keys other than the keeper's are counted in Other and
 // otherwise ignored, as systemd ignores those it does not know. Names
 // follow sd_notify(3) (fdname_is_valid: 1 to 255 printable ASCII
-// characters other than a colon), where systemd logs and ignores a bad
+// characters other than a colon). systemd logs and ignores a bad
 // FDNAME=; here the whole message is refused instead, so that no
 // descriptor lands under a name its sender did not mean.
 func Parse(b []byte) (Message, error) {

@@ -1,7 +1,8 @@
-// Package loops runs the long-lived goroutines of a data-path engine (TX,
-// RX, housekeeping): each in a wait group of the caller's choice, so
-// they can be stopped in stages, and the first error among them on one
-// channel, with net.ErrClosed, a clean shutdown, reported as nil.
+// Package loops runs the long-lived goroutines of a data-path engine
+// (TX, RX, housekeeping). Each runs in a wait group of the caller's
+// choice, so they can be stopped in stages. The first error among them
+// comes on one channel, with net.ErrClosed, a clean shutdown, reported
+// as nil.
 package loops
 
 import (

@@ -1,8 +1,8 @@
 // Package metrics exports a described counters snapshot as Prometheus
-// metrics, named as https://prometheus.io/docs/practices/naming/ says: a
+// metrics, named as https://prometheus.io/docs/practices/naming/ says. A
 // running total is a counter named eipoibd_<name>_total (bytes end in
-// _bytes_total), a level is a gauge named eipoibd_<name>, and the names a
-// family declares (drop_<reason>) are one metric with labels,
+// _bytes_total). A level is a gauge named eipoibd_<name>. The names a
+// family declares (drop_<reason>) are one metric with labels:
 // eipoibd_drops_total{reason="runt"}. The help of a name is the line its
 // owner declares. The snapshot names themselves, which `eipoibd stats`
 // and the control socket show, are not changed by this package.
@@ -74,9 +74,9 @@ func SeriesOf(fams []stat.Family, v stat.Value) Series {
 }
 
 // SnapshotName is SeriesOf's inverse: the snapshot name of the series
-// with the given metric name and labels, for a reader of a scrape that
-// wants the names `eipoibd stats` shows (the netns tests), or false if
-// the name is not the daemon's.
+// with the given metric name and labels, or false if the name is not the
+// daemon's. A reader of a scrape (the netns tests) uses it for the names
+// `eipoibd stats` shows.
 func SnapshotName(fams []stat.Family, name string, labels map[string]string) (string, bool) {
 	base, ok := strings.CutPrefix(name, Prefix)
 	if !ok {

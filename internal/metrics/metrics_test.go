@@ -63,9 +63,9 @@ func scrapeHandler(t *testing.T, h http.Handler) []byte {
 }
 
 // TestHandler: totals are counters named _total (bytes _bytes_total),
-// levels gauges without it, and the names of a family are one metric
-// with the name's rest as its last label (the longest prefix wins:
-// port_drop_bad_icrc is a port drop, not of port_); help is the
+// and levels gauges without it. The names of a family are one metric
+// with the name's rest as its last label. The longest prefix wins:
+// port_drop_bad_icrc is a port drop, not one of port_. Help is the
 // family's, or the value's own.
 func TestHandler(t *testing.T) {
 	body := string(scrape(t))

@@ -59,12 +59,15 @@ func labelValues(mf *dto.MetricFamily, label string) []string {
 	return out
 }
 
-// TestShimScrape scrapes a real shim's metrics: promlint finds no
-// problem; every counter ends in _total and no gauge does; the drop
-// reasons are one family, eipoibd_drops_total, whose reason values are
-// exactly the shim's drop_* counters; the rewrite refusals one family by
-// direction and reason; the levels are gauges; every family has real
-// help; and the scrape holds the snapshot, every name once.
+// TestShimScrape scrapes a real shim's metrics:
+//   - promlint finds no problem;
+//   - every counter ends in _total and no gauge does;
+//   - the drop reasons are one family, eipoibd_drops_total, whose reason
+//     values are exactly the shim's drop_* counters;
+//   - the rewrite refusals are one family by direction and reason;
+//   - the levels are gauges;
+//   - every family has real help;
+//   - the scrape holds the snapshot, every name once.
 func TestShimScrape(t *testing.T) {
 	sh := newShim(t)
 	rec := Handler(sh, shim.Families(), VIFs(sh.VIFs))

@@ -85,9 +85,9 @@ func In(ns string, args ...string) []string {
 
 // Add creates namespace ns with loopback up and deletes it at cleanup.
 // Links made in it (or moved into it) later run no IPv6 duplicate
-// address detection: their link-local address is usable at once, as a
-// real IB port's GID is, instead of 1-2 s later (the simulated fabric
-// waits for it to stop being tentative). A kernel booted with
+// address detection. Their link-local address is usable at once, as a
+// real IB port's GID is, instead of 1-2 s later; the simulated fabric
+// waits for it to stop being tentative. A kernel booted with
 // ipv6.disable=1 has no /proc/sys/net/ipv6, nor DAD to turn off.
 func Add(t testing.TB, ns string) {
 	t.Helper()

@@ -1,17 +1,17 @@
 // Package routedtest is the routed topology that every backend able to
-// hide a packet's sender runs the shim through: a guest behind the shim,
-// a native IPoIB host (ipoibhost, as a Linux ib0 is one) that routes
-// between the fabric's subnet and a second subnet, and an address X in
-// that second subnet. Every packet from X reaches the guest through the
-// router's QP with X's source IP, which no ARP or NDP on the fabric ever
-// names: the kernel backend cannot tell who sent it, and neither can the
-// verbs backend when the router sends without a GRH (Linux IPoIB does,
-// inside a subnet) and its LID is unknown.
+// hide a packet's sender runs the shim through. It has a guest behind
+// the shim, and a native IPoIB host (ipoibhost, as a Linux ib0 is one)
+// that routes between the fabric's subnet and a second subnet. An
+// address X lives in that second subnet. Every packet from X reaches the
+// guest through the router's QP with X's source IP, which no ARP or NDP
+// on the fabric ever names. The kernel backend cannot tell who sent it.
+// Neither can the verbs backend when the router sends without a GRH
+// (Linux IPoIB does, inside a subnet) and its LID is unknown.
 //
-// The guest resolves the router (ARP and NDP), then exchanges with X
+// The guest resolves the router (ARP and NDP). It then exchanges with X
 // ping and ping -6 (exact reply counts) and a TCP stream each way over
-// IPv4 and IPv6 (X echoes every segment: exact byte counts, in order),
-// and receives X's routed IPv4 and IPv6 multicast, from a sender that
+// IPv4 and IPv6 (X echoes every segment: exact byte counts, in order).
+// It receives X's routed IPv4 and IPv6 multicast, from a sender that
 // never sent ARP or NDP. The second subnet is modelled in the test: what
 // the router's stack receives for X is answered by X, as if forwarded to
 // it and back.

@@ -1,9 +1,10 @@
-// Package sdnotify speaks systemd's notification protocol (sd_notify(3)):
-// datagrams of "KEY=value" lines to the unix socket named by
-// $NOTIFY_SOCKET, for a Type=notify service's READY=1, STOPPING=1,
-// STATUS= and WATCHDOG=1, and file descriptors for its file descriptor
-// store (FDSTORE=1), which come back at the next start as
-// $LISTEN_FDS (sd_listen_fds(3)). Outside systemd it does nothing.
+// Package sdnotify speaks systemd's notification protocol
+// (sd_notify(3)): datagrams of "KEY=value" lines to the unix socket
+// named by $NOTIFY_SOCKET. It sends a Type=notify service's READY=1,
+// STOPPING=1, STATUS= and WATCHDOG=1. It also sends file descriptors for
+// the service's file descriptor store (FDSTORE=1), which come back at
+// the next start as $LISTEN_FDS (sd_listen_fds(3)). Outside systemd it
+// does nothing.
 package sdnotify
 
 import (

@@ -1,11 +1,11 @@
 // Package state keeps what a restarted eipoibd needs to find its guests
-// again (with --persist): the TAP, the VLAN to P_Key map, and each
-// guest's VIF with its origin, QPN and the addresses it claimed, which
-// are announced on the fabric after the restart. The file is written
-// atomically (a temporary file, fsync, rename, fsync of the directory),
-// so a crash leaves the old state or the new one; a file that does not
-// parse or does not hold together is reported and set aside, never
-// trusted.
+// again (with --persist). That is the TAP, the VLAN to P_Key map, and
+// each guest's VIF with its origin, QPN and the addresses it claimed,
+// which are announced on the fabric after the restart. The file is
+// written atomically (a temporary file, fsync, rename, fsync of the
+// directory), so a crash leaves the old state or the new one. A file
+// that does not parse or does not hold together is reported and set
+// aside, never trusted.
 package state
 
 import (

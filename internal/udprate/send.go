@@ -22,11 +22,11 @@ type SendConfig struct {
 	Count    uint64
 	Batch    int // most datagrams a sendmmsg call
 	// GSO, when above 1, has the kernel cut each sent buffer into up to
-	// GSO datagrams (UDP_SEGMENT): fewer trips down the stack for the
-	// same datagrams on the wire, as long as the sending interface
-	// segments in software (ethtool -K IF tx-udp-segmentation off), or
-	// the receiver sees them whole up to its socket. At most MaxGSO, and
-	// GSO × Size at most MaxSize.
+	// GSO datagrams (UDP_SEGMENT). That makes fewer trips down the stack
+	// for the same datagrams on the wire. It holds as long as the
+	// sending interface segments in software (ethtool -K IF
+	// tx-udp-segmentation off), or the receiver sees them whole up to
+	// its socket. At most MaxGSO, and GSO × Size at most MaxSize.
 	GSO     int
 	SockBuf int // socket send buffer, bytes
 }
@@ -56,8 +56,8 @@ type SendResult struct {
 // Pacing: a flow sends when it has tokens for a whole batch, and sleeps
 // for the tokens it lacks otherwise. Its batch holds batchTime of its
 // rate (at most SendConfig.Batch), and the bucket holds at most
-// bucketTime of it: a sender held off the CPU longer than that does not
-// make up for it in one burst, and its rate falls short instead.
+// bucketTime of it. A sender held off the CPU longer than that does not
+// make up for it in one burst; its rate falls short instead.
 const (
 	batchTime  = 100 * time.Microsecond
 	bucketTime = 5 * time.Millisecond

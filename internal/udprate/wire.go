@@ -1,8 +1,8 @@
 // Package udprate is a UDP packet generator and counter for the network
-// benchmark: a paced sender that moves fixed-size datagrams in sendmmsg
-// batches over one socket per flow, and a receiver that takes them in
-// recvmmsg batches and accounts for every sequence number: received,
-// lost, duplicated, reordered. Neither allocates per datagram.
+// benchmark. Its paced sender moves fixed-size datagrams in sendmmsg
+// batches over one socket per flow. Its receiver takes them in recvmmsg
+// batches and accounts for every sequence number: received, lost,
+// duplicated, reordered. Neither allocates per datagram.
 //
 // Every datagram starts with a 16-byte header (big-endian):
 //

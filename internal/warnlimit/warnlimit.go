@@ -1,5 +1,5 @@
 // Package warnlimit keeps warnings that traffic can provoke (a guest per
-// frame, a fabric per packet) from flooding the log: a Limit lets one
+// frame, a fabric per packet) from flooding the log. A Limit lets one
 // warning of its kind through per interval and counts the ones it holds
 // back, so that the next warning says how many there were. The counters
 // of the data path still count every occurrence.

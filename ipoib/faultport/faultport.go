@@ -1,14 +1,17 @@
-// Package faultport injects faults into any ipoib.Port, for tests and the
-// daemon's --fault flag. A Port wraps another: loss, duplication and
-// reordering act on the batches handed to Write before the inner port
-// sees them (a TCP super-packet is one packet of the batch: lost,
-// duplicated or held whole); corruption needs the bytes after the ICRC
-// was computed, so it acts inside the inner port's write path through an
-// encode hook (Hooked, which simfabric.Port implements), one encoded
-// packet at a time. Every other method is the inner port's: Events, which
-// the shim follows for the link state, is the inner port's channel.
-// Nothing here runs unless a Port is made: the daemon wraps its port only
-// when faults are asked for.
+// Package faultport injects faults into any ipoib.Port, for tests and
+// the daemon's --fault flag.
+//
+// A Port wraps another. Loss, duplication and reordering act on the
+// batches handed to Write before the inner port sees them; a TCP
+// super-packet is one packet of the batch, lost, duplicated or held
+// whole. Corruption needs the bytes after the ICRC was computed. So it
+// acts inside the inner port's write path, one encoded packet at a time,
+// through an encode hook (Hooked, which simfabric.Port implements).
+//
+// Every other method is the inner port's: Events, which the shim follows
+// for the link state, is the inner port's channel. Nothing here runs
+// unless a Port is made: the daemon wraps its port only when faults are
+// asked for.
 package faultport
 
 import (
@@ -43,12 +46,12 @@ func (f Faults) Validate() error {
 }
 
 // Hooked is a port that shows each packet it sends to a hook once the
-// packet is encoded, ICRC included: body is what follows the transport
-// headers (changing any byte of it makes the receiver's ICRC check
-// fail), mcast says whether it goes to a group, and the hook may change
-// body in place. While a hook is set the port sends single packets (no
-// trains of them), so that each fault acts on one packet. nil removes the
-// hook. The corrupt fault needs it.
+// packet is encoded, ICRC included. body is what follows the transport
+// headers: changing any byte of it makes the receiver's ICRC check fail.
+// mcast says whether it goes to a group. The hook may change body in
+// place. While a hook is set the port sends single packets (no trains of
+// them), so that each fault acts on one packet. nil removes the hook.
+// The corrupt fault needs it.
 type Hooked interface {
 	SetEncodeHook(fn func(body []byte, mcast bool))
 }
@@ -125,12 +128,12 @@ func (p *Port) RxQueues() []ipoib.RxQueue { return ipoib.RxQueuesOf(p.inner) }
 func (p *Port) Unwrap() ipoib.Port { return p.inner }
 
 // Write applies the faults to each packet of the batch and writes the
-// rest to the inner port: first the packets passed on, then, in a second
-// inner Write, the duplicates (copies, so that corrupting one leaves the
-// other) and a packet held back by an earlier call, which so leaves
-// after the next ones. n counts the packets of bufs the inner port
-// accepted, and a packet held back now as accepted; a lost one is counted
-// as fault_loss (ipoib.DropFaultLoss) and not in n.
+// rest to the inner port. First go the packets passed on. Then, in a
+// second inner Write, go the duplicates (copies, so that corrupting one
+// leaves the other) and a packet held back by an earlier call, which so
+// leaves after the next ones. n counts the packets of bufs the inner
+// port accepted, and a packet held back now as accepted. A lost one is
+// counted as fault_loss (ipoib.DropFaultLoss) and not in n.
 func (p *Port) Write(bufs [][]byte, meta []ipoib.TxMeta, offset int) (int, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -11,17 +11,15 @@ import (
 )
 
 // BenchmarkBroadcastCopies measures what one fabric broadcast costs a
-// port with n VIF children: every child's QP is attached to its
-// partition's broadcast group, so the host gets n+1 copies; the group
-// child's goes to Read, the n others are dropped by the VIF children's
-// HostOnly socket filters before they are queued (filtered/op; before
-// the filter each was read from its socket and counted as
-// rx_mcast_copies). ns/op and allocs/op are per broadcast Read returns;
-// the difference between n = 1024 and n = 0 is what the copies cost. It
-// runs over the fake kernel, so it counts the backend's side and the
-// fake's delivery (the filter's check included), not the kernel's own
-// per-copy work (the HCA's replication, an skb per copy, packet_rcv and
-// the filter).
+// port with n VIF children. Every child's QP is attached to its
+// partition's broadcast group, so the host gets n+1 copies. The group
+// child's goes to Read. The VIF children's HostOnly socket filters drop
+// the n others before they are queued (filtered/op). ns/op and allocs/op
+// are per broadcast Read returns; the difference between n = 1024 and n
+// = 0 is what the copies cost. It runs over the fake kernel. So it
+// counts the backend's side and the fake's delivery, the filter's check
+// included, but not the kernel's own per-copy work (the HCA's
+// replication, an skb per copy, packet_rcv and the filter).
 func BenchmarkBroadcastCopies(b *testing.B) {
 	for _, n := range []int{0, 1024} {
 		b.Run(fmt.Sprintf("children=%d", n), func(b *testing.B) {

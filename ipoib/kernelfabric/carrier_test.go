@@ -23,17 +23,19 @@ func sendOne(s kf.Socket, ifindex int) (int, error) {
 	return s.Send([]kf.Msg{{Name: name[:], NameLen: kf.SockaddrLLIPoIBLen, Buf: append([]byte{0x45}, make([]byte, 99)...)}})
 }
 
-// TestNoCarrierSendAgrees: a packet socket's send on an interface that is
-// up without carrier is reported as sent and goes nowhere (the noop
-// qdisc's NET_XMIT_CN, which packet_snd turns into success): the real
-// kernel on a veth whose peer is down, and the fake on a child whose port
+// TestNoCarrierSendAgrees: a packet socket's send on an interface that
+// is up without carrier is reported as sent and goes nowhere (the noop
+// qdisc's NET_XMIT_CN, which packet_snd turns into success). The real
+// kernel on a veth whose peer is down and the fake on a child whose port
 // is down (ib.go's dropNoCarrier) agree. With carrier, the same send
-// leaves (tx_packets), so the check can tell. The veths have no IPv6:
-// with it the kernel sends packets of its own on nc0 as carrier comes
-// (the link becomes ready: addrconf_notify's NETDEV_CHANGE makes the
-// link-local address and runs its DAD, net/ipv6/addrconf.c, with MLD
-// reports and router solicitations after), which a loaded machine may
-// schedule before the send, and tx_packets would count them.
+// leaves (tx_packets), so the check can tell.
+//
+// The veths have no IPv6. With it, the kernel sends packets of its own
+// on nc0 as carrier comes, and a loaded machine may schedule them before
+// the send; tx_packets would count them. (The link becomes ready:
+// addrconf_notify's NETDEV_CHANGE makes the link-local address and runs
+// its DAD, net/ipv6/addrconf.c, with MLD reports and router
+// solicitations after.)
 func TestNoCarrierSendAgrees(t *testing.T) {
 	t.Run("kernel", func(t *testing.T) {
 		nstest.Require(t, "sysctl")
@@ -96,11 +98,11 @@ func TestNoCarrierSendAgrees(t *testing.T) {
 }
 
 // staleKernel is a fake that makes the carrier poll read a stale link
-// state: the first time LinkByName reads child gate after it was set up,
-// it reads the link (no carrier: its P_Key is not in the port's table),
-// then puts the P_Key in the table (the child joins: carrier on), waits
-// until the backend has applied that notification, and only then
-// returns what it read. Its P_Key table cannot be read, so the backend
+// state. The first time LinkByName reads child gate after it was set up,
+// it reads the link (no carrier: its P_Key is not in the port's table).
+// It then puts the P_Key in the table (the child joins: carrier on) and
+// waits until the backend has applied that notification. Only then does
+// it return what it read. Its P_Key table cannot be read, so the backend
 // makes the child without checking it.
 type staleKernel struct {
 	*fakekernel.Kernel
@@ -165,11 +167,11 @@ func (k *staleKernel) SubscribeLinks(done <-chan struct{}, onErr func(error)) (<
 
 // TestStaleCarrierPollIgnored: the carrier poll of a waiting child reads
 // "no carrier", the child's "carrier on" notification is applied, and
-// then the poll's reading arrives: it must not turn the ready child's
-// carrier off (which counted a false child_carrier_lost and dropped the
-// VIF's packets as child_no_carrier for good, no notification to come).
-// Here the child is partition 0x8001's group child, which sends the
-// VIF's broadcast.
+// then the poll's reading arrives. It must not turn the ready child's
+// carrier off. That would count a false child_carrier_lost and drop the
+// VIF's packets as child_no_carrier for good, with no notification to
+// come. Here the child is partition 0x8001's group child, which sends
+// the VIF's broadcast.
 func TestStaleCarrierPollIgnored(t *testing.T) {
 	inner := fakekernel.NewFabric().NewHost(testutil.GID("fe80::a"), "ib0", 2044)
 	inner.SetPKeys(0xffff)
@@ -195,11 +197,11 @@ func TestStaleCarrierPollIgnored(t *testing.T) {
 
 // TestCarrierFollowedAfterOverrun: the link subscription ends as an
 // overrun ends it (ENOBUFS), losing the notifications of a P_Key leaving
-// the port's table: the backend subscribes again (counted), reads every
-// link's state (its two children of the partition have lost carrier,
-// counted once each) and follows the carrier changes after it (the
-// P_Key back: the VIF's packets flow again), also when its first
-// attempts to subscribe again are refused.
+// the port's table. The backend subscribes again (counted). It reads
+// every link's state: its two children of the partition have lost
+// carrier, counted once each. It follows the carrier changes after that:
+// with the P_Key back, the VIF's packets flow again. This holds also
+// when its first attempts to subscribe again are refused.
 func TestCarrierFollowedAfterOverrun(t *testing.T) {
 	t.Run("resubscribed at once", func(t *testing.T) { overrun(t, 0) })
 	t.Run("resubscription refused twice", func(t *testing.T) { overrun(t, 2) })

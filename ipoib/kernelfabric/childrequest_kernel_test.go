@@ -1,31 +1,32 @@
 package kernelfabric
 
 // The backend's IPoIB child request against the running kernel's own
-// parser: sent exactly as AddChild sends it, and in a few deliberate
-// variants cut from its bytes, with an Ethernet device (a veth) as the
-// parent, in a network namespace of the test's own. Without InfiniBand no
-// IPoIB parent exists, so ipoib_new_child_link's parent check is as far
-// as a request can get. test/netns's TestIPoIBNetlinkVM runs this test
-// inside the QEMU guest (Debian's 6.1 kernel), once before and once after
-// it loads ib_ipoib; on a host without an IB stack it checks the answer
-// to a link kind the kernel does not know.
+// parser. It is sent exactly as AddChild sends it, and in a few
+// deliberate variants cut from its bytes. The parent is an Ethernet
+// device (a veth), in a network namespace of the test's own. Without
+// InfiniBand no IPoIB parent exists, so ipoib_new_child_link's parent
+// check is as far as a request can get. test/netns's TestIPoIBNetlinkVM
+// runs this test inside the QEMU guest (Debian's 6.1 kernel), once
+// before and once after it loads ib_ipoib. On a host without an IB stack
+// it checks the answer to a link kind the kernel does not know.
 //
 // Expectations, from Linux 6.1 (Debian 6.1.192):
 //   - net/core/rtnetlink.c __rtnl_newlink parses the message with
-//     nlmsg_parse_deprecated (ifla_policy), IFLA_LINKINFO with
-//     ifla_info_policy, looks the kind up (rtnl_link_ops_get) and, for a
-//     kind nobody registered, calls request_module("rtnl-link-%s") once and
-//     answers EOPNOTSUPP with the extack "Unknown device type". IFLA_INFO_DATA
-//     is parsed against ops->policy (ipoib_policy: PKEY, MODE and UMCAST
-//     NLA_U16) and ops->maxtype (IFLA_IPOIB_MAX = 3) only once the kind is
-//     known, with nla_parse_nested_deprecated: NL_VALIDATE_LIBERAL.
-//   - lib/nlattr.c __nla_validate_parse, liberal: a type beyond maxtype is
-//     skipped, not refused (no NL_VALIDATE_MAXTYPE). validate_nla: an
-//     NLA_U16 of another length than 2 gets pr_warn_ratelimited "attribute
-//     type %d has an invalid length." and is refused only under
-//     NL_VALIDATE_STRICT_ATTRS, which liberal parsing lacks; one shorter
-//     than nla_attr_minlen[NLA_U16] = 2 is refused with ERANGE and the
-//     extack "Attribute failed policy validation".
+//     nlmsg_parse_deprecated (ifla_policy), and IFLA_LINKINFO with
+//     ifla_info_policy. It looks the kind up (rtnl_link_ops_get). For a
+//     kind nobody registered, it calls request_module("rtnl-link-%s")
+//     once and answers EOPNOTSUPP with the extack "Unknown device type".
+//     IFLA_INFO_DATA is parsed only once the kind is known, against
+//     ops->policy (ipoib_policy: PKEY, MODE and UMCAST NLA_U16) and
+//     ops->maxtype (IFLA_IPOIB_MAX = 3), with
+//     nla_parse_nested_deprecated: NL_VALIDATE_LIBERAL.
+//   - lib/nlattr.c __nla_validate_parse, liberal: a type beyond maxtype
+//     is skipped, not refused (no NL_VALIDATE_MAXTYPE). In validate_nla,
+//     an NLA_U16 of another length than 2 gets pr_warn_ratelimited
+//     "attribute type %d has an invalid length.". It is refused only
+//     under NL_VALIDATE_STRICT_ATTRS, which liberal parsing lacks. One
+//     shorter than nla_attr_minlen[NLA_U16] = 2 is refused with ERANGE
+//     and the extack "Attribute failed policy validation".
 //   - drivers/infiniband/ulp/ipoib/ipoib_netlink.c ipoib_new_child_link
 //     (called from rtnl_newlink_create once the device is allocated):
 //     EINVAL without IFLA_LINK, ENODEV when IFLA_LINK names no device or
@@ -184,12 +185,13 @@ func editIn(b []byte, start, end int, path []uint16, repl func([]byte) []byte) (
 }
 
 // TestChildRequestKernelAnswers sends the backend's IPoIB child request
-// for a child of a veth, as AddChild sends it and in the variants
-// of childRequestCases, to the running kernel with extended acks on, and
-// checks every answer: with ib_ipoib loaded, each case's (the policy and
-// the kind accepted the backend's attributes, ipoib_new_child_link refused
-// the parent); without it, EOPNOTSUPP "Unknown device type" for all. No
-// request leaves an interface behind.
+// for a child of a veth to the running kernel with extended acks on. It
+// sends it as AddChild sends it and in the variants of
+// childRequestCases, and checks every answer. With ib_ipoib loaded, each
+// case's answer is its own: the policy and the kind accepted the
+// backend's attributes, and ipoib_new_child_link refused the parent.
+// Without it, all get EOPNOTSUPP "Unknown device type". No request
+// leaves an interface behind.
 func TestChildRequestKernelAnswers(t *testing.T) {
 	nstest.Require(t)
 	want := os.Getenv(ipoibKindEnv)

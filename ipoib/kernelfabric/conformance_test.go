@@ -143,12 +143,12 @@ func checkRecv(t *testing.T, w *witness, r received, proto uint16, pkttype uint8
 }
 
 // TestConformanceSendRecv: a datagram sent with a sockaddr_ll naming the
-// ifindex, ethertype and destination reaches a socket bound (with htons:
-// af_packet.c packet_bind → packet_do_bind) to every protocol on the
-// receiving device: unicast as PACKET_HOST, broadcast as
-// PACKET_BROADCAST, a joined group as PACKET_MULTICAST, the payload
-// exact, the name as checkRecv says; a buffer shorter than the datagram
-// gets its first bytes and MSG_TRUNC (packet_recvmsg).
+// ifindex, ethertype and destination reaches a socket bound to every
+// protocol on the receiving device (with htons: af_packet.c packet_bind
+// → packet_do_bind). Unicast arrives as PACKET_HOST, broadcast as
+// PACKET_BROADCAST and a joined group as PACKET_MULTICAST. The payload
+// is exact and the name as checkRecv says. A buffer shorter than the
+// datagram gets its first bytes and MSG_TRUNC (packet_recvmsg).
 func TestConformanceSendRecv(t *testing.T) {
 	each(t, func(t *testing.T, w *witness) {
 		tx := openSock(t, w, w.ka, w.a, kf.PacketOptions{})
@@ -202,9 +202,9 @@ func TestConformanceBoundProtocol(t *testing.T) {
 
 // TestConformanceHostOnly: a socket with the HostOnly filter (classic
 // BPF on SKF_AD_PKTTYPE, run by packet_rcv before anything is queued)
-// receives a unicast and not a broadcast or a joined group's multicast
-// sent before it; a socket without it, on the same device, receives all
-// three.
+// receives a unicast. It does not receive a broadcast or a joined
+// group's multicast sent before it. A socket without it, on the same
+// device, receives all three.
 func TestConformanceHostOnly(t *testing.T) {
 	each(t, func(t *testing.T, w *witness) {
 		tx := openSock(t, w, w.ka, w.a, kf.PacketOptions{})
@@ -229,13 +229,13 @@ func TestConformanceHostOnly(t *testing.T) {
 // TestNothingBeforeBind (real kernel only): a socket OpenPacketWith
 // returns bound to a device holds nothing from other devices. A packet
 // socket created with a protocol is hooked to every device at once
-// (af_packet.c packet_create registers prot_hook when proto is not 0),
-// so what arrives anywhere between socket() and bind() would be queued
-// on it and read as the bound child's; created with protocol 0 it is
+// (af_packet.c packet_create registers prot_hook when proto is not 0).
+// So what arrives anywhere between socket() and bind() would be queued
+// on it and read as the bound child's. Created with protocol 0, it is
 // hooked only by the bind (packet_bind → packet_do_bind). While a floods
-// b, 50 sockets are opened on a device that is down (bound, they
-// receive nothing); /proc/net/packet must then show none holding data
-// (Rmem, sk_rmem_alloc).
+// b, 50 sockets are opened on a device that is down; bound, they receive
+// nothing. /proc/net/packet must then show none holding data (Rmem,
+// sk_rmem_alloc).
 func TestNothingBeforeBind(t *testing.T) {
 	w := realWitness(t)
 	tx := openSock(t, w, w.ka, w.a, kf.PacketOptions{})
@@ -296,10 +296,10 @@ func TestNothingBeforeBind(t *testing.T) {
 // TestConformanceIgnoreOutgoing: a socket bound to every protocol on the
 // sending device gets a PACKET_OUTGOING copy of another socket's send
 // (net/core/dev.c dev_queue_xmit_nit; skb_loop_sk spares only the
-// sender), unless PACKET_IGNORE_OUTGOING is set, as OpenPacketWith sets it unless SeeOutgoing
-// (af_packet.c packet_setsockopt; dev_queue_xmit_nit skips
-// ptype->ignore_outgoing): then the next thing it gets is what b sends
-// back.
+// sender). It does not with PACKET_IGNORE_OUTGOING, which OpenPacketWith
+// sets unless SeeOutgoing (af_packet.c packet_setsockopt;
+// dev_queue_xmit_nit skips ptype->ignore_outgoing). Then the next thing
+// it gets is what b sends back.
 func TestConformanceIgnoreOutgoing(t *testing.T) {
 	each(t, func(t *testing.T, w *witness) {
 		tx := openSock(t, w, w.ka, w.a, kf.PacketOptions{})
@@ -410,10 +410,10 @@ func putMreq(b *[kf.MreqMaxSize]byte, ifindex int, typ uint16, alen int, addr []
 
 // TestConformanceMembership: PACKET_ADD_MEMBERSHIP / _DROP_MEMBERSHIP
 // (af_packet.c packet_setsockopt, packet_mc_add, packet_mc_drop,
-// packet_dev_mc, packet_flush_mclist): the device's multicast list gets
-// the address once per socket however often it joins, loses it with the
-// socket's last drop or its close; a drop of what was never joined is
-// no error; a wrong mr_alen, a short option and an unknown device are
+// packet_dev_mc, packet_flush_mclist). The device's multicast list gets
+// the address once per socket however often it joins. It loses it with
+// the socket's last drop or its close. A drop of what was never joined
+// is no error. A wrong mr_alen, a short option and an unknown device are
 // refused with the kernel's errno.
 func TestConformanceMembership(t *testing.T) {
 	each(t, func(t *testing.T, w *witness) {
@@ -461,14 +461,14 @@ func mreq(ifindex, alen int, addr []byte) []byte {
 	return b[:]
 }
 
-// TestConformanceVnetGSO: a TCPv4 super-packet sent with a
+// TestConformanceVnetGSO: a TCPv4 super-packet is sent with a
 // virtio_net_hdr (GSO TCPv4, NEEDS_CSUM, csum_start counted from the
-// link's hard header: af_packet.c packet_snd → virtio_net_hdr_to_skb)
-// reaches the peer's PACKET_VNET_HDR socket whole on a veth (veth_xmit
-// forwards the GSO skb; packet_rcv_vnet describes it) and cut to
-// gso_size on IPoIB (the HCA's LSO or software GSO); a packet with a
-// zero header arrives as it was sent, the header in Buf's first bytes or
-// in a Hdr iovec of its own; bad headers are refused with
+// link's hard header: af_packet.c packet_snd → virtio_net_hdr_to_skb).
+// On a veth it reaches the peer's PACKET_VNET_HDR socket whole
+// (veth_xmit forwards the GSO skb; packet_rcv_vnet describes it). On
+// IPoIB it arrives cut to gso_size (the HCA's LSO or software GSO). A
+// packet with a zero header arrives as it was sent, the header in Buf's
+// first bytes or in a Hdr iovec of its own. Bad headers are refused with
 // EINVAL (packet_snd_vnet_parse, virtio_net_hdr_to_skb).
 func TestConformanceVnetGSO(t *testing.T) {
 	each(t, func(t *testing.T, w *witness) {
@@ -565,14 +565,14 @@ func waitLink(t *testing.T, w *witness, name string, cond func(kf.Link) bool) kf
 	}
 }
 
-// TestConformanceLinks: a link made and deleted (a veth on the real
-// kernel, which has no ipoib kind here; an IPoIB child on the fake) is
-// seen by LinkByName and Links (rtnl_getlink, rtnl_dump_ifinfo), comes
-// up with SetUp with its carrier on (IFF_LOWER_UP: dev_get_flags), gets
-// IFF_NOARP with SetNoARP (dev_change_flags), and goes with DelLink
-// (rtnl_dellink); a missing link is ENODEV to LinkByName, SetUp and
-// DelLink (rtnl_getlink, do_setlink, rtnl_dellink via
-// __dev_get_by_index).
+// TestConformanceLinks: a link is made and deleted: a veth on the real
+// kernel, which has no ipoib kind here, and an IPoIB child on the fake.
+// It is seen by LinkByName and Links (rtnl_getlink, rtnl_dump_ifinfo).
+// It comes up with SetUp with its carrier on (IFF_LOWER_UP:
+// dev_get_flags), gets IFF_NOARP with SetNoARP (dev_change_flags), and
+// goes with DelLink (rtnl_dellink). A missing link is ENODEV to
+// LinkByName, SetUp and DelLink (rtnl_getlink, do_setlink, rtnl_dellink
+// via __dev_get_by_index).
 func TestConformanceLinks(t *testing.T) {
 	each(t, func(t *testing.T, w *witness) {
 		if err := w.addLink("kc0"); err != nil {
@@ -710,14 +710,14 @@ func TestConformanceCarrier(t *testing.T) {
 	})
 }
 
-// TestConformanceCarrierEvents: the port's link events (Port.Events),
-// made by the backend's own link following (follow, followLink) from the
-// notifications SubscribeLinks gives, report a's carrier: on first, then
-// off as the carrier goes and on as it comes back, in order, on the real
-// kernel (a veth whose peer goes down) as on the fake (the parent's
-// carrier). The Port itself cannot be opened on the real kernel here: it
-// wants an IPoIB parent, and this kernel has no IPoIB device (rxe is
-// RoCE, which ib_ipoib does not serve).
+// TestConformanceCarrierEvents: the port's link events (Port.Events)
+// report a's carrier: on first, then off as the carrier goes and on as
+// it comes back, in order. The backend's own link following (follow,
+// followLink) makes them from the notifications SubscribeLinks gives.
+// This holds on the real kernel (a veth whose peer goes down) as on the
+// fake (the parent's carrier). The Port itself cannot be opened on the
+// real kernel here. It wants an IPoIB parent, and this kernel has no
+// IPoIB device (rxe is RoCE, which ib_ipoib does not serve).
 func TestConformanceCarrierEvents(t *testing.T) {
 	each(t, func(t *testing.T, w *witness) {
 		done := make(chan struct{})
@@ -744,9 +744,9 @@ func TestConformanceCarrierEvents(t *testing.T) {
 
 // TestConformanceLinkOverrun: a link subscription left unread while a's
 // carrier keeps changing is overrun (net/netlink/af_netlink.c
-// netlink_overrun: sk_err = ENOBUFS, what does not fit is dropped);
-// onErr is told ENOBUFS and the channel, once what was queued is read,
-// is closed: vishvananda/netlink's linkSubscribeAt ends the subscription
+// netlink_overrun: sk_err = ENOBUFS, what does not fit is dropped).
+// onErr is told ENOBUFS, and the channel is closed once what was queued
+// is read. vishvananda/netlink's linkSubscribeAt ends the subscription
 // on that receive error, which is why the backend subscribes again.
 func TestConformanceLinkOverrun(t *testing.T) {
 	each(t, func(t *testing.T, w *witness) {
@@ -835,14 +835,14 @@ func TestConformanceLinkGone(t *testing.T) {
 // kernel takes.
 const longParent = "ibp129s0f0np0xy"
 
-// TestConformanceChildNames: the names the backend gives the children
-// of a 15-byte parent (its group children's and its VIF children's, the
-// largest index's included) are each taken by the kernel for a new link
-// and read back, while the 16-byte name PARENT.mffff, which the backend
-// gave before, is refused with EINVAL (net/core/dev.c dev_valid_name:
-// longer than IFNAMSIZ - 1; the real kernel's answer comes from ip(8),
-// which checks the same length first). The real kernel's links are
-// veths, the fake's IPoIB children (fakekernel checks dev_valid_name).
+// TestConformanceChildNames: the names the backend gives the children of
+// a 15-byte parent are each taken by the kernel for a new link and read
+// back. That covers its group children's and its VIF children's, the
+// largest index's included. The 16-byte name PARENT.mffff is refused
+// with EINVAL (net/core/dev.c dev_valid_name: longer than IFNAMSIZ - 1).
+// The real kernel's answer comes from ip(8), which checks the same
+// length first. The real kernel's links are veths, the fake's IPoIB
+// children (fakekernel checks dev_valid_name).
 func TestConformanceChildNames(t *testing.T) {
 	each(t, func(t *testing.T, w *witness) {
 		stem := kf.ChildStem(longParent)

@@ -211,12 +211,12 @@ func ParseVnetHdr(b []byte) (VnetHdr, error) {
 		CsumOffset: binary.LittleEndian.Uint16(b[8:10])}, nil
 }
 
-// GSOVnetHdr returns the virtio_net_hdr that hands the TCP super-packet g
-// (ipoib.GSO, offsets from the IPoIB header) with TCP header length
-// tcpLen to a SOCK_DGRAM packet socket on an IPoIB interface: the
+// GSOVnetHdr returns the virtio_net_hdr that hands the TCP super-packet
+// g (ipoib.GSO, offsets from the IPoIB header), with TCP header length
+// tcpLen, to a SOCK_DGRAM packet socket on an IPoIB interface. The
 // checksum and segmentation offsets count from the start of the hard
 // header ipoib_hard_header pushed, IPOIB_HARD_LEN bytes before the IP
-// header, i.e. g.L4 - HeaderLen + IPoIBHardLen.
+// header: g.L4 - HeaderLen + IPoIBHardLen.
 func GSOVnetHdr(g ipoib.GSO, tcpLen int) VnetHdr {
 	if g.Type == ipoib.GSONone {
 		return VnetHdr{}
@@ -243,12 +243,12 @@ const MaxChildIndex = 99999
 // stemHashed is how a stem made from a hash starts.
 const stemHashed = "ib"
 
-// ChildStem is the prefix of the names of parent's children: parent
-// itself when every child name fits IFNAMSIZ after it ("ib0" gives
-// "ib0.e3", "ib0.m8001"), else "ib" and 6 hex digits of the FNV-1a hash
-// of parent's name (8 bytes, as long as the longest parent used as it
-// is), so that every legal parent name, up to 15 bytes, has children:
-// "ibp129s0f0" gives "ib" + 6 hex digits, then ".e3".
+// ChildStem is the prefix of the names of parent's children. It is
+// parent itself when every child name fits IFNAMSIZ after it: "ib0"
+// gives "ib0.e3", "ib0.m8001". Else it is "ib" and 6 hex digits of the
+// FNV-1a hash of parent's name, 8 bytes, as long as the longest parent
+// used as it is. So every legal parent name, up to 15 bytes, has
+// children: "ibp129s0f0" gives "ib" + 6 hex digits, then ".e3".
 func ChildStem(parent string) string {
 	if len(parent)+len(".e")+len(strconv.Itoa(MaxChildIndex)) <= MaxNameLen {
 		return parent
@@ -304,12 +304,13 @@ const (
 
 // newChildRequest builds the RTM_NEWLINK request that creates child c,
 // as vishvananda/netlink's LinkAdd of a netlink.IPoIB{ParentIndex, Pkey,
-// Mode: datagram, Umcast: 0} does: ifinfomsg, IFLA_IFNAME, IFLA_LINK,
-// then IFLA_LINKINFO holding IFLA_INFO_KIND "ipoib" and IFLA_INFO_DATA
-// with IFLA_IPOIB_PKEY, _MODE and _UMCAST as host-order u16s (the kernel
-// reads them with nla_get_u16). User multicast stays off: with it the
-// driver skips groups the port already joined through the SA
-// (ipoib_mcast_restart_task), which every child but the first would hit.
+// Mode: datagram, Umcast: 0} does. It holds ifinfomsg, IFLA_IFNAME,
+// IFLA_LINK, then IFLA_LINKINFO with IFLA_INFO_KIND "ipoib" and
+// IFLA_INFO_DATA. The data holds IFLA_IPOIB_PKEY, _MODE and _UMCAST as
+// host-order u16s (the kernel reads them with nla_get_u16). User
+// multicast stays off: with it the driver skips groups the port already
+// joined through the SA (ipoib_mcast_restart_task), which every child
+// but the first would hit.
 func newChildRequest(c ChildSpec) *nl.NetlinkRequest {
 	req := nl.NewNetlinkRequest(unix.RTM_NEWLINK, unix.NLM_F_CREATE|unix.NLM_F_EXCL|unix.NLM_F_ACK)
 	req.AddData(nl.NewIfInfomsg(unix.AF_UNSPEC))

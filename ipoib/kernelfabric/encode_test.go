@@ -119,9 +119,9 @@ func TestNewChildRequestBytes(t *testing.T) {
 	}
 }
 
-// TestNames: a parent of up to 8 bytes prefixes its children's names;
-// a longer one, up to IFNAMSIZ - 1 (15), gives a hashed 8-byte stem, so
-// that every child name, the largest index's included, fits 15 bytes;
+// TestNames: a parent of up to 8 bytes prefixes its children's names. A
+// longer one, up to IFNAMSIZ - 1 (15), gives a hashed 8-byte stem, so
+// that every child name, the largest index's included, fits 15 bytes.
 // IsChildName recognises exactly what ChildName and GroupChildName give.
 func TestNames(t *testing.T) {
 	if n, _ := ChildName(ChildStem("ib0"), 3); n != "ib0.e3" {

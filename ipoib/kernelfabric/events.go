@@ -2,14 +2,14 @@ package kernelfabric
 
 import "github.com/eipoib/eipoibd/ipoib"
 
-// Events reports the parent's carrier as the link state (the IPoIB
-// driver turns it off when the port leaves ACTIVE: ipoib_ib_dev_down, and
-// on when it joins the broadcast group again: ipoib_mcast_join_task →
-// ipoib_mcast_carrier_on_task), from the link notifications follow reads;
-// and each partition's MTU as its group child takes it from the
-// partition's broadcast group (ipoib_mcast_join_finish sets the child's
-// MTU before its carrier), when the child first gets carrier and when the
-// MTU changes. The channel is closed on Close.
+// Events reports, from the link notifications follow reads, the parent's
+// carrier as the link state. The IPoIB driver turns it off when the port
+// leaves ACTIVE (ipoib_ib_dev_down), and on when it joins the broadcast
+// group again (ipoib_mcast_join_task → ipoib_mcast_carrier_on_task).
+// Events also reports each partition's MTU as its group child takes it
+// from the partition's broadcast group, when the child first gets
+// carrier and when the MTU changes; ipoib_mcast_join_finish sets the
+// child's MTU before its carrier. The channel is closed on Close.
 func (p *Port) Events() <-chan ipoib.Event { return p.events.Events() }
 
 // partitionMTU reports the MTU of child c's partition when c is the

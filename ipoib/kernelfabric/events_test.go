@@ -11,11 +11,12 @@ import (
 
 // TestEvents: on the fake kernel, the port first reports the parent's
 // carrier, then the default partition's MTU as its group child joined
-// the broadcast group; a new partition's MTU as its group child joins;
-// the parent's carrier going and coming back, in order, and the MTU the
-// SM gave the partition's broadcast group meanwhile, as the children
-// join again (ipoib_mcast_join_finish); a reader that does not read
-// never blocks the link notifications; Close closes the channel.
+// the broadcast group. It reports a new partition's MTU as its group
+// child joins. It reports, in order, the parent's carrier going and
+// coming back, and the MTU the SM gave the partition's broadcast group
+// meanwhile, as the children join again (ipoib_mcast_join_finish). A
+// reader that does not read never blocks the link notifications. Close
+// closes the channel.
 func TestEvents(t *testing.T) {
 	f := fakekernel.NewFabric()
 	k := f.NewHost(testutil.GID("fe80::a"), "ib0", 4092)
@@ -48,10 +49,10 @@ func TestEvents(t *testing.T) {
 }
 
 // TestEventsStartDown: a port opened while the parent has no carrier
-// reports the link down first; when the carrier comes, the link up, then
-// the default partition's MTU as its group child, made while the port
-// was down, joins (the fake notifies the parent's carrier before the
-// children join again, as ipoib_ib_dev_up follows the port).
+// reports the link down first. When the carrier comes, it reports the
+// link up, then the default partition's MTU as its group child, made
+// while the port was down, joins. The fake notifies the parent's carrier
+// before the children join again, as ipoib_ib_dev_up follows the port.
 func TestEventsStartDown(t *testing.T) {
 	k := fakekernel.NewFabric().NewHost(testutil.GID("fe80::a"), "ib0", 2044)
 	k.SetCarrier(false)

@@ -19,7 +19,7 @@ var (
 
 // FollowParent runs a Port's link following (follow, as New starts it)
 // for parent over updates, a subscription of k ended by done, without
-// making any child, and returns the port's Events; stop closes done,
+// making any child. It returns the port's Events. stop closes done,
 // waits for follow to end and closes the events.
 func FollowParent(k Kernel, parent Link, updates <-chan Link, done chan struct{}) (events <-chan ipoib.Event, stop func()) {
 	p := &Port{k: k, log: slog.New(slog.DiscardHandler), parent: parent, done: done}

@@ -53,9 +53,9 @@ func FuzzParseVnetHdr(f *testing.F) {
 	})
 }
 
-// FuzzIsChildName: IsChildName reads link names from the kernel's dump
-// (reclaim deletes what it accepts): any name is accepted or refused,
-// never crashes, and a name it accepts is exactly one ChildName or
+// FuzzIsChildName: IsChildName reads link names from the kernel's dump,
+// and reclaim deletes what it accepts. Any name is accepted or refused,
+// never crashes. A name it accepts is exactly one ChildName or
 // GroupChildName gives under the stem, so that reclaim deletes nothing
 // the backend would not have made.
 func FuzzIsChildName(f *testing.F) {

@@ -1,17 +1,18 @@
-// Package kernelfabric is the kernel IPoIB backend of ipoib.Port: one
-// datagram-mode IPoIB child interface per VIF (its own UD QP, so its own
-// QPN and 20-byte address, as Mellanox's eIPoIB gave each guest), created
-// over netlink on the parent (ib0), and one AF_PACKET SOCK_DGRAM socket per
-// child that sends with a 20-byte sockaddr_ll destination and receives
-// what the child's QP receives. The host's own stack is kept off the
-// children (no addresses, IPv6 off, NOARP, no forwarding).
+// Package kernelfabric is the kernel IPoIB backend of ipoib.Port. Each
+// VIF gets a datagram-mode IPoIB child interface, created over netlink
+// on the parent (ib0). The child has its own UD QP, so its own QPN and
+// 20-byte address, as Mellanox's eIPoIB gave each guest. Each child gets
+// an AF_PACKET SOCK_DGRAM socket that sends with a 20-byte sockaddr_ll
+// destination and receives what the child's QP receives. The host's own
+// stack is kept off the children (no addresses, IPv6 off, NOARP, no
+// forwarding).
 //
-// Everything it asks of the kernel goes through the small Kernel interface:
-// System is the real one (netlink, packet sockets, sysctls, ethtool) and
-// package kernelfabric/fakekernel is a fake that behaves as the kernel code
-// does, so that the backend and the shim over it are tested here, without
-// InfiniBand hardware. docs/kernel-backend.md cites the kernel function
-// behind each rule.
+// Everything it asks of the kernel goes through the small Kernel
+// interface. System is the real one (netlink, packet sockets, sysctls,
+// ethtool). Package kernelfabric/fakekernel is a fake that behaves as
+// the kernel code does, so that the backend and the shim over it are
+// tested here, without InfiniBand hardware. docs/kernel-backend.md cites
+// the kernel function behind each rule.
 //
 // The kernel gives no source address on receive (IPoIB has no
 // header_ops->parse, so sll_halen is 0): received packets carry

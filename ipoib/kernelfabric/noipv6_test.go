@@ -31,10 +31,11 @@ import (
 const noIPv6Env = "EIPOIB_NO_IPV6"
 
 // procKernel is a fake host whose sysctls are the running kernel's
-// /proc/sys, in network namespace ns: each child the fake creates gets a
-// real link of the same name there (a veth: its /proc/sys/net/*/conf/DEV
-// directories are what a child's would be), so the backend's settings
-// meet the real /proc. The kernel has no IPoIB without an HCA.
+// /proc/sys, in network namespace ns. Each child the fake creates gets a
+// real link of the same name there: a veth, whose
+// /proc/sys/net/*/conf/DEV directories are what a child's would be. So
+// the backend's settings meet the real /proc. The kernel has no IPoIB
+// without an HCA.
 type procKernel struct {
 	*fakekernel.Kernel
 	ns  string
@@ -85,10 +86,10 @@ func (k *procKernel) DelLink(index int) error {
 }
 
 // TestStartWithoutIPv6: on a kernel without IPv6 the backend starts (the
-// default partition's group child is made in New), a VIF child is made,
-// both get the IPv4 host-off settings and no IPv6 one, each counted as
-// StatIPv6Absent, and IPv4 crosses from the VIF to another host's and
-// back with its exact size.
+// default partition's group child is made in New), and a VIF child is
+// made. Both get the IPv4 host-off settings and no IPv6 one, each
+// counted as StatIPv6Absent. IPv4 crosses from the VIF to another host's
+// and back with its exact size.
 func TestStartWithoutIPv6(t *testing.T) {
 	t.Run("fake", func(t *testing.T) {
 		f := fakekernel.NewFabric()

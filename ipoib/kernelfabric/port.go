@@ -1,24 +1,24 @@
 package kernelfabric
 
-// TX: each packet's source VIF is an IPoIB child; its socket sends the IP
-// payload with a sockaddr_ll naming the child, the ethertype and the
-// 20-byte destination (the driver pushes the IPoIB header itself).
+// TX: each packet's source VIF is an IPoIB child. Its socket sends the
+// IP payload with a sockaddr_ll naming the child, the ethertype and the
+// 20-byte destination; the driver pushes the IPoIB header itself.
 // Multicast leaves from the partition's group child, the one child that
-// joins groups, so that no sibling child receives a copy of a guest's own
-// multicast (the HCA replicates multicast to every attached QP of the
-// port; the driver drops only what its own QP sent). Consecutive packets
-// of one child go in one sendmmsg.
+// joins groups. So no sibling child receives a copy of a guest's own
+// multicast: the HCA replicates multicast to every attached QP of the
+// port, and the driver drops only what its own QP sent. Consecutive
+// packets of one child go in one sendmmsg.
 //
 // RX: one goroutine per child reads its socket with recvmmsg. The kernel
 // says only the packet type (host, broadcast, multicast) and the
-// ethertype: the port restores the IPoIB header, takes the destination QPN
-// from the child, the MGID from the packet type and destination IP, and
-// marks the source unknown. Broadcast and multicast are taken from the
-// group child only: every child receives its partition's broadcast group
-// (the driver joins it on open) and the all-hosts group (the IPv4 stack
-// joins it), and each packet must reach the TAP once: a VIF child's
-// socket has a filter that accepts PACKET_HOST only, so the kernel drops
-// its copies before they are queued.
+// ethertype. The port restores the IPoIB header, takes the destination
+// QPN from the child, the MGID from the packet type and destination IP,
+// and marks the source unknown. Broadcast and multicast are taken from
+// the group child only, as each packet must reach the TAP once. Every
+// child receives its partition's broadcast group (the driver joins it on
+// open) and the all-hosts group (the IPv4 stack joins it). So a VIF
+// child's socket has a filter that accepts PACKET_HOST only, and the
+// kernel drops its copies before they are queued.
 
 import (
 	"errors"
@@ -37,11 +37,10 @@ import (
 	"github.com/eipoib/eipoibd/ipoib/internal/rxq"
 )
 
-// A Port counts its drops under ipoib.Drop's reasons; the one of its
-// own is ipoib.DropNoCarrier: the sending child has no carrier (its
-// partition's broadcast join is not done, or the port or its P_Key went
-// away), and the kernel's noop qdisc would drop the packet and report it
-// sent.
+// A Port counts its drops under ipoib.Drop's reasons. Its own is
+// ipoib.DropNoCarrier: the sending child has no carrier (its partition's
+// broadcast join is not done, or the port or its P_Key went away). The
+// kernel's noop qdisc would drop the packet and report it sent.
 
 // Stats counted by a Port beside its drops.
 const (
@@ -56,12 +55,11 @@ const (
 	StatMTUChanges = "parent_mtu_changes"
 	// StatReclaimed counts children of a previous run deleted at start.
 	StatReclaimed = "children_reclaimed"
-	// StatRefusedPKey, StatRefusedJoin and StatRefusedMTU count
-	// children refused (and deleted) because their P_Key is not in the
-	// port's table, their broadcast join did not complete in time, or
-	// their partition's MTU is not one eipoibd runs; StatRefusedAgain
-	// counts AllocQP calls answered with a recent refusal, no child
-	// made.
+	// StatRefusedPKey, StatRefusedJoin and StatRefusedMTU count children
+	// refused and deleted: their P_Key is not in the port's table, their
+	// broadcast join did not complete in time, or their partition's MTU
+	// is not one eipoibd runs. StatRefusedAgain counts AllocQP calls
+	// answered with a recent refusal, no child made.
 	StatRefusedPKey  = "child_refused_pkey"
 	StatRefusedJoin  = "child_refused_join"
 	StatRefusedMTU   = "child_refused_mtu"
@@ -290,14 +288,14 @@ func New(cfg Config) (*Port, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kernel: read mode of %s: %w", parent.Name, err)
 	}
-	// A parent in connected mode is fine: every child is made in
-	// datagram mode (newChildRequest's IFLA_IPOIB_MODE 0:
-	// ipoib_netlink.c ipoib_new_child_link → ipoib_changelink →
-	// ipoib_main.c ipoib_set_mode), with its own UD QP, and takes the
-	// port's UD MTU, not the parent's (ipoib_child_init copies
-	// max_ib_mtu; ipoib_ndo_init sets the MTU to IPOIB_UD_MTU of it).
-	// The parent's MTU is then its connected-mode one (up to 65520),
-	// so the port's IB MTU is read from the first child instead.
+	// A parent in connected mode is fine. Every child is made in
+	// datagram mode, with its own UD QP (newChildRequest's
+	// IFLA_IPOIB_MODE 0: ipoib_netlink.c ipoib_new_child_link →
+	// ipoib_changelink → ipoib_main.c ipoib_set_mode). A child takes the
+	// port's UD MTU, not the parent's: ipoib_child_init copies
+	// max_ib_mtu, and ipoib_ndo_init sets the MTU to IPOIB_UD_MTU of it.
+	// The parent's MTU is then its connected-mode one (up to 65520), so
+	// the port's IB MTU is read from the first child instead.
 	mtu := 0
 	switch mode {
 	case "datagram":
@@ -371,10 +369,10 @@ func (p *Port) reclaim() error {
 }
 
 // follow tracks the parent's carrier and MTU, and each child's carrier
-// and MTU. It never waits for mu, and for the kernel only when the
+// and MTU. It never waits for mu. It waits for the kernel only when the
 // subscription has ended: it then subscribes again and applies every
-// link's state from a dump, taken after the new subscription began so
-// that the notifications that follow are newer.
+// link's state from a dump. The dump is taken after the new subscription
+// began, so that the notifications that follow are newer.
 func (p *Port) follow(updates <-chan Link) {
 	defer p.wg.Done()
 	for updates != nil {
@@ -394,9 +392,9 @@ func (p *Port) linkError(err error) { p.linkErr.Store(&err) }
 const resubscribeWait = 250 * time.Millisecond
 
 // resubscribe subscribes to link changes again after the subscription
-// ended (vishvananda/netlink ends it on any receive error, ENOBUFS from
-// an overrun included: notifications were lost), applies every link's
-// state from a dump, and returns the new subscription; nil once the
+// ended; vishvananda/netlink ends it on any receive error, ENOBUFS from
+// an overrun included (notifications were lost). It applies every link's
+// state from a dump and returns the new subscription, or nil once the
 // port is closed.
 func (p *Port) resubscribe() <-chan Link {
 	reason := "unknown"
@@ -475,10 +473,10 @@ func (p *Port) followChild(l Link) {
 	p.applyLink(c, l)
 }
 
-// applyLink applies link state l to child c (c.linkMu held): a waiting
-// createChild is woken by its carrier; a ready child's carrier and MTU
-// are tracked (ipoib_mcast_carrier_on_task sets the MTU before the
-// carrier, so an MTU seen with the carrier on is the partition's).
+// applyLink applies link state l to child c (c.linkMu held). A waiting
+// createChild is woken by its carrier. A ready child's carrier and MTU
+// are tracked: ipoib_mcast_carrier_on_task sets the MTU before the
+// carrier, so an MTU seen with the carrier on is the partition's.
 func (p *Port) applyLink(c *child, l Link) {
 	ready := c.mtu.Load() != 0 // had carrier before
 	// The MTU before the carrier: a Write that sees the carrier reads it.
@@ -673,14 +671,14 @@ func (p *Port) createChild(name string, pkey ipoib.PKey, group bool) (c *child, 
 }
 
 // queueFixHint explains a child of a parent with several receive queues
-// (mlx5's enhanced IPoIB: one per channel, mlx5_rdma_rn_get_params)
 // that got only got of them, or (got 0) that the kernel refused with
-// EINVAL. A kernel without commit dbc94a0fb817 gives a netlink child one
-// receive queue (ipoib_link_ops has no get_num_rx_queues, so
-// rtnl_create_link takes its default of 1); the child, which receives
-// through its parent's queues (mlx5i_pkey_init_rx leaves them to the
-// parent), cannot run so, and from Linux 6.2 mlx5i_pkey_dev_init refuses
-// it with EINVAL.
+// EINVAL. mlx5's enhanced IPoIB has one receive queue per channel
+// (mlx5_rdma_rn_get_params). A kernel without commit dbc94a0fb817 gives
+// a netlink child one receive queue: ipoib_link_ops has no
+// get_num_rx_queues, so rtnl_create_link takes its default of 1. The
+// child receives through its parent's queues (mlx5i_pkey_init_rx leaves
+// them to the parent) and cannot run so. From Linux 6.2
+// mlx5i_pkey_dev_init refuses it with EINVAL.
 func (p *Port) queueFixHint(got int) string {
 	s := fmt.Sprintf("%s has %d receive queues", p.parent.Name, p.parent.RxQueues)
 	if got > 0 {
@@ -736,11 +734,11 @@ func (p *Port) waitCarrier(c *child) error {
 }
 
 // pollCarrier reads child c's link, in case its carrier-on notification
-// was lost, and applies a carrier on, never off, and only if no
-// notification was applied since the read began: a reading overtaken by
-// one is stale (read "off", then the notification "on" applied, then
+// was lost. It applies a carrier on, never off, and only if no
+// notification was applied since the read began. A reading overtaken by
+// one is stale: read "off", then the notification "on" applied, then
 // "off" applied again would leave a ready child without carrier, and no
-// notification would come to correct it).
+// notification would come to correct it.
 func (p *Port) pollCarrier(c *child) {
 	c.linkMu.Lock()
 	seq := c.linkSeq
@@ -799,12 +797,12 @@ func (p *Port) refusedRecently(pkey ipoib.PKey) error {
 }
 
 // hostOffSysctls are the settings that keep the host's own stack off a
-// child: no IPv6 at all (no address, no ND answers), no IPv4 ARP answers
-// and no forwarding, and strict reverse-path filtering so that IPv4
-// addressed to one of the host's own addresses is not accepted on it.
-// Without ipv6 (a kernel booted with ipv6.disable=1) the IPv6 ones are
-// left out: their /proc/sys/net/ipv6/conf/DEV does not exist, and there
-// is no IPv6 stack to keep off.
+// child. They turn off IPv6 entirely (no address, no ND answers), IPv4
+// ARP answers and forwarding. Strict reverse-path filtering keeps IPv4
+// addressed to one of the host's own addresses from being accepted on
+// it. Without ipv6 (a kernel booted with ipv6.disable=1) the IPv6 ones
+// are left out: their /proc/sys/net/ipv6/conf/DEV does not exist, and
+// there is no IPv6 stack to keep off.
 func hostOffSysctls(dev string, ipv6 bool) [][2]string {
 	v4, v6 := "net/ipv4/conf/"+dev+"/", "net/ipv6/conf/"+dev+"/"
 	s := [][2]string{
@@ -1052,10 +1050,10 @@ func (p *Port) Close() error {
 	return errors.Join(errs...)
 }
 
-// Write sends a batch. A packet whose source QP is no child of this port
-// (or whose P_Key is not the child's), that is oversized, or that is a
-// super-packet on a port without TSO, is counted and skipped, as is one
-// the kernel refuses.
+// Write sends a batch. It counts and skips a packet that is oversized or
+// that the kernel refuses. It does the same for a super-packet on a port
+// without TSO, and for a packet whose source QP is no child of this port
+// or whose P_Key is not the child's.
 func (p *Port) Write(bufs [][]byte, meta []ipoib.TxMeta, offset int) (int, error) {
 	if p.closed.Load() {
 		return 0, net.ErrClosed

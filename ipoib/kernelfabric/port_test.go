@@ -74,11 +74,11 @@ func TestChildLifecycle(t *testing.T) {
 	}
 }
 
-// TestLongParentName: a parent of IFNAMSIZ - 1 bytes gets children
-// whose names fit (ChildStem hashes it); a VIF child's index is reused
-// once its child is freed, and one whose creation failed (P_Key not in
-// the table) takes none, so the names never grow; a restart reclaims
-// the children a previous run left.
+// TestLongParentName: a parent of IFNAMSIZ - 1 bytes gets children whose
+// names fit (ChildStem hashes it). A VIF child's index is reused once
+// its child is freed. One whose creation failed (P_Key not in the table)
+// takes none, so the names never grow. A restart reclaims the children a
+// previous run left.
 func TestLongParentName(t *testing.T) {
 	const parent = "ibp129s0f0np0xy" // 15 bytes
 	k := fakekernel.NewFabric().NewHost(testutil.GID("fe80::a"), parent, 2044)
@@ -135,8 +135,8 @@ func TestLongParentName(t *testing.T) {
 }
 
 // TestConnectedParent: a parent in connected mode (MTU 65520) is
-// accepted: the port's IB MTU is the UD one its children take (2048),
-// and a VIF exchanges a packet of that full size with another host's; a
+// accepted. The port's IB MTU is the UD one its children take (2048),
+// and a VIF exchanges a packet of that full size with another host's. A
 // mode the driver does not have is refused, naming it.
 func TestConnectedParent(t *testing.T) {
 	f := fakekernel.NewFabric()
@@ -301,9 +301,9 @@ func TestChildWaitsForJoin(t *testing.T) {
 }
 
 // TestChildPKeyNotInTable: a P_Key the port's table lacks is refused at
-// once, with the table named and the SM's configuration to change; no
-// child is left behind, and the next AllocQP of that partition is
-// answered with the same reason without making a child.
+// once, with the table named and the SM's configuration to change. No
+// child is left behind. The next AllocQP of that partition is answered
+// with the same reason without making a child.
 func TestChildPKeyNotInTable(t *testing.T) {
 	k := fakekernel.NewFabric().NewHost(testutil.GID("fe80::a"), "ib0", 2044)
 	k.SetPKeys(0xffff, 0x8001)
@@ -331,11 +331,11 @@ func TestChildPKeyNotInTable(t *testing.T) {
 	}
 }
 
-// TestChildAttachLimit: with the HCA's per-group QP limit at 3 (the
-// parent, the group child and one VIF child in the broadcast group), the
-// next child's join never completes: AllocQP gives up after the timeout
-// with a reason naming max_mcast_qp_attach, deletes the child and counts
-// it; the first VIF keeps working; a freed VIF lets the next one in.
+// TestChildAttachLimit: the HCA's per-group QP limit is 3 (the parent,
+// the group child and one VIF child in the broadcast group). The next
+// child's join never completes. AllocQP gives up after the timeout with
+// a reason naming max_mcast_qp_attach, deletes the child and counts it.
+// The first VIF keeps working, and a freed VIF lets the next one in.
 func TestChildAttachLimit(t *testing.T) {
 	f := fakekernel.NewFabric()
 	ka, kb := f.NewHost(testutil.GID("fe80::a"), "ib0", 2044), f.NewHost(testutil.GID("fe80::b"), "ib0", 2044)
@@ -365,11 +365,11 @@ func TestChildAttachLimit(t *testing.T) {
 }
 
 // TestChildCarrierFollowed: a ready child whose P_Key leaves the port's
-// table loses carrier (as does its partition's group child), counted
-// once each; once the backend has seen it, its packets are dropped as
-// child_no_carrier (not handed to the kernel, whose noop qdisc would
-// drop them and say sent), and flow again once the P_Key is back and the
-// child joined again.
+// table loses carrier, as does its partition's group child, counted once
+// each. Once the backend has seen it, its packets are dropped as
+// child_no_carrier. They are not handed to the kernel, whose noop qdisc
+// would drop them and say sent. They flow again once the P_Key is back
+// and the child joined again.
 func TestChildCarrierFollowed(t *testing.T) {
 	ka, a, b, qa, dst := partitionPair(t)
 	ka.SetPKeys(0xffff)
@@ -412,9 +412,9 @@ func pkeyBack(t *testing.T, ka *fakekernel.Kernel, a, b *kf.Port, qa uint32, dst
 }
 
 // TestChildWhilePortDown: a child made while the port is down is not
-// waited for (it cannot join before the port is back): AllocQP succeeds,
-// its packets are dropped as child_no_carrier, and it works once the
-// port is back and its join done.
+// waited for, as it cannot join before the port is back. AllocQP
+// succeeds, its packets are dropped as child_no_carrier, and it works
+// once the port is back and its join done.
 func TestChildWhilePortDown(t *testing.T) {
 	f := fakekernel.NewFabric()
 	ka, kb := f.NewHost(testutil.GID("fe80::a"), "ib0", 2044), f.NewHost(testutil.GID("fe80::b"), "ib0", 2044)
@@ -439,9 +439,9 @@ func TestChildWhilePortDown(t *testing.T) {
 
 // TestPartitionMTUFromGroup: under a parent of IB MTU 4096, a partition
 // whose broadcast group the SM set to 2048 reports 2048 once its group
-// child joined, the default partition 4096; a packet of that partition
-// longer than 2044 bytes is dropped as oversize (the kernel would refuse
-// it with EMSGSIZE), one that fits is delivered.
+// child joined. The default partition reports 4096. A packet of that
+// partition longer than 2044 bytes is dropped as oversize (the kernel
+// would refuse it with EMSGSIZE); one that fits is delivered.
 func TestPartitionMTUFromGroup(t *testing.T) {
 	f := fakekernel.NewFabric()
 	f.SetGroupMTU(0x8002, 2048)

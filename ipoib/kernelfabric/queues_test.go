@@ -21,11 +21,12 @@ import (
 
 // TestChildQueuesBeforeFix: a parent with several receive queues (mlx5's
 // enhanced IPoIB) on a kernel without commit dbc94a0fb817 is refused at
-// start with a message naming the commit, whether the kernel makes the
-// child with one queue (before Linux 6.2) or refuses it (EINVAL:
-// mlx5i_pkey_dev_init's check), and no child is left behind; with the
-// fix the child gets the parent's queues and the port starts; a parent
-// with one queue (the other IPoIB drivers) starts on either kernel.
+// start with a message naming the commit. That holds whether the kernel
+// makes the child with one queue (before Linux 6.2) or refuses it
+// (EINVAL: mlx5i_pkey_dev_init's check). No child is left behind. With
+// the fix the child gets the parent's queues and the port starts. A
+// parent with one queue (the other IPoIB drivers) starts on either
+// kernel.
 func TestChildQueuesBeforeFix(t *testing.T) {
 	for _, c := range []struct {
 		name              string
@@ -101,12 +102,11 @@ func TestLinkRxQueues(t *testing.T) {
 	})
 }
 
-// TestParentDown: the parent set administratively down (its children
-// receive through its receive queues on mlx5, and ipoib_stop takes them
-// down with it) is the port going down: Events says so and a VIF's
-// packets are dropped as child_no_carrier; up again (ipoib_open brings
-// the children up, and they join again), the port is up and the VIF
-// sends.
+// TestParentDown: the parent set administratively down is the port going
+// down. (Its children receive through its receive queues on mlx5, and
+// ipoib_stop takes them down with it.) Events says so, and a VIF's
+// packets are dropped as child_no_carrier. Up again, ipoib_open brings
+// the children up and they join again: the port is up and the VIF sends.
 func TestParentDown(t *testing.T) {
 	f := fakekernel.NewFabric()
 	ka, kb := f.NewHost(testutil.GID("fe80::a"), "ib0", 2044), f.NewHost(testutil.GID("fe80::b"), "ib0", 2044)

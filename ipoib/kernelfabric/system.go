@@ -111,9 +111,9 @@ func (System) WriteSysctl(path, value string) error {
 // HasIPv6 reports whether /proc/sys/net/ipv6/conf exists. With
 // ipv6.disable=1 it does not: net/ipv6/af_inet6.c inet6_init returns
 // early when disable_ipv6_mod is set ("Loaded, but administratively
-// disabled"), before ipv6_sysctl_register and addrconf_init, which
-// register net/ipv6 and its conf/DEV directories
-// (addrconf_sysctl_register); the same holds for a kernel without
+// disabled"). That is before ipv6_sysctl_register and addrconf_init,
+// which register net/ipv6 and its conf/DEV directories
+// (addrconf_sysctl_register). The same holds for a kernel without
 // CONFIG_IPV6 or with the ipv6 module not loaded.
 func (System) HasIPv6() (bool, error) {
 	_, err := os.Stat("/proc/sys/net/ipv6/conf")
@@ -240,12 +240,12 @@ func htons(p uint16) uint16 { return p>>8 | p<<8 }
 // ethertype: bound with a host-order ETH_P_ALL (0x0003 read as 0x0300) it
 // matches no traffic at all. The bind takes htons.
 //
-// The socket itself is created with protocol 0: packet_create hooks a
-// socket created with a protocol to every device at once, so what
-// arrived on any device before the bind would be queued on it and read
-// as the bound child's (TestNothingBeforeBind: about half of the
-// sockets opened while another device was busy held such packets).
-// Created with 0 it is hooked by the bind alone, after its options and
+// The socket itself is created with protocol 0. packet_create hooks a
+// socket created with a protocol to every device at once. What arrived
+// on any device before the bind would then be queued on it and read as
+// the bound child's: in TestNothingBeforeBind, about half of the sockets
+// opened while another device was busy held such packets. Created with
+// 0, the socket is hooked by the bind alone, after its options and
 // filter are set.
 //
 // The socket is SOCK_DGRAM, unless o.Vnet: packet_setsockopt refuses
@@ -304,9 +304,10 @@ const (
 
 // hostOnlyFilter accepts PACKET_HOST packets whole and drops the rest
 // (PACKET_BROADCAST, PACKET_MULTICAST, PACKET_OTHERHOST,
-// PACKET_OUTGOING): af_packet.c packet_rcv runs it (run_filter) before
-// it clones the skb or queues it, and drops a packet it gives 0 without
-// counting it in PACKET_STATISTICS (drop_n_restore, not drop_n_acct).
+// PACKET_OUTGOING). af_packet.c packet_rcv runs it (run_filter) before
+// it clones the skb or queues it. It drops a packet the filter gives 0
+// without counting it in PACKET_STATISTICS (drop_n_restore, not
+// drop_n_acct).
 var hostOnlyFilter = [...]unix.SockFilter{
 	{Code: unix.BPF_LD | unix.BPF_W | unix.BPF_ABS, K: skfAdOff + skfAdPktType},
 	{Code: unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K, K: PacketHost, Jt: 0, Jf: 1},
@@ -317,16 +318,19 @@ var hostOnlyFilter = [...]unix.SockFilter{
 // hostOnlyProg is hostOnlyFilter as SO_ATTACH_FILTER takes it.
 var hostOnlyProg = unix.SockFprog{Len: uint16(len(hostOnlyFilter)), Filter: &hostOnlyFilter[0]}
 
-// linkHdr makes a SOCK_RAW socket send and receive as a SOCK_DGRAM one:
+// linkHdr makes a SOCK_RAW socket send and receive as a SOCK_DGRAM one.
+//
 // Send puts the link header between the virtio_net_hdr and the data, as
-// the device's header_ops->create does for SOCK_DGRAM in packet_snd
-// (ipoib_hard_header: the 20-byte destination as the pseudo header, then
-// the ethertype and 2 reserved bytes, IPOIB_HARD_LEN in all; eth_header:
-// destination, the device's address, ethertype), and checks the name as
-// packet_snd checks a SOCK_DGRAM one (at least dev->addr_len address
-// bytes, EINVAL); Recv lands the link header of what it receives (from
-// the MAC header on: packet_rcv pushes it back for SOCK_RAW) in a
-// scratch buffer. csum_start counts from the link header either way
+// the device's header_ops->create does for SOCK_DGRAM in packet_snd.
+// ipoib_hard_header writes the 20-byte destination as the pseudo header,
+// then the ethertype and 2 reserved bytes, IPOIB_HARD_LEN in all.
+// eth_header writes the destination, the device's address and the
+// ethertype. Send checks the name as packet_snd checks a SOCK_DGRAM one:
+// at least dev->addr_len address bytes, else EINVAL.
+//
+// Recv lands the link header of what it receives in a scratch buffer;
+// packet_rcv pushes it back for SOCK_RAW, from the MAC header on.
+// csum_start counts from the link header either way
 // (virtio_net_hdr_to_skb on skb->data), so the virtio_net_hdr is the
 // same as a SOCK_DGRAM socket's would be.
 type linkHdr struct {

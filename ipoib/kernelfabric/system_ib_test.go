@@ -34,9 +34,10 @@ const (
 
 // TestReadPKeyTable reads a P_Key table laid out as the kernel lays it
 // out (ipoib_parent_init's device link and dev_port, show_port_pkey's
-// "0x%04x"): empty entries and mlx4's "none" are skipped; the port is
-// dev_port + 1, or dev_id + 1 on kernels that set only dev_id; of two
-// HCAs under one device, the one whose port GID 0 is the interface's.
+// "0x%04x"). Empty entries and mlx4's "none" are skipped. The port is
+// dev_port + 1, or dev_id + 1 on kernels that set only dev_id. Of two
+// HCAs under one device, the port is the one whose port GID 0 is the
+// interface's.
 func TestReadPKeyTable(t *testing.T) {
 	pk := "ib0/device/infiniband/mlx4_0/ports/2/pkeys/"
 	root := sysTree(t, map[string]string{

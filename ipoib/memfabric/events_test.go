@@ -7,11 +7,11 @@ import (
 	"github.com/eipoib/eipoibd/ipoib/internal/eventtest"
 )
 
-// TestEvents: the first event is the link up; SetDown and
-// SetPartitionMTU give their events in order, PartitionMTU agrees and an
-// MTU above the fabric's reads as the fabric's; while down nothing is
-// sent or delivered, counted as port_down; a reader that does not read
-// never blocks the port; Close closes the channel.
+// TestEvents: the first event is the link up. SetDown and
+// SetPartitionMTU give their events in order, and PartitionMTU agrees;
+// an MTU above the fabric's reads as the fabric's. While down nothing is
+// sent or delivered, counted as port_down. A reader that does not read
+// never blocks the port. Close closes the channel.
 func TestEvents(t *testing.T) {
 	a, b := twoPorts(t)
 	ch := a.Events()

@@ -104,9 +104,9 @@ func (f *Fabric) SetTSO(on bool) { f.tso = on }
 func (f *Fabric) SetUSO(on bool) { f.uso = on }
 
 // HideSources makes the fabric's ports receive every packet with
-// RxMeta.SrcUnknown and no sender, as the kernel IPoIB backend does
-// (packet sockets learn no sender) and as verbs does for a sender without
-// a GRH whose LID it never saw; call it before attaching ports.
+// RxMeta.SrcUnknown and no sender. So does the kernel IPoIB backend
+// (packet sockets learn no sender), and verbs for a sender without a GRH
+// whose LID it never saw. Call it before attaching ports.
 func (f *Fabric) HideSources() { f.noSrc = true }
 
 // Offloads reports TSO when the fabric was set to take super-packets,
@@ -173,15 +173,15 @@ func (p *Port) Close() error {
 	return nil
 }
 
-// Write sends a batch of any length. A packet the port refuses (oversize,
-// bad metadata: a source QP it did not allocate, another P_Key than the
-// QP's, a destination QPN that is 0xFFFFFF when the GID is no MGID or the
-// reverse) is counted and skipped;
-// n counts the packets handed to the fabric (one to a GID no port has is
-// lost there, counted as no_route, as the simulated fabric's kernel
-// accepts a datagram to an absent peer). On a fabric set to TSO (USO), a
-// TCP (UDP) super-packet is cut into segments (datagrams), each sent and
-// counted as a packet; one that cannot be cut is counted as bad_gso.
+// Write sends a batch of any length. A packet the port refuses is
+// counted and skipped: oversize, or bad metadata (a source QP it did not
+// allocate, another P_Key than the QP's, a destination QPN that is
+// 0xFFFFFF when the GID is no MGID or the reverse). n counts the packets
+// handed to the fabric. One to a GID no port has is lost there and
+// counted as no_route, as the simulated fabric's kernel accepts a
+// datagram to an absent peer. On a fabric set to TSO (USO), a TCP (UDP)
+// super-packet is cut into segments (datagrams), each sent and counted
+// as a packet; one that cannot be cut is counted as bad_gso.
 func (p *Port) Write(bufs [][]byte, meta []ipoib.TxMeta, offset int) (int, error) {
 	if p.closed.Load() {
 		return 0, net.ErrClosed

@@ -157,10 +157,10 @@ func TestCloseAndQPs(t *testing.T) {
 	}
 }
 
-// TestWriteAnyBatchLength: one Write of 1,000 packets is delivered whole,
-// each packet once, and n and the counters say so; a packet from a freed
-// QP, from a QP of another partition or with QPN 0xFFFFFF to a unicast
-// GID is refused (bad_meta), as on the simulated fabric.
+// TestWriteAnyBatchLength: one Write of 1,000 packets is delivered
+// whole, each packet once, and n and the counters say so. A packet from
+// a freed QP, from a QP of another partition or with QPN 0xFFFFFF to a
+// unicast GID is refused (bad_meta), as on the simulated fabric.
 func TestWriteAnyBatchLength(t *testing.T) {
 	a, b := twoPorts(t)
 	qa, _ := a.AllocQP(0xffff, 0)

@@ -13,8 +13,8 @@ import (
 
 // TestBusyPoll: a port opened with BusyPoll has SO_BUSY_POLL at that
 // many microseconds and SO_PREFER_BUSY_POLL on, as the kernel reads them
-// back (without it both are the defaults: 0, the net.core.busy_read
-// sysctl of a new namespace, and off); its reader, busy-polling and then
+// back. Without it both are the defaults: 0, the net.core.busy_read
+// sysctl of a new namespace, and off. Its reader, busy-polling and then
 // waiting on the empty socket, is woken by Close and leaves.
 func TestBusyPoll(t *testing.T) {
 	nstest.Require(t, "ip")

@@ -14,9 +14,9 @@ import (
 )
 
 // refICRC computes the ICRC of datagram b (BTH to pad, ICRC excluded)
-// straight from the docs/architecture.md text, independently of Codec.ICRC: CRC-32
-// over 8 bytes of 0xFF, the masked IPv6 and UDP headers and b with BTH
-// byte 4 set to 0xFF.
+// straight from the docs/architecture.md text, independently of
+// Codec.ICRC. It is a CRC-32 over 8 bytes of 0xFF, the masked IPv6 and
+// UDP headers and b with BTH byte 4 set to 0xFF.
 func refICRC(b []byte, src, dst *[16]byte, sport, dport uint16) uint32 {
 	udpLen := uint16(8 + len(b) + ICRCLen)
 	p := []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x6f, 0xff, 0xff, 0xff}

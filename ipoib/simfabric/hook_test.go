@@ -7,9 +7,9 @@ import (
 )
 
 // TestEncodeHook: a hook set with SetEncodeHook sees every packet sent,
-// encoded (its body is the payload, pad and ICRC after the BTH and DETH),
-// and while it is set packets leave one datagram each, not in UDP GSO
-// trains; a change it makes is on the wire (the receiver counts a bad
+// encoded: its body is the payload, pad and ICRC after the BTH and DETH.
+// While it is set, packets leave one datagram each, not in UDP GSO
+// trains. A change it makes is on the wire (the receiver counts a bad
 // ICRC). Without it, the same batch leaves as one train.
 func TestEncodeHook(t *testing.T) {
 	a, b, _, _ := pair(t, 9000)

@@ -2,14 +2,17 @@ package simfabric
 
 // Lanes: with several sockets (Config.Sockets), each unicast packet
 // leaves from the sending socket its inner flow hashes to, so that it
-// carries that socket's UDP source port. docs/architecture.md lets the sender
-// choose the source port and forbids the receiver to depend on it; a
-// receiver with several sockets bound to port 4791 (SO_REUSEPORT) is
-// given each datagram on the socket the kernel's hash of the source
+// carries that socket's UDP source port. docs/architecture.md lets the
+// sender choose the source port and forbids the receiver to depend on
+// it.
+//
+// A receiver with several sockets bound to port 4791 (SO_REUSEPORT) is
+// given each datagram on the socket that the kernel's hash of the source
 // address and port picks (udp6_lib_lookup2 → reuseport_select_sock,
-// net/core/sock_reuseport.c): one socket per flow, and so one receive
-// worker, which keeps the flow in order, while different flows spread.
-// One source port for every flow would put them all on one socket.
+// net/core/sock_reuseport.c). So each flow gets one socket, and so one
+// receive worker, which keeps the flow in order, while different flows
+// spread. One source port for every flow would put them all on one
+// socket.
 //
 // Multicast leaves from lane 0 (the group member's socket, port 4791).
 
@@ -21,10 +24,10 @@ import (
 	"github.com/eipoib/eipoibd/ipoib"
 )
 
-// laneOf is the lane of packet pkt (IPoIB header first) sent as m: 0
-// for a group (the member socket's); for unicast by the hash of its
-// inner flow (IPs, and ports for TCP and UDP: header.FlowHash), else
-// of the QPs it goes between.
+// laneOf is the lane of packet pkt (IPoIB header first) sent as m. A
+// group's packet takes lane 0, the member socket's. A unicast one takes
+// the lane its inner flow hashes to (IPs, and ports for TCP and UDP:
+// header.FlowHash), else the hash of the QPs it goes between.
 func (p *Port) laneOf(pkt []byte, m *ipoib.TxMeta) int {
 	n := uint64(len(p.snds))
 	if n == 1 || m.Dst.GID().IsMulticast() {

@@ -45,15 +45,14 @@ func udpPacket(flow, seq int) []byte {
 }
 
 // TestSocketsSpreadFlows: between two ports of four sockets each, 16 UDP
-// flows of 8 packets, sent interleaved, arrive each packet once; each
-// flow's packets all on one socket and in the order sent (the sender
-// gives a flow one source port, and the receiver's SO_REUSEPORT hash one
-// socket); the flows over more than one socket (the 16 flows use most
-// of the sender's 8 lanes, each landing on one of the receiver's 4
-// sockets at random: all on one socket has a chance of the order of
-// 4^-6); and the port's
-// counters, per socket and summed, count exactly what each socket
-// delivered.
+// flows of 8 packets are sent interleaved. Each packet arrives once.
+// Each flow's packets all arrive on one socket, in the order sent: the
+// sender gives a flow one source port, and the receiver's SO_REUSEPORT
+// hash gives it one socket. The flows arrive over more than one socket.
+// (The 16 flows use most of the sender's 8 lanes, each landing on one of
+// the receiver's 4 sockets at random: all on one socket has a chance of
+// the order of 4^-6.) The port's counters, per socket and summed, count
+// exactly what each socket delivered.
 func TestSocketsSpreadFlows(t *testing.T) {
 	const flows, per = 16, 8
 	a, b, _, _ := pairN(t, 9000, 4, 4)
@@ -168,9 +167,9 @@ func BenchmarkSocketLanes(b *testing.B) {
 
 // TestSendOnlySockets: a port of two sockets has send-only sockets (the
 // lanes' other than the first) with the deep send buffer but the
-// smallest receive buffer, and a datagram sent to one (from the port's
-// first socket) is dropped, not queued; the receive sockets keep the
-// deep receive buffer.
+// smallest receive buffer. A datagram sent to one (from the port's first
+// socket) is dropped, not queued. The receive sockets keep the deep
+// receive buffer.
 func TestSendOnlySockets(t *testing.T) {
 	a, _, _, _ := pairN(t, 9000, 2, 1)
 	if len(a.conns) <= len(a.rx) {
@@ -210,10 +209,11 @@ func TestSendOnlySockets(t *testing.T) {
 }
 
 // TestOverflowPerSocket: each receive socket reports the kernel's count
-// of its own receive-queue drops (SO_RXQ_OVFL, a u32); the port's
-// rx_queue_overflow rises by each socket's rise, kept apart per socket
-// (a count one socket repeats adds nothing, another socket's lower count
-// is no step back), and across the u32's wrap (0xfffffffe then 1 is 3).
+// of its own receive-queue drops (SO_RXQ_OVFL, a u32). The port's
+// rx_queue_overflow rises by each socket's rise, kept apart per socket:
+// a count one socket repeats adds nothing, and another socket's lower
+// count is no step back. It also rises across the u32's wrap (0xfffffffe
+// then 1 is 3).
 func TestOverflowPerSocket(t *testing.T) {
 	p := &Port{}
 	lanes := []*rxLane{{p: p}, {p: p}}
@@ -237,10 +237,11 @@ func TestOverflowPerSocket(t *testing.T) {
 	}
 }
 
-// TestLaneOf: with eight lanes, a packet to a group takes lane 0 whatever
-// it carries; each UDP flow's packets take one lane, and 16 flows more
-// than one; a packet that is not IP takes the lane of the QPs it goes
-// between, the same for any payload, and 16 QP pairs more than one.
+// TestLaneOf: with eight lanes, a packet to a group takes lane 0
+// whatever it carries. Each UDP flow's packets take one lane, and 16
+// flows more than one. A packet that is not IP takes the lane of the QPs
+// it goes between, the same for any payload, and 16 QP pairs take more
+// than one.
 func TestLaneOf(t *testing.T) {
 	p := &Port{snds: make([]*sender, 8)}
 	uni := func(src, dst uint32) *ipoib.TxMeta {

@@ -137,10 +137,10 @@ func newReceiver(rc syscall.RawConn, msgs, size, oob int) (*receiver, error) {
 		h.Control = &r.oobs[i][0]
 	}
 	// The socket is readable when its receive queue holds a datagram
-	// (udp_poll, net/ipv4/udp.c, over datagram_poll); it is never
-	// written through r.io: the sender makes its sendmmsg in
+	// (udp_poll, net/ipv4/udp.c, over datagram_poll). It is never
+	// written through r.io. The sender makes its sendmmsg in
 	// RawConn.Write's callback, which never asks the netpoller to wait
-	// for writability, and waits for a refusal to pass itself, bounded
+	// for writability. It waits for a refusal to pass itself, bounded
 	// (retrier, write.go: ppoll or nanosleep).
 	io, err := fdio.New(rc, r.call, nil, 0)
 	if err != nil {

@@ -1,19 +1,22 @@
 // Package simfabric is the simulated InfiniBand UD fabric, eipoibd's
-// default backend: each Port is one IB port bound to an underlay interface,
-// its GID the interface's IPv6 link-local address, and every IB packet one
-// UDP datagram on port 4791 carrying a RoCEv2-style UD SEND-only (BTH,
-// DETH, IPoIB payload, ICRC). MGIDs are IPv6 multicast groups on the
-// underlay. The exact format is in docs/architecture.md; other implementations
-// interoperate with it from that text alone.
+// default backend. Each Port is one IB port bound to an underlay
+// interface, its GID the interface's IPv6 link-local address. Every IB
+// packet is one UDP datagram on port 4791 carrying a RoCEv2-style UD
+// SEND-only (BTH, DETH, IPoIB payload, ICRC). MGIDs are IPv6 multicast
+// groups on the underlay. The exact format is in docs/architecture.md;
+// other implementations interoperate with it from that text alone.
 //
 // Receive path: recvmmsg into the port's buffers (a UDP GRO train whole)
 // → Decode (opcode, TVer, ICRC, pad) → Q_Key and size → the shared
 // receive checks (ipoib.CheckRx: QPN, group, P_Key) → payload copied to
-// the caller's buffer at offset. Send path: the shared transmit checks
-// (ipoib.CheckTx) → BTH+DETH written into the headroom, pad and ICRC
-// appended → the encode hook, if one is set (faultport's corruption) →
-// sendmmsg, in UDP GSO trains when no hook is set. Every drop is counted
-// under its ipoib.Drop reason.
+// the caller's buffer at offset.
+//
+// Send path: the shared transmit checks (ipoib.CheckTx) → BTH+DETH
+// written into the headroom, pad and ICRC appended → the encode hook, if
+// one is set (faultport's corruption) → sendmmsg, in UDP GSO trains when
+// no hook is set.
+//
+// Every drop is counted under its ipoib.Drop reason.
 package simfabric
 
 import (
@@ -47,15 +50,15 @@ type Config struct {
 	// both off.
 	BusyPoll time.Duration
 	// Sockets is the number of sockets the port receives on, each read
-	// by its own caller through RxQueues, and sends from; 0 or 1 is one
-	// socket, on UDP port 4791 both ways, as before parallel receive.
-	// With more, they are bound to port 4791 together (SO_REUSEPORT),
-	// the kernel spreading datagrams over them by a hash of the
-	// sender's address and UDP source port; and the port sends from
-	// 2×Sockets lanes (the first receive socket and 2×Sockets-1 more
-	// sockets on ephemeral ports), each unicast packet from the one its
-	// inner flow hashes to, so that a peer's receive sockets see one
-	// source port per flow (see lanes.go). At most MaxSockets.
+	// by its own caller through RxQueues, and sends from. 0 or 1 is one
+	// socket, on UDP port 4791 both ways. With more, they are bound to
+	// port 4791 together (SO_REUSEPORT), and the kernel spreads
+	// datagrams over them by a hash of the sender's address and UDP
+	// source port. The port then sends from 2×Sockets lanes: the first
+	// receive socket and 2×Sockets-1 more sockets on ephemeral ports.
+	// Each unicast packet leaves from the lane its inner flow hashes to,
+	// so that a peer's receive sockets see one source port per flow (see
+	// lanes.go). At most MaxSockets.
 	Sockets int
 }
 
@@ -63,12 +66,12 @@ type Config struct {
 const MaxSockets = 32
 
 // lanesPerSocket is the number of send lanes (source ports) per receive
-// socket when there are several. Which of a peer's sockets a source
-// port lands on is the peer's secret hash: with as many ports as the
-// peer has sockets, two flows on different ports would share a socket
-// as often as not, and all the ports one socket 1 time in n^(n-1) for n
-// sockets (1 in 64 for 4). Twice as many ports spread flows more
-// evenly, for a sendmmsg per lane a batch holds packets of.
+// socket when there are several. Which of a peer's sockets a source port
+// lands on is the peer's secret hash. With as many ports as the peer has
+// sockets, two flows on different ports would share a socket as often as
+// not. All the ports would share one socket 1 time in n^(n-1) for n
+// sockets (1 in 64 for 4). Twice as many ports spread flows more evenly,
+// for a sendmmsg per lane a batch holds packets of.
 const lanesPerSocket = 2
 
 // Port is one IB port on the simulated fabric. It implements ipoib.Port
@@ -264,14 +267,14 @@ func socketOptions(fd int, ifi *net.Interface, cfg Config, rx bool, how rxSocket
 	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1); err != nil {
 		return err
 	}
-	// Deep socket buffers absorb bursts (an HCA's receive queue does
-	// the same); FORCE works as root, the plain one up to the sysctl
-	// limits otherwise. A send-only socket (a lane's other than the
-	// first) gets the deep send buffer alone: it is never read, so it
-	// takes the smallest receive buffer (sock_setsockopt clamps 0 to
-	// SOCK_MIN_RCVBUF) and a filter that drops every datagram before it
-	// is queued (sk_filter in udpv6_queue_rcv_one_skb), so that nothing
-	// sent to its port holds memory.
+	// Deep socket buffers absorb bursts, as an HCA's receive queue does.
+	// FORCE works as root, the plain one up to the sysctl limits
+	// otherwise. A send-only socket (a lane's other than the first) gets
+	// the deep send buffer alone. It is never read, so it takes the
+	// smallest receive buffer (sock_setsockopt clamps 0 to
+	// SOCK_MIN_RCVBUF). It also gets a filter that drops every datagram
+	// before it is queued (sk_filter in udpv6_queue_rcv_one_skb), so
+	// that nothing sent to its port holds memory.
 	bufs := [][2]int{{unix.SO_SNDBUFFORCE, unix.SO_SNDBUF}}
 	if rx {
 		bufs = append(bufs, [2]int{unix.SO_RCVBUFFORCE, unix.SO_RCVBUF})
@@ -332,15 +335,18 @@ func socketOptions(fd int, ifi *net.Interface, cfg Config, rx bool, how rxSocket
 
 // setBusyPoll asks the kernel to busy-poll the device's NAPI context for
 // up to d when a receive finds the socket empty (SO_BUSY_POLL, in µs),
-// and to prefer that to interrupts (SO_PREFER_BUSY_POLL). Both act only
-// on a socket whose packets came through a NAPI context with an ID
-// (sk_busy_loop needs sk_napi_id >= MIN_NAPI_ID, include/net/busy_poll.h;
-// napi_busy_loop in net/core/dev.c polls that context): a veth peer
-// without XDP or GRO delivers through netif_rx and the per-CPU backlog,
-// which has none, so on such an underlay they do nothing and only the
-// receiver's own spinning acts. Raising SO_BUSY_POLL above the
-// net.core.busy_read sysctl, and SO_PREFER_BUSY_POLL, need
-// CAP_NET_ADMIN (sk_setsockopt, net/core/sock.c).
+// and to prefer that to interrupts (SO_PREFER_BUSY_POLL).
+//
+// Both act only on a socket whose packets came through a NAPI context
+// with an ID: sk_busy_loop needs sk_napi_id >= MIN_NAPI_ID
+// (include/net/busy_poll.h), and napi_busy_loop in net/core/dev.c polls
+// that context. A veth peer without XDP or GRO delivers through netif_rx
+// and the per-CPU backlog, which has none. So on such an underlay they
+// do nothing, and only the receiver's own spinning acts.
+//
+// Raising SO_BUSY_POLL above the net.core.busy_read sysctl, and
+// SO_PREFER_BUSY_POLL, need CAP_NET_ADMIN (sk_setsockopt,
+// net/core/sock.c).
 func setBusyPoll(fd int, d time.Duration) error {
 	us := int(min(d/time.Microsecond, 1<<31-1))
 	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_BUSY_POLL, max(us, 1)); err != nil {
@@ -403,14 +409,14 @@ func (p *Port) Offloads() ipoib.Offloads {
 	return ipoib.Offloads{TSO: true, USO: true, MaxSuper: ipoib.MaxSuperPacket}
 }
 
-// SetEncodeHook installs fn, which Write calls with each packet once it is
-// encoded, ICRC included, before it is sent: body is what follows the BTH
-// and DETH (payload, pad and ICRC, so that changing any byte of it makes
-// the receiver count bad_icrc) and mcast says whether the packet goes to a
-// group. fn may change body in place; faultport's corrupt fault does. While
-// a hook is set, every packet leaves as a datagram of its own, never in a
-// UDP GSO train, so that each fault acts on single packets. nil removes
-// the hook.
+// SetEncodeHook installs fn, which Write calls with each packet once it
+// is encoded, ICRC included, before it is sent. body is what follows the
+// BTH and DETH: payload, pad and ICRC, so that changing any byte of it
+// makes the receiver count bad_icrc. mcast says whether the packet goes
+// to a group. fn may change body in place; faultport's corrupt fault
+// does. While a hook is set, every packet leaves as a datagram of its
+// own, never in a UDP GSO train, so that each fault acts on single
+// packets. nil removes the hook.
 func (p *Port) SetEncodeHook(fn func(body []byte, mcast bool)) {
 	p.wmu.Lock()
 	p.hook = fn
@@ -458,12 +464,12 @@ func (p *Port) Leave(mgid ipoib.GID) error {
 	})
 }
 
-// Counters returns a snapshot of the counters: the receive sockets'
-// summed, and with several sockets each one's received packets as
-// rx_socket_<i>_packets; of the packets sent and received, those to a
-// group as tx_multicast_packets and rx_multicast_packets (so that the
-// unicast ones of two ports can be compared: a group's packets reach
-// only the ports that joined it).
+// Counters returns a snapshot of the counters. The receive sockets'
+// counts are summed; with several sockets, each one's received packets
+// also appear as rx_socket_<i>_packets. Of the packets sent and
+// received, those to a group also appear as tx_multicast_packets and
+// rx_multicast_packets. So the unicast ones of two ports can be
+// compared: a group's packets reach only the ports that joined it.
 func (p *Port) Counters() ipoib.PortCounters {
 	c := ipoib.PortCounters{
 		TxPackets: p.txPackets.Load(), TxBytes: p.txBytes.Load(),

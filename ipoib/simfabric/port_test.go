@@ -316,10 +316,10 @@ func TestWriteAnyBatchLength(t *testing.T) {
 }
 
 // TestWriteCountsAccepted: n and tx_packets count only the packets the
-// port accepted; a packet from a QP the port did not allocate (or has
-// freed), from a QP of another partition, to an MGID with a unicast QPN,
-// or lost by a fault is counted as a drop instead, and never reaches the
-// wire.
+// port accepted. Others are counted as drops and never reach the wire.
+// They are packets from a QP the port did not allocate (or has freed) or
+// from a QP of another partition, to an MGID with a unicast QPN, or lost
+// by a fault.
 func TestWriteCountsAccepted(t *testing.T) {
 	a, b, _, _ := pair(t, 9000)
 	qa, _ := a.AllocQP(0xffff, 0)
@@ -370,10 +370,10 @@ func TestTrains(t *testing.T) {
 	qb, _ := b.AllocQP(0xffff, 0)
 	qb2, _ := b.AllocQP(0xffff, 0)
 	got := reader(b)
-	// 40 packets of 1,000 bytes to qb, 3 of 500 to qb2, one of 1,000 to
-	// qb, all to b's GID (the QPN is inside the packet): a train of 40,
-	// one of 3 (a longer packet cannot follow shorter ones) and a single
-	// datagram.
+	// 40 packets of 1,000 bytes to qb, 3 of 500 to qb2 and one of 1,000
+	// to qb, all to b's GID (the QPN is inside the packet). They leave
+	// as a train of 40, one of 3 (a longer packet cannot follow shorter
+	// ones) and a single datagram.
 	var bufs [][]byte
 	var meta []ipoib.TxMeta
 	dst := b.LocalGID()
@@ -466,10 +466,10 @@ func TestSocketPathAllocs(t *testing.T) {
 }
 
 // TestSuperPackets: a TCP super-packet is cut by the port into segments
-// that fit the IB MTU, sent as one UDP GSO train, and arrive carrying the
-// super-packet's payload with valid checksums; Write counts it as one
-// packet, the port's counters count the segments. One that does not parse
-// is refused and counted as bad_gso.
+// that fit the IB MTU and sent as one UDP GSO train. The segments arrive
+// carrying the super-packet's payload with valid checksums. Write counts
+// it as one packet; the port's counters count the segments. One that
+// does not parse is refused and counted as bad_gso.
 func TestSuperPackets(t *testing.T) {
 	a, b, _, _ := pair(t, 9000)
 	qa, _ := a.AllocQP(0xffff, 0)
@@ -606,12 +606,12 @@ func readInto(t *testing.T, p *Port, size, offset int) (payload []byte, meta ipo
 	return nil, ipoib.RxMeta{}
 }
 
-// TestAnyBuffers: the port takes the buffers ipoib.Port allows, not
-// only the ones it would like. A packet written with no capacity after
-// it (no room for pad and ICRC) leaves from the port's own copy, intact
-// and counted as sent; Read fills a buffer at any offset, 0 included,
-// and a packet larger than the buffer is dropped as oversize while the
-// next one, which fits, is read.
+// TestAnyBuffers: the port takes the buffers ipoib.Port allows, not only
+// the ones it would like. A packet written with no capacity after it (no
+// room for pad and ICRC) leaves from the port's own copy, intact and
+// counted as sent. Read fills a buffer at any offset, 0 included. A
+// packet larger than the buffer is dropped as oversize, while the next
+// one, which fits, is read.
 func TestAnyBuffers(t *testing.T) {
 	a, b, _, _ := pair(t, 9000)
 	qa, _ := a.AllocQP(0xffff, 0)

@@ -1,10 +1,12 @@
 package simfabric
 
-// The receive path: recvmmsg → inspect (addresses, flags, control
-// messages, once per datagram) → split (one packet per buffer, a merged
-// train cut into its packets) → check (decode, Q_Key, size, QP or group,
-// P_Key) in the receive buffer → payload copied to the caller's buffer
-// at offset.
+// The receive path, in order:
+//   - recvmmsg;
+//   - inspect: addresses, flags, control messages, once per datagram;
+//   - split: one packet per buffer, a merged train cut into its packets;
+//   - check, in the receive buffer: decode, Q_Key, size, QP or group,
+//     P_Key;
+//   - the payload copied to the caller's buffer at offset.
 
 import (
 	"errors"
@@ -54,10 +56,10 @@ func newRxLane(p *Port, conn *net.UDPConn, busyPoll time.Duration) (*rxLane, err
 }
 
 // Read is the first receive socket's Read (rxLane.Read). With several
-// sockets it reads that one alone: a caller that uses Read, not
-// RxQueues, gets the packets the kernel puts on the first socket (its
-// share of the unicast flows, and all multicast), and the others stay
-// queued until they overflow (counted as rx_queue_overflow).
+// sockets it reads that one alone. A caller that uses Read, not
+// RxQueues, gets the packets the kernel puts on the first socket: its
+// share of the unicast flows, and all multicast. The others stay queued
+// until they overflow (counted as rx_queue_overflow).
 func (p *Port) Read(bufs [][]byte, sizes []int, meta []ipoib.RxMeta, offset int) (int, error) {
 	return p.rx[0].Read(bufs, sizes, meta, offset)
 }
@@ -73,12 +75,12 @@ func (p *Port) RxQueues() []ipoib.RxQueue {
 }
 
 // Read receives datagrams on the lane's socket into its buffers, where
-// UDP GRO may have merged a train of them into one, checks each packet
-// there and hands out one per buffer: its IPoIB payload copied to
-// bufs[i][offset:] (the bytes before offset are not touched). Packets of
-// a merged datagram that do not fit this call's bufs wait for the next.
-// Packets that fail a check, or do not fit their buffer, are counted
-// and skipped.
+// UDP GRO may have merged a train of them into one. It checks each
+// packet there and hands out one per buffer: its IPoIB payload copied to
+// bufs[i][offset:], the bytes before offset not touched. Packets of a
+// merged datagram that do not fit this call's bufs wait for the next.
+// Packets that fail a check, or do not fit their buffer, are counted and
+// skipped.
 func (l *rxLane) Read(bufs [][]byte, sizes []int, meta []ipoib.RxMeta, offset int) (int, error) {
 	if offset < 0 {
 		return 0, fmt.Errorf("simfabric: read offset %d is negative", offset)
@@ -164,10 +166,10 @@ func (l *rxLane) inspect(data, oob []byte, flags int, sa *unix.RawSockaddrInet6)
 
 // split checks the packets of a datagram, from r.off on, copies the
 // payload of each good one into bufs at offset, and returns how many it
-// filled; it stops when bufs are full. The copy is there because a
+// filled. It stops when bufs are full. The copy is needed because a
 // receive buffer holds a whole datagram, up to a 64 KB GRO train of
-// packets, while the caller's buffers take one packet each with room in
-// front for the Ethernet header the shim puts there.
+// packets. The caller's buffers take one packet each, with room in front
+// for the Ethernet header the shim puts there.
 func (l *rxLane) split(data []byte, r *rxInfo, bufs [][]byte, sizes []int, meta []ipoib.RxMeta, offset int) int {
 	n := 0
 	for r.off < len(data) && n < len(bufs) {
@@ -182,10 +184,10 @@ func (l *rxLane) split(data []byte, r *rxInfo, bufs [][]byte, sizes []int, meta 
 }
 
 // check verifies the UDP payload b (starting with the BTH) of a datagram
-// from src, UDP port sport, to dst: decode, Q_Key, size (at most the
-// MTU and room bytes), then the shared receive checks (ipoib.CheckRx:
-// destination QP or group, P_Key). It counts a failure, or fills rm and
-// returns the payload, a view of b.
+// from src, UDP port sport, to dst. It checks decode, Q_Key and size (at
+// most the MTU and room bytes), then the shared receive checks
+// (ipoib.CheckRx: destination QP or group, P_Key). It counts a failure,
+// or fills rm and returns the payload, a view of b.
 func (l *rxLane) check(b []byte, src, dst *[16]byte, sport uint16, rm *ipoib.RxMeta, room int) ([]byte, bool) {
 	p := l.p
 	var pkt Packet

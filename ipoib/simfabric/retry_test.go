@@ -71,13 +71,13 @@ func TestRetryPassingRefusal(t *testing.T) {
 	}
 }
 
-// A refusal that lasts pauses until sendPatience has passed on the
-// clock since its first refusal, each pause the next backoff cut to the
-// time left, then returns its error; the sends after it until the next
+// A refusal that lasts pauses until sendPatience has passed on the clock
+// since its first refusal, each pause the next backoff cut to the time
+// left. Then it returns its error. The sends after it until the next
 // allow do not pause. With pauses that take what they ask, they sum to
-// the patience; with pauses that wake 300 µs late, the time left shrinks
-// by what each took (100+300, 200+300, 400+300 µs: 400 µs left for the
-// fourth, and none after it), not by what it asked.
+// the patience. With pauses that wake 300 µs late, the time left shrinks
+// by what each took, not by what it asked: 100+300, 200+300, 400+300 µs
+// leave 400 µs for the fourth, and none after it.
 func TestRetryBound(t *testing.T) {
 	µs := time.Microsecond
 	for _, c := range []struct {
@@ -136,11 +136,11 @@ func TestRetryNotPassing(t *testing.T) {
 	}
 }
 
-// The real wait allocates nothing: a send to a datagram socketpair
-// whose peer's queue is full is refused with EAGAIN, and the sender's
-// wait (ppoll for POLLOUT, which never comes) runs until the deadline;
-// ENOBUFS (given by a fake send: no socket can be made to give it)
-// sleeps (nanosleep). Each retry tries more than once, so the wait ran.
+// The real wait allocates nothing. A send to a datagram socketpair whose
+// peer's queue is full is refused with EAGAIN, and the sender's wait
+// (ppoll for POLLOUT, which never comes) runs until the deadline.
+// ENOBUFS sleeps (nanosleep); a fake send gives it, as no socket can be
+// made to. Each retry tries more than once, so the wait ran.
 func TestRetryAllocs(t *testing.T) {
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
@@ -185,13 +185,13 @@ func TestRetryAllocs(t *testing.T) {
 }
 
 // Through a port: packets the kernel refuses for good are dropped under
-// their errno's reason; one that a pause lets through arrives, counted
-// as refused and passed; trains refused with EINVAL whose packets are
+// their errno's reason. One that a pause lets through arrives, counted
+// as refused and passed. Trains refused with EINVAL whose packets are
 // refused alike (a full neighbour table) leave trains on. With four
 // sockets, each socket's sender is scripted alike: the packets leave
-// from one of them (their lane) and are retried there; and a chunk
-// spread over several lanes and refused for good pauses sendPatience
-// in all, not once per lane.
+// from one of them (their lane) and are retried there. A chunk spread
+// over several lanes and refused for good pauses sendPatience in all,
+// not once per lane.
 func TestWriteRefused(t *testing.T) {
 	for _, n := range []int{1, 4} {
 		t.Run(fmt.Sprintf("sockets=%d", n), func(t *testing.T) { writeRefused(t, n) })

@@ -13,15 +13,17 @@ import (
 
 // TestSharedChecks runs the backends' shared conformance suite over a
 // port on a veth. A packet is injected as the peer's socket would send
-// it: encoded with the metadata asked (the peer's own address as the
-// source, since the kernel writes it and the ICRC covers it) and sent to
-// the port's GID or to the MGID. A group the port has not joined is
-// joined on the underlay by another socket first, so that the kernel
-// takes the datagram in and the port's socket gets it (its
-// IPV6_MULTICAST_ALL is on by default: net/ipv6/mcast.c inet6_mc_check
-// returns np->mc_all for a group the socket has no membership of), and
-// the port's own group check is what drops it, as it does for a group
-// some other program on the host joined.
+// it: encoded with the metadata asked and sent to the port's GID or to
+// the MGID. Its source is the peer's own address, since the kernel
+// writes it and the ICRC covers it.
+//
+// A group the port has not joined is first joined on the underlay by
+// another socket. So the kernel takes the datagram in and the port's
+// socket gets it: its IPV6_MULTICAST_ALL is on by default
+// (net/ipv6/mcast.c inet6_mc_check returns np->mc_all for a group the
+// socket has no membership of). The port's own group check is then what
+// drops it, as it does for a group some other program on the host
+// joined.
 func TestSharedChecks(t *testing.T) {
 	a, b, nsA, _ := pair(t, 9000)
 	var other *net.UDPConn

@@ -23,11 +23,12 @@ func (p *Port) singles(n int) []span {
 	return s
 }
 
-// trains replaces each run of messages to one address with equal
-// lengths (the last may be shorter) by one message gathering them end to
-// end (an iovec per packet) with a UDP_SEGMENT control message: the kernel sends the train as
-// one super-datagram and cuts it into the same datagrams at the device
-// (UDP GSO), one traversal of the stack instead of one per packet.
+// trains replaces each run of messages to one address with equal lengths
+// (the last may be shorter) by one message. That message gathers them
+// end to end (an iovec per packet) with a UDP_SEGMENT control message.
+// The kernel sends the train as one super-datagram and cuts it into the
+// same datagrams at the device (UDP GSO): one traversal of the stack
+// instead of one per packet.
 func (p *Port) trains(msgs []ipv6.Message) ([]ipv6.Message, []span) {
 	out, spans := p.tmsgs[:0], p.tspan[:0]
 	nt := 0 // trains built

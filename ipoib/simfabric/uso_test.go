@@ -24,12 +24,13 @@ func udpSuper(tb testing.TB, v6 bool, payload []byte, size int, src, dst uint32,
 	return append(make([]byte, 64, 64+len(pkt)+TailRoom), pkt...), m, link
 }
 
-// TestUDPSuperPackets: the port takes UDP super-packets (Offloads.USO);
-// one is cut into its datagrams, exactly those a sender of one datagram
-// at a time would have sent (lengths, IPv4 IDs, checksums), sent as one
-// UDP GSO train; Write counts it as one packet, the port's counters the
-// datagrams. One whose datagrams do not fit the IPoIB MTU is refused and
-// counted as bad_gso, as is one for a port that would not take it.
+// TestUDPSuperPackets: the port takes UDP super-packets (Offloads.USO).
+// One is cut into its datagrams and sent as one UDP GSO train. They are
+// exactly those a sender of one datagram at a time would have sent
+// (lengths, IPv4 IDs, checksums). Write counts it as one packet, the
+// port's counters the datagrams. One whose datagrams do not fit the
+// IPoIB MTU is refused and counted as bad_gso, as is one for a port that
+// would not take it.
 func TestUDPSuperPackets(t *testing.T) {
 	a, b, _, _ := pair(t, 9000)
 	if !a.Offloads().USO {

@@ -96,10 +96,13 @@ func putU24(b []byte, v uint32) { b[0], b[1], b[2] = byte(v>>16), byte(v>>8), by
 func u24(b []byte) uint32 { return uint32(b[0])<<16 | uint32(b[1])<<8 | uint32(b[2]) }
 
 // ICRC computes the invariant CRC of IBA Annex A17 for a RoCEv2 packet
-// whose BTH, DETH, payload and pad are ib (everything but the ICRC):
-// CRC-32 over 8 bytes of 0xFF (masked LRH), the IPv6 header with traffic
-// class, flow label and hop limit all ones, the UDP header with checksum
-// 0xFFFF, and ib with the BTH reserved byte (byte 4) all ones.
+// whose BTH, DETH, payload and pad are ib (everything but the ICRC). It
+// is a CRC-32 over, in order:
+//   - 8 bytes of 0xFF (masked LRH);
+//   - the IPv6 header with traffic class, flow label and hop limit all
+//     ones;
+//   - the UDP header with checksum 0xFFFF;
+//   - ib with the BTH reserved byte (byte 4) all ones.
 func (c *Codec) ICRC(ib []byte, src, dst *[16]byte, srcPort, dstPort uint16, udpLen int) uint32 {
 	var pre [icrcPrefixSize + 5]byte
 	for i := 0; i < icrcMaskedLRH; i++ {

@@ -133,9 +133,10 @@ func FuzzDecode(f *testing.F) {
 }
 
 // TestICRCPrefixReused: one Codec, whose prefix CRC is kept from packet
-// to packet, computes the reference ICRC for a run in which each field
-// the prefix covers changes in turn (length, addresses, ports, opcode
-// byte, P_Key) and changes back, and for bytes after the prefix alone.
+// to packet, computes the reference ICRC for a run of packets. In the
+// run, each field the prefix covers changes in turn (length, addresses,
+// ports, opcode byte, P_Key) and changes back. It also computes it for
+// bytes after the prefix alone.
 func TestICRCPrefixReused(t *testing.T) {
 	var c Codec
 	body := make([]byte, 64)

@@ -75,11 +75,11 @@ func (p *Port) Write(bufs [][]byte, meta []ipoib.TxMeta, offset int) (int, error
 			continue
 		}
 		// The cut is done here, into the port's buffers, not left to the
-		// kernel's UDP GSO: each segment is an IB packet of its own,
-		// BTH and DETH in front and an ICRC behind, for which the
-		// super-packet has no room between its segments (a send from
-		// iovecs would spare the copy: 1.7 % of a TCP stream's samples
-		// in the data path's profiles).
+		// kernel's UDP GSO. Each segment is an IB packet of its own,
+		// with BTH and DETH in front and an ICRC behind, and the
+		// super-packet has no room for them between its segments. A send
+		// from iovecs would spare the copy, which is 1.7 % of a TCP
+		// stream's samples in the data path's profiles.
 		if m.GSO.StartCut(&p.cutter, b[offset:], p.mtu) != nil { // UDP: one of the port's trains when its datagrams are of one size
 			p.drops.Add(ipoib.DropBadGSO)
 			continue
@@ -280,13 +280,13 @@ func (p *Port) send(snd *sender, out []ipv6.Message, spans []span, orig []ipv6.M
 			lost(s.from, err)
 			continue
 		}
-		// The kernel may refuse GSO itself (no UDP GSO, or not with
-		// this socket or device: EIO, EINVAL, EOPNOTSUPP): trains go
-		// off for good, but only once the train's packets went one by
-		// one, since EINVAL is also ip6_finish_output2's word for a
-		// neighbour it could not make, which refuses them alike. Other
-		// errors (no buffer, link down) are passing: the train's
-		// packets go one by one this time only.
+		// The kernel may refuse GSO itself (no UDP GSO, or not with this
+		// socket or device: EIO, EINVAL, EOPNOTSUPP). Trains then go off
+		// for good, but only once the train's packets went one by one:
+		// EINVAL is also ip6_finish_output2's word for a neighbour it
+		// could not make, which refuses them alike. Other errors (no
+		// buffer, link down) are passing: the train's packets go one by
+		// one this time only.
 		gsoRefused := p.gso && (errors.Is(err, unix.EIO) || errors.Is(err, unix.EINVAL) || errors.Is(err, unix.EOPNOTSUPP))
 		went := false
 		for k := s.from; k < s.to; k++ {
@@ -307,10 +307,10 @@ func (p *Port) send(snd *sender, out []ipv6.Message, spans []span, orig []ipv6.M
 	return nil
 }
 
-// Refused sends. The kernel refuses a sendmmsg (every message, or the
-// first after those it took: __sys_sendmmsg returns the count when it
-// is not 0, the error otherwise) with an errno; what each means on this
-// socket (a non-blocking UDP socket without IPV6_RECVERR), from the
+// Refused sends. The kernel refuses a sendmmsg with an errno: every
+// message, or the first after those it took (__sys_sendmmsg returns the
+// count when it is not 0, the error otherwise). What each errno means on
+// this socket, a non-blocking UDP socket without IPV6_RECVERR, from the
 // kernel source:
 //   - EAGAIN: the send buffer is full (sock_alloc_send_pskb with no
 //     timeout). Passing: room comes back as sent datagrams are freed,
@@ -334,15 +334,15 @@ func (p *Port) send(snd *sender, out []ipv6.Message, spans []span, orig []ipv6.M
 
 // sendPatience bounds the time one send (a chunk of at most batch
 // packets) may spend pausing for refusals that may pass: a deadline
-// sendPatience after its first refusal. What can refuse for a while is
-// a full send buffer (EAGAIN: 8 MB, which drains in well under a
-// millisecond once the datagrams it holds leave) or the kernel short of
-// memory for the skb (ENOBUFS); a full qdisc or device backlog refuses
-// nothing here (see Refused sends above). 2 ms covers a consumer kept
-// off the CPU for a scheduler slice on a busy host, and is short beside
-// what a loss costs a guest (TCP's 200 ms minimum RTO, ping's 1 s), so
-// a TX worker (and the TAP frames behind it) is never held longer than
-// a retransmission would take.
+// sendPatience after its first refusal. What can refuse for a while is a
+// full send buffer (EAGAIN: 8 MB, which drains in well under a
+// millisecond once its datagrams leave) or the kernel short of memory
+// for the skb (ENOBUFS). A full qdisc or device backlog refuses nothing
+// here (see Refused sends above). 2 ms covers a consumer kept off the
+// CPU for a scheduler slice on a busy host. It is short beside what a
+// loss costs a guest (TCP's 200 ms minimum RTO, ping's 1 s). So a TX
+// worker, and the TAP frames behind it, is never held longer than a
+// retransmission would take.
 const sendPatience = 2 * time.Millisecond
 
 // firstPause is the first pause after a refusal; each next one doubles.
@@ -385,10 +385,10 @@ func refusalOf(err error) refusal {
 	return refusedOther
 }
 
-// budget is the time the sends of one chunk may pause in all: one for
-// the port, shared by the senders of all its lanes, since what refuses
+// budget is the time the sends of one chunk may pause in all. There is
+// one for the port, shared by the senders of all its lanes: what refuses
 // is mostly host-wide (ENOBUFS: the kernel short of memory), and a TX
-// worker holds the port's send lock while it waits; a budget per lane
+// worker holds the port's send lock while it waits. A budget per lane
 // would let a chunk wait the patience once per lane.
 type budget struct {
 	patience time.Duration // what allow gave
@@ -452,14 +452,14 @@ func (t *retrier) retry(fd uintptr) (int, error) {
 	}
 }
 
-// wait waits up to d for r to pass: for EAGAIN until the socket is
-// writable (ppoll for POLLOUT, which sock_def_write_space raises once
-// sent datagrams free half the send buffer); for ENOBUFS, which no
-// socket event ends, d. Both are system calls with a nanosecond timeout
-// (an hrtimer, give or take the thread's timer slack) that allocate
-// nothing; time.Sleep is not used: the runtime's timers wake here no
-// finer than about a millisecond (netpoll's epoll_pwait takes whole
-// milliseconds), so five pauses of 100–800 µs took some 5 ms.
+// wait waits up to d for r to pass. For EAGAIN it waits until the socket
+// is writable: ppoll for POLLOUT, which sock_def_write_space raises once
+// sent datagrams free half the send buffer. For ENOBUFS, which no socket
+// event ends, it waits d. Both are system calls with a nanosecond
+// timeout (an hrtimer, give or take the thread's timer slack) that
+// allocate nothing. time.Sleep is not used: the runtime's timers wake
+// here no finer than about a millisecond, as netpoll's epoll_pwait takes
+// whole milliseconds. Five pauses of 100–800 µs took some 5 ms with it.
 func (t *retrier) wait(fd uintptr, r refusal, d time.Duration) {
 	t.ts = unix.NsecToTimespec(d.Nanoseconds())
 	if r != refusedAgain {

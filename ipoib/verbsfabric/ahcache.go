@@ -8,17 +8,19 @@ import (
 
 // The address handle cache. The send path looks a destination's handle
 // up per packet, and the receive path asks for the sender's per packet
-// (so that the reply finds it made): both read without a lock. The
-// cache is ahShards immutable maps, each replaced copy on write by the
-// control side (the resolver, a new destination, a flush, an eviction),
-// which holds ahMu; a change copies one shard, not the whole cache.
-// Entries are immutable once published but for their CLOCK reference
-// bit: a resolution's result replaces its pending entry with a ready or
-// a failed one. Eviction is CLOCK (second chance) over a ring of the
-// ready unicast entries: a lookup sets the entry's bit (a store only when
-// it is clear), the hand clears set bits and evicts the first clear one,
-// so an eviction is amortised O(1), never a scan of the cache for the
-// oldest.
+// so that the reply finds it made. Both read without a lock.
+//
+// The cache is ahShards immutable maps. The control side (the resolver,
+// a new destination, a flush, an eviction) holds ahMu and replaces a
+// shard copy on write, so a change copies one shard, not the whole
+// cache. Entries are immutable once published, but for their CLOCK
+// reference bit. A resolution's result replaces its pending entry with a
+// ready or a failed one.
+//
+// Eviction is CLOCK (second chance) over a ring of the ready unicast
+// entries. A lookup sets the entry's bit, with a store only when it is
+// clear. The hand clears set bits and evicts the first clear one. So an
+// eviction is amortised O(1), never a scan of the cache for the oldest.
 
 // ahShards is the number of shards of the cache (a power of 2).
 const ahShards = 256

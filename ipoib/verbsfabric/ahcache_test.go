@@ -14,9 +14,10 @@ func keyN(n int) ahKey {
 }
 
 // TestAHCacheClock: eviction takes a ready unicast handle whose bit is
-// clear, giving each used one a second chance; it never takes a group's
-// handle or a resolution under way, skips slots made stale by a delete
-// or a replacement, and the ring stays bounded as entries come and go.
+// clear, giving each used one a second chance. It never takes a group's
+// handle or a resolution under way. It skips slots made stale by a
+// delete or a replacement. The ring stays bounded as entries come and
+// go.
 func TestAHCacheClock(t *testing.T) {
 	c := newAHCache()
 	mc := ahKey{ipoib.BroadcastMGID(0xffff, ipoib.ScopeLinkLocal), 0xffff}

@@ -76,12 +76,12 @@ func (r *cmRoutes) add(key saKey) (uint64, *cmJoin) {
 	return r.uid, j
 }
 
-// route hands the event of id uid on: the first to its join (which
-// waits for it), a later MULTICAST_ERROR of a membership to the Port,
-// the rest (ids left or replaced, and their errors) nowhere. A
-// MULTICAST_ERROR that comes after the MULTICAST_JOIN but before join
-// has made the id current (it asks a path record for the MTU in
-// between) is the Port's too: dropped, the port would believe itself a
+// route hands the event of id uid on. The first goes to its join, which
+// waits for it. A later MULTICAST_ERROR of a membership goes to the
+// Port. The rest (ids left or replaced, and their errors) go nowhere. A
+// MULTICAST_ERROR may come after the MULTICAST_JOIN but before join has
+// made the id current (it asks a path record for the MTU in between).
+// That error is the Port's too: dropped, the port would believe itself a
 // member of a group the kernel dropped, and never rejoin.
 func (r *cmRoutes) route(uid uint64, e cmEvent) {
 	r.mu.Lock()
@@ -177,12 +177,13 @@ func errNoJoinAnswer(mgid ipoib.GID) error {
 }
 
 // joinAnswer is what the first event of a join of mgid's id (named name,
-// rdma_event_str) makes of the join: for RDMA_CM_EVENT_MULTICAST_JOIN
+// rdma_event_str) makes of the join. RDMA_CM_EVENT_MULTICAST_JOIN gives
 // the group's MLID, SL and Q_Key (cma_make_mc_event: ah_attr and
-// param.ud); for RDMA_CM_EVENT_MULTICAST_ERROR a refusal (errJoinRefused)
-// with the event's status as its errno: -EINVAL for an SA's answer with a
-// MAD status (sa_query.c recv_handler) or for a group whose Q_Key is not
-// the id's (cma_set_qkey); for any other event its status.
+// param.ud). RDMA_CM_EVENT_MULTICAST_ERROR gives a refusal
+// (errJoinRefused) with the event's status as its errno. That is -EINVAL
+// for an SA's answer with a MAD status (sa_query.c recv_handler) or for
+// a group whose Q_Key is not the id's (cma_set_qkey). Any other event
+// gives its status.
 func joinAnswer(mgid ipoib.GID, ev cmEvent, name string) (mcMember, error) {
 	if ev.kind == cmJoined {
 		return mcMember{mlid: ev.dlid, sl: ev.sl, qkey: ev.qkey}, nil

@@ -8,12 +8,12 @@ import (
 	"github.com/eipoib/eipoibd/internal/testutil"
 )
 
-// TestCMRoutes: the routing of join ids' events (ibvSA's reader). A
-// join gets its id's first event whatever it is; a MULTICAST_ERROR of a
+// TestCMRoutes: the routing of join ids' events (ibvSA's reader). A join
+// gets its id's first event whatever it is. A MULTICAST_ERROR of a
 // membership goes to the Port, also one that comes while its join is
-// still asking the MTU (after MULTICAST_JOIN, before the id is
-// current); errors of ids that never joined, were replaced or were left
-// go nowhere.
+// still asking the MTU (after MULTICAST_JOIN, before the id is current).
+// Errors of ids that never joined, were replaced or were left go
+// nowhere.
 func TestCMRoutes(t *testing.T) {
 	r := newCMRoutes()
 	g := testutil.GID("ff12:401b:ffff::506:708")

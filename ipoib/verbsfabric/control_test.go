@@ -20,7 +20,7 @@ import (
 )
 
 // The tests of the control side's ordering and locking: each drives the
-// port through the fake SA into the state a review found mishandled.
+// port through the fake SA into an interleaving it must survive.
 
 // otherGroup is a group of partition 0xFFFF no test has joined.
 var otherGroup = testutil.GID("ff12:401b:ffff::506:708")
@@ -127,14 +127,13 @@ func joinsSince(sa *fakeSA, n int) int {
 	return len(sa.joined) - n
 }
 
-// TestLostMembershipNotJoinedWhileDown: while the port is down, neither
-// the resolver making a group's address handle (its send-only join)
-// nor a Join of the group joins a lost membership: both are refused
-// with reason port_down, the SA is asked nothing, and the membership
-// stays lost with its group QP for PORT_ACTIVE's flush. (The resolver
-// did join it, as a full member, when a handle request queued before
-// the MULTICAST_ERROR ran after it: the flake of
-// TestMulticastErrorWhileDownWaitsForActive.)
+// TestLostMembershipNotJoinedWhileDown: while the port is down, a lost
+// membership is joined neither by the resolver making a group's address
+// handle (its send-only join) nor by a Join of the group. Both are
+// refused with reason port_down, and the SA is asked nothing. The
+// membership stays lost with its group QP for PORT_ACTIVE's flush. A
+// handle request queued before the MULTICAST_ERROR and run after it must
+// not join it as a full member.
 func TestLostMembershipNotJoinedWhileDown(t *testing.T) {
 	n, _, _, g := groupSetup(t, newSM())
 	gq := groupQPOf(n.p1, 0xffff)
@@ -233,10 +232,10 @@ func TestFlushDropsHandlesMadeBeforeRejoin(t *testing.T) {
 	})
 }
 
-// TestEvictionWaitsForQueuedSends: an address handle evicted from a
-// full cache while a send on it is not complete is destroyed only once
-// its completion is reaped (the fake counts a handle destroyed with a
-// send outstanding, as rxe would use it when the send runs).
+// TestEvictionWaitsForQueuedSends: an address handle evicted from a full
+// cache while a send on it is not complete is destroyed only once its
+// completion is reaped. The fake counts a handle destroyed with a send
+// outstanding, as rxe would use it when the send runs.
 func TestEvictionWaitsForQueuedSends(t *testing.T) {
 	l := newLink(t)
 	send(t, l.p1, l.q1, 0xffff, ipoib.MakeHwAddr(0, l.q2, gid2), 100, 1)
@@ -300,13 +299,13 @@ func TestCloseWaitsForControlCalls(t *testing.T) {
 	}
 }
 
-// TestGroupMTUFallbackCounted: an SA that gives no MTU for the
-// broadcast group (the path record query to the MGID fails) on a
-// 4096-byte port whose partition's group has MTU 2048: the partition
-// takes the MTU the kernel's IPoIB interface shows for the group (2044,
-// ipoib_mcast_join_finish and ipoib_mcast_carrier_on_task), so 2048,
-// not the port's 4096, and a 2049-byte packet is refused; counted in
-// group_mtu_fallbacks at each join and logged once per group.
+// TestGroupMTUFallbackCounted: an SA gives no MTU for the broadcast
+// group (the path record query to the MGID fails), on a 4096-byte port
+// whose partition's group has MTU 2048. The partition takes the MTU the
+// kernel's IPoIB interface shows for the group (2044,
+// ipoib_mcast_join_finish and ipoib_mcast_carrier_on_task), so 2048, not
+// the port's 4096. A 2049-byte packet is refused. The fallback is
+// counted in group_mtu_fallbacks at each join and logged once per group.
 func TestGroupMTUFallbackCounted(t *testing.T) {
 	sm := newSM()
 	sm.mtu, sm.noPathMTU = 2048, true
@@ -386,10 +385,10 @@ func TestJoinQKeyMismatch(t *testing.T) {
 }
 
 // TestFreeQPWaitsForBatch: FreeQP takes the QP out of the table only
-// between batches (txMu) and destroys it on the device after the batch
-// under way has ended: the fake's destroy hook records whether txMu was
+// between batches (txMu), and destroys it on the device after the batch
+// under way has ended. The fake's destroy hook records whether txMu was
 // held and the QP still in the table. The test holds txMu as a batch
-// does and lets it go once FreeQP is blocked on it, or has reached the
+// does. It lets it go once FreeQP is blocked on it, or has reached the
 // device without waiting (the failure the hook records).
 func TestFreeQPWaitsForBatch(t *testing.T) {
 	l := newLink(t)
@@ -437,9 +436,9 @@ func TestFreeQPWaitsForBatch(t *testing.T) {
 // TestFreedQPKeepsItsSlots: the send slots of a freed QP whose sends
 // have not completed stay in use until the device has destroyed it.
 // While FreeQP waits for the device, a ring's worth of another QP's
-// sends never takes one (the fake counts a slot taken while the device
-// may still read it); the four that find the ring full are dropped and
-// counted, and once the QP is destroyed its slots are free.
+// sends never takes one; the fake counts a slot taken while the device
+// may still read it. The four that find the ring full are dropped and
+// counted. Once the QP is destroyed its slots are free.
 func TestFreedQPKeepsItsSlots(t *testing.T) {
 	l := newLink(t)
 	p, d := l.p1, l.d1
@@ -492,14 +491,15 @@ func TestFreedQPKeepsItsSlots(t *testing.T) {
 	}
 }
 
-// TestFlushPendingAfterFlush: a packet held for its destination's
-// address handle is not sent on the handle the resolver made when a
-// flush dropped it between the resolver publishing it and sending what
-// waited (the flush destroys it at once, no send being outstanding):
-// it is dropped and counted as no_address_handle, no send fails and no
-// handle is destroyed under a send. Hooks force the interleaving: the
-// fake's createAH holds the resolver until the test holds txMu, and the
-// flush runs once the resolver is blocked on txMu in flushPending.
+// TestFlushPendingAfterFlush: a packet waits for its destination's
+// address handle. A flush drops the handle between the resolver
+// publishing it and sending what waited; with no send outstanding, the
+// flush destroys it at once. The packet is then not sent on the handle
+// the resolver made. It is dropped and counted as no_address_handle, no
+// send fails and no handle is destroyed under a send. Hooks force the
+// interleaving: the fake's createAH holds the resolver until the test
+// holds txMu, and the flush runs once the resolver is blocked on txMu in
+// flushPending.
 func TestFlushPendingAfterFlush(t *testing.T) {
 	l := newLink(t)
 	p, d := l.p1, l.d1
@@ -541,13 +541,13 @@ func TestFlushPendingAfterFlush(t *testing.T) {
 	}
 }
 
-// TestEvictionMidBatch: a handle evicted while a batch is under way,
-// after a packet looked it up and before that packet is queued (the
+// TestEvictionMidBatch: a handle is evicted while a batch is under way,
+// after a packet looked it up and before that packet is queued. (The
 // fake's pollSend hook evicts it from the reap that slot runs when the
-// ring is full), is not destroyed under the packet: eviction marks are
-// taken at a batch's start only. The old code marked it mid-batch,
-// buried it once the earlier slots were free, and posted the packet on
-// the destroyed handle.
+// ring is full.) It is not destroyed under the packet: eviction marks
+// are taken at a batch's start only. A mark taken mid-batch would bury
+// the handle once the earlier slots were free, and the packet would be
+// posted on the destroyed handle.
 func TestEvictionMidBatch(t *testing.T) {
 	l := newLink(t)
 	p, d := l.p1, l.d1

@@ -364,10 +364,10 @@ func (p *Port) rejoiner() {
 
 // resolver makes address handles off the hot path, then sends what
 // waited for them. resolvers of them run at once, each taking the next
-// destination: on IB each resolution asks the SA (a path record waits
-// up to 2 × 2 s, a send-only join 4 s), and one destination whose
-// answer is slow must not hold up every new one. Joins still take ctlMu
-// one at a time (as the SA work of the port does); path records do not.
+// destination. On IB each resolution asks the SA: a path record waits up
+// to 2 × 2 s, a send-only join 4 s. One destination whose answer is slow
+// must not hold up every new one. Joins still take ctlMu one at a time,
+// as the SA work of the port does; path records do not.
 func (p *Port) resolver() {
 	defer p.wg.Done()
 	for {
@@ -421,11 +421,11 @@ func (p *Port) resolveOne(key ahKey) {
 	p.flushPending(key)
 }
 
-// makeAH makes key's address handle. Every packet carries a GRH (on IB
-// too, so that receivers learn the source GID); on IB the DLID and SL
-// come from a path record in the sending QP's partition, or for a group
-// from its SA membership (a send-only one is made here when the port is
-// not a member).
+// makeAH makes key's address handle. Every packet carries a GRH, on IB
+// too, so that receivers learn the source GID. On IB the DLID and SL
+// come from a path record in the sending QP's partition. For a group
+// they come from its SA membership; a send-only one is made here when
+// the port is not a member.
 func (p *Port) makeAH(key ahKey) (handle, error) {
 	pa := path{gid: key.gid, global: true}
 	if p.sa != nil {
@@ -455,16 +455,16 @@ func (p *Port) makeAH(key ahKey) (handle, error) {
 }
 
 // flushPending sends what waited for key on the handle the cache holds
-// for it now, under txMu: not on the one the resolver made, which a
-// flush (flushAHs) or an eviction may have dropped since the resolver
-// let ahMu go; a flush buries it at once when no send is outstanding,
-// and a send queued after the flush's mark would run on a destroyed
-// handle (rxe looks the handle up when the send executes). Under txMu
-// no flush runs, and a handle evicted from here on reaches the dead
-// list only at the next batch's start (takeEvicted), past these sends.
-// Packets whose key is being resolved again stay held; with no handle
-// (the resolution failed, or the entry was flushed or evicted) they are
-// dropped and counted.
+// for it now, under txMu. It does not use the one the resolver made: a
+// flush (flushAHs) or an eviction may have dropped that since the
+// resolver let ahMu go. A flush buries a handle at once when no send is
+// outstanding, and a send queued after the flush's mark would run on a
+// destroyed handle (rxe looks the handle up when the send executes).
+// Under txMu no flush runs. A handle evicted from here on reaches the
+// dead list only at the next batch's start (takeEvicted), past these
+// sends. Packets whose key is being resolved again stay held. With no
+// handle (the resolution failed, or the entry was flushed or evicted)
+// they are dropped and counted.
 func (p *Port) flushPending(key ahKey) {
 	p.txMu.Lock()
 	defer p.txMu.Unlock()
@@ -500,16 +500,16 @@ func (p *Port) flushPending(key ahKey) {
 	p.post()
 }
 
-// receiver keeps the shared receive queue full whatever the reader
-// does: UD has no RNR (a packet that finds no buffer posted is lost in
-// the HCA, uncounted here), so buffers are reposted as soon as their
+// receiver keeps the shared receive queue full whatever the reader does.
+// UD has no RNR: a packet that finds no buffer posted is lost in the
+// HCA, uncounted here. So buffers are reposted as soon as their
 // completions are taken, not when Read has copied them out. Each
 // completion takes a spare buffer, which replaces it on the SRQ, and
-// waits in the ready queue for Read; when the reader has fallen so far
-// behind that no spare is left (the ready queue holds depth packets),
-// the new packet's own buffer goes straight back to the SRQ and the
-// packet is dropped and counted (rx_queue_full), as a NIC's ring drops
-// at its tail. A failure of the device ends it; Read then returns the
+// waits in the ready queue for Read. The reader may fall so far behind
+// that no spare is left (the ready queue holds depth packets). Then the
+// new packet's own buffer goes straight back to the SRQ, and the packet
+// is dropped and counted (rx_queue_full), as a NIC's ring drops at its
+// tail. A failure of the device ends receiver; Read then returns the
 // error once the ready queue is empty.
 func (p *Port) receiver() {
 	defer p.wg.Done()
@@ -618,10 +618,10 @@ func (p *Port) take(d recvDone, dst []byte, size *int, m *ipoib.RxMeta) bool {
 		p.drops.Add(ipoib.DropTruncated)
 		return false
 	}
-	// The buffer always starts with the GRH's 40 bytes; without a GRH
-	// (IB unicast from a sender that sends none, as kernel IPoIB does)
-	// they are undefined, and the source GID is the one last seen behind
-	// the completion's SLID (lids.go).
+	// The buffer always starts with the GRH's 40 bytes. Without a GRH
+	// they are undefined (IB unicast from a sender that sends none, as
+	// kernel IPoIB does). The source GID is then the one last seen
+	// behind the completion's SLID (lids.go).
 	b := p.dev.recvBuf(d.buf)[:d.len]
 	var src, dgid ipoib.GID
 	named := d.grh

@@ -234,9 +234,9 @@ type ipoibBind struct {
 
 // mcMember is a join's MULTICAST_JOIN event data: the group's MLID and
 // SL (event.param.ud.ah_attr), its Q_Key (event.param.ud.qkey) and its
-// MTU in bytes (0 when the SA gave none); ifaceMTU is the IB MTU the
-// IPoIB interface the join was bound to shows for its broadcast group
-// (ifaceGroupMTU; 0: it shows none).
+// MTU in bytes (0 when the SA gave none). ifaceMTU is the IB MTU that
+// the IPoIB interface the join was bound to shows for its broadcast
+// group (ifaceGroupMTU; 0: it shows none).
 type mcMember struct {
 	mlid     uint16
 	sl       uint8
@@ -246,16 +246,16 @@ type mcMember struct {
 }
 
 // ifaceGroupMTU is the IB MTU of a partition's broadcast group as the
-// kernel's IPoIB interface in it shows it: ipoib_mcast_join_finish sets
+// kernel's IPoIB interface in it shows it. ipoib_mcast_join_finish sets
 // priv->mcast_mtu to IPOIB_UD_MTU of the group's MTU (4 bytes less, the
-// IPoIB header), and ipoib_mcast_carrier_on_task sets the interface MTU
-// to min(mcast_mtu, admin_mtu) before the carrier comes on, in
-// datagram mode only (in connected mode the MTU is the CM's). So a
-// datagram-mode interface's MTU is at most the group's: the largest IB
-// MTU the backend supports whose IPoIB MTU fits in it is at most the
-// group's (an administrator's smaller MTU makes it smaller, never
-// larger). 0 when the interface tells nothing: connected mode, or an
-// MTU below 2044.
+// IPoIB header). In datagram mode only, ipoib_mcast_carrier_on_task sets
+// the interface MTU to min(mcast_mtu, admin_mtu) before the carrier
+// comes on; in connected mode the MTU is the CM's. So a datagram-mode
+// interface's MTU is at most the group's. The largest IB MTU the backend
+// supports whose IPoIB MTU fits in it is then at most the group's; an
+// administrator's smaller MTU makes it smaller, never larger. It is 0
+// when the interface tells nothing: connected mode, or an MTU below
+// 2044.
 func ifaceGroupMTU(b ipoibBind) int {
 	switch {
 	case b.connected:
@@ -324,11 +324,12 @@ const grhLen = 40
 // RoCE v2 IPv4 form.
 var errGRH = errors.New("verbsfabric: bad GRH")
 
-// parseGRH returns the source and destination GIDs of a received packet's
-// GRH: on IB and RoCE v2 over IPv6 the 40 bytes are the GRH/IPv6 header
-// (IP version 6, SGID at 8, DGID at 24); RoCE v2 over IPv4 leaves 20 bytes
-// of zeros and the IPv4 header, whose addresses become IPv4-mapped GIDs
-// (rdma-core's ibv_init_ah_from_wc does the same).
+// parseGRH returns the source and destination GIDs of a received
+// packet's GRH. On IB and RoCE v2 over IPv6 the 40 bytes are the
+// GRH/IPv6 header (IP version 6, SGID at 8, DGID at 24). RoCE v2 over
+// IPv4 leaves 20 bytes of zeros and the IPv4 header, whose addresses
+// become IPv4-mapped GIDs (rdma-core's ibv_init_ah_from_wc does the
+// same).
 func parseGRH(b []byte) (src, dst ipoib.GID, err error) {
 	if len(b) < grhLen {
 		return src, dst, errGRH
@@ -386,10 +387,11 @@ func ParseDevice(s string) (name string, port int, err error) {
 }
 
 // noDevice is the error for a verbs device name libibverbs could not
-// find (ENODEV), or could not list at all (ENOSYS: find_sysfs_devs and
-// check_abi_version in rdma-core's libibverbs/init.c answer that when
-// there is no /sys/class/infiniband_verbs, as without ib_uverbs or any
-// RDMA driver): it names the RDMA devices listed in sysDir.
+// find (ENODEV), or could not list at all. It names the RDMA devices
+// listed in sysDir. ENOSYS means there is no
+// /sys/class/infiniband_verbs, as without ib_uverbs or any RDMA driver:
+// find_sysfs_devs and check_abi_version in rdma-core's libibverbs/init.c
+// answer it then.
 func noDevice(name, sysDir string) error {
 	ents, _ := os.ReadDir(sysDir)
 	var have []string

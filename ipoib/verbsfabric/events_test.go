@@ -26,11 +26,11 @@ func TestEventsRoCE(t *testing.T) {
 }
 
 // TestEventsIB: on InfiniBand a partition's MTU is reported from its
-// broadcast group's join (2048 on 4096-byte ports) and again when the
-// SM restarted with another MTU and the port rejoined
-// (CLIENT_REREGISTER); a reader that does not read never blocks the
-// async event loop, and the link changes it missed come coalesced, the
-// last one the port's state.
+// broadcast group's join (2048 on 4096-byte ports). It is reported again
+// when the SM restarted with another MTU and the port rejoined
+// (CLIENT_REREGISTER). A reader that does not read never blocks the
+// async event loop. The link changes it missed come coalesced, the last
+// one the port's state.
 func TestEventsIB(t *testing.T) {
 	sm := newSM()
 	sm.mtu = 2048
@@ -60,9 +60,9 @@ func TestEventsIB(t *testing.T) {
 	}
 }
 
-// TestEventsOtherPort: a port opened as fake0:2 uses port 2; the device
+// TestEventsOtherPort: a port opened as fake0:2 uses port 2. The device
 // context reports every port's events (ibv_get_async_event gives each
-// its element.port_num), and those of port 1, a PORT_ERR included, are
+// its element.port_num). Those of port 1, a PORT_ERR included, are
 // counted and change nothing: the link stays up until port 2's own
 // PORT_ERR.
 func TestEventsOtherPort(t *testing.T) {

@@ -8,17 +8,21 @@ import (
 )
 
 // fakeHub is an in-memory fabric of fake verbs devices, each with the
-// semantics ibv.go relies on: a shared receive queue per device, the
-// 40-byte GRH in front of every received packet, completions only for
-// signalled sends, multicast to every attached QP (the sender's device
-// included), unicast lost when the QPN does not exist, and a UD packet
-// whose Q_Key is not the receiving QP's dropped (IBA 10.2.4: the Q_Key
-// check of a UD receive). Devices opened with openerIB have an IB link
-// layer and a fakeSA. Every completion reports the sender's LID (its
-// SM's, 0 on RoCE). With noGRH set, unicast arrives without a GRH, as
-// from a Linux IPoIB sender inside a subnet (sa_query.c
-// ib_init_ah_attr_from_path makes a GRH only when the path's hop_limit is
-// above 0, and OpenSM answers 0 there); multicast always has one.
+// semantics ibv.go relies on:
+//   - a shared receive queue per device;
+//   - the 40-byte GRH in front of every received packet;
+//   - completions only for signalled sends;
+//   - multicast to every attached QP, the sender's device included;
+//   - unicast lost when the QPN does not exist;
+//   - a UD packet whose Q_Key is not the receiving QP's dropped (IBA
+//     10.2.4: the Q_Key check of a UD receive).
+//
+// Devices opened with openerIB have an IB link layer and a fakeSA. Every
+// completion reports the sender's LID (its SM's, 0 on RoCE). With noGRH
+// set, unicast arrives without a GRH, as from a Linux IPoIB sender
+// inside a subnet; multicast always has one. (sa_query.c
+// ib_init_ah_attr_from_path makes a GRH only when the path's hop_limit
+// is above 0, and OpenSM answers 0 there.)
 type fakeHub struct {
 	mu    sync.Mutex
 	devs  map[ipoib.GID]*fakeDev
@@ -65,11 +69,11 @@ type fakeDev struct {
 	qpLate            int
 	// destroyHook, when set (under mu), runs as destroyQP begins.
 	destroyHook func(qpn uint32)
-	// holdQPN's send completions are withheld: its sends stay under
-	// way. busy is the send slots under way (posted, not reaped and
-	// their QP not destroyed) with their QP and work request; a slot
-	// the port takes (sendBuf) while under way is counted in
-	// overwrites: the device may still be reading it.
+	// holdQPN's send completions are withheld: its sends stay under way.
+	// busy is the send slots under way (posted, not reaped and their QP
+	// not destroyed) with their QP and work request. A slot the port
+	// takes (sendBuf) while under way is counted in overwrites: the
+	// device may still be reading it.
 	holdQPN    uint32
 	busy       map[int]busySlot
 	overwrites int
@@ -332,9 +336,9 @@ func (d *fakeDev) lid() uint16 {
 }
 
 // deliver puts one packet from LID slid, with its GRH or without, into a
-// posted receive buffer (or loses it when none is posted, as an HCA
-// would); a packet for a QP that does not exist, or whose Q_Key is not
-// the QP's, is dropped.
+// posted receive buffer. It loses the packet when no buffer is posted,
+// as an HCA would. A packet for a QP that does not exist, or whose Q_Key
+// is not the QP's, is dropped.
 func (d *fakeDev) deliver(src, dst ipoib.GID, srcQPN, qpn, qkey uint32, data []byte, slid uint16, grh bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()

@@ -139,9 +139,9 @@ func (sm *fakeSM) lid(gid ipoib.GID) uint16 {
 	return 0
 }
 
-// restart is the SM restarting with another configuration: the ports get
-// new LIDs, the SA forgets its groups, the hosts' IPoIB rejoin their
-// broadcast groups (created again with the new Q_Key and MTU), and every
+// restart is the SM restarting with another configuration. The ports get
+// new LIDs and the SA forgets its groups. The hosts' IPoIB rejoin their
+// broadcast groups, created again with the new Q_Key and MTU. Every
 // rdma_cm membership gets a MULTICAST_ERROR (-ENETRESET), as
 // multicast.c's mcast_event_handler makes mcast_groups_event report to
 // each member on CLIENT_REREGISTER. The caller raises the devices'
@@ -198,10 +198,10 @@ func cmaSelectIBPS(ps portSpace) error {
 }
 
 // pathRecord is rdma_resolve_addr then rdma_resolve_route on a fresh id
-// with AF_IB addresses: rdma_bind_addr of the source (cma_get_port →
-// cma_select_ib_ps), then cma_query_ib_route, whose path record query
-// takes the SGID, the DGID and the P_Key from the source sockaddr_ib
-// (cma_translate_ib → dev_addr) and the service ID from the destination
+// with AF_IB addresses. rdma_bind_addr binds the source (cma_get_port →
+// cma_select_ib_ps). Then cma_query_ib_route's path record query takes
+// the SGID, the DGID and the P_Key from the source sockaddr_ib
+// (cma_translate_ib → dev_addr), and the service ID from the destination
 // (rdma_get_service_id). The SA answers as OpenSM's path record code
 // does: both ports must be in the partition and one of them a full
 // member (osm_physp_share_pkey).

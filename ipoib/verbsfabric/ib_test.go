@@ -117,10 +117,10 @@ func TestItem5PathRecordPortSpace(t *testing.T) {
 	}
 }
 
-// TestItem6JoinNeedsIPoIBInterface: a join's id is bound to the address
-// of the host's IPoIB interface in the group's partition with
-// RDMA_PS_IPOIB; without such an interface the port says what to
-// create; and the fake refuses a join whose bound interface's broadcast
+// TestItem6JoinNeedsIPoIBInterface: a join's id is bound with
+// RDMA_PS_IPOIB to the address of the host's IPoIB interface in the
+// group's partition. Without such an interface the port says what to
+// create. The fake refuses a join whose bound interface's broadcast
 // group the port has not joined (cma_join_ib_multicast:
 // ib_sa_get_mcmember_rec → -EADDRNOTAVAIL).
 func TestItem6JoinNeedsIPoIBInterface(t *testing.T) {
@@ -153,12 +153,12 @@ func TestItem6JoinNeedsIPoIBInterface(t *testing.T) {
 	}
 }
 
-// TestPickIPoIB: the interface is chosen by port GID and partition, an
-// IPv4 address first, an IPv6 link-local one with its zone; of several
-// in a partition the first that is up, has joined its broadcast group
-// (operstate up: the carrier) and has an address, not merely the first;
-// a missing interface, or one down, not joined or without an address,
-// is an error saying what to do.
+// TestPickIPoIB: the interface is chosen by port GID and partition, with
+// an IPv4 address first, else an IPv6 link-local one with its zone. Of
+// several in a partition, it is the first that is up, has joined its
+// broadcast group (operstate up: the carrier) and has an address, not
+// merely the first. A missing interface, or one down, not joined or
+// without an address, is an error saying what to do.
 func TestPickIPoIB(t *testing.T) {
 	hw := func(g ipoib.GID) []byte { return append([]byte{0, 0, 0, 0x48}, g[:]...) }
 	bc := func(pk ipoib.PKey) []byte {
@@ -203,10 +203,10 @@ func TestPickIPoIB(t *testing.T) {
 	}
 }
 
-// TestItem7QKeyAndMTUFromBroadcastGroup: an SM whose broadcast group has
-// Q_Key 0x00C0FFEE and MTU 2048 on 4096-byte ports: the QPs take that
-// Q_Key and use it as the remote Q_Key (the fake drops a packet whose
-// Q_Key is not the receiving QP's), and the partition's MTU is 2048.
+// TestItem7QKeyAndMTUFromBroadcastGroup: an SM's broadcast group has
+// Q_Key 0x00C0FFEE and MTU 2048 on 4096-byte ports. The QPs take that
+// Q_Key and use it as the remote Q_Key; the fake drops a packet whose
+// Q_Key is not the receiving QP's. The partition's MTU is 2048.
 func TestItem7QKeyAndMTUFromBroadcastGroup(t *testing.T) {
 	sm := newSM()
 	sm.qkey, sm.mtu = 0x00C0FFEE, 2048
@@ -238,10 +238,10 @@ func TestItem7QKeyAndMTUFromBroadcastGroup(t *testing.T) {
 }
 
 // TestItem8PartitionsSeparatePaths: with the limited default P_Key at
-// index 0 (as SR-IOV functions have it) and partitions 0xFFFF and 0x8001,
-// each QP's path is asked in its own partition: two address handles to
-// the same GID with each partition's SL, and no query in 0x7FFF (where
-// two limited members have no path).
+// index 0 (as SR-IOV functions have it) and partitions 0xFFFF and
+// 0x8001, each QP's path is asked in its own partition. That gives two
+// address handles to the same GID with each partition's SL, and no query
+// in 0x7FFF, where two limited members have no path.
 func TestItem8PartitionsSeparatePaths(t *testing.T) {
 	sm := newSM()
 	sm.sl[0xffff], sm.sl[0x8001] = 1, 5
@@ -306,12 +306,12 @@ func groupSetup(t *testing.T, sm *fakeSM) (ibNet, uint32, uint32, ipoib.GID) {
 	return n, q1, q2, g
 }
 
-// TestClientReregisterRejoinsAndRekeys: after the SM restarts (new
-// LIDs, new groups with a new Q_Key) and the ports get CLIENT_REREGISTER,
-// each port rejoins every group (the broadcast group and g, its group QP
-// attached with each one's new MLID), its QPs take the new
-// Q_Key, the old address handles are flushed and destroyed, and a new
-// one carries the new DLID; traffic flows again.
+// TestClientReregisterRejoinsAndRekeys: the SM restarts (new LIDs, new
+// groups with a new Q_Key) and the ports get CLIENT_REREGISTER. Each
+// port rejoins every group: the broadcast group and g, its group QP
+// attached with each one's new MLID. Its QPs take the new Q_Key. The old
+// address handles are flushed and destroyed, and a new one carries the
+// new DLID. Traffic flows again.
 func TestClientReregisterRejoinsAndRekeys(t *testing.T) {
 	sm := newSM()
 	n, q1, q2, g := groupSetup(t, sm)
@@ -404,11 +404,11 @@ func TestItem9PKeyChange(t *testing.T) {
 	}
 }
 
-// TestItem10SendOnlyFallback: where the SM lacks send-only full members
-// the kernel refuses a send-only join (-EOPNOTSUPP, or on kernels since
-// 5.12 the SA's refusal as a MULTICAST_ERROR) and the port joins as a
-// full member instead; where it has them, the port is a send-only
-// member. Either way the packet reaches the group.
+// TestItem10SendOnlyFallback: where the SM lacks send-only full members,
+// the kernel refuses a send-only join and the port joins as a full
+// member instead. The refusal is -EOPNOTSUPP, or, on kernels since 5.12,
+// the SA's refusal as a MULTICAST_ERROR. Where the SM has them, the port
+// is a send-only member. Either way the packet reaches the group.
 func TestItem10SendOnlyFallback(t *testing.T) {
 	for _, c := range []struct{ support, newKernel bool }{{false, false}, {false, true}, {true, false}} {
 		support := c.support

@@ -2,11 +2,11 @@
 
 package verbsfabric
 
-// The libibverbs boundary (rdma-core's verbs.h). Everything the Port does
-// with the device goes through the C helpers below, which take and return
-// plain integers and C memory only, so no Go pointer ever crosses into C:
-// the send and receive buffers are one registered C allocation each, the
-// work request descriptors a C array the Go side fills.
+// The libibverbs boundary (rdma-core's verbs.h). Everything the Port
+// does with the device goes through the C helpers below. They take and
+// return plain integers and C memory only, so no Go pointer ever crosses
+// into C. The send and receive buffers are one registered C allocation
+// each; the work request descriptors are a C array the Go side fills.
 
 /*
 #cgo LDFLAGS: -libverbs -lrdmacm
@@ -805,10 +805,10 @@ func (d *ibvDevice) detach(qpn uint32, mgid ipoib.GID, mlid uint16) error {
 // saTimeout bounds each SA query and join (ms).
 const saTimeout = 2000
 
-// ibvSA is the port's subnet administrator through librdmacm: path
-// records on synchronous ids, joins on ids of one event channel whose
-// events a reader goroutine takes (and acks) as they come and routes
-// (cmRoutes): a join waits for its id's MULTICAST_JOIN or
+// ibvSA is the port's subnet administrator through librdmacm. Path
+// records go on synchronous ids. Joins go on ids of one event channel,
+// whose events a reader goroutine takes (and acks) as they come and
+// routes (cmRoutes). A join waits for its id's MULTICAST_JOIN or
 // MULTICAST_ERROR; a later MULTICAST_ERROR of a membership goes to
 // waitEvent.
 type ibvSA struct {

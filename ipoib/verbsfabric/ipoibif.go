@@ -13,22 +13,23 @@ import (
 	"github.com/eipoib/eipoibd/ipoib"
 )
 
-// ipoibIf is a network interface as pickIPoIB sees it: its 20-byte
-// hardware address (flags and QPN, then the port GID), its broadcast
-// address (bytes 8 and 9 hold the partition's P_Key with the full
-// member bit: ipoib_main.c ipoib_ndo_init writes them into the broadcast
-// MGID), its state, MTU and mode, and its IP addresses.
+// ipoibIf is a network interface as pickIPoIB sees it. It holds its
+// 20-byte hardware address (flags and QPN, then the port GID), its
+// state, MTU and mode, and its IP addresses. It also holds its broadcast
+// address, whose bytes 8 and 9 hold the partition's P_Key with the full
+// member bit (ipoib_main.c ipoib_ndo_init writes them into the broadcast
+// MGID).
 type ipoibIf struct {
 	name      string
 	index     int
 	hw, bcast []byte
 	addrs     []netip.Addr
-	// up is IFF_UP (ip link set up). joined is operstate "up": an IPoIB
+	// up is IFF_UP (ip link set up). joined is operstate "up". An IPoIB
 	// interface's carrier comes on only once its broadcast group is
-	// joined with the port ACTIVE (ipoib_mcast_join_complete queues
+	// joined with the port ACTIVE: ipoib_mcast_join_complete queues
 	// ipoib_mcast_carrier_on_task for priv->broadcast, which checks the
-	// port and calls netif_carrier_on), and the operstate follows the
-	// carrier (net/core/link_watch.c rfc2863_policy).
+	// port and calls netif_carrier_on. The operstate follows the carrier
+	// (net/core/link_watch.c rfc2863_policy).
 	up, joined bool
 	// mtu is the interface MTU; connected is mode "connected"
 	// (ipoib_cm.c show_mode).
@@ -37,15 +38,17 @@ type ipoibIf struct {
 }
 
 // pickIPoIB finds, among ifs, the IPoIB interface of the port with GID
-// gid in partition pkey that a join can go through, and the address a
-// join's rdma_cm id binds to: an IPv4 address first, else an IPv6 one (a
-// link-local one with the interface as its scope, cma_check_linklocal).
-// The interface must be up, have joined its broadcast group
-// (cma_join_ib_multicast asks ib_sa_get_mcmember_rec for the broadcast
-// group's record, which multicast.c has only while a member of the port,
-// the kernel's IPoIB, holds it) and have an address (rdma_bind_addr).
-// The first interface that has all three is chosen, not merely the
-// first of the partition; when none has, the error says what the one
+// gid in partition pkey that a join can go through. It also returns the
+// address a join's rdma_cm id binds to: an IPv4 address first, else an
+// IPv6 one (a link-local one with the interface as its scope,
+// cma_check_linklocal).
+//
+// The interface must be up, have an address (rdma_bind_addr) and have
+// joined its broadcast group. cma_join_ib_multicast asks
+// ib_sa_get_mcmember_rec for the broadcast group's record, which
+// multicast.c has only while a member of the port, the kernel's IPoIB,
+// holds it. The first interface that has all three is chosen, not merely
+// the first of the partition. When none has, the error says what the one
 // closest to it lacks, and what the operator has to do.
 func pickIPoIB(ifs []ipoibIf, gid ipoib.GID, pkey ipoib.PKey) (ipoibBind, error) {
 	var best *ipoibIf

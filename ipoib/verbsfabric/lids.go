@@ -1,30 +1,31 @@
 package verbsfabric
 
 // Senders without a GRH. On InfiniBand a UD packet carries a GRH only
-// when its sender's address handle asked for one; Linux IPoIB asks only
+// when its sender's address handle asked for one. Linux IPoIB asks only
 // when the path record's hop_limit is above 0
-// (drivers/infiniband/core/sa_query.c ib_init_ah_attr_from_path:
-// "if (rec->hop_limit > 0 || sa_path_is_roce(rec))" sets the GRH), and
+// (drivers/infiniband/core/sa_query.c ib_init_ah_attr_from_path: "if
+// (rec->hop_limit > 0 || sa_path_is_roce(rec))" sets the GRH), and
 // OpenSM answers 0 inside a subnet. So unicast from a native IPoIB host,
 // a router above all, comes without one: the receive buffer's first 40
-// bytes are undefined and no source GID is known. The work completion
-// still names the sender: every UD receive completion reports its
-// source QPN and source LID (libibverbs verbs.h struct ibv_wc: src_qp and
-// slid; ibv_poll_cq(3): src_qp "valid only for UD QPs"); the kernel's
-// own IPoIB tells its looped back multicast by them, GRH or not
-// (ipoib_ib.c ipoib_ib_handle_rx_wc:
-// "wc->slid == priv->local_lid && wc->src_qp == priv->qp->qp_num").
+// bytes are undefined and no source GID is known.
 //
-// lidTable maps a LID to the GID of the port behind it, learned where
+// The work completion still names the sender. Every UD receive
+// completion reports its source QPN and source LID (libibverbs verbs.h
+// struct ibv_wc: src_qp and slid; ibv_poll_cq(3): src_qp "valid only for
+// UD QPs"). The kernel's own IPoIB tells its looped back multicast by
+// them, GRH or not (ipoib_ib.c ipoib_ib_handle_rx_wc: "wc->slid ==
+// priv->local_lid && wc->src_qp == priv->qp->qp_num").
+//
+// lidTable maps a LID to the GID of the port behind it. It learns where
 // both are seen together: the path records the port resolves (DLID for a
 // DGID) and received packets that do carry a GRH (multicast always does:
-// the SLID and SGID). Only GIDs of the port's own subnet are learned: a
+// the SLID and SGID). Only GIDs of the port's own subnet are learned. A
 // packet from another subnet arrives through an IB router, whose LID
 // (the SLID seen here) speaks for many GIDs. A packet without a GRH is
 // then named by (source QPN, GID of its SLID), the address its ARP or
 // NDP gives, so it gets the same REMAC. A LID never seen stays unknown
 // (RxMeta.SrcUnknown, counted: rx_src_unknown). The subnet manager may
-// give LIDs to other ports: the table is emptied on every flush (LID
+// give LIDs to other ports, so the table is emptied on every flush (LID
 // change, SM change, client reregister, P_Key change, port active). It
 // is bounded by the unicast LID space (0x0001-0xbfff).
 //
@@ -32,7 +33,7 @@ package verbsfabric
 // from before the SA query that taught it, and a clear in between (a
 // flush while the query was out) voids it: that answer may name the
 // LID's old owner. And a LID seen with two GIDs since the last clear
-// (SR-IOV VFs sharing their PF's LID, alias GUIDs) names neither: it is
+// names neither (SR-IOV VFs sharing their PF's LID, alias GUIDs). It is
 // marked ambiguous, and its packets go to the shim's source-IP path as
 // unknown senders.
 

@@ -7,12 +7,12 @@ import (
 	"github.com/eipoib/eipoibd/ipoib"
 )
 
-// TestSenderWithoutGRH: unicast without a GRH, as a Linux IPoIB host
-// (a router above all) sends inside a subnet, is named by the
-// completion's source QPN and the GID last seen behind its SLID: learned
+// TestSenderWithoutGRH: unicast without a GRH, as a Linux IPoIB host (a
+// router above all) sends inside a subnet, is named by the completion's
+// source QPN and the GID last seen behind its SLID. That GID is learned
 // from the sender's multicast (which has a GRH) or from the path record
 // to it. Before either, and after a flush (the SM may move LIDs), the
-// sender is unknown; each case is counted.
+// sender is unknown. Each case is counted.
 func TestSenderWithoutGRH(t *testing.T) {
 	n := newIBNet(t, newSM(), []ipoib.PKey{0xffff}, 0xffff)
 	n.hub.mu.Lock()
@@ -66,9 +66,9 @@ func TestSenderWithoutGRH(t *testing.T) {
 }
 
 // TestLIDTableGuards: a LID seen with a second GID since the last clear
-// (SR-IOV VFs behind their PF's LID) names neither; a path record asked
-// before a clear and answered after it teaches nothing; a LID outside
-// the port's subnet, or multicast, is never learned; a clear forgets
+// (SR-IOV VFs behind their PF's LID) names neither. A path record asked
+// before a clear and answered after it teaches nothing. A LID outside
+// the port's subnet, or multicast, is never learned. A clear forgets
 // ambiguity too.
 func TestLIDTableGuards(t *testing.T) {
 	local := testutil.GID("fe80::1")

@@ -8,22 +8,22 @@
 package verbsfabric
 
 // TX: Write copies each packet into a free slot of the registered send
-// ring and posts it on its VIF's QP to the destination's address handle,
+// ring. It posts it on its VIF's QP to the destination's address handle,
 // one ibv_post_send per run of packets of one QP. Completions are
-// requested for the last packet of each QP in a batch (and every
-// signalEvery-th) only; a completion frees the QP's slots up to it, since
-// a QP's sends complete in order. A packet to a GID without an address
+// requested only for the last packet of each QP in a batch, and every
+// signalEvery-th. A completion frees the QP's slots up to it, since a
+// QP's sends complete in order. A packet to a GID without an address
 // handle yet waits in a small pending pool while a resolver goroutine
-// creates one (on RoCE that resolves the peer's MAC and can block).
+// creates one; on RoCE that resolves the peer's MAC and can block.
 //
-// RX: receive buffers sit on a shared receive queue; a receiver
-// goroutine polls the receive CQ (sleeping on the completion channel when
-// empty) and reposts a spare buffer for each completion at once, so the
-// queue stays full however slow the reader is (UD has no RNR). Read takes
-// the waiting completions, takes the source GID from the 40-byte GRH, the
-// source QPN from the completion, drops what this port itself sent
-// (multicast loops back to the attached QP), copies the packet out and
-// gives the buffer back to the spares.
+// RX: receive buffers sit on a shared receive queue. A receiver
+// goroutine polls the receive CQ, sleeping on the completion channel
+// when empty. It reposts a spare buffer for each completion at once, so
+// the queue stays full however slow the reader is (UD has no RNR). Read
+// takes the waiting completions, the source GID from the 40-byte GRH and
+// the source QPN from the completion. It drops what this port itself
+// sent (multicast loops back to the attached QP), copies the packet out
+// and gives the buffer back to the spares.
 
 import (
 	"errors"
@@ -201,7 +201,7 @@ type Port struct {
 	dead          []deadAH
 
 	// The receive side: receiver takes completions into polled and
-	// reposts (repost) a spare buffer for each; the packet waits in the
+	// reposts (repost) a spare buffer for each. The packet waits in the
 	// ready ring (readyN from readyAt) for Read, which copies it out
 	// into rdone's order and gives its buffer back to spare. rqMu guards
 	// spare and the ring; rxMu serialises Read.
@@ -368,12 +368,13 @@ func (p *Port) PartitionMTU(pkey ipoib.PKey) int {
 }
 
 // Offloads: none. The UD QPs take no super-packets and no checksum
-// offload: rdma-core's mlx5 provider builds IBV_WR_TSO only for raw
+// offload. rdma-core's mlx5 provider builds IBV_WR_TSO only for raw
 // packet QPs (providers/mlx5/qp.c _mlx5_post_send; max_tso is set only
-// for them, verbs.c mlx5_modify_qp) and IBV_SEND_IP_CSUM on UD only for
-// underlay QPs (IBV_QP_CREATE_SOURCE_QPN: mlx5_post_send_underlay),
-// which send with another QP's number and cannot be attached to groups;
-// rxe has neither. The shim cuts and sums for this port.
+// for them, verbs.c mlx5_modify_qp). It builds IBV_SEND_IP_CSUM on UD
+// only for underlay QPs (IBV_QP_CREATE_SOURCE_QPN:
+// mlx5_post_send_underlay), which send with another QP's number and
+// cannot be attached to groups. rxe has neither. The shim cuts and sums
+// for this port.
 func (p *Port) Offloads() ipoib.Offloads { return ipoib.Offloads{} }
 
 // IsDown reports the port not ACTIVE, from the device's async events
@@ -448,9 +449,10 @@ func (p *Port) setPart(s *partState, m mcMember, pk ipoib.PKey) {
 		// ibvSA takes the group's MTU from a path record to the MGID;
 		// when that query fails it has none. The partition's IPoIB
 		// interface shows the MTU the kernel took from its own join of
-		// the group (ifaceGroupMTU); when it shows none either, 2048,
-		// the smaller IPoIB MTU: never the port's, which may be larger
-		// than the partition's (4K sends into a 2K partition are lost).
+		// the group (ifaceGroupMTU). When it shows none either, take
+		// 2048, the smaller IPoIB MTU. Never take the port's, which may
+		// be larger than the partition's: 4K sends into a 2K partition
+		// are lost.
 		mtu = m.ifaceMTU
 		from := "its IPoIB interface's"
 		if mtu == 0 {
@@ -546,9 +548,10 @@ func (p *Port) FreeQP(qpn uint32) error {
 }
 
 // unlist takes QP qpn out of the table between batches (txMu), so that
-// no batch under way still posts on it (a send on a destroyed QP would
-// fail the whole batch), and marks it dying: the slots of its sends stay
-// in use until it is destroyed or they complete. Called with qpMu held.
+// no batch under way still posts on it; a send on a destroyed QP would
+// fail the whole batch. It marks the QP dying: the slots of its sends
+// stay in use until it is destroyed or they complete. Called with qpMu
+// held.
 func (p *Port) unlist(qpn uint32, q *qpState) {
 	p.txMu.Lock()
 	p.qps.Free(qpn)
@@ -577,11 +580,11 @@ func (p *Port) groupQP(pkey ipoib.PKey) (uint32, error) {
 }
 
 // Join attaches the partition's group QP to mgid. On IB it first joins
-// through the subnet administrator (which gives the group's MLID); on
+// through the subnet administrator, which gives the group's MLID. On
 // RoCE it joins mgid as an IPv6 group on the netdev: rxe only programs
 // the MAC filter, and without the IPv6 membership the stack drops the
-// group's packets (this also sends the MLD reports snooping switches
-// need).
+// group's packets. This also sends the MLD reports snooping switches
+// need.
 func (p *Port) Join(mgid ipoib.GID) error {
 	if p.closed.Load() {
 		return net.ErrClosed
@@ -701,25 +704,30 @@ func (p *Port) saAttach(mgid ipoib.GID, q uint32) error {
 
 // saJoin makes the port an SA member of mgid (a full one unless
 // sendOnly), keeping a membership that already suffices; a full join
-// replaces a send-only one. The join's id is bound to the address of the
-// host's IPoIB interface in the group's partition with RDMA_PS_IPOIB:
-// cma_join_ib_multicast looks the id's broadcast group up first
-// (ib_sa_get_mcmember_rec with the interface's broadcast MGID), which an
-// AF_IB bind never sets (cma_translate_ib). A send-only join refused
-// because the SM lacks send-only full members becomes a full-member
-// join, as ipoib_mcast_join falls back: kernels to 5.11 refuse it with
-// EOPNOTSUPP (cma_join_ib_multicast checks
-// ib_sa_sendonly_fullmem_support), later ones send it and the SA's
-// refusal comes as the id's MULTICAST_ERROR. A membership whose rejoin
-// failed (lost) is joined again as what it was, a full member when
-// either it or this call wants one, and its group QP attached again with
-// the new MLID: a send-only join must not replace a lost full
-// membership and its QP. While the port is down a lost membership is
-// not joined: it waits for PORT_ACTIVE's flush, as retryRejoins and
-// mcastError make it (the resolver's makeAH, which a guest's packet or
-// a flush's requeue runs at any time, would otherwise join it, and the
-// join could only time out while no MAD reaches the SA). Called with
-// ctlMu held.
+// replaces a send-only one. Called with ctlMu held.
+//
+// The join's id is bound with RDMA_PS_IPOIB to the address of the host's
+// IPoIB interface in the group's partition. cma_join_ib_multicast looks
+// the id's broadcast group up first (ib_sa_get_mcmember_rec with the
+// interface's broadcast MGID), which an AF_IB bind never sets
+// (cma_translate_ib).
+//
+// A send-only join refused because the SM lacks send-only full members
+// becomes a full-member join, as ipoib_mcast_join falls back. Kernels up
+// to 5.11 refuse it with EOPNOTSUPP (cma_join_ib_multicast checks
+// ib_sa_sendonly_fullmem_support). Later ones send it, and the SA's
+// refusal comes as the id's MULTICAST_ERROR.
+//
+// A membership whose rejoin failed (lost) is joined again as what it
+// was: a full member when either it or this call wants one. Its group QP
+// is attached again with the new MLID. A send-only join must not replace
+// a lost full membership and its QP.
+//
+// While the port is down a lost membership is not joined: it waits for
+// PORT_ACTIVE's flush, as retryRejoins and mcastError make it. Otherwise
+// the resolver's makeAH, which a guest's packet or a flush's requeue
+// runs at any time, would join it, and the join could only time out
+// while no MAD reaches the SA.
 func (p *Port) saJoin(mgid ipoib.GID, sendOnly bool) (*member, error) {
 	if p.closed.Load() {
 		return nil, net.ErrClosed
@@ -767,11 +775,11 @@ func (p *Port) saJoin(mgid ipoib.GID, sendOnly bool) (*member, error) {
 	return m, nil
 }
 
-// joinError wraps a failed join of mgid. A join the kernel never
-// answers is one of two things an operator can check: the SA did not
-// answer, or (kernels whose cma_ib_mc_handler calls cma_set_qkey before
-// making the event, and sends none when it fails) the group's Q_Key is
-// not the one the id took from the partition's broadcast group.
+// joinError wraps a failed join of mgid. A join the kernel never answers
+// is one of two things an operator can check. Either the SA did not
+// answer, or the group's Q_Key is not the one the id took from the
+// partition's broadcast group. (Some kernels' cma_ib_mc_handler calls
+// cma_set_qkey before making the event, and sends none when it fails.)
 // The error is an ipoib.RefusedError, which the shim counts by its
 // reason (groups_refused_<reason>, vifs_refused_<reason>): sa_timeout,
 // sa_refused (the SA's MULTICAST_ERROR) or join_failed.
@@ -1038,14 +1046,14 @@ func (p *Port) reloadPKeys() {
 	}
 }
 
-// mcastError rejoins a group whose id reports a MULTICAST_ERROR (every
+// mcastError rejoins a group whose id reports a MULTICAST_ERROR, and
+// drops the group's address handle, made with the old MLID. Every
 // membership gets one when multicast.c's mcast_event_handler sees the
-// port's LID, SM or registration change, or its P_Key go), and drops
-// the group's address handle, made with the old MLID.
+// port's LID, SM or registration change, or its P_Key go.
 //
 // While the port is down (PORT_ERR: mcast_event_handler reports it to
-// every member too) no join can succeed: the membership is marked lost
-// and rejoined by the flush of PORT_ACTIVE, as IPoIB's
+// every member too) no join can succeed. The membership is marked lost
+// and rejoined by the flush of PORT_ACTIVE. Likewise IPoIB's
 // ipoib_mcast_join_task suspends itself while the port is not ACTIVE
 // ("port state is not ACTIVE ... suspending join task").
 func (p *Port) mcastError(ev mcastError) {

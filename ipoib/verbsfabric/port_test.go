@@ -213,8 +213,8 @@ func TestRefusals(t *testing.T) {
 }
 
 // TestRingWrap: five times the send ring's slots go out in batches while
-// the receiver reads; every packet arrives, the ring is empty after,
-// only two sends a batch ask for a completion, and a post failure in the
+// the receiver reads. Every packet arrives and the ring is empty after.
+// Only two sends a batch ask for a completion. A post failure in the
 // middle of a batch gives its slots back.
 func TestRingWrap(t *testing.T) {
 	l := newLink(t)
@@ -273,10 +273,10 @@ func TestRingWrap(t *testing.T) {
 	}
 }
 
-// TestPortEvents: the device's async events set the port state the
-// shim takes the TAP's carrier from; while the port is down, packets
-// are refused and counted as port_down, and a GID change or another
-// event leaves the state as it is.
+// TestPortEvents: the device's async events set the port state the shim
+// takes the TAP's carrier from. While the port is down, packets are
+// refused and counted as port_down. A GID change or another event leaves
+// the state as it is.
 func TestPortEvents(t *testing.T) {
 	h := newHub()
 	p, d := openPort(t, h, gid1)
@@ -340,10 +340,6 @@ func TestCloseUnblocksRead(t *testing.T) {
 	}
 }
 
-// BenchmarkWriteRead: a batch of 64 packets of 1,400 bytes sent from one
-// port and read at another over the fake device, address handle cached:
-// the Go side of the data path (ring slots, work requests, selective
-// signalling, completions, GRH checks, re-posting receive buffers).
 // TestCloseWaitsForQPCalls: Close does not free the device under an
 // AllocQP that is in it (AllocQP runs outside the control lock), and
 // QP calls after Close are refused, never sent to a freed device.
@@ -385,6 +381,11 @@ func TestCloseWaitsForQPCalls(t *testing.T) {
 	}
 }
 
+// BenchmarkWriteRead: a batch of 64 packets of 1,400 bytes sent from one
+// port and read at another over the fake device, address handle cached.
+// It measures the Go side of the data path: ring slots, work requests,
+// selective signalling, completions, GRH checks, re-posting receive
+// buffers.
 func BenchmarkWriteRead(b *testing.B) {
 	l := newLink(b)
 	p1, p2 := l.p1, l.p2

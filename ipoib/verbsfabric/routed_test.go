@@ -14,11 +14,11 @@ import (
 )
 
 // TestRoutedWithoutGRH runs the routed topology (internal/routedtest)
-// with the shim on a verbs port of an IB fake whose unicast comes without
-// a GRH, as from a Linux IPoIB router: the router's broadcast ARP (which
-// has a GRH) shows its LID with its GID, so what it forwards from the
-// other subnet arrives named by source QPN and SLID, from the router's
-// REMAC, and none of it is left to the shim's unknown-source path.
+// with the shim on a verbs port of an IB fake whose unicast comes
+// without a GRH, as from a Linux IPoIB router. The router's broadcast
+// ARP, which has a GRH, shows its LID with its GID. So what it forwards
+// from the other subnet arrives named by source QPN and SLID, from the
+// router's REMAC. None of it is left to the shim's unknown-source path.
 func TestRoutedWithoutGRH(t *testing.T) {
 	n := newIBNet(t, newSM(), []ipoib.PKey{0xffff}, 0xffff)
 	n.hub.mu.Lock()

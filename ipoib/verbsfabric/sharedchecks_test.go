@@ -9,10 +9,10 @@ import (
 
 // TestSharedChecks runs the backends' shared conformance suite over a
 // port on the fake device. Packets are injected as receive completions
-// (the fake's complete), a unicast one with the GID of p1 as its
-// destination, a multicast one on the partition's group QP with the MGID
-// in its GRH; a packet in another partition than its QP's is not asked:
-// the HCA's P_Key check drops it before any completion.
+// (the fake's complete). A unicast one has the GID of p1 as its
+// destination; a multicast one comes on the partition's group QP with
+// the MGID in its GRH. A packet in another partition than its QP's is
+// not asked: the HCA's P_Key check drops it before any completion.
 func TestSharedChecks(t *testing.T) {
 	l := newLink(t)
 	p, d := l.p1, l.d1

@@ -23,9 +23,9 @@ func waitMetric(t *testing.T, h *hypervisor, name string, want float64) {
 
 // TestBridgeWatch: the daemon follows the bridge's forwarding database.
 // A static entry, as libvirt adds for a guest, creates the guest's VIF
-// before it sends anything; deleting the entry frees it; and when a
-// guest's port leaves the bridge, the VIF of the MAC learned on it is
-// freed at once instead of after --vif-idle.
+// before it sends anything. Deleting the entry frees it. When a guest's
+// port leaves the bridge, the VIF of the MAC learned on it is freed at
+// once instead of after --vif-idle.
 func TestBridgeWatch(t *testing.T) {
 	tp := newTopo(t, 2, false)
 	h1, h2 := tp.hvs[0], tp.hvs[1]
@@ -52,10 +52,10 @@ func TestBridgeWatch(t *testing.T) {
 }
 
 // TestLearnDeclared: with --learn declared a guest is served only once
-// its MAC has a static entry in the bridge's FDB (as libvirt adds): before
-// that, and for a guest that never gets one, its frames are dropped and
-// counted and no VIF (no QP) is made for its MAC; with the entries in
-// place on both sides, pings pass without loss.
+// its MAC has a static entry in the bridge's FDB (as libvirt adds).
+// Before that, and for a guest that never gets one, its frames are
+// dropped and counted, and no VIF (no QP) is made for its MAC. With the
+// entries in place on both sides, pings pass without loss.
 func TestLearnDeclared(t *testing.T) {
 	tp := newTopo(t, 2, false, "--learn", "declared")
 	h1, h2 := tp.hvs[0], tp.hvs[1]

@@ -48,10 +48,10 @@ func newCNIRuntime(t *testing.T, h *hypervisor, pluginDir string) *cniRuntime {
 }
 
 // list is the network list of docs/kubernetes.md, as a Multus
-// NetworkAttachmentDefinition carries it: bridge (on the hypervisor's
-// r.bridge) with IPAM bridgeIPAM, then eipoib chained (it declares the MAC,
-// frees the VIF at DEL and checks it at CHECK), on the hypervisor's
-// eipoibd.
+// NetworkAttachmentDefinition carries it. It runs bridge (on the
+// hypervisor's r.bridge) with IPAM bridgeIPAM, then eipoib chained, on
+// the hypervisor's eipoibd. eipoib declares the MAC, frees the VIF at
+// DEL and checks it at CHECK.
 func (r *cniRuntime) list(t *testing.T, name, bridgeIPAM string) *libcni.NetworkConfigList {
 	t.Helper()
 	return r.listVersion(t, "1.0.0", name, bridgeIPAM)
@@ -185,31 +185,31 @@ func buildCNIPlugin(t *testing.T) string {
 }
 
 // TestCNI runs the CNI chain bridge (its IPAM wrapped by eipoib) +
-// eipoib through libcni, as a container runtime does, with Debian's
-// reference plugins (and the plugin built from this tree), on two
+// eipoib through libcni, as a container runtime does. It uses Debian's
+// reference plugins and the plugin built from this tree. There are two
 // hypervisors whose eipoibd serves declared guests only (--learn
-// declared), and a native IPoIB host on the fabric:
-//   - host-local: a pod on each hypervisor; each pod's VIF exists,
-//     declared, once ADD returns (before the pod's processes start);
-//     ping and ping -6 both ways, every request (the first included)
-//     answered once;
+// declared), and a native IPoIB host on the fabric.
+//   - host-local: a pod on each hypervisor. Each pod's VIF exists,
+//     declared, once ADD returns, before the pod's processes start. ping
+//     and ping -6 work both ways, every request (the first included)
+//     answered once.
 //   - silent: a pod silent past --vif-idle (2 s here) and past the
 //     bridge's ageing of its learned FDB entry (2 s) keeps its VIF (none
-//     aged, none removed) and is answered at once: no frame either way
-//     held by a daemon (for a new VIF or a resolution), every request
-//     answered within a second;
+//     aged, none removed). It is answered at once: no daemon holds a
+//     frame either way (for a new VIF or a resolution), and every
+//     request is answered within a second.
 //   - static: a pod with fixed addresses pings the other hypervisor's
-//     pod and the native host;
+//     pod and the native host.
 //   - dhcp: a pod with the reference dhcp plugin (its daemon running)
-//     gets a lease from dnsmasq on the native host, and pings it;
-//   - spec versions 0.3.1 and 0.4.0: ADD declares, CHECK (0.4.0)
-//     passes, DEL frees;
+//     gets a lease from dnsmasq on the native host, and pings it.
+//   - spec versions 0.3.1 and 0.4.0: ADD declares, CHECK (0.4.0) passes,
+//     DEL frees.
 //   - layer 2 (no IPAM, eipoib chained only, as for a KubeVirt VM): the
-//     pod's VIF is declared at ADD; addresses configured afterwards
-//     ping and ping -6 the other hypervisor's pod;
+//     pod's VIF is declared at ADD. Addresses configured afterwards ping
+//     and ping -6 the other hypervisor's pod.
 //   - CHECK passes on a healthy pod, and fails, naming the missing VIF,
-//     after the VIF is removed behind the plugin's back;
-//   - DEL frees the VIF (show vifs, vifs_removed);
+//     after the VIF is removed behind the plugin's back.
+//   - DEL frees the VIF (show vifs, vifs_removed).
 //   - ADD then DEL 100 times leaves nothing behind: no VIF, veth,
 //     namespace, host-local lease, cached result or FDB entry.
 func TestCNI(t *testing.T) {
@@ -385,7 +385,7 @@ func TestCNI(t *testing.T) {
 
 // cniDHCP: pod name on r's hypervisor, with the reference dhcp plugin
 // (wrapped by eipoib), gets its address from dnsmasq on the native host
-// nh, and pings nh; its VIF is declared before the DHCP exchange, which
+// nh, and pings nh. Its VIF is declared before the DHCP exchange, which
 // --learn declared would drop otherwise.
 func cniDHCP(t *testing.T, r *cniRuntime, nh *native, name string) {
 	t.Helper()
@@ -442,9 +442,9 @@ func cniDHCP(t *testing.T, r *cniRuntime, nh *native, name string) {
 }
 
 // cniChurn runs ADD then DEL of list for 100 pods, one after the other,
-// on r's hypervisor, and checks that nothing of them is left: no VIF,
-// no veth, no namespace, no host-local lease, no cached result, no FDB
-// entry for their MACs, and that the daemon removed 100 VIFs.
+// on r's hypervisor. It checks that nothing of them is left (no VIF,
+// veth, namespace, host-local lease, cached result, or FDB entry for
+// their MACs) and that the daemon removed 100 VIFs.
 func cniChurn(t *testing.T, r *cniRuntime, list *libcni.NetworkConfigList, prefix string) {
 	t.Helper()
 	h := r.h
@@ -529,17 +529,17 @@ func (r *cniRuntime) chainedOnly(t *testing.T, name string) *libcni.NetworkConfi
 }
 
 // TestCNILifecycle: what the CNI plugin frees when the runtime cannot
-// name it, and spec 1.1.0's GC and STATUS through libcni, on one
-// hypervisor whose eipoibd serves declared guests only:
-//   - typo: a list whose chained eipoib has "vlan":"0" (a string), after
-//     bridge's IPAM, eipoib wrapping host-local, declared the pod's VIF:
-//     ADD fails naming the key; DEL of the same list succeeds and leaves
-//     nothing: no VIF of the pod's MAC (vifs_removed + 1), no veth, no
-//     host-local lease, no record of the plugin;
-//   - GC: two pods added by a 1.0.0 list; the runtime loses the second
-//     (its cached result and its namespace go, no DEL runs); GC of the
-//     network, the first pod its only valid attachment, frees the lost
-//     pod's VIF (vifs_removed + 1) and keeps the first's;
+// name it, and spec 1.1.0's GC and STATUS through libcni. It runs on one
+// hypervisor whose eipoibd serves declared guests only.
+//   - typo: in a list, bridge's IPAM, eipoib wrapping host-local,
+//     declared the pod's VIF, but the chained eipoib has "vlan":"0" (a
+//     string). ADD fails naming the key. DEL of the same list succeeds
+//     and leaves nothing: no VIF of the pod's MAC (vifs_removed + 1), no
+//     veth, no host-local lease, no record of the plugin.
+//   - GC: two pods are added by a 1.0.0 list. The runtime loses the
+//     second: its cached result and its namespace go, and no DEL runs.
+//     GC of the network, with the first pod its only valid attachment,
+//     frees the lost pod's VIF (vifs_removed + 1) and keeps the first's.
 //   - STATUS succeeds while eipoibd runs, fails with code 50 naming the
 //     control socket while it is stopped, and succeeds once it is back.
 func TestCNILifecycle(t *testing.T) {

@@ -62,14 +62,13 @@ func TestCtl(t *testing.T) {
 		t.Errorf("show port (text):\n%s", out)
 	}
 
-	// Per-VIF counters: five pings of 100 bytes add five frames each way
-	// (and at most one stray frame, an ND or MLD message, in that time:
-	// the two guests' ARP entries for each other are pinned first, or a
-	// stale one's unicast probe and its answer would add one more each
-	// way, as they did once in ten runs; and the guest's start-up
-	// chatter, its MLD reports (sent twice, the second within 1 s) and
-	// router solicitation once its link-local address is usable, is
-	// over first: quiet for 1 s).
+	// Per-VIF counters: five pings of 100 bytes add five frames each
+	// way, and at most one stray frame, an ND or MLD message, in that
+	// time. The two guests' ARP entries for each other are pinned first;
+	// otherwise a stale one's unicast probe and its answer would add one
+	// more each way. The guest's start-up chatter is over first (quiet
+	// for 1 s): its MLD reports, sent twice with the second within 1 s,
+	// and its router solicitation once its link-local address is usable.
 	pinNeighbour(t, g11, g21.ip4)
 	pinNeighbour(t, g21, g11.ip4)
 	mac := g11.mac(t).String()

@@ -225,11 +225,11 @@ func TestTwoHypervisors(t *testing.T) {
 }
 
 // capture captures the hypervisor's underlay (fabric packets only) and
-// returns the capture file and a function that ends it. It is captureOn:
-// a buffered capture (tshark's dumpcap) loses the packets still in the
-// kernel's ring when it ends, which a test whose traffic ends just before
-// (a DHCP exchange with a fixed address is over in milliseconds) sees as
-// an empty capture.
+// returns the capture file and a function that ends it. It is captureOn.
+// A buffered capture (tshark's dumpcap) loses the packets still in the
+// kernel's ring when it ends. A test whose traffic ends just before
+// would see an empty capture; a DHCP exchange with a fixed address is
+// over in milliseconds.
 func capture(t *testing.T, h *hypervisor) (string, func()) {
 	t.Helper()
 	return captureOn(t, h.ns, h.underlay, "udp port 4791")
@@ -347,9 +347,9 @@ func TestThreeHypervisorsOverBridge(t *testing.T) {
 // TestRestart restarts one hypervisor's daemon and measures, per path,
 // the time from the new daemon's start to the first ping reply. Paths
 // whose ends had resolved each other come back through the shim's
-// resolution queue; IPv6 to a restarted guest that has not spoken since
-// needs its solicited-node group, which comes back when the guest answers
-// the shim's start-up MLD query (within its 1 s response time).
+// resolution queue. IPv6 to a restarted guest that has not spoken since
+// needs its solicited-node group. That comes back when the guest answers
+// the shim's start-up MLD query, within its 1 s response time.
 func TestRestart(t *testing.T) {
 	tp := newTopo(t, 2, false)
 	h1, h2 := tp.hvs[0], tp.hvs[1]
@@ -397,11 +397,12 @@ func TestRestart(t *testing.T) {
 }
 
 // Bounds of TestRestart, from the restart (the new daemon's exec) to the
-// first reply; docs/behaviour.md quotes them. Measured on a loaded two-core
-// machine: 70–340 ms for resolved paths (the daemon is running after
-// 40–160 ms, then one resolution through the queue); 0.12–1.35 s for the
-// MLD path, whose worst case is the query's 1 s maximum response time
-// plus one neighbour solicitation retransmission (1 s).
+// first reply; docs/behaviour.md quotes them. They were measured on a
+// loaded two-core machine. Resolved paths took 70–340 ms: the daemon is
+// running after 40–160 ms, then one resolution goes through the queue.
+// The MLD path took 0.12–1.35 s. Its worst case is the query's 1 s
+// maximum response time plus one neighbour solicitation retransmission
+// (1 s).
 const (
 	restartResolvedBound = 500 * time.Millisecond
 	restartMLDBound      = 2500 * time.Millisecond
@@ -487,10 +488,10 @@ func TestBadInput(t *testing.T) {
 	ip[0], ip[2], ip[3], ip[6] = 0x45, 0x1f, 0x40, 0x40
 	bad[12], bad[13] = 0x08, 0x00
 	sendRaw(t, h1.ns, "eib0", append(frames, bad)...)
-	// Each frame into the TAP lands in one drop counter: 5 cut 802.1Q
-	// tags are runts, 5 short IPv4 headers and the oversized IPv4 packet
-	// with a bogus length are bad IP, 5 short ARP packets are refused by
-	// the rewrite (as truncated), 5 oversized frames have an ethertype
+	// Each frame into the TAP lands in one drop counter. 5 cut 802.1Q
+	// tags are runts. 5 short IPv4 headers and the oversized IPv4 packet
+	// with a bogus length are bad IP. 5 short ARP packets are refused by
+	// the rewrite (as truncated). 5 oversized frames have an ethertype
 	// IPoIB does not carry. h2 drops nothing.
 	for k, v := range map[string]float64{"drop_runt": 5, "drop_bad_ip": 6, "drop_tx_rewrite": 5, "tx_rewrite_truncated": 5, "drop_ethertype": 5} {
 		want[k] = v
@@ -521,10 +522,10 @@ func TestBadInput(t *testing.T) {
 
 // TestOversize raises the MTU of one hypervisor's guest and its bridge
 // port to 9000, above the IPoIB MTU (4092), leaving eipoibd at its
-// defaults, and checks that 8000-byte packets are never blackholed: IPv4
-// without DF is fragmented by the shim, IPv4 with DF gets "fragmentation
-// needed" with MTU 4092, IPv6 gets "packet too big" with MTU 4092 and then
-// works through source fragmentation, and 16 MiB of TCP from that guest
+// defaults. It checks that 8000-byte packets are never blackholed. IPv4
+// without DF is fragmented by the shim. IPv4 with DF gets "fragmentation
+// needed" with MTU 4092. IPv6 gets "packet too big" with MTU 4092 and
+// then works through source fragmentation. 16 MiB of TCP from that guest
 // arrive exactly.
 func TestOversize(t *testing.T) {
 	tp := newTopo(t, 2, false)
@@ -560,21 +561,23 @@ func TestOversize(t *testing.T) {
 	// TCP from the 9000-byte guest: its segments are cut to the IPoIB
 	// MTU (offloads) or its path MTU discovery learns it (no offloads).
 	tcpBytes(t, g21, g11, 16<<20)
-	// The shim fragmented the 3 requests sent without DF (the replies come
-	// from a guest at the IPoIB MTU, which fragments them itself), and
-	// answered too big twice: the first DF request (the guest then knows
-	// the path MTU and sends no more) and the IPv6 one that taught it.
+	// The shim fragmented the 3 requests sent without DF; the replies
+	// come from a guest at the IPoIB MTU, which fragments them itself.
+	// It answered too big twice: the first DF request (the guest then
+	// knows the path MTU and sends no more) and the IPv6 one that taught
+	// it.
 	m := h1.metrics(t)
 	if m["tx_fragmented"] != 3 || m["tx_icmp_too_big"] != 2 {
 		t.Fatalf("tx_fragmented %v, want 3; tx_icmp_too_big %v, want 2", m["tx_fragmented"], m["tx_icmp_too_big"])
 	}
 }
 
-// TestClampMSS: guests at MTU 9000 on both sides, with path MTU discovery
-// off, exchange TCP through daemons run with --clamp-mss: each daemon
-// lowers the MSS of its guest's SYN (the SYN on one side, the SYN-ACK on
-// the other, counted again if retransmitted), so no segment exceeds the
-// IPoIB MTU and none is fragmented, and 16 MiB arrive exactly.
+// TestClampMSS: guests at MTU 9000 on both sides, with path MTU
+// discovery off, exchange TCP through daemons run with --clamp-mss. Each
+// daemon lowers the MSS of its guest's SYN: the SYN on one side, the
+// SYN-ACK on the other, counted again if retransmitted. So no segment
+// exceeds the IPoIB MTU and none is fragmented, and 16 MiB arrive
+// exactly.
 func TestClampMSS(t *testing.T) {
 	tp := newTopo(t, 2, false, "--clamp-mss")
 	h1, h2 := tp.hvs[0], tp.hvs[1]

@@ -73,12 +73,12 @@ func tree(t *testing.T, root string) []string {
 }
 
 // TestDebPackage: make deb's packages (scripts/mkdeb.sh, lintian clean
-// of errors) install with dpkg into a Debian root (the image's
-// debootstrap base, which has eipoibd-verbs's libraries); there
-// eipoibd, eipoibd-verbs and the CNI plugin report the version the
-// packages carry, systemd-analyze verifies the installed unit with the
-// verbs drop-in, an upgrade keeps the operator's change to the conffile,
-// and a purge leaves the root as it was.
+// of errors) install with dpkg into a Debian root: the image's
+// debootstrap base, which has eipoibd-verbs's libraries. There, eipoibd,
+// eipoibd-verbs and the CNI plugin report the version the packages
+// carry. systemd-analyze verifies the installed unit with the verbs
+// drop-in. An upgrade keeps the operator's change to the conffile, and a
+// purge leaves the root as it was.
 func TestDebPackage(t *testing.T) {
 	require(t, debTools...)
 	version := script(t, time.Minute, nil, "version.sh")

@@ -11,13 +11,12 @@ import (
 	"time"
 )
 
-// TestDemo runs make demo's script: every check passes (guests on two
-// hypervisors and the native host talk), and it leaves nothing behind:
-// no namespace of its own, no process whose command line names it (the
+// TestDemo runs make demo's script. Every check passes: guests on two
+// hypervisors and the native host talk. It leaves nothing behind: no
+// namespace of its own, no process whose command line names it (the
 // daemons' do), nothing in its temporary directory (TMPDIR is the
-// test's) and no /run/eipoibd/eipoib-demo-* (its control sockets'
-// directories once were). The demo ignores EIPOIB_NETNS_OFFLOAD: make
-// test runs it once.
+// test's) and no /run/eipoibd/eipoib-demo-* directory. The demo ignores
+// EIPOIB_NETNS_OFFLOAD: make test runs it once.
 func TestDemo(t *testing.T) {
 	require(t, "ping", "iperf3")
 	tmp := t.TempDir()

@@ -11,13 +11,14 @@ import (
 	"testing"
 )
 
-// TestDHCP: an Ethernet guest gets its address from a DHCP server (dnsmasq)
-// in a guest on another hypervisor, across the fabric, with the default
-// handling (BROADCAST flag) and with the RFC 4390 translation, which the
-// wire shows as hardware type 32 with a zero-length address; with the
-// Mellanox client-identifier (rfc4390-mlnx), dnsmasq gives the guest the
-// fixed address of a host entry keyed by that client-identifier, as
-// OpenStack's networking-mlnx writes them, outside the dynamic range.
+// TestDHCP: an Ethernet guest gets its address from a DHCP server
+// (dnsmasq) in a guest on another hypervisor, across the fabric. It does
+// so with the default handling (BROADCAST flag) and with the RFC 4390
+// translation, which the wire shows as hardware type 32 with a
+// zero-length address. With the Mellanox client-identifier
+// (rfc4390-mlnx), dnsmasq gives the guest the fixed address of a host
+// entry keyed by that client-identifier, outside the dynamic range.
+// OpenStack's networking-mlnx writes such entries.
 func TestDHCP(t *testing.T) {
 	for _, mode := range []string{"broadcast", "rfc4390", "rfc4390-mlnx"} {
 		t.Run(mode, func(t *testing.T) {
@@ -34,13 +35,13 @@ func TestDHCP(t *testing.T) {
 }
 
 // dhcpLease runs dnsmasq on dev in server's namespace and dhclient in
-// client, a guest of hypervisor h whose eipoibd runs in --dhcp mode, and
-// checks the lease both ends recorded and the DHCP packets on h's side of
-// the fabric: the guest's own (Ethernet, 6-byte address, BROADCAST flag)
-// or, in rfc4390 mode, hardware type 32 with a zero-length address (and
-// the BROADCAST flag). dnsmasq offers without pinging the address
-// first (--no-ping): its check, an echo request to an address nobody
-// holds, only delayed each offer by some 2 s.
+// client, a guest of hypervisor h whose eipoibd runs in --dhcp mode. It
+// checks the lease both ends recorded and the DHCP packets on h's side
+// of the fabric. Those are the guest's own (Ethernet, 6-byte address,
+// BROADCAST flag) or, in rfc4390 mode, hardware type 32 with a
+// zero-length address (and the BROADCAST flag). dnsmasq offers without
+// pinging the address first (--no-ping): its check, an echo request to
+// an address nobody holds, only delayed each offer by some 2 s.
 func dhcpLease(t *testing.T, mode string, h *hypervisor, server, client *guest, dev string) {
 	t.Helper()
 	nstestRequire(t, "dnsmasq", "dhclient")
@@ -98,10 +99,10 @@ var (
 
 // checkLease asserts that dhclient (its output and lease file) and
 // dnsmasq (its lease file) agree on one address of the range
-// 10.77.0.100–150 from server, and that dnsmasq recorded the client by
-// its MAC: as the hardware address (Ethernet, BROADCAST flag), or, after
-// the RFC 4390 translation (hardware type 32, no address), as the
-// client-identifier the shim added, type 1 + the MAC.
+// 10.77.0.100–150 from server. It asserts that dnsmasq recorded the
+// client by its MAC: as the hardware address (Ethernet, BROADCAST flag),
+// or, after the RFC 4390 translation (hardware type 32, no address), as
+// the client-identifier the shim added, type 1 + the MAC.
 func checkLease(t *testing.T, mode, out, clientLease, serverLeases, server string, mac net.HardwareAddr) {
 	t.Helper()
 	ack := dhcpACK.FindStringSubmatch(out)

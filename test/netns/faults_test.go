@@ -64,18 +64,18 @@ func (h *hypervisor) logClean(t *testing.T) {
 	}
 }
 
-// rawFrames writes n Ethernet frames made by frame into dev in
-// namespace ns (an AF_PACKET socket, as a guest's own driver would
-// hand them over), about 40,000 a second so that the bridge and the
+// rawFrames writes n Ethernet frames made by frame into dev in namespace
+// ns, with an AF_PACKET socket, as a guest's own driver would hand them
+// over. It writes about 40,000 a second, so that the bridge and the
 // TAP's queue, not the sender, are what is tested.
 func rawFrames(t *testing.T, ns, dev string, n int, frame func(i int) []byte) error {
 	return rawFramesPaced(t, ns, dev, n, frame, n, nil)
 }
 
 // rawFramesPaced is rawFrames that, after every burst frames and after
-// the last, calls caughtUp with the number written so far and writes on
-// only once it returns nil: with caughtUp waiting until the reader has
-// taken all of them, the writer never has more than burst frames in
+// the last, calls caughtUp with the number written so far. It writes on
+// only once caughtUp returns nil. With caughtUp waiting until the reader
+// has taken all of them, the writer never has more than burst frames in
 // flight, however late the reader is scheduled.
 func rawFramesPaced(t *testing.T, ns, dev string, n int, frame func(i int) []byte, burst int, caughtUp func(sent int) error) error {
 	var err error
@@ -137,14 +137,14 @@ func ethHeader(dst, src net.HardwareAddr, et uint16) []byte {
 	return binary.BigEndian.AppendUint16(b, et)
 }
 
-// TestLossyFabric: TCP both ways at once for 20 s over a fabric that
-// loses, duplicates and reorders 1 % of the packets and corrupts 0.5 %:
-// both transfers complete with the bytes sent equal to the bytes
-// received; every unicast packet one port corrupted the other counted as
-// a bad ICRC, and a corrupted multicast one at most (the peer receives it
-// only if it is a member of the group); nothing else went missing
-// unaccounted (no receive-queue
-// overflow); neither daemon logged a warning or an error.
+// TestLossyFabric: TCP runs both ways at once for 20 s over a fabric
+// that loses, duplicates and reorders 1 % of the packets and corrupts
+// 0.5 %. Both transfers complete with the bytes sent equal to the bytes
+// received. Every unicast packet one port corrupted, the other counted
+// as a bad ICRC. It counted a corrupted multicast one at most, as the
+// peer receives it only if it is a member of the group. Nothing else
+// went missing unaccounted (no receive-queue overflow). Neither daemon
+// logged a warning or an error.
 func TestLossyFabric(t *testing.T) {
 	nstestRequire(t, "iperf") // tcpTransfer's
 	tp := newTopo(t, 2, false, "--fault", "loss=0.01,dup=0.01,reorder=0.01,corrupt=0.005")
@@ -218,13 +218,14 @@ func TestLossyFabric(t *testing.T) {
 }
 
 // TestMACFlood: a guest sends 20,000 frames from as many random source
-// MACs, paced so that the kernel drops none on the way. The VIFs stay at --max-vifs (8), each flood frame is counted
-// once (a VIF, up to the limit, or drop_vif_limit, or
-// drop_vif_pending_full when it came while the new guests being made
-// held as many frames as they may), the other guests
-// keep pinging across the fabric with no loss, the daemon's RSS grows by
-// less than 16 MB (reported), and it logs one line per VIF it created
-// and a single warning for all the MACs it refused, and nothing else.
+// MACs, paced so that the kernel drops none on the way. The VIFs stay at
+// --max-vifs (8). Each flood frame is counted once: a VIF, up to the
+// limit, or drop_vif_limit, or drop_vif_pending_full when it came while
+// the new guests being made held as many frames as they may. The other
+// guests keep pinging across the fabric with no loss. The daemon's RSS
+// grows by less than 16 MB (reported). It logs one line per VIF it
+// created and a single warning for all the MACs it refused, and nothing
+// else.
 func TestMACFlood(t *testing.T) {
 	tp := newTopo(t, 2, false, "--max-vifs", "8")
 	h1, h2 := tp.hvs[0], tp.hvs[1]
@@ -299,9 +300,9 @@ func TestMACFlood(t *testing.T) {
 
 // fabricFlood sends n UDP datagrams, datagram(i, …) each, from
 // hypervisor from's underlay address (a process on the fabric) to to's
-// port, about 40,000 a second: within what a daemon handles, so that
-// the kernel drops none of a flood (nor of the pings it is tested
-// against).
+// port. It sends about 40,000 a second: within what a daemon handles, so
+// that the kernel drops none of a flood, nor of the pings it is tested
+// against.
 func fabricFlood(t *testing.T, from, to *hypervisor, n int, datagram func(i int, src, dst *[16]byte, sport uint16) []byte) {
 	t.Helper()
 	if err := fabricFloodFrom(from, from.gid(t), to.gid(t), n, datagram); err != nil {
@@ -361,11 +362,11 @@ func ipoibARP(sha ipoib.HwAddr, spa, tpa netip.Addr) []byte {
 
 // TestNeighbourFlood: a process on the fabric sends ARP requests from
 // 200,000 distinct (GID, QPN) pairs to a hypervisor with
-// --max-neighbours 1000 while one of its guests pings a guest across
-// the fabric. The table stays at 1,000 entries, the live guests'
-// neighbours are never evicted while in use (the pinging guest's frames
-// never wait for a resolution: tx_queued does not rise; every ping is
-// answered), and the RSS grows by less than 32 MB (reported).
+// --max-neighbours 1000, while one of its guests pings a guest across
+// the fabric. The table stays at 1,000 entries. The live guests'
+// neighbours are never evicted while in use: the pinging guest's frames
+// never wait for a resolution (tx_queued does not rise), and every ping
+// is answered. The RSS grows by less than 32 MB (reported).
 func TestNeighbourFlood(t *testing.T) {
 	tp := newTopo(t, 2, false, "--max-neighbours", "1000")
 	h1, h2 := tp.hvs[0], tp.hvs[1]
@@ -403,16 +404,16 @@ func TestNeighbourFlood(t *testing.T) {
 	h1.running(t)
 }
 
-// TestGarbage: 100,000 random datagrams (1 to 1,500 random bytes) to one
-// hypervisor's UDP 4791 and 100,000 malformed frames into the other's
-// TAP, in about 3 s on a quiet machine; the frames in bursts of a
-// quarter of the TAP's queue, each once the daemon has read the one
-// before, so that the kernel drops none of them however loaded the
-// machine (checked: no drop counter of the hops rises). Both daemons
-// stay up; each datagram is counted once under a port drop reason, each
-// frame once under the drop its fault calls for (a VLAN with no
+// TestGarbage: 100,000 random datagrams (1 to 1,500 random bytes) go to
+// one hypervisor's UDP 4791 and 100,000 malformed frames into the
+// other's TAP, in about 3 s on a quiet machine. The frames go in bursts
+// of a quarter of the TAP's queue, each once the daemon has read the one
+// before. So the kernel drops none of them however loaded the machine
+// (checked: no drop counter of the hops rises). Both daemons stay up.
+// Each datagram is counted once under a port drop reason. Each frame is
+// counted once under the drop its fault calls for: a VLAN with no
 // partition, an ethertype IPoIB does not carry, an ARP packet with a bad
-// hardware length); guests keep pinging across both with no loss.
+// hardware length. Guests keep pinging across both with no loss.
 func TestGarbage(t *testing.T) {
 	tp := newTopo(t, 2, false)
 	h1, h2 := tp.hvs[0], tp.hvs[1]
@@ -524,10 +525,11 @@ func linkNumber(t *testing.T, ns, dev, file string) uint64 {
 }
 
 // hopCounts are the kernel's drop counters of the hops a guest's frame
-// crosses to its hypervisor's TAP: the guest's veth (tx: veth_xmit
-// counts what its peer refused), its peer on the bridge (rx: dev.c
-// enqueue_to_backlog counts a full backlog against the receiving
-// device), the TAP (tx: tun.c tun_net_xmit counts a full queue).
+// crosses to its hypervisor's TAP:
+//   - the guest's veth (tx: veth_xmit counts what its peer refused);
+//   - its peer on the bridge (rx: dev.c enqueue_to_backlog counts a full
+//     backlog against the receiving device);
+//   - the TAP (tx: tun.c tun_net_xmit counts a full queue).
 type hopCounts struct{ guestTx, peerRx, tapTx uint64 }
 
 // hopDrops reads the drop counters of the hops from g's eth0, a guest
@@ -543,9 +545,9 @@ func hopDrops(t *testing.T, g *guest, h *hypervisor) hopCounts {
 }
 
 // quiet stops h's bridge and TAP sending frames of their own (IPv6 off:
-// no DAD, MLD or router solicitation; they have no IPv4 address), so
-// that every new source MAC h's daemon sees from then on is a guest's:
-// a flood's count is then exact.
+// no DAD, MLD or router solicitation; they have no IPv4 address). So
+// every new source MAC h's daemon sees from then on is a guest's, and a
+// flood's count is exact.
 func quiet(t *testing.T, h *hypervisor) {
 	t.Helper()
 	for _, dev := range []string{"br0", "eib0"} {
@@ -574,14 +576,14 @@ func (p *pace) checkHops(t *testing.T) {
 }
 
 // pacer returns the pace for frames from guest g of h: bursts of a
-// quarter of the TAP's queue of tx_queue_len frames,
-// which overflows whenever the writer fills it before eipoibd is
-// scheduled to read it (tun.c tun_net_xmit: a full ptr_ring is a drop,
-// counted in tx_dropped), as on a loaded machine; caughtUp waits until
-// counted (of h's metrics) has reached the frames written so far, and
-// fails when it is not exactly that by a deadline. It reads the metrics
-// every 10 ms: each read is a whole scrape, whose garbage a test of the
-// daemon's RSS would otherwise measure.
+// quarter of the TAP's queue of tx_queue_len frames. That queue
+// overflows whenever the writer fills it before eipoibd is scheduled to
+// read it, as on a loaded machine (tun.c tun_net_xmit: a full ptr_ring
+// is a drop, counted in tx_dropped). caughtUp waits until counted (of
+// h's metrics) has reached the frames written so far, and fails when it
+// is not exactly that by a deadline. It reads the metrics every 10 ms:
+// each read is a whole scrape, whose garbage a test of the daemon's RSS
+// would otherwise measure.
 func pacer(t *testing.T, g *guest, h *hypervisor, counted func(map[string]float64) float64) *pace {
 	p := &pace{burst: int(linkNumber(t, h.ns, "eib0", "tx_queue_len")) / 4, hopsBefore: hopDrops(t, g, h), g: g, h: h}
 	p.caughtUp = func(sent int) error {
@@ -614,12 +616,12 @@ func dropRises(before, after map[string]float64) string {
 }
 
 // TestCrashRestart: eipoibd is killed (SIGKILL) in the middle of a TCP
-// transfer and started again: the connection recovers and the transfer,
-// which spans the crash, completes with exactly the bytes sent (iperf 2,
-// paced so that it is still running at the kill, whatever TCP's
-// retransmission backoff makes of the outage), and a new connection's
-// exact transfer follows. A clean stop afterwards leaves nothing behind:
-// exit status 0, no TAP, no multicast group on the underlay, no child
+// transfer and started again. The connection recovers, and the transfer,
+// which spans the crash, completes with exactly the bytes sent. (iperf 2
+// is paced so that it is still running at the kill, whatever TCP's
+// retransmission backoff makes of the outage.) A new connection's exact
+// transfer follows. A clean stop afterwards leaves nothing behind: exit
+// status 0, no TAP, no multicast group on the underlay, no child
 // process, no process at all.
 func TestCrashRestart(t *testing.T) {
 	nstestRequire(t, "iperf")

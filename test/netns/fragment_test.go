@@ -27,12 +27,12 @@ func captureOn(t *testing.T, ns, iface, filter string) (string, func()) {
 // TestFragmentReassembly: a guest behind a 9000-byte bridge sends a
 // 6000-byte UDP datagram without DF, with IP options (record route, not
 // copied; router alert, copied), to a guest on the other hypervisor. The
-// shim fragments it to the IPoIB MTU, and the receiving guest's kernel
-// (a real receiver) reassembles it and delivers the payload byte for
-// byte. As the receiving hypervisor's TAP shows them (the fragments as
-// the sending shim made them), every fragment's header checksum is good,
-// the offsets tile the datagram exactly, the first fragment carries both
-// options and the others only router alert (RFC 791 §3.2).
+// shim fragments it to the IPoIB MTU. The receiving guest's kernel (a
+// real receiver) reassembles it and delivers the payload byte for byte.
+// The receiving hypervisor's TAP shows the fragments as the sending shim
+// made them. Every fragment's header checksum is good, and the offsets
+// tile the datagram exactly. The first fragment carries both options and
+// the others only router alert (RFC 791 §3.2).
 func TestFragmentReassembly(t *testing.T) {
 	tp := newTopo(t, 2, false)
 	h1, h2 := tp.hvs[0], tp.hvs[1]

@@ -38,10 +38,11 @@ var (
 	nsSeq     atomic.Int32
 )
 
-// ovsTools are what a topology with Open vSwitch needs besides ip: the
-// daemons startOVS starts, the clients the tests (ovs-vsctl, ovs-appctl)
-// and eipoibd (ovs-vsctl, ovsdb-client: vswitch) run, and ethtool, which
-// turns off the checksum offload the userspace datapath cannot fill in.
+// ovsTools are what a topology with Open vSwitch needs besides ip. They
+// are the daemons startOVS starts, and the clients the tests (ovs-vsctl,
+// ovs-appctl) and eipoibd (ovs-vsctl, ovsdb-client: vswitch) run.
+// ethtool turns off the checksum offload the userspace datapath cannot
+// fill in.
 var ovsTools = []string{"ovs-vsctl", "ovsdb-tool", "ovsdb-server", "ovs-vswitchd", "ovs-appctl", "ovsdb-client", "ethtool"}
 
 func TestMain(m *testing.M) {
@@ -65,12 +66,12 @@ func TestMain(m *testing.M) {
 }
 
 // require checks root, ip and the tools given, and that the daemon was
-// built. Each test needs only the tools it runs: the helpers that run a
+// built. Each test needs only the tools it runs. The helpers that run a
 // tool require it themselves (capture tcpdump, tshark tshark, iperf
-// iperf3, …), so that a test using one needs its tool without naming it,
-// and TestToolsRequired checks that every tool the tests name is
-// required on the path that runs it. Under EIPOIB_REQUIRE_NETNS=1 (CI)
-// a missing tool fails the test instead of skipping it.
+// iperf3, …), so a test using one needs its tool without naming it.
+// TestToolsRequired checks that every tool the tests name is required on
+// the path that runs it. Under EIPOIB_REQUIRE_NETNS=1 (CI) a missing
+// tool fails the test instead of skipping it.
 func require(t *testing.T, tools ...string) {
 	t.Helper()
 	nstest.Require(t, tools...)
@@ -264,14 +265,14 @@ func underlayUp(t *testing.T, ns, dev string) {
 	sh(t, in(ns, "ip", "link", "set", dev, "mtu", "9000", "up")...)
 }
 
-// noDAD turns duplicate address detection off on device dev of
-// namespace ns before it comes up ("default": on the devices made there
-// from now on). A simulated port's GID is its underlay's link-local
-// address, which the daemon waits to see leave the tentative state
-// (simfabric.Open) and which no neighbour can also hold (an IB port runs
-// no DAD on its GID): DAD would only delay each daemon's start by 1-2 s
-// (addrconf_dad_kick: a random delay up to rtr_solicit_delay, then
-// dad_transmits solicitations retrans_time apart).
+// noDAD turns duplicate address detection off on device dev of namespace
+// ns before it comes up ("default": on the devices made there from now
+// on). A simulated port's GID is its underlay's link-local address. The
+// daemon waits to see it leave the tentative state (simfabric.Open), and
+// no neighbour can also hold it (an IB port runs no DAD on its GID). DAD
+// would only delay each daemon's start by 1-2 s (addrconf_dad_kick: a
+// random delay up to rtr_solicit_delay, then dad_transmits solicitations
+// retrans_time apart).
 func noDAD(t *testing.T, ns, dev string) {
 	t.Helper()
 	var err error
@@ -374,11 +375,11 @@ func sniff(t *testing.T, g *guest, filter string, fn func()) []string {
 
 // tcpdump starts tcpdump with args in namespace ns, its standard output
 // to w, and waits until it listens, so that nothing sent afterwards is
-// missed (a tcpdump that exits first, on a bad filter say, fails the
-// test instead of capturing nothing). It returns a function that ends
-// the capture (SIGINT: tcpdump writes out what it holds and exits 0) and
-// fails the test unless tcpdump ran until then; the capture also ends
-// at cleanup.
+// missed. A tcpdump that exits first, on a bad filter say, fails the
+// test instead of capturing nothing. tcpdump returns a function that
+// ends the capture (SIGINT: tcpdump writes out what it holds and exits
+// 0). That function fails the test unless tcpdump ran until then. The
+// capture also ends at cleanup.
 func tcpdump(t *testing.T, ns string, w io.Writer, args ...string) func() {
 	t.Helper()
 	nstestRequire(t, "tcpdump")
@@ -417,11 +418,11 @@ var tcpdumpStats = regexp.MustCompile(`(\d+) packets captured, (\d+) packets rec
 
 // drainCapture waits until tcpdump has taken every packet the kernel
 // passed its filter, so that stopping it loses none still in its
-// socket's ring: on SIGUSR1 tcpdump writes its counts to its standard
-// error and goes on, and the capture is drained once the packets it
-// captured are those the filter received (one count per packet on a
+// socket's ring. On SIGUSR1 tcpdump writes its counts to its standard
+// error and goes on. The capture is drained once the packets it captured
+// are those the filter received. There is one count per packet on a
 // veth, where the tests capture; on loopback the kernel counts each
-// twice). The packets a test waits for have passed the interface by the
+// twice. The packets a test waits for have passed the interface by the
 // time it stops the capture. It gives up after 20 s, leaving the test to
 // find what is missing.
 func drainCapture(t *testing.T, p *os.Process, stderr *listenWatch) {
@@ -715,9 +716,9 @@ func runPing(g *guest, dst string, n int, deadline time.Duration, extra ...strin
 }
 
 // lossless reports whether n of n replies came back: the first n
-// requests each answered once. Replies to the requests ping sent beyond
-// n, because replies were late (a busy machine), are no loss: ping may
-// take them in before it exits, so rx may pass n; each reply counted is
+// requests each answered once. Replies to requests ping sent beyond n,
+// because replies were late on a busy machine, are no loss. ping may
+// take them in before it exits, so rx may pass n. Each reply counted is
 // one of a distinct request's, none a duplicate.
 func (r pingResult) lossless(n int) bool {
 	for seq := 1; seq <= n; seq++ {

@@ -117,13 +117,18 @@ var kitLegs = []string{"ping4", "ping6", "arp", "nd", "tcp A1>B1", "tcp B1>A1", 
 // 0xffff: guest A1 and an address X that host B routes for.
 var routedLegs = []string{"routed ping4 A1>X|sim|0xffff", "routed ping6 A1>X|sim|0xffff", "routed tcp A1>X|sim|0xffff", "routed tcp X>A1|sim|0xffff"}
 
-// checkKit asserts what the kit's run printed: exit 0; a summary of 0
-// failed with as many passed as the table has PASS rows; every leg in
-// the table as PASS for backend sim on each of the partitions, and the
-// extra rows (check|backend|partition); exactly the notRun rows (→ the
-// start of the reason) as "not run", never as passed; no other row; nothing left on the hosts;
-// and each host's eipoibd counters, VIFs, neighbours and groups saved
-// in its logs under work.
+// checkKit asserts what the kit's run printed:
+//   - exit 0;
+//   - a summary of 0 failed, with as many passed as the table has PASS
+//     rows;
+//   - every leg in the table as PASS for backend sim on each of the
+//     partitions, and the extra rows (check|backend|partition);
+//   - exactly the notRun rows (→ the start of the reason) as "not run",
+//     never as passed;
+//   - no other row;
+//   - nothing left on the hosts;
+//   - each host's eipoibd counters, VIFs, neighbours and groups saved in
+//     its logs under work.
 func checkKit(t *testing.T, out string, code int, work string, hosts, partitions, extra []string, notRun map[string]string) map[string]kitRow {
 	t.Helper()
 	if code != 0 {
@@ -193,27 +198,33 @@ var kitArgs = []string{"--count", "3", "--bytes", "8388608", "--mcast-settle", "
 var smRecovery = regexp.MustCompile(`^ping A1>B1 back after (\d+\.\d) s, then 3/3 \(--sm-restart\)$`)
 
 // TestHWKit runs the operators' kit (test/hw/run.sh) here, so that it
-// cannot rot: two host namespaces on a veth underlay, the simulated
-// fabric, Linux bridges, one partition (this kernel's bridge has no VLAN
-// filtering). There is no SM: the SM leg's trigger (--sm-restart) is a
-// stand-in that takes host A's simulated port down for 2 s (SIGUSR1
-// twice), which drops every packet each way. The TAP's carrier follows
-// the port, and a bridge port that goes down loses its learned multicast
-// router state (net/bridge/br_multicast.c), after which the bridge keeps
-// guests' multicast to groups without local members from the TAP
-// (br_multicast_ipv4_rcv: mrouters_only) until it hears a query: the
-// "mcast4 after SM" leg checks that eipoibd queries as soon as the carrier
-// is back (before that fix it read none of the datagrams), so that a
-// port reset on hardware does not cut guests' multicast for the query
-// interval. checkKit asserts the run:
-// every leg this machine can run (ping, ping -6, ARP, ND, TCP both ways,
-// IPv4 and IPv6 multicast) PASS, the routed leg (ping, ping -6 and TCP
-// both ways between guest A1 and an address host B routes for), and the
-// SM leg and the multicast after it; the second partition, the kernel
-// and verbs backends and the kernel backend legs (long-name, child-mem)
-// "not run" with their reason; 0 failed; nothing left behind. The SM
-// leg's recovery is at least the 2 s the port was down: the leg measured the
-// outage, from the trigger on.
+// cannot rot. It uses two host namespaces on a veth underlay, the
+// simulated fabric, Linux bridges and one partition (this kernel's
+// bridge has no VLAN filtering).
+//
+// There is no SM. The SM leg's trigger (--sm-restart) is a stand-in that
+// takes host A's simulated port down for 2 s (SIGUSR1 twice), which
+// drops every packet each way. The TAP's carrier follows the port. A
+// bridge port that goes down loses its learned multicast router state
+// (net/bridge/br_multicast.c). The bridge then keeps guests' multicast
+// to groups without local members from the TAP until it hears a query
+// (br_multicast_ipv4_rcv: mrouters_only). The "mcast4 after SM" leg
+// checks that eipoibd queries as soon as the carrier is back. So a port
+// reset on hardware does not cut guests' multicast for the query
+// interval.
+//
+// checkKit asserts the run:
+//   - every leg this machine can run PASS: ping, ping -6, ARP, ND, TCP
+//     both ways, IPv4 and IPv6 multicast;
+//   - the routed leg PASS: ping, ping -6 and TCP both ways between guest
+//     A1 and an address host B routes for;
+//   - the SM leg and the multicast after it PASS;
+//   - the second partition, the kernel and verbs backends and the kernel
+//     backend legs (long-name, child-mem) "not run", with their reason;
+//   - 0 failed, and nothing left behind.
+//
+// The SM leg's recovery is at least the 2 s the port was down: the leg
+// measured the outage, from the trigger on.
 func TestHWKit(t *testing.T) {
 	require(t, kitTools...)
 	args, hosts := kitHosts(t, false)
@@ -239,15 +250,15 @@ func TestHWKit(t *testing.T) {
 	}
 }
 
-// TestHWKitOVS runs the kit with both partitions: the second one's
-// guests on VLAN 100 of an Open vSwitch bridge (userspace datapath, an
-// OVS per host), eipoibd mapping it to P_Key 0x8001 and each host's
-// second native address on an eipoibd host of that P_Key. checkKit
+// TestHWKitOVS runs the kit with both partitions. The second one's
+// guests are on VLAN 100 of an Open vSwitch bridge (userspace datapath,
+// an OVS per host). eipoibd maps it to P_Key 0x8001, and each host's
+// second native address is on an eipoibd host of that P_Key. checkKit
 // asserts every leg PASS on both partitions, and the SM re-register and
 // the kernel and verbs backends "not run". eipoibd runs with
-// --offload=false: the userspace datapath reads the TAP without its vnet
-// header, so the TCP super-frames eipoibd writes to it with offloads on
-// would reach the guests' 1500-byte veths whole, and TCP crawls through
+// --offload=false. The userspace datapath reads the TAP without its vnet
+// header, so TCP super-frames eipoibd wrote to it with offloads on would
+// reach the guests' 1500-byte veths whole, and TCP would crawl through
 // retransmissions.
 func TestHWKitOVS(t *testing.T) {
 	require(t, append(kitTools, ovsTools...)...)
@@ -269,8 +280,8 @@ func TestHWKitOVS(t *testing.T) {
 
 // TestHWKitPrerequisites: with an eipoibd that does not exist and
 // without --no-sm on the simulated fabric, the kit names both missing
-// prerequisites, with what to do, sets nothing up (no interface on either
-// host, no namespace) and exits 2, and runs no check.
+// prerequisites, with what to do. It sets nothing up (no interface on
+// either host, no namespace), exits 2, and runs no check.
 func TestHWKitPrerequisites(t *testing.T) {
 	nstestRequire(t, kitTools...)
 	args, hosts := kitHosts(t, false)
@@ -317,10 +328,10 @@ func TestHWKitPrerequisites(t *testing.T) {
 }
 
 // TestHWKitKernelLegOptions: the kernel backend legs' options are
-// checked before anything runs: a --long-name the kernel would refuse
+// checked before anything runs. A --long-name the kernel would refuse
 // (16 bytes: dev_valid_name's 15 at most, or a '/'), or equal to --dev,
-// and a --children that is no positive number, each exit 3 with the
-// reason.
+// exits 3 with the reason. So does a --children that is no positive
+// number.
 func TestHWKitKernelLegOptions(t *testing.T) {
 	for _, c := range []struct {
 		args []string

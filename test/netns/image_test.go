@@ -18,11 +18,11 @@ import (
 )
 
 // podman runs podman with the project's containers configuration
-// (scripts/containers.conf: runc, no default ulimits) in
-// network namespace ns (unless empty), the "host" network of the
-// containers it starts (by nsenter, which leaves podman in the host's
-// mount namespace, where its mounts must be), and returns its combined
-// output.
+// (scripts/containers.conf: runc, no default ulimits) and returns its
+// combined output. It runs in network namespace ns (unless empty), the
+// "host" network of the containers it starts. It enters it by nsenter,
+// which leaves podman in the host's mount namespace, where its mounts
+// must be.
 func podman(t *testing.T, ns string, args ...string) (string, error) {
 	t.Helper()
 	nstestRequire(t, "podman", "nsenter")
@@ -74,15 +74,16 @@ func simDaemonSet(t *testing.T) (tmpl, configMap map[string]any) {
 // except that
 //   - its containers run image;
 //   - the init containers with restartPolicy Always (sidecars, the
-//     keeper) are containers, listed first: podman runs every init
+//     keeper) are containers, listed first. podman runs every init
 //     container to its end before the containers start, so a sidecar
-//     would block the pod;
-//   - no probes (podman turns them into healthchecks, which need
-//     systemd's timers);
+//     would block the pod.
+//   - there are no probes: podman turns them into healthchecks, which
+//     need systemd's timers.
 //   - the init containers are of podman's type "always" (run at each
-//     start of the pod, kept), not "once" (removed once they end, which
-//     podman 4.3 races with their exit: "failed to remove once init
-//     container ... as it is running", containers/podman#18477);
+//     start of the pod, kept), not "once" (removed once they end).
+//     podman 4.3 races that removal with their exit: "failed to remove
+//     once init container ... as it is running",
+//     containers/podman#18477.
 //   - the node's directories (the hostPath volumes /run/eipoibd and
 //     /opt/cni/bin) are the test node's, dirs by path.
 //
@@ -145,21 +146,21 @@ func nodePod(t *testing.T, tmpl map[string]any, name, image string, dirs map[str
 	return out
 }
 
-// TestImagePod builds the image (make image: scripts/mkimage.sh) and
-// runs the DaemonSet's pod of the sim overlay, with podman kube play
-// and the manifest's capabilities, on two nodes (network namespaces
-// joined by their underlay eth1) with the simulated fabric:
-//   - the init container installs the CNI plugin into the node's CNI
-//     directory, the one the image holds, of the image's version;
-//   - the keeper and eipoibd start: the keeper's socket and the control
-//     socket appear in the node's /run/eipoibd;
-//   - a pod made through that CNI plugin (libcni, the bridge and
-//     host-local plugins of Debian's containernetworking-plugins) on
-//     each node reaches the other: ping and ping -6 both ways, 1 MB of
-//     TCP to the byte;
-//   - restarting the eipoibd container (podman restart) leaves the TAP
+// TestImagePod builds the image (make image: scripts/mkimage.sh). It
+// runs the DaemonSet's pod of the sim overlay, with podman kube play and
+// the manifest's capabilities, on two nodes with the simulated fabric.
+// The nodes are network namespaces joined by their underlay eth1.
+//   - The init container installs the CNI plugin into the node's CNI
+//     directory: the one the image holds, of the image's version.
+//   - The keeper and eipoibd start: the keeper's socket and the control
+//     socket appear in the node's /run/eipoibd.
+//   - A pod made through that CNI plugin on each node reaches the other:
+//     ping and ping -6 both ways, 1 MB of TCP to the byte. The pods use
+//     libcni, and the bridge and host-local plugins of Debian's
+//     containernetworking-plugins.
+//   - Restarting the eipoibd container (podman restart) leaves the TAP
 //     as it was under the keeper: the same interface, carrier on, no
-//     carrier change; the pods still reach each other.
+//     carrier change. The pods still reach each other.
 func TestImagePod(t *testing.T) {
 	require(t, "podman", "runc", "catatonit", "nsenter", "debootstrap", "iperf", "ping", cniDir+"/bridge", cniDir+"/host-local")
 	version := script(t, time.Minute, nil, "version.sh")

@@ -9,12 +9,12 @@ import (
 )
 
 // vmInitramfsRoot is where the VM's initramfs mounts the host's root
-// (test/vm/init): the agent and its scripts run chrooted there, but the
-// kernel's own helpers see the initramfs (kernel/umh.c
-// call_usermodehelper_exec_async: kernel threads share init's fs, and
+// (test/vm/init). The agent and its scripts run chrooted there, but the
+// kernel's own helpers see the initramfs. (kernel/umh.c
+// call_usermodehelper_exec_async: kernel threads share init's fs;
 // init/main.c rest_init starts pid 1, which never chroots, with
-// CLONE_FS), so a path handed to the kernel, such as kernel.modprobe
-// for request_module, gets this prefix.
+// CLONE_FS.) So a path handed to the kernel, such as kernel.modprobe for
+// request_module, gets this prefix.
 const vmInitramfsRoot = "/newroot"
 
 // modprobeRefuse is the guest kernel's modprobe (kernel.modprobe) while
@@ -31,23 +31,23 @@ exit 1
 var invalidLengthWarning = regexp.MustCompile(`(?m)netlink: 'kernelfabric\.te': attribute type 1 has an invalid length\.$`)
 
 // TestIPoIBNetlinkVM: the kernel backend's IPoIB child request meets
-// ib_ipoib's real netlink parser in the QEMU guest (Debian's 6.1 kernel).
-// The guest runs ipoib/kernelfabric's TestChildRequestKernelAnswers,
-// which sends the request through the backend's own builder
-// (newChildRequest, AddChild) and variants cut from its bytes, with a
-// veth as the parent (the guest has no InfiniBand device: rxe is RoCE),
-// and checks each answer against rtnetlink.c, nlattr.c and
-// ipoib_netlink.c. Twice, in one boot:
+// ib_ipoib's real netlink parser in the QEMU guest (Debian's 6.1
+// kernel). The guest runs ipoib/kernelfabric's
+// TestChildRequestKernelAnswers. That test sends the request through the
+// backend's own builder (newChildRequest, AddChild), and variants cut
+// from its bytes, with a veth as the parent; the guest has no InfiniBand
+// device, as rxe is RoCE. It checks each answer against rtnetlink.c,
+// nlattr.c and ipoib_netlink.c. It runs twice, in one boot:
 //   - without ib_ipoib, the kernel's modprobe a script that loads
-//     nothing: every request is answered EOPNOTSUPP "Unknown device
-//     type", and the kernel did try to load "rtnl-link-ipoib" first;
-//   - with ib_ipoib loaded: the request as sent gets ENODEV (the policy
-//     and the kind accepted its attributes; ipoib_new_child_link refused
-//     the Ethernet parent), no IFLA_LINK EINVAL, a 1-byte P_Key ERANGE
-//     "Attribute failed policy validation", a 4-byte P_Key and an
-//     unknown IFLA_IPOIB_* type ENODEV (liberal parsing), the kernel
-//     warning in its log about each wrong-length P_Key (two) and asking
-//     modprobe for nothing more.
+//     nothing. Every request is answered EOPNOTSUPP "Unknown device
+//     type", and the kernel did try to load "rtnl-link-ipoib" first.
+//   - with ib_ipoib loaded. The request as sent gets ENODEV: the policy
+//     and the kind accepted its attributes, and ipoib_new_child_link
+//     refused the Ethernet parent. No IFLA_LINK gets EINVAL. A 1-byte
+//     P_Key gets ERANGE "Attribute failed policy validation". A 4-byte
+//     P_Key and an unknown IFLA_IPOIB_* type get ENODEV (liberal
+//     parsing). The kernel warns in its log about each wrong-length
+//     P_Key (two), and asks modprobe for nothing more.
 func TestIPoIBNetlinkVM(t *testing.T) {
 	require(t)
 	_, ns := vmNamespace(t)

@@ -107,10 +107,10 @@ func monitor(t *testing.T, h *hypervisor, args ...string) *listenWatch {
 }
 
 // subscribed waits until the "ip -o monitor link" and "bridge monitor
-// fdb" of h print events (watching eib0 needs a subscription made before
-// its flap): events made for them on a veth pair of h's own, on no
-// bridge, are made again until each monitor has shown one, then the
-// pair is deleted.
+// fdb" of h print events; watching eib0 needs a subscription made before
+// its flap. Events are made for them on a veth pair of h's own, on no
+// bridge, again until each monitor has shown one. Then the pair is
+// deleted.
 func subscribed(t *testing.T, h *hypervisor, links, fdb *listenWatch) {
 	t.Helper()
 	sh(t, in(h.ns, "ip", "link", "add", "kprobe0", "type", "veth", "peer", "name", "kprobe1")...)
@@ -147,29 +147,35 @@ func flapsOf(link, fdb string) []string {
 }
 
 // TestKeeperRestart: eipoibd --persist --fd-store keeps its TAP queues
-// in an "eipoibd keeper" process instead of systemd's store. While a
-// guest pings one on the other hypervisor every 100 ms, the daemon is
-// restarted (SIGTERM), then killed (SIGKILL) and started again: each
-// time it takes the queues back from the keeper (tap_start=kept), eib0
-// keeps its ifindex, stays on br0 and never changes carrier
-// (carrier_changes, and "ip monitor link" shows it neither without
-// carrier nor down), no FDB entry on eib0 is deleted ("bridge monitor
-// fdb"), the guests' VIFs come back with their QPNs, and the ping
-// outage, pinging every 10 ms out of the hypervisor and into it, is
-// reported with the lost sequence numbers (and must stay under 2 s each
-// way, as TestPersistRestart's): what the fabric delivers while no
-// eipoibd reads the port is lost, so the outage measures that window.
-// Then the keeper is killed: the next start says the keeper is
-// unreachable and reopens the TAP, whose carrier went down and up once
-// (which the monitors see: they do catch a flap). A new keeper started
+// in an "eipoibd keeper" process instead of systemd's store.
+//
+// While a guest pings one on the other hypervisor every 100 ms, the
+// daemon is restarted (SIGTERM), then killed (SIGKILL) and started
+// again. Each time:
+//   - it takes the queues back from the keeper (tap_start=kept);
+//   - eib0 keeps its ifindex, stays on br0 and never changes carrier
+//     (carrier_changes, and "ip monitor link" shows it neither without
+//     carrier nor down);
+//   - no FDB entry on eib0 is deleted ("bridge monitor fdb");
+//   - the guests' VIFs come back with their QPNs;
+//   - the ping outage, pinging every 10 ms out of the hypervisor and
+//     into it, is reported with the lost sequence numbers. It must stay
+//     under 2 s each way, as TestPersistRestart's. What the fabric
+//     delivers while no eipoibd reads the port is lost, so the outage
+//     measures that window.
+//
+// Then the keeper is killed. The next start says the keeper is
+// unreachable and reopens the TAP, whose carrier went down and up once;
+// the monitors see it, so they do catch a flap. A new keeper started
 // while the daemon runs gets the queues from it (the daemon watches the
-// keeper's socket); malformed requests to it are refused and counted
-// by kind, logged once per kind, and it goes on serving: another
-// restart keeps the carrier. Last, eib0 is deleted while eipoibd is
-// down: the next start closes the detached queues the keeper hands
-// back, makes the TAP afresh, and the keeper holds the new ones; then
-// --persist is turned off: the keeper is told to let go, and a new,
-// ordinary TAP replaces the persistent one.
+// keeper's socket). Malformed requests to it are refused and counted by
+// kind, logged once per kind, and it goes on serving: another restart
+// keeps the carrier.
+//
+// Last, eib0 is deleted while eipoibd is down. The next start closes the
+// detached queues the keeper hands back, makes the TAP afresh, and the
+// keeper holds the new ones. Then --persist is turned off: the keeper is
+// told to let go, and a new, ordinary TAP replaces the persistent one.
 func TestKeeperRestart(t *testing.T) {
 	tp := newTopo(t, 2, false)
 	h1, h2 := tp.hvs[0], tp.hvs[1]
@@ -203,11 +209,11 @@ func TestKeeperRestart(t *testing.T) {
 	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL} {
 		t.Run(sig.String(), func(t *testing.T) {
 			const n, every = 500, 10 * time.Millisecond
-			// Both ways, every 10 ms: a guest here pinging out (its requests sent while
-			// eipoibd is down wait in the kept TAP queue; a reply that
-			// reaches the fabric port in that time is lost) and the
-			// remote guest pinging in (its requests that reach the port
-			// while eipoibd is down are lost).
+			// Both ways, every 10 ms. A guest here pings out: its
+			// requests sent while eipoibd is down wait in the kept TAP
+			// queue, and a reply that reaches the fabric port in that
+			// time is lost. The remote guest pings in: its requests that
+			// reach the port while eipoibd is down are lost.
 			pinged, pingedIn := make(chan pingResult, 1), make(chan pingResult, 1)
 			go func() {
 				r, _ := runPing(g11, g21.ip4, n, 20*time.Second, "-i", "0.01")
@@ -327,9 +333,9 @@ func TestKeeperRestart(t *testing.T) {
 
 	// A TAP deleted while only the keeper holds its queues: nothing
 	// tells the keeper (tun_detach_all wakes them, with EPOLLIN, before
-	// it detaches them),
-	// so the next eipoibd gets detached queues back, closes them, makes
-	// the TAP afresh and has the keeper hold its new queues instead.
+	// it detaches them). So the next eipoibd gets detached queues back,
+	// closes them, makes the TAP afresh and has the keeper hold its new
+	// queues instead.
 	t.Run("TAP deleted", func(t *testing.T) {
 		h1.stop(t, false)
 		sh(t, in(h1.ns, "ip", "link", "del", "eib0")...)

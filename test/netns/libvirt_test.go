@@ -17,29 +17,29 @@ import (
 )
 
 // TestLibvirt follows docs/libvirt.md with the real libvirtd and virsh
-// (Debian's libvirt 9.0), taking the commands and the XML from the doc
-// itself so that the doc cannot drift:
+// (Debian's libvirt 9.0). It takes the commands and the XML from the doc
+// itself, so that the doc cannot drift.
 //
-//   - the Linux-bridge network (macTableManager='libvirt'): on a kernel
+//   - The Linux-bridge network (macTableManager='libvirt'): on a kernel
 //     without bridge VLAN filtering, as here, `virsh net-start` fails
-//     with exactly the error the doc quotes; on one with it, it starts
-//     with vlan_filtering on, as the doc says;
+//     with exactly the error the doc quotes. On one with it, it starts
+//     with vlan_filtering on, as the doc says.
 //   - Open vSwitch (userspace datapath): the doc's commands create
-//     ovsbr0 and define and start its network, eipoibd runs with the
-//     doc's configuration, and a guest with the doc's <interface> in
-//     VLAN 20, booted by libvirt under TCG (test/vm's kernel and
-//     initramfs, direct kernel boot), is declared with origin ovs on
-//     VLAN 20 before it sends anything (none of its frames is ever
-//     dropped as undeclared), pings a native IPoIB host in
-//     partition 0x8014 on another hypervisor (IPv4 and IPv6) and
-//     reaches it over TCP (its checksum offload off, as the doc says),
-//     receives 8 MiB of TCP from it to the byte with the default
-//     offloads (no super-frame, no frame over the TAP's MTU written
-//     into eib0, nothing refused by ovs-vswitchd), has its
-//     frames from a forged MAC dropped as drop_undeclared (exactly its
-//     3, no VIF for it) while the hypervisor's own frames (ovsbr0's and
-//     eib0's, 2 each) count as drop_undeclared_local, and `virsh
-//     destroy` frees its VIF; eipoibd warns of nothing all along.
+//     ovsbr0 and define and start its network, and eipoibd runs with the
+//     doc's configuration. A guest with the doc's <interface> in VLAN 20
+//     is booted by libvirt under TCG (test/vm's kernel and initramfs,
+//     direct kernel boot). It is declared with origin ovs on VLAN 20
+//     before it sends anything: none of its frames is ever dropped as
+//     undeclared. It pings a native IPoIB host in partition 0x8014 on
+//     another hypervisor (IPv4 and IPv6), and reaches it over TCP with
+//     its checksum offload off, as the doc says. It receives 8 MiB of
+//     TCP from it to the byte with the default offloads: no super-frame
+//     and no frame over the TAP's MTU is written into eib0, and
+//     ovs-vswitchd refuses nothing. Its frames from a forged MAC are
+//     dropped as drop_undeclared (exactly its 3, no VIF for it). The
+//     hypervisor's own frames (ovsbr0's and eib0's, 2 each) count as
+//     drop_undeclared_local. `virsh destroy` frees its VIF. eipoibd
+//     warns of nothing all along.
 //
 // Slow (libvirtd's first QEMU probe, then a TCG boot): in ONCE_TESTS.
 func TestLibvirt(t *testing.T) {
@@ -160,8 +160,8 @@ func TestLibvirt(t *testing.T) {
 	}
 
 	// And to the guest, through the userspace datapath without its TSO
-	// (the doc's bridge), with the default offloads: exactly the bytes
-	// sent arrive (iperf 2), eipoibd wrote no super-frame and no frame
+	// (the doc's bridge), with the default offloads. Exactly the bytes
+	// sent arrive (iperf 2). eipoibd wrote no super-frame and no frame
 	// over the TAP's MTU into eib0, and ovs-vswitchd refused nothing.
 	gsrv := vm.start(t, "iperf -s -y C -P 1")
 	sent, err := retryConnect(&guest{ns: nat}, []string{"iperf", "-y", "C", "-c", "10.77.0.11", "-n", strconv.Itoa(libvirtTCPBytes)}, "connect failed")
@@ -342,12 +342,12 @@ func waitVIF(t *testing.T, h *hypervisor, mac string, present bool) ctl.VIF {
 	}
 }
 
-// libvirt is a libvirtd (and its virtlogd) of the test's own: it runs in
-// a network namespace, in a mount namespace of its own where its
+// libvirt is a libvirtd (and its virtlogd) of the test's own. It runs in
+// a network namespace, in a mount namespace of its own. There its
 // configuration, state and sockets (/etc/libvirt, /run/libvirt,
 // /var/lib/libvirt, /var/cache/libvirt, /var/log/libvirt) are
-// directories of the test's, and /run/openvswitch is the test's Open
-// vSwitch (libvirt runs ovs-vsctl with its default database).
+// directories of the test's. /run/openvswitch is the test's Open
+// vSwitch, as libvirt runs ovs-vsctl with its default database.
 type libvirt struct {
 	dir string   // its root: etc, run, lib, cache, log
 	env []string // LIBVIRT_DEFAULT_URI: its socket, for virsh
@@ -503,11 +503,11 @@ type libvirtVM struct {
 }
 
 // boot starts a transient domain named name under TCG with test/vm's
-// kernel and initramfs (direct kernel boot), the host's root and a work
-// directory over virtio-9p as startVM gives them, and the network
-// interface iface (libvirt <interface> XML, given as the doc has it; the
-// test turns its option ROM off, which a kernel boot does not need). The
-// agent's eth0 takes the interface's MTU.
+// kernel and initramfs (direct kernel boot). It has the host's root and
+// a work directory over virtio-9p, as startVM gives them. Its network
+// interface is iface, libvirt <interface> XML given as the doc has it;
+// the test turns its option ROM off, which a kernel boot does not need.
+// The agent's eth0 takes the interface's MTU.
 func (lv *libvirt) boot(t *testing.T, name, iface string) *libvirtVM {
 	t.Helper()
 	kernel, initrd, pkgRoot := vmBuild(t)

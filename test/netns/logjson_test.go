@@ -50,12 +50,13 @@ func checkRecord(t *testing.T, recs []map[string]json.RawMessage, msg, key, keyV
 }
 
 // TestJSONLog runs two hypervisors with --log-format json (the
-// DaemonSet's) and a guest pinging across, and reads the JSON back:
-// every line is one object, no value in it is an array or an object
-// (MACs, GIDs and LIMACs as arrays of bytes were), and the start and the
-// guest's arrival carry each field as the text log writes it: the GID as
-// fe80::…, tap_start as "created", the P_Key as "0xffff", the guest's
-// MAC in colon-hex, the QPN in hex, the LIMAC as 20 colon-hex bytes.
+// DaemonSet's) and a guest pinging across, and reads the JSON back.
+// Every line is one object, and no value in it is an array or an object:
+// MACs, GIDs and LIMACs are strings, not arrays of bytes. The start and
+// the guest's arrival carry each field as the text log writes it. The
+// GID is fe80::…, tap_start "created" and the P_Key "0xffff". The
+// guest's MAC is in colon-hex, the QPN in hex, and the LIMAC 20
+// colon-hex bytes.
 func TestJSONLog(t *testing.T) {
 	tp := newTopo(t, 2, false, "--log-format", "json")
 	h1, h2 := tp.hvs[0], tp.hvs[1]

@@ -18,17 +18,17 @@ import (
 	"github.com/eipoib/eipoibd/ipoib/simfabric"
 )
 
-// TestMemoryFlood: a daemon at the default table bounds (--max-vifs
-// 1024, --max-neighbours 65536, no memory limit) takes a flood of
+// TestMemoryFlood: a daemon runs at the default table bounds (--max-vifs
+// 1024, --max-neighbours 65536, no memory limit). It takes a flood of
 // 20,000 source MACs from a guest, then ARP requests from 100,000
-// distinct (GID, QPN) endpoints on the fabric, each in bursts the
-// daemon reads before the next, so that the kernel drops none, while another guest pings across the fabric. Each
-// flood frame is counted once (a VIF made for its MAC, up to the bound,
-// else drop_vif_limit, or drop_vif_pending_full when it came while the
-// VIFs being made held as many frames as they may), each flood endpoint
-// is learned once (and as many evicted as the bound calls for), every
-// ping is answered, and the daemon's RSS after both floods is at most
-// 64 MiB (logged).
+// distinct (GID, QPN) endpoints on the fabric, while another guest pings
+// across the fabric. Each flood comes in bursts the daemon reads before
+// the next, so that the kernel drops none. Each flood frame is counted
+// once: a VIF made for its MAC, up to the bound, else drop_vif_limit, or
+// drop_vif_pending_full when it came while the VIFs being made held as
+// many frames as they may. Each flood endpoint is learned once, and as
+// many evicted as the bound calls for. Every ping is answered. The
+// daemon's RSS after both floods is at most 64 MiB (logged).
 func TestMemoryFlood(t *testing.T) {
 	tp := newTopo(t, 2, false)
 	h1, h2 := tp.hvs[0], tp.hvs[1]

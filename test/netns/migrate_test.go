@@ -41,11 +41,11 @@ func rarp(mac net.HardwareAddr) []byte {
 // migrate moves guest g's port (vg1 of hypervisor from) to to's bridge,
 // as a live migration moves a guest: same MAC and addresses, another
 // hypervisor, and the same ARP and neighbour caches. A migrated guest's
-// NIC never loses its carrier; the veth whose peer moves does, and Linux
-// would then flush the guest's caches (neigh_carrier_down), so that it
-// re-resolves everything by broadcast on the new bridge, which hides
-// what a real guest's stale caches do: the guest's eth0 keeps them
-// (arp_evict_nocarrier, ndisc_evict_nocarrier off).
+// NIC never loses its carrier. The veth whose peer moves does, and Linux
+// would then flush the guest's caches (neigh_carrier_down). The guest
+// would re-resolve everything by broadcast on the new bridge, which
+// hides what a real guest's stale caches do. So the guest's eth0 keeps
+// them (arp_evict_nocarrier, ndisc_evict_nocarrier off).
 func migrate(t *testing.T, g *guest, from, to *hypervisor) {
 	sh(t, in(g.ns, "sysctl", "-q", "-w", "net.ipv4.conf.eth0.arp_evict_nocarrier=0", "net.ipv6.conf.eth0.ndisc_evict_nocarrier=0")...)
 	sh(t, in(from.ns, "ip", "link", "set", "vg1", "down")...)
@@ -54,16 +54,16 @@ func migrate(t *testing.T, g *guest, from, to *hypervisor) {
 	sh(t, in(to.ns, "ip", "link", "set", "vgm", "master", "br0", "up")...)
 }
 
-// testMigration: guest g11 moves from h1 to h2 while g31 (on h3), g12
-// (who stays on h1) and g21 (on h2, the hypervisor it moves to) ping it
-// every 100 ms, each over IPv4 and over IPv6 (with destOnly, g21 alone);
-// announce says whether the moved guest then sends QEMU's RARP
-// announcement. Before the move, g21
-// reaches g11 through the fabric, so its ARP and neighbour caches hold
-// the REMAC h2's shim shows for g11's QP on h1. Every ping must resume
-// within limit of the move and be answered at its end, and h2's shim
-// must have told its guests where the guest went (tx_told_local); the
-// outages (the longest run of unanswered requests) are logged.
+// testMigration: guest g11 moves from h1 to h2. Meanwhile g31 (on h3),
+// g12 (who stays on h1) and g21 (on h2, the hypervisor it moves to) ping
+// it every 100 ms, each over IPv4 and over IPv6 (with destOnly, g21
+// alone). announce says whether the moved guest then sends QEMU's RARP
+// announcement. Before the move, g21 reaches g11 through the fabric, so
+// its ARP and neighbour caches hold the REMAC h2's shim shows for g11's
+// QP on h1. Every ping must resume within limit of the move and be
+// answered at its end. h2's shim must have told its guests where the
+// guest went (tx_told_local). The outages (the longest run of unanswered
+// requests) are logged.
 func testMigration(t *testing.T, announce, destOnly bool, limit time.Duration) {
 	tp := newTopo(t, 3, true)
 	h1, h2, h3 := tp.hvs[0], tp.hvs[1], tp.hvs[2]

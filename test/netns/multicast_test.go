@@ -155,17 +155,20 @@ func send(t *testing.T, g *guest, group string) int {
 }
 
 // TestMulticast: receivers on two hypervisors, a sender on a third.
-// Members receive; a guest that did not join receives nothing; a
+// Members receive; a guest that did not join receives nothing. A
 // hypervisor without members never joins the MGID (the sender's is a
-// send-only member); after a receiver stops, its hypervisor leaves the
-// MGID within the leave time (two group-specific queries
-// --mcast-last-member-interval apart: 1 s with the 500 ms the daemons
-// get here, which their start-up queries also give guests to answer;
-// the test allows 1 s more) and its port
-// then receives no more than 10 packets (NDP, IGMP) while the sender sends
-// its next 2 s stream (some 170 datagrams), which the remaining member
-// receives whole. With IPv4 (IGMP) and IPv6 (MLD, an ff15:: group); NDP
-// keeps working throughout.
+// send-only member).
+//
+// After a receiver stops, its hypervisor leaves the MGID within the
+// leave time: two group-specific queries --mcast-last-member-interval
+// apart. That is 1 s with the 500 ms the daemons get here, which their
+// start-up queries also give guests to answer; the test allows 1 s more.
+// Its port then receives no more than 10 packets (NDP, IGMP) while the
+// sender sends its next 2 s stream (some 170 datagrams), which the
+// remaining member receives whole.
+//
+// With IPv4 (IGMP) and IPv6 (MLD, an ff15:: group); NDP keeps working
+// throughout.
 func TestMulticast(t *testing.T) {
 	const lmqi = 500 * time.Millisecond
 	tp := newTopo(t, 3, true, "--mcast-last-member-interval", lmqi.String())
@@ -289,10 +292,10 @@ func TestSendOnlyFlood(t *testing.T) {
 var logMsg = regexp.MustCompile(`level=\S+ msg=("[^"]*"|\S+)`)
 
 // floodGroups sends, from guest g on hypervisor h, one UDP datagram to
-// each of n IPv4 groups (239.0.0.1 on) and n IPv6 groups (ff15::1 on),
-// in bursts, each sent once the shim has read the one before, so that no
-// frame is lost in the TAP's queue (the kernel's drop counter of h's TAP
-// must not move).
+// each of n IPv4 groups (239.0.0.1 on) and n IPv6 groups (ff15::1 on).
+// It sends in bursts, each once the shim has read the one before, so
+// that no frame is lost in the TAP's queue; the kernel's drop counter of
+// h's TAP must not move.
 func floodGroups(t *testing.T, g *guest, h *hypervisor, n int) {
 	t.Helper()
 	var c4, c6 net.PacketConn

@@ -17,9 +17,9 @@ import (
 )
 
 // native is a native IPoIB host on the fabric: eipoibd host in its own
-// namespace, on the underlay bridge, with its TUN ib0 at 10.77.0.20N/24
-// and fd77::20N/64 (ep, an endpoint the guest helpers can ping from and
-// to), writing its neighbour table to neighFile.
+// namespace, on the underlay bridge. Its TUN ib0 has 10.77.0.20N/24 and
+// fd77::20N/64; ep is an endpoint the guest helpers can ping from and
+// to. It writes its neighbour table to neighFile.
 type native struct {
 	d         *hypervisor
 	ep        *guest
@@ -92,15 +92,19 @@ func (n *native) neighbours(t *testing.T) map[string]string {
 }
 
 // TestNativeHost: guests behind eipoibd and native IPoIB hosts (eipoibd
-// host) on one fabric. Ping and ping -6 both ways; TCP both ways with
-// exact byte counts (iperf 2) and iperf3's throughput; IPv4 and IPv6
-// multicast both ways with no datagram lost; the native host's
-// neighbour table holds the two guests of one hypervisor under two
-// 20-byte addresses, their own VIFs' QPNs on the hypervisor's GID; no
-// guest MAC crosses the fabric and every ARP on it is IPoIB ARP; an
-// address moved from one native host to another (gratuitous ARP) is
-// followed by the guests within 2 s; dnsmasq on the native host leases
-// addresses to a guest in both --dhcp modes.
+// host) on one fabric.
+//   - Ping and ping -6 work both ways.
+//   - TCP works both ways with exact byte counts (iperf 2), and iperf3
+//     reports the throughput.
+//   - IPv4 and IPv6 multicast work both ways with no datagram lost.
+//   - The native host's neighbour table holds the two guests of one
+//     hypervisor under two 20-byte addresses: their own VIFs' QPNs on
+//     the hypervisor's GID.
+//   - No guest MAC crosses the fabric, and every ARP on it is IPoIB ARP.
+//   - An address moved from one native host to another (gratuitous ARP)
+//     is followed by the guests within 2 s.
+//   - dnsmasq on the native host leases addresses to a guest in both
+//     --dhcp modes.
 func TestNativeHost(t *testing.T) {
 	tp := newTopoOpts(t, topoOpts{n: 1, viaBridge: true})
 	h1 := tp.hvs[0]

@@ -60,12 +60,12 @@ func (w csumWatch) check(t *testing.T) {
 }
 
 // TestOffloads: with the TAP's offloads on (the default) and off, 64 MiB
-// of TCP cross each way between guests at the IPoIB MTU and both ends
-// count exactly 64 MiB (iperf 2); no checksum error counter rises in
-// either guest's kernel, so a segment cut or merged with a wrong checksum
-// cannot hide; no drop counter rises. With offloads on the super-frame
-// paths really ran (guests' super-frames crossed the shim whole to the
-// port, which cut them, and the TAP wrote merged ones); with them off
+// of TCP cross each way between guests at the IPoIB MTU. Both ends count
+// exactly 64 MiB (iperf 2). No checksum error counter rises in either
+// guest's kernel, so a segment cut or merged with a wrong checksum
+// cannot hide. No drop counter rises. With offloads on, the super-frame
+// paths really ran: guests' super-frames crossed the shim whole to the
+// port, which cut them, and the TAP wrote merged ones. With them off
 // they did not.
 func TestOffloads(t *testing.T) {
 	for _, on := range []bool{true, false} {

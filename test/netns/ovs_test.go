@@ -28,9 +28,9 @@ func (h *hypervisor) ovsDB() string {
 
 // TestOVSVLANs: Open vSwitch (userspace datapath) on both hypervisors,
 // guests as access ports of VLAN 10 and 20, mapped to P_Keys 0x800a and
-// 0x8014. Same-VLAN guests talk across the fabric; different-VLAN guests
-// cannot, even in one subnet; the wire shows both partitions and, in the
-// default partition, only the hypervisors' own untagged stacks; a packet
+// 0x8014. Same-VLAN guests talk across the fabric. Different-VLAN guests
+// cannot, even in one subnet. The wire shows both partitions and, in the
+// default partition, only the hypervisors' own untagged stacks. A packet
 // forged into the wrong partition is dropped by the receive-side P_Key
 // check.
 func TestOVSVLANs(t *testing.T) {
@@ -75,11 +75,11 @@ func TestOVSVLANs(t *testing.T) {
 }
 
 // checkPartitions asserts that the capture holds only P_Keys 0x800a and
-// 0x8014 (both, with their broadcast groups) and 0xffff, and that
-// 0xffff carries no guest traffic: only packets from the VIFs of the
-// hypervisors' own untagged MACs (eib0 and the OVS bridge's internal
-// port, whose IPv6 stacks send MLD reports, DAD and router
-// solicitations), from their link-local addresses, IPv6 only.
+// 0x8014 (both, with their broadcast groups) and 0xffff. 0xffff must
+// carry no guest traffic, only IPv6 packets from the link-local
+// addresses of the VIFs of the hypervisors' own untagged MACs. Those are
+// eib0 and the OVS bridge's internal port, whose IPv6 stacks send MLD
+// reports, DAD and router solicitations.
 func checkPartitions(t *testing.T, pcap string, tp *topo) {
 	t.Helper()
 	own := map[string]bool{}   // source QPNs of the hypervisors' own MACs, untagged
@@ -144,11 +144,11 @@ func checkPartitions(t *testing.T, pcap string, tp *topo) {
 const forged = 20
 
 // forgePartition sends, from hypervisor from, fabric packets with a
-// valid ICRC to the QP of to's VLAN-20 guest (P_Key 0x8014): an ICMP echo
-// request in its own partition, which the guest must receive (so the
-// packets are well formed and addressed right), then the same in
-// partition 0x800a (VLAN 10), n of them, which to's port must drop on
-// its P_Key check, each one counted, and the guest must not see.
+// valid ICRC to the QP of to's VLAN-20 guest (P_Key 0x8014). First comes
+// an ICMP echo request in its own partition, which the guest must
+// receive, so the packets are well formed and addressed right. Then come
+// n of the same in partition 0x800a (VLAN 10). to's port must drop each
+// on its P_Key check and count it, and the guest must not see them.
 func forgePartition(t *testing.T, from, to *hypervisor, n int) {
 	target, src20, src10 := to.guests[1], from.guests[1], from.guests[0]
 	mac := target.mac(t)

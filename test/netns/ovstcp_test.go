@@ -49,20 +49,23 @@ func setGuestMTU(t *testing.T, tp *topo, mtu int) {
 }
 
 // TestOVSGuestTCP: guests on access ports of VLAN 20 (P_Key 0x8014) of
-// Open vSwitch bridges with the userspace datapath, whose ports have
-// the IPoIB MTU (4092) while the TAP has 9000, send 32 MiB of TCP each
-// way, and both ends count exactly 32 MiB (iperf 2, within its 60 s),
-// with the TAP's offloads on and off. The userspace datapath without
-// userspace-tso-enable takes no GSO super-frames from the TAP (it
-// truncates those longer than the TAP's MTU, "Dropped packet: Too
-// big", and passes the rest whole to the guest's port, which refuses
-// them, "Message too long"): so no frame longer than the TAP's MTU and
-// no super-frame may have been written to the TAP, and ovs-vswitchd
-// must have logged neither. With userspace-tso-enable, as the operator
-// may turn it on, the TAP writes super-frames again (tap_gro 1, and
-// some were written) and the bytes still cross exactly. No drop counter
-// rises. The log says what the daemon found, and it follows
-// userspace-tso-enable as it changes in OVSDB.
+// Open vSwitch bridges with the userspace datapath send 32 MiB of TCP
+// each way. The ports have the IPoIB MTU (4092) while the TAP has 9000.
+// Both ends count exactly 32 MiB (iperf 2, within its 60 s), with the
+// TAP's offloads on and off.
+//
+// The userspace datapath without userspace-tso-enable takes no GSO
+// super-frames from the TAP. It truncates those longer than the TAP's
+// MTU ("Dropped packet: Too big"), and passes the rest whole to the
+// guest's port, which refuses them ("Message too long"). So no frame
+// longer than the TAP's MTU and no super-frame may have been written to
+// the TAP, and ovs-vswitchd must have logged neither.
+//
+// With userspace-tso-enable, as the operator may turn it on, the TAP
+// writes super-frames again (tap_gro 1, and some were written) and the
+// bytes still cross exactly. No drop counter rises. The log says what
+// the daemon found, and it follows userspace-tso-enable as it changes in
+// OVSDB.
 func TestOVSGuestTCP(t *testing.T) {
 	for _, c := range []struct {
 		offload, tso bool
@@ -106,10 +109,11 @@ func TestOVSGuestTCP(t *testing.T) {
 			}
 			if c.offload && !c.tso {
 				// The daemon follows OVSDB, but only ever turns merging
-				// off: userspace-tso-enable set on a running bridge gives
-				// the TAP's port no vnet header (OVS takes the key when
-				// ovs-vswitchd starts and reads it on ports it adds), so
-				// merging stays off, and the log says what it saw.
+				// off. userspace-tso-enable set on a running bridge
+				// gives the TAP's port no vnet header: OVS takes the key
+				// when ovs-vswitchd starts and reads it on ports it
+				// adds. So merging stays off, and the log says what it
+				// saw.
 				db := "--db=" + h1.ovsDB()
 				for i, on := range []bool{true, false} {
 					sh(t, "ovs-vsctl", "--timeout=10", db, "set", "Open_vSwitch", ".", "other_config:userspace-tso-enable="+strconv.FormatBool(on))

@@ -5,12 +5,13 @@ import (
 	"testing"
 )
 
-// TestOVSWatch: with Open vSwitch and --learn declared, a guest is served
-// once its OVS interface carries external_ids:attached-mac, as libvirt
-// sets it: before that its frames are dropped and counted and it gets no
-// VIF; a port added with an attached-mac gets its VIF before the guest
-// sends anything, on the port's access VLAN; deleting the port frees the
-// VIF at once. The daemon logs each such guest with origin=ovs.
+// TestOVSWatch: with Open vSwitch and --learn declared, a guest is
+// served once its OVS interface carries external_ids:attached-mac, as
+// libvirt sets it. Before that its frames are dropped and counted, and
+// it gets no VIF. A port added with an attached-mac gets its VIF before
+// the guest sends anything, on the port's access VLAN. Deleting the port
+// frees the VIF at once. The daemon logs each such guest with
+// origin=ovs.
 func TestOVSWatch(t *testing.T) {
 	tp := newTopoOpts(t, topoOpts{n: 2, ovs: []bool{true, true}, extra: []string{"--learn", "declared", "--vlan-pkey", "10=0x800a"}})
 	h1, h2 := tp.hvs[0], tp.hvs[1]

@@ -186,22 +186,25 @@ func savedGuests(t *testing.T, h *hypervisor, want map[string][]string) []state.
 }
 
 // TestPersistRestart: eipoibd --persist, its TAP queues in a file
-// descriptor store (the test plays systemd's), is restarted (SIGTERM)
-// and then crashes (SIGKILL) and is started again, each time while a
-// guest pings one on the other hypervisor every 100 ms and runs iperf3
-// to it. eib0 never changes: same ifindex, still on br0, no carrier
-// change and up throughout; the guests' VIFs come back from the state
-// file with the same QPNs, their saved addresses (IPv4 and IPv6 of
-// both guests) are announced three times each, iperf3 completes with
-// traffic after the restart, an exact transfer follows, and the ping
-// outage is reported (and must stay under 2 s). A guest declared by a
-// static FDB entry that went while eipoibd was down loses its VIF at the
-// restart; one whose entry stayed keeps it, and its QPN. A corrupt state file is
-// then set aside and reported, not trusted. Without the store (as after
-// "systemctl stop") the TAP still survives, same ifindex and still on
-// br0, though its carrier dropped while no process held it. With
-// --persist turned off, the kept queues handed back make way for a new
-// TAP, and the store lets go of them.
+// descriptor store (the test plays systemd's), is restarted (SIGTERM).
+// Then it crashes (SIGKILL) and is started again. Each time, a guest
+// pings one on the other hypervisor every 100 ms and runs iperf3 to it.
+//   - eib0 never changes: same ifindex, still on br0, no carrier change
+//     and up throughout.
+//   - The guests' VIFs come back from the state file with the same QPNs.
+//   - Their saved addresses (IPv4 and IPv6 of both guests) are announced
+//     three times each.
+//   - iperf3 completes with traffic after the restart, and an exact
+//     transfer follows.
+//   - The ping outage is reported, and must stay under 2 s.
+//
+// A guest declared by a static FDB entry that went while eipoibd was
+// down loses its VIF at the restart; one whose entry stayed keeps it,
+// and its QPN. A corrupt state file is then set aside and reported, not
+// trusted. Without the store (as after "systemctl stop") the TAP still
+// survives, same ifindex and still on br0, though its carrier dropped
+// while no process held it. With --persist turned off, the kept queues
+// handed back make way for a new TAP, and the store lets go of them.
 func TestPersistRestart(t *testing.T) {
 	nstestRequire(t, "iperf3")
 	tp := newTopo(t, 2, false)
@@ -310,11 +313,11 @@ func TestPersistRestart(t *testing.T) {
 		})
 	}
 
-	// Two guests declared by static entries (libvirt's); one entry is
-	// deleted while eipoibd is down (its guest's port went): the
-	// restart frees that guest's VIF at once, as the bridge's removal
-	// (it would not age: it was declared), and keeps the other's, with
-	// its QPN.
+	// Two guests are declared by static entries (libvirt's). One entry
+	// is deleted while eipoibd is down: its guest's port went. The
+	// restart frees that guest's VIF at once, as the bridge's removal;
+	// it would not age, being declared. It keeps the other's, with its
+	// QPN.
 	t.Run("static entry gone while down", func(t *testing.T) {
 		const kept, gone = "52:54:00:77:00:01", "52:54:00:77:00:02"
 		fdb := func(op, mac, dev string) {

@@ -6,12 +6,12 @@ import (
 )
 
 // TestPathMTU: guests at MTU 9000, as many clouds run them, behind
-// eipoibd with its defaults. Nothing is blackholed: an 8000-byte ping
-// with DF gets ICMP fragmentation-needed naming the IPoIB MTU, an IPv6
-// one Packet Too Big, after which IPv6 pings of that size work both ways
-// (source fragmentation); iperf3 from a 9000-MTU guest runs (its
-// throughput against a 4092-MTU guest's is reported). With --clamp-mss,
-// a guest with path MTU discovery off gets its SYN's MSS (and its peer's
+// eipoibd with its defaults. Nothing is blackholed. An 8000-byte ping
+// with DF gets ICMP fragmentation-needed naming the IPoIB MTU. An IPv6
+// one gets Packet Too Big, after which IPv6 pings of that size work both
+// ways (source fragmentation). iperf3 from a 9000-MTU guest runs; its
+// throughput against a 4092-MTU guest's is reported. With --clamp-mss, a
+// guest with path MTU discovery off gets its SYN's MSS (and its peer's
 // SYN-ACK's) lowered to 4052, and a transfer needs no fragmentation and
 // no ICMP.
 func TestPathMTU(t *testing.T) {

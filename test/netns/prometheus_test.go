@@ -226,17 +226,18 @@ var labelValues = regexp.MustCompile(`^label_values\((.+), instance\)$`)
 // TestPrometheus: Debian's Prometheus, loading deploy/prometheus's
 // rules, scrapes two running daemons (over addresses on the simulated
 // fabric's underlay) that carried a ping and dropped frames:
-//   - both targets are up (up returns exactly 2 series, both 1), and the
-//     drops are there as counted: 5 frames of an ethertype IPoIB does not
-//     carry into h1's TAP are eipoibd_drops_total{reason="ethertype"} 5
-//     on h1 and 0 on h2; a 1-byte datagram to h2's fabric port is one
-//     port drop of the reason the fabric's decoder gives;
-//   - every query of deploy/grafana/eipoibd.json (its variables given
-//     the values of "All" and a range) parses and returns series: each
-//     instance's, exactly one per daemon where the query has one series
-//     per daemon; the drops panel has h1's ethertype series, the port
-//     drops panel h2's reason only; the instance variable's query
-//     returns exactly the 2 daemons;
+//   - both targets are up: up returns exactly 2 series, both 1.
+//   - the drops are there as counted. 5 frames of an ethertype IPoIB
+//     does not carry into h1's TAP are
+//     eipoibd_drops_total{reason="ethertype"} 5 on h1 and 0 on h2. A
+//     1-byte datagram to h2's fabric port is one port drop of the reason
+//     the fabric's decoder gives.
+//   - every query of deploy/grafana/eipoibd.json parses and returns
+//     series, its variables given the values of "All" and a range. It
+//     returns each instance's, exactly one per daemon where the query has
+//     one series per daemon. The drops panel has h1's ethertype series,
+//     the port drops panel h2's reason only. The instance variable's
+//     query returns exactly the 2 daemons.
 //   - the recording rules give a series per daemon;
 //   - after h2 restarts, the restarts panel's query says 1 for h2 and 0
 //     for h1.

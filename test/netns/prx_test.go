@@ -15,9 +15,9 @@ import (
 //     ends);
 //   - h1's unicast packets sent (port_tx_packets less
 //     port_tx_multicast_packets) rose as much as h2's unicast packets
-//     received (port_rx_packets less port_rx_multicast_packets), both
-//     read once they have stopped moving: every unicast packet h1 sent
-//     arrived at h2 once (its only unicast peer), and nothing more.
+//     received (port_rx_packets less port_rx_multicast_packets). Both
+//     are read once they have stopped moving. So every unicast packet h1
+//     sent arrived at h2 once (its only unicast peer), and nothing more.
 //     Multicast is left out: a guest's MLD reports and the like go to
 //     groups h2 may not join;
 //   - h2's per-socket counters (port_rx_socket_<i>_packets) show the
@@ -27,17 +27,17 @@ import (
 //
 // Not claimed: per-flow order. It is asserted where nothing else can
 // reorder: through the sockets of one port (simfabric
-// TestSocketsSpreadFlows: each flow on one socket, its packets in
-// order) and through the shim's receive workers to the TAP (shim
+// TestSocketsSpreadFlows: each flow on one socket, its packets in order)
+// and through the shim's receive workers to the TAP (shim
 // TestRxQueuesRace). Here the guests' TcpExtTCPOFOQueue and
-// TcpRetransSegs are only logged: with the TAP's offloads off they rise
-// in about half the runs with --rx-workers 1 as with 4 (on this 2-core
-// host; in the run looked at, no daemon or link counted a drop). The
-// reordering is after the daemon, most likely the guest veth's
-// netif_rx, which queues each packet on the backlog of the CPU the
-// writing thread is on (veth_xmit → __netif_rx → enqueue_to_backlog),
-// so a thread that moves between CPUs mid-flow reorders it; the
-// underlay veth can do the same before the daemon.
+// TcpRetransSegs are only logged. With the TAP's offloads off they rise
+// in about half the runs, with --rx-workers 1 as with 4, on this 2-core
+// host; in the run looked at, no daemon or link counted a drop. The
+// reordering is after the daemon, most likely in the guest veth's
+// netif_rx. That queues each packet on the backlog of the CPU the
+// writing thread is on (veth_xmit → __netif_rx → enqueue_to_backlog), so
+// a thread that moves between CPUs mid-flow reorders it. The underlay
+// veth can do the same before the daemon.
 //
 // Eight connections, not four: each lands on a socket by the kernel's
 // secret hash, and four all on one socket would happen about once in

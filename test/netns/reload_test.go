@@ -23,13 +23,16 @@ func waitLog(t *testing.T, h *hypervisor, s string) {
 	}
 }
 
-// TestSIGHUP: a daemon started with --config re-reads the file on
-// SIGHUP and applies what can change live: the log level, the VIF idle
-// time (idle VIFs then age out after the new time), the VIF limit, the
-// IGMP/MLD query interval (general queries, every 125 s before, come
-// within the new 5 s) and a VLAN map addition (the partition shows in
-// "show port" at once). It
-// names each change that needs a restart (the IB MTU here), and keeps
+// TestSIGHUP: a daemon started with --config re-reads the file on SIGHUP
+// and applies what can change live:
+//   - the log level;
+//   - the VIF idle time (idle VIFs then age out after the new time);
+//   - the VIF limit;
+//   - the IGMP/MLD query interval (general queries, every 125 s before,
+//     come within the new 5 s);
+//   - a VLAN map addition (the partition shows in "show port" at once).
+//
+// It names each change that needs a restart (the IB MTU here), and keeps
 // running unchanged when the new file is bad.
 func TestSIGHUP(t *testing.T) {
 	cfg := filepath.Join(t.TempDir(), "eipoibd.toml")

@@ -10,9 +10,9 @@ import (
 
 // TestSystemdNotify: run as systemd runs a Type=notify service with
 // WatchdogSec=2s, the daemon sends READY=1 (with its status) once eib0
-// exists, then WATCHDOG=1 and nothing else, each within the watchdog's
-// 2 s (it sends one every second: the test does not time it closer),
-// and STOPPING=1 when it is told to stop.
+// exists. Then it sends WATCHDOG=1 and nothing else, each within the
+// watchdog's 2 s; it sends one every second, and the test does not time
+// it closer. It sends STOPPING=1 when it is told to stop.
 func TestSystemdNotify(t *testing.T) {
 	tp := newTopo(t, 2, false)
 	h := tp.hvs[0]

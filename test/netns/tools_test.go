@@ -37,14 +37,14 @@ type fnInfo struct {
 }
 
 // TestToolsRequired keeps the per-test tool requirements honest without
-// root: it parses this package and fails for each tool of checkedTools
-// that a function names as a command (a string argument equal to the
-// tool, or a word of a script run in the VM) unless the function, or a
-// function it calls (transitively), requires the tool; a function
+// root. It parses this package. A function may name a tool of
+// checkedTools as a command: a string argument equal to the tool, or a
+// word of a script run in the VM. The test fails unless the function, or
+// a function it calls (transitively), requires the tool. A function
 // without a t of its own is covered when each of its callers is. It
 // cannot see a command built from a variable, and a requirement counts
-// wherever it sits in the function: it catches the tool forgotten, not
-// the tool required too late.
+// wherever it sits in the function. So it catches the tool forgotten,
+// not the tool required too late.
 func TestToolsRequired(t *testing.T) {
 	fset := token.NewFileSet()
 	files, err := filepath.Glob("*_test.go")

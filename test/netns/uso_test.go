@@ -13,8 +13,8 @@ import (
 )
 
 // kernelTakesUSO reports whether the kernel's TUN driver takes the UDP
-// offloads (Linux 6.2 and later), asking a TAP of its own in namespace
-// ns, apart from the daemon's code: drivers/net/tun.c set_offload takes
+// offloads (Linux 6.2 and later). It asks a TAP of its own in namespace
+// ns, apart from the daemon's code. drivers/net/tun.c set_offload takes
 // TUN_F_USO4|TUN_F_USO6 along with TUN_F_CSUM, and refuses any flag it
 // does not know with EINVAL ("a way to test for new features").
 func kernelTakesUSO(t *testing.T, ns string) bool {
@@ -50,9 +50,9 @@ func kernelTakesUSO(t *testing.T, ns string) bool {
 }
 
 // udpGSO sends count datagrams of size bytes from guest src to guest dst
-// (IPv4 or IPv6) in UDP_SEGMENT buffers of up to gso datagrams
-// (internal/udprate, two flows, paced at rate per second, 0 for as fast
-// as it can), and returns what dst's receiver counted.
+// (IPv4 or IPv6) in UDP_SEGMENT buffers of up to gso datagrams. It uses
+// internal/udprate with two flows, paced at rate per second (0 for as
+// fast as it can). It returns what dst's receiver counted.
 func udpGSO(t *testing.T, src, dst *guest, v6 bool, count uint64, size, gso int, rate float64) udprate.RecvResult {
 	t.Helper()
 	to := dst.ip4
@@ -95,20 +95,22 @@ func udpGSO(t *testing.T, src, dst *guest, v6 bool, count uint64, size, gso int,
 	return r.r
 }
 
-// TestUDPOffloads: with the TAP's offloads on and off (the suite's
-// EIPOIB_NETNS_OFFLOAD, else the default: on), guest g1 sends UDP in
-// UDP_SEGMENT buffers (64-byte datagrams 32 to a buffer, 1,000-byte
-// ones 16 to a buffer; IPv4 and IPv6) across two hypervisors, and g2
-// receives every datagram, once, with exactly the bytes sent; neither
-// guest's kernel counts a UDP checksum error (nstat UdpInCsumErrors,
+// TestUDPOffloads: the TAP's offloads are on and off (the suite's
+// EIPOIB_NETNS_OFFLOAD, else the default: on). Guest g1 sends UDP in
+// UDP_SEGMENT buffers across two hypervisors: 64-byte datagrams 32 to a
+// buffer, 1,000-byte ones 16 to a buffer, IPv4 and IPv6. g2 receives
+// every datagram, once, with exactly the bytes sent. Neither guest's
+// kernel counts a UDP checksum error (nstat UdpInCsumErrors,
 // Udp6InCsumErrors), so a datagram cut or merged with a wrong checksum
-// cannot hide; no drop counter rises. The daemons' tap_uso is 1 where
-// offloads are on and the kernel takes USO (Linux 6.2 and later: the
-// test asks the TUN driver itself), else 0. With USO on, the TAP really handed
-// UDP super-frames over (tap_uso_frames_read), they crossed the shim
-// whole to the port, which takes them (tx_super, no tx_super_cut, no
-// datagram cut by the TAP), and g2's TAP was written merged ones
-// (tap_uso_frames_written); with offloads off none of that moved.
+// cannot hide. No drop counter rises.
+//
+// The daemons' tap_uso is 1 where offloads are on and the kernel takes
+// USO (Linux 6.2 and later: the test asks the TUN driver itself), else
+// 0. With USO on, the super-frame paths really ran. The TAP handed UDP
+// super-frames over (tap_uso_frames_read). They crossed the shim whole
+// to the port, which takes them (tx_super, no tx_super_cut, no datagram
+// cut by the TAP). g2's TAP was written merged ones
+// (tap_uso_frames_written). With offloads off none of that moved.
 func TestUDPOffloads(t *testing.T) {
 	tp := newTopo(t, 2, false)
 	h1, h2 := tp.hvs[0], tp.hvs[1]
@@ -125,9 +127,9 @@ func TestUDPOffloads(t *testing.T) {
 	csums := watchCsumErrors(t, g1, g2)
 	for _, v6 := range []bool{false, true} {
 		// Paced, so that every queue on the way keeps up on a busy
-		// machine (udprate then fills a buffer with the 100 µs of its
-		// rate: 2 datagrams at 20,000 per flow); and one burst of full
-		// buffers, fewer datagrams than the TAP's queue holds even if
+		// machine; udprate then fills a buffer with the 100 µs of its
+		// rate, 2 datagrams at 20,000 per flow. And one burst of full
+		// buffers: fewer datagrams than the TAP's queue holds, even if
 		// none went whole.
 		for _, c := range []struct {
 			size, gso int

@@ -35,21 +35,25 @@ func (g *vmGuest) sh(t *testing.T, cmd string, timeout time.Duration) (string, e
 
 // TestVerbsRxe: a hypervisor inside a QEMU guest running Debian's kernel
 // drives a real UD QP through libibverbs on soft-RoCE (eipoibd --fabric
-// verbs --ib-dev rxe0) and talks, on one wire, to a hypervisor on the
-// host using the simulated fabric. Between their guests: ping and ping -6
-// both ways, arping both ways, TCP both ways with the sender's and the
-// receiver's byte counts exactly the amount sent (iperf 2) and iperf3's
-// throughput (logged), IPv4 and IPv6 multicast with iperf 2 both ways,
-// every datagram received; the VM's two
-// guests send from distinct QPNs; every packet on the wire, from either
-// side, decodes as an IPoIB UD SEND-only (tshark) with a good ICRC
-// (checked with the simulated fabric's decoder). The host's port also has
-// a partition (VLAN 10 = P_Key 0x800a) that rxe cannot join; the default
-// one keeps working. When the VM's eth0 goes down, rxe's port goes down
-// and eib0's carrier with it; both come back with eth0, and the guests
-// reach each other again. The single-vCPU TCG guest now and then drops
-// a packet under load, so reachability checks retry; counts that must
-// match still match exactly.
+// verbs --ib-dev rxe0). It talks, on one wire, to a hypervisor on the
+// host using the simulated fabric. Between their guests:
+//   - ping and ping -6 work both ways, and arping both ways;
+//   - TCP works both ways, with the sender's and the receiver's byte
+//     counts exactly the amount sent (iperf 2), and iperf3's throughput
+//     is logged;
+//   - IPv4 and IPv6 multicast with iperf 2 work both ways, every
+//     datagram received;
+//   - the VM's two guests send from distinct QPNs;
+//   - every packet on the wire, from either side, decodes as an IPoIB UD
+//     SEND-only (tshark) with a good ICRC (checked with the simulated
+//     fabric's decoder).
+//
+// The host's port also has a partition (VLAN 10 = P_Key 0x800a) that rxe
+// cannot join; the default one keeps working. When the VM's eth0 goes
+// down, rxe's port goes down and eib0's carrier with it. Both come back
+// with eth0, and the guests reach each other again. The single-vCPU TCG
+// guest now and then drops a packet under load, so reachability checks
+// retry; counts that must match still match exactly.
 func TestVerbsRxe(t *testing.T) {
 	nstestRequire(t, "arping", "iperf") // run here, in the host's guests and in the VM's
 	// The host's port has a partition besides the default one: it keeps
@@ -393,9 +397,9 @@ func waitJoinedAny(t *testing.T, h *hypervisor, group string) {
 }
 
 // vmWaitJoined waits up to 5 s for the VM's daemon to be a full member
-// of group's MGID (a guest's report crossed its shim and the join on
-// the fabric completed: the shim lists an MGID once joined), polling in
-// the VM, where each command costs much under TCG.
+// of group's MGID: a guest's report crossed its shim and the join on the
+// fabric completed (the shim lists an MGID once joined). It polls in the
+// VM, where each command costs much under TCG.
 func vmWaitJoined(t *testing.T, vm *vmHost, group string) {
 	t.Helper()
 	want := fmt.Sprintf(`"mgid":%q,"send_only":false`, groupMGID(group).String())

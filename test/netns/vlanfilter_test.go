@@ -13,17 +13,20 @@ import (
 	"github.com/eipoib/eipoibd/internal/ctl"
 )
 
-// vlanFilterTopo is TestVLANFilterVM's topology, built in the QEMU guest
-// (whose Debian kernel has CONFIG_BRIDGE_VLAN_FILTERING; this machine's
-// has not): a simulated fabric on bridge fab joins namespace hv, the
-// hypervisor (bridge br0, whose vlan_filtering libvirt turns on), and
-// two native IPoIB hosts, n0 on the default partition and n10 on
-// 0x800a. Guests: g1 and g3 on br0's default PVID 1, g2 on a port whose
-// only VLAN is 10 (PVID untagged: its untagged frames are VLAN 10's).
-// libvirtd runs in hv (the guest's own namespace has rxe0's UDP port
-// 4791, which the simulated fabric needs), with its state on tmpfs (the
-// guest's root is the host's, read-only), as root without a security
-// driver, QEMU's output to a file (no virtlogd) and cgroup2 mounted.
+// vlanFilterTopo is TestVLANFilterVM's topology, built in the QEMU
+// guest, whose Debian kernel has CONFIG_BRIDGE_VLAN_FILTERING (this
+// machine's has not). A simulated fabric on bridge fab joins namespace
+// hv and two native IPoIB hosts, n0 on the default partition and n10 on
+// 0x800a. hv is the hypervisor, with bridge br0, whose vlan_filtering
+// libvirt turns on. Guests g1 and g3 are on br0's default PVID 1. g2 is
+// on a port whose only VLAN is 10 (PVID untagged: its untagged frames
+// are VLAN 10's).
+//
+// libvirtd runs in hv, as the guest's own namespace has rxe0's UDP port
+// 4791, which the simulated fabric needs. Its state is on tmpfs, as the
+// guest's root is the host's, read-only. It runs as root without a
+// security driver, with QEMU's output to a file (no virtlogd) and
+// cgroup2 mounted.
 const vlanFilterTopo = `set -e
 for d in /etc/libvirt /var/lib/libvirt /var/log/libvirt /var/cache/libvirt; do
   mkdir -p /tmp/libvirt$d
@@ -105,32 +108,40 @@ var (
 )
 
 // TestVLANFilterVM: bridge VLAN filtering, in the QEMU guest with
-// Debian's kernel and the host's libvirt 9.0. First vswitch's
-// TestBridgeVLANsKernel runs there (the kernel must accept
-// vlan_filtering): BridgeVLANs, the FDB's per-VLAN copies and
-// WatchBridgeVLANs against the real br_netlink.c. Then eipoibd runs on
-// bridge br0 (--learn declared, --vlan-pkey 10=0x800a) and, while it
-// runs, virsh net-define/net-start docs/libvirt.md's Linux-bridge
-// network (libvirt turns vlan_filtering on: eipoibd follows), VLAN 10 is
-// added tagged to its TAP's port and guests' static entries are added
-// as libvirt adds them: g1's without a VLAN (the kernel adds its VLAN 1
-// copy), g3's with vlan 1, g2's without a VLAN on its VLAN 10 port (the
-// kernel's copy is VLAN 10). It asserts that eipoibd shows g1's and
-// g3's VIFs on VLAN 0 (the untagged partition) and g2's on VLAN 10; that
-// a libvirt domain with docs/libvirt.md's interface, started, gets
-// libvirt's static entry and its VLAN 1 copy and one VIF on VLAN 0,
-// freed by virsh destroy; that a port given its entry right after it
-// joins gets its VIF; that each netns guest pings the native host
-// of its partition across the fabric (declared mode: a VIF on a wrong
-// VLAN would leave the guest's frames dropped); that turning
-// vlan_filtering off leaves the VIFs of the entries without a VLAN, all
-// on VLAN 0 (g2 moves there, g3's entry with a VLAN declares nothing),
-// and on again brings back the three as before, g2 pinging again; that
-// removing g1's VLAN 1 entry keeps its VIF, removing its last entry
-// frees it, and deleting g2's and g3's ports (as libvirt's TAPs go)
-// frees theirs; and that the log made and freed each VIF once (g3's,
-// and g2's on VLAN 10, twice: vlan_filtering 0 freed them), with no
-// warning (no "has no P_Key").
+// Debian's kernel and the host's libvirt 9.0.
+//
+// First vswitch's TestBridgeVLANsKernel runs there (the kernel must
+// accept vlan_filtering): BridgeVLANs, the FDB's per-VLAN copies and
+// WatchBridgeVLANs against the real br_netlink.c.
+//
+// Then eipoibd runs on bridge br0 (--learn declared, --vlan-pkey
+// 10=0x800a). While it runs, virsh net-define/net-start
+// docs/libvirt.md's Linux-bridge network; libvirt turns vlan_filtering
+// on, and eipoibd follows. VLAN 10 is added tagged to its TAP's port.
+// Guests' static entries are added as libvirt adds them: g1's without a
+// VLAN (the kernel adds its VLAN 1 copy), g3's with vlan 1, g2's without
+// a VLAN on its VLAN 10 port (the kernel's copy is VLAN 10). It asserts
+// that:
+//   - eipoibd shows g1's and g3's VIFs on VLAN 0 (the untagged
+//     partition) and g2's on VLAN 10;
+//   - a libvirt domain with docs/libvirt.md's interface, started, gets
+//     libvirt's static entry and its VLAN 1 copy and one VIF on VLAN 0,
+//     freed by virsh destroy;
+//   - a port given its entry right after it joins gets its VIF;
+//   - each netns guest pings the native host of its partition across the
+//     fabric (declared mode: a VIF on a wrong VLAN would leave the
+//     guest's frames dropped);
+//   - turning vlan_filtering off leaves the VIFs of the entries without
+//     a VLAN, all on VLAN 0: g2 moves there, and g3's entry with a VLAN
+//     declares nothing. Turning it on again brings back the three as
+//     before, g2 pinging again.
+//   - removing g1's VLAN 1 entry keeps its VIF, and removing its last
+//     entry frees it. Deleting g2's and g3's ports (as libvirt's TAPs
+//     go) frees theirs.
+//   - the log made and freed each VIF once; g3's, and g2's on VLAN 10,
+//     twice, as vlan_filtering 0 freed them. It holds no "has no P_Key"
+//     and no warning but the rate-limited one for frames from undeclared
+//     MACs.
 func TestVLANFilterVM(t *testing.T) {
 	require(t, "bridge", "libvirtd", "virsh")
 	_, ns := vmNamespace(t)

@@ -21,9 +21,9 @@ import (
 
 // The VM tests boot Debian's kernel under QEMU (TCG: no KVM needed) with
 // the host's root read-only over virtio-9p, so that the guest runs the
-// host's own binaries, and soft-RoCE (rxe0) on its virtio-net eth0, whose
-// TAP is in a bridge of the test's: see test/vm/ and docs/architecture.md, "Testing
-// against a real RDMA stack".
+// host's own binaries. Soft-RoCE (rxe0) runs on its virtio-net eth0,
+// whose TAP is in a bridge of the test's. See test/vm/ and
+// docs/architecture.md, "Testing against a real RDMA stack".
 
 // vmTools are what a VM needs on the host beyond ip (the guest runs
 // them from the host's root); the helpers that run more in the VM
@@ -37,13 +37,14 @@ const (
 	vmBootTimeout = 60 * time.Second
 )
 
-// vmHost is a running VM (startVM): its agent (test/vm/agent.sh) runs
+// vmHost is a running VM (startVM). Its agent (test/vm/agent.sh) runs
 // the scripts it is given as root in the guest's initial network
 // namespace, where rxe0 lives. The guest runs the host's binaries: its
-// root is the host's, read-only, with tmpfs on /tmp, /run and /dev/shm,
-// the work directory on vmWork and the unpacked kernel package on
-// /run/kernel: modprobe -d /run/kernel MODULE loads more modules (a plain
-// modprobe does too where the host has a /lib/modules to mount them on).
+// root is the host's, read-only, with tmpfs on /tmp, /run and /dev/shm.
+// The work directory is on vmWork and the unpacked kernel package on
+// /run/kernel. modprobe -d /run/kernel MODULE loads more modules; a
+// plain modprobe does too where the host has a /lib/modules to mount
+// them on.
 type vmHost struct {
 	ns      string // where its TAP and QEMU are
 	work    string // the work directory on the host (vmWork in the guest)
@@ -62,9 +63,9 @@ type vmProc struct {
 // startVM boots a VM whose eth0 (MTU 9000, MAC vmMAC) is TAP vmTap in
 // namespace ns, enslaved to bridge there, and waits until its agent is
 // ready: rxe0 active on eth0. The VM stops at cleanup. It fails the test
-// if anything needed is missing (under EIPOIB_REQUIRE_NETNS=1; it skips
-// otherwise, as require does), with test/vm/build.sh's reason if that
-// fails (no kernel package reachable, say), or with the console log's
+// if anything needed is missing, under EIPOIB_REQUIRE_NETNS=1; it skips
+// otherwise, as require does. It gives test/vm/build.sh's reason if that
+// fails (no kernel package reachable, say). It gives the console log's
 // tail if the VM does not come up within vmBootTimeout.
 func startVM(t *testing.T, ns, bridge string) *vmHost {
 	t.Helper()
@@ -263,10 +264,10 @@ func (v *vmHost) run(t *testing.T, script string, timeout time.Duration) (out st
 }
 
 // must is run with a 2-minute timeout that fails the test on any error.
-// The guest is emulated (TCG): on a machine whose cores are busy
-// (make test-load) its commands run several times slower, and setting up
-// the VLAN test's namespaces or starting a libvirt domain in it took
-// more than the 30 s this was.
+// The guest is emulated (TCG). On a machine whose cores are busy (make
+// test-load) its commands run several times slower. Setting up the VLAN
+// test's namespaces, or starting a libvirt domain in it, can take more
+// than 30 s.
 func (v *vmHost) must(t *testing.T, script string) string {
 	t.Helper()
 	out, err := v.run(t, script, 2*time.Minute)
@@ -423,10 +424,10 @@ var (
 )
 
 // TestVMRxe boots the VM on a bridge with one peer namespace and checks
-// what the verbs tests build on: rxe0 active on eth0 with MTU 4096 and
-// eth0's link-local address as its RoCE v2 GID 0, IPv6 both ways over the
-// bridge, network namespaces and the kernel's modules inside the VM, host
-// binaries running there.
+// what the verbs tests build on. rxe0 is active on eth0 with MTU 4096
+// and eth0's link-local address as its RoCE v2 GID 0. IPv6 works both
+// ways over the bridge. Network namespaces and the kernel's modules work
+// inside the VM, and host binaries run there.
 func TestVMRxe(t *testing.T) {
 	require(t)
 	t0 := time.Now()

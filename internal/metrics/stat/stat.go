@@ -1,10 +1,10 @@
 // Package stat describes the numbers of a counters snapshot (the map of
-// name → value that `eipoibd stats` prints) for export: each number has
-// a kind, a running total or a level, and one line of help, and the
-// names that end in a label value (drop_<reason>) are declared as
-// families. It has no dependencies, so that the packages that count
-// (shim) declare their names without knowing Prometheus;
-// internal/metrics turns described values into Prometheus metrics.
+// name → value that `eipoibd stats` prints) for export. Each number has
+// a kind, a running total or a level, and one line of help. The names
+// that end in a label value (drop_<reason>) are declared as families. It
+// has no dependencies, so that the packages that count (shim) declare
+// their names without knowing Prometheus. internal/metrics turns
+// described values into Prometheus metrics.
 package stat
 
 // Kind tells a running total from a level.

@@ -68,16 +68,18 @@ func Closed(t testing.TB, ch <-chan ipoib.Event) {
 const Flips = 4 * ipoib.EventBuffer
 
 // SlowReader checks that a backend whose events nobody reads never
-// blocks: with ch unread (its first event, the link up, taken already),
-// setUp takes the link down and up Flips times, ending up, and must
-// return each time (it fails t when the calls have not all returned
-// within 5 s). Then mark, a call that makes an event of another state
-// (a partition's MTU), is made and ch read up to that event: the link
-// events before it must number at most EventBuffer + 2 (the buffer, one
-// in delivery, one queued: the rest were coalesced) and end with up, the
-// state the link was left in. It returns the mark's event. A backend
-// with no other state to mark gives mark nil: only its calls are checked
-// then (the queue's own tests check what the reader gets).
+// blocks. With ch unread (its first event, the link up, taken already),
+// setUp takes the link down and up Flips times, ending up. It must
+// return each time: SlowReader fails t when the calls have not all
+// returned within 5 s.
+//
+// Then mark, a call that makes an event of another state (a partition's
+// MTU), is made and ch read up to that event. The link events before it
+// must number at most EventBuffer + 2 (the buffer, one in delivery, one
+// queued: the rest were coalesced) and end with up, the state the link
+// was left in. SlowReader returns the mark's event. A backend with no
+// other state to mark gives mark nil: only its calls are checked then
+// (the queue's own tests check what the reader gets).
 func SlowReader(t testing.TB, ch <-chan ipoib.Event, setUp func(up bool), mark func()) ipoib.Event {
 	t.Helper()
 	done := make(chan struct{})

@@ -1,6 +1,6 @@
 // Package fabrictest is the conformance suite of the checks every fabric
-// backend shares (ipoib.CheckTx, ipoib.CheckRx): each backend's tests run
-// it over their port, so that a packet refused or dropped for one reason
+// backend shares (ipoib.CheckTx, ipoib.CheckRx). Each backend's tests
+// run it over their port. So a packet refused or dropped for one reason
 // is refused or dropped, and counted under the same name, by every
 // backend.
 package fabrictest
@@ -22,11 +22,11 @@ type Backend struct {
 	// QP for Port to send to.
 	Peer ipoib.Port
 	// Inject hands the port's receive path one packet (IPoIB header
-	// first) with metadata m as its fabric would, bypassing the
-	// fabric's routing, and reports whether it could: a backend whose
-	// fabric cannot carry such a packet to it at all (the kernel's
-	// socket per child cannot receive for another QPN or P_Key) says
-	// false, and that case is not asked of it.
+	// first) with metadata m as its fabric would, bypassing the fabric's
+	// routing. It reports whether it could. A backend whose fabric
+	// cannot carry such a packet to it at all says false, and that case
+	// is not asked of it: the kernel's socket per child cannot receive
+	// for another QPN or P_Key.
 	Inject func(payload []byte, m ipoib.RxMeta) bool
 }
 

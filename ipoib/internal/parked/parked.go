@@ -1,7 +1,7 @@
-// Package parked lets a test wait, without sleeping for a guessed time,
-// until a goroutine is blocked on a mutex in a given function: the
-// point at which a lock it waits for may be released, knowing the
-// goroutine got there first.
+// Package parked lets a test wait until a goroutine is blocked on a
+// mutex in a given function, without sleeping for a guessed time. From
+// that point, a lock it waits for may be released, knowing the goroutine
+// got there first.
 package parked
 
 import (

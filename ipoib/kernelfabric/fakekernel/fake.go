@@ -1,12 +1,17 @@
-// Package fakekernel is a fake of the kernel boundary of the kernel IPoIB
-// backend (kernelfabric.Kernel) that behaves as the kernel code does, for
-// tests: IPoIB children created over netlink (several may share a P_Key),
-// packet sockets that check sockaddr_ll and packet_mreq_max bytes as
-// af_packet.c does, receive with no source address (sll_halen 0), a
-// multicast copy on every joined child of every host (the sender's own QP
-// excepted, as the driver drops what its QP sent), the driver's implicit
-// memberships (broadcast, all-hosts, all-nodes), P_Key checks, sysctls
-// and carrier events. Hosts on one Fabric reach each other.
+// Package fakekernel is a fake, for tests, of the kernel boundary of the
+// kernel IPoIB backend (kernelfabric.Kernel), which behaves as the
+// kernel code does. It models:
+//   - IPoIB children created over netlink (several may share a P_Key);
+//   - packet sockets that check sockaddr_ll and packet_mreq_max bytes as
+//     af_packet.c does, and receive with no source address (sll_halen
+//     0);
+//   - a multicast copy on every joined child of every host, except the
+//     sender's own QP, as the driver drops what its QP sent;
+//   - the driver's implicit memberships (broadcast, all-hosts,
+//     all-nodes);
+//   - P_Key checks, sysctls and carrier events.
+//
+// Hosts on one Fabric reach each other.
 package fakekernel
 
 import (
@@ -150,12 +155,12 @@ func (k *Kernel) Links() ([]kf.Link, error) {
 	return out, nil
 }
 
-// AddChild creates a child as ipoib_new_child_link does: the parent must
-// be an IPoIB interface that is no child (EINVAL), the P_Key gets the
-// full-membership bit and 0/0x8000 are refused; children created this way
-// may share a P_Key with the parent and each other (is_child_unique
-// checks only legacy sysfs children). Names are unique (EEXIST) and
-// valid (EINVAL: validName).
+// AddChild creates a child as ipoib_new_child_link does. The parent must
+// be an IPoIB interface that is no child (EINVAL). The P_Key gets the
+// full-membership bit, and 0/0x8000 are refused. Children created this
+// way may share a P_Key with the parent and each other: is_child_unique
+// checks only legacy sysfs children. Names are unique (EEXIST) and valid
+// (EINVAL: validName).
 func (k *Kernel) AddChild(c kf.ChildSpec) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -243,9 +248,9 @@ func (k *Kernel) SetRxQueues(n int) {
 }
 
 // SetParentUp sets the parent administratively up or down (ip link set
-// ib0 up/down): down, it loses IFF_LOWER_UP (dev_get_flags: not running)
+// ib0 up/down). Down, it loses IFF_LOWER_UP (dev_get_flags: not running)
 // and takes every child down with it (ipoib_stop: "Bring down any child
-// interfaces too"); up, it brings every child up again (ipoib_open),
+// interfaces too"). Up, it brings every child up again (ipoib_open),
 // each joining again.
 func (k *Kernel) SetParentUp(up bool) {
 	k.mu.Lock()
@@ -294,10 +299,11 @@ func (k *Kernel) Mode(name string) (string, error) {
 }
 
 // WriteSysctl records a write to an entry of /proc/sys/net/ipv4/conf/DEV
-// or /proc/sys/net/ipv6/conf/DEV (DEV a link, "all" or "default"); any
-// other path, any IPv6 path under NoIPv6, a missing device or a key the
-// kernel does not have there is ENOENT, as proc_sys_lookup finds no entry (devinet_sysctl_register,
-// addrconf_sysctl_register make one directory a device).
+// or /proc/sys/net/ipv6/conf/DEV (DEV a link, "all" or "default"). Any
+// other path is ENOENT, as proc_sys_lookup finds no entry; so is any
+// IPv6 path under NoIPv6, a missing device or a key the kernel does not
+// have there. devinet_sysctl_register and addrconf_sysctl_register make
+// one directory a device.
 func (k *Kernel) WriteSysctl(path, value string) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -382,10 +388,10 @@ func (k *Kernel) SuperPackets() []SuperPacket {
 const LinkQueueLen = 1024
 
 // SubscribeLinks sends link changes until done is closed or the
-// subscription's queue (LinkQueue notifications) overflows: then, as
+// subscription's queue (LinkQueue notifications) overflows. On overflow
 // netlink_overrun reports ENOBUFS and vishvananda/netlink's reader ends
-// on it, onErr is told ENOBUFS and the channel is closed once what was
-// queued has been read.
+// on it. So onErr is told ENOBUFS, and the channel is closed once what
+// was queued has been read.
 func (k *Kernel) SubscribeLinks(done <-chan struct{}, onErr func(error)) (<-chan kf.Link, error) {
 	k.mu.Lock()
 	if k.refuseSubs > 0 {
@@ -467,11 +473,12 @@ func (l *link) broadcast() ipoib.HwAddr {
 	return kf.McastHwAddr(ipoib.BroadcastMGID(l.pkey, scope))
 }
 
-// member reports whether the link's QP is attached to group a: the
-// driver's broadcast group, the all-hosts and all-nodes groups the IPv4
-// and IPv6 stacks join on every interface, and the device multicast list
-// entries the driver accepts (ipoib_mcast_addr_is_valid: same reserved
-// bytes, scope, signature low byte and P_Key as the broadcast address).
+// member reports whether the link's QP is attached to group a. That is
+// the driver's broadcast group, the all-hosts and all-nodes groups the
+// IPv4 and IPv6 stacks join on every interface, and the device multicast
+// list entries the driver accepts. ipoib_mcast_addr_is_valid accepts the
+// same reserved bytes, scope, signature low byte and P_Key as the
+// broadcast address.
 func (l *link) member(a ipoib.HwAddr) bool {
 	if !l.attached() {
 		return false
@@ -623,12 +630,12 @@ func (s *socket) Close() error {
 	return nil
 }
 
-// devMc is packet_dev_mc on the device of key, if it still exists: a
+// devMc is packet_dev_mc on the device of key, if it still exists. A
 // multicast entry adds to or takes from the device's multicast list
 // (dev_mc_add / dev_mc_del) and must have the device's address length
-// (EINVAL); promiscuous, all-multicast and unknown types change nothing
-// the fake models; a unicast entry is checked as a multicast one is. k.mu
-// is held.
+// (EINVAL). Promiscuous, all-multicast and unknown types change nothing
+// the fake models. A unicast entry is checked as a multicast one is.
+// k.mu is held.
 func (k *Kernel) devMc(key mcKey, what int) error {
 	l := k.links[int(key.ifindex)]
 	if l == nil {
@@ -654,10 +661,10 @@ func (k *Kernel) devMc(key mcKey, what int) error {
 const packetMRUnicast = 3
 
 // membership applies PACKET_ADD/DROP_MEMBERSHIP as packet_setsockopt
-// (the option length: EINVAL), packet_mc_add and packet_mc_drop do: an
-// unknown device is ENODEV and an address longer than the device's
-// EINVAL on add; a request the socket already made is counted, not
-// passed to the device again; a drop of what the socket never added
+// (the option length: EINVAL), packet_mc_add and packet_mc_drop do. On
+// add, an unknown device is ENODEV and an address longer than the
+// device's is EINVAL. A request the socket already made is counted, not
+// passed to the device again. A drop of what the socket never added
 // succeeds and does nothing.
 func (s *socket) membership(b []byte, add bool) error {
 	m, err := kf.ParseMreq(b)
@@ -812,12 +819,12 @@ func (s *socket) send(m *kf.Msg) (func(), error) {
 	}, nil
 }
 
-// vnetParse is packet_snd_vnet_parse on the SOCK_RAW socket System
-// opens for PACKET_VNET_HDR (packet_setsockopt takes it on no other
-// type), with the link header System puts in front of the data: the
-// datagram must hold the virtio_net_hdr (EINVAL); with NEEDS_CSUM,
-// hdr_len is raised to cover the checksum field; hdr_len longer than
-// the link header and data is EINVAL.
+// vnetParse is packet_snd_vnet_parse on the SOCK_RAW socket System opens
+// for PACKET_VNET_HDR (packet_setsockopt takes it on no other type). The
+// link header System puts in front of the data is part of pkt. The
+// datagram must hold the virtio_net_hdr (EINVAL). With NEEDS_CSUM,
+// hdr_len is raised to cover the checksum field. hdr_len longer than the
+// link header and data is EINVAL.
 func vnetParse(pkt []byte) (kf.VnetHdr, error) {
 	h, err := kf.ParseVnetHdr(pkt)
 	if err != nil {
@@ -833,15 +840,15 @@ func vnetParse(pkt []byte) (kf.VnetHdr, error) {
 	return h, nil
 }
 
-// vnetToSkb applies virtio_net_hdr_to_skb's checks (include/linux/
-// virtio_net.h, Linux 6.12 and later) to data (what follows the
-// virtio_net_hdr), whose offsets count from the IPoIB hard header in
-// front of it (IPOIB_HARD_LEN), and returns, for a super-packet, the
-// segments the receiver gets: the HCA's UD LSO (ipoib_send) or the
-// kernel's software GSO (skb_gso_segment in validate_xmit_skb) cut it
-// to gso_size, within the device MTU. The fake cuts TCP only; a
-// super-packet it cannot cut is dropped on the way out, as GSO drops
-// one it cannot (the send has succeeded): no segments.
+// vnetToSkb applies virtio_net_hdr_to_skb's checks
+// (include/linux/virtio_net.h, Linux 6.12 and later) to data, what
+// follows the virtio_net_hdr. Its offsets count from the IPoIB hard
+// header in front of it (IPOIB_HARD_LEN). For a super-packet it returns
+// the segments the receiver gets: the HCA's UD LSO (ipoib_send) or the
+// kernel's software GSO (skb_gso_segment in validate_xmit_skb) cut it to
+// gso_size, within the device MTU. The fake cuts TCP only. A
+// super-packet it cannot cut is dropped on the way out, as GSO drops one
+// it cannot (the send has succeeded): no segments.
 func vnetToSkb(h kf.VnetHdr, data []byte, mtu int) ([][]byte, error) {
 	gsoType := h.GSOType &^ vnetGSOECN
 	thlen, nhMin := 0, 20 // sizeof(struct iphdr)

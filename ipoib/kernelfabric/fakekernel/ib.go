@@ -3,26 +3,29 @@ package fakekernel
 // The IPoIB driver's readiness, as the fake models it, function by
 // function (drivers/infiniband/ulp/ipoib, Linux 6.x):
 //
-//   - ipoib_open turns the carrier off and calls ipoib_ib_dev_open, which
-//     refuses a P_Key not in the port's table (ipoib_pkey_dev_check_presence,
-//     ib_find_pkey: the low 15 bits match); ipoib_open then still returns 0,
-//     so the child is up with no carrier and its QP never initialised
-//     (ipoib_init_qp): it receives nothing.
-//   - Otherwise ipoib_ib_dev_up starts ipoib_mcast_join_task, which waits
-//     for the port to be ACTIVE and joins the broadcast group through the
-//     SA; ipoib_mcast_join_finish takes the group's MTU (mcast_mtu =
-//     IPOIB_UD_MTU(group MTU)) and attaches the QP (ib_attach_mcast: past
-//     the HCA's max_mcast_qp_attach it fails, the join is retried with
-//     backoff and the carrier stays off); ipoib_mcast_carrier_on_task then
-//     sets the MTU to min(mcast_mtu, admin_mtu) and turns the carrier on.
-//     The fake joins after JoinDelay, in a goroutine as the driver's
-//     workqueue does, and does not retry a failed join.
+//   - ipoib_open turns the carrier off and calls ipoib_ib_dev_open. That
+//     refuses a P_Key not in the port's table
+//     (ipoib_pkey_dev_check_presence, ib_find_pkey: the low 15 bits
+//     match). ipoib_open then still returns 0, so the child is up with
+//     no carrier and its QP never initialised (ipoib_init_qp): it
+//     receives nothing.
+//   - Otherwise ipoib_ib_dev_up starts ipoib_mcast_join_task, which
+//     waits for the port to be ACTIVE and joins the broadcast group
+//     through the SA. ipoib_mcast_join_finish takes the group's MTU
+//     (mcast_mtu = IPOIB_UD_MTU(group MTU)) and attaches the QP.
+//     ib_attach_mcast fails past the HCA's max_mcast_qp_attach; the join
+//     is then retried with backoff and the carrier stays off.
+//     ipoib_mcast_carrier_on_task then sets the MTU to min(mcast_mtu,
+//     admin_mtu) and turns the carrier on. The fake joins after
+//     JoinDelay, in a goroutine as the driver's workqueue does, and does
+//     not retry a failed join.
 //   - With the carrier off the qdisc is noop: dev_queue_xmit drops the
 //     packet with NET_XMIT_CN, which packet_snd reports as success.
-//   - A port going down turns every interface's carrier off
-//     (ipoib_event → flush → ipoib_ib_dev_down); coming back, each joins
-//     again. A P_Key leaving the table does the same to its children
-//     (IB_EVENT_PKEY_CHANGE → __ipoib_ib_dev_flush heavy, update_child_pkey).
+//   - A port going down turns every interface's carrier off (ipoib_event
+//     → flush → ipoib_ib_dev_down); coming back, each joins again. A
+//     P_Key leaving the table does the same to its children
+//     (IB_EVENT_PKEY_CHANGE → __ipoib_ib_dev_flush heavy,
+//     update_child_pkey).
 
 import (
 	"sync"

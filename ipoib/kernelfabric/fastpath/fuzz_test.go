@@ -10,10 +10,10 @@ import (
 )
 
 // FuzzTX runs arbitrary frames through the TX program and checks its
-// contract: a frame is either redirected, rewritten exactly to the
-// IPoIB layout and only when it is IP from the known guest to the known
-// REMAC within the MTU, or returned TC_ACT_OK untouched; and exactly one
-// counter moves by one.
+// contract. A frame is either redirected or returned TC_ACT_OK
+// untouched. It is redirected, and rewritten exactly to the IPoIB
+// layout, only when it is IP from the known guest to the known REMAC
+// within the MTU. Exactly one counter moves by one.
 func FuzzTX(f *testing.F) {
 	tcp4 := ipv4(0x4000, 6, tcp(100))
 	for _, seed := range [][]byte{

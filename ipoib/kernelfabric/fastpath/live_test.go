@@ -84,14 +84,14 @@ func parseVnetHdr(b []byte) vnetHdr {
 		binary.NativeEndian.Uint16(b[6:]), binary.NativeEndian.Uint16(b[8:])}
 }
 
-// TestTXLive attaches the program (tcx egress) to a real TAP, sends
+// TestTXLive attaches the program (tcx egress) to a real TAP and sends
 // frames out of the TAP with a packet socket (packet_snd ->
-// dev_queue_xmit -> tcx_run), and reads them from a TUN switched to
-// ARPHRD_INFINIBAND with TUNSETLINK, the program's redirect target: the
+// dev_queue_xmit -> tcx_run). It reads them from a TUN switched to
+// ARPHRD_INFINIBAND with TUNSETLINK, the program's redirect target. The
 // 24-byte IPoIB link header reaches the device whole (__bpf_redirect
-// takes ARPHRD_INFINIBAND as a MAC-header device), and a TSO super-frame
-// arrives as one skb with its gso_size and csum_start moved by the 10
-// bytes bpf_skb_change_head pushed.
+// takes ARPHRD_INFINIBAND as a MAC-header device). A TSO super-frame
+// arrives as one skb, its gso_size kept and its csum_start moved by the
+// 10 bytes bpf_skb_change_head pushed.
 func TestTXLive(t *testing.T) {
 	tx := loadTX(t)
 	ns := fmt.Sprintf("fptx%d", os.Getpid())
