@@ -105,20 +105,20 @@ func cmdAdd(args *skel.CmdArgs) error {
 }
 
 // cmdDel frees what the attachment's ADD declared, from its record,
-// whether the configuration still parses or not, except a VIF another
-// attachment's record declares too, which stays (records): a DEL whose
+// whether the configuration still parses or not. A VIF that another
+// attachment's record declares too stays (records). A DEL whose
 // configuration no longer parses frees what the record holds and
 // succeeds, so that the rest of the chain's DEL (bridge's veth, its
-// IPAM's address) runs too. Per the spec DEL must succeed when there is
-// nothing left to free (SPEC.md, section 2, "DEL: Remove container
-// from network, or un-apply modifications": plugins must accept
-// multiple DELs of one attachment and succeed when what ADD made is
-// missing): no record, no prevResult and no interface (the MAC is
-// unknown), no VIF, or no daemon that could still hold one (delGone)
-// are not errors. In ipamWrap mode the real IPAM's DEL runs
-// too. Without a record (an ADD by an earlier version of the plugin),
-// the chained plugin frees the VIF of the MAC in the prevResult or, with
-// no prevResult, of the pod's interface.
+// IPAM's address) runs too.
+//
+// Per the spec, DEL must succeed when there is nothing left to free
+// (SPEC.md, section 2, "DEL: Remove container from network, or un-apply
+// modifications"). So none of these is an error: no record; no
+// prevResult and no interface (the MAC is unknown); no VIF; no daemon
+// that could still hold one (delGone). In ipamWrap mode the real IPAM's
+// DEL runs too. Without a record (an ADD by an older plugin), the
+// chained plugin frees the VIF of the MAC in the prevResult or, with no
+// prevResult, of the pod's interface.
 func cmdDel(args *skel.CmdArgs) error {
 	var found bool
 	var freeErr error
@@ -195,10 +195,9 @@ func answers(path string) bool {
 
 // cmdGC frees the VIFs of the network's attachments that are not among
 // the runtime's valid ones ("cni.dev/valid-attachments"), from their
-// records, whether the configuration still parses or not, except those
-// another record declares too (records); in ipamWrap
-// mode the real IPAM's GC runs too, as the spec asks of a plugin that
-// delegates.
+// records, whether the configuration still parses or not. A VIF another
+// record declares too stays (records). In ipamWrap mode the real IPAM's
+// GC runs too, as the spec asks of a plugin that delegates.
 func cmdGC(args *skel.CmdArgs) error {
 	var n types.NetConf
 	if err := json.Unmarshal(args.StdinData, &n); err != nil {

@@ -1,25 +1,27 @@
 package main
 
-// What each attachment's ADD declared, on disk, so that DEL and GC free
-// it from the record rather than from the configuration: a DEL whose
-// configuration no longer parses (a typo in the chained plugin's keys
-// after bridge's IPAM, the wrapping eipoib, had declared the VIF) still
-// frees it, and GC frees the VIFs of attachments the runtime no longer
-// has. One file an attachment, DataDir/NETWORK/CONTAINERID:IFNAME (the
-// spec's attachment key; neither a container ID nor an interface name
-// holds ':' or '/', libcni's utils.ValidateContainerID and
-// ValidateInterfaceName, which skel applies before the plugin runs),
-// written whole to a temporary file and renamed over the old one.
+// Records hold, on disk, what each attachment's ADD declared, so that
+// DEL and GC free it from the record rather than from the configuration.
+// A DEL whose configuration no longer parses still frees it. Such a
+// configuration may have a typo in the chained plugin's keys, found only
+// after bridge's IPAM, the wrapping eipoib, had declared the VIF. And GC
+// frees the VIFs of attachments the runtime no longer has.
 //
-// Several attachments can declare one VIF: the daemon keys its VIFs by
-// MAC and VLAN, and a pod re-created with its MAC (a new container ID
-// while the old one's DEL is still to come), two interfaces or two
-// networks on one eipoibd can each declare the same pair. The daemon
-// keeps one declaration, not a count of them, so the records are the
-// count: DEL and GC free a VIF only when no other record under the same
-// dataDir declares it, and only forget it from their own record
-// otherwise. The records and the daemon's VIFs change together under a
-// lock on dataDir (lock), so that no ADD declares a VIF between a DEL's
+// There is one file an attachment, DataDir/NETWORK/CONTAINERID:IFNAME,
+// the spec's attachment key. Neither a container ID nor an interface
+// name holds ':' or '/' (libcni's utils.ValidateContainerID and
+// ValidateInterfaceName, which skel applies before the plugin runs).
+// Each is written whole to a temporary file and renamed over the old
+// one.
+//
+// Several attachments can declare one VIF. The daemon keys its VIFs by
+// MAC and VLAN, and the same pair can come from a pod re-created with
+// its MAC (its old DEL still to come), two interfaces, or two networks
+// on one eipoibd. The daemon keeps one declaration, not a count, so the
+// records are the count. DEL and GC free a VIF only when no other record
+// under the same dataDir declares it; otherwise they only forget it
+// from their own record. Records and the daemon's VIFs change together
+// under a lock on dataDir (lock): no ADD declares a VIF between a DEL's
 // look at the other records and its vif-del.
 
 import (
