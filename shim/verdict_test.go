@@ -12,12 +12,11 @@ import (
 
 // endCounters are the functions that count an outcome (a counter marked
 // stat.TxEnd or stat.RxEnd) themselves rather than as a verdict: end,
-// the TAP write of the received frames, cutUDP's datagrams past the
-// first, and the holders of frames for later, where those frames end.
+// the TAP write of the received frames, and the holders of frames for
+// later, where those frames end.
 var endCounters = []string{
 	"counters.go end",
 	"rx.go writeQueues",
-	"tx.go cutUDP",
 	"newvif.go drop", "newvif.go dropAll", // held frames of new guests
 	"resolve.go resolveTick", "resolve.go flushResolved", "resolve.go dropAll", // frames queued for a resolution
 	"groups.go groupReady", "groups.go dropLocked", // frames held for a group join
