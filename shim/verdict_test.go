@@ -22,11 +22,13 @@ var endCounters = []string{
 	"groups.go groupReady", "groups.go dropLocked", // frames held for a group join
 }
 
-// TestVerdictsCountedOnce: a TX or RX stage ends a frame by returning a
-// verdict naming an outcome, and only the functions in endCounters
-// count an outcome themselves, so every frame of the pipelines ends in
-// exactly one counter. It reads the package's source.
-func TestVerdictsCountedOnce(t *testing.T) {
+// TestOutcomesCountedOnlyByVerdicts reads the package's source: every
+// verdict(X) names an outcome (a counter marked stat.TxEnd or
+// stat.RxEnd), and no function but those in endCounters counts an
+// outcome itself. It does not run the pipelines: that each frame ends
+// in exactly one outcome is TestConservation's and
+// TestConservationSplitAndHeld's to show.
+func TestOutcomesCountedOnlyByVerdicts(t *testing.T) {
 	fset := token.NewFileSet()
 	files, err := filepath.Glob("*.go")
 	if err != nil {
