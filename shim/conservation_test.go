@@ -4,15 +4,19 @@ import (
 	"encoding/binary"
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/gopacket/gopacket"
 	"github.com/gopacket/gopacket/layers"
 
 	"github.com/eipoib/eipoibd/ether"
+	"github.com/eipoib/eipoibd/internal/gsotest"
+	"github.com/eipoib/eipoibd/internal/header"
 	"github.com/eipoib/eipoibd/internal/metrics/stat"
 	"github.com/eipoib/eipoibd/internal/testutil"
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/mactrans"
+	"github.com/eipoib/eipoibd/tap"
 )
 
 // TestConservation: over a mixed batch of good and bad frames, every TAP
@@ -114,4 +118,68 @@ func sumEnds(c map[string]uint64, e stat.End) uint64 {
 		}
 	}
 	return n
+}
+
+// TestConservationSplitAndHeld: the frames that become many packets, or
+// wait, end in one outcome each as well: a TCP super-frame the port cuts
+// (tx_super), a UDP super-frame cut here into datagrams (tx_super_cut),
+// one cut into datagrams that are each fragmented (DF clear), and a new
+// guest's frame held while its VIF is made. After each, a's TX outcomes
+// rose by exactly that frame's one outcome and sum to its tx_frames, and
+// b's RX outcomes sum to its rx_packets (every packet the frame became
+// delivered or dropped once).
+func TestConservationSplitAndHeld(t *testing.T) {
+	f := memFab(t, 2048)
+	f.SetTSO(true) // TCP super-packets to the port; UDP ones are cut here
+	a, b := newHV(t, f, "fe80::a", nil), newHV(t, f, "fe80::b", nil)
+	_, remacB1 := arpExchange(t, a, b)
+	link := serialize(t, eth(macA1, remacB1, layers.EthernetTypeIPv4))[:ether.HeaderLen]
+	// each injects one frame and checks that it ends in outcome and
+	// that the counters move by want (outcome's rise included).
+	each := func(what string, inject func(), outcome Counter, want map[Counter]uint64) {
+		t.Helper()
+		base := a.s.Counters()
+		inject()
+		a.waitCounter(t, outcome, base[outcome.String()]+1)
+		c := a.s.Counters()
+		for k, n := range want {
+			if got := c[k.String()] - base[k.String()]; got != n {
+				t.Errorf("%s: %s rose by %d, want %d", what, k, got, n)
+			}
+		}
+		if got := c["tx_frames"] - base["tx_frames"]; got != 1 {
+			t.Errorf("%s: tx_frames rose by %d, want 1", what, got)
+		}
+		if out := sumEnds(c, stat.TxEnd); out != c["tx_frames"] {
+			t.Fatalf("%s: TX outcomes %d, tx_frames %d: %v", what, out, c["tx_frames"], c)
+		}
+		deadline := time.Now().Add(testutil.Settle)
+		for {
+			c := b.s.Counters()
+			if c["rx_packets"] == b.port.Counters().RxPackets && sumEnds(c, stat.RxEnd) == c["rx_packets"] {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: b read %d of the port's %d packets, RX outcomes %d: %v", what, c["rx_packets"], b.port.Counters().RxPackets, sumEnds(c, stat.RxEnd), c)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	each("TCP super-frame", func() {
+		pkt, l4 := gsotest.Super(t, link, false, gsotest.Pattern(20000))
+		a.dev.InjectSuper(pkt, tap.Super{L4: uint16(l4), Size: 1400})
+	}, TxForwarded, map[Counter]uint64{TxForwarded: 1, TxSuper: 1, TxSuperSegments: 15})
+	each("UDP super-frame", func() {
+		pkt, l4 := gsotest.SuperUDP(t, link, false, gsotest.Pattern(9999))
+		a.dev.InjectSuper(pkt, tap.Super{L4: uint16(l4), Size: 1000, UDP: true})
+	}, TxForwarded, map[Counter]uint64{TxForwarded: 1, TxSuperCut: 1})
+	each("UDP super-frame of fragmented datagrams", func() {
+		pkt, l4 := gsotest.SuperUDP(t, link, false, gsotest.Pattern(9000))
+		pkt[ether.HeaderLen+6] &^= 0x40 // DF
+		header.IPv4(pkt[ether.HeaderLen:]).SetChecksum()
+		a.dev.InjectSuper(pkt, tap.Super{L4: uint16(l4), Size: 3000, UDP: true})
+	}, TxFragmented, map[Counter]uint64{TxFragmented: 1, TxFragments: 6, TxSuperCut: 1})
+	each("frame of a new guest", func() {
+		a.dev.Inject(udpFrame(t, macA2, remacB1, ipA2, ipB1, 10, true))
+	}, TxForwarded, map[Counter]uint64{TxForwarded: 1, TxQueuedNewVIF: 1, VIFsCreated: 1})
 }

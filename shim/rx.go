@@ -69,16 +69,14 @@ func (s *Shim) rxLoop(w int, rq ipoib.RxQueue) error {
 }
 
 // writeDev writes frames, each tap.Headroom bytes into its buffer, to the
-// device (its first queue) and returns how many it took.
+// device (its first queue) and returns how many it took (with an error
+// too: those written before it, as tap.Queue.Write reports them).
 func (s *Shim) writeDev(frames [][]byte) int {
 	s.capFrames(frames)
 	s.qmu[0].Lock()
-	n, err := s.dev.Write(frames, tap.Headroom)
+	n, _ := s.dev.Write(frames, tap.Headroom)
 	s.qmu[0].Unlock()
-	if err != nil {
-		return 0
-	}
-	return n
+	return min(max(n, 0), len(frames))
 }
 
 // capFrames captures frames about to be written to the TAP (each
@@ -101,14 +99,14 @@ func (s *Shim) writeQueues(byQueue [][][]byte) {
 		}
 		s.capFrames(frames)
 		s.qmu[q].Lock()
-		n, err := s.queues[q].Write(frames, tap.Headroom)
+		// With an error too, n is the frames written before it
+		// (tap.Queue.Write): those are delivered, the rest refused.
+		n, _ := s.queues[q].Write(frames, tap.Headroom)
 		s.qmu[q].Unlock()
-		if err != nil {
-			n = 0
-		}
+		n = min(max(n, 0), len(frames))
 		s.ctr.c[RxFrames].Add(uint64(n))
 		var bytes int
-		for _, f := range frames[:max(n, 0)] {
+		for _, f := range frames[:n] {
 			bytes += len(f) - tap.Headroom
 		}
 		s.ctr.c[RxBytes].Add(uint64(bytes))

@@ -513,8 +513,7 @@ func (s *Shim) superMeta(t *txPacket) verdict {
 // fragmented one by one (IPv4 without DF), else the guest gets one ICMP
 // too-big for the frame, as the kernel's ip_finish_output_gso and
 // ip6_finish_output_gso do for a GSO skb whose segments do not fit. The
-// frame ends forwarded or answered, or each of its datagrams counts as
-// one packet fragmented.
+// frame ends forwarded, answered or fragmented, once.
 func (s *Shim) cutUDP(b *txBatch, t *txPacket) verdict {
 	sup, m, mtu := t.sup, t.m, t.mtu
 	l4 := int(sup.L4) - t.f.HeaderLen()
@@ -526,7 +525,6 @@ func (s *Shim) cutUDP(b *txBatch, t *txPacket) verdict {
 		return verdict(DropBadIP)
 	}
 	s.ctr.inc(TxSuperCut)
-	dgrams := 0
 	for !b.cut.Done() {
 		if big {
 			if b.dgram == nil {
@@ -534,7 +532,6 @@ func (s *Shim) cutUDP(b *txBatch, t *txPacket) verdict {
 			}
 			n := b.cut.Cut(b.dgram)
 			s.fragment(b, header.IPv4(b.dgram[:n]), m, mtu)
-			dgrams++
 			continue
 		}
 		if b.nfrag == len(b.frags) {
@@ -552,12 +549,8 @@ func (s *Shim) cutUDP(b *txBatch, t *txPacket) verdict {
 	if !big {
 		return verdict(TxForwarded)
 	}
-	// tx_fragmented counts IPv4 packets fragmented: the datagrams past
-	// the first here, the first as the frame's verdict (StartUDP
-	// accepted a frame of at least one datagram).
-	if dgrams > 1 {
-		s.ctr.add(TxFragmented, uint64(dgrams-1))
-	}
+	// One frame, one outcome, however many datagrams were fragmented
+	// (tx_fragments counts their pieces).
 	return verdict(TxFragmented)
 }
 

@@ -145,17 +145,20 @@ func (m *Mem) read(bufs [][]byte, sizes []int, super []Super, offset int) (int, 
 	return n, nil
 }
 
-// Write queues copies of the frames on Sent; a full queue drops them.
+// Write queues copies of the frames on Sent and returns how many it
+// queued: when Sent is full it takes no more, and the caller counts the
+// rest as refused, as it does the frames a TAP refuses.
 func (m *Mem) Write(bufs [][]byte, offset int) (int, error) {
 	select {
 	case <-m.done:
 		return 0, net.ErrClosed
 	default:
 	}
-	for _, b := range bufs {
+	for i, b := range bufs {
 		select {
 		case m.out <- append([]byte(nil), b[offset:]...):
 		default:
+			return i, nil
 		}
 	}
 	return len(bufs), nil

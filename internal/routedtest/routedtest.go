@@ -23,6 +23,7 @@ import (
 	"io"
 	"log/slog"
 	"net/netip"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -201,8 +202,8 @@ func Run(t *testing.T, s Setup) {
 		}
 	}
 
-	// Every packet from X came as one frame, under one source MAC; none
-	// was dropped, and the shim asked nobody for X.
+	// Every packet from X came as one frame, under one source MAC; the
+	// shim dropped nothing (every drop_* is 0) and asked nobody for X.
 	unknown := uint64(2*pings + 2*segments + 2)
 	if !s.Anon.IsZero() {
 		testutil.WaitFor(t, "rx_unknown_source", func() bool { return s.Counters()["rx_unknown_source"] >= unknown })
@@ -212,6 +213,14 @@ func Run(t *testing.T, s Setup) {
 	c := s.Counters()
 	if c["rx_unknown_source"] != unknown || c["tx_resolve_sent"] != 0 {
 		t.Fatalf("rx_unknown_source %d, tx_resolve_sent %d; want %d and 0 (counters %v)", c["rx_unknown_source"], c["tx_resolve_sent"], unknown, c)
+	}
+	if _, ok := c["drop_tap_write"]; !ok {
+		t.Fatalf("no drop_tap_write among the shim's counters %v", c)
+	}
+	for name, n := range c {
+		if strings.HasPrefix(name, "drop_") && n != 0 {
+			t.Errorf("%s %d, want 0: nothing is dropped (counters %v)", name, n, c)
+		}
 	}
 }
 
