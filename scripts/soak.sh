@@ -140,7 +140,8 @@ cleanup() {
 on_exit cleanup
 now() { date +%s.%N | cut -c1-14; }
 T0=$(now)
-event() { printf '%s\t%s\t%s\t%s\n' "$(now)" "$1" "$2" "${3:-}" >>"$OUT/events.tsv"; } # kind where detail
+event() { event_at "$(now)" "$@"; }                                                          # kind where detail
+event_at() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "${4:-}" >>"$OUT/events.tsv"; } # time kind where detail
 errors() { printf '%s\t%s\n' "$(now)" "$*" >>"$RAW/errors.tsv"; }
 : >"$OUT/events.tsv"
 : >"$RAW/errors.tsv"
@@ -251,7 +252,7 @@ PINGS=(a1-b1-v4:a1:10.77.0.21 a1-b1-v6:a1:fd77::21 a1-nh-v4:a1:10.77.0.200 b1-nh
 PING_PIDS=()
 for p in "${PINGS[@]}"; do
   IFS=: read -r name from to <<<"$p"
-  ip netns exec "$P-$from" ping -D -n -i 0.1 "$to" >"$RAW/ping-$name.txt" 2>&1 &
+  ip netns exec "$P-$from" ping -D -O -n -i 0.1 "$to" >"$RAW/ping-$name.txt" 2>&1 &
   PING_PIDS+=("$!")
 done
 # FLOWS: name, sender, receiver namespace, address, port. Random data,
@@ -456,11 +457,13 @@ migrate() {
   t=$((3 - f))
   { flock 8; {
     flock 9
+    local t0
+    t0=$(now) # the move starts here: under load the ip calls below take a while
     ip -n "$P-hv$f" link set vm down
     ip -n "$P-hv$f" link set vm netns "$P-hv$t"
     ip -n "$P-hv$t" link set vm master br0 up
     echo "$t" >"$RUN/m.where"
-    event migrate "hv$f-hv$t"
+    event_at "$t0" migrate "hv$f-hv$t"
   } 9>"$RUN/hv2.lock"; } 8>"$RUN/hv1.lock"
 }
 # One cycle: an event; a quarter of SOAK_EVENT_EVERY later, m's migration
@@ -572,18 +575,26 @@ for f in "${FLOWS[@]}"; do
   check $? "flow $name: every byte, digest equal" "sent $sb B, received $rb B; sha256 $ss… / $rs…; sender exits $st"
 done
 # Pings: the runs of lost replies (raw/ping-runs.tsv: name, from, to,
-# lost), each from the reply before to the reply after it.
+# lost), each from its first lost request to the reply after it. A lost
+# request's time is when ping -O reported it unanswered, as it sent the
+# next one, less the interval: not the reply before, which comes early
+# when ping itself is kept off the CPU.
 : >"$RAW/ping-runs.tsv"
 for p in "${PINGS[@]}"; do
   name=${p%%:*}
   awk -v n="$name" -v end="$END" '
     /packets transmitted/ { sent = $1 }
+    /no answer yet for icmp_seq=/ {
+      match($0, /icmp_seq=[0-9]+/); s = substr($0, RSTART + 9, RLENGTH - 9) + 0
+      if (!(s in na)) na[s] = sprintf("%.6f", substr($1, 2, length($1) - 2) - 0.1)
+      next
+    }
     /icmp_seq=/ && !/DUP!/ {
       t = substr($1, 2, length($1) - 2)
       match($0, /icmp_seq=[0-9]+/); s = substr($0, RSTART + 9, RLENGTH - 9) + 0
-      if (s > last) { if (s > last + 1) print n "\t" (lt == "" ? t : lt) "\t" t "\t" s - last - 1; last = s; lt = t }
+      if (s > last) { if (s > last + 1) print n "\t" (last + 1 in na ? na[last + 1] : lt == "" ? t : lt) "\t" t "\t" s - last - 1; last = s; lt = t }
     }
-    END { if (sent > last) print n "\t" lt "\t" end "\t" sent - last; print n "\t-\t-\t0\t" sent > "/dev/stderr" }
+    END { if (sent > last) print n "\t" (last + 1 in na ? na[last + 1] : lt) "\t" end "\t" sent - last; print n "\t-\t-\t0\t" sent > "/dev/stderr" }
   ' "$RAW/ping-$name.txt" >>"$RAW/ping-runs.tsv" 2>>"$RAW/ping-sent.tsv"
 done
 # Windows: when an event may lose replies. A restart: from its signal
