@@ -13,11 +13,12 @@ const (
 	globalTSO   = `{"data":[[["map",[["userspace-tso-enable","true"]]]]],"headings":["other_config"]}`
 )
 
-// TestParseDatapath: each bridge's datapath and userspace-tso-enable are
-// read, and whether the bridge takes GSO super-frames follows. The
-// kernel datapath always does; the userspace one only with TSO enabled
-// (the value read as OVS's smap_get_bool reads it). A missing bridge and
-// malformed tables are errors.
+// TestParseDatapath: each bridge's datapath and userspace-tso-enable
+// are read (the value as OVS's smap_get_bool reads it), and whether the
+// bridge takes GSO super-frames follows: the kernel datapath always,
+// the userspace one only with TSO enabled and on every port, which the
+// tables alone never say; a missing bridge and malformed tables are
+// errors.
 func TestParseDatapath(t *testing.T) {
 	for _, c := range []struct {
 		br, global string
@@ -25,8 +26,8 @@ func TestParseDatapath(t *testing.T) {
 		gso        bool
 	}{
 		{"obr", globalNoTSO, Datapath{Type: "netdev"}, false},
-		{"obr", globalTSO, Datapath{Type: "netdev", UserspaceTSO: true}, true},
-		{"obr", `{"data":[[["map",[["userspace-tso-enable","TRUE"]]]]],"headings":["other_config"]}`, Datapath{Type: "netdev", UserspaceTSO: true}, true},
+		{"obr", globalTSO, Datapath{Type: "netdev", UserspaceTSO: true}, false},
+		{"obr", `{"data":[[["map",[["userspace-tso-enable","TRUE"]]]]],"headings":["other_config"]}`, Datapath{Type: "netdev", UserspaceTSO: true}, false},
 		{"obr", `{"data":[[["map",[["userspace-tso-enable","yes"]]]]],"headings":["other_config"]}`, Datapath{Type: "netdev"}, false},
 		{"kbr", globalNoTSO, Datapath{}, true},
 		{"kbr", globalTSO, Datapath{UserspaceTSO: true}, true},
@@ -38,6 +39,18 @@ func TestParseDatapath(t *testing.T) {
 	}
 	if d := (Datapath{Type: "system"}); !d.Kernel() || !d.TakesGSO() {
 		t.Errorf("%+v: not the kernel's, or takes no GSO", d)
+	}
+	for _, c := range []struct {
+		d   Datapath
+		gso bool
+	}{
+		{Datapath{Type: "netdev", UserspaceTSO: true, PortsGSO: true}, true},
+		{Datapath{Type: "netdev", PortsGSO: true}, false},
+		{Datapath{Type: "netdev", UserspaceTSO: true, NoGSO: "ovs-vswitchd reads port vg1 without a vnet header"}, false},
+	} {
+		if c.d.TakesGSO() != c.gso {
+			t.Errorf("%+v: takes GSO %v, want %v", c.d, c.d.TakesGSO(), c.gso)
+		}
 	}
 	for _, c := range []struct{ br, bridges, global string }{
 		{"nobr", bridgeTable, globalNoTSO},
@@ -55,7 +68,8 @@ func TestParseDatapath(t *testing.T) {
 
 // FuzzDatapath: any Bridge and Open_vSwitch listing, however garbled,
 // gives a datapath or an error without a panic, and a datapath given
-// takes GSO exactly when it is the kernel's or has userspace TSO.
+// takes GSO exactly when it is the kernel's (the listing alone never
+// vouches for a userspace one's ports).
 func FuzzDatapath(f *testing.F) {
 	f.Add("obr", []byte(bridgeTable), []byte(globalNoTSO))
 	f.Add("kbr", []byte(bridgeTable), []byte(globalTSO))
@@ -68,7 +82,7 @@ func FuzzDatapath(f *testing.F) {
 			}
 			return
 		}
-		if d.TakesGSO() != (d.Type == "" || d.Type == "system" || d.UserspaceTSO) {
+		if d.TakesGSO() != (d.Type == "" || d.Type == "system") {
 			t.Fatalf("%+v: takes GSO %v", d, d.TakesGSO())
 		}
 	})

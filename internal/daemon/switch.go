@@ -27,11 +27,9 @@ type switchPort struct {
 	// declared: those whose port went while eipoibd was down are freed
 	// once the watch has listed the ports.
 	ovsRestored []vswitch.Guest
-	// dp is the Open vSwitch datapath last read (dpKnown once read);
-	// gsoAtAttach is whether it took super-frames when first read.
-	dp          vswitch.Datapath
-	dpKnown     bool
-	gsoAtAttach bool
+	// dp is the Open vSwitch datapath last read (dpKnown once read).
+	dp      vswitch.Datapath
+	dpKnown bool
 }
 
 // attachSwitch attaches the TAP to cfg's bridge or Open vSwitch bridge.
@@ -120,13 +118,13 @@ func (sw *switchPort) detach() {
 }
 
 // watch follows the switch's guests until ctx ends, in goroutines wg
-// counts. Guests the bridge knows, now and later, get their VIFs before
-// they speak: after a restart, or when libvirt adds a static entry. They
-// get them on the VLAN that VLAN filtering gives them, followed as it
-// changes. They lose them as soon as the bridge forgets them (their port
-// went). The same holds for Open vSwitch: a port whose interface carries
-// external_ids:attached-mac (as libvirt and os-vif set it) is a declared
-// guest, on the port's access VLAN.
+// counts. Guests the bridge knows, now and from now on, get their VIFs
+// before they speak (after a restart, or when libvirt adds a static
+// entry), on the VLAN its VLAN filtering gives them (followed as it
+// changes), and lose them as soon as the bridge forgets them (their port
+// went). The same for Open vSwitch: a port whose interface carries
+// external_ids:attached-mac (as libvirt and os-vif set it) is a
+// declared guest, on the port's access VLAN.
 func (sw *switchPort) watch(ctx context.Context, wg *sync.WaitGroup) {
 	cfg, log := sw.cfg, sw.log
 	if cfg.Bridge != "" {
@@ -169,31 +167,33 @@ func (sw *switchPort) watch(ctx context.Context, wg *sync.WaitGroup) {
 }
 
 // datapath makes the TAP write super-frames (merged received segments)
-// only where the Open vSwitch bridge's datapath takes them. The kernel
-// datapath does; the userspace one only with userspace-tso-enable.
-// Elsewhere every frame written is at most the MTU (see vswitch.Datapath
-// and tap.TAP.SetWriteSuper).
+// only where the Open vSwitch bridge's datapath takes them: the kernel
+// datapath does, the userspace one only where ovs-vswitchd runs every
+// port of the bridge with TSO; elsewhere every frame written is at most
+// the MTU (see vswitch.Datapath and tap.TAP.SetWriteSuper).
 //
-// A change seen later only ever turns them off. ovs-vswitchd reads
-// userspace-tso-enable once, when it starts (userspace_tso_init runs
-// under an ovsthread_once). It gives a port's socket the vnet header
-// only when it adds the port (netdev_linux_rxq_construct). So setting
-// the key on a running bridge does not let our port take super-frames,
-// and writing them would have them dropped ("Too big"). They come back
-// when eipoibd restarts and adds its port again.
+// OVSDB's userspace-tso-enable alone does not say that: ovs-vswitchd
+// latches it (userspace_tso_init, lib/userspace-tso.c) and gives a port
+// TSO only when it adds the port (netdev_linux_construct,
+// netdev_linux_rxq_construct), so the key set on a running switch
+// leaves its ports without, and super-frames written then would be
+// dropped ("Too big", "No TSO support"). The datapath is read afresh on
+// every change, never kept from the first read: each read looks at what
+// the ports actually have (vswitch.Datapath).
 func (sw *switchPort) datapath(d vswitch.Datapath) {
-	if !sw.dpKnown {
-		sw.gsoAtAttach = d.TakesGSO()
-	}
-	sw.dev.SetWriteSuper(d.TakesGSO() && sw.gsoAtAttach)
+	sw.dev.SetWriteSuper(d.TakesGSO())
 	if sw.dpKnown && d == sw.dp || !sw.dev.Offload() {
 		return // known already, or nothing is merged anyway
 	}
 	sw.dp, sw.dpKnown = d, true
-	sw.log.Info("Open vSwitch datapath", "bridge", sw.cfg.OVSBridge, "datapath_type", d.Type, "userspace_tso", d.UserspaceTSO,
-		"write_super_frames", sw.dev.WriteSuper())
-	if d.TakesGSO() && !sw.dev.WriteSuper() {
-		sw.log.Info("Open vSwitch gives the TAP's port super-frames only once ovs-vswitchd and eipoibd have restarted with this setting: none are written until then",
+	attrs := []any{"bridge", sw.cfg.OVSBridge, "datapath_type", d.Type, "userspace_tso", d.UserspaceTSO,
+		"write_super_frames", sw.dev.WriteSuper()}
+	if d.NoGSO != "" {
+		attrs = append(attrs, "why_not", d.NoGSO)
+	}
+	sw.log.Info("Open vSwitch datapath", attrs...)
+	if d.UserspaceTSO && !d.TakesGSO() {
+		sw.log.Info("Open vSwitch has userspace-tso-enable, but not every port of the bridge has TSO: ovs-vswitchd gives it only to ports it adds after it took the key, and to all once it restarts; no super-frames are written until then",
 			"bridge", sw.cfg.OVSBridge)
 	}
 }

@@ -130,13 +130,14 @@ type topo struct {
 
 // topoOpts shape a topology.
 type topoOpts struct {
-	n         int      // hypervisors
-	guests    int      // per hypervisor (default and at least 2)
-	viaBridge bool     // underlay: a Linux bridge even for two hypervisors
-	ovs       []bool   // per hypervisor: Open vSwitch instead of a Linux bridge
-	tags      [][]int  // per hypervisor, per guest: OVS access VLAN (0: untagged)
-	ovsTSO    bool     // OVS: other_config:userspace-tso-enable=true
-	extra     []string // more eipoibd flags, for every hypervisor
+	n          int      // hypervisors
+	guests     int      // per hypervisor (default and at least 2)
+	viaBridge  bool     // underlay: a Linux bridge even for two hypervisors
+	ovs        []bool   // per hypervisor: Open vSwitch instead of a Linux bridge
+	tags       [][]int  // per hypervisor, per guest: OVS access VLAN (0: untagged)
+	ovsTSO     bool     // OVS: other_config:userspace-tso-enable=true
+	ovsTSOLate bool     // the same, set once the bridge and guests' ports run
+	extra      []string // more eipoibd flags, for every hypervisor
 }
 
 // newTopo builds n hypervisors, each with a Linux bridge and two guests
@@ -241,6 +242,10 @@ func newTopoOpts(t *testing.T, o topoOpts) *topo {
 			}
 			sh(t, in(gs.ns, "ip", "link", "set", "eth0", "up")...)
 			h.guests = append(h.guests, gs)
+		}
+		if useOVS && o.ovsTSOLate {
+			vsctl("set", "Open_vSwitch", ".", "other_config:userspace-tso-enable=true")
+			waitOVSTSO(t, ovsDirs[len(ovsDirs)-1])
 		}
 	}
 	for _, h := range tp.hvs {
@@ -489,9 +494,59 @@ func startOVS(t *testing.T, ns string) string {
 	sh(t, in(ns, "ovsdb-server", p("conf.db"), "--remote=punix:"+p("db.sock"), "--pidfile="+p("ovsdb-server.pid"),
 		"--unixctl="+p("ovsdb-server.ctl"), "--log-file="+p("ovsdb-server.log"), "--detach")...)
 	sh(t, "ovs-vsctl", "--timeout=10", "--db=unix:"+p("db.sock"), "--no-wait", "init")
+	startVswitchd(t, ns, dir)
+	return dir
+}
+
+// startVswitchd starts the ovs-vswitchd of startOVS's directory dir in
+// namespace ns.
+func startVswitchd(t *testing.T, ns, dir string) {
+	t.Helper()
+	p := func(f string) string { return filepath.Join(dir, f) }
 	sh(t, in(ns, "env", "OVS_RUNDIR="+dir, "ovs-vswitchd", "unix:"+p("db.sock"), "--pidfile="+p("ovs-vswitchd.pid"),
 		"--unixctl="+p("ovs-vswitchd.ctl"), "--log-file="+p("ovs-vswitchd.log"), "--detach")...)
-	return dir
+}
+
+// restartVswitchd stops the ovs-vswitchd of startOVS's directory dir
+// and starts it again in namespace ns, with the same OVSDB.
+func restartVswitchd(t *testing.T, ns, dir string) {
+	t.Helper()
+	pid, err := os.ReadFile(filepath.Join(dir, "ovs-vswitchd.pid"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sh(t, "ovs-appctl", "-t", filepath.Join(dir, "ovs-vswitchd.ctl"), "exit")
+	stat := "/proc/" + strings.TrimSpace(string(pid)) + "/stat"
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		// Gone, or a zombie its reaper has not waited for yet.
+		if b, err := os.ReadFile(stat); err != nil || strings.Contains(string(b), ") Z ") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("ovs-vswitchd (pid %s) still runs 30 s after exit", strings.TrimSpace(string(pid)))
+		}
+	}
+	startVswitchd(t, ns, dir)
+}
+
+// waitOVSTSO waits until the ovs-vswitchd of startOVS's directory dir
+// has taken userspace-tso-enable (userspace_tso_init logs it).
+func waitOVSTSO(t *testing.T, dir string) {
+	t.Helper()
+	const took = "Userspace TCP Segmentation Offloading support enabled"
+	log := filepath.Join(dir, "ovs-vswitchd.log")
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		b, err := os.ReadFile(log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(string(b), took) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("ovs-vswitchd never logged %q:\n%s", took, b)
+		}
+	}
 }
 
 // stopOVS stops the daemons of startOVS and removes their directory.
