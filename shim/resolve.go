@@ -190,21 +190,6 @@ func (s *Shim) flushResolved() {
 	}
 }
 
-// writePort sends packets laid out with ipoib.Headroom before the header
-// and counts what the port accepted and refused.
-func (s *Shim) writePort(bufs [][]byte, meta []ipoib.TxMeta) {
-	if s.capture.Load() != nil {
-		for i := range bufs {
-			s.capFabricTx(bufs[i][ipoib.Headroom:], meta[i].Dst)
-		}
-	}
-	s.portMu.Lock()
-	n, _ := s.port.Write(bufs, meta, ipoib.Headroom)
-	s.portMu.Unlock()
-	s.ctr.c[TxPackets].Add(uint64(n))
-	s.ctr.c[TxPortRefused].Add(uint64(len(bufs) - n))
-}
-
 // sendResolve asks the fabric for target's address from the guest's VIF:
 // an IPoIB ARP request to the broadcast group, or a neighbour solicitation
 // with an IPoIB source link-layer option to the solicited-node group.

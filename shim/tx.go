@@ -83,6 +83,21 @@ func (s *Shim) flushTx(b *txBatch) {
 	b.bufs, b.meta, b.nfrag = b.bufs[:0], b.meta[:0], 0
 }
 
+// writePort sends packets laid out with ipoib.Headroom before the header
+// and counts what the port accepted and refused.
+func (s *Shim) writePort(bufs [][]byte, meta []ipoib.TxMeta) {
+	if s.capture.Load() != nil {
+		for i := range bufs {
+			s.capFabricTx(bufs[i][ipoib.Headroom:], meta[i].Dst)
+		}
+	}
+	s.portMu.Lock()
+	n, _ := s.port.Write(bufs, meta, ipoib.Headroom)
+	s.portMu.Unlock()
+	s.ctr.c[TxPackets].Add(uint64(n))
+	s.ctr.c[TxPortRefused].Add(uint64(len(bufs) - n))
+}
+
 // superReader returns dev when it hands over super-frames and the port
 // cuts TCP super-packets itself, so that super-frames cross the shim
 // whole; nil when the device cuts them. UDP super-frames then cross
