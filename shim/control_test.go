@@ -341,9 +341,9 @@ func TestSlowLeaveAndFree(t *testing.T) {
 	a.waitCounter(t, TxQueries, startupQueries)
 	bp.slow.Store(true)
 	health := watchHealth(a)
-	a.dev.Inject(igmpReport(t, macA2, 3, g))      // CHANGE_TO_INCLUDE {}: a leave
-	a.waitCounter(t, TxQueries, startupQueries+1) // the group-specific query
-	a.clk.Advance(a.s.snoop.Timers().LeaveTime()) // no answer: the group goes
+	a.dev.Inject(igmpReport(t, macA2, 3, g))             // CHANGE_TO_INCLUDE {}: a leave
+	a.waitCounter(t, TxQueries, startupQueries+1)        // the group-specific query
+	a.clk.Advance(a.s.groups.snoop.Timers().LeaveTime()) // no answer: the group goes
 	removed := make(chan error, 1)
 	go func() {
 		_, err := a.s.RemoveVIF(macA2, 0, mactrans.OriginDeclared)
@@ -514,7 +514,7 @@ func TestHeldPacketsKeepTailRoom(t *testing.T) {
 	for _, e := range s.pending.m {
 		held = append(held, e.frames...)
 	}
-	for _, h := range s.gwait.m {
+	for _, h := range s.groups.wait.m {
 		held = append(held, *h...)
 	}
 	if len(held) != 2 {

@@ -206,13 +206,13 @@ type tableStat struct {
 // tableStats are the shim's table sizes and queue depths (levels) and
 // the tables' own counters (totals).
 var tableStats = []tableStat{
-	{stat.Value{Name: "groups", Kind: stat.Level, Help: "Multicast groups the port is a full member of for guests"}, func(s *Shim) uint64 { full, _ := s.groups.counts(); return uint64(full) }},
-	{stat.Value{Name: "groups_send_only", Kind: stat.Level, Help: "Send-only memberships: groups guests send to with no member here"}, func(s *Shim) uint64 { _, so := s.groups.counts(); return uint64(so) }},
-	{stat.Value{Name: "groups_overflow", Help: "Groups not joined: the group table was full"}, func(s *Shim) uint64 { return s.groups.overflow.Load() }},
-	{stat.Value{Name: "groups_send_only_evicted", Help: "Send-only memberships evicted for room"}, func(s *Shim) uint64 { return s.groups.evicted.Load() }},
-	{stat.Value{Name: "snooped_groups", Kind: stat.Level, Help: "Group memberships snooped from guests' IGMP/MLD reports"}, func(s *Shim) uint64 { return uint64(s.snoop.Len()) }},
-	{stat.Value{Name: "snooped_groups_overflow", Help: "Snooped groups refused: the snooping table was full"}, func(s *Shim) uint64 { n, _ := s.snoop.Overflow(); return n }},
-	{stat.Value{Name: "snooped_groups_join_failed", Help: "Snooped groups refused: the port's join failed"}, func(s *Shim) uint64 { _, n := s.snoop.Overflow(); return n }},
+	{stat.Value{Name: "groups", Kind: stat.Level, Help: "Multicast groups the port is a full member of for guests"}, func(s *Shim) uint64 { full, _ := s.groups.set.counts(); return uint64(full) }},
+	{stat.Value{Name: "groups_send_only", Kind: stat.Level, Help: "Send-only memberships: groups guests send to with no member here"}, func(s *Shim) uint64 { _, so := s.groups.set.counts(); return uint64(so) }},
+	{stat.Value{Name: "groups_overflow", Help: "Groups not joined: the group table was full"}, func(s *Shim) uint64 { return s.groups.set.overflow.Load() }},
+	{stat.Value{Name: "groups_send_only_evicted", Help: "Send-only memberships evicted for room"}, func(s *Shim) uint64 { return s.groups.set.evicted.Load() }},
+	{stat.Value{Name: "snooped_groups", Kind: stat.Level, Help: "Group memberships snooped from guests' IGMP/MLD reports"}, func(s *Shim) uint64 { return uint64(s.groups.snoop.Len()) }},
+	{stat.Value{Name: "snooped_groups_overflow", Help: "Snooped groups refused: the snooping table was full"}, func(s *Shim) uint64 { n, _ := s.groups.snoop.Overflow(); return n }},
+	{stat.Value{Name: "snooped_groups_join_failed", Help: "Snooped groups refused: the port's join failed"}, func(s *Shim) uint64 { _, n := s.groups.snoop.Overflow(); return n }},
 	{stat.Value{Name: "pending", Kind: stat.Level, Help: "Destinations being resolved"}, func(s *Shim) uint64 { return uint64(s.pending.count.Load()) }},
 	{stat.Value{Name: "pending_frames", Kind: stat.Level, Help: "Frames waiting for their destination's resolution", End: stat.TxEnd}, func(s *Shim) uint64 { return uint64(s.pending.frames.Load()) }},
 	{stat.Value{Name: "vifs", Kind: stat.Level, Help: "VIFs: local guests' MACs (per VLAN) with their own QP"}, func(s *Shim) uint64 { return uint64(s.vifs.Len()) }},

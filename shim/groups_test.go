@@ -13,6 +13,9 @@ import (
 	"github.com/eipoib/eipoibd/ether"
 	"github.com/eipoib/eipoibd/internal/testutil"
 	"github.com/eipoib/eipoibd/ipoib"
+	"github.com/eipoib/eipoibd/mactrans"
+	"github.com/eipoib/eipoibd/snoop"
+	"github.com/eipoib/eipoibd/tap"
 )
 
 // TestSendOnlyFlood: a guest sending to 5,000 groups keeps at most
@@ -133,5 +136,119 @@ func TestGroupSet(t *testing.T) {
 	g.join(port, mgid(30), false)
 	if n, err := g.expireSendOnly(port, t0.Add(time.Hour), time.Minute); n != 0 || err != nil || !port.Joined(mgid(30)) {
 		t.Fatalf("expired %d (%v); upgraded group joined %v", n, err, port.Joined(mgid(30)))
+	}
+}
+
+// newTestGroups returns groups on rig r, its intents recorded by r.
+func newTestGroups(r *partRig) *groups {
+	cfg := Config{Scope: ipoib.ScopeLinkLocal, Multicast: snoop.Timers{}.WithDefaults()}
+	g := &groups{}
+	g.init(r.sh, &cfg, &r.byVLAN, r.parts, r.port.LocalGID, r.post)
+	return g
+}
+
+// TestGroupsHoldUntilJoined: frames to a group the port is not in ask
+// the control plane once for a send-only join and wait, up to
+// mcastQueue; the join sends them in order, counting the guests' frames
+// only. Frames to a group whose join failed are dropped and counted.
+func TestGroupsHoldUntilJoined(t *testing.T) {
+	r := newPartRig(t, "fe80::a")
+	g := newTestGroups(r)
+	v := r.vif(t, macA1)
+	now := r.clk.Now()
+	mgid := ipoib.IPv4MGID(netip.MustParseAddr("239.1.2.3"), 0xffff, 2)
+	for range 2 {
+		if got := g.sendTo(mgid, now); got != groupJoining {
+			t.Fatalf("sendTo before the join: %d, want groupJoining", got)
+		}
+	}
+	if len(r.posted) != 1 || r.posted[0].kind != intentSendOnly || r.posted[0].mgid != mgid {
+		t.Fatalf("intents posted: %+v; want one send-only join of %s", r.posted, mgid)
+	}
+	pkt := func(i int) []byte { return append(make([]byte, ipoib.Headroom), byte(i), 0, 0, 0) }
+	for i := range mcastQueue {
+		f := heldFrame{buf: pkt(i), vif: v, own: i == 0}
+		if got := g.holdForGroup(mgid, f); got != held {
+			t.Fatalf("frame %d: verdict %d, want held", i, got)
+		}
+	}
+	if got := g.holdForGroup(mgid, heldFrame{buf: pkt(99), vif: v}); got != verdict(DropGroupPendingFull) {
+		t.Fatalf("frame past the bound: verdict %d, want drop_group_pending_full", got)
+	}
+	g.joinSendOnly(r.ctl, mgid, now)
+	if !r.port.SendOnly(mgid) || g.sendTo(mgid, now) != groupReady {
+		t.Fatalf("after the join: port send-only member %v, sendTo %d", r.port.SendOnly(mgid), g.sendTo(mgid, now))
+	}
+	if len(r.sent) != mcastQueue {
+		t.Fatalf("sent %d held frames, want %d", len(r.sent), mcastQueue)
+	}
+	for i, b := range r.sent {
+		if b[ipoib.Headroom] != byte(i) {
+			t.Fatalf("held frame %d sent as frame %d", b[ipoib.Headroom], i)
+		}
+	}
+	if q, fw, mc := r.ctr.c[TxQueuedGroup].Load(), r.ctr.c[TxForwarded].Load(), r.ctr.c[TxMulticast].Load(); q != mcastQueue-1 || fw != mcastQueue-1 || mc != mcastQueue-1 {
+		t.Fatalf("tx_queued_group %d, tx_forwarded %d, tx_multicast %d; want %d each", q, fw, mc, mcastQueue-1)
+	}
+	// A join the port refuses: the held frames are dropped, counted.
+	other := ipoib.IPv4MGID(netip.MustParseAddr("239.1.2.4"), 0xffff, 2)
+	g.sendTo(other, now)
+	g.holdForGroup(other, heldFrame{buf: pkt(1), vif: v})
+	g.holdForGroup(other, heldFrame{buf: pkt(2), vif: v})
+	g.failed(other)
+	if n := r.ctr.c[DropNoGroup].Load(); n != 2 {
+		t.Fatalf("drop_no_group %d after the failed join, want 2", n)
+	}
+	if got := g.holdForGroup(other, heldFrame{buf: pkt(3), vif: v}); got != verdict(DropNoGroup) {
+		t.Fatalf("frame after the failed join: verdict %d, want drop_no_group", got)
+	}
+}
+
+// TestGroupsSnoopedJoinLeave: a guest's report posts a join, which the
+// control plane makes a full membership of the group's MGID; the
+// guest's leave posts a leave that leaves it.
+func TestGroupsSnoopedJoinLeave(t *testing.T) {
+	r := newPartRig(t, "fe80::a")
+	g := newTestGroups(r)
+	grp := netip.MustParseAddr("239.5.5.5")
+	mgid := ipoib.IPv4MGID(grp, 0xffff, 2)
+	g.member(r.p, grp, ipA1, false, r.clk.Now())
+	if len(r.posted) != 1 || r.posted[0].kind != intentJoin {
+		t.Fatalf("intents after a report: %+v; want one join", r.posted)
+	}
+	g.join(r.ctl, r.posted[0].group, r.posted[0].gen)
+	if !r.port.Joined(mgid) || !g.fullMember(r.p, grp) || r.ctr.c[McastJoins].Load() != 1 {
+		t.Fatalf("after the join: port member %v, fullMember %v, mcast_joins %d", r.port.Joined(mgid), g.fullMember(r.p, grp), r.ctr.c[McastJoins].Load())
+	}
+	g.member(r.p, grp, ipA1, true, r.clk.Now())
+	r.clk.Advance(g.snoop.Timers().LeaveTime())
+	g.snoop.Tick(r.clk.Now())
+	if len(r.posted) != 2 || r.posted[1].kind != intentLeave {
+		t.Fatalf("intents after the leave: %+v; want a join and a leave", r.posted)
+	}
+	g.leave(r.port, r.posted[1].group)
+	if r.port.Joined(mgid) || g.fullMember(r.p, grp) || r.ctr.c[McastLeaves].Load() != 1 {
+		t.Fatalf("after the leave: port member %v, fullMember %v, mcast_leaves %d", r.port.Joined(mgid), g.fullMember(r.p, grp), r.ctr.c[McastLeaves].Load())
+	}
+}
+
+// TestGroupsQueries: the querier sends a general IGMPv3 and MLDv2 query
+// per partition and a group-specific query to the group's MAC, each
+// from the MAC derived from the port's GID, to the guests only.
+func TestGroupsQueries(t *testing.T) {
+	r := newPartRig(t, "fe80::a")
+	g := newTestGroups(r)
+	g.sendQueries(time.Second)
+	g.query(snoop.Key{Group: netip.MustParseAddr("239.1.2.3")})
+	src := mactrans.DeriveREMAC(r.port.LocalGID(), 0, 0)
+	want := []ether.MAC{{0x01, 0, 0x5e, 0, 0, 1}, {0x33, 0x33, 0, 0, 0, 1}, {0x01, 0, 0x5e, 1, 2, 3}}
+	if len(r.guests) != len(want) || len(r.sent) != 0 || r.ctr.c[TxQueries].Load() != 3 {
+		t.Fatalf("%d frames to guests, %d to the port, tx_queries %d; want 3, 0, 3", len(r.guests), len(r.sent), r.ctr.c[TxQueries].Load())
+	}
+	for i, f := range r.guests {
+		e := f[tap.Headroom:]
+		if ether.MAC(e[0:6]) != want[i] || ether.MAC(e[6:12]) != src {
+			t.Fatalf("query %d: %s → %s, want %s → %s", i, ether.MAC(e[6:12]), ether.MAC(e[0:6]), src, want[i])
+		}
 	}
 }

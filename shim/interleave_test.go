@@ -76,7 +76,7 @@ func TestGroupHeldFramesBeforeVisible(t *testing.T) {
 		for _, m := range meta {
 			if m.Dst.GID() == mgid {
 				written++
-				if _, ok := s.groups.lookup(mgid); ok {
+				if _, ok := s.groups.set.lookup(mgid); ok {
 					visible++
 				}
 			}
@@ -86,7 +86,7 @@ func TestGroupHeldFramesBeforeVisible(t *testing.T) {
 	if written != held || visible != 0 {
 		t.Fatalf("%d held frames written, %d of them with the group already visible to the workers; want %d, 0", written, visible, held)
 	}
-	if _, ok := s.groups.lookup(mgid); !ok {
+	if _, ok := s.groups.set.lookup(mgid); !ok {
 		t.Fatal("the group is not published after its held frames")
 	}
 }

@@ -81,10 +81,7 @@ func (q *pendingQueue) dropAll(c *counters) {
 }
 
 // vifLive reports whether v is still the VIF owning its QP (not aged out).
-func (s *Shim) vifLive(v *mactrans.VIF) bool {
-	cur, ok := s.vifs.LookupQPN(v.QPN)
-	return ok && cur == v
-}
+func (s *Shim) vifLive(v *mactrans.VIF) bool { return s.groups.vifLive(v) }
 
 // enqueue holds the IPoIB packet pkt (ipoib.Headroom bytes before the
 // header) for the unknown REMAC dst, starting a resolution when the
@@ -259,11 +256,11 @@ func (s *Shim) sendNDP(p *partition, vif *mactrans.VIF, kind int, source, group,
 	binary.BigEndian.PutUint16(icmp[2:4], sum)
 	mgid := ipoib.IPv6MGID(group, p.pkey, s.cfg.Scope)
 	m := ipoib.TxMeta{SrcQPN: vif.QPN, PKey: p.pkey, Dst: ipoib.MakeHwAddr(0, ipoib.MulticastQPN, mgid)}
-	switch s.sendTo(mgid, s.clk.Now()) { // a UD QP sends only to groups it joined
+	switch s.groups.sendTo(mgid, s.clk.Now()) { // a UD QP sends only to groups it joined
 	case groupRefused:
 		return false
 	case groupJoining:
-		if s.holdForGroup(mgid, heldFrame{buf: buf, meta: m, vif: vif, own: true}) != pass {
+		if s.groups.holdForGroup(mgid, heldFrame{buf: buf, meta: m, vif: vif, own: true}) != pass {
 			return true // held, or dropped uncounted as the shim's own frames are
 		}
 	}

@@ -125,9 +125,7 @@ type Shim struct {
 	ep      epochs
 	newVIFs newGuests // guests whose VIF is pending or refused (newvif.go)
 
-	groups  groupSet
-	gwait   groupWaits // frames to groups being joined
-	snoop   *snoop.Table
+	groups  groups // multicast membership and the querier (groups.go)
 	pending pendingQueue
 	srcs    srcTable // source IP → REMAC, for ports that cannot tell senders
 	xids    dhcpXIDs
@@ -138,7 +136,7 @@ type Shim struct {
 	vifIdle   atomic.Int64 // Config.VIFIdle, changed by SetVIFIdle
 	lastRound atomic.Int64 // wall clock of the last housekeeping round
 
-	vifWarn, groupWarn  warnlimit.Limit // limit warnings a guest can cause per frame
+	vifWarn             warnlimit.Limit // limits warnings a guest can cause per frame
 	carrier, carrierSet atomic.Bool
 	carrierBack         atomic.Bool // the carrier came back; housekeeping queries
 	stopping            atomic.Bool // set before Run frees the VIFs
@@ -225,14 +223,12 @@ func New(cfg Config) (*Shim, error) {
 	s.queues = s.dev.Queues() // each read by a TX worker, written by the RX workers (flowQueue)
 	s.qmu = make([]sync.Mutex, len(s.queues))
 	s.rxq = ipoib.RxQueuesOf(s.port)
-	s.groups.init(maxGroups, maxSendOnly)
-	s.groups.ready = s.groupReady
-	s.gwait.m = make(map[ipoib.GID]*heldFrames)
+	sh := shared{ctr: &s.ctr, log: s.log, clk: s.clk, vifs: s.vifs, toPort: s.writePort, toGuests: s.writeLocal}
+	s.groups.init(sh, &s.cfg, &s.byVLAN, s.partitions, s.port.LocalGID, s.ctl.post)
 	s.pending.init()
 	s.newVIFs.init()
 	s.ctl.init(vifHoldPerGuest)
 	s.ep.init(len(s.queues) + len(s.rxq) + 1) // the TX workers, the RX workers, housekeeping
-	s.snoop = snoop.NewTable(cfg.Multicast, maxGroups, snoop.Actions{Join: s.snoopJoin, Leave: s.snoopLeave, Query: s.mcastQuery})
 	return s, nil
 }
 
@@ -287,8 +283,8 @@ func (s *Shim) partitions() map[ipoib.PKey]*partition { return *s.byPKey.Load() 
 // the read waits for the partition to be visible (applyEvent), so it is
 // applied, not lost. Control plane only.
 func (s *Shim) joinPartition(p *partition) error {
-	for _, mgid := range []ipoib.GID{p.bcast, s.groupMGID(p, allNodes), s.groupMGID(p, allHosts)} {
-		if err := s.groups.join(s.ctl.port, mgid, true); err != nil {
+	for _, mgid := range []ipoib.GID{p.bcast, s.groups.mgid(p, allNodes), s.groups.mgid(p, allHosts)} {
+		if err := s.groups.set.join(s.ctl.port, mgid, true); err != nil {
 			return err
 		}
 	}
@@ -337,7 +333,7 @@ func (s *Shim) Run(ctx context.Context) error {
 	stopControl := s.startControl()
 	for _, p := range s.partitions() {
 		if err := s.call(func() error { return s.joinPartition(p) }); err != nil {
-			s.call(func() error { s.groups.leaveAll(s.ctl.port, s.log); return nil })
+			s.call(func() error { s.groups.set.leaveAll(s.ctl.port, s.log); return nil })
 			stopControl()
 			s.ctl.port.Close()
 			return err
@@ -387,7 +383,7 @@ func (s *Shim) stopPort() error {
 	s.stopping.Store(true)
 	s.pending.dropAll(&s.ctr)
 	s.newVIFs.dropAll(&s.ctr)
-	s.gwait.dropAll(&s.ctr)
+	s.groups.wait.dropAll(&s.ctr)
 	var gone []*mactrans.VIF
 	for _, v := range s.vifs.All() {
 		if _, ok := s.vifs.Remove(v.Key, mactrans.OriginDeclared); ok {
@@ -401,7 +397,7 @@ func (s *Shim) stopPort() error {
 	if err := s.freeQuiesced(gone); err != nil {
 		s.log.Warn("free QPs", "err", err)
 	}
-	s.groups.leaveAll(s.ctl.port, s.log)
+	s.groups.set.leaveAll(s.ctl.port, s.log)
 	s.log.Info("shim stopped", "counters_tx_frames", s.Get(TxFrames), "counters_rx_frames", s.Get(RxFrames))
 	return nil
 }
@@ -420,8 +416,8 @@ const (
 func (s *Shim) housekeeping(ctx context.Context) error {
 	t := time.NewTimer(s.cfg.Housekeeping)
 	defer t.Stop()
-	mt := s.snoop.Timers() // the timers' one home: a reload changes them there
-	s.sendQueries(mt.LastMemberQueryInterval)
+	mt := s.groups.snoop.Timers() // the timers' one home: a reload changes them there
+	s.groups.sendQueries(mt.LastMemberQueryInterval)
 	nextQuery := s.clk.Now().Add(mt.QueryInterval)
 	requery := requeryNone // general queries after the carrier returns
 	for {
@@ -432,14 +428,14 @@ func (s *Shim) housekeeping(ctx context.Context) error {
 		}
 		now := s.clk.Now()
 		t.Reset(s.nextHousekeeping(now))
-		mt = s.snoop.Timers()
+		mt = s.groups.snoop.Timers()
 		if !now.Before(nextQuery) {
-			s.sendQueries(mt.QueryResponseInterval)
+			s.groups.sendQueries(mt.QueryResponseInterval)
 			nextQuery = now.Add(mt.QueryInterval)
 		} else if later := now.Add(mt.QueryInterval); later.Before(nextQuery) {
 			nextQuery = later // a shorter interval takes effect at once
 		}
-		s.snoop.Tick(now)
+		s.groups.snoop.Tick(now)
 		s.neigh.Expire(now, s.cfg.NeighTTL)
 		s.logUndeclared(now)
 		s.ep.enter(s.houseSlot())
@@ -464,7 +460,7 @@ func (s *Shim) housekeeping(ctx context.Context) error {
 			requery = requeryNextRound
 		case requery == requeryNextRound:
 			requery = requeryNone
-			s.sendQueries(mt.LastMemberQueryInterval)
+			s.groups.sendQueries(mt.LastMemberQueryInterval)
 			nextQuery = now.Add(mt.QueryInterval)
 		}
 		s.lastRound.Store(time.Now().UnixNano())
@@ -485,7 +481,7 @@ func (s *Shim) Healthy(d time.Duration) bool {
 // period later.
 func (s *Shim) nextHousekeeping(now time.Time) time.Duration {
 	wait := s.cfg.Housekeeping
-	if d, ok := s.snoop.NextDeadline(); ok {
+	if d, ok := s.groups.snoop.NextDeadline(); ok {
 		wait = min(wait, max(d.Sub(now), time.Millisecond))
 	}
 	return wait
@@ -505,7 +501,7 @@ func (s *Shim) SetLimits(maxVIFs, maxNeighbours int) {
 // (a configuration reload): groups keep their expiry, reports, leaves
 // and queries from now on use t, and the next general query comes
 // within the new query interval. Invalid timers change nothing.
-func (s *Shim) SetMulticastTimers(t snoop.Timers) error { return s.snoop.SetTimers(t) }
+func (s *Shim) SetMulticastTimers(t snoop.Timers) error { return s.groups.snoop.SetTimers(t) }
 
 // SetVIFIdle changes the idle time after which a VIF is removed (as a
 // configuration reload does); the next aging round uses it.

@@ -336,7 +336,7 @@ func (s *Shim) txDestination(b *txBatch, t *txPacket) verdict {
 		if !ok {
 			return verdict(DropBadIP)
 		}
-		switch s.sendTo(mgid, t.now) {
+		switch s.groups.sendTo(mgid, t.now) {
 		case groupRefused:
 			return verdict(DropNoGroup)
 		case groupJoining:
@@ -474,7 +474,7 @@ func (s *Shim) txEmit(b *txBatch, t *txPacket) verdict {
 		return held
 	}
 	if t.waits {
-		if v := s.holdForGroup(t.m.Dst.GID(), heldFrame{buf: pkt, meta: t.m, vif: t.vif}); v != pass {
+		if v := s.groups.holdForGroup(t.m.Dst.GID(), heldFrame{buf: pkt, meta: t.m, vif: t.vif}); v != pass {
 			return v
 		}
 	}
@@ -591,13 +591,13 @@ func (s *Shim) snoopIPv6(p *partition, pay []byte, now time.Time) verdict {
 	if !src.IsUnspecified() {
 		// Per frame, so only when the group is not joined yet: once it
 		// is, the guest's MLD answers to the queries keep it alive.
-		if sn := solicitedNode(src); !src.IsMulticast() && !s.fullMember(p, sn) {
-			s.member(p, sn, src, false, now)
+		if sn := solicitedNode(src); !src.IsMulticast() && !s.groups.fullMember(p, sn) {
+			s.groups.member(p, sn, src, false, now)
 		}
 		return pass
 	}
 	if icmp := ip.Payload(); ip.NextHeader() == header.ProtoICMPv6 && len(icmp) >= nsLen && icmp[0] == arpndp.TypeNeighborSolicitation {
-		s.member(p, solicitedNode(netip.AddrFrom16([16]byte(icmp[nsTarget:nsLen]))), src, false, now)
+		s.groups.member(p, solicitedNode(netip.AddrFrom16([16]byte(icmp[nsTarget:nsLen]))), src, false, now)
 	}
 	return pass
 }
@@ -612,7 +612,7 @@ func (s *Shim) snoopRecords(p *partition, parse func([]byte) (snoop.Records, err
 	}
 	for r, ok := recs.Next(); ok; r, ok = recs.Next() {
 		if r.Group != allNodes && r.Group != allHosts {
-			s.member(p, r.Group, from, r.Leave, now)
+			s.groups.member(p, r.Group, from, r.Leave, now)
 		}
 	}
 	return pass

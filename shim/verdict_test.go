@@ -20,7 +20,7 @@ var endCounters = []string{
 	"tx.go cutUDP",
 	"newvif.go drop", "newvif.go dropAll", // held frames of new guests
 	"resolve.go resolveTick", "resolve.go flushResolved", "resolve.go dropAll", // frames queued for a resolution
-	"groups.go groupReady", "groups.go dropLocked", // frames held for a group join
+	"groups.go ready", "groups.go dropLocked", // frames held for a group join
 }
 
 // TestVerdictsCountedOnce: a TX or RX stage ends a frame by returning a
