@@ -175,9 +175,9 @@ func (s *Shim) learnGuest(p *partition, vif *mactrans.VIF, et uint16, pay []byte
 // sendAnnounce sends one announcement of ip from vif.
 func (s *Shim) sendAnnounce(p *partition, vif *mactrans.VIF, ip netip.Addr) {
 	if ip.Is4() {
-		s.sendARPRequest(p, vif, ip, ip)
+		s.resolver.sendARPRequest(p, vif, ip, ip)
 	} else {
-		s.sendNDP(p, vif, ndAdvert, ip, allNodes, ip)
+		s.resolver.sendNDP(p, vif, ndAdvert, ip, allNodes, ip)
 	}
 	s.ctr.inc(TxAnnounced)
 }

@@ -511,7 +511,7 @@ func TestHeldPacketsKeepTailRoom(t *testing.T) {
 	send(udpFrame(t, macA1, remac, ipA1, ipB1, 64, true))                                                             // to be resolved
 	send(udpFrame(t, macA1, ether.MAC{1, 0, 0x5e, 1, 2, 3}, ipA1, netip.AddrFrom4([4]byte{239, 1, 2, 3}), 64, false)) // to a group being joined
 	var held []heldFrame
-	for _, e := range s.pending.m {
+	for _, e := range s.resolver.pending.m {
 		held = append(held, e.frames...)
 	}
 	for _, h := range s.groups.wait.m {

@@ -117,9 +117,9 @@ func TestShutdownWhileVIFMade(t *testing.T) {
 		t.Fatalf("Run: %v", err)
 	}
 	a.stop = nil
-	a.s.pending.mu.Lock()
-	left := len(a.s.pending.m)
-	a.s.pending.mu.Unlock()
+	a.s.resolver.pending.mu.Lock()
+	left := len(a.s.resolver.pending.m)
+	a.s.resolver.pending.mu.Unlock()
 	if c := a.s.Counters(); left != 0 || c["drop_unresolved"] != held || c["tx_queued"] == 0 {
 		t.Fatalf("after the shutdown: %d destinations still hold frames; counters %v (want %d dropped unresolved, over the queue's bound or at the shutdown)", left, c, held)
 	}

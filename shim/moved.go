@@ -256,3 +256,6 @@ func localFrame(dst, src ether.MAC, vlan uint16, ip netip.Addr, mac ether.MAC, p
 	binary.BigEndian.PutUint16(icmp[2:4], csum.Fold(csum.Sum(csum.Pseudo(h.SrcBytes(), h.DstBytes(), header.ProtoICMPv6, plen), icmp)))
 	return f
 }
+
+// vifLive reports whether v is still the VIF owning its QP (not aged out).
+func (s *Shim) vifLive(v *mactrans.VIF) bool { return s.groups.vifLive(v) }

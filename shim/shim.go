@@ -125,11 +125,11 @@ type Shim struct {
 	ep      epochs
 	newVIFs newGuests // guests whose VIF is pending or refused (newvif.go)
 
-	groups  groups // multicast membership and the querier (groups.go)
-	pending pendingQueue
-	srcs    srcTable // source IP → REMAC, for ports that cannot tell senders
-	xids    dhcpXIDs
-	ctr     counters
+	groups   groups   // multicast membership and the querier (groups.go)
+	resolver resolver // frames to unknown REMACs and their resolution (resolve.go)
+	srcs     srcTable // source IP → REMAC, for ports that cannot tell senders
+	xids     dhcpXIDs
+	ctr      counters
 
 	capture   atomic.Pointer[Capture] // the running capture, nil for none
 	ann       announcer
@@ -225,7 +225,7 @@ func New(cfg Config) (*Shim, error) {
 	s.rxq = ipoib.RxQueuesOf(s.port)
 	sh := shared{ctr: &s.ctr, log: s.log, clk: s.clk, vifs: s.vifs, toPort: s.writePort, toGuests: s.writeLocal}
 	s.groups.init(sh, &s.cfg, &s.byVLAN, s.partitions, s.port.LocalGID, s.ctl.post)
-	s.pending.init()
+	s.resolver.init(sh, s.neigh, &s.groups, cfg.Scope)
 	s.newVIFs.init()
 	s.ctl.init(vifHoldPerGuest)
 	s.ep.init(len(s.queues) + len(s.rxq) + 1) // the TX workers, the RX workers, housekeeping
@@ -381,7 +381,7 @@ func (s *Shim) Run(ctx context.Context) error {
 // after it see stopping, so no frame is held after the drop.
 func (s *Shim) stopPort() error {
 	s.stopping.Store(true)
-	s.pending.dropAll(&s.ctr)
+	s.resolver.pending.dropAll(&s.ctr)
 	s.newVIFs.dropAll(&s.ctr)
 	s.groups.wait.dropAll(&s.ctr)
 	var gone []*mactrans.VIF
@@ -439,7 +439,7 @@ func (s *Shim) housekeeping(ctx context.Context) error {
 		s.neigh.Expire(now, s.cfg.NeighTTL)
 		s.logUndeclared(now)
 		s.ep.enter(s.houseSlot())
-		s.resolveTick(now)
+		s.resolver.tick(now)
 		s.announceTick(now)
 		s.ep.exit(s.houseSlot())
 		if s.carrierBack.Swap(false) { // carrier.go

@@ -435,7 +435,7 @@ func (s *Shim) txFit(b *txBatch, t *txPacket) verdict {
 		if t.unknown && fragmentable(t.et, t.pay) {
 			// Fragments are not queued: resolve, and let the guest's
 			// retransmission find the destination known.
-			s.enqueue(t.p, t.vif, t.f.Dst(), nil, t.m, t.source, t.target, t.now)
+			s.resolver.enqueue(t.p, t.vif, t.f.Dst(), nil, t.m, t.source, t.target, t.now)
 			return verdict(DropUnresolved)
 		}
 		return s.tooBig(b, t.f, t.et, t.pay, t.m, t.mtu)
@@ -447,7 +447,7 @@ func (s *Shim) txFit(b *txBatch, t *txPacket) verdict {
 		// Not queued, as fragments are not: resolve, and let TCP's
 		// retransmission (or the UDP application) find the destination
 		// known.
-		s.enqueue(t.p, t.vif, t.f.Dst(), nil, t.m, t.source, t.target, t.now)
+		s.resolver.enqueue(t.p, t.vif, t.f.Dst(), nil, t.m, t.source, t.target, t.now)
 		return verdict(DropUnresolved)
 	}
 	if t.sup.UDP && t.m.GSO.Type == ipoib.GSONone {
@@ -468,7 +468,7 @@ func (s *Shim) txEmit(b *txBatch, t *txPacket) verdict {
 	ipoib.PutHeader(t.buf[hdr:], t.et)
 	pkt := t.buf[hdr-ipoib.Headroom : payStart+len(t.pay)]
 	if t.unknown {
-		if !s.enqueue(t.p, t.vif, t.f.Dst(), pkt, t.m, t.source, t.target, t.now) {
+		if !s.resolver.enqueue(t.p, t.vif, t.f.Dst(), pkt, t.m, t.source, t.target, t.now) {
 			return verdict(DropUnresolved)
 		}
 		return held

@@ -19,7 +19,7 @@ var endCounters = []string{
 	"rx.go writeQueues",
 	"tx.go cutUDP",
 	"newvif.go drop", "newvif.go dropAll", // held frames of new guests
-	"resolve.go resolveTick", "resolve.go flushResolved", "resolve.go dropAll", // frames queued for a resolution
+	"resolve.go tick", "resolve.go flush", "resolve.go dropAll", // frames queued for a resolution
 	"groups.go ready", "groups.go dropLocked", // frames held for a group join
 }
 
