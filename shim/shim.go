@@ -127,14 +127,14 @@ type Shim struct {
 
 	groups   groups   // multicast membership and the querier (groups.go)
 	resolver resolver // frames to unknown REMACs and their resolution (resolve.go)
+	mobility mobility // announcements and guests that moved here (announce.go, moved.go)
 	srcs     srcTable // source IP → REMAC, for ports that cannot tell senders
 	xids     dhcpXIDs
 	ctr      counters
 
 	capture   atomic.Pointer[Capture] // the running capture, nil for none
-	ann       announcer
-	vifIdle   atomic.Int64 // Config.VIFIdle, changed by SetVIFIdle
-	lastRound atomic.Int64 // wall clock of the last housekeeping round
+	vifIdle   atomic.Int64            // Config.VIFIdle, changed by SetVIFIdle
+	lastRound atomic.Int64            // wall clock of the last housekeeping round
 
 	vifWarn             warnlimit.Limit // limits warnings a guest can cause per frame
 	carrier, carrierSet atomic.Bool
@@ -226,6 +226,7 @@ func New(cfg Config) (*Shim, error) {
 	sh := shared{ctr: &s.ctr, log: s.log, clk: s.clk, vifs: s.vifs, toPort: s.writePort, toGuests: s.writeLocal}
 	s.groups.init(sh, &s.cfg, &s.byVLAN, s.partitions, s.port.LocalGID, s.ctl.post)
 	s.resolver.init(sh, s.neigh, &s.groups, cfg.Scope)
+	s.mobility.init(sh, &s.srcs, s.neigh, &s.resolver, cfg.AnnounceWindow, s.port.LocalGID)
 	s.newVIFs.init()
 	s.ctl.init(vifHoldPerGuest)
 	s.ep.init(len(s.queues) + len(s.rxq) + 1) // the TX workers, the RX workers, housekeeping
@@ -440,7 +441,7 @@ func (s *Shim) housekeeping(ctx context.Context) error {
 		s.logUndeclared(now)
 		s.ep.enter(s.houseSlot())
 		s.resolver.tick(now)
-		s.announceTick(now)
+		s.mobility.tick(now)
 		s.ep.exit(s.houseSlot())
 		if s.carrierBack.Swap(false) { // carrier.go
 			requery = requeryWaitOperUp

@@ -304,7 +304,7 @@ func (s *Shim) translate(b *txBatch, p *partition, vif *mactrans.VIF, buf []byte
 	vif.Touch(now)
 	vif.CountTx(n)
 	if s.cfg.AnnounceWindow > 0 {
-		s.learnGuest(p, vif, t.et, pay, now)
+		s.mobility.learnGuest(p, vif, t.et, pay, now)
 	}
 	t.m = ipoib.TxMeta{SrcQPN: vif.QPN, PKey: p.pkey}
 	if v := s.txDestination(b, &t); v != pass {
@@ -352,7 +352,7 @@ func (s *Shim) txDestination(b *txBatch, t *txPacket) verdict {
 		// and is lost, and TCP resends it once the guests know the
 		// moved guest's MAC.
 		if to := nb.MovedTo(); to != nil && t.sup.L4 == 0 {
-			if v := s.deliverMoved(b, t.buf, t.n, t.et, t.pay, nb, to, t.vif); v != pass {
+			if v := s.mobility.deliverMoved(b, t.buf, t.n, t.et, t.pay, nb, to, t.vif); v != pass {
 				return v
 			}
 		}
@@ -366,11 +366,11 @@ func (s *Shim) txDestination(b *txBatch, t *txPacket) verdict {
 	if w, own := s.vifs.LookupREMAC(dst); own && w.Key.VLAN == p.vlan && t.sup.L4 == 0 {
 		// A guest that moved here, to a local guest by the REMAC it had
 		// for it elsewhere (moved.go).
-		return s.sendBack(b, t.buf, t.n, w.Key.MAC, dst)
+		return b.sendBack(t.buf, t.n, w.Key.MAC, dst)
 	}
 	t.source, t.target = ipAddrs(t.et, t.pay)
 	if t.sup.L4 == 0 && t.vif.MovedIn() {
-		if nb := s.remoteOwner(p, t.vif, t.target, t.now); nb != nil {
+		if nb := s.mobility.remoteOwner(p, t.vif, t.target, t.now); nb != nil {
 			nb.Use(t.now)
 			t.m.Dst = nb.RIMAC.WithoutFlags()
 			return pass
