@@ -266,6 +266,7 @@ type groups struct {
 	wait  groupWaits
 	snoop *snoop.Table
 	warn  warnlimit.Limit // limits the warnings a guest can cause per frame
+	q     querier         // the query rounds' state (querier.go)
 	scope uint8           // Config.Scope
 	// byVLAN and parts are the shim's partitions; gid its port's GID.
 	byVLAN *[4096]atomic.Pointer[partition]

@@ -252,3 +252,48 @@ func TestGroupsQueries(t *testing.T) {
 		}
 	}
 }
+
+// TestGroupsQueryRounds: general queries go out at start-up (answers
+// within the last member query interval), every query interval (within
+// the query response interval), and once more on the second round after
+// the carrier returns and the TAP is up.
+func TestGroupsQueryRounds(t *testing.T) {
+	r := newPartRig(t, "fe80::a")
+	g := newTestGroups(r)
+	mt := g.snoop.Timers()
+	t0 := r.clk.Now()
+	// maxResp is the IGMPv3 max response code (tenths of a second) of
+	// the IPv4 query among the frames sent since sent.
+	maxResp := func(sent int) []byte {
+		var codes []byte
+		for _, f := range r.guests[sent:] {
+			if e := f[tap.Headroom:]; ether.Frame(e).EtherType() == ether.TypeIPv4 {
+				codes = append(codes, e[14+int(e[14]&0x0f)*4+1])
+			}
+		}
+		return codes
+	}
+	step := func(name string, round func(), want []byte) {
+		t.Helper()
+		sent := len(r.guests)
+		round()
+		if got := maxResp(sent); string(got) != string(want) || len(r.guests)-sent != 2*len(want) {
+			t.Fatalf("%s: %d frames, IGMP max response codes %v; want %d frames, %v", name, len(r.guests)-sent, got, 2*len(want), want)
+		}
+	}
+	lmq, qri := []byte{byte(mt.LastMemberQueryInterval / (100 * time.Millisecond))}, []byte{byte(mt.QueryResponseInterval / (100 * time.Millisecond))}
+	step("start-up", func() { g.startQueries(t0) }, lmq)
+	step("before the interval", func() { g.queryRound(t0.Add(mt.QueryInterval - time.Millisecond)) }, nil)
+	step("at the interval", func() { g.queryRound(t0.Add(mt.QueryInterval)) }, qri)
+	g.carrierReturned()
+	up := false
+	operUp := func() bool { return up }
+	step("carrier back, TAP down", func() { g.requeryRound(t0, operUp) }, nil)
+	up = true
+	step("TAP up", func() { g.requeryRound(t0, operUp) }, nil)
+	step("the round after", func() { g.requeryRound(t0, operUp) }, lmq)
+	step("then", func() { g.requeryRound(t0, operUp) }, nil)
+	if n := r.ctr.c[TxQueries].Load(); n != 6 {
+		t.Fatalf("tx_queries %d, want 6", n)
+	}
+}

@@ -9,6 +9,7 @@ package shim
 
 import (
 	"net/netip"
+	"sync/atomic"
 	"time"
 
 	"github.com/eipoib/eipoibd/ether"
@@ -16,6 +17,71 @@ import (
 	"github.com/eipoib/eipoibd/snoop"
 	"github.com/eipoib/eipoibd/tap"
 )
+
+// The steps of the general queries sent when the carrier returns.
+const (
+	requeryNone       = iota
+	requeryWaitOperUp // the carrier is back; the bridge may not know yet
+	requeryNextRound  // the TAP is operationally up: query next round
+)
+
+// querier is the state of the query rounds: housekeeping's goroutine
+// alone touches it, but for back, which the port's events set.
+type querier struct {
+	next    time.Time    // the next general query
+	requery int          // a requery step
+	back    atomic.Bool  // the carrier came back (carrier.go)
+	mt      snoop.Timers // this round's
+}
+
+// startQueries sends the start-up general queries.
+func (g *groups) startQueries(now time.Time) {
+	g.q.mt = g.snoop.Timers() // the timers' one home: a reload changes them there
+	g.sendQueries(g.q.mt.LastMemberQueryInterval)
+	g.q.next = now.Add(g.q.mt.QueryInterval)
+}
+
+// queryRound sends the general queries due at now and ages the snooped
+// memberships.
+func (g *groups) queryRound(now time.Time) {
+	q := &g.q
+	q.mt = g.snoop.Timers()
+	if !now.Before(q.next) {
+		g.sendQueries(q.mt.QueryResponseInterval)
+		q.next = now.Add(q.mt.QueryInterval)
+	} else if later := now.Add(q.mt.QueryInterval); later.Before(q.next) {
+		q.next = later // a shorter interval takes effect at once
+	}
+	g.snoop.Tick(now)
+}
+
+// carrierReturned asks for general queries once the TAP is up again.
+func (g *groups) carrierReturned() { g.q.back.Store(true) }
+
+// requeryRound sends the general queries the carrier's return asked for.
+// A Linux bridge forgets a port as a multicast router when its carrier
+// goes (__br_multicast_disable_port_ctx drops it from the router list),
+// and until it hears a query again it keeps guests' multicast for groups
+// with no member on this host from the TAP (br_multicast_flood with
+// mrouters_only). So query as after a start when the carrier returns,
+// not at the next interval; but not before the bridge has seen the port
+// up (the kernel acts on the carrier asynchronously, in linkwatch_do_dev,
+// and a bridge drops what a disabled port sends it): once the TAP is
+// operationally up (operUp), on the round after.
+func (g *groups) requeryRound(now time.Time, operUp func() bool) {
+	q := &g.q
+	if q.back.Swap(false) {
+		q.requery = requeryWaitOperUp
+	}
+	switch {
+	case q.requery == requeryWaitOperUp && operUp():
+		q.requery = requeryNextRound
+	case q.requery == requeryNextRound:
+		q.requery = requeryNone
+		g.sendQueries(q.mt.LastMemberQueryInterval)
+		q.next = now.Add(q.mt.QueryInterval)
+	}
+}
 
 // querierAddrs returns the MAC and link-local address the queries come
 // from: a locally administered MAC derived from the port GID, and its

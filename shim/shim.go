@@ -138,7 +138,6 @@ type Shim struct {
 
 	vifWarn             warnlimit.Limit // limits warnings a guest can cause per frame
 	carrier, carrierSet atomic.Bool
-	carrierBack         atomic.Bool // the carrier came back; housekeeping queries
 	stopping            atomic.Bool // set before Run frees the VIFs
 
 	// local are the hypervisor's own MACs (SetLocalMACs, local.go).
@@ -403,13 +402,6 @@ func (s *Shim) stopPort() error {
 	return nil
 }
 
-// The steps of the general queries sent when the carrier returns.
-const (
-	requeryNone       = iota
-	requeryWaitOperUp // the carrier is back; the bridge may not know yet
-	requeryNextRound  // the TAP is operationally up: query next round
-)
-
 // housekeeping sends queries, ages the snooping and neighbour tables,
 // retries and expires resolutions, sends announcements and follows the
 // port state. It makes no port control call (VIF aging, send-only
@@ -417,10 +409,7 @@ const (
 func (s *Shim) housekeeping(ctx context.Context) error {
 	t := time.NewTimer(s.cfg.Housekeeping)
 	defer t.Stop()
-	mt := s.groups.snoop.Timers() // the timers' one home: a reload changes them there
-	s.groups.sendQueries(mt.LastMemberQueryInterval)
-	nextQuery := s.clk.Now().Add(mt.QueryInterval)
-	requery := requeryNone // general queries after the carrier returns
+	s.groups.startQueries(s.clk.Now())
 	for {
 		select {
 		case <-ctx.Done():
@@ -429,41 +418,14 @@ func (s *Shim) housekeeping(ctx context.Context) error {
 		}
 		now := s.clk.Now()
 		t.Reset(s.nextHousekeeping(now))
-		mt = s.groups.snoop.Timers()
-		if !now.Before(nextQuery) {
-			s.groups.sendQueries(mt.QueryResponseInterval)
-			nextQuery = now.Add(mt.QueryInterval)
-		} else if later := now.Add(mt.QueryInterval); later.Before(nextQuery) {
-			nextQuery = later // a shorter interval takes effect at once
-		}
-		s.groups.snoop.Tick(now)
+		s.groups.queryRound(now)
 		s.neigh.Expire(now, s.cfg.NeighTTL)
 		s.logUndeclared(now)
 		s.ep.enter(s.houseSlot())
 		s.resolver.tick(now)
 		s.mobility.tick(now)
 		s.ep.exit(s.houseSlot())
-		if s.carrierBack.Swap(false) { // carrier.go
-			requery = requeryWaitOperUp
-		}
-		// A Linux bridge forgets a port as a multicast router when its
-		// carrier goes (__br_multicast_disable_port_ctx drops it from the
-		// router list), and until it hears a query again it keeps guests'
-		// multicast for groups with no member on this host from the TAP
-		// (br_multicast_flood with mrouters_only). So query as after a
-		// start when the carrier returns, not at the next interval; but
-		// not before the bridge has seen the port up (the kernel acts on
-		// the carrier asynchronously, in linkwatch_do_dev, and a bridge
-		// drops what a disabled port sends it): once the TAP is
-		// operationally up, on the round after.
-		switch {
-		case requery == requeryWaitOperUp && s.dev.OperUp():
-			requery = requeryNextRound
-		case requery == requeryNextRound:
-			requery = requeryNone
-			s.groups.sendQueries(mt.LastMemberQueryInterval)
-			nextQuery = now.Add(mt.QueryInterval)
-		}
+		s.groups.requeryRound(now, s.dev.OperUp)
 		s.lastRound.Store(time.Now().UnixNano())
 	}
 }
