@@ -12,8 +12,9 @@ package shim
 // The types enforce it. The data path (the TX and RX workers,
 // housekeeping) uses Shim.port, the port's data half (ipoib.DataPort),
 // which has no control call: one there does not compile. The control
-// half (ipoib.ControlPort) is ctl.port, which control actions alone use,
-// and the group table's helpers that join and leave take one.
+// half (ipoib.ControlPort) is ctl.port, which control actions alone use.
+// The shim's parts (groups, resolver, mobility) hold none: the methods of
+// groups that join or leave take it, or ctl, as an argument.
 //
 // Who owns what:
 //   - TX workers, the RX workers and housekeeping only read the tables

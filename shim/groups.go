@@ -51,8 +51,8 @@ type groupState struct {
 // the MGID is left when the last one goes. lookup is lock-free (a
 // copy-on-write map); only the control plane changes it (control.go), so
 // no lock is held across a port call and no worker waits on one. A join
-// publishes the MGID through ready, which the shim runs under its
-// groupWaits lock to send the frames held for the group first.
+// publishes the MGID through ready, which groups runs under its wait
+// lock to send the frames held for the group first.
 type groupSet struct {
 	ready       publishFunc // nil: just add
 	m           atomic.Pointer[map[ipoib.GID]*groupState]
