@@ -57,11 +57,12 @@ type announcement struct {
 	left int
 }
 
-// mobility owns what the shim says when a guest's MAC appears here or a
-// guest migrates here: the queued announcements to the fabric and to
-// local guests (ann), and the links from a moved guest's old QP to its
-// VIF (moved.go). The TX workers queue and housekeeping sends, within
-// their epochs; ann has its own lock. It makes no port control call.
+// mobility says where guests are when their MAC appears here or they
+// migrate here (moved.go). It owns the queued announcements to the
+// fabric and to local guests (ann, under its own lock). It marks moves
+// in the neighbour table it borrows. TX workers queue announcements and
+// housekeeping sends them, each within its epoch. It makes no port
+// control call.
 type mobility struct {
 	shared
 	ann      announcer
