@@ -35,10 +35,6 @@ const (
 	// maxFrags is enough fragments for the largest IPv4 packet at the
 	// smallest IPoIB MTU.
 	maxFrags = 65536/(ipoib.MTU2044-60) + 2
-	// nsTarget and nsLen locate the target address of a neighbour
-	// solicitation in its ICMPv6 message (RFC 4861 §4.3).
-	nsTarget = 8
-	nsLen    = nsTarget + 16
 )
 
 // txBatch collects the packets of one TX batch; each TX worker has its
@@ -574,46 +570,4 @@ func (s *Shim) cutUDP(b *txBatch, t *txPacket) verdict {
 		s.ctr.add(TxFragmented, uint64(dgrams-1))
 	}
 	return verdict(TxFragmented)
-}
-
-// snoopIPv6 records the memberships an IPv6 packet from a guest shows:
-// those its MLD reports and dones state, the solicited-node group of its
-// source address, and that of the target of its duplicate address
-// detection. A malformed MLD message is dropped.
-func (s *Shim) snoopIPv6(p *partition, pay []byte, now time.Time) verdict {
-	ip := header.IPv6(pay)
-	src := ip.Src()
-	if snoop.IsMLD(pay) {
-		if v := s.snoopRecords(p, snoop.ParseMLD, pay, src, now); v != pass {
-			return v
-		}
-	}
-	if !src.IsUnspecified() {
-		// Per frame, so only when the group is not joined yet: once it
-		// is, the guest's MLD answers to the queries keep it alive.
-		if sn := solicitedNode(src); !src.IsMulticast() && !s.groups.fullMember(p, sn) {
-			s.groups.member(p, sn, src, false, now)
-		}
-		return pass
-	}
-	if icmp := ip.Payload(); ip.NextHeader() == header.ProtoICMPv6 && len(icmp) >= nsLen && icmp[0] == arpndp.TypeNeighborSolicitation {
-		s.groups.member(p, solicitedNode(netip.AddrFrom16([16]byte(icmp[nsTarget:nsLen]))), src, false, now)
-	}
-	return pass
-}
-
-// snoopRecords feeds the records of a guest's IGMP or MLD message, sent
-// from the address from, to the snooping table; a malformed one or one
-// with a wrong checksum is dropped.
-func (s *Shim) snoopRecords(p *partition, parse func([]byte) (snoop.Records, error), pay []byte, from netip.Addr, now time.Time) verdict {
-	recs, err := parse(pay)
-	if err != nil {
-		return verdict(DropBadMcastReport)
-	}
-	for r, ok := recs.Next(); ok; r, ok = recs.Next() {
-		if r.Group != allNodes && r.Group != allHosts {
-			s.groups.member(p, r.Group, from, r.Leave, now)
-		}
-	}
-	return pass
 }
