@@ -521,24 +521,24 @@ const (
 // those its MLD reports and dones state, the solicited-node group of its
 // source address, and that of the target of its duplicate address
 // detection. A malformed MLD message is dropped.
-func (s *Shim) snoopIPv6(p *partition, pay []byte, now time.Time) verdict {
+func (g *groups) snoopIPv6(p *partition, pay []byte, now time.Time) verdict {
 	ip := header.IPv6(pay)
 	src := ip.Src()
 	if snoop.IsMLD(pay) {
-		if v := s.snoopRecords(p, snoop.ParseMLD, pay, src, now); v != pass {
+		if v := g.snoopRecords(p, snoop.ParseMLD, pay, src, now); v != pass {
 			return v
 		}
 	}
 	if !src.IsUnspecified() {
 		// Per frame, so only when the group is not joined yet: once it
 		// is, the guest's MLD answers to the queries keep it alive.
-		if sn := solicitedNode(src); !src.IsMulticast() && !s.groups.fullMember(p, sn) {
-			s.groups.member(p, sn, src, false, now)
+		if sn := solicitedNode(src); !src.IsMulticast() && !g.fullMember(p, sn) {
+			g.member(p, sn, src, false, now)
 		}
 		return pass
 	}
 	if icmp := ip.Payload(); ip.NextHeader() == header.ProtoICMPv6 && len(icmp) >= nsLen && icmp[0] == arpndp.TypeNeighborSolicitation {
-		s.groups.member(p, solicitedNode(netip.AddrFrom16([16]byte(icmp[nsTarget:nsLen]))), src, false, now)
+		g.member(p, solicitedNode(netip.AddrFrom16([16]byte(icmp[nsTarget:nsLen]))), src, false, now)
 	}
 	return pass
 }
@@ -546,14 +546,14 @@ func (s *Shim) snoopIPv6(p *partition, pay []byte, now time.Time) verdict {
 // snoopRecords feeds the records of a guest's IGMP or MLD message, sent
 // from the address from, to the snooping table; a malformed one or one
 // with a wrong checksum is dropped.
-func (s *Shim) snoopRecords(p *partition, parse func([]byte) (snoop.Records, error), pay []byte, from netip.Addr, now time.Time) verdict {
+func (g *groups) snoopRecords(p *partition, parse func([]byte) (snoop.Records, error), pay []byte, from netip.Addr, now time.Time) verdict {
 	recs, err := parse(pay)
 	if err != nil {
 		return verdict(DropBadMcastReport)
 	}
 	for r, ok := recs.Next(); ok; r, ok = recs.Next() {
 		if r.Group != allNodes && r.Group != allHosts {
-			s.groups.member(p, r.Group, from, r.Leave, now)
+			g.member(p, r.Group, from, r.Leave, now)
 		}
 	}
 	return pass

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -295,5 +296,40 @@ func TestGroupsQueryRounds(t *testing.T) {
 	step("then", func() { g.requeryRound(t0, operUp) }, nil)
 	if n := r.ctr.c[TxQueries].Load(); n != 6 {
 		t.Fatalf("tx_queries %d, want 6", n)
+	}
+}
+
+// TestGroupsSnoopIPv6: a guest's MLDv2 report joins its group, a packet
+// from a new address joins that address's solicited-node group, and a
+// duplicate address detection joins the target's; an MLD report with a
+// bad checksum is dropped as drop_bad_mcast_report and joins nothing.
+func TestGroupsSnoopIPv6(t *testing.T) {
+	r := newPartRig(t, "fe80::a")
+	g := newTestGroups(r)
+	now := r.clk.Now()
+	grp, la := netip.MustParseAddr("ff05::1:3"), netip.MustParseAddr("fd00::a3")
+	bad := mldReport(t, macA1, 4, netip.MustParseAddr("ff05::9"))[14:]
+	bad[len(bad)-1] ^= 1
+	if v := g.snoopIPv6(r.p, bad, now); v != verdict(DropBadMcastReport) || len(r.posted) != 0 {
+		t.Fatalf("bad report: verdict %d, %d intents; want drop_bad_mcast_report, 0", v, len(r.posted))
+	}
+	dad := &layers.ICMPv6NeighborSolicitation{TargetAddress: la.AsSlice()}
+	for _, f := range [][]byte{
+		mldReport(t, macA1, 4, grp),
+		ndpFrame(t, macA1, netip.IPv6Unspecified(), solicitedNode(la), ether.MAC{0x33, 0x33, 0xff, 0, 0, 0xa3}, layers.CreateICMPv6TypeCode(layers.ICMPv6TypeNeighborSolicitation, 0), dad),
+	} {
+		if v := g.snoopIPv6(r.p, f[14:], now); v != pass {
+			t.Fatalf("verdict %d, want pass", v)
+		}
+	}
+	want := []netip.Addr{grp, solicitedNode(netip.MustParseAddr("fe80::a1")), solicitedNode(la)}
+	var got []netip.Addr
+	for _, it := range r.posted {
+		if it.kind == intentJoin {
+			got = append(got, it.group.Group)
+		}
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("joins posted %v, want %v", got, want)
 	}
 }

@@ -384,7 +384,7 @@ func (s *Shim) txRewrite(t *txPacket) verdict {
 	case ether.TypeARP, ether.TypeRARP:
 		t.pay, err = arpndp.ARPToIB(t.pay, t.p.view)
 	case ether.TypeIPv6:
-		if v := s.snoopIPv6(t.p, t.pay, t.now); v != pass {
+		if v := s.groups.snoopIPv6(t.p, t.pay, t.now); v != pass {
 			return v
 		}
 		if arpndp.IsNDP(t.pay) {
@@ -392,7 +392,7 @@ func (s *Shim) txRewrite(t *txPacket) verdict {
 		}
 	case ether.TypeIPv4:
 		if snoop.IsIGMP(t.pay) {
-			if v := s.snoopRecords(t.p, snoop.ParseIGMP, t.pay, header.IPv4(t.pay).Src(), t.now); v != pass {
+			if v := s.groups.snoopRecords(t.p, snoop.ParseIGMP, t.pay, header.IPv4(t.pay).Src(), t.now); v != pass {
 				return v
 			}
 		}
