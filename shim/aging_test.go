@@ -28,7 +28,7 @@ func TestAgingWaitsForBatch(t *testing.T) {
 	remac := mactrans.DeriveREMAC(far.LocalGID(), qfar, 0)
 	b := newTxBatch(1)
 	txFrame(s, b, udpFrame(t, macA1, remac, ipA1, ipB1, 64, true))
-	if s.pending.frames.Load() != 1 {
+	if s.resolver.pending.frames.Load() != 1 {
 		t.Fatalf("frame not queued: %v", s.Counters())
 	}
 	s.ep.enter(0) // a batch of TX worker 0 is in flight
@@ -51,7 +51,7 @@ func TestAgingWaitsForBatch(t *testing.T) {
 	// The destination answers: the queued frame is dropped, not sent.
 	rxPacket(s, append([]byte{8, 0, 0, 0}, udpPacket(t, ipB1, ipA1, 10)...),
 		ipoib.RxMeta{Src: ipoib.MakeHwAddr(0, qfar, far.LocalGID()), DstQPN: ipoib.MulticastQPN, MGID: s.byVLAN[0].Load().bcast, PKey: 0xffff})
-	s.flushResolved()
+	s.resolver.flush()
 	if s.Get(DropVIFGone) != 1 || s.Get(TxForwarded) != 0 || port.Counters().Drops[ipoib.DropBadMeta.String()] != 1 {
 		t.Fatalf("queued frame of an aged VIF: %v, port %+v", s.Counters(), port.Counters())
 	}
@@ -78,7 +78,7 @@ func TestQueuedFramesOfTwoGuests(t *testing.T) {
 	}
 	rxPacket(s, append([]byte{8, 0, 0, 0}, udpPacket(t, ipB1, ipA2, 10)...),
 		ipoib.RxMeta{Src: ipoib.MakeHwAddr(0, qfar, far.LocalGID()), DstQPN: ipoib.MulticastQPN, MGID: s.byVLAN[0].Load().bcast, PKey: 0xffff})
-	s.flushResolved()
+	s.resolver.flush()
 	got := readAll(t, far, 1)
 	if got[0].Src.QPN() != v2.QPN || s.Get(DropVIFGone) != 1 || s.Get(TxForwarded) != 1 {
 		t.Fatalf("sent from QPN %#x (A2's %#x); counters %v", got[0].Src.QPN(), v2.QPN, s.Counters())

@@ -21,6 +21,7 @@ import (
 
 	"github.com/eipoib/eipoibd/arpndp"
 	"github.com/eipoib/eipoibd/ether"
+	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/mactrans"
 )
 
@@ -56,6 +57,27 @@ type announcement struct {
 	left int
 }
 
+// mobility says where guests are when their MAC appears here or they
+// migrate here (moved.go). It owns the queued announcements to the
+// fabric and to local guests (ann, under its own lock). It marks moves
+// in the neighbour table it borrows. TX workers queue announcements and
+// housekeeping sends them, each within its epoch. It makes no port
+// control call.
+type mobility struct {
+	shared
+	ann      announcer
+	srcs     *srcTable // what the fabric taught each remote endpoint spoke for
+	neigh    *mactrans.NeighTable
+	resolver *resolver     // fabric announcements are its ARP and NDP
+	window   time.Duration // Config.AnnounceWindow
+	gid      func() ipoib.GID
+}
+
+// init readies m.
+func (m *mobility) init(sh shared, srcs *srcTable, neigh *mactrans.NeighTable, r *resolver, window time.Duration, gid func() ipoib.GID) {
+	m.shared, m.srcs, m.neigh, m.resolver, m.window, m.gid = sh, srcs, neigh, r, window, gid
+}
+
 // announcer queues announcements for the housekeeping rounds; local
 // marks the local ones queued (a move queues one per guest and address,
 // which a scan of the queue per insertion would make quadratic).
@@ -66,45 +88,45 @@ type announcer struct {
 }
 
 // announce queues the announcements of ip for the guest of vif.
-func (s *Shim) announce(p *partition, vif *mactrans.VIF, ip netip.Addr, now time.Time) {
-	s.queue(announcement{p: p, annKey: annKey{vif: vif, ip: ip, kind: annFabric}}, now)
+func (m *mobility) announce(p *partition, vif *mactrans.VIF, ip netip.Addr, now time.Time) {
+	m.queue(announcement{p: p, annKey: annKey{vif: vif, ip: ip, kind: annFabric}}, now)
 }
 
 // queue queues a, to be sent announceTimes times from now on; the same
 // local announcement queued already is not queued again.
-func (s *Shim) queue(a announcement, now time.Time) {
-	s.ann.mu.Lock()
-	defer s.ann.mu.Unlock()
-	if a.kind != annFabric && s.ann.local[a.annKey] {
+func (m *mobility) queue(a announcement, now time.Time) {
+	m.ann.mu.Lock()
+	defer m.ann.mu.Unlock()
+	if a.kind != annFabric && m.ann.local[a.annKey] {
 		return
 	}
-	if len(s.ann.q) >= announceMax {
-		s.ctr.inc(DropAnnounce)
+	if len(m.ann.q) >= announceMax {
+		m.ctr.inc(DropAnnounce)
 		return
 	}
 	if a.kind != annFabric {
-		if s.ann.local == nil {
-			s.ann.local = make(map[annKey]bool)
+		if m.ann.local == nil {
+			m.ann.local = make(map[annKey]bool)
 		}
-		s.ann.local[a.annKey] = true
+		m.ann.local[a.annKey] = true
 	}
 	a.next, a.left = now, announceTimes
-	s.ann.q = append(s.ann.q, a)
+	m.ann.q = append(m.ann.q, a)
 }
 
-// announceTick sends the announcements due; called within housekeeping's
+// tick sends the announcements due; called within housekeeping's
 // epoch (control.go); an unpublished VIF's are dropped.
-func (s *Shim) announceTick(now time.Time) {
-	s.ann.mu.Lock()
-	defer s.ann.mu.Unlock()
-	keep := s.ann.q[:0]
-	for _, a := range s.ann.q {
-		live := s.vifLive(a.vif)
+func (m *mobility) tick(now time.Time) {
+	m.ann.mu.Lock()
+	defer m.ann.mu.Unlock()
+	keep := m.ann.q[:0]
+	for _, a := range m.ann.q {
+		live := m.vifLive(a.vif)
 		if live && !now.Before(a.next) {
 			if a.kind == annFabric {
-				s.sendAnnounce(a.p, a.vif, a.ip)
+				m.sendAnnounce(a.p, a.vif, a.ip)
 			} else {
-				s.tellLocal(a)
+				m.tellLocal(a)
 			}
 			a.left--
 			a.next = now.Add(announceInterval)
@@ -112,11 +134,11 @@ func (s *Shim) announceTick(now time.Time) {
 		if live && a.left > 0 {
 			keep = append(keep, a)
 		} else if a.kind != annFabric {
-			delete(s.ann.local, a.annKey)
+			delete(m.ann.local, a.annKey)
 		}
 	}
-	clear(s.ann.q[len(keep):])
-	s.ann.q = keep
+	clear(m.ann.q[len(keep):])
+	m.ann.q = keep
 }
 
 // guestIP is the address a guest claims in a frame: the sender address
@@ -151,13 +173,13 @@ func isRARPAnnounce(pay []byte, mac ether.MAC) bool {
 // announcement reopens the window and announces every address known.
 // The data path calls it for every frame: the known case allocates
 // nothing and takes no lock.
-func (s *Shim) learnGuest(p *partition, vif *mactrans.VIF, et uint16, pay []byte, now time.Time) {
+func (m *mobility) learnGuest(p *partition, vif *mactrans.VIF, et uint16, pay []byte, now time.Time) {
 	if et == ether.TypeRARP {
 		if isRARPAnnounce(pay, vif.Key.MAC) {
-			s.ctr.inc(RARPAnnouncements)
-			vif.AnnounceUntil(now.Add(s.cfg.AnnounceWindow))
+			m.ctr.inc(RARPAnnouncements)
+			vif.AnnounceUntil(now.Add(m.window))
 			for _, ip := range vif.IPs() {
-				s.announce(p, vif, ip, now)
+				m.announce(p, vif, ip, now)
 			}
 		}
 		return
@@ -167,17 +189,17 @@ func (s *Shim) learnGuest(p *partition, vif *mactrans.VIF, et uint16, pay []byte
 		return
 	}
 	if vif.Announcing(now) {
-		s.announce(p, vif, ip, now)
+		m.announce(p, vif, ip, now)
 	}
-	s.movedHere(p, vif, ip, now)
+	m.movedHere(p, vif, ip, now)
 }
 
 // sendAnnounce sends one announcement of ip from vif.
-func (s *Shim) sendAnnounce(p *partition, vif *mactrans.VIF, ip netip.Addr) {
+func (m *mobility) sendAnnounce(p *partition, vif *mactrans.VIF, ip netip.Addr) {
 	if ip.Is4() {
-		s.sendARPRequest(p, vif, ip, ip)
+		m.resolver.sendARPRequest(p, vif, ip, ip)
 	} else {
-		s.sendNDP(p, vif, ndAdvert, ip, allNodes, ip)
+		m.resolver.sendNDP(p, vif, ndAdvert, ip, allNodes, ip)
 	}
-	s.ctr.inc(TxAnnounced)
+	m.ctr.inc(TxAnnounced)
 }

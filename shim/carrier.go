@@ -27,7 +27,7 @@ func (s *Shim) applyEvent(ev ipoib.Event) {
 	switch ev.Kind {
 	case ipoib.EventLink:
 		if s.followCarrier(ev.Up) {
-			s.carrierBack.Store(true)
+			s.groups.carrierReturned()
 		}
 	case ipoib.EventPartitionMTU:
 		// Looked up under mtuMu: a partition being added holds it from

@@ -12,8 +12,9 @@ package shim
 // The types enforce it. The data path (the TX and RX workers,
 // housekeeping) uses Shim.port, the port's data half (ipoib.DataPort),
 // which has no control call: one there does not compile. The control
-// half (ipoib.ControlPort) is ctl.port, which control actions alone use,
-// and the group table's helpers that join and leave take one.
+// half (ipoib.ControlPort) is ctl.port, which control actions alone use.
+// The shim's parts (groups, resolver, mobility) hold none: the methods of
+// groups that join or leave take it, or ctl, as an argument.
 //
 // Who owns what:
 //   - TX workers, the RX workers and housekeeping only read the tables
@@ -253,18 +254,18 @@ func (s *Shim) handle(it intent) {
 		}
 	case intentJoin:
 		if !stopping {
-			s.mcastJoin(it.group, it.gen)
+			s.groups.join(&s.ctl, it.group, it.gen)
 		}
 	case intentLeave:
 		if !stopping {
-			s.mcastLeave(it.group)
+			s.groups.leave(s.ctl.port, it.group)
 		}
 	case intentSendOnly:
 		if stopping {
-			s.groupFailed(it.mgid)
+			s.groups.failed(it.mgid)
 			return
 		}
-		s.joinSendOnly(it.mgid, now)
+		s.groups.joinSendOnly(&s.ctl, it.mgid, now)
 	case intentCall:
 		it.reply <- it.fn()
 	}
@@ -277,7 +278,7 @@ func (s *Shim) controlTick(now time.Time) {
 	if s.stopping.Load() {
 		return
 	}
-	if n, err := s.groups.expireSendOnly(s.ctl.port, now, s.snoop.Timers().MembershipInterval()); err != nil {
+	if n, err := s.groups.set.expireSendOnly(s.ctl.port, now, s.groups.snoop.Timers().MembershipInterval()); err != nil {
 		s.log.Warn("leave idle send-only groups", "left", n, "err", err)
 	} else if n > 0 {
 		s.log.Debug("left idle send-only groups", "left", n)

@@ -325,9 +325,9 @@ func TestSlowLeaveAndFree(t *testing.T) {
 	const startupQueries = 2
 	a.waitCounter(t, TxQueries, startupQueries)
 	bp.slow.Store(true)
-	a.dev.Inject(igmpReport(t, macA2, 3, g))      // CHANGE_TO_INCLUDE {}: a leave
-	a.waitCounter(t, TxQueries, startupQueries+1) // the group-specific query
-	a.clk.Advance(a.s.snoop.Timers().LeaveTime()) // no answer: the group goes
+	a.dev.Inject(igmpReport(t, macA2, 3, g))             // CHANGE_TO_INCLUDE {}: a leave
+	a.waitCounter(t, TxQueries, startupQueries+1)        // the group-specific query
+	a.clk.Advance(a.s.groups.snoop.Timers().LeaveTime()) // no answer: the group goes
 	removed := make(chan error, 1)
 	go func() {
 		_, err := a.s.RemoveVIF(macA2, 0, mactrans.OriginDeclared)
@@ -496,10 +496,10 @@ func TestHeldPacketsKeepTailRoom(t *testing.T) {
 	send(udpFrame(t, macA1, remac, ipA1, ipB1, 64, true))                                                             // to be resolved
 	send(udpFrame(t, macA1, ether.MAC{1, 0, 0x5e, 1, 2, 3}, ipA1, netip.AddrFrom4([4]byte{239, 1, 2, 3}), 64, false)) // to a group being joined
 	var held []heldFrame
-	for _, e := range s.pending.m {
+	for _, e := range s.resolver.pending.m {
 		held = append(held, e.frames...)
 	}
-	for _, h := range s.gwait.m {
+	for _, h := range s.groups.wait.m {
 		held = append(held, *h...)
 	}
 	if len(held) != 2 {

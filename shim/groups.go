@@ -17,6 +17,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/eipoib/eipoibd/arpndp"
+	"github.com/eipoib/eipoibd/internal/header"
+	"github.com/eipoib/eipoibd/internal/warnlimit"
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/snoop"
 )
@@ -50,8 +53,8 @@ type groupState struct {
 // the MGID is left when the last one goes. lookup is lock-free (a
 // copy-on-write map); only the control plane changes it (control.go), so
 // no lock is held across a port call and no worker waits on one. A join
-// publishes the MGID through ready, which the shim runs under its
-// groupWaits lock to send the frames held for the group first.
+// publishes the MGID through ready, which groups runs under its wait
+// lock to send the frames held for the group first.
 type groupSet struct {
 	ready       publishFunc // nil: just add
 	m           atomic.Pointer[map[ipoib.GID]*groupState]
@@ -253,6 +256,36 @@ func (g *groupSet) counts() (full, sendOnly int) {
 // in tx_dropped; ipoib.h sets IPOIB_MAX_MCAST_QUEUE = 64).
 const mcastQueue = 64
 
+// groups is the port's multicast membership and the guests' querier: the
+// MGIDs joined (set), the frames waiting for a send-only join (wait) and
+// the guests' snooped memberships (snoop). Workers read set lock-free and
+// wait and snoop under their locks, and post joins and leaves as intents.
+// The methods that join or leave take the control plane explicitly: only
+// the control goroutine calls them. querier.go has the queries.
+type groups struct {
+	shared
+	set   groupSet
+	wait  groupWaits
+	snoop *snoop.Table
+	warn  warnlimit.Limit // limits the warnings a guest can cause per frame
+	q     querier         // the query rounds' state (querier.go)
+	scope uint8           // Config.Scope
+	// byVLAN and parts are the shim's partitions; gid its port's GID.
+	byVLAN *[4096]atomic.Pointer[partition]
+	parts  func() map[ipoib.PKey]*partition
+	gid    func() ipoib.GID
+	post   func(it intent, must bool) bool // the control queue's
+}
+
+// init readies g; the shim's partitions are byVLAN and parts.
+func (g *groups) init(sh shared, cfg *Config, byVLAN *[4096]atomic.Pointer[partition], parts func() map[ipoib.PKey]*partition, gid func() ipoib.GID, post func(intent, bool) bool) {
+	g.shared, g.scope, g.byVLAN, g.parts, g.gid, g.post = sh, cfg.Scope, byVLAN, parts, gid, post
+	g.set.init(maxGroups, maxSendOnly)
+	g.set.ready = g.ready
+	g.wait.m = make(map[ipoib.GID]*heldFrames)
+	g.snoop = snoop.NewTable(cfg.Multicast, maxGroups, snoop.Actions{Join: g.snoopJoin, Leave: g.snoopLeave, Query: g.query})
+}
+
 // groupWaits holds the frames to groups the port is joining.
 type groupWaits struct {
 	mu sync.Mutex
@@ -269,23 +302,23 @@ const (
 // sendTo says whether the port may send to mgid: a member already, or a
 // send-only join asked of the control goroutine (once per group) and
 // under way. It never waits.
-func (s *Shim) sendTo(mgid ipoib.GID, now time.Time) int {
-	if st, ok := s.groups.lookup(mgid); ok {
+func (g *groups) sendTo(mgid ipoib.GID, now time.Time) int {
+	if st, ok := g.set.lookup(mgid); ok {
 		if n := now.UnixNano(); st.sendOnly && n-st.lastUsed.Load() >= int64(time.Second) {
 			st.lastUsed.Store(n)
 		}
 		return groupReady
 	}
-	w := &s.gwait
+	w := &g.wait
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if _, ok := s.groups.lookup(mgid); ok {
+	if _, ok := g.set.lookup(mgid); ok {
 		return groupReady
 	}
 	if _, ok := w.m[mgid]; ok {
 		return groupJoining
 	}
-	if len(w.m) >= maxSendOnly || !s.ctl.post(intent{kind: intentSendOnly, mgid: mgid}, false) {
+	if len(w.m) >= maxSendOnly || !g.post(intent{kind: intentSendOnly, mgid: mgid}, false) {
 		return groupRefused
 	}
 	w.m[mgid] = &heldFrames{}
@@ -298,14 +331,14 @@ func (s *Shim) sendTo(mgid ipoib.GID, now time.Time) int {
 // it). A frame over the bound or to a group whose join failed meanwhile
 // is dropped: a guest's frame counts the drop verdict, the shim's own
 // (f.own) nothing.
-func (s *Shim) holdForGroup(mgid ipoib.GID, f heldFrame) verdict {
-	w := &s.gwait
+func (g *groups) holdForGroup(mgid ipoib.GID, f heldFrame) verdict {
+	w := &g.wait
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	h, ok := w.m[mgid]
 	switch {
 	case !ok:
-		if _, joined := s.groups.lookup(mgid); joined {
+		if _, joined := g.set.lookup(mgid); joined {
 			return pass
 		}
 		return verdict(DropNoGroup)
@@ -314,19 +347,19 @@ func (s *Shim) holdForGroup(mgid ipoib.GID, f heldFrame) verdict {
 	}
 	h.hold(f.buf, portTailRoom, f)
 	if !f.own {
-		s.ctr.inc(TxQueuedGroup)
+		g.ctr.inc(TxQueuedGroup)
 	}
 	return held
 }
 
-// groupReady sends the frames held for a joined mgid, then publishes it
+// ready sends the frames held for a joined mgid, then publishes it
 // (add), under the groupWaits lock: a TX worker that sees the group sends
 // after them, one that does not holds its frame under that lock (sendTo,
 // holdForGroup) and finds the group by then, so no newer frame overtakes
 // a held one (as readyVIF sends first, then marks the VIF ready).
 // Control plane only.
-func (s *Shim) groupReady(mgid ipoib.GID, add func()) {
-	w := &s.gwait
+func (g *groups) ready(mgid ipoib.GID, add func()) {
+	w := &g.wait
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	defer add()
@@ -338,31 +371,31 @@ func (s *Shim) groupReady(mgid ipoib.GID, add func()) {
 	var bufs [][]byte
 	var meta []ipoib.TxMeta
 	for _, f := range *h {
-		if !s.vifLive(f.vif) {
+		if !g.vifLive(f.vif) {
 			if !f.own {
-				s.ctr.inc(DropVIFGone)
+				g.ctr.inc(DropVIFGone)
 			}
 			continue
 		}
 		bufs = append(bufs, f.buf)
 		meta = append(meta, f.meta)
 		if !f.own {
-			s.ctr.inc(TxForwarded)
-			s.ctr.inc(TxMulticast)
+			g.ctr.inc(TxForwarded)
+			g.ctr.inc(TxMulticast)
 		}
 	}
 	if len(bufs) > 0 {
-		s.writePort(bufs, meta)
+		g.toPort(bufs, meta)
 	}
 }
 
-// groupFailed drops the frames held for mgid, which the port did not
-// join, counted.
-func (s *Shim) groupFailed(mgid ipoib.GID) {
-	w := &s.gwait
+// failed drops the frames held for mgid, which the port did not join,
+// counted.
+func (g *groups) failed(mgid ipoib.GID) {
+	w := &g.wait
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.dropLocked(mgid, &s.ctr)
+	w.dropLocked(mgid, g.ctr)
 }
 
 // dropAll drops every held frame (the shim is stopping), counted.
@@ -387,14 +420,14 @@ func (w *groupWaits) dropLocked(mgid ipoib.GID, c *counters) {
 	}
 }
 
-// joinSendOnly is the control goroutine's send-only join of mgid, for
-// frames a guest sends to it.
-func (s *Shim) joinSendOnly(mgid ipoib.GID, now time.Time) {
-	if err := s.groups.joinSendOnly(s.ctl.port, mgid, now); err != nil {
-		s.groupFailed(mgid)
-		reason := s.ctl.refused("groups", err)
-		if s.groupWarn.Allow(now) {
-			s.log.Warn("send-only join refused", "mgid", mgid, "reason", reason, "err", err, "suppressed", s.groupWarn.Suppressed())
+// joinSendOnly is the control goroutine's (c's) send-only join of mgid,
+// for frames a guest sends to it.
+func (g *groups) joinSendOnly(c *control, mgid ipoib.GID, now time.Time) {
+	if err := g.set.joinSendOnly(c.port, mgid, now); err != nil {
+		g.failed(mgid)
+		reason := c.refused("groups", err)
+		if g.warn.Allow(now) {
+			g.log.Warn("send-only join refused", "mgid", mgid, "reason", reason, "err", err, "suppressed", g.warn.Suppressed())
 		}
 	}
 }
@@ -406,19 +439,19 @@ func solicitedNode(a netip.Addr) netip.Addr {
 	return netip.AddrFrom16([16]byte{0xff, 0x02, 10: 0, 11: 0x01, 12: 0xff, 13: b[13], 14: b[14], 15: b[15]})
 }
 
-// groupMGID maps a snooped group of partition p to its MGID.
-func (s *Shim) groupMGID(p *partition, group netip.Addr) ipoib.GID {
+// mgid maps a snooped group of partition p to its MGID.
+func (g *groups) mgid(p *partition, group netip.Addr) ipoib.GID {
 	if group.Is4() {
-		return ipoib.IPv4MGID(group, p.pkey, s.cfg.Scope)
+		return ipoib.IPv4MGID(group, p.pkey, g.scope)
 	}
-	return ipoib.IPv6MGID(group, p.pkey, s.cfg.Scope)
+	return ipoib.IPv6MGID(group, p.pkey, g.scope)
 }
 
 // snoopJoin is the snooping table's Join: the first guest of a group. It
 // only queues the join (the table's lock is held, by a worker maybe); it
 // fails when the queue is full, and the next report tries again.
-func (s *Shim) snoopJoin(k snoop.Key, gen uint64) error {
-	if !s.ctl.post(intent{kind: intentJoin, group: k, gen: gen}, false) {
+func (g *groups) snoopJoin(k snoop.Key, gen uint64) error {
+	if !g.post(intent{kind: intentJoin, group: k, gen: gen}, false) {
 		return errControlFull
 	}
 	return nil
@@ -426,59 +459,109 @@ func (s *Shim) snoopJoin(k snoop.Key, gen uint64) error {
 
 // snoopLeave is the snooping table's Leave: the last guest left. Never
 // dropped, so that the port never stays in a group the table forgot.
-func (s *Shim) snoopLeave(k snoop.Key) { s.ctl.post(intent{kind: intentLeave, group: k}, true) }
+func (g *groups) snoopLeave(k snoop.Key) { g.post(intent{kind: intentLeave, group: k}, true) }
 
 // errControlFull is the refusal of an intent for a full queue.
 var errControlFull = errors.New("shim: control queue full")
 
-// mcastJoin is the control goroutine's join of a snooped group, for the
+// join is the control goroutine's (c's) join of a snooped group, for the
 // table's entry of generation gen; a join the port refuses is forgotten
 // by the table (snoop.Table.Forget), which drops that entry only: if the
 // group expired and was reported again while this join waited in the
 // queue, the later entry stays, with its own join queued behind.
 // Counted by reason.
-func (s *Shim) mcastJoin(k snoop.Key, gen uint64) {
-	p := s.byVLAN[k.VLAN].Load()
-	mgid := s.groupMGID(p, k.Group)
-	if err := s.groups.join(s.ctl.port, mgid, false); err != nil {
-		s.snoop.Forget(k, gen)
-		reason := s.ctl.refused("groups", err)
-		if s.groupWarn.Allow(s.clk.Now()) {
-			s.log.Warn("join of a snooped group refused", "group", k.Group, "vlan", k.VLAN, "reason", reason, "err", err, "suppressed", s.groupWarn.Suppressed())
+func (g *groups) join(c *control, k snoop.Key, gen uint64) {
+	p := g.byVLAN[k.VLAN].Load()
+	mgid := g.mgid(p, k.Group)
+	if err := g.set.join(c.port, mgid, false); err != nil {
+		g.snoop.Forget(k, gen)
+		reason := c.refused("groups", err)
+		if g.warn.Allow(g.clk.Now()) {
+			g.log.Warn("join of a snooped group refused", "group", k.Group, "vlan", k.VLAN, "reason", reason, "err", err, "suppressed", g.warn.Suppressed())
 		}
 		return
 	}
-	s.ctr.inc(McastJoins)
-	s.log.Debug("joined group", "group", k.Group, "vlan", p.vlan, "pkey", p.pkey, "mgid", mgid)
+	g.ctr.inc(McastJoins)
+	g.log.Debug("joined group", "group", k.Group, "vlan", p.vlan, "pkey", p.pkey, "mgid", mgid)
 }
 
-// mcastLeave is the control goroutine's leave of a snooped group.
-func (s *Shim) mcastLeave(k snoop.Key) {
-	p := s.byVLAN[k.VLAN].Load()
-	mgid := s.groupMGID(p, k.Group)
-	if err := s.groups.leave(s.ctl.port, mgid); err != nil {
-		s.log.Warn("leave group", "group", k.Group, "vlan", k.VLAN, "err", err)
+// leave is the control goroutine's leave of a snooped group, through
+// port.
+func (g *groups) leave(port ipoib.ControlPort, k snoop.Key) {
+	p := g.byVLAN[k.VLAN].Load()
+	mgid := g.mgid(p, k.Group)
+	if err := g.set.leave(port, mgid); err != nil {
+		g.log.Warn("leave group", "group", k.Group, "vlan", k.VLAN, "err", err)
 		return
 	}
-	s.ctr.inc(McastLeaves)
-	s.log.Debug("left group", "group", k.Group, "vlan", p.vlan, "pkey", p.pkey, "mgid", mgid)
+	g.ctr.inc(McastLeaves)
+	g.log.Debug("left group", "group", k.Group, "vlan", p.vlan, "pkey", p.pkey, "mgid", mgid)
 }
 
 // member records a guest's membership of group (from a report, or the
 // solicited-node group of an address it uses), shown by a packet from
 // the address from.
-func (s *Shim) member(p *partition, group, from netip.Addr, leave bool, now time.Time) {
+func (g *groups) member(p *partition, group, from netip.Addr, leave bool, now time.Time) {
 	k := snoop.Key{VLAN: p.vlan, Group: group}
 	if leave {
-		s.snoop.Leave(k, now)
+		g.snoop.Leave(k, now)
 	} else {
-		s.snoop.Report(k, from, now)
+		g.snoop.Report(k, from, now)
 	}
+}
+
+// nsTarget and nsLen locate the target address of a neighbour
+// solicitation in its ICMPv6 message (RFC 4861 §4.3).
+const (
+	nsTarget = 8
+	nsLen    = nsTarget + 16
+)
+
+// snoopIPv6 records the memberships an IPv6 packet from a guest shows:
+// those its MLD reports and dones state, the solicited-node group of its
+// source address, and that of the target of its duplicate address
+// detection. A malformed MLD message is dropped.
+func (g *groups) snoopIPv6(p *partition, pay []byte, now time.Time) verdict {
+	ip := header.IPv6(pay)
+	src := ip.Src()
+	if snoop.IsMLD(pay) {
+		if v := g.snoopRecords(p, snoop.ParseMLD, pay, src, now); v != pass {
+			return v
+		}
+	}
+	if !src.IsUnspecified() {
+		// Per frame, so only when the group is not joined yet: once it
+		// is, the guest's MLD answers to the queries keep it alive.
+		if sn := solicitedNode(src); !src.IsMulticast() && !g.fullMember(p, sn) {
+			g.member(p, sn, src, false, now)
+		}
+		return pass
+	}
+	if icmp := ip.Payload(); ip.NextHeader() == header.ProtoICMPv6 && len(icmp) >= nsLen && icmp[0] == arpndp.TypeNeighborSolicitation {
+		g.member(p, solicitedNode(netip.AddrFrom16([16]byte(icmp[nsTarget:nsLen]))), src, false, now)
+	}
+	return pass
+}
+
+// snoopRecords feeds the records of a guest's IGMP or MLD message, sent
+// from the address from, to the snooping table; a malformed one or one
+// with a wrong checksum is dropped.
+func (g *groups) snoopRecords(p *partition, parse func([]byte) (snoop.Records, error), pay []byte, from netip.Addr, now time.Time) verdict {
+	recs, err := parse(pay)
+	if err != nil {
+		return verdict(DropBadMcastReport)
+	}
+	for r, ok := recs.Next(); ok; r, ok = recs.Next() {
+		if r.Group != allNodes && r.Group != allHosts {
+			g.member(p, r.Group, from, r.Leave, now)
+		}
+	}
+	return pass
 }
 
 // fullMember reports, without locking, whether the port is a full member
 // of group's MGID in partition p.
-func (s *Shim) fullMember(p *partition, group netip.Addr) bool {
-	st, ok := s.groups.lookup(s.groupMGID(p, group))
+func (g *groups) fullMember(p *partition, group netip.Addr) bool {
+	st, ok := g.set.lookup(g.mgid(p, group))
 	return ok && !st.sendOnly
 }

@@ -156,7 +156,7 @@ type SnoopedGroup struct {
 // Groups returns the port's multicast memberships, by MGID.
 func (s *Shim) Groups() []GroupInfo {
 	now := s.clk.Now()
-	m := *s.groups.m.Load()
+	m := *s.groups.set.m.Load()
 	byMGID := make(map[ipoib.GID]*GroupInfo, len(m))
 	out := make([]GroupInfo, 0, len(m))
 	for mgid, st := range m {
@@ -165,12 +165,12 @@ func (s *Shim) Groups() []GroupInfo {
 	for i := range out {
 		byMGID[out[i].MGID] = &out[i]
 	}
-	for _, g := range s.snoop.Groups() {
+	for _, g := range s.groups.snoop.Groups() {
 		p := s.byVLAN[g.VLAN].Load()
 		if p == nil {
 			continue
 		}
-		if gi := byMGID[s.groupMGID(p, g.Group)]; gi != nil {
+		if gi := byMGID[s.groups.mgid(p, g.Group)]; gi != nil {
 			gi.Groups = append(gi.Groups, SnoopedGroup{VLAN: g.VLAN, Group: g.Group, Expires: max(0, g.Expires.Sub(now)), QueriesLeft: g.QueriesLeft, LastReporter: g.LastReporter})
 		}
 	}

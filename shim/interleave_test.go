@@ -76,7 +76,7 @@ func TestGroupHeldFramesBeforeVisible(t *testing.T) {
 		for _, m := range meta {
 			if m.Dst.GID() == mgid {
 				written++
-				if _, ok := s.groups.lookup(mgid); ok {
+				if _, ok := s.groups.set.lookup(mgid); ok {
 					visible++
 				}
 			}
@@ -86,7 +86,7 @@ func TestGroupHeldFramesBeforeVisible(t *testing.T) {
 	if written != held || visible != 0 {
 		t.Fatalf("%d held frames written, %d of them with the group already visible to the workers; want %d, 0", written, visible, held)
 	}
-	if _, ok := s.groups.lookup(mgid); !ok {
+	if _, ok := s.groups.set.lookup(mgid); !ok {
 		t.Fatal("the group is not published after its held frames")
 	}
 }
@@ -117,9 +117,9 @@ func TestShutdownWhileVIFMade(t *testing.T) {
 		t.Fatalf("Run: %v", err)
 	}
 	a.stop = nil
-	a.s.pending.mu.Lock()
-	left := len(a.s.pending.m)
-	a.s.pending.mu.Unlock()
+	a.s.resolver.pending.mu.Lock()
+	left := len(a.s.resolver.pending.m)
+	a.s.resolver.pending.mu.Unlock()
 	if c := a.s.Counters(); left != 0 || c["drop_unresolved"] != held || c["tx_queued"] == 0 {
 		t.Fatalf("after the shutdown: %d destinations still hold frames; counters %v (want %d dropped unresolved, over the queue's bound or at the shutdown)", left, c, held)
 	}

@@ -54,36 +54,36 @@ import (
 // taught that a remote endpoint of the partition spoke for ip, that
 // endpoint was the guest's QP before it migrated here. Called on the TX
 // path within the TX worker's epoch; only for addresses new to the VIF.
-func (s *Shim) movedHere(p *partition, v *mactrans.VIF, ip netip.Addr, now time.Time) {
-	remac, ok := s.srcs.lookup(srcKey{p.pkey, ip})
+func (m *mobility) movedHere(p *partition, v *mactrans.VIF, ip netip.Addr, now time.Time) {
+	remac, ok := m.srcs.lookup(srcKey{p.pkey, ip})
 	if !ok {
 		return
 	}
-	nb, ok := s.neigh.LookupREMAC(p.pkey, remac)
+	nb, ok := m.neigh.LookupREMAC(p.pkey, remac)
 	if !ok {
 		return
 	}
 	if nb.MoveTo(v) {
 		v.SetMovedIn()
-		s.log.Info("guest moved here", "mac", v.Key.MAC, "vlan", p.vlan, "ip", ip, "old_rimac", nb.RIMAC, "old_remac", nb.REMAC)
+		m.log.Info("guest moved here", "mac", v.Key.MAC, "vlan", p.vlan, "ip", ip, "old_rimac", nb.RIMAC, "old_remac", nb.REMAC)
 		// seekMoved asked already about a neighbour with the QPN the
 		// guest wishes for.
 		if nb.RIMAC.QPN() != mactrans.QPNHint(v.Key) {
-			for _, a := range s.srcs.ipsOf(p.pkey, remac) {
+			for _, a := range m.srcs.ipsOf(p.pkey, remac) {
 				if a != ip && !v.HasIP(a) && !a.IsLinkLocalUnicast() {
-					s.queue(announcement{p: p, annKey: annKey{vif: v, ip: a, stale: remac, kind: annProbe}}, now)
+					m.queue(announcement{p: p, annKey: annKey{vif: v, ip: a, stale: remac, kind: annProbe}}, now)
 				}
 			}
 		}
-		for _, w := range s.vifs.All() {
+		for _, w := range m.vifs.All() {
 			if w != v && w.Key.VLAN == p.vlan {
 				for _, a := range w.IPs() {
-					s.queue(announcement{p: p, annKey: annKey{vif: w, ip: a, stale: w.REMAC, hw: w.Key.MAC, kind: annLocal, to: v}}, now)
+					m.queue(announcement{p: p, annKey: annKey{vif: w, ip: a, stale: w.REMAC, hw: w.Key.MAC, kind: annLocal, to: v}}, now)
 				}
 			}
 		}
 	}
-	s.queue(announcement{p: p, annKey: annKey{vif: v, ip: ip, stale: remac, hw: v.Key.MAC, kind: annLocal}}, now)
+	m.queue(announcement{p: p, annKey: annKey{vif: v, ip: ip, stale: remac, hw: v.Key.MAC, kind: annLocal}}, now)
 }
 
 // seekMoved looks, when a guest's VIF is made here (from its first
@@ -97,15 +97,15 @@ func (s *Shim) movedHere(p *partition, v *mactrans.VIF, ip netip.Addr, now time.
 // probes. Without it, the link waits until the guest claims an address,
 // which a guest that stays silent does only when another hypervisor's
 // resolution of it reaches it.
-func (s *Shim) seekMoved(p *partition, v *mactrans.VIF, now time.Time) {
-	want, gid := mactrans.QPNHint(v.Key), s.port.LocalGID()
-	for _, nb := range s.neigh.All() {
+func (m *mobility) seekMoved(p *partition, v *mactrans.VIF, now time.Time) {
+	want, gid := mactrans.QPNHint(v.Key), m.gid()
+	for _, nb := range m.neigh.All() {
 		if nb.PKey != p.pkey || nb.RIMAC.QPN() != want || nb.RIMAC.GID() == gid {
 			continue
 		}
-		for _, a := range s.srcs.ipsOf(p.pkey, nb.REMAC) {
+		for _, a := range m.srcs.ipsOf(p.pkey, nb.REMAC) {
 			if !a.IsLinkLocalUnicast() {
-				s.queue(announcement{p: p, annKey: annKey{vif: v, ip: a, stale: nb.REMAC, kind: annProbe}}, now)
+				m.queue(announcement{p: p, annKey: annKey{vif: v, ip: a, stale: nb.REMAC, kind: annProbe}}, now)
 			}
 		}
 	}
@@ -124,19 +124,19 @@ func (s *Shim) seekMoved(p *partition, v *mactrans.VIF, now time.Time) {
 // a second of its last update (arp.c arp_process, LOCKTIME), while a
 // gratuitous ARP overrides (arp_is_garp). Called on the TX path, for
 // unknown destinations of moved guests only.
-func (s *Shim) remoteOwner(p *partition, from *mactrans.VIF, target netip.Addr, now time.Time) *mactrans.Neighbour {
+func (m *mobility) remoteOwner(p *partition, from *mactrans.VIF, target netip.Addr, now time.Time) *mactrans.Neighbour {
 	if !target.IsValid() || target.IsUnspecified() {
 		return nil
 	}
-	remac, ok := s.srcs.lookup(srcKey{p.pkey, target})
+	remac, ok := m.srcs.lookup(srcKey{p.pkey, target})
 	if !ok {
 		return nil
 	}
-	nb, ok := s.neigh.LookupREMAC(p.pkey, remac)
-	if !ok || nb.MovedTo() != nil && s.vifLive(nb.MovedTo()) {
+	nb, ok := m.neigh.LookupREMAC(p.pkey, remac)
+	if !ok || nb.MovedTo() != nil && m.vifLive(nb.MovedTo()) {
 		return nil
 	}
-	s.queue(announcement{p: p, annKey: annKey{vif: from, ip: target, stale: remac, hw: remac, kind: annLocal, to: from}}, now)
+	m.queue(announcement{p: p, annKey: annKey{vif: from, ip: target, stale: remac, hw: remac, kind: annLocal, to: from}}, now)
 	return nb
 }
 
@@ -148,8 +148,8 @@ func (s *Shim) remoteOwner(p *partition, from *mactrans.VIF, target netip.Addr, 
 // shim's probe of it (addressed to its own old REMAC) is dropped, as any
 // frame to a local guest that reaches the TAP is. Called for frames to a
 // moved endpoint only, so the common path pays one atomic load.
-func (s *Shim) deliverMoved(b *txBatch, buf []byte, n int, et uint16, pay []byte, nb *mactrans.Neighbour, to, from *mactrans.VIF) verdict {
-	if !s.vifLive(to) {
+func (m *mobility) deliverMoved(b *txBatch, buf []byte, n int, et uint16, pay []byte, nb *mactrans.Neighbour, to, from *mactrans.VIF) verdict {
+	if !m.vifLive(to) {
 		return pass
 	}
 	if to == from {
@@ -158,13 +158,13 @@ func (s *Shim) deliverMoved(b *txBatch, buf []byte, n int, et uint16, pay []byte
 	if _, dip := ipAddrs(et, pay); !dip.IsValid() || !to.HasIP(dip) {
 		return pass
 	}
-	return s.sendBack(b, buf, n, to.Key.MAC, nb.REMAC)
+	return b.sendBack(buf, n, to.Key.MAC, nb.REMAC)
 }
 
 // sendBack readdresses the frame at buf[devHeadroom:devHeadroom+n] from
 // src to dst and leaves it in b for txEnd to send back to the bridge
 // once counted.
-func (s *Shim) sendBack(b *txBatch, buf []byte, n int, dst, src ether.MAC) verdict {
+func (b *txBatch) sendBack(buf []byte, n int, dst, src ether.MAC) verdict {
 	f := buf[devHeadroom : devHeadroom+n]
 	copy(f[0:6], dst[:])
 	copy(f[6:12], src[:])
@@ -176,31 +176,31 @@ func (s *Shim) sendBack(b *txBatch, buf []byte, n int, dst, src ether.MAC) verdi
 // ip is at a.hw, to a.to or else every guest of the VLAN but a.vif's;
 // for annProbe, the question whether the moved guest a.vif has ip, to
 // it. Each frame comes from a.stale.
-func (s *Shim) tellLocal(a announcement) {
+func (m *mobility) tellLocal(a announcement) {
 	var frames [][]byte
 	if a.kind == annProbe {
 		frames = append(frames, localFrame(a.vif.Key.MAC, a.stale, a.p.vlan, a.ip, a.stale, true))
-		s.ctr.inc(TxProbedLocal)
+		m.ctr.inc(TxProbedLocal)
 	} else {
 		tell := func(w *mactrans.VIF) {
 			frames = append(frames, localFrame(w.Key.MAC, a.stale, a.p.vlan, a.ip, a.hw, false))
 		}
 		switch {
 		case a.to != nil: // one guest: no need to list them all
-			if s.vifLive(a.to) && a.to.Key.VLAN == a.p.vlan {
+			if m.vifLive(a.to) && a.to.Key.VLAN == a.p.vlan {
 				tell(a.to)
 			}
 		default:
-			for _, w := range s.vifs.All() {
+			for _, w := range m.vifs.All() {
 				if w.Key.VLAN == a.p.vlan && w != a.vif {
 					tell(w)
 				}
 			}
 		}
-		s.ctr.add(TxToldLocal, uint64(len(frames)))
+		m.ctr.add(TxToldLocal, uint64(len(frames)))
 	}
 	if len(frames) > 0 {
-		s.writeLocal(frames)
+		m.toGuests(frames)
 	}
 }
 

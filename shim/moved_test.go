@@ -1,6 +1,7 @@
 package shim
 
 import (
+	"maps"
 	"net/netip"
 	"testing"
 	"time"
@@ -298,5 +299,74 @@ func TestMovedProbe(t *testing.T) {
 	e := p.Layer(layers.LayerTypeEthernet).(*layers.Ethernet)
 	if ether.MAC(e.SrcMAC) != stale || ether.MAC(e.DstMAC) != macA1 {
 		t.Fatalf("probe framed %s → %s", e.SrcMAC, e.DstMAC)
+	}
+}
+
+// TestMobilityMovedHere drives mobility alone: a local guest claims an
+// address the fabric taught for a remote QP. That QP's neighbour moves
+// to the guest's VIF. The guest is probed for the QP's other address,
+// told the other local guest's address, and that guest is told the
+// moved one's, each announceTimes times. A frame to the old REMAC for
+// the moved guest's address goes back to the bridge, readdressed.
+func TestMobilityMovedHere(t *testing.T) {
+	rig := newPartRig(t, "fe80::a")
+	neigh := mactrans.NewNeighTable(64)
+	srcs := &srcTable{max: 64}
+	var res resolver
+	res.init(rig.sh, neigh, newTestGroups(rig), ipoib.ScopeLinkLocal)
+	var m mobility
+	m.init(rig.sh, srcs, neigh, &res, time.Second, rig.port.LocalGID)
+	old, err := neigh.Learn(rig.p.pkey, ipoib.MakeHwAddr(0, 0x77, testutil.GID("fe80::b")), rig.clk.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ip4, ip6 := netip.MustParseAddr("10.0.0.9"), netip.MustParseAddr("fd00::9")
+	srcs.learn(srcKey{rig.p.pkey, ip4}, old.REMAC)
+	srcs.learn(srcKey{rig.p.pkey, ip6}, old.REMAC)
+	w := rig.vif(t, macA2)
+	w.AddIP(ipA2)
+	v := rig.vif(t, macA1)
+	claim := arpFrame(t, 1, macA1, ip4, ether.MAC{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, ether.MAC{}, ip4)
+	m.learnGuest(rig.p, v, ether.TypeARP, claim[14:], rig.clk.Now())
+	if old.MovedTo() != v || !v.MovedIn() {
+		t.Fatalf("neighbour moved to %v, VIF moved in %v", old.MovedTo(), v.MovedIn())
+	}
+	type hop struct{ dst, src ether.MAC }
+	want := map[hop]bool{{macA1, old.REMAC}: true, {macA1, w.REMAC}: true, {macA2, old.REMAC}: true}
+	for round := range announceTimes + 1 {
+		rig.guests = nil
+		m.tick(rig.clk.Now())
+		rig.clk.Advance(announceInterval)
+		if round == announceTimes {
+			if len(rig.guests) != 0 {
+				t.Fatalf("%d frames after %d rounds", len(rig.guests), announceTimes)
+			}
+			break
+		}
+		got := map[hop]bool{}
+		for _, f := range rig.guests {
+			e := f[tap.Headroom:]
+			got[hop{ether.MAC(e[0:6]), ether.MAC(e[6:12])}] = true
+		}
+		if len(rig.guests) != 3 || !maps.Equal(got, want) {
+			t.Fatalf("round %d: %d frames %v, want %v", round, len(rig.guests), got, want)
+		}
+	}
+	if p, l := rig.ctr.c[TxProbedLocal].Load(), rig.ctr.c[TxToldLocal].Load(); p != announceTimes || l != 2*announceTimes || len(rig.sent) != 0 {
+		t.Fatalf("tx_probed_local %d, tx_told_local %d, %d to the fabric; want %d, %d, 0", p, l, len(rig.sent), announceTimes, 2*announceTimes)
+	}
+	// w's frame to the old REMAC for the moved guest goes back to it.
+	frame := udpFrame(t, macA2, old.REMAC, ipA2, ip4, 20, false)
+	buf := make([]byte, devBufSize)
+	n := copy(buf[devHeadroom:], frame)
+	b := newTxBatch(1)
+	if got := m.deliverMoved(b, buf, n, ether.TypeIPv4, buf[devHeadroom+14:devHeadroom+n], old, v, w); got != verdict(TxMovedLocal) || b.nlocal != 1 {
+		t.Fatalf("frame to the moved guest: verdict %d, %d frames back to the bridge", got, b.nlocal)
+	}
+	if f := b.local[0][tap.Headroom:]; ether.MAC(f[0:6]) != macA1 || ether.MAC(f[6:12]) != old.REMAC {
+		t.Fatalf("sent back as %s → %s, want %s → %s", ether.MAC(f[6:12]), ether.MAC(f[0:6]), old.REMAC, macA1)
+	}
+	if got := m.deliverMoved(newTxBatch(1), buf, n, ether.TypeIPv4, buf[devHeadroom+14:devHeadroom+n], old, v, v); got != verdict(DropDstLocal) {
+		t.Fatalf("the moved guest's own frame to its old REMAC: verdict %d, want drop_dst_local", got)
 	}
 }

@@ -291,7 +291,7 @@ func (s *Shim) makeVIF(p *partition, mac ether.MAC, origin mactrans.Origin, now 
 	s.log.Info("VIF created", "mac", mac, "vlan", p.vlan, "pkey", p.pkey, "qpn", fmt.Sprintf("%#06x", v.QPN), "limac", v.LIMAC, "origin", origin)
 	s.readyVIF(p, v, now)
 	if s.cfg.AnnounceWindow > 0 {
-		s.seekMoved(p, v, now)
+		s.mobility.seekMoved(p, v, now)
 	}
 	return v, nil
 }

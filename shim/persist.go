@@ -69,7 +69,7 @@ func (s *Shim) RestoreGuests(gs []state.Guest) (vifs, addrs int, skipped []error
 		vifs++
 		for _, ip := range g.IPs {
 			if v.AddIP(ip) {
-				s.announce(p, v, ip, now)
+				s.mobility.announce(p, v, ip, now)
 				addrs++
 			}
 		}

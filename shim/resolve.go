@@ -80,10 +80,22 @@ func (q *pendingQueue) dropAll(c *counters) {
 	q.publish()
 }
 
-// vifLive reports whether v is still the VIF owning its QP (not aged out).
-func (s *Shim) vifLive(v *mactrans.VIF) bool {
-	cur, ok := s.vifs.LookupQPN(v.QPN)
-	return ok && cur == v
+// resolver owns the frames waiting for an unknown REMAC (pending) and
+// the ARP requests and neighbour solicitations that resolve them, sent
+// from the guests' VIFs. Any sender may enqueue; tick and flush run
+// within a sender's epoch (control.go). It makes no port control call.
+type resolver struct {
+	shared
+	pending pendingQueue
+	neigh   *mactrans.NeighTable
+	groups  *groups // the solicited-node groups solicitations go to
+	scope   uint8   // Config.Scope
+}
+
+// init readies r.
+func (r *resolver) init(sh shared, neigh *mactrans.NeighTable, g *groups, scope uint8) {
+	r.shared, r.neigh, r.groups, r.scope = sh, neigh, g, scope
+	r.pending.init()
 }
 
 // enqueue holds the IPoIB packet pkt (ipoib.Headroom bytes before the
@@ -91,8 +103,8 @@ func (s *Shim) vifLive(v *mactrans.VIF) bool {
 // destination is new, and reports whether pkt was queued (the caller
 // counts a frame that was not). With pkt nil it only starts the
 // resolution.
-func (s *Shim) enqueue(p *partition, vif *mactrans.VIF, dst ether.MAC, pkt []byte, m ipoib.TxMeta, source, target netip.Addr, now time.Time) bool {
-	q := &s.pending
+func (r *resolver) enqueue(p *partition, vif *mactrans.VIF, dst ether.MAC, pkt []byte, m ipoib.TxMeta, source, target netip.Addr, now time.Time) bool {
+	q := &r.pending
 	q.mu.Lock()
 	k := pendingKey{p.pkey, dst}
 	e, ok := q.m[k]
@@ -113,18 +125,18 @@ func (s *Shim) enqueue(p *partition, vif *mactrans.VIF, dst ether.MAC, pkt []byt
 	q.publish()
 	q.mu.Unlock()
 	if queued {
-		s.ctr.inc(TxQueued)
+		r.ctr.inc(TxQueued)
 	}
 	if !ok {
-		s.resolveTick(now)
+		r.tick(now)
 	}
 	return queued
 }
 
-// resolveTick sends due resolutions and expires the hopeless. Call within
+// tick sends due resolutions and expires the hopeless. Call within
 // a sender's epoch (control.go).
-func (s *Shim) resolveTick(now time.Time) {
-	q := &s.pending
+func (r *resolver) tick(now time.Time) {
+	q := &r.pending
 	if q.count.Load() == 0 {
 		return
 	}
@@ -140,11 +152,11 @@ func (s *Shim) resolveTick(now time.Time) {
 			continue
 		}
 		switch {
-		case !s.vifLive(e.vif):
-			s.ctr.c[DropVIFGone].Add(uint64(len(e.frames)))
+		case !r.vifLive(e.vif):
+			r.ctr.c[DropVIFGone].Add(uint64(len(e.frames)))
 			q.forget(k, e)
 		case e.tries == resolveTries:
-			s.ctr.c[DropUnresolved].Add(uint64(len(e.frames)))
+			r.ctr.c[DropUnresolved].Add(uint64(len(e.frames)))
 			q.forget(k, e)
 		default:
 			e.tries++
@@ -154,75 +166,60 @@ func (s *Shim) resolveTick(now time.Time) {
 	}
 	q.publish()
 	q.mu.Unlock()
-	for _, r := range due {
-		s.sendResolve(r.p, r.vif, r.source, r.target)
+	for _, d := range due {
+		r.send(d.p, d.vif, d.source, d.target)
 	}
 }
 
-// flushResolved sends the queued frames whose destination is now known.
+// flush sends the queued frames whose destination is now known.
 // Call within a sender's epoch (control.go).
-func (s *Shim) flushResolved() {
-	q := &s.pending
+func (r *resolver) flush() {
+	q := &r.pending
 	var bufs [][]byte
 	var meta []ipoib.TxMeta
 	q.mu.Lock()
 	for k, e := range q.m {
-		n, ok := s.neigh.LookupREMAC(k.pkey, k.mac)
+		n, ok := r.neigh.LookupREMAC(k.pkey, k.mac)
 		if !ok {
 			continue
 		}
 		for _, f := range e.frames {
-			if !s.vifLive(f.vif) { // its guest's QP is gone: never send from it
-				s.ctr.inc(DropVIFGone)
+			if !r.vifLive(f.vif) { // its guest's QP is gone: never send from it
+				r.ctr.inc(DropVIFGone)
 				continue
 			}
 			f.meta.Dst = n.RIMAC.WithoutFlags()
 			bufs = append(bufs, f.buf)
 			meta = append(meta, f.meta)
-			s.ctr.inc(TxForwarded)
+			r.ctr.inc(TxForwarded)
 		}
 		q.forget(k, e)
 	}
 	q.publish()
 	q.mu.Unlock()
 	if len(bufs) > 0 {
-		s.writePort(bufs, meta)
+		r.toPort(bufs, meta)
 	}
 }
 
-// writePort sends packets laid out with ipoib.Headroom before the header
-// and counts what the port accepted and refused.
-func (s *Shim) writePort(bufs [][]byte, meta []ipoib.TxMeta) {
-	if s.capture.Load() != nil {
-		for i := range bufs {
-			s.capFabricTx(bufs[i][ipoib.Headroom:], meta[i].Dst)
-		}
-	}
-	s.portMu.Lock()
-	n, _ := s.port.Write(bufs, meta, ipoib.Headroom)
-	s.portMu.Unlock()
-	s.ctr.c[TxPackets].Add(uint64(n))
-	s.ctr.c[TxPortRefused].Add(uint64(len(bufs) - n))
-}
-
-// sendResolve asks the fabric for target's address from the guest's VIF:
+// send asks the fabric for target's address from the guest's VIF:
 // an IPoIB ARP request to the broadcast group, or a neighbour solicitation
 // with an IPoIB source link-layer option to the solicited-node group.
-func (s *Shim) sendResolve(p *partition, vif *mactrans.VIF, source, target netip.Addr) {
+func (r *resolver) send(p *partition, vif *mactrans.VIF, source, target netip.Addr) {
 	sent := false
 	if target.Is4() {
-		sent = s.sendARPRequest(p, vif, source, target)
+		sent = r.sendARPRequest(p, vif, source, target)
 	} else {
-		sent = s.sendNDP(p, vif, ndSolicit, source, solicitedNode(target), target)
+		sent = r.sendNDP(p, vif, ndSolicit, source, solicitedNode(target), target)
 	}
 	if sent {
-		s.ctr.inc(TxResolveSent)
+		r.ctr.inc(TxResolveSent)
 	}
 }
 
 // sendARPRequest sends an IPoIB ARP request from vif to the broadcast
 // group (a gratuitous one when source is target).
-func (s *Shim) sendARPRequest(p *partition, vif *mactrans.VIF, source, target netip.Addr) bool {
+func (r *resolver) sendARPRequest(p *partition, vif *mactrans.VIF, source, target netip.Addr) bool {
 	buf := make([]byte, ipoib.Headroom, ipoib.Headroom+ipoib.HeaderLen+128)
 	buf = binary.BigEndian.AppendUint16(buf, ether.TypeARP)
 	buf = append(buf, 0, 0)
@@ -236,7 +233,7 @@ func (s *Shim) sendARPRequest(p *partition, vif *mactrans.VIF, source, target ne
 	t4 := target.As4()
 	buf = append(buf, t4[:]...)
 	m := ipoib.TxMeta{SrcQPN: vif.QPN, PKey: p.pkey, Dst: ipoib.MakeHwAddr(0, ipoib.MulticastQPN, p.bcast)}
-	s.writePort([][]byte{buf}, []ipoib.TxMeta{m})
+	r.toPort([][]byte{buf}, []ipoib.TxMeta{m})
 	return true
 }
 
@@ -249,7 +246,7 @@ const (
 // sendNDP sends a neighbour solicitation or an unsolicited advertisement
 // for target from vif, from source to group, carrying the VIF's 20-byte
 // address as the link-layer option.
-func (s *Shim) sendNDP(p *partition, vif *mactrans.VIF, kind int, source, group, target netip.Addr) bool {
+func (r *resolver) sendNDP(p *partition, vif *mactrans.VIF, kind int, source, group, target netip.Addr) bool {
 	if !source.Is6() || source.IsUnspecified() {
 		return false
 	}
@@ -272,16 +269,16 @@ func (s *Shim) sendNDP(p *partition, vif *mactrans.VIF, kind int, source, group,
 	icmp := buf[start+header.IPv6Len:]
 	sum := csum.Fold(csum.Sum(csum.Pseudo(ip.SrcBytes(), ip.DstBytes(), header.ProtoICMPv6, plen), icmp))
 	binary.BigEndian.PutUint16(icmp[2:4], sum)
-	mgid := ipoib.IPv6MGID(group, p.pkey, s.cfg.Scope)
+	mgid := ipoib.IPv6MGID(group, p.pkey, r.scope)
 	m := ipoib.TxMeta{SrcQPN: vif.QPN, PKey: p.pkey, Dst: ipoib.MakeHwAddr(0, ipoib.MulticastQPN, mgid)}
-	switch s.sendTo(mgid, s.clk.Now()) { // a UD QP sends only to groups it joined
+	switch r.groups.sendTo(mgid, r.clk.Now()) { // a UD QP sends only to groups it joined
 	case groupRefused:
 		return false
 	case groupJoining:
-		if s.holdForGroup(mgid, heldFrame{buf: buf, meta: m, vif: vif, own: true}) != pass {
+		if r.groups.holdForGroup(mgid, heldFrame{buf: buf, meta: m, vif: vif, own: true}) != pass {
 			return true // held, or dropped uncounted as the shim's own frames are
 		}
 	}
-	s.writePort([][]byte{buf}, []ipoib.TxMeta{m})
+	r.toPort([][]byte{buf}, []ipoib.TxMeta{m})
 	return true
 }

@@ -61,8 +61,8 @@ func (s *Shim) rxLoop(w int, rq ipoib.RxQueue) error {
 			}
 		}
 		s.writeQueues(out)
-		if s.pending.count.Load() > 0 {
-			s.flushResolved()
+		if s.resolver.pending.count.Load() > 0 {
+			s.resolver.flush()
 		}
 		s.ep.exit(slot)
 	}

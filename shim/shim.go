@@ -125,22 +125,19 @@ type Shim struct {
 	ep      epochs
 	newVIFs newGuests // guests whose VIF is pending or refused (newvif.go)
 
-	groups  groupSet
-	gwait   groupWaits // frames to groups being joined
-	snoop   *snoop.Table
-	pending pendingQueue
-	srcs    srcTable // source IP → REMAC, for ports that cannot tell senders
-	xids    dhcpXIDs
-	ctr     counters
+	groups   groups   // multicast membership and the querier (groups.go)
+	resolver resolver // frames to unknown REMACs and their resolution (resolve.go)
+	mobility mobility // announcements and guests that moved here (announce.go, moved.go)
+	srcs     srcTable // source IP → REMAC, for ports that cannot tell senders
+	xids     dhcpXIDs
+	ctr      counters
 
 	capture   atomic.Pointer[Capture] // the running capture, nil for none
-	ann       announcer
-	vifIdle   atomic.Int64 // Config.VIFIdle, changed by SetVIFIdle
-	lastRound atomic.Int64 // wall clock of the last housekeeping round
+	vifIdle   atomic.Int64            // Config.VIFIdle, changed by SetVIFIdle
+	lastRound atomic.Int64            // wall clock of the last housekeeping round
 
-	vifWarn, groupWarn  warnlimit.Limit // limit warnings a guest can cause per frame
+	vifWarn             warnlimit.Limit // limits warnings a guest can cause per frame
 	carrier, carrierSet atomic.Bool
-	carrierBack         atomic.Bool // the carrier came back; housekeeping queries
 	stopping            atomic.Bool // set before Run frees the VIFs
 
 	// local are the hypervisor's own MACs (SetLocalMACs, local.go).
@@ -225,14 +222,13 @@ func New(cfg Config) (*Shim, error) {
 	s.queues = s.dev.Queues() // each read by a TX worker, written by the RX workers (flowQueue)
 	s.qmu = make([]sync.Mutex, len(s.queues))
 	s.rxq = ipoib.RxQueuesOf(s.port)
-	s.groups.init(maxGroups, maxSendOnly)
-	s.groups.ready = s.groupReady
-	s.gwait.m = make(map[ipoib.GID]*heldFrames)
-	s.pending.init()
+	sh := shared{ctr: &s.ctr, log: s.log, clk: s.clk, vifs: s.vifs, toPort: s.writePort, toGuests: s.writeLocal}
+	s.groups.init(sh, &s.cfg, &s.byVLAN, s.partitions, s.port.LocalGID, s.ctl.post)
+	s.resolver.init(sh, s.neigh, &s.groups, cfg.Scope)
+	s.mobility.init(sh, &s.srcs, s.neigh, &s.resolver, cfg.AnnounceWindow, s.port.LocalGID)
 	s.newVIFs.init()
 	s.ctl.init(vifHoldPerGuest)
 	s.ep.init(len(s.queues) + len(s.rxq) + 1) // the TX workers, the RX workers, housekeeping
-	s.snoop = snoop.NewTable(cfg.Multicast, maxGroups, snoop.Actions{Join: s.snoopJoin, Leave: s.snoopLeave, Query: s.mcastQuery})
 	return s, nil
 }
 
@@ -287,8 +283,8 @@ func (s *Shim) partitions() map[ipoib.PKey]*partition { return *s.byPKey.Load() 
 // the read waits for the partition to be visible (applyEvent), so it is
 // applied, not lost. Control plane only.
 func (s *Shim) joinPartition(p *partition) error {
-	for _, mgid := range []ipoib.GID{p.bcast, s.groupMGID(p, allNodes), s.groupMGID(p, allHosts)} {
-		if err := s.groups.join(s.ctl.port, mgid, true); err != nil {
+	for _, mgid := range []ipoib.GID{p.bcast, s.groups.mgid(p, allNodes), s.groups.mgid(p, allHosts)} {
+		if err := s.groups.set.join(s.ctl.port, mgid, true); err != nil {
 			return err
 		}
 	}
@@ -337,7 +333,7 @@ func (s *Shim) Run(ctx context.Context) error {
 	stopControl := s.startControl()
 	for _, p := range s.partitions() {
 		if err := s.call(func() error { return s.joinPartition(p) }); err != nil {
-			s.call(func() error { s.groups.leaveAll(s.ctl.port, s.log); return nil })
+			s.call(func() error { s.groups.set.leaveAll(s.ctl.port, s.log); return nil })
 			stopControl()
 			s.ctl.port.Close()
 			return err
@@ -385,9 +381,9 @@ func (s *Shim) Run(ctx context.Context) error {
 // after it see stopping, so no frame is held after the drop.
 func (s *Shim) stopPort() error {
 	s.stopping.Store(true)
-	s.pending.dropAll(&s.ctr)
+	s.resolver.pending.dropAll(&s.ctr)
 	s.newVIFs.dropAll(&s.ctr)
-	s.gwait.dropAll(&s.ctr)
+	s.groups.wait.dropAll(&s.ctr)
 	var gone []*mactrans.VIF
 	for _, v := range s.vifs.All() {
 		if _, ok := s.vifs.Remove(v.Key, mactrans.OriginDeclared); ok {
@@ -401,17 +397,10 @@ func (s *Shim) stopPort() error {
 	if err := s.freeQuiesced(gone); err != nil {
 		s.log.Warn("free QPs", "err", err)
 	}
-	s.groups.leaveAll(s.ctl.port, s.log)
+	s.groups.set.leaveAll(s.ctl.port, s.log)
 	s.log.Info("shim stopped", "counters_tx_frames", s.Get(TxFrames), "counters_rx_frames", s.Get(RxFrames))
 	return nil
 }
-
-// The steps of the general queries sent when the carrier returns.
-const (
-	requeryNone       = iota
-	requeryWaitOperUp // the carrier is back; the bridge may not know yet
-	requeryNextRound  // the TAP is operationally up: query next round
-)
 
 // housekeeping sends queries, ages the snooping and neighbour tables,
 // retries and expires resolutions, sends announcements and follows the
@@ -420,10 +409,7 @@ const (
 func (s *Shim) housekeeping(ctx context.Context) error {
 	t := time.NewTimer(s.cfg.Housekeeping)
 	defer t.Stop()
-	mt := s.snoop.Timers() // the timers' one home: a reload changes them there
-	s.sendQueries(mt.LastMemberQueryInterval)
-	nextQuery := s.clk.Now().Add(mt.QueryInterval)
-	requery := requeryNone // general queries after the carrier returns
+	s.groups.startQueries(s.clk.Now())
 	for {
 		select {
 		case <-ctx.Done():
@@ -432,41 +418,14 @@ func (s *Shim) housekeeping(ctx context.Context) error {
 		}
 		now := s.clk.Now()
 		t.Reset(s.nextHousekeeping(now))
-		mt = s.snoop.Timers()
-		if !now.Before(nextQuery) {
-			s.sendQueries(mt.QueryResponseInterval)
-			nextQuery = now.Add(mt.QueryInterval)
-		} else if later := now.Add(mt.QueryInterval); later.Before(nextQuery) {
-			nextQuery = later // a shorter interval takes effect at once
-		}
-		s.snoop.Tick(now)
+		s.groups.queryRound(now)
 		s.neigh.Expire(now, s.cfg.NeighTTL)
 		s.logUndeclared(now)
 		s.ep.enter(s.houseSlot())
-		s.resolveTick(now)
-		s.announceTick(now)
+		s.resolver.tick(now)
+		s.mobility.tick(now)
 		s.ep.exit(s.houseSlot())
-		if s.carrierBack.Swap(false) { // carrier.go
-			requery = requeryWaitOperUp
-		}
-		// A Linux bridge forgets a port as a multicast router when its
-		// carrier goes (__br_multicast_disable_port_ctx drops it from the
-		// router list), and until it hears a query again it keeps guests'
-		// multicast for groups with no member on this host from the TAP
-		// (br_multicast_flood with mrouters_only). So query as after a
-		// start when the carrier returns, not at the next interval; but
-		// not before the bridge has seen the port up (the kernel acts on
-		// the carrier asynchronously, in linkwatch_do_dev, and a bridge
-		// drops what a disabled port sends it): once the TAP is
-		// operationally up, on the round after.
-		switch {
-		case requery == requeryWaitOperUp && s.dev.OperUp():
-			requery = requeryNextRound
-		case requery == requeryNextRound:
-			requery = requeryNone
-			s.sendQueries(mt.LastMemberQueryInterval)
-			nextQuery = now.Add(mt.QueryInterval)
-		}
+		s.groups.requeryRound(now, s.dev.OperUp)
 		s.lastRound.Store(time.Now().UnixNano())
 	}
 }
@@ -485,7 +444,7 @@ func (s *Shim) Healthy(d time.Duration) bool {
 // period later.
 func (s *Shim) nextHousekeeping(now time.Time) time.Duration {
 	wait := s.cfg.Housekeeping
-	if d, ok := s.snoop.NextDeadline(); ok {
+	if d, ok := s.groups.snoop.NextDeadline(); ok {
 		wait = min(wait, max(d.Sub(now), time.Millisecond))
 	}
 	return wait
@@ -505,7 +464,7 @@ func (s *Shim) SetLimits(maxVIFs, maxNeighbours int) {
 // (a configuration reload): groups keep their expiry, reports, leaves
 // and queries from now on use t, and the next general query comes
 // within the new query interval. Invalid timers change nothing.
-func (s *Shim) SetMulticastTimers(t snoop.Timers) error { return s.snoop.SetTimers(t) }
+func (s *Shim) SetMulticastTimers(t snoop.Timers) error { return s.groups.snoop.SetTimers(t) }
 
 // SetVIFIdle changes the idle time after which a VIF is removed (as a
 // configuration reload does); the next aging round uses it.

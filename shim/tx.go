@@ -35,10 +35,6 @@ const (
 	// maxFrags is enough fragments for the largest IPv4 packet at the
 	// smallest IPoIB MTU.
 	maxFrags = 65536/(ipoib.MTU2044-60) + 2
-	// nsTarget and nsLen locate the target address of a neighbour
-	// solicitation in its ICMPv6 message (RFC 4861 §4.3).
-	nsTarget = 8
-	nsLen    = nsTarget + 16
 )
 
 // txBatch collects the packets of one TX batch; each TX worker has its
@@ -81,6 +77,21 @@ func (s *Shim) flushTx(b *txBatch) {
 		s.writePort(b.bufs, b.meta)
 	}
 	b.bufs, b.meta, b.nfrag = b.bufs[:0], b.meta[:0], 0
+}
+
+// writePort sends packets laid out with ipoib.Headroom before the header
+// and counts what the port accepted and refused.
+func (s *Shim) writePort(bufs [][]byte, meta []ipoib.TxMeta) {
+	if s.capture.Load() != nil {
+		for i := range bufs {
+			s.capFabricTx(bufs[i][ipoib.Headroom:], meta[i].Dst)
+		}
+	}
+	s.portMu.Lock()
+	n, _ := s.port.Write(bufs, meta, ipoib.Headroom)
+	s.portMu.Unlock()
+	s.ctr.c[TxPackets].Add(uint64(n))
+	s.ctr.c[TxPortRefused].Add(uint64(len(bufs) - n))
 }
 
 // superReader returns dev when it hands over super-frames and the port
@@ -289,7 +300,7 @@ func (s *Shim) translate(b *txBatch, p *partition, vif *mactrans.VIF, buf []byte
 	vif.Touch(now)
 	vif.CountTx(n)
 	if s.cfg.AnnounceWindow > 0 {
-		s.learnGuest(p, vif, t.et, pay, now)
+		s.mobility.learnGuest(p, vif, t.et, pay, now)
 	}
 	t.m = ipoib.TxMeta{SrcQPN: vif.QPN, PKey: p.pkey}
 	if v := s.txDestination(b, &t); v != pass {
@@ -321,7 +332,7 @@ func (s *Shim) txDestination(b *txBatch, t *txPacket) verdict {
 		if !ok {
 			return verdict(DropBadIP)
 		}
-		switch s.sendTo(mgid, t.now) {
+		switch s.groups.sendTo(mgid, t.now) {
 		case groupRefused:
 			return verdict(DropNoGroup)
 		case groupJoining:
@@ -337,7 +348,7 @@ func (s *Shim) txDestination(b *txBatch, t *txPacket) verdict {
 		// and is lost, and TCP resends it once the guests know the
 		// moved guest's MAC.
 		if to := nb.MovedTo(); to != nil && t.sup.L4 == 0 {
-			if v := s.deliverMoved(b, t.buf, t.n, t.et, t.pay, nb, to, t.vif); v != pass {
+			if v := s.mobility.deliverMoved(b, t.buf, t.n, t.et, t.pay, nb, to, t.vif); v != pass {
 				return v
 			}
 		}
@@ -351,11 +362,11 @@ func (s *Shim) txDestination(b *txBatch, t *txPacket) verdict {
 	if w, own := s.vifs.LookupREMAC(dst); own && w.Key.VLAN == p.vlan && t.sup.L4 == 0 {
 		// A guest that moved here, to a local guest by the REMAC it had
 		// for it elsewhere (moved.go).
-		return s.sendBack(b, t.buf, t.n, w.Key.MAC, dst)
+		return b.sendBack(t.buf, t.n, w.Key.MAC, dst)
 	}
 	t.source, t.target = ipAddrs(t.et, t.pay)
 	if t.sup.L4 == 0 && t.vif.MovedIn() {
-		if nb := s.remoteOwner(p, t.vif, t.target, t.now); nb != nil {
+		if nb := s.mobility.remoteOwner(p, t.vif, t.target, t.now); nb != nil {
 			nb.Use(t.now)
 			t.m.Dst = nb.RIMAC.WithoutFlags()
 			return pass
@@ -373,7 +384,7 @@ func (s *Shim) txRewrite(t *txPacket) verdict {
 	case ether.TypeARP, ether.TypeRARP:
 		t.pay, err = arpndp.ARPToIB(t.pay, t.p.view)
 	case ether.TypeIPv6:
-		if v := s.snoopIPv6(t.p, t.pay, t.now); v != pass {
+		if v := s.groups.snoopIPv6(t.p, t.pay, t.now); v != pass {
 			return v
 		}
 		if arpndp.IsNDP(t.pay) {
@@ -381,7 +392,7 @@ func (s *Shim) txRewrite(t *txPacket) verdict {
 		}
 	case ether.TypeIPv4:
 		if snoop.IsIGMP(t.pay) {
-			if v := s.snoopRecords(t.p, snoop.ParseIGMP, t.pay, header.IPv4(t.pay).Src(), t.now); v != pass {
+			if v := s.groups.snoopRecords(t.p, snoop.ParseIGMP, t.pay, header.IPv4(t.pay).Src(), t.now); v != pass {
 				return v
 			}
 		}
@@ -420,7 +431,7 @@ func (s *Shim) txFit(b *txBatch, t *txPacket) verdict {
 		if t.unknown && fragmentable(t.et, t.pay) {
 			// Fragments are not queued: resolve, and let the guest's
 			// retransmission find the destination known.
-			s.enqueue(t.p, t.vif, t.f.Dst(), nil, t.m, t.source, t.target, t.now)
+			s.resolver.enqueue(t.p, t.vif, t.f.Dst(), nil, t.m, t.source, t.target, t.now)
 			return verdict(DropUnresolved)
 		}
 		return s.tooBig(b, t.f, t.et, t.pay, t.m, t.mtu)
@@ -432,7 +443,7 @@ func (s *Shim) txFit(b *txBatch, t *txPacket) verdict {
 		// Not queued, as fragments are not: resolve, and let TCP's
 		// retransmission (or the UDP application) find the destination
 		// known.
-		s.enqueue(t.p, t.vif, t.f.Dst(), nil, t.m, t.source, t.target, t.now)
+		s.resolver.enqueue(t.p, t.vif, t.f.Dst(), nil, t.m, t.source, t.target, t.now)
 		return verdict(DropUnresolved)
 	}
 	if t.sup.UDP && t.m.GSO.Type == ipoib.GSONone {
@@ -453,13 +464,13 @@ func (s *Shim) txEmit(b *txBatch, t *txPacket) verdict {
 	ipoib.PutHeader(t.buf[hdr:], t.et)
 	pkt := t.buf[hdr-ipoib.Headroom : payStart+len(t.pay)]
 	if t.unknown {
-		if !s.enqueue(t.p, t.vif, t.f.Dst(), pkt, t.m, t.source, t.target, t.now) {
+		if !s.resolver.enqueue(t.p, t.vif, t.f.Dst(), pkt, t.m, t.source, t.target, t.now) {
 			return verdict(DropUnresolved)
 		}
 		return held
 	}
 	if t.waits {
-		if v := s.holdForGroup(t.m.Dst.GID(), heldFrame{buf: pkt, meta: t.m, vif: t.vif}); v != pass {
+		if v := s.groups.holdForGroup(t.m.Dst.GID(), heldFrame{buf: pkt, meta: t.m, vif: t.vif}); v != pass {
 			return v
 		}
 	}
@@ -552,46 +563,4 @@ func (s *Shim) cutUDP(b *txBatch, t *txPacket) verdict {
 	// One frame, one outcome, however many datagrams were fragmented
 	// (tx_fragments counts their pieces).
 	return verdict(TxFragmented)
-}
-
-// snoopIPv6 records the memberships an IPv6 packet from a guest shows:
-// those its MLD reports and dones state, the solicited-node group of its
-// source address, and that of the target of its duplicate address
-// detection. A malformed MLD message is dropped.
-func (s *Shim) snoopIPv6(p *partition, pay []byte, now time.Time) verdict {
-	ip := header.IPv6(pay)
-	src := ip.Src()
-	if snoop.IsMLD(pay) {
-		if v := s.snoopRecords(p, snoop.ParseMLD, pay, src, now); v != pass {
-			return v
-		}
-	}
-	if !src.IsUnspecified() {
-		// Per frame, so only when the group is not joined yet: once it
-		// is, the guest's MLD answers to the queries keep it alive.
-		if sn := solicitedNode(src); !src.IsMulticast() && !s.fullMember(p, sn) {
-			s.member(p, sn, src, false, now)
-		}
-		return pass
-	}
-	if icmp := ip.Payload(); ip.NextHeader() == header.ProtoICMPv6 && len(icmp) >= nsLen && icmp[0] == arpndp.TypeNeighborSolicitation {
-		s.member(p, solicitedNode(netip.AddrFrom16([16]byte(icmp[nsTarget:nsLen]))), src, false, now)
-	}
-	return pass
-}
-
-// snoopRecords feeds the records of a guest's IGMP or MLD message, sent
-// from the address from, to the snooping table; a malformed one or one
-// with a wrong checksum is dropped.
-func (s *Shim) snoopRecords(p *partition, parse func([]byte) (snoop.Records, error), pay []byte, from netip.Addr, now time.Time) verdict {
-	recs, err := parse(pay)
-	if err != nil {
-		return verdict(DropBadMcastReport)
-	}
-	for r, ok := recs.Next(); ok; r, ok = recs.Next() {
-		if r.Group != allNodes && r.Group != allHosts {
-			s.member(p, r.Group, from, r.Leave, now)
-		}
-	}
-	return pass
 }

@@ -18,8 +18,8 @@ var endCounters = []string{
 	"counters.go end",
 	"rx.go writeQueues",
 	"newvif.go drop", "newvif.go dropAll", // held frames of new guests
-	"resolve.go resolveTick", "resolve.go flushResolved", "resolve.go dropAll", // frames queued for a resolution
-	"groups.go groupReady", "groups.go dropLocked", // frames held for a group join
+	"resolve.go tick", "resolve.go flush", "resolve.go dropAll", // frames queued for a resolution
+	"groups.go ready", "groups.go dropLocked", // frames held for a group join
 }
 
 // TestOutcomesCountedOnlyByVerdicts reads the package's source: every
