@@ -211,7 +211,7 @@ func (p *Port) Write(bufs [][]byte, meta []ipoib.TxMeta, offset int) (int, error
 			continue
 		}
 		var seg gso.Segmenter
-		if m.GSO.StartCut(&seg, payload, p.f.mtu) != nil {
+		if seg.StartIPoIB(m.GSO, payload, p.f.mtu) != nil {
 			p.drops.Add(ipoib.DropBadGSO)
 			continue
 		}
