@@ -12,9 +12,9 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/eipoib/eipoibd/internal/fabric/rxq"
 	"github.com/eipoib/eipoibd/internal/gso"
 	"github.com/eipoib/eipoibd/ipoib"
-	"github.com/eipoib/eipoibd/ipoib/internal/rxq"
 )
 
 // queueLen is the receive queue of a port in packets.
