@@ -92,10 +92,15 @@ func TestCommandUsage(t *testing.T) {
 
 // TestEveryControlCommandHasACLI: the subcommands send, between them,
 // every command of the control socket's table, each from one
-// subcommand, and show offers every listing the table has.
+// subcommand declared with its run function in clientCommands (ctl.go),
+// and show offers every listing the table has.
 func TestEveryControlCommandHasACLI(t *testing.T) {
 	var sent []string
 	for _, c := range commands {
+		client := slices.ContainsFunc(clientCommands, func(k command) bool { return k.name == c.name })
+		if client != (len(c.ctl) > 0) {
+			t.Errorf("%s: sends %q, and is in clientCommands: %v (want both or neither)", c.name, c.ctl, client)
+		}
 		for _, cmd := range c.ctl {
 			if slices.Contains(sent, cmd) {
 				t.Errorf("%s sends %s, which another subcommand sends too", c.name, cmd)
