@@ -4,8 +4,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/eipoib/eipoibd/internal/fabric/eventtest"
 	"github.com/eipoib/eipoibd/ipoib"
-	"github.com/eipoib/eipoibd/ipoib/internal/eventtest"
 )
 
 // TestEventQueueOrder: the first event is the link state the queue was

@@ -1,7 +1,5 @@
 package ipoib
 
-import "github.com/eipoib/eipoibd/internal/gso"
-
 // RxMeta describes one received UD packet.
 type RxMeta struct {
 	// Src is the sender: its source QPN and source GID (flags zero).
@@ -86,14 +84,6 @@ type GSO struct {
 	// last: the MSS, or gso_size; the caller keeps a segment within the
 	// IPoIB MTU.
 	Size uint16
-}
-
-// StartCut starts s cutting pkt, the super-packet g describes (from its
-// IPoIB header), into packets of at most mtu bytes, IPoIB header
-// included: TCP into segments, UDP into its datagrams (which must fit
-// already). Every port that takes super-packets cuts them so.
-func (g GSO) StartCut(s *gso.Segmenter, pkt []byte, mtu int) error {
-	return s.StartL4(g.Type.UDP(), pkt, HeaderLen, int(g.L4), g.Type.V6(), int(g.Size), mtu-HeaderLen)
 }
 
 // Offloads says what a port takes beyond ordinary packets.

@@ -1,8 +1,9 @@
 package mactrans
 
 import (
+	"time"
+
 	"github.com/eipoib/eipoibd/ether"
-	"github.com/eipoib/eipoibd/internal/clock"
 	"github.com/eipoib/eipoibd/ipoib"
 )
 
@@ -14,7 +15,9 @@ import (
 type View struct {
 	VIFs  *VIFTable
 	Neigh *NeighTable
-	Clock clock.Clock
+	// Clock tells the time a learnt endpoint is stamped with
+	// (internal/clock's, in eipoibd).
+	Clock interface{ Now() time.Time }
 	GID   ipoib.GID // local port GID
 	VLAN  uint16
 	PKey  ipoib.PKey

@@ -3,8 +3,8 @@ package main
 // The table of eipoibd's subcommands: the command list of "eipoibd",
 // "eipoibd --help" and "eipoibd help", each command's usage ("eipoibd
 // help CMD", "eipoibd CMD -h") and the dispatch all derive from it. The
-// client commands name the control commands (package ctl's table) they
-// send, and take the protocol's names from there.
+// control socket's client commands are declared in ctl.go, each beside
+// its run function, and take the protocol's names from package ctl.
 
 import (
 	"flag"
@@ -17,7 +17,6 @@ import (
 	"text/tabwriter"
 
 	"github.com/eipoib/eipoibd/internal/cli"
-	"github.com/eipoib/eipoibd/internal/ctl"
 	"github.com/eipoib/eipoibd/internal/daemon"
 )
 
@@ -28,8 +27,8 @@ type command struct {
 	summary  string // its line in the command list
 	about    string // what -h says between the usage line and the flags
 	run      func(args []string, stderr io.Writer) error
-	// ctl are the control commands (ctl.Request.Cmd) it sends; every
-	// one of the table's has a subcommand.
+	// ctl are the control commands (ctl.Request.Cmd) it sends, set
+	// only in clientCommands; every one of the table's has a subcommand.
 	ctl []string
 }
 
@@ -38,7 +37,7 @@ type command struct {
 var commands []command
 
 func init() {
-	commands = []command{
+	commands = slices.Concat([]command{
 		{name: "run", synopsis: "run --underlay IFACE [flags]", run: runDaemon,
 			summary: "run the daemon: a TAP NIC whose traffic travels over InfiniBand as IPoIB",
 			about: `Runs in the foreground: creates the TAP, binds the IB port and moves
@@ -60,32 +59,14 @@ FDSTORE=1 protocol on a datagram socket. Stopping the keeper closes what
 it holds: a TAP whose eipoibd is not running then loses its carrier, and
 the next eipoibd start reopens it (its carrier drops once). SIGUSR2 logs
 what it holds and its counters.`},
-		{name: "show", synopsis: "show " + strings.Join(ctl.Listings(), "|") + " [--name eib0] [--json] [--interval 1s [--count N]]", run: runShow, ctl: []string{ctl.CmdShow},
-			summary: "print a running daemon's port, VIFs, neighbours, groups or counters",
-			about: `Asks the daemon of TAP --name on its control socket: port (GID, MTUs,
-link, partitions), vifs (the guests' VIFs), neigh (the remote
-endpoints), groups (multicast) or stats (every counter; with
---interval, their changes every interval, like ip -s).`},
-		{name: "vif", synopsis: "vif add|del MAC [--vlan N] [--name eib0]", run: runVIF, ctl: []string{ctl.CmdVIFAdd, ctl.CmdVIFDel},
-			summary: "declare a guest's VIF ahead of its traffic, or remove one",
-			about: `Declares the guest MAC on --vlan (its VIF stays until removed, however
-idle), or removes its VIF.`},
-		{name: "neigh", synopsis: "neigh flush [--name eib0] [--json]", run: runNeigh, ctl: []string{ctl.CmdNeighFlush},
-			summary: "forget every remote endpoint (traffic learns them again)",
-			about:   `Forgets every remote IPoIB endpoint the daemon knows.`},
-		{name: "capture", synopsis: "capture -w FILE|- [-c N] [--side fabric|tap] [--name eib0]", run: runCapture, ctl: []string{ctl.CmdCapture},
-			summary: "write a running daemon's packets as pcap (-w - to standard output)",
-			about: `Writes what the daemon sends and receives as pcap to FILE, or to
-standard output with -w - (eipoibd capture -w - | tcpdump -r -): the
-fabric side (IPoIB, pcap link type 242) or the TAP side (Ethernet),
-until -c packets or an interrupt.`},
+	}, clientCommands, []command{
 		{name: "version", synopsis: "version", run: runVersion,
 			summary: "print the version, the Go version and the fabric backends built in",
 			about:   `Also "eipoibd --version".`},
 		{name: "help", synopsis: "help [COMMAND]", run: runHelp,
 			summary: "list the commands, or print one's usage and flags",
 			about:   `Without a COMMAND, lists the commands; with one, as "eipoibd COMMAND -h".`},
-	}
+	})
 }
 
 // lookup returns the command called name.

@@ -21,6 +21,32 @@ import (
 	"github.com/eipoib/eipoibd/internal/ctl"
 )
 
+// clientCommands are the control socket's client commands, in the
+// order the command list gives them (after run, host and keeper). Each
+// names the control commands (package ctl's table) it sends; its run
+// function follows below.
+var clientCommands = []command{
+	{name: "show", synopsis: "show " + strings.Join(ctl.Listings(), "|") + " [--name eib0] [--json] [--interval 1s [--count N]]", run: runShow, ctl: []string{ctl.CmdShow},
+		summary: "print a running daemon's port, VIFs, neighbours, groups or counters",
+		about: `Asks the daemon of TAP --name on its control socket: port (GID, MTUs,
+link, partitions), vifs (the guests' VIFs), neigh (the remote
+endpoints), groups (multicast) or stats (every counter; with
+--interval, their changes every interval, like ip -s).`},
+	{name: "vif", synopsis: "vif add|del MAC [--vlan N] [--name eib0]", run: runVIF, ctl: []string{ctl.CmdVIFAdd, ctl.CmdVIFDel},
+		summary: "declare a guest's VIF ahead of its traffic, or remove one",
+		about: `Declares the guest MAC on --vlan (its VIF stays until removed, however
+idle), or removes its VIF.`},
+	{name: "neigh", synopsis: "neigh flush [--name eib0] [--json]", run: runNeigh, ctl: []string{ctl.CmdNeighFlush},
+		summary: "forget every remote endpoint (traffic learns them again)",
+		about:   `Forgets every remote IPoIB endpoint the daemon knows.`},
+	{name: "capture", synopsis: "capture -w FILE|- [-c N] [--side fabric|tap] [--name eib0]", run: runCapture, ctl: []string{ctl.CmdCapture},
+		summary: "write a running daemon's packets as pcap (-w - to standard output)",
+		about: `Writes what the daemon sends and receives as pcap to FILE, or to
+standard output with -w - (eipoibd capture -w - | tcpdump -r -): the
+fabric side (IPoIB, pcap link type 242) or the TAP side (Ethernet),
+until -c packets or an interrupt.`},
+}
+
 // stdout is where the client commands print (a variable for the tests).
 var stdout io.Writer = os.Stdout
 

@@ -34,8 +34,8 @@ import (
 	"github.com/eipoib/eipoibd/internal/cli"
 	"github.com/eipoib/eipoibd/internal/ctl"
 	"github.com/eipoib/eipoibd/internal/daemon"
+	"github.com/eipoib/eipoibd/internal/fabric/faultport"
 	"github.com/eipoib/eipoibd/ipoib"
-	"github.com/eipoib/eipoibd/ipoib/faultport"
 	"github.com/eipoib/eipoibd/shim"
 )
 

@@ -17,7 +17,7 @@
 // names (Cmd*, Show*, Side*), their checks and their Handler methods; the
 // server's dispatch and the Client's typed calls derive from it. The
 // replies' types (Port, VIF, Neigh, Group, Stats, Flushed) and their JSON
-// are declared once too (reply.go), for the daemon's Handler, the CLI and
+// are declared beside them, for the daemon's Handler, the CLI and
 // the tests, which all talk through a Client.
 package ctl
 

@@ -197,14 +197,15 @@ func TestUnimplementedHandler(t *testing.T) {
 	}
 }
 
-// TestTableNames: the wire names the table gives the CLI, each once and
-// in order.
+// TestTableNames: the wire names the table gives the CLI start with
+// the released ones, in order: a rename or a removal fails, a command
+// added at the end of the table does not.
 func TestTableNames(t *testing.T) {
-	if got, want := Commands(), []string{CmdShow, CmdVIFAdd, CmdVIFDel, CmdNeighFlush, CmdCapture}; !slices.Equal(got, want) {
-		t.Errorf("Commands() = %q, want %q", got, want)
+	if got, want := Commands(), []string{"show", "vif-add", "vif-del", "neigh-flush", "capture"}; len(got) < len(want) || !slices.Equal(got[:len(want)], want) {
+		t.Errorf("Commands() = %q, want it to start with %q", got, want)
 	}
-	if got, want := Listings(), []string{ShowPort, ShowVIFs, ShowNeigh, ShowGroups, ShowStats}; !slices.Equal(got, want) {
-		t.Errorf("Listings() = %q, want %q", got, want)
+	if got, want := Listings(), []string{"port", "vifs", "neigh", "groups", "stats"}; len(got) < len(want) || !slices.Equal(got[:len(want)], want) {
+		t.Errorf("Listings() = %q, want it to start with %q", got, want)
 	}
 }
 

@@ -17,8 +17,8 @@ import (
 	"sync"
 
 	"github.com/eipoib/eipoibd/ether"
+	"github.com/eipoib/eipoibd/internal/vswitch"
 	"github.com/eipoib/eipoibd/mactrans"
-	"github.com/eipoib/eipoibd/vswitch"
 )
 
 // vifSink declares and frees guests' VIFs: the shim.

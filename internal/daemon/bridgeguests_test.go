@@ -10,8 +10,8 @@ import (
 	"testing"
 
 	"github.com/eipoib/eipoibd/ether"
+	"github.com/eipoib/eipoibd/internal/vswitch"
 	"github.com/eipoib/eipoibd/mactrans"
-	"github.com/eipoib/eipoibd/vswitch"
 )
 
 // fakeShim records declarations and removals, and refuses a VLAN

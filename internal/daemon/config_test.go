@@ -6,8 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/eipoib/eipoibd/internal/fabric/faultport"
 	"github.com/eipoib/eipoibd/ipoib"
-	"github.com/eipoib/eipoibd/ipoib/faultport"
 )
 
 // TestValidate: a valid Config passes, and each bad setting is refused

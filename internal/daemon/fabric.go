@@ -12,11 +12,11 @@ import (
 	"strconv"
 
 	"github.com/eipoib/eipoibd/internal/cli"
+	"github.com/eipoib/eipoibd/internal/fabric/faultport"
+	"github.com/eipoib/eipoibd/internal/fabric/verbsfabric"
 	"github.com/eipoib/eipoibd/ipoib"
-	"github.com/eipoib/eipoibd/ipoib/faultport"
 	"github.com/eipoib/eipoibd/ipoib/kernelfabric"
 	"github.com/eipoib/eipoibd/ipoib/simfabric"
-	"github.com/eipoib/eipoibd/ipoib/verbsfabric"
 )
 
 // The fabric backends' names, as Config.Fabric takes them.

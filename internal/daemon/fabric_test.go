@@ -5,8 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/eipoib/eipoibd/internal/fabric/faultport"
 	"github.com/eipoib/eipoibd/internal/nstest"
-	"github.com/eipoib/eipoibd/ipoib/faultport"
 	"github.com/eipoib/eipoibd/ipoib/simfabric"
 )
 

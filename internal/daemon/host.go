@@ -10,8 +10,8 @@ import (
 	"os"
 	"syscall"
 
+	"github.com/eipoib/eipoibd/internal/ipoibhost"
 	"github.com/eipoib/eipoibd/ipoib"
-	"github.com/eipoib/eipoibd/ipoibhost"
 	"github.com/eipoib/eipoibd/tap"
 )
 

@@ -18,6 +18,7 @@ import (
 
 	"github.com/eipoib/eipoibd/internal/csum"
 	"github.com/eipoib/eipoibd/internal/header"
+	"github.com/eipoib/eipoibd/ipoib"
 )
 
 // ErrBad is a super-packet that is not one TCP or UDP flow's, or whose
@@ -89,6 +90,14 @@ func (s *Segmenter) Start(pkt []byte, l3, l4 int, v6 bool, size, mtu int) error 
 		id: id, seq: tcp.Seq(), flags: tcp.Flags(),
 		seed: binary.BigEndian.Uint16(pkt[l4+header.TCPChecksumOff:]), l4Len: len(pkt) - l4}
 	return nil
+}
+
+// StartIPoIB starts cutting pkt, the IPoIB super-packet g describes
+// (from its IPoIB header), into packets of at most mtu bytes, IPoIB
+// header included: TCP into segments, UDP into its datagrams (which must
+// fit already). Every port that takes super-packets cuts them so.
+func (s *Segmenter) StartIPoIB(g ipoib.GSO, pkt []byte, mtu int) error {
+	return s.StartL4(g.Type.UDP(), pkt, ipoib.HeaderLen, int(g.L4), g.Type.V6(), int(g.Size), mtu-ipoib.HeaderLen)
 }
 
 // StartL4 starts a TCP super-packet's cut (Start), or a UDP one's

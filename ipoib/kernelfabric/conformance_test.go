@@ -19,8 +19,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/eipoib/eipoibd/internal/fabric/eventtest"
 	"github.com/eipoib/eipoibd/internal/gsotest"
-	"github.com/eipoib/eipoibd/ipoib/internal/eventtest"
 	kf "github.com/eipoib/eipoibd/ipoib/kernelfabric"
 )
 

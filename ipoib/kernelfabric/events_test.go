@@ -4,8 +4,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/eipoib/eipoibd/internal/fabric/eventtest"
 	"github.com/eipoib/eipoibd/internal/testutil"
-	"github.com/eipoib/eipoibd/ipoib/internal/eventtest"
 	"github.com/eipoib/eipoibd/ipoib/kernelfabric/fakekernel"
 )
 

@@ -33,8 +33,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/eipoib/eipoibd/internal/fabric/rxq"
 	"github.com/eipoib/eipoibd/ipoib"
-	"github.com/eipoib/eipoibd/ipoib/internal/rxq"
 )
 
 // A Port counts its drops under ipoib.Drop's reasons. Its own is

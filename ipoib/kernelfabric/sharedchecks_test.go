@@ -6,10 +6,10 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/eipoib/eipoibd/internal/fabric/fabrictest"
+	"github.com/eipoib/eipoibd/internal/fabric/parked"
 	"github.com/eipoib/eipoibd/internal/testutil"
 	"github.com/eipoib/eipoibd/ipoib"
-	"github.com/eipoib/eipoibd/ipoib/internal/fabrictest"
-	"github.com/eipoib/eipoibd/ipoib/internal/parked"
 	kf "github.com/eipoib/eipoibd/ipoib/kernelfabric"
 	"github.com/eipoib/eipoibd/ipoib/kernelfabric/fakekernel"
 )

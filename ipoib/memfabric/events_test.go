@@ -3,8 +3,8 @@ package memfabric
 import (
 	"testing"
 
+	"github.com/eipoib/eipoibd/internal/fabric/eventtest"
 	"github.com/eipoib/eipoibd/ipoib"
-	"github.com/eipoib/eipoibd/ipoib/internal/eventtest"
 )
 
 // TestEvents: the first event is the link up. SetDown and

@@ -12,9 +12,9 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/eipoib/eipoibd/internal/fabric/rxq"
 	"github.com/eipoib/eipoibd/internal/gso"
 	"github.com/eipoib/eipoibd/ipoib"
-	"github.com/eipoib/eipoibd/ipoib/internal/rxq"
 )
 
 // queueLen is the receive queue of a port in packets.
@@ -211,7 +211,7 @@ func (p *Port) Write(bufs [][]byte, meta []ipoib.TxMeta, offset int) (int, error
 			continue
 		}
 		var seg gso.Segmenter
-		if m.GSO.StartCut(&seg, payload, p.f.mtu) != nil {
+		if seg.StartIPoIB(m.GSO, payload, p.f.mtu) != nil {
 			p.drops.Add(ipoib.DropBadGSO)
 			continue
 		}

@@ -3,7 +3,7 @@ package simfabric
 import (
 	"testing"
 
-	"github.com/eipoib/eipoibd/ipoib/internal/eventtest"
+	"github.com/eipoib/eipoibd/internal/fabric/eventtest"
 )
 
 // TestEvents: a port opened on a veth first reports its link up; the

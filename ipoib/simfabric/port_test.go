@@ -13,11 +13,11 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/eipoib/eipoibd/internal/fabric/faultport"
 	"github.com/eipoib/eipoibd/internal/gsotest"
 	"github.com/eipoib/eipoibd/internal/nstest"
 	"github.com/eipoib/eipoibd/internal/testutil"
 	"github.com/eipoib/eipoibd/ipoib"
-	"github.com/eipoib/eipoibd/ipoib/faultport"
 )
 
 // pair opens a port in each of two namespaces joined by a veth.

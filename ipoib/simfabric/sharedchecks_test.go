@@ -6,9 +6,9 @@ import (
 
 	"golang.org/x/net/ipv6"
 
+	"github.com/eipoib/eipoibd/internal/fabric/fabrictest"
 	"github.com/eipoib/eipoibd/internal/nstest"
 	"github.com/eipoib/eipoibd/ipoib"
-	"github.com/eipoib/eipoibd/ipoib/internal/fabrictest"
 )
 
 // TestSharedChecks runs the backends' shared conformance suite over a

@@ -80,7 +80,7 @@ func (p *Port) Write(bufs [][]byte, meta []ipoib.TxMeta, offset int) (int, error
 		// super-packet has no room for them between its segments. A send
 		// from iovecs would spare the copy, which is 1.7 % of a TCP
 		// stream's samples in the data path's profiles.
-		if m.GSO.StartCut(&p.cutter, b[offset:], p.mtu) != nil { // UDP: one of the port's trains when its datagrams are of one size
+		if p.cutter.StartIPoIB(m.GSO, b[offset:], p.mtu) != nil { // UDP: one of the port's trains when its datagrams are of one size
 			p.drops.Add(ipoib.DropBadGSO)
 			continue
 		}

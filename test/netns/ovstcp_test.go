@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/eipoib/eipoibd/vswitch"
+	"github.com/eipoib/eipoibd/internal/vswitch"
 )
 
 // guestTCPBytes is what each guest-to-guest TCP test sends each way.

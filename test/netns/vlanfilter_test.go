@@ -146,7 +146,7 @@ func TestVLANFilterVM(t *testing.T) {
 	require(t, "bridge", "libvirtd", "virsh")
 	_, ns := vmNamespace(t)
 	v := startVM(t, ns, "ubr")
-	v.buildTest(t, "vswitch.test", "github.com/eipoib/eipoibd/vswitch")
+	v.buildTest(t, "vswitch.test", "github.com/eipoib/eipoibd/internal/vswitch")
 	out, err := v.run(t, "EIPOIB_REQUIRE_NETNS=1 EIPOIB_REQUIRE_VLAN_FILTERING=1 ./vswitch.test -test.run '^TestBridgeVLANsKernel$' -test.count=1 -test.v", time.Minute)
 	if err != nil || !strings.Contains(out, "--- PASS: TestBridgeVLANsKernel") {
 		t.Fatalf("TestBridgeVLANsKernel in the VM did not pass (%v):\n%s", err, out)

@@ -3,8 +3,8 @@ package verbsfabric
 import (
 	"testing"
 
+	"github.com/eipoib/eipoibd/internal/fabric/fabrictest"
 	"github.com/eipoib/eipoibd/ipoib"
-	"github.com/eipoib/eipoibd/ipoib/internal/fabrictest"
 )
 
 // TestSharedChecks runs the backends' shared conformance suite over a

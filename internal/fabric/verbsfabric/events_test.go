@@ -6,8 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/eipoib/eipoibd/internal/fabric/eventtest"
 	"github.com/eipoib/eipoibd/ipoib"
-	"github.com/eipoib/eipoibd/ipoib/internal/eventtest"
 )
 
 // TestEventsRoCE: an ACTIVE port first reports its link up; PORT_ERR and

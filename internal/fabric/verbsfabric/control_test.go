@@ -14,9 +14,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/eipoib/eipoibd/internal/fabric/parked"
 	"github.com/eipoib/eipoibd/internal/testutil"
 	"github.com/eipoib/eipoibd/ipoib"
-	"github.com/eipoib/eipoibd/ipoib/internal/parked"
 )
 
 // The tests of the control side's ordering and locking: each drives the
