@@ -17,7 +17,7 @@ export VERSION
 VERSION_LDFLAGS := -X main.version=$(VERSION)
 CNI_LDFLAGS     := -X main.buildVersion=$(VERSION)
 
-.PHONY: demo test test-image test-load soak deps lint unit build fuzz bench bench-go bench-net bench-scale release deb image comment-stats
+.PHONY: demo test test-load soak deps lint unit build fuzz bench bench-go bench-net bench-scale release deb image comment-stats
 
 ## demo: two hypervisors with two guests each on the simulated fabric.
 demo:
@@ -51,14 +51,7 @@ lint:
 ## make demo's (the demo sets them too), the guest TCP tests that run
 ## both offload settings themselves, and the package's and the image's
 ## tests (their daemons run with the package's and the manifest's flags).
-ONCE_TESTS  := TestVMRxe|TestVerbsRxe|TestIPoIBNetlinkVM|TestVLANFilterVM|TestKernelBackendNoIPv6VM|TestHWKit|TestLibvirt|TestDemo|TestOVSGuestTCP|TestBridgeGuestTCPPortMTU|TestDebPackage
-
-## NOT_YET: tests with a known defect, run by their own target and not
-## by make test until it is fixed. TestImagePod (make test-image): under
-## CI's load one node's eipoibd once started without the ConfigMap's
-## settings (text log, --learn auto, no bridge), so its pods never met;
-## the same test passed when run alone.
-NOT_YET     := TestImagePod
+ONCE_TESTS  := TestVMRxe|TestVerbsRxe|TestIPoIBNetlinkVM|TestVLANFilterVM|TestKernelBackendNoIPv6VM|TestHWKit|TestLibvirt|TestDemo|TestOVSGuestTCP|TestBridgeGuestTCPPortMTU|TestDebPackage|TestImagePod
 
 ## unit: every Go test; the race detector on all but the netns tests,
 ## which drive real daemons and tools, with the TAP's offloads on (the
@@ -70,14 +63,9 @@ NOT_YET     := TestImagePod
 unit:
 	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v /test/netns)
 	$(GO) test -count=1 -run 'NoAllocations' ./shim/
-	./scripts/netns.sh -skip '$(NOT_YET)'
-	EIPOIB_NETNS_OFFLOAD=false ./scripts/netns.sh -skip '$(ONCE_TESTS)|$(NOT_YET)'
+	./scripts/netns.sh
+	EIPOIB_NETNS_OFFLOAD=false ./scripts/netns.sh -skip '$(ONCE_TESTS)'
 	./scripts/soak.sh 3m
-
-## test-image: the DaemonSet's pod under podman kube play on two nodes
-## (root; builds the image), kept out of make test: see NOT_YET.
-test-image:
-	./scripts/netns.sh -run '^TestImagePod$$'
 
 ## soak: DURATION (default 3m) of guest churn, restarts, kill -9,
 ## fault bursts, reloads and migrations on two hypervisors with their
@@ -92,7 +80,7 @@ soak:
 ## once, while stress-ng holds every core (scripts/test-load.sh; root).
 ## A test that depends on the scheduler fails here. docs/testing.md.
 test-load:
-	NETNS_SKIP='$(NOT_YET)' ./scripts/test-load.sh
+	./scripts/test-load.sh
 
 ## build: the daemon, the daemon with the verbs backend (cgo,
 ## libibverbs), the benchmark's UDP generator and its ceiling (two TAPs

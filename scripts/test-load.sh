@@ -9,8 +9,7 @@
 # exit. Prints each stage's result and the time it took, then a summary
 # line; exits non-zero if either stage failed (both always run).
 # Environment: LOAD_HOGS (CPU hogs, default one per core), NETNS_SKIP
-# (a go test -skip pattern: make test-load passes the Makefile's NOT_YET,
-# the tests make test leaves out too), and NETNS_TIMEOUT as
+# (a go test -skip pattern, to leave tests out), and NETNS_TIMEOUT as
 # scripts/netns.sh reads it (default here 60m: the suite runs at about
 # half speed under the hogs).
 set -uo pipefail

@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"maps"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -20,18 +21,30 @@ import (
 // a flag name, except the flags given on the command line, which win. It
 // returns the keys it applied. Every problem is one line naming the file,
 // the key, the value and what is allowed.
+//
+// A file of no bytes at all is refused, not taken as "all defaults": it
+// is what a reader sees of a file being rewritten in place (truncated,
+// then written: podman kube play rewrites a ConfigMap's volume so), and
+// a daemon that ran on with the defaults would hide it. A file of
+// comments only is the way to ask for the defaults.
 func applyConfig(fl *flag.FlagSet, path string) (map[string]bool, error) {
 	onLine := map[string]bool{}
 	fl.Visit(func(f *flag.Flag) { onLine[f.Name] = true })
+	b, err := os.ReadFile(path)
+	var pathErr *fs.PathError
+	switch {
+	case errors.As(err, &pathErr):
+		return nil, usageError{Msg: fmt.Sprintf("--config %s: %v", path, pathErr.Err)}
+	case err != nil:
+		return nil, usageError{Msg: fmt.Sprintf("--config %s: %v", path, err)}
+	case len(b) == 0:
+		return nil, usageError{Msg: fmt.Sprintf("--config %s: empty file (0 bytes): being written, or not the one meant? (a file of comments only runs with the defaults)", path)}
+	}
 	var m map[string]any
-	if _, err := toml.DecodeFile(path, &m); err != nil {
+	if _, err := toml.Decode(string(b), &m); err != nil {
 		var pe toml.ParseError
-		var pathErr *fs.PathError
-		switch {
-		case errors.As(err, &pe):
+		if errors.As(err, &pe) {
 			return nil, usageError{Msg: fmt.Sprintf("--config %s: %s", path, strings.TrimPrefix(pe.Error(), "toml: "))}
-		case errors.As(err, &pathErr):
-			return nil, usageError{Msg: fmt.Sprintf("--config %s: %v", path, pathErr.Err)}
 		}
 		return nil, usageError{Msg: fmt.Sprintf("--config %s: %v", path, err)}
 	}

@@ -104,6 +104,17 @@ func TestConfigFile(t *testing.T) {
 	if _, err := parse([]string{"--config", missing}, &bytes.Buffer{}); err == nil || err.Error() != "--config "+missing+": no such file or directory" {
 		t.Errorf("missing file: %v", err)
 	}
+	// A file of no bytes is one being rewritten in place, or not the one
+	// meant: refused, never run as the defaults. Comments alone are the
+	// defaults.
+	empty := writeConfig(t, "")
+	if _, err := parse([]string{"--config", empty, "--underlay", "ul1"}, &bytes.Buffer{}); err == nil || err.Error() != "--config "+empty+": empty file (0 bytes): being written, or not the one meant? (a file of comments only runs with the defaults)" {
+		t.Errorf("empty file: %v", err)
+	}
+	comments := writeConfig(t, "# the defaults\n")
+	if o, err := parse([]string{"--config", comments, "--underlay", "ul1"}, &bytes.Buffer{}); err != nil || o.cfg.Bridge != "" || o.logFormat != "text" {
+		t.Errorf("a file of comments only: %+v, %v", o, err)
+	}
 }
 
 // TestLogFormatJSON: --log-format json writes one JSON object a line.

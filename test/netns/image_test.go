@@ -3,6 +3,7 @@ package netns
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/BurntSushi/toml"
 	"sigs.k8s.io/yaml"
 
 	"github.com/eipoib/eipoibd/deploy/kubernetes"
@@ -85,11 +87,13 @@ func simDaemonSet(t *testing.T) (tmpl, configMap map[string]any) {
 //     once init container ... as it is running",
 //     containers/podman#18477.
 //   - the node's directories (the hostPath volumes /run/eipoibd and
-//     /opt/cni/bin) are the test node's, dirs by path.
+//     /opt/cni/bin) are the test node's, dirs by path;
+//   - its ConfigMap volume is of the node's own ConfigMap, configMap
+//     (see nodeConfigMap).
 //
 // Everything else (commands, arguments, capabilities, the ConfigMap's
-// and the TUN device's volumes) is the manifest's.
-func nodePod(t *testing.T, tmpl map[string]any, name, image string, dirs map[string]string) []byte {
+// data and the TUN device's volume) is the manifest's.
+func nodePod(t *testing.T, tmpl map[string]any, name, image, configMap string, dirs map[string]string) []byte {
 	t.Helper()
 	b, err := json.Marshal(tmpl["spec"])
 	if err != nil {
@@ -122,7 +126,12 @@ func nodePod(t *testing.T, tmpl map[string]any, name, image string, dirs map[str
 		t.Fatalf("the DaemonSet's pod is not on the host's network")
 	}
 	seen := map[string]bool{}
+	cms := 0
 	for _, v := range spec["volumes"].([]any) {
+		if cm, ok := v.(map[string]any)["configMap"].(map[string]any); ok {
+			cm["name"] = configMap
+			cms++
+		}
 		hp, ok := v.(map[string]any)["hostPath"].(map[string]any)
 		if !ok {
 			continue
@@ -137,6 +146,9 @@ func nodePod(t *testing.T, tmpl map[string]any, name, image string, dirs map[str
 			t.Fatalf("the DaemonSet has no hostPath volume %s", p)
 		}
 	}
+	if cms != 1 {
+		t.Fatalf("the DaemonSet has %d ConfigMap volumes, want 1", cms)
+	}
 	out, err := yaml.Marshal(map[string]any{"apiVersion": "v1", "kind": "Pod",
 		"metadata": map[string]any{"name": name, "labels": tmpl["metadata"].(map[string]any)["labels"],
 			"annotations": map[string]any{"io.podman.annotations.init.container.type": "always"}}, "spec": spec})
@@ -146,19 +158,94 @@ func nodePod(t *testing.T, tmpl map[string]any, name, image string, dirs map[str
 	return out
 }
 
-// TestImagePod builds the image (make image: scripts/mkimage.sh). It
-// runs the DaemonSet's pod of the sim overlay, with podman kube play and
-// the manifest's capabilities, on two nodes with the simulated fabric.
-// The nodes are network namespaces joined by their underlay eth1.
-//   - The init container installs the CNI plugin into the node's CNI
-//     directory: the one the image holds, of the image's version.
-//   - The keeper and eipoibd start: the keeper's socket and the control
-//     socket appear in the node's /run/eipoibd.
-//   - A pod made through that CNI plugin on each node reaches the other:
-//     ping and ping -6 both ways, 1 MB of TCP to the byte. The pods use
-//     libcni, and the bridge and host-local plugins of Debian's
-//     containernetworking-plugins.
-//   - Restarting the eipoibd container (podman restart) leaves the TAP
+// nodeConfigMap is the ConfigMap cm named name, for one node's pod
+// alone. podman kube play (4.3) makes a ConfigMap volume a named volume
+// called after the ConfigMap, which every pod that plays it on the
+// machine shares, and at each play rewrites its files in place, with
+// os.Create (which truncates) then Write (playKubePod,
+// pkg/domain/infra/abi/play.go). With one ConfigMap for both nodes,
+// the second node's play emptied the file under the first node's
+// eipoibd while it read it at its start: it read 0 bytes, and (before
+// eipoibd refused an empty --config) ran with the defaults. Two pods
+// of one ConfigMap on a real cluster never share a file so: kubelet
+// gives each pod its own volume and swaps its files in atomically.
+func nodeConfigMap(t *testing.T, cm map[string]any, name string) []byte {
+	t.Helper()
+	meta := map[string]any{}
+	for k, v := range cm["metadata"].(map[string]any) {
+		meta[k] = v
+	}
+	meta["name"] = name
+	out, err := yaml.Marshal(map[string]any{"apiVersion": cm["apiVersion"], "kind": cm["kind"], "metadata": meta, "data": cm["data"]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// configMapSettings are the settings of the ConfigMap's eipoibd.toml,
+// the --config file of the eipoibd container.
+func configMapSettings(t *testing.T, cm map[string]any) map[string]any {
+	t.Helper()
+	text, ok := cm["data"].(map[string]any)["eipoibd.toml"].(string)
+	if !ok {
+		t.Fatalf("the ConfigMap has no key eipoibd.toml: %v", cm["data"])
+	}
+	var m map[string]any
+	if _, err := toml.Decode(text, &m); err != nil {
+		t.Fatalf("the ConfigMap's eipoibd.toml: %v", err)
+	}
+	return m
+}
+
+// configMismatch says how node h's eipoibd (container ctr) does not
+// run with the ConfigMap's settings set, by what shows them outside
+// the daemon: bridge (the TAP's master), log-format (its "started"
+// line, a JSON object), metrics (an exposition on 127.0.0.1 of its
+// port); nil when it does. The control socket (name and ctl-dir) is
+// the one the test found. learn shows nothing until a guest's frame
+// comes, and eipoibd refuses learn = "declared" without a bridge.
+func configMismatch(t *testing.T, h *hypervisor, ctr string, set map[string]any) error {
+	t.Helper()
+	var why []string
+	if l := h.link(t); l.master != set["bridge"] {
+		why = append(why, fmt.Sprintf("bridge = %q, but eib0's master is %q", set["bridge"], l.master))
+	}
+	logs, err := podman(t, h.ns, "logs", ctr)
+	started := false
+	for _, l := range strings.Split(logs, "\n") {
+		var rec map[string]any
+		if json.Unmarshal([]byte(l), &rec) == nil && rec["msg"] == "started" {
+			started = true
+		}
+	}
+	if set["log-format"] == "json" && !started {
+		why = append(why, fmt.Sprintf("log-format = \"json\", but its log has no JSON line \"started\" (podman logs: %v):\n%s", err, logs))
+	}
+	if _, err := h.readMetrics(t); err != nil {
+		why = append(why, fmt.Sprintf("metrics = %q, but %v", set["metrics"], err))
+	}
+	if len(why) > 0 {
+		return errors.New(strings.Join(why, "; "))
+	}
+	return nil
+}
+
+// TestImagePod builds the image (make image: scripts/mkimage.sh) and
+// runs the DaemonSet's pod of the sim overlay, with podman kube play
+// and the manifest's capabilities, on two nodes (network namespaces
+// joined by their underlay eth1) with the simulated fabric:
+//   - the init container installs the CNI plugin into the node's CNI
+//     directory, the one the image holds, of the image's version;
+//   - the keeper and eipoibd start: the keeper's socket and the control
+//     socket appear in the node's /run/eipoibd, and eipoibd runs with
+//     the ConfigMap's settings (each node plays its own copy of the
+//     ConfigMap: see nodeConfigMap);
+//   - a pod made through that CNI plugin (libcni, the bridge and
+//     host-local plugins of Debian's containernetworking-plugins) on
+//     each node reaches the other: ping and ping -6 both ways, 1 MB of
+//     TCP to the byte;
+//   - restarting the eipoibd container (podman restart) leaves the TAP
 //     as it was under the keeper: the same interface, carrier on, no
 //     carrier change. The pods still reach each other.
 func TestImagePod(t *testing.T) {
@@ -174,12 +261,10 @@ func TestImagePod(t *testing.T) {
 		t.Fatalf("mkimage.sh made %q, want localhost/eipoibd:%s", image, version)
 	}
 	tmpl, cm := simDaemonSet(t)
-	cmFile := filepath.Join(t.TempDir(), "configmap.yaml")
-	b, err := yaml.Marshal(cm)
-	if err != nil {
-		t.Fatal(err)
+	settings := configMapSettings(t, cm)
+	if settings["metrics"] != ":9474" {
+		t.Fatalf("the ConfigMap's metrics = %q: the test reads 127.0.0.1:9474", settings["metrics"])
 	}
-	os.WriteFile(cmFile, b, 0o644)
 
 	pfx := fmt.Sprintf("e%d%d", os.Getpid()%1000, nsSeq.Add(1))
 	logDir := t.TempDir()
@@ -204,8 +289,9 @@ func TestImagePod(t *testing.T) {
 		}
 		cniDirs = append(cniDirs, cni)
 		name := pfx + h.name
-		podFile := filepath.Join(logDir, name+".yaml")
-		os.WriteFile(podFile, nodePod(t, tmpl, name, image, map[string]string{"/run/eipoibd": h.ctlDir(), "/opt/cni/bin": cni}), 0o644)
+		podFile, cmFile := filepath.Join(logDir, name+".yaml"), filepath.Join(logDir, name+"-configmap.yaml")
+		os.WriteFile(podFile, nodePod(t, tmpl, name, image, name, map[string]string{"/run/eipoibd": h.ctlDir(), "/opt/cni/bin": cni}), 0o644)
+		os.WriteFile(cmFile, nodeConfigMap(t, cm, name), 0o644)
 		t.Cleanup(func() {
 			if t.Failed() {
 				for _, c := range []string{"install-cni", "make-bridge", "keeper", "eipoibd"} {
@@ -214,6 +300,7 @@ func TestImagePod(t *testing.T) {
 				}
 			}
 			podman(t, h.ns, "pod", "rm", "-f", "-t", "2", name)
+			podman(t, h.ns, "volume", "rm", "-f", name) // the ConfigMap's
 		})
 		if out, err := podman(t, h.ns, "kube", "play", "--configmap", cmFile, podFile); err != nil {
 			t.Fatalf("podman kube play %s on %s: %v\n%s", podFile, h.name, err, out)
@@ -232,6 +319,9 @@ func TestImagePod(t *testing.T) {
 		if got, want := string(out), "eipoib "+version+"\n"; got != want {
 			t.Fatalf("%s: the installed plugin says %q, want %q", h.name, got, want)
 		}
+		waitUntil(t, time.Minute, h.name+": eipoibd running with the ConfigMap's settings", func() error {
+			return configMismatch(t, h, pfx+h.name+"-eipoibd", settings)
+		})
 	}
 
 	// The containers that keep running run with the manifest's
@@ -282,6 +372,9 @@ func TestImagePod(t *testing.T) {
 		waitFor(t, time.Minute, "the restarted eipoibd answering on its control socket", func() bool {
 			_, err := exec.Command(daemonBin, "show", "port", "--ctl-dir", h.ctlDir()).Output()
 			return err == nil
+		})
+		waitUntil(t, time.Minute, "the restarted eipoibd running with the ConfigMap's settings", func() error {
+			return configMismatch(t, h, ctr, settings)
 		})
 		if after := h.link(t); after != before {
 			t.Fatalf("eib0 across the restart: %+v, was %+v (want the same interface, carrier and carrier changes)", after, before)
@@ -335,9 +428,32 @@ func checkCaps(t *testing.T, ns, ctr string, c map[string]any) {
 // naming what it waited for when it still does not after within.
 func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(within); !cond(); time.Sleep(250 * time.Millisecond) {
-		if time.Now().After(deadline) {
+	waitUntil(t, within, what, func() error {
+		if cond() {
+			return nil
+		}
+		return errNotYet
+	})
+}
+
+// errNotYet is waitFor's condition not holding yet.
+var errNotYet = errors.New("not yet")
+
+// waitUntil polls check every 250 ms until it returns nil, and fails
+// the test naming what it waited for, and check's last error, when it
+// still has not after within.
+func waitUntil(t *testing.T, within time.Duration, what string, check func() error) {
+	t.Helper()
+	for deadline := time.Now().Add(within); ; time.Sleep(250 * time.Millisecond) {
+		err := check()
+		switch {
+		case err == nil:
+			return
+		case !time.Now().After(deadline):
+		case err == errNotYet:
 			t.Fatalf("no %s after %v", what, within)
+		default:
+			t.Fatalf("no %s after %v: %v", what, within, err)
 		}
 	}
 }
