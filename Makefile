@@ -62,7 +62,7 @@ ONCE_TESTS  := TestVMRxe|TestVerbsRxe|TestIPoIBNetlinkVM|TestVLANFilterVM|TestKe
 ## lists its slowest tests. Last, a 3-minute soak (scripts/soak.sh).
 unit:
 	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v /test/netns)
-	$(GO) test -count=1 -run 'NoAllocations' ./shim/
+	$(GO) test -count=1 -run 'NoAllocations' ./internal/shim/
 	./scripts/netns.sh
 	EIPOIB_NETNS_OFFLOAD=false ./scripts/netns.sh -skip '$(ONCE_TESTS)'
 	./scripts/soak.sh 3m

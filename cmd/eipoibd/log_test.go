@@ -7,9 +7,9 @@ import (
 	"testing"
 
 	"github.com/eipoib/eipoibd/ether"
+	"github.com/eipoib/eipoibd/internal/tap"
 	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/mactrans"
-	"github.com/eipoib/eipoibd/tap"
 )
 
 // TestLogFormatsAgree logs one value of each type the daemon logs that

@@ -35,8 +35,8 @@ import (
 	"github.com/eipoib/eipoibd/internal/ctl"
 	"github.com/eipoib/eipoibd/internal/daemon"
 	"github.com/eipoib/eipoibd/internal/fabric/faultport"
+	"github.com/eipoib/eipoibd/internal/shim"
 	"github.com/eipoib/eipoibd/ipoib"
-	"github.com/eipoib/eipoibd/shim"
 )
 
 // errHelp ends the program successfully after printing the usage.

@@ -1,6 +1,6 @@
 // Command taplink is the network benchmark's ceiling (scripts/bench.sh,
 // row (e)): two TAPs, each with eipoibd's shim in front of it, joined by
-// an in-memory fabric (ipoib/memfabric) in one process. A frame a guest
+// an in-memory fabric (internal/fabric/memfabric) in one process. A frame a guest
 // sends into one TAP crosses the shim, the in-memory port and the other
 // shim to the other TAP, so the TAP + shim cost is measured apart from
 // the simulated fabric's (its UDP sockets, encoding and ICRC).
@@ -34,10 +34,10 @@ import (
 
 	"github.com/eipoib/eipoibd/internal/cli"
 	"github.com/eipoib/eipoibd/internal/daemon"
+	"github.com/eipoib/eipoibd/internal/fabric/memfabric"
+	"github.com/eipoib/eipoibd/internal/shim"
+	"github.com/eipoib/eipoibd/internal/tap"
 	"github.com/eipoib/eipoibd/ipoib"
-	"github.com/eipoib/eipoibd/ipoib/memfabric"
-	"github.com/eipoib/eipoibd/shim"
-	"github.com/eipoib/eipoibd/tap"
 )
 
 const usage = `usage: taplink --tap1 NAME --tap2 NAME [flags]

@@ -15,8 +15,8 @@ import (
 
 	"github.com/eipoib/eipoibd/ether"
 	"github.com/eipoib/eipoibd/internal/ctl"
+	"github.com/eipoib/eipoibd/internal/shim"
 	"github.com/eipoib/eipoibd/mactrans"
-	"github.com/eipoib/eipoibd/shim"
 )
 
 // ctlHandler answers the control socket from the shim. With --persist,

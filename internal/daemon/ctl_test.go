@@ -13,11 +13,11 @@ import (
 
 	"github.com/eipoib/eipoibd/internal/clock"
 	"github.com/eipoib/eipoibd/internal/ctl"
+	"github.com/eipoib/eipoibd/internal/fabric/memfabric"
+	"github.com/eipoib/eipoibd/internal/shim"
 	"github.com/eipoib/eipoibd/internal/state"
+	"github.com/eipoib/eipoibd/internal/tap"
 	"github.com/eipoib/eipoibd/ipoib"
-	"github.com/eipoib/eipoibd/ipoib/memfabric"
-	"github.com/eipoib/eipoibd/shim"
-	"github.com/eipoib/eipoibd/tap"
 )
 
 // memShim is a shim on a TAP and a port in memory, VLAN 10 on P_Key

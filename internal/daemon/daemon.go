@@ -26,10 +26,10 @@ import (
 	"github.com/eipoib/eipoibd/ether"
 	"github.com/eipoib/eipoibd/internal/ctl"
 	"github.com/eipoib/eipoibd/internal/fabric/faultport"
+	"github.com/eipoib/eipoibd/internal/shim"
+	"github.com/eipoib/eipoibd/internal/tap"
 	"github.com/eipoib/eipoibd/ipoib"
-	"github.com/eipoib/eipoibd/shim"
 	"github.com/eipoib/eipoibd/snoop"
-	"github.com/eipoib/eipoibd/tap"
 )
 
 // MaxQueues bounds Config.Queues: the kernel's limit on TUN queues

@@ -19,9 +19,9 @@ import (
 	"github.com/eipoib/eipoibd/arpndp"
 	"github.com/eipoib/eipoibd/internal/ctl"
 	"github.com/eipoib/eipoibd/internal/nstest"
+	"github.com/eipoib/eipoibd/internal/shim"
 	"github.com/eipoib/eipoibd/internal/testutil"
 	"github.com/eipoib/eipoibd/ipoib"
-	"github.com/eipoib/eipoibd/shim"
 	"github.com/eipoib/eipoibd/snoop"
 )
 

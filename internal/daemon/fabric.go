@@ -13,10 +13,10 @@ import (
 
 	"github.com/eipoib/eipoibd/internal/cli"
 	"github.com/eipoib/eipoibd/internal/fabric/faultport"
+	"github.com/eipoib/eipoibd/internal/fabric/kernelfabric"
+	"github.com/eipoib/eipoibd/internal/fabric/simfabric"
 	"github.com/eipoib/eipoibd/internal/fabric/verbsfabric"
 	"github.com/eipoib/eipoibd/ipoib"
-	"github.com/eipoib/eipoibd/ipoib/kernelfabric"
-	"github.com/eipoib/eipoibd/ipoib/simfabric"
 )
 
 // The fabric backends' names, as Config.Fabric takes them.

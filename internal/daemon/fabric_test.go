@@ -6,8 +6,8 @@ import (
 	"testing"
 
 	"github.com/eipoib/eipoibd/internal/fabric/faultport"
+	"github.com/eipoib/eipoibd/internal/fabric/simfabric"
 	"github.com/eipoib/eipoibd/internal/nstest"
-	"github.com/eipoib/eipoibd/ipoib/simfabric"
 )
 
 // TestToggleDown: SIGUSR1's toggle reaches the simulated port through

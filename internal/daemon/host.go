@@ -11,8 +11,8 @@ import (
 	"syscall"
 
 	"github.com/eipoib/eipoibd/internal/ipoibhost"
+	"github.com/eipoib/eipoibd/internal/tap"
 	"github.com/eipoib/eipoibd/ipoib"
-	"github.com/eipoib/eipoibd/tap"
 )
 
 // HostConfig is what RunHost runs with; each field is the setting of the

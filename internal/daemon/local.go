@@ -6,8 +6,8 @@ import (
 	"sync"
 
 	"github.com/eipoib/eipoibd/ether"
+	"github.com/eipoib/eipoibd/internal/shim"
 	"github.com/eipoib/eipoibd/internal/vswitch"
-	"github.com/eipoib/eipoibd/shim"
 )
 
 // watchLocal tells the shim the hypervisor's own MACs (the TAP's, the

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/eipoib/eipoibd/internal/metrics"
-	"github.com/eipoib/eipoibd/shim"
+	"github.com/eipoib/eipoibd/internal/shim"
 )
 
 // serveMetrics serves the metrics at addr until the returned stop.

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/eipoib/eipoibd/internal/sdnotify"
-	"github.com/eipoib/eipoibd/shim"
+	"github.com/eipoib/eipoibd/internal/shim"
 )
 
 // notifySystemd tells systemd (Type=notify) that the daemon is ready,

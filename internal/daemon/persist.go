@@ -21,10 +21,10 @@ import (
 	"github.com/eipoib/eipoibd/internal/ctl"
 	"github.com/eipoib/eipoibd/internal/keeper"
 	"github.com/eipoib/eipoibd/internal/sdnotify"
+	"github.com/eipoib/eipoibd/internal/shim"
 	"github.com/eipoib/eipoibd/internal/state"
+	"github.com/eipoib/eipoibd/internal/tap"
 	"github.com/eipoib/eipoibd/internal/warnlimit"
-	"github.com/eipoib/eipoibd/shim"
-	"github.com/eipoib/eipoibd/tap"
 )
 
 // fdName is the name the TAP's queues have in systemd's file descriptor

@@ -12,8 +12,8 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/eipoib/eipoibd/internal/shim"
 	"github.com/eipoib/eipoibd/ipoib"
-	"github.com/eipoib/eipoibd/shim"
 )
 
 // liveKeys are the settings a reload (SIGHUP) applies to the running

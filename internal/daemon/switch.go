@@ -9,10 +9,10 @@ import (
 	"log/slog"
 	"sync"
 
+	"github.com/eipoib/eipoibd/internal/shim"
+	"github.com/eipoib/eipoibd/internal/tap"
 	"github.com/eipoib/eipoibd/internal/vswitch"
 	"github.com/eipoib/eipoibd/mactrans"
-	"github.com/eipoib/eipoibd/shim"
-	"github.com/eipoib/eipoibd/tap"
 )
 
 // switchPort is the TAP's place on its switch, if it has one.

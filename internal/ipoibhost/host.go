@@ -32,8 +32,8 @@ import (
 	"github.com/mdlayher/arp"
 
 	"github.com/eipoib/eipoibd/internal/loops"
+	"github.com/eipoib/eipoibd/internal/tap"
 	"github.com/eipoib/eipoibd/ipoib"
-	"github.com/eipoib/eipoibd/tap"
 )
 
 // LinkState is what the host's IP stack has configured on the device.

@@ -12,10 +12,10 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/eipoib/eipoibd/internal/csum"
+	"github.com/eipoib/eipoibd/internal/fabric/memfabric"
+	"github.com/eipoib/eipoibd/internal/tap"
 	"github.com/eipoib/eipoibd/internal/testutil"
 	"github.com/eipoib/eipoibd/ipoib"
-	"github.com/eipoib/eipoibd/ipoib/memfabric"
-	"github.com/eipoib/eipoibd/tap"
 )
 
 // TestMain fails the package if a test leaves a goroutine behind: Run

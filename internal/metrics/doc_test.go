@@ -14,8 +14,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/eipoib/eipoibd/internal/metrics/stat"
+	"github.com/eipoib/eipoibd/internal/shim"
 	"github.com/eipoib/eipoibd/ipoib"
-	"github.com/eipoib/eipoibd/shim"
 )
 
 var update = flag.Bool("update", false, "rewrite docs/metrics.md from the counter tables")

@@ -17,7 +17,7 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/eipoib/eipoibd/internal/metrics/stat"
-	"github.com/eipoib/eipoibd/shim"
+	"github.com/eipoib/eipoibd/internal/shim"
 )
 
 // fakeSource is a Source with fixed values.

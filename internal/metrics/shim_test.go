@@ -8,11 +8,11 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/eipoib/eipoibd/internal/fabric/memfabric"
+	"github.com/eipoib/eipoibd/internal/shim"
+	"github.com/eipoib/eipoibd/internal/tap"
 	"github.com/eipoib/eipoibd/internal/testutil"
 	"github.com/eipoib/eipoibd/ipoib"
-	"github.com/eipoib/eipoibd/ipoib/memfabric"
-	"github.com/eipoib/eipoibd/shim"
-	"github.com/eipoib/eipoibd/tap"
 )
 
 // levelPort is a port that reports a level and a stat beside its own

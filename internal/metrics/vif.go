@@ -5,7 +5,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/eipoib/eipoibd/shim"
+	"github.com/eipoib/eipoibd/internal/shim"
 )
 
 // vifColumns are the per-VIF families, in the order of VIFs' rows.

@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/eipoib/eipoibd/ipoib/simfabric"
+	"github.com/eipoib/eipoibd/internal/fabric/simfabric"
 )
 
 // iperf runs iperf3 TCP for 3 s from client to server (reverse: the other

@@ -29,7 +29,7 @@ import (
 
 	"github.com/eipoib/eipoibd/internal/metrics"
 	"github.com/eipoib/eipoibd/internal/nstest"
-	"github.com/eipoib/eipoibd/shim"
+	"github.com/eipoib/eipoibd/internal/shim"
 )
 
 var (

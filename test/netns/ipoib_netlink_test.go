@@ -32,7 +32,7 @@ var invalidLengthWarning = regexp.MustCompile(`(?m)netlink: 'kernelfabric\.te': 
 
 // TestIPoIBNetlinkVM: the kernel backend's IPoIB child request meets
 // ib_ipoib's real netlink parser in the QEMU guest (Debian's 6.1
-// kernel). The guest runs ipoib/kernelfabric's
+// kernel). The guest runs internal/fabric/kernelfabric's
 // TestChildRequestKernelAnswers. That test sends the request through the
 // backend's own builder (newChildRequest, AddChild), and variants cut
 // from its bytes, with a veth as the parent; the guest has no InfiniBand
@@ -52,7 +52,7 @@ func TestIPoIBNetlinkVM(t *testing.T) {
 	require(t)
 	_, ns := vmNamespace(t)
 	v := startVM(t, ns, "ubr")
-	v.buildTest(t, "kernelfabric.test", "github.com/eipoib/eipoibd/ipoib/kernelfabric")
+	v.buildTest(t, "kernelfabric.test", "github.com/eipoib/eipoibd/internal/fabric/kernelfabric")
 	if err := os.WriteFile(v.file("modprobe-refuse"), []byte(modprobeRefuse), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -104,7 +104,7 @@ func TestIPoIBNetlinkVM(t *testing.T) {
 // with ipv6.disable=1, where no /proc/sys/net/ipv6/conf/DEV exists for a
 // child's IPv6 settings (net/ipv6/af_inet6.c inet6_init returns before
 // addrconf_init). The QEMU guest boots with that argument and runs
-// ipoib/kernelfabric's TestStartWithoutIPv6 against its real /proc: New
+// internal/fabric/kernelfabric's TestStartWithoutIPv6 against its real /proc: New
 // and AllocQP succeed, the children's IPv4 settings read back from /proc,
 // no IPv6 one is tried (counted), and IPv4 crosses both ways. The guest
 // has no IPoIB (no HCA): the children's links are veths of the same names,
@@ -113,7 +113,7 @@ func TestKernelBackendNoIPv6VM(t *testing.T) {
 	require(t)
 	_, ns := vmNamespace(t)
 	v := startVMWith(t, ns, "ubr", "ipv6.disable=1")
-	v.buildTest(t, "kernelfabric.test", "github.com/eipoib/eipoibd/ipoib/kernelfabric")
+	v.buildTest(t, "kernelfabric.test", "github.com/eipoib/eipoibd/internal/fabric/kernelfabric")
 	if out := v.must(t, "cat /proc/cmdline; test -e /proc/sys/net/ipv6 && echo ipv6 present || echo ipv6 absent"); !strings.Contains(out, "ipv6 absent") {
 		t.Fatalf("the guest booted with ipv6.disable=1 has /proc/sys/net/ipv6:\n%s", out)
 	}

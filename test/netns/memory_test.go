@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/eipoib/eipoibd/internal/csum"
+	"github.com/eipoib/eipoibd/internal/fabric/simfabric"
 	"github.com/eipoib/eipoibd/ipoib"
-	"github.com/eipoib/eipoibd/ipoib/simfabric"
 )
 
 // TestMemoryFlood: a daemon runs at the default table bounds (--max-vifs

@@ -19,8 +19,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/eipoib/eipoibd/internal/fabric/simfabric"
 	"github.com/eipoib/eipoibd/internal/nstest"
-	"github.com/eipoib/eipoibd/ipoib/simfabric"
 )
 
 // The Prometheus files of deploy/, from this package's directory.

@@ -18,7 +18,7 @@ import (
 	"github.com/gopacket/gopacket/layers"
 	"github.com/gopacket/gopacket/pcapgo"
 
-	"github.com/eipoib/eipoibd/ipoib/simfabric"
+	"github.com/eipoib/eipoibd/internal/fabric/simfabric"
 )
 
 // vmGuest is a guest namespace inside the VM.

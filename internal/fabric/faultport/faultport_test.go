@@ -6,8 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/eipoib/eipoibd/internal/fabric/simfabric"
 	"github.com/eipoib/eipoibd/ipoib"
-	"github.com/eipoib/eipoibd/ipoib/simfabric"
 )
 
 // The simulated fabric's port has the encode hook the corrupt fault needs.

@@ -7,10 +7,10 @@ import (
 	"testing"
 
 	"github.com/eipoib/eipoibd/internal/routedtest"
+	"github.com/eipoib/eipoibd/internal/shim"
+	"github.com/eipoib/eipoibd/internal/tap"
 	"github.com/eipoib/eipoibd/internal/testutil"
 	"github.com/eipoib/eipoibd/ipoib"
-	"github.com/eipoib/eipoibd/shim"
-	"github.com/eipoib/eipoibd/tap"
 )
 
 // TestRoutedWithoutGRH runs the routed topology (internal/routedtest)
