@@ -24,10 +24,6 @@ var (
 	// files' directory (its Go code renders them for its tests) and the
 	// end-to-end tests.
 	notAPI = []string{"deploy/kubernetes", "test/netns"}
-	// moving are decided to move under internal/, which waits for the
-	// shim's refactoring to land (the shim imports all of them).
-	moving = []string{"shim", "tap", "ipoib/memfabric", "ipoib/simfabric",
-		"ipoib/kernelfabric", "ipoib/kernelfabric/fakekernel", "ipoib/kernelfabric/fastpath"}
 )
 
 // internal says whether an importer outside the module is refused
@@ -68,8 +64,7 @@ func load(t *testing.T, tags string) []*packages.Package {
 func TestPublicAPIUsesNoInternalType(t *testing.T) {
 	for _, tags := range []string{"", "verbs"} {
 		for _, p := range load(t, tags) {
-			rel := strings.TrimPrefix(strings.TrimPrefix(p.PkgPath, module), "/")
-			if internal(p.PkgPath) || p.Name == "main" || slices.Contains(moving, rel) {
+			if internal(p.PkgPath) || p.Name == "main" {
 				continue
 			}
 			for _, leak := range leaks(p.Types) {
@@ -80,12 +75,11 @@ func TestPublicAPIUsesNoInternalType(t *testing.T) {
 }
 
 // TestEveryPackageOutsideInternalIsDecided fails for a package outside
-// internal/ that is no command and is neither public, nor notAPI, nor
-// moving (put it under internal/, or say in docs/architecture.md why it
-// is public and add it here), and for a listed package that is gone (a
-// move done: drop it from moving).
+// internal/ that is no command and is neither public nor notAPI (put
+// it under internal/, or say in docs/architecture.md why it is public
+// and add it here), and for a listed package that is gone.
 func TestEveryPackageOutsideInternalIsDecided(t *testing.T) {
-	decided := slices.Concat(public, notAPI, moving)
+	decided := slices.Concat(public, notAPI)
 	var found []string
 	for _, p := range load(t, "") {
 		rel := strings.TrimPrefix(strings.TrimPrefix(p.PkgPath, module), "/")
