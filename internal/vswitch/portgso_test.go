@@ -8,8 +8,9 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/eipoib/eipoibd/internal/nstest"
 	"golang.org/x/sys/unix"
+
+	"github.com/eipoib/eipoibd/internal/nstest"
 )
 
 // packetDiagReply builds a packet_diag reply as the kernel sends it
