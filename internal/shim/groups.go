@@ -383,6 +383,12 @@ func (g *groups) ready(mgid ipoib.GID, add func()) {
 			g.ctr.inc(TxForwarded)
 			g.ctr.inc(TxMulticast)
 		}
+		if f.segs > 0 {
+			// A UDP super-packet the port cuts, counted as txEmit
+			// counts one it sends at once.
+			g.ctr.inc(TxSuper)
+			g.ctr.add(TxSuperSegments, uint64(f.segs))
+		}
 	}
 	if len(bufs) > 0 {
 		g.toPort(bufs, meta)

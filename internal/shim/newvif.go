@@ -58,6 +58,7 @@ type heldFrame struct {
 	meta ipoib.TxMeta  // an IPoIB packet's
 	vif  *mactrans.VIF // an IPoIB packet's sender
 	own  bool          // the shim's own packet (a resolution), no TAP frame
+	segs int           // a UDP super-packet's datagrams, for tx_super_segments
 }
 
 // heldFrames is the frames one destination, group or guest holds.

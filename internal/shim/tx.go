@@ -470,7 +470,7 @@ func (s *Shim) txEmit(b *txBatch, t *txPacket) verdict {
 		return held
 	}
 	if t.waits {
-		if v := s.groups.holdForGroup(t.m.Dst.GID(), heldFrame{buf: pkt, meta: t.m, vif: t.vif}); v != pass {
+		if v := s.groups.holdForGroup(t.m.Dst.GID(), heldFrame{buf: pkt, meta: t.m, vif: t.vif, segs: t.segs}); v != pass {
 			return v
 		}
 	}
