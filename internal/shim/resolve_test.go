@@ -11,8 +11,8 @@ import (
 
 // TestManyDestinationsResolveInOneBatch: 150 destinations with 3 queued
 // frames each resolve in one RX batch, and all 450 frames go out in one
-// port Write. On the simulated fabric that Write used to panic past 129
-// packets, killing the daemon from the RX goroutine.
+// port Write. On the simulated fabric a Write past 129 packets must not
+// panic: that would kill the daemon from the RX goroutine.
 func TestManyDestinationsResolveInOneBatch(t *testing.T) {
 	f := memFab(t, 4096)
 	s, _ := stillShim(t, f.Fabric, "fe80::a", nil)

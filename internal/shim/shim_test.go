@@ -361,7 +361,8 @@ func TestUnknownREMACQueuedAndResolved(t *testing.T) {
 		if a.s.Get(TxResolveSent) != 1 || a.s.Get(DropUnresolved) != 0 {
 			t.Fatalf("counters %v", a.s.Counters())
 		}
-		// Nobody answers for an unknown MAC: dropped and counted after the tries.
+		// Nobody answers for an unknown MAC: dropped and counted after the
+		// tries.
 		a.dev.Inject(udpFrame(t, macA1, ether.MAC{2, 9, 9, 9, 9, 9}, ipA1, netip.MustParseAddr("10.0.0.99"), 64, true))
 		a.waitCounter(t, TxQueued, 2)
 		a.resolveOut(t, 1)

@@ -14,12 +14,13 @@ import (
 	"github.com/eipoib/eipoibd/mactrans"
 )
 
-// TestSuperFrames: a guest's TCP super-frame (TSO) reaches the far guest
-// as segments that carry its payload with valid checksums, IPv4 and
-// IPv6, whether the port takes it whole and cuts it (tx_super and
-// tx_super_segments count it and its segments, and a segment size beyond the IPoIB MTU is cut down to it) or the
-// device cuts it before the shim (a port without TSO). A super-frame to a
-// broadcast MAC is dropped and counted.
+// TestSuperFrames: a guest's TCP super-frame (TSO) reaches the far guest as
+// segments that carry its payload with valid checksums, IPv4 and IPv6,
+// whether the port takes it whole and cuts it (tx_super and
+// tx_super_segments count it and its segments, and a segment size beyond
+// the IPoIB MTU is cut down to it) or the device cuts it before the shim (a
+// port without TSO). A super-frame to a broadcast MAC is dropped and
+// counted.
 func TestSuperFrames(t *testing.T) {
 	for _, tso := range []bool{false, true} {
 		t.Run(fmt.Sprintf("tso=%v", tso), func(t *testing.T) {
