@@ -63,9 +63,9 @@ func TestManyDestinationsResolveInOneBatch(t *testing.T) {
 }
 
 // TestResolverRetriesThenDrops: frames to an unknown REMAC wait, up to
-// pendingPerDst; the resolution is an IPoIB ARP request from the
-// guest's VIF to the broadcast group, sent at once and retried each
-// resolveInterval; unanswered after resolveTries, the frames are dropped
+// pendingPerDst. The resolution is an IPoIB ARP request from the guest's
+// VIF to the broadcast group, sent at once and retried each
+// resolveInterval. Unanswered after resolveTries, the frames are dropped
 // as unresolved. Frames to a destination the fabric then teaches are
 // sent to its RIMAC.
 func TestResolverRetriesThenDrops(t *testing.T) {

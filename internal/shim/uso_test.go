@@ -92,10 +92,10 @@ func recvDatagrams(t *testing.T, b *hv, n int) [][]byte {
 // TestUDPSuperFrames: a guest's UDP super-frame (UDP_SEGMENT through a
 // TAP with USO) reaches the far guest as exactly the datagrams it would
 // have sent one by one (gsotest.CheckUDPCut: lengths, IPv4 IDs,
-// checksums), IPv4 and IPv6: given whole to a port that takes UDP
-// super-packets (tx_super, tx_super_segments; the port sees the
-// datagram size uncut and the UDP header's offset), cut here for one
-// that does not (tx_super_cut). Datagrams larger than the IPoIB MTU
+// checksums), IPv4 and IPv6. It is given whole to a port that takes UDP
+// super-packets (tx_super, tx_super_segments). That port sees the
+// datagram size uncut and the UDP header's offset. For one that does
+// not, it is cut here (tx_super_cut). Datagrams larger than the IPoIB MTU
 // cannot be cut smaller: with DF the guest gets one ICMP too-big for the
 // frame, and none is sent on; without, each is fragmented.
 func TestUDPSuperFrames(t *testing.T) {
@@ -171,9 +171,9 @@ func TestUDPSuperFrames(t *testing.T) {
 }
 
 // BenchmarkTxSuperUDP is the TX path for a UDP super-frame of 32
-// datagrams of 64 bytes (what bin/udprate sends) for a port that does
-// not take UDP super-packets: one translation, then the datagrams cut
-// here into the batch's fragment buffers (per super-frame).
+// datagrams of 64 bytes (what bin/udprate sends), per super-frame. The
+// port does not take UDP super-packets: one translation, then the
+// datagrams are cut here into the batch's fragment buffers.
 func BenchmarkTxSuperUDP(b *testing.B) {
 	s, remac := benchShim(b)
 	link := make([]byte, ether.HeaderLen)
@@ -210,9 +210,9 @@ func (p *joinGate) JoinSendOnly(mgid ipoib.GID) error {
 }
 
 // TestUDPSuperFrameHeldForGroup: a UDP super-frame to a group being
-// joined is held, then given whole to a port that takes UDP
-// super-packets once the send-only join returns, and counted as one sent
-// at once is: tx_super and tx_super_segments as well as tx_multicast.
+// joined is held. Once the send-only join returns, it is given whole to
+// a port that takes UDP super-packets. It is counted as one sent at once
+// is: tx_super and tx_super_segments as well as tx_multicast.
 func TestUDPSuperFrameHeldForGroup(t *testing.T) {
 	mf := memFab(t, 2048)
 	mf.SetTSO(true) // the shim reads super-frames from the TAP
