@@ -129,7 +129,7 @@ func quiet(t *testing.T, fn func() error) (string, error) {
 // the configured VLAN and prints the prevResult on. CHECK passes, and
 // fails with code 101 once the VIF is gone or on another VLAN (naming
 // it). DEL frees it, and a second DEL (nothing left) succeeds too. A
-// refusal is a code 100 error quoting the daemon.
+// refusal is a code 100 error quoting the daemon, and leaves no record.
 func TestAddDel(t *testing.T) {
 	nstest.Require(t) // the control socket serves root peers only
 	dir := t.TempDir()
@@ -181,6 +181,9 @@ func TestAddDel(t *testing.T) {
 	_, err = quiet(t, func() error { return cmdAdd(args) })
 	if !errors.As(err, &ce) || ce.Code != ErrDaemonRefused || !strings.Contains(ce.Msg, "eipoibd eib1 refused vif-add of 0a:58:0a:4d:00:32 on VLAN 10: shim: VLAN 10 has no P_Key") {
 		t.Errorf("ADD refused: %v, want code 100 quoting the daemon", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "data", "ib", "c1:eth0")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("after the refused ADD its record is there (%v), want none: nothing was declared", err)
 	}
 }
 

@@ -12,7 +12,7 @@ package main
 // name holds ':' or '/' (libcni's utils.ValidateContainerID and
 // ValidateInterfaceName, which skel applies before the plugin runs).
 // Each is written whole to a temporary file and renamed over the old
-// one.
+// one; GC removes the temporary files of writers killed in between.
 //
 // Several attachments can declare one VIF. The daemon keys its VIFs by
 // MAC and VLAN, and the same pair can come from a pod re-created with
@@ -35,6 +35,7 @@ import (
 	"slices"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
 
@@ -128,7 +129,7 @@ func (rs records) path(containerID, ifName string) string {
 // inverse); ok is false for a file that is no record (a temporary one).
 func attachment(name string) (containerID, ifName string, ok bool) {
 	containerID, ifName, ok = strings.Cut(name, ":")
-	return containerID, ifName, ok && !strings.HasSuffix(ifName, ".tmp")
+	return containerID, ifName, ok && !strings.HasSuffix(ifName, tmpSuffix)
 }
 
 // lock takes the lock of the records of every network under rs's
@@ -224,15 +225,68 @@ func (rs records) save(r record) error {
 		return nil
 	}
 	b, _ := json.Marshal(r)
-	err := os.MkdirAll(rs.dir, 0o700)
-	if err == nil {
-		tmp := path + ".tmp"
-		if err = os.WriteFile(tmp, b, 0o600); err == nil {
-			err = os.Rename(tmp, path)
+	if err := writeFile(rs.dir, path, b); err != nil {
+		return types.NewError(types.ErrIOFailure, fmt.Sprintf("eipoib: record of %s %s: %v", r.ContainerID, r.IfName, err), "")
+	}
+	return nil
+}
+
+// tmpSuffix ends the name of a record being written (attachment skips
+// it).
+const tmpSuffix = ".tmp"
+
+// tmpStale is the age past which gc removes a temporary file: that of a
+// writer killed between its write and its rename.
+const tmpStale = time.Minute
+
+// writeFile writes b to path whole: into a new temporary file in dir,
+// renamed over path. The temporary file is removed when the write or
+// the rename fails.
+func writeFile(dir, path string, b []byte) (err error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	f, err := os.CreateTemp(dir, filepath.Base(path)+".*"+tmpSuffix)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			os.Remove(f.Name())
 		}
+	}()
+	_, err = f.Write(b)
+	if cerr := f.Close(); err == nil {
+		err = cerr
 	}
 	if err != nil {
-		return types.NewError(types.ErrIOFailure, fmt.Sprintf("eipoib: record of %s %s: %v", r.ContainerID, r.IfName, err), "")
+		return err
+	}
+	return os.Rename(f.Name(), path)
+}
+
+// sweepTemps removes the network's temporary files older than tmpStale,
+// under the lock: those of writers that died before their rename.
+func (rs records) sweepTemps(now time.Time) error {
+	unlock, err := rs.lock()
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	ents, err := os.ReadDir(rs.dir)
+	if err != nil {
+		if missing(err) {
+			return nil
+		}
+		return types.NewError(types.ErrIOFailure, fmt.Sprintf("eipoib: records: %v", err), "")
+	}
+	for _, e := range ents {
+		if !strings.HasSuffix(e.Name(), tmpSuffix) {
+			continue
+		}
+		if fi, err := e.Info(); err == nil && fi.Mode().IsRegular() && now.Sub(fi.ModTime()) > tmpStale {
+			os.Remove(filepath.Join(rs.dir, e.Name()))
+		}
 	}
 	return nil
 }
@@ -345,8 +399,12 @@ func (rs records) all() ([]record, error) {
 
 // gc frees the VIFs of every attachment of the network that is not in
 // valid, and returns the errors of those it could not free (each kept
-// in its record for the next DEL or GC), joined.
+// in its record for the next DEL or GC), joined. It first removes the
+// stale temporary files (sweepTemps).
 func (rs records) gc(valid []types.GCAttachment) error {
+	if err := rs.sweepTemps(time.Now()); err != nil {
+		return err
+	}
 	all, err := rs.all()
 	if err != nil {
 		return err

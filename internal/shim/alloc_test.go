@@ -199,15 +199,17 @@ type frameKind struct {
 
 // measure checks, for each kind, that the frame going in at from's TAP,
 // through from's TX path to the fabric and, when delivered, through to's
-// RX path out of to's TAP, allocates nothing. It sends each frame once
-// first and waits for it to come out, so that the VIF, neighbour and
-// group it needs exist (a frame of a guest whose VIF is not ready yet
-// waits for it), and checks what to's guest receives; then it sends it
-// 100 times more under testing.AllocsPerRun, and asserts that not one
-// allocation happened in those 100 frames (with the race detector, whose
-// runtime allocates for itself, that the mean per frame rounds down to
-// 0). Every allocation of the process in that time counts: both shims'
-// workers and housekeeping, the fabric.
+// RX path out of to's TAP, allocates nothing.
+//
+// It sends each frame once first and waits for it to come out, so that
+// the VIF, neighbour and group it needs exist. (A frame of a guest whose
+// VIF is not ready yet waits for it.) It checks what to's guest
+// receives. Then it sends the frame 100 times more under
+// testing.AllocsPerRun, and asserts that not one allocation happened in
+// those 100 frames. With the race detector, whose runtime allocates for
+// itself, it asserts that the mean per frame rounds down to 0. Every
+// allocation of the process in that time counts: both shims' workers
+// and housekeeping, the fabric.
 func measure(t *testing.T, kinds []frameKind) {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
@@ -276,10 +278,10 @@ func checkDelivered(t *testing.T, k frameKind, p gopacket.Packet) {
 }
 
 // TestNoAllocationsPerFrame measures the claim that nothing is allocated
-// per frame, on two running shims on the in-memory fabric with guest A1
-// behind one and B1 behind the other: ARP, NDP, DHCP, IGMP and MLD
-// reports of every version, IPv4 and IPv6 unicast and multicast, each
-// through A's TX path and B's RX path (see measure).
+// per frame, on two running shims on the in-memory fabric. Guest A1 is
+// behind one and B1 behind the other. The frames are ARP, NDP, DHCP,
+// IGMP and MLD reports of every version, IPv4 and IPv6 unicast and
+// multicast, each through A's TX path and B's RX path (see measure).
 func TestNoAllocationsPerFrame(t *testing.T) {
 	f := memFab(t, 2048)
 	a, b := newAllocHV(t, f, "fe80::a", nil), newAllocHV(t, f, "fe80::b", nil)
@@ -331,10 +333,10 @@ func TestNoAllocationsPerFrame(t *testing.T) {
 }
 
 // TestNoAllocationsPerFrameRFC4390 is TestNoAllocationsPerFrame for the
-// DHCP rewriting of --dhcp rfc4390: a guest's request rewritten to the
-// IPoIB form on TX (its transaction remembered), and a server's reply in
+// DHCP rewriting of --dhcp rfc4390. A guest's request is rewritten to
+// the IPoIB form on TX (its transaction remembered). A server's reply in
 // the IPoIB form (as a server on the fabric sends it; B's guest plays
-// the server) restored on RX for the guest that asked.
+// the server) is restored on RX for the guest that asked.
 func TestNoAllocationsPerFrameRFC4390(t *testing.T) {
 	f := memFab(t, 2048)
 	mod := func(c *Config) { c.DHCP = DHCPRFC4390 }

@@ -1,17 +1,18 @@
 package shim
 
-// Announcements: when a guest's MAC appears on this hypervisor (its VIF
+// Announcements. A guest's MAC appears on this hypervisor when its VIF
 // is created: from its first frame, a bridge or OVS declaration, or the
-// RARP QEMU sends after a live migration), the addresses it shows in its
-// traffic during the announcement window are announced on the fabric
-// three times, a second apart: a gratuitous ARP (a request with the
-// guest's address as sender and target) for IPv4, an unsolicited
-// neighbour advertisement (override set) to all-nodes for IPv6, each
-// from the guest's VIF. Peers' shims turn them into frames from the
-// guest's REMAC there, so their guests' neighbour caches move to the
-// guest's new QP at once instead of timing out; a guest on the
-// hypervisor it left learns the same way (and is resolved by IP
-// meanwhile: its frames to the guest's real MAC are unknown unicast).
+// RARP QEMU sends after a live migration. The addresses it shows in its
+// traffic during the announcement window are then announced on the
+// fabric three times, a second apart, each from the guest's VIF. For
+// IPv4 that is a gratuitous ARP (a request with the guest's address as
+// sender and target). For IPv6 it is an unsolicited neighbour
+// advertisement (override set) to all-nodes. Peers' shims turn them
+// into frames from the guest's REMAC there. So their guests' neighbour
+// caches move to the guest's new QP at once instead of timing out. A
+// guest on the hypervisor it left learns the same way. Meanwhile it is
+// resolved by IP: its frames to the guest's real MAC are unknown
+// unicast.
 
 import (
 	"encoding/binary"
@@ -143,10 +144,10 @@ func (m *mobility) tick(now time.Time) {
 
 // guestIP is the address a guest claims in a frame: the sender address
 // of its ARP, the source of its NDP message; invalid for none. Only ARP
-// and NDP count, never an IP packet's source: a guest announces its own
+// and NDP count, never an IP packet's source. A guest announces its own
 // addresses by its link-layer protocols (which the shim forwards
-// anyway), while a forged source address in a datagram (a MAC flood's,
-// say) must not become a claim on the fabric. Link-local addresses are
+// anyway). A forged source address in a datagram (a MAC flood's, say)
+// must not become a claim on the fabric. Link-local addresses are
 // not announced: nothing routes to them and every host has some.
 func guestIP(et uint16, pay []byte) netip.Addr {
 	var a netip.Addr

@@ -13,9 +13,9 @@ import (
 )
 
 // announcements returns the announcements of ip delivered to h within
-// wait, or as soon as want came (want 0: the whole wait): gratuitous
-// ARPs (sender and target ip) or unsolicited NAs (target ip, override,
-// no solicited flag); other frames are skipped.
+// wait, or as soon as want came (want 0: the whole wait). They are
+// gratuitous ARPs (sender and target ip) or unsolicited NAs (target ip,
+// override, no solicited flag); other frames are skipped.
 func announcements(t *testing.T, h *hv, ip netip.Addr, want int, wait time.Duration) (n int, src ether.MAC) {
 	t.Helper()
 	deadline := time.After(wait)
@@ -43,10 +43,10 @@ func announcements(t *testing.T, h *hv, ip netip.Addr, want int, wait time.Durat
 }
 
 // announceSteps moves a's clock through the steps of announcements
-// that began with tx_announced at from+per: each step once the one
-// before was sent (two steps in one housekeeping round would send one
-// announcement less), per announcements sent at each, and returns the
-// announcements of ip b received, one wanted per step.
+// that began with tx_announced at from+per, per announcements sent at
+// each. It takes each step once the one before was sent: two steps in
+// one housekeeping round would send one announcement less. It returns
+// the announcements of ip b received, one wanted per step.
 func announceSteps(t *testing.T, a, b *hv, ip netip.Addr, from uint64, per int) (n int, src ether.MAC) {
 	t.Helper()
 	for i := 1; i <= 3; i++ {
@@ -62,9 +62,9 @@ func announceSteps(t *testing.T, a, b *hv, ip netip.Addr, from uint64, per int) 
 
 // TestAnnounce: a guest's addresses seen within the window of its VIF's
 // creation are announced to the fabric three times, a second apart, from
-// its own QP (the peer sees its REMAC there); later addresses are not;
-// QEMU's RARP announcement reopens the window and announces every address
-// known.
+// its own QP (the peer sees its REMAC there). Later addresses are not.
+// QEMU's RARP announcement reopens the window and announces every
+// address known.
 func TestAnnounce(t *testing.T) {
 	a, b := pair(t, func(c *Config) { c.AnnounceWindow = 30 * time.Second })
 	_, remacB1 := arpExchange(t, a, b) // A1's first frame: an ARP request from ipA1

@@ -277,10 +277,10 @@ func BenchmarkTxSuper64K(b *testing.B) {
 }
 
 // BenchmarkMACFlood is the TX path for a MAC flood's frames, each from a
-// guest MAC with no VIF, from every TX worker at once (RunParallel): on
-// a full VIF table ("full", refused as vif_limit) and from guests in
-// their refusal back-off ("refused"). Neither may serialise the workers
-// on a lock.
+// guest MAC with no VIF, from every TX worker at once (RunParallel). It
+// runs on a full VIF table ("full", refused as vif_limit) and from
+// guests in their refusal back-off ("refused"). Neither may serialise
+// the workers on a lock.
 func BenchmarkMACFlood(b *testing.B) {
 	const macs = 1024
 	flood := func(b *testing.B, s *Shim, remac ether.MAC, drop Counter) {

@@ -3,9 +3,9 @@ package shim
 // Packet capture for the control socket: one capture at a time, of the
 // fabric side (IPoIB packets as sent to and received from the port) or
 // the TAP side (Ethernet frames read from and written to the guests).
-// The data path pays one atomic load per packet when no capture runs;
-// while one does, each packet is copied into a free buffer of a fixed
-// pool and queued, and when the reader is slow and no buffer is free the
+// The data path pays one atomic load per packet when no capture runs.
+// While one does, each packet is copied into a free buffer of a fixed
+// pool and queued. When the reader is slow and no buffer is free, the
 // packet is left out of the capture and counted, never waited for.
 
 import (
@@ -25,8 +25,8 @@ const (
 
 // CaptureHeader is the pseudo-header in front of each fabric-side packet,
 // as Wireshark's IPoIB dissector reads pcap link type 242 (LINKTYPE_IPOIB,
-// WTAP_ENCAP_IP_OVER_IB_PCAP): a sent packet has 20 zero bytes and its
-// 20-byte destination address; a received one has a GRH: IP version 6,
+// WTAP_ENCAP_IP_OVER_IB_PCAP). A sent packet has 20 zero bytes and its
+// 20-byte destination address. A received one has a GRH: IP version 6,
 // the source QPN in bytes 5–7, the source GID and the destination GID
 // (this port's, or the group's MGID).
 const CaptureHeader = 40

@@ -62,9 +62,9 @@ func (s *Shim) followCarrier(up bool) (back bool) {
 }
 
 // ipMTUOf is the IPoIB MTU of a partition of IB MTU ib, as the port
-// reports it (an event, or PartitionMTU), never above the port's (a value
-// no port should give, at or below the IPoIB header, reads as the
-// port's).
+// reports it (an event, or PartitionMTU), never above the port's. A
+// value no port should give, at or below the IPoIB header, reads as the
+// port's.
 func (s *Shim) ipMTUOf(ib int) int {
 	m := ib - ipoib.HeaderLen
 	if m <= 0 || m > s.ipMTU {

@@ -38,11 +38,11 @@ func (p *eventPort) Close() error {
 }
 
 // TestPortEventsChecked: an event of a kind the shim does not know
-// changes nothing; a partition MTU event for a P_Key no VLAN maps is
-// ignored, one above the port's MTU reads as the port's, one for a
+// changes nothing. A partition MTU event for a P_Key no VLAN maps is
+// ignored. One above the port's MTU reads as the port's. One for a
 // mapped partition (given without its full-membership bit) lowers that
-// partition's MTU only; and Run ends the goroutine reading the events
-// (the package's TestMain checks no goroutine is left).
+// partition's MTU only. Run ends the goroutine reading the events (the
+// package's TestMain checks no goroutine is left).
 func TestPortEventsChecked(t *testing.T) {
 	var ep *eventPort
 	h := newHV(t, memFab(t, 4096), "fe80::a", func(c *Config) {

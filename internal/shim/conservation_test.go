@@ -20,9 +20,9 @@ import (
 )
 
 // TestConservation: over a mixed batch of good and bad frames, every TAP
-// frame is counted exactly once, as forwarded, fragmented, answered with
-// ICMP, queued or under one drop reason (each checked exactly), and every
-// fabric packet as delivered or under one drop reason.
+// frame is counted exactly once: as forwarded, fragmented, answered with
+// ICMP, queued or under one drop reason (each checked exactly). Every
+// fabric packet is counted as delivered or under one drop reason.
 func TestConservation(t *testing.T) {
 	a, b := pair(t, func(c *Config) { c.MaxVIFs = 2 })
 	_, remacB1 := arpExchange(t, a, b)
@@ -121,13 +121,14 @@ func sumEnds(c map[string]uint64, e stat.End) uint64 {
 }
 
 // TestConservationSplitAndHeld: the frames that become many packets, or
-// wait, end in one outcome each as well: a TCP super-frame the port cuts
-// (tx_super), a UDP super-frame cut here into datagrams (tx_super_cut),
-// one cut into datagrams that are each fragmented (DF clear), and a new
-// guest's frame held while its VIF is made. After each, a's TX outcomes
-// rose by exactly that frame's one outcome and sum to its tx_frames, and
-// b's RX outcomes sum to its rx_packets (every packet the frame became
-// delivered or dropped once).
+// wait, end in one outcome each as well. They are a TCP super-frame the
+// port cuts (tx_super) and a UDP super-frame cut here into datagrams
+// (tx_super_cut). Then one cut into datagrams that are each fragmented
+// (DF clear), and a new guest's frame held while its VIF is made.
+// After each, a's TX outcomes rose by exactly that frame's one
+// outcome and sum to its tx_frames. b's RX outcomes sum to its
+// rx_packets: every packet the frame became was delivered or dropped
+// once.
 func TestConservationSplitAndHeld(t *testing.T) {
 	f := memFab(t, 2048)
 	f.SetTSO(true) // TCP super-packets to the port; UDP ones are cut here

@@ -4,10 +4,10 @@ package shim
 // started by Run before anything else and ended after the TX and RX workers,
 // makes every control call on the port: AllocQP and FreeQP, Join,
 // JoinSendOnly and Leave, PartitionMTU, partition additions. On real
-// hardware each takes milliseconds to seconds (a kernel IPoIB child is a
+// hardware each takes milliseconds to seconds. A kernel IPoIB child is a
 // netlink request, sysctls and a broadcast join; a verbs join is an SA
-// round trip), and a data path that waited on one would freeze every
-// guest for it.
+// round trip. A data path that waited on one would freeze every guest
+// for it.
 //
 // The types enforce it. The data path (the TX and RX workers,
 // housekeeping) uses Shim.port, the port's data half (ipoib.DataPort),
@@ -18,8 +18,8 @@ package shim
 //
 // Who owns what:
 //   - TX workers, the RX workers and housekeeping only read the tables
-//     (lock-free) and hand the control goroutine intents through a
-//     bounded queue (controlQueue): a full queue drops the intent and
+//     (lock-free). They hand the control goroutine intents through a
+//     bounded queue (controlQueue). A full queue drops the intent and
 //     counts the frame that needed it (drop_control_full); a worker never
 //     waits. Leaves, and the callers that wait for a result (DeclareVIF,
 //     RemoveVIF, AddPartition, RestoreGuests, Run's start-up joins and
@@ -37,13 +37,14 @@ package shim
 //     period), not in housekeeping.
 //
 // Epochs (RCU-style quiescent states): a QP is freed only once no sender
-// can still use it. Every sender that can hold a VIF across a send (each
-// TX worker, each RX worker, housekeeping's resolution and announcement
-// sends) marks in its own slot the epoch it entered at the start of a
-// batch and clears it at the end. Removing a VIF unpublishes it first,
-// then advances the epoch to e: a sender that entered at e or later can no
-// longer find the VIF, so once every slot is idle or at e or later, the
-// QP is freed. Aging re-checks on the ticker (draining); RemoveVIF and
+// can still use it. Every sender that can hold a VIF across a send marks
+// in its own slot the epoch it entered at the start of a batch, and
+// clears it at the end. Those senders are each TX worker, each RX worker,
+// and housekeeping's resolution and announcement sends. Removing a VIF
+// unpublishes it first, then advances the epoch to e. A sender that
+// entered at e or later can no longer find the VIF. So once every slot
+// is idle or at e or later, the QP is freed. Aging re-checks on the
+// ticker (draining); RemoveVIF and
 // shutdown wait on the control goroutine, never in a worker. The control
 // goroutine itself needs no slot: its own sends (a new guest's held
 // frames, resolutions it starts) end before it frees anything.

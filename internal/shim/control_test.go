@@ -443,9 +443,9 @@ func TestRefusedJoin(t *testing.T) {
 }
 
 // TestHeldWhileMadeReady: a frame of a guest whose VIF is published but
-// not ready yet (its held frames being sent) is held too, even with the
-// VIF table at its bound, with no second request for the VIF, and goes
-// out when the VIF is made ready.
+// not ready yet (its held frames being sent) is held too. That holds
+// even with the VIF table at its bound, with no second request for the
+// VIF. The frame goes out when the VIF is made ready.
 func TestHeldWhileMadeReady(t *testing.T) {
 	f := memFab(t, 2048)
 	s, port := stillShim(t, f.Fabric, "fe80::a", func(c *Config) { c.MaxVIFs = 1 })

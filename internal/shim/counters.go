@@ -13,9 +13,10 @@ type Counter int
 // The shim's counters; counterTable names and documents each. Drops are
 // named drop_*. Every frame read from the TAP ends in exactly one value
 // marked stat.TxEnd (pending_frames while queued for a resolution; none
-// while held for a new VIF or a group join), every packet read from the
-// port in exactly one marked stat.RxEnd: a new outcome or drop reason is
-// marked in its table line, and docs/metrics.md and the tests follow.
+// while held for a new VIF or a group join). Every packet read from the
+// port ends in exactly one marked stat.RxEnd. A new outcome or drop
+// reason is marked in its table line, and docs/metrics.md and the tests
+// follow.
 const (
 	TxFrames Counter = iota
 	TxBytes
@@ -177,10 +178,10 @@ type verdict int8
 const (
 	// pass sends the frame on to the next stage.
 	pass verdict = -1
-	// held ends the frame elsewhere: queued for a resolution
-	// (pending_frames), held for its VIF or a group join (counted by
-	// the holder when it sends or drops it), or a received frame in the
-	// TAP's batch (rx_frames or drop_tap_write at the write).
+	// held ends the frame elsewhere. It is queued for a resolution
+	// (pending_frames), or held for its VIF or a group join (counted by
+	// the holder when it sends or drops it). Or it is a received frame
+	// in the TAP's batch (rx_frames or drop_tap_write at the write).
 	held verdict = -2
 )
 
@@ -251,10 +252,11 @@ func Families() []stat.Family { return families }
 func (s *Shim) Get(k Counter) uint64 { return s.ctr.c[k].Load() }
 
 // Stats returns every number of Counters with its kind and help: the
-// shim's counters, the rewrite refusals by reason (every reason, zero or
-// not) as tx_rewrite_<reason>/rx_rewrite_<reason>, the tables' sizes and
-// counters, the TAP's counters (tap_*) and the port's (port_*; its
-// Levels are levels, everything else it counts is a total).
+// shim's counters and the rewrite refusals by reason (every reason, zero
+// or not) as tx_rewrite_<reason>/rx_rewrite_<reason>. Then the tables'
+// sizes and counters, the TAP's counters (tap_*) and the port's
+// (port_*). The port's Levels are levels; everything else it counts is
+// a total.
 func (s *Shim) Stats() []stat.Value {
 	out := make([]stat.Value, 0, int(numCounters)+len(tableStats)+64)
 	for i := range s.ctr.c {

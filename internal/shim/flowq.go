@@ -8,9 +8,9 @@ import (
 // Received frames go to the guests through the TAP queue their flow
 // hashes to. A multi-queue TAP steers a flow's frames from the guests to
 // the queue its last received frame was written on (the kernel's
-// automatic flow steering, tun_automq_select_queue); writing all of a
-// flow through one queue keeps its frames from the guests on that queue,
-// read by one TX worker and so in order, and spreads flows over the
+// automatic flow steering, tun_automq_select_queue). Writing all of a
+// flow through one queue keeps its frames from the guests on that queue.
+// One TX worker reads them there, in order, and flows spread over the
 // workers.
 
 // flowQueue returns the queue, of n, for frame f: by a hash of its

@@ -14,8 +14,8 @@ import (
 
 // TestFragmentOptions: an oversized IPv4 packet with options is
 // fragmented so that the first fragment carries every option and the
-// others only those with the copied flag (RFC 791 §3.2); each fragment's
-// header checksum verifies and the fragments reassemble byte for byte.
+// others only those with the copied flag (RFC 791 §3.2). Each fragment's
+// header checksum verifies, and the fragments reassemble byte for byte.
 func TestFragmentOptions(t *testing.T) {
 	a, b := pair(t, nil)
 	_, remacB1 := arpExchange(t, a, b)

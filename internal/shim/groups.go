@@ -30,10 +30,10 @@ var (
 )
 
 // Bounds on the MGIDs one port joins. Send-only memberships have their
-// own, smaller bound and the least recently used one makes room for a new
-// one; a full membership needing room evicts send-only ones too, so a
-// guest sending to thousands of groups can never keep other guests from
-// joining theirs.
+// own, smaller bound, and the least recently used one makes room for a
+// new one. A full membership needing room evicts send-only ones too. So
+// a guest sending to thousands of groups can never keep other guests
+// from joining theirs.
 const (
 	maxGroups   = 4096 // full and send-only together
 	maxSendOnly = 256  // of which send-only
@@ -250,10 +250,11 @@ func (g *groupSet) counts() (full, sendOnly int) {
 
 // mcastQueue bounds the frames held per group while the port joins it,
 // as the kernel's IPoIB does during a send-only join
-// (drivers/infiniband/ulp/ipoib/ipoib_multicast.c ipoib_mcast_send: while
-// the group has no address handle, skbs wait on mcast->pkt_queue while
-// skb_queue_len < IPOIB_MAX_MCAST_QUEUE, the rest are dropped and counted
-// in tx_dropped; ipoib.h sets IPOIB_MAX_MCAST_QUEUE = 64).
+// (drivers/infiniband/ulp/ipoib/ipoib_multicast.c ipoib_mcast_send).
+// There, while the group has no address handle, skbs wait on
+// mcast->pkt_queue while skb_queue_len < IPOIB_MAX_MCAST_QUEUE. The rest
+// are dropped and counted in tx_dropped; ipoib.h sets
+// IPOIB_MAX_MCAST_QUEUE = 64.
 const mcastQueue = 64
 
 // groups is the port's multicast membership and the guests' querier: the
@@ -353,11 +354,11 @@ func (g *groups) holdForGroup(mgid ipoib.GID, f heldFrame) verdict {
 }
 
 // ready sends the frames held for a joined mgid, then publishes it
-// (add), under the groupWaits lock: a TX worker that sees the group sends
-// after them, one that does not holds its frame under that lock (sendTo,
-// holdForGroup) and finds the group by then, so no newer frame overtakes
-// a held one (as readyVIF sends first, then marks the VIF ready).
-// Control plane only.
+// (add), under the groupWaits lock. A TX worker that sees the group
+// sends after them. One that does not holds its frame under that lock
+// (sendTo, holdForGroup) and finds the group by then. So no newer frame
+// overtakes a held one, as readyVIF sends first, then marks the VIF
+// ready. Control plane only.
 func (g *groups) ready(mgid ipoib.GID, add func()) {
 	w := &g.wait
 	w.mu.Lock()
@@ -382,6 +383,12 @@ func (g *groups) ready(mgid ipoib.GID, add func()) {
 		if !f.own {
 			g.ctr.inc(TxForwarded)
 			g.ctr.inc(TxMulticast)
+		}
+		if f.segs > 0 {
+			// A UDP super-packet the port cuts, counted as txEmit
+			// counts one it sends at once.
+			g.ctr.inc(TxSuper)
+			g.ctr.add(TxSuperSegments, uint64(f.segs))
 		}
 	}
 	if len(bufs) > 0 {
@@ -465,10 +472,10 @@ func (g *groups) snoopLeave(k snoop.Key) { g.post(intent{kind: intentLeave, grou
 var errControlFull = errors.New("shim: control queue full")
 
 // join is the control goroutine's (c's) join of a snooped group, for the
-// table's entry of generation gen; a join the port refuses is forgotten
-// by the table (snoop.Table.Forget), which drops that entry only: if the
-// group expired and was reported again while this join waited in the
-// queue, the later entry stays, with its own join queued behind.
+// table's entry of generation gen. The table forgets a join the port
+// refuses (snoop.Table.Forget), which drops that entry only. The group
+// may have expired and been reported again while this join waited in
+// the queue: the later entry stays, with its own join queued behind.
 // Counted by reason.
 func (g *groups) join(c *control, k snoop.Key, gen uint64) {
 	p := g.byVLAN[k.VLAN].Load()

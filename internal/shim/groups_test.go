@@ -20,13 +20,10 @@ import (
 )
 
 // TestSendOnlyFlood: a guest sending to 5,000 groups keeps at most
-// maxSendOnly send-only memberships (least recently used evicted), and
-// afterwards another guest's IGMP join still joins and receives, a new
+// maxSendOnly send-only memberships (least recently used evicted).
+// Afterwards another guest's IGMP join still joins and receives. A new
 // IPv6 address still gets its solicited-node group and its neighbour
-// solicitations, and the flood added at most two lines to the log.
-// Before the bound, the send-only joins filled the 4,096-group table,
-// the join and the solicited-node group were refused, and a warning was
-// logged per frame.
+// solicitations. The flood added at most two lines to the log.
 func TestSendOnlyFlood(t *testing.T) {
 	f := memFab(t, 2048)
 	var logs syncBuffer
@@ -301,7 +298,7 @@ func TestGroupsQueryRounds(t *testing.T) {
 
 // TestGroupsSnoopIPv6: a guest's MLDv2 report joins its group, a packet
 // from a new address joins that address's solicited-node group, and a
-// duplicate address detection joins the target's; an MLD report with a
+// duplicate address detection joins the target's. An MLD report with a
 // bad checksum is dropped as drop_bad_mcast_report and joins nothing.
 func TestGroupsSnoopIPv6(t *testing.T) {
 	r := newPartRig(t, "fe80::a")

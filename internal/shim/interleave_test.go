@@ -182,11 +182,11 @@ func TestPartitionMTUEventWhileAdded(t *testing.T) {
 	}
 }
 
-// TestMACFloodTakesNoLock: a frame of a guest in its refusal back-off, and
-// one of a new guest while the VIF table is full (no guest pending), are
-// dropped and counted without taking newGuests.mu, which a MAC flood
-// would otherwise make every TX worker queue on. The test holds the lock
-// while it sends them.
+// TestMACFloodTakesNoLock: a frame of a guest in its refusal back-off is
+// dropped and counted without taking newGuests.mu. So is one of a new
+// guest while the VIF table is full (no guest pending). Otherwise a MAC
+// flood would make every TX worker queue on that lock. The test holds
+// the lock while it sends them.
 func TestMACFloodTakesNoLock(t *testing.T) {
 	f := memFab(t, 2048)
 	s, _ := stillShim(t, f.Fabric, "fe80::a", func(c *Config) { c.MaxVIFs = 1 })

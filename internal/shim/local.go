@@ -1,10 +1,10 @@
 package shim
 
-// The hypervisor's own MACs in --learn declared: the bridge (or the
-// Open vSwitch bridge's internal port) and the TAP are no
-// guests, and nothing declares them, so their frames (the host stack's
-// IPv6 router solicitations, MLD reports and neighbour discovery on br0,
-// an ARP from the host) are dropped like a forged MAC's. They are counted
+// The hypervisor's own MACs in --learn declared. The bridge (or the
+// Open vSwitch bridge's internal port) and the TAP are no guests, and
+// nothing declares them. So their frames are dropped like a forged
+// MAC's: the host stack's IPv6 router solicitations, MLD reports and
+// neighbour discovery on br0, an ARP from the host. They are counted
 // apart, as drop_undeclared_local, so that drop_undeclared stays what an
 // operator watches for: guests sending from MACs no one declared.
 // Housekeeping logs them too (logUndeclared), at most once a
@@ -26,10 +26,11 @@ import (
 type localMACs []ether.MAC
 
 // SetLocalMACs replaces the MACs that are the hypervisor's own (the
-// bridge's or the OVS internal port's, the TAP's): in --learn declared, a frame from one
-// of them that has no VIF is counted as drop_undeclared_local instead of
-// drop_undeclared. It changes nothing else: such a frame is still
-// dropped, and a local MAC that is declared is served as any guest.
+// bridge's or the OVS internal port's, the TAP's): in --learn declared, a
+// frame from one of them that has no VIF is counted as
+// drop_undeclared_local instead of drop_undeclared. It changes nothing
+// else: such a frame is still dropped, and a local MAC that is declared is
+// served as any guest.
 func (s *Shim) SetLocalMACs(macs []ether.MAC) {
 	l := localMACs(slices.Clone(macs))
 	s.local.Store(&l)
@@ -72,11 +73,11 @@ func unpackKey(w uint64) mactrans.VIFKey {
 	return k
 }
 
-// logUndeclared logs, when frames from undeclared MACs were dropped
-// since its last line and at most once a warnlimit.Interval, how many,
-// naming the last one's MAC and VLAN: the docs call drop_undeclared
-// worth an alert, and the operator needs to know whose. Housekeeping
-// calls it.
+// logUndeclared logs how many frames from undeclared MACs were dropped
+// since its last line, naming the last one's MAC and VLAN. It logs only
+// when there were some, at most once a warnlimit.Interval. The docs call
+// drop_undeclared worth an alert, and the operator needs to know whose.
+// Housekeeping calls it.
 func (s *Shim) logUndeclared(now time.Time) {
 	u := &s.undeclared
 	n := s.Get(DropUndeclared)

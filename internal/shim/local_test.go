@@ -17,9 +17,9 @@ import (
 
 // TestUndeclaredLocal: in --learn declared, frames with no VIF from the
 // MACs SetLocalMACs names (the bridge's, say) count as
-// drop_undeclared_local, others as drop_undeclared, exactly one each,
-// and none takes a QP or reaches the fabric; SetLocalMACs replaces the
-// set, and a local MAC that is declared is served.
+// drop_undeclared_local, others as drop_undeclared, exactly one each.
+// None takes a QP or reaches the fabric. SetLocalMACs replaces the set,
+// and a local MAC that is declared is served.
 func TestUndeclaredLocal(t *testing.T) {
 	f := memFab(t, 2048)
 	a := newHV(t, f, "fe80::a", func(c *Config) { c.Learn = LearnDeclared })
@@ -73,10 +73,10 @@ func TestUndeclaredLocal(t *testing.T) {
 }
 
 // TestUndeclaredLogged: in --learn declared, housekeeping logs the
-// frames dropped from undeclared MACs, naming the last one's MAC and
-// VLAN and how many were dropped since its last line, at most once a
-// warnlimit.Interval (of the shim's clock); frames from a local MAC are
-// not in it.
+// frames dropped from undeclared MACs, at most once a warnlimit.Interval
+// (of the shim's clock). The line names the last one's MAC and VLAN and
+// how many were dropped since the last line. Frames from a local MAC
+// are not in it.
 func TestUndeclaredLogged(t *testing.T) {
 	f := memFab(t, 2048)
 	var log syncBuffer

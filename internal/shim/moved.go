@@ -4,32 +4,32 @@ package shim
 // remote one holds, in its ARP and neighbour caches, the REMAC this shim
 // showed for the remote guest's QP. When that guest migrates onto this
 // hypervisor's bridge, its old QP is gone, yet the local guest keeps
-// sending to the REMAC: the bridge hands the frames to the TAP, and the
-// fabric would carry them to a QP that no longer exists until the local
-// guest's kernel re-probes (about 6 s). Only this shim can see the move
-// from here: the fabric taught it which addresses the old endpoint spoke
-// for (srcTable), and the moved guest's VIF claims one of them in its ARP
-// or NDP. From that moment:
+// sending to the REMAC. The bridge hands the frames to the TAP, and the
+// fabric would carry them to a QP that no longer exists. That lasts
+// until the local guest's kernel re-probes (about 6 s). Only this shim
+// can see the move from here: the fabric taught it which addresses the
+// old endpoint spoke for (srcTable), and the moved guest's VIF claims
+// one of them in its ARP or NDP. From that moment:
 //
 //   - the neighbour is marked as moved to the VIF (Neighbour.MoveTo), and
 //     a frame a guest still sends to its REMAC for an address of the VIF
 //     goes back to the bridge, addressed to the VIF's MAC (deliverMoved);
 //   - every other local guest of the VLAN is told the new MAC, three
-//     times a second apart: a gratuitous ARP or an unsolicited NA
-//     (override) unicast to it, whose Ethernet source is the stale
-//     REMAC, which the bridge already forwards to the TAP, so the bridge
-//     learns nothing wrong (sourced from the moved guest's MAC it would
-//     move that MAC to the TAP port);
+//     times a second apart. It gets a gratuitous ARP or an unsolicited NA
+//     (override), unicast, whose Ethernet source is the stale REMAC.
+//     The bridge already forwards that REMAC to the TAP, so it learns
+//     nothing wrong. Sourced from the moved guest's MAC, the frame would
+//     move that MAC to the TAP port;
 //   - the moved guest is asked about the old endpoint's other addresses
-//     (an ARP probe, a DAD neighbour solicitation, unicast to it), so
-//     that its answers, which cross the TAP, teach the shim those as
-//     well: the IPv6 address of a guest found by its IPv4 one.
+//     (an ARP probe, a DAD neighbour solicitation, unicast to it). Its
+//     answers cross the TAP and teach the shim those addresses too: the
+//     IPv6 address of a guest found by its IPv4 one.
 //
 // The mirror image: the moved guest's own caches hold, for the guests
 // of this hypervisor it talked to, the REMACs other hypervisors show
-// for their VIFs (VIF.REMAC). Its frames to those reach the TAP too:
-// they go back to the bridge addressed to the guest's MAC, from that
-// REMAC (which nothing on the bridge owns), and the moved guest is told
+// for their VIFs (VIF.REMAC). Its frames to those reach the TAP too.
+// They go back to the bridge addressed to the guest's MAC, from that
+// REMAC (which nothing on the bridge owns). The moved guest is told
 // each local guest's addresses, unicast, from its REMAC.
 //
 // Frames to the guests are unicast, never broadcast: a broadcast would
@@ -86,17 +86,16 @@ func (m *mobility) movedHere(p *partition, v *mactrans.VIF, ip netip.Addr, now t
 	m.queue(announcement{p: p, annKey: annKey{vif: v, ip: ip, stale: remac, hw: v.Key.MAC, kind: annLocal}}, now)
 }
 
-// seekMoved looks, when a guest's VIF is made here (from its first
-// frame, its RARP announcement after a migration, or a declaration), for
-// the QP the guest had on another hypervisor: a neighbour of the
-// partition on another port whose QPN is the one the guest's MAC and
-// VLAN wish for (QPNHint), which the source hypervisor got if its
-// backend lets QPNs be chosen. The guest is asked about each address
-// that neighbour spoke for (annProbe); only its own answers, which cross
-// the TAP, make the link (movedHere), so a wrong guess costs a few
-// probes. Without it, the link waits until the guest claims an address,
-// which a guest that stays silent does only when another hypervisor's
-// resolution of it reaches it.
+// seekMoved looks for the QP a guest had on another hypervisor, when
+// its VIF is made here (from its first frame, its RARP announcement
+// after a migration, or a declaration). That QP is a neighbour of the
+// partition on another port with the QPN the guest's MAC and VLAN wish
+// for (QPNHint). The source hypervisor got that QPN if its backend lets
+// QPNs be chosen. The guest is asked about each address that neighbour
+// spoke for (annProbe). Only its own answers, which cross the TAP, make
+// the link (movedHere), so a wrong guess costs a few probes. Without
+// seekMoved, the link waits until the guest claims an address. A silent
+// guest does that only when another hypervisor's resolution reaches it.
 func (m *mobility) seekMoved(p *partition, v *mactrans.VIF, now time.Time) {
 	want, gid := mactrans.QPNHint(v.Key), m.gid()
 	for _, nb := range m.neigh.All() {
@@ -111,19 +110,20 @@ func (m *mobility) seekMoved(p *partition, v *mactrans.VIF, now time.Time) {
 	}
 }
 
-// remoteOwner returns the neighbour a frame from a guest that moved here
-// (from) to an unknown MAC for the address target goes to, and tells the
-// guest that target is at the neighbour's REMAC; nil when the fabric
-// taught no such neighbour, or when its guest moved here too. The moved
-// guest's cache holds the real MACs of the guests it left behind: its
-// frames to them reach the TAP as unknown unicast, while the fabric has
-// taught their addresses already (the answer to the resolution of the
-// guest they talk to); resolving them frame by frame would lose the
-// frames (the queue waits for the REMAC the frames are not addressed
-// to) until the guest's kernel takes the answer, which it refuses within
-// a second of its last update (arp.c arp_process, LOCKTIME), while a
-// gratuitous ARP overrides (arp_is_garp). Called on the TX path, for
-// unknown destinations of moved guests only.
+// remoteOwner returns the neighbour for a frame from a guest that moved
+// here (from) to an unknown MAC for the address target. It tells the
+// guest that target is at the neighbour's REMAC. It returns nil when the
+// fabric taught no such neighbour, or when its guest moved here too.
+//
+// The moved guest's cache holds the real MACs of the guests it left
+// behind. Its frames to them reach the TAP as unknown unicast, yet the
+// fabric has taught their addresses already (answering the resolution
+// of the guest they talk to). Resolving them frame by frame would lose
+// the frames: the queue waits for a REMAC they are not addressed to.
+// The guest's kernel refuses that answer within a second of its last
+// update (arp.c arp_process, LOCKTIME); a gratuitous ARP overrides
+// (arp_is_garp). Called on the TX path, for unknown destinations of
+// moved guests only.
 func (m *mobility) remoteOwner(p *partition, from *mactrans.VIF, target netip.Addr, now time.Time) *mactrans.Neighbour {
 	if !target.IsValid() || target.IsUnspecified() {
 		return nil
@@ -142,12 +142,13 @@ func (m *mobility) remoteOwner(p *partition, from *mactrans.VIF, target netip.Ad
 
 // deliverMoved hands a frame for the REMAC of nb, an endpoint whose guest
 // moved to the local VIF to, back to the bridge when its destination
-// address is to's: addressed to to's MAC, from nb's REMAC (as the bridge
-// already knows it, behind the TAP). It returns pass when it does not
-// take the frame. from is the sending guest's VIF: the moved guest answering the
-// shim's probe of it (addressed to its own old REMAC) is dropped, as any
-// frame to a local guest that reaches the TAP is. Called for frames to a
-// moved endpoint only, so the common path pays one atomic load.
+// address is to's. The frame goes to to's MAC, from nb's REMAC (as the
+// bridge already knows it, behind the TAP). It returns pass when it
+// does not take the frame. from is the sending guest's VIF. The moved
+// guest's answer to the shim's probe (addressed to its own old REMAC)
+// is dropped, as any frame to a local guest that reaches the TAP is.
+// Called for frames to a moved endpoint only, so the common path pays
+// one atomic load.
 func (m *mobility) deliverMoved(b *txBatch, buf []byte, n int, et uint16, pay []byte, nb *mactrans.Neighbour, to, from *mactrans.VIF) verdict {
 	if !m.vifLive(to) {
 		return pass
@@ -205,17 +206,21 @@ func (m *mobility) tellLocal(a announcement) {
 }
 
 // localFrame builds a frame from src to dst on vlan, tap.Headroom bytes
-// into the returned buffer. Unless probe, it says ip is at mac: a
-// gratuitous ARP request (sender and target ip), which arp.c arp_process
-// lets override an existing entry (arp_is_garp), or an unsolicited
+// into the returned buffer.
+//
+// Unless probe, it says ip is at mac. For IPv4 that is a gratuitous ARP
+// request (sender and target ip), which arp.c arp_process lets override
+// an existing entry (arp_is_garp). For IPv6 it is an unsolicited
 // neighbour advertisement with the override flag to all-nodes, which
-// ndisc.c ndisc_recv_na applies with NEIGH_UPDATE_F_OVERRIDE; both leave
-// the entry STALE, so the next packet goes to mac. With probe it asks
-// whether the receiver has ip, expecting the answer at mac: an ARP probe
-// (sender address 0, RFC 5227), answered by arp_process to the sender's
-// hardware address, or a duplicate address detection solicitation
-// (source ::, to ip's solicited-node group), answered by ndisc_recv_ns
-// with an NA to all-nodes with the override flag.
+// ndisc.c ndisc_recv_na applies with NEIGH_UPDATE_F_OVERRIDE. Both leave
+// the entry STALE, so the next packet goes to mac.
+//
+// With probe it asks whether the receiver has ip, expecting the answer
+// at mac. For IPv4 that is an ARP probe (sender address 0, RFC 5227),
+// which arp_process answers to the sender's hardware address. For IPv6
+// it is a duplicate address detection solicitation (source ::, to ip's
+// solicited-node group). ndisc_recv_ns answers it with an NA to
+// all-nodes with the override flag.
 func localFrame(dst, src ether.MAC, vlan uint16, ip netip.Addr, mac ether.MAC, probe bool) []byte {
 	f := make([]byte, tap.Headroom+ether.VLANHeaderLen, tap.Headroom+ether.VLANHeaderLen+header.IPv6Len+32)
 	if ip.Is4() {

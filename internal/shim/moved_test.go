@@ -17,9 +17,9 @@ import (
 )
 
 // localFrames are frames a shim delivered to its guests, sorted by
-// kind for one address ip: a gratuitous ARP telling ip is at the ARP
-// sender, an unsolicited NA (override) telling it, an ARP probe or DAD
-// solicitation asking for it, and any other frame.
+// kind for one address ip. The kinds are a gratuitous ARP telling ip is
+// at the ARP sender, an unsolicited NA (override) telling it, an ARP
+// probe or DAD solicitation asking for it, and any other frame.
 type localFrames struct {
 	told, probed, other []gopacket.Packet
 }
@@ -95,23 +95,27 @@ func framed(t *testing.T, what string, ps []gopacket.Packet, src, dst ether.MAC)
 	}
 }
 
-// TestMovedHere: guest A1 talked to B1 across the fabric, so B shows A1
+// TestMovedHere: guest A1 talked to B1 across the fabric. So B shows A1
 // as remacA1 and learned A1's IPv4 and IPv6 addresses from its ARP and
-// NDP, and A1 knows B1 as remacB1; then A1 migrates onto B's bridge and
-// claims its IPv4 address there. B tells B1, and never A1, by gratuitous
-// ARP unicast from remacA1, that ipA1 is at macA1, three times a second
-// apart, and A1, from remacB1, that ipB1 is at macB1; it asks A1
-// about its IPv6 address (DAD solicitation from remacA1) and, once A1
-// answers, tells B1 that too (unsolicited NA, override). Meanwhile B1's
-// frames to remacA1 for ipA1 go back to the bridge addressed to macA1
-// (nothing crosses the fabric), while those for another address still
-// cross it; A1's frames to remacB1 go back to the bridge for macB1; A1's
-// own answer to its old REMAC is dropped and counted; A1's frames to the
-// real MAC of A2, a guest it left on A, go to A2 across the fabric, and
-// A1 is told A2's REMAC.
-// With hinted, A's backend gives A1 the QPN its MAC wishes for, so B,
+// NDP, and A1 knows B1 as remacB1. Then A1 migrates onto B's bridge and
+// claims its IPv4 address there.
+//
+// B tells B1, and never A1, that ipA1 is at macA1, three times a second
+// apart, by gratuitous ARP unicast from remacA1. It tells A1, from
+// remacB1, that ipB1 is at macB1. It asks A1 about its IPv6 address (DAD
+// solicitation from remacA1). Once A1 answers, B tells B1 that too
+// (unsolicited NA, override).
+//
+// Meanwhile B1's frames to remacA1 for ipA1 go back to the bridge
+// addressed to macA1 (nothing crosses the fabric). Those for another
+// address still cross it. A1's frames to remacB1 go back to the bridge
+// for macB1. A1's own answer to its old REMAC is dropped and counted.
+// A1's frames to the real MAC of A2, a guest it left on A, go to A2
+// across the fabric, and A1 is told A2's REMAC.
+//
+// With hinted, A's backend gives A1 the QPN its MAC wishes for. So B,
 // making A1's VIF, finds A1's old QP at once and asks A1 about both its
-// addresses (seekMoved); without, B asks once A1's claim made the link.
+// addresses (seekMoved). Without, B asks once A1's claim made the link.
 func TestMovedHere(t *testing.T) {
 	t.Run("hinted", func(t *testing.T) { testMovedHere(t, true) })
 	t.Run("unhinted", func(t *testing.T) { testMovedHere(t, false) })
@@ -266,10 +270,10 @@ func testMovedHere(t *testing.T, hinted bool) {
 }
 
 // TestMovedProbe: the questions B asks a guest that moved there are the
-// ones Linux answers: an ARP probe (sender address 0) and a duplicate
-// address detection solicitation (from ::, to the solicited-node group,
-// no link-layer option), each from the stale REMAC to the guest's MAC,
-// with valid checksums.
+// ones Linux answers. They are an ARP probe (sender address 0) and a
+// duplicate address detection solicitation (from ::, to the
+// solicited-node group, no link-layer option). Each goes from the stale
+// REMAC to the guest's MAC, with valid checksums.
 func TestMovedProbe(t *testing.T) {
 	stale := ether.MAC{2, 0, 0, 0, 0, 9}
 	p := gopacket.NewPacket(localFrame(macA1, stale, 0, ipA1, stale, true)[tap.Headroom:], layers.LayerTypeEthernet, gopacket.Default)

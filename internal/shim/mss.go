@@ -15,10 +15,9 @@ const (
 
 // clampMSS lowers the MSS option of a TCP SYN in the IP packet pay (IPv4
 // or IPv6, already checked by ipBounds) to fit mtu, the IPoIB MTU of its
-// partition, for guests
-// that do not do path MTU discovery, and fixes the TCP checksum
-// incrementally (RFC 1624, eqn. 3). It reports whether it changed the
-// packet.
+// partition. That serves guests that do not do path MTU discovery. It
+// fixes the TCP checksum incrementally (RFC 1624, eqn. 3), and reports
+// whether it changed the packet.
 func (s *Shim) clampMSS(pay []byte, v6 bool, mtu int) bool {
 	var l4 []byte
 	max := mtu - header.TCPMinLen

@@ -48,10 +48,10 @@ func tcpChecksumOK(pay []byte, v6 bool) bool {
 }
 
 // TestClampMSS: a SYN's MSS above what the IPoIB MTU carries (4092 less
-// the IP and TCP headers) is lowered to it, with the MSS option at an
-// even and at an odd offset, IPv4 and IPv6, and the checksum still
-// verifies; a smaller MSS, a segment that is no SYN, a SYN without the
-// option and one whose options end first are left alone.
+// the IP and TCP headers) is lowered to it, and the checksum still
+// verifies. That holds with the MSS option at an even and at an odd
+// offset, IPv4 and IPv6. A smaller MSS, a segment that is no SYN, a SYN
+// without the option and one whose options end first are left alone.
 func TestClampMSS(t *testing.T) {
 	f, _ := memfabric.New(4096)
 	s, _ := stillShim(t, f, "fe80::a", func(c *Config) { c.ClampMSS = true })

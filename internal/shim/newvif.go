@@ -3,24 +3,29 @@ package shim
 // Frames that wait for the control plane. One mechanism, heldFrames, holds
 // copies of them wherever they wait: for a destination being resolved
 // (resolve.go), for a group being joined (groups.go), and here, for a new
-// guest whose VIF is pending. A new guest's frames (learn auto) are held
-// as read from the TAP, untranslated, since the translation needs the
-// VIF's QP: up to vifHoldPerGuest per guest and vifHoldTotal in all
+// guest whose VIF is pending.
+//
+// A new guest's frames (learn auto) are held as read from the TAP,
+// untranslated, since the translation needs the VIF's QP. Up to
+// vifHoldPerGuest per guest and vifHoldTotal in all are held
 // (tx_queued_new_vif; beyond, drop_vif_pending_full), while one intent
-// asks the control goroutine for the VIF; with the VIF table full they
-// are refused at once (drop_vif_limit, vifs_overflow), with no intent
-// and no lock when no guest is pending (a MAC flood's frames do not
-// serialise the TX workers). Once its QP is allocated, the control
-// goroutine publishes the VIF (the ARP/NDP rewrite and the resolutions of
-// the held frames look it up), then translates the held frames in order,
-// sends them in one write and only then marks it ready
-// (mactrans.VIF.Ready), under newGuests.mu: a TX worker that finds no
-// ready VIF re-checks under that lock, so no newer frame of the guest
-// overtakes a held one. A guest whose QP is refused is refused for
-// vifRefusedFor (its held and new frames dropped: drop_vif_refused, or
-// drop_vif_limit when the VIF table is full), so a flood of frames does
-// not ask the port once per frame; the refusals are a copy-on-write map
-// the workers read without a lock.
+// asks the control goroutine for the VIF. With the VIF table full they
+// are refused at once (drop_vif_limit, vifs_overflow). When no guest is
+// pending that takes no intent and no lock, so a MAC flood's frames do
+// not serialise the TX workers.
+//
+// Once its QP is allocated, the control goroutine publishes the VIF (the
+// ARP/NDP rewrite and the resolutions of the held frames look it up).
+// Then it translates the held frames in order, sends them in one write
+// and only then marks the VIF ready (mactrans.VIF.Ready), under
+// newGuests.mu. A TX worker that finds no ready VIF re-checks under that
+// lock, so no newer frame of the guest overtakes a held one.
+//
+// A guest whose QP is refused is refused for vifRefusedFor: its held and
+// new frames are dropped (drop_vif_refused, or drop_vif_limit when the
+// VIF table is full). So a flood of frames does not ask the port once
+// per frame. The refusals are a copy-on-write map the workers read
+// without a lock.
 
 import (
 	"fmt"
@@ -58,6 +63,7 @@ type heldFrame struct {
 	meta ipoib.TxMeta  // an IPoIB packet's
 	vif  *mactrans.VIF // an IPoIB packet's sender
 	own  bool          // the shim's own packet (a resolution), no TAP frame
+	segs int           // a UDP super-packet's datagrams, for tx_super_segments
 }
 
 // heldFrames is the frames one destination, group or guest holds.
@@ -261,11 +267,11 @@ func (s *Shim) refuseVIF(k mactrans.VIFKey, err error, now time.Time) {
 	}
 }
 
-// makeVIF returns the VIF of a guest MAC in p, making it when new: a place
-// reserved in the table, the QP allocated by alloc (with the MAC's QPN
-// hint) under no lock a worker takes, the MTU read again, the guest's held
-// frames sent, then the VIF published. A refusal is counted and logged
-// (refuseVIF). Control plane only (ctl.own held).
+// makeVIF returns the VIF of a guest MAC in p, making it when new. It
+// reserves a place in the table and allocates the QP by alloc (with the
+// MAC's QPN hint), under no lock a worker takes. Then it reads the MTU
+// again, sends the guest's held frames and publishes the VIF. A refusal
+// is counted and logged (refuseVIF). Control plane only (ctl.own held).
 func (s *Shim) makeVIF(p *partition, mac ether.MAC, origin mactrans.Origin, now time.Time, alloc func(ipoib.PKey, uint32) (uint32, error)) (*mactrans.VIF, error) {
 	k := mactrans.VIFKey{MAC: mac, VLAN: p.vlan}
 	if v, ok := s.vifs.Lookup(k); ok {

@@ -74,9 +74,10 @@ func meetOn(t *testing.T, a, b *hv, vlan uint16) ether.MAC {
 }
 
 // checkTooBig checks that A1's 3000-byte packets to B1 on vlan are
-// answered or fragmented for an IPoIB MTU of mtu: ICMP
+// answered or fragmented for an IPoIB MTU of mtu. The answers are ICMP
 // fragmentation-needed (IPv4 with DF) and packet-too-big (IPv6) carrying
-// mtu, on vlan; IPv4 without DF in two fragments of at most mtu bytes.
+// mtu, on vlan. IPv4 without DF crosses in two fragments of at most mtu
+// bytes.
 func checkTooBig(t *testing.T, a, b *hv, vlan uint16, remacB1 ether.MAC, mtu int) {
 	t.Helper()
 	a.dev.Inject(tagged(udpFrame(t, macA1, remacB1, ipA1, ipB1, 3000, true), vlan))
@@ -120,9 +121,9 @@ func checkWhole(t *testing.T, a, b *hv) {
 
 // TestPartitionMTU: VLAN 20's partition has IB MTU 2048 on a port of
 // 4096. A guest on VLAN 20 gets ICMP fragmentation-needed and ICMPv6
-// packet-too-big with 2044, its IPv4 without DF arrives in fragments of
-// at most 2044 bytes, its TCP super-frames are cut to segments of at
-// most 2044 bytes and its SYNs' MSS clamped to fit 2044; an untagged
+// packet-too-big with 2044. Its IPv4 without DF arrives in fragments of
+// at most 2044 bytes. Its TCP super-frames are cut to segments of at
+// most 2044 bytes, and its SYNs' MSS is clamped to fit 2044. An untagged
 // guest's 3000-byte packet crosses whole (the default partition keeps
 // 4092), as the TAP's MTU (IPMTU) stays the port's.
 func TestPartitionMTU(t *testing.T) {
@@ -160,9 +161,9 @@ func TestPartitionMTU(t *testing.T) {
 
 // TestPartitionMTURefresh: a partition's MTU that the port lowers while
 // the shim runs (the SM changed its broadcast group's) is taken up from
-// the port's event, not from a housekeeping round (there is none within
-// the test: the period is an hour): VLAN 20's guests then get ICMP with
-// 2044.
+// the port's event. It is not taken from a housekeeping round: there is
+// none within the test, as the period is an hour. VLAN 20's guests then
+// get ICMP with 2044.
 func TestPartitionMTURefresh(t *testing.T) {
 	f := newSmallPartitionFabric(t, 0x8014, 4096)
 	cfg := func(c *Config) { c.Partitions = map[uint16]ipoib.PKey{20: 0x8014}; c.Housekeeping = time.Hour }
@@ -199,10 +200,10 @@ func (f kernelHosts) port(t *testing.T, gid ipoib.GID) testPort {
 }
 
 // TestPartitionMTUKernel: end to end over the kernel backend on the fake
-// kernel, a partition whose broadcast group the SM set to IB MTU 2048
-// under 4096 parents: its children take 2044 when they join, the port
-// reports it, and VLAN 20's guests get ICMP with 2044 and fragments that
-// fit; the default partition keeps 4092.
+// kernel, with a partition whose broadcast group the SM set to IB MTU
+// 2048 under 4096 parents. Its children take 2044 when they join, and
+// the port reports it. VLAN 20's guests get ICMP with 2044 and fragments
+// that fit; the default partition keeps 4092.
 func TestPartitionMTUKernel(t *testing.T) {
 	f := kernelHosts{kernelFabric: kernelFabric{fakekernel.NewFabric()}}
 	f.f.SetGroupMTU(0x8014, 2048)
@@ -217,11 +218,11 @@ func TestPartitionMTUKernel(t *testing.T) {
 }
 
 // TestVIFPastAttachLimit: over the kernel backend, with the HCA's
-// per-group QP limit at 4 (the parent, the default partition's group
-// child and two VIF children attached to the broadcast group), a third
-// guest is refused (its child's join never completes): counted as a
-// refused VIF, with no VIF and no child left of it, while the first
-// guests keep talking across.
+// per-group QP limit at 4, a third guest is refused. The four are the
+// parent, the default partition's group child and two VIF children
+// attached to the broadcast group. The third guest's child's join never
+// completes. It is counted as a refused VIF, with no VIF and no child
+// left of it, while the first guests keep talking across.
 func TestVIFPastAttachLimit(t *testing.T) {
 	var ka *fakekernel.Kernel
 	f := kernelHosts{kernelFabric: kernelFabric{fakekernel.NewFabric()}, mod: func(k *fakekernel.Kernel, c *kernelfabric.Config) {

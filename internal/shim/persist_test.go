@@ -12,10 +12,10 @@ import (
 )
 
 // TestRestoreGuests: Guests lists a VIF with its origin, QPN and the
-// address its guest claimed; restoring it (after the VIF was lost, as in
-// a restart) recreates it with the saved QPN, not its hash's, and
-// announces the address three times, a second apart; guests on a VLAN
-// without a P_Key are skipped with a reason; after Run returned, Guests
+// address its guest claimed. Restoring it after the VIF was lost (as in
+// a restart) recreates it with the saved QPN, not its hash's. It
+// announces the address three times, a second apart. Guests on a VLAN
+// without a P_Key are skipped with a reason. After Run returned, Guests
 // says its list is not to be saved.
 func TestRestoreGuests(t *testing.T) {
 	a, b := pair(t, func(c *Config) { c.AnnounceWindow = time.Second })

@@ -1,11 +1,11 @@
 package shim
 
-// The shim is the querier towards its guests (RFC 3376 §6, RFC 3810 §7):
-// IGMPv3 and MLDv2 general queries at start-up and every query interval,
-// and group-specific queries when a guest leaves, so memberships stay
-// fresh without a multicast router and leaves take effect within the
-// leave time. The answers are snooped on TX. The queries go to guests
-// only, never onto the fabric.
+// The shim is the querier towards its guests (RFC 3376 §6, RFC 3810 §7).
+// It sends IGMPv3 and MLDv2 general queries at start-up and every query
+// interval, and group-specific queries when a guest leaves. So
+// memberships stay fresh without a multicast router, and leaves take
+// effect within the leave time. The answers are snooped on TX. The
+// queries go to guests only, never onto the fabric.
 
 import (
 	"net/netip"
@@ -60,14 +60,15 @@ func (g *groups) carrierReturned() { g.q.back.Store(true) }
 
 // requeryRound sends the general queries the carrier's return asked for.
 // A Linux bridge forgets a port as a multicast router when its carrier
-// goes (__br_multicast_disable_port_ctx drops it from the router list),
-// and until it hears a query again it keeps guests' multicast for groups
-// with no member on this host from the TAP (br_multicast_flood with
-// mrouters_only). So query as after a start when the carrier returns,
-// not at the next interval; but not before the bridge has seen the port
-// up (the kernel acts on the carrier asynchronously, in linkwatch_do_dev,
-// and a bridge drops what a disabled port sends it): once the TAP is
-// operationally up (operUp), on the round after.
+// goes (__br_multicast_disable_port_ctx drops it from the router list).
+// Until it hears a query again, it keeps from the TAP the guests'
+// multicast for groups with no member on this host (br_multicast_flood
+// with mrouters_only). So query as after a start when the carrier
+// returns, not at the next interval. But not before the bridge has seen
+// the port up: the kernel acts on the carrier asynchronously (in
+// linkwatch_do_dev), and a bridge drops what a disabled port sends it.
+// So query once the TAP is operationally up (operUp), on the round
+// after.
 func (g *groups) requeryRound(now time.Time, operUp func() bool) {
 	q := &g.q
 	if q.back.Swap(false) {

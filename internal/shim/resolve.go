@@ -1,9 +1,9 @@
 package shim
 
-// Frames to an unknown REMAC: eth_ipoib dropped them; here up to
-// pendingPerDst frames per destination wait (as the kernel's neighbour
-// queue does) while the shim resolves the packet's destination IP on the
-// guest's behalf: an ARP request or neighbour solicitation from the
+// Frames to an unknown REMAC: eth_ipoib dropped them. Here up to
+// pendingPerDst frames per destination wait, as the kernel's neighbour
+// queue does. Meanwhile the shim resolves the packet's destination IP on
+// the guest's behalf: an ARP request or neighbour solicitation from the
 // guest's own VIF. REMACs are derived from (GID, QPN), so once the
 // endpoint answers, its REMAC is the one the guest used and the queue is
 // sent. Unresolved after resolveTries, the frames are dropped and counted.

@@ -11,8 +11,8 @@ import (
 
 // TestManyDestinationsResolveInOneBatch: 150 destinations with 3 queued
 // frames each resolve in one RX batch, and all 450 frames go out in one
-// port Write. On the simulated fabric that Write used to panic past 129
-// packets, killing the daemon from the RX goroutine.
+// port Write. On the simulated fabric a Write past 129 packets must not
+// panic: that would kill the daemon from the RX goroutine.
 func TestManyDestinationsResolveInOneBatch(t *testing.T) {
 	f := memFab(t, 4096)
 	s, _ := stillShim(t, f.Fabric, "fe80::a", nil)
@@ -63,9 +63,9 @@ func TestManyDestinationsResolveInOneBatch(t *testing.T) {
 }
 
 // TestResolverRetriesThenDrops: frames to an unknown REMAC wait, up to
-// pendingPerDst; the resolution is an IPoIB ARP request from the
-// guest's VIF to the broadcast group, sent at once and retried each
-// resolveInterval; unanswered after resolveTries, the frames are dropped
+// pendingPerDst. The resolution is an IPoIB ARP request from the guest's
+// VIF to the broadcast group, sent at once and retried each
+// resolveInterval. Unanswered after resolveTries, the frames are dropped
 // as unresolved. Frames to a destination the fabric then teaches are
 // sent to its RIMAC.
 func TestResolverRetriesThenDrops(t *testing.T) {

@@ -3,8 +3,8 @@ package shim
 // RX: fabric → TAP. Per packet: IPoIB header → partition from the P_Key →
 // source QPN+GID to its REMAC (learned on first sight) → destination from
 // the receiving VIF's QP, or the MGID's multicast MAC → ARP/NDP/DHCP
-// rewrite in place → the Ethernet header (tagged with the partition's
-// VLAN) pushed over the IPoIB header. Each stage returns a verdict
+// rewrite in place → the Ethernet header pushed over the IPoIB header. That
+// header is tagged with the partition's VLAN. Each stage returns a verdict
 // (counters.go), counted once by rx. The batch goes to the device in one
 // Write.
 
@@ -22,10 +22,10 @@ import (
 // device's headroom before that.
 const rxOffset = 64
 
-// rxLoop is RX worker w, which reads the port's receive queue rq: each
+// rxLoop is RX worker w, which reads the port's receive queue rq. Each
 // worker translates its batches and writes them through the device
-// queues their flows hash to, in parallel with the others (a flow
-// arrives on one receive queue, so its frames stay in order).
+// queues their flows hash to, in parallel with the others. A flow
+// arrives on one receive queue, so its frames stay in order.
 func (s *Shim) rxLoop(w int, rq ipoib.RxQueue) error {
 	bs := s.port.BatchSize()
 	bufs := make([][]byte, bs)

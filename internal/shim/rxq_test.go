@@ -71,14 +71,14 @@ func (p *queuedPort) Close() error {
 	return p.testPort.Close()
 }
 
-// TestRxQueuesRace: a shim whose port gives three receive queues runs
-// an RX worker on each; UDP flows arrive on all three at once (each
-// flow on one queue: the first queue's sent through the fabric by the
-// other hypervisor's port, the others' fed to their queue) for two
-// guests, while the second guest's VIF is removed. Under -race this is the test of the RX workers' shared state
-// (VIF table, counters, device queues). Every frame of the first
-// guest's flows reaches the device (a tap.Mem of three queues), each
-// flow's in the order sent, none twice.
+// TestRxQueuesRace: a shim whose port gives three receive queues runs an RX
+// worker on each. UDP flows for two guests arrive on all three at once,
+// while the second guest's VIF is removed. Each flow comes on one queue:
+// the first queue's are sent through the fabric by the other hypervisor's
+// port, the others' fed to their queue. Under -race this is the test of the
+// RX workers' shared state (VIF table, counters, device queues). Every
+// frame of the first guest's flows reaches the device (a tap.Mem of three
+// queues), each flow's in the order sent, none twice.
 func TestRxQueuesRace(t *testing.T) {
 	const queues, flows, per = 3, 6, 200
 	var fed []*fedQueue

@@ -1,10 +1,11 @@
 // Package shim is the eIPoIB engine: it moves frames between a guest-facing
 // Ethernet device (a TAP) and an IB port speaking IPoIB. TX strips the
-// Ethernet header, picks the sending VIF (one UD QP per guest MAC and VLAN,
-// made on first sight by the control goroutine while the guest's frames
-// wait: promiscuous-mode emulation; see control.go), maps the destination
-// MAC to a RIMAC or MGID and rewrites ARP/NDP/DHCP payloads; RX does the
-// reverse, deriving a stable REMAC for every remote endpoint. Frames to an
+// Ethernet header and picks the sending VIF: one UD QP per guest MAC and
+// VLAN, made on first sight by the control goroutine while the guest's
+// frames wait (promiscuous-mode emulation; see control.go). It maps the
+// destination MAC to a RIMAC or MGID and rewrites ARP/NDP/DHCP payloads.
+// RX does the reverse, deriving a stable REMAC for every remote endpoint.
+// Frames to an
 // unknown REMAC wait in a bounded queue while the shim resolves their
 // destination. Oversized IP packets are fragmented or answered with ICMP,
 // never blackholed. Everything dropped is counted; nothing is logged or
@@ -79,13 +80,14 @@ type partition struct {
 	bcast ipoib.GID
 	// anon is the source MAC of packets whose sender neither the port
 	// nor ARP/NDP can name (srcip.go): the REMAC DeriveREMAC gives the
-	// partition's broadcast address. One stable, locally administered
-	// unicast MAC per partition, so the bridge learns it once, on the
-	// TAP's port (net/bridge/br_fdb.c br_fdb_update: a new source MAC
-	// adds an entry, one seen on another port moves it): its FDB neither
-	// flaps nor gets an entry per routed source. It is no neighbour: a
-	// frame a guest sends to it waits for a resolution like any unknown
-	// REMAC, which never names it, and is dropped (drop_unresolved).
+	// partition's broadcast address. It is one stable, locally
+	// administered unicast MAC per partition, so the bridge learns it
+	// once, on the TAP's port: net/bridge/br_fdb.c br_fdb_update adds an
+	// entry for a new source MAC and moves one seen on another port. So
+	// its FDB neither flaps nor gets an entry per routed source. It is
+	// no neighbour: a frame a guest sends to it waits for a resolution
+	// like any unknown REMAC, which never names it, and is dropped
+	// (drop_unresolved).
 	anon ether.MAC
 	view *mactrans.View
 	// ipMTU is the partition's IPoIB MTU, from the port's PartitionMTU:
@@ -278,10 +280,10 @@ func (s *Shim) publish(p *partition) {
 func (s *Shim) partitions() map[ipoib.PKey]*partition { return *s.byPKey.Load() }
 
 // joinPartition joins a partition's broadcast, all-nodes and all-hosts
-// groups for good, then reads its MTU again and publishes it (again, for
-// one New published), both under mtuMu: a port MTU event that comes after
-// the read waits for the partition to be visible (applyEvent), so it is
-// applied, not lost. Control plane only.
+// groups for good. Then it reads its MTU again and publishes it (again,
+// for one New published), both under mtuMu. A port MTU event that comes
+// after the read waits for the partition to be visible (applyEvent), so
+// it is applied, not lost. Control plane only.
 func (s *Shim) joinPartition(p *partition) error {
 	for _, mgid := range []ipoib.GID{p.bcast, s.groups.mgid(p, allNodes), s.groups.mgid(p, allHosts)} {
 		if err := s.groups.set.join(s.ctl.port, mgid, true); err != nil {
@@ -296,8 +298,9 @@ func (s *Shim) joinPartition(p *partition) error {
 }
 
 // AddPartition maps a new VLAN to a P_Key in the running shim (as a
-// configuration reload does): its groups are joined, then its traffic
-// flows (joinPartition publishes it). Remapping or removing a VLAN needs a restart.
+// configuration reload does): its groups are joined, then its traffic flows
+// (joinPartition publishes it). Remapping or removing a VLAN needs a
+// restart.
 func (s *Shim) AddPartition(vlan uint16, pkey ipoib.PKey) error {
 	if vlan == 0 {
 		return errors.New("shim: VLAN 0 (untagged) is always the default partition 0xffff")
@@ -431,9 +434,9 @@ func (s *Shim) housekeeping(ctx context.Context) error {
 }
 
 // Healthy reports whether a housekeeping round finished within the last
-// d: the rounds share the data path's tables and locks (never a port
-// control call, which the control goroutine makes), so a stuck pipeline
-// stops them (the daemon's systemd watchdog asks this).
+// d; the daemon's systemd watchdog asks this. The rounds share the data
+// path's tables and locks, so a stuck pipeline stops them. They make no
+// port control call: the control goroutine does.
 func (s *Shim) Healthy(d time.Duration) bool {
 	return time.Since(time.Unix(0, s.lastRound.Load())) < d
 }
@@ -472,7 +475,7 @@ func (s *Shim) SetVIFIdle(d time.Duration) { s.vifIdle.Store(int64(d)) }
 
 // DeclareVIF creates the VIF of a guest MAC ahead of its first frame, e.g.
 // from the bridge's forwarding database at start-up, so that traffic to
-// it is received before it speaks; origin says who declared it (a VIF
+// it is received before it speaks. origin says who declared it (a VIF
 // that exists already takes it).
 func (s *Shim) DeclareVIF(mac ether.MAC, vlan uint16, origin mactrans.Origin) error {
 	if int(vlan) >= len(s.byVLAN) || s.byVLAN[vlan].Load() == nil {
@@ -495,11 +498,12 @@ func (s *Shim) DeclareVIF(mac ether.MAC, vlan uint16, origin mactrans.Origin) er
 }
 
 // RemoveVIF frees the VIF of a guest MAC at once when source by
-// undeclares it (mactrans.Origin.Frees: the control socket frees any, a
-// switch what it declared or what was learned), e.g. when the bridge's
-// forwarding database forgets it (the guest's port went), instead of
-// waiting for it to age. It reports whether a VIF went: a MAC without a
-// VIF, or whose VIF another source declared, is no error.
+// undeclares it, instead of waiting for it to age. That happens e.g.
+// when the bridge's forwarding database forgets it (the guest's port
+// went). mactrans.Origin.Frees says who may: the control socket frees
+// any, a switch what it declared or what was learned. It reports whether
+// a VIF went: a MAC without a VIF, or whose VIF another source declared,
+// is no error.
 func (s *Shim) RemoveVIF(mac ether.MAC, vlan uint16, by mactrans.Origin) (removed bool, err error) {
 	err = s.call(func() error {
 		v, ok := s.vifs.Remove(mactrans.VIFKey{MAC: mac, VLAN: vlan}, by)

@@ -361,7 +361,8 @@ func TestUnknownREMACQueuedAndResolved(t *testing.T) {
 		if a.s.Get(TxResolveSent) != 1 || a.s.Get(DropUnresolved) != 0 {
 			t.Fatalf("counters %v", a.s.Counters())
 		}
-		// Nobody answers for an unknown MAC: dropped and counted after the tries.
+		// Nobody answers for an unknown MAC: dropped and counted after the
+		// tries.
 		a.dev.Inject(udpFrame(t, macA1, ether.MAC{2, 9, 9, 9, 9, 9}, ipA1, netip.MustParseAddr("10.0.0.99"), 64, true))
 		a.waitCounter(t, TxQueued, 2)
 		a.resolveOut(t, 1)
@@ -518,9 +519,9 @@ func (h *hv) rounds(t *testing.T, n int) {
 
 // resolveOut moves h's clock through the tries of the unresolved
 // destinations queued at the clock's time (their first try sent), one
-// resolveInterval at a time, each step once the step before it sent its
-// resolution, so that no two steps fall in one round; after the last
-// step, it waits for drop_unresolved to reach drops.
+// resolveInterval at a time. It takes each step once the step before it
+// sent its resolution, so that no two steps fall in one round. After the
+// last step, it waits for drop_unresolved to reach drops.
 func (h *hv) resolveOut(t *testing.T, drops uint64) {
 	t.Helper()
 	for range resolveTries - 1 {
@@ -584,8 +585,9 @@ func TestSnooping(t *testing.T) {
 			t.Fatalf("memberships: c full %v send-only %v/%v, b %v/%v", c.port.Joined(m4), c.port.SendOnly(m4), c.port.SendOnly(m6), b.port.Joined(m4), b.port.SendOnly(m4))
 		}
 
-		// A leave (CHANGE_TO_INCLUDE({})): a group-specific query to the group;
-		// nobody answers, and after the leave time (2 s) the MGID is left.
+		// A leave (CHANGE_TO_INCLUDE({})): a group-specific query to the
+		// group; nobody answers, and after the leave time (2 s) the MGID is
+		// left.
 		a.dev.Inject(igmpReport(t, macA1, 3, g4))
 		q := a.nextQuery(t)
 		if ip := q.Layer(layers.LayerTypeIPv4).(*layers.IPv4); ip.DstIP.String() != "239.1.1.1" {
@@ -659,10 +661,10 @@ func TestVIFAgingAndShutdown(t *testing.T) {
 }
 
 // TestDeclaredVIFStays: a guest declared over the control socket keeps
-// its VIF while silent past --vif-idle (the learned one beside it ages),
-// a learned declaration of it (the auto-mode preload) does not lower its
-// origin, and a switch's learned or static entry of its MAC going does
-// not free it; only the control socket does.
+// its VIF while silent past --vif-idle (the learned one beside it ages).
+// A learned declaration of it (the auto-mode preload) does not lower its
+// origin. A switch's learned or static entry of its MAC going does not
+// free it; only the control socket does.
 func TestDeclaredVIFStays(t *testing.T) {
 	a, b := pair(t, func(c *Config) { c.VIFIdle = time.Minute })
 	arpExchange(t, a, b) // macA1: learned
@@ -749,8 +751,8 @@ func TestVLANPartitions(t *testing.T) {
 		// partition 0x8014, so nothing crosses (it waits for resolution).
 		b.dev.Inject(tagged(20, macB1, layers.ARPReply, remac, remac, ipB1, ipA1))
 		a.quiet(t)
-		// A packet from B's VLAN 20 QP straight to A's VLAN 10 QP: the fabric's
-		// receive P_Key check drops it.
+		// A packet from B's VLAN 20 QP straight to A's VLAN 10 QP: the
+		// fabric's receive P_Key check drops it.
 		vb, _, err := b.s.vifs.Create(mactrans.VIFKey{MAC: macB1, VLAN: 20}, 0x8014, mactrans.OriginLearned, time.Now(), b.port.AllocQP)
 		if err != nil {
 			t.Fatal(err)
@@ -771,11 +773,11 @@ func TestVLANPartitions(t *testing.T) {
 	})
 }
 
-// TestStats: every number of the snapshot is declared once with a
-// help line, the levels (table sizes, queue depths) are levels and the
-// totals totals, Counters holds exactly Stats' numbers, and a level the
-// port reports is a level on the first snapshot (declared by the port,
-// not learned from an earlier call), its stats totals.
+// TestStats: every number of the snapshot is declared once with a help
+// line. The levels (table sizes, queue depths) are levels and the totals
+// totals. Counters holds exactly Stats' numbers. A level the port
+// reports is a level on the first snapshot (declared by the port, not
+// learned from an earlier call), its stats totals.
 func TestStats(t *testing.T) {
 	f := memFab(t, 2048)
 	lp := &levelPort{levels: map[string]uint64{"address_handles": 7}}
@@ -846,8 +848,8 @@ func (p *levelPort) Counters() ipoib.PortCounters {
 
 // TestQueriesWhenCarrierReturns: when the port comes back after being
 // down, the shim sends general queries (IGMP and MLD) at once, not at the
-// next query interval: a Linux bridge drops the TAP from its multicast
-// router ports when the carrier goes and would keep guests' multicast
+// next query interval. A Linux bridge drops the TAP from its multicast
+// router ports when the carrier goes. It would keep guests' multicast
 // from it until it hears a query. The clock never moves here, so only the
 // carrier's return can cause them.
 func TestQueriesWhenCarrierReturns(t *testing.T) {

@@ -1,25 +1,26 @@
 package shim
 
-// Unknown sources: a port that cannot tell a packet's sender (the kernel
-// IPoIB backend: af_packet.c packet_rcv sets sll_halen from
-// dev_parse_header(), and ipoib_header_ops has only .create, so a packet
-// socket never gets a source address; the verbs backend for a sender
-// without a GRH whose LID it never saw) marks it RxMeta.SrcUnknown. The sender is then found from what ARP and NDP
+// Unknown sources. A port that cannot tell a packet's sender marks it
+// RxMeta.SrcUnknown. The kernel IPoIB backend cannot: af_packet.c
+// packet_rcv sets sll_halen from dev_parse_header(), and
+// ipoib_header_ops has only .create, so a packet socket never gets a
+// source address. Nor can the verbs backend for a sender without a GRH
+// whose LID it never saw. The sender is then found from what ARP and NDP
 // taught: every ARP packet carries its sender's address, NDP options carry
 // the sender's (SLLA) or target's (TLLA), and the RX rewrite has already
 // turned those into REMACs. srcTable keeps (partition, IP) → REMAC; an IP
 // packet takes the REMAC of its source IP.
 //
-// A source never seen in ARP/NDP is not guessed and not dropped: it is
-// what a router forwards from another subnet (its source IP is off-link:
-// nobody on the fabric answers ARP/NDP for it), and multicast from a host
-// that never sent ARP/NDP. Such a packet is delivered with the partition's
-// stand-in MAC (partition.anon) as its source and counted
+// A source never seen in ARP/NDP is not guessed and not dropped. It is what
+// a router forwards from another subnet: its source IP is off-link, and
+// nobody on the fabric answers ARP/NDP for it. It is also multicast from a
+// host that never sent ARP/NDP. Such a packet is delivered with the
+// partition's stand-in MAC (partition.anon) as its source and counted
 // (rx_unknown_source). No ARP or NDP is sent for its source: for an
 // off-link address none would ever be answered, and a routed flow would
 // make one per source IP again and again. An on-link sender teaches its
-// address anyway when it resolves the guest (its neighbour entry's
-// ARP/NDP, which carries its own address: net/ipv4/arp.c arp_solicit,
+// address anyway when it resolves the guest (its neighbour entry's ARP/NDP,
+// which carries its own address: net/ipv4/arp.c arp_solicit,
 // net/ipv6/ndisc.c ndisc_send_ns). Ports that report sources never reach
 // this file.
 

@@ -16,10 +16,11 @@ import (
 
 // TestSuperFrames: a guest's TCP super-frame (TSO) reaches the far guest
 // as segments that carry its payload with valid checksums, IPv4 and
-// IPv6, whether the port takes it whole and cuts it (tx_super and
-// tx_super_segments count it and its segments, and a segment size beyond the IPoIB MTU is cut down to it) or the
-// device cuts it before the shim (a port without TSO). A super-frame to a
-// broadcast MAC is dropped and counted.
+// IPv6. The port may take it whole and cut it: tx_super and
+// tx_super_segments count it and its segments, and a segment size beyond
+// the IPoIB MTU is cut down to it. Or the device cuts it before the shim
+// (a port without TSO). A super-frame to a broadcast MAC is dropped and
+// counted.
 func TestSuperFrames(t *testing.T) {
 	for _, tso := range []bool{false, true} {
 		t.Run(fmt.Sprintf("tso=%v", tso), func(t *testing.T) {
@@ -80,10 +81,10 @@ func TestSuperFrames(t *testing.T) {
 	}
 }
 
-// TestTxQueues: on a device with two queues, a TX worker reads each: the
+// TestTxQueues: on a device with two queues, a TX worker reads each. The
 // frames two guests send through different queues at the same time all
-// reach the far guest, each once, and are all counted as forwarded (run
-// with -race, this also checks the workers share only locked state).
+// reach the far guest, each once, and are all counted as forwarded. Run
+// with -race, this also checks the workers share only locked state.
 func TestTxQueues(t *testing.T) {
 	f := memFab(t, 2048)
 	big := func(q int) func(*Config) {
@@ -128,8 +129,8 @@ func TestTxQueues(t *testing.T) {
 
 // TestLearnDeclared: with --learn declared, frames from a source MAC that
 // was never declared are dropped and counted, take no QP and reach no
-// one; once the MAC is declared (as the bridge watcher does for a static
-// FDB entry) its frames pass. A bad mode is refused.
+// one. Once the MAC is declared (as the bridge watcher does for a static
+// FDB entry), its frames pass. A bad mode is refused.
 func TestLearnDeclared(t *testing.T) {
 	f := memFab(t, 2048)
 	a := newHV(t, f, "fe80::a", func(c *Config) { c.Learn = LearnDeclared })

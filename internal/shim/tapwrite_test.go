@@ -20,9 +20,9 @@ func (d partialDev) Write(bufs [][]byte, offset int) (int, error) {
 
 func (d partialDev) Queues() []tap.Device { return []tap.Device{d} }
 
-// TestTAPWritePartial: of four received frames written to a TAP that
-// takes two and then fails, the two written count as rx_frames (and
-// their bytes as rx_bytes), only the other two as drop_tap_write; of
+// TestTAPWritePartial: four received frames are written to a TAP that
+// takes two and then fails. The two written count as rx_frames (and
+// their bytes as rx_bytes), only the other two as drop_tap_write. Of
 // four of the shim's own frames, two count as drop_local_tap_write.
 func TestTAPWritePartial(t *testing.T) {
 	f, err := memfabric.New(2048)

@@ -1,10 +1,11 @@
 package shim
 
-// Oversized IP packets are never blackholed (docs/architecture.md): IPv4 with DF and
-// IPv6 get ICMP "fragmentation needed" / "packet too big" back to the
-// guest with the IPoIB MTU of the packet's partition, so path MTU
-// discovery converges; IPv4 without DF is fragmented to it here (RFC 791 §3.2, options copied to
-// non-first fragments only when their copied flag is set).
+// Oversized IP packets are never blackholed (docs/architecture.md). IPv4
+// with DF and IPv6 get ICMP "fragmentation needed" / "packet too big"
+// back to the guest with the IPoIB MTU of the packet's partition, so
+// path MTU discovery converges. IPv4 without DF is fragmented to it here
+// (RFC 791 §3.2). Options are copied to non-first fragments only when
+// their copied flag is set.
 
 import (
 	"encoding/binary"

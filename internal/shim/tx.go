@@ -1,13 +1,13 @@
 package shim
 
 // TX: TAP → fabric. Per frame: Ethernet header checks → partition from the
-// VLAN → the source MAC's VIF, looked up lock-free (a new guest's frames
-// are held while the control goroutine makes its VIF: newvif.go) →
-// translate's stages: the destination MAC to RIMAC/MGID, the ARP/NDP/DHCP
-// rewrite in place, the MTU, and the 4-byte IPoIB header written over the
-// end of the Ethernet header. Each stage returns a verdict (counters.go),
-// counted once by tx. The batch goes to the port in one Write; nothing
-// here allocates or logs per frame.
+// VLAN → the source MAC's VIF, looked up lock-free → translate's stages.
+// A new guest's frames are held while the control goroutine makes its
+// VIF (newvif.go). The stages are: the destination MAC to RIMAC/MGID,
+// the ARP/NDP/DHCP rewrite in place, the MTU, and the 4-byte IPoIB
+// header written over the end of the Ethernet header. Each stage returns
+// a verdict (counters.go), counted once by tx. The batch goes to the
+// port in one Write; nothing here allocates or logs per frame.
 
 import (
 	"net/netip"
@@ -470,7 +470,7 @@ func (s *Shim) txEmit(b *txBatch, t *txPacket) verdict {
 		return held
 	}
 	if t.waits {
-		if v := s.groups.holdForGroup(t.m.Dst.GID(), heldFrame{buf: pkt, meta: t.m, vif: t.vif}); v != pass {
+		if v := s.groups.holdForGroup(t.m.Dst.GID(), heldFrame{buf: pkt, meta: t.m, vif: t.vif, segs: t.segs}); v != pass {
 			return v
 		}
 	}
@@ -486,11 +486,11 @@ func (s *Shim) txEmit(b *txBatch, t *txPacket) verdict {
 }
 
 // superMeta describes t, a super-frame (checked by the device), to the
-// port in t.m.GSO, and sets t.segs to how many segments it is cut into:
-// a TCP one with segments cut to the partition's IPoIB MTU, dropped when
-// it goes to a group, where TCP never goes; a UDP one, to any
-// destination, when the port takes UDP super-packets and its datagrams
-// fit the MTU (else t.m.GSO stays zero, for cutUDP).
+// port in t.m.GSO, and sets t.segs to how many segments it is cut into.
+// A TCP one gets segments cut to the partition's IPoIB MTU; it is
+// dropped when it goes to a group, where TCP never goes. A UDP one, to
+// any destination, is described when the port takes UDP super-packets
+// and its datagrams fit the MTU. Else t.m.GSO stays zero, for cutUDP.
 func (s *Shim) superMeta(t *txPacket) verdict {
 	sup, pay := t.sup, t.pay
 	l4 := int(sup.L4) - t.f.HeaderLen() // from the IP header

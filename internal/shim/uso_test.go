@@ -1,6 +1,7 @@
 package shim
 
 import (
+	"encoding/binary"
 	"fmt"
 	"sync"
 	"testing"
@@ -9,11 +10,13 @@ import (
 	"github.com/gopacket/gopacket/layers"
 
 	"github.com/eipoib/eipoibd/ether"
+	"github.com/eipoib/eipoibd/internal/csum"
 	"github.com/eipoib/eipoibd/internal/gso"
 	"github.com/eipoib/eipoibd/internal/gsotest"
 	"github.com/eipoib/eipoibd/internal/header"
 	"github.com/eipoib/eipoibd/internal/metrics/stat"
 	"github.com/eipoib/eipoibd/internal/tap"
+	"github.com/eipoib/eipoibd/internal/testutil"
 	"github.com/eipoib/eipoibd/ipoib"
 )
 
@@ -89,10 +92,10 @@ func recvDatagrams(t *testing.T, b *hv, n int) [][]byte {
 // TestUDPSuperFrames: a guest's UDP super-frame (UDP_SEGMENT through a
 // TAP with USO) reaches the far guest as exactly the datagrams it would
 // have sent one by one (gsotest.CheckUDPCut: lengths, IPv4 IDs,
-// checksums), IPv4 and IPv6: given whole to a port that takes UDP
-// super-packets (tx_super, tx_super_segments; the port sees the
-// datagram size uncut and the UDP header's offset), cut here for one
-// that does not (tx_super_cut). Datagrams larger than the IPoIB MTU
+// checksums), IPv4 and IPv6. It is given whole to a port that takes UDP
+// super-packets (tx_super, tx_super_segments). That port sees the
+// datagram size uncut and the UDP header's offset. For one that does
+// not, it is cut here (tx_super_cut). Datagrams larger than the IPoIB MTU
 // cannot be cut smaller: with DF the guest gets one ICMP too-big for the
 // frame, and none is sent on; without, each is fragmented.
 func TestUDPSuperFrames(t *testing.T) {
@@ -168,9 +171,9 @@ func TestUDPSuperFrames(t *testing.T) {
 }
 
 // BenchmarkTxSuperUDP is the TX path for a UDP super-frame of 32
-// datagrams of 64 bytes (what bin/udprate sends) for a port that does
-// not take UDP super-packets: one translation, then the datagrams cut
-// here into the batch's fragment buffers (per super-frame).
+// datagrams of 64 bytes (what bin/udprate sends), per super-frame. The
+// port does not take UDP super-packets: one translation, then the
+// datagrams are cut here into the batch's fragment buffers.
 func BenchmarkTxSuperUDP(b *testing.B) {
 	s, remac := benchShim(b)
 	link := make([]byte, ether.HeaderLen)
@@ -189,5 +192,70 @@ func BenchmarkTxSuperUDP(b *testing.B) {
 			b.Fatalf("%d datagrams in the batch, want 32: %v", len(batch.bufs), s.Counters())
 		}
 		batch.bufs, batch.meta, batch.nfrag = batch.bufs[:0], batch.meta[:0], 0
+	}
+}
+
+// joinGate is a port whose JoinSendOnly waits until the test closes
+// release, after telling joining that it began.
+type joinGate struct {
+	testPort
+	joining chan struct{}
+	release chan struct{}
+}
+
+func (p *joinGate) JoinSendOnly(mgid ipoib.GID) error {
+	close(p.joining)
+	<-p.release
+	return p.testPort.JoinSendOnly(mgid)
+}
+
+// TestUDPSuperFrameHeldForGroup: a UDP super-frame to a group being
+// joined is held. Once the send-only join returns, it is given whole to
+// a port that takes UDP super-packets. It is counted as one sent at once
+// is: tx_super and tx_super_segments as well as tx_multicast.
+func TestUDPSuperFrameHeldForGroup(t *testing.T) {
+	mf := memFab(t, 2048)
+	mf.SetTSO(true) // the shim reads super-frames from the TAP
+	f := usoFabric{mf}
+	gate := &joinGate{joining: make(chan struct{}), release: make(chan struct{})}
+	a := newHV(t, f, "fe80::a", func(c *Config) {
+		gate.testPort = c.Port.(testPort)
+		c.Port = gate
+	})
+	t.Cleanup(func() {
+		select {
+		case <-gate.release:
+		default:
+			close(gate.release) // before the shutdown
+		}
+	})
+	b := newHV(t, f, "fe80::b", nil)
+	arpExchange(t, a, b) // A1's VIF
+	const size, datagrams = 64, 32
+	link := serialize(t, eth(macA1, ether.MAC{1, 0, 0x5e, 1, 2, 3}, layers.EthernetTypeIPv4))[:ether.HeaderLen]
+	pkt, l4 := gsotest.SuperUDP(t, link, false, gsotest.Pattern(size*datagrams))
+	ip := header.IPv4(pkt[ether.HeaderLen:])
+	copy(ip.DstBytes(), []byte{239, 1, 2, 3})
+	ip.SetChecksum()
+	binary.BigEndian.PutUint16(pkt[l4+6:], ^csum.Fold(csum.Pseudo(ip.SrcBytes(), ip.DstBytes(), header.ProtoUDP, len(pkt)-l4)))
+	before := a.s.Counters()
+	a.dev.InjectSuper(pkt, tap.Super{L4: uint16(l4), Size: size, UDP: true})
+	select {
+	case <-gate.joining:
+	case <-time.After(testutil.Settle):
+		t.Fatalf("no send-only join began (counters %v)", a.s.Counters())
+	}
+	a.waitCounter(t, TxQueuedGroup, before["tx_queued_group"]+1)
+	close(gate.release)
+	a.waitCounter(t, TxMulticast, before["tx_multicast"]+1)
+	c := a.s.Counters()
+	d := func(name string) uint64 { return c[name] - before[name] }
+	if d("tx_forwarded") != 1 || d("tx_super") != 1 || d("tx_super_segments") != datagrams {
+		t.Fatalf("tx_forwarded +%d, tx_super +%d of +%d datagrams; want +1, +1 of +%d",
+			d("tx_forwarded"), d("tx_super"), d("tx_super_segments"), datagrams)
+	}
+	want := ipoib.GSO{Type: ipoib.GSOUDPv4, L4: ipoib.HeaderLen + header.IPv4MinLen, Size: size}
+	if g := gate.testPort.(*usoPort).gsos(); len(g) != 1 || g[0] != want {
+		t.Fatalf("the port was given %+v, want one %+v", g, want)
 	}
 }
