@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/eipoib/eipoibd/internal/fabric/simfabric"
+	"github.com/eipoib/eipoibd/internal/testutil"
 )
 
 // iperf runs iperf3 TCP for 3 s from client to server (reverse: the other
@@ -344,12 +345,16 @@ func TestThreeHypervisorsOverBridge(t *testing.T) {
 	arping(t, tp.hvs[2].guests[0], tp.hvs[0].guests[1].ip4, 2)
 }
 
-// TestRestart restarts one hypervisor's daemon and measures, per path,
-// the time from the new daemon's start to the first ping reply. Paths
-// whose ends had resolved each other come back through the shim's
-// resolution queue. IPv6 to a restarted guest that has not spoken since
-// needs its solicited-node group. That comes back when the guest answers
-// the shim's start-up MLD query, within its 1 s response time.
+// TestRestart restarts one hypervisor's daemon and checks that every
+// path comes back by what the new daemon does, not by waiting for any
+// periodic work. Paths whose ends had resolved each other come back
+// through one resolution each, at most, in the shim's queue. IPv6 to a
+// restarted guest that has not spoken since needs its solicited-node
+// group: it comes back when the guest answers the shim's start-up MLD
+// query. So when every path has its first reply, the new daemon has sent
+// at most one resolution per remote guest and no query but its two
+// start-up ones (IGMP and MLD). The time from the restart to each first
+// reply is logged: docs/behaviour.md quotes what it measured.
 func TestRestart(t *testing.T) {
 	tp := newTopo(t, 2, false)
 	h1, h2 := tp.hvs[0], tp.hvs[1]
@@ -361,14 +366,13 @@ func TestRestart(t *testing.T) {
 	h1.start(t)
 	running := time.Since(restarted)
 	paths := []struct {
-		from   *guest
-		to     string
-		within time.Duration // bound on the first reply, from the restart
+		from *guest
+		to   string
 	}{
-		{h2.guests[1], h1.guests[0].ip6, restartMLDBound},
-		{h2.guests[0], h1.guests[0].ip4, restartResolvedBound},
-		{h1.guests[1], h2.guests[1].ip6, restartResolvedBound},
-		{h1.guests[0], h2.guests[0].ip4, restartResolvedBound},
+		{h2.guests[1], h1.guests[0].ip6},
+		{h2.guests[0], h1.guests[0].ip4},
+		{h1.guests[1], h2.guests[1].ip6},
+		{h1.guests[0], h2.guests[0].ip4},
 	}
 	took := make([]time.Duration, len(paths))
 	errs := make([]error, len(paths))
@@ -378,7 +382,7 @@ func TestRestart(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			var at time.Time
-			at, errs[i] = firstReply(p.from, p.to, 10*time.Second)
+			at, errs[i] = firstReply(p.from, p.to, testutil.Settle)
 			took[i] = at.Sub(restarted)
 		}()
 	}
@@ -386,27 +390,17 @@ func TestRestart(t *testing.T) {
 	t.Logf("daemon stopped in %v, running %v after its restart", restarted.Sub(stopping).Round(time.Millisecond), running.Round(time.Millisecond))
 	for i, p := range paths {
 		if errs[i] != nil {
-			t.Errorf("ping %s → %s: no reply within 10 s of the restart: %v", p.from.ns, p.to, errs[i])
+			t.Errorf("ping %s → %s: no reply within %v of the restart: %v", p.from.ns, p.to, testutil.Settle, errs[i])
 			continue
 		}
-		t.Logf("ping %s → %s: first reply %v after the restart (bound %v)", p.from.ns, p.to, took[i].Round(time.Millisecond), p.within)
-		if took[i] > p.within {
-			t.Errorf("ping %s → %s: first reply %v after the restart, want within %v", p.from.ns, p.to, took[i].Round(time.Millisecond), p.within)
-		}
+		t.Logf("ping %s → %s: first reply %v after the restart", p.from.ns, p.to, took[i].Round(time.Millisecond))
+	}
+	// h1's guests talk to h2's two guests: one resolution each at most.
+	m := h1.metrics(t)
+	if m["tx_resolve_sent"] > 2 || m["tx_queries"] != 2 {
+		t.Errorf("the restarted daemon sent %v resolutions and %v queries before every path answered; want at most 2 and exactly its 2 start-up queries", m["tx_resolve_sent"], m["tx_queries"])
 	}
 }
-
-// Bounds of TestRestart, from the restart (the new daemon's exec) to the
-// first reply; docs/behaviour.md quotes them. They were measured on a
-// loaded two-core machine. Resolved paths took 70–340 ms: the daemon is
-// running after 40–160 ms, then one resolution goes through the queue.
-// The MLD path took 0.12–1.35 s. Its worst case is the query's 1 s
-// maximum response time plus one neighbour solicitation retransmission
-// (1 s).
-const (
-	restartResolvedBound = 500 * time.Millisecond
-	restartMLDBound      = 2500 * time.Millisecond
-)
 
 var pingStamp = regexp.MustCompile(`(?m)^\[(\d+)\.(\d{6})\] \d+ bytes from `)
 
