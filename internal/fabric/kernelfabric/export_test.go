@@ -15,6 +15,8 @@ var (
 	// SubscribeLinksBuf is subscribeLinks: System.SubscribeLinks with
 	// a receive buffer of the given size.
 	SubscribeLinksBuf = subscribeLinks
+	// SendDrop is sendDrop.
+	SendDrop = sendDrop
 )
 
 // FollowParent runs a Port's link following (follow, as New starts it)

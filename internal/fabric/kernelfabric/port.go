@@ -1144,11 +1144,23 @@ func (p *Port) flush(k int) int {
 		sent += n
 		at += n
 		if err != nil || n == 0 {
-			p.drops.Add(ipoib.DropSendError)
+			p.drops.Add(sendDrop(err))
 			at++
 		}
 	}
 	return sent
+}
+
+// sendDrop is the reason a packet the kernel refused with err is dropped
+// for. ENETDOWN is the child down: packet_snd (net/packet/af_packet.c)
+// refuses a device without IFF_UP so, as when ipoib_stop takes the
+// children down with their parent between the carrier check and the
+// send. That is the child without carrier, not a failed send.
+func sendDrop(err error) ipoib.Drop {
+	if errors.Is(err, unix.ENETDOWN) {
+		return ipoib.DropNoCarrier
+	}
+	return ipoib.DropSendError
 }
 
 // Read blocks for at least one packet and returns up to len(bufs). A

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/eipoib/eipoibd/internal/fabric/eventtest"
 	kf "github.com/eipoib/eipoibd/internal/fabric/kernelfabric"
@@ -133,5 +134,28 @@ func TestParentDown(t *testing.T) {
 	testutil.WaitFor(t, "a packet sent with the parent up", func() bool { return unicast(a, qa, 0xffff, dst, 100) == 1 })
 	if n := readOne(t, b); n != 104 {
 		t.Fatalf("received %d bytes, want 104", n)
+	}
+}
+
+// TestSendDropReasons: a packet the kernel refuses because the child is
+// down (ENETDOWN, which TestConformance's "device down" case shows
+// packet_snd returning on this kernel and the fake) is dropped as
+// child_no_carrier, as when the carrier check saw it first; any other
+// refusal is send_error. TestParentDown met the first case when the
+// parent went down between the carrier check and the send.
+func TestSendDropReasons(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want ipoib.Drop
+	}{
+		{unix.ENETDOWN, ipoib.DropNoCarrier},
+		{fmt.Errorf("sendmmsg: %w", unix.ENETDOWN), ipoib.DropNoCarrier},
+		{unix.ENXIO, ipoib.DropSendError},
+		{unix.EMSGSIZE, ipoib.DropSendError},
+		{nil, ipoib.DropSendError}, // the kernel took none and said nothing
+	} {
+		if got := kf.SendDrop(c.err); got != c.want {
+			t.Errorf("a send refused with %v: dropped as %v, want %v", c.err, got, c.want)
+		}
 	}
 }
