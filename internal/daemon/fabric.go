@@ -14,6 +14,7 @@ import (
 	"github.com/eipoib/eipoibd/internal/cli"
 	"github.com/eipoib/eipoibd/internal/fabric/faultport"
 	"github.com/eipoib/eipoibd/internal/fabric/kernelfabric"
+	"github.com/eipoib/eipoibd/internal/fabric/kernelfabric/fastpath"
 	"github.com/eipoib/eipoibd/internal/fabric/simfabric"
 	"github.com/eipoib/eipoibd/internal/fabric/verbsfabric"
 	"github.com/eipoib/eipoibd/ipoib"
@@ -54,7 +55,7 @@ type fabric struct {
 // backends is the registry, in the order "eipoibd version" lists it.
 var backends = []Backend{
 	{Name: FabricSim, takes: []string{"underlay", "fault", "ib-mtu", "rx-workers"}, check: checkSim, open: openSim},
-	{Name: FabricKernel, takes: []string{"ib-dev"}, check: checkKernel, open: openKernel},
+	{Name: FabricKernel, takes: []string{"ib-dev", "fast-path"}, check: checkKernel, open: openKernel},
 	{Name: FabricVerbs, Tag: "verbs", takes: []string{"ib-dev", "verbs-recv-depth"}, check: checkVerbs, open: openVerbs},
 }
 
@@ -79,6 +80,7 @@ var backendSettings = []backendSetting{
 	// receives on one queue.
 	{"rx-workers", func(c *Config) (string, bool) { return strconv.Itoa(c.RxWorkers), c.RxWorkers > 1 }},
 	{"ib-dev", func(c *Config) (string, bool) { return strconv.Quote(c.IBDev), c.IBDev != "" }},
+	{"fast-path", func(c *Config) (string, bool) { return c.FastPath.String(), c.FastPath != fastpath.Off }},
 	{"verbs-recv-depth", func(c *Config) (string, bool) {
 		return strconv.Itoa(c.VerbsRecvDepth), c.VerbsRecvDepth != 0 && c.VerbsRecvDepth != DefaultVerbsRecvDepth
 	}},
@@ -194,11 +196,33 @@ func checkKernel(c *Config) error {
 // openKernel opens the kernel backend's port, whose MTU is the
 // device's, not --ib-mtu.
 func openKernel(c *Config, log *slog.Logger) (fabric, error) {
+	if _, err := useFastPath(c.FastPath, fastpath.Probe, log); err != nil {
+		return fabric{}, err
+	}
 	p, err := kernelfabric.New(kernelfabric.Config{Kernel: kernelfabric.System{}, Parent: c.IBDev, Logger: log})
 	if err != nil {
 		return fabric{}, err
 	}
 	return fabric{port: p, device: c.IBDev}, nil
+}
+
+// useFastPath decides whether the kernel backend runs the BPF fast path:
+// never with --fast-path off (probe is not called); with auto when probe
+// passes, else it logs why not, once, and the user-space path runs; with
+// on when probe passes, else it refuses to start, saying what is missing.
+func useFastPath(m fastpath.Mode, probe func() error, log *slog.Logger) (bool, error) {
+	if m == fastpath.Off {
+		return false, nil
+	}
+	err := probe()
+	switch {
+	case err == nil:
+		return true, nil
+	case m == fastpath.On:
+		return false, fmt.Errorf("--fast-path on: this kernel cannot run it: %w", err)
+	}
+	log.Warn("fast path off: this kernel cannot run it; frames cross user space", "fast_path", m, "reason", err)
+	return false, nil
 }
 
 // checkVerbs: the verbs backend runs on the device --ib-dev, NAME or

@@ -1,11 +1,13 @@
 package daemon
 
 import (
+	"errors"
 	"log/slog"
 	"strings"
 	"testing"
 
 	"github.com/eipoib/eipoibd/internal/fabric/faultport"
+	"github.com/eipoib/eipoibd/internal/fabric/kernelfabric/fastpath"
 	"github.com/eipoib/eipoibd/internal/fabric/simfabric"
 	"github.com/eipoib/eipoibd/internal/nstest"
 )
@@ -54,5 +56,39 @@ func TestBackends(t *testing.T) {
 	}
 	if want := "sim/ kernel/ verbs/verbs"; strings.Join(got, " ") != want {
 		t.Errorf("Backends: %q, want %q", got, want)
+	}
+}
+
+// TestUseFastPath: off never probes; auto uses the fast path when the
+// probe passes and otherwise runs without it, saying why once in the
+// log; on refuses to start with the probe's reason in one line.
+func TestUseFastPath(t *testing.T) {
+	missing := errors.New("the kernel has no tcx (Linux 6.6)")
+	for _, c := range []struct {
+		mode     fastpath.Mode
+		probeErr error
+		use      bool
+		wantErr  string
+		wantLogs int
+	}{
+		{fastpath.Off, missing, false, "", 0},
+		{fastpath.Auto, nil, true, "", 0},
+		{fastpath.Auto, missing, false, "", 1},
+		{fastpath.On, nil, true, "", 0},
+		{fastpath.On, missing, false, "--fast-path on: this kernel cannot run it: the kernel has no tcx (Linux 6.6)", 0},
+	} {
+		var logs syncBuffer
+		probes := 0
+		use, err := useFastPath(c.mode, func() error { probes++; return c.probeErr }, slog.New(slog.NewTextHandler(&logs, nil)))
+		if use != c.use || (err == nil) != (c.wantErr == "") || err != nil && err.Error() != c.wantErr {
+			t.Errorf("%v, probe %v: use %v, error %v; want %v, %q", c.mode, c.probeErr, use, err, c.use, c.wantErr)
+		}
+		if wantProbes := map[bool]int{true: 0, false: 1}[c.mode == fastpath.Off]; probes != wantProbes {
+			t.Errorf("%v: %d probes, want %d", c.mode, probes, wantProbes)
+		}
+		line := `msg="fast path off: this kernel cannot run it; frames cross user space" fast_path=auto reason="the kernel has no tcx (Linux 6.6)"`
+		if n := strings.Count(logs.String(), line); n != c.wantLogs || strings.Count(logs.String(), "\n") != c.wantLogs {
+			t.Errorf("%v, probe %v: the log holds the reason %d times, want %d:\n%s", c.mode, c.probeErr, n, c.wantLogs, logs.String())
+		}
 	}
 }
