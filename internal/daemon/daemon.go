@@ -264,7 +264,13 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	keeper := storeQueues(&cfg, dev, kept, inKeeper, log) // nil unless --persist with --fd-store
 
-	sh, err := shim.New(ShimConfig(&cfg, dev, port))
+	sc := ShimConfig(&cfg, dev, port)
+	var closeFastPath func()
+	if sc.FastPath, closeFastPath, err = startFastPath(fab, cfg.FastPath, cfg.Name, log); err != nil {
+		return err
+	}
+	defer closeFastPath() // after the shim has stopped, having emptied its maps
+	sh, err := shim.New(sc)
 	if err != nil {
 		return err
 	}

@@ -8,6 +8,7 @@ package daemon
 import (
 	"fmt"
 	"log/slog"
+	"net"
 	"slices"
 	"strconv"
 
@@ -17,6 +18,7 @@ import (
 	"github.com/eipoib/eipoibd/internal/fabric/kernelfabric/fastpath"
 	"github.com/eipoib/eipoibd/internal/fabric/simfabric"
 	"github.com/eipoib/eipoibd/internal/fabric/verbsfabric"
+	"github.com/eipoib/eipoibd/internal/shim"
 	"github.com/eipoib/eipoibd/ipoib"
 )
 
@@ -50,6 +52,9 @@ type fabric struct {
 	// toggle flips the port down or up and says whether it is down now
 	// (SIGUSR1); nil for a port that follows a real link.
 	toggle func() (down bool)
+	// fastPath: the kernel backend runs the BPF fast path (--fast-path,
+	// useFastPath); startFastPath attaches it once the TAP exists.
+	fastPath bool
 }
 
 // backends is the registry, in the order "eipoibd version" lists it.
@@ -196,14 +201,15 @@ func checkKernel(c *Config) error {
 // openKernel opens the kernel backend's port, whose MTU is the
 // device's, not --ib-mtu.
 func openKernel(c *Config, log *slog.Logger) (fabric, error) {
-	if _, err := useFastPath(c.FastPath, fastpath.Probe, log); err != nil {
-		return fabric{}, err
-	}
-	p, err := kernelfabric.New(kernelfabric.Config{Kernel: kernelfabric.System{}, Parent: c.IBDev, Logger: log})
+	use, err := useFastPath(c.FastPath, fastpath.Probe, log)
 	if err != nil {
 		return fabric{}, err
 	}
-	return fabric{port: p, device: c.IBDev}, nil
+	p, err := kernelfabric.New(kernelfabric.Config{Kernel: kernelfabric.System{}, Parent: c.IBDev, Logger: log, FastPath: use})
+	if err != nil {
+		return fabric{}, err
+	}
+	return fabric{port: p, device: c.IBDev, fastPath: use}, nil
 }
 
 // useFastPath decides whether the kernel backend runs the BPF fast path:
@@ -223,6 +229,37 @@ func useFastPath(m fastpath.Mode, probe func() error, log *slog.Logger) (bool, e
 	}
 	log.Warn("fast path off: this kernel cannot run it; frames cross user space", "fast_path", m, "reason", err)
 	return false, nil
+}
+
+// startFastPath attaches the fast path's programs (TX at the egress of
+// the TAP named tapName) and returns what the shim keeps in step with its
+// tables (shim.Config.FastPath) and the closing of the programs, to run
+// once the shim has stopped; nil and a no-op when f runs none. An attach
+// that fails refuses the start under --fast-path on, and is logged, the
+// user-space path running alone, under auto.
+func startFastPath(f fabric, mode fastpath.Mode, tapName string, log *slog.Logger) (shim.FastPath, func(), error) {
+	kp, ok := f.port.(*kernelfabric.Port)
+	if !f.fastPath || !ok {
+		return nil, func() {}, nil
+	}
+	ifi, err := net.InterfaceByName(tapName)
+	var att *fastpath.Attached
+	if err == nil {
+		att, err = fastpath.Attach(ifi.Index)
+	}
+	if err != nil {
+		if mode == fastpath.On {
+			return nil, nil, fmt.Errorf("--fast-path on: %w", err)
+		}
+		log.Warn("fast path off: its programs did not attach; frames cross user space", "fast_path", mode, "reason", err)
+		return nil, func() {}, nil
+	}
+	log.Info("fast path attached", "tap", tapName, "tap_ifindex", ifi.Index)
+	return kp.NewFastPath(att, ifi.Index, ifi.MTU), func() {
+		if err := att.Close(); err != nil {
+			log.Warn("fast path: detach", "err", err)
+		}
+	}, nil
 }
 
 // checkVerbs: the verbs backend runs on the device --ib-dev, NAME or
