@@ -255,7 +255,9 @@ func startFastPath(f fabric, mode fastpath.Mode, tapName string, log *slog.Logge
 		return nil, func() {}, nil
 	}
 	log.Info("fast path attached", "tap", tapName, "tap_ifindex", ifi.Index)
-	return kp.NewFastPath(att, ifi.Index, ifi.MTU), func() {
+	fp := kp.NewFastPath(att, ifi.Index, ifi.MTU)
+	return fp, func() {
+		fp.Stop()
 		if err := att.Close(); err != nil {
 			log.Warn("fast path: detach", "err", err)
 		}

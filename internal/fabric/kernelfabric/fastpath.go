@@ -28,7 +28,18 @@ type FastPathMaps interface {
 	// PutSender and DeleteSender fill the RX program's senders map.
 	PutSender(child uint32, ip netip.Addr, remac net.HardwareAddr) error
 	DeleteSender(child uint32, ip netip.Addr) error
+	// Counts sums both programs' per-CPU verdict counters.
+	Counts() (tx [fastpath.NumReasons]uint64, rx [fastpath.NumRXReasons]uint64, err error)
 }
+
+// The names under which Port.Counters reports the programs' verdicts,
+// each followed by the verdict's name (fastpath.Reason, RXReason): the
+// daemon exports them as one family (eipoibd_fast_path_total, labelled
+// by direction and reason).
+const (
+	StatFastPathTX = "fast_path_tx_"
+	StatFastPathRX = "fast_path_rx_"
+)
 
 // FastPath keeps a port's fast-path maps in step with what the shim's
 // control goroutine says they may carry (shim.FastPath): each round
@@ -82,9 +93,31 @@ func newFastState() fastState {
 }
 
 // NewFastPath returns the FastPath of port p filling m, for the TAP with
-// ifindex tap and MTU tapMTU. Its maps start empty.
+// ifindex tap and MTU tapMTU. Its maps start empty. From now until Stop,
+// the port's Counters report the programs' verdicts.
 func (p *Port) NewFastPath(m FastPathMaps, tap, tapMTU int) *FastPath {
-	return &FastPath{p: p, m: m, tap: tap, tapMTU: tapMTU, want: newFastState(), have: newFastState()}
+	f := &FastPath{p: p, m: m, tap: tap, tapMTU: tapMTU, want: newFastState(), have: newFastState()}
+	p.fast.Store(f)
+	return f
+}
+
+// Stop ends the port's reporting of the programs' counters, before m is
+// closed.
+func (f *FastPath) Stop() { f.p.fast.CompareAndSwap(f, nil) }
+
+// counts adds the programs' verdict counters to stats, every verdict,
+// zero or not; none if they cannot be read (m closed meanwhile).
+func (f *FastPath) counts(stats map[string]uint64) {
+	tx, rx, err := f.m.Counts()
+	if err != nil {
+		return
+	}
+	for r, n := range tx {
+		stats[StatFastPathTX+fastpath.Reason(r).String()] = n
+	}
+	for r, n := range rx {
+		stats[StatFastPathRX+fastpath.RXReason(r).String()] = n
+	}
 }
 
 // Begin starts a round.

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -26,10 +27,16 @@ type fakeMaps struct {
 	senders  map[string]ether.MAC // "child/ip"
 	calls    int
 	fail     error // returned by every Put while set
+	tx       [fastpath.NumReasons]uint64
+	rx       [fastpath.NumRXReasons]uint64
 }
 
 func newFakeMaps() *fakeMaps {
-	return &fakeMaps{map[ether.MAC]fastpath.Guest{}, map[ether.MAC]ipoib.HwAddr{}, map[int]fastpath.RXGuest{}, map[string]ether.MAC{}, 0, nil}
+	return &fakeMaps{guests: map[ether.MAC]fastpath.Guest{}, remacs: map[ether.MAC]ipoib.HwAddr{}, children: map[int]fastpath.RXGuest{}, senders: map[string]ether.MAC{}}
+}
+
+func (m *fakeMaps) Counts() ([fastpath.NumReasons]uint64, [fastpath.NumRXReasons]uint64, error) {
+	return m.tx, m.rx, nil
 }
 
 func (m *fakeMaps) PutGuest(mac net.HardwareAddr, g fastpath.Guest) error {
@@ -184,6 +191,36 @@ func TestFastPathMaps(t *testing.T) {
 	}
 	if len(m.guests)+len(m.remacs)+len(m.children)+len(m.senders) != 0 {
 		t.Errorf("after an empty round: guests %v REMACs %v children %v senders %v", m.guests, m.remacs, m.children, m.senders)
+	}
+}
+
+// TestFastPathCounters: from NewFastPath until Stop, the port's counters
+// hold every verdict of both programs, zero or not, under
+// fast_path_tx_<reason> and fast_path_rx_<reason>.
+func TestFastPathCounters(t *testing.T) {
+	p := open(t, fakekernel.NewFabric().NewHost(testutil.GID("fe80::a"), "ib0", 2044))
+	if _, ok := p.Counters().Stats[kf.StatFastPathTX+"redirected"]; ok {
+		t.Fatal("fast-path counters before any fast path")
+	}
+	m := newFakeMaps()
+	m.tx[fastpath.Redirected], m.tx[fastpath.FallbackARP] = 7, 2
+	m.rx[fastpath.RXRedirected], m.rx[fastpath.RXFallbackUnknownSender] = 5, 3
+	f := p.NewFastPath(m, 77, 9000)
+	st := p.Counters().Stats
+	n := 0
+	for k := range st {
+		if strings.HasPrefix(k, "fast_path_") {
+			n++
+		}
+	}
+	if n != int(fastpath.NumReasons)+int(fastpath.NumRXReasons) || st["fast_path_tx_redirected"] != 7 || st["fast_path_tx_arp"] != 2 ||
+		st["fast_path_rx_redirected"] != 5 || st["fast_path_rx_unknown_sender"] != 3 || st["fast_path_tx_too_big"] != 0 {
+		t.Errorf("%d fast-path counters, want %d; tx redirected %d arp %d, rx redirected %d unknown_sender %d",
+			n, int(fastpath.NumReasons)+int(fastpath.NumRXReasons), st["fast_path_tx_redirected"], st["fast_path_tx_arp"], st["fast_path_rx_redirected"], st["fast_path_rx_unknown_sender"])
+	}
+	f.Stop()
+	if _, ok := p.Counters().Stats["fast_path_tx_redirected"]; ok {
+		t.Error("fast-path counters after Stop")
 	}
 }
 

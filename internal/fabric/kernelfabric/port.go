@@ -217,8 +217,10 @@ type Port struct {
 	scope  uint8
 	// ipv6: the kernel runs IPv6, so children get its host-off settings.
 	ipv6 bool
-	// fastPath: Config.FastPath.
+	// fastPath: Config.FastPath; fast, the FastPath made (NewFastPath)
+	// whose counters Counters reports, until its Stop.
 	fastPath bool
+	fast     atomic.Pointer[FastPath]
 	// tso: the children have TSO; decided on the first child, under
 	// setup, before any Write.
 	tso, tsoKnown bool
@@ -580,6 +582,9 @@ func (p *Port) Counters() ipoib.PortCounters {
 	}
 	if n := OutgoingNotIgnored(); n > 0 {
 		c.Stats[StatOutgoingNotIgnored] = n
+	}
+	if f := p.fast.Load(); f != nil {
+		f.counts(c.Stats)
 	}
 	return c
 }

@@ -115,6 +115,16 @@ func (a *Attached) DeleteSender(child uint32, ip netip.Addr) error {
 	return absent(a.RX.DeleteSender(child, ip))
 }
 
+// Counts sums both programs' per-CPU verdict counters.
+func (a *Attached) Counts() (tx [NumReasons]uint64, rx [NumRXReasons]uint64, err error) {
+	tx, err = a.TX.Counts()
+	if err != nil {
+		return tx, rx, err
+	}
+	rx, err = a.RX.Counts()
+	return tx, rx, err
+}
+
 // absent makes the delete of an entry that is not there a success.
 func absent(err error) error {
 	if errors.Is(err, ebpf.ErrKeyNotExist) {
