@@ -244,7 +244,9 @@ func startFastPath(f fabric, mode fastpath.Mode, tapName string, log *slog.Logge
 	}
 	ifi, err := net.InterfaceByName(tapName)
 	var att *fastpath.Attached
-	if err == nil {
+	if err != nil {
+		err = fmt.Errorf("TAP %s: %w", tapName, err)
+	} else {
 		att, err = fastpath.Attach(ifi.Index)
 	}
 	if err != nil {
