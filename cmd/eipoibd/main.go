@@ -35,6 +35,7 @@ import (
 	"github.com/eipoib/eipoibd/internal/ctl"
 	"github.com/eipoib/eipoibd/internal/daemon"
 	"github.com/eipoib/eipoibd/internal/fabric/faultport"
+	"github.com/eipoib/eipoibd/internal/fabric/kernelfabric/fastpath"
 	"github.com/eipoib/eipoibd/internal/shim"
 	"github.com/eipoib/eipoibd/ipoib"
 )
@@ -54,7 +55,7 @@ func main() {
 type options struct {
 	cfg                                                      daemon.Config
 	logLevel, logFormat, config, mac, vlanPKey, dhcpClientID string
-	learn, dhcp                                              string
+	learn, dhcp, fastPath                                    string
 	faults                                                   string
 }
 
@@ -93,6 +94,7 @@ func runFlags(o *options) *flag.FlagSet {
 	fs.DurationVar(&o.cfg.VIFIdle, "vif-idle", 300*time.Second, "idle time after which a learned guest's VIF is removed (a declared one stays until undeclared)")
 	fs.StringVar(&o.cfg.Fabric, "fabric", daemon.FabricSim, "fabric backend: sim (the simulated UD fabric), kernel (the kernel's IPoIB driver, with --ib-dev) or verbs (UD QPs through libibverbs, with --ib-dev; needs a build with -tags verbs)")
 	fs.IntVar(&o.cfg.VerbsRecvDepth, "verbs-recv-depth", daemon.DefaultVerbsRecvDepth, fmt.Sprintf("receive buffers --fabric verbs keeps posted on its shared receive queue (%d to %d), reposted as packets arrive whatever the reader does; as many again hold packets for the reader, beyond which new ones are dropped and counted (rx_queue_full). Memory: (2 x depth + 64) x 4160 bytes", daemon.MinVerbsRecvDepth, daemon.MaxVerbsRecvDepth))
+	fs.StringVar(&o.fastPath, "fast-path", fastpath.Off.String(), "--fabric kernel: carry guests' ordinary unicast IP between the TAP and the IPoIB children with in-kernel BPF programs (tcx, Linux 6.6): off; auto (when the kernel passes a probe, else logged and off); on (refuse to start when it fails). auto and on are experimental")
 	fs.StringVar(&o.cfg.IBDev, "ib-dev", "", "IPoIB parent interface of --fabric kernel (e.g. ib0), or verbs device of --fabric verbs, NAME or NAME:PORT (e.g. mlx5_0, mlx5_0:2, rxe0; port 1 when none is given)")
 	fs.StringVar(&o.cfg.Metrics, "metrics", "", "listen address for Prometheus metrics, e.g. 127.0.0.1:9474 (off when empty)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
@@ -140,6 +142,9 @@ func check(o *options) error {
 	}
 	if o.cfg.DHCPClientID, ok = arpndp.ParseClientIDForm(o.dhcpClientID); !ok {
 		return usageError{Msg: fmt.Sprintf("--dhcp-client-id %q: want mac or mlnx", o.dhcpClientID)}
+	}
+	if o.cfg.FastPath, ok = fastpath.ParseMode(o.fastPath); !ok {
+		return usageError{Msg: fmt.Sprintf("--fast-path %q: want off, auto or on", o.fastPath)}
 	}
 	var err error
 	if o.cfg.Faults, err = parseFaults(o.faults); err != nil {

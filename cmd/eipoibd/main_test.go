@@ -27,6 +27,8 @@ func TestBadCommandLines(t *testing.T) {
 		{[]string{"run", "--fabric", "verbs"}, "--fabric verbs needs --ib-dev (the verbs device, e.g. mlx5_0 or rxe0)", true},
 		{[]string{"run", "--fabric", "verbs", "--ib-dev", "rxe0", "--fault", "loss=0.1"}, "--fault is for --fabric sim, not --fabric verbs", true},
 		{[]string{"run", "--underlay", "x", "--verbs-recv-depth", "2048"}, "--verbs-recv-depth 2048 is for --fabric verbs, not --fabric sim", true},
+		{[]string{"run", "--underlay", "x", "--fast-path", "on"}, "--fast-path on is for --fabric kernel, not --fabric sim", true},
+		{[]string{"run", "--fabric", "kernel", "--ib-dev", "ib0", "--fast-path", "yes"}, `--fast-path "yes": want off, auto or on`, true},
 		{[]string{"run", "--fabric", "kernel", "--ib-dev", "ib0", "--ib-mtu", "2048"}, "--ib-mtu 2048 is for --fabric sim, not --fabric kernel", true},
 		{[]string{"run", "--underlay", "x", "--ib-dev", "ib0"}, `--ib-dev "ib0" is for --fabric kernel or verbs, not --fabric sim`, true},
 		{[]string{"run", "--fabric", "ud"}, `--fabric "ud": want sim, kernel or verbs`, true},

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/eipoib/eipoibd/internal/fabric/faultport"
+	"github.com/eipoib/eipoibd/internal/fabric/kernelfabric/fastpath"
 	"github.com/eipoib/eipoibd/ipoib"
 )
 
@@ -38,6 +39,10 @@ func TestValidate(t *testing.T) {
 		{func(c *Config) { onKernel(c); c.IBMTU = 2048 }, "--ib-mtu 2048 is for --fabric sim, not --fabric kernel"},
 		{func(c *Config) { onVerbs(c); c.IBMTU = 2048 }, "--ib-mtu 2048 is for --fabric sim, not --fabric verbs"},
 		{func(c *Config) { onKernel(c); c.RxWorkers = 1 }, ""},
+		{func(c *Config) { onKernel(c); c.FastPath = fastpath.On }, ""},
+		{func(c *Config) { c.FastPath = fastpath.Auto }, "--fast-path auto is for --fabric kernel, not --fabric sim"},
+		{func(c *Config) { onVerbs(c); c.FastPath = fastpath.On }, "--fast-path on is for --fabric kernel, not --fabric verbs"},
+		{func(c *Config) { onKernel(c); c.FastPath = 3 }, "--fast-path Mode(3): want off, auto or on"},
 		{func(c *Config) { c.IBMTU = 1500 }, "--ib-mtu 1500: want 2048 or 4096"},
 		{func(c *Config) { onVerbs(c); c.VerbsRecvDepth = 63 }, "--verbs-recv-depth 63: want 64 to 16384 (0: 1024)"},
 		{func(c *Config) { onVerbs(c); c.VerbsRecvDepth = 16385 }, "--verbs-recv-depth 16385: want 64 to 16384 (0: 1024)"},

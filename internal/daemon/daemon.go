@@ -26,6 +26,7 @@ import (
 	"github.com/eipoib/eipoibd/ether"
 	"github.com/eipoib/eipoibd/internal/ctl"
 	"github.com/eipoib/eipoibd/internal/fabric/faultport"
+	"github.com/eipoib/eipoibd/internal/fabric/kernelfabric/fastpath"
 	"github.com/eipoib/eipoibd/internal/shim"
 	"github.com/eipoib/eipoibd/internal/tap"
 	"github.com/eipoib/eipoibd/ipoib"
@@ -86,18 +87,19 @@ const announceWindow = 30 * time.Second
 // flag (and config file key) named beside it; docs/flags.md, generated
 // from the flags, says what it means.
 type Config struct {
-	Name           string    // --name: the TAP
-	MAC            ether.MAC // --mac: the TAP's MAC; zero for the kernel's random one
-	Fabric         string    // --fabric: FabricSim, FabricKernel or FabricVerbs
-	Underlay       string    // --underlay: the simulated fabric's interface
-	IBDev          string    // --ib-dev: IPoIB parent or verbs device
-	IBMTU          int       // --ib-mtu: 2048 or 4096 (sim; the others ask the device)
-	VerbsRecvDepth int       // --verbs-recv-depth: 0 for the default
-	TAPMTU         int       // --tap-mtu
-	TAPQueueLen    int       // --tap-queue-len: 0 leaves the TAP's own
-	Queues         int       // --queues: 0 for one per CPU
-	RxWorkers      int       // --rx-workers: 0 for one per TAP queue
-	Offload        bool      // --offload
+	Name           string        // --name: the TAP
+	MAC            ether.MAC     // --mac: the TAP's MAC; zero for the kernel's random one
+	Fabric         string        // --fabric: FabricSim, FabricKernel or FabricVerbs
+	Underlay       string        // --underlay: the simulated fabric's interface
+	IBDev          string        // --ib-dev: IPoIB parent or verbs device
+	IBMTU          int           // --ib-mtu: 2048 or 4096 (sim; the others ask the device)
+	VerbsRecvDepth int           // --verbs-recv-depth: 0 for the default
+	FastPath       fastpath.Mode // --fast-path: the kernel backend's BPF fast path
+	TAPMTU         int           // --tap-mtu
+	TAPQueueLen    int           // --tap-queue-len: 0 leaves the TAP's own
+	Queues         int           // --queues: 0 for one per CPU
+	RxWorkers      int           // --rx-workers: 0 for one per TAP queue
+	Offload        bool          // --offload
 
 	BusyPoll time.Duration // --busy-poll: 0 for off
 
@@ -158,6 +160,8 @@ func (c *Config) Validate() error {
 		return bad("--ib-mtu %d: want 2048 or 4096", c.IBMTU)
 	case c.VerbsRecvDepth != 0 && (c.VerbsRecvDepth < MinVerbsRecvDepth || c.VerbsRecvDepth > MaxVerbsRecvDepth):
 		return bad("--verbs-recv-depth %d: want %d to %d (0: %d)", c.VerbsRecvDepth, MinVerbsRecvDepth, MaxVerbsRecvDepth, DefaultVerbsRecvDepth)
+	case !c.FastPath.Valid():
+		return bad("--fast-path %s: want off, auto or on", c.FastPath)
 	case c.MaxVIFs < 1 || c.MaxVIFs > 1<<20:
 		return bad("--max-vifs %d: want 1 to %d", c.MaxVIFs, 1<<20)
 	case c.TAPMTU < MinTAPMTU || c.TAPMTU > MaxTAPMTU:
@@ -260,7 +264,13 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	keeper := storeQueues(&cfg, dev, kept, inKeeper, log) // nil unless --persist with --fd-store
 
-	sh, err := shim.New(ShimConfig(&cfg, dev, port))
+	sc := ShimConfig(&cfg, dev, port)
+	var closeFastPath func()
+	if sc.FastPath, closeFastPath, err = startFastPath(fab, cfg.FastPath, cfg.Name, log); err != nil {
+		return err
+	}
+	defer closeFastPath() // after the shim has stopped, having emptied its maps
+	sh, err := shim.New(sc)
 	if err != nil {
 		return err
 	}

@@ -8,14 +8,17 @@ package daemon
 import (
 	"fmt"
 	"log/slog"
+	"net"
 	"slices"
 	"strconv"
 
 	"github.com/eipoib/eipoibd/internal/cli"
 	"github.com/eipoib/eipoibd/internal/fabric/faultport"
 	"github.com/eipoib/eipoibd/internal/fabric/kernelfabric"
+	"github.com/eipoib/eipoibd/internal/fabric/kernelfabric/fastpath"
 	"github.com/eipoib/eipoibd/internal/fabric/simfabric"
 	"github.com/eipoib/eipoibd/internal/fabric/verbsfabric"
+	"github.com/eipoib/eipoibd/internal/shim"
 	"github.com/eipoib/eipoibd/ipoib"
 )
 
@@ -49,12 +52,15 @@ type fabric struct {
 	// toggle flips the port down or up and says whether it is down now
 	// (SIGUSR1); nil for a port that follows a real link.
 	toggle func() (down bool)
+	// fastPath: the kernel backend runs the BPF fast path (--fast-path,
+	// useFastPath); startFastPath attaches it once the TAP exists.
+	fastPath bool
 }
 
 // backends is the registry, in the order "eipoibd version" lists it.
 var backends = []Backend{
 	{Name: FabricSim, takes: []string{"underlay", "fault", "ib-mtu", "rx-workers"}, check: checkSim, open: openSim},
-	{Name: FabricKernel, takes: []string{"ib-dev"}, check: checkKernel, open: openKernel},
+	{Name: FabricKernel, takes: []string{"ib-dev", "fast-path"}, check: checkKernel, open: openKernel},
 	{Name: FabricVerbs, Tag: "verbs", takes: []string{"ib-dev", "verbs-recv-depth"}, check: checkVerbs, open: openVerbs},
 }
 
@@ -79,6 +85,7 @@ var backendSettings = []backendSetting{
 	// receives on one queue.
 	{"rx-workers", func(c *Config) (string, bool) { return strconv.Itoa(c.RxWorkers), c.RxWorkers > 1 }},
 	{"ib-dev", func(c *Config) (string, bool) { return strconv.Quote(c.IBDev), c.IBDev != "" }},
+	{"fast-path", func(c *Config) (string, bool) { return c.FastPath.String(), c.FastPath != fastpath.Off }},
 	{"verbs-recv-depth", func(c *Config) (string, bool) {
 		return strconv.Itoa(c.VerbsRecvDepth), c.VerbsRecvDepth != 0 && c.VerbsRecvDepth != DefaultVerbsRecvDepth
 	}},
@@ -194,11 +201,69 @@ func checkKernel(c *Config) error {
 // openKernel opens the kernel backend's port, whose MTU is the
 // device's, not --ib-mtu.
 func openKernel(c *Config, log *slog.Logger) (fabric, error) {
-	p, err := kernelfabric.New(kernelfabric.Config{Kernel: kernelfabric.System{}, Parent: c.IBDev, Logger: log})
+	use, err := useFastPath(c.FastPath, fastpath.Probe, log)
 	if err != nil {
 		return fabric{}, err
 	}
-	return fabric{port: p, device: c.IBDev}, nil
+	p, err := kernelfabric.New(kernelfabric.Config{Kernel: kernelfabric.System{}, Parent: c.IBDev, Logger: log, FastPath: use})
+	if err != nil {
+		return fabric{}, err
+	}
+	return fabric{port: p, device: c.IBDev, fastPath: use}, nil
+}
+
+// useFastPath decides whether the kernel backend runs the BPF fast path:
+// never with --fast-path off (probe is not called); with auto when probe
+// passes, else it logs why not, once, and the user-space path runs; with
+// on when probe passes, else it refuses to start, saying what is missing.
+func useFastPath(m fastpath.Mode, probe func() error, log *slog.Logger) (bool, error) {
+	if m == fastpath.Off {
+		return false, nil
+	}
+	err := probe()
+	switch {
+	case err == nil:
+		return true, nil
+	case m == fastpath.On:
+		return false, fmt.Errorf("--fast-path on: this kernel cannot run it: %w", err)
+	}
+	log.Warn("fast path off: this kernel cannot run it; frames cross user space", "fast_path", m, "reason", err)
+	return false, nil
+}
+
+// startFastPath attaches the fast path's programs (TX at the egress of
+// the TAP named tapName) and returns what the shim keeps in step with its
+// tables (shim.Config.FastPath) and the closing of the programs, to run
+// once the shim has stopped; nil and a no-op when f runs none. An attach
+// that fails refuses the start under --fast-path on, and is logged, the
+// user-space path running alone, under auto.
+func startFastPath(f fabric, mode fastpath.Mode, tapName string, log *slog.Logger) (shim.FastPath, func(), error) {
+	kp, ok := f.port.(*kernelfabric.Port)
+	if !f.fastPath || !ok {
+		return nil, func() {}, nil
+	}
+	ifi, err := net.InterfaceByName(tapName)
+	var att *fastpath.Attached
+	if err != nil {
+		err = fmt.Errorf("TAP %s: %w", tapName, err)
+	} else {
+		att, err = fastpath.Attach(ifi.Index)
+	}
+	if err != nil {
+		if mode == fastpath.On {
+			return nil, nil, fmt.Errorf("--fast-path on: %w", err)
+		}
+		log.Warn("fast path off: its programs did not attach; frames cross user space", "fast_path", mode, "reason", err)
+		return nil, func() {}, nil
+	}
+	log.Info("fast path attached", "tap", tapName, "tap_ifindex", ifi.Index)
+	fp := kp.NewFastPath(att, ifi.Index, ifi.MTU)
+	return fp, func() {
+		fp.Stop()
+		if err := att.Close(); err != nil {
+			log.Warn("fast path: detach", "err", err)
+		}
+	}, nil
 }
 
 // checkVerbs: the verbs backend runs on the device --ib-dev, NAME or

@@ -1,13 +1,18 @@
 package daemon
 
 import (
+	"errors"
 	"log/slog"
 	"strings"
 	"testing"
 
 	"github.com/eipoib/eipoibd/internal/fabric/faultport"
+	"github.com/eipoib/eipoibd/internal/fabric/kernelfabric"
+	"github.com/eipoib/eipoibd/internal/fabric/kernelfabric/fakekernel"
+	"github.com/eipoib/eipoibd/internal/fabric/kernelfabric/fastpath"
 	"github.com/eipoib/eipoibd/internal/fabric/simfabric"
 	"github.com/eipoib/eipoibd/internal/nstest"
+	"github.com/eipoib/eipoibd/internal/testutil"
 )
 
 // TestToggleDown: SIGUSR1's toggle reaches the simulated port through
@@ -54,5 +59,75 @@ func TestBackends(t *testing.T) {
 	}
 	if want := "sim/ kernel/ verbs/verbs"; strings.Join(got, " ") != want {
 		t.Errorf("Backends: %q, want %q", got, want)
+	}
+}
+
+// TestUseFastPath: off never probes; auto uses the fast path when the
+// probe passes and otherwise runs without it, saying why once in the
+// log; on refuses to start with the probe's reason in one line.
+func TestUseFastPath(t *testing.T) {
+	missing := errors.New("the kernel has no tcx (Linux 6.6)")
+	for _, c := range []struct {
+		mode     fastpath.Mode
+		probeErr error
+		use      bool
+		wantErr  string
+		wantLogs int
+	}{
+		{fastpath.Off, missing, false, "", 0},
+		{fastpath.Auto, nil, true, "", 0},
+		{fastpath.Auto, missing, false, "", 1},
+		{fastpath.On, nil, true, "", 0},
+		{fastpath.On, missing, false, "--fast-path on: this kernel cannot run it: the kernel has no tcx (Linux 6.6)", 0},
+	} {
+		var logs syncBuffer
+		probes := 0
+		use, err := useFastPath(c.mode, func() error { probes++; return c.probeErr }, slog.New(slog.NewTextHandler(&logs, nil)))
+		if use != c.use || (err == nil) != (c.wantErr == "") || err != nil && err.Error() != c.wantErr {
+			t.Errorf("%v, probe %v: use %v, error %v; want %v, %q", c.mode, c.probeErr, use, err, c.use, c.wantErr)
+		}
+		if wantProbes := map[bool]int{true: 0, false: 1}[c.mode == fastpath.Off]; probes != wantProbes {
+			t.Errorf("%v: %d probes, want %d", c.mode, probes, wantProbes)
+		}
+		line := `msg="fast path off: this kernel cannot run it; frames cross user space" fast_path=auto reason="the kernel has no tcx (Linux 6.6)"`
+		if n := strings.Count(logs.String(), line); n != c.wantLogs || strings.Count(logs.String(), "\n") != c.wantLogs {
+			t.Errorf("%v, probe %v: the log holds the reason %d times, want %d:\n%s", c.mode, c.probeErr, n, c.wantLogs, logs.String())
+		}
+	}
+}
+
+// TestStartFastPath: a kernel port not running the fast path (off, or
+// a probe that failed under auto) gets nothing attached and no TAP is
+// looked up; one running it whose programs cannot attach (here: no such
+// TAP) runs without it under auto, saying why once, and refuses to start
+// under on.
+func TestStartFastPath(t *testing.T) {
+	kp, err := kernelfabric.New(kernelfabric.Config{Kernel: fakekernel.NewFabric().NewHost(testutil.GID("fe80::a"), "ib0", 2044), Parent: "ib0", Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kp.Close()
+	for _, c := range []struct {
+		fast     bool
+		mode     fastpath.Mode
+		wantErr  string
+		wantLogs int
+	}{
+		{false, fastpath.Off, "", 0},
+		{false, fastpath.Auto, "", 0},
+		{true, fastpath.Auto, "", 1},
+		{true, fastpath.On, "--fast-path on: TAP fpnosuchtap: route ip+net: no such network interface", 0},
+	} {
+		var logs syncBuffer
+		fp, closeFP, err := startFastPath(fabric{port: kp, device: "ib0", fastPath: c.fast}, c.mode, "fpnosuchtap", slog.New(slog.NewTextHandler(&logs, nil)))
+		if fp != nil || (err == nil) != (c.wantErr == "") || err != nil && err.Error() != c.wantErr {
+			t.Errorf("fast %v %v: %v, %v; want no fast path and error %q", c.fast, c.mode, fp, err, c.wantErr)
+		}
+		if err == nil {
+			closeFP()
+		}
+		if n := strings.Count(logs.String(), `msg="fast path off: its programs did not attach; frames cross user space"`); n != c.wantLogs || strings.Count(logs.String(), "\n") != c.wantLogs {
+			t.Errorf("fast %v %v: the log holds the reason %d times, want %d:\n%s", c.fast, c.mode, n, c.wantLogs, logs.String())
+		}
 	}
 }

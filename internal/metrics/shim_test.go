@@ -8,7 +8,10 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/eipoib/eipoibd/internal/fabric/kernelfabric"
+	"github.com/eipoib/eipoibd/internal/fabric/kernelfabric/fastpath"
 	"github.com/eipoib/eipoibd/internal/fabric/memfabric"
+	"github.com/eipoib/eipoibd/internal/metrics/stat"
 	"github.com/eipoib/eipoibd/internal/shim"
 	"github.com/eipoib/eipoibd/internal/tap"
 	"github.com/eipoib/eipoibd/internal/testutil"
@@ -174,5 +177,25 @@ func TestShimScrape(t *testing.T) {
 	}
 	if len(seen) != len(snap) {
 		t.Errorf("the scrape has %d of the snapshot's %d names", len(seen), len(snap))
+	}
+}
+
+// TestFastPathFamily: the kernel backend's fast-path verdicts, which its
+// port reports as fast_path_tx_<reason> and fast_path_rx_<reason>, are
+// one counter family labelled by direction and reason, and read back to
+// their snapshot names.
+func TestFastPathFamily(t *testing.T) {
+	fams := shim.Families()
+	for _, c := range []struct{ name, series string }{
+		{"port_" + kernelfabric.StatFastPathTX + fastpath.Redirected.String(), `eipoibd_fast_path_total{direction="tx",reason="redirected"}`},
+		{"port_" + kernelfabric.StatFastPathRX + fastpath.RXFallbackUnknownSender.String(), `eipoibd_fast_path_total{direction="rx",reason="unknown_sender"}`},
+	} {
+		s := SeriesOf(fams, stat.Value{Name: c.name})
+		if s.String() != c.series {
+			t.Errorf("%s is exported as %s, want %s", c.name, s, c.series)
+		}
+		if back, ok := SnapshotName(fams, s.Name, map[string]string{s.Labels[0]: s.Values[0], s.Labels[1]: s.Values[1]}); !ok || back != c.name {
+			t.Errorf("%s reads back as %q (%v), want %s", s, back, ok, c.name)
+		}
 	}
 }

@@ -106,6 +106,7 @@ type control struct {
 	own      sync.Mutex
 	batch    *txBatch  // for sending held frames; under own
 	draining []drained // unpublished VIFs whose QPs wait for quiescence; under own
+	fastOff  string    // why the fast path carried nothing at the last sync, "" when it carried; under own
 
 	refMu    sync.Mutex
 	refusals map[string]uint64 // vifs_refused_<reason>, groups_refused_<reason>
@@ -285,6 +286,7 @@ func (s *Shim) controlTick(now time.Time) {
 		s.log.Debug("left idle send-only groups", "left", n)
 	}
 	s.ageVIFs(now)
+	s.syncFastPath(now) // before freeDrained frees the QPs of VIFs it carried
 	s.freeDrained()
 	s.newVIFs.expire(now)
 }
@@ -326,6 +328,7 @@ func (s *Shim) freeDrained() {
 // the VIFs vs, which the caller removed from the table, and frees their
 // QPs, returning the first error. Call with ctl.own held.
 func (s *Shim) freeQuiesced(vs []*mactrans.VIF) error {
+	s.syncFastPath(s.clk.Now()) // the fast path lets go of them first
 	e := s.ep.advance()
 	for !s.ep.quiet(e) {
 		time.Sleep(100 * time.Microsecond) // a batch in flight ends within microseconds

@@ -240,7 +240,13 @@ var families = []stat.Family{
 	{Prefix: "groups_refused_", Name: "groups_refused", Labels: []string{"reason"}, Help: "Group joins the port refused, by its reason"},
 	{Prefix: "tap_drop_", Name: "tap_drops", Labels: []string{"reason"}, Help: "Frames the TAP refused, by reason"},
 	{Prefix: "port_drop_", Name: "port_drops", Labels: []string{"reason"}, Help: "Packets the fabric port dropped or could not send, by the backend's reason"},
+	// The kernel backend's BPF fast path (--fast-path): every verdict of
+	// its programs, as kernelfabric.StatFastPathTX/RX name them.
+	{Prefix: "port_fast_path_tx_", Name: "fast_path", Labels: []string{"direction", "reason"}, Fixed: []string{"tx"}, Help: fastPathHelp},
+	{Prefix: "port_fast_path_rx_", Name: "fast_path", Labels: []string{"direction", "reason"}, Fixed: []string{"rx"}, Help: fastPathHelp},
 }
+
+const fastPathHelp = "Frames (tx: from the TAP) and packets (rx: from a VIF child) the kernel backend's fast path saw, by direction and verdict: redirected, drop_rewrite, or why it left them to eipoibd"
 
 const rewriteHelp = "ARP, NDP and DHCP payloads whose rewrite was refused, by direction and reason"
 

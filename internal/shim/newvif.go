@@ -296,6 +296,7 @@ func (s *Shim) makeVIF(p *partition, mac ether.MAC, origin mactrans.Origin, now 
 	s.ctr.inc(VIFsCreated) // before its held frames go out
 	s.log.Info("VIF created", "mac", mac, "vlan", p.vlan, "pkey", p.pkey, "qpn", fmt.Sprintf("%#06x", v.QPN), "limac", v.LIMAC, "origin", origin)
 	s.readyVIF(p, v, now)
+	s.syncFastPath(now)
 	if s.cfg.AnnounceWindow > 0 {
 		s.mobility.seekMoved(p, v, now)
 	}

@@ -71,6 +71,9 @@ type Config struct {
 	// after a migration) are announced on the fabric (announce.go); 0
 	// announces nothing.
 	AnnounceWindow time.Duration
+	// FastPath, when not nil, is an in-kernel fast path the control
+	// goroutine keeps in step with the tables (fastpath.go).
+	FastPath FastPath
 }
 
 // partition is one VLAN ↔ P_Key pairing with its own groups and view.
@@ -139,6 +142,7 @@ type Shim struct {
 	lastRound atomic.Int64            // wall clock of the last housekeeping round
 
 	vifWarn             warnlimit.Limit // limits warnings a guest can cause per frame
+	fastWarn            warnlimit.Limit // limits the fast path's warnings (fastpath.go)
 	carrier, carrierSet atomic.Bool
 	stopping            atomic.Bool // set before Run frees the VIFs
 

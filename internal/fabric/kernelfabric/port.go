@@ -141,6 +141,11 @@ type Config struct {
 	// ChildTimeout bounds the wait for a new child's carrier, that is
 	// for its broadcast join (DefaultChildTimeout when zero).
 	ChildTimeout time.Duration
+	// FastPath: the fast path's RX program runs at the VIF children's
+	// ingress (NewFastPath), so their packet sockets are bound to the
+	// protocols the port reads rather than to every protocol (see
+	// vifProtocols).
+	FastPath bool
 }
 
 // DefaultChildTimeout is Config.ChildTimeout's default: an SA join
@@ -177,7 +182,11 @@ type child struct {
 	group bool   // the partition's multicast child
 	gc    *child // a VIF child's partition's group child, which sends its multicast
 	vnet  bool   // PACKET_VNET_HDR on its socket
-	sock  Socket
+	sock  Socket // what it sends on, and reads unless the fast path runs
+	// rx are the sockets read, each by its own rxLoop: sock alone, or
+	// a VIF child's under the fast path, one per vifProtocols (sock the
+	// first).
+	rx []Socket
 	// carrier and mtu (its IB MTU, the IPoIB MTU + 4; 0 until its first
 	// carrier) follow the link's notifications; up is closed at the
 	// first carrier.
@@ -208,6 +217,10 @@ type Port struct {
 	scope  uint8
 	// ipv6: the kernel runs IPv6, so children get its host-off settings.
 	ipv6 bool
+	// fastPath: Config.FastPath; fast, the FastPath made (NewFastPath)
+	// whose counters Counters reports, until its Stop.
+	fastPath bool
+	fast     atomic.Pointer[FastPath]
 	// tso: the children have TSO; decided on the first child, under
 	// setup, before any Write.
 	tso, tsoKnown bool
@@ -313,7 +326,7 @@ func New(cfg Config) (*Port, error) {
 		qps: ipoib.NewQPTable(0), groupC: make(map[ipoib.PKey]*child), all: make(map[string]*child),
 		slots: make(map[int]bool), stem: ChildStem(parent.Name),
 		groups: ipoib.NewGroupTable(), done: make(chan struct{}), rx: make(chan rxq.Packet, queueLen),
-		refused: make(map[ipoib.PKey]refusal), timeout: cfg.ChildTimeout,
+		refused: make(map[ipoib.PKey]refusal), timeout: cfg.ChildTimeout, fastPath: cfg.FastPath,
 	}
 	// p.mtu is known by the time a child's reader needs a buffer.
 	p.pool.New = func() any { b := make([]byte, VnetHdrLen+p.mtu+rxHead); return &b }
@@ -570,6 +583,9 @@ func (p *Port) Counters() ipoib.PortCounters {
 	if n := OutgoingNotIgnored(); n > 0 {
 		c.Stats[StatOutgoingNotIgnored] = n
 	}
+	if f := p.fast.Load(); f != nil {
+		f.counts(c.Stats)
+	}
 	return c
 }
 
@@ -664,10 +680,38 @@ func (p *Port) createChild(name string, pkey ipoib.PKey, group bool) (c *child, 
 	// A VIF child's socket takes PACKET_HOST only: the kernel drops its
 	// broadcast and multicast copies (the group child's are the ones
 	// read) instead of waking its reader for each.
-	if c.sock, err = k.OpenPacketWith(l.Index, PacketOptions{Vnet: c.vnet, HostOnly: !group}); err != nil {
-		return nil, fmt.Errorf("kernel: open packet socket on %s: %w", name, err)
+	protos := []uint16{0} // every protocol
+	if p.fastPath && !group {
+		protos = vifProtocols[:]
 	}
+	for _, proto := range protos {
+		sock, err := k.OpenPacketWith(l.Index, PacketOptions{Protocol: proto, Vnet: c.vnet, HostOnly: !group})
+		if err != nil {
+			closeAll(c.rx)
+			return nil, fmt.Errorf("kernel: open packet socket on %s: %w", name, err)
+		}
+		c.rx = append(c.rx, sock)
+	}
+	c.sock = c.rx[0]
 	return c, nil
+}
+
+// vifProtocols are the protocols a VIF child's packet sockets are bound
+// to under the fast path, one socket each, rather than one socket for
+// every protocol: all that IPoIB carries to a guest (DESIGN.md). A
+// socket bound to every protocol sits on the device's ptype_all list,
+// which __netif_receive_skb_core (net/core/dev.c) delivers to before tc
+// ingress (sch_handle_ingress, where the RX program runs); one bound to
+// a protocol sits on its ptype_specific list (dev_add_pack, ptype_head),
+// delivered after it, so a packet the RX program redirects to the TAP
+// reaches none of them and the guest gets it once.
+var vifProtocols = [...]uint16{unix.ETH_P_IP, unix.ETH_P_IPV6, unix.ETH_P_ARP, unix.ETH_P_RARP}
+
+// closeAll closes every socket of socks.
+func closeAll(socks []Socket) {
+	for _, s := range socks {
+		s.Close()
+	}
 }
 
 // queueFixHint explains a child of a parent with several receive queues
@@ -820,8 +864,10 @@ func hostOffSysctls(dev string, ipv6 bool) [][2]string {
 }
 
 func (p *Port) startRx(c *child) {
-	p.wg.Add(1)
-	go p.rxLoop(c)
+	for _, sock := range c.rx {
+		p.wg.Add(1)
+		go p.rxLoop(c, sock)
+	}
 }
 
 // groupChild returns partition pkey's multicast child, creating it.
@@ -953,7 +999,7 @@ func (p *Port) waitBatch() {
 // destroy closes c's socket and deletes the interface.
 func (p *Port) destroy(c *child) error {
 	p.byIndex.Delete(c.index)
-	c.sock.Close()
+	closeAll(c.rx)
 	if err := p.k.DelLink(c.index); err != nil {
 		return fmt.Errorf("kernel: delete child %s: %w", c.name, err)
 	}
@@ -1169,8 +1215,8 @@ func (p *Port) Read(bufs [][]byte, sizes []int, meta []ipoib.RxMeta, offset int)
 	return rxq.Read(p.rx, p.done, &p.pool, p.rxCtr, bufs, sizes, meta, offset)
 }
 
-// rxLoop reads c's socket until it is closed.
-func (p *Port) rxLoop(c *child) {
+// rxLoop reads sock, one of c's, until it is closed.
+func (p *Port) rxLoop(c *child, sock Socket) {
 	defer p.wg.Done()
 	var names [batchSize][SockaddrLLIPoIBLen]byte
 	var msgs [batchSize]Msg
@@ -1188,7 +1234,7 @@ func (p *Port) rxLoop(c *child) {
 	for {
 		// Only the buffers handed to Read are replaced: a child that
 		// only receives copies (one a wake-up) touches one message.
-		n, err := c.sock.Recv(msgs[:])
+		n, err := sock.Recv(msgs[:])
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) || p.closed.Load() {
 				return

@@ -73,21 +73,26 @@
 // senders, packets too big for the TAP or too short to shrink, and
 // malformed packets return TC_ACT_OK untouched, each counted (RXReason).
 //
+// # How eipoibd runs it
+//
+// --fast-path auto or on (kernel backend only, off by default) runs
+// Probe first. Attach loads both programs and attaches TX at the TAP's
+// egress; PutChild attaches RX at each guest child's ingress. Package
+// kernelfabric's FastPath fills and empties the maps from the rounds of
+// the shim's control goroutine (internal/shim/fastpath.go says what it
+// may carry and when it carries nothing), and the kernel port binds the
+// VIF children's packet sockets to ETH_P_IP, ETH_P_IPV6, ETH_P_ARP and
+// ETH_P_RARP rather than ETH_P_ALL, since __netif_receive_skb_core
+// delivers to ptype_all sockets before tc ingress. Attached.Counts feeds
+// the port's counters (eipoibd_fast_path_total).
+//
 // # What it is not yet
 //
-// Nothing in eipoibd loads this package. Still to come: attaching the
-// programs (tcx, clsact on kernels before 6.6) and pinning them and their
-// maps so that a restart under --persist keeps the fast path; binding the
-// children's packet sockets to ETH_P_IP, ETH_P_IPV6 and ETH_P_ARP rather
-// than ETH_P_ALL, since __netif_receive_skb_core delivers to ptype_all
-// sockets before tc ingress; the control plane that fills and empties
-// the maps (PutGuest, PutREMAC, PutSender and their deletes) as VIFs,
-// neighbours and sources come and go, and that keeps the fast path off
-// where the user-space path does more than re-frame (MSS clamping, the
-// shim's per-source checks, VLANs and P_Keys other than the default);
-// the --fast-path flag and its kernel probe (tcx, bpf_skb_adjust_room's
-// NO_CSUM_RESET); Prometheus export of both programs' counters; make
-// bench rows and test/hw kit legs with the fast path on and off.
+// No clsact fallback for kernels before 6.6; nothing is pinned, so a
+// restart (even under --persist) ends the fast path until the new
+// process attaches it again; a guest only the fast path carries is not
+// touched, so its VIF ages out after --vif-idle; make bench rows and
+// test/hw kit legs with the fast path on and off.
 //
 // # How it is tested
 //

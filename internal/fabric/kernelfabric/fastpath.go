@@ -1,0 +1,241 @@
+package kernelfabric
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+
+	"github.com/eipoib/eipoibd/ether"
+	"github.com/eipoib/eipoibd/internal/fabric/kernelfabric/fastpath"
+	"github.com/eipoib/eipoibd/ipoib"
+)
+
+// FastPathMaps are the fast path's maps and attachments as FastPath
+// fills them: a *fastpath.Attached, or a fake in tests.
+type FastPathMaps interface {
+	// PutGuest, DeleteGuest, PutREMAC and DeleteREMAC fill the TX
+	// program's maps (fastpath.TX).
+	PutGuest(mac net.HardwareAddr, g fastpath.Guest) error
+	DeleteGuest(mac net.HardwareAddr) error
+	PutREMAC(mac net.HardwareAddr, addr ipoib.HwAddr) error
+	DeleteREMAC(mac net.HardwareAddr) error
+	// PutChild attaches the RX program to the child's ingress (once)
+	// and puts its guest in the RX program's map; DeleteChild undoes
+	// both.
+	PutChild(child int, g fastpath.RXGuest) error
+	DeleteChild(child int) error
+	// PutSender and DeleteSender fill the RX program's senders map.
+	PutSender(child uint32, ip netip.Addr, remac net.HardwareAddr) error
+	DeleteSender(child uint32, ip netip.Addr) error
+	// Counts sums both programs' per-CPU verdict counters.
+	Counts() (tx [fastpath.NumReasons]uint64, rx [fastpath.NumRXReasons]uint64, err error)
+}
+
+// The names under which Port.Counters reports the programs' verdicts,
+// each followed by the verdict's name (fastpath.Reason, RXReason): the
+// daemon exports them as one family (eipoibd_fast_path_total, labelled
+// by direction and reason).
+const (
+	StatFastPathTX = "fast_path_tx_"
+	StatFastPathRX = "fast_path_rx_"
+)
+
+// FastPath keeps a port's fast-path maps in step with what the shim's
+// control goroutine says they may carry (shim.FastPath): each round
+// states it in full, between Begin and Commit, and Commit puts what is
+// new or changed and deletes what went, so that no map call is made for
+// what stayed. It maps each guest's QPN to its child: TX sends the
+// guest's frames to that child, and RX delivers what that child
+// receives to the TAP with the guest's MAC, the sender's REMAC found by
+// (child, source IP) in the senders the shim learned from ARP and NDP.
+//
+// Only children of the default partition take part: the programs carry
+// untagged frames, which the shim maps to it. A child without carrier
+// yet (its MTU unknown) waits for a later round. The senders map holds
+// a copy of every sender per child, bounded by fastpath.MaxSenders: the
+// rest stay with the user-space path.
+//
+// Its methods are called from one goroutine, the shim's control
+// goroutine: they are not safe for concurrent use.
+type FastPath struct {
+	p      *Port
+	m      FastPathMaps
+	tap    int // the TAP's ifindex
+	tapMTU int
+	// want is the round being stated, have what the maps hold.
+	want, have fastState
+}
+
+// fastState is the content of the maps.
+type fastState struct {
+	guests   map[ether.MAC]uint32 // guest MAC → QPN, as stated
+	children map[ether.MAC]fastChild
+	remacs   map[ether.MAC]ipoib.HwAddr
+	senders  map[netip.Addr]ether.MAC
+	// bySender is the senders map's content: (child, IP) → REMAC.
+	bySender map[fastSender]ether.MAC
+}
+
+// fastChild is a guest's child as the maps hold it.
+type fastChild struct {
+	index int
+	mtu   int // the IPoIB MTU
+}
+
+type fastSender struct {
+	child int
+	ip    netip.Addr
+}
+
+func newFastState() fastState {
+	return fastState{map[ether.MAC]uint32{}, map[ether.MAC]fastChild{}, map[ether.MAC]ipoib.HwAddr{}, map[netip.Addr]ether.MAC{}, map[fastSender]ether.MAC{}}
+}
+
+// NewFastPath returns the FastPath of port p filling m, for the TAP with
+// ifindex tap and MTU tapMTU. Its maps start empty. From now until Stop,
+// the port's Counters report the programs' verdicts.
+func (p *Port) NewFastPath(m FastPathMaps, tap, tapMTU int) *FastPath {
+	f := &FastPath{p: p, m: m, tap: tap, tapMTU: tapMTU, want: newFastState(), have: newFastState()}
+	p.fast.Store(f)
+	return f
+}
+
+// Stop ends the port's reporting of the programs' counters, before m is
+// closed.
+func (f *FastPath) Stop() { f.p.fast.CompareAndSwap(f, nil) }
+
+// counts adds the programs' verdict counters to stats, every verdict,
+// zero or not; none if they cannot be read (m closed meanwhile).
+func (f *FastPath) counts(stats map[string]uint64) {
+	tx, rx, err := f.m.Counts()
+	if err != nil {
+		return
+	}
+	for r, n := range tx {
+		stats[StatFastPathTX+fastpath.Reason(r).String()] = n
+	}
+	for r, n := range rx {
+		stats[StatFastPathRX+fastpath.RXReason(r).String()] = n
+	}
+}
+
+// Begin starts a round.
+func (f *FastPath) Begin() {
+	clear(f.want.guests)
+	clear(f.want.remacs)
+	clear(f.want.senders)
+}
+
+// Guest states the guest with MAC mac, sending from QP qpn.
+func (f *FastPath) Guest(mac ether.MAC, qpn uint32) { f.want.guests[mac] = qpn }
+
+// Neighbour states the REMAC remac of the remote address rimac.
+func (f *FastPath) Neighbour(remac ether.MAC, rimac ipoib.HwAddr) { f.want.remacs[remac] = rimac }
+
+// Sender states that packets from ip come from remac.
+func (f *FastPath) Sender(ip netip.Addr, remac ether.MAC) { f.want.senders[ip] = remac }
+
+// Commit applies the round: deletions first (a sender before its child,
+// a child's entries before the child goes), then additions and changes.
+// It returns the first error; the rest of the round is applied all the
+// same, and an entry whose call failed is tried again next round.
+func (f *FastPath) Commit() error {
+	var errs []error
+	try := func(err error) bool {
+		if err != nil && len(errs) < 4 {
+			errs = append(errs, err)
+		}
+		return err == nil
+	}
+	// The children the stated guests have now.
+	clear(f.want.children)
+	for mac, qpn := range f.want.guests {
+		if c, ok := f.childOf(qpn); ok {
+			f.want.children[mac] = c
+		}
+	}
+	clear(f.want.bySender)
+	for ip, remac := range f.want.senders {
+		for _, c := range f.want.children {
+			if len(f.want.bySender) < fastpath.MaxSenders {
+				f.want.bySender[fastSender{c.index, ip}] = remac
+			}
+		}
+	}
+
+	for k := range f.have.bySender {
+		if _, ok := f.want.bySender[k]; !ok && try(f.m.DeleteSender(uint32(k.child), k.ip)) {
+			delete(f.have.bySender, k)
+		}
+	}
+	for mac, c := range f.have.children {
+		if w, ok := f.want.children[mac]; ok && w == c {
+			continue
+		}
+		if try(f.m.DeleteGuest(mac[:])) && try(f.m.DeleteChild(c.index)) {
+			delete(f.have.children, mac)
+		}
+	}
+	for mac := range f.have.remacs {
+		if _, ok := f.want.remacs[mac]; !ok && try(f.m.DeleteREMAC(mac[:])) {
+			delete(f.have.remacs, mac)
+		}
+	}
+
+	for mac, c := range f.want.children {
+		if _, ok := f.have.children[mac]; ok {
+			continue
+		}
+		if try(f.m.PutChild(c.index, fastpath.RXGuest{MAC: mac[:], TAP: uint32(f.tap), MTU: uint32(f.tapMTU)})) &&
+			try(f.m.PutGuest(mac[:], fastpath.Guest{Ifindex: uint32(c.index), MTU: uint32(c.mtu)})) {
+			f.have.children[mac] = c
+		}
+	}
+	for mac, rimac := range f.want.remacs {
+		if h, ok := f.have.remacs[mac]; ok && h == rimac {
+			continue
+		}
+		if try(f.m.PutREMAC(mac[:], rimac)) {
+			f.have.remacs[mac] = rimac
+		}
+	}
+	for ip, remac := range f.want.senders {
+		for mac, c := range f.want.children {
+			k := fastSender{c.index, ip}
+			if _, ok := f.have.children[mac]; !ok {
+				continue // its child is not in the maps
+			}
+			if _, ok := f.want.bySender[k]; !ok {
+				continue // past the bound
+			}
+			if h, ok := f.have.bySender[k]; ok && h == remac {
+				continue
+			}
+			if try(f.m.PutSender(uint32(k.child), k.ip, remac[:])) {
+				f.have.bySender[k] = remac
+			}
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("kernel: fast path: %w", errors.Join(errs...))
+	}
+	return nil
+}
+
+// childOf is the child of VIF QP qpn that may take part: one of the
+// default partition with carrier (so its MTU is known).
+func (f *FastPath) childOf(qpn uint32) (fastChild, bool) {
+	q, ok := f.p.qps.Lookup(qpn)
+	if !ok || q.PKey.Full() != ipoib.DefaultPKey {
+		return fastChild{}, false
+	}
+	c := q.Data.(*child)
+	mtu := int(c.mtu.Load())
+	if mtu == 0 || !c.carrier.Load() {
+		return fastChild{}, false
+	}
+	return fastChild{index: c.index, mtu: mtu - ipoib.HeaderLen}, true
+}
+
+var _ FastPathMaps = (*fastpath.Attached)(nil)
