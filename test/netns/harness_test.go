@@ -502,6 +502,7 @@ func startOVS(t *testing.T, ns string) string {
 // namespace ns.
 func startVswitchd(t *testing.T, ns, dir string) {
 	t.Helper()
+	nstestRequire(t, ovsTools...)
 	p := func(f string) string { return filepath.Join(dir, f) }
 	sh(t, in(ns, "env", "OVS_RUNDIR="+dir, "ovs-vswitchd", "unix:"+p("db.sock"), "--pidfile="+p("ovs-vswitchd.pid"),
 		"--unixctl="+p("ovs-vswitchd.ctl"), "--log-file="+p("ovs-vswitchd.log"), "--detach")...)
@@ -511,6 +512,7 @@ func startVswitchd(t *testing.T, ns, dir string) {
 // and starts it again in namespace ns, with the same OVSDB.
 func restartVswitchd(t *testing.T, ns, dir string) {
 	t.Helper()
+	nstestRequire(t, ovsTools...)
 	pid, err := os.ReadFile(filepath.Join(dir, "ovs-vswitchd.pid"))
 	if err != nil {
 		t.Fatal(err)
