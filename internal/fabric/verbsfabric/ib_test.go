@@ -60,14 +60,19 @@ func send(t *testing.T, p *Port, src uint32, pkey ipoib.PKey, dst ipoib.HwAddr, 
 	pkt := packet(size, fill)
 	meta := []ipoib.TxMeta{{Dst: dst, SrcQPN: src, PKey: pkey}}
 	before := p.Counters().TxPackets
-	deadline := time.Now().Add(2 * time.Second)
-	for p.Counters().TxPackets == before {
-		if time.Now().After(deadline) {
-			t.Fatalf("not sent: %+v", p.Counters())
+	// Write again only while the port refuses the packet (no QP or path
+	// yet): one it took, even held for its path, goes out once, later.
+	deadline := time.Now().Add(testutil.Settle)
+	for {
+		if n, _ := p.Write([][]byte{pkt}, meta, ipoib.Headroom); n == 1 {
+			break
 		}
-		p.Write([][]byte{pkt}, meta, ipoib.Headroom)
+		if time.Now().After(deadline) {
+			t.Fatalf("not taken: %+v", p.Counters())
+		}
 		time.Sleep(5 * time.Millisecond)
 	}
+	testutil.WaitFor(t, "the packet sent", func() bool { return p.Counters().TxPackets != before })
 	return pkt[ipoib.Headroom:]
 }
 
