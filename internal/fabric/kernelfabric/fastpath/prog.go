@@ -1,6 +1,7 @@
 package fastpath
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/cilium/ebpf"
@@ -46,6 +47,43 @@ func newMap(name string, typ ebpf.MapType, key, val, n uint32) (*ebpf.Map, error
 		return nil, fmt.Errorf("fastpath: map %s: %w", name, err)
 	}
 	return m, nil
+}
+
+// maps creates a program's maps in turn; after the first failure it
+// makes no more, and err holds that failure.
+type maps struct{ err error }
+
+// make is newMap, or nil once a map failed.
+func (ms *maps) make(name string, typ ebpf.MapType, key, val, n uint32) *ebpf.Map {
+	if ms.err != nil {
+		return nil
+	}
+	var m *ebpf.Map
+	m, ms.err = newMap(name, typ, key, val, n)
+	return m
+}
+
+// loadSchedCLS loads a tc (SchedCLS) program; what names it in errors.
+func loadSchedCLS(name, what string, insns asm.Instructions) (*ebpf.Program, error) {
+	p, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: name, Type: ebpf.SchedCLS, License: "Apache-2.0", Instructions: insns})
+	if err != nil {
+		return nil, fmt.Errorf("fastpath: load %s program: %w", what, err)
+	}
+	return p, nil
+}
+
+// closeAll closes the program and the maps that exist.
+func closeAll(p *ebpf.Program, ms ...*ebpf.Map) error {
+	var errs []error
+	if p != nil {
+		errs = append(errs, p.Close())
+	}
+	for _, m := range ms {
+		if m != nil {
+			errs = append(errs, m.Close())
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // loadBytes copies n bytes at off (plus R7, the L3 header length, when

@@ -1,7 +1,6 @@
 package fastpath
 
 import (
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -149,48 +148,27 @@ type RX struct {
 // CAP_NET_ADMIN (root).
 func LoadRX() (*RX, error) {
 	r := &RX{}
-	var err error
-	mk := func(name string, typ ebpf.MapType, key, val, n uint32) *ebpf.Map {
-		if err != nil {
-			return nil
-		}
-		var m *ebpf.Map
-		m, err = newMap(name, typ, key, val, n)
-		return m
-	}
+	var ms maps
+	mk := ms.make
 	r.Guests = mk("eipoib_rx_guest", ebpf.Hash, 4, 16, MaxGuests)
 	r.Senders = mk("eipoib_senders", ebpf.Hash, 20, 6, MaxSenders)
 	r.Counters = mk("eipoib_rx_cnt", ebpf.PerCPUArray, 4, 8, uint32(NumRXReasons))
 	r.LastRedirect = mk("eipoib_rx_last", ebpf.PerCPUArray, 4, 4, 1)
-	if err != nil {
+	if ms.err != nil {
+		r.Close()
+		return nil, ms.err
+	}
+	var err error
+	if r.Program, err = loadSchedCLS("eipoib_rx", "RX", rxInstructions(r.Guests.FD(), r.Senders.FD(), r.Counters.FD(), r.LastRedirect.FD())); err != nil {
 		r.Close()
 		return nil, err
-	}
-	r.Program, err = ebpf.NewProgram(&ebpf.ProgramSpec{
-		Name:         "eipoib_rx",
-		Type:         ebpf.SchedCLS,
-		License:      "Apache-2.0",
-		Instructions: rxInstructions(r.Guests.FD(), r.Senders.FD(), r.Counters.FD(), r.LastRedirect.FD()),
-	})
-	if err != nil {
-		r.Close()
-		return nil, fmt.Errorf("fastpath: load RX program: %w", err)
 	}
 	return r, nil
 }
 
 // Close releases the program and the maps.
 func (r *RX) Close() error {
-	var errs []error
-	if r.Program != nil {
-		errs = append(errs, r.Program.Close())
-	}
-	for _, m := range []*ebpf.Map{r.Guests, r.Senders, r.Counters, r.LastRedirect} {
-		if m != nil {
-			errs = append(errs, m.Close())
-		}
-	}
-	return errors.Join(errs...)
+	return closeAll(r.Program, r.Guests, r.Senders, r.Counters, r.LastRedirect)
 }
 
 // PutGuest adds or replaces the guest behind the child with ifindex child.

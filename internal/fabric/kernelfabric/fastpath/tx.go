@@ -1,7 +1,6 @@
 package fastpath
 
 import (
-	"errors"
 	"fmt"
 	"net"
 
@@ -118,48 +117,27 @@ type TX struct {
 // CAP_BPF and CAP_NET_ADMIN (root).
 func LoadTX() (*TX, error) {
 	t := &TX{}
-	var err error
-	mk := func(name string, typ ebpf.MapType, key, val, n uint32) *ebpf.Map {
-		if err != nil {
-			return nil
-		}
-		var m *ebpf.Map
-		m, err = newMap(name, typ, key, val, n)
-		return m
-	}
+	var ms maps
+	mk := ms.make
 	t.Guests = mk("eipoib_guests", ebpf.Hash, 6, 8, MaxGuests)
 	t.REMACs = mk("eipoib_remacs", ebpf.Hash, 6, ipoib.HwAddrLen, MaxREMACs)
 	t.Counters = mk("eipoib_tx_cnt", ebpf.PerCPUArray, 4, 8, uint32(NumReasons))
 	t.LastRedirect = mk("eipoib_tx_last", ebpf.PerCPUArray, 4, 4, 1)
-	if err != nil {
+	if ms.err != nil {
+		t.Close()
+		return nil, ms.err
+	}
+	var err error
+	if t.Program, err = loadSchedCLS("eipoib_tx", "TX", txInstructions(t.Guests.FD(), t.REMACs.FD(), t.Counters.FD(), t.LastRedirect.FD())); err != nil {
 		t.Close()
 		return nil, err
-	}
-	t.Program, err = ebpf.NewProgram(&ebpf.ProgramSpec{
-		Name:         "eipoib_tx",
-		Type:         ebpf.SchedCLS,
-		License:      "Apache-2.0",
-		Instructions: txInstructions(t.Guests.FD(), t.REMACs.FD(), t.Counters.FD(), t.LastRedirect.FD()),
-	})
-	if err != nil {
-		t.Close()
-		return nil, fmt.Errorf("fastpath: load TX program: %w", err)
 	}
 	return t, nil
 }
 
 // Close releases the program and the maps.
 func (t *TX) Close() error {
-	var errs []error
-	if t.Program != nil {
-		errs = append(errs, t.Program.Close())
-	}
-	for _, m := range []*ebpf.Map{t.Guests, t.REMACs, t.Counters, t.LastRedirect} {
-		if m != nil {
-			errs = append(errs, m.Close())
-		}
-	}
-	return errors.Join(errs...)
+	return closeAll(t.Program, t.Guests, t.REMACs, t.Counters, t.LastRedirect)
 }
 
 // PutGuest adds or replaces a guest MAC's entry.
