@@ -152,7 +152,10 @@ func metricsDocText(t *testing.T) string {
 	p("\n## Other names a port or the TAP reports\n\n")
 	p("- `port_<counter>`: a total the fabric port counts, `%sport_<counter>_total`;\n", Prefix)
 	p("  `port_<level>`: a level it reports, the gauge `%sport_<level>` (see the backend's doc).\n", Prefix)
-	p("- `tap_<counter>`: the TAP's offload counters, `%stap_<counter>_total`.\n", Prefix)
+	p("- `tap_<counter>`: the TAP's offload counters, `%stap_<counter>_total`;\n", Prefix)
+	p("  `tap_gro` and `tap_uso`, 1 while the TAP merges super-frames and while\n")
+	p("  the kernel took the UDP offload flags, are the gauges `%stap_gro`\n", Prefix)
+	p("  and `%stap_uso`.\n", Prefix)
 	return b.String()
 }
 

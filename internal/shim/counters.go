@@ -5,6 +5,7 @@ import (
 
 	"github.com/eipoib/eipoibd/arpndp"
 	"github.com/eipoib/eipoibd/internal/metrics/stat"
+	"github.com/eipoib/eipoibd/internal/tap"
 )
 
 // Counter indexes the shim's counters.
@@ -261,8 +262,8 @@ func (s *Shim) Get(k Counter) uint64 { return s.ctr.c[k].Load() }
 // shim's counters and the rewrite refusals by reason (every reason, zero
 // or not) as tx_rewrite_<reason>/rx_rewrite_<reason>. Then the tables'
 // sizes and counters, the TAP's counters (tap_*) and the port's
-// (port_*). The port's Levels are levels; everything else it counts is
-// a total.
+// (port_*). The port's Levels and the TAP's tap.IsLevel names are
+// levels; everything else they count is a total.
 func (s *Shim) Stats() []stat.Value {
 	out := make([]stat.Value, 0, int(numCounters)+len(tableStats)+64)
 	for i := range s.ctr.c {
@@ -283,7 +284,11 @@ func (s *Shim) Stats() []stat.Value {
 	}
 	out = s.refusalStats(out)
 	for k, n := range s.dev.Counters() {
-		out = append(out, stat.Value{Name: "tap_" + k, Value: n, Help: "The TAP's " + k + " (offloads)"})
+		v := stat.Value{Name: "tap_" + k, Value: n, Help: "The TAP's " + k + " (offloads)"}
+		if tap.IsLevel(k) {
+			v.Kind, v.Help = stat.Level, "The TAP's "+k+" state (offloads; 1 on, 0 off)"
+		}
+		out = append(out, v)
 	}
 	pc := s.port.Counters()
 	out = append(out,

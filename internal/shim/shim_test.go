@@ -773,15 +773,28 @@ func TestVLANPartitions(t *testing.T) {
 	})
 }
 
+// countingDev is a device whose Counters are fixed, as a TAP's.
+type countingDev struct {
+	tap.Device
+	m map[string]uint64
+}
+
+func (d countingDev) Counters() map[string]uint64 { return d.m }
+
 // TestStats: every number of the snapshot is declared once with a help
 // line. The levels (table sizes, queue depths) are levels and the totals
 // totals. Counters holds exactly Stats' numbers. A level the port
 // reports is a level on the first snapshot (declared by the port, not
-// learned from an earlier call), its stats totals.
+// learned from an earlier call), its stats totals; so are the TAP's
+// offload states (tap.IsLevel), its other counters totals.
 func TestStats(t *testing.T) {
 	f := memFab(t, 2048)
 	lp := &levelPort{levels: map[string]uint64{"address_handles": 7}}
-	s, _ := stillShim(t, f.Fabric, "fe80::a", func(c *Config) { lp.Port = c.Port; c.Port = lp })
+	s, _ := stillShim(t, f.Fabric, "fe80::a", func(c *Config) {
+		lp.Port = c.Port
+		c.Port = lp
+		c.Device = countingDev{c.Device, map[string]uint64{"gro": 1, "uso": 0, "gso_frames_read": 3}}
+	})
 	st := s.Stats()
 	kinds := map[string]stat.Kind{}
 	for _, v := range st {
@@ -793,7 +806,7 @@ func TestStats(t *testing.T) {
 			t.Errorf("%s has no help", v.Name)
 		}
 	}
-	levels := []string{"vifs", "vifs_pending", "neighbours", "groups", "groups_send_only", "snooped_groups", "pending", "pending_frames", "port_address_handles"}
+	levels := []string{"vifs", "vifs_pending", "neighbours", "groups", "groups_send_only", "snooped_groups", "pending", "pending_frames", "port_address_handles", "tap_gro", "tap_uso"}
 	for _, name := range levels {
 		if k, ok := kinds[name]; !ok || k != stat.Level {
 			t.Errorf("%s is a level but Stats has it as %v (present: %v)", name, k, ok)
@@ -808,7 +821,7 @@ func TestStats(t *testing.T) {
 	if nLevels != len(levels) {
 		t.Errorf("Stats has %d levels, want the %d declared: %v", nLevels, len(levels), kinds)
 	}
-	for _, name := range []string{"tx_frames", "drop_unresolved", "groups_send_only_evicted", "port_rx_packets", "port_tx_trains", "tx_rewrite_truncated", "rx_rewrite_bad_checksum"} {
+	for _, name := range []string{"tx_frames", "drop_unresolved", "groups_send_only_evicted", "port_rx_packets", "port_tx_trains", "tx_rewrite_truncated", "rx_rewrite_bad_checksum", "tap_gso_frames_read"} {
 		if k, ok := kinds[name]; !ok || k != stat.Total {
 			t.Errorf("%s is a total but Stats has it as %v (present: %v)", name, k, ok)
 		}

@@ -57,7 +57,8 @@ type Device interface {
 	Queues() []Device
 	// Counters returns the device's counters by name (e.g. frames
 	// refused for a bad vnet header); nil when it keeps none. Every
-	// queue returns the whole device's.
+	// queue returns the whole device's. The names IsLevel reports are
+	// levels (0 or 1 states), every other is a running total.
 	Counters() map[string]uint64
 	Close() error
 }
@@ -693,6 +694,11 @@ func (t *TAP) drop(err error) {
 		t.drops[0].Add(1)
 	}
 }
+
+// IsLevel reports whether a name Counters returns is a level, a state
+// that goes up and down ("gro", "uso"), rather than a running total, so
+// that an exporter makes it a gauge rather than a counter.
+func IsLevel(name string) bool { return name == "gro" || name == "uso" }
 
 // Counters returns the offload counters:
 //   - frames refused for a bad vnet header or an inconsistent
