@@ -136,8 +136,10 @@ func (c *clsAttachment) update(p *ebpf.Program) error {
 	return nil
 }
 
-// detach deletes our filter, and no other; one already gone (with its
-// device) is not an error. The clsact qdisc stays: other filters may
+// detach deletes our filter, and no other; one already gone is not an
+// error: with its device (ENODEV), with the clsact qdisc
+// (__tcf_qdisc_find, net/sched/cls_api.c: "Parent Qdisc doesn't exists",
+// EINVAL), or alone (ENOENT). The clsact qdisc stays: other filters may
 // hang from it.
 func (c *clsAttachment) detach() error {
 	err := netlink.FilterDel(&c.f)
