@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"strings"
@@ -95,6 +96,7 @@ type Config struct {
 	IBMTU          int           // --ib-mtu: 2048 or 4096 (sim; the others ask the device)
 	VerbsRecvDepth int           // --verbs-recv-depth: 0 for the default
 	FastPath       fastpath.Mode // --fast-path: the kernel backend's BPF fast path
+	BPFDir         string        // --bpf-dir: where --persist pins the fast path; "" for fastpath.PinBase
 	TAPMTU         int           // --tap-mtu
 	TAPQueueLen    int           // --tap-queue-len: 0 leaves the TAP's own
 	Queues         int           // --queues: 0 for one per CPU
@@ -162,6 +164,8 @@ func (c *Config) Validate() error {
 		return bad("--verbs-recv-depth %d: want %d to %d (0: %d)", c.VerbsRecvDepth, MinVerbsRecvDepth, MaxVerbsRecvDepth, DefaultVerbsRecvDepth)
 	case !c.FastPath.Valid():
 		return bad("--fast-path %s: want off, auto or on", c.FastPath)
+	case c.BPFDir != "" && !filepath.IsAbs(c.BPFDir):
+		return bad("--bpf-dir %q: want an absolute directory such as %s", c.BPFDir, fastpath.PinBase)
 	case c.MaxVIFs < 1 || c.MaxVIFs > 1<<20:
 		return bad("--max-vifs %d: want 1 to %d", c.MaxVIFs, 1<<20)
 	case c.TAPMTU < MinTAPMTU || c.TAPMTU > MaxTAPMTU:
@@ -266,7 +270,7 @@ func Run(ctx context.Context, cfg Config) error {
 
 	sc := ShimConfig(&cfg, dev, port)
 	var closeFastPath func()
-	if sc.FastPath, closeFastPath, err = startFastPath(fab, cfg.FastPath, cfg.Name, log); err != nil {
+	if sc.FastPath, closeFastPath, err = startFastPath(fab, &cfg, log); err != nil {
 		return err
 	}
 	defer closeFastPath() // after the shim has stopped, having emptied its maps

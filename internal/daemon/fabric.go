@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 
@@ -60,7 +62,7 @@ type fabric struct {
 // backends is the registry, in the order "eipoibd version" lists it.
 var backends = []Backend{
 	{Name: FabricSim, takes: []string{"underlay", "fault", "ib-mtu", "rx-workers"}, check: checkSim, open: openSim},
-	{Name: FabricKernel, takes: []string{"ib-dev", "fast-path"}, check: checkKernel, open: openKernel},
+	{Name: FabricKernel, takes: []string{"ib-dev", "fast-path", "bpf-dir"}, check: checkKernel, open: openKernel},
 	{Name: FabricVerbs, Tag: "verbs", takes: []string{"ib-dev", "verbs-recv-depth"}, check: checkVerbs, open: openVerbs},
 }
 
@@ -86,6 +88,9 @@ var backendSettings = []backendSetting{
 	{"rx-workers", func(c *Config) (string, bool) { return strconv.Itoa(c.RxWorkers), c.RxWorkers > 1 }},
 	{"ib-dev", func(c *Config) (string, bool) { return strconv.Quote(c.IBDev), c.IBDev != "" }},
 	{"fast-path", func(c *Config) (string, bool) { return c.FastPath.String(), c.FastPath != fastpath.Off }},
+	{"bpf-dir", func(c *Config) (string, bool) {
+		return strconv.Quote(c.BPFDir), c.BPFDir != "" && c.BPFDir != fastpath.PinBase
+	}},
 	{"verbs-recv-depth", func(c *Config) (string, bool) {
 		return strconv.Itoa(c.VerbsRecvDepth), c.VerbsRecvDepth != 0 && c.VerbsRecvDepth != DefaultVerbsRecvDepth
 	}},
@@ -232,38 +237,86 @@ func useFastPath(m fastpath.Mode, probe func() error, log *slog.Logger) (bool, e
 }
 
 // startFastPath attaches the fast path's programs (TX at the egress of
-// the TAP named tapName) and returns what the shim keeps in step with its
-// tables (shim.Config.FastPath) and the closing of the programs, to run
-// once the shim has stopped; nil and a no-op when f runs none. An attach
-// that fails refuses the start under --fast-path on, and is logged, the
+// the TAP) and returns what the shim keeps in step with its tables
+// (shim.Config.FastPath) and the closing of the programs, to run once
+// the shim has stopped; nil and a no-op when f runs none. An attach that
+// fails refuses the start under --fast-path on, and is logged, the
 // user-space path running alone, under auto.
-func startFastPath(f fabric, mode fastpath.Mode, tapName string, log *slog.Logger) (shim.FastPath, func(), error) {
+//
+// Under --persist the fast path is pinned in --bpf-dir/NAME (a bpffs is
+// mounted if there is none) and the closing leaves it attached and
+// pinned, for the next start to take over (fastpath.AttachWith). A start
+// that does not pin it removes what an earlier --persist run pinned
+// there.
+func startFastPath(f fabric, c *Config, log *slog.Logger) (shim.FastPath, func(), error) {
+	base := c.BPFDir
+	if base == "" {
+		base = fastpath.PinBase
+	}
+	dir := filepath.Join(base, c.Name)
 	kp, ok := f.port.(*kernelfabric.Port)
-	if !f.fastPath || !ok {
+	use := f.fastPath && ok
+	if !use || !c.Persist {
+		unpinFastPath(dir, base, c.Name, log)
+	}
+	if !use {
 		return nil, func() {}, nil
 	}
-	ifi, err := net.InterfaceByName(tapName)
-	var att *fastpath.Attached
+	ifi, err := net.InterfaceByName(c.Name)
 	if err != nil {
-		err = fmt.Errorf("TAP %s: %w", tapName, err)
-	} else {
-		att, err = fastpath.Attach(ifi.Index)
+		err = fmt.Errorf("TAP %s: %w", c.Name, err)
+	}
+	pin := ""
+	if c.Persist {
+		pin = dir
+		if err == nil {
+			err = fastpath.MountBPFFS(base)
+		}
+	}
+	var att *fastpath.Attached
+	if err == nil {
+		att, err = fastpath.AttachWith(ifi.Index, fastpath.Options{Pin: pin, Log: log})
 	}
 	if err != nil {
-		if mode == fastpath.On {
+		if c.FastPath == fastpath.On {
 			return nil, nil, fmt.Errorf("--fast-path on: %w", err)
 		}
-		log.Warn("fast path off: its programs did not attach; frames cross user space", "fast_path", mode, "reason", err)
+		log.Warn("fast path off: its programs did not attach; frames cross user space", "fast_path", c.FastPath, "reason", err)
 		return nil, func() {}, nil
 	}
-	log.Info("fast path attached", "tap", tapName, "tap_ifindex", ifi.Index)
+	log.Info("fast path attached", "tap", c.Name, "tap_ifindex", ifi.Index, "hook", att.Hook(), "pinned", pin)
 	fp := kp.NewFastPath(att, ifi.Index, ifi.MTU)
 	return fp, func() {
 		fp.Stop()
+		if pin != "" {
+			if err := att.Release(); err != nil {
+				log.Warn("fast path: release for the next start", "err", err)
+			}
+			return
+		}
 		if err := att.Close(); err != nil {
 			log.Warn("fast path: detach", "err", err)
 		}
+		os.Remove(base) // when no other TAP pins there
 	}, nil
+}
+
+// unpinFastPath removes the fast path an earlier --persist run pinned
+// in dir (under base) for the TAP tap, if there is one.
+func unpinFastPath(dir, base, tap string, log *slog.Logger) {
+	if _, err := os.Stat(dir); err != nil {
+		return
+	}
+	index := 0 // no TAP: no filter of ours on it either
+	if ifi, err := net.InterfaceByName(tap); err == nil {
+		index = ifi.Index
+	}
+	if err := fastpath.RemovePins(dir, index); err != nil {
+		log.Warn("fast path: removing what a --persist run pinned", "dir", dir, "err", err)
+		return
+	}
+	os.Remove(base) // when no other TAP pins there
+	log.Info("fast path: removed what a --persist run pinned", "dir", dir)
 }
 
 // checkVerbs: the verbs backend runs on the device --ib-dev, NAME or

@@ -2,10 +2,17 @@ package daemon
 
 import (
 	"errors"
+	"fmt"
 	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
 	"github.com/eipoib/eipoibd/internal/fabric/faultport"
 	"github.com/eipoib/eipoibd/internal/fabric/kernelfabric"
 	"github.com/eipoib/eipoibd/internal/fabric/kernelfabric/fakekernel"
@@ -13,6 +20,7 @@ import (
 	"github.com/eipoib/eipoibd/internal/fabric/simfabric"
 	"github.com/eipoib/eipoibd/internal/nstest"
 	"github.com/eipoib/eipoibd/internal/testutil"
+	"golang.org/x/sys/unix"
 )
 
 // TestToggleDown: SIGUSR1's toggle reaches the simulated port through
@@ -119,7 +127,7 @@ func TestStartFastPath(t *testing.T) {
 		{true, fastpath.On, "--fast-path on: TAP fpnosuchtap: route ip+net: no such network interface", 0},
 	} {
 		var logs syncBuffer
-		fp, closeFP, err := startFastPath(fabric{port: kp, device: "ib0", fastPath: c.fast}, c.mode, "fpnosuchtap", slog.New(slog.NewTextHandler(&logs, nil)))
+		fp, closeFP, err := startFastPath(fabric{port: kp, device: "ib0", fastPath: c.fast}, &Config{FastPath: c.mode, Name: "fpnosuchtap"}, slog.New(slog.NewTextHandler(&logs, nil)))
 		if fp != nil || (err == nil) != (c.wantErr == "") || err != nil && err.Error() != c.wantErr {
 			t.Errorf("fast %v %v: %v, %v; want no fast path and error %q", c.fast, c.mode, fp, err, c.wantErr)
 		}
@@ -130,4 +138,89 @@ func TestStartFastPath(t *testing.T) {
 			t.Errorf("fast %v %v: the log holds the reason %d times, want %d:\n%s", c.fast, c.mode, n, c.wantLogs, logs.String())
 		}
 	}
+}
+
+// TestStartFastPathPersist: under --persist the fast path is pinned in
+// --bpf-dir/NAME and its closing leaves it there, the TX program still
+// attached to the TAP; the next start under --persist takes it over (one
+// program at the TAP's egress, not two); a start without --persist
+// removes the pins, and its closing leaves the bpffs as it was mounted
+// and nothing at the TAP's egress. (A private bpffs, a real TAP, the
+// fake kernel's port: --fast-path needs IPoIB for the rest.)
+func TestStartFastPathPersist(t *testing.T) {
+	nstest.Require(t, "ip")
+	kp, err := kernelfabric.New(kernelfabric.Config{Kernel: fakekernel.NewFabric().NewHost(testutil.GID("fe80::a"), "ib0", 2044), Parent: "ib0", Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kp.Close()
+	fs := t.TempDir()
+	if err := unix.Mount("bpf", fs, "bpf", 0, "mode=0700"); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Unmount(fs, unix.MNT_DETACH)
+	ls := func() []string {
+		t.Helper()
+		ents, err := os.ReadDir(fs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, e := range ents {
+			names = append(names, e.Name())
+		}
+		return names
+	}
+	fresh := ls()
+	ns := fmt.Sprintf("dfpp%d", os.Getpid())
+	nstest.Add(t, ns)
+	nstest.Must(t, nstest.In(ns, "ip", "tuntap", "add", "dev", "dfpptap", "mode", "tap")...)
+	c := Config{FastPath: fastpath.On, Name: "dfpptap", Persist: true, BPFDir: fs}
+	nstest.Do(t, ns, func() {
+		tap, err := net.InterfaceByName("dfpptap")
+		if err != nil {
+			t.Fatal(err)
+		}
+		egress := func() int {
+			t.Helper()
+			r, err := link.QueryPrograms(link.QueryOptions{Target: tap.Index, Attach: ebpf.AttachTCXEgress})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return len(r.Programs)
+		}
+		start := func(want string) {
+			t.Helper()
+			var logs syncBuffer
+			fp, closeFP, err := startFastPath(fabric{port: kp, device: "ib0", fastPath: true}, &c, slog.New(slog.NewTextHandler(&logs, nil)))
+			if err != nil || fp == nil {
+				t.Fatalf("persist %v: %v, %v", c.Persist, fp, err)
+			}
+			if !strings.Contains(logs.String(), want) {
+				t.Fatalf("persist %v: log\n%s\nwant %q", c.Persist, logs.String(), want)
+			}
+			if n := egress(); n != 1 {
+				t.Fatalf("persist %v: %d programs at the TAP's egress, want 1", c.Persist, n)
+			}
+			closeFP()
+		}
+		pinned := "pinned=" + filepath.Join(fs, "dfpptap")
+		for range 2 {
+			start(pinned)
+			if got, want := ls(), slices.Sorted(slices.Values(append(slices.Clone(fresh), "dfpptap"))); !slices.Equal(got, want) {
+				t.Fatalf("bpffs holds %v, want %v", got, want)
+			}
+			if n := egress(); n != 1 {
+				t.Fatalf("after the persist closing: %d programs at the TAP's egress, want 1", n)
+			}
+		}
+		c.Persist = false
+		start("removed what a --persist run pinned")
+		if got := ls(); !slices.Equal(got, fresh) {
+			t.Fatalf("bpffs holds %v, want %v as mounted", got, fresh)
+		}
+		if n := egress(); n != 0 {
+			t.Fatalf("after the closing without persist: %d programs at the TAP's egress, want 0", n)
+		}
+	})
 }

@@ -30,6 +30,9 @@ type FastPathMaps interface {
 	DeleteSender(child uint32, ip netip.Addr) error
 	// Counts sums both programs' per-CPU verdict counters.
 	Counts() (tx [fastpath.NumReasons]uint64, rx [fastpath.NumRXReasons]uint64, err error)
+	// Entries is what the maps hold: an earlier process's, if it
+	// pinned them (--persist).
+	Entries() (fastpath.Entries, error)
 }
 
 // The names under which Port.Counters reports the programs' verdicts,
@@ -93,10 +96,14 @@ func newFastState() fastState {
 }
 
 // NewFastPath returns the FastPath of port p filling m, for the TAP with
-// ifindex tap and MTU tapMTU. Its maps start empty. From now until Stop,
-// the port's Counters report the programs' verdicts.
+// ifindex tap and MTU tapMTU. It takes over what m holds (takeOver): the
+// first Commit deletes what is stale and puts what is missing. From now
+// until Stop, the port's Counters report the programs' verdicts.
 func (p *Port) NewFastPath(m FastPathMaps, tap, tapMTU int) *FastPath {
 	f := &FastPath{p: p, m: m, tap: tap, tapMTU: tapMTU, want: newFastState(), have: newFastState()}
+	if err := f.takeOver(); err != nil {
+		p.log.Warn("kernel: fast path: the maps' entries were not all taken over", "err", err)
+	}
 	p.fast.Store(f)
 	return f
 }

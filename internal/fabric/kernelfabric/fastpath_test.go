@@ -35,6 +35,27 @@ func newFakeMaps() *fakeMaps {
 	return &fakeMaps{guests: map[ether.MAC]fastpath.Guest{}, remacs: map[ether.MAC]ipoib.HwAddr{}, children: map[int]fastpath.RXGuest{}, senders: map[string]ether.MAC{}}
 }
 
+func (m *fakeMaps) Entries() (fastpath.Entries, error) {
+	e := fastpath.Entries{Guests: map[[6]byte]fastpath.Guest{}, REMACs: map[[6]byte]ipoib.HwAddr{}, Children: map[int]fastpath.RXGuest{}, Senders: map[fastpath.Sender][6]byte{}}
+	for mac, g := range m.guests {
+		e.Guests[mac] = g
+	}
+	for mac, a := range m.remacs {
+		e.REMACs[mac] = a
+	}
+	maps.Copy(e.Children, m.children)
+	for k, remac := range m.senders {
+		child, ip, _ := strings.Cut(k, "/")
+		var s fastpath.Sender
+		if _, err := fmt.Sscan(child, &s.Child); err != nil {
+			return e, err
+		}
+		s.IP = netip.MustParseAddr(ip)
+		e.Senders[s] = remac
+	}
+	return e, nil
+}
+
 func (m *fakeMaps) Counts() ([fastpath.NumReasons]uint64, [fastpath.NumRXReasons]uint64, error) {
 	return m.tx, m.rx, nil
 }
@@ -273,5 +294,58 @@ func TestFastPathSocketsPerProtocol(t *testing.T) {
 		if n := readOne(t, a); n != ipoib.HeaderLen+200 {
 			t.Errorf("fast path %v: read %d bytes, want %d", fast, n, ipoib.HeaderLen+200)
 		}
+	}
+}
+
+// TestFastPathTakeOver: maps an earlier process filled (pinned under
+// --persist) are taken over. NewFastPath deletes at once the entries of
+// a child that is not the port's (gone with the earlier process), and
+// the first Commit deletes what is stale (a sender and a REMAC no longer
+// stated) and puts what is missing (a new REMAC), making no call for
+// what stayed.
+func TestFastPathTakeOver(t *testing.T) {
+	k := fakekernel.NewFabric().NewHost(testutil.GID("fe80::a"), "ib0", 2044)
+	p := open(t, k)
+	qa, err := p.AllocQP(0xffff, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	la, _ := k.Link("ib0.e1")
+	ia, gone := la.Index, 9999
+	macA, macOld := ether.MAC{0x52, 0x54, 0, 0, 0, 0xa}, ether.MAC{0x52, 0x54, 0, 0, 0, 0xd}
+	remac, stale, fresh := ether.MAC{0x02, 0, 0, 0, 0, 1}, ether.MAC{0x02, 0, 0, 0, 0, 2}, ether.MAC{0x02, 0, 0, 0, 0, 3}
+	rimac := ipoib.MakeHwAddr(0, 0x123456, testutil.GID("fe80::b"))
+	ip4, ip6 := netip.MustParseAddr("10.0.0.2"), netip.MustParseAddr("fd00::2")
+	mtu := uint32(p.PartitionMTU(0xffff) - ipoib.HeaderLen)
+	key := func(child int, ip netip.Addr) string { return fmt.Sprintf("%d/%s", child, ip) }
+
+	m := newFakeMaps()
+	m.guests[macA] = fastpath.Guest{Ifindex: uint32(ia), MTU: mtu}
+	m.guests[macOld] = fastpath.Guest{Ifindex: uint32(gone), MTU: mtu}
+	m.children[ia] = fastpath.RXGuest{MAC: macA[:], TAP: 77, MTU: 9000}
+	m.children[gone] = fastpath.RXGuest{MAC: macOld[:], TAP: 77, MTU: 9000}
+	m.remacs[remac], m.remacs[stale] = rimac, rimac
+	m.senders[key(ia, ip4)], m.senders[key(ia, ip6)], m.senders[key(gone, ip4)] = remac, remac, remac
+
+	f := p.NewFastPath(m, 77, 9000)
+	if _, ok := m.guests[macOld]; ok || len(m.guests) != 1 || len(m.children) != 1 || m.children[gone].MAC != nil || len(m.senders) != 2 || m.calls != 3 {
+		t.Fatalf("after NewFastPath (%d calls): guests %v children %v senders %v; want the gone child's 3 entries deleted", m.calls, m.guests, m.children, m.senders)
+	}
+
+	m.calls = 0
+	if err := round(f, map[ether.MAC]uint32{macA: qa}, map[ether.MAC]ipoib.HwAddr{remac: rimac, fresh: rimac}, map[netip.Addr]ether.MAC{ip4: remac}); err != nil {
+		t.Fatal(err)
+	}
+	if want := map[ether.MAC]ipoib.HwAddr{remac: rimac, fresh: rimac}; !maps.Equal(m.remacs, want) {
+		t.Errorf("REMACs %v, want %v", m.remacs, want)
+	}
+	if want := map[string]ether.MAC{key(ia, ip4): remac}; !maps.Equal(m.senders, want) {
+		t.Errorf("senders %v, want %v", m.senders, want)
+	}
+	if want := (map[ether.MAC]fastpath.Guest{macA: {Ifindex: uint32(ia), MTU: mtu}}); !maps.Equal(m.guests, want) || len(m.children) != 1 {
+		t.Errorf("guests %v children %v, want %v and child %d", m.guests, m.children, want, ia)
+	}
+	if m.calls != 3 {
+		t.Errorf("first Commit made %d map calls, want 3 (delete a sender, delete a REMAC, put a REMAC)", m.calls)
 	}
 }

@@ -7,56 +7,84 @@ import (
 	"net/netip"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/link"
 
 	"github.com/eipoib/eipoibd/ipoib"
 )
 
-// Attached is both programs loaded and attached with tcx: TX at the
-// TAP's egress, RX at the ingress of each child PutChild names. Its map
-// calls are those kernelfabric.FastPath makes; a delete of an entry
-// that is not there succeeds. Close detaches the programs and releases
-// them and their maps: the links are not pinned, so the fast path ends
-// with the process (tcx_link_release, kernel/bpf/tcx.c, detaches a link
-// when its last file descriptor closes).
+// Attached is both programs loaded and attached: TX at the TAP's egress,
+// RX at the ingress of each child PutChild names, with tcx links or,
+// where the kernel has no tcx, clsact filters (Hook). Its map calls are
+// those kernelfabric.FastPath makes; a delete of an entry that is not
+// there succeeds.
+//
+// Without a pin directory (Options.Pin), the attachments and maps live
+// as long as the process: Close (and Release) detach the programs, and
+// a tcx link also detaches when its last file descriptor closes
+// (tcx_link_release, kernel/bpf/tcx.c), so a process that dies takes its
+// links with it. With one, see AttachWith.
 type Attached struct {
 	TX *TX
 	RX *RX
 
-	tap      link.Link
-	children map[int]link.Link
+	hook     Hook
+	pin      string
+	tap      attachment
+	children map[int]attachment
 }
 
 // Attach loads both programs and attaches TX at tc egress of the TAP
-// with ifindex tap (tcx_link_attach, kernel/bpf/tcx.c; tcx_run in
-// include/net/tcx.h runs it from sch_handle_egress).
-func Attach(tap int) (*Attached, error) {
-	a := &Attached{children: map[int]link.Link{}}
-	var err error
-	if a.TX, err = LoadTX(); err != nil {
-		return nil, err
-	}
-	if a.RX, err = LoadRX(); err != nil {
-		a.Close()
-		return nil, err
-	}
-	if a.tap, err = link.AttachTCX(link.TCXOptions{Interface: tap, Program: a.TX.Program, Attach: ebpf.AttachTCXEgress}); err != nil {
-		a.Close()
-		return nil, fmt.Errorf("fastpath: attach TX at egress of ifindex %d: %w", tap, err)
-	}
-	return a, nil
-}
+// with ifindex tap, nothing pinned: AttachWith with no Options.
+func Attach(tap int) (*Attached, error) { return AttachWith(tap, Options{}) }
 
-// Close detaches and releases everything.
+// Hook is how the programs are attached.
+func (a *Attached) Hook() Hook { return a.hook }
+
+// Close detaches and releases everything, and with a pin directory
+// removes every pin and the directory, leaving nothing in bpffs.
 func (a *Attached) Close() error {
 	var errs []error
-	for i, l := range a.children {
-		errs = append(errs, l.Close())
+	for i, at := range a.children {
+		errs = append(errs, at.detach())
 		delete(a.children, i)
 	}
 	if a.tap != nil {
-		errs = append(errs, a.tap.Close())
+		errs = append(errs, a.tap.detach())
+		a.tap = nil
 	}
+	if a.pin != "" {
+		errs = append(errs, a.unpinMaps())
+	}
+	errs = append(errs, a.closePrograms())
+	if a.pin != "" {
+		errs = append(errs, removePin(a.pin))
+	}
+	return errors.Join(errs...)
+}
+
+// Release ends this process's hold on the fast path. With a pin
+// directory it leaves it running for the next process: the programs stay
+// attached (tcx links pinned, clsact filters on their devices) with the
+// maps pinned and their content kept; AttachWith with the same directory
+// takes them over. Without one it is Close.
+func (a *Attached) Release() error {
+	if a.pin == "" {
+		return a.Close()
+	}
+	var errs []error
+	for i, at := range a.children {
+		errs = append(errs, at.release())
+		delete(a.children, i)
+	}
+	if a.tap != nil {
+		errs = append(errs, a.tap.release())
+		a.tap = nil
+	}
+	return errors.Join(append(errs, a.closePrograms())...)
+}
+
+// closePrograms closes the programs and maps this process holds.
+func (a *Attached) closePrograms() error {
+	var errs []error
 	if a.RX != nil {
 		errs = append(errs, a.RX.Close())
 	}
@@ -82,14 +110,15 @@ func (a *Attached) DeleteREMAC(mac net.HardwareAddr) error { return absent(a.TX.
 
 // PutChild attaches RX at tc ingress of the child (once; tcx_run runs it
 // from sch_handle_ingress, after __netif_receive_skb_core has delivered
-// the packet to ptype_all sockets) and puts its guest in the RX map.
+// the packet to ptype_all sockets; a clsact filter runs from the same
+// place) and puts its guest in the RX map.
 func (a *Attached) PutChild(child int, g RXGuest) error {
 	if _, ok := a.children[child]; !ok {
-		l, err := link.AttachTCX(link.TCXOptions{Interface: child, Program: a.RX.Program, Attach: ebpf.AttachTCXIngress})
+		at, err := a.attach(child, true)
 		if err != nil {
 			return fmt.Errorf("fastpath: attach RX at ingress of ifindex %d: %w", child, err)
 		}
-		a.children[child] = l
+		a.children[child] = at
 	}
 	return a.RX.PutGuest(uint32(child), g)
 }
@@ -98,9 +127,9 @@ func (a *Attached) PutChild(child int, g RXGuest) error {
 // from it.
 func (a *Attached) DeleteChild(child int) error {
 	err := absent(a.RX.DeleteGuest(uint32(child)))
-	if l, ok := a.children[child]; ok {
+	if at, ok := a.children[child]; ok {
 		delete(a.children, child)
-		err = errors.Join(err, l.Close())
+		err = errors.Join(err, at.detach())
 	}
 	return err
 }

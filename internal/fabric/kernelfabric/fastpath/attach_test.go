@@ -1,95 +1,433 @@
 package fastpath
 
 import (
+	"bytes"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/eipoib/eipoibd/internal/nstest"
+	"github.com/eipoib/eipoibd/ipoib"
 )
 
-// attachedIDs are the IDs of the programs attached with tcx at ifindex.
-func attachedIDs(t *testing.T, ifindex int, at ebpf.AttachType) []ebpf.ProgramID {
+// hooks are both ways of attaching: this kernel has tcx, so clsact is
+// forced (Options.clsact) to test the fallback.
+var hooks = []Hook{TCX, Clsact}
+
+// attachHook attaches p at the device's ingress or egress with the hook,
+// unpinned.
+func attachHook(h Hook, ifindex int, ingress bool, p *ebpf.Program) (attachment, error) {
+	if h == Clsact {
+		return attachCls(ifindex, ingress, p, "eipoib_test")
+	}
+	at := ebpf.AttachTCXEgress
+	if ingress {
+		at = ebpf.AttachTCXIngress
+	}
+	return attachTCX(ifindex, at, p, "")
+}
+
+// attachedIDs are the IDs of the programs the hook runs at the device's
+// ingress or egress, in the order they run: every tcx program, or every
+// cls_bpf filter's.
+func attachedIDs(t *testing.T, h Hook, ifindex int, ingress bool) []ebpf.ProgramID {
 	t.Helper()
+	var ids []ebpf.ProgramID
+	if h == Clsact {
+		l, err := netlink.LinkByIndex(ifindex)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fs, err := netlink.FilterList(l, clsFilter(ifindex, ingress, "").Parent)
+		if err != nil {
+			t.Fatalf("list the filters of ifindex %d: %v", ifindex, err)
+		}
+		for _, f := range fs {
+			if b, ok := f.(*netlink.BpfFilter); ok {
+				ids = append(ids, ebpf.ProgramID(b.Id))
+			}
+		}
+		return ids
+	}
+	at := ebpf.AttachTCXEgress
+	if ingress {
+		at = ebpf.AttachTCXIngress
+	}
 	r, err := link.QueryPrograms(link.QueryOptions{Target: ifindex, Attach: at})
 	if err != nil {
 		t.Fatalf("query tcx of ifindex %d: %v", ifindex, err)
 	}
-	var ids []ebpf.ProgramID
 	for _, p := range r.Programs {
 		ids = append(ids, p.ID)
 	}
 	return ids
 }
 
-// TestAttach: Attach puts TX at the TAP's egress, PutChild RX at a
-// child's ingress (once, however often it is called), DeleteChild takes
-// it off, a delete of what is not there succeeds, and Close detaches
-// everything. A TUN stands for the child.
-func TestAttach(t *testing.T) {
-	nstest.Require(t)
-	ns := fmt.Sprintf("fpat%d", os.Getpid())
+// progID is the program's ID.
+func progID(t *testing.T, p *ebpf.Program) ebpf.ProgramID {
+	t.Helper()
+	info, err := p.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, ok := info.ID()
+	if !ok {
+		t.Fatal("no program ID")
+	}
+	return id
+}
+
+// wantIDs fails unless the device runs exactly want.
+func wantIDs(t *testing.T, h Hook, ifindex int, ingress bool, what string, want ...ebpf.ProgramID) {
+	t.Helper()
+	if got := attachedIDs(t, h, ifindex, ingress); !slices.Equal(got, want) {
+		t.Fatalf("%s runs %v, want %v", what, got, want)
+	}
+}
+
+// foreignFilter puts someone else's cls_bpf filter (a program that
+// passes every frame on, TC_ACT_UNSPEC) at the device's ingress or
+// egress, before ours (priority 1), and returns its program's ID.
+func foreignFilter(t *testing.T, ifindex int, ingress bool) ebpf.ProgramID {
+	t.Helper()
+	p, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: "foreign", Type: ebpf.SchedCLS, License: "Apache-2.0",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, -1), asm.Return()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	q := &netlink.GenericQdisc{QdiscAttrs: netlink.QdiscAttrs{LinkIndex: ifindex, Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT}, QdiscType: "clsact"}
+	if err := netlink.QdiscAdd(q); err != nil && !os.IsExist(err) {
+		t.Fatal(err)
+	}
+	f := clsFilter(ifindex, ingress, "foreign")
+	f.Priority, f.Handle, f.Fd = 1, 1, p.FD()
+	if err := netlink.FilterAdd(&f); err != nil {
+		t.Fatalf("add the foreign filter: %v", err)
+	}
+	return progID(t, p)
+}
+
+// devices makes, in a new namespace named after prefix and the hook, a
+// TAP and a TUN that stands for a child, and runs fn in it with their
+// ifindexes.
+func devices(t *testing.T, prefix string, h Hook, fn func(tap, child int)) {
+	ns := fmt.Sprintf("%s%s%d", prefix, h, os.Getpid())
 	nstest.Add(t, ns)
 	nstest.Do(t, ns, func() {
-		openTun(t, "fpattap", unix.IFF_TAP)
-		openTun(t, "fpatch", unix.IFF_TUN)
-		tap, err := net.InterfaceByName("fpattap")
+		openTun(t, prefix+"tap", unix.IFF_TAP)
+		openTun(t, prefix+"ch", unix.IFF_TUN)
+		tap, err := net.InterfaceByName(prefix + "tap")
 		if err != nil {
 			t.Fatal(err)
 		}
-		ch, err := net.InterfaceByName("fpatch")
+		ch, err := net.InterfaceByName(prefix + "ch")
 		if err != nil {
 			t.Fatal(err)
 		}
-		a, err := Attach(tap.Index)
-		if err != nil {
-			t.Fatal(err)
-		}
-		txInfo, _ := a.TX.Program.Info()
-		rxInfo, _ := a.RX.Program.Info()
-		txID, _ := txInfo.ID()
-		rxID, _ := rxInfo.ID()
-		if got := attachedIDs(t, tap.Index, ebpf.AttachTCXEgress); len(got) != 1 || got[0] != txID {
-			t.Fatalf("TAP egress runs %v, want the TX program %d", got, txID)
-		}
-		g := RXGuest{MAC: guestMAC, TAP: uint32(tap.Index), MTU: 1500}
-		for range 2 {
-			if err := a.PutChild(ch.Index, g); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if got := attachedIDs(t, ch.Index, ebpf.AttachTCXIngress); len(got) != 1 || got[0] != rxID {
-			t.Fatalf("child ingress runs %v, want the RX program %d once", got, rxID)
-		}
-		var v rxGuest
-		if err := a.RX.Guests.Lookup(uint32(ch.Index), &v); err != nil || v.TAP != uint32(tap.Index) {
-			t.Fatalf("RX guest of the child: %+v, %v", v, err)
-		}
-		if err := a.DeleteChild(ch.Index); err != nil {
-			t.Fatal(err)
-		}
-		if got := attachedIDs(t, ch.Index, ebpf.AttachTCXIngress); len(got) != 0 {
-			t.Fatalf("child ingress still runs %v after DeleteChild", got)
-		}
-		for _, err := range []error{a.DeleteChild(ch.Index), a.DeleteGuest(guestMAC), a.DeleteREMAC(remac), a.DeleteSender(1, netip.MustParseAddr("10.0.0.1"))} {
-			if err != nil {
-				t.Errorf("delete of an absent entry: %v", err)
-			}
-		}
-		if err := a.PutChild(ch.Index, g); err != nil {
-			t.Fatal(err)
-		}
-		if err := a.Close(); err != nil {
-			t.Fatal(err)
-		}
-		if got := append(attachedIDs(t, tap.Index, ebpf.AttachTCXEgress), attachedIDs(t, ch.Index, ebpf.AttachTCXIngress)...); len(got) != 0 {
-			t.Fatalf("after Close still attached: %v", got)
-		}
+		fn(tap.Index, ch.Index)
 	})
+}
+
+// TestAttach, with each hook: Attach puts TX at the TAP's egress,
+// PutChild RX at a child's ingress (once, however often it is called),
+// DeleteChild takes it off, a delete of what is not there succeeds, and
+// Close detaches everything. Under clsact another filter that was on
+// each device before stays there, running before ours, throughout.
+func TestAttach(t *testing.T) {
+	nstest.Require(t)
+	for _, h := range hooks {
+		t.Run(h.String(), func(t *testing.T) {
+			devices(t, "fpat", h, func(tap, ch int) {
+				var tapOthers, chOthers []ebpf.ProgramID
+				if h == Clsact {
+					tapOthers = []ebpf.ProgramID{foreignFilter(t, tap, false)}
+					chOthers = []ebpf.ProgramID{foreignFilter(t, ch, true)}
+				}
+				a, err := AttachWith(tap, Options{clsact: h == Clsact})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if a.Hook() != h {
+					t.Fatalf("attached with %s, want %s", a.Hook(), h)
+				}
+				txID, rxID := progID(t, a.TX.Program), progID(t, a.RX.Program)
+				wantIDs(t, h, tap, false, "TAP egress", append(tapOthers, txID)...)
+				g := RXGuest{MAC: guestMAC, TAP: uint32(tap), MTU: 1500}
+				for range 2 {
+					if err := a.PutChild(ch, g); err != nil {
+						t.Fatal(err)
+					}
+				}
+				wantIDs(t, h, ch, true, "child ingress", append(chOthers, rxID)...)
+				var v rxGuest
+				if err := a.RX.Guests.Lookup(uint32(ch), &v); err != nil || v.TAP != uint32(tap) {
+					t.Fatalf("RX guest of the child: %+v, %v", v, err)
+				}
+				if err := a.DeleteChild(ch); err != nil {
+					t.Fatal(err)
+				}
+				wantIDs(t, h, ch, true, "child ingress after DeleteChild", chOthers...)
+				for _, err := range []error{a.DeleteChild(ch), a.DeleteGuest(guestMAC), a.DeleteREMAC(remac), a.DeleteSender(1, netip.MustParseAddr("10.0.0.1"))} {
+					if err != nil {
+						t.Errorf("delete of an absent entry: %v", err)
+					}
+				}
+				if err := a.PutChild(ch, g); err != nil {
+					t.Fatal(err)
+				}
+				if err := a.Close(); err != nil {
+					t.Fatal(err)
+				}
+				wantIDs(t, h, tap, false, "TAP egress after Close", tapOthers...)
+				wantIDs(t, h, ch, true, "child ingress after Close", chOthers...)
+			})
+		})
+	}
+}
+
+// privateBPFFS mounts a bpffs of the test's own in a temporary directory.
+// A new bpffs is not empty: with bpf_preload it holds maps.debug and
+// progs.debug (kernel/bpf/inode.c, populate_bpffs), so the tests compare
+// with what it held when mounted.
+func privateBPFFS(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	if err := unix.Mount("bpf", dir, "bpf", 0, "mode=0700"); err != nil {
+		t.Fatalf("mount a bpffs: %v", err)
+	}
+	t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
+	return dir
+}
+
+// pins are the names in a directory, sorted.
+func pins(t *testing.T, dir string) []string {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	return names
+}
+
+var mapPins = []string{"eipoib_guests", "eipoib_remacs", "eipoib_rx_cnt", "eipoib_rx_guest", "eipoib_rx_last", "eipoib_senders", "eipoib_tx_cnt", "eipoib_tx_last"}
+
+// TestAttachPinned, with each hook: a pinned fast path outlives Release,
+// still running (the TX program left on the TAP redirects a guest's
+// frame with the entries put before, BPF_PROG_TEST_RUN); a new
+// AttachWith takes it over: the maps with their entries, the TAP's and
+// the child's attachments running the new programs (one program each,
+// not a second), and nothing logged as replaced; DeleteChild detaches
+// the child it took over, and Close leaves the bpffs empty and nothing
+// attached.
+func TestAttachPinned(t *testing.T) {
+	nstest.Require(t)
+	sender := netip.MustParseAddr("10.0.0.1")
+	for _, h := range hooks {
+		t.Run(h.String(), func(t *testing.T) {
+			fs := privateBPFFS(t)
+			fresh := pins(t, fs)
+			dir := filepath.Join(fs, "fppntap")
+			devices(t, "fppn", h, func(tap, ch int) {
+				var logs bytes.Buffer
+				o := Options{Pin: dir, clsact: h == Clsact, Log: slog.New(slog.NewTextHandler(&logs, nil))}
+				a, err := AttachWith(tap, o)
+				if err != nil {
+					t.Fatal(err)
+				}
+				g := RXGuest{MAC: guestMAC, TAP: uint32(tap), MTU: 1500}
+				for _, err := range []error{a.PutGuest(guestMAC, Guest{Ifindex: uint32(ch), MTU: childMTU}), a.PutREMAC(remac, remoteIB), a.PutChild(ch, g), a.PutSender(uint32(ch), sender, remac)} {
+					if err != nil {
+						t.Fatal(err)
+					}
+				}
+				tx1, rx1 := progID(t, a.TX.Program), progID(t, a.RX.Program)
+				if err := a.Release(); err != nil {
+					t.Fatal(err)
+				}
+				want := slices.Clone(mapPins)
+				if h == TCX {
+					want = append(want, fmt.Sprintf("rx_link_%d", ch), "tx_link")
+				}
+				if got := pins(t, dir); !slices.Equal(got, want) {
+					t.Fatalf("pins after Release %v, want %v", got, want)
+				}
+				wantIDs(t, h, tap, false, "TAP egress after Release", tx1)
+				wantIDs(t, h, ch, true, "child ingress after Release", rx1)
+				p, err := ebpf.NewProgramFromID(tx1)
+				if err != nil {
+					t.Fatal(err)
+				}
+				l3 := ipv6(6, tcp(100))
+				opts := &ebpf.RunOptions{Data: eth(remac, guestMAC, 0x86dd, l3), DataOut: make([]byte, 256)}
+				ret, err := p.Run(opts)
+				p.Close()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if wantOut := ipoibFrame(0x86dd, l3); ret != tcActRedir || !bytes.Equal(opts.DataOut, wantOut) {
+					t.Fatalf("the released TX program: verdict %d, %d bytes; want %d, %d bytes", ret, len(opts.DataOut), tcActRedir, len(wantOut))
+				}
+
+				a, err = AttachWith(tap, o)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if logs.Len() != 0 {
+					t.Errorf("logged on taking over its own pins: %s", logs.String())
+				}
+				e, err := a.Entries()
+				if err != nil {
+					t.Fatal(err)
+				}
+				wantE := Entries{
+					Guests:   map[[6]byte]Guest{[6]byte(guestMAC): {Ifindex: uint32(ch), MTU: childMTU}},
+					REMACs:   map[[6]byte]ipoib.HwAddr{[6]byte(remac): remoteIB},
+					Children: map[int]RXGuest{ch: g},
+					Senders:  map[Sender][6]byte{{Child: ch, IP: sender}: [6]byte(remac)},
+				}
+				if fmt.Sprint(e) != fmt.Sprint(wantE) {
+					t.Fatalf("entries taken over\n%v\nwant\n%v", e, wantE)
+				}
+				tx2, rx2 := progID(t, a.TX.Program), progID(t, a.RX.Program)
+				if tx2 == tx1 || rx2 == rx1 {
+					t.Fatalf("program IDs %d, %d: not loaded afresh", tx2, rx2)
+				}
+				wantIDs(t, h, tap, false, "TAP egress taken over", tx2)
+				wantIDs(t, h, ch, true, "child ingress taken over", rx2)
+				if err := a.DeleteChild(ch); err != nil {
+					t.Fatal(err)
+				}
+				wantIDs(t, h, ch, true, "child ingress after DeleteChild")
+				if err := a.Close(); err != nil {
+					t.Fatal(err)
+				}
+				if got := pins(t, fs); !slices.Equal(got, fresh) {
+					t.Fatalf("bpffs after Close holds %v, want %v as mounted", got, fresh)
+				}
+				wantIDs(t, h, tap, false, "TAP egress after Close")
+			})
+		})
+	}
+}
+
+// TestAttachPinnedReplaced: pins of another layout (a guests map with
+// 16-byte values, a TAP link running another program) are replaced, the
+// map made afresh (its entry gone) and the link running the TX program,
+// and one line says so, naming both.
+func TestAttachPinnedReplaced(t *testing.T) {
+	nstest.Require(t)
+	dir := filepath.Join(privateBPFFS(t), "fprptap")
+	devices(t, "fprp", TCX, func(tap, _ int) {
+		if err := os.Mkdir(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		old, err := ebpf.NewMapWithOptions(&ebpf.MapSpec{Name: "eipoib_guests", Type: ebpf.Hash, KeySize: 6, ValueSize: 16, MaxEntries: MaxGuests, Pinning: ebpf.PinByName}, ebpf.MapOptions{PinPath: dir})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := old.Put([6]byte(guestMAC), [16]byte{1}); err != nil {
+			t.Fatal(err)
+		}
+		old.Close()
+		p, err := ebpf.NewProgram(&ebpf.ProgramSpec{Name: "foreign", Type: ebpf.SchedCLS, License: "Apache-2.0",
+			Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := attachTCX(tap, ebpf.AttachTCXEgress, p, filepath.Join(dir, txLinkPin))
+		p.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.release()
+
+		var logs bytes.Buffer
+		a, err := AttachWith(tap, Options{Pin: dir, Log: slog.New(slog.NewTextHandler(&logs, nil))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer a.Close()
+		if lines := strings.Split(strings.TrimSpace(logs.String()), "\n"); len(lines) != 1 || !strings.Contains(lines[0], "replaced=eipoib_guests,eipoib_tx") {
+			t.Fatalf("log %q, want one line with replaced=eipoib_guests,eipoib_tx", logs.String())
+		}
+		if info, err := a.TX.Guests.Info(); err != nil || info.ValueSize != 8 {
+			t.Fatalf("guests map: %+v, %v; want 8-byte values", info, err)
+		}
+		e, err := a.Entries()
+		if err != nil || len(e.Guests) != 0 {
+			t.Fatalf("guests %v, %v; want none", e.Guests, err)
+		}
+		wantIDs(t, TCX, tap, false, "TAP egress", progID(t, a.TX.Program))
+	})
+}
+
+// TestRemovePins: after a pinned run's Release, RemovePins leaves the
+// bpffs empty and the TAP without our program, with each hook; a child's
+// tcx link goes with its pin, a child's filter stays (it goes with the
+// child, which the kernel backend deletes at start).
+func TestRemovePins(t *testing.T) {
+	nstest.Require(t)
+	for _, h := range hooks {
+		t.Run(h.String(), func(t *testing.T) {
+			fs := privateBPFFS(t)
+			fresh := pins(t, fs)
+			dir := filepath.Join(fs, "fprmtap")
+			devices(t, "fprm", h, func(tap, ch int) {
+				a, err := AttachWith(tap, Options{Pin: dir, clsact: h == Clsact})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := a.PutChild(ch, RXGuest{MAC: guestMAC, TAP: uint32(tap), MTU: 1500}); err != nil {
+					t.Fatal(err)
+				}
+				rx := progID(t, a.RX.Program)
+				if err := a.Release(); err != nil {
+					t.Fatal(err)
+				}
+				if err := RemovePins(dir, tap); err != nil {
+					t.Fatal(err)
+				}
+				if got := pins(t, fs); !slices.Equal(got, fresh) {
+					t.Fatalf("bpffs after RemovePins holds %v, want %v as mounted", got, fresh)
+				}
+				wantIDs(t, h, tap, false, "TAP egress after RemovePins")
+				if h == TCX {
+					wantIDs(t, h, ch, true, "child ingress after RemovePins")
+				} else {
+					wantIDs(t, h, ch, true, "child ingress after RemovePins", rx)
+				}
+				if err := RemovePins(dir, tap); err != nil {
+					t.Fatalf("RemovePins of nothing: %v", err)
+				}
+			})
+		})
+	}
+}
+
+// TestAttachNotBPFFS: a pin directory that is not on a bpffs is refused
+// in one line naming it, before anything is loaded.
+func TestAttachNotBPFFS(t *testing.T) {
+	nstest.RequireRoot(t)
+	dir := filepath.Join(t.TempDir(), "eipoibd", "tap0")
+	_, err := AttachWith(1, Options{Pin: dir})
+	if err == nil || !strings.Contains(err.Error(), dir+" is not on a bpffs") || strings.Contains(err.Error(), "\n") {
+		t.Fatalf("AttachWith on a plain directory: %v", err)
+	}
 }

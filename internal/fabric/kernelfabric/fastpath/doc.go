@@ -76,9 +76,26 @@
 // # How eipoibd runs it
 //
 // --fast-path auto or on (kernel backend only, off by default) runs
-// Probe first. Attach loads both programs and attaches TX at the TAP's
-// egress; PutChild attaches RX at each guest child's ingress. Package
-// kernelfabric's FastPath fills and empties the maps from the rounds of
+// Probe first. AttachWith loads both programs and attaches TX at the
+// TAP's egress; PutChild attaches RX at each guest child's ingress. Both
+// are attached with tcx links, or, on a kernel without tcx (before 6.6),
+// with direct-action cls_bpf filters under a clsact qdisc, at a fixed
+// priority and handle so that only ours is ever replaced or deleted
+// (Hook says why the programs' verdicts mean the same under both).
+//
+// Under --persist the maps and the tcx links are pinned in a bpffs
+// directory per TAP (Options.Pin): Release leaves them attached and
+// pinned, and the next process's AttachWith takes them over, maps of
+// the same layout with their entries and links still on their devices,
+// swapping its freshly loaded programs in (tcx_link_update); what does
+// not match this binary is replaced, and logged once. A clsact filter
+// cannot be pinned: it stays on its device, and AttachWith replaces our
+// filter's program in place. Close removes everything, pins included;
+// RemovePins cleans up after a pinned run for a start that does not pin.
+// kernelfabric's FastPath starts from the maps' Entries, so its first
+// round deletes what is stale and puts what is missing.
+//
+// Package kernelfabric's FastPath fills and empties the maps from the rounds of
 // the shim's control goroutine (internal/shim/fastpath.go says what it
 // may carry and when it carries nothing), and the kernel port binds the
 // VIF children's packet sockets to ETH_P_IP, ETH_P_IPV6, ETH_P_ARP and
@@ -88,11 +105,10 @@
 //
 // # What it is not yet
 //
-// No clsact fallback for kernels before 6.6; nothing is pinned, so a
-// restart (even under --persist) ends the fast path until the new
-// process attaches it again; a guest only the fast path carries is not
-// touched, so its VIF ages out after --vif-idle; make bench rows and
-// test/hw kit legs with the fast path on and off.
+// A guest only the fast path carries is not touched, so its VIF ages
+// out after --vif-idle; make bench rows and test/hw kit legs with the
+// fast path on and off. The clsact fallback has run here only forced,
+// on a kernel that has tcx.
 //
 // # How it is tested
 //
@@ -105,7 +121,9 @@
 // an Ethernet skb, so RX packets carry their EtherType in the pseudo
 // header's bytes 12-13 for it (the program reads neither).
 //
-// Two live tests use tcx on real devices in a network namespace. TX: the
+// The attach, pinning and live tests run with each hook (clsact forced,
+// as this kernel has tcx), pins on a private bpffs. Two live tests use
+// real devices in a network namespace. TX: the
 // program at egress of a TAP redirects to a TUN switched to
 // ARPHRD_INFINIBAND with TUNSETLINK, an emulation of the child that shows
 // what the kernel does with the skb up to the driver (a TSO super-frame

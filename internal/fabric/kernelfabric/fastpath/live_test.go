@@ -8,8 +8,6 @@ import (
 	"os"
 	"testing"
 
-	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 
 	"github.com/eipoib/eipoibd/internal/nstest"
@@ -91,10 +89,17 @@ func parseVnetHdr(b []byte) vnetHdr {
 // 24-byte IPoIB link header reaches the device whole (__bpf_redirect
 // takes ARPHRD_INFINIBAND as a MAC-header device). A TSO super-frame
 // arrives as one skb, its gso_size kept and its csum_start moved by the
-// 10 bytes bpf_skb_change_head pushed.
+// 10 bytes bpf_skb_change_head pushed. It runs with each hook: the
+// program is attached with tcx, then as a clsact filter.
 func TestTXLive(t *testing.T) {
+	for _, h := range hooks {
+		t.Run(h.String(), func(t *testing.T) { testTXLive(t, h) })
+	}
+}
+
+func testTXLive(t *testing.T, hook Hook) {
 	tx := loadTX(t)
-	ns := fmt.Sprintf("fptx%d", os.Getpid())
+	ns := fmt.Sprintf("fptx%s%d", hook, os.Getpid())
 	nstest.Add(t, ns)
 
 	var tapFd, tunFd, sock int
@@ -129,11 +134,11 @@ func TestTXLive(t *testing.T) {
 		if err := tx.PutGuest(guestMAC, Guest{Ifindex: uint32(tun.Index), MTU: childMTU}); err != nil {
 			t.Fatal(err)
 		}
-		l, err := link.AttachTCX(link.TCXOptions{Interface: tap.Index, Program: tx.Program, Attach: ebpf.AttachTCXEgress})
+		at, err := attachHook(hook, tap.Index, false, tx.Program)
 		if err != nil {
-			t.Fatalf("attach tcx egress: %v", err)
+			t.Fatalf("attach at egress: %v", err)
 		}
-		t.Cleanup(func() { l.Close() })
+		t.Cleanup(func() { at.detach() })
 		sock, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, 0)
 		if err != nil {
 			t.Fatal(err)

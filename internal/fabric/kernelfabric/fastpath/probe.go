@@ -18,18 +18,22 @@ import (
 //     lacks (bpf_skb_change_head, bpf_skb_adjust_room, bpf_redirect,
 //     bpf_skb_load_bytes, bpf_skb_store_bytes), and needs CAP_BPF and
 //     CAP_NET_ADMIN.
-//   - tcx (Linux 6.6) must attach: the package has no clsact fallback.
-//     The TX program is attached to an interface index no device has;
-//     tcx_link_attach (kernel/bpf/tcx.c) answers ENODEV after accepting
-//     the attach type, and a kernel without tcx refuses the attach type
-//     first, which link.AttachTCX reports as ebpf.ErrNotSupported (its
-//     own probe, haveTCX, does the same).
+//   - tcx (Linux 6.6) is tried: the TX program is attached to an
+//     interface index no device has; tcx_link_attach (kernel/bpf/tcx.c)
+//     answers ENODEV after accepting the attach type, and a kernel
+//     without tcx refuses the attach type first, which link.AttachTCX
+//     reports as ebpf.ErrNotSupported (its own probe, haveTCX, does the
+//     same). Either passes: AttachWith then uses clsact filters, which
+//     it cannot try without changing a device (a qdisc add), so a kernel
+//     without cls_bpf or sch_ingress fails there, not here.
 //
 // The adjust_room flags the RX program passes (BPF_F_ADJ_ROOM_FIXED_GSO,
 // BPF_F_ADJ_ROOM_NO_CSUM_RESET) are checked only when a packet runs
 // (bpf_skb_adjust_room returns -EINVAL for flags outside its mask), not
-// at load; both are older than tcx, so a kernel that passes the tcx
-// check has them. BPF_PROG_TEST_RUN is not needed at run time.
+// at load. On a kernel without them every RX packet falls back, counted
+// as RXFallbackShrink; both are years older than tcx, so only a kernel
+// that uses the clsact fallback can lack them. BPF_PROG_TEST_RUN is not
+// needed at run time.
 func Probe() error {
 	tx, err := LoadTX()
 	if err != nil {
@@ -46,10 +50,8 @@ func Probe() error {
 	case err == nil:
 		l.Close()
 		return errors.New("tcx attached to a device that does not exist")
-	case errors.Is(err, unix.ENODEV):
+	case errors.Is(err, unix.ENODEV), errors.Is(err, ebpf.ErrNotSupported):
 		return nil
-	case errors.Is(err, ebpf.ErrNotSupported):
-		return fmt.Errorf("the kernel has no tcx (Linux 6.6): %w", err)
 	default:
 		return fmt.Errorf("tcx attach: %w", err)
 	}

@@ -3,6 +3,7 @@ package fastpath
 import (
 	"errors"
 	"fmt"
+	"path/filepath"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
@@ -40,26 +41,50 @@ const (
 	ctxGSOSize        = 176
 )
 
-// newMap creates one of the programs' maps, its error named.
-func newMap(name string, typ ebpf.MapType, key, val, n uint32) (*ebpf.Map, error) {
-	m, err := ebpf.NewMap(&ebpf.MapSpec{Name: name, Type: typ, KeySize: key, ValueSize: val, MaxEntries: n})
-	if err != nil {
-		return nil, fmt.Errorf("fastpath: map %s: %w", name, err)
+// newMap creates one of the programs' maps, its error named. With pin
+// set (a directory on bpffs) the map is pinned there under its name, and
+// a map already pinned there is used instead if it has the same layout
+// (type, key and value sizes, bound, flags); one that has not is
+// unpinned and made afresh, which replaced reports.
+func newMap(name string, typ ebpf.MapType, key, val, n uint32, pin string) (m *ebpf.Map, replaced bool, err error) {
+	spec := &ebpf.MapSpec{Name: name, Type: typ, KeySize: key, ValueSize: val, MaxEntries: n}
+	if pin == "" {
+		m, err = ebpf.NewMap(spec)
+	} else {
+		spec.Pinning = ebpf.PinByName
+		m, err = ebpf.NewMapWithOptions(spec, ebpf.MapOptions{PinPath: pin})
+		if errors.Is(err, ebpf.ErrMapIncompatible) {
+			replaced = true
+			if err = removePin(filepath.Join(pin, name)); err == nil {
+				m, err = ebpf.NewMapWithOptions(spec, ebpf.MapOptions{PinPath: pin})
+			}
+		}
 	}
-	return m, nil
+	if err != nil {
+		return nil, false, fmt.Errorf("fastpath: map %s: %w", name, err)
+	}
+	return m, replaced, nil
 }
 
-// maps creates a program's maps in turn; after the first failure it
-// makes no more, and err holds that failure.
-type maps struct{ err error }
+// maps creates a program's maps in turn, pinned under pin unless it is
+// empty; after the first failure it makes no more, and err holds that
+// failure. replaced names the pinned maps that did not match.
+type maps struct {
+	pin      string
+	replaced []string
+	err      error
+}
 
 // make is newMap, or nil once a map failed.
 func (ms *maps) make(name string, typ ebpf.MapType, key, val, n uint32) *ebpf.Map {
 	if ms.err != nil {
 		return nil
 	}
-	var m *ebpf.Map
-	m, ms.err = newMap(name, typ, key, val, n)
+	m, replaced, err := newMap(name, typ, key, val, n, ms.pin)
+	if replaced {
+		ms.replaced = append(ms.replaced, name)
+	}
+	ms.err = err
 	return m
 }
 

@@ -147,8 +147,15 @@ type RX struct {
 // LoadRX creates the maps and loads the RX program. It needs CAP_BPF and
 // CAP_NET_ADMIN (root).
 func LoadRX() (*RX, error) {
+	r, _, err := loadRXAt("")
+	return r, err
+}
+
+// loadRXAt is LoadRX with the maps pinned under pin (see newMap) unless
+// it is empty; replaced names the pinned maps that did not match.
+func loadRXAt(pin string) (_ *RX, replaced []string, _ error) {
 	r := &RX{}
-	var ms maps
+	ms := maps{pin: pin}
 	mk := ms.make
 	r.Guests = mk("eipoib_rx_guest", ebpf.Hash, 4, 16, MaxGuests)
 	r.Senders = mk("eipoib_senders", ebpf.Hash, 20, 6, MaxSenders)
@@ -156,14 +163,14 @@ func LoadRX() (*RX, error) {
 	r.LastRedirect = mk("eipoib_rx_last", ebpf.PerCPUArray, 4, 4, 1)
 	if ms.err != nil {
 		r.Close()
-		return nil, ms.err
+		return nil, nil, ms.err
 	}
 	var err error
 	if r.Program, err = loadSchedCLS("eipoib_rx", "RX", rxInstructions(r.Guests.FD(), r.Senders.FD(), r.Counters.FD(), r.LastRedirect.FD())); err != nil {
 		r.Close()
-		return nil, err
+		return nil, nil, err
 	}
-	return r, nil
+	return r, ms.replaced, nil
 }
 
 // Close releases the program and the maps.

@@ -149,11 +149,21 @@ func readMatching(t *testing.T, fd int, match func([]byte) bool) []byte {
 //   - a TSO super-frame arrives on the TAP as one skb, gso_size kept
 //     (BPF_F_ADJ_ROOM_FIXED_GSO) and csum_start 34, the TCP header in
 //     the Ethernet frame.
+//
+// It runs with each hook for the RX program: after the harness on tcx,
+// then as a clsact filter, which the harness's TCX_NEXT passes the
+// packet on to (sch_handle_ingress runs tc_run after tcx_run).
 func TestRXLive(t *testing.T) {
+	for _, h := range hooks {
+		t.Run(h.String(), func(t *testing.T) { testRXLive(t, h) })
+	}
+}
+
+func testRXLive(t *testing.T, hook Hook) {
 	nstest.Require(t)
 	rx := loadRX(t)
 	harness := ipoibHarness(t)
-	ns := fmt.Sprintf("fprx%d", os.Getpid())
+	ns := fmt.Sprintf("fprx%s%d", hook, os.Getpid())
 	nstest.Add(t, ns)
 	nstest.Must(t, nstest.In(ns, "ip", "link", "add", "fprxa", "type", "veth", "peer", "name", "fprxb")...)
 
@@ -199,11 +209,13 @@ func TestRXLive(t *testing.T) {
 			t.Fatalf("attach the harness: %v", err)
 		}
 		t.Cleanup(func() { hl.Close() })
-		rl, err := link.AttachTCX(link.TCXOptions{Interface: child.Index, Program: rx.Program, Attach: ebpf.AttachTCXIngress, Anchor: link.AfterLink(hl)})
+		// After the harness: tcx appends a link with no anchor last
+		// (bpf_mprog_attach).
+		rl, err := attachHook(hook, child.Index, true, rx.Program)
 		if err != nil {
 			t.Fatalf("attach the RX program: %v", err)
 		}
-		t.Cleanup(func() { rl.Close() })
+		t.Cleanup(func() { rl.detach() })
 		// inject sends into the veth, with a vnet header for GSO.
 		if inject, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, 0); err != nil {
 			t.Fatal(err)

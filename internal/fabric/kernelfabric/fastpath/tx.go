@@ -116,8 +116,15 @@ type TX struct {
 // LoadTX creates the maps and loads the TX program. It needs
 // CAP_BPF and CAP_NET_ADMIN (root).
 func LoadTX() (*TX, error) {
+	t, _, err := loadTXAt("")
+	return t, err
+}
+
+// loadTXAt is LoadTX with the maps pinned under pin (see newMap) unless
+// it is empty; replaced names the pinned maps that did not match.
+func loadTXAt(pin string) (_ *TX, replaced []string, _ error) {
 	t := &TX{}
-	var ms maps
+	ms := maps{pin: pin}
 	mk := ms.make
 	t.Guests = mk("eipoib_guests", ebpf.Hash, 6, 8, MaxGuests)
 	t.REMACs = mk("eipoib_remacs", ebpf.Hash, 6, ipoib.HwAddrLen, MaxREMACs)
@@ -125,14 +132,14 @@ func LoadTX() (*TX, error) {
 	t.LastRedirect = mk("eipoib_tx_last", ebpf.PerCPUArray, 4, 4, 1)
 	if ms.err != nil {
 		t.Close()
-		return nil, ms.err
+		return nil, nil, ms.err
 	}
 	var err error
 	if t.Program, err = loadSchedCLS("eipoib_tx", "TX", txInstructions(t.Guests.FD(), t.REMACs.FD(), t.Counters.FD(), t.LastRedirect.FD())); err != nil {
 		t.Close()
-		return nil, err
+		return nil, nil, err
 	}
-	return t, nil
+	return t, ms.replaced, nil
 }
 
 // Close releases the program and the maps.

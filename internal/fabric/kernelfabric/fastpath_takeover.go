@@ -1,0 +1,80 @@
+package kernelfabric
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+
+	"github.com/eipoib/eipoibd/ether"
+)
+
+// takeOver starts FastPath from what the maps hold (maps an earlier
+// process filled and pinned, under --persist) rather than from nothing,
+// so that the first Commit deletes what is stale and puts what is
+// missing. A child whose TX and RX entries disagree, or do not name this
+// TAP and its MTU, is held as no child ever stated, so the first Commit
+// replaces it.
+//
+// Entries of children that are not this port's (the previous run's,
+// which reclaim deleted) are deleted at once, not at the first Commit:
+// until then the TX program would redirect their guests' frames to a
+// device that is gone (skb_do_redirect drops a frame whose target
+// ifindex has no device), where the user-space path would carry them.
+func (f *FastPath) takeOver() error {
+	e, err := f.m.Entries()
+	if err != nil {
+		return err
+	}
+	for mac, g := range e.Guests {
+		c := fastChild{index: int(g.Ifindex), mtu: int(g.MTU)}
+		if rg, ok := e.Children[c.index]; !ok || !bytes.Equal(rg.MAC, mac[:]) || rg.TAP != uint32(f.tap) || rg.MTU != uint32(f.tapMTU) {
+			c.mtu = -1
+		}
+		f.have.children[ether.MAC(mac)] = c
+	}
+	var errs []error
+	for index, rg := range e.Children {
+		mac := ether.MAC(rg.MAC)
+		if c, ok := f.have.children[mac]; !ok {
+			f.have.children[mac] = fastChild{index: index, mtu: -1}
+		} else if c.index != index {
+			// A second child for one guest: no Commit would find it.
+			errs = append(errs, f.m.DeleteChild(index))
+		}
+	}
+	for mac, addr := range e.REMACs {
+		f.have.remacs[ether.MAC(mac)] = addr
+	}
+	for s, remac := range e.Senders {
+		f.have.bySender[fastSender{s.Child, s.IP}] = ether.MAC(remac)
+	}
+
+	live := map[int]bool{}
+	f.p.mu.RLock()
+	for _, c := range f.p.all {
+		live[c.index] = true
+	}
+	f.p.mu.RUnlock()
+	for k := range f.have.bySender {
+		if !live[k.child] {
+			if err := f.m.DeleteSender(uint32(k.child), k.ip); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			delete(f.have.bySender, k)
+		}
+	}
+	for mac, c := range f.have.children {
+		if !live[c.index] {
+			if err := errors.Join(f.m.DeleteGuest(mac[:]), f.m.DeleteChild(c.index)); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			delete(f.have.children, mac)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("delete the entries of children gone: %w", err)
+	}
+	return nil
+}
