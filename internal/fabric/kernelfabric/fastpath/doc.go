@@ -112,10 +112,12 @@
 // arrives whole with gso_size kept and csum_start 44, or is segmented in
 // software for a device without offloads, every segment keeping the
 // 24-byte link header), and a VXLAN device's UDP tunnel GSO skb, whose
-// segments would not fit the child, stays on the TAP. RX: a test-only harness program at ingress of a
-// veth rebuilds ipoib's receive layout and the RX program, after it,
-// redirects to a TAP carrying the guest's address (the kernel answers an
-// ICMP echo to the REMAC; a TSO super-frame arrives whole with gso_size
+// segments would not fit the child, stays on the TAP. RX: the harness
+// of the emulated wire (package emuib) at ingress of a child, written as
+// the wire delivers, rebuilds ipoib's receive layout and the RX
+// program, after it, redirects to a TAP carrying the guest's address
+// (the kernel answers an ICMP echo to the REMAC; a TSO super-frame
+// arrives whole with gso_size
 // kept). What ipoib and the HCA do around these programs only hardware
 // can confirm.
 package fastpath
