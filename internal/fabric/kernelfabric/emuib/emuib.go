@@ -42,6 +42,9 @@
 // packets, receive checksum flags, GRO in the driver's NAPI), the UD
 // MTU, the subnet manager, loss. Between the programs, frames cross two
 // veths and two redirects, whose cost make bench states apart.
+//
+// Package testbed builds two emulated hypervisors over this wire, with
+// the fast path's maps filled through kernelfabric.FastPath.
 package emuib
 
 import (
