@@ -196,6 +196,20 @@ func (p *Programs) Counts() ([NumReasons]uint64, error) {
 	return c, nil
 }
 
+// LoadRedirect loads a program that redirects every frame to the egress
+// of the device with ifindex to, as the wire does but without reading
+// or rewriting anything: at the fabric ends of veths that join two
+// bridges, it is the emulation's own cost, which make bench measures
+// apart from the fast path's.
+func LoadRedirect(to int) (*ebpf.Program, error) {
+	return load("emuib_redirect", asm.Instructions{
+		asm.Mov.Imm(asm.R1, int32(to)),
+		asm.Mov.Imm(asm.R2, 0),
+		asm.FnRedirect.Call(),
+		asm.Return(),
+	})
+}
+
 // Stack slots (offsets from R10).
 const (
 	stLink = -24 // the 24-byte link header; its first 20 bytes become the Ends key

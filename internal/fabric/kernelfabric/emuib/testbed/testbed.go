@@ -213,19 +213,8 @@ func (b *Bed) setUp(h *host, fabricEnd string) error {
 		return fmt.Errorf("no fake child has QPN %#x", h.qpn)
 	}
 	child := b.cfg.Prefix + "c"
-	if err := ipCmd("-n", h.NS, "link", "add", child, "index", fmt.Sprint(h.child), "mtu", fmt.Sprint(linkMTU),
-		"type", "veth", "peer", "name", fabricEnd, "netns", b.cfg.Fabric, "mtu", fmt.Sprint(linkMTU)); err != nil {
+	if err := b.veth(h.NS, child, fabricEnd, h.child); err != nil {
 		return err
-	}
-	b.undo = append(b.undo, func() error { return ipCmd("-n", h.NS, "link", "del", child) })
-	for _, d := range [][2]string{{h.NS, child}, {b.cfg.Fabric, fabricEnd}} {
-		// Nothing but the programs' frames crosses them.
-		if err := ipCmd("netns", "exec", d[0], "sysctl", "-qw", "net.ipv6.conf."+d[1]+".disable_ipv6=1"); err != nil {
-			return err
-		}
-		if err := ipCmd("-n", d[0], "link", "set", d[1], "up"); err != nil {
-			return err
-		}
 	}
 	if err := nsenter.Do(b.cfg.Fabric, func() error {
 		ifc, err := net.InterfaceByName(fabricEnd)
@@ -272,6 +261,80 @@ func (b *Bed) setUp(h *host, fabricEnd string) error {
 	b.wg.Add(1)
 	go b.drain(h)
 	return nil
+}
+
+// veth makes the veth child in namespace ns (with interface index
+// index, unless 0) and its peer fabricEnd in the fabric namespace, both
+// up without IPv6, until Close.
+func (b *Bed) veth(ns, child, fabricEnd string, index int) error {
+	args := []string{"-n", ns, "link", "add", child}
+	if index != 0 {
+		args = append(args, "index", fmt.Sprint(index))
+	}
+	args = append(args, "mtu", fmt.Sprint(linkMTU), "type", "veth", "peer", "name", fabricEnd, "netns", b.cfg.Fabric, "mtu", fmt.Sprint(linkMTU))
+	if err := ipCmd(args...); err != nil {
+		return err
+	}
+	b.undo = append(b.undo, func() error { return ipCmd("-n", ns, "link", "del", child) })
+	for _, d := range [][2]string{{ns, child}, {b.cfg.Fabric, fabricEnd}} {
+		// No IPv6 of their own: they carry only the guests' frames.
+		if err := ipCmd("netns", "exec", d[0], "sysctl", "-qw", "net.ipv6.conf."+d[1]+".disable_ipv6=1"); err != nil {
+			return err
+		}
+		if err := ipCmd("-n", d[0], "link", "set", d[1], "up"); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// StartPlain builds the emulation alone, for make bench to state its
+// own cost: in each hypervisor a veth child in the bridge, its fabric
+// end in the fabric namespace, and at each fabric end's ingress a
+// program (emuib.LoadRedirect) that redirects every frame to the other
+// fabric end's egress, as the wire does. There is no TAP, fast path
+// program, harness or port: the guests' Ethernet frames, ARP included,
+// cross the same veths and redirects as the fast path's do. Only Close
+// may be called on it.
+func StartPlain(cfg Config) (b *Bed, err error) {
+	b = &Bed{cfg: cfg}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, b.Close())
+			b = nil
+		}
+	}()
+	child := cfg.Prefix + "c"
+	var ends [2]int
+	for i, h := range cfg.Hosts {
+		fabricEnd := fmt.Sprintf("%sf%d", cfg.Prefix, i+1)
+		if err := b.veth(h.NS, child, fabricEnd, 0); err != nil {
+			return b, err
+		}
+		if err := ipCmd("-n", h.NS, "link", "set", child, "master", h.Bridge); err != nil {
+			return b, err
+		}
+		if err := nsenter.Do(cfg.Fabric, func() error {
+			ifc, err := net.InterfaceByName(fabricEnd)
+			if err == nil {
+				ends[i] = ifc.Index
+			}
+			return err
+		}); err != nil {
+			return b, err
+		}
+	}
+	for i := range ends {
+		prog, err := emuib.LoadRedirect(ends[1-i])
+		if err != nil {
+			return b, err
+		}
+		b.undo = append(b.undo, prog.Close)
+		if err := nsenter.Do(cfg.Fabric, func() error { return b.attach(ends[i], prog) }); err != nil {
+			return b, err
+		}
+	}
+	return b, nil
 }
 
 // attach attaches prog at tcx ingress of ifindex, in the calling

@@ -121,6 +121,26 @@ func TestFastPathEndToEnd(t *testing.T) {
 			}
 		})
 	}
+
+	// The emulation alone (make bench's row (g)): the same veths and
+	// redirects join the bridges; the guests resolve each other by ARP
+	// and ND over them, and reach each other. Start's Close removed its
+	// static neighbours, so this also shows nothing of it is left.
+	t.Run("plain", func(t *testing.T) {
+		bed, err := testbed.StartPlain(testbed.Config{Fabric: fabric, Hosts: hosts, Prefix: "fp"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if err := bed.Close(); err != nil {
+				t.Errorf("close: %v", err)
+			}
+		})
+		for _, dst := range []string{"10.77.0.2", "fd77::2"} {
+			ping(t, hosts[0].GuestNS, dst, 4)
+		}
+		transfer(t, hosts[1].GuestNS, hosts[0].GuestNS, "10.77.0.1", transferBytes)
+	})
 }
 
 // hostCounts are one hypervisor's program counters.
