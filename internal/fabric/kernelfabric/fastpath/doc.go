@@ -91,8 +91,8 @@
 // No clsact fallback for kernels before 6.6; nothing is pinned, so a
 // restart (even under --persist) ends the fast path until the new
 // process attaches it again; a guest only the fast path carries is not
-// touched, so its VIF ages out after --vif-idle; make bench rows and
-// test/hw kit legs with the fast path on and off.
+// touched, so its VIF ages out after --vif-idle; test/hw kit legs with
+// the fast path on and off.
 //
 // # How it is tested
 //
@@ -117,7 +117,8 @@
 // the wire delivers, rebuilds ipoib's receive layout and the RX
 // program, after it, redirects to a TAP carrying the guest's address
 // (the kernel answers an ICMP echo to the REMAC; a TSO super-frame
-// arrives whole with gso_size
-// kept). What ipoib and the HCA do around these programs only hardware
-// can confirm.
+// arrives whole with gso_size kept). Package emuib/testbed runs both end to end between two
+// hypervisors over the emulated wire: guest ping and TCP both ways,
+// byte-exact, with offloads on and off. What ipoib and the HCA do around
+// these programs only hardware can confirm.
 package fastpath
