@@ -123,7 +123,7 @@ func Start(cfg Config) (b *Bed, err error) {
 	for i := range b.hosts {
 		h := &host{Host: cfg.Hosts[i], name: fmt.Sprintf("h%d", i+1)}
 		b.hosts[i] = h
-		h.gid = ipoib.GID(netip.AddrFrom16([16]byte{0xfe, 0x80, 14: 0xeb, 15: byte(i + 1)}).As16())
+		h.gid = ipoib.GID{0xfe, 0x80, 14: 0xeb, 15: byte(i + 1)}
 		h.k = fab.NewHost(h.gid, "ib0", cfg.MTU)
 		if err := b.setUp(h, fmt.Sprintf("%sf%d", cfg.Prefix, i+1)); err != nil {
 			return b, fmt.Errorf("testbed: %s: %w", h.name, err)
