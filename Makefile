@@ -83,14 +83,16 @@ test-load:
 	./scripts/test-load.sh
 
 ## build: the daemon, the daemon with the verbs backend (cgo,
-## libibverbs), the benchmark's UDP generator and its ceiling (two TAPs
-## joined by the shim in memory) in bin/; the daemons and the CNI
+## libibverbs), the benchmark's UDP generator, its ceiling (two TAPs
+## joined by the shim in memory) and its fast path over an emulated
+## IPoIB wire (fpemu) in bin/; the daemons and the CNI
 ## plugin carry VERSION
 build:
 	$(GO) build -ldflags "$(VERSION_LDFLAGS)" -o bin/eipoibd ./cmd/eipoibd
 	$(GO) build -ldflags "$(VERSION_LDFLAGS)" -tags verbs -o bin/eipoibd-verbs ./cmd/eipoibd
 	$(GO) build -o bin/udprate ./cmd/udprate
 	$(GO) build -o bin/taplink ./cmd/taplink
+	$(GO) build -o bin/fpemu ./cmd/fpemu
 	$(GO) build -ldflags "$(CNI_LDFLAGS)" -o bin/eipoib ./cmd/eipoib-cni
 
 ## release: under dist/release/, static eipoibd and eipoib (the CNI

@@ -15,8 +15,20 @@
 #       eipoibd's shim, joined by an in-memory fabric in one process in
 #       h1; the second TAP is moved to h2. No underlay is crossed: the
 #       TAP + shim cost, apart from the simulated fabric's.
+#   (f) the in-kernel fast path over an EMULATED IPoIB wire (bin/fpemu,
+#       cmd/fpemu; package kernelfabric/emuib): in each hypervisor a TAP
+#       in br0 with the TX program at its egress and a veth "IPoIB
+#       child" with the harness and the RX program at its ingress; the
+#       children's peers in a fabric namespace, where a tc program routes
+#       the IPoIB link header to the other child; the maps filled through
+#       kernelfabric.FastPath; static neighbours give each guest the
+#       other's REMAC (no daemon runs, nothing answers ARP). Neither
+#       ipoib's driver nor an HCA is involved: see docs/performance.md.
+#   (g) the emulation alone (fpemu --plain): the same veths, the children
+#       in br0, a plain tc redirect at the fabric ends; no TAP, no fast
+#       path program. (f) against (g) is the fast path's own cost.
 # Every figure is the median of BENCH_REPS (3) repetitions taken
-# interleaved, a b c d e, a b c d e, a b c d e (each forwarder brought up
+# interleaved, a … g, a … g, a … g (each forwarder brought up
 # afresh each time), so that a slow minute of the shared machine lands on
 # all forwarders, not on one; every repetition's figure is kept in
 # raw/figures.tsv.
@@ -63,7 +75,7 @@
 # from a virtio-net guest with USO (host_uso); 0: cut in g1's eth0 into
 # single datagrams, as from a NIC that segments),
 # BENCH_PING_COUNT (default 200, 10 ms apart), BENCH_PING_SLOW_COUNT
-# (default 30, 200 ms apart), BENCH_FORWARDERS (subset of "a b c d e"),
+# (default 30, 200 ms apart), BENCH_FORWARDERS (subset of "a b c d e f g"),
 # BENCH_EIPOIBD_FLAGS (more flags for eipoibd in (a) and (b), e.g.
 # "--rx-workers 2", to compare settings run against run).
 set -euo pipefail
@@ -83,7 +95,7 @@ BENCH_UDP_GSO=${BENCH_UDP_GSO:-32}
 BENCH_UDP_GUEST_USO=${BENCH_UDP_GUEST_USO:-1}
 BENCH_PING_COUNT=${BENCH_PING_COUNT:-200}
 BENCH_PING_SLOW_COUNT=${BENCH_PING_SLOW_COUNT:-30}
-BENCH_FORWARDERS=${BENCH_FORWARDERS:-a b c d e}
+BENCH_FORWARDERS=${BENCH_FORWARDERS:-a b c d e f g}
 BENCH_EIPOIBD_FLAGS=${BENCH_EIPOIBD_FLAGS:-}
 UDP_PORT=5300
 
@@ -115,9 +127,11 @@ fi
 go build -o bin/eipoibd ./cmd/eipoibd
 go build -o bin/udprate ./cmd/udprate
 go build -o bin/taplink ./cmd/taplink
+go build -o bin/fpemu ./cmd/fpemu
 BIN=$PWD/bin/eipoibd
 UDPRATE=$PWD/bin/udprate
 TAPLINK=$PWD/bin/taplink
+FPEMU=$PWD/bin/fpemu
 
 OUT=bench/results/$(date -u +%Y%m%dT%H%M%SZ)
 RAW=$OUT/raw
@@ -187,6 +201,7 @@ on_exit cleanup
 echo "== topology: h1, h2 over a veth underlay (MTU 9000); br0 and one guest (MTU 4092) each"
 for h in 1 2; do nsadd "$P-h$h"; done
 for g in 1 2; do nsadd "$P-g$g"; done
+nsadd "$P-fab" # the emulated IPoIB wire's fabric ends, (f) and (g)
 ip link add ul1 netns "$P-h1" type veth peer name ul2 netns "$P-h2"
 for h in 1 2; do
   ip -n "$P-h$h" link set "ul$h" mtu 9000 up
@@ -260,6 +275,24 @@ user_down() {
   fi
   for pid in "${FPIDS[@]}"; do reap "$pid"; done
   FPIDS=()
+}
+
+# emu_up starts fpemu (row (f), or (g) with --plain) between h1 and h2;
+# it is no user-space forwarder (FPIDS stays empty: no CPU or RSS
+# column), only the kernel carries the frames.
+EMUPID=""
+emu_up() { # extra flags...
+  "$FPEMU" --fabric "$P-fab" --hosts "$P-h1,$P-h2" --guests "$P-g1:eth0,$P-g2:eth0" "$@" >"$RAW/$N-fpemu.log" 2>&1 &
+  EMUPID=$!
+  RUNNING[$EMUPID]="fpemu"
+  started "$RAW/$N-fpemu.log" "fpemu running"
+}
+
+# emu_down stops fpemu, which logs the programs' counters (f) and
+# removes its devices and the guests' static neighbours.
+emu_down() {
+  [ -z "$EMUPID" ] || reap "$EMUPID"
+  EMUPID=""
 }
 
 vxlan_up() {
@@ -514,10 +547,13 @@ declare -A LABEL=(
   [c]="(c) kernel VXLAN (IPv6 link-local underlay)"
   [d]="(d) socat TAP ↔ UDP"
   [e]="(e) ceiling: 2 TAPs + shims joined in memory (taplink), offloads on"
+  [f]="(f) fast path, emulated IPoIB wire (fpemu), offloads on"
+  [g]="(g) the emulated wire alone: same veths, no TAP, no fast path (fpemu --plain)"
 )
-declare -A SHORT=([a]="(a) eipoibd" [b]="(b) eipoibd, offload off" [c]="(c) kernel VXLAN" [d]="(d) socat" [e]="(e) ceiling (taplink)")
+declare -A SHORT=([a]="(a) eipoibd" [b]="(b) eipoibd, offload off" [c]="(c) kernel VXLAN" [d]="(d) socat" [e]="(e) ceiling (taplink)"
+  [f]="(f) fast path, emulated" [g]="(g) emulation alone")
 FWD=()
-for F in a b c d e; do [[ " $BENCH_FORWARDERS " != *" $F "* ]] || FWD+=("$F"); done
+for F in a b c d e f g; do [[ " $BENCH_FORWARDERS " != *" $F "* ]] || FWD+=("$F"); done
 
 for ((R = 1; R <= BENCH_REPS; R++)); do
   for F in "${FWD[@]}"; do
@@ -535,6 +571,12 @@ for ((R = 1; R <= BENCH_REPS; R++)); do
       e)
         if taplink_up; then measure; else put tcp1 "err: taplink did not start"; fi
         user_down ;;
+      f)
+        if emu_up; then measure; else put tcp1 "err: fpemu did not start"; fi
+        emu_down ;;
+      g)
+        if emu_up --plain; then measure; else put tcp1 "err: fpemu --plain did not start"; fi
+        emu_down ;;
     esac
   done
 done
@@ -613,9 +655,10 @@ quotient() { # key-a key-b
   fi
 }
 ratio() { quotient "$1.$3" "$2.$3"; } # F1 F2 measure → F1's / F2's
-added() { # F measure → F's figure less VXLAN's (µs)
-  if num "$1.$2" && num "c.$2"; then echo $((${V[$1.$2]} - ${V[c.$2]})); else echo "n/a"; fi
+added_to() { # F B measure → F's figure less B's (µs)
+  if num "$1.$3" && num "$2.$3"; then echo $((${V[$1.$3]} - ${V[$2.$3]})); else echo "n/a"; fi
 }
+added() { added_to "$1" c "$2"; } # F measure → F's figure less VXLAN's (µs)
 # verdict: "met" when awk finds the condition true of value v, "not met"
 # when false, "n/a" when v is no number.
 verdict() { # value condition
@@ -640,7 +683,7 @@ has() { [[ " ${FWD[*]} " == *" $1 "* ]]; }
       continue
     fi
     case $F in
-      c) cpu="— (kernel)" rss="— (kernel)" ;;
+      c | f | g) cpu="— (kernel)" rss="— (kernel)" ;;
       e) cpu=$(cell "$F.cpu") rss="$(cell "$F.rss1") (one process)" ;;
       *) cpu=$(cell "$F.cpu") rss="$(cell "$F.rss1") / $(cell "$F.rss2") (h1 / h2)" ;;
     esac
@@ -652,9 +695,22 @@ has() { [[ " ${FWD[*]} " == *" $1 "* ]]; }
     echo
     echo "| | TCP 1 → | TCP 1 ← | TCP 4 → | TCP 4 ← | added RTT, median | p99 | median, 200 ms apart |"
     echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
-    for F in a b d e; do
+    for F in a b d e f g; do
       has "$F" || continue
       echo "| ${SHORT[$F]} | $(ratio "$F" c tcp1) | $(ratio "$F" c tcp1R) | $(ratio "$F" c tcp4) | $(ratio "$F" c tcp4R) | $(added "$F" rtt) | $(added "$F" rttp99) | $(added "$F" rttslow) |"
+    done
+    echo
+  fi
+  if has f; then
+    echo "The fast path over the emulated IPoIB wire (f) against the user-space path (a) and the emulation"
+    echo "alone (g): TCP as a ratio, RTT as the µs (f) adds. (f) is not a hardware figure: no ipoib driver"
+    echo "or HCA is involved (docs/performance.md says what only hardware can confirm)."
+    echo
+    echo "| | TCP 1 → | TCP 1 ← | TCP 4 → | TCP 4 ← | added RTT, median | p99 | median, 200 ms apart |"
+    echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+    for B in a g; do
+      has "$B" || continue
+      echo "| (f) over ${SHORT[$B]} | $(ratio f "$B" tcp1) | $(ratio f "$B" tcp1R) | $(ratio f "$B" tcp4) | $(ratio f "$B" tcp4R) | $(added_to f "$B" rtt) | $(added_to f "$B" rttp99) | $(added_to f "$B" rttslow) |"
     done
     echo
   fi

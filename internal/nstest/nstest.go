@@ -9,12 +9,11 @@ import (
 	"errors"
 	"os"
 	"os/exec"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netns"
+	"github.com/eipoib/eipoibd/internal/nsenter"
 )
 
 func init() {
@@ -116,28 +115,4 @@ func Do(t testing.TB, ns string, fn func()) {
 // DoErr is Do for a goroutine other than the test's, which must not call
 // t.Fatal: it runs fn on a thread in namespace ns and returns fn's error,
 // or why it could not enter ns.
-func DoErr(ns string, fn func() error) error {
-	runtime.LockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		runtime.UnlockOSThread()
-		return err
-	}
-	defer orig.Close()
-	h, err := netns.GetFromName(ns)
-	if err != nil {
-		runtime.UnlockOSThread()
-		return err
-	}
-	defer h.Close()
-	if err := netns.Set(h); err != nil {
-		runtime.UnlockOSThread()
-		return err
-	}
-	defer func() {
-		if netns.Set(orig) == nil {
-			runtime.UnlockOSThread() // a thread left in ns dies with its goroutine
-		}
-	}()
-	return fn()
-}
+func DoErr(ns string, fn func() error) error { return nsenter.Do(ns, fn) }

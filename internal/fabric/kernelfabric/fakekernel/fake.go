@@ -196,6 +196,17 @@ func (k *Kernel) AddChild(c kf.ChildSpec) error {
 	return nil
 }
 
+// SetNextIndex makes i the interface index of the next link made, and
+// the indexes after it follow: the emulated IPoIB wire (package
+// kernelfabric/emuib/testbed) gives each child a real veth with the
+// fake child's index, so that the fast path's maps name real devices.
+// No link may have index i or above yet.
+func (k *Kernel) SetNextIndex(i int) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.next = i
+}
+
 // validName is net/core/dev.c dev_valid_name: 1 to IFNAMSIZ - 1 bytes,
 // not "." or "..", no '/', ':' or white space.
 func validName(name string) bool {

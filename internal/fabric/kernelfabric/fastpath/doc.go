@@ -106,9 +106,9 @@
 // # What it is not yet
 //
 // A guest only the fast path carries is not touched, so its VIF ages
-// out after --vif-idle; make bench rows and test/hw kit legs with the
-// fast path on and off. The clsact fallback has run here only forced,
-// on a kernel that has tcx.
+// out after --vif-idle; test/hw kit legs with the fast path on and off.
+// The clsact fallback has run here only forced, on a kernel that has
+// tcx.
 //
 // # How it is tested
 //
@@ -130,10 +130,13 @@
 // arrives whole with gso_size kept and csum_start 44, or is segmented in
 // software for a device without offloads, every segment keeping the
 // 24-byte link header), and a VXLAN device's UDP tunnel GSO skb, whose
-// segments would not fit the child, stays on the TAP. RX: a test-only harness program at ingress of a
-// veth rebuilds ipoib's receive layout and the RX program, after it,
-// redirects to a TAP carrying the guest's address (the kernel answers an
-// ICMP echo to the REMAC; a TSO super-frame arrives whole with gso_size
-// kept). What ipoib and the HCA do around these programs only hardware
-// can confirm.
+// segments would not fit the child, stays on the TAP. RX: the harness
+// of the emulated wire (package emuib) at ingress of a child, written as
+// the wire delivers, rebuilds ipoib's receive layout and the RX
+// program, after it, redirects to a TAP carrying the guest's address
+// (the kernel answers an ICMP echo to the REMAC; a TSO super-frame
+// arrives whole with gso_size kept). Package emuib/testbed runs both end to end between two
+// hypervisors over the emulated wire: guest ping and TCP both ways,
+// byte-exact, with offloads on and off. What ipoib and the HCA do around
+// these programs only hardware can confirm.
 package fastpath

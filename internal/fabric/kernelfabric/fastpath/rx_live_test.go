@@ -11,60 +11,20 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 
+	"github.com/eipoib/eipoibd/internal/fabric/kernelfabric/emuib"
 	"github.com/eipoib/eipoibd/internal/nstest"
 )
 
-// ipoibHarness is a test-only tc program that turns an Ethernet frame
-// received on a veth into what ipoib delivers at an IPoIB child's
-// ingress: bpf_skb_change_head(10) pushes 10 bytes and resets the MAC
-// header and mac_len (now 24, as skb_add_pseudo_hdr leaves it), then the
-// 24 bytes become 20 zero bytes and the IPoIB header, whose EtherType is
-// skb->protocol. skb->protocol and pkt_type stay as the veth's
-// eth_type_trans set them, as ipoib sets them from the IPoIB header and
-// the GRH. It returns TCX_NEXT so the RX program, attached after it,
-// runs on the rebuilt packet. An emulation: what a real HCA and ipoib do
-// around it (GRO, checksum flags, headroom) only hardware shows.
-func ipoibHarness(t *testing.T) *ebpf.Program {
-	t.Helper()
-	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
-		Name:    "eipoib_harness",
-		Type:    ebpf.SchedCLS,
-		License: "Apache-2.0",
-		Instructions: asm.Instructions{
-			asm.Mov.Reg(asm.R6, asm.R1),
-			asm.Mov.Imm(asm.R2, rxShrink),
-			asm.Mov.Imm(asm.R3, 0),
-			asm.FnSkbChangeHead.Call(),
-			asm.JNE.Imm(asm.R0, 0, "shot"),
-			asm.Mov.Imm(asm.R1, 0),
-			asm.StoreMem(asm.RFP, -24, asm.R1, asm.DWord),
-			asm.StoreMem(asm.RFP, -16, asm.R1, asm.DWord),
-			asm.StoreMem(asm.RFP, -8, asm.R1, asm.DWord),
-			asm.LoadMem(asm.R1, asm.R6, ctxProtocol, asm.Word),
-			asm.StoreMem(asm.RFP, -4, asm.R1, asm.Half),
-			asm.Mov.Reg(asm.R1, asm.R6),
-			asm.Mov.Imm(asm.R2, 0),
-			asm.Mov.Reg(asm.R3, asm.RFP),
-			asm.Add.Imm(asm.R3, -24),
-			asm.Mov.Imm(asm.R4, rxLinkLen),
-			asm.Mov.Imm(asm.R5, 0),
-			asm.FnSkbStoreBytes.Call(),
-			asm.JNE.Imm(asm.R0, 0, "shot"),
-			asm.Mov.Imm(asm.R0, -1), // TCX_NEXT
-			asm.Return(),
-			asm.Mov.Imm(asm.R0, tcActShot).WithSymbol("shot"),
-			asm.Return(),
-		},
-	})
-	if err != nil {
-		t.Fatalf("load the harness: %v", err)
-	}
-	t.Cleanup(func() { prog.Close() })
-	return prog
+// wired is the frame the emulated wire (package emuib) hands a child:
+// an Ethernet header addressed to it, then the 10 bytes of the IPoIB
+// link header the wire leaves (here the last GID bytes of some address,
+// the EtherType and the reserved bytes), then L3.
+func wired(dst, src net.HardwareAddr, typ uint16, l3 []byte) []byte {
+	f := append(eth(dst, src, typ, nil), 0xfe, 0x80, 0, 0, 0, 2, byte(typ>>8), byte(typ), 0, 0)
+	return append(f, l3...)
 }
 
 // csum is the Internet checksum of b.
@@ -138,11 +98,18 @@ func readMatching(t *testing.T, fd int, match func([]byte) bool) []byte {
 	return nil
 }
 
-// TestRXLive runs the RX program at tcx ingress of a veth end whose
-// harness program (ipoibHarness) rebuilds ipoib's receive layout, and
-// redirects to a TAP that carries the guest's address and MAC:
+// TestRXLive runs the RX program at tcx ingress of a child whose
+// harness program (emuib's) rebuilds ipoib's receive layout from what
+// the emulated wire delivers, and redirects to a TAP that carries the
+// guest's address and MAC. The child is a TAP too, written through its
+// fd: a packet socket's GSO frame would be checked (SKB_GSO_DODGY,
+// tcp_gso_segment) at the sending veth's egress against a network header
+// that eth_type_trans put after the Ethernet header, where the wire's
+// frame still has 10 bytes of IPoIB link header, while tun_get_user
+// receives it as the child receives the wire's frame from its veth.
+// package testbed's end-to-end test runs the veth and the wire.
 //
-//   - an ICMP or ICMPv6 echo request sent into the veth is received on the TAP,
+//   - an ICMP or ICMPv6 echo request written to the child is received on the TAP,
 //     answered by the kernel, and the reply read from the TAP's fd, as
 //     eipoibd reads it, is addressed to the sender's REMAC: the rebuilt
 //     frame went through dev_forward_skb and the IP stack whole;
@@ -162,13 +129,19 @@ func TestRXLive(t *testing.T) {
 func testRXLive(t *testing.T, hook Hook) {
 	nstest.Require(t)
 	rx := loadRX(t)
-	harness := ipoibHarness(t)
+	emu, err := emuib.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { emu.Close() })
 	ns := fmt.Sprintf("fprx%s%d", hook, os.Getpid())
 	nstest.Add(t, ns)
-	nstest.Must(t, nstest.In(ns, "ip", "link", "add", "fprxa", "type", "veth", "peer", "name", "fprxb")...)
 
-	var tapFd int
-	nstest.Do(t, ns, func() { tapFd = openTun(t, "fprxtap", unix.IFF_TAP) })
+	var tapFd, childFd int
+	nstest.Do(t, ns, func() {
+		tapFd = openTun(t, "fprxtap", unix.IFF_TAP)
+		childFd = openTun(t, "fprxc", unix.IFF_TAP|unix.IFF_VNET_HDR)
+	})
 	in := func(args ...string) { t.Helper(); nstest.Must(t, nstest.In(ns, args...)...) }
 	in("ip", "link", "set", "fprxtap", "address", guestMAC.String())
 	in("ip", "addr", "add", "10.0.0.2/24", "dev", "fprxtap")
@@ -178,22 +151,16 @@ func testRXLive(t *testing.T, hook Hook) {
 	in("sysctl", "-qw", "net.ipv6.conf.fprxtap.disable_ipv6=0")
 	in("ip", "addr", "add", "fd00::2/64", "dev", "fprxtap", "nodad")
 	in("ip", "-6", "neigh", "add", "fd00::1", "lladdr", remac.String(), "dev", "fprxtap", "nud", "permanent")
-	for _, l := range []string{"fprxa", "fprxb"} {
-		in("sysctl", "-qw", "net.ipv6.conf."+l+".disable_ipv6=1")
-		in("ip", "link", "set", l, "up")
-	}
+	in("ip", "link", "set", "fprxc", "up")
 
-	var child, tap, peer *net.Interface
-	var inject, watch int
+	var child, tap *net.Interface
+	var watch int
 	nstest.Do(t, ns, func() {
 		var err error
-		if child, err = net.InterfaceByName("fprxb"); err != nil {
+		if child, err = net.InterfaceByName("fprxc"); err != nil {
 			t.Fatal(err)
 		}
 		if tap, err = net.InterfaceByName("fprxtap"); err != nil {
-			t.Fatal(err)
-		}
-		if peer, err = net.InterfaceByName("fprxa"); err != nil {
 			t.Fatal(err)
 		}
 		if err := rx.PutGuest(uint32(child.Index), RXGuest{MAC: guestMAC, TAP: uint32(tap.Index), MTU: uint32(tap.MTU)}); err != nil {
@@ -204,7 +171,7 @@ func testRXLive(t *testing.T, hook Hook) {
 				t.Fatal(err)
 			}
 		}
-		hl, err := link.AttachTCX(link.TCXOptions{Interface: child.Index, Program: harness, Attach: ebpf.AttachTCXIngress})
+		hl, err := link.AttachTCX(link.TCXOptions{Interface: child.Index, Program: emu.Harness, Attach: ebpf.AttachTCXIngress})
 		if err != nil {
 			t.Fatalf("attach the harness: %v", err)
 		}
@@ -216,14 +183,6 @@ func testRXLive(t *testing.T, hook Hook) {
 			t.Fatalf("attach the RX program: %v", err)
 		}
 		t.Cleanup(func() { rl.detach() })
-		// inject sends into the veth, with a vnet header for GSO.
-		if inject, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, 0); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { unix.Close(inject) })
-		if err := unix.SetsockoptInt(inject, unix.SOL_PACKET, unix.PACKET_VNET_HDR, 1); err != nil {
-			t.Fatal(err)
-		}
 		// watch sees what the TAP receives (ptype_all), with GSO
 		// metadata.
 		if watch, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, int(htons(unix.ETH_P_ALL))); err != nil {
@@ -239,9 +198,8 @@ func testRXLive(t *testing.T, hook Hook) {
 	})
 	send := func(h vnetHdr, frame []byte) {
 		t.Helper()
-		to := &unix.SockaddrLinklayer{Ifindex: peer.Index, Protocol: htons(binary.BigEndian.Uint16(frame[12:]))}
-		if err := unix.Sendto(inject, append(h.bytes(), frame...), 0, to); err != nil {
-			t.Fatalf("send into the veth: %v", err)
+		if _, err := unix.Write(childFd, append(h.bytes(), frame...)); err != nil {
+			t.Fatalf("write to the child: %v", err)
 		}
 	}
 	// received returns the next frame the TAP received (not one it
@@ -269,7 +227,7 @@ func testRXLive(t *testing.T, hook Hook) {
 
 	t.Run("icmp echo answered through the tap", func(t *testing.T) {
 		req := echo4(0x4242, 1)
-		send(vnetHdr{}, eth(child.HardwareAddr, peer.HardwareAddr, 0x0800, req))
+		send(vnetHdr{}, wired(child.HardwareAddr, remac, 0x0800, req))
 		if _, got := received(); !bytes.Equal(got, eth(guestMAC, remac, 0x0800, req)) {
 			t.Errorf("TAP received\n%x\nwant\n%x", head(got), head(eth(guestMAC, remac, 0x0800, req)))
 		}
@@ -293,7 +251,7 @@ func testRXLive(t *testing.T, hook Hook) {
 
 	t.Run("icmpv6 echo answered through the tap", func(t *testing.T) {
 		req := echo6(0x4343, 1)
-		send(vnetHdr{}, eth(child.HardwareAddr, peer.HardwareAddr, 0x86dd, req))
+		send(vnetHdr{}, wired(child.HardwareAddr, remac, 0x86dd, req))
 		if _, got := received(); !bytes.Equal(got, eth(guestMAC, remac, 0x86dd, req)) {
 			t.Errorf("TAP received\n%x\nwant\n%x", head(got), head(eth(guestMAC, remac, 0x86dd, req)))
 		}
@@ -318,8 +276,8 @@ func testRXLive(t *testing.T, hook Hook) {
 		// To 10.0.0.9, which nothing in the namespace answers.
 		l3 := withDst(ipv4(0x4000, 6, tcp(2900)), netip.MustParseAddr("10.0.0.9"))
 		h := vnetHdr{Flags: unix.VIRTIO_NET_HDR_F_NEEDS_CSUM, GSOType: unix.VIRTIO_NET_HDR_GSO_TCPV4,
-			HdrLen: 14 + 52, GSOSize: 1400, CsumStart: 14 + 20, CsumOffset: 16}
-		send(h, eth(child.HardwareAddr, peer.HardwareAddr, 0x0800, l3))
+			HdrLen: 24 + 52, GSOSize: 1400, CsumStart: 24 + 20, CsumOffset: 16}
+		send(h, wired(child.HardwareAddr, remac, 0x0800, l3))
 		gh, got := received()
 		if gh.GSOType != unix.VIRTIO_NET_HDR_GSO_TCPV4 || gh.GSOSize != 1400 || gh.CsumStart != 14+20 || gh.CsumOffset != 16 {
 			t.Errorf("vnet header %+v, want TCPV4, gso_size 1400, csum_start 34, csum_offset 16", gh)
