@@ -2,8 +2,10 @@ package netns
 
 // The hardware kit's parts that need no hosts (test/hw): fastpath-check.sh,
 // the fast path verdict run.sh makes from eipoibd's counters on InfiniBand
-// hosts. None needs root. (TestHWKit runs the kit itself on the simulated
-// fabric.)
+// hosts, and perf.sh, its throughput and RTT block with the fast path's
+// on/off ratios, which only those hosts fill; and that the kit's scripts
+// are shellcheck clean. None needs root. (TestHWKit runs the kit itself on
+// the simulated fabric.)
 
 import (
 	"errors"
@@ -154,5 +156,93 @@ func TestFastPathCheckUsage(t *testing.T) {
 	}
 	if got, code := runFPCheck(t, "on", "tx", fpGuestMAC, "1", f, "/nonexistent"); code != 3 || got != "fastpath-check.sh: cannot read /nonexistent\n" {
 		t.Errorf("unreadable scrape: %q, exit %d; want exit 3 naming it", got, code)
+	}
+}
+
+// kitPerfRounds feeds perf.sh what a kit run on InfiniBand would measure:
+// the kernel backend's checks and routed legs with the fast path off, on
+// and auto (the routed leg's X>A1 transfer failing under on, its ping4
+// measuring 0 under off), then the verbs backend's checks.
+const kitPerfRounds = `
+source perf.sh
+CUR_B=kernel CUR_FP=off
+perf_leg checks 0xffff
+perf checks 0xffff ping4 0.080 ms
+perf checks 0xffff "tcp A1>B1" 20.00 Gbit/s
+perf_leg routed 0xffff
+perf routed 0xffff "ping4 A1>X" 0.000 ms
+perf routed 0xffff "tcp X>A1" 10.00 Gbit/s
+CUR_FP=on
+perf_leg checks 0xffff
+perf checks 0xffff ping4 0.040 ms
+perf checks 0xffff "tcp A1>B1" 35.00 Gbit/s
+perf_leg routed 0xffff
+perf routed 0xffff "ping4 A1>X" 0.050 ms
+CUR_FP=auto
+perf_leg checks 0xffff
+CUR_B=verbs CUR_FP=n/a
+perf_leg checks 0xffff
+perf checks 0xffff ping4 0.030 ms
+perf_block
+`
+
+// TestPerfBlock: the throughput and RTT block run.sh prints, exactly:
+// a line per leg and setting in the order they ran, with what it
+// measured ("nothing measured" for none), "fast path: n/a (verbs)" for
+// a backend without one; then per leg and setting other than off the
+// ratios to off of the figures both measured ("-" where off measured
+// 0, "nothing to compare" where none), and none for verbs.
+func TestPerfBlock(t *testing.T) {
+	out, err := kitBash(kitPerfRounds)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	const want = `throughput and RTT per leg (tcp: iperf 2's server; ping: the mean RTT of the pairs):
+  checks  0xffff  kernel  fast path: off          ping4 0.080 ms, tcp A1>B1 20.00 Gbit/s
+  routed  0xffff  kernel  fast path: off          ping4 A1>X 0.000 ms, tcp X>A1 10.00 Gbit/s
+  checks  0xffff  kernel  fast path: on           ping4 0.040 ms, tcp A1>B1 35.00 Gbit/s
+  routed  0xffff  kernel  fast path: on           ping4 A1>X 0.050 ms
+  checks  0xffff  kernel  fast path: auto         nothing measured
+  checks  0xffff  verbs   fast path: n/a (verbs)  ping4 0.030 ms
+  checks  0xffff  kernel  fast path on/off        ping4 0.50x, tcp A1>B1 1.75x
+  routed  0xffff  kernel  fast path on/off        ping4 A1>X -
+  checks  0xffff  kernel  fast path auto/off      nothing to compare
+`
+	if string(out) != want {
+		t.Errorf("perf_block:\n%s\nwant:\n%s", out, want)
+	}
+}
+
+// kitBash runs script with bash in the kit's directory.
+func kitBash(script string) ([]byte, error) {
+	cmd := exec.Command("bash", "-c", script)
+	cmd.Dir = kitDir
+	return cmd.CombinedOutput()
+}
+
+// TestPerfBlockEmpty: with no leg run, no block at all.
+func TestPerfBlockEmpty(t *testing.T) {
+	out, err := kitBash("source perf.sh; perf_block")
+	if err != nil || len(out) != 0 {
+		t.Errorf("perf_block with nothing measured: %q, %v; want nothing", out, err)
+	}
+}
+
+// TestKitShellcheck: the kit's scripts are shellcheck clean, following
+// what run.sh sources. Without shellcheck (scripts/deps.sh installs it)
+// the test skips, or fails under EIPOIB_REQUIRE_NETNS=1 as the tools of
+// the netns tests do.
+func TestKitShellcheck(t *testing.T) {
+	if _, err := exec.LookPath("shellcheck"); err != nil {
+		if os.Getenv("EIPOIB_REQUIRE_NETNS") == "1" {
+			t.Fatal("needs shellcheck (scripts/deps.sh installs it)")
+		}
+		t.Skip("needs shellcheck (scripts/deps.sh installs it)")
+	}
+	cmd := exec.Command("shellcheck", "-x", "run.sh", "perf.sh", "fastpath-check.sh")
+	cmd.Dir = kitDir
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Errorf("shellcheck: %v\n%s", err, out)
 	}
 }
