@@ -21,9 +21,12 @@ checks, per backend and per partition: ping and ping -6 between guests and
 with each host's native IPoIB address, ARP and ND, TCP with an exact byte
 count both ways, IPv4 and IPv6 multicast with no datagram lost; ping, ping -6
 and TCP between a guest and an address host B routes for (the routed leg);
-then an SM re-register with the time until guests talk again. Prints a
-summary table and exits 0 only if nothing failed (1: a check failed, 2: a
-prerequisite is missing, 3: bad options).
+then an SM re-register with the time until guests talk again. The kernel
+backend runs all of it with its fast path off and on (--fast-path), checking
+from eipoibd's counters that the fast path carried the TCP transfers.
+Prints the throughput and RTT of each leg and a summary table, and exits 0
+only if nothing failed (1: a check failed, 2: a prerequisite is missing,
+3: bad options).
 
 Hosts and transport:
   --peer DEST          ssh destination of host B (root, key-based: ssh -o BatchMode=yes DEST)
@@ -43,6 +46,10 @@ Fabric and backends:
   --eipoibd PATH       eipoibd on both hosts (default: eipoibd on PATH)
   --eipoibd-verbs PATH the -tags verbs build on both hosts (default: eipoibd-verbs on PATH)
   --eipoibd-args ARGS  more flags for eipoibd run, e.g. '--log-level debug --max-vifs 64'
+  --fast-path LIST     the kernel backend's legs run once per setting, in turn, with
+                       eipoibd run --fast-path SETTING: comma-separated, of off, on and
+                       auto; both = off,on (default both). The verbs and sim backends
+                       have no fast path: their legs run once ("fast path: n/a")
 Partitions and addresses:
   --partitions 1|2     1: P_Key 0xffff only; 2 (default): also --pkey2
   --pkey2 PKEY         second partition's P_Key, full member (default 0x8001)
@@ -91,7 +98,7 @@ PEER="" PEER_EXEC="" LOCAL_EXEC="" DEV=ib0 PEER_DEV="" FABRIC=ib BACKENDS="" VER
 EIPOIBD=eipoibd EIPOIBD_VERBS=eipoibd-verbs PARTITIONS=2 PKEY2=0x8001 VLAN2=100
 NET4=10.77 NET6=fd77 SM_MODE=reset SM_RESTART="" SM_TIMEOUT=60 COUNT=10 BYTES=67108864
 SETTLE=2 WORK=/tmp/eipoib-hwkit CLEANUP_ONLY=0 SWITCH=bridge OVS_DP=system EXTRA=""
-LONG_NAME="" CHILDREN=""
+LONG_NAME="" CHILDREN="" FAST_PATH=both
 
 while [ $# -gt 0 ]; do
 	opt=$1
@@ -131,6 +138,7 @@ while [ $# -gt 0 ]; do
 	--work) WORK=$val ;;
 	--long-name) LONG_NAME=$val ;;
 	--children) CHILDREN=$val ;;
+	--fast-path) FAST_PATH=$val ;;
 	*) die "unknown option $opt" ;;
 	esac
 done
@@ -167,7 +175,20 @@ else
 		case $b in kernel | verbs) ;; *) die "--backends takes kernel and verbs, not $b" ;; esac
 	done
 fi
+[ "$FAST_PATH" = both ] && FAST_PATH=off,on
+FP_SETTINGS=()
+for v in ${FAST_PATH//,/ }; do
+	case $v in off | on | auto) ;; *) die "--fast-path takes off, on, auto or both, not $v" ;; esac
+	[[ " ${FP_SETTINGS[*]} " == *" $v "* ]] && die "--fast-path: $v twice"
+	FP_SETTINGS+=("$v")
+done
+[ ${#FP_SETTINGS[@]} -gt 0 ] || die "--fast-path needs a setting"
 PEER_DEV=${PEER_DEV:-$DEV}
+# The kit's directory: fastpath-check.sh, the fast path verdict, and
+# perf.sh, the throughput and RTT block.
+KIT=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=perf.sh source-path=SCRIPTDIR
+source "$KIT/perf.sh"
 read -r -a LX <<<"$LOCAL_EXEC"
 read -r -a PX <<<"$PEER_EXEC"
 PKEYS=(0xffff)
@@ -238,6 +259,7 @@ EOF
 # cleanup_script HOST: what removes everything this kit made on HOST:
 # its processes, the topology, the native addresses and the P_Key child
 # it added; the logs stay in WORK/HOST.prev.
+# shellcheck disable=SC2016 # '"$f"': expanded by the host's shell
 cleanup_script() {
 	local W
 	W=$(w "$1")
@@ -493,10 +515,12 @@ ip -n $n route add 224.0.0.0/4 dev eth0
 	on "$h" "$s"
 }
 
-# daemon_up HOST BACKEND: eipoibd with the TAP eht0 in the bridge;
-# waits until it moves traffic.
+# daemon_up HOST BACKEND [FASTPATH]: eipoibd with the TAP eht0 in the
+# bridge, with --fast-path FASTPATH unless it is n/a or not given; waits
+# until it moves traffic. Its log: WORK/HOST/eipoibd-TAG.log (tag_of).
 daemon_up() {
-	local h=$1 b=$2 d W args bin=$EIPOIBD sw=--bridge
+	local h=$1 b=$2 fp=${3:-n/a} d W args bin=$EIPOIBD sw=--bridge tag
+	tag=$(tag_of "$b" "$fp")
 	[ "$SWITCH" = ovs ] && sw=--ovs-bridge
 	d=$(dev_of "$h")
 	W=$(w "$h")
@@ -510,16 +534,17 @@ daemon_up() {
 		;;
 	esac
 	[ "$PARTITIONS" = 2 ] && args+=" --vlan-pkey $VLAN2=$PKEY2"
+	[ "$fp" != n/a ] && args+=" --fast-path $fp"
 	local s=""
 	[ "$b" = sim ] && s+="ip link add ehtu link $d type macvlan mode bridge && ip link set ehtu up || exit 1
 "
 	[ "$b" = verbs ] && s+="$(port_script "$h")
 "
 	s+="mkdir -p $W/ctl
-nohup $bin run $args --name eht0 $sw ehtbr --ctl-dir $W/ctl $EXTRA </dev/null >$W/eipoibd-$b.log 2>&1 &
+nohup $bin run $args --name eht0 $sw ehtbr --ctl-dir $W/ctl $EXTRA </dev/null >$W/eipoibd-$tag.log 2>&1 &
 echo \$! >$W/run.pid
-i=0; until grep -q 'shim running' $W/eipoibd-$b.log; do
-	kill -0 \$(cat $W/run.pid) 2>/dev/null && [ \$i -lt 300 ] || { tail -n 20 $W/eipoibd-$b.log; exit 1; }
+i=0; until grep -q 'shim running' $W/eipoibd-$tag.log; do
+	kill -0 \$(cat $W/run.pid) 2>/dev/null && [ \$i -lt 300 ] || { tail -n 20 $W/eipoibd-$tag.log; exit 1; }
 	sleep 0.2; i=\$((i+1))
 done
 "
@@ -530,9 +555,13 @@ done
 	on "$h" "$s"
 }
 
-# daemon_down HOST BACKEND: saves eipoibd's counters, VIFs, neighbours
-# and groups to WORK/HOST/show-BACKEND.txt for the operator, stops it
-# (SIGTERM: it removes its TAP, QPs and children) and makes the native
+# tag_of BACKEND FASTPATH: what names a run's log and saved state: the
+# backend, and the fast path setting when there is one (kernel-off).
+tag_of() { if [ "$2" = n/a ]; then echo "$1"; else echo "$1-$2"; fi; }
+
+# daemon_down HOST BACKEND [FASTPATH]: saves eipoibd's counters, VIFs,
+# neighbours and groups to WORK/HOST/show-TAG.txt for the operator, stops
+# it (SIGTERM: it removes its TAP, QPs and children) and makes the native
 # stack forget the guests' addresses, which the next backend's QPs change.
 daemon_down() {
 	local h=$1 b=$2 W d bin=$EIPOIBD s="" what
@@ -544,7 +573,7 @@ daemon_down() {
 "
 	done
 	s="{
-$s} >$W/show-$b.txt 2>&1
+$s} >$W/show-$(tag_of "$b" "${3:-n/a}").txt 2>&1
 $(stop_pidfile "$W/run.pid")
 "
 	[ "$FABRIC" = ib ] && s+="ip neigh flush dev $d; ip neigh flush dev $d.${PKEY2#0x} 2>/dev/null
@@ -554,9 +583,9 @@ $(stop_pidfile "$W/run.pid")
 
 # ----------------------------------------------------------- measurements
 
-RESULTS=() # rows: check|backend|partition|PASS, FAIL or not run|figure
+RESULTS=() # rows: check|backend|partition|PASS, FAIL, SKIP or not run|figure
 passed=0 failed=0 notrun=0
-record() { # record CHECK BACKEND PARTITION STATUS FIGURE
+record() { # record CHECK BACKEND PARTITION STATUS FIGURE (SKIP counts as not run)
 	RESULTS+=("$1|$2|$3|$4|$5")
 	case $4 in PASS) passed=$((passed + 1)) ;; FAIL) failed=$((failed + 1)) ;; *) notrun=$((notrun + 1)) ;; esac
 	printf '%-5s %s [%s, %s]: %s\n' "$4" "$1" "$2" "$3" "$5"
@@ -572,6 +601,110 @@ verdict() {
 	fi
 }
 
+# The fast path checks of the kernel backend (CUR_FP off, on or auto):
+# around each TCP transfer, eipoibd's counters on the sending and the
+# receiving host, and fastpath-check.sh's verdict on them (its comment
+# says what PASS takes, and why). FP_WHY: why eipoibd ran with the fast
+# path off under auto, from its log ("" when it runs).
+FP_WHY=""
+
+# fp_scrape HOST: what fastpath-check.sh reads: show stats, "== vifs",
+# show vifs.
+fp_scrape() {
+	local c
+	c="--ctl-dir $(w "$1")/ctl --name eht0"
+	on "$1" "$EIPOIBD show stats $c; echo '== vifs'; $EIPOIBD show vifs $c" 2>/dev/null
+}
+
+# fp_redirected HOST DIR: HOST's port_fast_path_DIR_redirected (0 if none).
+fp_redirected() {
+	on "$1" "$EIPOIBD show stats --ctl-dir $(w "$1")/ctl --name eht0" 2>/dev/null |
+		awk -v n="port_fast_path_$2_redirected" '$1 == n { v = $2 } END { print v + 0 }'
+}
+
+# fp_off_why BACKEND: under auto, the reason each host's eipoibd logged
+# for running without its fast path (useFastPath, startFastPath), or "".
+fp_off_why() {
+	local h line why=""
+	[ "$CUR_FP" = auto ] || return 0
+	for h in A B; do
+		line=$(on "$h" "grep -m1 'fast path off' $(w "$h")/eipoibd-$(tag_of "$1" auto).log" 2>/dev/null)
+		line=${line#*fast path off: }
+		[ -n "$line" ] && why+="${why:+; }$h: fast path off: ${line:0:160}"
+	done
+	echo "$why"
+}
+
+# fp_before P SH RH G DST: before a transfer from guest G of host SH to
+# guest G of host RH (either "" for X, the routed leg's address), the
+# counters of both (FP_S0, FP_R0). With the fast path to carry it, first
+# waits until it carries guest G's ping to DST each way it is checked:
+# eipoibd hands a guest to it only once the guest's announcement window
+# (30 s from its first frame) is over; up to 60 s, else FP_LATE says so.
+fp_before() {
+	local p=$1 sh=$2 rh=$3 g=$4 dst=$5 t0=$SECONDS s r
+	FP_S0="" FP_R0="" FP_LATE=""
+	[ "$CUR_FP" = n/a ] && return
+	if [ "$CUR_FP" != off ] && [ -z "$FP_WHY" ] && [ "$p" = 1 ] && [ -n "$sh" ]; then
+		while :; do
+			s=$(fp_redirected "$sh" tx)
+			[ -n "$rh" ] && r=$(fp_redirected "$rh" rx)
+			on "$sh" "$(in_g "$sh" "$p" "$g")ping -n -c 1 -W 1 $dst" >/dev/null 2>&1
+			if [ "$(fp_redirected "$sh" tx)" -gt "$s" ] && { [ -z "$rh" ] || [ "$(fp_redirected "$rh" rx)" -gt "$r" ]; }; then
+				break
+			fi
+			if [ $((SECONDS - t0)) -ge 60 ]; then
+				FP_LATE=" (a ping of $(label "$sh" "$g") was not carried within 60 s)"
+				break
+			fi
+			sleep 1
+		done
+	fi
+	[ -n "$sh" ] && FP_S0=$(fp_scrape "$sh")
+	[ -n "$rh" ] && FP_R0=$(fp_scrape "$rh")
+}
+
+# fp_after NAME BACKEND P SH RH G: the fast path row NAME of the transfer
+# fp_before saw start: PASS when fastpath-check.sh passes on every host
+# checked (SH as the sender, RH as the receiver), SKIP when eipoibd ran
+# without its fast path under auto, not run where the fast path is not to
+# carry the transfer.
+fp_after() {
+	local name=$1 b=$2 p=$3 sh=$4 rh=$5 g=$6 setting=off dir h before mac out ok=1 fig=""
+	[ "$CUR_FP" = n/a ] && return
+	if [ "$CUR_FP" != off ]; then
+		if [ -n "$FP_WHY" ]; then
+			record "$name" "$b" "$(pk_of "$p")" SKIP "$FP_WHY"
+			return
+		elif [ "$p" != 1 ]; then
+			record "$name" "$b" "$(pk_of "$p")" "not run" "(VLAN $VLAN2: the fast path takes untagged frames only)"
+			return
+		elif [ -z "$sh" ]; then
+			record "$name" "$b" "$(pk_of "$p")" "not run" "(X's source IP is one no ARP or NDP taught: the RX program leaves it to eipoibd)"
+			return
+		fi
+		setting=on
+	fi
+	for dir in tx rx; do
+		h=$sh before=$FP_S0
+		[ "$dir" = rx ] && h=$rh before=$FP_R0
+		[ -n "$h" ] || continue
+		mac=$(on "$h" "ip -n $(ns "$h" "$p" "$g") -br link show eth0" 2>/dev/null | awk '{ print $3 }')
+		if [ -z "$mac" ]; then # without it, the VIF's bytes cannot be told
+			ok=0
+			fig+="${fig:+; }$h: no MAC of guest $(label "$h" "$g")"
+			continue
+		fi
+		out=$(bash "$KIT/fastpath-check.sh" "$setting" "$dir" "$mac" "$BYTES" <(printf '%s\n' "$before") <(fp_scrape "$h") 2>&1) || ok=0
+		fig+="${fig:+; }$h ${out#* }"
+	done
+	if [ "$ok" = 1 ]; then
+		record "$name" "$b" "$(pk_of "$p")" PASS "$fig"
+	else
+		record "$name" "$b" "$(pk_of "$p")" FAIL "$fig$FP_LATE"
+	fi
+}
+
 # where HOST G: the command prefix of guest G (0: the host's own stack).
 in_g() { if [ "$3" = 0 ]; then echo ""; else echo "ip netns exec $(ns "$1" "$2" "$3") "; fi; }
 label() { if [ "$2" = 0 ]; then echo "n$1"; else echo "$1$2"; fi; } # A1, nB
@@ -581,7 +714,7 @@ ND_PAIRS=("A 1 B 1" "A 1 B 0" "B 1 A 0")
 
 # ping_check FAMILY(4|6) BACKEND P: every pair, COUNT requests, all answered.
 ping_check() {
-	local fam=$1 b=$2 p=$3 pair sh sg dh dg dst out tx rx rtt ok=0 sum=0 bad="" n=0
+	local fam=$1 b=$2 p=$3 pair sh sg dh dg dst out tx rx rtt ok=0 sum=0 bad="" n=0 avg
 	for pair in "${PAIRS[@]}"; do
 		read -r sh sg dh dg <<<"$pair"
 		if [ "$fam" = 4 ]; then dst=$(ip4 "$p" "$dh" "$dg"); else dst=$(ip6 "$p" "$dh" "$dg"); fi
@@ -597,8 +730,10 @@ ping_check() {
 			bad+=" $(label "$sh" "$sg")>$(label "$dh" "$dg") ${rx:-0}/$COUNT"
 		fi
 	done
+	avg=$(awk -v s="$sum" -v k="$ok" 'BEGIN { if (k) printf "%.3f", s / k }')
+	[ -n "$avg" ] && perf checks "$(pk_of "$p")" "ping$fam" "$avg" ms
 	verdict "ping$fam" "$b" "$p" "$ok" ${#PAIRS[@]} \
-		"${#PAIRS[@]} pairs $n/$((COUNT * ${#PAIRS[@]})), rtt avg $(awk -v s="$sum" -v k="$ok" 'BEGIN { if (k) printf "%.3f", s / k }') ms" \
+		"${#PAIRS[@]} pairs $n/$((COUNT * ${#PAIRS[@]})), rtt avg $avg ms" \
 		"replies:$bad"
 }
 
@@ -650,16 +785,24 @@ ${x}ip -6 neigh show to $dst dev eth0 | awk '/lladdr/ { print \$3 }'; done"
 # and the server's read byte counts must both be BYTES. (iperf3's
 # receiver stops counting when the end-of-test message overtakes data in
 # flight, so its counts differ even on a bare veth: iperf 2 counts exactly.)
+#
+# With the kernel backend, the fast path row of the transfer follows
+# (fp_after).
 tcp_check() {
-	local b=$1 p=$2 from=$3 to=$4 sent rcvd bps
+	local b=$1 p=$2 from=$3 to=$4 sent rcvd bps g name="$3""1>$4""1"
+	fp_before "$p" "$from" "$to" 1 "$(ip4 "$p" "$to" 1)"
 	read -r sent rcvd bps <<<"$(iperf_bytes "$to" "$(in_g "$to" "$p" 1)" "$from" "$(in_g "$from" "$p" 1)" "$(ip4 "$p" "$to" 1)")"
 	if [ "$sent" = "$BYTES" ] && [ "$rcvd" = "$BYTES" ]; then
-		record "tcp $from""1>$to""1" "$b" "$(pk_of "$p")" PASS \
-			"$BYTES B sent = received, $(awk -v r="$bps" 'BEGIN { printf "%.2f", r / 1e9 }') Gbit/s"
+		g=$(gbps "$bps")
+		perf checks "$(pk_of "$p")" "tcp $name" "$g" Gbit/s
+		record "tcp $name" "$b" "$(pk_of "$p")" PASS "$BYTES B sent = received, $g Gbit/s"
 	else
-		record "tcp $from""1>$to""1" "$b" "$(pk_of "$p")" FAIL "sent $sent, received $rcvd, want $BYTES"
+		record "tcp $name" "$b" "$(pk_of "$p")" FAIL "sent $sent, received $rcvd, want $BYTES"
 	fi
+	fp_after "fastpath $name" "$b" "$p" "$from" "$to" 1
 }
+
+gbps() { awk -v r="$1" 'BEGIN { printf "%.2f", r / 1e9 }'; } # gbps BIT/S
 
 # iperf_bytes SRVHOST SRVPREFIX CLIHOST CLIPREFIX DST [SRC]: one iperf 2
 # connection of exactly BYTES from CLIPREFIX on CLIHOST (bound to SRC) to
@@ -775,38 +918,50 @@ ip addr add $(xaddr 4 9)/24 dev ehtx && ip addr add $(xaddr 6 9)/64 dev ehtx nod
 		on A "$(in_g A 1 1)ip route add $NET4.$RSUB.0/24 via $(ip4 1 B 0) && $(in_g A 1 1)ip -6 route add $NET6:$RSUB::/64 via $(ip6 1 B 0)"
 }
 
-# routed_check BACKEND: the routed leg's rows; the topology's teardown
-# removes X (topo_down_script).
+# routed_check BACKEND: the routed leg's rows, each figure with its RTT
+# or rate, and with the kernel backend each transfer's fast path row; the
+# topology's teardown removes X (topo_down_script).
 routed_check() {
-	local b=$1 fam out tx rx sent rcvd bps bin=$EIPOIBD unk
+	local b=$1 fam out tx rx rtt sent rcvd bps bin=$EIPOIBD unk g
 	[ "$b" = verbs ] && bin=$EIPOIBD_VERBS
 	if ! out=$(routed_up 2>&1); then
 		record "routed" "$b" 0xffff FAIL "set-up failed: $out"
 		return
 	fi
+	perf_leg routed 0xffff
 	for fam in 4 6; do
 		out=$(on A "$(in_g A 1 1)ping -$fam -n -c $COUNT -i 0.2 -W 2 $(xaddr $fam 9)" 2>&1)
 		tx=$(sed -n 's/^\([0-9]*\) packets transmitted.*/\1/p' <<<"$out")
 		rx=$(sed -n 's/.* \([0-9]*\) received.*/\1/p' <<<"$out")
+		rtt=$(sed -n 's|^rtt [^=]*= [0-9.]*/\([0-9.]*\)/.*|\1|p' <<<"$out" | awk '{ printf "%.3f", $1 }')
 		if [ "${tx:-0}" = "$COUNT" ] && [ "${rx:-0}" = "$COUNT" ] && ! grep -q duplicates <<<"$out"; then
-			record "routed ping$fam A1>X" "$b" 0xffff PASS "$rx/$COUNT, X $(xaddr $fam 9) via nB"
+			perf routed 0xffff "ping$fam A1>X" "$rtt" ms
+			record "routed ping$fam A1>X" "$b" 0xffff PASS "$rx/$COUNT, X $(xaddr $fam 9) via nB, rtt avg $rtt ms"
 		else
 			record "routed ping$fam A1>X" "$b" 0xffff FAIL "${rx:-0}/$COUNT replies from $(xaddr $fam 9) via nB"
 		fi
 	done
+	fp_before 1 A "" 1 "$(xaddr 4 9)"
 	read -r sent rcvd bps <<<"$(iperf_bytes B "" A "$(in_g A 1 1)" "$(xaddr 4 9)")"
 	if [ "$sent" = "$BYTES" ] && [ "$rcvd" = "$BYTES" ]; then
-		record "routed tcp A1>X" "$b" 0xffff PASS "$BYTES B sent = received"
+		g=$(gbps "$bps")
+		perf routed 0xffff "tcp A1>X" "$g" Gbit/s
+		record "routed tcp A1>X" "$b" 0xffff PASS "$BYTES B sent = received, $g Gbit/s"
 	else
 		record "routed tcp A1>X" "$b" 0xffff FAIL "sent $sent, received $rcvd, want $BYTES"
 	fi
+	fp_after "fastpath A1>X" "$b" 1 A "" 1
+	fp_before 1 "" A 1 ""
 	read -r sent rcvd bps <<<"$(iperf_bytes A "$(in_g A 1 1)" B "" "$(ip4 1 A 1)" "$(xaddr 4 9)")"
 	unk=$(on A "$bin show stats --ctl-dir $(w A)/ctl --name eht0" 2>/dev/null | awk '$1 == "rx_unknown_source" { print $2 }')
 	if [ "$sent" = "$BYTES" ] && [ "$rcvd" = "$BYTES" ]; then
-		record "routed tcp X>A1" "$b" 0xffff PASS "$BYTES B sent = received; eipoibd A rx_unknown_source ${unk:-?}"
+		g=$(gbps "$bps")
+		perf routed 0xffff "tcp X>A1" "$g" Gbit/s
+		record "routed tcp X>A1" "$b" 0xffff PASS "$BYTES B sent = received, $g Gbit/s; eipoibd A rx_unknown_source ${unk:-?}"
 	else
 		record "routed tcp X>A1" "$b" 0xffff FAIL "sent $sent, received $rcvd, want $BYTES; eipoibd A rx_unknown_source ${unk:-?}"
 	fi
+	fp_after "fastpath X>A1" "$b" 1 "" A 1
 }
 
 # ------------------------------------------------- kernel backend legs
@@ -921,43 +1076,60 @@ for h in A B; do
 	fi
 done
 
+# Each backend's round; the kernel backend's once per --fast-path
+# setting, its rows' backend kernel/SETTING (L).
 for b in ${BACKENDS//,/ }; do
-	echo
-	echo "backend $b:"
-	ok=$setup_ok
-	for h in A B; do
-		[ "$ok" = 1 ] || break
-		if ! out=$(guests_up "$h" 2>&1) || ! out=$(daemon_up "$h" "$b" 2>&1); then
-			echo "host $h: eipoibd ($b) did not start: $out"
-			ok=0
+	fps=(n/a)
+	[ "$b" = kernel ] && fps=("${FP_SETTINGS[@]}")
+	for CUR_FP in "${fps[@]}"; do
+		CUR_B=$b L=$b
+		[ "$CUR_FP" != n/a ] && L=$b/$CUR_FP
+		echo
+		echo "backend $L:"
+		ok=$setup_ok why="set-up failed (above)"
+		for h in A B; do
+			[ "$ok" = 1 ] || break
+			if ! out=$(guests_up "$h" 2>&1) || ! out=$(daemon_up "$h" "$b" "$CUR_FP" 2>&1); then
+				echo "host $h: eipoibd ($L) did not start: $out"
+				ok=0
+				# --fast-path on where the kernel cannot run it
+				# (internal/daemon/fabric.go useFastPath, startFastPath)
+				r=$(grep -o -m1 -e '--fast-path on: .*' <<<"$out" | head -n1)
+				[ -n "$r" ] && why="host $h: eipoibd refused ${r:0:160}"
+			fi
+		done
+		FP_WHY=""
+		[ "$ok" = 1 ] && FP_WHY=$(fp_off_why "$b")
+		[ -n "$FP_WHY" ] && echo "fast path: SKIP under auto, $FP_WHY"
+		for pk in "${PKEYS[@]}"; do
+			p=$(pidx "$pk")
+			if [ "$ok" != 1 ]; then
+				record "all checks" "$L" "$pk" FAIL "$why"
+				continue
+			fi
+			perf_leg checks "$pk"
+			ping_check 4 "$L" "$p"
+			ping_check 6 "$L" "$p"
+			arp_check "$L" "$p"
+			nd_check "$L" "$p"
+			tcp_check "$L" "$p" A B
+			tcp_check "$L" "$p" B A
+			mcast_check 4 "$L" "$p"
+			mcast_check 6 "$L" "$p"
+		done
+		[ "$ok" = 1 ] && routed_check "$L"
+		if [ "$SM_MODE" = none ]; then
+			record sm-reregister "$L" 0xffff "not run" "(--no-sm)"
+		elif [ "$ok" = 1 ]; then
+			sm_check "$L"
 		fi
-	done
-	for pk in "${PKEYS[@]}"; do
-		p=$(pidx "$pk")
-		if [ "$ok" != 1 ]; then
-			record "all checks" "$b" "$pk" FAIL "set-up failed (above)"
-			continue
-		fi
-		ping_check 4 "$b" "$p"
-		ping_check 6 "$b" "$p"
-		arp_check "$b" "$p"
-		nd_check "$b" "$p"
-		tcp_check "$b" "$p" A B
-		tcp_check "$b" "$p" B A
-		mcast_check 4 "$b" "$p"
-		mcast_check 6 "$b" "$p"
-	done
-	[ "$ok" = 1 ] && routed_check "$b"
-	if [ "$SM_MODE" = none ]; then
-		record sm-reregister "$b" 0xffff "not run" "(--no-sm)"
-	elif [ "$ok" = 1 ]; then
-		sm_check "$b"
-	fi
-	for h in A B; do
-		daemon_down "$h" "$b"
-		on "$h" "$(topo_down_script "$h")" >/dev/null 2>&1
+		for h in A B; do
+			daemon_down "$h" "$b" "$CUR_FP"
+			on "$h" "$(topo_down_script "$h")" >/dev/null 2>&1
+		done
 	done
 done
+CUR_FP=n/a # the kernel legs below are no round
 
 kernel_legs
 
@@ -987,10 +1159,11 @@ fi
 echo
 echo "eipoibd hardware kit: fabric $FABRIC, switch $SWITCH, $COUNT requests per pair, logs in $WORK/{A,B}.prev on each host"
 [ -n "$verbs_ports" ] && echo "verbs port:$verbs_ports"
-printf '%-18s %-8s %-9s %-8s %s\n' check backend partition result figure
+perf_block
+printf '%-18s %-10s %-9s %-8s %s\n' check backend partition result figure
 for r in "${RESULTS[@]}"; do
 	IFS='|' read -r c b pk st fig <<<"$r"
-	printf '%-18s %-8s %-9s %-8s %s\n' "$c" "$b" "$pk" "$st" "$fig"
+	printf '%-18s %-10s %-9s %-8s %s\n' "$c" "$b" "$pk" "$st" "$fig"
 done
 echo "summary: $passed passed, $failed failed, $notrun not run"
 [ "$failed" -eq 0 ]

@@ -78,7 +78,7 @@ type kitRow struct{ check, backend, partition, result, figure string }
 
 var (
 	kitSummary = regexp.MustCompile(`(?m)^summary: (\d+) passed, (\d+) failed, (\d+) not run$`)
-	kitRowRE   = regexp.MustCompile(`^(.{18}) (\S+) +(\S+) +(PASS|FAIL|not run) +(.*)$`)
+	kitRowRE   = regexp.MustCompile(`^(.{18}) (\S+) +(\S+) +(PASS|FAIL|SKIP|not run) +(.*)$`)
 )
 
 // kitTable returns the rows of the summary table: the lines between its
@@ -128,7 +128,8 @@ var routedLegs = []string{"routed ping4 A1>X|sim|0xffff", "routed ping6 A1>X|sim
 //   - no other row;
 //   - nothing left on the hosts;
 //   - each host's eipoibd counters, VIFs, neighbours and groups saved in
-//     its logs under work.
+//     its logs under work;
+//   - the throughput and RTT block (checkPerf).
 func checkKit(t *testing.T, out string, code int, work string, hosts, partitions, extra []string, notRun map[string]string) map[string]kitRow {
 	t.Helper()
 	if code != 0 {
@@ -186,8 +187,91 @@ func checkKit(t *testing.T, out string, code int, work string, hosts, partitions
 			}
 		}
 	}
+	checkPerf(t, out, got, partitions)
 	t.Logf("run.sh output:\n%s", out)
 	return got
+}
+
+// The kit's throughput and RTT block, above the table: its header, then
+// a line per leg, partition, backend and fast path setting.
+var (
+	kitPerfHead = "throughput and RTT per leg (tcp: iperf 2's server; ping: the mean RTT of the pairs):"
+	kitPerfRE   = regexp.MustCompile(`^  (checks|routed) +(\S+) +(\S+) +(fast path: n/a \(sim\)|fast path.*?)  +(.*)$`)
+	// What the sim backend's legs measure, in order; each number is the
+	// one of its row in the table (kitPerfRows).
+	kitPerfFigures = map[string]*regexp.Regexp{
+		"checks": regexp.MustCompile(`^ping4 (\d+\.\d{3}) ms, ping6 (\d+\.\d{3}) ms, tcp A1>B1 (\d+\.\d{2}) Gbit/s, tcp B1>A1 (\d+\.\d{2}) Gbit/s$`),
+		"routed": regexp.MustCompile(`^ping4 A1>X (\d+\.\d{3}) ms, ping6 A1>X (\d+\.\d{3}) ms, tcp A1>X (\d+\.\d{2}) Gbit/s, tcp X>A1 (\d+\.\d{2}) Gbit/s$`),
+	}
+	kitPerfRows = map[string][]string{
+		"checks": {"ping4", "ping6", "tcp A1>B1", "tcp B1>A1"},
+		"routed": {"routed ping4 A1>X", "routed ping6 A1>X", "routed tcp A1>X", "routed tcp X>A1"},
+	}
+	kitRowFigure = regexp.MustCompile(`(?:rtt avg (\d+\.\d{3}) ms|, (\d+\.\d{2}) Gbit/s)`)
+)
+
+// checkPerf asserts the throughput and RTT block of a run on the
+// simulated fabric, which has no fast path:
+//   - its header once, before the table;
+//   - exactly one line per partition's checks and one for the routed
+//     leg (0xffff), each "fast path: n/a (sim)";
+//   - each listing ping4 and ping6 RTTs and both TCP rates, well formed,
+//     each equal to the figure of its row in the table;
+//   - no on/off comparison and no line of another setting.
+func checkPerf(t *testing.T, out string, rows map[string]kitRow, partitions []string) {
+	t.Helper()
+	if n := strings.Count(out, "\n"+kitPerfHead+"\n"); n != 1 {
+		t.Errorf("the throughput and RTT header %d times, want 1", n)
+	}
+	want := map[string]bool{"routed|0xffff": true}
+	for _, pk := range partitions {
+		want["checks|"+pk] = true
+	}
+	seen := map[string]bool{}
+	inBlock := false
+	for _, l := range strings.Split(out, "\n") {
+		if l == kitPerfHead {
+			inBlock = true
+			continue
+		}
+		if !inBlock || !strings.HasPrefix(l, "  ") {
+			inBlock = false
+			continue
+		}
+		m := kitPerfRE.FindStringSubmatch(l)
+		if m == nil || m[3] != "sim" || m[4] != "fast path: n/a (sim)" {
+			t.Errorf("throughput line %q, want leg, partition, sim and fast path: n/a (sim)", l)
+			continue
+		}
+		key := m[1] + "|" + m[2]
+		if !want[key] || seen[key] {
+			t.Errorf("throughput line %q: unexpected or repeated", l)
+			continue
+		}
+		seen[key] = true
+		f := kitPerfFigures[m[1]].FindStringSubmatch(m[5])
+		if f == nil {
+			t.Errorf("throughput line %q: figures do not match %v", l, kitPerfFigures[m[1]])
+			continue
+		}
+		for i, check := range kitPerfRows[m[1]] {
+			r := kitRowFigure.FindStringSubmatch(rows[check+"|sim|"+m[2]].figure)
+			if r == nil || r[1]+r[2] != f[i+1] {
+				t.Errorf("throughput line %q: %s %s, but its row says %q", l, check, f[i+1], rows[check+"|sim|"+m[2]].figure)
+			}
+		}
+	}
+	for key := range want {
+		if !seen[key] {
+			t.Errorf("no throughput line for %s", key)
+		}
+	}
+	if strings.Contains(out, "on/off") || regexp.MustCompile(`fast path: (on|off|auto)`).MatchString(out) {
+		t.Errorf("a fast path setting or comparison on the simulated fabric:\n%s", out)
+	}
+	if strings.Index(out, kitPerfHead) > strings.LastIndex(out, "\ncheck ") {
+		t.Errorf("the throughput block is not above the table")
+	}
 }
 
 // kitArgs are the self-tests' measurement options: fewer requests and
@@ -221,7 +305,12 @@ var smRecovery = regexp.MustCompile(`^ping A1>B1 back after (\d+\.\d) s, then 3/
 //   - the SM leg and the multicast after it PASS;
 //   - the second partition, the kernel and verbs backends and the kernel
 //     backend legs (long-name, child-mem) "not run", with their reason;
-//   - 0 failed, and nothing left behind.
+//   - 0 failed, and nothing left behind;
+//   - the throughput and RTT of each leg, "fast path: n/a (sim)", and no
+//     fast path comparison: the sim backend has no fast path, so the kit
+//     runs each leg once (the kernel backend's twice, off and on, which
+//     only InfiniBand hosts run; hwkit_scripts_test.go tests the verdict
+//     those runs make from eipoibd's counters).
 //
 // The SM leg's recovery is at least the 2 s the port was down: the leg
 // measured the outage, from the trigger on.
@@ -331,7 +420,8 @@ func TestHWKitPrerequisites(t *testing.T) {
 // checked before anything runs. A --long-name the kernel would refuse
 // (16 bytes: dev_valid_name's 15 at most, or a '/'), or equal to --dev,
 // exits 3 with the reason. So does a --children that is no positive
-// number.
+// number, and a --fast-path setting eipoibd does not take, given twice,
+// or none.
 func TestHWKitKernelLegOptions(t *testing.T) {
 	for _, c := range []struct {
 		args []string
@@ -342,6 +432,9 @@ func TestHWKitKernelLegOptions(t *testing.T) {
 		{[]string{"--long-name", "ib0"}, "--long-name must differ from --dev"},
 		{[]string{"--children", "0"}, "'0' is not a positive number"},
 		{[]string{"--children", "x"}, "'x' is not a positive number"},
+		{[]string{"--fast-path", "off,fast"}, "--fast-path takes off, on, auto or both, not fast"},
+		{[]string{"--fast-path", "on,auto,on"}, "--fast-path: on twice"},
+		{[]string{"--fast-path", ","}, "--fast-path needs a setting"},
 	} {
 		out, code := runKit(t, 30*time.Second, append([]string{"--peer-exec", "true", "--work", t.TempDir()}, c.args...)...)
 		if code != 3 || !strings.Contains(out, c.want) {
