@@ -86,24 +86,33 @@
 // delivers to ptype_all sockets before tc ingress. Attached.Counts feeds
 // the port's counters (eipoibd_fast_path_total).
 //
+// Each program, when it redirects, adds one with a BPF atomic add
+// (countHits cites the kernel's semantics) to a hit count in both map
+// values it used, with no extra lookup: TX in the guest's and the
+// REMAC's, RX in the child's and the sender's. eipoibd does not see the
+// frames it carries, so before its tables age a VIF or age or evict a
+// neighbour, kernelfabric.FastPath reads those counts (GuestHits,
+// REMACHits, SenderHits: one lookup per entry) and the shim keeps what
+// was used since it last asked.
+//
 // # What it is not yet
 //
 // No clsact fallback for kernels before 6.6; nothing is pinned, so a
 // restart (even under --persist) ends the fast path until the new
-// process attaches it again; a guest only the fast path carries is not
-// touched, so its VIF ages out after --vif-idle; make bench rows and
-// test/hw kit legs with the fast path on and off.
+// process attaches it again; make bench rows and test/hw kit legs with
+// the fast path on and off.
 //
 // # How it is tested
 //
 // BPF_PROG_TEST_RUN on crafted packets checks every verdict of both
 // programs, the exact output bytes, the redirect target (recorded in
-// LastRedirect, since TEST_RUN reports the verdict but not the target)
-// and the counters; FuzzTX and FuzzRX check the same contracts on
-// arbitrary input. TEST_RUN cannot show everything: it sets no gso_type,
-// so a UDP tunnel skb is a UDP skb with a gso_size there, and it builds
-// an Ethernet skb, so RX packets carry their EtherType in the pseudo
-// header's bytes 12-13 for it (the program reads neither).
+// LastRedirect, since TEST_RUN reports the verdict but not the target),
+// the counters and the hit counts; FuzzTX and FuzzRX check the same
+// contracts on arbitrary input. TEST_RUN cannot show everything: it
+// sets no gso_type, so a UDP tunnel skb is a UDP skb with a gso_size
+// there, and it builds an Ethernet skb, so RX packets carry their
+// EtherType in the pseudo header's bytes 12-13 for it (the program
+// reads neither).
 //
 // Two live tests use tcx on real devices in a network namespace. TX: the
 // program at egress of a TAP redirects to a TUN switched to
