@@ -101,7 +101,8 @@ type NeighCounters struct {
 // else the least recently used; among equals, the least recently seen.
 // So a flood of endpoints that only speak (a neighbour flood on the
 // fabric) never pushes out entries guests use, and the work per eviction
-// stays bounded. A guest still talking to an evicted endpoint re-learns
+// stays bounded. Use the table does not see (UseElsewhere) is asked for
+// the chosen entry only, which is spared when it was used. A guest still talking to an evicted endpoint re-learns
 // it on the next packet or ARP, under the same REMAC.
 //
 // Memory: both indexes are xsync.Maps. Their lookups are a few atomic
@@ -119,6 +120,8 @@ type NeighTable struct {
 	hand int          // where the next eviction looks first
 
 	learned, aged, evicted, collisions, unresolved atomic.Uint64
+
+	usedElsewhere func(n *Neighbour) (sent, received bool) // see UseElsewhere
 }
 
 // NewNeighTable returns an empty table bounded to max entries.
@@ -172,7 +175,7 @@ func (t *NeighTable) learnSlow(pkey ipoib.PKey, hw ipoib.HwAddr, now time.Time) 
 		return nil, fmt.Errorf("mactrans: no free REMAC for %s after %d attempts", hw, maxDeriveAttempts)
 	}
 	if len(t.all) >= t.max {
-		t.evictLocked()
+		t.evictLocked(now)
 	}
 	n := &Neighbour{PKey: pkey, RIMAC: hw, REMAC: mac, slot: len(t.all)}
 	n.lastSeen.Store(now.UnixNano())
@@ -184,14 +187,60 @@ func (t *NeighTable) learnSlow(pkey ipoib.PKey, hw ipoib.HwAddr, now time.Time) 
 }
 
 // An eviction looks at evictWindow entries, and at up to evictScan
-// windows while all it saw are in use.
+// windows while all it saw are in use. It chooses again at most
+// evictSpare times for a victim UseElsewhere's function says was used.
 const (
 	evictWindow = 64
 	evictScan   = 16
+	evictSpare  = 4
 )
 
+// UseElsewhere sets f, which aging and eviction ask about a neighbour
+// they are about to remove: whether traffic went to it from a local
+// guest (sent) or from it to one (received) where the table does not see
+// it (the in-kernel fast path) since f was last asked about it. A
+// neighbour sent to is then marked used (Use), one received from seen
+// (Touch), at that time, and stays; eviction chooses again. f is called
+// with the table's lock held, from the goroutines that learn and age.
+// Set it before the table is used.
+func (t *NeighTable) UseElsewhere(f func(n *Neighbour) (sent, received bool)) {
+	t.usedElsewhere = f
+}
+
+// keptElsewhere marks n as UseElsewhere's function says and reports
+// whether it was used.
+func (t *NeighTable) keptElsewhere(n *Neighbour, now time.Time) bool {
+	if t.usedElsewhere == nil {
+		return false
+	}
+	sent, received := t.usedElsewhere(n)
+	switch {
+	case sent:
+		n.Use(now)
+	case received:
+		n.Touch(now)
+	}
+	return sent || received
+}
+
 // evictLocked removes one entry, chosen as NeighTable's doc says.
-func (t *NeighTable) evictLocked() {
+func (t *NeighTable) evictLocked(now time.Time) {
+	for spared := 0; ; spared++ {
+		victim := t.victimLocked()
+		if victim == nil {
+			return
+		}
+		if spared < evictSpare && t.keptElsewhere(victim, now) {
+			continue
+		}
+		t.removeLocked(victim)
+		t.evicted.Add(1)
+		return
+	}
+}
+
+// victimLocked is the entry to evict next, or nil in an empty table.
+func (t *NeighTable) victimLocked() *Neighbour {
 	var victim *Neighbour
 	older := func(n *Neighbour) bool {
 		nu, vu := n.lastUsed.Load(), victim.lastUsed.Load()
@@ -209,10 +258,7 @@ func (t *NeighTable) evictLocked() {
 			break // an entry no guest uses: as good a victim as any
 		}
 	}
-	if victim != nil {
-		t.removeLocked(victim)
-		t.evicted.Add(1)
-	}
+	return victim
 }
 
 // removeLocked deletes n from both indexes and from all, where the last
@@ -244,13 +290,13 @@ func (t *NeighTable) removeWhereLocked(del func(n *Neighbour) bool) int {
 	return gone
 }
 
-// Expire removes the neighbours not seen for ttl or longer and returns how
-// many went.
+// Expire removes the neighbours not seen for ttl or longer, but for those
+// UseElsewhere's function says were used, and returns how many went.
 func (t *NeighTable) Expire(now time.Time, ttl time.Duration) int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	cut := now.Add(-ttl).UnixNano()
-	gone := t.removeWhereLocked(func(n *Neighbour) bool { return n.lastSeen.Load() <= cut })
+	gone := t.removeWhereLocked(func(n *Neighbour) bool { return n.lastSeen.Load() <= cut && !t.keptElsewhere(n, now) })
 	t.aged.Add(uint64(gone))
 	return gone
 }

@@ -237,6 +237,8 @@ type VIFTable struct {
 	size, limit atomic.Int64
 
 	created, removed, aged, overflow atomic.Uint64
+
+	usedElsewhere func(v *VIF) bool // see UseElsewhere
 }
 
 // NewVIFTable returns an empty table for the port with GID gid.
@@ -399,19 +401,32 @@ func (t *VIFTable) removeLocked(v *VIF) {
 	t.size.Add(-1)
 }
 
+// UseElsewhere sets f, which Expire asks about each VIF it is about to
+// remove: whether the VIF's traffic went where the table does not see it
+// (the in-kernel fast path) since f was last asked about it. If so, the
+// VIF is touched at that round's time and stays. Set it before the table
+// is used.
+func (t *VIFTable) UseElsewhere(f func(v *VIF) bool) { t.usedElsewhere = f }
+
 // Expire removes the learned VIFs unused for idle or longer and returns
 // them, so the caller frees their QPs. A declared VIF (control socket,
 // static bridge entry, OVS port) stays, idle or not, until its source
-// undeclares it: a silent pod or VM keeps its QP.
+// undeclares it: a silent pod or VM keeps its QP. So does one that
+// UseElsewhere's function says was used.
 func (t *VIFTable) Expire(now time.Time, idle time.Duration) []*VIF {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	cut := now.Add(-idle).UnixNano()
 	var gone []*VIF
 	for _, v := range t.byKey.All() {
-		if v.Origin() == OriginLearned && v.lastUsed.Load() <= cut {
-			gone = append(gone, v)
+		if v.Origin() != OriginLearned || v.lastUsed.Load() > cut {
+			continue
 		}
+		if t.usedElsewhere != nil && t.usedElsewhere(v) {
+			v.Touch(now)
+			continue
+		}
+		gone = append(gone, v)
 	}
 	for _, v := range gone {
 		t.removeLocked(v)

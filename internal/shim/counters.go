@@ -44,6 +44,8 @@ const (
 	VIFsCreated
 	VIFsAged
 	VIFsRemoved
+	VIFsKeptFastPath
+	NeighboursKeptFastPath
 	DropRunt
 	DropEtherType
 	DropVLANUnmapped
@@ -156,6 +158,10 @@ var counterTable = [numCounters]stat.Value{
 	DropVIFRefused:       {Name: "drop_vif_refused", Help: "Frames of a guest whose QP the port refused (held ones, and new ones during the back-off)", End: stat.TxEnd},
 	DropGroupPendingFull: {Name: "drop_group_pending_full", Help: "Frames to a group being joined beyond the 64 held per group", End: stat.TxEnd},
 	DropControlFull:      {Name: "drop_control_full", Help: "Frames whose request to the control plane found its queue full", End: stat.TxEnd},
+
+	// Entries the tables were about to drop, kept for the fast path (fastpath.go).
+	VIFsKeptFastPath:       {Name: "vifs_kept_fast_path", Help: "VIFs idle for --vif-idle in eipoibd kept because the kernel backend's fast path carried their frames"},
+	NeighboursKeptFastPath: {Name: "neighbours_kept_fast_path", Help: "Remote endpoints about to be aged or evicted kept (or marked used) because the kernel backend's fast path carried frames to or from them"},
 }
 
 // String returns the counter's snapshot name.

@@ -28,10 +28,17 @@ package shim
 //   - the sources (IP → REMAC, srcip.go) of that partition.
 //
 // What the user-space path does per frame and the fast path does not: it
-// counts the guest's frames (show vif), keeps the VIF from aging
-// (--vif-idle) and marks the neighbour used (eviction prefers unused
-// ones). A guest only the fast path carries thus ages out after
-// --vif-idle, and its next frame makes its VIF again.
+// counts the guest's frames (show vif) and touches the VIF and the
+// neighbour. The fast path counts its own use instead (the programs' hit
+// counts), and the tables ask for it only when they are about to drop an
+// entry (watchFastPath): a VIF idle for --vif-idle, a neighbour not seen
+// for the neighbour TTL or chosen for eviction. One the fast path used
+// since the last ask is touched instead (a neighbour sent to is marked
+// used, as a guest's frame to it would) and stays, counted
+// (vifs_kept_fast_path, neighbours_kept_fast_path). So a guest only the
+// fast path carries keeps its VIF, and its neighbours age and are evicted
+// as if user space had carried its frames, at the cost of a map lookup or
+// a few per entry about to go, not a walk of the maps.
 
 import (
 	"net/netip"
@@ -39,6 +46,7 @@ import (
 
 	"github.com/eipoib/eipoibd/ether"
 	"github.com/eipoib/eipoibd/ipoib"
+	"github.com/eipoib/eipoibd/mactrans"
 )
 
 // FastPath is an in-kernel fast path that the control goroutine keeps in
@@ -57,6 +65,43 @@ type FastPath interface {
 	// Sender: packets from ip come from the endpoint shown as remac.
 	Sender(ip netip.Addr, remac ether.MAC)
 	Commit() error
+
+	// GuestUsed reports whether the fast path carried frames of the
+	// guest with this MAC since it was last asked about it (or since it
+	// took the guest). NeighbourUsed reports whether it carried frames
+	// from a guest to the endpoint shown as remac (sent) or from that
+	// endpoint to a guest (received), likewise. Both are safe for
+	// concurrent use with each other and with the rounds: the tables
+	// ask them when they age or evict, from the goroutines that do.
+	GuestUsed(mac ether.MAC) bool
+	NeighbourUsed(remac ether.MAC) (sent, received bool)
+}
+
+// watchFastPath makes the tables ask Config.FastPath, before they drop a
+// VIF or a neighbour of the untagged partition (the only ones it
+// carries), whether it used them meanwhile (see the top of this file).
+func (s *Shim) watchFastPath() {
+	fp := s.cfg.FastPath
+	if fp == nil {
+		return
+	}
+	s.vifs.UseElsewhere(func(v *mactrans.VIF) bool {
+		if v.Key.VLAN != 0 || !fp.GuestUsed(v.Key.MAC) {
+			return false
+		}
+		s.ctr.inc(VIFsKeptFastPath)
+		return true
+	})
+	s.neigh.UseElsewhere(func(n *mactrans.Neighbour) (sent, received bool) {
+		if p := s.byVLAN[0].Load(); p == nil || n.PKey != p.pkey.Full() {
+			return false, false
+		}
+		sent, received = fp.NeighbourUsed(n.REMAC)
+		if sent || received {
+			s.ctr.inc(NeighboursKeptFastPath)
+		}
+		return sent, received
+	})
 }
 
 // fastPathOff says why the fast path carries nothing now, or "" when it

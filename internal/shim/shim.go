@@ -233,6 +233,7 @@ func New(cfg Config) (*Shim, error) {
 	s.resolver.init(sh, s.neigh, &s.groups, cfg.Scope)
 	s.mobility.init(sh, &s.srcs, s.neigh, &s.resolver, cfg.AnnounceWindow, s.port.LocalGID)
 	s.newVIFs.init()
+	s.watchFastPath()
 	s.ctl.init(vifHoldPerGuest)
 	s.ep.init(len(s.queues) + len(s.rxq) + 1) // the TX workers, the RX workers, housekeeping
 	return s, nil

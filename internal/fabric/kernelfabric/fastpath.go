@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"sync"
 
 	"github.com/eipoib/eipoibd/ether"
 	"github.com/eipoib/eipoibd/internal/fabric/kernelfabric/fastpath"
@@ -33,6 +34,13 @@ type FastPathMaps interface {
 	// Entries is what the maps hold: an earlier process's, if it
 	// pinned them (--persist).
 	Entries() (fastpath.Entries, error)
+	// GuestHits, REMACHits and SenderHits read the programs' hit counts:
+	// the frames they redirected using an entry since it was put (0 for
+	// an entry not there). GuestHits sums the guest's TX entry and its
+	// child's RX entry. They are called concurrently with the rest.
+	GuestHits(mac net.HardwareAddr, child int) (uint64, error)
+	REMACHits(mac net.HardwareAddr) (uint64, error)
+	SenderHits(child uint32, ip netip.Addr) (uint64, error)
 }
 
 // The names under which Port.Counters reports the programs' verdicts,
@@ -59,15 +67,31 @@ const (
 // a copy of every sender per child, bounded by fastpath.MaxSenders: the
 // rest stay with the user-space path.
 //
-// Its methods are called from one goroutine, the shim's control
-// goroutine: they are not safe for concurrent use.
+// The programs count, in each entry, the frames they redirected using it
+// (fastpath.TX, fastpath.RX). GuestUsed and NeighbourUsed compare those
+// counts with the ones they read last time, one map lookup per entry, and
+// only for the guest or REMAC asked about: the shim asks only when it is
+// about to age or evict one.
+//
+// Begin, the stating methods and Commit are called from one goroutine,
+// the shim's control goroutine. GuestUsed and NeighbourUsed may be called
+// from any goroutine at any time.
 type FastPath struct {
 	p      *Port
 	m      FastPathMaps
 	tap    int // the TAP's ifindex
 	tapMTU int
-	// want is the round being stated, have what the maps hold.
+	// want is the round being stated, have what the maps hold. Only
+	// Commit writes have, under mu; Used reads it under mu.
 	want, have fastState
+
+	mu sync.Mutex
+	// The hit counts each entry had when last asked about.
+	lastGuest  map[ether.MAC]uint64
+	lastREMAC  map[ether.MAC]uint64
+	lastSender map[fastSender]uint64
+	// sendersOf is have.bySender by REMAC.
+	sendersOf map[ether.MAC]map[fastSender]struct{}
 }
 
 // fastState is the content of the maps.
@@ -100,7 +124,9 @@ func newFastState() fastState {
 // first Commit deletes what is stale and puts what is missing. From now
 // until Stop, the port's Counters report the programs' verdicts.
 func (p *Port) NewFastPath(m FastPathMaps, tap, tapMTU int) *FastPath {
-	f := &FastPath{p: p, m: m, tap: tap, tapMTU: tapMTU, want: newFastState(), have: newFastState()}
+	f := &FastPath{p: p, m: m, tap: tap, tapMTU: tapMTU, want: newFastState(), have: newFastState(),
+		lastGuest: map[ether.MAC]uint64{}, lastREMAC: map[ether.MAC]uint64{}, lastSender: map[fastSender]uint64{},
+		sendersOf: map[ether.MAC]map[fastSender]struct{}{}}
 	if err := f.takeOver(); err != nil {
 		p.log.Warn("kernel: fast path: the maps' entries were not all taken over", "err", err)
 	}
@@ -171,9 +197,9 @@ func (f *FastPath) Commit() error {
 		}
 	}
 
-	for k := range f.have.bySender {
+	for k, remac := range f.have.bySender {
 		if _, ok := f.want.bySender[k]; !ok && try(f.m.DeleteSender(uint32(k.child), k.ip)) {
-			delete(f.have.bySender, k)
+			f.setSender(k, remac, false)
 		}
 	}
 	for mac, c := range f.have.children {
@@ -181,12 +207,12 @@ func (f *FastPath) Commit() error {
 			continue
 		}
 		if try(f.m.DeleteGuest(mac[:])) && try(f.m.DeleteChild(c.index)) {
-			delete(f.have.children, mac)
+			f.setChild(mac, c, false)
 		}
 	}
 	for mac := range f.have.remacs {
 		if _, ok := f.want.remacs[mac]; !ok && try(f.m.DeleteREMAC(mac[:])) {
-			delete(f.have.remacs, mac)
+			f.setREMAC(mac, ipoib.HwAddr{}, false)
 		}
 	}
 
@@ -196,7 +222,7 @@ func (f *FastPath) Commit() error {
 		}
 		if try(f.m.PutChild(c.index, fastpath.RXGuest{MAC: mac[:], TAP: uint32(f.tap), MTU: uint32(f.tapMTU)})) &&
 			try(f.m.PutGuest(mac[:], fastpath.Guest{Ifindex: uint32(c.index), MTU: uint32(c.mtu)})) {
-			f.have.children[mac] = c
+			f.setChild(mac, c, true)
 		}
 	}
 	for mac, rimac := range f.want.remacs {
@@ -204,7 +230,7 @@ func (f *FastPath) Commit() error {
 			continue
 		}
 		if try(f.m.PutREMAC(mac[:], rimac)) {
-			f.have.remacs[mac] = rimac
+			f.setREMAC(mac, rimac, true)
 		}
 	}
 	for ip, remac := range f.want.senders {
@@ -220,7 +246,10 @@ func (f *FastPath) Commit() error {
 				continue
 			}
 			if try(f.m.PutSender(uint32(k.child), k.ip, remac[:])) {
-				f.have.bySender[k] = remac
+				if h, ok := f.have.bySender[k]; ok {
+					f.setSender(k, h, false) // out of its old REMAC's index
+				}
+				f.setSender(k, remac, true)
 			}
 		}
 	}
@@ -228,6 +257,94 @@ func (f *FastPath) Commit() error {
 		return fmt.Errorf("kernel: fast path: %w", errors.Join(errs...))
 	}
 	return nil
+}
+
+// setChild records that the maps now hold (put) or no longer hold the
+// guest mac's entries for child c; a put entry's hit count starts at 0.
+func (f *FastPath) setChild(mac ether.MAC, c fastChild, put bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if put {
+		f.have.children[mac], f.lastGuest[mac] = c, 0
+		return
+	}
+	delete(f.have.children, mac)
+	delete(f.lastGuest, mac)
+}
+
+// setREMAC is setChild for a REMAC's entry.
+func (f *FastPath) setREMAC(mac ether.MAC, rimac ipoib.HwAddr, put bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if put {
+		f.have.remacs[mac], f.lastREMAC[mac] = rimac, 0
+		return
+	}
+	delete(f.have.remacs, mac)
+	delete(f.lastREMAC, mac)
+}
+
+// setSender is setChild for a sender's entry, which names remac.
+func (f *FastPath) setSender(k fastSender, remac ether.MAC, put bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if put {
+		f.have.bySender[k], f.lastSender[k] = remac, 0
+		if f.sendersOf[remac] == nil {
+			f.sendersOf[remac] = map[fastSender]struct{}{}
+		}
+		f.sendersOf[remac][k] = struct{}{}
+		return
+	}
+	delete(f.have.bySender, k)
+	delete(f.lastSender, k)
+	delete(f.sendersOf[remac], k)
+	if len(f.sendersOf[remac]) == 0 {
+		delete(f.sendersOf, remac)
+	}
+}
+
+// GuestUsed reports whether the programs redirected frames from or to
+// the guest with MAC mac since the last call about it (or since its
+// entries were put): one lookup in each program's guests map. A guest
+// not in the maps, or whose counts cannot be read, was not used.
+func (f *FastPath) GuestUsed(mac ether.MAC) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c, ok := f.have.children[mac]
+	if !ok {
+		return false
+	}
+	n, err := f.m.GuestHits(mac[:], c.index)
+	if err != nil {
+		return false
+	}
+	used := n != f.lastGuest[mac]
+	f.lastGuest[mac] = n
+	return used
+}
+
+// NeighbourUsed reports whether the TX program redirected frames to the
+// REMAC remac (sent) and whether the RX program redirected packets from
+// any address that names it (received) since the last call about it:
+// one lookup in the REMACs map and one per (child, address) of it in the
+// senders map.
+func (f *FastPath) NeighbourUsed(remac ether.MAC) (sent, received bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.have.remacs[remac]; ok {
+		if n, err := f.m.REMACHits(remac[:]); err == nil {
+			sent = n != f.lastREMAC[remac]
+			f.lastREMAC[remac] = n
+		}
+	}
+	for k := range f.sendersOf[remac] {
+		if n, err := f.m.SenderHits(uint32(k.child), k.ip); err == nil {
+			received = received || n != f.lastSender[k]
+			f.lastSender[k] = n
+		}
+	}
+	return sent, received
 }
 
 // childOf is the child of VIF QP qpn that may take part: one of the

@@ -2,9 +2,7 @@ package kernelfabric_test
 
 import (
 	"errors"
-	"fmt"
 	"maps"
-	"net"
 	"net/netip"
 	"slices"
 	"strings"
@@ -18,100 +16,6 @@ import (
 	"github.com/eipoib/eipoibd/internal/testutil"
 	"github.com/eipoib/eipoibd/ipoib"
 )
-
-// fakeMaps are fast-path maps in Go maps, counting the calls made.
-type fakeMaps struct {
-	guests   map[ether.MAC]fastpath.Guest
-	remacs   map[ether.MAC]ipoib.HwAddr
-	children map[int]fastpath.RXGuest
-	senders  map[string]ether.MAC // "child/ip"
-	calls    int
-	fail     error // returned by every Put while set
-	tx       [fastpath.NumReasons]uint64
-	rx       [fastpath.NumRXReasons]uint64
-}
-
-func newFakeMaps() *fakeMaps {
-	return &fakeMaps{guests: map[ether.MAC]fastpath.Guest{}, remacs: map[ether.MAC]ipoib.HwAddr{}, children: map[int]fastpath.RXGuest{}, senders: map[string]ether.MAC{}}
-}
-
-func (m *fakeMaps) Entries() (fastpath.Entries, error) {
-	e := fastpath.Entries{Guests: map[[6]byte]fastpath.Guest{}, REMACs: map[[6]byte]ipoib.HwAddr{}, Children: map[int]fastpath.RXGuest{}, Senders: map[fastpath.Sender][6]byte{}}
-	for mac, g := range m.guests {
-		e.Guests[mac] = g
-	}
-	for mac, a := range m.remacs {
-		e.REMACs[mac] = a
-	}
-	maps.Copy(e.Children, m.children)
-	for k, remac := range m.senders {
-		child, ip, _ := strings.Cut(k, "/")
-		var s fastpath.Sender
-		if _, err := fmt.Sscan(child, &s.Child); err != nil {
-			return e, err
-		}
-		s.IP = netip.MustParseAddr(ip)
-		e.Senders[s] = remac
-	}
-	return e, nil
-}
-
-func (m *fakeMaps) Counts() ([fastpath.NumReasons]uint64, [fastpath.NumRXReasons]uint64, error) {
-	return m.tx, m.rx, nil
-}
-
-func (m *fakeMaps) PutGuest(mac net.HardwareAddr, g fastpath.Guest) error {
-	m.calls++
-	if m.fail != nil {
-		return m.fail
-	}
-	m.guests[ether.MAC(mac)] = g
-	return nil
-}
-func (m *fakeMaps) DeleteGuest(mac net.HardwareAddr) error {
-	m.calls++
-	delete(m.guests, ether.MAC(mac))
-	return nil
-}
-func (m *fakeMaps) PutREMAC(mac net.HardwareAddr, a ipoib.HwAddr) error {
-	m.calls++
-	if m.fail != nil {
-		return m.fail
-	}
-	m.remacs[ether.MAC(mac)] = a
-	return nil
-}
-func (m *fakeMaps) DeleteREMAC(mac net.HardwareAddr) error {
-	m.calls++
-	delete(m.remacs, ether.MAC(mac))
-	return nil
-}
-func (m *fakeMaps) PutChild(child int, g fastpath.RXGuest) error {
-	m.calls++
-	if m.fail != nil {
-		return m.fail
-	}
-	m.children[child] = g
-	return nil
-}
-func (m *fakeMaps) DeleteChild(child int) error {
-	m.calls++
-	delete(m.children, child)
-	return nil
-}
-func (m *fakeMaps) PutSender(child uint32, ip netip.Addr, remac net.HardwareAddr) error {
-	m.calls++
-	if m.fail != nil {
-		return m.fail
-	}
-	m.senders[fmt.Sprintf("%d/%s", child, ip)] = ether.MAC(remac)
-	return nil
-}
-func (m *fakeMaps) DeleteSender(child uint32, ip netip.Addr) error {
-	m.calls++
-	delete(m.senders, fmt.Sprintf("%d/%s", child, ip))
-	return nil
-}
 
 // round states one round to f and commits it.
 func round(f *kf.FastPath, guests map[ether.MAC]uint32, neigh map[ether.MAC]ipoib.HwAddr, senders map[netip.Addr]ether.MAC) error {
@@ -150,7 +54,7 @@ func TestFastPathMaps(t *testing.T) {
 	remac := ether.MAC{0x02, 0, 0, 0, 0, 1}
 	rimac := ipoib.MakeHwAddr(0, 0x123456, testutil.GID("fe80::b"))
 	ip4, ip6 := netip.MustParseAddr("10.0.0.2"), netip.MustParseAddr("fd00::2")
-	m := newFakeMaps()
+	m := fakekernel.NewFastMaps()
 	f := p.NewFastPath(m, 77, 9000)
 
 	guests := map[ether.MAC]uint32{macA: qa, macB: qb, macC: qc}
@@ -160,29 +64,29 @@ func TestFastPathMaps(t *testing.T) {
 		t.Fatal(err)
 	}
 	mtu := uint32(p.PartitionMTU(0xffff) - ipoib.HeaderLen)
-	if want := (map[ether.MAC]fastpath.Guest{macA: {Ifindex: uint32(ia), MTU: mtu}, macB: {Ifindex: uint32(ib), MTU: mtu}}); !maps.Equal(m.guests, want) || mtu != 2044 {
-		t.Errorf("TX guests %v (MTU %d), want %v", m.guests, mtu, want)
+	if want := (map[ether.MAC]fastpath.Guest{macA: {Ifindex: uint32(ia), MTU: mtu}, macB: {Ifindex: uint32(ib), MTU: mtu}}); !maps.Equal(m.Guests, want) || mtu != 2044 {
+		t.Errorf("TX guests %v (MTU %d), want %v", m.Guests, mtu, want)
 	}
-	if !maps.Equal(m.remacs, neigh) {
-		t.Errorf("REMACs %v, want %v", m.remacs, neigh)
+	if !maps.Equal(m.REMACs, neigh) {
+		t.Errorf("REMACs %v, want %v", m.REMACs, neigh)
 	}
-	if len(m.children) != 2 || m.children[ia].TAP != 77 || m.children[ia].MTU != 9000 || ether.MAC(m.children[ia].MAC) != macA || ether.MAC(m.children[ib].MAC) != macB {
-		t.Errorf("RX children %v, want %d → %s and %d → %s, TAP 77 MTU 9000", m.children, ia, macA, ib, macB)
+	if len(m.Children) != 2 || m.Children[ia].TAP != 77 || m.Children[ia].MTU != 9000 || ether.MAC(m.Children[ia].MAC) != macA || ether.MAC(m.Children[ib].MAC) != macB {
+		t.Errorf("RX children %v, want %d → %s and %d → %s, TAP 77 MTU 9000", m.Children, ia, macA, ib, macB)
 	}
-	wantSenders := map[string]ether.MAC{
-		fmt.Sprintf("%d/%s", ia, ip4): remac, fmt.Sprintf("%d/%s", ia, ip6): remac,
-		fmt.Sprintf("%d/%s", ib, ip4): remac, fmt.Sprintf("%d/%s", ib, ip6): remac,
+	wantSenders := map[fakekernel.FastSender]ether.MAC{
+		{Child: uint32(ia), IP: ip4}: remac, {Child: uint32(ia), IP: ip6}: remac,
+		{Child: uint32(ib), IP: ip4}: remac, {Child: uint32(ib), IP: ip6}: remac,
 	}
-	if !maps.Equal(m.senders, wantSenders) {
-		t.Errorf("senders %v, want %v", m.senders, wantSenders)
+	if !maps.Equal(m.Senders, wantSenders) {
+		t.Errorf("senders %v, want %v", m.Senders, wantSenders)
 	}
-	if m.calls != 2+2+1+4 {
-		t.Errorf("%d map calls, want 9", m.calls)
+	if m.Calls != 2+2+1+4 {
+		t.Errorf("%d map calls, want 9", m.Calls)
 	}
 
-	m.calls = 0
-	if err := round(f, guests, neigh, senders); err != nil || m.calls != 0 {
-		t.Errorf("the same round again: %d map calls (%v), want none", m.calls, err)
+	m.Calls = 0
+	if err := round(f, guests, neigh, senders); err != nil || m.Calls != 0 {
+		t.Errorf("the same round again: %d map calls (%v), want none", m.Calls, err)
 	}
 
 	// Guest B and the IPv6 sender go.
@@ -191,27 +95,27 @@ func TestFastPathMaps(t *testing.T) {
 	if err := round(f, guests, neigh, senders); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := m.guests[macB]; ok || len(m.children) != 1 || !maps.Equal(m.senders, map[string]ether.MAC{fmt.Sprintf("%d/%s", ia, ip4): remac}) {
-		t.Errorf("after B and the IPv6 sender went: guests %v children %v senders %v", m.guests, m.children, m.senders)
+	if _, ok := m.Guests[macB]; ok || len(m.Children) != 1 || !maps.Equal(m.Senders, map[fakekernel.FastSender]ether.MAC{{Child: uint32(ia), IP: ip4}: remac}) {
+		t.Errorf("after B and the IPv6 sender went: guests %v children %v senders %v", m.Guests, m.Children, m.Senders)
 	}
 
 	// A failed put is counted in Commit's error and tried again.
 	guests[macB] = qb
-	m.fail = errors.New("no memory")
+	m.Fail = errors.New("no memory")
 	if err := round(f, guests, neigh, senders); err == nil {
 		t.Error("a failed put: Commit returned no error")
 	}
-	m.fail = nil
-	if err := round(f, guests, neigh, senders); err != nil || len(m.children) != 2 || len(m.senders) != 2 {
-		t.Errorf("the round after a failed put: %v; children %v senders %v", err, m.children, m.senders)
+	m.Fail = nil
+	if err := round(f, guests, neigh, senders); err != nil || len(m.Children) != 2 || len(m.Senders) != 2 {
+		t.Errorf("the round after a failed put: %v; children %v senders %v", err, m.Children, m.Senders)
 	}
 
 	// The shim stopping states nothing: every map empties.
 	if err := round(f, nil, nil, nil); err != nil {
 		t.Fatal(err)
 	}
-	if len(m.guests)+len(m.remacs)+len(m.children)+len(m.senders) != 0 {
-		t.Errorf("after an empty round: guests %v REMACs %v children %v senders %v", m.guests, m.remacs, m.children, m.senders)
+	if len(m.Guests)+len(m.REMACs)+len(m.Children)+len(m.Senders) != 0 {
+		t.Errorf("after an empty round: guests %v REMACs %v children %v senders %v", m.Guests, m.REMACs, m.Children, m.Senders)
 	}
 }
 
@@ -223,9 +127,9 @@ func TestFastPathCounters(t *testing.T) {
 	if _, ok := p.Counters().Stats[kf.StatFastPathTX+"redirected"]; ok {
 		t.Fatal("fast-path counters before any fast path")
 	}
-	m := newFakeMaps()
-	m.tx[fastpath.Redirected], m.tx[fastpath.FallbackARP] = 7, 2
-	m.rx[fastpath.RXRedirected], m.rx[fastpath.RXFallbackUnknownSender] = 5, 3
+	m := fakekernel.NewFastMaps()
+	m.TX[fastpath.Redirected], m.TX[fastpath.FallbackARP] = 7, 2
+	m.RX[fastpath.RXRedirected], m.RX[fastpath.RXFallbackUnknownSender] = 5, 3
 	f := p.NewFastPath(m, 77, 9000)
 	st := p.Counters().Stats
 	n := 0
@@ -317,35 +221,111 @@ func TestFastPathTakeOver(t *testing.T) {
 	rimac := ipoib.MakeHwAddr(0, 0x123456, testutil.GID("fe80::b"))
 	ip4, ip6 := netip.MustParseAddr("10.0.0.2"), netip.MustParseAddr("fd00::2")
 	mtu := uint32(p.PartitionMTU(0xffff) - ipoib.HeaderLen)
-	key := func(child int, ip netip.Addr) string { return fmt.Sprintf("%d/%s", child, ip) }
-
-	m := newFakeMaps()
-	m.guests[macA] = fastpath.Guest{Ifindex: uint32(ia), MTU: mtu}
-	m.guests[macOld] = fastpath.Guest{Ifindex: uint32(gone), MTU: mtu}
-	m.children[ia] = fastpath.RXGuest{MAC: macA[:], TAP: 77, MTU: 9000}
-	m.children[gone] = fastpath.RXGuest{MAC: macOld[:], TAP: 77, MTU: 9000}
-	m.remacs[remac], m.remacs[stale] = rimac, rimac
-	m.senders[key(ia, ip4)], m.senders[key(ia, ip6)], m.senders[key(gone, ip4)] = remac, remac, remac
-
-	f := p.NewFastPath(m, 77, 9000)
-	if _, ok := m.guests[macOld]; ok || len(m.guests) != 1 || len(m.children) != 1 || m.children[gone].MAC != nil || len(m.senders) != 2 || m.calls != 3 {
-		t.Fatalf("after NewFastPath (%d calls): guests %v children %v senders %v; want the gone child's 3 entries deleted", m.calls, m.guests, m.children, m.senders)
+	key := func(child int, ip netip.Addr) fakekernel.FastSender {
+		return fakekernel.FastSender{Child: uint32(child), IP: ip}
 	}
 
-	m.calls = 0
+	m := fakekernel.NewFastMaps()
+	m.Guests[macA] = fastpath.Guest{Ifindex: uint32(ia), MTU: mtu}
+	m.Guests[macOld] = fastpath.Guest{Ifindex: uint32(gone), MTU: mtu}
+	m.Children[ia] = fastpath.RXGuest{MAC: macA[:], TAP: 77, MTU: 9000}
+	m.Children[gone] = fastpath.RXGuest{MAC: macOld[:], TAP: 77, MTU: 9000}
+	m.REMACs[remac], m.REMACs[stale] = rimac, rimac
+	m.Senders[key(ia, ip4)], m.Senders[key(ia, ip6)], m.Senders[key(gone, ip4)] = remac, remac, remac
+
+	f := p.NewFastPath(m, 77, 9000)
+	if _, ok := m.Guests[macOld]; ok || len(m.Guests) != 1 || len(m.Children) != 1 || m.Children[gone].MAC != nil || len(m.Senders) != 2 || m.Calls != 3 {
+		t.Fatalf("after NewFastPath (%d calls): guests %v children %v senders %v; want the gone child's 3 entries deleted", m.Calls, m.Guests, m.Children, m.Senders)
+	}
+
+	m.Calls = 0
 	if err := round(f, map[ether.MAC]uint32{macA: qa}, map[ether.MAC]ipoib.HwAddr{remac: rimac, fresh: rimac}, map[netip.Addr]ether.MAC{ip4: remac}); err != nil {
 		t.Fatal(err)
 	}
-	if want := map[ether.MAC]ipoib.HwAddr{remac: rimac, fresh: rimac}; !maps.Equal(m.remacs, want) {
-		t.Errorf("REMACs %v, want %v", m.remacs, want)
+	if want := map[ether.MAC]ipoib.HwAddr{remac: rimac, fresh: rimac}; !maps.Equal(m.REMACs, want) {
+		t.Errorf("REMACs %v, want %v", m.REMACs, want)
 	}
-	if want := map[string]ether.MAC{key(ia, ip4): remac}; !maps.Equal(m.senders, want) {
-		t.Errorf("senders %v, want %v", m.senders, want)
+	if want := map[fakekernel.FastSender]ether.MAC{key(ia, ip4): remac}; !maps.Equal(m.Senders, want) {
+		t.Errorf("senders %v, want %v", m.Senders, want)
 	}
-	if want := (map[ether.MAC]fastpath.Guest{macA: {Ifindex: uint32(ia), MTU: mtu}}); !maps.Equal(m.guests, want) || len(m.children) != 1 {
-		t.Errorf("guests %v children %v, want %v and child %d", m.guests, m.children, want, ia)
+	if want := (map[ether.MAC]fastpath.Guest{macA: {Ifindex: uint32(ia), MTU: mtu}}); !maps.Equal(m.Guests, want) || len(m.Children) != 1 {
+		t.Errorf("guests %v children %v, want %v and child %d", m.Guests, m.Children, want, ia)
 	}
-	if m.calls != 3 {
-		t.Errorf("first Commit made %d map calls, want 3 (delete a sender, delete a REMAC, put a REMAC)", m.calls)
+	if m.Calls != 3 {
+		t.Errorf("first Commit made %d map calls, want 3 (delete a sender, delete a REMAC, put a REMAC)", m.Calls)
 	}
+}
+
+// TestFastPathUsed: GuestUsed and NeighbourUsed report exactly whether
+// the programs redirected frames using the guest's or the REMAC's entries
+// since the last ask, TX and RX apart for a neighbour; nothing for what
+// the maps do not hold; and they may be asked while rounds are committed.
+func TestFastPathUsed(t *testing.T) {
+	k := fakekernel.NewFabric().NewHost(testutil.GID("fe80::a"), "ib0", 2044)
+	p := open(t, k)
+	qa, erra := p.AllocQP(0xffff, 0)
+	qc, errc := p.AllocQP(0x8001, 0)
+	if err := errors.Join(erra, errc); err != nil {
+		t.Fatal(err)
+	}
+	la, _ := k.Link("ib0.e1")
+	macA, macC := ether.MAC{0x52, 0x54, 0, 0, 0, 0xa}, ether.MAC{0x52, 0x54, 0, 0, 0, 0xc}
+	remac, other := ether.MAC{0x02, 0, 0, 0, 0, 1}, ether.MAC{0x02, 0, 0, 0, 0, 2}
+	ip4, ip6 := netip.MustParseAddr("10.0.0.2"), netip.MustParseAddr("fd00::2")
+	m := fakekernel.NewFastMaps()
+	f := p.NewFastPath(m, 77, 9000)
+	guests := map[ether.MAC]uint32{macA: qa, macC: qc}
+	neigh := map[ether.MAC]ipoib.HwAddr{remac: ipoib.MakeHwAddr(0, 0x123456, testutil.GID("fe80::b")), other: ipoib.MakeHwAddr(0, 0x654321, testutil.GID("fe80::c"))}
+	senders := map[netip.Addr]ether.MAC{ip4: remac, ip6: remac}
+	if err := round(f, guests, neigh, senders); err != nil {
+		t.Fatal(err)
+	}
+	type used struct{ guest, sent, received bool }
+	ask := func() used {
+		s, r := f.NeighbourUsed(remac)
+		return used{f.GuestUsed(macA), s, r}
+	}
+	check := func(what string, want used) {
+		t.Helper()
+		if got := ask(); got != want {
+			t.Errorf("%s: guest, sent, received %v, want %v", what, got, want)
+		}
+	}
+	check("nothing carried", used{})
+	m.HitTX(macA, remac, 3)
+	check("3 frames sent", used{true, true, false})
+	check("asked again", used{})
+	m.HitRX(la.Index, ip6, 2)
+	check("2 packets received", used{true, false, true})
+	check("asked again", used{})
+	if s, r := f.NeighbourUsed(other); s || r {
+		t.Errorf("a REMAC nothing used: sent %v received %v", s, r)
+	}
+	m.HitTX(macC, remac, 1) // another partition's guest: not in the maps, a fallback
+	if f.GuestUsed(macC) {
+		t.Error("a guest the maps do not hold was used")
+	}
+	check("a fallback", used{})
+
+	// Asked while rounds come and go: the race detector watches.
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for range 200 {
+			ask()
+		}
+	}()
+	for i := range 200 {
+		if i%2 == 0 {
+			_ = round(f, guests, neigh, senders)
+		} else {
+			_ = round(f, guests, nil, nil)
+		}
+	}
+	<-done
+	if err := round(f, nil, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	m.HitTX(macA, remac, 1)
+	check("after the maps emptied", used{})
 }

@@ -9,7 +9,8 @@
 //     sender's own QP, as the driver drops what its QP sent;
 //   - the driver's implicit memberships (broadcast, all-hosts,
 //     all-nodes);
-//   - P_Key checks, sysctls and carrier events.
+//   - P_Key checks, sysctls and carrier events;
+//   - the fast path's maps and the programs' hit counts (FastMaps).
 //
 // Hosts on one Fabric reach each other.
 package fakekernel

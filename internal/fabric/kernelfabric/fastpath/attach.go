@@ -161,3 +161,22 @@ func absent(err error) error {
 	}
 	return err
 }
+
+// GuestHits sums the hit counts of the guest's TX entry and of its
+// child's RX entry.
+func (a *Attached) GuestHits(mac net.HardwareAddr, child int) (uint64, error) {
+	tx, err := a.TX.GuestHits(mac)
+	if err != nil {
+		return 0, err
+	}
+	rx, err := a.RX.ChildHits(uint32(child))
+	return tx + rx, err
+}
+
+// REMACHits is the hit count of the REMAC's TX entry.
+func (a *Attached) REMACHits(mac net.HardwareAddr) (uint64, error) { return a.TX.REMACHits(mac) }
+
+// SenderHits is the hit count of the sender's RX entry for the child.
+func (a *Attached) SenderHits(child uint32, ip netip.Addr) (uint64, error) {
+	return a.RX.SenderHits(child, ip)
+}

@@ -103,23 +103,32 @@
 // delivers to ptype_all sockets before tc ingress. Attached.Counts feeds
 // the port's counters (eipoibd_fast_path_total).
 //
+// Each program, when it redirects, adds one with a BPF atomic add
+// (countHits cites the kernel's semantics) to a hit count in both map
+// values it used, with no extra lookup: TX in the guest's and the
+// REMAC's, RX in the child's and the sender's. eipoibd does not see the
+// frames it carries, so before its tables age a VIF or age or evict a
+// neighbour, kernelfabric.FastPath reads those counts (GuestHits,
+// REMACHits, SenderHits: one lookup per entry) and the shim keeps what
+// was used since it last asked.
+//
 // # What it is not yet
 //
-// A guest only the fast path carries is not touched, so its VIF ages
-// out after --vif-idle; test/hw kit legs with the fast path on and off.
-// The clsact fallback has run here only forced, on a kernel that has
-// tcx.
+// Test/hw kit legs with the fast path on and off exist, but only
+// InfiniBand hosts run them. The clsact fallback has run here only
+// forced, on a kernel that has tcx.
 //
 // # How it is tested
 //
 // BPF_PROG_TEST_RUN on crafted packets checks every verdict of both
 // programs, the exact output bytes, the redirect target (recorded in
-// LastRedirect, since TEST_RUN reports the verdict but not the target)
-// and the counters; FuzzTX and FuzzRX check the same contracts on
-// arbitrary input. TEST_RUN cannot show everything: it sets no gso_type,
-// so a UDP tunnel skb is a UDP skb with a gso_size there, and it builds
-// an Ethernet skb, so RX packets carry their EtherType in the pseudo
-// header's bytes 12-13 for it (the program reads neither).
+// LastRedirect, since TEST_RUN reports the verdict but not the target),
+// the counters and the hit counts; FuzzTX and FuzzRX check the same
+// contracts on arbitrary input. TEST_RUN cannot show everything: it
+// sets no gso_type, so a UDP tunnel skb is a UDP skb with a gso_size
+// there, and it builds an Ethernet skb, so RX packets carry their
+// EtherType in the pseudo header's bytes 12-13 for it (the program
+// reads neither).
 //
 // The attach, pinning and live tests run with each hook (clsact forced,
 // as this kernel has tcx), pins on a private bpffs. Two live tests use

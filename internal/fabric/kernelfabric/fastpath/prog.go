@@ -29,6 +29,7 @@ const (
 	stOut  = -104 // 24 bytes: the link header being built
 	stSKey = -124 // RX: 20 bytes, a senders-map key
 	stKey  = -128 // 4 bytes: a map index
+	stPtr  = -136 // 8 bytes: the second map value of a redirect (spilled)
 )
 
 // Offsets into struct __sk_buff (include/uapi/linux/bpf.h).
@@ -254,6 +255,29 @@ func countAndExit(counters int) asm.Instructions {
 	}
 }
 
+// countHits adds one to the hit count of both map values a redirect
+// used: R9's at guestOff and the one spilled at stPtr at otherOff
+// (package kernelfabric reads them back when the shim is about to age
+// or evict what they name). It runs only once the frame is rewritten,
+// so fallbacks count no hit.
+//
+// BPF_ATOMIC BPF_ADD is a lock-prefixed add on x86 (kernel/bpf/core.c,
+// ___bpf_prog_run's STX_ATOMIC_DW: atomic64_add), so the CPUs running
+// the program at once lose no hit. The verifier (kernel/bpf/verifier.c,
+// check_atomic, check_atomic_rmw since 6.13) takes it into a map value
+// with a size of W or DW, checked as a read and a write with strict
+// alignment: both offsets are multiples of 8 in 8-aligned hash values.
+// A spilled map-value pointer keeps its type through the stack
+// (save_register_state), so it needs no second lookup.
+func countHits(guestOff, otherOff int16) asm.Instructions {
+	return asm.Instructions{
+		asm.Mov.Imm(asm.R1, 1),
+		asm.AddAtomic.Mem(asm.R9, asm.R1, asm.DWord, guestOff),
+		asm.LoadMem(asm.R2, asm.RFP, stPtr, asm.DWord),
+		asm.AddAtomic.Mem(asm.R2, asm.R1, asm.DWord, otherOff),
+	}
+}
+
 // recordTarget stores R7, the redirect target, in the one-entry per-CPU
 // array last, for tests: BPF_PROG_TEST_RUN reports the verdict but not
 // the target. It ends at the label redirect.
@@ -267,6 +291,15 @@ func recordTarget(last int) asm.Instructions {
 		asm.JEq.Imm(asm.R0, 0, "redirect"),
 		asm.StoreMem(asm.R0, 0, asm.R7, asm.Word),
 	}
+}
+
+// lookupAbsent looks k up in m into v, leaving v as it was (zero) and
+// returning nil when m has no such key.
+func lookupAbsent(m *ebpf.Map, k, v any) error {
+	if err := m.Lookup(k, v); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return err
+	}
+	return nil
 }
 
 // sumPerCPU sums a per-CPU counters array of n uint64 entries.

@@ -101,6 +101,8 @@ const (
 	ipv6MinForShrink       = 40 + rxShrink
 	rxGuestTAPOff          = 8  // rxGuest.TAP
 	rxMTUOff               = 12 // rxGuest.MTU
+	rxGuestHitsOff         = 16 // rxGuest.Hits
+	senderHitsOff          = 8  // senderVal.Hits
 )
 
 // RXGuest is what the RX program needs to know of the guest behind one
@@ -112,12 +114,22 @@ type RXGuest struct {
 	MTU uint32
 }
 
-// rxGuest is RXGuest as the guests map holds it (16 bytes).
+// rxGuest is RXGuest as the guests map holds it (24 bytes), then the
+// count of packets the program redirected from the child.
 type rxGuest struct {
-	MAC [6]byte
-	_   [2]byte
-	TAP uint32
-	MTU uint32
+	MAC  [6]byte
+	_    [2]byte
+	TAP  uint32
+	MTU  uint32
+	Hits uint64
+}
+
+// senderVal is the senders-map value (16 bytes): the sender's REMAC, 2
+// zero bytes, the count of packets the program redirected from it.
+type senderVal struct {
+	REMAC [6]byte
+	_     [2]byte
+	Hits  uint64
 }
 
 // senderKey is the senders-map key: the receiving child and the source
@@ -131,11 +143,11 @@ type senderKey struct {
 type RX struct {
 	// Program is the tc (SchedCLS) program for each IPoIB child's ingress.
 	Program *ebpf.Program
-	// Guests maps a child's ifindex (uint32) to its guest (16 bytes:
-	// MAC, 2 zero bytes, TAP ifindex, TAP MTU).
+	// Guests maps a child's ifindex (uint32) to its guest (24 bytes:
+	// MAC, 2 zero bytes, TAP ifindex, TAP MTU, hit count).
 	Guests *ebpf.Map
 	// Senders maps a child ifindex and source IP (20 bytes) to the
-	// sender's REMAC (6 bytes).
+	// sender's REMAC (16 bytes: REMAC, 2 zero bytes, hit count).
 	Senders *ebpf.Map
 	// Counters is a per-CPU array of uint64, indexed by RXReason.
 	Counters *ebpf.Map
@@ -157,8 +169,8 @@ func loadRXAt(pin string) (_ *RX, replaced []string, _ error) {
 	r := &RX{}
 	ms := maps{pin: pin}
 	mk := ms.make
-	r.Guests = mk("eipoib_rx_guest", ebpf.Hash, 4, 16, MaxGuests)
-	r.Senders = mk("eipoib_senders", ebpf.Hash, 20, 6, MaxSenders)
+	r.Guests = mk("eipoib_rx_guest", ebpf.Hash, 4, 24, MaxGuests)
+	r.Senders = mk("eipoib_senders", ebpf.Hash, 20, 16, MaxSenders)
 	r.Counters = mk("eipoib_rx_cnt", ebpf.PerCPUArray, 4, 8, uint32(NumRXReasons))
 	r.LastRedirect = mk("eipoib_rx_last", ebpf.PerCPUArray, 4, 4, 1)
 	if ms.err != nil {
@@ -178,7 +190,8 @@ func (r *RX) Close() error {
 	return closeAll(r.Program, r.Guests, r.Senders, r.Counters, r.LastRedirect)
 }
 
-// PutGuest adds or replaces the guest behind the child with ifindex child.
+// PutGuest adds or replaces the guest behind the child with ifindex child;
+// its hit count starts at 0.
 // The program delivers untagged frames, so only a child of the partition
 // that maps to untagged frames (the default P_Key) belongs here.
 func (r *RX) PutGuest(child uint32, g RXGuest) error {
@@ -195,7 +208,7 @@ func (r *RX) DeleteGuest(child uint32) error {
 }
 
 // PutSender adds or replaces the REMAC of the sender with address ip as
-// the child with ifindex child receives it.
+// the child with ifindex child receives it; its hit count starts at 0.
 func (r *RX) PutSender(child uint32, ip netip.Addr, remac net.HardwareAddr) error {
 	k, err := sender(child, ip)
 	if err != nil {
@@ -205,7 +218,7 @@ func (r *RX) PutSender(child uint32, ip netip.Addr, remac net.HardwareAddr) erro
 	if err != nil {
 		return err
 	}
-	return r.Senders.Put(k, v)
+	return r.Senders.Put(k, senderVal{REMAC: v})
 }
 
 // DeleteSender removes the sender with address ip from the child's view.
@@ -215,6 +228,26 @@ func (r *RX) DeleteSender(child uint32, ip netip.Addr) error {
 		return err
 	}
 	return r.Senders.Delete(k)
+}
+
+// ChildHits is how many packets the program redirected from the child
+// since its guest was put; 0 when it has none.
+func (r *RX) ChildHits(child uint32) (uint64, error) {
+	var v rxGuest
+	err := lookupAbsent(r.Guests, child, &v)
+	return v.Hits, err
+}
+
+// SenderHits is how many packets from ip the program redirected from the
+// child since the sender was put; 0 when it has none.
+func (r *RX) SenderHits(child uint32, ip netip.Addr) (uint64, error) {
+	k, err := sender(child, ip)
+	if err != nil {
+		return 0, err
+	}
+	var v senderVal
+	err = lookupAbsent(r.Senders, k, &v)
+	return v.Hits, err
 }
 
 // Counts sums the per-CPU counters.
@@ -268,7 +301,8 @@ func sender(child uint32, ip netip.Addr) (senderKey, error) {
 //
 // Registers: R6 the skb, R7 the L3 header length (then the TAP
 // ifindex), R8 the L4 protocol (then the return value), R9 the guest
-// entry (then the reason).
+// entry (then the reason); the sender entry is spilled to the stack
+// (stPtr).
 func rxInstructions(guests, senders, counters, last int) asm.Instructions {
 	var p asm.Instructions
 	add := func(ins ...asm.Instruction) { p = append(p, ins...) }
@@ -341,6 +375,7 @@ func rxInstructions(guests, senders, counters, last int) asm.Instructions {
 		asm.Add.Imm(asm.R2, stSKey),
 		asm.FnMapLookupElem.Call(),
 		asm.JEq.Imm(asm.R0, 0, "fb_unknown_sender"),
+		asm.StoreMem(asm.RFP, stPtr, asm.R0, asm.DWord),
 
 		// The Ethernet header and L3 bytes 0-9, built on the stack in
 		// aligned half-words (the verifier wants aligned stack access):
@@ -392,6 +427,7 @@ func rxInstructions(guests, senders, counters, last int) asm.Instructions {
 		asm.FnSkbStoreBytes.Call(),
 		asm.JNE.Imm(asm.R0, 0, "drop_rewrite"),
 	)
+	addAll(countHits(rxGuestHitsOff, senderHitsOff))
 	addAll(recordTarget(last))
 	add(
 		// Received on the TAP as if eipoibd had written the frame to

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"unsafe"
 
+	"github.com/cilium/ebpf"
+
 	"github.com/eipoib/eipoibd/internal/nstest"
 )
 
@@ -168,14 +170,20 @@ func TestRXVerdicts(t *testing.T) {
 			if c.reason == RXRedirected {
 				want = c.want
 			}
-			checkRun(t, progUnderTest{rx.Program, rx.LastRedirect, rxCounts(rx)}, c.frame, ctx,
+			checkRun(t, rxUnderTest(t, rx), c.frame, ctx,
 				int(c.reason), c.reason == RXRedirected, want, rxTAP)
 		})
 	}
 }
 
-func rxCounts(rx *RX) func() ([]uint64, error) {
-	return func() ([]uint64, error) { c, err := rx.Counts(); return c[:], err }
+func rxUnderTest(t *testing.T, rx *RX) progUnderTest {
+	return progUnderTest{rx.Program, rx.LastRedirect,
+		func() ([]uint64, error) { c, err := rx.Counts(); return c[:], err },
+		func() [2]uint64 {
+			m := must(t)
+			return [2]uint64{m(rx.ChildHits(rxChild)),
+				m(rx.SenderHits(rxChild, sender4)) + m(rx.SenderHits(rxChild, sender6)) + m(rx.SenderHits(otherChild, otherSender))}
+		}}
 }
 
 // TestRXDelete checks that deleting a sender and then the guest turns
@@ -183,7 +191,7 @@ func rxCounts(rx *RX) func() ([]uint64, error) {
 func TestRXDelete(t *testing.T) {
 	rx := loadRX(t)
 	l3 := ipv4(0x4000, 6, tcp(100))
-	p := progUnderTest{rx.Program, rx.LastRedirect, rxCounts(rx)}
+	p := rxUnderTest(t, rx)
 	frame, ctx := ipoibRX(nil, 0x0800, l3), rxCtx(rxChild, 0)
 	checkRun(t, p, frame, ctx, int(RXRedirected), true, eth(guestMAC, remac, 0x0800, l3), rxTAP)
 	if err := rx.DeleteSender(rxChild, sender4); err != nil {
@@ -240,14 +248,66 @@ func TestRXReasonNames(t *testing.T) {
 	}
 }
 
-// TestRXMapLayouts checks the Go types against the offsets and sizes the
-// program and the map specs use.
+// TestRXMapLayouts checks the Go types of both programs' map values
+// against the offsets and sizes the programs and the map specs use.
 func TestRXMapLayouts(t *testing.T) {
 	var g rxGuest
-	if got := [3]uintptr{unsafe.Offsetof(g.TAP), unsafe.Offsetof(g.MTU), unsafe.Sizeof(g)}; got != [3]uintptr{rxGuestTAPOff, rxMTUOff, 16} {
-		t.Errorf("rxGuest TAP, MTU offsets and size %v, want [8 12 16]", got)
+	if got := [4]uintptr{unsafe.Offsetof(g.TAP), unsafe.Offsetof(g.MTU), unsafe.Offsetof(g.Hits), unsafe.Sizeof(g)}; got != [4]uintptr{rxGuestTAPOff, rxMTUOff, rxGuestHitsOff, 24} {
+		t.Errorf("rxGuest TAP, MTU, Hits offsets and size %v, want [8 12 16 24]", got)
+	}
+	var s senderVal
+	if got := [2]uintptr{unsafe.Offsetof(s.Hits), unsafe.Sizeof(s)}; got != [2]uintptr{senderHitsOff, 16} {
+		t.Errorf("senderVal Hits offset and size %v, want [8 16]", got)
+	}
+	var tg txGuest
+	if got := [2]uintptr{unsafe.Offsetof(tg.Hits), unsafe.Sizeof(tg)}; got != [2]uintptr{txGuestHitsOff, 16} {
+		t.Errorf("txGuest Hits offset and size %v, want [8 16]", got)
+	}
+	var tr txREMAC
+	if got := [2]uintptr{unsafe.Offsetof(tr.Hits), unsafe.Sizeof(tr)}; got != [2]uintptr{txREMACHitsOff, 32} {
+		t.Errorf("txREMAC Hits offset and size %v, want [24 32]", got)
 	}
 	if n := binary.Size(senderKey{}); n != 20 {
 		t.Errorf("senderKey is %d bytes, want 20", n)
+	}
+}
+
+// TestRXHits: N redirected packets add exactly N to the child's and to
+// their sender's hit counts, and nothing to the other senders'; N that
+// fall back (ARP, too big, an unknown sender), none.
+func TestRXHits(t *testing.T) {
+	rx := loadRX(t)
+	run := func(frame []byte, n int) {
+		t.Helper()
+		// One run each: Repeat would run the program again on the
+		// frame it rewrote.
+		for range n {
+			if _, err := rx.Program.Run(&ebpf.RunOptions{Data: frame, DataOut: make([]byte, len(frame)+64), Context: rxCtx(rxChild, 0)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	m := must(t)
+	check := func(child, s4, s6 uint64) {
+		t.Helper()
+		got := [4]uint64{m(rx.ChildHits(rxChild)), m(rx.SenderHits(rxChild, sender4)), m(rx.SenderHits(rxChild, sender6)), m(rx.SenderHits(otherChild, otherSender))}
+		if want := [4]uint64{child, s4, s6, 0}; got != want {
+			t.Errorf("hits child, sender4, sender6, other %v; want %v", got, want)
+		}
+	}
+	check(0, 0, 0)
+	run(ipoibRX(nil, 0x0800, ipv4(0x4000, 6, tcp(100))), 5)
+	check(5, 5, 0)
+	run(ipoibRX(nil, 0x86dd, ipv6(6, tcp(100))), 3)
+	check(8, 5, 3)
+	run(ipoibRX(nil, 0x0806, make([]byte, 56)), 4)
+	run(ipoibRX(nil, 0x0800, ipv4(0, 17, udp(40000, 5201, rxTAPMTU-27))), 4)
+	run(ipoibRX(nil, 0x0800, withSrc(ipv4(0x4000, 6, tcp(100)), otherSender)), 4)
+	check(8, 5, 3)
+	if got, err := rx.Counts(); err != nil || got[RXRedirected] != 8 {
+		t.Errorf("redirected %d (%v), want 8", got[RXRedirected], err)
+	}
+	if h := m(rx.ChildHits(otherChild)); h != 0 {
+		t.Errorf("a child with no guest has %d hits", h)
 	}
 }

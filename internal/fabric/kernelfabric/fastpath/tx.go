@@ -83,12 +83,33 @@ const (
 	MaxREMACs = 65536
 )
 
-// Guest is the guests-map value for one guest MAC: the IPoIB child that
-// carries the guest's traffic and that child's MTU.
+// Guest is what the TX program needs to know of one guest MAC: the IPoIB
+// child that carries the guest's traffic and that child's MTU.
 type Guest struct {
 	Ifindex uint32
 	MTU     uint32
 }
+
+// txGuest is Guest as the guests map holds it (16 bytes): then the count
+// of frames the program redirected for the guest.
+type txGuest struct {
+	Guest
+	Hits uint64
+}
+
+// txREMAC is the REMACs-map value (32 bytes): the 20-byte IPoIB address,
+// 4 zero bytes, the count of frames the program redirected to it.
+type txREMAC struct {
+	Addr ipoib.HwAddr
+	_    [4]byte
+	Hits uint64
+}
+
+// Where the TX program's map values keep their hit counts.
+const (
+	txGuestHitsOff = 8  // txGuest.Hits
+	txREMACHitsOff = 24 // txREMAC.Hits
+)
 
 // Frame layout constants.
 const (
@@ -101,9 +122,11 @@ const (
 type TX struct {
 	// Program is the tc (SchedCLS) program for the TAP's egress.
 	Program *ebpf.Program
-	// Guests maps a guest MAC (6 bytes) to its Guest.
+	// Guests maps a guest MAC (6 bytes) to its Guest and hit count (16
+	// bytes: ifindex, MTU, hits).
 	Guests *ebpf.Map
-	// REMACs maps a REMAC (6 bytes) to its 20-byte IPoIB address.
+	// REMACs maps a REMAC (6 bytes) to its 20-byte IPoIB address and hit
+	// count (32 bytes: address, 4 zero bytes, hits).
 	REMACs *ebpf.Map
 	// Counters is a per-CPU array of uint64, indexed by Reason.
 	Counters *ebpf.Map
@@ -126,8 +149,8 @@ func loadTXAt(pin string) (_ *TX, replaced []string, _ error) {
 	t := &TX{}
 	ms := maps{pin: pin}
 	mk := ms.make
-	t.Guests = mk("eipoib_guests", ebpf.Hash, 6, 8, MaxGuests)
-	t.REMACs = mk("eipoib_remacs", ebpf.Hash, 6, ipoib.HwAddrLen, MaxREMACs)
+	t.Guests = mk("eipoib_guests", ebpf.Hash, 6, 16, MaxGuests)
+	t.REMACs = mk("eipoib_remacs", ebpf.Hash, 6, 32, MaxREMACs)
 	t.Counters = mk("eipoib_tx_cnt", ebpf.PerCPUArray, 4, 8, uint32(NumReasons))
 	t.LastRedirect = mk("eipoib_tx_last", ebpf.PerCPUArray, 4, 4, 1)
 	if ms.err != nil {
@@ -147,22 +170,47 @@ func (t *TX) Close() error {
 	return closeAll(t.Program, t.Guests, t.REMACs, t.Counters, t.LastRedirect)
 }
 
-// PutGuest adds or replaces a guest MAC's entry.
+// PutGuest adds or replaces a guest MAC's entry; its hit count starts at 0.
 func (t *TX) PutGuest(mac net.HardwareAddr, g Guest) error {
 	k, err := macKey(mac)
 	if err != nil {
 		return err
 	}
-	return t.Guests.Put(k, g)
+	return t.Guests.Put(k, txGuest{Guest: g})
 }
 
-// PutREMAC adds or replaces a REMAC's 20-byte destination address.
+// PutREMAC adds or replaces a REMAC's 20-byte destination address; its
+// hit count starts at 0.
 func (t *TX) PutREMAC(mac net.HardwareAddr, addr ipoib.HwAddr) error {
 	k, err := macKey(mac)
 	if err != nil {
 		return err
 	}
-	return t.REMACs.Put(k, addr)
+	return t.REMACs.Put(k, txREMAC{Addr: addr})
+}
+
+// GuestHits is how many frames the program redirected for the guest
+// since its entry was put; 0 when it has none.
+func (t *TX) GuestHits(mac net.HardwareAddr) (uint64, error) {
+	k, err := macKey(mac)
+	if err != nil {
+		return 0, err
+	}
+	var v txGuest
+	err = lookupAbsent(t.Guests, k, &v)
+	return v.Hits, err
+}
+
+// REMACHits is how many frames the program redirected to the REMAC since
+// its entry was put; 0 when it has none.
+func (t *TX) REMACHits(mac net.HardwareAddr) (uint64, error) {
+	k, err := macKey(mac)
+	if err != nil {
+		return 0, err
+	}
+	var v txREMAC
+	err = lookupAbsent(t.REMACs, k, &v)
+	return v.Hits, err
 }
 
 // DeleteGuest removes a guest MAC's entry.
@@ -202,7 +250,8 @@ func macKey(mac net.HardwareAddr) ([6]byte, error) {
 
 // txInstructions is the TX program. Registers: R6 the skb, R7 the L3
 // header length (then the child ifindex), R8 the L4 protocol (then the
-// return value), R9 the guest entry (then the reason). Headers are copied
+// return value), R9 the guest entry (then the reason); the REMAC entry is
+// spilled to the stack (stPtr). Headers are copied
 // to the stack with bpf_skb_load_bytes, so non-linear skbs are handled
 // the same as linear ones.
 func txInstructions(guests, remacs, counters, last int) asm.Instructions {
@@ -250,6 +299,7 @@ func txInstructions(guests, remacs, counters, last int) asm.Instructions {
 		asm.Add.Imm(asm.R2, stEth),
 		asm.FnMapLookupElem.Call(),
 		asm.JEq.Imm(asm.R0, 0, "fb_unknown_remac"),
+		asm.StoreMem(asm.RFP, stPtr, asm.R0, asm.DWord),
 		// The link header: 20-byte address, EtherType (already in
 		// network order on the stack), 2 reserved zero bytes.
 		asm.LoadMem(asm.R1, asm.R0, 0, asm.DWord),
@@ -330,6 +380,7 @@ func txInstructions(guests, remacs, counters, last int) asm.Instructions {
 		asm.FnSkbStoreBytes.Call(),
 		asm.JNE.Imm(asm.R0, 0, "drop_rewrite"),
 	)
+	addAll(countHits(txGuestHitsOff, txREMACHitsOff))
 	addAll(recordTarget(last))
 	add(
 		// __bpf_redirect: ARPHRD_INFINIBAND is a MAC-header device, so

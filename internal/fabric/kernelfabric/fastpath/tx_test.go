@@ -193,29 +193,45 @@ func TestTXVerdicts(t *testing.T) {
 			if c.reason == Redirected {
 				want = c.want
 			}
-			checkRun(t, progUnderTest{tx.Program, tx.LastRedirect, txCounts(tx)}, c.frame, c.ctx,
+			checkRun(t, txUnderTest(t, tx), c.frame, c.ctx,
 				int(c.reason), c.reason == Redirected, want, childIfindex)
 		})
 	}
 }
 
-// progUnderTest is a loaded program, its redirect-target map and its
-// summed counters.
+// progUnderTest is a loaded program, its redirect-target map, its
+// summed counters, and the hit counts of the test guest's entry and of
+// the other side's entries (summed: the REMAC, or every sender).
 type progUnderTest struct {
 	prog   *ebpf.Program
 	last   *ebpf.Map
 	counts func() ([]uint64, error)
+	hits   func() [2]uint64
 }
 
-func txCounts(tx *TX) func() ([]uint64, error) {
-	return func() ([]uint64, error) { c, err := tx.Counts(); return c[:], err }
+func txUnderTest(t *testing.T, tx *TX) progUnderTest {
+	return progUnderTest{tx.Program, tx.LastRedirect,
+		func() ([]uint64, error) { c, err := tx.Counts(); return c[:], err },
+		func() [2]uint64 { return [2]uint64{must(t)(tx.GuestHits(guestMAC)), must(t)(tx.REMACHits(remac))} }}
+}
+
+// must returns a function that fails t on an error and passes the value on.
+func must(t *testing.T) func(uint64, error) uint64 {
+	return func(v uint64, err error) uint64 {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
 }
 
 // checkRun runs frame (with the __sk_buff ctx, if any) through p with
 // BPF_PROG_TEST_RUN and checks the verdict (TC_ACT_REDIRECT to target
 // when redirected, TC_ACT_OK otherwise), the exact output bytes, the
-// recorded redirect target, and that the counter at index reason, and
-// only it, moved by one.
+// recorded redirect target, that the counter at index reason, and only
+// it, moved by one, and that the hit counts of the guest and of the other
+// side each moved by one for a redirect and not at all otherwise.
 func checkRun(t *testing.T, p progUnderTest, frame, ctx []byte, reason int, redirected bool, want []byte, target uint32) {
 	t.Helper()
 	if err := p.last.Put(uint32(0), make([]uint32, ebpf.MustPossibleCPU())); err != nil {
@@ -225,6 +241,7 @@ func checkRun(t *testing.T, p progUnderTest, frame, ctx []byte, reason int, redi
 	if err != nil {
 		t.Fatal(err)
 	}
+	hitsBefore := p.hits()
 	opts := &ebpf.RunOptions{Data: frame, DataOut: make([]byte, len(frame)+64)}
 	if ctx != nil {
 		opts.Context = ctx
@@ -245,6 +262,14 @@ func checkRun(t *testing.T, p progUnderTest, frame, ctx []byte, reason int, redi
 		if after[r] != w {
 			t.Errorf("counter %d = %d, want %d", r, after[r], w)
 		}
+	}
+	wantHits := hitsBefore
+	if redirected {
+		wantHits[0]++
+		wantHits[1]++
+	}
+	if got := p.hits(); got != wantHits {
+		t.Errorf("hit counts (guest, other side) %v, want %v", got, wantHits)
 	}
 	var targets []uint32
 	if err := p.last.Lookup(uint32(0), &targets); err != nil {
@@ -276,7 +301,7 @@ func head(b []byte) []byte { return b[:min(len(b), 64)] }
 func TestTXDelete(t *testing.T) {
 	tx := loadTX(t)
 	l3 := ipv4(0x4000, 6, tcp(100))
-	p := progUnderTest{tx.Program, tx.LastRedirect, txCounts(tx)}
+	p := txUnderTest(t, tx)
 	frame := eth(remac, guestMAC, 0x0800, l3)
 	checkRun(t, p, frame, nil, int(Redirected), true, ipoibFrame(0x0800, l3), childIfindex)
 	if err := tx.DeleteREMAC(remac); err != nil {
@@ -321,5 +346,48 @@ func TestReasonNames(t *testing.T) {
 	}
 	if got := NumReasons.String(); got != "reason(16)" {
 		t.Errorf("NumReasons.String() = %q", got)
+	}
+}
+
+// TestTXHits: N redirected frames add exactly N to the guest's and the
+// REMAC's hit counts; N frames that fall back (ARP, too big), none; a
+// guest or REMAC put again starts from 0.
+func TestTXHits(t *testing.T) {
+	tx := loadTX(t)
+	run := func(frame []byte, n int) {
+		t.Helper()
+		// One run each: Repeat would run the program again on the
+		// frame it rewrote.
+		for range n {
+			if _, err := tx.Program.Run(&ebpf.RunOptions{Data: frame, DataOut: make([]byte, len(frame)+64)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	m := must(t)
+	check := func(guest, rem uint64) {
+		t.Helper()
+		if g, r := m(tx.GuestHits(guestMAC)), m(tx.REMACHits(remac)); g != guest || r != rem {
+			t.Errorf("hits guest %d, remac %d; want %d, %d", g, r, guest, rem)
+		}
+	}
+	check(0, 0)
+	run(eth(remac, guestMAC, 0x0800, ipv4(0x4000, 6, tcp(100))), 5)
+	check(5, 5)
+	run(eth(remac, guestMAC, 0x86dd, ipv6(6, tcp(100))), 3)
+	check(8, 8)
+	run(eth(remac, guestMAC, 0x0806, make([]byte, 28)), 4)
+	run(eth(remac, guestMAC, 0x0800, ipv4(0, 17, udp(40000, 5201, childMTU-27))), 4)
+	run(eth(strayMAC, guestMAC, 0x0800, ipv4(0x4000, 6, tcp(100))), 4)
+	check(8, 8)
+	if got, err := tx.Counts(); err != nil || got[Redirected] != 8 {
+		t.Errorf("redirected %d (%v), want 8", got[Redirected], err)
+	}
+	if err := tx.PutREMAC(remac, remoteIB); err != nil {
+		t.Fatal(err)
+	}
+	check(8, 0)
+	if h := m(tx.GuestHits(strayMAC)); h != 0 {
+		t.Errorf("a guest with no entry has %d hits", h)
 	}
 }
