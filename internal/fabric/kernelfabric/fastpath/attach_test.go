@@ -328,7 +328,7 @@ func TestAttachPinned(t *testing.T) {
 }
 
 // TestAttachPinnedReplaced: pins of another layout (a guests map with
-// 16-byte values, a TAP link running another program) are replaced, the
+// 8-byte values, as before the hit counts, a TAP link running another program) are replaced, the
 // map made afresh (its entry gone) and the link running the TX program,
 // and one line says so, naming both.
 func TestAttachPinnedReplaced(t *testing.T) {
@@ -338,11 +338,11 @@ func TestAttachPinnedReplaced(t *testing.T) {
 		if err := os.Mkdir(dir, 0o700); err != nil {
 			t.Fatal(err)
 		}
-		old, err := ebpf.NewMapWithOptions(&ebpf.MapSpec{Name: "eipoib_guests", Type: ebpf.Hash, KeySize: 6, ValueSize: 16, MaxEntries: MaxGuests, Pinning: ebpf.PinByName}, ebpf.MapOptions{PinPath: dir})
+		old, err := ebpf.NewMapWithOptions(&ebpf.MapSpec{Name: "eipoib_guests", Type: ebpf.Hash, KeySize: 6, ValueSize: 8, MaxEntries: MaxGuests, Pinning: ebpf.PinByName}, ebpf.MapOptions{PinPath: dir})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := old.Put([6]byte(guestMAC), [16]byte{1}); err != nil {
+		if err := old.Put([6]byte(guestMAC), [8]byte{1}); err != nil {
 			t.Fatal(err)
 		}
 		old.Close()
@@ -367,8 +367,8 @@ func TestAttachPinnedReplaced(t *testing.T) {
 		if lines := strings.Split(strings.TrimSpace(logs.String()), "\n"); len(lines) != 1 || !strings.Contains(lines[0], "replaced=eipoib_guests,eipoib_tx") {
 			t.Fatalf("log %q, want one line with replaced=eipoib_guests,eipoib_tx", logs.String())
 		}
-		if info, err := a.TX.Guests.Info(); err != nil || info.ValueSize != 8 {
-			t.Fatalf("guests map: %+v, %v; want 8-byte values", info, err)
+		if info, err := a.TX.Guests.Info(); err != nil || info.ValueSize != 16 {
+			t.Fatalf("guests map: %+v, %v; want 16-byte values", info, err)
 		}
 		e, err := a.Entries()
 		if err != nil || len(e.Guests) != 0 {

@@ -344,16 +344,16 @@ type Sender struct {
 func (a *Attached) Entries() (Entries, error) {
 	e := Entries{Guests: map[[6]byte]Guest{}, REMACs: map[[6]byte]ipoib.HwAddr{}, Children: map[int]RXGuest{}, Senders: map[Sender][6]byte{}}
 	var mac [6]byte
-	var g Guest
+	var g txGuest
 	it := a.TX.Guests.Iterate()
 	for it.Next(&mac, &g) {
-		e.Guests[mac] = g
+		e.Guests[mac] = g.Guest
 	}
 	errs := []error{it.Err()}
-	var addr ipoib.HwAddr
+	var r txREMAC
 	it = a.TX.REMACs.Iterate()
-	for it.Next(&mac, &addr) {
-		e.REMACs[mac] = addr
+	for it.Next(&mac, &r) {
+		e.REMACs[mac] = r.Addr
 	}
 	errs = append(errs, it.Err())
 	var child uint32
@@ -364,9 +364,10 @@ func (a *Attached) Entries() (Entries, error) {
 	}
 	errs = append(errs, it.Err())
 	var sk senderKey
+	var sv senderVal
 	it = a.RX.Senders.Iterate()
-	for it.Next(&sk, &mac) {
-		e.Senders[Sender{Child: int(sk.Child), IP: netip.AddrFrom16(sk.Addr).Unmap()}] = mac
+	for it.Next(&sk, &sv) {
+		e.Senders[Sender{Child: int(sk.Child), IP: netip.AddrFrom16(sk.Addr).Unmap()}] = sv.REMAC
 	}
 	errs = append(errs, it.Err())
 	if err := errors.Join(errs...); err != nil {

@@ -392,8 +392,11 @@ func (b *Bed) sync() error {
 			if err := b.round(h, b.hosts[1-i]); err != nil {
 				return err
 			}
-			var g [16]byte
-			if h.att.RX.Guests.Lookup(uint32(h.child), &g) == nil {
+			e, err := h.att.Entries()
+			if err != nil {
+				return err
+			}
+			if _, ok := e.Children[h.child]; ok {
 				ready++
 			}
 		}
