@@ -34,7 +34,16 @@ const (
 	vmMAC         = "52:54:00:12:34:56" // the VM's eth0
 	vmTap         = "vmtap"             // its TAP, in the namespace startVM is given
 	vmWork        = "/tmp/work"         // the work directory, as the guest sees it
-	vmBootTimeout = 60 * time.Second
+	// vmBootTimeout bounds the wait for the VM's agent. TCG boots in
+	// 15-30 s on a quiet machine, but while both cores are busy (make
+	// test-load, with other work beside it) the firmware alone took
+	// over a minute: the wait is for the state, the bound only catches
+	// a VM that never comes up.
+	vmBootTimeout = 4 * time.Minute
+	// vmStartTimeout bounds the wait for the agent to start a script
+	// it was handed (it polls for new ones), apart from the script's
+	// own run time, which run's timeout bounds.
+	vmStartTimeout = time.Minute
 )
 
 // vmHost is a running VM (startVM). Its agent (test/vm/agent.sh) runs
@@ -251,16 +260,16 @@ func (v *vmHost) consoleTail(n int) string {
 
 // run runs a bash script as root in the VM (working directory vmWork)
 // and returns its output (stdout and stderr) once it ends. err is
-// non-nil if it exits non-zero, if the VM stops, or if it runs longer
-// than timeout (it is then killed).
+// non-nil if it exits non-zero, if the VM stops, if the agent does not
+// start it within vmStartTimeout, or if it runs longer than timeout
+// from its start (it is then killed).
 func (v *vmHost) run(t *testing.T, script string, timeout time.Duration) (out string, err error) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	p, err := v.submit(script, timeout)
+	p, err := v.submit(script, vmStartTimeout)
 	if err != nil {
 		return "", err
 	}
-	return p.wait(time.Until(deadline))
+	return p.wait(timeout)
 }
 
 // must is run with a 2-minute timeout that fails the test on any error.
@@ -282,7 +291,7 @@ func (v *vmHost) must(t *testing.T, script string) string {
 // running at cleanup dies with the VM.
 func (v *vmHost) start(t *testing.T, script string) *vmProc {
 	t.Helper()
-	p, err := v.submit(script, 10*time.Second)
+	p, err := v.submit(script, vmStartTimeout)
 	if err != nil {
 		t.Fatalf("in the VM: %s: %v", script, err)
 	}
@@ -390,7 +399,7 @@ func (p *vmProc) signal(sig string) {
 		return
 	}
 	pid := strings.TrimSpace(string(b))
-	if k, err := p.v.submit(fmt.Sprintf("kill -%s -- -%s", sig, pid), 10*time.Second); err == nil {
+	if k, err := p.v.submit(fmt.Sprintf("kill -%s -- -%s", sig, pid), vmStartTimeout); err == nil {
 		k.wait(10 * time.Second)
 	}
 }
@@ -497,7 +506,9 @@ func TestVMRxe(t *testing.T) {
 		t.Errorf("a stopped background script: got %v, want it killed by SIGTERM, with its output:\n%s", err, out)
 	}
 	// One that outlives its timeout is killed, with what it started.
-	if out, err := v.run(t, "echo started; sleep 301 & wait", time.Second); !errors.Is(err, errVMTimeout) || !strings.Contains(out, "started") {
+	// 10 s: long enough for the echo on a busy machine, far short of
+	// the sleep.
+	if out, err := v.run(t, "echo started; sleep 301 & wait", 10*time.Second); !errors.Is(err, errVMTimeout) || !strings.Contains(out, "started") {
 		t.Errorf("a script past its timeout: got %v, want a time-out, with its output:\n%s", err, out)
 	}
 	if out := v.must(t, "pgrep -x sleep || true"); strings.TrimSpace(out) != "" {
