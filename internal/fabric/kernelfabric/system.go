@@ -250,14 +250,16 @@ func htons(p uint16) uint16 { return p>>8 | p<<8 }
 //
 // The socket is SOCK_DGRAM, unless o.Vnet: packet_setsockopt refuses
 // PACKET_VNET_HDR (EINVAL) on any socket but SOCK_RAW. A Vnet socket is
-// SOCK_RAW and behaves as a SOCK_DGRAM one would (see linkHdr).
+// SOCK_RAW and behaves as a SOCK_DGRAM one would (see linkHdr). A Raw
+// socket is SOCK_RAW too, with no linkHdr: its caller writes and reads
+// the link header itself.
 func (System) OpenPacketWith(ifindex int, o PacketOptions) (Socket, error) {
 	proto := htons(unix.ETH_P_ALL)
 	if o.Protocol != 0 {
 		proto = htons(o.Protocol)
 	}
 	typ := unix.SOCK_DGRAM
-	if o.Vnet {
+	if o.Vnet || o.Raw {
 		typ = unix.SOCK_RAW
 	}
 	fd, err := unix.Socket(unix.AF_PACKET, typ|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
@@ -279,7 +281,7 @@ func (System) OpenPacketWith(ifindex int, o PacketOptions) (Socket, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("kernel: bind packet socket to ifindex %d: %w", ifindex, err)
 	}
-	if o.Vnet {
+	if o.Vnet && !o.Raw {
 		if s.link, err = newLinkHdr(fd); err != nil {
 			unix.Close(fd)
 			return nil, err
