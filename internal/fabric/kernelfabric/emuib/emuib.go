@@ -316,6 +316,14 @@ func wireInstructions(ends, counters int) asm.Instructions {
 //  3. The 24 bytes become 20 zero bytes and the IPoIB header, whose
 //     EtherType is skb->protocol.
 //
+// bpf_skb_adjust_room refuses any protocol but IPv4 and IPv6
+// (-ENOTSUPP). An ARP or RARP frame gets step 3 alone: the wire's 14 +
+// 10 bytes are as long as ipoib's 24, so the RX program and a SOCK_RAW
+// socket (which reads from the MAC header) see ipoib's layout, only
+// mac_len stays 14. Dropped instead, the unicast ARP answers to a VIF
+// child, which eipoibd reads after tc (ETH_P_ARP) under the fast path,
+// never arrived.
+//
 // skb->protocol and pkt_type stay as eth_type_trans set them, as ipoib
 // sets them from the IPoIB header and the GRH. It returns TCX_NEXT so
 // the RX program, attached after it, runs on the rebuilt packet. What a
@@ -324,6 +332,11 @@ func wireInstructions(ends, counters int) asm.Instructions {
 func harnessInstructions(counters int) asm.Instructions {
 	ins := asm.Instructions{
 		asm.Mov.Reg(asm.R6, asm.R1),
+		// ARP and RARP: rewrite only (see above).
+		asm.LoadMem(asm.R1, asm.R6, ctxProtocol, asm.Word),
+		asm.JEq.Imm(asm.R1, 0x0008, "ip"), // htons(ETH_P_IP), read little-endian
+		asm.JNE.Imm(asm.R1, 0xdd86, "rewrite"),
+		asm.Mov.Reg(asm.R1, asm.R6).WithSymbol("ip"),
 		asm.Mov.Imm(asm.R2, -strip),
 		asm.Mov.Imm(asm.R3, adjRoomMAC),
 		asm.Mov.Imm(asm.R4, adjRoomFixedGSO|adjRoomNoCsumRset),
@@ -334,7 +347,7 @@ func harnessInstructions(counters int) asm.Instructions {
 		asm.Mov.Imm(asm.R3, 0),
 		asm.FnSkbChangeHead.Call(),
 		asm.JNE.Imm(asm.R0, 0, "refused"),
-		asm.Mov.Imm(asm.R1, 0),
+		asm.Mov.Imm(asm.R1, 0).WithSymbol("rewrite"),
 		asm.StoreMem(asm.RFP, stLink, asm.R1, asm.DWord),
 		asm.StoreMem(asm.RFP, stLink+8, asm.R1, asm.DWord),
 		asm.StoreMem(asm.RFP, stLink+16, asm.R1, asm.DWord),
