@@ -1,7 +1,9 @@
 // Package emuib is an EMULATION of an IPoIB wire, for the fast path's
 // end-to-end tests and make bench: it lets the two tc programs of package
 // fastpath run between two hypervisors on a machine that has no
-// InfiniBand. eipoibd never uses it.
+// InfiniBand; and, through package emukernel, eipoibd's own kernel
+// backend. A release of eipoibd never uses it (only a build with the
+// emuib tag does, for the tests).
 //
 // Each hypervisor's IPoIB child is one end of a veth pair; the other
 // ends live in a "fabric" namespace. Two tc programs stand in for what
@@ -45,6 +47,12 @@
 //
 // Package testbed builds two emulated hypervisors over this wire, with
 // the fast path's maps filled through kernelfabric.FastPath.
+//
+// Package emukernel runs eipoibd's own kernel backend over this wire
+// (an emulated kernelfabric.Kernel); it shares the wire with the
+// hypervisors' eipoibd processes through Fabric (pinned in bpffs), and
+// its children's group memberships go to the multicast program
+// (mcast.go), which replicates frames to the multicast QPN.
 package emuib
 
 import (
