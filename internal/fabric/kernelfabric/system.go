@@ -271,6 +271,11 @@ func (System) OpenPacketWith(ifindex int, o PacketOptions) (Socket, error) {
 		unix.Close(fd)
 		return nil, err
 	}
+	// Before the bind: nothing is queued yet. FORCE needs CAP_NET_ADMIN;
+	// the plain one is capped at net.core.rmem_max.
+	if unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, packetRcvBuf) != nil {
+		_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, packetRcvBuf)
+	}
 	if o.HostOnly {
 		if err := unix.SetsockoptSockFprog(fd, unix.SOL_SOCKET, unix.SO_ATTACH_FILTER, &hostOnlyProg); err != nil {
 			unix.Close(fd)
@@ -295,6 +300,15 @@ func (System) OpenPacketWith(ifindex int, o PacketOptions) (Socket, error) {
 	s.sendFn, s.recvFn = s.sendCall, s.recvCall
 	return s, nil
 }
+
+// packetRcvBuf is the receive buffer of a child's packet socket (the
+// kernel doubles it: sock_setsockopt). packet_rcv drops what arrives
+// while the queue holds sk_rcvbuf bytes (counted: Socket.Drops), and the
+// default, net.core.rmem_default (212,992 bytes), holds about 30
+// datagrams of a 4092-byte MTU (each costs its skb's truesize, over
+// 6 KB): one TCP burst while the reader is scheduled away. Memory is
+// taken only by what waits in the queue.
+const packetRcvBuf = 4 << 20
 
 // Classic BPF ancillary loads (linux/filter.h): SKF_AD_OFF +
 // SKF_AD_PKTTYPE loads skb->pkt_type (net/core/filter.c
