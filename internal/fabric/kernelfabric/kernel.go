@@ -76,6 +76,10 @@ type Socket interface {
 	// struct packet_mreq_max bytes.
 	AddMembership(mreq []byte) error
 	DropMembership(mreq []byte) error
+	// Drops returns how many datagrams the kernel dropped since the
+	// last call because the socket's receive queue was full
+	// (getsockopt PACKET_STATISTICS, whose count the read resets).
+	Drops() (uint64, error)
 	Close() error
 }
 

@@ -595,5 +595,21 @@ func (s *sysSocket) DropMembership(mreq []byte) error {
 	return s.setsockopt(unix.PACKET_DROP_MEMBERSHIP, mreq)
 }
 
+// Drops is PACKET_STATISTICS' tp_drops: the datagrams packet_rcv
+// (net/packet/af_packet.c) dropped because the receive queue held
+// sk_rcvbuf bytes (drop_n_acct, which adds to po->tp_drops), since the
+// last call: packet_getsockopt takes the count with atomic_xchg(0).
+func (s *sysSocket) Drops() (uint64, error) {
+	var st *unix.TpacketStats
+	var serr error
+	err := s.rc.Control(func(fd uintptr) {
+		st, serr = unix.GetsockoptTpacketStats(int(fd), unix.SOL_PACKET, unix.PACKET_STATISTICS)
+	})
+	if err = errors.Join(err, serr); err != nil {
+		return 0, fmt.Errorf("kernel: PACKET_STATISTICS: %w", err)
+	}
+	return uint64(st.Drops), nil
+}
+
 // Close closes the socket; a blocked Recv returns net.ErrClosed.
 func (s *sysSocket) Close() error { return s.f.Close() }

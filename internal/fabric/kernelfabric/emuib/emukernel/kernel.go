@@ -661,6 +661,9 @@ func (s *Socket) DropMembership(mreq []byte) error {
 	return s.k.leave(m.mgid, end)
 }
 
+// Drops is the real socket's.
+func (s *Socket) Drops() (uint64, error) { return s.in.Drops() }
+
 // Close drops the socket's memberships and closes it.
 func (s *Socket) Close() error {
 	s.mu.Lock()

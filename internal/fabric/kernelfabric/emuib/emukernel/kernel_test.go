@@ -52,6 +52,7 @@ func (f *fakeSock) Recv(msgs []kf.Msg) (int, error) {
 
 func (f *fakeSock) AddMembership([]byte) error  { return errors.New("not on a veth") }
 func (f *fakeSock) DropMembership([]byte) error { return errors.New("not on a veth") }
+func (f *fakeSock) Drops() (uint64, error)      { return 0, nil }
 func (f *fakeSock) Close() error                { return nil }
 
 var (
