@@ -20,6 +20,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -55,8 +57,9 @@ func emuibDaemon(t *testing.T) string {
 // fabric namespace with the wire, pinned in a bpffs mount.
 type emuTopo struct {
 	*topo
-	fabric *emuib.Fabric
-	guests [2]*guest
+	fabric   *emuib.Fabric
+	fabricNS string
+	guests   [2]*guest
 }
 
 // newEmuTopo builds it with --fast-path fastPath.
@@ -108,6 +111,7 @@ func newEmuTopo(t *testing.T, fastPath string) *emuTopo {
 		t.Fatal(err)
 	}
 	fabric := addNS("f")
+	tp.fabricNS = fabric
 	for i := range 2 {
 		h := &hypervisor{name: fmt.Sprintf("h%d", i+1), logDir: logDir, bin: bin,
 			fabricArgs: []string{"--fabric", "kernel", "--ib-dev", "ib0", "--fast-path", fastPath},
@@ -236,6 +240,10 @@ func (tp *emuTopo) waitFastPath(t *testing.T) {
 	}
 }
 
+// fabricEnd matches the name of a child's fabric end (emukernel's
+// AddChild names them hHqN).
+var fabricEnd = regexp.MustCompile(`: h[0-9]q[0-9]+@`)
+
 // maxFrameData bounds the TCP payload of one frame the fast path's
 // programs redirect: a GSO super-frame holds at most 64 KiB (GSO_MAX_SIZE
 // on a TAP and a veth, no BIG TCP here), a frame without offloads the
@@ -332,6 +340,19 @@ func TestKernelBackendEmulated(t *testing.T) {
 			if err != nil || merr != nil || w[emuib.Short] != 0 || w[emuib.Unknown] != 0 || w[emuib.HarnessRefused] != 0 || mc[emuib.McastShort] != 0 {
 				t.Errorf("the wire dropped frames: %v %v, multicast %v %v", w, err, mc, merr)
 			}
+			// A clean stop takes the TAP and every child away (their
+			// fabric ends with them).
+			t.Run("shutdown", func(t *testing.T) {
+				for _, h := range tp.hvs {
+					h.stop(t, true)
+					if out := sh(t, in(h.ns, "ip", "-o", "link", "show")...); strings.Contains(out, "ib0.") {
+						t.Errorf("%s: children left after the daemon stopped:\n%s", h.name, out)
+					}
+				}
+				if out := sh(t, in(tp.fabricNS, "ip", "-o", "link", "show")...); fabricEnd.MatchString(out) {
+					t.Errorf("fabric ends left after the daemons stopped:\n%s", out)
+				}
+			})
 		})
 	}
 }
