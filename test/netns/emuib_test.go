@@ -12,6 +12,7 @@ package netns
 import (
 	"crypto/sha256"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -26,8 +27,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
+
 	"github.com/eipoib/eipoibd/internal/fabric/kernelfabric/emuib"
 	"github.com/eipoib/eipoibd/internal/fabric/kernelfabric/emuib/emukernel"
+	"github.com/eipoib/eipoibd/ipoib"
 )
 
 var emuibBin struct {
@@ -148,8 +152,33 @@ func newEmuTopo(t *testing.T, fastPath string) *emuTopo {
 		sh(t, in(g.ns, "sysctl", "-qw", "net.ipv6.conf.eth0.disable_ipv6=0")...)
 		sh(t, in(g.ns, "ip", "addr", "add", g.ip4+"/24", "dev", "eth0")...)
 		sh(t, in(g.ns, "ip", "addr", "add", g.ip6+"/64", "dev", "eth0", "nodad")...)
+		// No default route: IPv4 multicast needs one of its own.
+		sh(t, in(g.ns, "ip", "route", "add", "224.0.0.0/4", "dev", "eth0")...)
 	}
 	return tp
+}
+
+// member reports whether hypervisor host (0 or 1) has a child that is a
+// member of mgid on the wire.
+func (tp *emuTopo) member(t *testing.T, host int, mgid ipoib.GID) bool {
+	t.Helper()
+	var v emuib.Members
+	err := tp.fabric.Groups.Lookup(emuib.GroupKey{MGID: mgid, Host: uint32(host)}, &v)
+	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		t.Fatal(err)
+	}
+	return v != emuib.Members{}
+}
+
+// waitMember waits up to 20 s for hypervisor host's membership of mgid
+// on the wire to be want.
+func (tp *emuTopo) waitMember(t *testing.T, host int, mgid ipoib.GID, want bool) {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); tp.member(t, host, mgid) != want; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("h%d: member of %s on the wire = %v after 20 s, want %v", host+1, mgid, !want, want)
+		}
+	}
 }
 
 // guestOffloads turns the guests' offloads (checksum, segmentation,
@@ -295,6 +324,18 @@ func TestKernelBackendEmulated(t *testing.T) {
 			if fastPath == "on" {
 				t.Run("carried", func(t *testing.T) { tp.waitFastPath(t) })
 			}
+			// A guest's IGMP join makes its hypervisor's group child a
+			// member on the wire, which carries the other guest's stream
+			// to it whole; its leave ends the membership.
+			t.Run("multicast", func(t *testing.T) {
+				const group = "239.1.1.1"
+				mgid := groupMGID(group)
+				r := startReceiver(t, g2, group)
+				tp.waitMember(t, 1, mgid, true)
+				r.expectStream(t, g2, 0, send(t, g1, group))
+				r.stop()
+				tp.waitMember(t, 1, mgid, false)
+			})
 			for _, offloads := range []bool{true, false} {
 				t.Run(fmt.Sprintf("tcp-offloads-%v", offloads), func(t *testing.T) {
 					tp.guestOffloads(t, offloads)
