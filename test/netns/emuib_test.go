@@ -192,15 +192,19 @@ func (tp *emuTopo) guestOffloads(t *testing.T, on bool) {
 	}
 }
 
-// tcpDigest sends n pseudo-random bytes over one TCP connection from
-// client to server (Go sockets in the guests' namespaces) and fails
-// unless the server read exactly n bytes with the SHA-256 the client
-// sent.
-func tcpDigest(t *testing.T, server, client *guest, n int64) {
+// tcpDigest sends n pseudo-random bytes over one TCP connection, over
+// IPv6 if v6, from client to server (Go sockets in the guests'
+// namespaces) and fails unless the server read exactly n bytes with the
+// SHA-256 the client sent.
+func tcpDigest(t *testing.T, server, client *guest, n int64, v6 bool) {
 	t.Helper()
+	network, ip := "tcp4", server.ip4
+	if v6 {
+		network, ip = "tcp6", server.ip6
+	}
 	var ln net.Listener
 	var err error
-	nsDo(t, server.ns, func() { ln, err = net.Listen("tcp4", server.ip4+":0") })
+	nsDo(t, server.ns, func() { ln, err = net.Listen(network, net.JoinHostPort(ip, "0")) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -225,7 +229,7 @@ func tcpDigest(t *testing.T, server, client *guest, n int64) {
 	}()
 	var conn net.Conn
 	nsDo(t, client.ns, func() {
-		conn, err = net.DialTimeout("tcp4", ln.Addr().String(), 10*time.Second)
+		conn, err = net.DialTimeout(network, ln.Addr().String(), 10*time.Second)
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -241,7 +245,7 @@ func tcpDigest(t *testing.T, server, client *guest, n int64) {
 	r := <-got
 	conn.Close()
 	if err != nil || r.err != nil || sent != n || r.n != n || r.sum != want {
-		t.Fatalf("TCP %s → %s: sent %d (%v), received %d (%v), SHA-256 %x, want %d bytes with %x", client.ip4, server.ip4, sent, err, r.n, r.err, r.sum, n, want)
+		t.Fatalf("TCP %s → %s: sent %d (%v), received %d (%v), SHA-256 %x, want %d bytes with %x", client.ns, ln.Addr(), sent, err, r.n, r.err, r.sum, n, want)
 	}
 }
 
@@ -339,10 +343,11 @@ func TestKernelBackendEmulated(t *testing.T) {
 			for _, offloads := range []bool{true, false} {
 				t.Run(fmt.Sprintf("tcp-offloads-%v", offloads), func(t *testing.T) {
 					tp.guestOffloads(t, offloads)
+					// h1 to h2 over IPv4, back over IPv6.
 					for _, dir := range [][2]*hypervisor{{h1, h2}, {h2, h1}} {
 						from, to := dir[0], dir[1]
 						before := [2]map[string]float64{from.metrics(t), to.metrics(t)}
-						tcpDigest(t, to.guests[0], from.guests[0], n)
+						tcpDigest(t, to.guests[0], from.guests[0], n, from == h2)
 						after := [2]map[string]float64{from.metrics(t), to.metrics(t)}
 						userTx := after[0]["port_tx_bytes"] - before[0]["port_tx_bytes"]
 						userRx := after[1]["port_rx_bytes"] - before[1]["port_rx_bytes"]
