@@ -18,6 +18,7 @@ declare -A pkg=([ip]=iproute2 [nstat]=iproute2 [ping]=iputils-ping [arping]=arpi
 pkg+=([prometheus]=prometheus [promtool]=prometheus) # TestPrometheus, TestPrometheusRules (deploy/prometheus, deploy/grafana)
 pkg+=([stress-ng]=stress-ng) # make test-load's CPU hogs
 pkg+=([shellcheck]=shellcheck) # TestKitShellcheck (test/netns): the hardware kit's scripts
+pkg+=([mount]=mount [umount]=mount) # TestKernelBackendEmulated pins the emulated IPoIB wire in a bpffs mount
 pkg+=([socat]=socat [jq]=jq [gnuplot]=gnuplot-nox [bc]=bc [flock]=util-linux) # scripts/soak.sh
 pkg+=([libvirtd]=libvirt-daemon-system [virtlogd]=libvirt-daemon-system [virsh]=libvirt-clients) # TestLibvirt, and TestVLANFilterVM in the QEMU guest
 # make deb and make image, TestDebPackage and TestImagePod (docs/release.md)

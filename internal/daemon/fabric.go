@@ -210,12 +210,22 @@ func openKernel(c *Config, log *slog.Logger) (fabric, error) {
 	if err != nil {
 		return fabric{}, err
 	}
-	p, err := kernelfabric.New(kernelfabric.Config{Kernel: kernelfabric.System{}, Parent: c.IBDev, Logger: log, FastPath: use})
+	k, err := newKernel(log)
+	if err != nil {
+		return fabric{}, err
+	}
+	p, err := kernelfabric.New(kernelfabric.Config{Kernel: k, Parent: c.IBDev, Logger: log, FastPath: use})
 	if err != nil {
 		return fabric{}, err
 	}
 	return fabric{port: p, device: c.IBDev, fastPath: use}, nil
 }
+
+// newKernel is the kernel the kernel backend runs on: the real one. It
+// is the emulation's seam: eipoibd built with the emuib tag (emuib.go,
+// for the tests only) runs the backend on an emulated IPoIB kernel
+// instead (package emuib/emukernel).
+var newKernel = func(*slog.Logger) (kernelfabric.Kernel, error) { return kernelfabric.System{}, nil }
 
 // useFastPath decides whether the kernel backend runs the BPF fast path:
 // never with --fast-path off (probe is not called); with auto when probe

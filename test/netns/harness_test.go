@@ -120,6 +120,10 @@ type hypervisor struct {
 	fdNames    []string
 	switchArgs []string // --bridge or --ovs-bridge and their arguments
 	host       bool     // a native IPoIB host (eipoibd host, TUN ib0) instead
+	// bin is the daemon's binary (daemonBin when empty), fabricArgs
+	// its fabric's flags (--underlay UNDERLAY when nil).
+	bin        string
+	fabricArgs []string
 }
 
 type topo struct {
@@ -570,7 +574,15 @@ func (h *hypervisor) start(t *testing.T) {
 	}
 	// Each daemon's control socket in a directory of its own: the
 	// hypervisors' TAPs all have the same name.
-	args := append([]string{daemonBin, "run", "--underlay", h.underlay, "--metrics", "127.0.0.1:9474", "--ctl-dir", h.ctlDir(), "--state-dir", h.ctlDir()}, h.switchArgs...)
+	bin, fabricArgs := h.bin, h.fabricArgs
+	if bin == "" {
+		bin = daemonBin
+	}
+	if fabricArgs == nil {
+		fabricArgs = []string{"--underlay", h.underlay}
+	}
+	args := append(append([]string{bin, "run"}, fabricArgs...), "--metrics", "127.0.0.1:9474", "--ctl-dir", h.ctlDir(), "--state-dir", h.ctlDir())
+	args = append(args, h.switchArgs...)
 	// EIPOIB_NETNS_OFFLOAD=false runs the whole suite with the TAP's
 	// offloads off (make test runs it both ways); a test's own flags,
 	// after it, win.

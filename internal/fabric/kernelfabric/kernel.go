@@ -76,6 +76,10 @@ type Socket interface {
 	// struct packet_mreq_max bytes.
 	AddMembership(mreq []byte) error
 	DropMembership(mreq []byte) error
+	// Drops returns how many datagrams the kernel dropped since the
+	// last call because the socket's receive queue was full
+	// (getsockopt PACKET_STATISTICS, whose count the read resets).
+	Drops() (uint64, error)
 	Close() error
 }
 
@@ -137,4 +141,10 @@ type PacketOptions struct {
 	// outgoing) copy before it is queued to the socket, and counts it
 	// nowhere the socket sees.
 	HostOnly bool
+	// Raw opens a SOCK_RAW socket that System adds no link header to:
+	// each message's Hdr carries the whole link header on Send, and
+	// receives it on Recv (SOCK_RAW data starts at the MAC header), and
+	// N counts it. The backend never sets it; an emulated Kernel does
+	// (package emuib), to put an IPoIB link header on a veth.
+	Raw bool
 }

@@ -568,8 +568,14 @@ func (p *Port) Offloads() ipoib.Offloads {
 	return ipoib.Offloads{TSO: true, MaxSuper: ipoib.MaxSuperPacket}
 }
 
-// Counters returns a snapshot of the counters.
+// Counters returns a snapshot of the counters, the children's sockets'
+// receive-queue drops read first.
 func (p *Port) Counters() ipoib.PortCounters {
+	p.mu.RLock()
+	for _, c := range p.all {
+		p.socketDrops(c)
+	}
+	p.mu.RUnlock()
 	c := ipoib.PortCounters{
 		TxPackets: p.txPackets.Load(), TxBytes: p.txBytes.Load(),
 		RxPackets: p.rxPackets.Load(), RxBytes: p.rxBytes.Load(),
@@ -587,6 +593,17 @@ func (p *Port) Counters() ipoib.PortCounters {
 		f.counts(c.Stats)
 	}
 	return c
+}
+
+// socketDrops adds what the kernel dropped for a full receive queue on
+// c's sockets since they were last asked to DropRxOverflow: these drops
+// happen in the kernel (packet_rcv), before the port sees anything.
+func (p *Port) socketDrops(c *child) {
+	for _, s := range c.rx {
+		if n, err := s.Drops(); err == nil {
+			p.drops.AddN(ipoib.DropRxOverflow, n)
+		}
+	}
 }
 
 // createChild creates, configures and brings up a child, waits for its
@@ -999,6 +1016,7 @@ func (p *Port) waitBatch() {
 // destroy closes c's socket and deletes the interface.
 func (p *Port) destroy(c *child) error {
 	p.byIndex.Delete(c.index)
+	p.socketDrops(c) // its last
 	closeAll(c.rx)
 	if err := p.k.DelLink(c.index); err != nil {
 		return fmt.Errorf("kernel: delete child %s: %w", c.name, err)

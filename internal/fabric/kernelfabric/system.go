@@ -250,14 +250,16 @@ func htons(p uint16) uint16 { return p>>8 | p<<8 }
 //
 // The socket is SOCK_DGRAM, unless o.Vnet: packet_setsockopt refuses
 // PACKET_VNET_HDR (EINVAL) on any socket but SOCK_RAW. A Vnet socket is
-// SOCK_RAW and behaves as a SOCK_DGRAM one would (see linkHdr).
+// SOCK_RAW and behaves as a SOCK_DGRAM one would (see linkHdr). A Raw
+// socket is SOCK_RAW too, with no linkHdr: its caller writes and reads
+// the link header itself.
 func (System) OpenPacketWith(ifindex int, o PacketOptions) (Socket, error) {
 	proto := htons(unix.ETH_P_ALL)
 	if o.Protocol != 0 {
 		proto = htons(o.Protocol)
 	}
 	typ := unix.SOCK_DGRAM
-	if o.Vnet {
+	if o.Vnet || o.Raw {
 		typ = unix.SOCK_RAW
 	}
 	fd, err := unix.Socket(unix.AF_PACKET, typ|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
@@ -269,6 +271,11 @@ func (System) OpenPacketWith(ifindex int, o PacketOptions) (Socket, error) {
 		unix.Close(fd)
 		return nil, err
 	}
+	// Before the bind: nothing is queued yet. FORCE needs CAP_NET_ADMIN;
+	// the plain one is capped at net.core.rmem_max.
+	if unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, packetRcvBuf) != nil {
+		_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, packetRcvBuf)
+	}
 	if o.HostOnly {
 		if err := unix.SetsockoptSockFprog(fd, unix.SOL_SOCKET, unix.SO_ATTACH_FILTER, &hostOnlyProg); err != nil {
 			unix.Close(fd)
@@ -279,7 +286,7 @@ func (System) OpenPacketWith(ifindex int, o PacketOptions) (Socket, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("kernel: bind packet socket to ifindex %d: %w", ifindex, err)
 	}
-	if o.Vnet {
+	if o.Vnet && !o.Raw {
 		if s.link, err = newLinkHdr(fd); err != nil {
 			unix.Close(fd)
 			return nil, err
@@ -293,6 +300,15 @@ func (System) OpenPacketWith(ifindex int, o PacketOptions) (Socket, error) {
 	s.sendFn, s.recvFn = s.sendCall, s.recvCall
 	return s, nil
 }
+
+// packetRcvBuf is the receive buffer of a child's packet socket (the
+// kernel doubles it: sock_setsockopt). packet_rcv drops what arrives
+// while the queue holds sk_rcvbuf bytes (counted: Socket.Drops), and the
+// default, net.core.rmem_default (212,992 bytes), holds about 30
+// datagrams of a 4092-byte MTU (each costs its skb's truesize, over
+// 6 KB): one TCP burst while the reader is scheduled away. Memory is
+// taken only by what waits in the queue.
+const packetRcvBuf = 4 << 20
 
 // Classic BPF ancillary loads (linux/filter.h): SKF_AD_OFF +
 // SKF_AD_PKTTYPE loads skb->pkt_type (net/core/filter.c
@@ -577,6 +593,22 @@ func (s *sysSocket) AddMembership(mreq []byte) error {
 // DropMembership is PACKET_DROP_MEMBERSHIP.
 func (s *sysSocket) DropMembership(mreq []byte) error {
 	return s.setsockopt(unix.PACKET_DROP_MEMBERSHIP, mreq)
+}
+
+// Drops is PACKET_STATISTICS' tp_drops: the datagrams packet_rcv
+// (net/packet/af_packet.c) dropped because the receive queue held
+// sk_rcvbuf bytes (drop_n_acct, which adds to po->tp_drops), since the
+// last call: packet_getsockopt takes the count with atomic_xchg(0).
+func (s *sysSocket) Drops() (uint64, error) {
+	var st *unix.TpacketStats
+	var serr error
+	err := s.rc.Control(func(fd uintptr) {
+		st, serr = unix.GetsockoptTpacketStats(int(fd), unix.SOL_PACKET, unix.PACKET_STATISTICS)
+	})
+	if err = errors.Join(err, serr); err != nil {
+		return 0, fmt.Errorf("kernel: PACKET_STATISTICS: %w", err)
+	}
+	return uint64(st.Drops), nil
 }
 
 // Close closes the socket; a blocked Recv returns net.ErrClosed.

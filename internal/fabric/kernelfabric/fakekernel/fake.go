@@ -585,6 +585,7 @@ type socket struct {
 	mu     sync.Mutex
 	l      *link // nil once the device is gone
 	q      []datagram
+	drops  uint64 // datagrams dropped for a full q since Drops last read it
 	closed bool
 	err    error
 	mc     map[mcKey]int // struct packet_mclist entries and their counts
@@ -983,11 +984,25 @@ func (s *socket) push(d datagram) {
 		return
 	}
 	s.mu.Lock()
-	if len(s.q) < rxQueueLen && !s.closed {
+	switch {
+	case s.closed:
+	case len(s.q) < rxQueueLen:
 		s.q = append(s.q, d)
+	default:
+		s.drops++ // packet_rcv's drop_n_acct: po->tp_drops
 	}
 	s.mu.Unlock()
 	s.wake()
+}
+
+// Drops is PACKET_STATISTICS' tp_drops, reset as it is read
+// (packet_getsockopt).
+func (s *socket) Drops() (uint64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := s.drops
+	s.drops = 0
+	return n, nil
 }
 
 // Recv is recvmmsg over packet_recvmsg: the name says the packet type,
