@@ -28,7 +28,7 @@ const (
 	DropAHPending  // verbs: too many packets already wait for address handles
 	DropBadSource  // simfabric: the kernel refused the source address
 	DropNoPktinfo  // simfabric: a datagram came without its IPV6_PKTINFO
-	DropRxOverflow // simfabric, kernelfabric: the kernel's receive queue overflowed (SO_RXQ_OVFL, PACKET_STATISTICS)
+	DropRxOverflow // simfabric, kernelfabric: the kernel's receive queue overflowed (simfabric: SO_RXQ_OVFL; kernelfabric: a child's packet socket, PACKET_STATISTICS)
 
 	// Receiving (Read): the shared checks (CheckRx).
 	DropBadDestQPN  // the multicast QPN to a unicast GID, or a unicast QPN to an MGID (IBA 9.8.1)
