@@ -63,6 +63,8 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 
+	"github.com/eipoib/eipoibd/internal/fabric/kernelfabric/bpfasm"
+
 	"github.com/eipoib/eipoibd/ipoib"
 )
 
@@ -225,23 +227,6 @@ const (
 	stKey  = -44 // a counter index
 )
 
-// count adds one to the counter indexed by R9 and returns R8; labelled
-// count.
-func count(counters int) asm.Instructions {
-	return asm.Instructions{
-		asm.StoreMem(asm.RFP, stKey, asm.R9, asm.Word).WithSymbol("count"),
-		asm.LoadMapPtr(asm.R1, counters),
-		asm.Mov.Reg(asm.R2, asm.RFP),
-		asm.Add.Imm(asm.R2, stKey),
-		asm.FnMapLookupElem.Call(),
-		asm.JEq.Imm(asm.R0, 0, "exit"),
-		asm.Mov.Imm(asm.R1, 1),
-		asm.StoreXAdd(asm.R0, asm.R1, asm.DWord),
-		asm.Mov.Reg(asm.R0, asm.R8).WithSymbol("exit"),
-		asm.Return(),
-	}
-}
-
 // drop sets the TC_ACT_SHOT verdict and reason r, labelled sym.
 func drop(sym string, r Reason) asm.Instructions {
 	return asm.Instructions{
@@ -303,7 +288,7 @@ func wireInstructions(ends, counters int) asm.Instructions {
 	}
 	ins = append(ins, drop("short", Short)...)
 	ins = append(ins, drop("unknown", Unknown)...)
-	return append(ins, count(counters)...)
+	return append(ins, bpfasm.CountAndExit(counters, stKey)...)
 }
 
 // harnessInstructions is the harness, for a frame the wire sent:
@@ -373,5 +358,5 @@ func harnessInstructions(counters int) asm.Instructions {
 		asm.Return(),
 	}
 	ins = append(ins, drop("refused", HarnessRefused)...)
-	return append(ins, count(counters)...)
+	return append(ins, bpfasm.CountAndExit(counters, stKey)...)
 }

@@ -238,23 +238,6 @@ func fallbacks(names []string, first int32) asm.Instructions {
 	return ins
 }
 
-// countAndExit is the common tail, labelled count: it adds one to the
-// per-CPU counter indexed by R9 and returns R8.
-func countAndExit(counters int) asm.Instructions {
-	return asm.Instructions{
-		asm.StoreMem(asm.RFP, stKey, asm.R9, asm.Word).WithSymbol("count"),
-		asm.LoadMapPtr(asm.R1, counters),
-		asm.Mov.Reg(asm.R2, asm.RFP),
-		asm.Add.Imm(asm.R2, stKey),
-		asm.FnMapLookupElem.Call(),
-		asm.JEq.Imm(asm.R0, 0, "exit"),
-		asm.Mov.Imm(asm.R1, 1),
-		asm.StoreXAdd(asm.R0, asm.R1, asm.DWord),
-		asm.Mov.Reg(asm.R0, asm.R8).WithSymbol("exit"),
-		asm.Return(),
-	}
-}
-
 // countHits adds one to the hit count of both map values a redirect
 // used: R9's at guestOff and the one spilled at stPtr at otherOff
 // (package kernelfabric reads them back when the shim is about to age

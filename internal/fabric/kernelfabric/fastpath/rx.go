@@ -7,6 +7,8 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
+
+	"github.com/eipoib/eipoibd/internal/fabric/kernelfabric/bpfasm"
 )
 
 // RXReason is the index of one RX verdict in the RX counters map:
@@ -444,6 +446,6 @@ func rxInstructions(guests, senders, counters, last int) asm.Instructions {
 		asm.Ja.Label("count"),
 	)
 	addAll(fallbacks(rxReasonNames[RXFallbackMalformed:RXDropRewrite], int32(RXFallbackMalformed)))
-	addAll(countAndExit(counters))
+	addAll(bpfasm.CountAndExit(counters, stKey))
 	return p
 }

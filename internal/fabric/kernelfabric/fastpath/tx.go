@@ -7,6 +7,8 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 
+	"github.com/eipoib/eipoibd/internal/fabric/kernelfabric/bpfasm"
+
 	"github.com/eipoib/eipoibd/ipoib"
 )
 
@@ -397,6 +399,6 @@ func txInstructions(guests, remacs, counters, last int) asm.Instructions {
 		asm.Ja.Label("count"),
 	)
 	addAll(fallbacks(reasonNames[FallbackMalformed:DropRewrite], int32(FallbackMalformed)))
-	addAll(countAndExit(counters))
+	addAll(bpfasm.CountAndExit(counters, stKey))
 	return p
 }
