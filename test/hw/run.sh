@@ -83,6 +83,8 @@ Measurements:
   --bytes N            TCP bytes each way (default 67108864)
   --mcast-settle SEC   wait after receivers join before sending (default 2)
   --work DIR           logs and state on each host (default /tmp/eipoib-hwkit)
+  --ns-prefix P        the guests' network namespaces are named PHpPgG (default eht);
+                       namespace names are global to a host, unlike the kit's links
   --cleanup            only remove what an interrupted run left, on both hosts
   -h, --help           this text
 EOF
@@ -97,7 +99,7 @@ die() { # usage error
 PEER="" PEER_EXEC="" LOCAL_EXEC="" DEV=ib0 PEER_DEV="" FABRIC=ib BACKENDS="" VERBS_DEV=""
 EIPOIBD=eipoibd EIPOIBD_VERBS=eipoibd-verbs PARTITIONS=2 PKEY2=0x8001 VLAN2=100
 NET4=10.77 NET6=fd77 SM_MODE=reset SM_RESTART="" SM_TIMEOUT=60 COUNT=10 BYTES=67108864
-SETTLE=2 WORK=/tmp/eipoib-hwkit CLEANUP_ONLY=0 SWITCH=bridge OVS_DP=system EXTRA=""
+SETTLE=2 WORK=/tmp/eipoib-hwkit NSP=eht CLEANUP_ONLY=0 SWITCH=bridge OVS_DP=system EXTRA=""
 LONG_NAME="" CHILDREN="" FAST_PATH=both
 
 while [ $# -gt 0 ]; do
@@ -136,6 +138,7 @@ while [ $# -gt 0 ]; do
 	--bytes) BYTES=$val ;;
 	--mcast-settle) SETTLE=$val ;;
 	--work) WORK=$val ;;
+	--ns-prefix) NSP=$val ;;
 	--long-name) LONG_NAME=$val ;;
 	--children) CHILDREN=$val ;;
 	--fast-path) FAST_PATH=$val ;;
@@ -148,6 +151,7 @@ for v in "$DEV" "${PEER_DEV:-x}" "${VERBS_DEV:-x}" "$EIPOIBD" "$EIPOIBD_VERBS" "
 	[[ $v =~ ^[A-Za-z0-9_./:@+-]+$ ]] || die "'$v': only letters, digits and _ . / : @ + - are allowed"
 done
 [[ $EXTRA =~ ^[A-Za-z0-9_.,=:/\ -]*$ ]] || die "--eipoibd-args: only flags and plain values"
+[[ $NSP =~ ^[A-Za-z][A-Za-z0-9]{0,15}$ ]] || die "--ns-prefix is a letter, then up to 15 letters or digits, not '$NSP'"
 [ -n "$PEER" ] || [ -n "$PEER_EXEC" ] || die "--peer (or --peer-exec) is required"
 case $FABRIC in ib | sim) ;; *) die "--fabric is ib or sim, not $FABRIC" ;; esac
 case $PARTITIONS in 1 | 2) ;; *) die "--partitions is 1 or 2, not $PARTITIONS" ;; esac
@@ -209,7 +213,7 @@ dev_of() { if [ "$1" = A ]; then echo "$DEV"; else echo "$PEER_DEV"; fi; }
 # w HOST: the host's work directory (distinct, for the self-test's shared file system).
 w() { echo "$WORK/$1"; }
 # ns HOST P G: the namespace of guest G of partition P on HOST.
-ns() { echo "eht$1p$2g$3"; }
+ns() { echo "$NSP$1p$2g$3"; }
 num() { # num HOST G: last number of a guest (G 1, 2) or of the native address (G 0)
 	local base=1
 	[ "$1" = B ] && base=2
@@ -226,7 +230,7 @@ pidx() { [ "$1" = 0xffff ] && echo 1 || echo 2; }
 topo_down_script() {
 	[ "$SWITCH" = ovs ] && echo "ovs-vsctl --timeout=10 --if-exists del-br ehtbr"
 	cat <<EOF
-for n in \$(ip netns list 2>/dev/null | awk '{print \$1}' | grep '^eht$1'); do ip netns del "\$n"; done
+for n in \$(ip netns list 2>/dev/null | awk '{print \$1}' | grep '^$NSP$1p'); do ip netns del "\$n"; done
 for l in eht0 ehtbr ehtu ehtv11 ehtv12 ehtv21 ehtv22; do ip link del "\$l" 2>/dev/null; done
 ip link del ehtx 2>/dev/null # the routed leg's second subnet
 true
@@ -331,7 +335,7 @@ prereqs() {
 		need "$h" "root" "run as root" "[ \$(id -u) = 0 ]"
 		need "$h" "mkdir $WORK" "make $WORK writable or give --work DIR" "mkdir -p $(w "$h")"
 		need "$h" "no leftovers of an earlier run" "run: test/hw/run.sh --peer ... --cleanup" \
-			"! ip link show ehtbr && ! ip link show eht0 && ! ip netns list | grep -q '^eht$h'"
+			"! ip link show ehtbr && ! ip link show eht0 && ! ip netns list | grep -q '^$NSP${h}p'"
 		need "$h" "test subnets $NET4.1-2.0/24, $NET6:1-2::/64 unused" "choose others with --net4/--net6" \
 			"! ip -o addr | grep -Eq ' (${NET4//./\\.}\\.[12]\\.|$NET6:[12]::)'"
 		if [[ $BACKENDS =~ kernel|sim ]]; then

@@ -47,8 +47,13 @@ func kitHosts(t *testing.T, ovs bool) ([]string, []string) {
 	for _, ns := range hosts {
 		underlayUp(t, ns, "ul") // nstest.Add turned DAD off for the kit's macvlans on ul too
 	}
-	return []string{"--fabric", "sim", "--dev", "ul", "--local-exec", exec[0], "--peer-exec", exec[1]}, hosts
+	return []string{"--fabric", "sim", "--dev", "ul", "--local-exec", exec[0], "--peer-exec", exec[1], "--ns-prefix", kitGuestNS(hosts)}, hosts
 }
+
+// kitGuestNS is the prefix of the guest namespaces of the kit run on
+// hosts (kitHosts): namespace names are global to the machine, so two
+// kits running at once (two test suites) must not share them.
+func kitGuestNS(hosts []string) string { return strings.TrimSuffix(hosts[0], "A") + "g" }
 
 // runKit runs test/hw/run.sh with args and returns its output and exit
 // code. Past the timeout the kit gets SIGTERM, on which it removes what
@@ -176,7 +181,7 @@ func checkKit(t *testing.T, out string, code int, work string, hosts, partitions
 			t.Errorf("%s: the kit left interfaces behind:\n%s", ns, l)
 		}
 	}
-	if l := sh(t, "ip", "netns", "list"); strings.Contains(l, "ehtA") || strings.Contains(l, "ehtB") {
+	if l := sh(t, "ip", "netns", "list"); strings.Contains(l, kitGuestNS(hosts)) {
 		t.Errorf("the kit left guest namespaces behind:\n%s", l)
 	}
 	for _, h := range []string{"A", "B"} {
@@ -377,11 +382,11 @@ func TestHWKitPrerequisites(t *testing.T) {
 	work := t.TempDir()
 	args = append(args, "--eipoibd", "/nonexistent/eipoibd", "--partitions", "1", "--work", work)
 	// What the kit would set up: interfaces on the hosts, its guest
-	// namespaces (eht…). (It does make its work directories.)
+	// namespaces (kitGuestNS…). (It does make its work directories.)
 	state := func() string {
 		var s string
 		for _, l := range strings.Split(sh(t, "ip", "netns", "list"), "\n") {
-			if strings.HasPrefix(l, "eht") {
+			if strings.HasPrefix(l, kitGuestNS(hosts)) {
 				s += "netns " + l + "\n"
 			}
 		}
@@ -420,8 +425,8 @@ func TestHWKitPrerequisites(t *testing.T) {
 // checked before anything runs. A --long-name the kernel would refuse
 // (16 bytes: dev_valid_name's 15 at most, or a '/'), or equal to --dev,
 // exits 3 with the reason. So does a --children that is no positive
-// number, and a --fast-path setting eipoibd does not take, given twice,
-// or none.
+// number, a --fast-path setting eipoibd does not take, given twice, or
+// none, and a --ns-prefix that is no plain name.
 func TestHWKitKernelLegOptions(t *testing.T) {
 	for _, c := range []struct {
 		args []string
@@ -435,6 +440,8 @@ func TestHWKitKernelLegOptions(t *testing.T) {
 		{[]string{"--fast-path", "off,fast"}, "--fast-path takes off, on, auto or both, not fast"},
 		{[]string{"--fast-path", "on,auto,on"}, "--fast-path: on twice"},
 		{[]string{"--fast-path", ","}, "--fast-path needs a setting"},
+		{[]string{"--ns-prefix", "1k"}, "--ns-prefix is a letter, then"},
+		{[]string{"--ns-prefix", "k-1"}, "--ns-prefix is a letter, then"},
 	} {
 		out, code := runKit(t, 30*time.Second, append([]string{"--peer-exec", "true", "--work", t.TempDir()}, c.args...)...)
 		if code != 3 || !strings.Contains(out, c.want) {
