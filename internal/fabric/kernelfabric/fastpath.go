@@ -327,8 +327,12 @@ func (f *FastPath) GuestUsed(mac ether.MAC) bool {
 // NeighbourUsed reports whether the TX program redirected frames to the
 // REMAC remac (sent) and whether the RX program redirected packets from
 // any address that names it (received) since the last call about it:
-// one lookup in the REMACs map and one per (child, address) of it in the
-// senders map.
+// one lookup in the REMACs map and, unless that says sent, one per
+// (child, address) of it in the senders map, up to the first that
+// moved. Either answer keeps the neighbour (mactrans), so one suffices.
+// A sender not read this time keeps its old baseline, so a later call
+// may answer received for packets already seen: it keeps a neighbour a
+// while longer, never drops one early.
 func (f *FastPath) NeighbourUsed(remac ether.MAC) (sent, received bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -338,13 +342,16 @@ func (f *FastPath) NeighbourUsed(remac ether.MAC) (sent, received bool) {
 			f.lastREMAC[remac] = n
 		}
 	}
+	if sent {
+		return true, false
+	}
 	for k := range f.sendersOf[remac] {
-		if n, err := f.m.SenderHits(uint32(k.child), k.ip); err == nil {
-			received = received || n != f.lastSender[k]
+		if n, err := f.m.SenderHits(uint32(k.child), k.ip); err == nil && n != f.lastSender[k] {
 			f.lastSender[k] = n
+			return false, true
 		}
 	}
-	return sent, received
+	return false, false
 }
 
 // childOf is the child of VIF QP qpn that may take part: one of the

@@ -43,10 +43,10 @@ func (f *FastPath) takeOver() error {
 		}
 	}
 	for mac, addr := range e.REMACs {
-		f.have.remacs[ether.MAC(mac)] = addr
+		f.setREMAC(ether.MAC(mac), addr, true)
 	}
 	for s, remac := range e.Senders {
-		f.have.bySender[fastSender{s.Child, s.IP}] = ether.MAC(remac)
+		f.setSender(fastSender{s.Child, s.IP}, ether.MAC(remac), true)
 	}
 
 	live := map[int]bool{}
@@ -55,13 +55,13 @@ func (f *FastPath) takeOver() error {
 		live[c.index] = true
 	}
 	f.p.mu.RUnlock()
-	for k := range f.have.bySender {
+	for k, remac := range f.have.bySender {
 		if !live[k.child] {
 			if err := f.m.DeleteSender(uint32(k.child), k.ip); err != nil {
 				errs = append(errs, err)
 				continue
 			}
-			delete(f.have.bySender, k)
+			f.setSender(k, remac, false)
 		}
 	}
 	for mac, c := range f.have.children {
@@ -76,5 +76,29 @@ func (f *FastPath) takeOver() error {
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("delete the entries of children gone: %w", err)
 	}
+	f.seedHits()
 	return nil
+}
+
+// seedHits starts GuestUsed's and NeighbourUsed's baselines from the hit
+// counts of the entries taken over, which count the earlier process's
+// redirects too: only what is redirected from now on is use. A count
+// that cannot be read stays at 0 (the first question then answers used,
+// which keeps an entry a round longer, never drops one early).
+func (f *FastPath) seedHits() {
+	for mac, c := range f.have.children {
+		if n, err := f.m.GuestHits(mac[:], c.index); err == nil {
+			f.lastGuest[mac] = n
+		}
+	}
+	for mac := range f.have.remacs {
+		if n, err := f.m.REMACHits(mac[:]); err == nil {
+			f.lastREMAC[mac] = n
+		}
+	}
+	for k := range f.have.bySender {
+		if n, err := f.m.SenderHits(uint32(k.child), k.ip); err == nil {
+			f.lastSender[k] = n
+		}
+	}
 }

@@ -329,3 +329,41 @@ func TestFastPathUsed(t *testing.T) {
 	m.HitTX(macA, remac, 1)
 	check("after the maps emptied", used{})
 }
+
+// TestFastPathTakeOverHits: the hit counts of entries taken over count
+// the earlier process's redirects, which are no use since: a guest, a
+// REMAC and a sender taken over with counts already up are not used
+// until the programs redirect again; then a packet from the sender is
+// seen (the sender taken over is indexed under its REMAC).
+func TestFastPathTakeOverHits(t *testing.T) {
+	k := fakekernel.NewFabric().NewHost(testutil.GID("fe80::a"), "ib0", 2044)
+	p := open(t, k)
+	if _, err := p.AllocQP(0xffff, 0); err != nil {
+		t.Fatal(err)
+	}
+	la, _ := k.Link("ib0.e1")
+	mac, remac := ether.MAC{0x52, 0x54, 0, 0, 0, 0xa}, ether.MAC{0x02, 0, 0, 0, 0, 1}
+	ip := netip.MustParseAddr("10.0.0.2")
+	m := fakekernel.NewFastMaps()
+	m.Guests[mac] = fastpath.Guest{Ifindex: uint32(la.Index), MTU: uint32(p.PartitionMTU(0xffff) - ipoib.HeaderLen)}
+	m.Children[la.Index] = fastpath.RXGuest{MAC: mac[:], TAP: 77, MTU: 9000}
+	m.REMACs[remac] = ipoib.MakeHwAddr(0, 0x123456, testutil.GID("fe80::b"))
+	m.Senders[fakekernel.FastSender{Child: uint32(la.Index), IP: ip}] = remac
+	m.HitTX(mac, remac, 5) // the earlier process's
+	m.HitRX(la.Index, ip, 3)
+
+	f := p.NewFastPath(m, 77, 9000)
+	if g := f.GuestUsed(mac); g {
+		t.Error("guest used right after the takeover, with no redirect since")
+	}
+	if s, r := f.NeighbourUsed(remac); s || r {
+		t.Errorf("neighbour right after the takeover: sent %v received %v, want neither", s, r)
+	}
+	m.HitRX(la.Index, ip, 1)
+	if s, r := f.NeighbourUsed(remac); s || !r {
+		t.Errorf("after a packet from the sender taken over: sent %v received %v, want received", s, r)
+	}
+	if !f.GuestUsed(mac) {
+		t.Error("guest not used after a packet it received")
+	}
+}
