@@ -2,6 +2,7 @@ package fastpath
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -429,5 +430,76 @@ func TestAttachNotBPFFS(t *testing.T) {
 	_, err := AttachWith(1, Options{Pin: dir})
 	if err == nil || !strings.Contains(err.Error(), dir+" is not on a bpffs") || strings.Contains(err.Error(), "\n") {
 		t.Fatalf("AttachWith on a plain directory: %v", err)
+	}
+}
+
+// TestAttachWithFailsClean: an AttachWith that fails after taking over
+// pins (here: its TAP is gone) leaves nothing pinned and nothing on the
+// earlier TAP, so no program over stale maps outlives the fast path
+// eipoibd then runs without.
+func TestAttachWithFailsClean(t *testing.T) {
+	nstest.Require(t)
+	fs := privateBPFFS(t)
+	fresh := pins(t, fs)
+	dir := filepath.Join(fs, "fpfctap")
+	devices(t, "fpfc", TCX, func(tap, ch int) {
+		a, err := AttachWith(tap, Options{Pin: dir})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := a.PutGuest(guestMAC, Guest{Ifindex: uint32(ch), MTU: childMTU}); err != nil {
+			t.Fatal(err)
+		}
+		if err := a.Release(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := AttachWith(1<<30, Options{Pin: dir}); err == nil {
+			t.Fatal("AttachWith to an ifindex no device has: no error")
+		}
+		if got := pins(t, fs); !slices.Equal(got, fresh) {
+			t.Errorf("bpffs after a failed AttachWith holds %v, want %v as mounted", got, fresh)
+		}
+		wantIDs(t, TCX, tap, false, "TAP egress after a failed AttachWith")
+	})
+}
+
+// TestMountBPFFS: a directory already on a bpffs, existing or not, gets
+// no mount; one under /sys/fs/bpf (bpffsRoot here) that does not exist
+// gets the bpffs mounted at /sys/fs/bpf, not at itself; one elsewhere is
+// made and gets its own.
+func TestMountBPFFS(t *testing.T) {
+	nstest.RequireRoot(t)
+	root := t.TempDir()
+	defer func(r string) { bpffsRoot = r }(bpffsRoot)
+	bpffsRoot = root
+	under := filepath.Join(root, "eipoibd")
+	if err := MountBPFFS(under); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Unmount(root, unix.MNT_DETACH)
+	if !isBPFFS(root) {
+		t.Fatalf("%s (the bpffs root) is not a bpffs after MountBPFFS(%s)", root, under)
+	}
+	if _, err := os.Stat(under); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("MountBPFFS made %s (%v); making it is pinDir's", under, err)
+	}
+	mounts := func() int {
+		b, err := os.ReadFile("/proc/self/mountinfo")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Count(string(b), " - bpf ")
+	}
+	n := mounts()
+	if err := MountBPFFS(filepath.Join(under, "tap0")); err != nil || mounts() != n {
+		t.Errorf("MountBPFFS under a bpffs: %v, bpf mounts %d, want %d", err, mounts(), n)
+	}
+	elsewhere := filepath.Join(t.TempDir(), "a", "b")
+	if err := MountBPFFS(elsewhere); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Unmount(elsewhere, unix.MNT_DETACH)
+	if !isBPFFS(elsewhere) || isBPFFS(filepath.Dir(elsewhere)) {
+		t.Errorf("MountBPFFS(%s): bpffs there %v, above %v; want it at the directory only", elsewhere, isBPFFS(elsewhere), isBPFFS(filepath.Dir(elsewhere)))
 	}
 }

@@ -63,15 +63,25 @@ type Options struct {
 // clsact filters cannot be pinned: a filter stays on its device until it
 // is deleted, so AttachWith finds ours (by priority and handle) and
 // replaces its program, on the TAP and on each child the RX map names.
-func AttachWith(tap int, o Options) (*Attached, error) {
-	a := &Attached{children: map[int]attachment{}, pin: o.Pin}
+//
+// When it fails after the pin directory was made, it removes what is
+// pinned there (RemovePins): a TX program left at the TAP's egress over
+// maps no control plane empties would redirect guests' frames to
+// children that are gone, while eipoibd carries on without the fast
+// path.
+func AttachWith(tap int, o Options) (a *Attached, err error) {
+	a = &Attached{children: map[int]attachment{}, pin: o.Pin}
 	if o.Pin != "" {
 		if err := pinDir(o.Pin); err != nil {
 			return nil, err
 		}
+		defer func() {
+			if err != nil {
+				err = errors.Join(err, RemovePins(o.Pin, tap))
+			}
+		}()
 	}
 	var replaced, rxReplaced []string
-	var err error
 	if a.TX, replaced, err = loadTXAt(o.Pin); err != nil {
 		return nil, err
 	}
@@ -309,14 +319,33 @@ func isBPFFS(dir string) bool {
 	return unix.Statfs(dir, &st) == nil && uint32(st.Type) == unix.BPF_FS_MAGIC
 }
 
-// MountBPFFS mounts a bpffs at dir unless one is there already (systemd
-// mounts /sys/fs/bpf; a bare system may not have).
+// bpffsRoot is where a bpffs is mounted by convention (systemd mounts
+// one there; a bare system may not have); a variable for the tests.
+var bpffsRoot = "/sys/fs/bpf"
+
+// MountBPFFS makes sure that dir, which need not exist yet, is on a
+// bpffs: nothing when the nearest directory that exists at or above it
+// is on one; else a bpffs is mounted at /sys/fs/bpf when dir is under
+// it, or at dir itself (made if need be) when it is elsewhere.
 func MountBPFFS(dir string) error {
-	if isBPFFS(dir) {
+	d := dir
+	for {
+		if _, err := os.Stat(d); err == nil || filepath.Dir(d) == d {
+			break
+		}
+		d = filepath.Dir(d)
+	}
+	if isBPFFS(d) {
 		return nil
 	}
-	if err := unix.Mount("bpf", dir, "bpf", 0, "mode=0700"); err != nil {
-		return fmt.Errorf("fastpath: no bpffs at %s, and mounting one failed: %w", dir, err)
+	at := dir
+	if dir == bpffsRoot || strings.HasPrefix(dir, bpffsRoot+"/") {
+		at = bpffsRoot
+	} else if err := os.MkdirAll(dir, pinDirPerms); err != nil {
+		return fmt.Errorf("fastpath: no bpffs at %s, and making it failed: %w", dir, err)
+	}
+	if err := unix.Mount("bpf", at, "bpf", 0, "mode=0700"); err != nil {
+		return fmt.Errorf("fastpath: no bpffs at %s, and mounting one at %s failed: %w", dir, at, err)
 	}
 	return nil
 }
