@@ -31,9 +31,9 @@ import (
 var vmTools = []string{"qemu-system-x86_64", "rdma", "ibv_devinfo"}
 
 const (
-	vmMAC         = "52:54:00:12:34:56" // the VM's eth0
-	vmTap         = "vmtap"             // its TAP, in the namespace startVM is given
-	vmWork        = "/tmp/work"         // the work directory, as the guest sees it
+	vmMAC  = "52:54:00:12:34:56" // the VM's eth0
+	vmTap  = "vmtap"             // its TAP, in the namespace startVM is given
+	vmWork = "/tmp/work"         // the work directory, as the guest sees it
 	// vmBootTimeout bounds the wait for the VM's agent. TCG boots in
 	// 15-30 s on a quiet machine, but while both cores are busy (make
 	// test-load, with other work beside it) the firmware alone took
