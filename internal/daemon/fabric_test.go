@@ -13,6 +13,8 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+
 	"github.com/eipoib/eipoibd/internal/fabric/faultport"
 	"github.com/eipoib/eipoibd/internal/fabric/kernelfabric"
 	"github.com/eipoib/eipoibd/internal/fabric/kernelfabric/fakekernel"
@@ -20,7 +22,6 @@ import (
 	"github.com/eipoib/eipoibd/internal/fabric/simfabric"
 	"github.com/eipoib/eipoibd/internal/nstest"
 	"github.com/eipoib/eipoibd/internal/testutil"
-	"golang.org/x/sys/unix"
 )
 
 // TestToggleDown: SIGUSR1's toggle reaches the simulated port through
