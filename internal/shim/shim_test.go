@@ -598,7 +598,8 @@ func TestSnooping(t *testing.T) {
 			t.Fatal("left before the leave time")
 		}
 		a.clk.Advance(2 * time.Second)
-		testutil.WaitFor(t, "leave after the leave time", func() bool { return !a.port.Joined(m4) })
+		// The port leaves before the shim counts it (groups.leave).
+		testutil.WaitFor(t, "leave after the leave time", func() bool { return !a.port.Joined(m4) && a.s.Get(McastLeaves) == 1 })
 		if !a.port.Joined(m6) || a.s.Get(McastLeaves) != 1 {
 			t.Fatalf("IPv6 group left too, or leaves %d", a.s.Get(McastLeaves))
 		}
