@@ -138,25 +138,39 @@ type Programs struct {
 }
 
 // Load loads both programs.
-func Load() (*Programs, error) {
-	p := &Programs{}
-	var err error
-	if p.Ends, err = ebpf.NewMap(&ebpf.MapSpec{Name: "emuib_ends", Type: ebpf.Hash, KeySize: ipoib.HwAddrLen, ValueSize: 12, MaxEntries: maxEnds}); err != nil {
-		return nil, fmt.Errorf("emuib: ends map: %w", err)
+func Load() (p *Programs, err error) {
+	p = &Programs{}
+	defer func() {
+		if err != nil {
+			p.Close()
+			p = nil
+		}
+	}()
+	if p.Ends, err = newMap(&ebpf.MapSpec{Name: "emuib_ends", Type: ebpf.Hash, KeySize: ipoib.HwAddrLen, ValueSize: 12, MaxEntries: maxEnds}); err != nil {
+		return
 	}
-	if p.Counters, err = ebpf.NewMap(&ebpf.MapSpec{Name: "emuib_counters", Type: ebpf.Array, KeySize: 4, ValueSize: 8, MaxEntries: uint32(NumReasons)}); err != nil {
-		p.Close()
-		return nil, fmt.Errorf("emuib: counters map: %w", err)
+	if p.Counters, err = newCounters("emuib_counters", int(NumReasons)); err != nil {
+		return
 	}
 	if p.Wire, err = load("emuib_wire", wireInstructions(p.Ends.FD(), p.Counters.FD())); err != nil {
-		p.Close()
-		return nil, err
+		return
 	}
-	if p.Harness, err = load("emuib_harness", harnessInstructions(p.Counters.FD())); err != nil {
-		p.Close()
-		return nil, err
+	p.Harness, err = load("emuib_harness", harnessInstructions(p.Counters.FD()))
+	return
+}
+
+// newMap makes a map, its error naming it.
+func newMap(spec *ebpf.MapSpec) (*ebpf.Map, error) {
+	m, err := ebpf.NewMap(spec)
+	if err != nil {
+		return nil, fmt.Errorf("emuib: map %s: %w", spec.Name, err)
 	}
-	return p, nil
+	return m, nil
+}
+
+// newCounters makes an array of n uint64 counters named name.
+func newCounters(name string, n int) (*ebpf.Map, error) {
+	return newMap(&ebpf.MapSpec{Name: name, Type: ebpf.Array, KeySize: 4, ValueSize: 8, MaxEntries: uint32(n)})
 }
 
 func load(name string, insns asm.Instructions) (*ebpf.Program, error) {
@@ -167,20 +181,25 @@ func load(name string, insns asm.Instructions) (*ebpf.Program, error) {
 	return prog, nil
 }
 
-// Close releases the programs and maps.
-func (p *Programs) Close() error {
+// closeAll closes the programs and maps that are not nil.
+func closeAll(progs []*ebpf.Program, maps []*ebpf.Map) error {
 	var errs []error
-	for _, prog := range []*ebpf.Program{p.Wire, p.Harness} {
+	for _, prog := range progs {
 		if prog != nil {
 			errs = append(errs, prog.Close())
 		}
 	}
-	for _, m := range []*ebpf.Map{p.Ends, p.Counters} {
+	for _, m := range maps {
 		if m != nil {
 			errs = append(errs, m.Close())
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// Close releases the programs and maps.
+func (p *Programs) Close() error {
+	return closeAll([]*ebpf.Program{p.Wire, p.Harness}, []*ebpf.Map{p.Ends, p.Counters})
 }
 
 // PutEnd tells the wire that frames to addr (its flags byte ignored) go

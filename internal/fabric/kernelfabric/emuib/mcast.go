@@ -70,35 +70,27 @@ type Multicast struct {
 }
 
 // LoadMulticast loads the multicast program.
-func LoadMulticast() (*Multicast, error) {
-	m := &Multicast{}
-	var err error
-	if m.Groups, err = ebpf.NewMap(&ebpf.MapSpec{Name: "emuib_groups", Type: ebpf.Hash, KeySize: gidLen + 4, ValueSize: 4 * MaxMembers, MaxEntries: maxGroups}); err != nil {
-		return nil, fmt.Errorf("emuib: groups map: %w", err)
+func LoadMulticast() (m *Multicast, err error) {
+	m = &Multicast{}
+	defer func() {
+		if err != nil {
+			m.Close()
+			m = nil
+		}
+	}()
+	if m.Groups, err = newMap(&ebpf.MapSpec{Name: "emuib_groups", Type: ebpf.Hash, KeySize: gidLen + 4, ValueSize: 4 * MaxMembers, MaxEntries: maxGroups}); err != nil {
+		return
 	}
-	if m.Counters, err = ebpf.NewMap(&ebpf.MapSpec{Name: "emuib_mcounters", Type: ebpf.Array, KeySize: 4, ValueSize: 8, MaxEntries: uint32(NumMcastReasons)}); err != nil {
-		m.Close()
-		return nil, fmt.Errorf("emuib: multicast counters map: %w", err)
+	if m.Counters, err = newCounters("emuib_mcounters", int(NumMcastReasons)); err != nil {
+		return
 	}
-	if m.Prog, err = load("emuib_mcast", mcastInstructions(m.Groups.FD(), m.Counters.FD())); err != nil {
-		m.Close()
-		return nil, err
-	}
-	return m, nil
+	m.Prog, err = load("emuib_mcast", mcastInstructions(m.Groups.FD(), m.Counters.FD()))
+	return
 }
 
 // Close releases the program and maps.
 func (m *Multicast) Close() error {
-	var errs []error
-	if m.Prog != nil {
-		errs = append(errs, m.Prog.Close())
-	}
-	for _, mp := range []*ebpf.Map{m.Groups, m.Counters} {
-		if mp != nil {
-			errs = append(errs, mp.Close())
-		}
-	}
-	return errors.Join(errs...)
+	return closeAll([]*ebpf.Program{m.Prog}, []*ebpf.Map{m.Groups, m.Counters})
 }
 
 // PutMembers sets host's members of group mgid to the fabric ends ends
