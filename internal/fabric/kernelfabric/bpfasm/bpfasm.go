@@ -3,7 +3,11 @@
 // emuib) share, written with cilium/ebpf's asm package.
 package bpfasm
 
-import "github.com/cilium/ebpf/asm"
+import (
+	"encoding/binary"
+
+	"github.com/cilium/ebpf/asm"
+)
 
 // CountAndExit is a program's common tail, labelled count: it stores the
 // counter index R9 in the 4-byte stack slot at slot (an offset from R10),
@@ -23,4 +27,19 @@ func CountAndExit(counters int, slot int16) asm.Instructions {
 		asm.Mov.Reg(asm.R0, asm.R8).WithSymbol("exit"),
 		asm.Return(),
 	}
+}
+
+// TestRunTakes reports whether BPF_PROG_TEST_RUN takes frame as a tc
+// program's packet, for the fuzz targets of both packages to skip what
+// it refuses: bpf_prog_test_run_skb (net/bpf/test_run.c) refuses a frame
+// shorter than Ethernet or than the IPv4 or IPv6 header its bytes 12-13
+// announce, and bpf_test_init one longer than a page's room (3000 bytes
+// stays within it).
+func TestRunTakes(frame []byte) bool {
+	const ethLen = 14
+	if len(frame) < ethLen || len(frame) > 3000 {
+		return false
+	}
+	typ := binary.BigEndian.Uint16(frame[12:])
+	return !(typ == 0x0800 && len(frame) < ethLen+20 || typ == 0x86dd && len(frame) < ethLen+40)
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
+	"github.com/eipoib/eipoibd/internal/fabric/kernelfabric/bpfasm"
 	"github.com/eipoib/eipoibd/internal/nstest"
 	"github.com/eipoib/eipoibd/ipoib"
 )
@@ -148,13 +149,7 @@ func FuzzWire(f *testing.F) {
 	}
 	p := loadWithEnd(f)
 	f.Fuzz(func(t *testing.T, frame []byte) {
-		// bpf_prog_test_run_skb refuses frames shorter than Ethernet
-		// or than their IP header, and longer than a page's room.
-		if len(frame) < ethLen || len(frame) > 3000 {
-			return
-		}
-		typ := binary.BigEndian.Uint16(frame[12:])
-		if typ == 0x0800 && len(frame) < ethLen+20 || typ == 0x86dd && len(frame) < ethLen+40 {
+		if !bpfasm.TestRunTakes(frame) {
 			return
 		}
 		ret, out, moved := run(t, p, p.Wire, frame)

@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
+
+	"github.com/eipoib/eipoibd/internal/fabric/kernelfabric/bpfasm"
 )
 
 // FuzzTX runs arbitrary frames through the TX program and checks its
@@ -31,15 +33,10 @@ func FuzzTX(f *testing.F) {
 	}
 	tx := loadTX(f)
 	f.Fuzz(func(t *testing.T, frame []byte) {
-		// bpf_prog_test_run_skb refuses frames shorter than Ethernet
-		// or than their IP header, and longer than a page's room.
-		if len(frame) < ethHdrLen || len(frame) > 3000 {
+		if !bpfasm.TestRunTakes(frame) {
 			return
 		}
 		typ := binary.BigEndian.Uint16(frame[12:])
-		if typ == 0x0800 && len(frame) < ethHdrLen+20 || typ == 0x86dd && len(frame) < ethHdrLen+40 {
-			return
-		}
 		before, err := tx.Counts()
 		if err != nil {
 			t.Fatal(err)
@@ -108,16 +105,10 @@ func FuzzRX(f *testing.F) {
 	rx := loadRX(f)
 	ctx := rxCtx(rxChild, 0)
 	f.Fuzz(func(t *testing.T, frame []byte) {
-		// bpf_prog_test_run_skb refuses frames shorter than Ethernet
-		// or than the IP header their bytes 12-13 announce, and longer
-		// than a page's room.
-		if len(frame) < ethHdrLen || len(frame) > 3000 {
+		if !bpfasm.TestRunTakes(frame) {
 			return
 		}
 		typ := binary.BigEndian.Uint16(frame[12:])
-		if typ == 0x0800 && len(frame) < ethHdrLen+20 || typ == 0x86dd && len(frame) < ethHdrLen+40 {
-			return
-		}
 		before, err := rx.Counts()
 		if err != nil {
 			t.Fatal(err)
