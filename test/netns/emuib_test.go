@@ -10,13 +10,9 @@ package netns
 // control plane, the bridge, the TAP.
 
 import (
-	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"math/rand/v2"
-	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -31,6 +27,7 @@ import (
 
 	"github.com/eipoib/eipoibd/internal/fabric/kernelfabric/emuib"
 	"github.com/eipoib/eipoibd/internal/fabric/kernelfabric/emuib/emukernel"
+	"github.com/eipoib/eipoibd/internal/nstest"
 	"github.com/eipoib/eipoibd/ipoib"
 )
 
@@ -193,60 +190,14 @@ func (tp *emuTopo) guestOffloads(t *testing.T, on bool) {
 }
 
 // tcpDigest sends n pseudo-random bytes over one TCP connection, over
-// IPv6 if v6, from client to server (Go sockets in the guests'
-// namespaces) and fails unless the server read exactly n bytes with the
-// SHA-256 the client sent.
+// IPv6 if v6, from client to server (nstest.TCPDigest).
 func tcpDigest(t *testing.T, server, client *guest, n int64, v6 bool) {
 	t.Helper()
 	network, ip := "tcp4", server.ip4
 	if v6 {
 		network, ip = "tcp6", server.ip6
 	}
-	var ln net.Listener
-	var err error
-	nsDo(t, server.ns, func() { ln, err = net.Listen(network, net.JoinHostPort(ip, "0")) })
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	type result struct {
-		n   int64
-		sum [32]byte
-		err error
-	}
-	got := make(chan result, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			got <- result{err: err}
-			return
-		}
-		defer c.Close()
-		c.SetDeadline(time.Now().Add(120 * time.Second))
-		h := sha256.New()
-		r, err := io.Copy(h, c)
-		got <- result{n: r, sum: [32]byte(h.Sum(nil)), err: err}
-	}()
-	var conn net.Conn
-	nsDo(t, client.ns, func() {
-		conn, err = net.DialTimeout(network, ln.Addr().String(), 10*time.Second)
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn.SetDeadline(time.Now().Add(120 * time.Second))
-	h := sha256.New()
-	src := io.TeeReader(io.LimitReader(rand.NewChaCha8([32]byte{byte(n)}), n), h)
-	sent, err := io.Copy(conn, src)
-	if cerr := conn.(*net.TCPConn).CloseWrite(); err == nil {
-		err = cerr
-	}
-	want := [32]byte(h.Sum(nil))
-	r := <-got
-	conn.Close()
-	if err != nil || r.err != nil || sent != n || r.n != n || r.sum != want {
-		t.Fatalf("TCP %s → %s: sent %d (%v), received %d (%v), SHA-256 %x, want %d bytes with %x", client.ns, ln.Addr(), sent, err, r.n, r.err, r.sum, n, want)
-	}
+	nstest.TCPDigest(t, client.ns, server.ns, network, ip, n, 0)
 }
 
 // waitFastPath pings from guest 1 to guest 2 until the request and the

@@ -1,15 +1,10 @@
 package testbed_test
 
 import (
-	"crypto/sha256"
 	"fmt"
-	"io"
-	"math/rand/v2"
-	"net"
 	"os"
 	"regexp"
 	"testing"
-	"time"
 
 	"github.com/eipoib/eipoibd/internal/fabric/kernelfabric/emuib"
 	"github.com/eipoib/eipoibd/internal/fabric/kernelfabric/emuib/testbed"
@@ -176,54 +171,5 @@ func ping(t *testing.T, ns, dst string, n int) {
 // exactly those bytes arrive (count and SHA-256).
 func transfer(t *testing.T, from, to, addr string, n int) {
 	t.Helper()
-	var ln net.Listener
-	nstest.Do(t, to, func() {
-		var err error
-		if ln, err = net.Listen("tcp", net.JoinHostPort(addr, "5001")); err != nil {
-			t.Fatal(err)
-		}
-	})
-	defer ln.Close()
-	type result struct {
-		n   int64
-		sum [32]byte
-		err error
-	}
-	got := make(chan result, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			got <- result{err: err}
-			return
-		}
-		defer c.Close()
-		c.SetDeadline(time.Now().Add(120 * time.Second))
-		h := sha256.New()
-		k, err := io.Copy(h, c)
-		var r result
-		r.n, r.err = k, err
-		copy(r.sum[:], h.Sum(nil))
-		got <- r
-	}()
-
-	var c net.Conn
-	nstest.Do(t, from, func() {
-		var err error
-		if c, err = net.DialTimeout("tcp", net.JoinHostPort(addr, "5001"), 10*time.Second); err != nil {
-			t.Fatalf("connect to %s: %v", addr, err)
-		}
-	})
-	c.SetDeadline(time.Now().Add(120 * time.Second))
-	data := make([]byte, n)
-	rand.NewChaCha8([32]byte{byte(n), 1}).Read(data)
-	want := sha256.Sum256(data)
-	if _, err := c.Write(data); err != nil {
-		c.Close()
-		t.Fatalf("send to %s: %v", addr, err)
-	}
-	c.Close()
-	r := <-got
-	if r.err != nil || r.n != int64(n) || r.sum != want {
-		t.Errorf("to %s: received %d bytes (SHA-256 %x, error %v), want %d (SHA-256 %x)", addr, r.n, r.sum[:8], r.err, n, want[:8])
-	}
+	nstest.TCPDigest(t, from, to, "tcp", addr, int64(n), 1)
 }
