@@ -13,7 +13,6 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
-	"golang.org/x/sys/unix"
 
 	"github.com/eipoib/eipoibd/internal/fabric/faultport"
 	"github.com/eipoib/eipoibd/internal/fabric/kernelfabric"
@@ -155,24 +154,8 @@ func TestStartFastPathPersist(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer kp.Close()
-	fs := t.TempDir()
-	if err := unix.Mount("bpf", fs, "bpf", 0, "mode=0700"); err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Unmount(fs, unix.MNT_DETACH)
-	ls := func() []string {
-		t.Helper()
-		ents, err := os.ReadDir(fs)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var names []string
-		for _, e := range ents {
-			names = append(names, e.Name())
-		}
-		return names
-	}
-	fresh := ls()
+	fs := nstest.BPFFS(t)
+	fresh := nstest.Names(t, fs)
 	ns := fmt.Sprintf("dfpp%d", os.Getpid())
 	nstest.Add(t, ns)
 	nstest.Must(t, nstest.In(ns, "ip", "tuntap", "add", "dev", "dfpptap", "mode", "tap")...)
@@ -208,7 +191,7 @@ func TestStartFastPathPersist(t *testing.T) {
 		pinned := "pinned=" + filepath.Join(fs, "dfpptap")
 		for range 2 {
 			start(pinned)
-			if got, want := ls(), slices.Sorted(slices.Values(append(slices.Clone(fresh), "dfpptap"))); !slices.Equal(got, want) {
+			if got, want := nstest.Names(t, fs), slices.Sorted(slices.Values(append(slices.Clone(fresh), "dfpptap"))); !slices.Equal(got, want) {
 				t.Fatalf("bpffs holds %v, want %v", got, want)
 			}
 			if n := egress(); n != 1 {
@@ -217,7 +200,7 @@ func TestStartFastPathPersist(t *testing.T) {
 		}
 		c.Persist = false
 		start("removed what a --persist run pinned")
-		if got := ls(); !slices.Equal(got, fresh) {
+		if got := nstest.Names(t, fs); !slices.Equal(got, fresh) {
 			t.Fatalf("bpffs holds %v, want %v as mounted", got, fresh)
 		}
 		if n := egress(); n != 0 {

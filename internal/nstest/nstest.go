@@ -1,7 +1,8 @@
 // Package nstest holds the helpers of eipoibd's tests that need network
 // namespaces: the root/tool check that skips locally and fails in CI
-// (EIPOIB_REQUIRE_NETNS=1), namespace creation, and running Go code or
-// commands inside a namespace.
+// (EIPOIB_REQUIRE_NETNS=1), namespace creation, running Go code or
+// commands inside a namespace, a byte-exact TCP transfer between two,
+// and a bpffs of a test's own.
 package nstest
 
 import (

@@ -199,34 +199,6 @@ func TestAttach(t *testing.T) {
 	}
 }
 
-// privateBPFFS mounts a bpffs of the test's own in a temporary directory.
-// A new bpffs is not empty: with bpf_preload it holds maps.debug and
-// progs.debug (kernel/bpf/inode.c, populate_bpffs), so the tests compare
-// with what it held when mounted.
-func privateBPFFS(t *testing.T) string {
-	t.Helper()
-	dir := t.TempDir()
-	if err := unix.Mount("bpf", dir, "bpf", 0, "mode=0700"); err != nil {
-		t.Fatalf("mount a bpffs: %v", err)
-	}
-	t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
-	return dir
-}
-
-// pins are the names in a directory, sorted.
-func pins(t *testing.T, dir string) []string {
-	t.Helper()
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var names []string
-	for _, e := range ents {
-		names = append(names, e.Name())
-	}
-	return names
-}
-
 var mapPins = []string{"eipoib_guests", "eipoib_remacs", "eipoib_rx_cnt", "eipoib_rx_guest", "eipoib_rx_last", "eipoib_senders", "eipoib_tx_cnt", "eipoib_tx_last"}
 
 // TestAttachPinned, with each hook: a pinned fast path outlives Release,
@@ -242,8 +214,8 @@ func TestAttachPinned(t *testing.T) {
 	sender := netip.MustParseAddr("10.0.0.1")
 	for _, h := range hooks {
 		t.Run(h.String(), func(t *testing.T) {
-			fs := privateBPFFS(t)
-			fresh := pins(t, fs)
+			fs := nstest.BPFFS(t)
+			fresh := nstest.Names(t, fs)
 			dir := filepath.Join(fs, "fppntap")
 			devices(t, "fppn", h, func(tap, ch int) {
 				var logs bytes.Buffer
@@ -266,7 +238,7 @@ func TestAttachPinned(t *testing.T) {
 				if h == TCX {
 					want = append(want, fmt.Sprintf("rx_link_%d", ch), "tx_link")
 				}
-				if got := pins(t, dir); !slices.Equal(got, want) {
+				if got := nstest.Names(t, dir); !slices.Equal(got, want) {
 					t.Fatalf("pins after Release %v, want %v", got, want)
 				}
 				wantIDs(t, h, tap, false, "TAP egress after Release", tx1)
@@ -319,7 +291,7 @@ func TestAttachPinned(t *testing.T) {
 				if err := a.Close(); err != nil {
 					t.Fatal(err)
 				}
-				if got := pins(t, fs); !slices.Equal(got, fresh) {
+				if got := nstest.Names(t, fs); !slices.Equal(got, fresh) {
 					t.Fatalf("bpffs after Close holds %v, want %v as mounted", got, fresh)
 				}
 				wantIDs(t, h, tap, false, "TAP egress after Close")
@@ -334,7 +306,7 @@ func TestAttachPinned(t *testing.T) {
 // and one line says so, naming both.
 func TestAttachPinnedReplaced(t *testing.T) {
 	nstest.Require(t)
-	dir := filepath.Join(privateBPFFS(t), "fprptap")
+	dir := filepath.Join(nstest.BPFFS(t), "fprptap")
 	devices(t, "fprp", TCX, func(tap, _ int) {
 		if err := os.Mkdir(dir, 0o700); err != nil {
 			t.Fatal(err)
@@ -387,8 +359,8 @@ func TestRemovePins(t *testing.T) {
 	nstest.Require(t)
 	for _, h := range hooks {
 		t.Run(h.String(), func(t *testing.T) {
-			fs := privateBPFFS(t)
-			fresh := pins(t, fs)
+			fs := nstest.BPFFS(t)
+			fresh := nstest.Names(t, fs)
 			dir := filepath.Join(fs, "fprmtap")
 			devices(t, "fprm", h, func(tap, ch int) {
 				a, err := AttachWith(tap, Options{Pin: dir, clsact: h == Clsact})
@@ -405,7 +377,7 @@ func TestRemovePins(t *testing.T) {
 				if err := RemovePins(dir, tap); err != nil {
 					t.Fatal(err)
 				}
-				if got := pins(t, fs); !slices.Equal(got, fresh) {
+				if got := nstest.Names(t, fs); !slices.Equal(got, fresh) {
 					t.Fatalf("bpffs after RemovePins holds %v, want %v as mounted", got, fresh)
 				}
 				wantIDs(t, h, tap, false, "TAP egress after RemovePins")
@@ -439,8 +411,8 @@ func TestAttachNotBPFFS(t *testing.T) {
 // eipoibd then runs without.
 func TestAttachWithFailsClean(t *testing.T) {
 	nstest.Require(t)
-	fs := privateBPFFS(t)
-	fresh := pins(t, fs)
+	fs := nstest.BPFFS(t)
+	fresh := nstest.Names(t, fs)
 	dir := filepath.Join(fs, "fpfctap")
 	devices(t, "fpfc", TCX, func(tap, ch int) {
 		a, err := AttachWith(tap, Options{Pin: dir})
@@ -456,7 +428,7 @@ func TestAttachWithFailsClean(t *testing.T) {
 		if _, err := AttachWith(1<<30, Options{Pin: dir}); err == nil {
 			t.Fatal("AttachWith to an ifindex no device has: no error")
 		}
-		if got := pins(t, fs); !slices.Equal(got, fresh) {
+		if got := nstest.Names(t, fs); !slices.Equal(got, fresh) {
 			t.Errorf("bpffs after a failed AttachWith holds %v, want %v as mounted", got, fresh)
 		}
 		wantIDs(t, TCX, tap, false, "TAP egress after a failed AttachWith")
