@@ -68,15 +68,7 @@ func TestFastPathEndToEnd(t *testing.T) {
 					nstest.Must(t, nstest.In(h.GuestNS, "ethtool", "-K", "eth0", "tx", "off", "sg", "off", "tso", "off", "gso", "off")...)
 				}
 			}
-			bed, err := testbed.Start(testbed.Config{Fabric: fabric, Hosts: hosts, Prefix: "fp", Offload: offload, MTU: 4092})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() {
-				if err := bed.Close(); err != nil {
-					t.Errorf("close: %v", err)
-				}
-			})
+			bed := startBed(t, testbed.Start, testbed.Config{Fabric: fabric, Hosts: hosts, Prefix: "fp", Offload: offload, MTU: 4092})
 
 			for _, dst := range []string{"10.77.0.2", "fd77::2"} {
 				ping(t, hosts[0].GuestNS, dst, 4)
@@ -122,15 +114,7 @@ func TestFastPathEndToEnd(t *testing.T) {
 	// and ND over them, and reach each other. Start's Close removed its
 	// static neighbours, so this also shows nothing of it is left.
 	t.Run("plain", func(t *testing.T) {
-		bed, err := testbed.StartPlain(testbed.Config{Fabric: fabric, Hosts: hosts, Prefix: "fp"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			if err := bed.Close(); err != nil {
-				t.Errorf("close: %v", err)
-			}
-		})
+		startBed(t, testbed.StartPlain, testbed.Config{Fabric: fabric, Hosts: hosts, Prefix: "fp"})
 		for _, dst := range []string{"10.77.0.2", "fd77::2"} {
 			ping(t, hosts[0].GuestNS, dst, 4)
 		}
@@ -164,6 +148,22 @@ func ping(t *testing.T, ns, dst string, n int) {
 	if m == nil || m[1] != fmt.Sprint(n) || m[2] != fmt.Sprint(n) {
 		t.Errorf("ping %s: want %d sent and %d received:\n%s", dst, n, n, out)
 	}
+}
+
+// startBed starts a bed with start (Start or StartPlain), fails the
+// test if it does not start, and closes it when the test ends.
+func startBed(t *testing.T, start func(testbed.Config) (*testbed.Bed, error), cfg testbed.Config) *testbed.Bed {
+	t.Helper()
+	bed, err := start(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := bed.Close(); err != nil {
+			t.Errorf("close: %v", err)
+		}
+	})
+	return bed
 }
 
 // transfer sends n pseudo-random bytes over TCP from a socket in
