@@ -6,9 +6,11 @@
 # explains the checks and how to read the summary, --help every option.
 #
 # The transport to host B (ssh, or any command prefix) and the fabric
-# (InfiniBand, or eipoibd's simulated fabric over an underlay) are
-# pluggable so that test/netns/hwkit_test.go runs this same script on
-# one machine, with two network namespaces as the hosts.
+# (InfiniBand, eipoibd's simulated fabric over an underlay, or the
+# kernel backend on package emuib's EMULATED IPoIB wire) are pluggable
+# so that test/netns/hwkit_test.go runs this same script on one
+# machine, with two network namespaces as the hosts. The emulation is
+# for that self-test only, never a result for hardware.
 set -u -o pipefail
 
 usage() {
@@ -37,10 +39,16 @@ Hosts and transport:
                        --fabric sim the underlay interface instead
   --peer-dev DEV       host B's, when it differs from --dev
 Fabric and backends:
-  --fabric ib|sim      ib (default): InfiniBand. sim: eipoibd's simulated UD fabric
-                       over --dev, each host's native IPoIB address on `eipoibd host`
+  --fabric ib|sim|emuib
+                       ib (default): InfiniBand. sim: eipoibd's simulated UD fabric
+                       over --dev, each host's native IPoIB address on `eipoibd host`.
+                       emuib: an EMULATION, to self-test the kit, never for hardware:
+                       the kernel backend's round on an eipoibd built with -tags emuib,
+                       --dev each host's emulated IPoIB parent, every host command run
+                       with $EIPOIB_EMUIB set (test/netns TestHWKitEmulated sets it up);
+                       no native IPoIB addresses, one partition, no SM
   --backends LIST      comma-separated, of kernel and verbs (default kernel,verbs);
-                       with --fabric sim the only backend is sim
+                       with --fabric sim the only backend is sim, with emuib kernel
   --verbs-dev DEV      verbs device of --dev, HCA or HCA:PORT (default: the HCA under
                        /sys/class/net/DEV/device and DEV's port, from its dev_port)
   --eipoibd PATH       eipoibd on both hosts (default: eipoibd on PATH)
@@ -153,7 +161,7 @@ done
 [[ $EXTRA =~ ^[A-Za-z0-9_.,=:/\ -]*$ ]] || die "--eipoibd-args: only flags and plain values"
 [[ $NSP =~ ^[A-Za-z][A-Za-z0-9]{0,15}$ ]] || die "--ns-prefix is a letter, then up to 15 letters or digits, not '$NSP'"
 [ -n "$PEER" ] || [ -n "$PEER_EXEC" ] || die "--peer (or --peer-exec) is required"
-case $FABRIC in ib | sim) ;; *) die "--fabric is ib or sim, not $FABRIC" ;; esac
+case $FABRIC in ib | sim | emuib) ;; *) die "--fabric is ib, sim or emuib, not $FABRIC" ;; esac
 case $PARTITIONS in 1 | 2) ;; *) die "--partitions is 1 or 2, not $PARTITIONS" ;; esac
 case $SWITCH in bridge | ovs) ;; *) die "--switch is bridge or ovs, not $SWITCH" ;; esac
 case $OVS_DP in system | netdev) ;; *) die "--ovs-datapath is system or netdev, not $OVS_DP" ;; esac
@@ -173,6 +181,10 @@ done
 if [ "$FABRIC" = sim ]; then
 	BACKENDS=${BACKENDS:-sim}
 	[ "$BACKENDS" = sim ] || die "--fabric sim has one backend, sim (not $BACKENDS)"
+elif [ "$FABRIC" = emuib ]; then
+	BACKENDS=${BACKENDS:-kernel}
+	[ "$BACKENDS" = kernel ] || die "--fabric emuib emulates the kernel backend's IPoIB only: --backends kernel (not $BACKENDS)"
+	[ "$PARTITIONS" = 1 ] || die "--fabric emuib runs one partition (--partitions 1): the emulation applies no P_Key"
 else
 	BACKENDS=${BACKENDS:-kernel,verbs}
 	for b in ${BACKENDS//,/ }; do
@@ -381,6 +393,14 @@ prereqs() {
 				"ip link add ehtmv link $d type macvlan mode bridge && ip link del ehtmv"
 			continue
 		fi
+		if [ "$FABRIC" = emuib ]; then
+			# shellcheck disable=SC2016 # expanded by the host's shell
+			need "$h" "\$EIPOIB_EMUIB set (the emulated kernel's configuration)" \
+				"run the host's commands with it (--local-exec/--peer-exec 'env EIPOIB_EMUIB=JSON ...')" '[ -n "$EIPOIB_EMUIB" ]'
+			need "$h" "emulated IPoIB parent $d up" "ip link set $d up (its peer in the fabric namespace up too)" \
+				"ip link show dev $d | grep -q 'state UP'"
+			continue
+		fi
 		if ! need "$h" "ib_ipoib loaded" "modprobe ib_ipoib" "[ -d /sys/module/ib_ipoib ]"; then
 			printf '  skipped  %s: the checks of %s, its port, mode, SM and P_Keys need ib_ipoib\n' "$h" "$d"
 			continue
@@ -411,6 +431,9 @@ prereqs() {
 	done
 	if [ "$FABRIC" = sim ] && [ "$SM_MODE" = reset ]; then
 		echo "  MISSING  the simulated fabric has no subnet manager: pass --no-sm, or --sm-restart CMD with a stand-in"
+		missing=$((missing + 1))
+	elif [ "$FABRIC" = emuib ] && [ "$SM_MODE" = reset ]; then
+		echo "  MISSING  the emulated wire has no subnet manager: pass --no-sm"
 		missing=$((missing + 1))
 	fi
 }
@@ -715,6 +738,14 @@ label() { if [ "$2" = 0 ]; then echo "n$1"; else echo "$1$2"; fi; } # A1, nB
 
 PAIRS=("A 1 B 1" "B 2 A 2" "A 1 B 0" "B 1 A 0" "A 0 B 2") # from HOST G to HOST G
 ND_PAIRS=("A 1 B 1" "A 1 B 0" "B 1 A 0")
+# The emulated wire has no native IPoIB host (NO_NATIVE says why): the
+# guests' pairs only, and the legs that need a native "not run".
+NO_NATIVE=""
+if [ "$FABRIC" = emuib ]; then
+	NO_NATIVE="(--fabric emuib: no native IPoIB host on the emulated wire)"
+	PAIRS=("A 1 B 1" "B 2 A 2")
+	ND_PAIRS=("A 1 B 1")
+fi
 
 # ping_check FAMILY(4|6) BACKEND P: every pair, COUNT requests, all answered.
 ping_check() {
@@ -1043,6 +1074,8 @@ kernel_legs() {
 	local why=""
 	if [ "$FABRIC" = sim ]; then
 		why="(--fabric sim: no InfiniBand here)"
+	elif [ "$FABRIC" = emuib ]; then
+		why="(--fabric emuib: its parent is a veth, no IPoIB driver)"
 	elif [[ ,$BACKENDS, != *,kernel,* ]]; then
 		why="(--backends $BACKENDS)"
 	elif [ "$setup_ok" != 1 ]; then
@@ -1071,14 +1104,18 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 echo
-echo "setting up: native addresses, bridges and guests on both hosts"
 setup_ok=1
-for h in A B; do
-	if ! out=$(native_up "$h" 2>&1); then
-		echo "host $h: native IPoIB address: $out"
-		setup_ok=0
-	fi
-done
+if [ -n "$NO_NATIVE" ]; then
+	echo "setting up: bridges and guests on both hosts (EMULATED IPoIB wire: no native addresses)"
+else
+	echo "setting up: native addresses, bridges and guests on both hosts"
+	for h in A B; do
+		if ! out=$(native_up "$h" 2>&1); then
+			echo "host $h: native IPoIB address: $out"
+			setup_ok=0
+		fi
+	done
+fi
 
 # Each backend's round; the kernel backend's once per --fast-path
 # setting, its rows' backend kernel/SETTING (L).
@@ -1120,8 +1157,13 @@ for b in ${BACKENDS//,/ }; do
 			tcp_check "$L" "$p" B A
 			mcast_check 4 "$L" "$p"
 			mcast_check 6 "$L" "$p"
+			[ -n "$NO_NATIVE" ] && record "native pairs" "$L" "$pk" "not run" "$NO_NATIVE"
 		done
-		[ "$ok" = 1 ] && routed_check "$L"
+		if [ -n "$NO_NATIVE" ]; then
+			record routed "$L" 0xffff "not run" "$NO_NATIVE"
+		elif [ "$ok" = 1 ]; then
+			routed_check "$L"
+		fi
 		if [ "$SM_MODE" = none ]; then
 			record sm-reregister "$L" 0xffff "not run" "(--no-sm)"
 		elif [ "$ok" = 1 ]; then
@@ -1139,8 +1181,8 @@ kernel_legs
 
 for b in kernel verbs; do
 	[[ ,$BACKENDS, == *,$b,* ]] && continue
-	if [ "$FABRIC" = sim ]; then
-		record "all checks" "$b" all "not run" "(--fabric sim: no InfiniBand here)"
+	if [ "$FABRIC" != ib ]; then
+		record "all checks" "$b" all "not run" "(--fabric $FABRIC: no InfiniBand here)"
 	else
 		record "all checks" "$b" all "not run" "(--backends $BACKENDS)"
 	fi
@@ -1163,6 +1205,7 @@ fi
 echo
 echo "eipoibd hardware kit: fabric $FABRIC, switch $SWITCH, $COUNT requests per pair, logs in $WORK/{A,B}.prev on each host"
 [ -n "$verbs_ports" ] && echo "verbs port:$verbs_ports"
+[ "$FABRIC" = emuib ] && echo "EMULATED IPoIB wire (package emuib): a self-test of the kit, no result for InfiniBand hardware"
 perf_block
 printf '%-18s %-10s %-9s %-8s %s\n' check backend partition result figure
 for r in "${RESULTS[@]}"; do

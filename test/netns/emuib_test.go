@@ -63,15 +63,44 @@ type emuTopo struct {
 	guests   [2]*guest
 }
 
+// emuWire pins emuib's wire (emuib.NewFabric) in a bpffs mounted on a
+// temporary directory, and returns it and the directory (an
+// emukernel.Config's Pins). At cleanup, after what was registered later
+// (the daemons that use it), it closes the fabric and unmounts the bpffs.
+func emuWire(t *testing.T) (*emuib.Fabric, string) {
+	t.Helper()
+	require(t, "mount", "umount")
+	pins := t.TempDir()
+	sh(t, "mount", "-t", "bpf", "bpf", pins)
+	t.Cleanup(func() { shErr("umount", pins) })
+	fab, err := emuib.NewFabric(pins)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { fab.Close() })
+	return fab, pins
+}
+
+// emuParent makes the emulated IPoIB parent ib0 of hypervisor namespace
+// ns (emukernel.Config's Parent): a veth whose peer, named peer, is in
+// the fabric namespace, for its carrier; both up.
+func emuParent(t *testing.T, ns, fabric, peer string) {
+	t.Helper()
+	sh(t, "ip", "link", "add", "ib0", "netns", ns, "mtu", "4092", "type", "veth", "peer", "name", peer, "netns", fabric)
+	sh(t, in(fabric, "ip", "link", "set", peer, "up")...)
+	sh(t, in(ns, "ip", "link", "set", "ib0", "up")...)
+}
+
 // newEmuTopo builds it with --fast-path fastPath.
 func newEmuTopo(t *testing.T, fastPath string) *emuTopo {
 	t.Helper()
-	require(t, "ping", "mount", "umount")
+	require(t, "ping")
 	bin := emuibDaemon(t)
 	tp := &emuTopo{topo: &topo{t: t, pfx: fmt.Sprintf("fe%d%d", os.Getpid()%1000, nsSeq.Add(1))}}
 	var all []string
 	logDir := t.TempDir()
-	pins := t.TempDir()
+	var pins string
+	tp.fabric, pins = emuWire(t)
 	addNS := func(name string) string {
 		ns := tp.pfx + name
 		sh(t, "ip", "netns", "add", ns)
@@ -82,35 +111,20 @@ func newEmuTopo(t *testing.T, fastPath string) *emuTopo {
 		sh(t, in(ns, "sysctl", "-qw", "net.ipv6.conf.default.disable_ipv6=1")...)
 		return ns
 	}
-	mounted := false
 	t.Cleanup(func() {
 		if t.Failed() {
 			tp.dump()
-			if tp.fabric != nil {
-				w, werr := tp.fabric.Programs.Counts()
-				m, merr := tp.fabric.Multicast.Counts()
-				t.Logf("wire counters %v (%v), multicast %v (%v)", w, werr, m, merr)
-			}
+			w, werr := tp.fabric.Programs.Counts()
+			m, merr := tp.fabric.Multicast.Counts()
+			t.Logf("wire counters %v (%v), multicast %v (%v)", w, werr, m, merr)
 		}
 		for _, h := range tp.hvs {
 			h.stop(t, !t.Failed())
-		}
-		if tp.fabric != nil {
-			tp.fabric.Close()
-		}
-		if mounted {
-			shErr("umount", pins)
 		}
 		for _, ns := range all {
 			shErr("ip", "netns", "delete", ns)
 		}
 	})
-	sh(t, "mount", "-t", "bpf", "bpf", pins)
-	mounted = true
-	var err error
-	if tp.fabric, err = emuib.NewFabric(pins); err != nil {
-		t.Fatal(err)
-	}
 	fabric := addNS("f")
 	tp.fabricNS = fabric
 	for i := range 2 {
@@ -123,12 +137,7 @@ func newEmuTopo(t *testing.T, fastPath string) *emuTopo {
 			t.Fatal(err)
 		}
 		h.env = []string{"EIPOIB_EMUIB=" + string(cfg)}
-		// The parent: a veth whose peer is in the fabric namespace, for
-		// its carrier.
-		peer := fmt.Sprintf("p%d", i+1)
-		sh(t, "ip", "link", "add", "ib0", "netns", h.ns, "mtu", "4092", "type", "veth", "peer", "name", peer, "netns", fabric)
-		sh(t, in(fabric, "ip", "link", "set", peer, "up")...)
-		sh(t, in(h.ns, "ip", "link", "set", "ib0", "up")...)
+		emuParent(t, h.ns, fabric, fmt.Sprintf("p%d", i+1))
 		sh(t, in(h.ns, "ip", "link", "add", "br0", "type", "bridge")...)
 		sh(t, in(h.ns, "ip", "link", "set", "br0", "up")...)
 		g := &guest{ns: addNS(h.name + "g1"), ip4: fmt.Sprintf("10.77.0.%d1", i+1), ip6: fmt.Sprintf("fd77::%d1", i+1)}
