@@ -462,7 +462,7 @@ func (p *Port) adopt(l Link, pkey ipoib.PKey, group bool) (*child, error) {
 		}
 		return nil, err
 	}
-	c, err := p.setupChild(l, pkey, group)
+	c, err := p.setupChild(l, pkey, group, true)
 	if err != nil {
 		p.stat(statReclaimed)
 		return nil, err
@@ -760,13 +760,15 @@ func (p *Port) createChild(name string, pkey ipoib.PKey, group bool) (*child, er
 	if err != nil {
 		return nil, fmt.Errorf("kernel: look up new child %s: %w", name, err)
 	}
-	return p.setupChild(l, pkey, group)
+	return p.setupChild(l, pkey, group, false)
 }
 
 // setupChild configures child l, new or adopted, of partition pkey,
 // brings it up, waits for its carrier and opens its sockets, as
-// createChild says; on failure it deletes it.
-func (p *Port) setupChild(l Link, pkey ipoib.PKey, group bool) (c *child, err error) {
+// createChild says; on failure it deletes it. An adopted child has its
+// carrier already, and IFF_UP on it sends no notification, so its
+// carrier is read at once rather than at the first poll.
+func (p *Port) setupChild(l Link, pkey ipoib.PKey, group, adopted bool) (c *child, err error) {
 	k, name := p.k, l.Name
 	if p.mtu == 0 { // a parent in connected mode: see New
 		if _, err := ipoib.IPMTU(l.MTU + ipoib.HeaderLen); err != nil {
@@ -805,6 +807,9 @@ func (p *Port) setupChild(l Link, pkey ipoib.PKey, group bool) (c *child, err er
 	}
 	if err := k.SetUp(l.Index); err != nil {
 		return nil, fmt.Errorf("kernel: bring up %s: %w", name, err)
+	}
+	if adopted {
+		p.pollCarrier(c)
 	}
 	if err := p.waitCarrier(c); err != nil {
 		return nil, err
