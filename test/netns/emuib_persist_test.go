@@ -32,7 +32,9 @@ func emuChildren(t *testing.T, h *hypervisor) map[string]int {
 // the fast path alone carries its guest's pings to and from the other
 // hypervisor's, every one answered. The next start adopts the children
 // (same ifindexes, same QPNs; none reclaimed), pings are answered and
-// the fast path carries again. A start without --persist deletes them.
+// the fast path carries again. A crash (SIGKILL) leaves the same, and
+// the start after it adopts them the same. A start without --persist
+// deletes them.
 func TestKernelBackendEmulatedPersist(t *testing.T) {
 	tp := newEmuTopo(t, "on")
 	g1, g2 := tp.guests[0], tp.guests[1]
@@ -118,6 +120,24 @@ func TestKernelBackendEmulatedPersist(t *testing.T) {
 		pingN(t, g1, g2.ip4, 5)
 		pingN(t, g2, g1.ip4, 5)
 		tp.waitFastPath(t)
+	})
+
+	// A crash leaves the children and the maps as they were: the fast
+	// path carries meanwhile, and the next start adopts them the same.
+	t.Run("killed", func(t *testing.T) {
+		h1.cmd.Process.Signal(syscall.SIGKILL)
+		<-h1.done
+		h1.cmd = nil
+		pingN(t, g1, g2.ip4, 5)
+		pingN(t, g2, g1.ip4, 5)
+		h1.start(t)
+		if m := h1.metrics(t); m["port_children_adopted"] != kids || m["port_children_reclaimed"] != 0 {
+			t.Errorf("h1 after a crash: %v children adopted, %v reclaimed, want %v and 0", m["port_children_adopted"], m["port_children_reclaimed"], kids)
+		}
+		if got := emuChildren(t, h1); !maps.Equal(got, before) {
+			t.Errorf("h1's children after the crash and restart: %v, want %v", got, before)
+		}
+		pingN(t, g1, g2.ip4, 5)
 	})
 
 	// Without --persist a start deletes the children the --persist stop
