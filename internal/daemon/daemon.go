@@ -273,13 +273,14 @@ func Run(ctx context.Context, cfg Config) error {
 	if sc.FastPath, closeFastPath, err = startFastPath(fab, &cfg, log); err != nil {
 		return err
 	}
-	defer closeFastPath() // after the shim has stopped, having emptied its maps
+	defer closeFastPath() // after the shim has stopped, having emptied its maps (left full under --persist: keepChildren)
 	sh, err := shim.New(sc)
 	if err != nil {
 		return err
 	}
 	if cfg.Persist {
 		restoreState(&cfg, sh, log)
+		endAdoption(fab, log)
 	}
 	sw, err := attachSwitch(&cfg, dev, sh, log)
 	if err != nil {
@@ -339,6 +340,9 @@ func Run(ctx context.Context, cfg Config) error {
 		defer close(saverDone)
 		if saver != nil {
 			saver.run(saveCtx)
+			if ctx.Err() != nil { // a signal, not the shim stopping on its own
+				keepChildren(fab) // before the shim frees its VIFs
+			}
 		} else {
 			<-saveCtx.Done()
 		}

@@ -204,7 +204,9 @@ func checkKernel(c *Config) error {
 }
 
 // openKernel opens the kernel backend's port, whose MTU is the
-// device's, not --ib-mtu.
+// device's, not --ib-mtu. Under --persist it adopts the IPoIB children
+// an earlier run left (kernelfabric.Config.Persist; endAdoption ends
+// that) and keeps its own when it stops (keepChildren).
 func openKernel(c *Config, log *slog.Logger) (fabric, error) {
 	use, err := useFastPath(c.FastPath, fastpath.Probe, log)
 	if err != nil {
@@ -214,7 +216,7 @@ func openKernel(c *Config, log *slog.Logger) (fabric, error) {
 	if err != nil {
 		return fabric{}, err
 	}
-	p, err := kernelfabric.New(kernelfabric.Config{Kernel: k, Parent: c.IBDev, Logger: log, FastPath: use})
+	p, err := kernelfabric.New(kernelfabric.Config{Kernel: k, Parent: c.IBDev, Logger: log, FastPath: use, Persist: c.Persist})
 	if err != nil {
 		return fabric{}, err
 	}
@@ -375,6 +377,27 @@ func rxWorkers(c *Config) int {
 		return min(max(c.Queues, 1), MaxRxWorkers)
 	}
 	return c.RxWorkers
+}
+
+// endAdoption deletes the IPoIB children an earlier --persist run left
+// that no restored guest claimed (kernelfabric.Port.EndAdoption): Run
+// calls it once the saved state is restored, before the shim runs.
+func endAdoption(f fabric, log *slog.Logger) {
+	if kp, ok := f.port.(*kernelfabric.Port); ok {
+		if err := kp.EndAdoption(); err != nil {
+			log.Warn("kernel: children left by an earlier run not all deleted", "err", err)
+		}
+	}
+}
+
+// keepChildren has the kernel backend leave its IPoIB children, and the
+// fast path's maps, in place as the daemon stops under --persist
+// (kernelfabric.Port.Keep), for the next start to adopt: the fast path
+// carries the guests' unicast meanwhile.
+func keepChildren(f fabric) {
+	if kp, ok := f.port.(*kernelfabric.Port); ok {
+		kp.Keep()
+	}
 }
 
 // toggleDown flips a simulated port down or up (SIGUSR1); the other

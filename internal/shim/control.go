@@ -252,7 +252,7 @@ func (s *Shim) handle(it intent) {
 			return
 		}
 		if p := s.byVLAN[it.vif.VLAN].Load(); p != nil {
-			_, _ = s.makeVIF(p, it.vif.MAC, mactrans.OriginLearned, now, s.ctl.port.AllocQP) // a refusal is counted and logged there
+			_, _ = s.makeVIF(p, it.vif.MAC, mactrans.OriginLearned, now, 0) // a refusal is counted and logged there
 		}
 	case intentJoin:
 		if !stopping {

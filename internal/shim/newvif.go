@@ -268,11 +268,16 @@ func (s *Shim) refuseVIF(k mactrans.VIFKey, err error, now time.Time) {
 }
 
 // makeVIF returns the VIF of a guest MAC in p, making it when new. It
-// reserves a place in the table and allocates the QP by alloc (with the
-// MAC's QPN hint), under no lock a worker takes. Then it reads the MTU
-// again, sends the guest's held frames and publishes the VIF. A refusal
-// is counted and logged (refuseVIF). Control plane only (ctl.own held).
-func (s *Shim) makeVIF(p *partition, mac ether.MAC, origin mactrans.Origin, now time.Time, alloc func(ipoib.PKey, uint32) (uint32, error)) (*mactrans.VIF, error) {
+// reserves a place in the table and allocates the QP, under no lock a
+// worker takes, wishing for the QPN saved (a guest restored, RestoreGuests)
+// or else the MAC's QPN hint. Then it reads the MTU again, sends the
+// guest's held frames and publishes the VIF. A new guest's addresses are
+// announced for AnnounceWindow; a restored guest that got its saved QPN
+// back did not move, and peers hold its address: it has no window, so
+// that the fast path carries it at once (a kernel backend that adopted
+// its child keeps the fast path's entries). A refusal is counted and
+// logged (refuseVIF). Control plane only (ctl.own held).
+func (s *Shim) makeVIF(p *partition, mac ether.MAC, origin mactrans.Origin, now time.Time, saved uint32) (*mactrans.VIF, error) {
 	k := mactrans.VIFKey{MAC: mac, VLAN: p.vlan}
 	if v, ok := s.vifs.Lookup(k); ok {
 		return v, nil
@@ -280,7 +285,11 @@ func (s *Shim) makeVIF(p *partition, mac ether.MAC, origin mactrans.Origin, now 
 	err := s.vifs.Reserve(k)
 	var qpn uint32
 	if err == nil {
-		if qpn, err = alloc(p.pkey, mactrans.QPNHint(k)); err != nil {
+		hint := saved
+		if hint == 0 {
+			hint = mactrans.QPNHint(k)
+		}
+		if qpn, err = s.ctl.port.AllocQP(p.pkey, hint); err != nil {
 			s.vifs.Unreserve(k)
 			err = fmt.Errorf("shim: allocate a QP for %s on VLAN %d: %w", mac, p.vlan, err)
 		}
@@ -291,7 +300,9 @@ func (s *Shim) makeVIF(p *partition, mac ether.MAC, origin mactrans.Origin, now 
 	}
 	v := s.vifs.NewVIF(k, p.pkey, qpn, origin, now)
 	s.refreshMTU(p)
-	v.AnnounceUntil(now.Add(s.cfg.AnnounceWindow))
+	if saved == 0 || qpn != saved {
+		v.AnnounceUntil(now.Add(s.cfg.AnnounceWindow))
+	}
 	s.vifs.Publish(v)
 	s.ctr.inc(VIFsCreated) // before its held frames go out
 	s.log.Info("VIF created", "mac", mac, "vlan", p.vlan, "pkey", p.pkey, "qpn", fmt.Sprintf("%#06x", v.QPN), "limac", v.LIMAC, "origin", origin)
@@ -307,5 +318,5 @@ func (s *Shim) makeVIF(p *partition, mac ether.MAC, origin mactrans.Origin, now 
 // QPN its MAC hints at. Control plane only (ctl.own held), or a test of a
 // shim that is not running.
 func (s *Shim) vif(p *partition, mac ether.MAC, origin mactrans.Origin, now time.Time) (*mactrans.VIF, error) {
-	return s.makeVIF(p, mac, origin, now, s.ctl.port.AllocQP)
+	return s.makeVIF(p, mac, origin, now, 0)
 }

@@ -4,7 +4,9 @@ package shim
 // the VIFs with their origins, QPNs and the addresses their guests
 // claimed. Restored VIFs ask for their old QPN, and their addresses are
 // announced as after a live migration, so peers holding the old QPN (a
-// backend that cannot choose QPNs) move to the new one at once.
+// backend that cannot choose QPNs) move to the new one at once. One that
+// gets its old QPN back has no announcement window (makeVIF): the fast
+// path carries it at once.
 
 import (
 	"fmt"
@@ -12,7 +14,6 @@ import (
 	"strings"
 
 	"github.com/eipoib/eipoibd/internal/state"
-	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/mactrans"
 )
 
@@ -58,7 +59,7 @@ func (s *Shim) RestoreGuests(gs []state.Guest) (vifs, addrs int, skipped []error
 		qpn := g.QPN
 		var v *mactrans.VIF
 		err := s.call(func() (err error) {
-			v, err = s.makeVIF(p, g.MAC, g.Origin, now, func(pkey ipoib.PKey, _ uint32) (uint32, error) { return s.ctl.port.AllocQP(pkey, qpn) })
+			v, err = s.makeVIF(p, g.MAC, g.Origin, now, qpn)
 			return err
 		})
 		if err != nil {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/eipoib/eipoibd/ether"
 	"github.com/eipoib/eipoibd/internal/state"
+	"github.com/eipoib/eipoibd/ipoib"
 	"github.com/eipoib/eipoibd/mactrans"
 )
 
@@ -59,4 +60,26 @@ func TestRestoreGuests(t *testing.T) {
 	if gs, ok := a.s.Guests(); ok || len(gs) != 0 {
 		t.Errorf("Guests after Run returned: %v, ok %v; want none, not ok", gs, ok)
 	}
+}
+
+// TestRestoreGuestsFastPath: a restored guest that got its saved QPN
+// back (it did not move; a kernel backend adopted its child) has no
+// announcement window, so the fast path is told of it at once; one whose
+// saved QPN was taken gets a new QPN and the window of a new guest,
+// within which the fast path is not told of it.
+func TestRestoreGuestsFastPath(t *testing.T) {
+	fp := &fakeFastPath{}
+	a := newHV(t, memFab(t, 2048), "fe80::a", func(c *Config) { c.FastPath, c.AnnounceWindow = fp, time.Hour })
+	vifs, _, skipped := a.s.RestoreGuests([]state.Guest{
+		{MAC: macA1, QPN: 0x777, Origin: mactrans.OriginLearned},
+		{MAC: macA2, QPN: 0x777, Origin: mactrans.OriginLearned}, // taken by A1's
+	})
+	if vifs != 2 || len(skipped) != 0 {
+		t.Fatalf("restored %d VIFs, skipped %v; want 2 and none", vifs, skipped)
+	}
+	v2, _ := a.s.vifs.Lookup(mactrans.VIFKey{MAC: macA2})
+	if v2 == nil || v2.QPN == 0x777 {
+		t.Fatalf("A2's VIF %+v: want a QPN other than 0x777", v2)
+	}
+	fp.waitState(t, "A1 alone", fastView{guests: map[ether.MAC]uint32{macA1: 0x777}, neigh: map[ether.MAC]ipoib.HwAddr{}, senders: map[netip.Addr]ether.MAC{}})
 }

@@ -284,14 +284,24 @@ func IsChildName(stem, name string) bool {
 	}
 	switch rest[0] {
 	case 'e':
-		n, err := strconv.Atoi(rest[1:])
-		again, err2 := ChildName(stem, n)
-		return err == nil && err2 == nil && again == name
+		_, ok := childIndex(stem, name)
+		return ok
 	case 'm':
 		v, err := strconv.ParseUint(rest[1:], 16, 16)
 		return err == nil && GroupChildName(stem, ipoib.PKey(v)) == name
 	}
 	return false
+}
+
+// childIndex is n of the name ChildName(stem, n), if name is one.
+func childIndex(stem, name string) (int, bool) {
+	rest, ok := strings.CutPrefix(name, stem+".e")
+	if !ok {
+		return 0, false
+	}
+	n, err := strconv.Atoi(rest)
+	again, err2 := ChildName(stem, n)
+	return n, err == nil && err2 == nil && again == name
 }
 
 // IPoIB link attributes (linux/if_link.h IFLA_IPOIB_*) and modes.

@@ -172,8 +172,13 @@ func (f *FastPath) Sender(ip netip.Addr, remac ether.MAC) { f.want.senders[ip] =
 // Commit applies the round: deletions first (a sender before its child,
 // a child's entries before the child goes), then additions and changes.
 // It returns the first error; the rest of the round is applied all the
-// same, and an entry whose call failed is tried again next round.
+// same, and an entry whose call failed is tried again next round. Once
+// the port keeps its children (Port.Keep) it changes nothing: the maps
+// are left as they are for the next run.
 func (f *FastPath) Commit() error {
+	if f.p.kept.Load() {
+		return nil
+	}
 	var errs []error
 	try := func(err error) bool {
 		if err != nil && len(errs) < 4 {

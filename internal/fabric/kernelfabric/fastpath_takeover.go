@@ -16,10 +16,13 @@ import (
 // replaces it.
 //
 // Entries of children that are not this port's (the previous run's,
-// which reclaim deleted) are deleted at once, not at the first Commit:
-// until then the TX program would redirect their guests' frames to a
-// device that is gone (skb_do_redirect drops a frame whose target
-// ifindex has no device), where the user-space path would carry them.
+// which reclaim deleted) are deleted at once, not at the first Commit
+// (dropGone): until then the TX program would redirect their guests'
+// frames to a device that is gone (skb_do_redirect drops a frame whose
+// target ifindex has no device), where the user-space path would carry
+// them. Under Config.Persist the children left for adoption count as
+// the port's: their entries stay, and keep carrying, until EndAdoption
+// deletes the children no VIF claimed, and their entries with them.
 func (f *FastPath) takeOver() error {
 	e, err := f.m.Entries()
 	if err != nil {
@@ -48,13 +51,29 @@ func (f *FastPath) takeOver() error {
 	for s, remac := range e.Senders {
 		f.setSender(fastSender{s.Child, s.IP}, ether.MAC(remac), true)
 	}
+	errs = append(errs, f.dropGone())
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	f.seedHits()
+	return nil
+}
 
+// dropGone deletes the entries of children that are neither the port's
+// nor left for it to adopt. It is called by takeOver and EndAdoption,
+// before the shim's rounds begin: it changes have, which only Commit
+// changes afterwards.
+func (f *FastPath) dropGone() error {
 	live := map[int]bool{}
 	f.p.mu.RLock()
 	for _, c := range f.p.all {
 		live[c.index] = true
 	}
+	for _, l := range f.p.leftover {
+		live[l.Index] = true
+	}
 	f.p.mu.RUnlock()
+	var errs []error
 	for k, remac := range f.have.bySender {
 		if !live[k.child] {
 			if err := f.m.DeleteSender(uint32(k.child), k.ip); err != nil {
@@ -76,7 +95,6 @@ func (f *FastPath) takeOver() error {
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("delete the entries of children gone: %w", err)
 	}
-	f.seedHits()
 	return nil
 }
 

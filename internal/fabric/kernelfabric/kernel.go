@@ -29,8 +29,12 @@ type Link struct {
 	Kind        string // IFLA_INFO_KIND, "ipoib" for IPoIB interfaces
 	MTU         int
 	HwAddr      ipoib.HwAddr // the 20-byte IPoIB address (flags, QPN, GID)
-	Up          bool         // IFF_UP
-	Carrier     bool         // operationally up (carrier on)
+	// PKey is an IPoIB interface's P_Key, full-membership bit set
+	// (IFLA_IPOIB_PKEY, which ipoib_netlink.c ipoib_fill_info reports);
+	// 0 for other interfaces.
+	PKey    ipoib.PKey
+	Up      bool // IFF_UP
+	Carrier bool // operationally up (carrier on)
 	// RxQueues is IFLA_NUM_RX_QUEUES, the receive queues the device
 	// was allocated with: one per channel on an mlx5 enhanced-IPoIB
 	// parent (mlx5_rdma_rn_get_params), 1 on the other IPoIB drivers.

@@ -53,8 +53,13 @@ const (
 	StatSuperPackets = "tx_super_packets"
 	// StatMTUChanges counts parent MTU changes seen after start-up.
 	StatMTUChanges = "parent_mtu_changes"
-	// StatReclaimed counts children of a previous run deleted at start.
+	// StatReclaimed counts children of a previous run deleted at start:
+	// every one without Config.Persist, those no VIF claimed with it
+	// (EndAdoption).
 	StatReclaimed = "children_reclaimed"
+	// StatAdopted counts children of a previous run taken over, with
+	// their ifindex and QPN, under Config.Persist.
+	StatAdopted = "children_adopted"
 	// StatRefusedPKey, StatRefusedJoin and StatRefusedMTU count children
 	// refused and deleted: their P_Key is not in the port's table, their
 	// broadcast join did not complete in time, or their partition's MTU
@@ -92,6 +97,7 @@ const (
 	statSuperPackets stat = iota
 	statMTUChanges
 	statReclaimed
+	statAdopted
 	statRefusedPKey
 	statRefusedJoin
 	statRefusedMTU
@@ -109,6 +115,7 @@ var statNames = [numStats]string{
 	statSuperPackets:        StatSuperPackets,
 	statMTUChanges:          StatMTUChanges,
 	statReclaimed:           StatReclaimed,
+	statAdopted:             StatAdopted,
 	statRefusedPKey:         StatRefusedPKey,
 	statRefusedJoin:         StatRefusedJoin,
 	statRefusedMTU:          StatRefusedMTU,
@@ -146,6 +153,10 @@ type Config struct {
 	// protocols the port reads rather than to every protocol (see
 	// vifProtocols).
 	FastPath bool
+	// Persist (--persist): the children a previous run left are
+	// adopted rather than deleted at start (see Port.EndAdoption), and
+	// Keep leaves this run's in place for the next.
+	Persist bool
 }
 
 // DefaultChildTimeout is Config.ChildTimeout's default: an SA join
@@ -236,7 +247,13 @@ type Port struct {
 	// reused once its child is gone, so that names stay short for ever.
 	slots map[int]bool
 	// stem prefixes every child's name (ChildStem).
-	stem  string
+	stem string
+	// leftover are the children a previous run left, by name, under
+	// Config.Persist: each waits for a VIF to claim it (adopt) until
+	// EndAdoption deletes the rest. Their slots are taken meanwhile.
+	leftover map[string]Link
+	// kept: Keep was called; children outlive the port.
+	kept  atomic.Bool
 	setup sync.Mutex // serialises child creation
 	// refused answers AllocQP at once for a partition whose child was
 	// just refused.
@@ -328,6 +345,9 @@ func New(cfg Config) (*Port, error) {
 		groups: ipoib.NewGroupTable(), done: make(chan struct{}), rx: make(chan rxq.Packet, queueLen),
 		refused: make(map[ipoib.PKey]refusal), timeout: cfg.ChildTimeout, fastPath: cfg.FastPath,
 	}
+	if cfg.Persist {
+		p.leftover = map[string]Link{}
+	}
 	// p.mtu is known by the time a child's reader needs a buffer.
 	p.pool.New = func() any { b := make([]byte, VnetHdrLen+p.mtu+rxHead); return &b }
 	p.rxCtr = rxq.Counters{Packets: &p.rxPackets, Bytes: &p.rxBytes, TooSmall: func() { p.drops.Add(ipoib.DropBufferSmall) }}
@@ -362,7 +382,10 @@ func New(cfg Config) (*Port, error) {
 }
 
 // reclaim deletes the children named as ours (IsChildName under the
-// stem, and children of our parent) that a crashed run left.
+// stem, and children of our parent) that a previous run left: one that
+// crashed, or one without Config.Persist. Under Config.Persist it keeps
+// them in leftover instead, their slots taken, for AllocQP and
+// groupChild to adopt.
 func (p *Port) reclaim() error {
 	links, err := p.k.Links()
 	if err != nil {
@@ -372,14 +395,119 @@ func (p *Port) reclaim() error {
 		if l.ParentIndex != p.parent.Index || !IsChildName(p.stem, l.Name) {
 			continue
 		}
-		if err := p.k.DelLink(l.Index); err != nil {
-			return fmt.Errorf("kernel: delete leftover child %s: %w", l.Name, err)
+		if p.leftover != nil {
+			p.leftover[l.Name] = l
+			if n, ok := childIndex(p.stem, l.Name); ok {
+				p.slots[n] = true
+			}
+			continue
 		}
-		p.stat(statReclaimed)
-		p.log.Info("deleted a child left by a previous run", "child", l.Name)
+		if err := p.deleteLeftover(l); err != nil {
+			return err
+		}
 	}
 	return nil
 }
+
+// deleteLeftover deletes child l of a previous run, counted.
+func (p *Port) deleteLeftover(l Link) error {
+	if err := p.k.DelLink(l.Index); err != nil {
+		return fmt.Errorf("kernel: delete leftover child %s: %w", l.Name, err)
+	}
+	p.stat(statReclaimed)
+	p.log.Info("deleted a child left by a previous run", "child", l.Name)
+	return nil
+}
+
+// takeLeftover takes out of leftover the child named name of partition
+// pkey, and for a VIF child (qpn not 0) with QPN qpn, if there is one
+// (setup held). The P_Key is the kernel's (Link.PKey); a group child's
+// name says it too.
+func (p *Port) takeLeftover(name string, pkey ipoib.PKey, qpn uint32) (Link, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if name == "" {
+		for n, l := range p.leftover {
+			if _, vif := childIndex(p.stem, n); vif && l.HwAddr.QPN() == qpn && l.PKey.Full() == pkey.Full() {
+				name = n
+				break
+			}
+		}
+	}
+	l, ok := p.leftover[name]
+	if !ok || l.PKey != 0 && l.PKey.Full() != pkey.Full() {
+		return Link{}, false
+	}
+	delete(p.leftover, name)
+	return l, true
+}
+
+// adopt takes over child l that a previous run left (Config.Persist),
+// configured and brought up again as createChild does a new one, with
+// new packet sockets: same ifindex, same QP, so the peers' paths and
+// the fast path's entries that name it stay valid. The driver keeps a
+// child's QP while no socket is open on it: the netdev owns it from
+// ndo_init (ipoib_main.c ipoib_dev_init_default → ipoib_verbs.c
+// ipoib_transport_dev_init creates the UD QP and writes its QPN into
+// dev_addr) to ndo_uninit (ipoib_dev_uninit_default), and
+// ipoib_ib_dev_open/ipoib_ib_dev_stop only move it between RTS and reset
+// as the link goes up and down. The child stays up meanwhile, so its
+// path records and neighbours stay too (ipoib_ib_dev_down, which flushes
+// them, runs when the link goes down). A child that fails the checks is
+// deleted, counted reclaimed.
+func (p *Port) adopt(l Link, pkey ipoib.PKey, group bool) (*child, error) {
+	if err := p.checkPKey(l.Name, pkey); err != nil {
+		if derr := p.deleteLeftover(l); derr != nil {
+			p.log.Warn("delete refused leftover child", "child", l.Name, "err", derr)
+		}
+		return nil, err
+	}
+	c, err := p.setupChild(l, pkey, group, true)
+	if err != nil {
+		p.stat(statReclaimed)
+		return nil, err
+	}
+	p.stat(statAdopted)
+	p.log.Info("adopted a child left by a previous run", "child", l.Name, "ifindex", c.index, "qpn", fmt.Sprintf("%#06x", c.qpn), "pkey", c.pkey)
+	return c, nil
+}
+
+// EndAdoption ends the adoption of the children a previous run left
+// (Config.Persist): those no VIF claimed are deleted, counted as
+// StatReclaimed, and their slots freed, and the fast path's entries
+// that name them go with them. The daemon calls it once the saved
+// guests are restored (their AllocQP adopted theirs), before the shim
+// runs; without Config.Persist it does nothing.
+func (p *Port) EndAdoption() error {
+	p.setup.Lock()
+	defer p.setup.Unlock()
+	p.mu.Lock()
+	left := p.leftover
+	p.leftover = nil
+	p.mu.Unlock()
+	var errs []error
+	for _, l := range left {
+		if err := p.deleteLeftover(l); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if n, ok := childIndex(p.stem, l.Name); ok {
+			p.freeSlot(n)
+		}
+	}
+	if f := p.fast.Load(); f != nil {
+		errs = append(errs, f.dropGone())
+	}
+	return errors.Join(errs...)
+}
+
+// Keep makes the port leave its children in place when it frees a QP
+// or closes (their sockets are closed all the same), and freezes its
+// fast path's maps (FastPath.Commit changes nothing from now on). Under
+// --persist the daemon calls it as it stops, before the shim frees its
+// VIFs: the next run adopts the children, and meanwhile the fast path's
+// programs carry the guests' unicast on their own.
+func (p *Port) Keep() { p.kept.Store(true) }
 
 // follow tracks the parent's carrier and MTU, and each child's carrier
 // and MTU. It never waits for mu. It waits for the kernel only when the
@@ -616,7 +744,7 @@ func (p *Port) socketDrops(c *child) {
 // gets its carrier when the port returns (ipoib_event → flush →
 // ipoib_ib_dev_up joins again), and its packets are dropped as
 // DropNoCarrier until then.
-func (p *Port) createChild(name string, pkey ipoib.PKey, group bool) (c *child, err error) {
+func (p *Port) createChild(name string, pkey ipoib.PKey, group bool) (*child, error) {
 	k := p.k
 	if err := p.checkPKey(name, pkey); err != nil {
 		return nil, err
@@ -632,6 +760,16 @@ func (p *Port) createChild(name string, pkey ipoib.PKey, group bool) (c *child, 
 	if err != nil {
 		return nil, fmt.Errorf("kernel: look up new child %s: %w", name, err)
 	}
+	return p.setupChild(l, pkey, group, false)
+}
+
+// setupChild configures child l, new or adopted, of partition pkey,
+// brings it up, waits for its carrier and opens its sockets, as
+// createChild says; on failure it deletes it. An adopted child has its
+// carrier already, and IFF_UP on it sends no notification, so its
+// carrier is read at once rather than at the first poll.
+func (p *Port) setupChild(l Link, pkey ipoib.PKey, group, adopted bool) (c *child, err error) {
+	k, name := p.k, l.Name
 	if p.mtu == 0 { // a parent in connected mode: see New
 		if _, err := ipoib.IPMTU(l.MTU + ipoib.HeaderLen); err != nil {
 			k.DelLink(l.Index)
@@ -669,6 +807,9 @@ func (p *Port) createChild(name string, pkey ipoib.PKey, group bool) (c *child, 
 	}
 	if err := k.SetUp(l.Index); err != nil {
 		return nil, fmt.Errorf("kernel: bring up %s: %w", name, err)
+	}
+	if adopted {
+		p.pollCarrier(c)
 	}
 	if err := p.waitCarrier(c); err != nil {
 		return nil, err
@@ -908,7 +1049,12 @@ func (p *Port) groupChild(pkey ipoib.PKey) (*child, error) {
 		return nil, err
 	}
 	name := GroupChildName(p.stem, pkey)
-	c, err := p.createChild(name, pkey, true)
+	var err error
+	if l, ok := p.takeLeftover(name, pkey, 0); ok {
+		c, err = p.adopt(l, pkey, true)
+	} else {
+		c, err = p.createChild(name, pkey, true)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -921,9 +1067,11 @@ func (p *Port) groupChild(pkey ipoib.PKey) (*child, error) {
 	return c, nil
 }
 
-// AllocQP creates a child in partition pkey and returns its QPN; hint is
-// ignored (the HCA chooses QPNs).
-func (p *Port) AllocQP(pkey ipoib.PKey, _ uint32) (uint32, error) {
+// AllocQP creates a child in partition pkey and returns its QPN. The HCA
+// chooses QPNs, so hint is a wish only a child a previous run left can
+// grant (Config.Persist, until EndAdoption): the one of partition pkey
+// with QPN hint is adopted rather than a new child made.
+func (p *Port) AllocQP(pkey ipoib.PKey, hint uint32) (uint32, error) {
 	if p.closed.Load() {
 		return 0, net.ErrClosed
 	}
@@ -939,16 +1087,23 @@ func (p *Port) AllocQP(pkey ipoib.PKey, _ uint32) (uint32, error) {
 	if err := p.refusedRecently(pkey); err != nil {
 		return 0, err
 	}
-	slot := p.takeSlot()
-	name, err := ChildName(p.stem, slot)
-	if err != nil {
-		p.freeSlot(slot)
-		return 0, fmt.Errorf("kernel: name child of %s: %w", p.parent.Name, err)
+	var c *child
+	slot := 0
+	if l, ok := p.takeLeftover("", pkey, hint); ok {
+		slot, _ = childIndex(p.stem, l.Name) // taken by reclaim
+		c, err = p.adopt(l, pkey, false)
+	} else {
+		slot = p.takeSlot()
+		var name string
+		if name, err = ChildName(p.stem, slot); err != nil {
+			p.freeSlot(slot)
+			return 0, fmt.Errorf("kernel: name child of %s: %w", p.parent.Name, err)
+		}
+		c, err = p.createChild(name, pkey, false)
 	}
-	c, err := p.createChild(name, pkey, false)
 	if err != nil {
 		// A half-made child whose deletion failed keeps its name.
-		if _, lerr := p.k.LinkByName(name); lerr != nil {
+		if name, _ := ChildName(p.stem, slot); !p.exists(name) {
 			p.freeSlot(slot)
 		}
 		return 0, err
@@ -956,10 +1111,10 @@ func (p *Port) AllocQP(pkey ipoib.PKey, _ uint32) (uint32, error) {
 	c.slot, c.gc = slot, gc
 	if err := p.qps.Add(c.qpn, pkey, c); err != nil {
 		p.destroy(c)
-		return 0, fmt.Errorf("kernel: create child %s: %w", name, err)
+		return 0, fmt.Errorf("kernel: create child %s: %w", c.name, err)
 	}
 	p.mu.Lock()
-	p.all[name] = c
+	p.all[c.name] = c
 	p.mu.Unlock()
 	p.startRx(c)
 	return c.qpn, nil
@@ -984,6 +1139,12 @@ func (p *Port) FreeQP(qpn uint32) error {
 	}
 	p.freeSlot(c.slot)
 	return nil
+}
+
+// exists reports whether the kernel has a link named name.
+func (p *Port) exists(name string) bool {
+	_, err := p.k.LinkByName(name)
+	return err == nil
 }
 
 // takeSlot reserves the lowest free VIF child index.
@@ -1013,11 +1174,15 @@ func (p *Port) waitBatch() {
 	p.txMu.Unlock()
 }
 
-// destroy closes c's socket and deletes the interface.
+// destroy closes c's sockets and deletes the interface, unless the
+// port keeps its children (Keep).
 func (p *Port) destroy(c *child) error {
 	p.byIndex.Delete(c.index)
 	p.socketDrops(c) // its last
 	closeAll(c.rx)
+	if p.kept.Load() {
+		return nil
+	}
 	if err := p.k.DelLink(c.index); err != nil {
 		return fmt.Errorf("kernel: delete child %s: %w", c.name, err)
 	}
@@ -1091,7 +1256,8 @@ func (p *Port) Joined(mgid ipoib.GID) bool { return p.groups.Full(mgid) }
 // SendOnly reports whether the port is a send-only member of mgid.
 func (p *Port) SendOnly(mgid ipoib.GID) bool { return p.groups.SendOnly(mgid) }
 
-// Close deletes every child and stops; later calls return net.ErrClosed.
+// Close deletes every child (unless Keep was called) and stops; later
+// calls return net.ErrClosed.
 func (p *Port) Close() error {
 	if p.closed.Swap(true) {
 		return nil

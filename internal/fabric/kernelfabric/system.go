@@ -43,6 +43,9 @@ func toLink(l netlink.Link) Link {
 	if len(a.HardwareAddr) == ipoib.HwAddrLen {
 		out.HwAddr = ipoib.HwAddr(a.HardwareAddr)
 	}
+	if ib, ok := l.(*netlink.IPoIB); ok {
+		out.PKey = ipoib.PKey(ib.Pkey)
+	}
 	return out
 }
 

@@ -117,7 +117,7 @@ var _ kf.Kernel = (*Kernel)(nil)
 // named parent with IPoIB MTU mtu, up, carrier on, datagram mode.
 func (f *Fabric) NewHost(gid ipoib.GID, parent string, mtu int) *Kernel {
 	k := &Kernel{f: f, gid: gid, ModeOf: "datagram", udMTU: mtu, links: make(map[int]*link), next: 1, nextQPN: 0x100, sysctls: make(map[string]string)}
-	k.links[1] = &link{Link: kf.Link{Index: 1, Name: parent, Kind: "ipoib", MTU: mtu, HwAddr: ipoib.MakeHwAddr(0x80, 0x48, gid), Up: true, Carrier: true, RxQueues: 1},
+	k.links[1] = &link{Link: kf.Link{Index: 1, Name: parent, Kind: "ipoib", MTU: mtu, HwAddr: ipoib.MakeHwAddr(0x80, 0x48, gid), Up: true, Carrier: true, RxQueues: 1, PKey: ipoib.DefaultPKey},
 		pkey: ipoib.DefaultPKey, mc: make(map[ipoib.HwAddr]int)}
 	k.next = 2
 	f.mu.Lock()
@@ -191,7 +191,7 @@ func (k *Kernel) AddChild(c kf.ChildSpec) error {
 	}
 	k.nextQPN++
 	l := &link{Link: kf.Link{Index: k.next, ParentIndex: c.Parent, Name: c.Name, Kind: "ipoib", MTU: k.udMTU, RxQueues: rxq,
-		HwAddr: ipoib.MakeHwAddr(0, k.nextQPN, k.gid)}, pkey: pkey, gro: true, mc: make(map[ipoib.HwAddr]int)}
+		HwAddr: ipoib.MakeHwAddr(0, k.nextQPN, k.gid), PKey: pkey}, pkey: pkey, gro: true, mc: make(map[ipoib.HwAddr]int)}
 	k.links[k.next] = l
 	k.next++
 	return nil
@@ -230,9 +230,16 @@ func (k *Kernel) DelLink(index int) error {
 }
 
 // SetUp brings a link up; a child gets carrier once it joined its
-// broadcast group (ib.go).
+// broadcast group (ib.go). A link up already is left as it is:
+// __dev_change_flags (net/core/dev.c) opens the device only when
+// IFF_UP changes.
 func (k *Kernel) SetUp(index int) error {
-	return k.withLink(index, func(l *link) { l.Up = true; k.open(l) })
+	return k.withLink(index, func(l *link) {
+		if !l.Up {
+			l.Up = true
+			k.open(l)
+		}
+	})
 }
 
 // SetNoARP sets IFF_NOARP.

@@ -54,6 +54,11 @@
 //   - Carrier is the veth's: a child has it when it is up, at once; no
 //     broadcast join delays it, and no P_Key outside the table or
 //     failed join keeps it off.
+//   - A child outlives the process, as an IPoIB child outlives eipoibd
+//     (--persist adopts it): its attachments are pinned in the bpffs
+//     directory (childPin) and its P_Key and fabric end are written in
+//     the veth's alias (IFLA_IFALIAS, childAlias), where the next
+//     process's NewKernel finds them (adoptChildren).
 package emukernel
 
 // Kernel: an emulated kernelfabric.Kernel, so that eipoibd's kernel
@@ -69,6 +74,8 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
+	"strconv"
 	"sync"
 
 	"github.com/cilium/ebpf"
@@ -133,11 +140,13 @@ type Kernel struct {
 	seq     int // names the fabric ends
 }
 
-// emuChild is a child AddChild made.
+// emuChild is a child AddChild made, or one an earlier process made
+// that NewKernel found.
 type emuChild struct {
 	fabricEnd int
+	pkey      ipoib.PKey
 	bcast     ipoib.GID
-	links     []link.Link // the harness at the child, the programs at its fabric end
+	links     []link.Link // the programs at its fabric end, the harness at the child
 }
 
 var _ kf.Kernel = (*Kernel)(nil)
@@ -169,7 +178,59 @@ func NewKernel(cfg Config) (*Kernel, error) {
 		k.fabNS.Close()
 		return nil, err
 	}
+	k.adoptChildren()
 	return k, nil
+}
+
+// childPin is the bpffs directory where the attachments of child
+// ifindex of this hypervisor are pinned.
+func (k *Kernel) childPin(ifindex int) string {
+	return filepath.Join(k.cfg.Pins, fmt.Sprintf("child-h%d-%d", k.cfg.Host, ifindex))
+}
+
+// childAlias is the alias of a child veth: its P_Key and the ifindex of
+// its fabric end, which the veth does not hold.
+const childAlias = "emuib pkey=%d end=%d"
+
+// adoptChildren takes over the children an earlier process left: each
+// child veth whose alias and pinned attachments are there is made known
+// again, and its fabric end a member of its broadcast group. The others
+// stay unknown, for the backend to delete.
+func (k *Kernel) adoptChildren() {
+	links, err := netlink.LinkList()
+	if err != nil {
+		return
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for _, l := range links {
+		a := l.Attrs()
+		var pkey uint16
+		var end int
+		if l.Type() != "veth" || !kf.IsChildName(k.stem, a.Name) {
+			continue
+		}
+		if n, err := fmt.Sscanf(a.Alias, childAlias, &pkey, &end); n != 2 || err != nil {
+			continue
+		}
+		ec := &emuChild{fabricEnd: end, pkey: ipoib.PKey(pkey), bcast: ipoib.BroadcastMGID(ipoib.PKey(pkey), ipoib.ScopeLinkLocal)}
+		ok := true
+		for i := range 3 {
+			pl, err := link.LoadPinnedLink(filepath.Join(k.childPin(a.Index), strconv.Itoa(i)), nil)
+			if err != nil {
+				ok = false
+				break
+			}
+			ec.links = append(ec.links, pl)
+		}
+		if !ok || k.join(ec.bcast, end) != nil {
+			for _, pl := range ec.links {
+				pl.Close()
+			}
+			continue
+		}
+		k.children[a.Index] = ec
+	}
 }
 
 // addr is the reported address of the device with ifindex i: the
@@ -202,7 +263,15 @@ func (k *Kernel) report(l kf.Link) kf.Link {
 	default:
 		return l
 	}
-	l.Kind, l.HwAddr, l.MTU, l.RxQueues = "ipoib", k.addr(l.Index), k.cfg.MTU, 1
+	l.Kind, l.HwAddr, l.MTU, l.RxQueues, l.PKey = "ipoib", k.addr(l.Index), k.cfg.MTU, 1, ipoib.DefaultPKey
+	if l.Index != k.parent {
+		k.mu.Lock()
+		l.PKey = 0 // a child not known (its alias or pins lost) has none
+		if c := k.children[l.Index]; c != nil {
+			l.PKey = c.pkey
+		}
+		k.mu.Unlock()
+	}
 	return l
 }
 
@@ -332,7 +401,7 @@ func (k *Kernel) AddChild(c kf.ChildSpec) (err error) {
 		netlink.LinkDel(veth)
 		return err
 	}
-	ec := &emuChild{bcast: ipoib.BroadcastMGID(c.PKey, ipoib.ScopeLinkLocal)}
+	ec := &emuChild{pkey: c.PKey.Full(), bcast: ipoib.BroadcastMGID(c.PKey, ipoib.ScopeLinkLocal)}
 	defer func() {
 		if err != nil {
 			k.forget(l.Index, ec)
@@ -373,6 +442,12 @@ func (k *Kernel) AddChild(c kf.ChildSpec) (err error) {
 	if err := k.fab.PutEnd(k.addr(l.Index), ec.fabricEnd, ifc.HardwareAddr); err != nil {
 		return err
 	}
+	if err := ec.pin(k.childPin(l.Index)); err != nil {
+		return fmt.Errorf("emuib: pin the attachments of %s: %w", c.Name, err)
+	}
+	if err := netlink.LinkSetAlias(veth, fmt.Sprintf(childAlias, uint16(ec.pkey), ec.fabricEnd)); err != nil {
+		return fmt.Errorf("emuib: alias of %s: %w", c.Name, err)
+	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.children[l.Index] = ec
@@ -390,8 +465,22 @@ func (c *emuChild) attach(ifindex int, prog *ebpf.Program) error {
 	return nil
 }
 
+// pin pins c's attachments in dir, so that they outlive the process.
+func (c *emuChild) pin(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	for i, l := range c.links {
+		if err := l.Pin(filepath.Join(dir, strconv.Itoa(i))); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // forget undoes what AddChild did for the child with ifindex index but
-// the veth: its address in Ends, its memberships, its attachments.
+// the veth: its address in Ends, its memberships, its attachments and
+// their pins.
 func (k *Kernel) forget(index int, c *emuChild) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -410,9 +499,10 @@ func (k *Kernel) forget(index int, c *emuChild) error {
 	}
 	if c != nil {
 		for _, l := range c.links {
-			errs = append(errs, l.Close())
+			errs = append(errs, l.Unpin(), l.Close())
 		}
 	}
+	errs = append(errs, os.RemoveAll(k.childPin(index)))
 	delete(k.children, index)
 	return errors.Join(errs...)
 }
