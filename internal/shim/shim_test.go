@@ -519,18 +519,32 @@ func (h *hv) rounds(t *testing.T, n int) {
 
 // resolveOut moves h's clock through the tries of the unresolved
 // destinations queued at the clock's time (their first try sent), one
-// resolveInterval at a time. It takes each step once the step before it
-// sent its resolution, so that no two steps fall in one round. After the
-// last step, it waits for drop_unresolved to reach drops.
+// resolveInterval at a time. It takes each step once no destination is
+// due at the step before it (a round has tried every one: tick set each
+// next try later), so that no two steps fall in one round, however many
+// destinations wait. After the last step, it waits for drop_unresolved
+// to reach drops.
 func (h *hv) resolveOut(t *testing.T, drops uint64) {
 	t.Helper()
 	for range resolveTries - 1 {
-		sent := h.s.Get(TxResolveSent)
 		h.clk.Advance(resolveInterval)
-		h.waitCounter(t, TxResolveSent, sent+1)
+		now := h.clk.Now()
+		testutil.WaitFor(t, "every unresolved destination tried again", func() bool { return h.s.resolver.pending.noneDue(now) })
 	}
 	h.clk.Advance(resolveInterval)
 	h.waitCounter(t, DropUnresolved, drops)
+}
+
+// noneDue reports whether no destination in q is due for a try at now.
+func (q *pendingQueue) noneDue(now time.Time) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for _, e := range q.m {
+		if !now.Before(e.next) {
+			return false
+		}
+	}
+	return true
 }
 
 // TestSnooping: reports join MGIDs, a leave triggers group-specific
