@@ -314,21 +314,26 @@ func startFastPath(f fabric, c *Config, log *slog.Logger) (shim.FastPath, func()
 }
 
 // unpinFastPath removes the fast path an earlier --persist run pinned
-// in dir (under base) for the TAP tap, if there is one.
+// in dir (under base) for the TAP tap, if there is one, and our clsact
+// filter on the TAP even when dir is gone (removed by hand).
 func unpinFastPath(dir, base, tap string, log *slog.Logger) {
-	if _, err := os.Stat(dir); err != nil {
-		return
-	}
+	_, err := os.Stat(dir)
+	pinned := err == nil
 	index := 0 // no TAP: no filter of ours on it either
 	if ifi, err := net.InterfaceByName(tap); err == nil {
 		index = ifi.Index
+	}
+	if !pinned && index == 0 {
+		return
 	}
 	if err := fastpath.RemovePins(dir, index); err != nil {
 		log.Warn("fast path: removing what a --persist run pinned", "dir", dir, "err", err)
 		return
 	}
-	os.Remove(base) // when no other TAP pins there
-	log.Info("fast path: removed what a --persist run pinned", "dir", dir)
+	if pinned {
+		os.Remove(base) // when no other TAP pins there
+		log.Info("fast path: removed what a --persist run pinned", "dir", dir)
+	}
 }
 
 // checkVerbs: the verbs backend runs on the device --ib-dev, NAME or

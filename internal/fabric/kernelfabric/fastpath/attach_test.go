@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/eipoib/eipoibd/internal/nstest"
+	"github.com/eipoib/eipoibd/internal/testutil"
 	"github.com/eipoib/eipoibd/ipoib"
 )
 
@@ -352,45 +353,61 @@ func TestAttachPinnedReplaced(t *testing.T) {
 }
 
 // TestRemovePins: after a pinned run's Release, RemovePins leaves the
-// bpffs empty and the TAP without our program, with each hook; a child's
-// tcx link goes with its pin, a child's filter stays (it goes with the
-// child, which the kernel backend deletes at start).
+// bpffs empty and neither the TAP nor the child with our program, with
+// each hook: a child's tcx link goes with its pin, a child's filter is
+// found through the pinned RX map (a --persist restart keeps the
+// children). With the pins removed by hand first, RemovePins still
+// removes the TAP's filter, which clsact leaves on the device.
 func TestRemovePins(t *testing.T) {
 	nstest.Require(t)
 	for _, h := range hooks {
-		t.Run(h.String(), func(t *testing.T) {
-			fs := nstest.BPFFS(t)
-			fresh := nstest.Names(t, fs)
-			dir := filepath.Join(fs, "fprmtap")
-			devices(t, "fprm", h, func(tap, ch int) {
-				a, err := AttachWith(tap, Options{Pin: dir, clsact: h == Clsact})
-				if err != nil {
-					t.Fatal(err)
-				}
-				if err := a.PutChild(ch, RXGuest{MAC: guestMAC, TAP: uint32(tap), MTU: 1500}); err != nil {
-					t.Fatal(err)
-				}
-				rx := progID(t, a.RX.Program)
-				if err := a.Release(); err != nil {
-					t.Fatal(err)
-				}
-				if err := RemovePins(dir, tap); err != nil {
-					t.Fatal(err)
-				}
-				if got := nstest.Names(t, fs); !slices.Equal(got, fresh) {
-					t.Fatalf("bpffs after RemovePins holds %v, want %v as mounted", got, fresh)
-				}
-				wantIDs(t, h, tap, false, "TAP egress after RemovePins")
-				if h == TCX {
-					wantIDs(t, h, ch, true, "child ingress after RemovePins")
-				} else {
-					wantIDs(t, h, ch, true, "child ingress after RemovePins", rx)
-				}
-				if err := RemovePins(dir, tap); err != nil {
-					t.Fatalf("RemovePins of nothing: %v", err)
-				}
+		for _, byHand := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/pins-removed-by-hand=%v", h, byHand), func(t *testing.T) {
+				fs := nstest.BPFFS(t)
+				fresh := nstest.Names(t, fs)
+				dir := filepath.Join(fs, "fprmtap")
+				devices(t, "fprm", h, func(tap, ch int) {
+					a, err := AttachWith(tap, Options{Pin: dir, clsact: h == Clsact})
+					if err != nil {
+						t.Fatal(err)
+					}
+					if err := a.PutChild(ch, RXGuest{MAC: guestMAC, TAP: uint32(tap), MTU: 1500}); err != nil {
+						t.Fatal(err)
+					}
+					rx := progID(t, a.RX.Program)
+					if err := a.Release(); err != nil {
+						t.Fatal(err)
+					}
+					if byHand {
+						if err := os.RemoveAll(dir); err != nil {
+							t.Fatal(err)
+						}
+						// A tcx link goes with its pin, later: the unlink's
+						// put (bpf_free_inode, an RCU callback) defers its
+						// release to a work item (bpf_link_put in
+						// kernel/bpf/syscall.c), then tcx_link_release.
+						testutil.WaitFor(t, "the TAP's tcx link gone with its pin", func() bool { return h != TCX || len(attachedIDs(t, h, tap, false)) == 0 })
+					}
+					if err := RemovePins(dir, tap); err != nil {
+						t.Fatal(err)
+					}
+					if got := nstest.Names(t, fs); !slices.Equal(got, fresh) {
+						t.Fatalf("bpffs after RemovePins holds %v, want %v as mounted", got, fresh)
+					}
+					wantIDs(t, h, tap, false, "TAP egress after RemovePins")
+					if byHand && h == Clsact {
+						// Nothing names the child any more: its filter
+						// goes with the child.
+						wantIDs(t, h, ch, true, "child ingress after RemovePins", rx)
+					} else {
+						wantIDs(t, h, ch, true, "child ingress after RemovePins")
+					}
+					if err := RemovePins(dir, tap); err != nil {
+						t.Fatalf("RemovePins of nothing: %v", err)
+					}
+				})
 			})
-		})
+		}
 	}
 }
 

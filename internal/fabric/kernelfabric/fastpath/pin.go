@@ -28,6 +28,7 @@ const (
 	rxLinkPin   = "rx_link_" // + the child's ifindex
 	txFilter    = "eipoib_tx"
 	rxFilter    = "eipoib_rx"
+	rxGuestsPin = "eipoib_rx_guest" // the RX guests map, pinned under its name
 	pinDirPerms = 0o700
 )
 
@@ -179,15 +180,9 @@ func (a *Attached) adoptChildren(replaced *[]string) error {
 		return nil
 	}
 	if a.hook == Clsact {
-		var child uint32
-		it := a.RX.Guests.Iterate()
-		var g rxGuest
-		var children []int
-		for it.Next(&child, &g) {
-			children = append(children, int(child))
-		}
-		if err := it.Err(); err != nil {
-			return fmt.Errorf("fastpath: read the RX guests: %w", err)
+		children, err := rxChildren(a.RX.Guests)
+		if err != nil {
+			return err
 		}
 		for _, c := range children {
 			if old := clsTag(c, true); old != "" {
@@ -269,18 +264,24 @@ func progTagOf(p *ebpf.Program) string {
 // RemovePins undoes what an earlier run that pinned the fast path of the
 // TAP with ifindex tap at dir left, for a start that does not pin it:
 // the pinned links (detached with their last reference,
-// tcx_link_release), our clsact filter on the TAP, the maps' pins and
-// dir itself. A dir that does not exist is no error; the children's
-// attachments go with the children.
+// tcx_link_release), our clsact filters on the TAP and on the children
+// the pinned RX map names (a --persist restart keeps the children, so
+// theirs would not go with them), the maps' pins and dir itself. A dir
+// that does not exist is no error: only the TAP's filter can be left
+// then (pins removed by hand), and it is removed.
 func RemovePins(dir string, tap int) error {
+	tapFilter := &clsAttachment{f: clsFilter(tap, false, txFilter)}
 	ents, err := os.ReadDir(dir)
 	if errors.Is(err, os.ErrNotExist) {
-		return nil
+		if tap <= 0 {
+			return nil
+		}
+		return tapFilter.detach()
 	}
 	if err != nil {
 		return fmt.Errorf("fastpath: read %s: %w", dir, err)
 	}
-	var errs []error
+	errs := []error{detachChildFilters(filepath.Join(dir, rxGuestsPin))}
 	for _, e := range ents {
 		pin := filepath.Join(dir, e.Name())
 		if e.Name() == txLinkPin || strings.HasPrefix(e.Name(), rxLinkPin) {
@@ -290,7 +291,30 @@ func RemovePins(dir string, tap int) error {
 		}
 		errs = append(errs, removePin(pin))
 	}
-	errs = append(errs, (&clsAttachment{f: clsFilter(tap, false, txFilter)}).detach(), removePin(dir))
+	if tap > 0 {
+		errs = append(errs, tapFilter.detach())
+	}
+	errs = append(errs, removePin(dir))
+	return errors.Join(errs...)
+}
+
+// detachChildFilters removes our clsact filter from each child the RX
+// guests map pinned at pin names (none under tcx, whose links are
+// pinned; no pin, nothing to do).
+func detachChildFilters(pin string) error {
+	m, err := ebpf.LoadPinnedMap(pin, nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("fastpath: open %s: %w", pin, err)
+	}
+	defer m.Close()
+	children, err := rxChildren(m)
+	errs := []error{err}
+	for _, c := range children {
+		errs = append(errs, (&clsAttachment{f: clsFilter(c, true, rxFilter)}).detach())
+	}
 	return errors.Join(errs...)
 }
 
@@ -403,4 +427,19 @@ func (a *Attached) Entries() (Entries, error) {
 		return Entries{}, fmt.Errorf("fastpath: read the maps: %w", err)
 	}
 	return e, nil
+}
+
+// rxChildren returns the children (ifindexes) the RX guests map m names.
+func rxChildren(m *ebpf.Map) ([]int, error) {
+	var children []int
+	var child uint32
+	var g rxGuest
+	it := m.Iterate()
+	for it.Next(&child, &g) {
+		children = append(children, int(child))
+	}
+	if err := it.Err(); err != nil {
+		return children, fmt.Errorf("fastpath: read the RX guests: %w", err)
+	}
+	return children, nil
 }

@@ -171,7 +171,7 @@ func loadRXAt(pin string) (_ *RX, replaced []string, _ error) {
 	r := &RX{}
 	ms := maps{pin: pin}
 	mk := ms.make
-	r.Guests = mk("eipoib_rx_guest", ebpf.Hash, 4, 24, MaxGuests)
+	r.Guests = mk(rxGuestsPin, ebpf.Hash, 4, 24, MaxGuests)
 	r.Senders = mk("eipoib_senders", ebpf.Hash, 20, 16, MaxSenders)
 	r.Counters = mk("eipoib_rx_cnt", ebpf.PerCPUArray, 4, 8, uint32(NumRXReasons))
 	r.LastRedirect = mk("eipoib_rx_last", ebpf.PerCPUArray, 4, 4, 1)
