@@ -269,8 +269,8 @@ func (s *Shim) refuseVIF(k mactrans.VIFKey, err error, now time.Time) {
 
 // makeVIF returns the VIF of a guest MAC in p, making it when new. It
 // reserves a place in the table and allocates the QP, under no lock a
-// worker takes, wishing for the QPN saved (a guest restored, RestoreGuests)
-// or else the MAC's QPN hint. Then it reads the MTU again, sends the
+// worker takes, wishing for the QPN saved (a guest restored, RestoreGuests;
+// taken over with AdoptQP on a port that can) or else the MAC's QPN hint. Then it reads the MTU again, sends the
 // guest's held frames and publishes the VIF. A new guest's addresses are
 // announced for AnnounceWindow; a restored guest that got its saved QPN
 // back did not move, and peers hold its address: it has no window, so
