@@ -176,6 +176,17 @@ type ControlPort interface {
 	Close() error
 }
 
+// QPAdopter is a Port that can take over a QP a previous run of the
+// daemon left in place rather than create one (the kernel backend's
+// IPoIB children under --persist). The shim restores a saved guest with
+// AdoptQP when its port has it: AdoptQP(pkey, qpn) is AllocQP, except
+// that the QP with QPN qpn in partition pkey, if one was left, is taken
+// over. AllocQP never takes one over, so that a new guest never gets a
+// QP that a restored guest's peers know.
+type QPAdopter interface {
+	AdoptQP(pkey PKey, qpn uint32) (uint32, error)
+}
+
 // Port is one IB port with UD QPs, the fabric side of the shim: its data
 // half and its control half in one value, as a backend makes it.
 type Port interface {

@@ -254,7 +254,17 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	port, fabDev := fab.port, fab.device
-	defer port.Close()
+	// A start that fails under --persist leaves the kernel backend's
+	// children (adopted or not) for the next start to adopt, as a stop
+	// does: their QPNs are the restored guests' identity, and the
+	// pinned fast-path maps name their ifindexes.
+	running := false
+	defer func() {
+		if cfg.Persist && !running {
+			keepChildren(fab)
+		}
+		port.Close()
+	}()
 	kept, inKeeper := keptQueues(&cfg, log)
 	tc := TAPConfig(&cfg, port, kept)
 	dev, err := tap.Create(tc)
@@ -348,6 +358,7 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		stopShim()
 	}()
+	running = true
 	err = sh.Run(shimCtx)
 	stopSaving()
 	<-saverDone

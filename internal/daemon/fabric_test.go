@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -207,4 +208,49 @@ func TestStartFastPathPersist(t *testing.T) {
 			t.Fatalf("after the closing without persist: %d programs at the TAP's egress, want 0", n)
 		}
 	})
+}
+
+// TestRunPersistFailedStart: a --persist start of the kernel backend
+// that fails after the adoption (here its metrics address cannot be
+// listened on) leaves the IPoIB children it adopted in place for the
+// next start: the group child keeps its ifindex. The VIF child no saved
+// guest claimed was deleted when the adoption ended, before the
+// failure.
+func TestRunPersistFailedStart(t *testing.T) {
+	nstest.Require(t, "ip")
+	ns := fmt.Sprintf("dpfs%d", os.Getpid()%100000)
+	nstest.Add(t, ns)
+	k := fakekernel.NewFabric().NewHost(testutil.GID("fe80::a"), "ib0", 2044)
+	for _, name := range []string{"ib0.mffff", "ib0.e1"} {
+		if err := k.AddChild(kernelfabric.ChildSpec{Name: name, Parent: 1, PKey: 0xffff}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := childIndexes(k)
+	old := newKernel
+	newKernel = func(*slog.Logger) (kernelfabric.Kernel, error) { return k, nil }
+	defer func() { newKernel = old }()
+	cfg := testConfig("")
+	cfg.Fabric, cfg.IBDev, cfg.IBMTU, cfg.Persist, cfg.StateDir = FabricKernel, "ib0", DefaultIBMTU, true, t.TempDir()
+	cfg.Metrics = "127.0.0.1:99999" // no such port: the listen fails
+	err := nstest.DoErr(ns, func() error { return Run(context.Background(), cfg) })
+	if err == nil || !strings.Contains(err.Error(), "99999") {
+		t.Fatalf("Run: %v, want the metrics listen's failure", err)
+	}
+	if got := childIndexes(k); len(got) != 1 || got["ib0.mffff"] != before["ib0.mffff"] {
+		t.Fatalf("children after the failed start %v, want ib0.mffff alone, as before (%v)", got, before)
+	}
+}
+
+// childIndexes maps the names of the fake host's IPoIB children to
+// their ifindexes.
+func childIndexes(k *fakekernel.Kernel) map[string]int {
+	links, _ := k.Links()
+	out := map[string]int{}
+	for _, l := range links {
+		if l.ParentIndex != 0 {
+			out[l.Name] = l.Index
+		}
+	}
+	return out
 }

@@ -269,8 +269,8 @@ func (s *Shim) refuseVIF(k mactrans.VIFKey, err error, now time.Time) {
 
 // makeVIF returns the VIF of a guest MAC in p, making it when new. It
 // reserves a place in the table and allocates the QP, under no lock a
-// worker takes, wishing for the QPN saved (a guest restored, RestoreGuests)
-// or else the MAC's QPN hint. Then it reads the MTU again, sends the
+// worker takes, wishing for the QPN saved (a guest restored, RestoreGuests;
+// taken over with AdoptQP on a port that can) or else the MAC's QPN hint. Then it reads the MTU again, sends the
 // guest's held frames and publishes the VIF. A new guest's addresses are
 // announced for AnnounceWindow; a restored guest that got its saved QPN
 // back did not move, and peers hold its address: it has no window, so
@@ -289,7 +289,7 @@ func (s *Shim) makeVIF(p *partition, mac ether.MAC, origin mactrans.Origin, now 
 		if hint == 0 {
 			hint = mactrans.QPNHint(k)
 		}
-		if qpn, err = s.ctl.port.AllocQP(p.pkey, hint); err != nil {
+		if qpn, err = s.allocQP(p.pkey, hint, saved != 0); err != nil {
 			s.vifs.Unreserve(k)
 			err = fmt.Errorf("shim: allocate a QP for %s on VLAN %d: %w", mac, p.vlan, err)
 		}
@@ -312,6 +312,16 @@ func (s *Shim) makeVIF(p *partition, mac ether.MAC, origin mactrans.Origin, now 
 		s.mobility.seekMoved(p, v, now)
 	}
 	return v, nil
+}
+
+// allocQP allocates a QP in partition pkey wishing for QPN hint; for a
+// restored guest (saved) on a port that can take over the QP it had
+// (ipoib.QPAdopter), it does so with AdoptQP.
+func (s *Shim) allocQP(pkey ipoib.PKey, hint uint32, saved bool) (uint32, error) {
+	if a, ok := s.ctl.port.(ipoib.QPAdopter); ok && saved {
+		return a.AdoptQP(pkey, hint)
+	}
+	return s.ctl.port.AllocQP(pkey, hint)
 }
 
 // vif returns (making when new) the VIF of a guest MAC in p, with the

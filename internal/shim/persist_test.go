@@ -3,6 +3,7 @@ package shim
 import (
 	"net/netip"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -82,4 +83,52 @@ func TestRestoreGuestsFastPath(t *testing.T) {
 		t.Fatalf("A2's VIF %+v: want a QPN other than 0x777", v2)
 	}
 	fp.waitState(t, "A1 alone", fastView{guests: map[ether.MAC]uint32{macA1: 0x777}, neigh: map[ether.MAC]ipoib.HwAddr{}, senders: map[netip.Addr]ether.MAC{}})
+}
+
+// adoptingPort is a port that can take over a previous run's QPs
+// (ipoib.QPAdopter), recording which QPNs each call asked for.
+type adoptingPort struct {
+	ipoib.Port
+	mu             sync.Mutex
+	allocs, adopts []uint32
+}
+
+func (p *adoptingPort) AllocQP(pkey ipoib.PKey, hint uint32) (uint32, error) {
+	p.mu.Lock()
+	p.allocs = append(p.allocs, hint)
+	p.mu.Unlock()
+	return p.Port.AllocQP(pkey, hint)
+}
+
+func (p *adoptingPort) AdoptQP(pkey ipoib.PKey, qpn uint32) (uint32, error) {
+	p.mu.Lock()
+	p.adopts = append(p.adopts, qpn)
+	p.mu.Unlock()
+	return p.Port.AllocQP(pkey, qpn)
+}
+
+// TestRestoreGuestsAdopt: on a port that can take over a previous run's
+// QPs, a restored guest asks for its saved QPN with AdoptQP, and a new
+// guest uses AllocQP (its hint, a hash of its MAC, must never take over
+// a QP a restored guest's peers know).
+func TestRestoreGuestsAdopt(t *testing.T) {
+	var ap *adoptingPort
+	a := newHV(t, memFab(t, 2048), "fe80::a", func(c *Config) {
+		ap = &adoptingPort{Port: c.Port}
+		c.Port = ap
+	})
+	if vifs, _, skipped := a.s.RestoreGuests([]state.Guest{{MAC: macA1, QPN: 0x777, Origin: mactrans.OriginLearned}}); vifs != 1 || len(skipped) != 0 {
+		t.Fatalf("restored %d VIFs, skipped %v; want 1 and none", vifs, skipped)
+	}
+	if err := a.s.call(func() error {
+		_, err := a.s.vif(a.s.byVLAN[0].Load(), macA2, mactrans.OriginLearned, a.clk.Now())
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	ap.mu.Lock()
+	defer ap.mu.Unlock()
+	if len(ap.adopts) != 1 || ap.adopts[0] != 0x777 || len(ap.allocs) != 1 || ap.allocs[0] != mactrans.QPNHint(mactrans.VIFKey{MAC: macA2}) {
+		t.Fatalf("AdoptQP asked for %#x, AllocQP for %#x; want AdoptQP for A1's 0x777 alone and AllocQP for A2's hint alone", ap.adopts, ap.allocs)
+	}
 }

@@ -33,8 +33,9 @@ func emuChildren(t *testing.T, h *hypervisor) map[string]int {
 // hypervisor's, every one answered. The next start adopts the children
 // (same ifindexes, same QPNs; none reclaimed), pings are answered and
 // the fast path carries again. A crash (SIGKILL) leaves the same, and
-// the start after it adopts them the same. A start without --persist
-// deletes them.
+// the start after it adopts them the same; a guest new after it gets a
+// child of its own and is answered. A start without --persist deletes
+// them.
 func TestKernelBackendEmulatedPersist(t *testing.T) {
 	tp := newEmuTopo(t, "on")
 	g1, g2 := tp.guests[0], tp.guests[1]
@@ -138,6 +139,32 @@ func TestKernelBackendEmulatedPersist(t *testing.T) {
 			t.Errorf("h1's children after the crash and restart: %v, want %v", got, before)
 		}
 		pingN(t, g1, g2.ip4, 5)
+	})
+
+	// A guest new after the restart gets a child of its own beside the
+	// adopted ones (the emulation's fabric end names go on past theirs)
+	// and is answered both ways. It then counts among h1's children.
+	t.Run("new guest", func(t *testing.T) {
+		g3 := &guest{ns: tp.pfx + "h1g2", ip4: "10.77.0.12"}
+		sh(t, "ip", "netns", "add", g3.ns)
+		t.Cleanup(func() { shErr("ip", "netns", "delete", g3.ns) })
+		sh(t, in(g3.ns, "sysctl", "-qw", "net.ipv6.conf.default.disable_ipv6=1")...)
+		sh(t, "ip", "link", "add", "eth0", "netns", g3.ns, "type", "veth", "peer", "name", "vg2", "netns", h1.ns)
+		sh(t, in(h1.ns, "ip", "link", "set", "vg2", "master", "br0", "up")...)
+		sh(t, in(g3.ns, "ip", "link", "set", "eth0", "up")...)
+		sh(t, in(g3.ns, "ip", "addr", "add", g3.ip4+"/24", "dev", "eth0")...)
+		pingN(t, g3, g2.ip4, 5)
+		pingN(t, g2, g3.ip4, 5)
+		now := emuChildren(t, h1)
+		if len(now) != len(before)+1 || h1.vifQPN(g3.mac(t).String(), 0) == 0 {
+			t.Fatalf("h1's children %v (were %v), new guest's QPN %#x: want one new child", now, before, h1.vifQPN(g3.mac(t).String(), 0))
+		}
+		for name, index := range before {
+			if now[name] != index {
+				t.Errorf("h1's child %s has ifindex %d, was %d", name, now[name], index)
+			}
+		}
+		before, kids = now, float64(len(now))
 	})
 
 	// Without --persist a start deletes the children the --persist stop

@@ -61,8 +61,10 @@ func (f *FastPath) takeOver() error {
 
 // dropGone deletes the entries of children that are neither the port's
 // nor left for it to adopt. It is called by takeOver and EndAdoption,
-// before the shim's rounds begin: it changes have, which only Commit
-// changes afterwards.
+// before the shim's rounds begin, so no Commit writes have meanwhile;
+// it changes have through the locked setters all the same, as the
+// FastPath is published by then and GuestUsed or NeighbourUsed may
+// read it.
 func (f *FastPath) dropGone() error {
 	live := map[int]bool{}
 	f.p.mu.RLock()
@@ -89,7 +91,7 @@ func (f *FastPath) dropGone() error {
 				errs = append(errs, err)
 				continue
 			}
-			delete(f.have.children, mac)
+			f.setChild(mac, c, false)
 		}
 	}
 	if err := errors.Join(errs...); err != nil {

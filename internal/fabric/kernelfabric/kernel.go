@@ -32,7 +32,12 @@ type Link struct {
 	// PKey is an IPoIB interface's P_Key, full-membership bit set
 	// (IFLA_IPOIB_PKEY, which ipoib_netlink.c ipoib_fill_info reports);
 	// 0 for other interfaces.
-	PKey    ipoib.PKey
+	PKey ipoib.PKey
+	// Mode and Umcast are an IPoIB interface's IFLA_IPOIB_MODE
+	// (ModeDatagram or ModeConnected) and IFLA_IPOIB_UMCAST, as
+	// ipoib_fill_info reports them; 0 for other interfaces.
+	Mode    uint16
+	Umcast  uint16
 	Up      bool // IFF_UP
 	Carrier bool // operationally up (carrier on)
 	// RxQueues is IFLA_NUM_RX_QUEUES, the receive queues the device
@@ -40,6 +45,12 @@ type Link struct {
 	// parent (mlx5_rdma_rn_get_params), 1 on the other IPoIB drivers.
 	RxQueues int
 }
+
+// IFLA_IPOIB_MODE values (include/uapi/linux/if_link.h IPOIB_MODE_*).
+const (
+	ModeDatagram  = 0
+	ModeConnected = 1
+)
 
 // ChildSpec is an IPoIB child to create (RTM_NEWLINK, kind "ipoib"):
 // always datagram mode, user-multicast off.

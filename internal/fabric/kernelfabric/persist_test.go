@@ -1,6 +1,7 @@
 package kernelfabric_test
 
 import (
+	"errors"
 	"maps"
 	"net/netip"
 	"testing"
@@ -27,12 +28,13 @@ func indexes(k *fakekernel.Kernel) map[string]int {
 
 // TestPersistAdoptsChildren: under Config.Persist a port that Keep was
 // called on leaves its children at FreeQP and Close. The next port
-// adopts the group child by name at once, and a VIF child when AllocQP
-// wishes for its QPN in its partition: same ifindex, same QPN, and it
-// receives again. A wish in another partition adopts nothing; a new
-// child takes no leftover's name; EndAdoption deletes the leftover no
-// VIF claimed, counted, and frees its name. A port without Persist
-// deletes every leftover.
+// adopts the group child by name at once, and a VIF child when AdoptQP
+// asks for its QPN in its partition: same ifindex, same QPN, and it
+// receives again. AllocQP wishing for a leftover's QPN (a new guest
+// whose MAC hashes to it) and AdoptQP in another partition adopt
+// nothing; a new child takes no leftover's name; EndAdoption deletes
+// the leftover no VIF claimed, counted, and frees its name. A port
+// without Persist deletes every leftover.
 func TestPersistAdoptsChildren(t *testing.T) {
 	fab := fakekernel.NewFabric()
 	k := fab.NewHost(testutil.GID("fe80::a"), "ib0", 2044)
@@ -57,15 +59,18 @@ func TestPersistAdoptsChildren(t *testing.T) {
 	if s := p2.Counters().Stats; s[kf.StatAdopted] != 1 || s[kf.StatReclaimed] != 0 {
 		t.Fatalf("at start: adopted %d reclaimed %d, want 1 (ib0.mffff) and 0", s[kf.StatAdopted], s[kf.StatReclaimed])
 	}
-	if q, err := p2.AllocQP(0xffff, qa); err != nil || q != qa {
-		t.Fatalf("AllocQP wishing for %#x: %#x %v", qa, q, err)
+	if q, err := p2.AllocQP(0xffff, qb); err != nil || q == qb {
+		t.Fatalf("AllocQP wishing for %#x (a leftover's): %#x %v, want a new child", qb, q, err)
 	}
-	if q, err := p2.AllocQP(0x8001, qb); err != nil || q == qb {
-		t.Fatalf("AllocQP in partition 0x8001 wishing for %#x (of 0xffff): %#x %v, want a new child", qb, q, err)
+	if q, err := p2.AdoptQP(0xffff, qa); err != nil || q != qa {
+		t.Fatalf("AdoptQP of %#x: %#x %v", qa, q, err)
+	}
+	if q, err := p2.AdoptQP(0x8001, qb); err != nil || q == qb {
+		t.Fatalf("AdoptQP in partition 0x8001 of %#x (of 0xffff): %#x %v, want a new child", qb, q, err)
 	}
 	now := indexes(k)
-	if now["ib0.e1"] != before["ib0.e1"] || now["ib0.mffff"] != before["ib0.mffff"] || now["ib0.e2"] != before["ib0.e2"] || now["ib0.e3"] == 0 {
-		t.Fatalf("children %v, want ib0.e1, ib0.e2 and ib0.mffff as before (%v) and the new one ib0.e3", now, before)
+	if now["ib0.e1"] != before["ib0.e1"] || now["ib0.mffff"] != before["ib0.mffff"] || now["ib0.e2"] != before["ib0.e2"] || now["ib0.e3"] == 0 || now["ib0.e4"] == 0 {
+		t.Fatalf("children %v, want ib0.e1, ib0.e2 and ib0.mffff as before (%v) and the new ones ib0.e3 and ib0.e4", now, before)
 	}
 	if s := p2.Counters().Stats; s[kf.StatAdopted] != 2 || s[kf.StatReclaimed] != 0 {
 		t.Fatalf("adopted %d reclaimed %d, want 2 and 0", s[kf.StatAdopted], s[kf.StatReclaimed])
@@ -117,8 +122,9 @@ func TestPersistAdoptsChildren(t *testing.T) {
 // TestFastPathPersist: once the port keeps its children (Keep), Commit
 // changes nothing, so a stop that states no guest leaves the maps
 // full. The next port's FastPath keeps the entries of the children left
-// for adoption (the adopted child's round makes no call), and
-// EndAdoption deletes those of the leftover no VIF claimed.
+// for adoption, EndAdoption (called before any round, as the daemon
+// does) deletes those of the leftover no VIF claimed, and the first
+// round, stating the adopted child's guest, makes no call.
 func TestFastPathPersist(t *testing.T) {
 	k := fakekernel.NewFabric().NewHost(testutil.GID("fe80::a"), "ib0", 2044)
 	p1 := openCfg(t, k, kf.Config{Persist: true})
@@ -155,22 +161,97 @@ func TestFastPathPersist(t *testing.T) {
 	if m.Calls != 0 {
 		t.Fatalf("NewFastPath made %d map calls, want 0: both children are left for adoption", m.Calls)
 	}
-	if q, err := p2.AllocQP(0xffff, qa); err != nil || q != qa {
-		t.Fatalf("AllocQP wishing for %#x: %#x %v", qa, q, err)
+	if q, err := p2.AdoptQP(0xffff, qa); err != nil || q != qa {
+		t.Fatalf("AdoptQP of %#x: %#x %v", qa, q, err)
 	}
-	if err := round(f2, map[ether.MAC]uint32{macA: qa}, neigh, senders); err != nil {
-		t.Fatal(err)
+	// As the daemon does, before any round: guest B's child was not
+	// claimed, so its guest, child and sender entries go.
+	if err := p2.EndAdoption(); err != nil || m.Calls != 3 {
+		t.Fatalf("EndAdoption: %v, %d map calls, want 3 (guest B's guest, child and sender entries)", err, m.Calls)
 	}
-	// The round deletes guest B's entries (not stated): 2 + its sender.
-	if m.Calls != 3 {
-		t.Fatalf("first round made %d map calls, want 3 (guest B's guest, child and sender entries)", m.Calls)
+	if _, ok := m.Guests[macB]; ok || len(m.Children) != 1 || len(m.Senders) != 1 {
+		t.Fatalf("after EndAdoption: guests %v children %v senders %v, want guest A's alone", m.Guests, m.Children, m.Senders)
 	}
 	m.Calls = 0
-	if err := p2.EndAdoption(); err != nil || m.Calls != 0 {
-		t.Fatalf("EndAdoption: %v, %d map calls, want none left to delete", err, m.Calls)
+	if err := round(f2, map[ether.MAC]uint32{macA: qa}, neigh, senders); err != nil || m.Calls != 0 {
+		t.Fatalf("first round: %v, %d map calls, want 0: guest A's entries are in place", err, m.Calls)
 	}
 	la, _ := k.Link("ib0.e1")
 	if g, ok := m.Guests[macA]; !ok || int(g.Ifindex) != la.Index || len(m.Guests) != 1 || len(m.Senders) != 1 {
 		t.Fatalf("guests %v senders %v, want guest A's entries on ifindex %d", m.Guests, m.Senders, la.Index)
+	}
+}
+
+// TestPersistUnadoptable: under Config.Persist a leftover that cannot
+// serve as the child asked for is deleted, counted reclaimed, and a new
+// child made in its place: a group child whose P_Key is not its name's
+// (New would otherwise fail on its name, EEXIST), and VIF children in
+// connected mode or with user multicast on. The group child left in a
+// partition the P_Key table refuses is deleted, counted as refused and
+// not as reclaimed.
+func TestPersistUnadoptable(t *testing.T) {
+	k := fakekernel.NewFabric().NewHost(testutil.GID("fe80::a"), "ib0", 2044)
+	k.SetPKeys(0xffff, 0x8001)
+	spec := map[string]ipoib.PKey{"ib0.mffff": 0x8001, "ib0.e1": 0xffff, "ib0.e2": 0xffff, "ib0.m8002": 0x8002}
+	for _, name := range []string{"ib0.mffff", "ib0.e1", "ib0.e2", "ib0.m8002"} {
+		if err := k.AddChild(kf.ChildSpec{Name: name, Parent: 1, PKey: spec[name]}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := errors.Join(k.SetChildMode("ib0.e1", kf.ModeConnected, 0), k.SetChildMode("ib0.e2", kf.ModeDatagram, 1)); err != nil {
+		t.Fatal(err)
+	}
+	before := indexes(k)
+	qpn := func(name string) uint32 { l, _ := k.LinkByName(name); return l.HwAddr.QPN() }
+	q1, q2 := qpn("ib0.e1"), qpn("ib0.e2")
+
+	p := openCfg(t, k, kf.Config{Persist: true})
+	if s := p.Counters().Stats; s[kf.StatAdopted] != 0 || s[kf.StatReclaimed] != 1 {
+		t.Fatalf("at start: adopted %d reclaimed %d, want 0 and 1 (ib0.mffff of P_Key 0x8001)", s[kf.StatAdopted], s[kf.StatReclaimed])
+	}
+	if st, ok := k.Link("ib0.mffff"); !ok || st.PKey != 0xffff || st.Index == before["ib0.mffff"] {
+		t.Fatalf("group child %+v (was ifindex %d), want a new one of P_Key 0xffff", st, before["ib0.mffff"])
+	}
+	for _, q := range []uint32{q1, q2} {
+		if got, err := p.AdoptQP(0xffff, q); err != nil || got == q {
+			t.Fatalf("AdoptQP of %#x (connected or umcast): %#x %v, want a new child", q, got, err)
+		}
+	}
+	if _, err := p.AllocQP(0x8002, 0); !errors.Is(err, kf.ErrPKeyNotInTable) {
+		t.Fatalf("AllocQP in partition 0x8002, not in the table: %v", err)
+	}
+	s := p.Counters().Stats
+	if s[kf.StatAdopted] != 0 || s[kf.StatReclaimed] != 3 || s[kf.StatRefusedPKey] != 1 {
+		t.Fatalf("adopted %d reclaimed %d refused_pkey %d, want 0, 3 and 1", s[kf.StatAdopted], s[kf.StatReclaimed], s[kf.StatRefusedPKey])
+	}
+	now := indexes(k)
+	if len(now) != 3 || now["ib0.e1"] == before["ib0.e1"] || now["ib0.e2"] == before["ib0.e2"] || now["ib0.m8002"] != 0 {
+		t.Fatalf("children %v (were %v), want ib0.mffff, ib0.e1 and ib0.e2 new, ib0.m8002 gone", now, before)
+	}
+}
+
+// TestPersistConnectedParent: with the parent in connected mode the
+// port's MTU is read from its first child, so the default group child a
+// previous run left, whose MTU its partition's broadcast group lowered,
+// is deleted and a new one made: the port keeps the UD MTU (4096).
+func TestPersistConnectedParent(t *testing.T) {
+	f := fakekernel.NewFabric()
+	k := f.NewHost(testutil.GID("fe80::a"), "ib0", 4092)
+	k.SetConnected()
+	f.SetGroupMTU(0xffff, 2048)
+	p1 := openCfg(t, k, kf.Config{Persist: true})
+	if p1.MTU() != 4096 || p1.PartitionMTU(0xffff) != 2048 {
+		t.Fatalf("first run: MTU %d partition %d, want 4096 and 2048", p1.MTU(), p1.PartitionMTU(0xffff))
+	}
+	before := indexes(k)["ib0.mffff"]
+	p1.Keep()
+	p1.Close()
+
+	p2 := openCfg(t, k, kf.Config{Persist: true})
+	if p2.MTU() != 4096 {
+		t.Fatalf("after the restart: MTU %d, want 4096 (the UD MTU)", p2.MTU())
+	}
+	if s := p2.Counters().Stats; s[kf.StatAdopted] != 0 || s[kf.StatReclaimed] != 1 || indexes(k)["ib0.mffff"] == before {
+		t.Fatalf("adopted %d reclaimed %d, ib0.mffff ifindex %d (was %d): want the group child deleted and made again", s[kf.StatAdopted], s[kf.StatReclaimed], indexes(k)["ib0.mffff"], before)
 	}
 }

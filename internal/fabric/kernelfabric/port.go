@@ -53,12 +53,16 @@ const (
 	StatSuperPackets = "tx_super_packets"
 	// StatMTUChanges counts parent MTU changes seen after start-up.
 	StatMTUChanges = "parent_mtu_changes"
-	// StatReclaimed counts children of a previous run deleted at start:
-	// every one without Config.Persist, those no VIF claimed with it
-	// (EndAdoption).
+	// StatReclaimed counts the children of a previous run deleted
+	// unadopted: at start without Config.Persist, and under it those
+	// that cannot be adopted (unadoptable) and those no VIF claimed
+	// (EndAdoption). Only a deletion that succeeded counts. An
+	// adoption that fails (refused, or the child's setup failed) is
+	// counted as a new child's failure would be, not here.
 	StatReclaimed = "children_reclaimed"
 	// StatAdopted counts children of a previous run taken over, with
-	// their ifindex and QPN, under Config.Persist.
+	// their ifindex and QPN, under Config.Persist: once each is in
+	// use, so an adopted child that could not be put in place is not.
 	StatAdopted = "children_adopted"
 	// StatRefusedPKey, StatRefusedJoin and StatRefusedMTU count children
 	// refused and deleted: their P_Key is not in the port's table, their
@@ -419,27 +423,67 @@ func (p *Port) deleteLeftover(l Link) error {
 	return nil
 }
 
-// takeLeftover takes out of leftover the child named name of partition
-// pkey, and for a VIF child (qpn not 0) with QPN qpn, if there is one
-// (setup held). The P_Key is the kernel's (Link.PKey); a group child's
-// name says it too.
-func (p *Port) takeLeftover(name string, pkey ipoib.PKey, qpn uint32) (Link, bool) {
+// takeLeftover takes out of leftover the child named name (a group
+// child) or, for a VIF child (name ""), the one of partition pkey with
+// QPN qpn, if there is one (setup held). One taken that cannot be
+// adopted (unadoptable) is deleted, counted reclaimed, and its slot
+// freed: the caller makes a new child, which may take its name. An
+// error is a deletion that failed.
+func (p *Port) takeLeftover(name string, pkey ipoib.PKey, qpn uint32) (Link, bool, error) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	if name == "" {
 		for n, l := range p.leftover {
-			if _, vif := childIndex(p.stem, n); vif && l.HwAddr.QPN() == qpn && l.PKey.Full() == pkey.Full() {
+			if _, vif := childIndex(p.stem, n); vif && l.HwAddr.QPN() == qpn && l.PKey == pkey.Full() {
 				name = n
 				break
 			}
 		}
 	}
 	l, ok := p.leftover[name]
-	if !ok || l.PKey != 0 && l.PKey.Full() != pkey.Full() {
-		return Link{}, false
-	}
 	delete(p.leftover, name)
-	return l, true
+	p.mu.Unlock()
+	if !ok {
+		return Link{}, false, nil
+	}
+	why := p.unadoptable(l, pkey)
+	if why == "" {
+		return l, true, nil
+	}
+	p.log.Info("a child left by a previous run cannot be adopted; deleting it", "child", l.Name, "why", why)
+	if err := p.deleteLeftover(l); err != nil {
+		return Link{}, false, err
+	}
+	if n, vif := childIndex(p.stem, l.Name); vif {
+		p.freeSlot(n)
+	}
+	return Link{}, false, nil
+}
+
+// unadoptable says why leftover child l cannot serve as a child of
+// partition pkey, or "". Real ipoib reports the P_Key with the
+// full-membership bit set (ipoib_ndo_init sets priv->pkey |= 0x8000;
+// ipoib_fill_info reports it), so it must be pkey's exactly. The child
+// must be in datagram mode with user multicast off, as createChild
+// makes one (ipoib_fill_info reports IPOIB_FLAG_ADMIN_CM and
+// IPOIB_FLAG_UMCAST). And while the port's MTU is still to be read from
+// a child (a parent in connected mode, see New), a leftover cannot give
+// it: one that had carrier has its partition's MTU
+// (ipoib_mcast_join_finish, then ipoib_mcast_carrier_on_task), which may
+// be below the port's, while a new child starts with the port's UD MTU.
+// Its QPN is no identity a peer holds (multicast leaves from it, with
+// the group child's), so nothing is lost by making a new one.
+func (p *Port) unadoptable(l Link, pkey ipoib.PKey) string {
+	switch {
+	case l.PKey != pkey.Full():
+		return fmt.Sprintf("its P_Key is %s, not %s", l.PKey, pkey.Full())
+	case l.Mode != ModeDatagram:
+		return "it is in connected mode"
+	case l.Umcast != 0:
+		return "it has user multicast (umcast) on"
+	case p.mtu == 0:
+		return "the port's UD MTU is read from a new child (the parent is in connected mode)"
+	}
+	return ""
 }
 
 // adopt takes over child l that a previous run left (Config.Persist),
@@ -451,33 +495,42 @@ func (p *Port) takeLeftover(name string, pkey ipoib.PKey, qpn uint32) (Link, boo
 // ipoib_transport_dev_init creates the UD QP and writes its QPN into
 // dev_addr) to ndo_uninit (ipoib_dev_uninit_default), and
 // ipoib_ib_dev_open/ipoib_ib_dev_stop only move it between RTS and reset
-// as the link goes up and down. The child stays up meanwhile, so its
-// path records and neighbours stay too (ipoib_ib_dev_down, which flushes
-// them, runs when the link goes down). A child that fails the checks is
-// deleted, counted reclaimed.
+// as the link goes up and down. On mlx5's enhanced IPoIB the same holds:
+// a child's underlay QP lives from the netdev's attach to its detach
+// (ipoib_vlan.c mlx5i_pkey_init_tx → mlx5i_create_underlay_qp, to
+// mlx5i_pkey_cleanup_tx → mlx5i_destroy_underlay_qp), and
+// mlx5i_pkey_open/mlx5i_pkey_close only move it between states
+// (mlx5i_init_underlay_qp, mlx5i_uninit_underlay_qp). The child stays
+// up meanwhile, so its path records and neighbours stay too: they are
+// flushed by link down and IB port events (__ipoib_ib_dev_flush calls
+// ipoib_ib_dev_down on every normal and heavy flush: port error or
+// active, LID or P_Key change), as with a running daemon. A child the
+// port's P_Key table refuses is deleted, counted as refused; one whose
+// setup fails is deleted by setupChild. The caller counts StatAdopted
+// once the child is in place.
 func (p *Port) adopt(l Link, pkey ipoib.PKey, group bool) (*child, error) {
 	if err := p.checkPKey(l.Name, pkey); err != nil {
-		if derr := p.deleteLeftover(l); derr != nil {
+		if derr := p.k.DelLink(l.Index); derr != nil {
 			p.log.Warn("delete refused leftover child", "child", l.Name, "err", derr)
 		}
 		return nil, err
 	}
-	c, err := p.setupChild(l, pkey, group, true)
-	if err != nil {
-		p.stat(statReclaimed)
-		return nil, err
-	}
+	return p.setupChild(l, pkey, group, true)
+}
+
+// adopted counts child c as adopted, now in place.
+func (p *Port) adopted(c *child) {
 	p.stat(statAdopted)
-	p.log.Info("adopted a child left by a previous run", "child", l.Name, "ifindex", c.index, "qpn", fmt.Sprintf("%#06x", c.qpn), "pkey", c.pkey)
-	return c, nil
+	p.log.Info("adopted a child left by a previous run", "child", c.name, "ifindex", c.index, "qpn", fmt.Sprintf("%#06x", c.qpn), "pkey", c.pkey)
 }
 
 // EndAdoption ends the adoption of the children a previous run left
 // (Config.Persist): those no VIF claimed are deleted, counted as
-// StatReclaimed, and their slots freed, and the fast path's entries
-// that name them go with them. The daemon calls it once the saved
-// guests are restored (their AllocQP adopted theirs), before the shim
-// runs; without Config.Persist it does nothing.
+// StatReclaimed, and their slots freed. The fast path's entries that
+// name them are deleted first, so that the TX program never redirects
+// to a device that is gone. The daemon calls it once the saved guests
+// are restored (their AdoptQP adopted theirs), before the shim runs;
+// without Config.Persist it does nothing.
 func (p *Port) EndAdoption() error {
 	p.setup.Lock()
 	defer p.setup.Unlock()
@@ -486,6 +539,9 @@ func (p *Port) EndAdoption() error {
 	p.leftover = nil
 	p.mu.Unlock()
 	var errs []error
+	if f := p.fast.Load(); f != nil {
+		errs = append(errs, f.dropGone())
+	}
 	for _, l := range left {
 		if err := p.deleteLeftover(l); err != nil {
 			errs = append(errs, err)
@@ -494,9 +550,6 @@ func (p *Port) EndAdoption() error {
 		if n, ok := childIndex(p.stem, l.Name); ok {
 			p.freeSlot(n)
 		}
-	}
-	if f := p.fast.Load(); f != nil {
-		errs = append(errs, f.dropGone())
 	}
 	return errors.Join(errs...)
 }
@@ -1049,14 +1102,20 @@ func (p *Port) groupChild(pkey ipoib.PKey) (*child, error) {
 		return nil, err
 	}
 	name := GroupChildName(p.stem, pkey)
-	var err error
-	if l, ok := p.takeLeftover(name, pkey, 0); ok {
+	l, adopt, err := p.takeLeftover(name, pkey, 0)
+	switch {
+	case err != nil:
+		return nil, err // its name stays taken
+	case adopt:
 		c, err = p.adopt(l, pkey, true)
-	} else {
+	default:
 		c, err = p.createChild(name, pkey, true)
 	}
 	if err != nil {
 		return nil, err
+	}
+	if adopt {
+		p.adopted(c)
 	}
 	p.mu.Lock()
 	p.groupC[pkey] = c
@@ -1068,10 +1127,26 @@ func (p *Port) groupChild(pkey ipoib.PKey) (*child, error) {
 }
 
 // AllocQP creates a child in partition pkey and returns its QPN. The HCA
-// chooses QPNs, so hint is a wish only a child a previous run left can
-// grant (Config.Persist, until EndAdoption): the one of partition pkey
-// with QPN hint is adopted rather than a new child made.
-func (p *Port) AllocQP(pkey ipoib.PKey, hint uint32) (uint32, error) {
+// chooses QPNs, so hint is ignored: a new guest's hint (a hash of its
+// MAC) must never take over a child a previous run left for a restored
+// guest (AdoptQP).
+func (p *Port) AllocQP(pkey ipoib.PKey, _ uint32) (uint32, error) {
+	return p.allocQP(pkey, 0)
+}
+
+var _ ipoib.QPAdopter = (*Port)(nil)
+
+// AdoptQP is AllocQP for a guest restored with the QPN qpn it had
+// (ipoib.QPAdopter): the child of partition pkey with that QPN a
+// previous run left (Config.Persist, until EndAdoption) is adopted
+// rather than a new child made, if there is one.
+func (p *Port) AdoptQP(pkey ipoib.PKey, qpn uint32) (uint32, error) {
+	return p.allocQP(pkey, qpn)
+}
+
+// allocQP is AllocQP, adopting the leftover child with QPN adopt (0:
+// none).
+func (p *Port) allocQP(pkey ipoib.PKey, adopt uint32) (uint32, error) {
 	if p.closed.Load() {
 		return 0, net.ErrClosed
 	}
@@ -1089,7 +1164,13 @@ func (p *Port) AllocQP(pkey ipoib.PKey, hint uint32) (uint32, error) {
 	}
 	var c *child
 	slot := 0
-	if l, ok := p.takeLeftover("", pkey, hint); ok {
+	l, adopted := Link{}, false
+	if adopt != 0 {
+		if l, adopted, err = p.takeLeftover("", pkey, adopt); err != nil {
+			return 0, err
+		}
+	}
+	if adopted {
 		slot, _ = childIndex(p.stem, l.Name) // taken by reclaim
 		c, err = p.adopt(l, pkey, false)
 	} else {
@@ -1112,6 +1193,9 @@ func (p *Port) AllocQP(pkey ipoib.PKey, hint uint32) (uint32, error) {
 	if err := p.qps.Add(c.qpn, pkey, c); err != nil {
 		p.destroy(c)
 		return 0, fmt.Errorf("kernel: create child %s: %w", c.name, err)
+	}
+	if adopted {
+		p.adopted(c)
 	}
 	p.mu.Lock()
 	p.all[c.name] = c

@@ -44,7 +44,7 @@ func toLink(l netlink.Link) Link {
 		out.HwAddr = ipoib.HwAddr(a.HardwareAddr)
 	}
 	if ib, ok := l.(*netlink.IPoIB); ok {
-		out.PKey = ipoib.PKey(ib.Pkey)
+		out.PKey, out.Mode, out.Umcast = ipoib.PKey(ib.Pkey), uint16(ib.Mode), ib.Umcast
 	}
 	return out
 }

@@ -303,7 +303,8 @@ func (k *Kernel) SetConnected() {
 	k.mu.Unlock()
 }
 
-// Mode returns ModeOf for the parent and "datagram" for children.
+// Mode returns ModeOf for the parent and a child's mode (SetChildMode)
+// for a child.
 func (k *Kernel) Mode(name string) (string, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -314,7 +315,24 @@ func (k *Kernel) Mode(name string) (string, error) {
 	if l.ParentIndex == 0 {
 		return k.ModeOf, nil
 	}
+	if l.Mode == kf.ModeConnected {
+		return "connected", nil
+	}
 	return "datagram", nil
+}
+
+// SetChildMode sets a child's IFLA_IPOIB_MODE and IFLA_IPOIB_UMCAST, as
+// ipoib_changelink does (AddChild makes it datagram, umcast 0, as the
+// backend asks), for a test of a child that someone changed.
+func (k *Kernel) SetChildMode(name string, mode, umcast uint16) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	l := k.byName(name)
+	if l == nil || l.ParentIndex == 0 {
+		return unix.ENODEV
+	}
+	l.Mode, l.Umcast = mode, umcast
+	return nil
 }
 
 // WriteSysctl records a write to an entry of /proc/sys/net/ipv4/conf/DEV

@@ -194,8 +194,10 @@ const childAlias = "emuib pkey=%d end=%d"
 
 // adoptChildren takes over the children an earlier process left: each
 // child veth whose alias and pinned attachments are there is made known
-// again, and its fabric end a member of its broadcast group. The others
-// stay unknown, for the backend to delete.
+// again, with the P_Key its alias holds, and its fabric end a member of
+// its broadcast group. The others stay unknown, for the backend to
+// delete. The fabric ends' names (h<host>q<seq>) go on past the highest
+// one this hypervisor has, so that the next AddChild's does not collide.
 func (k *Kernel) adoptChildren() {
 	links, err := netlink.LinkList()
 	if err != nil {
@@ -203,6 +205,7 @@ func (k *Kernel) adoptChildren() {
 	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	k.seq = k.lastEnd()
 	for _, l := range links {
 		a := l.Attrs()
 		var pkey uint16
@@ -213,7 +216,7 @@ func (k *Kernel) adoptChildren() {
 		if n, err := fmt.Sscanf(a.Alias, childAlias, &pkey, &end); n != 2 || err != nil {
 			continue
 		}
-		ec := &emuChild{fabricEnd: end, pkey: ipoib.PKey(pkey), bcast: ipoib.BroadcastMGID(ipoib.PKey(pkey), ipoib.ScopeLinkLocal)}
+		ec := &emuChild{fabricEnd: end, pkey: ipoib.PKey(pkey).Full(), bcast: ipoib.BroadcastMGID(ipoib.PKey(pkey), ipoib.ScopeLinkLocal)}
 		ok := true
 		for i := range 3 {
 			pl, err := link.LoadPinnedLink(filepath.Join(k.childPin(a.Index), strconv.Itoa(i)), nil)
@@ -231,6 +234,27 @@ func (k *Kernel) adoptChildren() {
 		}
 		k.children[a.Index] = ec
 	}
+}
+
+// endName names a child's fabric end: h<host>q<seq>.
+const endName = "h%dq%d"
+
+// lastEnd is the highest seq of this hypervisor's fabric ends
+// (h<host>q<seq>) in the fabric namespace, 0 for none or when they
+// cannot be listed.
+func (k *Kernel) lastEnd() int {
+	last := 0
+	nsenter.Do(k.cfg.Fabric, func() error {
+		ls, err := netlink.LinkList()
+		for _, l := range ls {
+			var host, seq int
+			if n, _ := fmt.Sscanf(l.Attrs().Name, endName, &host, &seq); n == 2 && host == k.cfg.Host && seq > last {
+				last = seq
+			}
+		}
+		return err
+	})
+	return last
 }
 
 // addr is the reported address of the device with ifindex i: the
@@ -388,7 +412,7 @@ func (k *Kernel) AddChild(c kf.ChildSpec) (err error) {
 	}
 	k.mu.Lock()
 	k.seq++
-	end := fmt.Sprintf("h%dq%d", k.cfg.Host, k.seq)
+	end := fmt.Sprintf(endName, k.cfg.Host, k.seq)
 	k.mu.Unlock()
 	attrs := netlink.NewLinkAttrs()
 	attrs.Name, attrs.MTU = c.Name, ChildLinkMTU
