@@ -147,9 +147,17 @@ func TestKernelBackendEmulatedPersist(t *testing.T) {
 	t.Run("new guest", func(t *testing.T) {
 		g3 := &guest{ns: tp.pfx + "h1g2", ip4: "10.77.0.12"}
 		sh(t, "ip", "netns", "add", g3.ns)
-		t.Cleanup(func() { shErr("ip", "netns", "delete", g3.ns) })
+		// Deleted when the whole test ends, not this step: its veth
+		// would go with it, and the bridge's "guest gone" would remove
+		// its VIF and child while the next step counts them.
+		tp.t.Cleanup(func() { shErr("ip", "netns", "delete", g3.ns) })
 		sh(t, in(g3.ns, "sysctl", "-qw", "net.ipv6.conf.default.disable_ipv6=1")...)
 		sh(t, "ip", "link", "add", "eth0", "netns", g3.ns, "type", "veth", "peer", "name", "vg2", "netns", h1.ns)
+		// A port's MAC above the others', so that br0 keeps its own
+		// (br_stp_recalculate_bridge_id takes the lowest port's): a
+		// new bridge MAC would become one more child, at a time of the
+		// bridge's choosing.
+		sh(t, in(h1.ns, "ip", "link", "set", "vg2", "address", "fe:ff:ff:ff:ff:f2")...)
 		sh(t, in(h1.ns, "ip", "link", "set", "vg2", "master", "br0", "up")...)
 		sh(t, in(g3.ns, "ip", "link", "set", "eth0", "up")...)
 		sh(t, in(g3.ns, "ip", "addr", "add", g3.ip4+"/24", "dev", "eth0")...)
