@@ -226,7 +226,7 @@ func TestRunPersistFailedStart(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	before := childIndexes(k)
+	before := k.ChildIndexes()
 	old := newKernel
 	newKernel = func(*slog.Logger) (kernelfabric.Kernel, error) { return k, nil }
 	defer func() { newKernel = old }()
@@ -237,20 +237,7 @@ func TestRunPersistFailedStart(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "99999") {
 		t.Fatalf("Run: %v, want the metrics listen's failure", err)
 	}
-	if got := childIndexes(k); len(got) != 1 || got["ib0.mffff"] != before["ib0.mffff"] {
+	if got := k.ChildIndexes(); len(got) != 1 || got["ib0.mffff"] != before["ib0.mffff"] {
 		t.Fatalf("children after the failed start %v, want ib0.mffff alone, as before (%v)", got, before)
 	}
-}
-
-// childIndexes maps the names of the fake host's IPoIB children to
-// their ifindexes.
-func childIndexes(k *fakekernel.Kernel) map[string]int {
-	links, _ := k.Links()
-	out := map[string]int{}
-	for _, l := range links {
-		if l.ParentIndex != 0 {
-			out[l.Name] = l.Index
-		}
-	}
-	return out
 }

@@ -13,19 +13,6 @@ import (
 	"github.com/eipoib/eipoibd/ipoib"
 )
 
-// indexes maps the names of the links under the parent to their
-// ifindexes.
-func indexes(k *fakekernel.Kernel) map[string]int {
-	links, _ := k.Links()
-	out := map[string]int{}
-	for _, l := range links {
-		if l.ParentIndex != 0 {
-			out[l.Name] = l.Index
-		}
-	}
-	return out
-}
-
 // TestPersistAdoptsChildren: under Config.Persist a port that Keep was
 // called on leaves its children at FreeQP and Close. The next port
 // adopts the group child by name at once, and a VIF child when AdoptQP
@@ -45,13 +32,13 @@ func TestPersistAdoptsChildren(t *testing.T) {
 	if errA != nil || errB != nil {
 		t.Fatal(errA, errB)
 	}
-	before := indexes(k)
+	before := k.ChildIndexes()
 	p1.Keep()
 	if err := p1.FreeQP(qa); err != nil { // as the shim frees its VIFs as it stops
 		t.Fatal(err)
 	}
 	p1.Close()
-	if got := indexes(k); !maps.Equal(got, before) {
+	if got := k.ChildIndexes(); !maps.Equal(got, before) {
 		t.Fatalf("children after a kept stop %v, want %v", got, before)
 	}
 
@@ -68,7 +55,7 @@ func TestPersistAdoptsChildren(t *testing.T) {
 	if q, err := p2.AdoptQP(0x8001, qb); err != nil || q == qb {
 		t.Fatalf("AdoptQP in partition 0x8001 of %#x (of 0xffff): %#x %v, want a new child", qb, q, err)
 	}
-	now := indexes(k)
+	now := k.ChildIndexes()
 	if now["ib0.e1"] != before["ib0.e1"] || now["ib0.mffff"] != before["ib0.mffff"] || now["ib0.e2"] != before["ib0.e2"] || now["ib0.e3"] == 0 || now["ib0.e4"] == 0 {
 		t.Fatalf("children %v, want ib0.e1, ib0.e2 and ib0.mffff as before (%v) and the new ones ib0.e3 and ib0.e4", now, before)
 	}
@@ -78,14 +65,14 @@ func TestPersistAdoptsChildren(t *testing.T) {
 	if err := p2.EndAdoption(); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := now["ib0.e2"]; ok && indexes(k)["ib0.e2"] != 0 {
+	if _, ok := now["ib0.e2"]; ok && k.ChildIndexes()["ib0.e2"] != 0 {
 		t.Fatal("the leftover no VIF claimed (ib0.e2) is still there")
 	}
 	if s := p2.Counters().Stats; s[kf.StatAdopted] != 2 || s[kf.StatReclaimed] != 1 {
 		t.Fatalf("after EndAdoption: adopted %d reclaimed %d, want 2 and 1", s[kf.StatAdopted], s[kf.StatReclaimed])
 	}
-	if _, err := p2.AllocQP(0xffff, 0); err != nil || indexes(k)["ib0.e2"] == 0 {
-		t.Fatalf("a new child after EndAdoption: %v, children %v, want ib0.e2 again", err, indexes(k))
+	if _, err := p2.AllocQP(0xffff, 0); err != nil || k.ChildIndexes()["ib0.e2"] == 0 {
+		t.Fatalf("a new child after EndAdoption: %v, children %v, want ib0.e2 again", err, k.ChildIndexes())
 	}
 
 	// The adopted child receives: a packet from another host to qa.
@@ -201,7 +188,7 @@ func TestPersistUnadoptable(t *testing.T) {
 	if err := errors.Join(k.SetChildMode("ib0.e1", kf.ModeConnected, 0), k.SetChildMode("ib0.e2", kf.ModeDatagram, 1)); err != nil {
 		t.Fatal(err)
 	}
-	before := indexes(k)
+	before := k.ChildIndexes()
 	qpn := func(name string) uint32 { l, _ := k.LinkByName(name); return l.HwAddr.QPN() }
 	q1, q2 := qpn("ib0.e1"), qpn("ib0.e2")
 
@@ -224,7 +211,7 @@ func TestPersistUnadoptable(t *testing.T) {
 	if s[kf.StatAdopted] != 0 || s[kf.StatReclaimed] != 3 || s[kf.StatRefusedPKey] != 1 {
 		t.Fatalf("adopted %d reclaimed %d refused_pkey %d, want 0, 3 and 1", s[kf.StatAdopted], s[kf.StatReclaimed], s[kf.StatRefusedPKey])
 	}
-	now := indexes(k)
+	now := k.ChildIndexes()
 	if len(now) != 3 || now["ib0.e1"] == before["ib0.e1"] || now["ib0.e2"] == before["ib0.e2"] || now["ib0.m8002"] != 0 {
 		t.Fatalf("children %v (were %v), want ib0.mffff, ib0.e1 and ib0.e2 new, ib0.m8002 gone", now, before)
 	}
@@ -243,7 +230,7 @@ func TestPersistConnectedParent(t *testing.T) {
 	if p1.MTU() != 4096 || p1.PartitionMTU(0xffff) != 2048 {
 		t.Fatalf("first run: MTU %d partition %d, want 4096 and 2048", p1.MTU(), p1.PartitionMTU(0xffff))
 	}
-	before := indexes(k)["ib0.mffff"]
+	before := k.ChildIndexes()["ib0.mffff"]
 	p1.Keep()
 	p1.Close()
 
@@ -251,7 +238,7 @@ func TestPersistConnectedParent(t *testing.T) {
 	if p2.MTU() != 4096 {
 		t.Fatalf("after the restart: MTU %d, want 4096 (the UD MTU)", p2.MTU())
 	}
-	if s := p2.Counters().Stats; s[kf.StatAdopted] != 0 || s[kf.StatReclaimed] != 1 || indexes(k)["ib0.mffff"] == before {
-		t.Fatalf("adopted %d reclaimed %d, ib0.mffff ifindex %d (was %d): want the group child deleted and made again", s[kf.StatAdopted], s[kf.StatReclaimed], indexes(k)["ib0.mffff"], before)
+	if s := p2.Counters().Stats; s[kf.StatAdopted] != 0 || s[kf.StatReclaimed] != 1 || k.ChildIndexes()["ib0.mffff"] == before {
+		t.Fatalf("adopted %d reclaimed %d, ib0.mffff ifindex %d (was %d): want the group child deleted and made again", s[kf.StatAdopted], s[kf.StatReclaimed], k.ChildIndexes()["ib0.mffff"], before)
 	}
 }

@@ -156,6 +156,19 @@ func (k *Kernel) Links() ([]kf.Link, error) {
 	return out, nil
 }
 
+// ChildIndexes maps the names of the host's IPoIB children (the links
+// with a parent) to their ifindexes.
+func (k *Kernel) ChildIndexes() map[string]int {
+	links, _ := k.Links()
+	out := map[string]int{}
+	for _, l := range links {
+		if l.ParentIndex != 0 {
+			out[l.Name] = l.Index
+		}
+	}
+	return out
+}
+
 // AddChild creates a child as ipoib_new_child_link does. The parent must
 // be an IPoIB interface that is no child (EINVAL). The P_Key gets the
 // full-membership bit, and 0/0x8000 are refused. Children created this
