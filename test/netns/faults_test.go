@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
 	"net/netip"
@@ -300,21 +301,39 @@ func TestMACFlood(t *testing.T) {
 
 // fabricFlood sends n UDP datagrams, datagram(i, …) each, from
 // hypervisor from's underlay address (a process on the fabric) to to's
-// port. It sends about 40,000 a second: within what a daemon handles, so
-// that the kernel drops none of a flood, nor of the pings it is tested
-// against.
+// port, paced by to's socket (fabricFloodFrom): the kernel drops none of
+// a flood, nor of the pings it is tested against, however loaded the
+// machine.
 func fabricFlood(t *testing.T, from, to *hypervisor, n int, datagram func(i int, src, dst *[16]byte, sport uint16) []byte) {
 	t.Helper()
-	if err := fabricFloodFrom(from, from.gid(t), to.gid(t), n, datagram); err != nil {
+	if err := fabricFloodFrom(from, to, from.gid(t), to.gid(t), n, datagram); err != nil {
 		t.Error(err)
 	}
 }
 
-// fabricFloodFrom is fabricFlood from address src to dst, for a goroutine
-// other than the test's: it reports what went wrong instead of failing
-// the test.
-func fabricFloodFrom(from *hypervisor, src, dst netip.Addr, n int, datagram func(i int, src, dst *[16]byte, sport uint16) []byte) error {
-	return nstest.DoErr(from.ns, func() error {
+// floodBurst is how many datagrams fabricFloodFrom sends before it waits
+// for to's port socket to be drained: far fewer than its receive buffer
+// holds.
+const floodBurst = 64
+
+// fabricFloodFrom is fabricFlood from address src to dst (to's), for a
+// goroutine other than the test's: it reports what went wrong instead
+// of failing the test. Every floodBurst datagrams it waits until to's
+// port socket has nothing queued (the daemon read all it was sent), so
+// that the socket never overflows however late the daemon is scheduled
+// on a loaded machine; a rate would assume a speed. It reports the
+// datagrams the kernel dropped at that socket meanwhile, if any.
+func fabricFloodFrom(from, to *hypervisor, src, dst netip.Addr, n int, datagram func(i int, src, dst *[16]byte, sport uint16) []byte) error {
+	port, err := openUDP6(to)
+	if err != nil {
+		return err
+	}
+	defer port.close()
+	_, dropsBefore, err := port.state()
+	if err != nil {
+		return err
+	}
+	err = nstest.DoErr(from.ns, func() error {
 		c, err := net.ListenUDP("udp6", &net.UDPAddr{IP: src.AsSlice(), Zone: from.underlay})
 		if err != nil {
 			return err
@@ -323,17 +342,82 @@ func fabricFloodFrom(from *hypervisor, src, dst netip.Addr, n int, datagram func
 		sport := uint16(c.LocalAddr().(*net.UDPAddr).Port)
 		s16, d16 := src.As16(), dst.As16()
 		addr := &net.UDPAddr{IP: dst.AsSlice(), Zone: from.underlay, Port: simfabric.UDPPort}
-		start := time.Now()
 		for i := 0; i < n; i++ {
+			if i > 0 && i%floodBurst == 0 {
+				if err := port.waitDrained(to.name, i); err != nil {
+					return err
+				}
+			}
 			if _, err := c.WriteToUDP(datagram(i, &s16, &d16, sport), addr); err != nil {
 				return fmt.Errorf("datagram %d: %w", i, err)
-			}
-			if ahead := time.Duration(i)*time.Second/40000 - time.Since(start); ahead > time.Millisecond {
-				time.Sleep(ahead)
 			}
 		}
 		return nil
 	})
+	if err != nil {
+		return err
+	}
+	if _, drops, err := port.state(); err != nil || drops != dropsBefore {
+		return errors.Join(err, fmt.Errorf("the kernel dropped %d datagrams of the flood at %s's port socket", drops-dropsBefore, to.name))
+	}
+	return nil
+}
+
+// udp6Table is /proc/net/udp6 of a hypervisor's namespace, opened there
+// (the file shows the namespace of the thread that opened it), read again
+// from any thread.
+type udp6Table struct{ f *os.File }
+
+func openUDP6(h *hypervisor) (udp6Table, error) {
+	var f *os.File
+	err := nstest.DoErr(h.ns, func() (err error) {
+		f, err = os.Open("/proc/thread-self/net/udp6")
+		return err
+	})
+	return udp6Table{f}, err
+}
+
+func (u udp6Table) close() { u.f.Close() }
+
+// state returns the bytes queued on the sockets bound to the simulated
+// fabric's port and the datagrams the kernel dropped at them (the
+// rx_queue and drops columns: udp6_sock_seq_show, net/ipv6/udp.c, and
+// __ip6_dgram_sock_seq_show, net/ipv6/datagram.c).
+func (u udp6Table) state() (queued, drops uint64, err error) {
+	b, err := io.ReadAll(io.NewSectionReader(u.f, 0, 1<<20))
+	if err != nil {
+		return 0, 0, err
+	}
+	port := fmt.Sprintf(":%04X", simfabric.UDPPort)
+	for _, l := range strings.Split(string(b), "\n")[1:] {
+		f := strings.Fields(l)
+		if len(f) < 13 || !strings.HasSuffix(f[1], port) {
+			continue
+		}
+		_, rx, _ := strings.Cut(f[4], ":")
+		q, err1 := strconv.ParseUint(rx, 16, 64)
+		d, err2 := strconv.ParseUint(f[len(f)-1], 10, 64)
+		if err := errors.Join(err1, err2); err != nil {
+			return 0, 0, fmt.Errorf("/proc/net/udp6 line %q: %w", l, err)
+		}
+		queued += q
+		drops += d
+	}
+	return queued, drops, nil
+}
+
+// waitDrained waits until nothing is queued on the port socket (of
+// hypervisor name, after datagram sent), 20 s at most.
+func (u udp6Table) waitDrained(name string, sent int) error {
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Microsecond) {
+		queued, _, err := u.state()
+		if err != nil || queued == 0 {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s's port socket not drained 20 s after datagram %d", name, sent)
+		}
+	}
 }
 
 // floodFabric sends n fabric packets, pkt(i) each (packet and payload),
@@ -455,7 +539,7 @@ func TestGarbage(t *testing.T) {
 		go func() { // no t.Fatal here: fabricFloodFrom returns its error
 			defer wg.Done()
 			rng, buf := rand.New(rand.NewPCG(3, 4)), make([]byte, 1500)
-			floodErr = fabricFloodFrom(h2, src, dst, n, func(int, *[16]byte, *[16]byte, uint16) []byte {
+			floodErr = fabricFloodFrom(h2, h1, src, dst, n, func(int, *[16]byte, *[16]byte, uint16) []byte {
 				b := buf[:1+rng.IntN(len(buf))]
 				for j := range b {
 					b[j] = byte(rng.Uint32())
