@@ -69,11 +69,9 @@ func TestKernelBackendEmulatedPersist(t *testing.T) {
 	}
 
 	// A clean stop under --persist.
-	h1.cmd.Process.Signal(syscall.SIGTERM)
-	if err := <-h1.done; err != nil {
+	if err := h1.terminate(t, true); err != nil {
 		t.Fatalf("eipoibd in h1 exited with %v\n%s", err, h1.log())
 	}
-	h1.cmd = nil
 	if got := emuChildren(t, h1); !maps.Equal(got, before) {
 		t.Fatalf("h1's children after a --persist stop: %v, want %v", got, before)
 	}
@@ -178,11 +176,9 @@ func TestKernelBackendEmulatedPersist(t *testing.T) {
 	// Without --persist a start deletes the children the --persist stop
 	// left.
 	t.Run("reclaimed", func(t *testing.T) {
-		h1.cmd.Process.Signal(syscall.SIGTERM)
-		if err := <-h1.done; err != nil {
+		if err := h1.terminate(t, true); err != nil {
 			t.Fatalf("eipoibd in h1 exited with %v\n%s", err, h1.log())
 		}
-		h1.cmd = nil
 		if got := emuChildren(t, h1); !maps.Equal(got, before) {
 			t.Fatalf("h1's children after the second --persist stop: %v, want %v", got, before)
 		}

@@ -638,13 +638,11 @@ func (h *hypervisor) log() string {
 	return string(b)
 }
 
-// stop sends SIGTERM and waits; with check, it asserts a clean exit and
-// that the TAP is gone.
-func (h *hypervisor) stop(t *testing.T, check bool) {
+// terminate stops h's running daemon with SIGTERM and returns its exit
+// error. One still running 10 s later is killed, and with check that
+// fails t.
+func (h *hypervisor) terminate(t *testing.T, check bool) error {
 	t.Helper()
-	if h.cmd == nil {
-		return
-	}
 	h.cmd.Process.Signal(syscall.SIGTERM)
 	var err error
 	select {
@@ -657,6 +655,17 @@ func (h *hypervisor) stop(t *testing.T, check bool) {
 		}
 	}
 	h.cmd = nil
+	return err
+}
+
+// stop sends SIGTERM and waits; with check, it asserts a clean exit and
+// that the TAP is gone.
+func (h *hypervisor) stop(t *testing.T, check bool) {
+	t.Helper()
+	if h.cmd == nil {
+		return
+	}
+	err := h.terminate(t, check)
 	if !check {
 		return
 	}
