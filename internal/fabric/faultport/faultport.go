@@ -8,8 +8,9 @@
 // acts inside the inner port's write path, one encoded packet at a time,
 // through an encode hook (Hooked, which simfabric.Port implements).
 //
-// Every other method is the inner port's: Events, which the shim follows
-// for the link state, is the inner port's channel. Nothing here runs
+// FreeQP drops a held packet of the QP it frees. Every other method is
+// the inner port's: Events, which the shim follows for the link state,
+// is the inner port's channel. Nothing here runs
 // unless a Port is made: the daemon wraps its port only when faults are
 // asked for.
 package faultport
@@ -185,6 +186,23 @@ func (p *Port) Write(bufs [][]byte, meta []ipoib.TxMeta, offset int) (int, error
 		}
 	}
 	return n, nil
+}
+
+// FreeQP drops a packet held back (reorder) from QP qpn, counted as
+// fault_loss, then frees the QP in the inner port. The caller frees a QP
+// once none of its own sends can still use it (the shim's epochs), but
+// a held packet outlives the Write that took it: sent after the free, the
+// inner port would refuse its source QP (bad_meta). An HCA, too, sends
+// none of the work requests a QP still has queued when it is destroyed
+// (ibv_destroy_qp).
+func (p *Port) FreeQP(qpn uint32) error {
+	p.mu.Lock()
+	if p.held != nil && p.heldMeta.SrcQPN == qpn {
+		p.held = nil
+		p.loss.Add(1)
+	}
+	p.mu.Unlock()
+	return p.inner.FreeQP(qpn)
 }
 
 // clone copies b into storage (grown when too small) with the same

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/eipoib/eipoibd/internal/fabric/memfabric"
 	"github.com/eipoib/eipoibd/internal/fabric/simfabric"
 	"github.com/eipoib/eipoibd/ipoib"
 )
@@ -228,6 +229,73 @@ func TestReorder(t *testing.T) {
 	write(t, p, b4, m4)
 	if len(in.writes) != 4 || !eq(ids(in.writes[2]), []int{4}) || !eq(ids(in.writes[3]), []int{3}) {
 		t.Fatalf("inner writes %v, want 4 then the held 3 after the lost batch", in.writes)
+	}
+}
+
+// TestReorderFreedQP: a packet held back (reorder) from a QP that is
+// freed before the next Write is dropped at the free and counted as
+// fault_loss. The inner port (memfabric, which applies ipoib.CheckTx)
+// refuses nothing as bad_meta, and the packets of other QPs still go.
+// Before the fix the held packet left after the free and the soak
+// counted port_bad_meta.
+func TestReorderFreedQP(t *testing.T) {
+	f, err := memfabric.New(4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, err := f.NewPort(ipoib.GID{0xfe, 0x80, 15: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone, err := in.AllocQP(0xffff, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept, err := in.AllocQP(0xffff, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := mustNew(t, in, Faults{Reorder: 1})
+	m := uni
+	m.SrcQPN = gone
+	b0, m0 := batch(1, 0, m)
+	if n := write(t, p, b0, m0); n != 1 {
+		t.Fatalf("held: n %d, want 1", n)
+	}
+	if err := p.FreeQP(gone); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.SetFaults(Faults{}); err != nil {
+		t.Fatal(err)
+	}
+	m.SrcQPN = kept
+	b1, m1 := batch(2, 1, m)
+	if n := write(t, p, b1, m1); n != 2 {
+		t.Fatalf("n %d, want 2", n)
+	}
+	c := p.Counters()
+	if c.Drops[ipoib.DropBadMeta.String()] != 0 || c.Drops[ipoib.DropFaultLoss.String()] != 1 || c.TxPackets != 2 {
+		t.Fatalf("drops %v, tx packets %d: want no bad_meta, the held packet as fault_loss, the 2 of the live QP sent", c.Drops, c.TxPackets)
+	}
+	// Freeing another QP than the held packet's keeps it.
+	m.SrcQPN = kept
+	if err := p.SetFaults(Faults{Reorder: 1}); err != nil {
+		t.Fatal(err)
+	}
+	write(t, p, b0[:1], []ipoib.TxMeta{m})
+	other, err := in.AllocQP(0xffff, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.FreeQP(other); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.SetFaults(Faults{}); err != nil {
+		t.Fatal(err)
+	}
+	write(t, p, b1[:1], m1[:1])
+	if c := p.Counters(); c.TxPackets != 4 || c.Drops[ipoib.DropFaultLoss.String()] != 1 {
+		t.Fatalf("tx packets %d, drops %v: want the held packet of a live QP sent (4 in all), no other loss", c.TxPackets, c.Drops)
 	}
 }
 
