@@ -8,9 +8,9 @@
 // acts inside the inner port's write path, one encoded packet at a time,
 // through an encode hook (Hooked, which simfabric.Port implements).
 //
-// FreeQP drops a held packet of the QP it frees. Every other method is
-// the inner port's: Events, which the shim follows for the link state,
-// is the inner port's channel. Nothing here runs
+// FreeQP also drops a held packet of the QP it frees. Every other method
+// is the inner port's: Events, which the shim follows for the link
+// state, is the inner port's channel. Nothing here runs
 // unless a Port is made: the daemon wraps its port only when faults are
 // asked for.
 package faultport
@@ -134,7 +134,8 @@ func (p *Port) Unwrap() ipoib.Port { return p.inner }
 // leaves the other) and a packet held back by an earlier call, which so
 // leaves after the next ones. n counts the packets of bufs the inner
 // port accepted, and a packet held back now as accepted. A lost one is
-// counted as fault_loss (ipoib.DropFaultLoss) and not in n.
+// counted as fault_loss (ipoib.DropFaultLoss) and not in n; a held one
+// that FreeQP drops later was in n and is counted as fault_loss too.
 func (p *Port) Write(bufs [][]byte, meta []ipoib.TxMeta, offset int) (int, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -234,8 +234,9 @@ func TestReorder(t *testing.T) {
 
 // TestReorderFreedQP: a packet held back (reorder) from a QP that is
 // freed before the next Write is dropped at the free and counted as
-// fault_loss. The inner port (memfabric, which applies ipoib.CheckTx)
-// refuses nothing as bad_meta, and the packets of other QPs still go.
+// fault_loss. The inner port (memfabric, which applies
+// ipoib.CheckTxOffloads) refuses nothing as bad_meta, and the packets of
+// other QPs still go.
 // Before the fix the held packet left after the free and the soak
 // counted port_bad_meta.
 func TestReorderFreedQP(t *testing.T) {
