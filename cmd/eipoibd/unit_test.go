@@ -34,7 +34,7 @@ func TestSystemdUnit(t *testing.T) {
 	const unit = "../../dist/systemd/eipoibd@.service"
 	k := unitKeys(t, unit)
 	if k["Type"] != "notify" || k["NotifyAccess"] != "main" || k["WatchdogSec"] == "" || k["ExecReload"] != "/bin/kill -HUP $MAINPID" ||
-		k["CapabilityBoundingSet"] != "CAP_NET_ADMIN CAP_NET_RAW" || k["DeviceAllow"] != "/dev/net/tun rw" || k["RuntimeDirectory"] != "eipoibd" {
+		k["CapabilityBoundingSet"] != "CAP_NET_ADMIN CAP_NET_RAW CAP_BPF CAP_PERFMON" || k["LimitMEMLOCK"] != "infinity" || k["DeviceAllow"] != "/dev/net/tun rw" || k["RuntimeDirectory"] != "eipoibd" {
 		t.Fatalf("unit keys: %v", k)
 	}
 	// Documentation= names what the install steps (the unit's comment,
