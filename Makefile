@@ -51,7 +51,7 @@ lint:
 ## make demo's (the demo sets them too), the guest TCP tests that run
 ## both offload settings themselves, and the package's and the image's
 ## tests (their daemons run with the package's and the manifest's flags).
-ONCE_TESTS  := TestVMRxe|TestVerbsRxe|TestIPoIBNetlinkVM|TestVLANFilterVM|TestKernelBackendNoIPv6VM|TestHWKit|TestLibvirt|TestDemo|TestOVSGuestTCP|TestBridgeGuestTCPPortMTU|TestDebPackage|TestImagePod
+ONCE_TESTS  := TestVMRxe|TestVerbsRxe|TestIPoIBNetlinkVM|TestVLANFilterVM|TestKernelBackendNoIPv6VM|TestFastPathVM|TestHWKit|TestLibvirt|TestDemo|TestOVSGuestTCP|TestBridgeGuestTCPPortMTU|TestDebPackage|TestImagePod
 
 ## unit: every Go test; the race detector on all but the netns tests,
 ## which drive real daemons and tools, with the TAP's offloads on (the

@@ -92,7 +92,7 @@ func parseVnetHdr(b []byte) vnetHdr {
 // 10 bytes bpf_skb_change_head pushed. It runs with each hook: the
 // program is attached with tcx, then as a clsact filter.
 func TestTXLive(t *testing.T) {
-	for _, h := range hooks {
+	for _, h := range hooks(t) {
 		t.Run(h.String(), func(t *testing.T) { testTXLive(t, h) })
 	}
 }

@@ -119,9 +119,10 @@ func readMatching(t *testing.T, fd int, match func([]byte) bool) []byte {
 //
 // It runs with each hook for the RX program: after the harness on tcx,
 // then as a clsact filter, which the harness's TCX_NEXT passes the
-// packet on to (sch_handle_ingress runs tc_run after tcx_run).
+// packet on to (sch_handle_ingress runs tc_run after tcx_run); on a
+// kernel without tcx, with the harness a filter before it.
 func TestRXLive(t *testing.T) {
-	for _, h := range hooks {
+	for _, h := range hooks(t) {
 		t.Run(h.String(), func(t *testing.T) { testRXLive(t, h) })
 	}
 }
@@ -171,13 +172,20 @@ func testRXLive(t *testing.T, hook Hook) {
 				t.Fatal(err)
 			}
 		}
-		hl, err := link.AttachTCX(link.TCXOptions{Interface: child.Index, Program: emu.Harness, Attach: ebpf.AttachTCXIngress})
-		if err != nil {
-			t.Fatalf("attach the harness: %v", err)
+		if haveTCX(t) {
+			hl, err := link.AttachTCX(link.TCXOptions{Interface: child.Index, Program: emu.Harness, Attach: ebpf.AttachTCXIngress})
+			if err != nil {
+				t.Fatalf("attach the harness: %v", err)
+			}
+			t.Cleanup(func() { hl.Close() })
+		} else {
+			// Without tcx the harness is a filter before ours; its
+			// TCX_NEXT is TC_ACT_UNSPEC, on to the next filter
+			// (tcf_classify).
+			firstFilter(t, child.Index, true, emu.Harness)
 		}
-		t.Cleanup(func() { hl.Close() })
 		// After the harness: tcx appends a link with no anchor last
-		// (bpf_mprog_attach).
+		// (bpf_mprog_attach), cls_bpf runs the filters by priority.
 		rl, err := attachHook(hook, child.Index, true, rx.Program)
 		if err != nil {
 			t.Fatalf("attach the RX program: %v", err)
