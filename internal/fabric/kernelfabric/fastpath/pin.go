@@ -119,7 +119,7 @@ func (a *Attached) attachTAP(tap int, clsact bool, replaced *[]string) (Hook, er
 				return TCX, err
 			}
 			if old != nil {
-				if oldTag != tag {
+				if oldTag != "" && oldTag != tag {
 					*replaced = append(*replaced, txFilter)
 				}
 				if err := old.update(a.TX.Program); err != nil {
@@ -169,7 +169,7 @@ func (a *Attached) adoptChildren(replaced *[]string) error {
 	tag := progTagOf(a.RX.Program)
 	swapped := false
 	adopt := func(child int, at attachment, oldTag string) error {
-		if oldTag != tag && !swapped {
+		if oldTag != "" && oldTag != tag && !swapped {
 			*replaced = append(*replaced, rxFilter)
 			swapped = true
 		}

@@ -2,9 +2,13 @@ package fastpath
 
 import (
 	"errors"
+	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -61,12 +65,7 @@ func TestProbeUnitCapabilities(t *testing.T) {
 		t.Fatalf("the unit's CapabilityBoundingSet %v has no CAP_BPF", caps)
 	}
 	probe := func(caps []string) (string, error) {
-		set := "-all"
-		for _, c := range caps {
-			set += ",+" + strings.ToLower(strings.TrimPrefix(c, "CAP_"))
-		}
-		out, err := exec.Command(setpriv, "--bounding-set", set, "--",
-			os.Args[0], "-test.run", "^TestProbe$", "-test.count", "1", "-test.v").CombinedOutput()
+		out, err := exec.Command(setpriv, bounded(caps, os.Args[0], "-test.run", "^TestProbe$", "-test.count", "1", "-test.v")...).CombinedOutput()
 		return string(out), err
 	}
 	if out, err := probe(caps); err != nil || !strings.Contains(out, "--- PASS: TestProbe") {
@@ -76,6 +75,81 @@ func TestProbeUnitCapabilities(t *testing.T) {
 	if out, err := probe(without); err == nil || !strings.Contains(out, "does not load") {
 		t.Fatalf("the probe bounded to %v (no CAP_BPF): %v, want the programs refused\n%s", without, err, out)
 	}
+}
+
+// bounded is setpriv's arguments to run cmd as root with capabilities
+// caps (CAP_ names) and no others: bounding set, and no inheritable or
+// ambient ones that a runner could leak past it.
+func bounded(caps []string, cmd ...string) []string {
+	set := "-all"
+	for _, c := range caps {
+		set += ",+" + strings.ToLower(strings.TrimPrefix(c, "CAP_"))
+	}
+	return append([]string{"--bounding-set", set, "--inh-caps", "-all", "--ambient-caps", "-all", "--"}, cmd...)
+}
+
+// TestMain runs the takeover a TestTakeoverUnitCapabilities child is
+// started for (takeoverEnv set), and the tests otherwise.
+func TestMain(m *testing.M) {
+	if spec := os.Getenv(takeoverEnv); spec != "" {
+		if err := takeover(spec); err != nil {
+			fmt.Fprintln(os.Stderr, "takeover:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// takeoverEnv names "PIN-DIR,TAP-IFINDEX" for a takeover child.
+const takeoverEnv = "EIPOIB_FASTPATH_TAKEOVER"
+
+// takeover attaches with pins at the TAP, as a --persist start does,
+// taking over what an earlier one pinned, and lets go (Release) as a
+// --persist stop does. What AttachWith logs goes to stdout.
+func takeover(spec string) error {
+	dir, ifindex, ok := strings.Cut(spec, ",")
+	tap, err := strconv.Atoi(ifindex)
+	if !ok || err != nil {
+		return fmt.Errorf("bad %s %q", takeoverEnv, spec)
+	}
+	a, err := AttachWith(tap, Options{Pin: dir, Log: slog.New(slog.NewTextHandler(os.Stdout, nil))})
+	if err != nil {
+		return err
+	}
+	return a.Release()
+}
+
+// TestTakeoverUnitCapabilities: a --persist restart under the systemd
+// unit's capabilities takes over what the last run pinned without
+// calling it foreign. Two children, each the test binary run as root
+// bounded to the unit's capabilities in the TAP's namespace, attach
+// with pins and let go in turn; the second takes over the first's and
+// logs nothing. The tags it compares are read without CAP_SYS_ADMIN,
+// which BPF_PROG_GET_FD_BY_ID wants (bpf_prog_get_fd_by_id,
+// kernel/bpf/syscall.c): a program ID it cannot open has an unknown
+// tag, not another one.
+func TestTakeoverUnitCapabilities(t *testing.T) {
+	nstest.Require(t)
+	setpriv, err := exec.LookPath("setpriv")
+	if err != nil {
+		t.Fatalf("setpriv (util-linux): %v", err)
+	}
+	caps := unitCaps(t)
+	h := hooks(t)[0]
+	dir := filepath.Join(nstest.BPFFS(t), "fputap")
+	devices(t, "fpu", h, func(tap, _ int) {
+		ns := fmt.Sprintf("fpu%s%d", h, os.Getpid())
+		t.Cleanup(func() { RemovePins(dir, tap) })
+		for i := range 2 {
+			cmd := exec.Command("ip", append([]string{"netns", "exec", ns, setpriv}, bounded(caps, os.Args[0])...)...)
+			cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s,%d", takeoverEnv, dir, tap))
+			out, err := cmd.CombinedOutput()
+			if err != nil || strings.TrimSpace(string(out)) != "" {
+				t.Fatalf("start %d under the unit's %v (%s): %v; want no error and nothing logged, got:\n%s", i+1, caps, h, err, out)
+			}
+		}
+	})
 }
 
 // TestMode: each mode parses back from its name, and nothing else parses.
