@@ -30,12 +30,25 @@ import (
 // forceClsact) to test the fallback; clsact alone on an older kernel,
 // which AttachWith must then choose by itself. EIPOIB_EXPECT_NO_TCX=1
 // (the VM's Debian 6.1 kernel, TestFastPathVM) fails them where tcx
-// attaches, so that a run meant for the fallback cannot test tcx instead.
+// attaches, so that a run meant for the fallback cannot test tcx
+// instead; a kernel of 6.6 or later fails them where it does not (a tcx
+// refused for another reason looks like no tcx to link.AttachTCX).
 func hooks(t *testing.T) []Hook {
 	t.Helper()
 	tcx := haveTCX(t)
 	if os.Getenv("EIPOIB_EXPECT_NO_TCX") == "1" && tcx {
 		t.Fatal("EIPOIB_EXPECT_NO_TCX=1, yet tcx attaches on this kernel")
+	}
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		t.Fatal(err)
+	}
+	var major, minor int
+	if _, err := fmt.Sscanf(unix.ByteSliceToString(u.Release[:]), "%d.%d", &major, &minor); err != nil {
+		t.Fatalf("kernel release %q: %v", u.Release[:], err)
+	}
+	if !tcx && (major > 6 || major == 6 && minor >= 6) {
+		t.Fatalf("kernel %d.%d has tcx (6.6), yet it does not attach", major, minor)
 	}
 	if tcx {
 		return []Hook{TCX, Clsact}

@@ -77,14 +77,16 @@ func Probe() error {
 const needs = "the fast path needs Linux 5.8 or later, CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN"
 
 // raiseMemlock lifts RLIMIT_MEMLOCK as far as the process may: to
-// infinity with CAP_SYS_RESOURCE, else the soft limit up to the hard one.
-// Before Linux 5.11 every map's memory counts against it
-// (bpf_charge_memlock, from bpf_map_charge_init in kernel/bpf/syscall.c),
-// and the maps here take a few MiB, more than a default 8 MiB leaves
-// once anything else is locked; from 5.11 the memory cgroup accounts
-// for maps instead and the limit is not consulted. A limit it cannot
-// raise is left as it is: the load then fails with EPERM, which the
-// probe reports.
+// infinity with CAP_SYS_RESOURCE (or a hard limit already infinite, as
+// the systemd unit's LimitMEMLOCK gives), else the soft limit up to the
+// hard one. It never lowers it. Before Linux 5.11 every map's memory
+// counts against it (bpf_charge_memlock, from bpf_map_charge_init in
+// kernel/bpf/syscall.c), and the maps here take a few MiB, far more than
+// the default of 64 KiB those kernels give (8 MiB from 5.16). From 5.11
+// the memory cgroup accounts for maps and the limit is not consulted, so
+// raising it there changes nothing the fast path does; the daemon's
+// children (ip, ovs-vsctl) inherit it. A limit it cannot raise is left as
+// it is: the load then fails with EPERM, which the probe reports.
 func raiseMemlock() {
 	inf := unix.Rlimit{Cur: unix.RLIM_INFINITY, Max: unix.RLIM_INFINITY}
 	if unix.Setrlimit(unix.RLIMIT_MEMLOCK, &inf) == nil {
