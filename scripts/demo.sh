@@ -11,15 +11,21 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" -eq 0 ] || { echo "demo: run as root (network namespaces)" >&2; exit 1; }
+# The namespaces' prefix, and the underlay links' ("$P-hv1"): at most 11
+# characters, so that those fit IFNAMSIZ. TestDemo gives each run its own,
+# so that two test suites on one machine do not meet.
+P=${EIPOIB_DEMO_PREFIX:-eipoib-demo}
+[ ${#P} -le 11 ] || { echo "demo: EIPOIB_DEMO_PREFIX \"$P\" is longer than 11 characters" >&2; exit 2; }
 ./scripts/deps.sh
 go build -o bin/eipoibd ./cmd/eipoibd
 
-P=eipoib-demo
 LOG=$(mktemp -d)
 NS=()
 PIDS=() # what the demo started in the background, as "ip netns exec" (not x: a function runs in a subshell of its own) so that $! is the command's own PID: ip netns exec execs it
 # alive: PID is running (a child that exited stays a zombie until waited).
-alive() { [ -r "/proc/$1/status" ] && ! grep -q '^State:[[:space:]]*Z' "/proc/$1/status"; }
+# The status is read once: a process that exits between a check and a
+# read is gone, not an error on the demo's output.
+alive() { local st; st=$(cat "/proc/$1/status" 2>/dev/null) || return 1; ! grep -q '^State:[[:space:]]*Z' <<<"$st"; }
 cleanup() {
   for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
   for _ in $(seq 50); do
