@@ -56,11 +56,7 @@ func unitCaps(t *testing.T) []string {
 // 6.1 (TestFastPathVM), whose verifier also needs the unit's CAP_PERFMON.
 func TestProbeUnitCapabilities(t *testing.T) {
 	nstest.RequireRoot(t)
-	setpriv, err := exec.LookPath("setpriv")
-	if err != nil {
-		t.Fatalf("setpriv (util-linux): %v", err)
-	}
-	caps := unitCaps(t)
+	setpriv, caps := unitBound(t)
 	if !slices.Contains(caps, "CAP_BPF") {
 		t.Fatalf("the unit's CapabilityBoundingSet %v has no CAP_BPF", caps)
 	}
@@ -75,6 +71,18 @@ func TestProbeUnitCapabilities(t *testing.T) {
 	if out, err := probe(without); err == nil || !strings.Contains(out, "does not load") {
 		t.Fatalf("the probe bounded to %v (no CAP_BPF): %v, want the programs refused\n%s", without, err, out)
 	}
+}
+
+// unitBound returns setpriv's path (from util-linux; the test fails
+// without it) and the systemd unit's capabilities, what a test needs to
+// run a child bounded to them.
+func unitBound(t *testing.T) (setpriv string, caps []string) {
+	t.Helper()
+	setpriv, err := exec.LookPath("setpriv")
+	if err != nil {
+		t.Fatalf("setpriv (util-linux): %v", err)
+	}
+	return setpriv, unitCaps(t)
 }
 
 // bounded is setpriv's arguments to run cmd as root with capabilities
@@ -131,11 +139,7 @@ func takeover(spec string) error {
 // tag, not another one.
 func TestTakeoverUnitCapabilities(t *testing.T) {
 	nstest.Require(t)
-	setpriv, err := exec.LookPath("setpriv")
-	if err != nil {
-		t.Fatalf("setpriv (util-linux): %v", err)
-	}
-	caps := unitCaps(t)
+	setpriv, caps := unitBound(t)
 	h := hooks(t)[0]
 	dir := filepath.Join(nstest.BPFFS(t), "fputap")
 	devices(t, "fpu", h, func(tap, _ int) {
