@@ -220,8 +220,7 @@ func pinnedTCX(pin string, ifindex int, at ebpf.AttachType) (*tcxAttachment, str
 // progTag is the tag of the program with this ID, "" if unknown: opening
 // a program by ID (BPF_PROG_GET_FD_BY_ID) needs CAP_SYS_ADMIN
 // (bpf_prog_get_fd_by_id, kernel/bpf/syscall.c), which the systemd unit
-// does not grant. A caller takes an unknown tag for no evidence of
-// another binary, and swaps the program in all the same.
+// does not grant; foreign takes an unknown tag for no evidence.
 func progTag(id ebpf.ProgramID) string {
 	p, err := ebpf.NewProgramFromID(id)
 	if err != nil {

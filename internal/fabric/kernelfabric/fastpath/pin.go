@@ -119,7 +119,7 @@ func (a *Attached) attachTAP(tap int, clsact bool, replaced *[]string) (Hook, er
 				return TCX, err
 			}
 			if old != nil {
-				if oldTag != "" && oldTag != tag {
+				if foreign(oldTag, tag) {
 					*replaced = append(*replaced, txFilter)
 				}
 				if err := old.update(a.TX.Program); err != nil {
@@ -169,7 +169,7 @@ func (a *Attached) adoptChildren(replaced *[]string) error {
 	tag := progTagOf(a.RX.Program)
 	swapped := false
 	adopt := func(child int, at attachment, oldTag string) error {
-		if oldTag != "" && oldTag != tag && !swapped {
+		if foreign(oldTag, tag) && !swapped {
 			*replaced = append(*replaced, rxFilter)
 			swapped = true
 		}
@@ -249,6 +249,11 @@ func (a *Attached) unpinMaps() error {
 	}
 	return errors.Join(errs...)
 }
+
+// foreign reports whether a pinned link runs another binary's program:
+// its tag is known (progTag) and is not ours. An unknown tag is no
+// evidence either way; the program is swapped in all the same.
+func foreign(oldTag, ours string) bool { return oldTag != "" && oldTag != ours }
 
 // progTagOf is the program's tag (bpf_prog_calc_tag, kernel/bpf/core.c:
 // a hash of its instructions with map file descriptors zeroed, so the
