@@ -21,8 +21,9 @@ import (
 //   - AttachWith, not told to, falls back to clsact filters, the pins
 //     included (TestAttach, TestAttachPinned, TestRemovePins), and the
 //     TX and RX programs carry live traffic as clsact filters
-//     (TestTXLive, TestRXLive, which attach them directly). EIPOIB_EXPECT_NO_TCX=1 fails those tests should tcx
-//     attach, so the run cannot test tcx instead.
+//     (TestTXLive, TestRXLive, which attach them directly).
+//     EIPOIB_EXPECT_NO_TCX=1 fails those tests should tcx attach, so
+//     the run cannot test tcx instead.
 func TestFastPathVM(t *testing.T) {
 	require(t, "bridge")
 	_, ns := vmNamespace(t)
