@@ -81,6 +81,18 @@ func simDaemonSet(t *testing.T) (tmpl, configMap map[string]any) {
 //     would block the pod.
 //   - there are no probes: podman turns them into healthchecks, which
 //     need systemd's timers.
+//   - its restartPolicy is OnFailure, not a DaemonSet's Always. podman
+//     4.3 gives every container the pod's policy, init containers too
+//     (playKubePod's ctrRestartPolicy; containers/podman#15631, fixed
+//     in 4.6 by #18481), so under Always an init container that ends
+//     well is restarted at once, again and again. kube play waits for
+//     each init container to end (Pod.startInitContainers, then
+//     Container.WaitForExit), and sees it end only if its conmon is
+//     found dead between restarts, which arms a 20 s timer: the play
+//     took 20 s per init container, or never ended (here: killed after
+//     5 minutes, install-cni restarted about 490 times). Under OnFailure an init
+//     container that succeeds ends once, as kubelet runs it, and the
+//     keeper and eipoibd are still restarted if they fail.
 //   - the init containers are of podman's type "always" (run at each
 //     start of the pod, kept), not "once" (removed once they end).
 //     podman 4.3 races that removal with their exit: "failed to remove
@@ -122,6 +134,10 @@ func nodePod(t *testing.T, tmpl map[string]any, name, image, configMap string, d
 		ctrs = append(ctrs, strip(c.(map[string]any)))
 	}
 	spec["initContainers"], spec["containers"] = inits, ctrs
+	if p, ok := spec["restartPolicy"]; ok && p != "Always" {
+		t.Fatalf("the DaemonSet's pod has restartPolicy %v: a DaemonSet's must be Always", p)
+	}
+	spec["restartPolicy"] = "OnFailure"
 	if spec["hostNetwork"] != true {
 		t.Fatalf("the DaemonSet's pod is not on the host's network")
 	}
@@ -324,15 +340,21 @@ func TestImagePod(t *testing.T) {
 		})
 	}
 
-	// The containers that keep running run with the manifest's
-	// capabilities, and no more: drop ALL, add what it lists.
+	// The init containers ran once and ended well (see nodePod's
+	// restartPolicy). The containers that keep running run with the
+	// manifest's capabilities, and no more: drop ALL, add what it lists.
 	for _, h := range nodes {
 		for _, c := range append(tmpl["spec"].(map[string]any)["initContainers"].([]any), tmpl["spec"].(map[string]any)["containers"].([]any)...) {
 			c := c.(map[string]any)
+			ctr := pfx + h.name + "-" + c["name"].(string)
 			if c["restartPolicy"] != "Always" && c["name"] != "eipoibd" {
-				continue // an init container, ended
+				out, err := podman(t, h.ns, "inspect", "--format", "{{.State.Status}} {{.State.ExitCode}} {{.RestartCount}}", ctr)
+				if got := strings.TrimSpace(out); err != nil || got != "exited 0 0" {
+					t.Fatalf("init container %s: status, exit code, restarts = %q (%v), want \"exited 0 0\"", ctr, got, err)
+				}
+				continue
 			}
-			checkCaps(t, h.ns, pfx+h.name+"-"+c["name"].(string), c)
+			checkCaps(t, h.ns, ctr, c)
 		}
 	}
 
