@@ -30,23 +30,6 @@ func TestProbe(t *testing.T) {
 	}
 }
 
-// unitCaps returns the capabilities the systemd unit bounds eipoibd to
-// (CapabilityBoundingSet).
-func unitCaps(t *testing.T) []string {
-	t.Helper()
-	b, err := os.ReadFile("../../../../dist/systemd/eipoibd@.service")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "CapabilityBoundingSet="); ok {
-			return strings.Fields(v)
-		}
-	}
-	t.Fatal("the unit has no CapabilityBoundingSet")
-	return nil
-}
-
 // TestProbeUnitCapabilities: the systemd unit's capabilities are enough
 // for the fast path. This test binary, run again as root bounded to them
 // (setpriv from util-linux), passes TestProbe: both programs and their
@@ -74,15 +57,26 @@ func TestProbeUnitCapabilities(t *testing.T) {
 }
 
 // unitBound returns setpriv's path (from util-linux; the test fails
-// without it) and the systemd unit's capabilities, what a test needs to
-// run a child bounded to them.
+// without it) and the capabilities the systemd unit bounds eipoibd to
+// (CapabilityBoundingSet), what a test needs to run a child bounded to
+// them.
 func unitBound(t *testing.T) (setpriv string, caps []string) {
 	t.Helper()
 	setpriv, err := exec.LookPath("setpriv")
 	if err != nil {
 		t.Fatalf("setpriv (util-linux): %v", err)
 	}
-	return setpriv, unitCaps(t)
+	b, err := os.ReadFile("../../../../dist/systemd/eipoibd@.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "CapabilityBoundingSet="); ok {
+			return setpriv, strings.Fields(v)
+		}
+	}
+	t.Fatal("the unit has no CapabilityBoundingSet")
+	return "", nil
 }
 
 // bounded is setpriv's arguments to run cmd as root with capabilities
